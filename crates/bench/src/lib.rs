@@ -1,0 +1,1 @@
+//! fio/IOzone-class benchmark engine over snapblk devices.

@@ -1,0 +1,1 @@
+//! libblkio 1.x compatible C ABI (libblkio.so.1) over snapblk.

@@ -1,0 +1,11 @@
+use clap::Args;
+
+#[derive(Args)]
+pub struct BenchArgs {
+    #[arg(trailing_var_arg = true, allow_hyphen_values = true, hide = true)]
+    rest: Vec<String>,
+}
+
+pub fn run(_a: BenchArgs) -> anyhow::Result<()> {
+    anyhow::bail!("not implemented yet")
+}

@@ -1,0 +1,55 @@
+//! `snapblk`: the command-line front end. Each subcommand lives in its own module and is a thin
+//! layer over the library crates; errors are reported in one line and a non-zero exit.
+
+use clap::{Parser, Subcommand};
+
+mod bench;
+mod cow;
+mod info;
+mod merge;
+mod readahead;
+mod serve;
+
+#[derive(Parser)]
+#[command(name = "snapblk", version, about = "Userspace block storage for A/B snapshot devices")]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Android COW files: create, inspect, verify, apply.
+    #[command(subcommand)]
+    Cow(cow::CowCmd),
+    /// Print a device's properties.
+    Info(info::InfoArgs),
+    /// Merge a COW into its base in place (resumable).
+    Merge(merge::MergeArgs),
+    /// Export a device over ublk, FUSE or NBD.
+    Serve(serve::ServeArgs),
+    /// Page-cache residency.
+    Residency(readahead::ResidencyArgs),
+    /// Record, replay and evict readahead lists.
+    #[command(subcommand)]
+    Readahead(readahead::ReadaheadCmd),
+    /// Load generator (fio/IOzone-style).
+    Bench(bench::BenchArgs),
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let res = match cli.cmd {
+        Cmd::Cow(c) => cow::run(c),
+        Cmd::Info(a) => info::run(a),
+        Cmd::Merge(a) => merge::run(a),
+        Cmd::Serve(a) => serve::run(a),
+        Cmd::Residency(a) => readahead::run_residency(a),
+        Cmd::Readahead(c) => readahead::run(c),
+        Cmd::Bench(a) => bench::run(a),
+    };
+    if let Err(e) = res {
+        eprintln!("snapblk: {e:#}");
+        std::process::exit(1);
+    }
+}

@@ -1,0 +1,196 @@
+//! Requests and completions.
+
+use std::ffi::{CStr, c_char};
+
+/// Request flags (libblkio `BLKIO_REQ_*`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ReqFlags(pub u32);
+
+impl ReqFlags {
+    pub const NONE: ReqFlags = ReqFlags(0);
+    /// Force Unit Access: the write is durable when it completes.
+    pub const FUA: ReqFlags = ReqFlags(1 << 0);
+    /// Write-zeroes must not deallocate.
+    pub const NO_UNMAP: ReqFlags = ReqFlags(1 << 1);
+    /// Write-zeroes must fail rather than fall back to writing zero buffers.
+    pub const NO_FALLBACK: ReqFlags = ReqFlags(1 << 2);
+    const ALL: u32 = 0b111;
+
+    pub fn contains(self, f: ReqFlags) -> bool {
+        self.0 & f.0 == f.0
+    }
+}
+
+impl std::ops::BitOr for ReqFlags {
+    type Output = ReqFlags;
+    fn bitor(self, r: ReqFlags) -> ReqFlags {
+        ReqFlags(self.0 | r.0)
+    }
+}
+
+/// What a request does. Buffers are raw pointers because requests cross the C ABI and outlive the
+/// call that enqueued them; [`crate::Queue::enqueue`] is `unsafe` for that reason.
+#[derive(Debug, Clone, Copy)]
+pub enum Op {
+    Read { offset: u64, buf: *mut u8, len: usize },
+    Write { offset: u64, buf: *const u8, len: usize },
+    /// `iov` must stay valid until completion, like the buffers it points to.
+    Readv { offset: u64, iov: *const libc::iovec, iovcnt: i32 },
+    Writev { offset: u64, iov: *const libc::iovec, iovcnt: i32 },
+    Flush,
+    Discard { offset: u64, len: u64 },
+    WriteZeroes { offset: u64, len: u64 },
+    /// Any zoned-storage request; no snapblk driver supports zoned devices.
+    Zone,
+}
+
+/// One request.
+#[derive(Debug, Clone, Copy)]
+pub struct Request {
+    pub op: Op,
+    /// Returned verbatim in the completion.
+    pub user_data: usize,
+    pub flags: ReqFlags,
+}
+
+// SAFETY: the raw pointers are plain addresses handed over by the caller of the unsafe
+// `Queue::enqueue`, who guarantees they stay valid and unaliased until completion; moving the
+// request to another thread with its queue does not change that.
+unsafe impl Send for Request {}
+
+impl Request {
+    pub fn new(op: Op, user_data: usize, flags: ReqFlags) -> Self {
+        Request { op, user_data, flags }
+    }
+
+    /// The enqueue-time checks every driver applies first (flags, iovcnt), with libblkio's
+    /// messages. `Err` is the static message for the failed completion, always with `EINVAL`.
+    pub fn validate(&self) -> std::result::Result<(), &'static CStr> {
+        if self.flags.0 & !ReqFlags::ALL != 0 {
+            return Err(c"unsupported bits in request flags");
+        }
+        let allowed = match self.op {
+            Op::Write { .. } | Op::Writev { .. } => ReqFlags::FUA.0,
+            Op::WriteZeroes { .. } => ReqFlags::ALL,
+            _ => 0,
+        };
+        let bad = self.flags.0 & !allowed;
+        if bad != 0 {
+            return Err(match bad & bad.wrapping_neg() {
+                1 => c"BLKIO_REQ_FUA is invalid for this request type",
+                2 => c"BLKIO_REQ_NO_UNMAP is invalid for this request type",
+                _ => c"BLKIO_REQ_NO_FALLBACK is invalid for this request type",
+            });
+        }
+        if let Op::Readv { iovcnt, .. } | Op::Writev { iovcnt, .. } = self.op
+            && iovcnt < 0
+        {
+            return Err(c"iovcnt must be non-negative and fit in a signed 32-bit integer");
+        }
+        Ok(())
+    }
+
+    /// Total data length of a read/write request, 0 for others.
+    ///
+    /// # Safety
+    /// For readv/writev, `iov` must point to `iovcnt` valid iovecs.
+    pub unsafe fn data_len(&self) -> u64 {
+        match self.op {
+            Op::Read { len, .. } | Op::Write { len, .. } => len as u64,
+            Op::Readv { iov, iovcnt, .. } | Op::Writev { iov, iovcnt, .. } => {
+                if iov.is_null() || iovcnt <= 0 {
+                    return 0;
+                }
+                // SAFETY: guaranteed by the caller.
+                let v = unsafe { std::slice::from_raw_parts(iov, iovcnt as usize) };
+                v.iter().map(|i| i.iov_len as u64).sum()
+            }
+            _ => 0,
+        }
+    }
+}
+
+/// A completion, laid out exactly as `struct blkio_completion` (32 bytes) so the C ABI hands the
+/// caller's array straight to [`crate::Queue::do_io`].
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct Completion {
+    pub user_data: usize,
+    error_msg: *const c_char,
+    /// 0 on success, negative errno on failure.
+    pub ret: i32,
+    reserved: [u8; 12],
+}
+
+// SAFETY: `error_msg` is either null or points to a `'static` NUL-terminated string.
+unsafe impl Send for Completion {}
+// SAFETY: as above; the struct is immutable plain data.
+unsafe impl Sync for Completion {}
+
+impl Default for Completion {
+    fn default() -> Self {
+        Completion::ok(0)
+    }
+}
+
+impl Completion {
+    pub fn ok(user_data: usize) -> Self {
+        Completion { user_data, error_msg: std::ptr::null(), ret: 0, reserved: [0; 12] }
+    }
+    /// A failure with the kernel's errno (`errno` positive) and no message.
+    pub fn os_err(user_data: usize, errno: i32) -> Self {
+        Completion { user_data, error_msg: std::ptr::null(), ret: -errno.abs(), reserved: [0; 12] }
+    }
+    /// A failure detected by the library, with a static message.
+    pub fn err(user_data: usize, errno: i32, msg: &'static CStr) -> Self {
+        Completion { user_data, error_msg: msg.as_ptr(), ret: -errno.abs(), reserved: [0; 12] }
+    }
+    /// A completion with a raw `ret` (0 or negative errno).
+    pub fn with_ret(user_data: usize, ret: i32) -> Self {
+        Completion { user_data, error_msg: std::ptr::null(), ret, reserved: [0; 12] }
+    }
+    /// The library's message for this completion, if any.
+    pub fn error_msg(&self) -> Option<&'static CStr> {
+        if self.error_msg.is_null() {
+            None
+        } else {
+            // SAFETY: only set from `&'static CStr` in `Completion::err`.
+            Some(unsafe { CStr::from_ptr(self.error_msg) })
+        }
+    }
+    /// `Ok(())` or the failure as an [`crate::Error`].
+    pub fn result(&self) -> crate::Result<()> {
+        if self.ret >= 0 {
+            return Ok(());
+        }
+        match self.error_msg() {
+            Some(m) => Err(crate::Error::new(-self.ret, m.to_string_lossy().into_owned())),
+            None => Err(crate::Error::from_errno(-self.ret)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn completion_matches_c_layout() {
+        assert_eq!(std::mem::size_of::<Completion>(), 32);
+        assert_eq!(std::mem::align_of::<Completion>(), 8);
+        assert_eq!(std::mem::offset_of!(Completion, error_msg), 8);
+        assert_eq!(std::mem::offset_of!(Completion, ret), 16);
+    }
+
+    #[test]
+    fn flag_validation_names_lowest_bad_bit() {
+        let rd = |f| Request::new(Op::Read { offset: 0, buf: std::ptr::null_mut(), len: 0 }, 0, ReqFlags(f));
+        assert_eq!(rd(8).validate().unwrap_err(), c"unsupported bits in request flags");
+        assert_eq!(rd(6).validate().unwrap_err(), c"BLKIO_REQ_NO_UNMAP is invalid for this request type");
+        assert!(rd(0).validate().is_ok());
+        let wz = Request::new(Op::WriteZeroes { offset: 0, len: 1 }, 0, ReqFlags(7));
+        assert!(wz.validate().is_ok());
+        let wv = Request::new(Op::Writev { offset: 0, iov: std::ptr::null(), iovcnt: -1 }, 0, ReqFlags::FUA);
+        assert!(wv.validate().is_err());
+    }
+}

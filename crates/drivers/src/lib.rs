@@ -1,0 +1,1 @@
+//! Drivers for snapblk-core: io_uring, sync (pread/pwrite), null.

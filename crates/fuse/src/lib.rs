@@ -1,0 +1,1 @@
+//! FUSE export: a snapblk device as a loop-mountable file.

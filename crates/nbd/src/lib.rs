@@ -1,0 +1,1 @@
+//! NBD server export (and client driver) for snapblk devices.

@@ -1,0 +1,1 @@
+//! Page-cache residency, readahead record and replay.

@@ -1,0 +1,1 @@
+//! snapblk facade: driver registry and device specs.

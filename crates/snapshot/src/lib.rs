@@ -1,0 +1,1 @@
+//! Snapshot device (base + COW), crash-safe in-place merge, I/O scheduler.

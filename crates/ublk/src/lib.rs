@@ -1,0 +1,1 @@
+//! ublk export: a snapblk device as a Linux block device.

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Installs the Debian packages the build, the tests and the benchmarks use.
+# Idempotent; safe to run on every CI start. Needs root (or sudo).
+set -euo pipefail
+SUDO=""
+[ "$(id -u)" -eq 0 ] || SUDO=sudo
+PKGS=(
+  build-essential pkg-config        # C tests of the libblkio ABI
+  fio                               # reference load generator (bench agreement, libblkio engine)
+  qemu-utils                        # qemu-img / qemu-nbd: NBD interop tests, reference server
+  libnbd-bin                        # nbdinfo / nbdcopy: NBD interop tests
+  fuse3                             # fusermount3 for the FUSE export
+  e2fsprogs                         # mke2fs -d / e2fsck: ext4 images in tests
+  vmtouch                           # residency reference in bench/
+  qemu-system-x86                   # the ublk VM (software emulation)
+  cpio busybox-static kmod zstd xz-utils  # initramfs for the ublk VM
+  android-sdk-libsparse-utils       # img2simg / simg2img: sparse-image tests
+)
+missing=()
+for p in "${PKGS[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get update -qq
+  $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi

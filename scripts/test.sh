@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# The whole test suite: installs what the tests need, then runs the Rust tests and every suite
+# script in tests/suites/ (C ABI tests, interop with real clients, fuzz smoke, the ublk VM).
+# Exit status is non-zero if anything failed.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+export CARGO_TERM_COLOR=never
+
+bash scripts/install-deps.sh || { echo "dependency installation failed"; exit 1; }
+
+fail=0
+step() { echo; echo "=== $*"; }
+
+step "cargo fmt --check"
+cargo fmt --all -- --check || fail=1
+
+step "cargo build (debug and release binaries used by the suites)"
+cargo build --workspace --all-targets || exit 1
+cargo build --release -p snapblk-cli -p snapblk-capi || exit 1
+
+step "cargo clippy"
+cargo clippy --workspace --all-targets -- -D warnings || fail=1
+
+step "cargo test"
+cargo test --workspace --no-fail-fast 2>&1 | tee target/cargo-test.log
+[ "${PIPESTATUS[0]}" -eq 0 ] || fail=1
+
+passed=0; failed=0
+for s in tests/suites/*.sh; do
+  [ -e "$s" ] || continue
+  step "suite $s"
+  if bash "$s"; then passed=$((passed + 1)); else failed=$((failed + 1)); echo "SUITE FAILED: $s"; fi
+done
+echo
+echo "suites: $passed passed, $failed failed"
+[ "$failed" -eq 0 ] || fail=1
+exit $fail

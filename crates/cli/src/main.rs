@@ -9,6 +9,7 @@ mod info;
 mod merge;
 mod readahead;
 mod serve;
+mod serve_ublk;
 
 #[derive(Parser)]
 #[command(name = "snapblk", version, about = "Userspace block storage for A/B snapshot devices")]

@@ -15,6 +15,7 @@ PKGS=(
   qemu-system-x86                   # the ublk VM (software emulation)
   cpio busybox-static kmod zstd xz-utils  # initramfs for the ublk VM
   android-sdk-libsparse-utils       # img2simg / simg2img: sparse-image tests
+  libclang-dev                      # bindgen in libublk-rs-sys (ublk export) needs libclang
 )
 missing=()
 for p in "${PKGS[@]}"; do

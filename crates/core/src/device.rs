@@ -189,7 +189,9 @@ impl Blkio {
     }
 
     fn need_connected(&self) -> Result<&DeviceInfo> {
-        self.info.as_ref().ok_or_else(|| Error::new(libc::ENODEV, "Device must be connected"))
+        self.info
+            .as_ref()
+            .ok_or_else(|| Error::new(libc::ENODEV, "Device must be connected"))
     }
 
     /// Get a property. `want` is the accessor's type (`None` for the string accessor, which
@@ -225,7 +227,9 @@ impl Blkio {
             "num-poll-queues" => PropValue::Int(self.num_poll_queues),
             "supports-poll-queues" => PropValue::Bool(info.is_some_and(|i| i.supports_poll_queues)),
             "max-mem-regions" => PropValue::U64(u64::MAX),
-            "may-pin-mem-regions" | "needs-mem-regions" | "needs-mem-region-fd" => PropValue::Bool(false),
+            "may-pin-mem-regions" | "needs-mem-regions" | "needs-mem-region-fd" => {
+                PropValue::Bool(false)
+            }
             "mem-region-alignment" => PropValue::U64(i.mem_region_alignment),
             "optimal-io-alignment" => PropValue::Int(i.optimal_io_alignment),
             "optimal-io-size" => PropValue::Int(i.optimal_io_size),
@@ -237,7 +241,9 @@ impl Blkio {
             "max-segment-len" => PropValue::Int(i.max_segment_len),
             "max-transfer" => PropValue::Int(i.max_transfer),
             "optimal-buf-alignment" => PropValue::Int(i.optimal_buf_alignment),
-            "supports-fua-natively" => PropValue::Bool(info.is_some_and(|i| i.supports_fua_natively)),
+            "supports-fua-natively" => {
+                PropValue::Bool(info.is_some_and(|i| i.supports_fua_natively))
+            }
             "max-write-zeroes-len" => PropValue::U64(i.max_write_zeroes_len),
             "discard-alignment" => PropValue::Int(i.discard_alignment),
             "discard-alignment-offset" => PropValue::Int(i.discard_alignment_offset),
@@ -261,7 +267,10 @@ impl Blkio {
     pub fn get_u64(&self, name: &str) -> Result<u64> {
         match self.get(name, Some(U64))? {
             PropValue::U64(v) => Ok(v),
-            _ => Err(Error::new(libc::ENOTTY, "Property is not an unsigned 64-bit integer")),
+            _ => Err(Error::new(
+                libc::ENOTTY,
+                "Property is not an unsigned 64-bit integer",
+            )),
         }
     }
     /// Any property, formatted as a string.
@@ -307,13 +316,19 @@ impl Blkio {
         match spec.access {
             Access::ReadOnly => return Err(Error::new(libc::EACCES, "Property is read-only")),
             Access::RwCreated if self.state >= State::Connected => {
-                return Err(Error::new(libc::EBUSY, "Cannot set property in connected state"));
+                return Err(Error::new(
+                    libc::EBUSY,
+                    "Cannot set property in connected state",
+                ));
             }
             Access::RwConnected if self.state == State::Created => {
                 return Err(Error::new(libc::ENODEV, "Device must be connected"));
             }
             Access::RwConnected if self.state == State::Started => {
-                return Err(Error::new(libc::EBUSY, "Cannot set property in started state"));
+                return Err(Error::new(
+                    libc::EBUSY,
+                    "Cannot set property in started state",
+                ));
             }
             _ => {}
         }
@@ -321,13 +336,13 @@ impl Blkio {
             ("read-only", PropValue::Bool(b)) => self.read_only = b,
             ("num-queues", PropValue::Int(n)) => {
                 if n < 0 {
-                    return Err(Error::inval("num-queues must be non-negative"));
+                    return Err(Error::inval("num_queues must be equal to or greater than 0"));
                 }
                 self.num_queues = n;
             }
             ("num-poll-queues", PropValue::Int(n)) => {
                 if n < 0 {
-                    return Err(Error::inval("num-poll-queues must be non-negative"));
+                    return Err(Error::inval("num_poll_queues must be equal to or greater than 0"));
                 }
                 self.num_poll_queues = n;
             }
@@ -340,7 +355,12 @@ impl Blkio {
     pub fn connect(&mut self) -> Result<()> {
         match self.state {
             State::Connected => return Ok(()),
-            State::Started => return Err(Error::new(libc::EBUSY, "Cannot set property in connected state")),
+            State::Started => {
+                return Err(Error::new(
+                    libc::EBUSY,
+                    "Cannot set property in connected state",
+                ));
+            }
             State::Created => {}
         }
         let info = self.driver.connect(self.read_only)?;
@@ -374,7 +394,11 @@ impl Blkio {
     }
 
     fn slots(&mut self, poll: bool) -> &mut Slots {
-        if poll { &mut self.poll_queues } else { &mut self.queues }
+        if poll {
+            &mut self.poll_queues
+        } else {
+            &mut self.queues
+        }
     }
 
     /// Queue `index` (regular or poll index space), if present.
@@ -393,7 +417,10 @@ impl Blkio {
             return Err(Error::new(libc::EBUSY, "Device must be started"));
         }
         if !self.driver.can_add_queues() {
-            return Err(Error::new(libc::ENOTSUP, "Driver does not support dynamically adding queues"));
+            return Err(Error::new(
+                libc::ENOTSUP,
+                "Driver does not support dynamically adding queues",
+            ));
         }
         if poll && !self.info.as_ref().is_some_and(|i| i.supports_poll_queues) {
             return Err(Error::inval("Poll queues not supported"));
@@ -416,7 +443,10 @@ impl Blkio {
                 *s = None;
                 Ok(())
             }
-            _ => Err(Error::new(libc::ENOENT, format!("no queue with index {index}"))),
+            _ => Err(Error::new(
+                libc::ENOENT,
+                format!("no queue with index {index}"),
+            )),
         }
     }
 
@@ -425,8 +455,10 @@ impl Blkio {
     pub fn alloc_mem_region(&mut self, len: usize) -> Result<MemRegion> {
         let info = self.need_connected()?;
         let a = info.mem_region_alignment.max(1);
-        if len as u64 % a != 0 {
-            return Err(Error::inval(format!("len {len} violates mem-region-alignment {a}")));
+        if !(len as u64).is_multiple_of(a) {
+            return Err(Error::inval(format!(
+                "len {len} violates mem-region-alignment {a}"
+            )));
         }
         let r = MemRegion::alloc(len)?;
         self.allocated.push(r);
@@ -440,7 +472,9 @@ impl Blkio {
             return Err(Error::new(libc::EBUSY, "memory region is still mapped"));
         }
         let Some(i) = self.allocated.iter().position(|r| r == region) else {
-            return Err(Error::inval("memory region was not allocated by this instance"));
+            return Err(Error::inval(
+                "memory region was not allocated by this instance",
+            ));
         };
         let r = self.allocated.swap_remove(i);
         // SAFETY: `r` came from `MemRegion::alloc` and is removed from our list, so freed once;
@@ -452,11 +486,17 @@ impl Blkio {
     /// Make a region known to the driver (started state).
     pub fn map_mem_region(&mut self, region: &MemRegion) -> Result<()> {
         let a = self.need_connected()?.mem_region_alignment.max(1);
-        if region.addr as u64 % a != 0 {
-            return Err(Error::inval(format!("addr {:#x} violates mem-region-alignment {a}", region.addr as u64)));
+        if !(region.addr as u64).is_multiple_of(a) {
+            return Err(Error::inval(format!(
+                "addr {:#x} violates mem-region-alignment {a}",
+                region.addr as u64
+            )));
         }
-        if region.len as u64 % a != 0 {
-            return Err(Error::inval(format!("len {:#x} violates mem-region-alignment {a}", region.len)));
+        if !(region.len as u64).is_multiple_of(a) {
+            return Err(Error::inval(format!(
+                "len {:#x} violates mem-region-alignment {a}",
+                region.len
+            )));
         }
         if self.state != State::Started {
             return Err(Error::new(libc::EBUSY, "Device must be started"));

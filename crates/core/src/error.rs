@@ -25,7 +25,10 @@ pub type Result<T> = std::result::Result<T, Error>;
 impl Error {
     /// An error with a given errno and message.
     pub fn new(errno: i32, msg: impl Into<Cow<'static, str>>) -> Self {
-        Error { errno, msg: msg.into() }
+        Error {
+            errno,
+            msg: msg.into(),
+        }
     }
     /// `EINVAL` with a message.
     pub fn inval(msg: impl Into<Cow<'static, str>>) -> Self {
@@ -59,6 +62,9 @@ impl From<std::io::Error> for Error {
 
 impl From<Error> for std::io::Error {
     fn from(e: Error) -> Self {
-        std::io::Error::new(std::io::Error::from_raw_os_error(e.errno).kind(), e.msg.into_owned())
+        std::io::Error::new(
+            std::io::Error::from_raw_os_error(e.errno).kind(),
+            e.msg.into_owned(),
+        )
     }
 }

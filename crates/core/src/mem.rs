@@ -46,7 +46,14 @@ impl MemRegion {
         }
         // SAFETY: mapping a fresh fd of `len` bytes; the result is checked below.
         let addr = unsafe {
-            libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, fd, 0)
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                fd,
+                0,
+            )
         };
         if addr == libc::MAP_FAILED {
             let e = Error::last_os_error();
@@ -54,7 +61,14 @@ impl MemRegion {
             unsafe { libc::close(fd) };
             return Err(e);
         }
-        Ok(MemRegion { addr: addr as *mut u8, len, iova: 0, fd_offset: 0, fd, flags: 0 })
+        Ok(MemRegion {
+            addr: addr as *mut u8,
+            len,
+            iova: 0,
+            fd_offset: 0,
+            fd,
+            flags: 0,
+        })
     }
 
     /// Unmap and close a region made by [`MemRegion::alloc`].

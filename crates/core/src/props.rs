@@ -83,7 +83,17 @@ pub struct PropSpec {
 }
 
 impl PropSpec {
-    pub const fn new(name: &'static str, ty: PropType, access: Access, needs_connect: bool) -> Self {
-        PropSpec { name, ty, access, needs_connect }
+    pub const fn new(
+        name: &'static str,
+        ty: PropType,
+        access: Access,
+        needs_connect: bool,
+    ) -> Self {
+        PropSpec {
+            name,
+            ty,
+            access,
+            needs_connect,
+        }
     }
 }

@@ -76,14 +76,30 @@ pub trait QueueExt: Queue {
     }
     /// Read `buf.len()` bytes at `offset`.
     fn read_at(&mut self, offset: u64, buf: &mut [u8]) -> Result<()> {
-        let req = Request::new(Op::Read { offset, buf: buf.as_mut_ptr(), len: buf.len() }, 0, ReqFlags::NONE);
+        let req = Request::new(
+            Op::Read {
+                offset,
+                buf: buf.as_mut_ptr(),
+                len: buf.len(),
+            },
+            0,
+            ReqFlags::NONE,
+        );
         // SAFETY: `buf` is exclusively borrowed for the whole call, which waits for completion.
         unsafe { self.run(req) }
     }
     /// Write `buf` at `offset` (with FUA when `fua`).
     fn write_at(&mut self, offset: u64, buf: &[u8], fua: bool) -> Result<()> {
         let flags = if fua { ReqFlags::FUA } else { ReqFlags::NONE };
-        let req = Request::new(Op::Write { offset, buf: buf.as_ptr(), len: buf.len() }, 0, flags);
+        let req = Request::new(
+            Op::Write {
+                offset,
+                buf: buf.as_ptr(),
+                len: buf.len(),
+            },
+            0,
+            flags,
+        );
         // SAFETY: `buf` is borrowed for the whole call, which waits for completion.
         unsafe { self.run(req) }
     }
@@ -109,10 +125,227 @@ impl<Q: Queue + ?Sized> QueueExt for Q {}
 /// Validate `do_io` arguments that do not depend on the driver (libblkio's checks and messages).
 pub fn check_do_io_args(max: usize, min: usize, outstanding_plus_ready: usize) -> Result<()> {
     if min > max {
-        return Err(Error::inval("min_completions must be less than or equal to max_completions"));
+        return Err(Error::inval(
+            "min_completions must be less than or equal to max_completions",
+        ));
     }
     if min > outstanding_plus_ready {
-        return Err(Error::inval("min_completions is larger than total outstanding requests"));
+        return Err(Error::inval(
+            "min_completions is larger than total outstanding requests",
+        ));
     }
     Ok(())
+}
+
+/// A non-blocking, close-on-exec eventfd: the completion fd of a queue.
+#[derive(Debug)]
+pub struct EventFd(std::os::fd::OwnedFd);
+
+impl EventFd {
+    /// A new eventfd with counter 0.
+    pub fn new() -> Result<EventFd> {
+        use std::os::fd::FromRawFd;
+        // SAFETY: plain syscall; the result is checked.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+        if fd < 0 {
+            return Err(Error::last_os_error());
+        }
+        // SAFETY: `fd` is a fresh descriptor we own.
+        Ok(EventFd(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) }))
+    }
+    /// The raw descriptor.
+    pub fn raw(&self) -> RawFd {
+        use std::os::fd::AsRawFd;
+        self.0.as_raw_fd()
+    }
+    /// Add 1 to the counter (makes the fd readable).
+    pub fn signal(&self) {
+        let one: u64 = 1;
+        // SAFETY: writes 8 bytes from a live u64 to our own eventfd. A full counter (EAGAIN)
+        // still leaves the fd readable, which is all a signal has to achieve.
+        unsafe { libc::write(self.raw(), (&one as *const u64).cast(), 8) };
+    }
+    /// Reset the counter to 0; returns the value read (0 if it was not signalled).
+    pub fn drain(&self) -> u64 {
+        let mut v: u64 = 0;
+        // SAFETY: reads 8 bytes into a live u64 from our own non-blocking eventfd.
+        let n = unsafe { libc::read(self.raw(), (&mut v as *mut u64).cast(), 8) };
+        if n == 8 { v } else { 0 }
+    }
+}
+
+/// The device-specific half of `do_io`, driven by [`QueueCore::do_io`] so that every driver has
+/// the same argument checks, ordering, timeout, EINTR and backlog semantics.
+pub trait Engine {
+    /// Requests handed to the engine whose completion has not been reaped yet.
+    fn in_flight(&self) -> usize;
+    /// Submit everything pending. When `wait > 0`, also block until at least `wait` completions
+    /// are ready to reap, bounded by `timeout` (`ETIME` on expiry). With `sigmask`, install it
+    /// while sleeping and fail with `EINTR` on a signal; without it, an `EINTR` may be returned
+    /// and is retried by the caller.
+    fn submit(
+        &mut self,
+        wait: usize,
+        timeout: Option<Duration>,
+        sigmask: Option<&libc::sigset_t>,
+    ) -> Result<()>;
+    /// Move ready completions into `out` without blocking; returns how many were written.
+    fn reap(&mut self, out: &mut [Completion]) -> usize;
+}
+
+/// The driver-independent part of a queue: the backlog of completions that are ready without
+/// the device (requests rejected at enqueue time, or completions a failed `do_io` gathered and
+/// must hand back), the completion eventfd, and the generic `do_io` algorithm.
+#[derive(Debug)]
+pub struct QueueCore {
+    backlog: std::collections::VecDeque<Completion>,
+    efd: Option<EventFd>,
+    efd_enabled: bool,
+    poll: bool,
+}
+
+impl QueueCore {
+    /// A core for a regular queue (with an eventfd) or a poll queue (without).
+    pub fn new(poll: bool) -> Result<QueueCore> {
+        Ok(QueueCore {
+            backlog: std::collections::VecDeque::new(),
+            efd: if poll { None } else { Some(EventFd::new()?) },
+            efd_enabled: true,
+            poll,
+        })
+    }
+    /// Whether this is a poll queue.
+    pub fn is_poll(&self) -> bool {
+        self.poll
+    }
+    /// The completion eventfd (`None` for poll queues).
+    pub fn completion_fd(&self) -> Option<RawFd> {
+        self.efd.as_ref().map(EventFd::raw)
+    }
+    /// The eventfd object, e.g. for registering it with an io_uring.
+    pub fn eventfd(&self) -> Option<&EventFd> {
+        self.efd.as_ref()
+    }
+    /// Whether completion notifications are enabled (default: yes).
+    pub fn completion_fd_enabled(&self) -> bool {
+        self.efd_enabled
+    }
+    /// Enable or disable completion notifications.
+    pub fn set_completion_fd_enabled(&mut self, on: bool) {
+        self.efd_enabled = on;
+    }
+    /// Signal the completion fd if enabled.
+    pub fn notify(&self) {
+        if self.efd_enabled
+            && let Some(e) = &self.efd
+        {
+            e.signal();
+        }
+    }
+    /// Queue a completion that is ready now (e.g. a request rejected at enqueue time, or one a
+    /// synchronous driver finished). The fd is signalled when the backlog becomes non-empty.
+    pub fn complete(&mut self, c: Completion) {
+        if self.backlog.is_empty() {
+            self.notify();
+        }
+        self.backlog.push_back(c);
+    }
+    /// Completions waiting in the backlog.
+    pub fn backlog_len(&self) -> usize {
+        self.backlog.len()
+    }
+
+    /// The generic `do_io`: returns backlog completions first (oldest first), then the engine's,
+    /// submitting everything and waiting for at least `min`. See [`Queue::do_io`].
+    pub fn do_io<E: Engine + ?Sized>(
+        &mut self,
+        engine: &mut E,
+        out: &mut [Completion],
+        min: usize,
+        timeout: Option<&mut Duration>,
+        sigmask: Option<&libc::sigset_t>,
+    ) -> Result<usize> {
+        if min > out.len() {
+            return Err(Error::inval(
+                "min_completions must be less than or equal to max_completions",
+            ));
+        }
+        if sigmask.is_some() && self.poll {
+            return Err(Error::new(
+                libc::ENOTSUP,
+                "blkioq_do_io_interruptible() is not supported on poll queues",
+            ));
+        }
+        if min > self.backlog.len() + engine.in_flight() {
+            return Err(Error::inval(
+                "min_completions is larger than total outstanding requests",
+            ));
+        }
+        let start = std::time::Instant::now();
+        let limit = timeout.as_ref().map(|t| **t);
+        let mut n = 0;
+        while n < out.len() {
+            match self.backlog.pop_front() {
+                Some(c) => {
+                    out[n] = c;
+                    n += 1;
+                }
+                None => break,
+            }
+        }
+        let mut first = true;
+        let res = loop {
+            // Reap before submitting: completions may already sit in the ring.
+            n += engine.reap(&mut out[n..]);
+            if n >= min && !first {
+                break Ok(());
+            }
+            let left = match limit {
+                Some(l) => match l.checked_sub(start.elapsed()) {
+                    Some(d) => Some(d),
+                    None if n >= min => Some(Duration::ZERO),
+                    None => break Err(Error::from_errno(libc::ETIME)),
+                },
+                None => None,
+            };
+            let wait = min.saturating_sub(n);
+            first = false;
+            match engine.submit(wait, left, sigmask) {
+                Ok(()) => {}
+                Err(e) if e.errno == libc::EINTR && sigmask.is_none() => {}
+                Err(e) => {
+                    n += engine.reap(&mut out[n..]);
+                    if n >= min && e.errno == libc::ETIME {
+                        break Ok(());
+                    }
+                    break Err(e);
+                }
+            }
+        };
+        if let Some(t) = timeout {
+            *t = match &res {
+                Err(e) if e.errno == libc::ETIME => Duration::ZERO,
+                _ => limit.unwrap_or_default().saturating_sub(start.elapsed()),
+            };
+        }
+        match res {
+            Ok(()) => {
+                if !self.backlog.is_empty() {
+                    // Still work left for a later call: keep the fd readable.
+                    self.notify();
+                }
+                Ok(n)
+            }
+            Err(e) => {
+                // Hand the gathered completions back, in order, to the next call.
+                for c in out[..n].iter().rev() {
+                    self.backlog.push_front(*c);
+                }
+                if n > 0 {
+                    self.notify();
+                }
+                Err(e)
+            }
+        }
+    }
 }

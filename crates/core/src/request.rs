@@ -32,14 +32,36 @@ impl std::ops::BitOr for ReqFlags {
 /// call that enqueued them; [`crate::Queue::enqueue`] is `unsafe` for that reason.
 #[derive(Debug, Clone, Copy)]
 pub enum Op {
-    Read { offset: u64, buf: *mut u8, len: usize },
-    Write { offset: u64, buf: *const u8, len: usize },
+    Read {
+        offset: u64,
+        buf: *mut u8,
+        len: usize,
+    },
+    Write {
+        offset: u64,
+        buf: *const u8,
+        len: usize,
+    },
     /// `iov` must stay valid until completion, like the buffers it points to.
-    Readv { offset: u64, iov: *const libc::iovec, iovcnt: i32 },
-    Writev { offset: u64, iov: *const libc::iovec, iovcnt: i32 },
+    Readv {
+        offset: u64,
+        iov: *const libc::iovec,
+        iovcnt: i32,
+    },
+    Writev {
+        offset: u64,
+        iov: *const libc::iovec,
+        iovcnt: i32,
+    },
     Flush,
-    Discard { offset: u64, len: u64 },
-    WriteZeroes { offset: u64, len: u64 },
+    Discard {
+        offset: u64,
+        len: u64,
+    },
+    WriteZeroes {
+        offset: u64,
+        len: u64,
+    },
     /// Any zoned-storage request; no snapblk driver supports zoned devices.
     Zone,
 }
@@ -60,7 +82,11 @@ unsafe impl Send for Request {}
 
 impl Request {
     pub fn new(op: Op, user_data: usize, flags: ReqFlags) -> Self {
-        Request { op, user_data, flags }
+        Request {
+            op,
+            user_data,
+            flags,
+        }
     }
 
     /// The enqueue-time checks every driver applies first (flags, iovcnt), with libblkio's
@@ -135,19 +161,39 @@ impl Default for Completion {
 
 impl Completion {
     pub fn ok(user_data: usize) -> Self {
-        Completion { user_data, error_msg: std::ptr::null(), ret: 0, reserved: [0; 12] }
+        Completion {
+            user_data,
+            error_msg: std::ptr::null(),
+            ret: 0,
+            reserved: [0; 12],
+        }
     }
     /// A failure with the kernel's errno (`errno` positive) and no message.
     pub fn os_err(user_data: usize, errno: i32) -> Self {
-        Completion { user_data, error_msg: std::ptr::null(), ret: -errno.abs(), reserved: [0; 12] }
+        Completion {
+            user_data,
+            error_msg: std::ptr::null(),
+            ret: -errno.abs(),
+            reserved: [0; 12],
+        }
     }
     /// A failure detected by the library, with a static message.
     pub fn err(user_data: usize, errno: i32, msg: &'static CStr) -> Self {
-        Completion { user_data, error_msg: msg.as_ptr(), ret: -errno.abs(), reserved: [0; 12] }
+        Completion {
+            user_data,
+            error_msg: msg.as_ptr(),
+            ret: -errno.abs(),
+            reserved: [0; 12],
+        }
     }
     /// A completion with a raw `ret` (0 or negative errno).
     pub fn with_ret(user_data: usize, ret: i32) -> Self {
-        Completion { user_data, error_msg: std::ptr::null(), ret, reserved: [0; 12] }
+        Completion {
+            user_data,
+            error_msg: std::ptr::null(),
+            ret,
+            reserved: [0; 12],
+        }
     }
     /// The library's message for this completion, if any.
     pub fn error_msg(&self) -> Option<&'static CStr> {
@@ -164,7 +210,10 @@ impl Completion {
             return Ok(());
         }
         match self.error_msg() {
-            Some(m) => Err(crate::Error::new(-self.ret, m.to_string_lossy().into_owned())),
+            Some(m) => Err(crate::Error::new(
+                -self.ret,
+                m.to_string_lossy().into_owned(),
+            )),
             None => Err(crate::Error::from_errno(-self.ret)),
         }
     }
@@ -184,13 +233,37 @@ mod tests {
 
     #[test]
     fn flag_validation_names_lowest_bad_bit() {
-        let rd = |f| Request::new(Op::Read { offset: 0, buf: std::ptr::null_mut(), len: 0 }, 0, ReqFlags(f));
-        assert_eq!(rd(8).validate().unwrap_err(), c"unsupported bits in request flags");
-        assert_eq!(rd(6).validate().unwrap_err(), c"BLKIO_REQ_NO_UNMAP is invalid for this request type");
+        let rd = |f| {
+            Request::new(
+                Op::Read {
+                    offset: 0,
+                    buf: std::ptr::null_mut(),
+                    len: 0,
+                },
+                0,
+                ReqFlags(f),
+            )
+        };
+        assert_eq!(
+            rd(8).validate().unwrap_err(),
+            c"unsupported bits in request flags"
+        );
+        assert_eq!(
+            rd(6).validate().unwrap_err(),
+            c"BLKIO_REQ_NO_UNMAP is invalid for this request type"
+        );
         assert!(rd(0).validate().is_ok());
         let wz = Request::new(Op::WriteZeroes { offset: 0, len: 1 }, 0, ReqFlags(7));
         assert!(wz.validate().is_ok());
-        let wv = Request::new(Op::Writev { offset: 0, iov: std::ptr::null(), iovcnt: -1 }, 0, ReqFlags::FUA);
+        let wv = Request::new(
+            Op::Writev {
+                offset: 0,
+                iov: std::ptr::null(),
+                iovcnt: -1,
+            },
+            0,
+            ReqFlags::FUA,
+        );
         assert!(wv.validate().is_err());
     }
 }

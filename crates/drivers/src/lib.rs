@@ -1,1 +1,23 @@
-//! Drivers for snapblk-core: io_uring, sync (pread/pwrite), null.
+//! Drivers for snapblk-core.
+//!
+//! * [`null`]: completes every request at once (reads return zeros); measures the stack itself.
+//! * [`sync`]: `preadv2`/`pwritev2` on a regular file or block device, executed in `do_io`.
+//! * `uring` (the `io_uring` driver): the fast path for files and block devices.
+//!
+//! File-backed drivers share the `path`/`fd`/`direct` properties and libblkio's rules for
+//! deriving alignment and other device facts (see `file`).
+
+mod file;
+pub mod null;
+pub mod sync;
+
+pub use null::NullDriver;
+pub use sync::SyncDriver;
+
+/// The `io_uring` driver. TEMPORARY: backed by the sync engine until the io_uring engine lands
+/// (same properties and semantics, just synchronous).
+pub fn uring_driver() -> impl snapblk_core::Driver {
+    let mut d = SyncDriver::new();
+    d.set_name("io_uring");
+    d
+}

@@ -1,1 +1,22 @@
-//! Snapshot device (base + COW), crash-safe in-place merge, I/O scheduler.
+//! snapblk-snapshot: the snapshot device of snapblk — what Android's snapuserd does, as a library.
+//!
+//! * [`SnapshotDevice`] presents the *new* image computed from a base device and an Android COW
+//!   file, as a snapblk-core [`Driver`](snapblk_core::Driver) (so the C ABI, exports and bench can
+//!   open it). Each request becomes a plan of [`Segment`]s (base range, COW payload, zeros, XOR)
+//!   that is executed with as few copies as possible; compressed payloads go through a bounded
+//!   cache of decoded units. An optional writable overlay appends writes to the COW.
+//! * [`merge`] writes the new image into the base in place, in the COW's merge order, with the
+//!   scratch area and `num_merge_ops` counter exactly where Android keeps them, so an interruption
+//!   at any instant resumes correctly. Reads through the device stay correct during the merge.
+//! * [`sched`] is the I/O scheduler all base/COW I/O goes through (foreground / merge /
+//!   readahead classes with BFQ-like budgets).
+//! * [`fault`] is a fault-injection disk (and driver) that can lose power at any instant.
+
+pub mod dev;
+pub mod error;
+pub mod fault;
+pub mod queue;
+pub mod rng;
+pub mod sched;
+
+pub use error::{Result, SnapError};

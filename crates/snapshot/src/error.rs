@@ -1,0 +1,71 @@
+//! The crate's typed error.
+
+/// Everything that can go wrong in the snapshot layer.
+#[derive(Debug, thiserror::Error)]
+pub enum SnapError {
+    /// An I/O error from the base or COW device (errno preserved for the C ABI).
+    #[error("{what}: {source}")]
+    Io {
+        what: &'static str,
+        #[source]
+        source: snapblk_core::Error,
+    },
+    /// The COW file could not be parsed or is inconsistent with the base.
+    #[error("invalid COW: {0}")]
+    Format(String),
+    /// The merge order violates the rules a safe in-place merge relies on (format §9.2).
+    #[error("merge refused: {0}")]
+    MergeOrder(String),
+    /// The scratch area holds a staged window that does not match the merge order.
+    #[error("scratch area inconsistent with merge order: {0}")]
+    Scratch(String),
+    /// A write to a read-only snapshot.
+    #[error("snapshot is read-only")]
+    ReadOnly,
+    /// A request outside the device.
+    #[error("request out of range: offset {offset} len {len} capacity {capacity}")]
+    Range {
+        offset: u64,
+        len: u64,
+        capacity: u64,
+    },
+    /// The merge was stopped on request.
+    #[error("merge interrupted")]
+    Interrupted,
+    /// A merge window failed earlier; the snapshot stays readable but that window errors.
+    #[error("merge failed earlier; merged blocks of the failed window are unavailable")]
+    MergeFailed,
+    /// Payload decoding failed.
+    #[error("payload at COW offset {offset}: {msg}")]
+    Decode { offset: u64, msg: String },
+    /// Bad configuration (device spec, properties).
+    #[error("{0}")]
+    Config(String),
+}
+
+impl SnapError {
+    /// Wrap a core I/O error with what was being done.
+    pub fn io(what: &'static str) -> impl FnOnce(snapblk_core::Error) -> SnapError {
+        move |source| SnapError::Io { what, source }
+    }
+
+    /// The errno a C caller should see.
+    pub fn errno(&self) -> i32 {
+        match self {
+            SnapError::Io { source, .. } => source.errno,
+            SnapError::ReadOnly => libc::EROFS,
+            SnapError::Range { .. } | SnapError::Config(_) => libc::EINVAL,
+            SnapError::Interrupted => libc::EINTR,
+            _ => libc::EIO,
+        }
+    }
+}
+
+impl From<SnapError> for snapblk_core::Error {
+    fn from(e: SnapError) -> Self {
+        snapblk_core::Error::new(e.errno(), e.to_string())
+    }
+}
+
+/// Result alias.
+pub type Result<T> = std::result::Result<T, SnapError>;

@@ -1,0 +1,199 @@
+//! A synchronous [`Queue`] shared by this crate's drivers: requests are executed, one after the
+//! other, inside `do_io` by a [`Backend`]. The snapshot driver's work per request is a block-map
+//! lookup plus one or a few `pread`s, so handing requests to another thread would cost more than
+//! it saves; parallelism comes from using several queues.
+
+use snapblk_core::queue::check_do_io_args;
+use snapblk_core::{Completion, Error, Op, Queue, Request};
+use std::collections::VecDeque;
+use std::os::fd::RawFd;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// What a queue executes requests against.
+pub trait Backend: Send + Sync {
+    /// Read `buf.len()` bytes at `offset`.
+    fn read(&self, offset: u64, buf: &mut [u8]) -> snapblk_core::Result<()>;
+    /// Write `buf` at `offset`; durable on return when `fua`.
+    fn write(&self, offset: u64, buf: &[u8], fua: bool) -> snapblk_core::Result<()>;
+    /// Make completed writes durable.
+    fn flush(&self) -> snapblk_core::Result<()>;
+    /// Zero a range (default: write zero buffers).
+    fn write_zeroes(&self, offset: u64, len: u64, fua: bool) -> snapblk_core::Result<()> {
+        let zeros = vec![0u8; len.min(1 << 20) as usize];
+        let mut done = 0u64;
+        while done < len {
+            let n = (len - done).min(zeros.len() as u64) as usize;
+            self.write(offset + done, &zeros[..n], false)?;
+            done += n as u64;
+        }
+        if fua { self.flush() } else { Ok(()) }
+    }
+    /// Discard a range (default: unsupported).
+    fn discard(&self, _offset: u64, _len: u64) -> snapblk_core::Result<()> {
+        Err(Error::new(libc::ENOTSUP, "discard not supported"))
+    }
+}
+
+/// The synchronous queue.
+pub struct SyncQueue {
+    backend: Arc<dyn Backend>,
+    pending: Vec<Request>,
+    ready: VecDeque<Completion>,
+    efd: RawFd,
+    efd_enabled: bool,
+}
+
+impl SyncQueue {
+    /// A queue over `backend`, with its own eventfd.
+    pub fn new(backend: Arc<dyn Backend>) -> snapblk_core::Result<Self> {
+        // SAFETY: plain syscall; the result is checked.
+        let efd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+        if efd < 0 {
+            return Err(Error::last_os_error());
+        }
+        Ok(SyncQueue {
+            backend,
+            pending: Vec::new(),
+            ready: VecDeque::new(),
+            efd,
+            efd_enabled: true,
+        })
+    }
+
+    fn exec(&self, req: &Request) -> snapblk_core::Result<()> {
+        let fua = req.flags.contains(snapblk_core::ReqFlags::FUA);
+        match req.op {
+            Op::Read { offset, buf, len } => {
+                if len == 0 {
+                    return Ok(());
+                }
+                // SAFETY: the enqueue contract keeps `buf..buf+len` valid and exclusively ours
+                // until the completion is returned, which happens after this call.
+                let b = unsafe { std::slice::from_raw_parts_mut(buf, len) };
+                self.backend.read(offset, b)
+            }
+            Op::Write { offset, buf, len } => {
+                if len == 0 {
+                    return if fua { self.backend.flush() } else { Ok(()) };
+                }
+                // SAFETY: as above; the caller does not modify the buffer until completion.
+                let b = unsafe { std::slice::from_raw_parts(buf, len) };
+                self.backend.write(offset, b, fua)
+            }
+            Op::Readv {
+                offset,
+                iov,
+                iovcnt,
+            }
+            | Op::Writev {
+                offset,
+                iov,
+                iovcnt,
+            } => {
+                let write = matches!(req.op, Op::Writev { .. });
+                if iovcnt <= 0 || iov.is_null() {
+                    return Ok(());
+                }
+                // SAFETY: the enqueue contract keeps the iovec array valid until completion.
+                let v = unsafe { std::slice::from_raw_parts(iov, iovcnt as usize) };
+                let mut off = offset;
+                for i in v {
+                    if i.iov_len == 0 {
+                        continue;
+                    }
+                    if write {
+                        // SAFETY: each iovec points to caller memory valid until completion.
+                        let b = unsafe {
+                            std::slice::from_raw_parts(i.iov_base as *const u8, i.iov_len)
+                        };
+                        self.backend.write(off, b, false)?;
+                    } else {
+                        // SAFETY: as above, and not accessed by the caller until completion.
+                        let b = unsafe {
+                            std::slice::from_raw_parts_mut(i.iov_base as *mut u8, i.iov_len)
+                        };
+                        self.backend.read(off, b)?;
+                    }
+                    off += i.iov_len as u64;
+                }
+                if write && fua {
+                    self.backend.flush()
+                } else {
+                    Ok(())
+                }
+            }
+            Op::Flush => self.backend.flush(),
+            Op::Discard { offset, len } => self.backend.discard(offset, len),
+            Op::WriteZeroes { offset, len } => self.backend.write_zeroes(offset, len, fua),
+            Op::Zone => Err(Error::new(
+                libc::ENOTSUP,
+                "zoned requests are not supported",
+            )),
+        }
+    }
+
+    fn signal(&self) {
+        if self.efd_enabled && !self.ready.is_empty() {
+            let one: u64 = 1;
+            // SAFETY: writing 8 bytes from a valid u64 to our own eventfd.
+            unsafe { libc::write(self.efd, &one as *const u64 as *const libc::c_void, 8) };
+        }
+    }
+}
+
+impl Queue for SyncQueue {
+    unsafe fn enqueue(&mut self, req: Request) {
+        if let Err(msg) = req.validate() {
+            self.ready
+                .push_back(Completion::err(req.user_data, libc::EINVAL, msg));
+            return;
+        }
+        self.pending.push(req);
+    }
+
+    fn do_io(
+        &mut self,
+        out: &mut [Completion],
+        min: usize,
+        _timeout: Option<&mut Duration>,
+        _sigmask: Option<&libc::sigset_t>,
+    ) -> snapblk_core::Result<usize> {
+        check_do_io_args(out.len(), min, self.pending.len() + self.ready.len())?;
+        for req in std::mem::take(&mut self.pending) {
+            let c = match self.exec(&req) {
+                Ok(()) => Completion::ok(req.user_data),
+                Err(e) => Completion::os_err(req.user_data, e.errno),
+            };
+            self.ready.push_back(c);
+        }
+        let n = out.len().min(self.ready.len());
+        for slot in out.iter_mut().take(n) {
+            // `n` is at most ready.len(), so this always yields.
+            if let Some(c) = self.ready.pop_front() {
+                *slot = c;
+            }
+        }
+        self.signal();
+        Ok(n)
+    }
+
+    fn completion_fd(&self) -> Option<RawFd> {
+        Some(self.efd)
+    }
+
+    fn set_completion_fd_enabled(&mut self, enabled: bool) {
+        self.efd_enabled = enabled;
+    }
+
+    fn outstanding(&self) -> usize {
+        self.pending.len() + self.ready.len()
+    }
+}
+
+impl Drop for SyncQueue {
+    fn drop(&mut self) {
+        // SAFETY: closing the eventfd this queue created.
+        unsafe { libc::close(self.efd) };
+    }
+}

@@ -1,0 +1,508 @@
+//! The I/O scheduler every base/COW access of the snapshot layer goes through.
+//!
+//! Three classes: [`IoClass::Foreground`] (client requests), [`IoClass::Merge`] and
+//! [`IoClass::Readahead`] (background). Foreground I/O is never held back. Background I/O gets an
+//! in-flight *budget* in bytes, in the spirit of BFQ's per-queue budgets: while foreground I/O is
+//! in flight the budget is `min_budget`; once foreground has been quiet for `idle`, it doubles every
+//! further `idle` up to `max_budget`. A background request is admitted when it fits in the budget
+//! (or when no background I/O is in flight at all, so an oversize request cannot starve), and
+//! background callers split their I/O into pieces no larger than the current budget
+//! ([`Scheduler::chunk`]). So a foreground request arriving at a device queue finds at most one
+//! budget's worth of background I/O ahead of it, and only `min_budget` while foreground is busy.
+//!
+//! The policy lives in [`SchedCore`], a pure state machine driven with explicit timestamps, so it
+//! can be tested against a deterministic device model; [`Scheduler`] wraps it with a mutex, a
+//! condition variable and a monotonic clock.
+
+use serde::Serialize;
+use std::sync::{Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+/// Who issues an I/O.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum IoClass {
+    /// Requests from clients of the snapshot device.
+    Foreground,
+    /// The merge engine.
+    Merge,
+    /// Readahead / prefetch.
+    Readahead,
+}
+
+impl IoClass {
+    fn background(self) -> bool {
+        self != IoClass::Foreground
+    }
+}
+
+/// Scheduler tuning.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct SchedConfig {
+    /// When false, everything is admitted at once (the "no scheduler" baseline).
+    pub enabled: bool,
+    /// Background bytes in flight allowed while foreground is active.
+    pub min_budget: u64,
+    /// Background bytes in flight allowed after a long quiet period.
+    pub max_budget: u64,
+    /// Quiet time (ns) after which the budget starts doubling, and doubling period.
+    pub idle_ns: u64,
+}
+
+impl Default for SchedConfig {
+    fn default() -> Self {
+        SchedConfig {
+            enabled: true,
+            min_budget: 64 << 10,
+            max_budget: 2 << 20,
+            idle_ns: 5_000_000,
+        }
+    }
+}
+
+/// Per-class counters.
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+pub struct ClassStats {
+    pub requests: u64,
+    pub bytes: u64,
+    /// Total time spent waiting for admission.
+    pub wait_ns: u64,
+    pub max_wait_ns: u64,
+    /// Requests that could not be admitted at once.
+    pub throttled: u64,
+}
+
+/// Scheduler counters, as reported by `--stats` / JSON.
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+pub struct SchedStats {
+    pub foreground: ClassStats,
+    pub merge: ClassStats,
+    pub readahead: ClassStats,
+    /// Times the background budget was cut because foreground became active.
+    pub budget_shrinks: u64,
+    /// Times the budget grew back during a quiet period.
+    pub budget_grows: u64,
+}
+
+impl SchedStats {
+    fn class_mut(&mut self, c: IoClass) -> &mut ClassStats {
+        match c {
+            IoClass::Foreground => &mut self.foreground,
+            IoClass::Merge => &mut self.merge,
+            IoClass::Readahead => &mut self.readahead,
+        }
+    }
+}
+
+/// The scheduling policy as a pure state machine (times in ns from an arbitrary origin).
+#[derive(Debug, Clone)]
+pub struct SchedCore {
+    cfg: SchedConfig,
+    fg_inflight: u32,
+    /// When foreground last completed; `None` = never (budget starts at max).
+    last_fg_end: Option<u64>,
+    bg_inflight: u64,
+    last_budget: u64,
+    stats: SchedStats,
+}
+
+impl SchedCore {
+    /// A core with `cfg`.
+    pub fn new(cfg: SchedConfig) -> Self {
+        let min_budget = cfg.min_budget.max(1);
+        let cfg = SchedConfig {
+            min_budget,
+            max_budget: cfg.max_budget.max(min_budget),
+            ..cfg
+        };
+        SchedCore {
+            cfg,
+            fg_inflight: 0,
+            last_fg_end: None,
+            bg_inflight: 0,
+            last_budget: cfg.max_budget,
+            stats: SchedStats::default(),
+        }
+    }
+
+    /// The background budget at time `now`.
+    pub fn budget(&self, now: u64) -> u64 {
+        if !self.cfg.enabled {
+            return u64::MAX;
+        }
+        if self.fg_inflight > 0 {
+            return self.cfg.min_budget;
+        }
+        match self.last_fg_end {
+            None => self.cfg.max_budget,
+            Some(t) => {
+                let periods = now.saturating_sub(t) / self.cfg.idle_ns.max(1);
+                if periods >= 63 {
+                    return self.cfg.max_budget;
+                }
+                self.cfg
+                    .min_budget
+                    .saturating_mul(1 << periods)
+                    .min(self.cfg.max_budget)
+            }
+        }
+    }
+
+    fn note_budget(&mut self, b: u64) {
+        if b < self.last_budget {
+            self.stats.budget_shrinks += 1;
+        } else if b > self.last_budget {
+            self.stats.budget_grows += 1;
+        }
+        self.last_budget = b;
+    }
+
+    /// Background bytes currently admitted.
+    pub fn bg_inflight(&self) -> u64 {
+        self.bg_inflight
+    }
+
+    /// A foreground request starts (it is always admitted).
+    pub fn fg_begin(&mut self, bytes: u64) {
+        self.fg_inflight += 1;
+        let s = self.stats.class_mut(IoClass::Foreground);
+        s.requests += 1;
+        s.bytes += bytes;
+        if self.cfg.enabled {
+            self.note_budget(self.cfg.min_budget);
+        }
+    }
+
+    /// A foreground request completed at `now`.
+    pub fn fg_end(&mut self, now: u64) {
+        self.fg_inflight = self.fg_inflight.saturating_sub(1);
+        self.last_fg_end = Some(now);
+    }
+
+    /// Try to admit `bytes` of background I/O at `now`.
+    pub fn bg_try_admit(&mut self, now: u64, bytes: u64) -> bool {
+        let b = self.budget(now);
+        if self.cfg.enabled {
+            self.note_budget(b);
+        }
+        if self.bg_inflight == 0 || self.bg_inflight.saturating_add(bytes) <= b {
+            self.bg_inflight += bytes;
+            true
+        } else {
+            false
+        }
+    }
+
+    /// Background I/O of `bytes` completed.
+    pub fn bg_end(&mut self, bytes: u64) {
+        self.bg_inflight = self.bg_inflight.saturating_sub(bytes);
+    }
+
+    /// Account an admitted request of `class` that waited `wait_ns`.
+    pub fn account(&mut self, class: IoClass, bytes: u64, wait_ns: u64, throttled: bool) {
+        let s = self.stats.class_mut(class);
+        s.requests += 1;
+        s.bytes += bytes;
+        s.wait_ns += wait_ns;
+        s.max_wait_ns = s.max_wait_ns.max(wait_ns);
+        s.throttled += throttled as u64;
+    }
+
+    /// Counters so far.
+    pub fn stats(&self) -> SchedStats {
+        self.stats
+    }
+
+    /// The configuration in force.
+    pub fn config(&self) -> SchedConfig {
+        self.cfg
+    }
+}
+
+/// The thread-safe scheduler.
+pub struct Scheduler {
+    core: Mutex<SchedCore>,
+    cv: Condvar,
+    epoch: Instant,
+}
+
+impl Default for Scheduler {
+    fn default() -> Self {
+        Scheduler::new(SchedConfig::default())
+    }
+}
+
+/// Admission of one request; dropping it marks the I/O complete.
+#[must_use]
+pub struct Ticket<'a> {
+    sched: &'a Scheduler,
+    class: IoClass,
+    bytes: u64,
+}
+
+impl Drop for Ticket<'_> {
+    fn drop(&mut self) {
+        let now = self.sched.now();
+        let mut c = self.sched.lock();
+        if self.class.background() {
+            c.bg_end(self.bytes);
+        } else {
+            c.fg_end(now);
+        }
+        drop(c);
+        if self.class.background() {
+            self.sched.cv.notify_all();
+        }
+    }
+}
+
+impl Scheduler {
+    /// A scheduler with `cfg`.
+    pub fn new(cfg: SchedConfig) -> Self {
+        Scheduler {
+            core: Mutex::new(SchedCore::new(cfg)),
+            cv: Condvar::new(),
+            epoch: Instant::now(),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, SchedCore> {
+        self.core.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn now(&self) -> u64 {
+        self.epoch.elapsed().as_nanos() as u64
+    }
+
+    /// Admit a request of `bytes` for `class`, waiting if it is background and over budget.
+    pub fn admit(&self, class: IoClass, bytes: u64) -> Ticket<'_> {
+        let mut c = self.lock();
+        if !class.background() {
+            c.fg_begin(bytes);
+            return Ticket {
+                sched: self,
+                class,
+                bytes,
+            };
+        }
+        let start = self.now();
+        let mut throttled = false;
+        loop {
+            let now = self.now();
+            if c.bg_try_admit(now, bytes) {
+                let wait = now - start;
+                c.account(class, bytes, wait, throttled);
+                return Ticket {
+                    sched: self,
+                    class,
+                    bytes,
+                };
+            }
+            throttled = true;
+            // Woken by background completions; the timeout re-evaluates budget growth.
+            let tick = Duration::from_nanos((c.config().idle_ns / 4).clamp(50_000, 5_000_000));
+            c = self
+                .cv
+                .wait_timeout(c, tick)
+                .map(|(g, _)| g)
+                .unwrap_or_else(|p| p.into_inner().0);
+        }
+    }
+
+    /// The largest piece a background caller should issue now (the current budget).
+    pub fn chunk(&self) -> u64 {
+        let now = self.now();
+        self.lock().budget(now).max(4096)
+    }
+
+    /// Counters so far.
+    pub fn stats(&self) -> SchedStats {
+        self.lock().stats()
+    }
+
+    /// The configuration in force.
+    pub fn config(&self) -> SchedConfig {
+        self.lock().config()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rng::Rng;
+    use std::collections::VecDeque;
+
+    /// A deterministic single-queue device: FIFO, service time = 20 µs + size / (1 GB/s).
+    fn service_ns(bytes: u64) -> u64 {
+        20_000 + bytes
+    }
+
+    struct Outcome {
+        /// Per foreground request: (time waiting behind other I/O, background bytes queued ahead
+        /// of it at arrival).
+        fg_waits: Vec<(u64, u64)>,
+        bg_done: u64,
+        core: SchedCore,
+    }
+
+    /// Simulate a merge that keeps background I/O queued as far as the scheduler lets it, and a
+    /// foreground reader issuing 4 KiB reads at random times, in bursts separated by quiet gaps.
+    fn simulate(cfg: SchedConfig, seed: u64) -> Outcome {
+        let mut rng = Rng::new(seed);
+        let mut core = SchedCore::new(cfg);
+        // Device queue entries: (is_fg, bytes, arrival, bg bytes ahead at arrival).
+        let mut q: VecDeque<(bool, u64, u64, u64)> = VecDeque::new();
+        let mut busy_until = 0u64;
+        let mut now = 0u64;
+        let mut next_fg = 1_000_000u64;
+        let mut fg_waits = Vec::new();
+        let mut bg_done = 0;
+        while now < 2_000_000_000 {
+            // Background producer: the merge submits whatever is admitted, in pieces of at most
+            // 1 MiB and at most the current budget (as the merge engine splits its I/O), up to a
+            // device queue depth of 64.
+            while q.len() < 64 {
+                let piece = (1u64 << 20).min(core.budget(now).max(4096));
+                if !core.bg_try_admit(now, piece) {
+                    break;
+                }
+                q.push_back((false, piece, now, 0));
+            }
+            if let Some(&(fg, bytes, arrival, ahead)) = q.front() {
+                let start = busy_until.max(arrival);
+                if start + service_ns(bytes) <= next_fg {
+                    now = start + service_ns(bytes);
+                    busy_until = now;
+                    q.pop_front();
+                    if fg {
+                        core.fg_end(now);
+                        fg_waits.push((start - arrival, ahead));
+                    } else {
+                        core.bg_end(bytes);
+                        bg_done += bytes;
+                    }
+                    continue;
+                }
+            }
+            now = next_fg;
+            let ahead: u64 = q.iter().filter(|e| !e.0).map(|e| e.1).sum();
+            core.fg_begin(4096);
+            q.push_back((true, 4096, now, ahead));
+            // Bursts: think times of 50..500 µs, and one time in 20 a quiet gap of 50 ms.
+            next_fg = now
+                + if rng.below(20) == 0 {
+                    50_000_000
+                } else {
+                    50_000 + rng.below(450_000)
+                };
+        }
+        Outcome {
+            fg_waits,
+            bg_done,
+            core,
+        }
+    }
+
+    #[test]
+    fn foreground_waits_behind_at_most_one_budget() {
+        let cfg = SchedConfig::default();
+        for seed in 0..4 {
+            let o = simulate(cfg, seed);
+            assert!(
+                o.fg_waits.len() > 500,
+                "enough foreground requests: {}",
+                o.fg_waits.len()
+            );
+            // Worst case: a full background budget plus one earlier foreground request ahead.
+            let bound = service_ns(cfg.max_budget) + 2 * service_ns(4096);
+            for &(wait, backlog) in &o.fg_waits {
+                assert!(backlog <= cfg.max_budget, "backlog {backlog} > one budget");
+                assert!(wait <= bound, "wait {wait} ns > one budget ({bound} ns)");
+            }
+            // Inside a burst the budget has shrunk: most requests find at most min_budget ahead.
+            let small = o
+                .fg_waits
+                .iter()
+                .filter(|&&(_, b)| b <= cfg.min_budget)
+                .count();
+            assert!(
+                small * 2 >= o.fg_waits.len(),
+                "{small} of {} within min budget",
+                o.fg_waits.len()
+            );
+            assert!(
+                o.bg_done > 100 << 20,
+                "background still progresses: {} bytes",
+                o.bg_done
+            );
+            let st = o.core.stats();
+            assert!(st.budget_shrinks > 0 && st.budget_grows > 0);
+        }
+    }
+
+    #[test]
+    fn without_scheduler_foreground_waits_behind_the_whole_queue() {
+        let cfg = SchedConfig {
+            enabled: false,
+            ..SchedConfig::default()
+        };
+        let o = simulate(cfg, 1);
+        let worst = o.fg_waits.iter().map(|w| w.0).max().unwrap_or(0);
+        let with = simulate(SchedConfig::default(), 1);
+        let worst_with = with.fg_waits.iter().map(|w| w.0).max().unwrap_or(0);
+        assert!(
+            worst > 10 * worst_with,
+            "unscheduled worst wait {worst} vs scheduled {worst_with}"
+        );
+    }
+
+    #[test]
+    fn budget_shrinks_and_grows_back() {
+        let cfg = SchedConfig {
+            enabled: true,
+            min_budget: 64 << 10,
+            max_budget: 1 << 20,
+            idle_ns: 1000,
+        };
+        let mut c = SchedCore::new(cfg);
+        assert_eq!(c.budget(0), 1 << 20);
+        c.fg_begin(4096);
+        assert_eq!(c.budget(10), 64 << 10);
+        c.fg_end(100);
+        assert_eq!(c.budget(100), 64 << 10);
+        assert_eq!(c.budget(1100), 128 << 10);
+        assert_eq!(c.budget(100 + 4 * 1000), 1 << 20);
+        assert!(
+            c.bg_try_admit(200, 1 << 20),
+            "oversize admitted when nothing in flight"
+        );
+        assert!(!c.bg_try_admit(200, 4096));
+        c.bg_end(1 << 20);
+        assert!(c.bg_try_admit(200, 4096));
+    }
+
+    #[test]
+    fn threaded_scheduler_throttles_background_while_foreground_active() {
+        let s = Scheduler::new(SchedConfig {
+            min_budget: 8192,
+            max_budget: 8192,
+            ..SchedConfig::default()
+        });
+        let fg = s.admit(IoClass::Foreground, 4096);
+        let a = s.admit(IoClass::Merge, 8192);
+        std::thread::scope(|sc| {
+            let h = sc.spawn(|| {
+                let _b = s.admit(IoClass::Merge, 4096);
+            });
+            std::thread::sleep(Duration::from_millis(20));
+            drop(a);
+            h.join().unwrap();
+        });
+        drop(fg);
+        let st = s.stats();
+        assert_eq!(st.merge.requests, 2);
+        assert_eq!(st.merge.throttled, 1);
+        assert!(st.merge.max_wait_ns >= 10_000_000);
+        assert_eq!(st.foreground.requests, 1);
+    }
+}

@@ -1,1 +1,47 @@
-//! Page-cache residency, readahead record and replay.
+//! snapblk-readahead: honest page-cache residency, readahead lists, record, replay and evict.
+//!
+//! * [`residency`] measures how much of a file is in the page cache with cachestat(2), falls
+//!   back to mincore(2) only where its answer can be trusted, and otherwise says "unknown" —
+//!   mincore reports every page of a file the caller neither owns nor may write as resident.
+//! * [`list`] is the readahead list format (text, JSON Lines, classic block lists) with file
+//!   identities so stale entries are detected; the parser is hardened for untrusted input.
+//! * [`record`] diffs residency snapshots taken before and after a command or time window.
+//! * [`replay`] brings a list into the cache in chunks at idle priority, backs off under I/O
+//!   pressure, and verifies the result; [`evict`] drops files from the cache.
+//! * [`blocks`] is the block-device flavour (record served ranges, replay into a device).
+//! * [`scan`] and [`walk`] produce residency reports of whole trees in parallel.
+
+pub mod blocks;
+pub mod evict;
+pub mod list;
+pub mod ranges;
+pub mod record;
+pub mod replay;
+pub mod residency;
+pub mod scan;
+pub mod sys;
+pub mod sysstat;
+pub mod walk;
+
+pub use list::{Extent, FileIdentity, ListEntry};
+pub use ranges::{Range, RangeSet};
+pub use replay::{Method, ReplayOptions, ReplayReport};
+pub use residency::{Residency, Source};
+
+#[cfg(test)]
+pub(crate) mod test_support {
+    use std::path::PathBuf;
+
+    /// A directory on a real (evictable) filesystem: the temp dir unless it is tmpfs, else
+    /// /var/tmp. Panics if neither is on disk, since eviction tests cannot work on tmpfs.
+    pub fn disk_dir() -> PathBuf {
+        for d in [std::env::temp_dir(), PathBuf::from("/var/tmp")] {
+            if let Ok(f) = std::fs::File::open(&d)
+                && crate::sys::fs_type(std::os::fd::AsFd::as_fd(&f)).is_ok_and(|t| t != 0x0102_1994)
+            {
+                return d;
+            }
+        }
+        panic!("no disk-backed temp directory (TMPDIR and /var/tmp are tmpfs)");
+    }
+}

@@ -1,0 +1,91 @@
+//! Eviction of files from the page cache (to make cold runs reproducible).
+
+use crate::residency::{self, Residency};
+use crate::sys;
+use crate::walk::{self, LinkDedup, WalkError, WalkOptions};
+use std::os::fd::AsFd;
+use std::path::PathBuf;
+use std::sync::Mutex;
+
+/// What stayed resident after eviction (mapped, locked or re-read pages), per file.
+#[derive(Debug, Clone)]
+pub struct Remaining {
+    pub path: PathBuf,
+    pub pages: u64,
+    pub residency: Residency,
+}
+
+/// Result of an eviction run.
+#[derive(Debug, Clone, Default)]
+pub struct EvictReport {
+    pub files: u64,
+    pub pages: u64,
+    /// Files that still have resident pages (or unknown residency) after eviction.
+    pub remaining: Vec<Remaining>,
+    pub errors: Vec<WalkError>,
+}
+
+impl EvictReport {
+    pub fn remaining_pages(&self) -> u64 {
+        self.remaining
+            .iter()
+            .filter_map(|r| r.residency.resident_pages())
+            .sum()
+    }
+}
+
+/// Writes back dirty pages (fdatasync) and drops every file's cached pages
+/// (POSIX_FADV_DONTNEED), then re-measures.
+pub fn evict(roots: &[PathBuf], opts: &WalkOptions) -> EvictReport {
+    let ps = sys::page_size();
+    let rep = Mutex::new(EvictReport::default());
+    let extra = Mutex::new(Vec::new());
+    let dedup = LinkDedup::default();
+    let errors = walk::walk(roots, opts, |p| {
+        let res = (|| -> std::io::Result<Option<Remaining>> {
+            let f = residency::open_quiet(p)?;
+            let meta = f.metadata()?;
+            if !dedup.first_visit(&meta) {
+                return Ok(None);
+            }
+            // DONTNEED skips dirty pages, so write them back first.
+            sys::fdatasync(f.as_fd())?;
+            sys::fadvise(f.as_fd(), 0, 0, libc::POSIX_FADV_DONTNEED)?;
+            let pages = meta.len().div_ceil(ps);
+            if let Ok(mut r) = rep.lock() {
+                r.files += 1;
+                r.pages += pages;
+            }
+            let after = residency::measure(&f, p, &meta, None);
+            Ok(match after.resident_pages() {
+                Some(0) => None,
+                _ => Some(Remaining {
+                    path: p.to_path_buf(),
+                    pages,
+                    residency: after,
+                }),
+            })
+        })();
+        match res {
+            Ok(Some(r)) => {
+                if let Ok(mut v) = rep.lock() {
+                    v.remaining.push(r)
+                }
+            }
+            Ok(None) => {}
+            Err(e) => {
+                if let Ok(mut v) = extra.lock() {
+                    v.push(WalkError {
+                        path: p.to_path_buf(),
+                        error: e.to_string(),
+                    })
+                }
+            }
+        }
+    });
+    let mut r = rep.into_inner().unwrap_or_default();
+    r.errors = errors;
+    r.errors.extend(extra.into_inner().unwrap_or_default());
+    r.remaining.sort_by(|a, b| a.path.cmp(&b.path));
+    r
+}

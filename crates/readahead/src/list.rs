@@ -1,0 +1,657 @@
+//! Readahead lists: which byte ranges of which files to bring into the page cache.
+//!
+//! Three line forms are read, and may even be mixed in one file:
+//!
+//! * **text v1** (written by `record`), three TAB-separated fields:
+//!   `PATH<TAB>dev=MAJ:MIN ino=N size=N mtime=SEC.NSEC<TAB>OFF:LEN,OFF:LEN,...`.
+//!   The identity field may be `-` (none) and the range field `*` (whole file). PATH is escaped:
+//!   `\\`, `\t`, `\n`, `\r` and `\xHH` (any control byte, any non-UTF-8 byte, and a leading `#`
+//!   or `{`), so any Linux path fits on one line.
+//! * **JSON Lines**, one object per line (a line starting with `{`):
+//!   `{"path":"<escaped as above>","identity":{...}|null,"ranges":"*"|[[off,len],...]}`.
+//! * **classic block list**: `filename offset:length,offset:length` (no TAB); the last
+//!   space-separated token is the range list if it parses as one, otherwise the whole line is a
+//!   file name meaning "the whole file". File names are taken verbatim (no escapes).
+//!
+//! Blank lines and lines starting with `#` are ignored. Offsets and lengths are decimal bytes;
+//! ranges may be unsorted or overlap (they are normalised). The parser is meant for untrusted
+//! input: every error is typed and carries its line number, lines and entry counts are bounded.
+
+use crate::ranges::{Range, RangeSet};
+use serde::{Deserialize, Serialize};
+use std::ffi::OsString;
+use std::io::{BufRead, Read, Write};
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+
+/// First line written by [`write_text`].
+pub const TEXT_HEADER: &str = "# snapblk-readahead-list v1";
+
+/// What a file looked like when its entry was recorded; a mismatch marks the entry stale.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileIdentity {
+    pub dev_major: u32,
+    pub dev_minor: u32,
+    pub ino: u64,
+    pub size: u64,
+    pub mtime_sec: i64,
+    pub mtime_nsec: u32,
+}
+
+impl FileIdentity {
+    pub fn of(meta: &std::fs::Metadata) -> FileIdentity {
+        let dev = meta.dev();
+        FileIdentity {
+            dev_major: libc::major(dev),
+            dev_minor: libc::minor(dev),
+            ino: meta.ino(),
+            size: meta.size(),
+            mtime_sec: meta.mtime(),
+            mtime_nsec: meta.mtime_nsec().clamp(0, 999_999_999) as u32,
+        }
+    }
+
+    /// Names of the fields that differ between `self` (recorded) and `now`.
+    pub fn diff(&self, now: &FileIdentity) -> Vec<&'static str> {
+        let mut v = Vec::new();
+        if (self.dev_major, self.dev_minor) != (now.dev_major, now.dev_minor) {
+            v.push("dev");
+        }
+        if self.ino != now.ino {
+            v.push("ino");
+        }
+        if self.size != now.size {
+            v.push("size");
+        }
+        if (self.mtime_sec, self.mtime_nsec) != (now.mtime_sec, now.mtime_nsec) {
+            v.push("mtime");
+        }
+        v
+    }
+
+    fn to_text(self) -> String {
+        format!(
+            "dev={}:{} ino={} size={} mtime={}.{:09}",
+            self.dev_major, self.dev_minor, self.ino, self.size, self.mtime_sec, self.mtime_nsec
+        )
+    }
+
+    fn parse_text(s: &str) -> Result<FileIdentity, ParseErrorKind> {
+        let bad = |m: &str| ParseErrorKind::BadIdentity(m.to_string());
+        let (mut dev, mut ino, mut size, mut mtime) = (None, None, None, None);
+        for kv in s.split(' ').filter(|t| !t.is_empty()) {
+            let (k, v) = kv
+                .split_once('=')
+                .ok_or_else(|| bad("expected key=value"))?;
+            let slot = match k {
+                "dev" => &mut dev,
+                "ino" => &mut ino,
+                "size" => &mut size,
+                "mtime" => &mut mtime,
+                _ => return Err(bad("unknown key")),
+            };
+            if slot.replace(v).is_some() {
+                return Err(bad("duplicate key"));
+            }
+        }
+        let (Some(dev), Some(ino), Some(size), Some(mtime)) = (dev, ino, size, mtime) else {
+            return Err(bad("need dev, ino, size and mtime"));
+        };
+        let (ma, mi) = dev
+            .split_once(':')
+            .ok_or_else(|| bad("dev must be MAJ:MIN"))?;
+        let (sec, nsec) = mtime.split_once('.').unwrap_or((mtime, "0"));
+        let nsec: u32 = parse_dec(nsec).ok_or_else(|| bad("bad mtime nanoseconds"))?;
+        if nsec > 999_999_999 {
+            return Err(bad("mtime nanoseconds out of range"));
+        }
+        Ok(FileIdentity {
+            dev_major: parse_dec(ma).ok_or_else(|| bad("bad dev major"))?,
+            dev_minor: parse_dec(mi).ok_or_else(|| bad("bad dev minor"))?,
+            ino: parse_dec(ino).ok_or_else(|| bad("bad ino"))?,
+            size: parse_dec(size).ok_or_else(|| bad("bad size"))?,
+            mtime_sec: sec.parse::<i64>().map_err(|_| bad("bad mtime seconds"))?,
+            mtime_nsec: nsec,
+        })
+    }
+}
+
+/// Which part of a file an entry covers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Extent {
+    Whole,
+    Ranges(RangeSet),
+}
+
+impl Extent {
+    /// The concrete ranges for a file of `size` bytes.
+    pub fn resolve(&self, size: u64) -> RangeSet {
+        match self {
+            Extent::Whole => match Range::new(0, size) {
+                Some(r) => RangeSet::from_ranges(vec![r]),
+                None => RangeSet::new(),
+            },
+            Extent::Ranges(rs) => rs.clip(size),
+        }
+    }
+}
+
+/// One file of a readahead list.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ListEntry {
+    pub path: PathBuf,
+    pub identity: Option<FileIdentity>,
+    pub extent: Extent,
+}
+
+/// Bounds applied while parsing untrusted lists.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    pub max_line: usize,
+    pub max_entries: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_line: 16 << 20,
+            max_entries: 10_000_000,
+        }
+    }
+}
+
+/// A parse error and the 1-based line it happened on.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[error("line {line}: {kind}")]
+pub struct ParseError {
+    pub line: u64,
+    pub kind: ParseErrorKind,
+}
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum ParseErrorKind {
+    #[error("line longer than {0} bytes")]
+    LineTooLong(usize),
+    #[error("more than {0} entries")]
+    TooManyEntries(usize),
+    #[error("empty path")]
+    EmptyPath,
+    #[error("path longer than 4096 bytes")]
+    PathTooLong,
+    #[error("path contains a NUL byte")]
+    NulInPath,
+    #[error("bad escape sequence in path: {0}")]
+    BadEscape(String),
+    #[error("bad range {0:?} (expected OFFSET:LENGTH in decimal bytes)")]
+    BadRange(String),
+    #[error("empty range (length 0)")]
+    EmptyRange,
+    #[error("range end overflows 64 bits")]
+    RangeOverflow,
+    #[error("bad identity: {0}")]
+    BadIdentity(String),
+    #[error("expected 3 TAB-separated fields (path, identity, ranges), got {0}")]
+    FieldCount(usize),
+    #[error("bad JSON entry: {0}")]
+    Json(String),
+    #[error("read error: {0}")]
+    Io(String),
+}
+
+fn parse_dec<T: std::str::FromStr>(s: &str) -> Option<T> {
+    // Reject signs and blanks that FromStr would accept for some types.
+    if s.is_empty() || !s.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    s.parse().ok()
+}
+
+fn parse_ranges(s: &str) -> Result<RangeSet, ParseErrorKind> {
+    let mut v = Vec::new();
+    for tok in s.split(',') {
+        let (o, l) = tok
+            .split_once(':')
+            .ok_or_else(|| ParseErrorKind::BadRange(short(tok)))?;
+        let o: u64 = parse_dec(o).ok_or_else(|| ParseErrorKind::BadRange(short(tok)))?;
+        let l: u64 = parse_dec(l).ok_or_else(|| ParseErrorKind::BadRange(short(tok)))?;
+        if l == 0 {
+            return Err(ParseErrorKind::EmptyRange);
+        }
+        // Offsets are off_t in the kernel.
+        let end = o.checked_add(l).ok_or(ParseErrorKind::RangeOverflow)?;
+        if end > i64::MAX as u64 {
+            return Err(ParseErrorKind::RangeOverflow);
+        }
+        v.push(Range { offset: o, len: l });
+    }
+    Ok(RangeSet::from_ranges(v))
+}
+
+fn short(s: &str) -> String {
+    s.chars().take(40).collect()
+}
+
+/// Escapes a path for the text and JSON forms.
+pub fn escape_path(p: &Path) -> String {
+    let b = p.as_os_str().as_bytes();
+    let mut out = String::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        // Decode one UTF-8 char if valid, else escape the byte.
+        let rest = &b[i..];
+        let ch_len = match rest.first() {
+            Some(&c) if c < 0x80 => 1,
+            Some(&c) if c >= 0xf0 => 4,
+            Some(&c) if c >= 0xe0 => 3,
+            Some(&c) if c >= 0xc0 => 2,
+            _ => 1,
+        };
+        let ch = rest.get(..ch_len).and_then(|s| std::str::from_utf8(s).ok());
+        match ch {
+            Some("\\") => out.push_str("\\\\"),
+            Some("\t") => out.push_str("\\t"),
+            Some("\n") => out.push_str("\\n"),
+            Some("\r") => out.push_str("\\r"),
+            Some(s) if i == 0 && (s == "#" || s == "{") => {
+                out.push_str(&format!("\\x{:02x}", s.as_bytes()[0]))
+            }
+            Some(s) if s.len() == 1 && (s.as_bytes()[0] < 0x20 || s.as_bytes()[0] == 0x7f) => {
+                out.push_str(&format!("\\x{:02x}", s.as_bytes()[0]))
+            }
+            Some(s) => {
+                out.push_str(s);
+                i += s.len();
+                continue;
+            }
+            None => out.push_str(&format!("\\x{:02x}", rest[0])),
+        }
+        i += ch.map_or(1, |s| s.len());
+    }
+    out
+}
+
+/// Inverse of [`escape_path`].
+pub fn unescape_path(s: &str) -> Result<PathBuf, ParseErrorKind> {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        let c = b[i];
+        if c != b'\\' {
+            out.push(c);
+            i += 1;
+            continue;
+        }
+        match b.get(i + 1) {
+            Some(b'\\') => out.push(b'\\'),
+            Some(b't') => out.push(b'\t'),
+            Some(b'n') => out.push(b'\n'),
+            Some(b'r') => out.push(b'\r'),
+            Some(b'x') => {
+                let hex = b
+                    .get(i + 2..i + 4)
+                    .and_then(|h| std::str::from_utf8(h).ok())
+                    .and_then(|h| u8::from_str_radix(h, 16).ok())
+                    .ok_or_else(|| ParseErrorKind::BadEscape(short(&s[i..])))?;
+                out.push(hex);
+                i += 4;
+                continue;
+            }
+            _ => return Err(ParseErrorKind::BadEscape(short(&s[i..]))),
+        }
+        i += 2;
+    }
+    check_path(out)
+}
+
+fn check_path(b: Vec<u8>) -> Result<PathBuf, ParseErrorKind> {
+    if b.is_empty() {
+        return Err(ParseErrorKind::EmptyPath);
+    }
+    if b.len() > 4096 {
+        return Err(ParseErrorKind::PathTooLong);
+    }
+    if b.contains(&0) {
+        return Err(ParseErrorKind::NulInPath);
+    }
+    Ok(PathBuf::from(OsString::from_vec(b)))
+}
+
+#[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct JsonEntry {
+    path: String,
+    #[serde(default)]
+    identity: Option<FileIdentity>,
+    ranges: JsonExtent,
+}
+
+#[derive(Serialize, Deserialize)]
+#[serde(untagged)]
+enum JsonExtent {
+    Whole(String),
+    Ranges(Vec<(u64, u64)>),
+}
+
+fn parse_line(line: &[u8]) -> Result<Option<ListEntry>, ParseErrorKind> {
+    let line = line.strip_suffix(b"\n").unwrap_or(line);
+    let line = line.strip_suffix(b"\r").unwrap_or(line);
+    if line.iter().all(|c| c.is_ascii_whitespace()) || line.first() == Some(&b'#') {
+        return Ok(None);
+    }
+    if line.first() == Some(&b'{') {
+        let j: JsonEntry =
+            serde_json::from_slice(line).map_err(|e| ParseErrorKind::Json(e.to_string()))?;
+        let extent = match j.ranges {
+            JsonExtent::Whole(s) if s == "*" => Extent::Whole,
+            JsonExtent::Whole(s) => return Err(ParseErrorKind::BadRange(short(&s))),
+            JsonExtent::Ranges(v) => {
+                let mut rs = Vec::with_capacity(v.len());
+                for (o, l) in v {
+                    if l == 0 {
+                        return Err(ParseErrorKind::EmptyRange);
+                    }
+                    let end = o.checked_add(l).ok_or(ParseErrorKind::RangeOverflow)?;
+                    if end > i64::MAX as u64 {
+                        return Err(ParseErrorKind::RangeOverflow);
+                    }
+                    rs.push(Range { offset: o, len: l });
+                }
+                Extent::Ranges(RangeSet::from_ranges(rs))
+            }
+        };
+        return Ok(Some(ListEntry {
+            path: unescape_path(&j.path)?,
+            identity: j.identity,
+            extent,
+        }));
+    }
+    if line.contains(&b'\t') {
+        let s = std::str::from_utf8(line)
+            .map_err(|_| ParseErrorKind::BadEscape("text v1 lines must be UTF-8".into()))?;
+        let fields: Vec<&str> = s.split('\t').collect();
+        let [p, id, r] = fields[..] else {
+            return Err(ParseErrorKind::FieldCount(fields.len()));
+        };
+        let identity = if id == "-" {
+            None
+        } else {
+            Some(FileIdentity::parse_text(id)?)
+        };
+        let extent = if r == "*" {
+            Extent::Whole
+        } else {
+            Extent::Ranges(parse_ranges(r)?)
+        };
+        return Ok(Some(ListEntry {
+            path: unescape_path(p)?,
+            identity,
+            extent,
+        }));
+    }
+    // Classic `filename offset:length,...`, file names verbatim.
+    if let Some(sp) = line.iter().rposition(|&c| c == b' ') {
+        let (name, tok) = (&line[..sp], &line[sp + 1..]);
+        if let Some(Ok(rs)) = std::str::from_utf8(tok).ok().map(parse_ranges) {
+            let name = name.strip_suffix(b" ").map_or(name, |n| {
+                let end = n.iter().rposition(|&c| c != b' ').map_or(0, |e| e + 1);
+                &n[..end]
+            });
+            return Ok(Some(ListEntry {
+                path: check_path(name.to_vec())?,
+                identity: None,
+                extent: Extent::Ranges(rs),
+            }));
+        }
+    }
+    Ok(Some(ListEntry {
+        path: check_path(line.to_vec())?,
+        identity: None,
+        extent: Extent::Whole,
+    }))
+}
+
+/// Parses a list from a reader, with bounds.
+pub fn parse_reader<R: BufRead>(mut r: R, limits: Limits) -> Result<Vec<ListEntry>, ParseError> {
+    let mut out = Vec::new();
+    let mut buf = Vec::new();
+    let mut lineno = 0u64;
+    loop {
+        buf.clear();
+        lineno += 1;
+        let n = (&mut r)
+            .take(limits.max_line as u64 + 1)
+            .read_until(b'\n', &mut buf)
+            .map_err(|e| ParseError {
+                line: lineno,
+                kind: ParseErrorKind::Io(e.to_string()),
+            })?;
+        if n == 0 {
+            break;
+        }
+        if buf.len() > limits.max_line {
+            return Err(ParseError {
+                line: lineno,
+                kind: ParseErrorKind::LineTooLong(limits.max_line),
+            });
+        }
+        match parse_line(&buf) {
+            Ok(Some(e)) => {
+                if out.len() >= limits.max_entries {
+                    return Err(ParseError {
+                        line: lineno,
+                        kind: ParseErrorKind::TooManyEntries(limits.max_entries),
+                    });
+                }
+                out.push(e);
+            }
+            Ok(None) => {}
+            Err(kind) => return Err(ParseError { line: lineno, kind }),
+        }
+    }
+    Ok(out)
+}
+
+/// Parses a list held in memory (the fuzz entry point).
+pub fn parse_bytes(b: &[u8], limits: Limits) -> Result<Vec<ListEntry>, ParseError> {
+    parse_reader(b, limits)
+}
+
+fn ranges_text(e: &Extent) -> String {
+    match e {
+        Extent::Whole => "*".into(),
+        Extent::Ranges(rs) if rs.is_empty() => "*".into(),
+        Extent::Ranges(rs) => {
+            let v: Vec<String> = rs
+                .ranges()
+                .iter()
+                .map(|r| format!("{}:{}", r.offset, r.len))
+                .collect();
+            v.join(",")
+        }
+    }
+}
+
+/// Writes the text v1 form (with header). Entries with an empty range set are skipped, since
+/// `*` would widen them to the whole file.
+pub fn write_text<W: Write>(mut w: W, entries: &[ListEntry]) -> std::io::Result<()> {
+    writeln!(w, "{TEXT_HEADER}")?;
+    writeln!(w, "# path<TAB>identity<TAB>offset:length,...")?;
+    for e in entries
+        .iter()
+        .filter(|e| !matches!(&e.extent, Extent::Ranges(r) if r.is_empty()))
+    {
+        let id = e.identity.map_or_else(|| "-".to_string(), |i| i.to_text());
+        writeln!(
+            w,
+            "{}\t{}\t{}",
+            escape_path(&e.path),
+            id,
+            ranges_text(&e.extent)
+        )?;
+    }
+    Ok(())
+}
+
+/// Writes the JSON Lines form (same skipping rule as [`write_text`]).
+pub fn write_jsonl<W: Write>(mut w: W, entries: &[ListEntry]) -> std::io::Result<()> {
+    for e in entries
+        .iter()
+        .filter(|e| !matches!(&e.extent, Extent::Ranges(r) if r.is_empty()))
+    {
+        let j = JsonEntry {
+            path: escape_path(&e.path),
+            identity: e.identity,
+            ranges: match &e.extent {
+                Extent::Whole => JsonExtent::Whole("*".into()),
+                Extent::Ranges(rs) => {
+                    JsonExtent::Ranges(rs.ranges().iter().map(|r| (r.offset, r.len)).collect())
+                }
+            },
+        };
+        serde_json::to_writer(&mut w, &j)?;
+        writeln!(w)?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn parse(s: &str) -> Result<Vec<ListEntry>, ParseError> {
+        parse_bytes(s.as_bytes(), Limits::default())
+    }
+
+    #[test]
+    fn classic_form() {
+        let v = parse("/usr/lib/a.so 0:4096,8192:100\n/my file 1:1\n/plain name\n\n# c\n").unwrap();
+        assert_eq!(v.len(), 3);
+        assert_eq!(v[0].path, Path::new("/usr/lib/a.so"));
+        assert_eq!(
+            v[0].extent,
+            Extent::Ranges(RangeSet::from_ranges(vec![
+                Range {
+                    offset: 0,
+                    len: 4096
+                },
+                Range {
+                    offset: 8192,
+                    len: 100
+                }
+            ]))
+        );
+        assert_eq!(v[1].path, Path::new("/my file"));
+        assert_eq!(v[2].path, Path::new("/plain name"));
+        assert_eq!(v[2].extent, Extent::Whole);
+    }
+
+    #[test]
+    fn errors_carry_line_numbers() {
+        let e = parse("# hdr\n/a\t-\t0:0\n").unwrap_err();
+        assert_eq!(
+            e,
+            ParseError {
+                line: 2,
+                kind: ParseErrorKind::EmptyRange
+            }
+        );
+        let e = parse("/a\t-\t18446744073709551615:2\n").unwrap_err();
+        assert_eq!(e.kind, ParseErrorKind::RangeOverflow);
+        let e = parse("/a\tdev=1 ino=2\t*\n").unwrap_err();
+        assert!(matches!(e.kind, ParseErrorKind::BadIdentity(_)));
+        let e = parse("\n\n/a\\q\t-\t*\n").unwrap_err();
+        assert_eq!(e.line, 3);
+        let e = parse("/a\t-\n").unwrap_err();
+        assert_eq!(e.kind, ParseErrorKind::FieldCount(2));
+        let e = parse("{\"path\":\"/a\",\"ranges\":[[1,0]]}\n").unwrap_err();
+        assert_eq!(e.kind, ParseErrorKind::EmptyRange);
+        let e = parse("{\"path\":\"/a\",\"ranges\":\"*\",\"x\":1}\n").unwrap_err();
+        assert!(matches!(e.kind, ParseErrorKind::Json(_)));
+        let e = parse_bytes(
+            &[b'a'; 100],
+            Limits {
+                max_line: 10,
+                max_entries: 5,
+            },
+        )
+        .unwrap_err();
+        assert_eq!(e.kind, ParseErrorKind::LineTooLong(10));
+        let e = parse_bytes(
+            b"a\nb\nc\n",
+            Limits {
+                max_line: 10,
+                max_entries: 2,
+            },
+        )
+        .unwrap_err();
+        assert_eq!(
+            e,
+            ParseError {
+                line: 3,
+                kind: ParseErrorKind::TooManyEntries(2)
+            }
+        );
+    }
+
+    fn arb_entry() -> impl Strategy<Value = ListEntry> {
+        (
+            proptest::collection::vec(any::<u8>().prop_filter("no NUL", |b| *b != 0), 1..40),
+            proptest::option::of((
+                any::<u32>(),
+                any::<u32>(),
+                any::<u64>(),
+                any::<u64>(),
+                any::<i64>(),
+                0u32..1_000_000_000,
+            )),
+            proptest::option::of(proptest::collection::vec(
+                (0u64..1 << 40, 1u64..1 << 30),
+                1..6,
+            )),
+        )
+            .prop_map(|(p, id, rs)| ListEntry {
+                path: PathBuf::from(OsString::from_vec(p)),
+                identity: id.map(|(a, b, c, d, e, f)| FileIdentity {
+                    dev_major: a,
+                    dev_minor: b,
+                    ino: c,
+                    size: d,
+                    mtime_sec: e,
+                    mtime_nsec: f,
+                }),
+                extent: match rs {
+                    None => Extent::Whole,
+                    Some(v) => Extent::Ranges(RangeSet::from_ranges(
+                        v.into_iter()
+                            .map(|(o, l)| Range { offset: o, len: l })
+                            .collect(),
+                    )),
+                },
+            })
+    }
+
+    proptest! {
+        #[test]
+        fn text_round_trip(entries in proptest::collection::vec(arb_entry(), 0..8)) {
+            let mut buf = Vec::new();
+            write_text(&mut buf, &entries).unwrap();
+            prop_assert_eq!(parse_bytes(&buf, Limits::default()).unwrap(), entries);
+        }
+
+        #[test]
+        fn jsonl_round_trip(entries in proptest::collection::vec(arb_entry(), 0..8)) {
+            let mut buf = Vec::new();
+            write_jsonl(&mut buf, &entries).unwrap();
+            prop_assert_eq!(parse_bytes(&buf, Limits::default()).unwrap(), entries);
+        }
+
+        #[test]
+        fn arbitrary_bytes_never_panic(b in proptest::collection::vec(any::<u8>(), 0..512)) {
+            let _ = parse_bytes(&b, Limits { max_line: 256, max_entries: 16 });
+        }
+    }
+}

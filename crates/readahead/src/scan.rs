@@ -1,0 +1,128 @@
+//! Residency report of files and trees (the `residency` command).
+
+use crate::list::escape_path;
+use crate::residency::{self, Residency};
+use crate::sys;
+use crate::walk::{self, LinkDedup, WalkError, WalkOptions};
+use serde::{Serialize, Serializer};
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+fn ser_path<S: Serializer>(p: &Path, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(&escape_path(p))
+}
+
+/// Residency of one file.
+#[derive(Debug, Clone, Serialize)]
+pub struct FileReport {
+    #[serde(serialize_with = "ser_path")]
+    pub path: PathBuf,
+    pub size: u64,
+    pub pages: u64,
+    pub residency: Residency,
+}
+
+/// Totals over a report.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Totals {
+    pub files: u64,
+    pub bytes: u64,
+    pub pages: u64,
+    /// Resident pages among files whose residency is known.
+    pub resident_pages: u64,
+    /// Pages of files whose residency is known.
+    pub known_pages: u64,
+    pub unknown_files: u64,
+    pub unknown_pages: u64,
+    pub dirty_pages: u64,
+    pub writeback_pages: u64,
+    pub recently_evicted_pages: u64,
+    pub errors: u64,
+}
+
+/// A residency report.
+#[derive(Debug, Clone, Default)]
+pub struct Report {
+    pub page_size: u64,
+    pub files: Vec<FileReport>,
+    pub errors: Vec<WalkError>,
+}
+
+impl Report {
+    pub fn totals(&self) -> Totals {
+        let mut t = Totals {
+            errors: self.errors.len() as u64,
+            ..Default::default()
+        };
+        for f in &self.files {
+            t.files += 1;
+            t.bytes += f.size;
+            t.pages += f.pages;
+            match &f.residency {
+                Residency::Known {
+                    resident_pages,
+                    dirty_pages,
+                    writeback_pages,
+                    recently_evicted_pages,
+                    ..
+                } => {
+                    t.known_pages += f.pages;
+                    t.resident_pages += (*resident_pages).min(f.pages);
+                    t.dirty_pages += dirty_pages;
+                    t.writeback_pages += writeback_pages;
+                    t.recently_evicted_pages += recently_evicted_pages;
+                }
+                Residency::Unknown { .. } => {
+                    t.unknown_files += 1;
+                    t.unknown_pages += f.pages;
+                }
+            }
+        }
+        t
+    }
+}
+
+/// Measures every regular file under `roots`. Files are sorted by path.
+pub fn scan(roots: &[PathBuf], opts: &WalkOptions) -> Report {
+    let ps = sys::page_size();
+    let files = Mutex::new(Vec::new());
+    let extra_errors = Mutex::new(Vec::new());
+    let dedup = LinkDedup::default();
+    let errors = walk::walk(roots, opts, |p| {
+        let f = match residency::open_quiet(p) {
+            Ok(f) => f,
+            Err(e) => {
+                if let Ok(mut v) = extra_errors.lock() {
+                    v.push(WalkError {
+                        path: p.to_path_buf(),
+                        error: e.to_string(),
+                    });
+                }
+                return;
+            }
+        };
+        let Ok(meta) = f.metadata() else { return };
+        if !meta.is_file() || !dedup.first_visit(&meta) {
+            return;
+        }
+        let r = residency::measure(&f, p, &meta, None);
+        let rep = FileReport {
+            path: p.to_path_buf(),
+            size: meta.len(),
+            pages: meta.len().div_ceil(ps),
+            residency: r,
+        };
+        if let Ok(mut v) = files.lock() {
+            v.push(rep);
+        }
+    });
+    let mut files = files.into_inner().unwrap_or_default();
+    files.sort_unstable_by(|a, b| a.path.cmp(&b.path));
+    let mut errors = errors;
+    errors.extend(extra_errors.into_inner().unwrap_or_default());
+    Report {
+        page_size: ps,
+        files,
+        errors,
+    }
+}

@@ -1,0 +1,261 @@
+//! Thin wrappers over the Linux system calls this crate needs. All `unsafe` of the crate lives
+//! here; every wrapper takes a borrowed fd so it cannot outlive the file it refers to.
+
+use std::io;
+use std::os::fd::{AsRawFd, BorrowedFd};
+
+/// cachestat(2) is number 451 on every architecture with the unified syscall table (>= 6.5).
+const SYS_CACHESTAT: libc::c_long = 451;
+
+/// Page counts returned by cachestat(2) for a byte range of a file.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CacheStat {
+    pub cache: u64,
+    pub dirty: u64,
+    pub writeback: u64,
+    pub evicted: u64,
+    pub recently_evicted: u64,
+}
+
+#[repr(C)]
+struct CachestatRange {
+    off: u64,
+    len: u64,
+}
+
+#[repr(C)]
+#[derive(Default)]
+struct CachestatOut {
+    nr_cache: u64,
+    nr_dirty: u64,
+    nr_writeback: u64,
+    nr_evicted: u64,
+    nr_recently_evicted: u64,
+}
+
+/// cachestat(2) on `[off, off+len)`; `len == 0` means "to end of file".
+pub fn cachestat(fd: BorrowedFd<'_>, off: u64, len: u64) -> io::Result<CacheStat> {
+    let range = CachestatRange { off, len };
+    let mut out = CachestatOut::default();
+    // SAFETY: both pointers refer to live, correctly laid out #[repr(C)] structs that the kernel
+    // reads (range) and writes (out) only for the duration of the call; flags must be 0.
+    let r = unsafe {
+        libc::syscall(
+            SYS_CACHESTAT,
+            fd.as_raw_fd(),
+            &range as *const CachestatRange,
+            &mut out as *mut CachestatOut,
+            0u32,
+        )
+    };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(CacheStat {
+        cache: out.nr_cache,
+        dirty: out.nr_dirty,
+        writeback: out.nr_writeback,
+        evicted: out.nr_evicted,
+        recently_evicted: out.nr_recently_evicted,
+    })
+}
+
+/// System page size (cached).
+pub fn page_size() -> u64 {
+    use std::sync::OnceLock;
+    static PS: OnceLock<u64> = OnceLock::new();
+    *PS.get_or_init(|| {
+        // SAFETY: sysconf has no memory-safety preconditions.
+        let v = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+        if v > 0 { v as u64 } else { 4096 }
+    })
+}
+
+/// Calls `f(page_index, resident)` for every page of `[0, size)` using mmap + mincore, in bounded
+/// windows so a huge file never needs a huge vector. Only meaningful when the caller may trust
+/// mincore for this file (see `residency`).
+pub fn mincore_pages(
+    fd: BorrowedFd<'_>,
+    size: u64,
+    mut f: impl FnMut(u64, bool),
+) -> io::Result<()> {
+    const WINDOW_PAGES: u64 = 1 << 16; // 256 MiB of file per mapping, 64 KiB of vector
+    let ps = page_size();
+    let total_pages = size.div_ceil(ps);
+    let mut vec = vec![0u8; WINDOW_PAGES as usize];
+    let mut page = 0u64;
+    while page < total_pages {
+        let n = (total_pages - page).min(WINDOW_PAGES);
+        let len = (n * ps) as usize;
+        let off = (page * ps) as libc::off_t;
+        // SAFETY: a fresh read-only shared mapping chosen by the kernel (addr NULL); we never
+        // dereference it, only pass it to mincore, and unmap it before returning.
+        let addr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ,
+                libc::MAP_SHARED,
+                fd.as_raw_fd(),
+                off,
+            )
+        };
+        if addr == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: addr/len describe the mapping created above; vec has at least n bytes.
+        let r = unsafe { libc::mincore(addr, len, vec.as_mut_ptr()) };
+        let err = io::Error::last_os_error();
+        // SAFETY: unmapping exactly the region mapped above.
+        unsafe { libc::munmap(addr, len) };
+        if r != 0 {
+            return Err(err);
+        }
+        for (i, b) in vec.iter().take(n as usize).enumerate() {
+            f(page + i as u64, b & 1 != 0);
+        }
+        page += n;
+    }
+    Ok(())
+}
+
+/// readahead(2): queue asynchronous reads of `[off, off+len)` into the page cache.
+pub fn readahead(fd: BorrowedFd<'_>, off: u64, len: u64) -> io::Result<()> {
+    // SAFETY: no pointers; the fd is valid for the call.
+    let r = unsafe { libc::readahead(fd.as_raw_fd(), off as libc::off64_t, len as usize) };
+    if r < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
+}
+
+/// posix_fadvise(2) with the given advice.
+pub fn fadvise(fd: BorrowedFd<'_>, off: u64, len: u64, advice: libc::c_int) -> io::Result<()> {
+    // SAFETY: no pointers; the fd is valid for the call.
+    let r = unsafe {
+        libc::posix_fadvise(
+            fd.as_raw_fd(),
+            off as libc::off_t,
+            len as libc::off_t,
+            advice,
+        )
+    };
+    if r != 0 {
+        Err(io::Error::from_raw_os_error(r))
+    } else {
+        Ok(())
+    }
+}
+
+/// fdatasync(2).
+pub fn fdatasync(fd: BorrowedFd<'_>) -> io::Result<()> {
+    // SAFETY: no pointers; the fd is valid for the call.
+    if unsafe { libc::fdatasync(fd.as_raw_fd()) } != 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
+}
+
+/// Whether the effective user may write `path` (faccessat with AT_EACCESS).
+pub fn may_write(path: &std::path::Path) -> bool {
+    use std::os::unix::ffi::OsStrExt;
+    let Ok(c) = std::ffi::CString::new(path.as_os_str().as_bytes()) else {
+        return false;
+    };
+    // SAFETY: c is a valid NUL-terminated string living across the call.
+    unsafe { libc::faccessat(libc::AT_FDCWD, c.as_ptr(), libc::W_OK, libc::AT_EACCESS) == 0 }
+}
+
+/// Effective user id of this process.
+pub fn euid() -> u32 {
+    // SAFETY: geteuid cannot fail and has no preconditions.
+    unsafe { libc::geteuid() }
+}
+
+/// I/O priority classes for ioprio_set(2).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IoPrio {
+    RealTime(u8),
+    BestEffort(u8),
+    Idle,
+}
+
+impl IoPrio {
+    fn raw(self) -> libc::c_int {
+        const SHIFT: libc::c_int = 13;
+        match self {
+            IoPrio::RealTime(l) => (1 << SHIFT) | (l.min(7) as libc::c_int),
+            IoPrio::BestEffort(l) => (2 << SHIFT) | (l.min(7) as libc::c_int),
+            IoPrio::Idle => 3 << SHIFT,
+        }
+    }
+}
+
+/// ioprio_set(IOPRIO_WHO_PROCESS, 0, prio): applies to the calling thread; threads created
+/// afterwards inherit it.
+pub fn set_ioprio(p: IoPrio) -> io::Result<()> {
+    const IOPRIO_WHO_PROCESS: libc::c_int = 1;
+    // SAFETY: no pointers.
+    let r = unsafe { libc::syscall(libc::SYS_ioprio_set, IOPRIO_WHO_PROCESS, 0, p.raw()) };
+    if r < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
+}
+
+/// setpriority(PRIO_PROCESS, 0, nice): on Linux this is the calling thread; new threads inherit.
+pub fn set_nice(nice: i32) -> io::Result<()> {
+    // SAFETY: no pointers.
+    let r = unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, nice) };
+    if r != 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
+}
+
+/// statfs f_type of the filesystem holding the fd.
+pub fn fs_type(fd: BorrowedFd<'_>) -> io::Result<i64> {
+    let mut st = std::mem::MaybeUninit::<libc::statfs>::uninit();
+    // SAFETY: st points to writable storage large enough for struct statfs.
+    let r = unsafe { libc::fstatfs(fd.as_raw_fd(), st.as_mut_ptr()) };
+    if r != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: fstatfs succeeded, so the struct is initialised.
+    let st = unsafe { st.assume_init() };
+    #[allow(clippy::unnecessary_cast)] // f_type is not i64 on every architecture
+    Ok(st.f_type as i64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+    use std::os::fd::AsFd;
+
+    #[test]
+    fn cachestat_and_mincore_agree_on_fresh_file() {
+        let dir = crate::test_support::disk_dir();
+        let p = dir.join(format!("snapblk-ra-sys-{}", std::process::id()));
+        let mut f = std::fs::File::create(&p).unwrap();
+        f.write_all(&vec![7u8; 3 * page_size() as usize]).unwrap();
+        let f = std::fs::File::open(&p).unwrap();
+        let cs = cachestat(f.as_fd(), 0, 0).unwrap();
+        let mut n = 0;
+        mincore_pages(f.as_fd(), 3 * page_size(), |_, r| n += r as u64).unwrap();
+        assert_eq!(cs.cache, 3);
+        assert_eq!(n, 3);
+        std::fs::remove_file(&p).unwrap();
+    }
+
+    #[test]
+    fn ioprio_raw_values() {
+        assert_eq!(IoPrio::Idle.raw(), 3 << 13);
+        assert_eq!(IoPrio::BestEffort(4).raw(), (2 << 13) | 4);
+        assert_eq!(IoPrio::RealTime(9).raw(), (1 << 13) | 7);
+    }
+}

@@ -1,0 +1,137 @@
+//! System I/O signals: pressure stall information (/proc/pressure/io), /proc/diskstats and the
+//! per-device in-flight counters in sysfs.
+
+use serde::Serialize;
+use std::time::Instant;
+
+/// Samples the cumulative "some" I/O stall time and turns it into a stall fraction between
+/// samples. avg10 is too slow to react to a foreground burst, so the raw counter is used.
+pub struct PsiSampler {
+    last: Option<(u64, Instant)>,
+}
+
+fn read_psi_some_total() -> Option<u64> {
+    let s = std::fs::read_to_string("/proc/pressure/io").ok()?;
+    let line = s.lines().find(|l| l.starts_with("some "))?;
+    line.split(' ')
+        .find_map(|kv| kv.strip_prefix("total="))?
+        .parse()
+        .ok()
+}
+
+impl PsiSampler {
+    /// `None` if PSI is not available (kernel without CONFIG_PSI or psi=0).
+    pub fn new() -> Option<PsiSampler> {
+        let t = read_psi_some_total()?;
+        Some(PsiSampler {
+            last: Some((t, Instant::now())),
+        })
+    }
+
+    /// Fraction of wall time (0..=1) during which some task stalled on I/O since the last call.
+    pub fn sample(&mut self) -> Option<f64> {
+        let now_total = read_psi_some_total()?;
+        let now = Instant::now();
+        let frac = self.last.and_then(|(t, at)| {
+            let us = now.duration_since(at).as_micros() as f64;
+            (us > 0.0).then(|| (now_total.saturating_sub(t) as f64 / us).min(1.0))
+        });
+        self.last = Some((now_total, now));
+        frac
+    }
+}
+
+/// One line of /proc/diskstats (the fields used here).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct DiskStat {
+    pub name: String,
+    pub major: u32,
+    pub minor: u32,
+    pub reads: u64,
+    pub sectors_read: u64,
+    pub read_ms: u64,
+    pub writes: u64,
+    pub sectors_written: u64,
+    pub in_flight: u64,
+}
+
+/// Parses /proc/diskstats text; malformed lines are skipped.
+pub fn parse_diskstats(s: &str) -> Vec<DiskStat> {
+    s.lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            let n = |i: usize| f.get(i).and_then(|v| v.parse::<u64>().ok());
+            Some(DiskStat {
+                major: f.first()?.parse().ok()?,
+                minor: f.get(1)?.parse().ok()?,
+                name: f.get(2)?.to_string(),
+                reads: n(3)?,
+                sectors_read: n(5)?,
+                read_ms: n(6)?,
+                writes: n(7)?,
+                sectors_written: n(9)?,
+                in_flight: n(11)?,
+            })
+        })
+        .collect()
+}
+
+/// Current /proc/diskstats (empty if unreadable).
+pub fn diskstats() -> Vec<DiskStat> {
+    std::fs::read_to_string("/proc/diskstats")
+        .map(|s| parse_diskstats(&s))
+        .unwrap_or_default()
+}
+
+/// Per-device difference `after - before` for the devices in `devs` (major, minor).
+pub fn diskstats_delta(
+    before: &[DiskStat],
+    after: &[DiskStat],
+    devs: &[(u32, u32)],
+) -> Vec<DiskStat> {
+    after
+        .iter()
+        .filter(|a| devs.contains(&(a.major, a.minor)))
+        .filter_map(|a| {
+            let b = before
+                .iter()
+                .find(|b| (b.major, b.minor) == (a.major, a.minor))?;
+            Some(DiskStat {
+                name: a.name.clone(),
+                major: a.major,
+                minor: a.minor,
+                reads: a.reads.saturating_sub(b.reads),
+                sectors_read: a.sectors_read.saturating_sub(b.sectors_read),
+                read_ms: a.read_ms.saturating_sub(b.read_ms),
+                writes: a.writes.saturating_sub(b.writes),
+                sectors_written: a.sectors_written.saturating_sub(b.sectors_written),
+                in_flight: a.in_flight,
+            })
+        })
+        .collect()
+}
+
+/// Reads in flight on a block device (sysfs `inflight`), `None` if the device has no such file
+/// (e.g. the anonymous devices of btrfs or overlayfs).
+pub fn reads_in_flight(major: u32, minor: u32) -> Option<u64> {
+    let s = std::fs::read_to_string(format!("/sys/dev/block/{major}:{minor}/inflight")).ok()?;
+    s.split_whitespace().next()?.parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn diskstats_parse_and_delta() {
+        let a = " 254       0 vda 100 0 800 50 10 0 80 5 2 60 70 0 0 0 0\nbad line\n";
+        let b = " 254       0 vda 150 0 1800 70 10 0 80 5 0 60 70 0 0 0 0\n";
+        let pa = parse_diskstats(a);
+        assert_eq!(pa.len(), 1);
+        assert_eq!(pa[0].in_flight, 2);
+        let d = diskstats_delta(&pa, &parse_diskstats(b), &[(254, 0)]);
+        assert_eq!(d[0].reads, 50);
+        assert_eq!(d[0].sectors_read, 1000);
+        assert!(diskstats_delta(&pa, &parse_diskstats(b), &[(8, 0)]).is_empty());
+    }
+}

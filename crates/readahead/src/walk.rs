@@ -1,0 +1,191 @@
+//! Parallel directory walk: a few threads share a stack of directories, so cold metadata reads
+//! overlap. Symlinks inside trees are not followed; command-line roots are. Pseudo filesystems
+//! (proc, sysfs, tmpfs, ...) are skipped when crossed, since their pages cannot be evicted or
+//! read ahead.
+
+use std::collections::HashSet;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::sync::{Condvar, Mutex};
+
+/// Options of a walk.
+#[derive(Debug, Clone)]
+pub struct WalkOptions {
+    pub recursive: bool,
+    /// Do not descend into other filesystems than the root's.
+    pub one_file_system: bool,
+    pub threads: usize,
+}
+
+impl Default for WalkOptions {
+    fn default() -> Self {
+        let n = std::thread::available_parallelism().map_or(2, |n| n.get());
+        WalkOptions {
+            recursive: false,
+            one_file_system: false,
+            threads: (2 * n).clamp(2, 16),
+        }
+    }
+}
+
+/// A path that could not be walked.
+#[derive(Debug, Clone)]
+pub struct WalkError {
+    pub path: PathBuf,
+    pub error: String,
+}
+
+// statfs magic numbers of filesystems whose pages are not evictable/readable-ahead file data.
+const PSEUDO_FS: &[i64] = &[
+    0x9fa0,      // proc
+    0x6265_6572, // sysfs
+    0x0102_1994, // tmpfs
+    0x1cd1,      // devpts
+    0x6367_7270, // cgroup2
+    0x0027_e0eb, // cgroup
+    0x6462_6720, // debugfs
+    0x7472_6163, // tracefs
+    0x7363_6673, // securityfs
+    0xcafe_4a11, // bpf
+    0x4249_4e4d, // binfmt_misc
+    0x6e73_6673, // nsfs
+    0x5053_4f50, // pstore
+    0x6573_5546, // fusectl
+    0x8584_58f6, // ramfs
+    0x9584_58f6, // hugetlbfs
+    0x1980_0202, // mqueue
+];
+
+/// Remembers (device, inode) of multiply linked files so each is handled once.
+#[derive(Default)]
+pub struct LinkDedup(Mutex<HashSet<(u64, u64)>>);
+
+impl LinkDedup {
+    /// True the first time a given file is seen (always true for singly linked files).
+    pub fn first_visit(&self, m: &std::fs::Metadata) -> bool {
+        m.nlink() <= 1
+            || self
+                .0
+                .lock()
+                .map(|mut s| s.insert((m.dev(), m.ino())))
+                .unwrap_or(true)
+    }
+}
+
+fn is_pseudo(path: &Path) -> bool {
+    match std::fs::File::open(path) {
+        Ok(f) => crate::sys::fs_type(std::os::fd::AsFd::as_fd(&f))
+            .map(|t| PSEUDO_FS.contains(&t))
+            .unwrap_or(false),
+        Err(_) => false,
+    }
+}
+
+struct Queue {
+    dirs: Vec<(PathBuf, u64)>,
+    active: usize,
+}
+
+/// Walks `roots`, calling `on_file(path)` for every regular file (from several threads, in no
+/// particular order). Callers de-duplicate hard links with [`LinkDedup`] after their own fstat.
+pub fn walk<F>(roots: &[PathBuf], opts: &WalkOptions, on_file: F) -> Vec<WalkError>
+where
+    F: Fn(&Path) + Sync,
+{
+    let errors = Mutex::new(Vec::new());
+    let queue = Mutex::new(Queue {
+        dirs: Vec::new(),
+        active: 0,
+    });
+    let cv = Condvar::new();
+    let err = |p: &Path, e: String| {
+        if let Ok(mut v) = errors.lock() {
+            v.push(WalkError {
+                path: p.to_path_buf(),
+                error: e,
+            });
+        }
+    };
+
+    for root in roots {
+        match std::fs::metadata(root) {
+            Ok(m) if m.is_file() => on_file(root),
+            Ok(m) if m.is_dir() => {
+                if opts.recursive {
+                    if let Ok(mut q) = queue.lock() {
+                        q.dirs.push((root.clone(), m.dev()));
+                    }
+                } else {
+                    err(root, "is a directory (use -r)".into());
+                }
+            }
+            Ok(_) => err(root, "not a regular file or directory".into()),
+            Err(e) => err(root, e.to_string()),
+        }
+    }
+
+    std::thread::scope(|s| {
+        for _ in 0..opts.threads.max(1) {
+            s.spawn(|| {
+                loop {
+                    let (dir, root_dev) = {
+                        let Ok(mut q) = queue.lock() else { return };
+                        loop {
+                            if let Some(d) = q.dirs.pop() {
+                                q.active += 1;
+                                break d;
+                            }
+                            if q.active == 0 {
+                                cv.notify_all();
+                                return;
+                            }
+                            q = match cv.wait(q) {
+                                Ok(q) => q,
+                                Err(_) => return,
+                            };
+                        }
+                    };
+                    let mut subdirs = Vec::new();
+                    match std::fs::read_dir(&dir) {
+                        Err(e) => err(&dir, e.to_string()),
+                        Ok(rd) => {
+                            for ent in rd {
+                                let ent = match ent {
+                                    Ok(e) => e,
+                                    Err(e) => {
+                                        err(&dir, e.to_string());
+                                        continue;
+                                    }
+                                };
+                                let Ok(ft) = ent.file_type() else { continue };
+                                let p = ent.path();
+                                if ft.is_file() {
+                                    on_file(&p);
+                                } else if ft.is_dir() {
+                                    match std::fs::symlink_metadata(&p) {
+                                        Ok(m) => {
+                                            let dev = m.dev();
+                                            if dev != root_dev
+                                                && (opts.one_file_system || is_pseudo(&p))
+                                            {
+                                                continue;
+                                            }
+                                            subdirs.push((p, dev));
+                                        }
+                                        Err(e) => err(&p, e.to_string()),
+                                    }
+                                }
+                            }
+                        }
+                    }
+                    if let Ok(mut q) = queue.lock() {
+                        q.dirs.extend(subdirs);
+                        q.active -= 1;
+                    }
+                    cv.notify_all();
+                }
+            });
+        }
+    });
+    errors.into_inner().unwrap_or_default()
+}

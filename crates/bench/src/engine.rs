@@ -1,0 +1,666 @@
+//! The workload engine: one thread and one queue per job, `iodepth` requests kept in flight with
+//! `enqueue` + `do_io`, latencies (enqueue to reap) recorded in HDR histograms and per-second
+//! buckets.
+
+use crate::hist::LatHist;
+use crate::pattern::{Dir, OffsetGen};
+use crate::spec::JobSpec;
+use crate::target::Target;
+use crate::verify;
+use crate::{Error, Result};
+use snapblk_core::{Completion, MemRegion, Op, Queue, ReqFlags, Request};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Barrier};
+use std::time::{Duration, Instant};
+
+/// Largest region (in blocks) a verify job tracks (2 bytes of state per block).
+const MAX_VERIFY_BLOCKS: u64 = 1 << 28;
+
+/// Per-direction statistics.
+#[derive(Debug, Clone, Default)]
+pub struct DirStats {
+    pub ios: u64,
+    pub bytes: u64,
+    pub lat: LatHist,
+}
+
+impl DirStats {
+    pub fn merge(&mut self, o: &DirStats) {
+        self.ios += o.ios;
+        self.bytes += o.bytes;
+        self.lat.merge(&o.lat);
+    }
+}
+
+/// One second of one job (or of all jobs once merged).
+#[derive(Debug, Clone, Default)]
+pub struct Second {
+    pub read_ios: u64,
+    pub write_ios: u64,
+    pub read_bytes: u64,
+    pub write_bytes: u64,
+    /// Sparse 2-digit latency histogram `(ns, count)`.
+    pub lat: Vec<(u64, u64)>,
+}
+
+/// What one job measured.
+#[derive(Debug, Clone, Default)]
+pub struct JobResult {
+    pub job: u32,
+    pub region: (u64, u64),
+    pub read: DirStats,
+    pub write: DirStats,
+    /// Measured seconds (runtime, or first-to-last completion for size-based jobs).
+    pub seconds: f64,
+    pub series: Vec<Second>,
+    /// Blocks whose content was checked (verify mode).
+    pub verified_blocks: u64,
+}
+
+/// A whole configuration's result (all jobs).
+#[derive(Debug, Clone)]
+pub struct RunResult {
+    pub spec: JobSpec,
+    pub capacity: u64,
+    pub jobs: Vec<JobResult>,
+    pub read: DirStats,
+    pub write: DirStats,
+    pub seconds: f64,
+    pub series: Vec<Second>,
+}
+
+impl RunResult {
+    pub fn ios(&self) -> u64 {
+        self.read.ios + self.write.ios
+    }
+    pub fn iops(&self) -> f64 {
+        if self.seconds > 0.0 {
+            self.ios() as f64 / self.seconds
+        } else {
+            0.0
+        }
+    }
+    pub fn bw_bytes(&self) -> f64 {
+        if self.seconds > 0.0 {
+            (self.read.bytes + self.write.bytes) as f64 / self.seconds
+        } else {
+            0.0
+        }
+    }
+    /// Latency of both directions together.
+    pub fn lat(&self) -> LatHist {
+        let mut h = self.read.lat.clone();
+        h.merge(&self.write.lat);
+        h
+    }
+}
+
+/// Knobs that are not part of the workload description.
+#[derive(Debug, Clone, Default)]
+pub struct RunOpts {
+    /// Completed I/Os of the current run, for progress displays.
+    pub progress: Option<Arc<AtomicU64>>,
+    /// Set to stop early (e.g. on Ctrl-C or when a foreground test ends).
+    pub stop: Option<Arc<AtomicBool>>,
+}
+
+/// Open `target` with one queue per job and run `spec` on it.
+pub fn run_workload(target: &mut dyn Target, spec: &JobSpec, opts: &RunOpts) -> Result<RunResult> {
+    spec.validate()?;
+    let n = spec.numjobs as usize;
+    let mut dev = target.open(n, spec.direct)?;
+    let capacity = dev.capacity();
+    let regions = spec.regions(capacity)?;
+    let queues = dev.take_queues();
+    if queues.len() < n {
+        return Err(Error::Other(format!(
+            "target gave {} queues, {n} needed",
+            queues.len()
+        )));
+    }
+    let mut bufs = Vec::with_capacity(n);
+    for _ in 0..n {
+        bufs.push(dev.alloc_buf(spec.bs as usize * spec.iodepth as usize)?);
+    }
+    let barrier = Arc::new(Barrier::new(n));
+    let failed = Arc::new(AtomicBool::new(false));
+    let results: Vec<Result<JobResult>> = std::thread::scope(|s| {
+        let handles: Vec<_> = queues
+            .into_iter()
+            .zip(bufs)
+            .zip(&regions)
+            .enumerate()
+            .map(|(j, ((q, buf), &region))| {
+                let ctx = JobCtx {
+                    spec,
+                    job: j as u32,
+                    region,
+                    buf,
+                    barrier: barrier.clone(),
+                    progress: opts.progress.clone(),
+                    stop: opts.stop.clone(),
+                    failed: failed.clone(),
+                };
+                s.spawn(move || {
+                    let mut q = q;
+                    let r = run_job(&mut *q, ctx);
+                    drop(q);
+                    r
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err(Error::Other("job thread panicked".into())))
+            })
+            .collect()
+    });
+    // The device (and its buffers) outlive every queue and job thread.
+    drop(dev);
+    let mut jobs = Vec::with_capacity(n);
+    for r in results {
+        jobs.push(r?);
+    }
+    Ok(merge_jobs(spec.clone(), capacity, jobs))
+}
+
+/// Combine per-job results: sums, merged histograms, per-second series aligned by index.
+pub fn merge_jobs(spec: JobSpec, capacity: u64, jobs: Vec<JobResult>) -> RunResult {
+    let mut read = DirStats::default();
+    let mut write = DirStats::default();
+    let mut seconds: f64 = 0.0;
+    let len = jobs.iter().map(|j| j.series.len()).max().unwrap_or(0);
+    let mut acc: Vec<(Second, LatHist)> = (0..len)
+        .map(|_| (Second::default(), LatHist::with_sigfig(2)))
+        .collect();
+    for j in &jobs {
+        read.merge(&j.read);
+        write.merge(&j.write);
+        seconds = seconds.max(j.seconds);
+        for (i, s) in j.series.iter().enumerate() {
+            let (a, h) = &mut acc[i];
+            a.read_ios += s.read_ios;
+            a.write_ios += s.write_ios;
+            a.read_bytes += s.read_bytes;
+            a.write_bytes += s.write_bytes;
+            for &(v, c) in &s.lat {
+                h.record_n(v, c);
+            }
+        }
+    }
+    let series = acc
+        .into_iter()
+        .map(|(mut s, h)| {
+            s.lat = h.sparse();
+            s
+        })
+        .collect();
+    RunResult {
+        spec,
+        capacity,
+        jobs,
+        read,
+        write,
+        seconds,
+        series,
+    }
+}
+
+struct JobCtx<'a> {
+    spec: &'a JobSpec,
+    job: u32,
+    region: (u64, u64),
+    buf: MemRegion,
+    barrier: Arc<Barrier>,
+    progress: Option<Arc<AtomicU64>>,
+    stop: Option<Arc<AtomicBool>>,
+    failed: Arc<AtomicBool>,
+}
+
+#[derive(Clone, Copy)]
+struct Slot {
+    dir: Dir,
+    offset: u64,
+    generation: u32,
+    submitted: Instant,
+    measure: bool,
+}
+
+/// Collects completions into totals and per-second buckets, from `start` on.
+struct Collector {
+    start: Instant,
+    read: DirStats,
+    write: DirStats,
+    series: Vec<Second>,
+    cur: LatHist,
+    cur_idx: usize,
+    last: Option<Instant>,
+}
+
+impl Collector {
+    fn new(start: Instant) -> Collector {
+        Collector {
+            start,
+            read: DirStats::default(),
+            write: DirStats::default(),
+            series: Vec::new(),
+            cur: LatHist::with_sigfig(2),
+            cur_idx: 0,
+            last: None,
+        }
+    }
+    fn flush_second(&mut self) {
+        while self.series.len() <= self.cur_idx {
+            self.series.push(Second::default());
+        }
+        self.series[self.cur_idx].lat = self.cur.sparse();
+        self.cur = LatHist::with_sigfig(2);
+    }
+    #[inline]
+    fn record(&mut self, now: Instant, dir: Dir, lat_ns: u64, bytes: u64) {
+        let idx = now.saturating_duration_since(self.start).as_secs() as usize;
+        if idx != self.cur_idx {
+            self.flush_second();
+            self.cur_idx = idx;
+        }
+        while self.series.len() <= idx {
+            self.series.push(Second::default());
+        }
+        let s = &mut self.series[idx];
+        let d = match dir {
+            Dir::Read => {
+                s.read_ios += 1;
+                s.read_bytes += bytes;
+                &mut self.read
+            }
+            Dir::Write => {
+                s.write_ios += 1;
+                s.write_bytes += bytes;
+                &mut self.write
+            }
+        };
+        d.ios += 1;
+        d.bytes += bytes;
+        d.lat.record(lat_ns);
+        self.cur.record(lat_ns);
+        self.last = Some(now);
+    }
+}
+
+/// Verify bookkeeping: the generation last written to each block (0: unknown) and whether I/O
+/// is in flight on it.
+struct VerifyState {
+    seed: u64,
+    generation: Vec<u16>,
+    busy: Vec<u8>,
+    checked: u64,
+    errors: Vec<String>,
+    bad: u64,
+}
+
+struct Job<'a> {
+    q: &'a mut dyn Queue,
+    start: u64,
+    bs: u64,
+    buf: *mut u8,
+    slots: Vec<Slot>,
+    free: Vec<usize>,
+    comps: Vec<Completion>,
+    inflight: usize,
+    verify: Option<VerifyState>,
+    collector: Option<Collector>,
+    measure_end: Option<Instant>,
+    progress: Option<Arc<AtomicU64>>,
+    io_error: Option<String>,
+}
+
+impl Job<'_> {
+    fn block(&self, offset: u64) -> usize {
+        ((offset - self.start) / self.bs) as usize
+    }
+
+    fn slot_buf(&self, i: usize) -> *mut u8 {
+        // SAFETY: `i < iodepth` and the buffer holds iodepth * bs bytes.
+        unsafe { self.buf.add(i * self.bs as usize) }
+    }
+
+    /// Issue one I/O. In verify mode waits first until no I/O is in flight on the block, so the
+    /// expected content of every read is known.
+    fn issue(&mut self, dir: Dir, offset: u64, measure: bool) -> Result<()> {
+        if self.verify.is_some() {
+            let b = self.block(offset);
+            while self.verify.as_ref().is_some_and(|v| v.busy[b] > 0) {
+                self.reap(1)?;
+            }
+        }
+        while self.free.is_empty() {
+            self.reap(1)?;
+        }
+        let Some(i) = self.free.pop() else {
+            return Err(Error::Other("no free slot".into()));
+        };
+        let p = self.slot_buf(i);
+        let len = self.bs as usize;
+        let mut generation = 0u32;
+        if let Some(v) = self.verify.as_mut() {
+            let b = ((offset - self.start) / self.bs) as usize;
+            v.busy[b] += 1;
+            if dir == Dir::Write {
+                // Generations cycle through 1..=u16::MAX; 0 means "never written by us".
+                let g = v.generation[b];
+                generation = u32::from(if g == u16::MAX { 1 } else { g + 1 });
+                // SAFETY: slot `i` is free, so no request uses its bytes.
+                let s = unsafe { std::slice::from_raw_parts_mut(p, len) };
+                verify::fill(s, offset, v.seed, generation);
+            } else {
+                generation = u32::from(v.generation[b]);
+            }
+        }
+        self.slots[i] = Slot {
+            dir,
+            offset,
+            generation,
+            submitted: Instant::now(),
+            measure,
+        };
+        let op = match dir {
+            Dir::Read => Op::Read {
+                offset,
+                buf: p,
+                len,
+            },
+            Dir::Write => Op::Write {
+                offset,
+                buf: p as *const u8,
+                len,
+            },
+        };
+        // SAFETY: slot `i`'s bytes stay untouched until its completion is reaped (the slot is
+        // only returned to `free` in `reap`), and the buffer outlives the queue.
+        unsafe { self.q.enqueue(Request::new(op, i, ReqFlags::NONE)) };
+        self.inflight += 1;
+        Ok(())
+    }
+
+    /// Reap at least `min` completions.
+    fn reap(&mut self, min: usize) -> Result<()> {
+        let min = min.min(self.inflight);
+        if min == 0 && self.inflight == 0 {
+            return Ok(());
+        }
+        let n = loop {
+            match self.q.do_io(&mut self.comps, min, None, None) {
+                Ok(n) => break n,
+                Err(e) if e.errno == libc::EINTR => continue,
+                Err(e) => return Err(e.into()),
+            }
+        };
+        let now = Instant::now();
+        for k in 0..n {
+            let c = self.comps[k];
+            let i = c.user_data;
+            let Some(slot) = self.slots.get(i).copied() else {
+                return Err(Error::Other(format!(
+                    "completion with unknown user_data {i}"
+                )));
+            };
+            self.inflight -= 1;
+            self.free.push(i);
+            if c.ret < 0 {
+                if self.io_error.is_none() {
+                    let e = c.result().err().map(|e| e.to_string()).unwrap_or_default();
+                    let d = if slot.dir == Dir::Read {
+                        "read"
+                    } else {
+                        "write"
+                    };
+                    self.io_error = Some(format!(
+                        "{d} of {} bytes at offset {} failed: {e}",
+                        self.bs, slot.offset
+                    ));
+                }
+                continue;
+            }
+            if let Some(v) = self.verify.as_mut() {
+                let b = ((slot.offset - self.start) / self.bs) as usize;
+                v.busy[b] = v.busy[b].saturating_sub(1);
+                match slot.dir {
+                    Dir::Write => v.generation[b] = slot.generation as u16,
+                    Dir::Read if slot.generation != 0 => {
+                        // SAFETY: the read completed; nobody else touches this slot's bytes.
+                        let s = unsafe {
+                            std::slice::from_raw_parts(
+                                self.buf.add(i * self.bs as usize),
+                                self.bs as usize,
+                            )
+                        };
+                        v.checked += 1;
+                        if let Err(m) = verify::check(s, slot.offset, v.seed, slot.generation) {
+                            v.bad += 1;
+                            if v.errors.len() < 5 {
+                                v.errors.push(m);
+                            }
+                        }
+                    }
+                    Dir::Read => {}
+                }
+            }
+            if slot.measure
+                && let Some(col) = self.collector.as_mut()
+                && now >= col.start
+                && self.measure_end.is_none_or(|e| now <= e)
+            {
+                let lat = now.saturating_duration_since(slot.submitted).as_nanos() as u64;
+                col.record(now, slot.dir, lat, self.bs);
+            }
+        }
+        if let Some(p) = &self.progress {
+            p.fetch_add(n as u64, Ordering::Relaxed);
+        }
+        Ok(())
+    }
+
+    fn drain(&mut self) -> Result<()> {
+        while self.inflight > 0 {
+            self.reap(self.inflight)?;
+        }
+        Ok(())
+    }
+
+    fn check_io_error(&self) -> Result<()> {
+        match &self.io_error {
+            Some(e) => Err(Error::Other(e.clone())),
+            None => Ok(()),
+        }
+    }
+
+    /// One unmeasured pass over every block with `dir` (verify prefill and read-back).
+    fn pass(&mut self, dir: Dir, blocks: u64, only_written: bool) -> Result<()> {
+        for b in 0..blocks {
+            if only_written
+                && self
+                    .verify
+                    .as_ref()
+                    .is_some_and(|v| v.generation[b as usize] == 0)
+            {
+                continue;
+            }
+            self.issue(dir, self.start + b * self.bs, false)?;
+            self.check_io_error()?;
+        }
+        self.drain()?;
+        self.check_io_error()
+    }
+}
+
+fn run_job(q: &mut dyn Queue, ctx: JobCtx<'_>) -> Result<JobResult> {
+    let spec = ctx.spec;
+    let qd = spec.iodepth as usize;
+    let mut offsets = OffsetGen::new(
+        spec.rw,
+        spec.rwmixread,
+        ctx.region,
+        spec.bs,
+        spec.seed,
+        ctx.job,
+    );
+    let blocks = offsets.blocks();
+    let verify = if spec.verify {
+        if blocks > MAX_VERIFY_BLOCKS {
+            ctx.barrier.wait();
+            return Err(Error::Spec(format!(
+                "verify supports at most {MAX_VERIFY_BLOCKS} blocks per job"
+            )));
+        }
+        Some(VerifyState {
+            seed: spec.seed,
+            generation: vec![0; blocks as usize],
+            busy: vec![0; blocks as usize],
+            checked: 0,
+            errors: Vec::new(),
+            bad: 0,
+        })
+    } else {
+        None
+    };
+    let mut job = Job {
+        q,
+        start: ctx.region.0,
+        bs: spec.bs,
+        buf: ctx.buf.addr,
+        slots: vec![
+            Slot {
+                dir: Dir::Read,
+                offset: 0,
+                generation: 0,
+                submitted: Instant::now(),
+                measure: false
+            };
+            qd
+        ],
+        free: (0..qd).rev().collect(),
+        comps: vec![Completion::default(); qd],
+        inflight: 0,
+        verify,
+        collector: None,
+        measure_end: None,
+        progress: ctx.progress.clone(),
+        io_error: None,
+    };
+    if job.verify.is_none() {
+        // Incompressible, non-zero write data (fio's default is random buffers too).
+        // SAFETY: no I/O is in flight; the buffer holds iodepth * bs bytes.
+        let all = unsafe { std::slice::from_raw_parts_mut(ctx.buf.addr, qd * spec.bs as usize) };
+        let mut r = crate::rng::Rng::new(spec.seed ^ u64::from(ctx.job));
+        for c in all.chunks_mut(8) {
+            let v = r.next_u64().to_le_bytes();
+            let l = c.len();
+            c.copy_from_slice(&v[..l]);
+        }
+    }
+    // Reads in verify mode need known content: write the region first (not measured).
+    let prefill = if job.verify.is_some() && spec.rw.read_pct(spec.rwmixread) > 0 {
+        job.pass(Dir::Write, blocks, false)
+    } else {
+        Ok(())
+    };
+    // Every job passes the barrier exactly once, even on failure, so no thread waits forever.
+    ctx.barrier.wait();
+    prefill?;
+    let t0 = Instant::now();
+    let measure_start = t0 + Duration::from_secs_f64(spec.ramp_time);
+    let time_based = spec.runtime.is_some();
+    let end = spec
+        .runtime
+        .map(|r| measure_start + Duration::from_secs_f64(r));
+    job.collector = Some(Collector::new(measure_start));
+    job.measure_end = end;
+    let stop = ctx.stop.clone();
+    let result = (|| -> Result<()> {
+        loop {
+            // Fill the queue up to iodepth, then reap at least one.
+            let mut done = false;
+            while job.inflight < qd {
+                if let Some(e) = end
+                    && Instant::now() >= e
+                {
+                    done = true;
+                    break;
+                }
+                if stop.as_ref().is_some_and(|s| s.load(Ordering::Relaxed))
+                    || ctx.failed.load(Ordering::Relaxed)
+                {
+                    done = true;
+                    break;
+                }
+                match offsets.next(time_based) {
+                    Some((dir, off)) => job.issue(dir, off, true)?,
+                    None => {
+                        done = true;
+                        break;
+                    }
+                }
+            }
+            job.check_io_error()?;
+            if done {
+                break;
+            }
+            job.reap(1)?;
+            job.check_io_error()?;
+        }
+        job.drain()?;
+        job.check_io_error()
+    })();
+    if result.is_err() {
+        ctx.failed.store(true, Ordering::Relaxed);
+        let _ = job.drain();
+        result?;
+    }
+    let measured_to = match end {
+        Some(e) => e.min(Instant::now()),
+        None => job
+            .collector
+            .as_ref()
+            .and_then(|c| c.last)
+            .unwrap_or(measure_start),
+    };
+    let seconds = measured_to
+        .saturating_duration_since(measure_start)
+        .as_secs_f64();
+    let mut col = job
+        .collector
+        .take()
+        .unwrap_or_else(|| Collector::new(measure_start));
+    if col.last.is_some() {
+        col.flush_second();
+    }
+    // Read everything back (not measured) when the workload wrote.
+    if job.verify.is_some() && spec.rw.read_pct(spec.rwmixread) < 100 {
+        job.pass(Dir::Read, blocks, true)?;
+    }
+    let mut verified_blocks = 0;
+    if let Some(v) = &job.verify {
+        verified_blocks = v.checked;
+        if v.bad > 0 {
+            ctx.failed.store(true, Ordering::Relaxed);
+            return Err(Error::Verify(format!(
+                "verify failed: {} of {} blocks bad in job {}; {}",
+                v.bad,
+                v.checked,
+                ctx.job,
+                v.errors.join("; ")
+            )));
+        }
+    }
+    Ok(JobResult {
+        job: ctx.job,
+        region: ctx.region,
+        read: col.read,
+        write: col.write,
+        seconds,
+        series: col.series,
+        verified_blocks,
+    })
+}

@@ -1,0 +1,500 @@
+//! Workload descriptions: fio-named parameters, sweeps, TOML job files.
+
+use crate::{Error, Result};
+use serde::Serialize;
+use std::fmt;
+
+/// The access pattern (fio's `rw=`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RwMode {
+    Read,
+    Write,
+    RandRead,
+    RandWrite,
+    /// Sequential mix of reads and writes (`rwmixread` percent reads).
+    Rw,
+    /// Random mix.
+    RandRw,
+}
+
+impl RwMode {
+    pub fn parse(s: &str) -> Result<RwMode> {
+        Ok(match s.trim().to_ascii_lowercase().as_str() {
+            "read" => RwMode::Read,
+            "write" => RwMode::Write,
+            "randread" => RwMode::RandRead,
+            "randwrite" => RwMode::RandWrite,
+            "rw" | "readwrite" => RwMode::Rw,
+            "randrw" => RwMode::RandRw,
+            o => {
+                return Err(Error::Spec(format!(
+                    "unknown rw mode {o:?} (read, write, randread, randwrite, rw, randrw)"
+                )));
+            }
+        })
+    }
+    pub fn is_random(self) -> bool {
+        matches!(self, RwMode::RandRead | RwMode::RandWrite | RwMode::RandRw)
+    }
+    /// Percentage of reads for this mode given `rwmixread`.
+    pub fn read_pct(self, rwmixread: u32) -> u32 {
+        match self {
+            RwMode::Read | RwMode::RandRead => 100,
+            RwMode::Write | RwMode::RandWrite => 0,
+            RwMode::Rw | RwMode::RandRw => rwmixread.min(100),
+        }
+    }
+    pub fn name(self) -> &'static str {
+        match self {
+            RwMode::Read => "read",
+            RwMode::Write => "write",
+            RwMode::RandRead => "randread",
+            RwMode::RandWrite => "randwrite",
+            RwMode::Rw => "rw",
+            RwMode::RandRw => "randrw",
+        }
+    }
+}
+
+impl fmt::Display for RwMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// One workload configuration (one cell of a sweep).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct JobSpec {
+    pub name: String,
+    pub rw: RwMode,
+    /// Percentage of reads in `rw`/`randrw`.
+    pub rwmixread: u32,
+    /// Block size in bytes.
+    pub bs: u64,
+    /// Requests kept in flight per job.
+    pub iodepth: u32,
+    /// Job threads; each has its own queue and its own disjoint region of `size / numjobs`.
+    pub numjobs: u32,
+    /// Bytes of the target covered (all jobs together); `None`: the whole target.
+    pub size: Option<u64>,
+    /// Start of the covered region.
+    pub offset: u64,
+    /// Seconds of measurement; `None`: one pass over the region (size-based, as fio without
+    /// `time_based`). With a runtime the jobs loop over their regions (fio `time_based=1`).
+    pub runtime: Option<f64>,
+    /// Seconds run before measurement starts.
+    pub ramp_time: f64,
+    /// O_DIRECT (when the target honours it).
+    pub direct: bool,
+    /// Check read data against what was written (the region is written first).
+    pub verify: bool,
+    /// Seed of random offsets and verify patterns.
+    pub seed: u64,
+}
+
+impl Default for JobSpec {
+    fn default() -> Self {
+        JobSpec {
+            name: "job".into(),
+            rw: RwMode::Read,
+            rwmixread: 50,
+            bs: 4096,
+            iodepth: 1,
+            numjobs: 1,
+            size: None,
+            offset: 0,
+            runtime: None,
+            ramp_time: 0.0,
+            direct: false,
+            verify: false,
+            seed: 0x5eed_b10c,
+        }
+    }
+}
+
+impl JobSpec {
+    /// Check the parameters that do not depend on the target.
+    pub fn validate(&self) -> Result<()> {
+        if self.bs == 0 || self.bs > (64 << 20) {
+            return Err(Error::Spec(format!("bs {} must be in 1..=64MiB", self.bs)));
+        }
+        if self.iodepth == 0 || self.iodepth > 4096 {
+            return Err(Error::Spec(format!(
+                "iodepth {} must be in 1..=4096",
+                self.iodepth
+            )));
+        }
+        if self.numjobs == 0 || self.numjobs > 256 {
+            return Err(Error::Spec(format!(
+                "numjobs {} must be in 1..=256",
+                self.numjobs
+            )));
+        }
+        if self.rwmixread > 100 {
+            return Err(Error::Spec("rwmixread must be 0..=100".into()));
+        }
+        if let Some(r) = self.runtime
+            && (!r.is_finite() || r <= 0.0)
+        {
+            return Err(Error::Spec("runtime must be > 0".into()));
+        }
+        if !self.ramp_time.is_finite() || self.ramp_time < 0.0 {
+            return Err(Error::Spec("ramp_time must be >= 0".into()));
+        }
+        Ok(())
+    }
+
+    /// Short label used in tables and plots, e.g. `randread bs=4k qd=32 jobs=1`.
+    pub fn label(&self) -> String {
+        format!(
+            "{} bs={} qd={} jobs={}",
+            self.rw,
+            fmt_size(self.bs),
+            self.iodepth,
+            self.numjobs
+        )
+    }
+
+    /// The per-job regions `(start, len)` for a target of `capacity` bytes: the covered region
+    /// split evenly, each rounded down to whole blocks.
+    pub fn regions(&self, capacity: u64) -> Result<Vec<(u64, u64)>> {
+        let avail = capacity.saturating_sub(self.offset);
+        let size = self.size.unwrap_or(avail);
+        if size > avail {
+            return Err(Error::Spec(format!(
+                "size {} + offset {} exceeds the target's capacity {capacity}",
+                size, self.offset
+            )));
+        }
+        let per = size / u64::from(self.numjobs) / self.bs * self.bs;
+        if per == 0 {
+            return Err(Error::Spec(format!(
+                "size {size} too small for {} jobs of bs {}",
+                self.numjobs, self.bs
+            )));
+        }
+        Ok((0..u64::from(self.numjobs))
+            .map(|j| (self.offset + j * per, per))
+            .collect())
+    }
+}
+
+/// Lists of values to combine with a base job: every `rw × bs × iodepth × numjobs` cell.
+#[derive(Debug, Clone, Default)]
+pub struct Sweep {
+    pub rw: Vec<RwMode>,
+    pub bs: Vec<u64>,
+    pub iodepth: Vec<u32>,
+    pub numjobs: Vec<u32>,
+}
+
+impl Sweep {
+    /// Expand into concrete jobs (empty lists keep the base value).
+    pub fn expand(&self, base: &JobSpec) -> Vec<JobSpec> {
+        fn or<T: Clone>(v: &[T], d: T) -> Vec<T> {
+            if v.is_empty() { vec![d] } else { v.to_vec() }
+        }
+        let (rws, bss, qds, njs) = (
+            or(&self.rw, base.rw),
+            or(&self.bs, base.bs),
+            or(&self.iodepth, base.iodepth),
+            or(&self.numjobs, base.numjobs),
+        );
+        let mut out = Vec::new();
+        for &rw in &rws {
+            for &bs in &bss {
+                for &qd in &qds {
+                    for &nj in &njs {
+                        out.push(JobSpec {
+                            rw,
+                            bs,
+                            iodepth: qd,
+                            numjobs: nj,
+                            ..base.clone()
+                        });
+                    }
+                }
+            }
+        }
+        out
+    }
+}
+
+/// Parse a fio-style size: `4096`, `4k`, `4K`, `4KiB`, `64m`, `1G`, `2t` (binary units).
+pub fn parse_size(s: &str) -> Result<u64> {
+    let t = s.trim();
+    let lower = t.to_ascii_lowercase();
+    let num_end = lower
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(lower.len());
+    let (num, unit) = lower.split_at(num_end);
+    let n: u64 = num
+        .parse()
+        .map_err(|_| Error::Spec(format!("bad size {t:?}")))?;
+    let mult: u64 = match unit.trim_end_matches("ib").trim_end_matches('b') {
+        "" => 1,
+        "k" => 1 << 10,
+        "m" => 1 << 20,
+        "g" => 1 << 30,
+        "t" => 1 << 40,
+        _ => return Err(Error::Spec(format!("bad size unit in {t:?}"))),
+    };
+    n.checked_mul(mult)
+        .ok_or_else(|| Error::Spec(format!("size {t:?} overflows")))
+}
+
+/// Format a byte count compactly with binary units (`4k`, `1M`, `1536`).
+pub fn fmt_size(n: u64) -> String {
+    for (shift, u) in [(40, "T"), (30, "G"), (20, "M"), (10, "k")] {
+        if n >= 1 << shift && n % (1 << shift) == 0 {
+            return format!("{}{u}", n >> shift);
+        }
+    }
+    n.to_string()
+}
+
+/// Parse a comma-separated list with `f` (`4k,64k`).
+pub fn parse_list<T>(s: &str, f: impl Fn(&str) -> Result<T>) -> Result<Vec<T>> {
+    s.split(',')
+        .filter(|p| !p.trim().is_empty())
+        .map(|p| f(p.trim()))
+        .collect()
+}
+
+/// Parse a duration in seconds: `10`, `10s`, `500ms`, `2m`.
+pub fn parse_secs(s: &str) -> Result<f64> {
+    let t = s.trim().to_ascii_lowercase();
+    let (num, mult) = if let Some(n) = t.strip_suffix("ms") {
+        (n, 0.001)
+    } else if let Some(n) = t.strip_suffix('s') {
+        (n, 1.0)
+    } else if let Some(n) = t.strip_suffix('m') {
+        (n, 60.0)
+    } else {
+        (t.as_str(), 1.0)
+    };
+    let v: f64 = num
+        .trim()
+        .parse()
+        .map_err(|_| Error::Spec(format!("bad duration {s:?}")))?;
+    if !v.is_finite() || v < 0.0 {
+        return Err(Error::Spec(format!("bad duration {s:?}")));
+    }
+    Ok(v * mult)
+}
+
+/// Parse a TOML job file into concrete jobs. Layout (fio-like, with lists meaning sweeps):
+///
+/// ```toml
+/// [global]
+/// size = "256M"
+/// runtime = 5
+/// [[job]]
+/// name = "rand"
+/// rw = "randread"
+/// bs = ["4k", "64k"]
+/// iodepth = [1, 32]
+/// ```
+///
+/// Each `[[job]]` table overrides `[global]`, which overrides `base`.
+pub fn parse_job_file(text: &str, base: &JobSpec) -> Result<Vec<JobSpec>> {
+    let doc: toml::Table = text
+        .parse()
+        .map_err(|e: toml::de::Error| Error::JobFile(e.to_string()))?;
+    for k in doc.keys() {
+        if k != "global" && k != "job" {
+            return Err(Error::JobFile(format!(
+                "unknown top-level key {k:?} (expected [global] and [[job]])"
+            )));
+        }
+    }
+    let empty = toml::Table::new();
+    let global = match doc.get("global") {
+        None => &empty,
+        Some(toml::Value::Table(t)) => t,
+        Some(_) => return Err(Error::JobFile("[global] must be a table".into())),
+    };
+    let jobs = match doc.get("job") {
+        Some(toml::Value::Array(a)) => a.clone(),
+        None => return Err(Error::JobFile("no [[job]] sections".into())),
+        Some(_) => {
+            return Err(Error::JobFile(
+                "job must be an array of tables ([[job]])".into(),
+            ));
+        }
+    };
+    let mut out = Vec::new();
+    for (i, j) in jobs.iter().enumerate() {
+        let toml::Value::Table(jt) = j else {
+            return Err(Error::JobFile(format!("job #{i} is not a table")));
+        };
+        let mut spec = base.clone();
+        spec.name = format!("job{i}");
+        let mut sweep = Sweep::default();
+        for t in [global, jt] {
+            apply_table(t, &mut spec, &mut sweep)?;
+        }
+        spec.validate()?;
+        for s in sweep.expand(&spec) {
+            s.validate()?;
+            out.push(s);
+        }
+    }
+    Ok(out)
+}
+
+fn apply_table(t: &toml::Table, spec: &mut JobSpec, sweep: &mut Sweep) -> Result<()> {
+    fn as_str(k: &str, v: &toml::Value) -> Result<String> {
+        match v {
+            toml::Value::String(s) => Ok(s.clone()),
+            toml::Value::Integer(i) => Ok(i.to_string()),
+            toml::Value::Float(f) => Ok(f.to_string()),
+            toml::Value::Boolean(b) => Ok(b.to_string()),
+            _ => Err(Error::JobFile(format!("{k}: expected a scalar"))),
+        }
+    }
+    fn list(k: &str, v: &toml::Value) -> Result<Vec<String>> {
+        match v {
+            toml::Value::Array(a) => a.iter().map(|x| as_str(k, x)).collect(),
+            _ => Ok(vec![as_str(k, v)?]),
+        }
+    }
+    fn num<T: std::str::FromStr>(k: &str, s: &str) -> Result<T> {
+        s.parse()
+            .map_err(|_| Error::JobFile(format!("{k}: bad number {s:?}")))
+    }
+    fn boolean(k: &str, s: &str) -> Result<bool> {
+        match s {
+            "true" | "1" => Ok(true),
+            "false" | "0" => Ok(false),
+            _ => Err(Error::JobFile(format!("{k}: expected a boolean"))),
+        }
+    }
+    for (k, v) in t {
+        let vals = list(k, v)?;
+        let one = || -> Result<&String> {
+            match vals.as_slice() {
+                [x] => Ok(x),
+                _ => Err(Error::JobFile(format!(
+                    "{k}: only rw, bs, iodepth and numjobs may be lists"
+                ))),
+            }
+        };
+        match k.as_str() {
+            "name" => spec.name = one()?.clone(),
+            "rw" | "readwrite" => {
+                sweep.rw = vals
+                    .iter()
+                    .map(|s| RwMode::parse(s))
+                    .collect::<Result<_>>()?;
+                spec.rw = sweep.rw[0];
+            }
+            "bs" | "blocksize" => {
+                sweep.bs = vals.iter().map(|s| parse_size(s)).collect::<Result<_>>()?;
+                spec.bs = sweep.bs[0];
+            }
+            "iodepth" => {
+                sweep.iodepth = vals.iter().map(|s| num(k, s)).collect::<Result<_>>()?;
+                spec.iodepth = sweep.iodepth[0];
+            }
+            "numjobs" => {
+                sweep.numjobs = vals.iter().map(|s| num(k, s)).collect::<Result<_>>()?;
+                spec.numjobs = sweep.numjobs[0];
+            }
+            "rwmixread" => spec.rwmixread = num(k, one()?)?,
+            "size" => spec.size = Some(parse_size(one()?)?),
+            "offset" => spec.offset = parse_size(one()?)?,
+            "runtime" => spec.runtime = Some(parse_secs(one()?)?),
+            "ramp_time" | "ramp-time" => spec.ramp_time = parse_secs(one()?)?,
+            "direct" => spec.direct = boolean(k, one()?)?,
+            "verify" => spec.verify = boolean(k, one()?)?,
+            "seed" | "randseed" => spec.seed = num(k, one()?)?,
+            "time_based" => {}
+            other => return Err(Error::JobFile(format!("unknown key {other:?}"))),
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("4k").unwrap(), 4096);
+        assert_eq!(parse_size("4KiB").unwrap(), 4096);
+        assert_eq!(parse_size("1G").unwrap(), 1 << 30);
+        assert_eq!(parse_size("512").unwrap(), 512);
+        assert!(parse_size("4x").is_err());
+        assert!(parse_size("").is_err());
+        assert!(parse_size("99999999999999t").is_err());
+        assert_eq!(fmt_size(65536), "64k");
+        assert_eq!(fmt_size(1 << 20), "1M");
+        assert_eq!(fmt_size(1000), "1000");
+        assert_eq!(parse_secs("500ms").unwrap(), 0.5);
+        assert_eq!(parse_secs("2m").unwrap(), 120.0);
+    }
+
+    #[test]
+    fn sweep_is_cartesian() {
+        let s = Sweep {
+            bs: vec![4096, 65536],
+            iodepth: vec![1, 32],
+            ..Default::default()
+        };
+        let jobs = s.expand(&JobSpec::default());
+        assert_eq!(jobs.len(), 4);
+        assert_eq!((jobs[1].bs, jobs[1].iodepth), (4096, 32));
+        assert_eq!((jobs[2].bs, jobs[2].iodepth), (65536, 1));
+    }
+
+    #[test]
+    fn regions_are_disjoint_and_aligned() {
+        let j = JobSpec {
+            numjobs: 3,
+            bs: 4096,
+            size: Some(1 << 20),
+            offset: 8192,
+            ..Default::default()
+        };
+        let r = j.regions(2 << 20).unwrap();
+        assert_eq!(r.len(), 3);
+        for w in r.windows(2) {
+            assert_eq!(w[0].0 + w[0].1, w[1].0);
+        }
+        assert!(
+            r.iter()
+                .all(|&(s, l)| s % 4096 == 0 && l % 4096 == 0 && l > 0)
+        );
+        assert!(j.regions(512 << 10).is_err());
+    }
+
+    #[test]
+    fn job_file() {
+        let text = r#"
+[global]
+size = "1M"
+runtime = "2s"
+direct = true
+[[job]]
+name = "a"
+rw = "randread"
+bs = ["4k", "64k"]
+iodepth = [1, 8]
+[[job]]
+rw = "write"
+"#;
+        let jobs = parse_job_file(text, &JobSpec::default()).unwrap();
+        assert_eq!(jobs.len(), 5);
+        assert!(
+            jobs.iter()
+                .all(|j| j.direct && j.size == Some(1 << 20) && j.runtime == Some(2.0))
+        );
+        assert_eq!(jobs[4].rw, RwMode::Write);
+        assert!(parse_job_file("[[job]]\nfoo = 1", &JobSpec::default()).is_err());
+        assert!(parse_job_file("[[job]]\nsize = [\"1M\", \"2M\"]", &JobSpec::default()).is_err());
+        assert!(parse_job_file("x = 1", &JobSpec::default()).is_err());
+    }
+}

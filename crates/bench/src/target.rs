@@ -1,0 +1,160 @@
+//! What a benchmark runs against: anything that yields started snapblk queues.
+//!
+//! A [`Target`] is opened afresh for every configuration (so a sweep over `numjobs` gets exactly
+//! one queue per job). Implementations: [`SpecTarget`] (a snapblk device spec or a path, through
+//! the `snapblk` registry), [`crate::capi::LibblkioTarget`] (any libblkio shared library), and
+//! [`BlkioTarget`] (a caller-supplied constructor, used by tests with recording drivers).
+
+use crate::{Error, Result};
+use snapblk_core::{Blkio, MemRegion, Queue};
+use std::path::PathBuf;
+
+/// An opened device: its queues, capacity and I/O buffers. Dropping it closes everything;
+/// buffers stay valid until then.
+pub trait Device: Send {
+    fn capacity(&self) -> u64;
+    /// Move the queues out (one per job).
+    fn take_queues(&mut self) -> Vec<Box<dyn Queue>>;
+    /// A page-aligned buffer usable for I/O on this device, valid until the device is dropped.
+    fn alloc_buf(&mut self, len: usize) -> Result<MemRegion>;
+}
+
+/// Something that can be opened with `num_queues` queues.
+pub trait Target: Send {
+    fn open(&mut self, num_queues: usize, direct: bool) -> Result<Box<dyn Device>>;
+    /// Human description (spec string, path, library).
+    fn describe(&self) -> String;
+    /// The driver name, for reports.
+    fn driver(&self) -> String;
+    /// The file or block device behind the target, if any (for context capture).
+    fn path(&self) -> Option<PathBuf> {
+        None
+    }
+}
+
+/// A started [`Blkio`] as a [`Device`].
+pub struct BlkioDevice {
+    blkio: Blkio,
+    capacity: u64,
+}
+
+impl BlkioDevice {
+    /// Wrap a started instance.
+    pub fn new(blkio: Blkio) -> Result<BlkioDevice> {
+        let capacity = blkio.get_u64("capacity")?;
+        Ok(BlkioDevice { blkio, capacity })
+    }
+}
+
+impl Device for BlkioDevice {
+    fn capacity(&self) -> u64 {
+        self.capacity
+    }
+    fn take_queues(&mut self) -> Vec<Box<dyn Queue>> {
+        let n = self.blkio.get_int("num-queues").unwrap_or(0).max(0) as usize;
+        (0..n)
+            .filter_map(|i| self.blkio.take_queue(i, false))
+            .collect()
+    }
+    fn alloc_buf(&mut self, len: usize) -> Result<MemRegion> {
+        let align = self
+            .blkio
+            .get_u64("mem-region-alignment")
+            .unwrap_or(1)
+            .max(4096) as usize;
+        let len = len.div_ceil(align) * align;
+        let r = self.blkio.alloc_mem_region(len)?;
+        // Registering lets drivers use fixed buffers; a driver that cannot is still usable.
+        let _ = self.blkio.map_mem_region(&r);
+        Ok(r)
+    }
+}
+
+type Ctor = Box<dyn FnMut(usize, bool) -> Result<Blkio> + Send>;
+
+/// A target built by a closure returning a started [`Blkio`] with the given queue count.
+pub struct BlkioTarget {
+    name: String,
+    ctor: Ctor,
+}
+
+impl BlkioTarget {
+    pub fn new(
+        name: impl Into<String>,
+        ctor: impl FnMut(usize, bool) -> Result<Blkio> + Send + 'static,
+    ) -> Self {
+        BlkioTarget {
+            name: name.into(),
+            ctor: Box::new(ctor),
+        }
+    }
+}
+
+impl Target for BlkioTarget {
+    fn open(&mut self, num_queues: usize, direct: bool) -> Result<Box<dyn Device>> {
+        let b = (self.ctor)(num_queues, direct)?;
+        Ok(Box::new(BlkioDevice::new(b)?))
+    }
+    fn describe(&self) -> String {
+        self.name.clone()
+    }
+    fn driver(&self) -> String {
+        self.name.clone()
+    }
+}
+
+/// A snapblk device spec (`null:size=1G`, `sync:path=F`, …) or a plain path (io_uring driver),
+/// opened through the `snapblk` registry. `direct` adds `direct=true` for path targets.
+pub struct SpecTarget {
+    spec: String,
+}
+
+impl SpecTarget {
+    pub fn new(spec: impl Into<String>) -> SpecTarget {
+        SpecTarget { spec: spec.into() }
+    }
+
+    /// The spec actually opened: `direct=true` is added when asked and the spec has a `path`.
+    pub fn effective_spec(&self, direct: bool) -> String {
+        match snapblk::parse_spec(&self.spec) {
+            Ok(s)
+                if direct
+                    && s.props.iter().any(|(k, _)| k == "path")
+                    && !s.props.iter().any(|(k, _)| k == "direct") =>
+            {
+                let props: Vec<String> = s
+                    .props
+                    .iter()
+                    .map(|(k, v)| format!("{k}={v}"))
+                    .chain(["direct=true".to_string()])
+                    .collect();
+                format!("{}:{}", s.driver, props.join(","))
+            }
+            _ => self.spec.clone(),
+        }
+    }
+}
+
+impl Target for SpecTarget {
+    fn open(&mut self, num_queues: usize, direct: bool) -> Result<Box<dyn Device>> {
+        let spec = self.effective_spec(direct);
+        let n = i32::try_from(num_queues).map_err(|_| Error::Spec("too many queues".into()))?;
+        let b = snapblk::open(&spec, n).map_err(|e| Error::Other(format!("open {spec}: {e}")))?;
+        Ok(Box::new(BlkioDevice::new(b)?))
+    }
+    fn describe(&self) -> String {
+        self.spec.clone()
+    }
+    fn driver(&self) -> String {
+        snapblk::parse_spec(&self.spec)
+            .map(|s| s.driver)
+            .unwrap_or_default()
+    }
+    fn path(&self) -> Option<PathBuf> {
+        let s = snapblk::parse_spec(&self.spec).ok()?;
+        s.props
+            .into_iter()
+            .find(|(k, _)| k == "path" || k == "base")
+            .map(|(_, v)| PathBuf::from(v))
+    }
+}

@@ -1,0 +1,162 @@
+//! A recording in-memory driver for engine tests: logs every request (queue, direction, offset,
+//! length), serves data from RAM, and can corrupt or misplace chosen blocks.
+#![allow(dead_code)]
+
+use snapblk_bench::target::BlkioTarget;
+use snapblk_core::{Blkio, Completion, DeviceInfo, Driver, Op, PropValue, Queue, Request, State};
+use std::sync::{Arc, Mutex};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Rec {
+    pub queue: usize,
+    pub write: bool,
+    pub offset: u64,
+    pub len: usize,
+}
+
+#[derive(Default)]
+pub struct Shared {
+    pub data: Vec<u8>,
+    pub log: Vec<Rec>,
+    /// Flip a byte in what reads of this offset return.
+    pub corrupt_read_at: Option<u64>,
+    /// Writes to `.0` land at `.1` instead.
+    pub misdirect_write: Option<(u64, u64)>,
+    /// Highest number of requests seen outstanding per queue.
+    pub max_outstanding: Vec<usize>,
+    next_queue: usize,
+}
+
+pub struct RecDriver {
+    pub shared: Arc<Mutex<Shared>>,
+}
+
+struct RecQueue {
+    id: usize,
+    shared: Arc<Mutex<Shared>>,
+    pending: Vec<Request>,
+    ready: Vec<Completion>,
+}
+
+impl Driver for RecDriver {
+    fn name(&self) -> &str {
+        "recording"
+    }
+    fn get_prop(&self, _: &str, _: State) -> snapblk_core::Result<PropValue> {
+        Err(snapblk_core::Error::new(libc::ENOENT, "no such property"))
+    }
+    fn set_prop(&mut self, _: &str, _: PropValue, _: State) -> snapblk_core::Result<()> {
+        Err(snapblk_core::Error::new(libc::ENOENT, "no such property"))
+    }
+    fn connect(&mut self, _: bool) -> snapblk_core::Result<DeviceInfo> {
+        Ok(DeviceInfo::default())
+    }
+    fn capacity(&self) -> snapblk_core::Result<u64> {
+        Ok(self.shared.lock().unwrap().data.len() as u64)
+    }
+    fn create_queue(&mut self, _: bool) -> snapblk_core::Result<Box<dyn Queue>> {
+        let mut s = self.shared.lock().unwrap();
+        let id = s.next_queue;
+        s.next_queue += 1;
+        s.max_outstanding.push(0);
+        Ok(Box::new(RecQueue {
+            id,
+            shared: self.shared.clone(),
+            pending: Vec::new(),
+            ready: Vec::new(),
+        }))
+    }
+}
+
+impl Queue for RecQueue {
+    unsafe fn enqueue(&mut self, req: Request) {
+        self.pending.push(req);
+        let out = self.outstanding();
+        let mut s = self.shared.lock().unwrap();
+        let m = &mut s.max_outstanding[self.id];
+        *m = (*m).max(out);
+    }
+    fn do_io(
+        &mut self,
+        out: &mut [Completion],
+        min: usize,
+        _timeout: Option<&mut std::time::Duration>,
+        _sigmask: Option<&libc::sigset_t>,
+    ) -> snapblk_core::Result<usize> {
+        if min > out.len() || min > self.outstanding() {
+            return Err(snapblk_core::Error::inval("bad min"));
+        }
+        let mut s = self.shared.lock().unwrap();
+        for r in self.pending.drain(..) {
+            match r.op {
+                Op::Read { offset, buf, len } => {
+                    s.log.push(Rec {
+                        queue: self.id,
+                        write: false,
+                        offset,
+                        len,
+                    });
+                    let o = offset as usize;
+                    // SAFETY: the engine guarantees buf is valid for len bytes until completion.
+                    let dst = unsafe { std::slice::from_raw_parts_mut(buf, len) };
+                    dst.copy_from_slice(&s.data[o..o + len]);
+                    if s.corrupt_read_at == Some(offset) {
+                        dst[len / 2] ^= 0xff;
+                    }
+                }
+                Op::Write { offset, buf, len } => {
+                    s.log.push(Rec {
+                        queue: self.id,
+                        write: true,
+                        offset,
+                        len,
+                    });
+                    let dest = match s.misdirect_write {
+                        Some((from, to)) if from == offset => to,
+                        _ => offset,
+                    } as usize;
+                    // SAFETY: as above.
+                    let src = unsafe { std::slice::from_raw_parts(buf, len) };
+                    s.data[dest..dest + len].copy_from_slice(src);
+                }
+                _ => {}
+            }
+            self.ready.push(Completion::ok(r.user_data));
+        }
+        let n = self.ready.len().min(out.len());
+        for (i, c) in self.ready.drain(..n).enumerate() {
+            out[i] = c;
+        }
+        Ok(n)
+    }
+    fn completion_fd(&self) -> Option<std::os::fd::RawFd> {
+        None
+    }
+    fn set_completion_fd_enabled(&mut self, _: bool) {}
+    fn outstanding(&self) -> usize {
+        self.pending.len() + self.ready.len()
+    }
+}
+
+/// A target over a fresh recording device of `size` bytes; returns the shared state too.
+pub fn recording_target(size: usize) -> (BlkioTarget, Arc<Mutex<Shared>>) {
+    let shared = Arc::new(Mutex::new(Shared {
+        data: vec![0; size],
+        ..Default::default()
+    }));
+    let sh = shared.clone();
+    let t = BlkioTarget::new("recording", move |n, _direct| {
+        {
+            let mut s = sh.lock().unwrap();
+            s.log.clear();
+            s.max_outstanding.clear();
+            s.next_queue = 0;
+        }
+        let mut b = Blkio::new(Box::new(RecDriver { shared: sh.clone() }));
+        b.connect()?;
+        b.set_int("num-queues", n as i32)?;
+        b.start()?;
+        Ok(b)
+    });
+    (t, shared)
+}

@@ -1,0 +1,197 @@
+//! I/O patterns of every workload, checked on a recording driver.
+
+mod common;
+
+use common::recording_target;
+use snapblk_bench::engine::{RunOpts, run_workload};
+use snapblk_bench::spec::{JobSpec, RwMode};
+use std::collections::HashSet;
+
+const MB: usize = 1 << 20;
+
+fn job(rw: RwMode, bs: u64, qd: u32, jobs: u32, size: u64) -> JobSpec {
+    JobSpec {
+        rw,
+        bs,
+        iodepth: qd,
+        numjobs: jobs,
+        size: Some(size),
+        ..Default::default()
+    }
+}
+
+#[test]
+fn sequential_read_is_contiguous_and_counted() {
+    let (mut t, sh) = recording_target(4 * MB);
+    let r = run_workload(
+        &mut t,
+        &job(RwMode::Read, 4096, 8, 1, 2 << 20),
+        &RunOpts::default(),
+    )
+    .unwrap();
+    let log = sh.lock().unwrap().log.clone();
+    assert_eq!(log.len(), 512);
+    for (i, rec) in log.iter().enumerate() {
+        assert!(!rec.write);
+        assert_eq!(rec.offset, i as u64 * 4096, "request {i}");
+        assert_eq!(rec.len, 4096);
+    }
+    assert_eq!(r.read.ios, 512);
+    assert_eq!(r.write.ios, 0);
+    assert_eq!(r.read.bytes, 2 << 20);
+    assert_eq!(r.read.lat.count(), 512);
+    assert!(sh.lock().unwrap().max_outstanding[0] <= 8);
+}
+
+#[test]
+fn sequential_write_is_contiguous_with_offset() {
+    let (mut t, sh) = recording_target(4 * MB);
+    let spec = JobSpec {
+        offset: 1 << 20,
+        ..job(RwMode::Write, 65536, 4, 1, 1 << 20)
+    };
+    run_workload(&mut t, &spec, &RunOpts::default()).unwrap();
+    let log = sh.lock().unwrap().log.clone();
+    let offs: Vec<u64> = log.iter().map(|r| r.offset).collect();
+    assert_eq!(
+        offs,
+        (0..16).map(|i| (1 << 20) + i * 65536).collect::<Vec<_>>()
+    );
+    assert!(log.iter().all(|r| r.write));
+}
+
+#[test]
+fn random_offsets_aligned_in_range_and_cover_once() {
+    for rw in [RwMode::RandRead, RwMode::RandWrite] {
+        let (mut t, sh) = recording_target(8 * MB);
+        run_workload(&mut t, &job(rw, 8192, 16, 1, 4 << 20), &RunOpts::default()).unwrap();
+        let log = sh.lock().unwrap().log.clone();
+        assert_eq!(log.len(), 512);
+        let mut seen = HashSet::new();
+        for r in &log {
+            assert_eq!(r.offset % 8192, 0);
+            assert!(r.offset + 8192 <= 4 << 20);
+            assert!(
+                seen.insert(r.offset),
+                "block {} twice in one pass",
+                r.offset
+            );
+            assert_eq!(r.write, rw == RwMode::RandWrite);
+        }
+        let ascending = log
+            .windows(2)
+            .filter(|w| w[1].offset == w[0].offset + 8192)
+            .count();
+        assert!(
+            ascending < 40,
+            "random pattern has {ascending} sequential steps"
+        );
+        assert!(
+            sh.lock().unwrap().max_outstanding[0] >= 2,
+            "queue depth was not used"
+        );
+    }
+}
+
+#[test]
+fn mix_ratio_follows_rwmixread() {
+    for (rw, pct) in [(RwMode::RandRw, 70u32), (RwMode::Rw, 30)] {
+        let (mut t, sh) = recording_target(16 * MB);
+        let spec = JobSpec {
+            rwmixread: pct,
+            ..job(rw, 4096, 4, 1, 16 << 20)
+        };
+        let r = run_workload(&mut t, &spec, &RunOpts::default()).unwrap();
+        let log = sh.lock().unwrap().log.clone();
+        let reads = log.iter().filter(|r| !r.write).count() as f64 / log.len() as f64;
+        assert!(
+            (reads * 100.0 - f64::from(pct)).abs() < 3.0,
+            "{rw}: {reads}"
+        );
+        assert_eq!(r.read.ios + r.write.ios, 4096);
+        if rw == RwMode::Rw {
+            // rw is sequential: offsets still contiguous whatever the direction.
+            assert!(log.windows(2).all(|w| w[1].offset == w[0].offset + 4096));
+        }
+    }
+}
+
+#[test]
+fn numjobs_get_disjoint_regions_on_their_own_queues() {
+    let (mut t, sh) = recording_target(8 * MB);
+    run_workload(
+        &mut t,
+        &job(RwMode::Read, 4096, 2, 4, 4 << 20),
+        &RunOpts::default(),
+    )
+    .unwrap();
+    let log = sh.lock().unwrap().log.clone();
+    assert_eq!(log.len(), 1024);
+    for q in 0..4u64 {
+        let mine: Vec<u64> = log
+            .iter()
+            .filter(|r| r.queue == q as usize)
+            .map(|r| r.offset)
+            .collect();
+        assert_eq!(mine.len(), 256);
+        let lo = q * (1 << 20);
+        assert!(
+            mine.iter().all(|&o| o >= lo && o < lo + (1 << 20)),
+            "job {q} left its region"
+        );
+        assert!(mine.windows(2).all(|w| w[1] == w[0] + 4096));
+    }
+}
+
+#[test]
+fn time_based_loops_and_reports_series() {
+    let (mut t, sh) = recording_target(MB);
+    let spec = JobSpec {
+        runtime: Some(1.2),
+        ramp_time: 0.2,
+        ..job(RwMode::RandRead, 4096, 4, 2, 1 << 20)
+    };
+    let r = run_workload(&mut t, &spec, &RunOpts::default()).unwrap();
+    let n = sh.lock().unwrap().log.len() as u64;
+    assert!(
+        n > 256,
+        "time-based run should wrap the 256-block region, did {n} I/Os"
+    );
+    assert!(
+        r.read.ios > 0 && r.read.ios < n,
+        "ramp I/Os are not counted"
+    );
+    assert!((r.seconds - 1.2).abs() < 0.05, "{}", r.seconds);
+    assert!(r.series.len() >= 1 && r.series.len() <= 3);
+    let series_ios: u64 = r.series.iter().map(|s| s.read_ios).sum();
+    assert_eq!(series_ios, r.read.ios);
+}
+
+#[test]
+fn bad_jobs_are_rejected() {
+    let (mut t, _) = recording_target(MB);
+    assert!(
+        run_workload(
+            &mut t,
+            &job(RwMode::Read, 4096, 1, 1, 2 << 20),
+            &RunOpts::default()
+        )
+        .is_err()
+    );
+    assert!(
+        run_workload(
+            &mut t,
+            &job(RwMode::Read, 0, 1, 1, 4096),
+            &RunOpts::default()
+        )
+        .is_err()
+    );
+    assert!(
+        run_workload(
+            &mut t,
+            &job(RwMode::Read, 4096, 0, 1, 4096),
+            &RunOpts::default()
+        )
+        .is_err()
+    );
+}

@@ -1,1 +1,467 @@
-//! ublk export: a snapblk device as a Linux block device.
+//! ublk export: a snapblk device as a Linux block device (`/dev/ublkbN`).
+//!
+//! [`serve`] creates (or, after a crash of the previous server, recovers) a ublk device with N
+//! queues × depth and serves it until the caller's stop function returns. Each ublk queue runs in
+//! its own thread with one device [`Queue`](snapblk_core::Queue) taken from the started
+//! [`Blkio`]; READ, WRITE (with FUA), FLUSH, DISCARD and WRITE_ZEROES map onto core requests, so
+//! any driver can be exported.
+//!
+//! Three data paths ([`DataPath`]):
+//! * **copy**: the kernel copies request data to/from a per-tag buffer the device reads into.
+//! * **user copy** (`UBLK_F_USER_COPY`): the server copies data itself with `pread`/`pwrite` on
+//!   `/dev/ublkcN`; no per-tag buffer is pinned.
+//! * **zero copy** (`UBLK_F_AUTO_BUF_REG`): the kernel registers each request's pages in the
+//!   queue's io_uring as a fixed buffer. A device that knows where its bytes live supplies a
+//!   [`ReadPlanner`] (the optimization hook): each file segment of a read becomes one io_uring
+//!   `READ_FIXED` from that file straight into the request's pages, zero segments are filled from
+//!   `/dev/zero` the same way, so no data passes through userspace. Segments the planner cannot
+//!   place (decoded data) and all writes take the generic path plus one copy.
+//!
+//! Recovery: devices are created with `UBLK_F_USER_RECOVERY | UBLK_F_USER_RECOVERY_REISSUE`. If
+//! the server dies, the kernel quiesces the device and keeps `/dev/ublkbN`; serving again with the
+//! same [`Config::id`] reattaches (`START_USER_RECOVERY` … `END_USER_RECOVERY`) and the kernel
+//! re-issues the requests that were in flight.
+
+mod bridge;
+pub mod plan;
+mod server;
+
+pub use plan::{FilePlanner, ReadPlanner, Segment};
+
+use libublk::ctrl::{UblkCtrl, UblkCtrlBuilder};
+use libublk::io::UblkDev;
+use libublk::{UblkError, UblkFlags, sys};
+use snapblk_core::{Blkio, State};
+use std::fs::File;
+use std::os::fd::AsRawFd;
+use std::sync::Arc;
+
+/// How request data moves between the kernel and the device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DataPath {
+    Copy,
+    UserCopy,
+    ZeroCopy,
+}
+
+impl DataPath {
+    pub fn name(self) -> &'static str {
+        match self {
+            DataPath::Copy => "copy",
+            DataPath::UserCopy => "user-copy",
+            DataPath::ZeroCopy => "zero-copy",
+        }
+    }
+    /// The ublk device flags this path needs.
+    fn ctrl_flags(self) -> u64 {
+        match self {
+            DataPath::Copy => 0,
+            DataPath::UserCopy => u64::from(sys::UBLK_F_USER_COPY),
+            // USER_COPY too: the generic path (decoded data, writes) copies through /dev/ublkcN.
+            DataPath::ZeroCopy => u64::from(
+                sys::UBLK_F_AUTO_BUF_REG | sys::UBLK_F_SUPPORT_ZERO_COPY | sys::UBLK_F_USER_COPY,
+            ),
+        }
+    }
+    fn from_flags(f: u64) -> Self {
+        if f & u64::from(sys::UBLK_F_AUTO_BUF_REG) != 0 {
+            DataPath::ZeroCopy
+        } else if f & u64::from(sys::UBLK_F_USER_COPY) != 0 {
+            DataPath::UserCopy
+        } else {
+            DataPath::Copy
+        }
+    }
+}
+
+/// Export settings.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub queues: u16,
+    pub depth: u16,
+    /// Largest request in bytes (block layer max_sectors).
+    pub max_io_bytes: u32,
+    pub path: DataPath,
+    /// Device number: `None` lets the kernel pick. If device `id` exists and is quiesced (its
+    /// server died), it is recovered instead of created.
+    pub id: Option<u32>,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            queues: 1,
+            depth: 64,
+            max_io_bytes: 512 * 1024,
+            path: DataPath::Copy,
+            id: None,
+        }
+    }
+}
+
+/// What [`serve`] reports once the block device is live.
+#[derive(Debug, Clone)]
+pub struct Ready {
+    pub dev_id: u32,
+    pub bdev: String,
+    pub path: DataPath,
+    pub queues: u16,
+    pub depth: u16,
+    pub capacity: u64,
+    pub recovered: bool,
+    /// Whether reads use the planner (zero-copy hook).
+    pub planned_reads: bool,
+}
+
+/// Errors of the ublk export.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("ublk: {what}: {err}")]
+    Ublk { what: &'static str, err: String },
+    #[error("ublk is not available: {0}")]
+    NoUblk(String),
+    #[error("the kernel's ublk driver does not offer {0}")]
+    Unsupported(&'static str),
+    #[error("invalid ublk configuration: {0}")]
+    Config(String),
+    #[error("device: {0}")]
+    Device(#[from] snapblk_core::Error),
+    #[error("{what}: {err}")]
+    Io {
+        what: &'static str,
+        err: std::io::Error,
+    },
+}
+
+fn ublk_err(what: &'static str) -> impl FnOnce(UblkError) -> Error {
+    move |e| {
+        let err = match e {
+            UblkError::OtherError(n) | UblkError::UringIOError(n) => {
+                format!("{e} ({})", std::io::Error::from_raw_os_error(n.abs()))
+            }
+            UblkError::IOError(ref io) => format!("{io}"),
+            _ => e.to_string(),
+        };
+        Error::Ublk { what, err }
+    }
+}
+
+/// Feature bits of the running kernel's ublk driver (`UBLK_F_*`).
+pub fn kernel_features() -> Result<u64, Error> {
+    if !std::path::Path::new("/dev/ublk-control").exists() {
+        return Err(Error::NoUblk(
+            "/dev/ublk-control missing (load the ublk_drv module)".into(),
+        ));
+    }
+    UblkCtrl::get_features().ok_or_else(|| Error::NoUblk("UBLK_U_CMD_GET_FEATURES failed".into()))
+}
+
+/// Names of the known feature bits in `f`.
+pub fn feature_names(f: u64) -> Vec<&'static str> {
+    const NAMES: [&str; 20] = [
+        "SUPPORT_ZERO_COPY",
+        "URING_CMD_COMP_IN_TASK",
+        "NEED_GET_DATA",
+        "USER_RECOVERY",
+        "USER_RECOVERY_REISSUE",
+        "UNPRIVILEGED_DEV",
+        "CMD_IOCTL_ENCODE",
+        "USER_COPY",
+        "ZONED",
+        "USER_RECOVERY_FAIL_IO",
+        "UPDATE_SIZE",
+        "AUTO_BUF_REG",
+        "QUIESCE",
+        "PER_IO_DAEMON",
+        "BUF_REG_OFF_DAEMON",
+        "BATCH_IO",
+        "INTEGRITY",
+        "SAFE_STOP_DEV",
+        "NO_AUTO_PART_SCAN",
+        "SHMEM_ZC",
+    ];
+    NAMES
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| f & (1u64 << i) != 0)
+        .map(|(_, n)| *n)
+        .collect()
+}
+
+/// State of device `id` if it exists (`UBLK_S_DEV_*`).
+fn existing_state(id: u32) -> Option<u16> {
+    let id = i32::try_from(id).ok()?;
+    if !std::path::Path::new(&format!("/dev/ublkc{id}")).exists() {
+        return None;
+    }
+    let ctrl = UblkCtrl::new_simple(id).ok()?;
+    Some(ctrl.dev_info().state)
+}
+
+fn log2(v: u32) -> u8 {
+    (31 - v.max(1).leading_zeros()) as u8
+}
+
+/// Serve `dev` as a ublk block device until `stop` returns, then remove the device (after the
+/// kernel drained in-flight I/O). `dev` may be connected (it is started with `cfg.queues`
+/// queues) or started (queues are added to reach `cfg.queues` when the driver allows it).
+/// `planner` enables planned zero-copy reads in [`DataPath::ZeroCopy`]. `on_ready` runs once the
+/// block device exists.
+pub fn serve(
+    mut dev: Blkio,
+    cfg: &Config,
+    planner: Option<Arc<dyn ReadPlanner>>,
+    on_ready: impl FnOnce(&Ready) + Send + Sync + 'static,
+    stop: impl FnOnce() + Send + Sync + 'static,
+) -> Result<(), Error> {
+    if cfg.queues == 0 || cfg.depth == 0 || cfg.max_io_bytes < 4096 {
+        return Err(Error::Config(
+            "queues and depth must be >= 1 and the max I/O size >= 4096".into(),
+        ));
+    }
+    let feats = kernel_features()?;
+    let recover = cfg
+        .id
+        .and_then(existing_state)
+        .is_some_and(|s| s == sys::UBLK_S_DEV_QUIESCED as u16);
+    if let Some(id) = cfg.id
+        && !recover
+        && existing_state(id).is_some()
+    {
+        return Err(Error::Config(format!(
+            "ublk device {id} exists and is not waiting for recovery"
+        )));
+    }
+
+    // Device queues: one per ublk queue.
+    match dev.state() {
+        State::Created => dev.connect()?,
+        State::Connected | State::Started => {}
+    }
+    let read_only = dev.get_bool("read-only")?;
+    let capacity = dev.get_u64("capacity")?;
+    let req_align = u32::try_from(dev.get_int("request-alignment")?.max(512)).unwrap_or(512);
+    let max_transfer = u32::try_from(dev.get_int("max-transfer")?).unwrap_or(0);
+    let max_io = match max_transfer {
+        0 => cfg.max_io_bytes,
+        m => cfg.max_io_bytes.min(m),
+    } & !4095;
+    if max_io < 4096 {
+        return Err(Error::Config(format!(
+            "device max-transfer {max_transfer} is below 4096"
+        )));
+    }
+    let mut queues: Vec<Option<Box<dyn snapblk_core::Queue>>> = Vec::new();
+    if dev.state() == State::Connected {
+        dev.set_int("num-queues", i32::from(cfg.queues))?;
+        dev.start()?;
+    }
+    // Take the queues the device already has, add more if needed.
+    let have = usize::try_from(dev.get_int("num-queues")?).unwrap_or(0);
+    for i in 0..have.min(usize::from(cfg.queues)) {
+        if let Some(q) = dev.take_queue(i, false) {
+            queues.push(Some(q));
+        }
+    }
+    while queues.len() < usize::from(cfg.queues) {
+        let idx = dev.add_queue(false)?;
+        let q = dev
+            .take_queue(idx, false)
+            .ok_or_else(|| Error::Config("device lost a new queue".into()))?;
+        queues.push(Some(q));
+    }
+
+    // Flags: the data path, recovery with re-issue of in-flight requests.
+    let (ctrl, path) = if recover {
+        let id = cfg.id.unwrap_or(0) as i32;
+        let ctrl = UblkCtrlBuilder::default()
+            .name("snapblk")
+            .id(id)
+            .dev_flags(UblkFlags::UBLK_DEV_F_RECOVER_DEV)
+            .build()
+            .map_err(ublk_err("open the device to recover"))?;
+        let path = DataPath::from_flags(ctrl.dev_info().flags);
+        if usize::from(ctrl.dev_info().nr_hw_queues) != queues.len() {
+            // The kernel's queue count wins; take or drop device queues to match.
+            queues.truncate(usize::from(ctrl.dev_info().nr_hw_queues));
+            while queues.len() < usize::from(ctrl.dev_info().nr_hw_queues) {
+                let idx = dev.add_queue(false)?;
+                queues.push(dev.take_queue(idx, false));
+            }
+        }
+        ctrl.start_user_recover()
+            .map_err(ublk_err("START_USER_RECOVERY"))?;
+        (ctrl, path)
+    } else {
+        let want = cfg.path.ctrl_flags();
+        if want & feats != want {
+            return Err(Error::Unsupported(match cfg.path {
+                DataPath::ZeroCopy => {
+                    "zero copy (UBLK_F_AUTO_BUF_REG + UBLK_F_SUPPORT_ZERO_COPY + UBLK_F_USER_COPY)"
+                }
+                _ => "user copy (UBLK_F_USER_COPY)",
+            }));
+        }
+        let rec = u64::from(sys::UBLK_F_USER_RECOVERY | sys::UBLK_F_USER_RECOVERY_REISSUE) & feats;
+        let ctrl = UblkCtrlBuilder::default()
+            .name("snapblk")
+            .id(cfg.id.map_or(-1, |i| i as i32))
+            .nr_queues(cfg.queues)
+            .depth(cfg.depth)
+            .io_buf_bytes(max_io)
+            .ctrl_flags(want | rec)
+            .dev_flags(UblkFlags::UBLK_DEV_F_ADD_DEV)
+            .build()
+            .map_err(ublk_err("add device"))?;
+        (ctrl, cfg.path)
+    };
+
+    // Files the kernel reads into request pages in zero-copy mode.
+    let zero = File::open("/dev/zero").map_err(|err| Error::Io {
+        what: "open /dev/zero",
+        err,
+    })?;
+    let planner = if path == DataPath::ZeroCopy {
+        planner
+    } else {
+        None
+    };
+    let plan_fds = planner.as_ref().map(|p| p.files()).unwrap_or_default();
+    if plan_fds.len() > 24 {
+        return Err(Error::Config(
+            "a read planner may name at most 24 files".into(),
+        ));
+    }
+    let shared = Arc::new(server::Shared {
+        queues: std::sync::Mutex::new(queues),
+        nplan_files: plan_fds.len(),
+        planner,
+        path,
+        max_io,
+    });
+    let planned_reads = shared.planner.is_some();
+
+    let lbs_shift = log2(req_align.next_power_of_two().min(4096));
+    let tgt_init = move |d: &mut UblkDev| {
+        let t = &mut d.tgt;
+        t.dev_size = capacity & !((1u64 << lbs_shift) - 1);
+        for fd in std::iter::once(zero.as_raw_fd()).chain(plan_fds.iter().copied()) {
+            let n = t.nr_fds as usize;
+            if n >= t.fds.len() {
+                return Err(UblkError::OtherError(-libc::EMFILE));
+            }
+            t.fds[n] = fd;
+            t.nr_fds += 1;
+        }
+        // /dev/zero and the planner files must outlive the queue rings (they are only dup'ed by
+        // registration); the device lives until the process ends or the server stops.
+        std::mem::forget(zero);
+        let mut attrs = sys::UBLK_ATTR_VOLATILE_CACHE | sys::UBLK_ATTR_FUA;
+        if read_only {
+            attrs |= sys::UBLK_ATTR_READ_ONLY;
+        }
+        let dev_sectors = t.dev_size >> 9;
+        t.params = sys::ublk_params {
+            types: sys::UBLK_PARAM_TYPE_BASIC
+                | if read_only {
+                    0
+                } else {
+                    sys::UBLK_PARAM_TYPE_DISCARD
+                },
+            basic: sys::ublk_param_basic {
+                attrs,
+                logical_bs_shift: lbs_shift,
+                physical_bs_shift: 12,
+                io_opt_shift: 12,
+                io_min_shift: lbs_shift,
+                max_sectors: max_io >> 9,
+                dev_sectors,
+                ..Default::default()
+            },
+            discard: sys::ublk_param_discard {
+                discard_granularity: 4096,
+                max_discard_sectors: max_io >> 9,
+                max_write_zeroes_sectors: max_io >> 9,
+                max_discard_segments: 1,
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        d.set_target_json(serde_json::json!({"snapblk": {"path": path.name()}}));
+        Ok(())
+    };
+    let sh = shared.clone();
+    let q_fn = move |qid: u16, d: &UblkDev| server::queue_thread(qid, d, &sh);
+    let nq = ctrl.dev_info().nr_hw_queues;
+    let depth = ctrl.dev_info().queue_depth;
+    let device_fn = move |c: &UblkCtrl| {
+        on_ready(&Ready {
+            dev_id: c.dev_info().dev_id,
+            bdev: c.get_bdev_path(),
+            path,
+            queues: nq,
+            depth,
+            capacity,
+            recovered: recover,
+            planned_reads,
+        });
+        stop();
+        // STOP_DEV: the kernel removes the disk after draining in-flight I/O, then the queue
+        // threads see their commands aborted and exit.
+        let _ = c.kill_dev();
+    };
+    ctrl.run_target(tgt_init, q_fn, device_fn)
+        .map_err(ublk_err("run device"))?;
+    // A recovered device is not deleted by the control's destructor (only added ones are).
+    if recover {
+        let _ = ctrl.del_dev();
+    }
+    drop(ctrl);
+    drop(dev);
+    Ok(())
+}
+
+/// The zero-copy read planner for a device whose driver reads a plain file or block device
+/// one-to-one (`io_uring`, `sync`): its `path`, opened read-only. `None` for other drivers.
+pub fn file_planner_for(dev: &Blkio) -> Option<Arc<dyn ReadPlanner>> {
+    if !matches!(dev.driver_name(), "io_uring" | "sync") {
+        return None;
+    }
+    let path = dev.get_str("path").ok()?;
+    let p = FilePlanner::open(std::path::Path::new(&path)).ok()?;
+    Some(Arc::new(p))
+}
+
+/// Block SIGINT and SIGTERM in the calling thread (and every thread it starts later), and return
+/// a function that waits for one of them. Call before [`serve`] so that the queue threads never
+/// take the signal.
+pub fn block_stop_signals() -> Result<impl FnOnce() + Send + Sync + 'static, Error> {
+    // SAFETY: plain sigset manipulation on a local, then pthread_sigmask for this thread.
+    let set = unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGINT);
+        libc::sigaddset(&mut set, libc::SIGTERM);
+        let r = libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+        if r != 0 {
+            return Err(Error::Io {
+                what: "block SIGINT/SIGTERM",
+                err: std::io::Error::from_raw_os_error(r),
+            });
+        }
+        set
+    };
+    let set = SigSet(set);
+    Ok(move || {
+        let set = set;
+        let mut sig = 0;
+        // SAFETY: waits for a signal of a valid, blocked set.
+        while unsafe { libc::sigwait(&set.0, &mut sig) } != 0 {}
+    })
+}
+
+struct SigSet(libc::sigset_t);
+// SAFETY: a sigset_t is plain data.
+unsafe impl Send for SigSet {}
+// SAFETY: as above; only read.
+unsafe impl Sync for SigSet {}

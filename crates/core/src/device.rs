@@ -336,13 +336,17 @@ impl Blkio {
             ("read-only", PropValue::Bool(b)) => self.read_only = b,
             ("num-queues", PropValue::Int(n)) => {
                 if n < 0 {
-                    return Err(Error::inval("num_queues must be equal to or greater than 0"));
+                    return Err(Error::inval(
+                        "num_queues must be equal to or greater than 0",
+                    ));
                 }
                 self.num_queues = n;
             }
             ("num-poll-queues", PropValue::Int(n)) => {
                 if n < 0 {
-                    return Err(Error::inval("num_poll_queues must be equal to or greater than 0"));
+                    return Err(Error::inval(
+                        "num_poll_queues must be equal to or greater than 0",
+                    ));
                 }
                 self.num_poll_queues = n;
             }

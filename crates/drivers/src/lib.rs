@@ -2,7 +2,7 @@
 //!
 //! * [`null`]: completes every request at once (reads return zeros); measures the stack itself.
 //! * [`sync`]: `preadv2`/`pwritev2` on a regular file or block device, executed in `do_io`.
-//! * `uring` (the `io_uring` driver): the fast path for files and block devices.
+//! * [`uring`] (the `io_uring` driver): the fast path for files and block devices.
 //!
 //! File-backed drivers share the `path`/`fd`/`direct` properties and libblkio's rules for
 //! deriving alignment and other device facts (see `file`).
@@ -10,14 +10,8 @@
 mod file;
 pub mod null;
 pub mod sync;
+pub mod uring;
 
 pub use null::NullDriver;
 pub use sync::SyncDriver;
-
-/// The `io_uring` driver. TEMPORARY: backed by the sync engine until the io_uring engine lands
-/// (same properties and semantics, just synchronous).
-pub fn uring_driver() -> impl snapblk_core::Driver {
-    let mut d = SyncDriver::new();
-    d.set_name("io_uring");
-    d
-}
+pub use uring::UringDriver;

@@ -30,12 +30,6 @@ impl SyncDriver {
     }
 }
 
-impl SyncDriver {
-    pub(crate) fn set_name(&mut self, name: &'static str) {
-        self.name = name;
-    }
-}
-
 impl Default for SyncDriver {
     fn default() -> Self {
         Self::new()

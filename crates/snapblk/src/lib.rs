@@ -25,7 +25,7 @@
 
 use snapblk_core::props::{Access, PropType, PropValue};
 pub use snapblk_core::{Blkio, Error, Result};
-use snapblk_drivers::{NullDriver, SyncDriver};
+use snapblk_drivers::{NullDriver, SyncDriver, UringDriver};
 
 /// Driver names [`create`] knows.
 pub const DRIVERS: &[&str] = &["io_uring", "sync", "null", "snapshot"];
@@ -34,7 +34,7 @@ pub const DRIVERS: &[&str] = &["io_uring", "sync", "null", "snapshot"];
 /// unknown name, like `blkio_create`).
 pub fn create(driver: &str) -> Result<Blkio> {
     let d: Box<dyn snapblk_core::Driver> = match driver {
-        "io_uring" => Box::new(snapblk_drivers::uring_driver()),
+        "io_uring" => Box::new(UringDriver::new()),
         "sync" => Box::new(SyncDriver::new()),
         "null" => Box::new(NullDriver::new()),
         // "snapshot" => ... (filled in by the snapshot driver's owner: crates/snapshot)

@@ -1,12 +1,105 @@
 //! `snapblk serve --ublk` options and runner (owned by the ublk export).
 
-use clap::Args;
+use clap::{Args, ValueEnum};
+use snapblk_ublk::{Config, DataPath};
+use std::io::Write;
+
+/// Data path of the ublk export.
+#[derive(Clone, Copy, Debug, Default, ValueEnum)]
+pub enum UblkMode {
+    /// The kernel copies request data to/from a per-request server buffer.
+    #[default]
+    Copy,
+    /// The server copies data itself through /dev/ublkcN (UBLK_F_USER_COPY).
+    UserCopy,
+    /// Request pages are registered in the server's io_uring (UBLK_F_AUTO_BUF_REG); reads of
+    /// file data (plain files, snapshot base blocks) go from the file straight into them.
+    ZeroCopy,
+}
 
 /// Options of the ublk export.
 #[derive(Args, Debug, Default)]
-pub struct UblkArgs {}
+pub struct UblkArgs {
+    /// ublk: hardware queues (one server thread each); default: the device's queue count.
+    #[arg(long, value_name = "N")]
+    pub ublk_queues: Option<u16>,
+    /// ublk: requests in flight per queue.
+    #[arg(long, default_value_t = 64, value_name = "N")]
+    pub ublk_depth: u16,
+    /// ublk: data path.
+    #[arg(long, value_enum, default_value_t = UblkMode::Copy)]
+    pub ublk_mode: UblkMode,
+    /// ublk: largest request in KiB.
+    #[arg(long, default_value_t = 512, value_name = "KIB")]
+    pub ublk_max_io_kib: u32,
+    /// ublk: device number. If /dev/ublkcN exists and its server died, reattach to it (user
+    /// recovery: the block device and anything mounted on it stay); otherwise create it.
+    #[arg(long, value_name = "N")]
+    pub ublk_id: Option<u32>,
+    /// ublk: do not use the zero-copy read planner even in zero-copy mode (for comparisons).
+    #[arg(long)]
+    pub ublk_no_plan: bool,
+}
 
 /// Serve `dev` as /dev/ublkbN until SIGINT/SIGTERM.
-pub fn run(_dev: snapblk_core::Blkio, _args: &UblkArgs, _json: bool) -> anyhow::Result<()> {
-    anyhow::bail!("ublk export not implemented yet")
+pub fn run(dev: snapblk_core::Blkio, args: &UblkArgs, json: bool) -> anyhow::Result<()> {
+    // Before the queue threads exist, so only the waiter below sees the signals.
+    let stop = snapblk_ublk::block_stop_signals()?;
+    let queues = match args.ublk_queues {
+        Some(n) => n,
+        None => u16::try_from(dev.get_int("num-queues").unwrap_or(1).max(1)).unwrap_or(1),
+    };
+    let path = match args.ublk_mode {
+        UblkMode::Copy => DataPath::Copy,
+        UblkMode::UserCopy => DataPath::UserCopy,
+        UblkMode::ZeroCopy => DataPath::ZeroCopy,
+    };
+    let planner = if args.ublk_no_plan { None } else { snapblk_ublk::planner_for(&dev) };
+    let cfg = Config {
+        queues,
+        depth: args.ublk_depth,
+        max_io_bytes: args.ublk_max_io_kib.saturating_mul(1024),
+        path,
+        id: args.ublk_id,
+    };
+    snapblk_ublk::serve(
+        dev,
+        &cfg,
+        planner,
+        move |r| {
+            if json {
+                let v = serde_json::json!({
+                    "event": "ready",
+                    "export": "ublk",
+                    "dev": r.bdev,
+                    "id": r.dev_id,
+                    "mode": r.path.name(),
+                    "queues": r.queues,
+                    "depth": r.depth,
+                    "capacity": r.capacity,
+                    "recovered": r.recovered,
+                    "planned_reads": r.planned_reads,
+                });
+                let mut o = std::io::stdout().lock();
+                let _ = writeln!(o, "{v}");
+                let _ = o.flush();
+            } else {
+                eprintln!(
+                    "snapblk: serving {} ({} bytes, {} mode{}, {} queue(s) x {}){}",
+                    r.bdev,
+                    r.capacity,
+                    r.path.name(),
+                    if r.planned_reads { ", planned zero-copy reads" } else { "" },
+                    r.queues,
+                    r.depth,
+                    if r.recovered { ", recovered" } else { "" }
+                );
+            }
+        },
+        stop,
+    )?;
+    if json {
+        println!("{}", serde_json::json!({"event": "stopped", "export": "ublk"}));
+    }
+    Ok(())
 }

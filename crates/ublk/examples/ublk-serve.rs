@@ -27,7 +27,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     let id: Option<u32> = a.get(5).map(|s| s.parse()).transpose()?;
     let stop = snapblk_ublk::block_stop_signals()?;
     let dev = snapblk::open(spec, i32::from(queues))?;
-    let planner = snapblk_ublk::file_planner_for(&dev);
+    let planner = snapblk_ublk::planner_for(&dev);
     let cfg = Config {
         queues,
         depth,

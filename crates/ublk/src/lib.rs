@@ -421,9 +421,10 @@ pub fn serve(
     Ok(())
 }
 
-/// The zero-copy read planner for a device whose driver reads a plain file or block device
-/// one-to-one (`io_uring`, `sync`): its `path`, opened read-only. `None` for other drivers.
-pub fn file_planner_for(dev: &Blkio) -> Option<Arc<dyn ReadPlanner>> {
+/// The zero-copy read planner for `dev`, if its driver has one: drivers that read a plain file or
+/// block device one-to-one (`io_uring`, `sync`) get a [`FilePlanner`] on their `path`. `None`
+/// for other drivers (they are served through the generic path).
+pub fn planner_for(dev: &Blkio) -> Option<Arc<dyn ReadPlanner>> {
     if !matches!(dev.driver_name(), "io_uring" | "sync") {
         return None;
     }

@@ -16,6 +16,7 @@ pub mod error;
 pub mod format;
 pub mod io;
 pub mod reader;
+pub mod writer;
 
 pub use codec::{Codec, Compression};
 pub use error::{CowError, Result};
@@ -25,3 +26,4 @@ pub use reader::{
     CowReader, DuplicatePolicy, Footer, Op, OpKind, OpenOptions, Payload, read_num_merge_ops,
     write_num_merge_ops,
 };
+pub use writer::{CowSink, CowWriter, EncodedUnit, WriterOptions, encode_unit};

@@ -1,20 +1,720 @@
-use clap::{Args, Subcommand};
+//! `snapblk residency` and `snapblk readahead {record,replay,warm,evict}`: a thin layer over
+//! snapblk-readahead (argument parsing, human/JSON output, `--background`).
+
+use anyhow::{Context, bail};
+use clap::{Args, Subcommand, ValueEnum};
+use snapblk_readahead::list::{self, Extent, Limits, ListEntry, escape_path};
+use snapblk_readahead::record::{self, Trigger};
+use snapblk_readahead::replay::{self, Method, ReplayOptions, ReplayReport};
+use snapblk_readahead::residency::Residency;
+use snapblk_readahead::sys::IoPrio;
+use snapblk_readahead::ui::Progress;
+use snapblk_readahead::walk::WalkOptions;
+use snapblk_readahead::{evict, scan};
+use std::io::{IsTerminal, Write};
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
 
 #[derive(Args)]
 pub struct ResidencyArgs {
-    paths: Vec<std::path::PathBuf>,
+    /// Files or directories.
+    #[arg(required = true)]
+    paths: Vec<PathBuf>,
+    /// Recurse into directories.
+    #[arg(short, long)]
+    recursive: bool,
+    /// Do not cross filesystem boundaries while recursing.
+    #[arg(short = 'x', long)]
+    one_file_system: bool,
+    /// Only print the total.
+    #[arg(short, long)]
+    summary: bool,
+    /// Per-file residency bars even when stdout is not a terminal.
+    #[arg(short, long)]
+    verbose: bool,
+    /// Walker threads (default: 2 x CPUs).
+    #[arg(long)]
+    threads: Option<usize>,
+    /// One JSON document on stdout.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Subcommand)]
 pub enum ReadaheadCmd {
-    /// Placeholder until the readahead subcommands land.
-    Evict { paths: Vec<std::path::PathBuf> },
+    /// Record what a command (or a time window) brings into the page cache, as a list.
+    Record(RecordArgs),
+    /// Bring the ranges of a list into the page cache and verify they are resident.
+    Replay(ReplayArgs),
+    /// Like replay, for whole files under PATHs (no list needed).
+    Warm(WarmArgs),
+    /// Drop files from the page cache (fdatasync, then POSIX_FADV_DONTNEED).
+    Evict(EvictArgs),
 }
 
-pub fn run_residency(_a: ResidencyArgs) -> anyhow::Result<()> {
-    anyhow::bail!("not implemented yet")
+#[derive(Clone, Copy, ValueEnum)]
+enum ListFormat {
+    Text,
+    Jsonl,
 }
 
-pub fn run(_c: ReadaheadCmd) -> anyhow::Result<()> {
-    anyhow::bail!("not implemented yet")
+#[derive(Args)]
+pub struct RecordArgs {
+    /// Output list (".jsonl" selects JSON Lines unless --format says otherwise).
+    #[arg(short, long)]
+    output: PathBuf,
+    #[arg(long, value_enum)]
+    format: Option<ListFormat>,
+    /// Trees to snapshot (repeatable; default "/"; pseudo filesystems are skipped).
+    #[arg(long = "scope", value_name = "PATH")]
+    scopes: Vec<PathBuf>,
+    /// Evict the scope first so the recording starts cold and sees every read.
+    #[arg(long)]
+    evict_first: bool,
+    /// Record a time window instead of a command.
+    #[arg(long, value_name = "SECS", conflicts_with = "cmd")]
+    duration: Option<f64>,
+    /// Print a JSON summary on stdout.
+    #[arg(long)]
+    json: bool,
+    /// The command to run (after --).
+    #[arg(
+        trailing_var_arg = true,
+        allow_hyphen_values = true,
+        value_name = "CMD"
+    )]
+    cmd: Vec<std::ffi::OsString>,
+}
+
+#[derive(Args, Clone)]
+pub struct ReplayOpts {
+    /// readahead (readahead(2)), fadvise (WILLNEED) or pread (synchronous reads).
+    #[arg(long, value_enum, default_value = "readahead")]
+    method: MethodArg,
+    /// Bytes per request (K/M/G suffixes); keep it below the kernel's readahead clip.
+    #[arg(long, default_value = "2M", value_parser = parse_size)]
+    chunk: u64,
+    /// Requests issued concurrently (submitter threads).
+    #[arg(long, short = 'q', default_value_t = 4)]
+    queue_depth: usize,
+    /// Issue ranges even when already resident.
+    #[arg(long)]
+    no_skip_resident: bool,
+    /// I/O priority: idle, be[:0-7], rt[:0-7] or none (inherit).
+    #[arg(long, default_value = "idle", value_parser = parse_ioprio)]
+    ioprio: IoPrioArg,
+    /// Nice value for the replay threads, or "none".
+    #[arg(long, default_value = "10", value_parser = parse_nice)]
+    nice: NiceArg,
+    /// Pause issuing while the system-wide "some" I/O stall exceeds this percentage
+    /// (/proc/pressure/io, sampled every 50 ms); 0 disables.
+    #[arg(long, default_value_t = 60.0)]
+    psi_threshold: f64,
+    /// Longest wait for in-flight reads to finish before verifying, in seconds.
+    #[arg(long, default_value_t = 10.0)]
+    settle_timeout: f64,
+    /// Extra passes for ranges still missing at verification.
+    #[arg(long, default_value_t = 2)]
+    retries: u32,
+    /// Also replay entries whose file identity changed (they are reported either way).
+    #[arg(long)]
+    allow_stale: bool,
+    /// Show /proc/diskstats deltas of the devices involved.
+    #[arg(long)]
+    diskstats: bool,
+    /// Exit non-zero if less than this percentage of the requested bytes ends up resident.
+    #[arg(long, value_name = "PCT")]
+    require: Option<f64>,
+    /// Detach and return at once (like an init service); the report goes to --log.
+    #[arg(long)]
+    background: bool,
+    /// Where a --background replay writes its report (default: discarded).
+    #[arg(long, requires = "background")]
+    log: Option<PathBuf>,
+    /// Print the report as JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args)]
+pub struct ReplayArgs {
+    /// The list (text v1, JSON Lines or classic block list; "-" for stdin).
+    list: PathBuf,
+    #[command(flatten)]
+    opts: ReplayOpts,
+}
+
+#[derive(Args)]
+pub struct WarmArgs {
+    #[arg(required = true)]
+    paths: Vec<PathBuf>,
+    #[arg(short, long)]
+    recursive: bool,
+    #[arg(short = 'x', long)]
+    one_file_system: bool,
+    #[command(flatten)]
+    opts: ReplayOpts,
+}
+
+#[derive(Args)]
+pub struct EvictArgs {
+    #[arg(required = true)]
+    paths: Vec<PathBuf>,
+    #[arg(short, long)]
+    recursive: bool,
+    #[arg(short = 'x', long)]
+    one_file_system: bool,
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum MethodArg {
+    Readahead,
+    Fadvise,
+    Pread,
+}
+
+#[derive(Clone, Copy)]
+struct IoPrioArg(Option<IoPrio>);
+#[derive(Clone, Copy)]
+struct NiceArg(Option<i32>);
+
+fn parse_size(s: &str) -> Result<u64, String> {
+    let t = s.trim().trim_end_matches("iB").trim_end_matches('B');
+    let (num, mul) = match t.char_indices().last() {
+        Some((i, 'K' | 'k')) => (&t[..i], 1u64 << 10),
+        Some((i, 'M' | 'm')) => (&t[..i], 1 << 20),
+        Some((i, 'G' | 'g')) => (&t[..i], 1 << 30),
+        _ => (t, 1),
+    };
+    let n: u64 = num.parse().map_err(|_| format!("bad size {s:?}"))?;
+    let v = n
+        .checked_mul(mul)
+        .ok_or_else(|| format!("size {s:?} too large"))?;
+    if v < 4096 {
+        return Err("size must be at least 4K".into());
+    }
+    Ok(v)
+}
+
+fn parse_ioprio(s: &str) -> Result<IoPrioArg, String> {
+    let (class, level) = s.split_once(':').unwrap_or((s, "4"));
+    let level: u8 = level
+        .parse()
+        .ok()
+        .filter(|l| *l <= 7)
+        .ok_or("level must be 0-7")?;
+    Ok(IoPrioArg(match class {
+        "idle" => Some(IoPrio::Idle),
+        "be" => Some(IoPrio::BestEffort(level)),
+        "rt" => Some(IoPrio::RealTime(level)),
+        "none" => None,
+        _ => return Err("expected idle, be[:N], rt[:N] or none".into()),
+    }))
+}
+
+fn parse_nice(s: &str) -> Result<NiceArg, String> {
+    if s == "none" {
+        return Ok(NiceArg(None));
+    }
+    let n: i32 = s.parse().map_err(|_| "expected -20..19 or none")?;
+    if !(-20..=19).contains(&n) {
+        return Err("nice must be -20..19".into());
+    }
+    Ok(NiceArg(Some(n)))
+}
+
+fn walk_opts(recursive: bool, one_fs: bool, threads: Option<usize>) -> WalkOptions {
+    let mut w = WalkOptions {
+        recursive,
+        one_file_system: one_fs,
+        ..Default::default()
+    };
+    if let Some(t) = threads {
+        w.threads = t.max(1);
+    }
+    w
+}
+
+fn human(b: u64) -> String {
+    const U: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = b as f64;
+    let mut i = 0;
+    while v >= 1024.0 && i + 1 < U.len() {
+        v /= 1024.0;
+        i += 1;
+    }
+    if i == 0 {
+        format!("{b} B")
+    } else {
+        format!("{v:.2} {}", U[i])
+    }
+}
+
+fn pct(a: u64, b: u64) -> f64 {
+    if b == 0 {
+        100.0
+    } else {
+        a as f64 * 100.0 / b as f64
+    }
+}
+
+fn bar(buckets: &[u8]) -> String {
+    buckets
+        .iter()
+        .map(|&p| match p {
+            100 => 'O',
+            0 => ' ',
+            _ => 'o',
+        })
+        .collect()
+}
+
+pub fn run_residency(a: ResidencyArgs) -> anyhow::Result<()> {
+    let t0 = Instant::now();
+    let bars = !a.json && !a.summary && (a.verbose || std::io::stdout().is_terminal());
+    let spin = Progress::spinner("measuring residency");
+    let rep = scan::scan(
+        &a.paths,
+        &walk_opts(a.recursive, a.one_file_system, a.threads),
+        if bars { 40 } else { 0 },
+    );
+    spin.finish();
+    let elapsed = t0.elapsed().as_secs_f64();
+    let t = rep.totals();
+    let mut out = std::io::BufWriter::new(std::io::stdout().lock());
+    if a.json {
+        let errors: Vec<_> = rep
+            .errors
+            .iter()
+            .map(|e| serde_json::json!({"path": escape_path(&e.path), "error": e.error}))
+            .collect();
+        let doc = serde_json::json!({
+            "schema": "snapblk.residency.v1",
+            "page_size": rep.page_size,
+            "files": if a.summary { serde_json::Value::Array(vec![]) } else { serde_json::to_value(&rep.files)? },
+            "total": t,
+            "errors": errors,
+            "elapsed_secs": elapsed,
+        });
+        serde_json::to_writer(&mut out, &doc)?;
+        writeln!(out)?;
+        return Ok(());
+    }
+    if !a.summary {
+        for f in &rep.files {
+            let p = escape_path(&f.path);
+            match &f.residency {
+                Residency::Known { resident_pages, .. } => {
+                    let r = (*resident_pages).min(f.pages);
+                    if bars {
+                        writeln!(
+                            out,
+                            "{p}\n[{:<40}] {r}/{}  {:.1}%",
+                            bar(&f.buckets),
+                            f.pages,
+                            pct(r, f.pages)
+                        )?;
+                    } else {
+                        writeln!(out, "{p}\t{r}/{}\t{:.1}%", f.pages, pct(r, f.pages))?;
+                    }
+                }
+                Residency::Unknown { reason } => writeln!(out, "{p}\tunknown\t{reason}")?,
+            }
+        }
+    }
+    for e in &rep.errors {
+        eprintln!("snapblk: {}: {}", escape_path(&e.path), e.error);
+    }
+    let ps = rep.page_size;
+    writeln!(out, "           Files: {}", t.files)?;
+    writeln!(
+        out,
+        "  Resident Pages: {}/{}  {}/{}  {:.3}%",
+        t.resident_pages,
+        t.known_pages,
+        human(t.resident_pages * ps),
+        human(t.known_pages * ps),
+        pct(t.resident_pages, t.known_pages)
+    )?;
+    if t.unknown_files > 0 {
+        writeln!(
+            out,
+            "         Unknown: {} files, {} pages (residency cannot be measured; see per-file reasons)",
+            t.unknown_files, t.unknown_pages
+        )?;
+    }
+    if t.dirty_pages + t.writeback_pages > 0 {
+        writeln!(
+            out,
+            "           Dirty: {} pages, writeback {} pages",
+            t.dirty_pages, t.writeback_pages
+        )?;
+    }
+    writeln!(out, "         Elapsed: {elapsed:.3} s")?;
+    Ok(())
+}
+
+pub fn run(c: ReadaheadCmd) -> anyhow::Result<()> {
+    match c {
+        ReadaheadCmd::Record(a) => run_record(a),
+        ReadaheadCmd::Replay(a) => {
+            let entries = read_list(&a.list)?;
+            run_replay(entries, &a.opts)
+        }
+        ReadaheadCmd::Warm(a) => {
+            if a.opts.background && std::env::var_os(CHILD_ENV).is_none() {
+                return spawn_background(&a.opts);
+            }
+            let w = walk_opts(a.recursive, a.one_file_system, None);
+            let files = std::sync::Mutex::new(Vec::new());
+            let errors = snapblk_readahead::walk::walk(&a.paths, &w, |p| {
+                if let Ok(mut v) = files.lock() {
+                    v.push(p.to_path_buf());
+                }
+            });
+            for e in &errors {
+                eprintln!("snapblk: {}: {}", escape_path(&e.path), e.error);
+            }
+            let mut files = files.into_inner().unwrap_or_default();
+            files.sort();
+            let entries = files
+                .into_iter()
+                .map(|path| ListEntry {
+                    path,
+                    identity: None,
+                    extent: Extent::Whole,
+                })
+                .collect();
+            run_replay(entries, &a.opts)
+        }
+        ReadaheadCmd::Evict(a) => run_evict(a),
+    }
+}
+
+fn read_list(p: &PathBuf) -> anyhow::Result<Vec<ListEntry>> {
+    let r: Box<dyn std::io::BufRead> = if p.as_os_str() == "-" {
+        Box::new(std::io::BufReader::new(std::io::stdin()))
+    } else {
+        Box::new(std::io::BufReader::new(
+            std::fs::File::open(p).with_context(|| format!("{}", p.display()))?,
+        ))
+    };
+    list::parse_reader(r, Limits::default()).with_context(|| format!("{}", p.display()))
+}
+
+fn run_record(a: RecordArgs) -> anyhow::Result<()> {
+    let scopes = if a.scopes.is_empty() {
+        vec![PathBuf::from("/")]
+    } else {
+        a.scopes.clone()
+    };
+    let w = walk_opts(true, false, None);
+    let mut cmd;
+    let trigger = match (a.duration, a.cmd.split_first()) {
+        (Some(d), _) => {
+            if !(d.is_finite() && d >= 0.0) {
+                bail!("--duration must be a non-negative number of seconds");
+            }
+            Trigger::Duration(Duration::from_secs_f64(d))
+        }
+        (None, Some((prog, args))) => {
+            cmd = std::process::Command::new(prog);
+            cmd.args(args);
+            Trigger::Command(&mut cmd)
+        }
+        (None, None) => bail!("give a command (after --) or --duration SECS"),
+    };
+    let rec = record::record(&scopes, &w, a.evict_first, trigger)?;
+    let jsonl = match a.format {
+        Some(ListFormat::Jsonl) => true,
+        Some(ListFormat::Text) => false,
+        None => a
+            .output
+            .extension()
+            .is_some_and(|e| e == "jsonl" || e == "json"),
+    };
+    // Write atomically so a replay never sees a half-written list.
+    let tmp = a.output.with_extension("tmp~");
+    {
+        let f = std::fs::File::create(&tmp).with_context(|| format!("{}", tmp.display()))?;
+        let mut w = std::io::BufWriter::new(f);
+        if jsonl {
+            list::write_jsonl(&mut w, &rec.entries)?;
+        } else {
+            list::write_text(&mut w, &rec.entries)?;
+        }
+        w.flush()?;
+    }
+    std::fs::rename(&tmp, &a.output).with_context(|| format!("{}", a.output.display()))?;
+    let bytes: u64 = rec
+        .entries
+        .iter()
+        .map(|e| match &e.extent {
+            Extent::Ranges(r) => r.total_bytes(),
+            Extent::Whole => e.identity.map_or(0, |i| i.size),
+        })
+        .sum();
+    if a.json {
+        let doc = serde_json::json!({
+            "schema": "snapblk.record.v1",
+            "list": a.output.display().to_string(),
+            "files": rec.entries.len(),
+            "bytes": bytes,
+            "files_scanned": rec.files_scanned,
+            "unknown_files": rec.unknown.len(),
+            "exit_status": rec.status.and_then(|s| s.code()),
+            "evict_remaining_pages": rec.evicted_remaining_pages,
+            "elapsed_secs": rec.elapsed.as_secs_f64(),
+        });
+        println!("{doc}");
+    } else {
+        println!(
+            "recorded {} files, {} in {:.3} s ({} files scanned) -> {}",
+            rec.entries.len(),
+            human(bytes),
+            rec.elapsed.as_secs_f64(),
+            rec.files_scanned,
+            a.output.display()
+        );
+        if !rec.unknown.is_empty() {
+            println!(
+                "{} files with unknown residency were not recorded, e.g. {}: {}",
+                rec.unknown.len(),
+                escape_path(&rec.unknown[0].0),
+                rec.unknown[0].1
+            );
+        }
+    }
+    if let Some(st) = rec.status
+        && !st.success()
+    {
+        bail!("recorded command failed: {st}");
+    }
+    Ok(())
+}
+
+const CHILD_ENV: &str = "SNAPBLK_READAHEAD_BACKGROUND_CHILD";
+
+/// Re-executes this command detached (new process group, stdio to the log) and returns.
+fn spawn_background(o: &ReplayOpts) -> anyhow::Result<()> {
+    let exe = std::env::current_exe()?;
+    let args: Vec<_> = std::env::args_os().skip(1).collect();
+    let log = match &o.log {
+        Some(p) => std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(p)
+            .with_context(|| format!("{}", p.display()))?,
+        None => std::fs::File::create("/dev/null")?,
+    };
+    use std::os::unix::process::CommandExt;
+    let child = std::process::Command::new(exe)
+        .args(args)
+        .env(CHILD_ENV, "1")
+        .stdin(std::process::Stdio::null())
+        .stdout(log.try_clone()?)
+        .stderr(log)
+        .process_group(0)
+        .spawn()
+        .context("cannot start the background replay")?;
+    println!("{}", child.id());
+    Ok(())
+}
+
+fn run_replay(entries: Vec<ListEntry>, o: &ReplayOpts) -> anyhow::Result<()> {
+    if o.background && std::env::var_os(CHILD_ENV).is_none() {
+        return spawn_background(o);
+    }
+    let opts = ReplayOptions {
+        method: match o.method {
+            MethodArg::Readahead => Method::Readahead,
+            MethodArg::Fadvise => Method::Fadvise,
+            MethodArg::Pread => Method::Pread,
+        },
+        chunk: o.chunk,
+        queue_depth: o.queue_depth.max(1),
+        skip_resident: !o.no_skip_resident,
+        ioprio: o.ioprio.0,
+        nice: o.nice.0,
+        psi_threshold: (o.psi_threshold > 0.0).then_some(o.psi_threshold / 100.0),
+        settle_timeout: Duration::from_secs_f64(o.settle_timeout.clamp(0.0, 3600.0)),
+        retries: o.retries,
+        allow_stale: o.allow_stale,
+        diskstats: o.diskstats,
+    };
+    let bar = Progress::new(entries.len() as u64, "replay");
+    let progress = |d: u64, _t: u64| bar.set(d);
+    let rep = replay::replay(&entries, &opts, Some(&progress));
+    bar.finish();
+    if o.json {
+        let mut v = serde_json::to_value(&rep)?;
+        if let Some(m) = v.as_object_mut() {
+            m.insert("schema".into(), "snapblk.replay.v1".into());
+        }
+        println!("{v}");
+    } else {
+        print_replay(&rep);
+    }
+    if let Some(req) = o.require
+        && rep.resident_fraction * 100.0 < req
+    {
+        bail!(
+            "only {:.3}% of the requested bytes are resident (required {req}%)",
+            rep.resident_fraction * 100.0
+        );
+    }
+    Ok(())
+}
+
+fn print_replay(r: &ReplayReport) {
+    for s in &r.stale {
+        println!("stale: {}: {}", escape_path(&s.path), s.reason);
+    }
+    for s in &r.errors {
+        println!("error: {}: {}", escape_path(&s.path), s.reason);
+    }
+    println!(
+        "entries {} (replayed {}, stale {}, errors {}); method {} chunk {} depth {}",
+        r.entries,
+        r.files_replayed,
+        r.stale.len(),
+        r.errors.len(),
+        r.method,
+        human(r.chunk),
+        r.queue_depth
+    );
+    println!(
+        "requested {}, resident before {}, issued {} in {} requests",
+        human(r.bytes_requested),
+        human(r.bytes_resident_before),
+        human(r.bytes_issued),
+        r.requests_issued
+    );
+    println!(
+        "verified: {} of {} resident ({:.3}%){} after {} pass(es)",
+        human(r.bytes_resident_after),
+        human(r.bytes_requested - r.bytes_unverifiable),
+        r.resident_fraction * 100.0,
+        if r.bytes_unverifiable > 0 {
+            format!(
+                ", {} unverifiable (residency unknown)",
+                human(r.bytes_unverifiable)
+            )
+        } else {
+            String::new()
+        },
+        r.passes
+    );
+    println!(
+        "time: issue {:.3} s, settle {:.3} s{}, total {:.3} s; pressure pauses {} ({:.3} s)",
+        r.issue_secs,
+        r.settle_secs,
+        if r.settled {
+            ""
+        } else {
+            " (reads still in flight at timeout)"
+        },
+        r.total_secs,
+        r.psi_pauses,
+        r.psi_paused_secs
+    );
+    if let Some(d) = &r.diskstats_delta {
+        for s in d {
+            println!(
+                "diskstats {}: {} reads, {} read, {} ms reading, {} writes",
+                s.name,
+                s.reads,
+                human(s.sectors_read * 512),
+                s.read_ms,
+                s.writes
+            );
+        }
+    }
+}
+
+fn run_evict(a: EvictArgs) -> anyhow::Result<()> {
+    let t0 = Instant::now();
+    let rep = evict::evict(&a.paths, &walk_opts(a.recursive, a.one_file_system, None));
+    let elapsed = t0.elapsed().as_secs_f64();
+    if a.json {
+        let remaining: Vec<_> = rep
+            .remaining
+            .iter()
+            .map(|r| serde_json::json!({"path": escape_path(&r.path), "pages": r.pages, "residency": r.residency}))
+            .collect();
+        let errors: Vec<_> = rep
+            .errors
+            .iter()
+            .map(|e| serde_json::json!({"path": escape_path(&e.path), "error": e.error}))
+            .collect();
+        println!(
+            "{}",
+            serde_json::json!({
+                "schema": "snapblk.evict.v1",
+                "files": rep.files,
+                "pages": rep.pages,
+                "remaining_pages": rep.remaining_pages(),
+                "remaining": remaining,
+                "errors": errors,
+                "elapsed_secs": elapsed,
+            })
+        );
+    } else {
+        for r in &rep.remaining {
+            match &r.residency {
+                Residency::Known { resident_pages, .. } => {
+                    println!(
+                        "still resident: {}: {}/{} pages",
+                        escape_path(&r.path),
+                        resident_pages,
+                        r.pages
+                    )
+                }
+                Residency::Unknown { reason } => {
+                    println!("unknown: {}: {reason}", escape_path(&r.path))
+                }
+            }
+        }
+        for e in &rep.errors {
+            eprintln!("snapblk: {}: {}", escape_path(&e.path), e.error);
+        }
+        println!(
+            "evicted {} files ({} pages); {} pages remain resident; {:.3} s",
+            rep.files,
+            rep.pages,
+            rep.remaining_pages(),
+            elapsed
+        );
+    }
+    if !rep.errors.is_empty() {
+        bail!("{} files could not be evicted", rep.errors.len());
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_and_priorities() {
+        assert_eq!(parse_size("2M").unwrap(), 2 << 20);
+        assert_eq!(parse_size("512KiB").unwrap(), 512 << 10);
+        assert_eq!(parse_size("8192").unwrap(), 8192);
+        assert!(parse_size("1").is_err());
+        assert!(parse_size("x").is_err());
+        assert!(matches!(
+            parse_ioprio("idle").unwrap().0,
+            Some(IoPrio::Idle)
+        ));
+        assert!(matches!(
+            parse_ioprio("be:2").unwrap().0,
+            Some(IoPrio::BestEffort(2))
+        ));
+        assert!(parse_ioprio("be:9").is_err());
+        assert!(parse_nice("none").unwrap().0.is_none());
+        assert!(parse_nice("25").is_err());
+    }
 }

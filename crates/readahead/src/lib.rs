@@ -21,6 +21,7 @@ pub mod residency;
 pub mod scan;
 pub mod sys;
 pub mod sysstat;
+pub mod ui;
 pub mod walk;
 
 pub use list::{Extent, FileIdentity, ListEntry};

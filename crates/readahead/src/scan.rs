@@ -20,6 +20,9 @@ pub struct FileReport {
     pub size: u64,
     pub pages: u64,
     pub residency: Residency,
+    /// Per-bucket residency in percent (for terminal bars), empty unless requested.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub buckets: Vec<u8>,
 }
 
 /// Totals over a report.
@@ -82,8 +85,34 @@ impl Report {
     }
 }
 
-/// Measures every regular file under `roots`. Files are sorted by path.
-pub fn scan(roots: &[PathBuf], opts: &WalkOptions) -> Report {
+/// Residency in percent of `n` equal slices of the file (one cachestat each); empty when
+/// residency is unknown.
+pub fn buckets(f: &std::fs::File, path: &Path, meta: &std::fs::Metadata, n: u64) -> Vec<u8> {
+    let ps = sys::page_size();
+    let pages = meta.len().div_ceil(ps);
+    if pages == 0 || n == 0 {
+        return Vec::new();
+    }
+    let n = n.min(pages);
+    let mut out = Vec::with_capacity(n as usize);
+    for i in 0..n {
+        let (a, b) = (i * pages / n, (i + 1) * pages / n);
+        let Some(r) = crate::ranges::Range::new(a * ps, (b - a) * ps) else {
+            continue;
+        };
+        match residency::measure(f, path, meta, Some(r)) {
+            Residency::Known { resident_pages, .. } => {
+                out.push((resident_pages.min(b - a) * 100 / (b - a)) as u8)
+            }
+            Residency::Unknown { .. } => return Vec::new(),
+        }
+    }
+    out
+}
+
+/// Measures every regular file under `roots`. Files are sorted by path. With `bar_buckets > 0`
+/// each file also gets a residency map of that many slices.
+pub fn scan(roots: &[PathBuf], opts: &WalkOptions, bar_buckets: u64) -> Report {
     let ps = sys::page_size();
     let files = Mutex::new(Vec::new());
     let extra_errors = Mutex::new(Vec::new());
@@ -106,11 +135,17 @@ pub fn scan(roots: &[PathBuf], opts: &WalkOptions) -> Report {
             return;
         }
         let r = residency::measure(&f, p, &meta, None);
+        let b = if bar_buckets > 0 {
+            buckets(&f, p, &meta, bar_buckets)
+        } else {
+            Vec::new()
+        };
         let rep = FileReport {
             path: p.to_path_buf(),
             size: meta.len(),
             pages: meta.len().div_ceil(ps),
             residency: r,
+            buckets: b,
         };
         if let Ok(mut v) = files.lock() {
             v.push(rep);

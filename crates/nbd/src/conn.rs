@@ -88,7 +88,8 @@ pub(crate) fn judge(h: &RequestHeader, g: &Geometry, read_only: bool, max_reques
     };
     let len = h.len as u64;
     let end_ok = h.offset.checked_add(len).is_some_and(|e| e <= g.size);
-    let aligned = h.offset % g.min_block as u64 == 0 && len % g.min_block as u64 == 0;
+    let aligned =
+        h.offset.is_multiple_of(g.min_block as u64) && len.is_multiple_of(g.min_block as u64);
     match h.cmd {
         CMD_WRITE if h.len > max_request => Verdict::Close,
         _ if h.flags & !allowed != 0 => Verdict::Fail(EINVAL),

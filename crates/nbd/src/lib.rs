@@ -18,6 +18,7 @@ pub mod device;
 pub mod net;
 pub mod proto;
 pub mod server;
+pub mod signals;
 
 pub use device::{DeviceError, Geometry, SharedDevice};
 pub use net::{DEFAULT_PORT, Listener};

@@ -117,7 +117,7 @@ impl Server {
                 return Err(ServerError::DuplicateExport(e.name.clone()));
             }
             let min = e.device.geometry().min_block;
-            if cfg.max_request % min != 0 {
+            if !cfg.max_request.is_multiple_of(min) {
                 return Err(ServerError::BadMaxRequest(cfg.max_request, min));
             }
         }

@@ -1,1 +1,402 @@
-//! placeholder
+//! SVG charts written directly (no plotting dependency): latency CDF, IOPS vs queue depth, and
+//! IOPS time series. Each chart is a standalone SVG 1.1 document.
+
+use crate::report::{ConfigReport, fmt_count, fmt_ns};
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+
+const W: f64 = 760.0;
+const H: f64 = 440.0;
+const L: f64 = 80.0; // left margin
+const R: f64 = 230.0; // right margin (legend)
+const T: f64 = 40.0;
+const B: f64 = 60.0;
+const COLORS: [&str; 8] = [
+    "#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf",
+];
+
+/// An axis: linear or log10, with a tick formatter.
+#[derive(Clone, Copy)]
+pub struct Axis {
+    pub label: &'static str,
+    pub log: bool,
+    pub fmt: fn(f64) -> String,
+}
+
+/// One line.
+pub struct Series {
+    pub name: String,
+    pub points: Vec<(f64, f64)>,
+}
+
+fn esc(s: &str) -> String {
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('"', "&quot;")
+}
+
+fn nice_ticks(lo: f64, hi: f64, log: bool) -> Vec<f64> {
+    if log {
+        let (a, b) = (lo.log10().floor() as i32, hi.log10().ceil() as i32);
+        return (a..=b)
+            .map(|e| 10f64.powi(e))
+            .filter(|v| *v >= lo * 0.999 && *v <= hi * 1.001)
+            .collect();
+    }
+    let span = (hi - lo).max(f64::MIN_POSITIVE);
+    let raw = span / 5.0;
+    let mag = 10f64.powf(raw.log10().floor());
+    let step = [1.0, 2.0, 2.5, 5.0, 10.0]
+        .iter()
+        .map(|m| m * mag)
+        .find(|s| span / s <= 6.0)
+        .unwrap_or(mag * 10.0);
+    let mut v = (lo / step).ceil() * step;
+    let mut out = Vec::new();
+    while v <= hi + step * 1e-9 {
+        out.push(v);
+        v += step;
+    }
+    out
+}
+
+/// Render a line chart.
+pub fn line_chart(title: &str, x: Axis, y: Axis, series: &[Series]) -> String {
+    let pts = series
+        .iter()
+        .flat_map(|s| s.points.iter())
+        .filter(|(a, b)| {
+            a.is_finite() && b.is_finite() && (!x.log || *a > 0.0) && (!y.log || *b > 0.0)
+        });
+    let (mut x0, mut x1, mut y0, mut y1) = (
+        f64::INFINITY,
+        f64::NEG_INFINITY,
+        f64::INFINITY,
+        f64::NEG_INFINITY,
+    );
+    for &(a, b) in pts {
+        x0 = x0.min(a);
+        x1 = x1.max(a);
+        y0 = y0.min(b);
+        y1 = y1.max(b);
+    }
+    if !x0.is_finite() {
+        (x0, x1, y0, y1) = (
+            if x.log { 1.0 } else { 0.0 },
+            10.0,
+            if y.log { 1.0 } else { 0.0 },
+            1.0,
+        );
+    }
+    if !y.log {
+        y0 = y0.min(0.0);
+    }
+    if x.log {
+        x0 = 10f64.powf(x0.log10().floor());
+        x1 = 10f64.powf(x1.log10().ceil());
+    }
+    if y.log {
+        y0 = 10f64.powf(y0.log10().floor());
+        y1 = 10f64.powf(y1.log10().ceil());
+    }
+    if x1 <= x0 {
+        x1 = x0 + 1.0;
+    }
+    if y1 <= y0 {
+        y1 = y0 + 1.0;
+    }
+    let (pw, ph) = (W - L - R, H - T - B);
+    let tx = |v: f64| {
+        let f = if x.log {
+            (v.log10() - x0.log10()) / (x1.log10() - x0.log10())
+        } else {
+            (v - x0) / (x1 - x0)
+        };
+        L + f * pw
+    };
+    let ty = |v: f64| {
+        let f = if y.log {
+            (v.log10() - y0.log10()) / (y1.log10() - y0.log10())
+        } else {
+            (v - y0) / (y1 - y0)
+        };
+        T + ph - f * ph
+    };
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        r#"<?xml version="1.0" encoding="UTF-8"?>
+<svg xmlns="http://www.w3.org/2000/svg" version="1.1" width="{W}" height="{H}" viewBox="0 0 {W} {H}" font-family="sans-serif" font-size="12">
+<title>{}</title>
+<rect width="{W}" height="{H}" fill="white"/>
+<text class="title" x="{}" y="24" text-anchor="middle" font-size="15">{}</text>"#,
+        esc(title),
+        L + pw / 2.0,
+        esc(title)
+    );
+    let _ = writeln!(s, r##"<g class="grid" stroke="#ddd" stroke-width="1">"##);
+    let xt = nice_ticks(x0, x1, x.log);
+    let yt = nice_ticks(y0, y1, y.log);
+    for &v in &xt {
+        let _ = writeln!(
+            s,
+            r#"<line x1="{:.1}" y1="{T}" x2="{:.1}" y2="{:.1}"/>"#,
+            tx(v),
+            tx(v),
+            T + ph
+        );
+    }
+    for &v in &yt {
+        let _ = writeln!(
+            s,
+            r#"<line x1="{L}" y1="{:.1}" x2="{:.1}" y2="{:.1}"/>"#,
+            ty(v),
+            L + pw,
+            ty(v)
+        );
+    }
+    let _ = writeln!(s, "</g>");
+    let _ = writeln!(
+        s,
+        r#"<g class="axes" stroke="black"><line x1="{L}" y1="{:.1}" x2="{:.1}" y2="{:.1}"/><line x1="{L}" y1="{T}" x2="{L}" y2="{:.1}"/></g>"#,
+        T + ph,
+        L + pw,
+        T + ph,
+        T + ph
+    );
+    for &v in &xt {
+        let _ = writeln!(
+            s,
+            r#"<text class="xtick" x="{:.1}" y="{:.1}" text-anchor="middle">{}</text>"#,
+            tx(v),
+            T + ph + 16.0,
+            esc(&(x.fmt)(v))
+        );
+    }
+    for &v in &yt {
+        let _ = writeln!(
+            s,
+            r#"<text class="ytick" x="{:.1}" y="{:.1}" text-anchor="end">{}</text>"#,
+            L - 6.0,
+            ty(v) + 4.0,
+            esc(&(y.fmt)(v))
+        );
+    }
+    let _ = writeln!(
+        s,
+        r#"<text class="xlabel" x="{:.1}" y="{:.1}" text-anchor="middle">{}</text>"#,
+        L + pw / 2.0,
+        H - 18.0,
+        esc(x.label)
+    );
+    let _ = writeln!(
+        s,
+        r#"<text class="ylabel" transform="translate(18,{:.1}) rotate(-90)" text-anchor="middle">{}</text>"#,
+        T + ph / 2.0,
+        esc(y.label)
+    );
+    for (i, se) in series.iter().enumerate() {
+        let c = COLORS[i % COLORS.len()];
+        let p: Vec<String> = se
+            .points
+            .iter()
+            .filter(|(a, b)| {
+                a.is_finite() && b.is_finite() && (!x.log || *a > 0.0) && (!y.log || *b > 0.0)
+            })
+            .map(|&(a, b)| format!("{:.1},{:.1}", tx(a), ty(b)))
+            .collect();
+        let _ = writeln!(
+            s,
+            r#"<polyline class="series" data-name="{}" fill="none" stroke="{c}" stroke-width="2" points="{}"/>"#,
+            esc(&se.name),
+            p.join(" ")
+        );
+        if se.points.len() <= 40 {
+            for q in &p {
+                if let Some((a, b)) = q.split_once(',') {
+                    let _ = writeln!(s, r#"<circle cx="{a}" cy="{b}" r="3" fill="{c}"/>"#);
+                }
+            }
+        }
+        let ly = T + 10.0 + i as f64 * 18.0;
+        let lx = L + pw + 14.0;
+        let _ = writeln!(
+            s,
+            r#"<g class="legend"><line x1="{lx}" y1="{ly}" x2="{}" y2="{ly}" stroke="{c}" stroke-width="3"/><text x="{}" y="{}">{}</text></g>"#,
+            lx + 18.0,
+            lx + 24.0,
+            ly + 4.0,
+            esc(&se.name)
+        );
+    }
+    s.push_str("</svg>\n");
+    s
+}
+
+fn fmt_pct(v: f64) -> String {
+    format!("{:.0}%", v * 100.0)
+}
+fn fmt_lat(v: f64) -> String {
+    fmt_ns(v)
+}
+fn fmt_num(v: f64) -> String {
+    fmt_count(v)
+}
+fn fmt_int(v: f64) -> String {
+    format!("{v}")
+}
+
+/// Latency CDF of every configuration (all repetitions merged).
+pub fn latency_cdf(results: &[ConfigReport]) -> String {
+    let series: Vec<Series> = results
+        .iter()
+        .map(|r| Series {
+            name: r.label.clone(),
+            points: r
+                .merged_hist()
+                .cdf()
+                .into_iter()
+                .map(|(v, f)| (v as f64, f))
+                .collect(),
+        })
+        .collect();
+    line_chart(
+        "Latency CDF",
+        Axis {
+            label: "latency",
+            log: true,
+            fmt: fmt_lat,
+        },
+        Axis {
+            label: "fraction of I/Os",
+            log: false,
+            fmt: fmt_pct,
+        },
+        &series,
+    )
+}
+
+/// Mean IOPS against queue depth, one line per (rw, bs, numjobs).
+pub fn iops_vs_qd(results: &[ConfigReport]) -> String {
+    let mut groups: BTreeMap<String, Vec<(f64, f64)>> = BTreeMap::new();
+    for r in results {
+        let c = &r.config;
+        let key = format!(
+            "{} bs={} jobs={}",
+            c.rw,
+            crate::spec::fmt_size(c.bs),
+            c.numjobs
+        );
+        groups
+            .entry(key)
+            .or_default()
+            .push((f64::from(c.iodepth), r.summary.iops.mean));
+    }
+    let series: Vec<Series> = groups
+        .into_iter()
+        .map(|(name, mut points)| {
+            points.sort_by(|a, b| a.0.total_cmp(&b.0));
+            Series { name, points }
+        })
+        .collect();
+    line_chart(
+        "IOPS vs queue depth",
+        Axis {
+            label: "iodepth",
+            log: true,
+            fmt: fmt_int,
+        },
+        Axis {
+            label: "IOPS",
+            log: false,
+            fmt: fmt_num,
+        },
+        &series,
+    )
+}
+
+/// Per-second IOPS of the first repetition of every configuration.
+pub fn time_series(results: &[ConfigReport]) -> String {
+    let series: Vec<Series> = results
+        .iter()
+        .filter_map(|r| {
+            let run = r.runs.first()?;
+            Some(Series {
+                name: r.label.clone(),
+                points: run
+                    .series
+                    .iter()
+                    .map(|s| (s.t as f64, s.iops as f64))
+                    .collect(),
+            })
+        })
+        .collect();
+    line_chart(
+        "IOPS per second",
+        Axis {
+            label: "time (s)",
+            log: false,
+            fmt: fmt_int,
+        },
+        Axis {
+            label: "IOPS",
+            log: false,
+            fmt: fmt_num,
+        },
+        &series,
+    )
+}
+
+/// Write all charts into `dir`; returns the files written.
+pub fn write_all(dir: &Path, results: &[ConfigReport]) -> std::io::Result<Vec<PathBuf>> {
+    std::fs::create_dir_all(dir)?;
+    let mut out = Vec::new();
+    for (name, svg) in [
+        ("latency-cdf.svg", latency_cdf(results)),
+        ("iops-vs-qd.svg", iops_vs_qd(results)),
+        ("timeseries.svg", time_series(results)),
+    ] {
+        let p = dir.join(name);
+        std::fs::write(&p, svg)?;
+        out.push(p);
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ticks() {
+        assert_eq!(
+            nice_ticks(0.0, 10.0, false),
+            vec![0.0, 2.0, 4.0, 6.0, 8.0, 10.0]
+        );
+        assert_eq!(
+            nice_ticks(1.0, 1000.0, true),
+            vec![1.0, 10.0, 100.0, 1000.0]
+        );
+    }
+
+    #[test]
+    fn empty_chart_is_still_svg() {
+        let s = line_chart(
+            "t<>",
+            Axis {
+                label: "x",
+                log: true,
+                fmt: fmt_int,
+            },
+            Axis {
+                label: "y",
+                log: false,
+                fmt: fmt_int,
+            },
+            &[],
+        );
+        assert!(s.contains("<svg") && s.contains("t&lt;&gt;"));
+    }
+}

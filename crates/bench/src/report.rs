@@ -1,1 +1,455 @@
-//! placeholder
+//! Results as a versioned JSON document (always valid, written apart from diagnostics) and as a
+//! readable table; repetitions are summarised with their spread and noise warnings.
+
+use crate::context::Context;
+use crate::engine::{DirStats, RunResult};
+use crate::hist::{LatHist, PERCENTILES};
+use crate::spec::JobSpec;
+use serde::Serialize;
+use std::collections::BTreeMap;
+
+/// Bumped on incompatible changes of the JSON layout (see bench/schema.json).
+pub const SCHEMA_VERSION: u32 = 1;
+
+/// Coefficient of variation of IOPS across repetitions above which a run is called noisy.
+pub const NOISY_CV: f64 = 0.10;
+
+/// The top-level JSON document.
+#[derive(Debug, Serialize)]
+pub struct Document {
+    pub schema_version: u32,
+    pub tool: Tool,
+    /// "workload", "file" or "fgbg".
+    pub kind: String,
+    /// Unix time (seconds) when the run started.
+    pub started_at: u64,
+    pub command: Vec<String>,
+    pub context: Context,
+    pub target: Option<TargetDesc>,
+    /// Workload results, one per configuration.
+    pub results: Vec<ConfigReport>,
+    /// File-level (IOzone-style) results.
+    pub file_tests: Option<serde_json::Value>,
+    /// Foreground-under-background results.
+    pub fgbg: Option<serde_json::Value>,
+    pub warnings: Vec<String>,
+    /// Set when the run failed; the document is still complete and valid.
+    pub error: Option<String>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct Tool {
+    pub name: String,
+    pub version: String,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct TargetDesc {
+    pub spec: String,
+    pub driver: String,
+}
+
+impl Document {
+    pub fn new(kind: &str, context: Context, target: Option<TargetDesc>) -> Document {
+        Document {
+            schema_version: SCHEMA_VERSION,
+            tool: Tool {
+                name: "snapblk bench".into(),
+                version: env!("CARGO_PKG_VERSION").into(),
+            },
+            kind: kind.into(),
+            started_at: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_secs())
+                .unwrap_or(0),
+            command: std::env::args().collect(),
+            context,
+            target,
+            results: Vec::new(),
+            file_tests: None,
+            fgbg: None,
+            warnings: Vec::new(),
+            error: None,
+        }
+    }
+
+    /// Pretty JSON. Serialising these plain structs cannot fail; the fallback still parses.
+    pub fn to_json(&self) -> String {
+        serde_json::to_string_pretty(self).unwrap_or_else(|e| {
+            format!(
+                "{{\"schema_version\":{SCHEMA_VERSION},\"error\":{:?}}}",
+                e.to_string()
+            )
+        })
+    }
+}
+
+/// Latency summary in nanoseconds.
+#[derive(Debug, Clone, Serialize)]
+pub struct LatReport {
+    pub samples: u64,
+    pub min: u64,
+    pub max: u64,
+    pub mean: f64,
+    pub stdev: f64,
+    /// `p1` … `p99.99`.
+    pub percentiles: BTreeMap<String, u64>,
+    /// The full histogram: HdrHistogram V2 compressed encoding, base64.
+    pub histogram: String,
+}
+
+pub fn pct_key(p: f64) -> String {
+    format!("p{p}")
+}
+
+impl LatReport {
+    pub fn of(h: &LatHist) -> LatReport {
+        LatReport {
+            samples: h.count(),
+            min: h.min(),
+            max: h.max(),
+            mean: h.mean(),
+            stdev: h.stdev(),
+            percentiles: PERCENTILES
+                .iter()
+                .map(|&p| (pct_key(p), h.percentile(p)))
+                .collect(),
+            histogram: h.to_base64(),
+        }
+    }
+}
+
+/// One direction of one run (or of all repetitions merged).
+#[derive(Debug, Clone, Serialize)]
+pub struct DirReport {
+    pub ios: u64,
+    pub bytes: u64,
+    pub iops: f64,
+    pub bw_bytes: f64,
+    pub lat_ns: LatReport,
+}
+
+impl DirReport {
+    fn of(d: &DirStats, seconds: f64) -> DirReport {
+        let per = |x: u64| {
+            if seconds > 0.0 {
+                x as f64 / seconds
+            } else {
+                0.0
+            }
+        };
+        DirReport {
+            ios: d.ios,
+            bytes: d.bytes,
+            iops: per(d.ios),
+            bw_bytes: per(d.bytes),
+            lat_ns: LatReport::of(&d.lat),
+        }
+    }
+}
+
+/// One second of a run.
+#[derive(Debug, Clone, Serialize)]
+pub struct SecondReport {
+    pub t: u64,
+    pub iops: u64,
+    pub read_iops: u64,
+    pub write_iops: u64,
+    pub bw_bytes: u64,
+    pub lat_p50_ns: u64,
+    pub lat_p99_ns: u64,
+}
+
+/// One repetition of one configuration.
+#[derive(Debug, Clone, Serialize)]
+pub struct RunReport {
+    pub rep: u32,
+    pub seconds: f64,
+    pub iops: f64,
+    pub bw_bytes: f64,
+    pub read: DirReport,
+    pub write: DirReport,
+    pub series: Vec<SecondReport>,
+    pub verified_blocks: u64,
+}
+
+impl RunReport {
+    pub fn of(rep: u32, r: &RunResult) -> RunReport {
+        let series = r
+            .series
+            .iter()
+            .enumerate()
+            .map(|(t, s)| {
+                let mut h = LatHist::with_sigfig(2);
+                for &(v, c) in &s.lat {
+                    h.record_n(v, c);
+                }
+                SecondReport {
+                    t: t as u64,
+                    iops: s.read_ios + s.write_ios,
+                    read_iops: s.read_ios,
+                    write_iops: s.write_ios,
+                    bw_bytes: s.read_bytes + s.write_bytes,
+                    lat_p50_ns: h.percentile(50.0),
+                    lat_p99_ns: h.percentile(99.0),
+                }
+            })
+            .collect();
+        RunReport {
+            rep,
+            seconds: r.seconds,
+            iops: r.iops(),
+            bw_bytes: r.bw_bytes(),
+            read: DirReport::of(&r.read, r.seconds),
+            write: DirReport::of(&r.write, r.seconds),
+            series,
+            verified_blocks: r.jobs.iter().map(|j| j.verified_blocks).sum(),
+        }
+    }
+}
+
+/// Mean and spread of a value across repetitions.
+#[derive(Debug, Clone, Serialize)]
+pub struct Spread {
+    pub mean: f64,
+    pub stdev: f64,
+    /// Coefficient of variation (stdev / mean).
+    pub cv: f64,
+    pub min: f64,
+    pub max: f64,
+}
+
+impl Spread {
+    pub fn of(v: &[f64]) -> Spread {
+        if v.is_empty() {
+            return Spread {
+                mean: 0.0,
+                stdev: 0.0,
+                cv: 0.0,
+                min: 0.0,
+                max: 0.0,
+            };
+        }
+        let n = v.len() as f64;
+        let mean = v.iter().sum::<f64>() / n;
+        let var = if v.len() > 1 {
+            v.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (n - 1.0)
+        } else {
+            0.0
+        };
+        let stdev = var.sqrt();
+        Spread {
+            mean,
+            stdev,
+            cv: if mean > 0.0 { stdev / mean } else { 0.0 },
+            min: v.iter().cloned().fold(f64::INFINITY, f64::min),
+            max: v.iter().cloned().fold(f64::NEG_INFINITY, f64::max),
+        }
+    }
+}
+
+/// Summary over repetitions: spreads, and both directions with all repetitions' histograms merged.
+#[derive(Debug, Clone, Serialize)]
+pub struct Summary {
+    pub iops: Spread,
+    pub bw_bytes: Spread,
+    pub lat_mean_ns: Spread,
+    pub read: DirReport,
+    pub write: DirReport,
+    /// Both directions merged.
+    pub lat_ns: LatReport,
+}
+
+/// All repetitions of one configuration.
+#[derive(Debug, Clone, Serialize)]
+pub struct ConfigReport {
+    pub label: String,
+    pub config: JobSpec,
+    pub capacity: u64,
+    pub runs: Vec<RunReport>,
+    pub summary: Summary,
+}
+
+impl ConfigReport {
+    /// Build from the repetitions of one configuration (at least one).
+    pub fn of(spec: &JobSpec, runs: &[RunResult]) -> ConfigReport {
+        let reports: Vec<RunReport> = runs
+            .iter()
+            .enumerate()
+            .map(|(i, r)| RunReport::of(i as u32, r))
+            .collect();
+        let mut read = DirStats::default();
+        let mut write = DirStats::default();
+        let mut secs = 0.0;
+        for r in runs {
+            read.merge(&r.read);
+            write.merge(&r.write);
+            secs += r.seconds;
+        }
+        let mut all = read.lat.clone();
+        all.merge(&write.lat);
+        let summary = Summary {
+            iops: Spread::of(&runs.iter().map(|r| r.iops()).collect::<Vec<_>>()),
+            bw_bytes: Spread::of(&runs.iter().map(|r| r.bw_bytes()).collect::<Vec<_>>()),
+            lat_mean_ns: Spread::of(&runs.iter().map(|r| r.lat().mean()).collect::<Vec<_>>()),
+            read: DirReport::of(&read, secs),
+            write: DirReport::of(&write, secs),
+            lat_ns: LatReport::of(&all),
+        };
+        ConfigReport {
+            label: spec.label(),
+            config: spec.clone(),
+            capacity: runs.first().map(|r| r.capacity).unwrap_or(0),
+            runs: reports,
+            summary,
+        }
+    }
+
+    /// The merged latency histogram (both directions, all repetitions).
+    pub fn merged_hist(&self) -> LatHist {
+        LatHist::from_base64(&self.summary.lat_ns.histogram).unwrap_or_default()
+    }
+}
+
+/// Noise warnings: spread across repetitions and host load.
+pub fn noise_warnings(results: &[ConfigReport], ctx: &Context) -> Vec<String> {
+    let mut w = Vec::new();
+    for r in results {
+        if r.runs.len() > 1 && r.summary.iops.cv > NOISY_CV {
+            w.push(format!(
+                "noisy machine: IOPS of {:?} vary by {:.1}% (CV) across {} repetitions (threshold {:.0}%)",
+                r.label,
+                r.summary.iops.cv * 100.0,
+                r.runs.len(),
+                NOISY_CV * 100.0
+            ));
+        }
+    }
+    if ctx.loadavg[0] > ctx.cpus as f64 * 0.5 {
+        w.push(format!(
+            "host busy at start: load average {:.2} on {} CPUs",
+            ctx.loadavg[0], ctx.cpus
+        ));
+    }
+    if let Some(p) = ctx.cpu_pressure_avg10
+        && p > 10.0
+    {
+        w.push(format!("CPU pressure at start: some avg10 = {p:.1}%"));
+    }
+    w
+}
+
+/// Human latency: `850ns`, `12.3µs`, `4.56ms`, `1.20s`.
+pub fn fmt_ns(ns: f64) -> String {
+    if ns < 1e3 {
+        format!("{ns:.0}ns")
+    } else if ns < 1e6 {
+        format!("{:.1}µs", ns / 1e3)
+    } else if ns < 1e9 {
+        format!("{:.2}ms", ns / 1e6)
+    } else {
+        format!("{:.2}s", ns / 1e9)
+    }
+}
+
+/// Human rate: `1.23M`, `45.6k`, `789`.
+pub fn fmt_count(x: f64) -> String {
+    if x >= 1e6 {
+        format!("{:.2}M", x / 1e6)
+    } else if x >= 1e4 {
+        format!("{:.1}k", x / 1e3)
+    } else {
+        format!("{x:.0}")
+    }
+}
+
+/// Render rows as an aligned text table (first row is the header).
+pub fn text_table(rows: &[Vec<String>]) -> String {
+    let cols = rows.iter().map(|r| r.len()).max().unwrap_or(0);
+    let width: Vec<usize> = (0..cols)
+        .map(|c| {
+            rows.iter()
+                .map(|r| r.get(c).map_or(0, |s| s.chars().count()))
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
+    let mut out = String::new();
+    for (i, r) in rows.iter().enumerate() {
+        let line: Vec<String> = r
+            .iter()
+            .enumerate()
+            .map(|(c, s)| {
+                let pad = width[c] - s.chars().count();
+                if c == 0 {
+                    format!("{s}{}", " ".repeat(pad))
+                } else {
+                    format!("{}{s}", " ".repeat(pad))
+                }
+            })
+            .collect();
+        out.push_str(line.join("  ").trim_end());
+        out.push('\n');
+        if i == 0 {
+            out.push_str(
+                &width
+                    .iter()
+                    .map(|w| "-".repeat(*w))
+                    .collect::<Vec<_>>()
+                    .join("  "),
+            );
+            out.push('\n');
+        }
+    }
+    out
+}
+
+/// The workload results table.
+pub fn workload_table(results: &[ConfigReport]) -> String {
+    let mut rows = vec![
+        [
+            "config", "reps", "IOPS", "±CV", "MiB/s", "lat mean", "p50", "p99", "p99.9", "p99.99",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect::<Vec<_>>(),
+    ];
+    for r in results {
+        let s = &r.summary;
+        let p = |k: f64| fmt_ns(s.lat_ns.percentiles.get(&pct_key(k)).copied().unwrap_or(0) as f64);
+        rows.push(vec![
+            r.label.clone(),
+            r.runs.len().to_string(),
+            fmt_count(s.iops.mean),
+            format!("{:.1}%", s.iops.cv * 100.0),
+            format!("{:.1}", s.bw_bytes.mean / 1048576.0),
+            fmt_ns(s.lat_ns.mean),
+            p(50.0),
+            p(99.0),
+            p(99.9),
+            p(99.99),
+        ]);
+    }
+    text_table(&rows)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn spread_and_formatting() {
+        let s = Spread::of(&[90.0, 110.0]);
+        assert_eq!(s.mean, 100.0);
+        assert!((s.cv - 0.1414).abs() < 0.001);
+        assert_eq!(Spread::of(&[5.0]).cv, 0.0);
+        assert_eq!(fmt_ns(850.0), "850ns");
+        assert_eq!(fmt_ns(12_345.0), "12.3µs");
+        assert_eq!(fmt_count(123_456.0), "123.5k");
+        let t = text_table(&[
+            vec!["a".into(), "bb".into()],
+            vec!["ccc".into(), "d".into()],
+        ]);
+        assert_eq!(t, "a    bb\n---  --\nccc   d\n");
+    }
+}

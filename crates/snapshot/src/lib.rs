@@ -20,3 +20,13 @@ pub mod rng;
 pub mod sched;
 
 pub use error::{Result, SnapError};
+pub mod io;
+pub mod map;
+pub mod merge;
+pub mod overlay;
+pub mod snapshot;
+pub mod synth;
+
+pub use map::{Codec, MapOp, OpKind, Payload, Segment, SnapshotMap};
+pub use merge::{MergeOptions, MergeProgress, MergeReport, MergeStep, merge};
+pub use snapshot::{CowLayout, Decoder, Snapshot, SnapshotConfig, SnapshotParts};

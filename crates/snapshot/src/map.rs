@@ -1,0 +1,595 @@
+//! The block map (new block → op) and read planning.
+//!
+//! Ops are held in *merge order* (format §9.2): the index of an op in [`SnapshotMap::ops`] is the
+//! value `num_merge_ops` is compared with. The block index is a sorted vector of block runs, each
+//! pointing at one op; duplicates are resolved first-wins in COW file order, as snapuserd does.
+
+use crate::error::{Result, SnapError};
+
+/// How a stored payload is encoded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Codec {
+    /// Stored raw.
+    None,
+    /// zlib stream.
+    Gz,
+    /// Raw brotli stream.
+    Brotli,
+    /// LZ4 block.
+    Lz4,
+    /// zstd frame.
+    Zstd,
+}
+
+/// A payload stored in the COW file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Payload {
+    /// Absolute file offset.
+    pub offset: u64,
+    /// Bytes stored.
+    pub stored_len: u32,
+    /// Encoding ([`Codec::None`] also when the writer stored an incompressible unit raw).
+    pub codec: Codec,
+    /// Bytes the payload decodes to (one unit).
+    pub unit_len: u32,
+}
+
+/// What produces a new block.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OpKind {
+    /// Base block `src`.
+    Copy { src: u64 },
+    /// `block_size` base bytes at byte offset `src_byte`, XOR-ed with the decoded payload.
+    Xor { src_byte: u64, payload: Payload },
+    /// The decoded payload; covers `blocks` blocks (v3 multi-block units).
+    Replace { payload: Payload, blocks: u32 },
+    /// Zeros.
+    Zero,
+}
+
+/// One data op.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MapOp {
+    /// First new block written.
+    pub new_block: u64,
+    /// Position in COW file order (duplicates: lowest wins).
+    pub file_rank: u32,
+    pub kind: OpKind,
+}
+
+impl MapOp {
+    /// COPY and XOR depend on base content and must be merged in order.
+    pub fn is_ordered(&self) -> bool {
+        matches!(self.kind, OpKind::Copy { .. } | OpKind::Xor { .. })
+    }
+    /// New blocks covered.
+    pub fn blocks(&self) -> u64 {
+        match self.kind {
+            OpKind::Replace { blocks, .. } => blocks.max(1) as u64,
+            _ => 1,
+        }
+    }
+    /// Base blocks read (ordered ops only): (first, count).
+    pub fn source_blocks(&self, block_size: u64) -> Option<(u64, u64)> {
+        match self.kind {
+            OpKind::Copy { src } => Some((src, 1)),
+            OpKind::Xor { src_byte, .. } => Some((
+                src_byte / block_size,
+                1 + (src_byte % block_size != 0) as u64,
+            )),
+            _ => None,
+        }
+    }
+}
+
+/// One piece of a read plan. Executing the segments in order fills the request buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Segment {
+    /// Read `len` bytes of the base at `base_offset` (unchanged blocks, COPY sources, merged
+    /// blocks). An export with zero copy can have the kernel do this read into the request pages.
+    Base { base_offset: u64, len: u64 },
+    /// Zero fill.
+    Zero { len: u64 },
+    /// Raw bytes stored in the COW (uncompressed payloads, overlay writes).
+    Cow { cow_offset: u64, len: u64 },
+    /// `len` bytes from `skip` of a compressed unit (decode, cached).
+    Decoded {
+        payload: Payload,
+        skip: u32,
+        len: u32,
+    },
+    /// `len` bytes from `skip` of (the block-size base run at `base_offset`) XOR (payload).
+    Xor {
+        base_offset: u64,
+        payload: Payload,
+        skip: u32,
+        len: u32,
+    },
+    /// `len` bytes from `skip` of block `slot` of the merge window being written (held in memory).
+    Staged { slot: u32, skip: u32, len: u32 },
+}
+
+impl Segment {
+    /// Bytes this segment produces.
+    pub fn len(&self) -> u64 {
+        match *self {
+            Segment::Base { len, .. } | Segment::Zero { len } | Segment::Cow { len, .. } => len,
+            Segment::Decoded { len, .. }
+            | Segment::Xor { len, .. }
+            | Segment::Staged { len, .. } => len as u64,
+        }
+    }
+    /// Whether the segment is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Run {
+    start: u64,
+    count: u64,
+    op: u32,
+}
+
+/// Merge progress as the read path needs it.
+#[derive(Debug, Default, Clone)]
+pub struct MergeView {
+    /// Ops `[0, merged)` of the merge order are durably in the base.
+    pub merged: usize,
+    /// The window being merged: ops `[start, end)` with their results in memory.
+    pub staged: Option<StagedWindow>,
+}
+
+/// A merge window's results (one block per op, op `start + i` in slot `i`).
+#[derive(Debug, Default, Clone)]
+pub struct StagedWindow {
+    pub start: usize,
+    pub end: usize,
+    pub data: std::sync::Arc<Vec<u8>>,
+}
+
+/// The block map of a snapshot.
+#[derive(Debug)]
+pub struct SnapshotMap {
+    block_size: u64,
+    capacity: u64,
+    ops: Vec<MapOp>,
+    runs: Vec<Run>,
+    ordered_len: usize,
+    order_error: Option<String>,
+}
+
+impl SnapshotMap {
+    /// Build from ops in merge order. `capacity` is the device size in bytes (multiple of the block
+    /// size); ops naming blocks outside it are rejected.
+    pub fn new(block_size: u32, capacity: u64, ops: Vec<MapOp>) -> Result<Self> {
+        let bs = block_size as u64;
+        if bs == 0 || !bs.is_power_of_two() || bs > 1 << 20 {
+            return Err(SnapError::Format(format!(
+                "unsupported block size {block_size}"
+            )));
+        }
+        if ops.len() >= u32::MAX as usize {
+            return Err(SnapError::Format("too many ops".into()));
+        }
+        let nblocks = capacity / bs;
+        // (block, rank, op index); sorted so the first-in-file op for a block comes first.
+        let mut cover: Vec<(u64, u32, u32)> = Vec::with_capacity(ops.len());
+        for (i, op) in ops.iter().enumerate() {
+            let end = op
+                .new_block
+                .checked_add(op.blocks())
+                .filter(|&e| e <= nblocks);
+            if end.is_none() {
+                return Err(SnapError::Format(format!(
+                    "op {i} writes block {} (+{}) beyond the device ({nblocks} blocks)",
+                    op.new_block,
+                    op.blocks()
+                )));
+            }
+            if let Some((s, n)) = op.source_blocks(bs)
+                && s.checked_add(n).is_none_or(|e| e > nblocks)
+            {
+                return Err(SnapError::Format(format!(
+                    "op {i} reads base block {s} beyond the device"
+                )));
+            }
+            for b in op.new_block..op.new_block + op.blocks() {
+                cover.push((b, op.file_rank, i as u32));
+            }
+        }
+        cover.sort_unstable();
+        cover.dedup_by_key(|c| c.0);
+        let mut runs: Vec<Run> = Vec::new();
+        for (b, _, i) in cover {
+            if let Some(r) = runs.last_mut()
+                && r.op == i
+                && r.start + r.count == b
+            {
+                r.count += 1;
+                continue;
+            }
+            runs.push(Run {
+                start: b,
+                count: 1,
+                op: i,
+            });
+        }
+        let ordered_len = ops.iter().take_while(|o| o.is_ordered()).count();
+        let order_error = ops[ordered_len..].iter().position(|o| o.is_ordered()).map(|p| {
+            format!(
+                "merge order has an ordered op (COPY/XOR, new block {}) after a non-ordered op at position {}; \
+                 without a sequence all COPY/XOR ops must come first (format §9.2 rule 1)",
+                ops[ordered_len + p].new_block,
+                ordered_len
+            )
+        });
+        Ok(SnapshotMap {
+            block_size: bs,
+            capacity,
+            ops,
+            runs,
+            ordered_len,
+            order_error,
+        })
+    }
+
+    /// Block size in bytes.
+    pub fn block_size(&self) -> u64 {
+        self.block_size
+    }
+    /// Device size in bytes.
+    pub fn capacity(&self) -> u64 {
+        self.capacity
+    }
+    /// Ops in merge order.
+    pub fn ops(&self) -> &[MapOp] {
+        &self.ops
+    }
+    /// Length of the ordered (COPY/XOR) prefix of the merge order.
+    pub fn ordered_len(&self) -> usize {
+        self.ordered_len
+    }
+    /// Why the merge order is unusable, if it is.
+    pub fn order_error(&self) -> Option<&str> {
+        self.order_error.as_deref()
+    }
+
+    /// The op that defines `block` (after duplicate resolution), by merge index.
+    pub fn lookup(&self, block: u64) -> Option<usize> {
+        let i = self.runs.partition_point(|r| r.start <= block);
+        let r = self.runs.get(i.checked_sub(1)?)?;
+        (block < r.start + r.count).then_some(r.op as usize)
+    }
+
+    /// Whether op `i` is the one the map uses for its first block (false for shadowed duplicates).
+    pub fn is_winner(&self, i: usize) -> bool {
+        self.ops
+            .get(i)
+            .is_some_and(|op| self.lookup(op.new_block) == Some(i))
+    }
+
+    /// Plan a read of `len` bytes at `offset` without merge progress (nothing merged yet).
+    pub fn plan(&self, offset: u64, len: u64) -> Result<Vec<Segment>> {
+        let mut v = Vec::new();
+        self.plan_into(&MergeView::default(), &|_| None, offset, len, &mut v)?;
+        Ok(v)
+    }
+
+    /// Plan a read given merge progress and an overlay lookup (block → COW offset of its data).
+    pub fn plan_into(
+        &self,
+        view: &MergeView,
+        overlay: &dyn Fn(u64) -> Option<u64>,
+        offset: u64,
+        len: u64,
+        out: &mut Vec<Segment>,
+    ) -> Result<()> {
+        let end = offset.checked_add(len).filter(|&e| e <= self.capacity);
+        let Some(end) = end else {
+            return Err(SnapError::Range {
+                offset,
+                len,
+                capacity: self.capacity,
+            });
+        };
+        let bs = self.block_size;
+        let mut pos = offset;
+        while pos < end {
+            let block = pos / bs;
+            let skip = pos % bs;
+            let n = (bs - skip).min(end - pos);
+            let seg = self.block_segment(view, overlay, block, skip, n);
+            push(out, seg);
+            pos += n;
+        }
+        Ok(())
+    }
+
+    fn block_segment(
+        &self,
+        view: &MergeView,
+        overlay: &dyn Fn(u64) -> Option<u64>,
+        block: u64,
+        skip: u64,
+        n: u64,
+    ) -> Segment {
+        let bs = self.block_size;
+        if let Some(off) = overlay(block) {
+            return Segment::Cow {
+                cow_offset: off + skip,
+                len: n,
+            };
+        }
+        let own = Segment::Base {
+            base_offset: block * bs + skip,
+            len: n,
+        };
+        let Some(i) = self.lookup(block) else {
+            return own;
+        };
+        let op = &self.ops[i];
+        match op.kind {
+            OpKind::Zero => Segment::Zero { len: n },
+            OpKind::Replace { payload, .. } => {
+                let within = (block - op.new_block) * bs + skip;
+                if payload.codec == Codec::None {
+                    Segment::Cow {
+                        cow_offset: payload.offset + within,
+                        len: n,
+                    }
+                } else {
+                    Segment::Decoded {
+                        payload,
+                        skip: within as u32,
+                        len: n as u32,
+                    }
+                }
+            }
+            OpKind::Copy { .. } | OpKind::Xor { .. } if i < view.merged => own,
+            OpKind::Copy { src } => match &view.staged {
+                Some(w) if (w.start..w.end).contains(&i) => Segment::Staged {
+                    slot: (i - w.start) as u32,
+                    skip: skip as u32,
+                    len: n as u32,
+                },
+                _ => Segment::Base {
+                    base_offset: src * bs + skip,
+                    len: n,
+                },
+            },
+            OpKind::Xor { src_byte, payload } => match &view.staged {
+                Some(w) if (w.start..w.end).contains(&i) => Segment::Staged {
+                    slot: (i - w.start) as u32,
+                    skip: skip as u32,
+                    len: n as u32,
+                },
+                _ => Segment::Xor {
+                    base_offset: src_byte,
+                    payload,
+                    skip: skip as u32,
+                    len: n as u32,
+                },
+            },
+        }
+    }
+}
+
+/// Append a segment, coalescing with the previous one when contiguous.
+fn push(out: &mut Vec<Segment>, seg: Segment) {
+    if let Some(last) = out.last_mut() {
+        match (last, seg) {
+            (
+                Segment::Base { base_offset, len },
+                Segment::Base {
+                    base_offset: o,
+                    len: n,
+                },
+            ) if *base_offset + *len == o => {
+                *len += n;
+                return;
+            }
+            (
+                Segment::Cow { cow_offset, len },
+                Segment::Cow {
+                    cow_offset: o,
+                    len: n,
+                },
+            ) if *cow_offset + *len == o => {
+                *len += n;
+                return;
+            }
+            (Segment::Zero { len }, Segment::Zero { len: n }) => {
+                *len += n;
+                return;
+            }
+            _ => {}
+        }
+    }
+    out.push(seg);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn raw(offset: u64) -> Payload {
+        Payload {
+            offset,
+            stored_len: 4096,
+            codec: Codec::None,
+            unit_len: 4096,
+        }
+    }
+
+    #[test]
+    fn lookup_first_wins_and_multiblock() {
+        let ops = vec![
+            MapOp {
+                new_block: 3,
+                file_rank: 2,
+                kind: OpKind::Copy { src: 9 },
+            },
+            MapOp {
+                new_block: 3,
+                file_rank: 1,
+                kind: OpKind::Zero,
+            },
+            MapOp {
+                new_block: 4,
+                file_rank: 0,
+                kind: OpKind::Replace {
+                    payload: Payload {
+                        offset: 100,
+                        stored_len: 50,
+                        codec: Codec::Lz4,
+                        unit_len: 16384,
+                    },
+                    blocks: 4,
+                },
+            },
+        ];
+        let m = SnapshotMap::new(4096, 16 * 4096, ops).unwrap();
+        assert_eq!(m.lookup(3), Some(1));
+        assert!(!m.is_winner(0) && m.is_winner(1));
+        assert_eq!(m.lookup(7), Some(2));
+        assert_eq!(m.lookup(8), None);
+        let p = m.plan(6 * 4096 + 100, 5000).unwrap();
+        assert_eq!(
+            p,
+            vec![
+                Segment::Decoded {
+                    payload: m.ops()[2].kind_payload(),
+                    skip: 2 * 4096 + 100,
+                    len: 3996
+                },
+                Segment::Decoded {
+                    payload: m.ops()[2].kind_payload(),
+                    skip: 3 * 4096,
+                    len: 1004
+                },
+            ]
+        );
+    }
+
+    impl MapOp {
+        fn kind_payload(&self) -> Payload {
+            match self.kind {
+                OpKind::Replace { payload, .. } | OpKind::Xor { payload, .. } => payload,
+                _ => panic!("no payload"),
+            }
+        }
+    }
+
+    #[test]
+    fn plans_coalesce_and_follow_merge_progress() {
+        let ops = vec![
+            MapOp {
+                new_block: 1,
+                file_rank: 0,
+                kind: OpKind::Copy { src: 5 },
+            },
+            MapOp {
+                new_block: 2,
+                file_rank: 1,
+                kind: OpKind::Copy { src: 6 },
+            },
+            MapOp {
+                new_block: 3,
+                file_rank: 2,
+                kind: OpKind::Replace {
+                    payload: raw(8192),
+                    blocks: 1,
+                },
+            },
+        ];
+        let m = SnapshotMap::new(4096, 8 * 4096, ops).unwrap();
+        assert_eq!(
+            m.plan(0, 5 * 4096).unwrap(),
+            vec![
+                Segment::Base {
+                    base_offset: 0,
+                    len: 4096
+                },
+                Segment::Base {
+                    base_offset: 5 * 4096,
+                    len: 8192
+                },
+                Segment::Cow {
+                    cow_offset: 8192,
+                    len: 4096
+                },
+                Segment::Base {
+                    base_offset: 4 * 4096,
+                    len: 4096
+                },
+            ]
+        );
+        let view = MergeView {
+            merged: 1,
+            staged: Some(StagedWindow {
+                start: 1,
+                end: 2,
+                data: std::sync::Arc::new(vec![0; 4096]),
+            }),
+        };
+        let mut v = Vec::new();
+        m.plan_into(
+            &view,
+            &|b| (b == 4).then_some(1 << 20),
+            4096,
+            4 * 4096 - 1,
+            &mut v,
+        )
+        .unwrap();
+        assert_eq!(
+            v,
+            vec![
+                Segment::Base {
+                    base_offset: 4096,
+                    len: 4096
+                },
+                Segment::Staged {
+                    slot: 0,
+                    skip: 0,
+                    len: 4096
+                },
+                Segment::Cow {
+                    cow_offset: 8192,
+                    len: 4096
+                },
+                Segment::Cow {
+                    cow_offset: 1 << 20,
+                    len: 4095
+                },
+            ]
+        );
+        assert!(m.plan(7 * 4096, 4097).is_err());
+    }
+
+    #[test]
+    fn rejects_out_of_range_and_flags_bad_order() {
+        let bad = vec![MapOp {
+            new_block: 8,
+            file_rank: 0,
+            kind: OpKind::Zero,
+        }];
+        assert!(SnapshotMap::new(4096, 8 * 4096, bad).is_err());
+        let ops = vec![
+            MapOp {
+                new_block: 1,
+                file_rank: 0,
+                kind: OpKind::Zero,
+            },
+            MapOp {
+                new_block: 2,
+                file_rank: 1,
+                kind: OpKind::Copy { src: 5 },
+            },
+        ];
+        let m = SnapshotMap::new(4096, 8 * 4096, ops).unwrap();
+        assert_eq!(m.ordered_len(), 0);
+        assert!(m.order_error().is_some());
+    }
+}

@@ -1,0 +1,469 @@
+//! The merge engine: writes the new image into the base in place, crash-safely.
+//!
+//! It follows the COW's merge order (format §9.2) and keeps its durable state exactly where
+//! Android does (format §10): `num_merge_ops` at header offset 26 and, when the file has a scratch
+//! area, the staged window (state byte at `header_size`, entries at `header_size + 1`, data after
+//! the metadata). Each step is a durable checkpoint:
+//!
+//! 1. **stage** a window of ordered (COPY/XOR) ops: read their sources (coalesced runs) and apply
+//!    XOR payloads, into memory; with scratch, write entries + data to scratch, flush the COW, then
+//!    set the state byte to 2 ("done") and flush again;
+//! 2. **publish** the window to readers: after in-flight source reads drain, reads of its blocks
+//!    are served from the staged copy;
+//! 3. **write** the window's destinations (coalesced runs), flush the base;
+//! 4. **commit**: `num_merge_ops += window`, state byte 1, in one write inside the first 4 KiB of
+//!    the COW, flush; then readers read those blocks from their own place in the base.
+//!
+//! A crash before (1) completes leaves all sources intact; after it, restart finds state 2 and
+//! redoes the window from scratch without touching sources; after (4), the next window starts.
+//! COWs without a scratch area (AOSP only makes them for tests, and they are not crash-safe in
+//! AOSP) are merged in *self-safe* windows instead: a window ends before any op whose destination
+//! is a source of an op already in the window, so replaying a window reads only untouched sources.
+//! REPLACE/ZERO ops are idempotent and committed every 256 ops / 1 MiB. Writes from the writable
+//! overlay are folded in last (also idempotent).
+
+use crate::error::{Result, SnapError};
+use crate::io::Dev;
+use crate::map::{MergeView, OpKind, StagedWindow};
+use crate::sched::IoClass;
+use crate::snapshot::{NUM_MERGE_OPS_OFFSET, Snapshot, scratch_state};
+use serde::Serialize;
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+/// Largest window without a scratch area (bounded memory).
+const NO_SCRATCH_WINDOW: usize = 512;
+/// REPLACE/ZERO commit granularity (ops, bytes), as snapuserd.
+const BATCH_OPS: usize = 256;
+const BATCH_BYTES: u64 = 1 << 20;
+
+/// A durable step of the merge, reported to [`MergeOptions::hook`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MergeStep {
+    /// Ops `[start, end)` are staged (in scratch when the file has one) and published to readers.
+    Staged { start: usize, end: usize },
+    /// Destinations of `[start, end)` are written and flushed, not yet committed.
+    Written { start: usize, end: usize },
+    /// `num_merge_ops` is now `merged`.
+    Committed { merged: usize },
+}
+
+/// Progress report.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct MergeProgress {
+    pub merged: usize,
+    pub total: usize,
+}
+
+/// Merge options.
+#[derive(Default, Clone, Copy)]
+pub struct MergeOptions<'a> {
+    /// Checked between steps; when set, the merge stops at the next safe point with
+    /// [`SnapError::Interrupted`].
+    pub stop: Option<&'a AtomicBool>,
+    /// Called after every commit.
+    pub progress: Option<&'a (dyn Fn(MergeProgress) + Sync)>,
+    /// Called after every durable step (tests use it to read through the device mid-merge).
+    pub hook: Option<&'a (dyn Fn(MergeStep) + Sync)>,
+    /// Cap on ordered ops per window (default: what the scratch area holds, or 512).
+    pub max_window: Option<usize>,
+}
+
+/// What a merge run did.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct MergeReport {
+    pub total_ops: usize,
+    /// `num_merge_ops` found at start.
+    pub resumed_at: usize,
+    /// Whether a window staged in scratch by an interrupted run was redone from scratch.
+    pub resumed_from_scratch: bool,
+    pub ordered_windows: usize,
+    pub replace_batches: usize,
+    pub blocks_written: u64,
+    pub overlay_blocks: u64,
+    pub scratch: bool,
+}
+
+/// Check the merge order is one an in-place merge can follow (format §9.2 rules 1 and 2).
+pub fn validate_order(snap: &Snapshot) -> Result<()> {
+    let map = &snap.map;
+    if let Some(e) = map.order_error() {
+        return Err(SnapError::MergeOrder(e.to_owned()));
+    }
+    let bs = map.block_size();
+    let mut written: HashSet<u64> = HashSet::new();
+    for (i, op) in map.ops()[..map.ordered_len()].iter().enumerate() {
+        if let Some((s, c)) = op.source_blocks(bs) {
+            for b in s..s + c {
+                if written.contains(&b) {
+                    return Err(SnapError::MergeOrder(format!(
+                        "op {i} (new block {}) reads base block {b}, which an earlier op overwrites (format §9.2 rule 2)",
+                        op.new_block
+                    )));
+                }
+            }
+        }
+        if map.is_winner(i) {
+            written.insert(op.new_block);
+        }
+    }
+    Ok(())
+}
+
+struct Merger<'a> {
+    snap: &'a Snapshot,
+    opts: MergeOptions<'a>,
+    report: MergeReport,
+}
+
+/// Merge `snap`'s COW into its base, resuming from the persisted progress.
+pub fn merge(snap: &Snapshot, opts: MergeOptions<'_>) -> Result<MergeReport> {
+    validate_order(snap)?;
+    let (merged, staged) = {
+        let v = snap.lock_view();
+        (v.merged, v.staged.clone())
+    };
+    let mut m = Merger {
+        snap,
+        opts,
+        report: MergeReport {
+            total_ops: snap.map.ops().len(),
+            resumed_at: merged,
+            scratch: snap.layout.scratch().is_some(),
+            ..Default::default()
+        },
+    };
+    let mut n = merged;
+    if let Some(w) = staged {
+        // Interrupted after staging: redo the window from the staged copy (sources may be gone).
+        m.report.resumed_from_scratch = true;
+        m.write_window(&w)?;
+        m.commit(w.end)?;
+        n = w.end;
+    }
+    let p = snap.map.ordered_len();
+    while n < p {
+        m.check_stop()?;
+        let w = m.stage(n, p)?;
+        m.publish_staged(&w);
+        m.write_window(&w)?;
+        m.commit(w.end)?;
+        m.report.ordered_windows += 1;
+        n = w.end;
+    }
+    let total = snap.map.ops().len();
+    while n < total {
+        m.check_stop()?;
+        n = m.replace_batch(n, total)?;
+        m.report.replace_batches += 1;
+    }
+    m.fold_overlay()?;
+    Ok(m.report)
+}
+
+impl Merger<'_> {
+    fn check_stop(&self) -> Result<()> {
+        if self.opts.stop.is_some_and(|s| s.load(Ordering::Relaxed)) {
+            return Err(SnapError::Interrupted);
+        }
+        Ok(())
+    }
+
+    fn hook(&self, s: MergeStep) {
+        if let Some(h) = self.opts.hook {
+            h(s);
+        }
+    }
+
+    fn bs(&self) -> u64 {
+        self.snap.map.block_size()
+    }
+
+    /// End of the next ordered window starting at `n` (exclusive), at most `p`.
+    fn window_end(&self, n: usize, p: usize) -> Result<usize> {
+        let ops = self.snap.map.ops();
+        if let Some(sc) = self.snap.layout.scratch() {
+            let cap = self.opts.max_window.unwrap_or(sc.slots).clamp(1, sc.slots);
+            return Ok(p.min(n + cap));
+        }
+        let cap = self.opts.max_window.unwrap_or(NO_SCRATCH_WINDOW).max(1);
+        let bs = self.bs();
+        let mut srcs: HashSet<u64> = HashSet::new();
+        let mut dsts: HashSet<u64> = HashSet::new();
+        let mut j = n;
+        while j < p && j - n < cap {
+            let op = &ops[j];
+            let (s, c) = op.source_blocks(bs).unwrap_or((op.new_block, 0));
+            let d = op.new_block;
+            let reads_own =
+                (s..s + c).contains(&d) && !matches!(op.kind, OpKind::Copy { src } if src == d);
+            if reads_own {
+                if j == n {
+                    return Err(SnapError::MergeOrder(format!(
+                        "op {j} (XOR into block {d}) reads its own destination; merging it crash-safely needs a scratch area"
+                    )));
+                }
+                break;
+            }
+            if srcs.contains(&d) || (s..s + c).any(|b| dsts.contains(&b)) {
+                break;
+            }
+            srcs.extend(s..s + c);
+            dsts.insert(d);
+            j += 1;
+        }
+        Ok(j)
+    }
+
+    /// Step 1: compute the results of ops `[n, end)` from the base (and persist them to scratch).
+    fn stage(&mut self, n: usize, p: usize) -> Result<StagedWindow> {
+        let end = self.window_end(n, p)?;
+        let ops = self.snap.map.ops();
+        let bs = self.bs();
+        let bsu = bs as usize;
+        let mut data = vec![0u8; (end - n) * bsu];
+        let src_of = |k: usize| match ops[k].kind {
+            OpKind::Copy { src } => src * bs,
+            OpKind::Xor { src_byte, .. } => src_byte,
+            _ => u64::MAX,
+        };
+        let mut k = n;
+        while k < end {
+            let mut j = k + 1;
+            while j < end && src_of(j) == src_of(j - 1).wrapping_add(bs) {
+                j += 1;
+            }
+            let slot = (k - n) * bsu;
+            self.snap.io.read(
+                IoClass::Merge,
+                Dev::Base,
+                src_of(k),
+                &mut data[slot..slot + (j - k) * bsu],
+            )?;
+            k = j;
+        }
+        for (i, op) in ops[n..end].iter().enumerate() {
+            if let OpKind::Xor { payload, .. } = op.kind {
+                let slot = i * bsu;
+                self.snap
+                    .xor_apply(IoClass::Merge, &payload, &mut data[slot..slot + bsu])?;
+            }
+        }
+        if let Some(sc) = self.snap.layout.scratch() {
+            let mut meta = vec![0u8; (end - n + 1) * 16];
+            for (i, k) in (n..end).enumerate() {
+                meta[i * 16..i * 16 + 8].copy_from_slice(&ops[k].new_block.to_le_bytes());
+                let off = sc.base + sc.meta_len + i as u64 * bs;
+                meta[i * 16 + 8..i * 16 + 16].copy_from_slice(&off.to_le_bytes());
+            }
+            let io = &self.snap.io;
+            io.write(IoClass::Merge, Dev::Cow, sc.base + 1, &meta)?;
+            io.write(IoClass::Merge, Dev::Cow, sc.base + sc.meta_len, &data)?;
+            io.flush(IoClass::Merge, Dev::Cow)?;
+            self.write_progress(n, Some(scratch_state::DONE))?;
+        }
+        Ok(StagedWindow {
+            start: n,
+            end,
+            data: Arc::new(data),
+        })
+    }
+
+    /// Step 2: readers of the window's blocks switch to the staged copy; taking the write lock
+    /// waits for source reads in flight.
+    fn publish_staged(&self, w: &StagedWindow) {
+        let mut v = self.snap.view.write().unwrap_or_else(|e| e.into_inner());
+        *v = MergeView {
+            merged: w.start,
+            staged: Some(w.clone()),
+        };
+        drop(v);
+        self.hook(MergeStep::Staged {
+            start: w.start,
+            end: w.end,
+        });
+    }
+
+    /// Step 3: write the window's destinations (winners only), coalescing consecutive blocks.
+    fn write_window(&mut self, w: &StagedWindow) -> Result<()> {
+        let ops = self.snap.map.ops();
+        let bsu = self.bs() as usize;
+        let mut k = w.start;
+        while k < w.end {
+            if !self.snap.map.is_winner(k) {
+                k += 1;
+                continue;
+            }
+            let mut j = k + 1;
+            while j < w.end
+                && self.snap.map.is_winner(j)
+                && ops[j].new_block == ops[j - 1].new_block + 1
+            {
+                j += 1;
+            }
+            let slot = (k - w.start) * bsu;
+            let buf = &w.data[slot..slot + (j - k) * bsu];
+            self.snap
+                .io
+                .write(IoClass::Merge, Dev::Base, ops[k].new_block * self.bs(), buf)?;
+            self.report.blocks_written += (j - k) as u64;
+            k = j;
+        }
+        self.snap.io.flush(IoClass::Merge, Dev::Base)?;
+        self.hook(MergeStep::Written {
+            start: w.start,
+            end: w.end,
+        });
+        Ok(())
+    }
+
+    /// Persist `num_merge_ops = n` (and the state byte) with one write in the first 4 KiB.
+    fn write_progress(&self, n: usize, state: Option<u8>) -> Result<()> {
+        let h = self.snap.layout.header_size as usize;
+        let bytes = {
+            let mut hdr = self.snap.header.lock().unwrap_or_else(|e| e.into_inner());
+            hdr[26..34].copy_from_slice(&(n as u64).to_le_bytes());
+            match (state, self.snap.layout.scratch()) {
+                (Some(s), Some(_)) => {
+                    hdr[h] = s;
+                    hdr[26..=h].to_vec()
+                }
+                _ => hdr[26..34].to_vec(),
+            }
+        };
+        self.snap
+            .io
+            .write(IoClass::Merge, Dev::Cow, NUM_MERGE_OPS_OFFSET, &bytes)?;
+        self.snap.io.flush(IoClass::Merge, Dev::Cow)
+    }
+
+    /// Step 4: commit and let readers use the base for ops `< merged`.
+    fn commit(&mut self, merged: usize) -> Result<()> {
+        self.write_progress(merged, Some(scratch_state::IN_PROGRESS))?;
+        {
+            let mut v = self.snap.view.write().unwrap_or_else(|e| e.into_inner());
+            *v = MergeView {
+                merged,
+                staged: None,
+            };
+        }
+        self.hook(MergeStep::Committed { merged });
+        if let Some(p) = self.opts.progress {
+            p(MergeProgress {
+                merged,
+                total: self.snap.map.ops().len(),
+            });
+        }
+        Ok(())
+    }
+
+    /// REPLACE/ZERO ops `[n, ..)`: one batch, written in runs, flushed and committed.
+    fn replace_batch(&mut self, n: usize, total: usize) -> Result<usize> {
+        let ops = self.snap.map.ops();
+        let bs = self.bs();
+        let bsu = bs as usize;
+        let mut end = n;
+        let mut bytes = 0u64;
+        while end < total && end - n < BATCH_OPS && bytes < BATCH_BYTES {
+            bytes += ops[end].blocks() * bs;
+            end += 1;
+        }
+        // (block, data) for every block this batch owns, in op order.
+        let mut blocks: Vec<(u64, usize)> = Vec::new();
+        let mut buf: Vec<u8> = Vec::with_capacity(bytes as usize);
+        for (i, op) in ops.iter().enumerate().take(end).skip(n) {
+            let owned: Vec<u64> = (op.new_block..op.new_block + op.blocks())
+                .filter(|&b| self.snap.map.lookup(b) == Some(i))
+                .collect();
+            if owned.is_empty() {
+                continue;
+            }
+            match op.kind {
+                OpKind::Zero => {
+                    for b in owned {
+                        blocks.push((b, buf.len()));
+                        buf.resize(buf.len() + bsu, 0);
+                    }
+                }
+                OpKind::Replace { payload, .. } => {
+                    let unit = self.snap.unit(IoClass::Merge, &payload)?;
+                    for b in owned {
+                        let at = ((b - op.new_block) * bs) as usize;
+                        let src = unit.get(at..at + bsu).ok_or_else(|| SnapError::Decode {
+                            offset: payload.offset,
+                            msg: "unit shorter than its blocks".into(),
+                        })?;
+                        blocks.push((b, buf.len()));
+                        buf.extend_from_slice(src);
+                    }
+                }
+                // Rule 1 was checked: no ordered op after the prefix.
+                OpKind::Copy { .. } | OpKind::Xor { .. } => {
+                    return Err(SnapError::MergeOrder(
+                        "ordered op after the ordered prefix".into(),
+                    ));
+                }
+            }
+        }
+        self.write_runs(&blocks, &buf)?;
+        self.snap.io.flush(IoClass::Merge, Dev::Base)?;
+        self.hook(MergeStep::Written { start: n, end });
+        self.commit(end)?;
+        Ok(end)
+    }
+
+    /// Write (block, offset-in-buf) pairs, one I/O per run of consecutive blocks and buffer slots.
+    fn write_runs(&mut self, blocks: &[(u64, usize)], buf: &[u8]) -> Result<()> {
+        let bs = self.bs();
+        let bsu = bs as usize;
+        let mut k = 0;
+        while k < blocks.len() {
+            let mut j = k + 1;
+            while j < blocks.len()
+                && blocks[j].0 == blocks[j - 1].0 + 1
+                && blocks[j].1 == blocks[j - 1].1 + bsu
+            {
+                j += 1;
+            }
+            let at = blocks[k].1;
+            self.snap.io.write(
+                IoClass::Merge,
+                Dev::Base,
+                blocks[k].0 * bs,
+                &buf[at..at + (j - k) * bsu],
+            )?;
+            self.report.blocks_written += (j - k) as u64;
+            k = j;
+        }
+        Ok(())
+    }
+
+    /// Apply the writable overlay's blocks to the base (idempotent; done after the COW's ops).
+    fn fold_overlay(&mut self) -> Result<()> {
+        let Some(ov) = &self.snap.overlay else {
+            return Ok(());
+        };
+        let all = ov.blocks();
+        if all.is_empty() {
+            return Ok(());
+        }
+        let bs = self.bs();
+        for chunk in all.chunks(256) {
+            let mut blocks = Vec::with_capacity(chunk.len());
+            let mut buf = vec![0u8; chunk.len() * bs as usize];
+            for (i, &(b, off)) in chunk.iter().enumerate() {
+                self.snap.io.read(
+                    IoClass::Merge,
+                    Dev::Cow,
+                    off,
+                    &mut buf[i * bs as usize..(i + 1) * bs as usize],
+                )?;
+                blocks.push((b, i * bs as usize));
+            }
+            self.write_runs(&blocks, &buf)?;
+            self.report.overlay_blocks += chunk.len() as u64;
+        }
+        self.snap.io.flush(IoClass::Merge, Dev::Base)
+    }
+}

@@ -1,0 +1,507 @@
+//! The snapshot: block map + merge progress + backing devices; serves reads (and overlay writes).
+
+use crate::dev::BlockDev;
+use crate::error::{Result, SnapError};
+use crate::io::{CacheStats, Dev, Io, UnitCache};
+use crate::map::{Codec, MergeView, Payload, Segment, SnapshotMap, StagedWindow};
+use crate::overlay::Overlay;
+use crate::sched::{IoClass, SchedConfig, SchedStats, Scheduler};
+use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard};
+
+/// Offset of `num_merge_ops` (u64) in every COW header version.
+pub const NUM_MERGE_OPS_OFFSET: u64 = 26;
+
+/// Decodes compressed payloads (supplied by the COW format layer).
+pub trait Decoder: Send + Sync {
+    /// Decode `src` (encoded with `codec`) into exactly `out.len()` bytes.
+    fn decode(&self, codec: Codec, src: &[u8], out: &mut [u8]) -> std::result::Result<(), String>;
+}
+
+/// Where merge state lives in the COW file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CowLayout {
+    pub block_size: u32,
+    /// `header_size` from the header (38 for v2, 78 for v3).
+    pub header_size: u32,
+    /// `buffer_size`: bytes of scratch right after the header (0 = none).
+    pub scratch_size: u32,
+    /// End of the data the COW format describes (the overlay journal starts after it).
+    pub data_end: u64,
+}
+
+/// The scratch area's geometry (format §10.2).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Scratch {
+    /// File offset of the state byte (= header_size).
+    pub base: u64,
+    /// Bytes reserved for metadata (`buffer_size * 16 / 4096`); data starts at `base + meta_len`.
+    pub meta_len: u64,
+    /// Blocks one window can stage.
+    pub slots: usize,
+}
+
+impl CowLayout {
+    /// The scratch geometry, if the file has a usable scratch area.
+    pub fn scratch(&self) -> Option<Scratch> {
+        let size = self.scratch_size as u64;
+        let bs = self.block_size as u64;
+        let meta_len = size * 16 / 4096;
+        // Entries start at base + 1 and need a terminator, all before the data at base + meta_len
+        // (2 MiB: 510 slots, as Android).
+        let slots = (size.saturating_sub(meta_len) / bs.max(1))
+            .min((meta_len.saturating_sub(1) / 16).saturating_sub(1));
+        (slots > 0).then_some(Scratch {
+            base: self.header_size as u64,
+            meta_len,
+            slots: slots as usize,
+        })
+    }
+}
+
+/// Scratch state byte values (format §10.2).
+pub mod scratch_state {
+    pub const NOT_STARTED: u8 = 0;
+    pub const IN_PROGRESS: u8 = 1;
+    pub const DONE: u8 = 2;
+}
+
+/// Tunables.
+#[derive(Debug, Clone, Copy)]
+pub struct SnapshotConfig {
+    /// Bytes of decoded compressed units to keep.
+    pub cache_bytes: u64,
+    /// Accept writes (into the overlay journal).
+    pub writable: bool,
+    pub sched: SchedConfig,
+}
+
+impl Default for SnapshotConfig {
+    fn default() -> Self {
+        SnapshotConfig {
+            cache_bytes: 32 << 20,
+            writable: false,
+            sched: SchedConfig::default(),
+        }
+    }
+}
+
+/// Everything a [`Snapshot`] is made of.
+pub struct SnapshotParts {
+    pub base: Arc<dyn BlockDev>,
+    pub cow: Arc<dyn BlockDev>,
+    pub map: SnapshotMap,
+    pub layout: CowLayout,
+    pub decoder: Arc<dyn Decoder>,
+    pub config: SnapshotConfig,
+}
+
+/// Merge progress as persisted in the COW.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Persisted {
+    pub num_merge_ops: u64,
+    /// The scratch state byte (`None` without scratch).
+    pub state: Option<u8>,
+}
+
+/// A snapshot device's state, shared by its queues and the merge engine.
+pub struct Snapshot {
+    pub(crate) map: SnapshotMap,
+    pub(crate) io: Io,
+    pub(crate) layout: CowLayout,
+    pub(crate) view: RwLock<MergeView>,
+    cache: UnitCache,
+    decoder: Arc<dyn Decoder>,
+    pub(crate) overlay: Option<Overlay>,
+    write_lock: Mutex<()>,
+    /// Header bytes `[0, header_size + 1)` as last read or written (progress fields included).
+    pub(crate) header: Mutex<Vec<u8>>,
+}
+
+impl Snapshot {
+    /// Open: read merge progress from the COW and, if a window was staged in scratch when the last
+    /// run stopped, load it so reads of that window are served from it.
+    pub fn open(p: SnapshotParts) -> Result<Self> {
+        let sched = Arc::new(Scheduler::new(p.config.sched));
+        let io = Io {
+            base: p.base,
+            cow: p.cow,
+            sched,
+        };
+        let bs = p.map.block_size();
+        if p.layout.block_size as u64 != bs {
+            return Err(SnapError::Format(
+                "layout and map disagree on block size".into(),
+            ));
+        }
+        if p.layout.header_size < 34 || p.layout.header_size > 4095 {
+            return Err(SnapError::Format(format!(
+                "header size {}",
+                p.layout.header_size
+            )));
+        }
+        let base_len = io.base.size().map_err(SnapError::io("sizing base"))?;
+        if base_len < p.map.capacity() {
+            return Err(SnapError::Format(format!(
+                "base has {base_len} bytes, snapshot needs {}",
+                p.map.capacity()
+            )));
+        }
+        let mut header = vec![0u8; p.layout.header_size as usize + 1];
+        let hlen = if p.layout.scratch().is_some() {
+            header.len()
+        } else {
+            header.len() - 1
+        };
+        io.read(IoClass::Foreground, Dev::Cow, 0, &mut header[..hlen])?;
+        let overlay = if p.config.writable {
+            let start = p.layout.data_end.div_ceil(4096) * 4096;
+            Some(Overlay::open(&io, start, bs, p.map.capacity() / bs)?)
+        } else {
+            None
+        };
+        let s = Snapshot {
+            map: p.map,
+            io,
+            layout: p.layout,
+            view: RwLock::new(MergeView::default()),
+            cache: UnitCache::new(p.config.cache_bytes),
+            decoder: p.decoder,
+            overlay,
+            write_lock: Mutex::new(()),
+            header: Mutex::new(header),
+        };
+        let pers = s.persisted();
+        if pers.num_merge_ops > s.map.ops().len() as u64 {
+            return Err(SnapError::Format(format!(
+                "num_merge_ops {} exceeds the {} ops of the merge order",
+                pers.num_merge_ops,
+                s.map.ops().len()
+            )));
+        }
+        let mut view = MergeView {
+            merged: pers.num_merge_ops as usize,
+            staged: None,
+        };
+        // A "done" state byte means the window at num_merge_ops may be half written: its sources
+        // can no longer be trusted, whatever the counter says (format §10.3 observation).
+        if pers.state == Some(scratch_state::DONE) {
+            view.staged = Some(s.load_scratch_window(view.merged)?);
+        }
+        *s.view.write().unwrap_or_else(|e| e.into_inner()) = view;
+        Ok(s)
+    }
+
+    /// The block map.
+    pub fn map(&self) -> &SnapshotMap {
+        &self.map
+    }
+    /// The COW layout.
+    pub fn layout(&self) -> CowLayout {
+        self.layout
+    }
+    /// Device size in bytes.
+    pub fn capacity(&self) -> u64 {
+        self.map.capacity()
+    }
+    /// Whether writes are accepted.
+    pub fn writable(&self) -> bool {
+        self.overlay.is_some()
+    }
+    /// The overlay journal, when writable.
+    pub fn overlay(&self) -> Option<&Overlay> {
+        self.overlay.as_ref()
+    }
+    /// Scheduler counters.
+    pub fn sched_stats(&self) -> SchedStats {
+        self.io.sched.stats()
+    }
+    /// Decoded-unit cache counters.
+    pub fn cache_stats(&self) -> CacheStats {
+        self.cache.stats()
+    }
+    /// (ops merged, ops in the merge order).
+    pub fn merge_progress(&self) -> (usize, usize) {
+        (self.lock_view().merged, self.map.ops().len())
+    }
+
+    pub(crate) fn lock_view(&self) -> RwLockReadGuard<'_, MergeView> {
+        self.view.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Progress fields from the header bytes read at open.
+    pub fn persisted(&self) -> Persisted {
+        let h = self.header.lock().unwrap_or_else(|e| e.into_inner());
+        let mut a = [0u8; 8];
+        a.copy_from_slice(&h[26..34]);
+        let state = self
+            .layout
+            .scratch()
+            .map(|_| h[self.layout.header_size as usize]);
+        Persisted {
+            num_merge_ops: u64::from_le_bytes(a),
+            state,
+        }
+    }
+
+    /// Read the window staged in scratch; it must describe the ops starting at `start`.
+    pub(crate) fn load_scratch_window(&self, start: usize) -> Result<StagedWindow> {
+        let sc = self
+            .layout
+            .scratch()
+            .ok_or_else(|| SnapError::Scratch("no scratch area".into()))?;
+        let bs = self.map.block_size();
+        let mut meta = vec![0u8; (sc.slots + 1) * 16];
+        self.io
+            .read(IoClass::Merge, Dev::Cow, sc.base + 1, &mut meta)?;
+        let mut entries = Vec::new();
+        for e in meta.chunks_exact(16) {
+            let (mut nb, mut off) = ([0u8; 8], [0u8; 8]);
+            nb.copy_from_slice(&e[..8]);
+            off.copy_from_slice(&e[8..]);
+            let (nb, off) = (u64::from_le_bytes(nb), u64::from_le_bytes(off));
+            if nb == 0 && off == 0 {
+                break;
+            }
+            entries.push((nb, off));
+        }
+        if entries.is_empty() || entries.len() > sc.slots {
+            return Err(SnapError::Scratch(format!(
+                "{} staged entries",
+                entries.len()
+            )));
+        }
+        let ops = self.map.ops();
+        let data_lo = sc.base + sc.meta_len;
+        let data_hi = sc.base + self.layout.scratch_size as u64;
+        let mut data = vec![0u8; entries.len() * bs as usize];
+        for (k, &(nb, off)) in entries.iter().enumerate() {
+            let op = ops
+                .get(start + k)
+                .ok_or_else(|| SnapError::Scratch("window runs past the merge order".into()))?;
+            if !op.is_ordered() || op.new_block != nb {
+                return Err(SnapError::Scratch(format!(
+                    "entry {k} names block {nb}, merge order has block {} at {}",
+                    op.new_block,
+                    start + k
+                )));
+            }
+            if off < data_lo || off.saturating_add(bs) > data_hi {
+                return Err(SnapError::Scratch(format!(
+                    "entry {k} data offset {off} outside scratch"
+                )));
+            }
+            self.io.read(
+                IoClass::Merge,
+                Dev::Cow,
+                off,
+                &mut data[k * bs as usize..(k + 1) * bs as usize],
+            )?;
+        }
+        Ok(StagedWindow {
+            start,
+            end: start + entries.len(),
+            data: Arc::new(data),
+        })
+    }
+
+    /// Plan a read and run `f` on the plan while merge progress cannot change (so base ranges in
+    /// the plan stay valid until `f` returns). For exports that execute plans themselves.
+    pub fn with_plan<R>(
+        &self,
+        offset: u64,
+        len: u64,
+        f: impl FnOnce(&[Segment], &MergeView) -> R,
+    ) -> Result<R> {
+        let view = self.lock_view();
+        let mut segs = Vec::new();
+        let ov = |b| self.overlay.as_ref().and_then(|o| o.lookup(b));
+        self.map.plan_into(&view, &ov, offset, len, &mut segs)?;
+        Ok(f(&segs, &view))
+    }
+
+    /// Read through the snapshot (foreground class).
+    pub fn read(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
+        self.read_class(IoClass::Foreground, offset, buf)
+    }
+
+    /// Read through the snapshot with an explicit I/O class (readahead uses its own).
+    pub fn read_class(&self, class: IoClass, offset: u64, buf: &mut [u8]) -> Result<()> {
+        let view = self.lock_view();
+        let mut segs = Vec::with_capacity(4);
+        match &self.overlay {
+            Some(o) if !o.is_empty() => {
+                self.map
+                    .plan_into(&view, &|b| o.lookup(b), offset, buf.len() as u64, &mut segs)?
+            }
+            _ => self
+                .map
+                .plan_into(&view, &|_| None, offset, buf.len() as u64, &mut segs)?,
+        }
+        self.execute(class, &view, &segs, buf)
+    }
+
+    /// Execute a plan into `buf` (whose length is the plan's total).
+    pub fn execute(
+        &self,
+        class: IoClass,
+        view: &MergeView,
+        segs: &[Segment],
+        buf: &mut [u8],
+    ) -> Result<()> {
+        let mut pos = 0usize;
+        for seg in segs {
+            let n = seg.len() as usize;
+            let dst = buf
+                .get_mut(pos..pos + n)
+                .ok_or_else(|| SnapError::Config("plan longer than buffer".into()))?;
+            match *seg {
+                Segment::Base { base_offset, .. } => {
+                    self.io.read(class, Dev::Base, base_offset, dst)?
+                }
+                Segment::Cow { cow_offset, .. } => {
+                    self.io.read(class, Dev::Cow, cow_offset, dst)?
+                }
+                Segment::Zero { .. } => dst.fill(0),
+                Segment::Decoded { payload, skip, .. } => {
+                    let unit = self.unit(class, &payload)?;
+                    let src = unit
+                        .get(skip as usize..skip as usize + n)
+                        .ok_or_else(|| short(&payload))?;
+                    dst.copy_from_slice(src);
+                }
+                Segment::Xor {
+                    base_offset,
+                    payload,
+                    skip,
+                    ..
+                } => {
+                    let bs = self.map.block_size() as usize;
+                    let mut block = vec![0u8; bs];
+                    self.io.read(class, Dev::Base, base_offset, &mut block)?;
+                    let unit = self.unit(class, &payload)?;
+                    let pl = unit.get(..bs).ok_or_else(|| short(&payload))?;
+                    for (d, (a, b)) in dst
+                        .iter_mut()
+                        .zip(block[skip as usize..].iter().zip(&pl[skip as usize..]))
+                    {
+                        *d = a ^ b;
+                    }
+                }
+                Segment::Staged { slot, skip, .. } => {
+                    let w = view.staged.as_ref().ok_or(SnapError::MergeFailed)?;
+                    let bs = self.map.block_size() as usize;
+                    let at = slot as usize * bs + skip as usize;
+                    dst.copy_from_slice(w.data.get(at..at + n).ok_or(SnapError::MergeFailed)?);
+                }
+            }
+            pos += n;
+        }
+        Ok(())
+    }
+
+    /// The decoded unit of a payload (raw payloads are read as is), through the cache.
+    pub(crate) fn unit(&self, class: IoClass, p: &Payload) -> Result<Arc<Vec<u8>>> {
+        if let Some(u) = self.cache.get(p.offset) {
+            return Ok(u);
+        }
+        let mut out = vec![0u8; p.unit_len as usize];
+        self.decode_into(class, p, &mut out)?;
+        let u = Arc::new(out);
+        self.cache.insert(p.offset, u.clone());
+        Ok(u)
+    }
+
+    /// Decode a payload into `out` (exactly one unit), bypassing the cache.
+    pub(crate) fn decode_into(&self, class: IoClass, p: &Payload, out: &mut [u8]) -> Result<()> {
+        if p.codec == Codec::None {
+            if p.stored_len as usize != out.len() {
+                return Err(short(p));
+            }
+            return self.io.read(class, Dev::Cow, p.offset, out);
+        }
+        // stored_len is at most a u32; bound it by the largest unit a COW can have (256 KiB) plus
+        // compressor overhead before allocating.
+        if p.stored_len > (1 << 20) {
+            return Err(SnapError::Decode {
+                offset: p.offset,
+                msg: format!("payload of {} bytes", p.stored_len),
+            });
+        }
+        let mut src = vec![0u8; p.stored_len as usize];
+        self.io.read(class, Dev::Cow, p.offset, &mut src)?;
+        self.decoder
+            .decode(p.codec, &src, out)
+            .map_err(|msg| SnapError::Decode {
+                offset: p.offset,
+                msg,
+            })
+    }
+
+    /// The new content of op `i`'s first block computed from the base as it was before the merge
+    /// (ordered ops), into `out` (one block). Used by the merge's staging step.
+    pub(crate) fn xor_apply(
+        &self,
+        class: IoClass,
+        payload: &Payload,
+        out: &mut [u8],
+    ) -> Result<()> {
+        let mut pl = vec![0u8; payload.unit_len as usize];
+        self.decode_into(class, payload, &mut pl)?;
+        for (d, s) in out.iter_mut().zip(&pl) {
+            *d ^= s;
+        }
+        Ok(())
+    }
+
+    /// Write through the snapshot into the overlay (EROFS when read-only).
+    pub fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<()> {
+        let Some(ov) = &self.overlay else {
+            return Err(SnapError::ReadOnly);
+        };
+        let len = data.len() as u64;
+        if offset.checked_add(len).is_none_or(|e| e > self.capacity()) {
+            return Err(SnapError::Range {
+                offset,
+                len,
+                capacity: self.capacity(),
+            });
+        }
+        if len == 0 {
+            return if fua { self.flush() } else { Ok(()) };
+        }
+        let bs = self.map.block_size();
+        let _w = self.write_lock.lock().unwrap_or_else(|e| e.into_inner());
+        let first = offset / bs;
+        let last = (offset + len - 1) / bs;
+        let mut buf = vec![0u8; ((last - first + 1) * bs) as usize];
+        let head = offset % bs;
+        if head != 0 {
+            self.read(first * bs, &mut buf[..bs as usize])?;
+        }
+        if !(offset + len).is_multiple_of(bs) && (last != first || head == 0) {
+            let at = buf.len() - bs as usize;
+            self.read(last * bs, &mut buf[at..])?;
+        }
+        buf[head as usize..head as usize + data.len()].copy_from_slice(data);
+        ov.append(&self.io, first, &buf)?;
+        if fua { self.flush() } else { Ok(()) }
+    }
+
+    /// Make acknowledged writes durable.
+    pub fn flush(&self) -> Result<()> {
+        if self.overlay.is_some() {
+            self.io.flush(IoClass::Foreground, Dev::Cow)?;
+        }
+        Ok(())
+    }
+}
+
+fn short(p: &Payload) -> SnapError {
+    SnapError::Decode {
+        offset: p.offset,
+        msg: format!(
+            "payload of {} bytes does not fill a {}-byte unit",
+            p.stored_len, p.unit_len
+        ),
+    }
+}

@@ -1,1 +1,468 @@
-//! placeholder
+//! Foreground under background: start N background streams (sequential readers or writers on
+//! files/devices, or shell commands such as `snapblk merge …` or `snapblk readahead replay …`),
+//! then time a foreground task (a shell command, a replayed read list, or a workload) against
+//! the same task on an idle device — optionally once per kernel I/O scheduler.
+
+use crate::context;
+use crate::engine::{RunOpts, run_workload};
+use crate::hist::LatHist;
+use crate::report::{fmt_ns, text_table};
+use crate::spec::JobSpec;
+use crate::target::Target;
+use crate::{Error, Result};
+use serde::Serialize;
+use std::fs::{File, OpenOptions};
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+/// A background stream.
+#[derive(Debug, Clone, Serialize)]
+#[serde(tag = "kind", rename_all = "lowercase")]
+pub enum Background {
+    /// Sequential 1 MiB reads over a file or device, wrapping at the end.
+    Read { path: PathBuf },
+    /// Sequential 1 MiB writes over `size` bytes of a file, fdatasync every 64 MiB.
+    Write { path: PathBuf, size: u64 },
+    /// A shell command run for the duration of the cell (killed at the end).
+    Cmd { cmd: String },
+}
+
+/// The foreground task whose start-up time is measured.
+#[derive(Debug, Clone, Serialize)]
+#[serde(tag = "kind", rename_all = "lowercase")]
+pub enum Foreground {
+    /// A shell command (e.g. `python3 -c 'import json'`); time = its wall time.
+    Cmd { cmd: String },
+    /// A snapblk readahead list replayed as plain reads (files evicted first); time = all reads.
+    ReadList { list: PathBuf },
+    /// A workload on the benchmark target; time = its wall time, latency from its histogram.
+    Workload { job: JobSpec },
+}
+
+/// The test description.
+#[derive(Debug, Clone, Serialize)]
+pub struct FgBgSpec {
+    pub background: Vec<Background>,
+    pub foreground: Foreground,
+    /// Foreground runs per cell.
+    pub iterations: u32,
+    /// Seconds the background runs before the first foreground run.
+    pub warmup: f64,
+    /// Pause between foreground runs, seconds.
+    pub pause: f64,
+    /// O_DIRECT for background readers/writers.
+    pub bg_direct: bool,
+    /// `echo 3 > /proc/sys/vm/drop_caches` before every foreground run (root).
+    pub drop_caches: bool,
+    /// Schedulers to try (empty: leave the current one).
+    pub schedulers: Vec<String>,
+    /// The block device whose scheduler is switched.
+    pub device: Option<PathBuf>,
+    /// Give up on a foreground run after this many seconds.
+    pub fg_timeout: f64,
+}
+
+/// One (scheduler, load) cell.
+#[derive(Debug, Clone, Serialize)]
+pub struct FgBgCell {
+    pub scheduler: Option<String>,
+    /// "idle" or "loaded".
+    pub load: String,
+    pub fg_seconds: Vec<f64>,
+    pub fg_median: f64,
+    pub fg_min: f64,
+    pub fg_max: f64,
+    /// Per-read latency of the foreground (read lists and workloads).
+    pub fg_lat_p50_ns: Option<u64>,
+    pub fg_lat_p99_ns: Option<u64>,
+    /// Background throughput during the cell (readers/writers only).
+    pub bg_bytes_per_s: Option<f64>,
+    /// Foreground median relative to the idle median of the same scheduler.
+    pub slowdown: Option<f64>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct FgBgReport {
+    pub spec: FgBgSpec,
+    pub cells: Vec<FgBgCell>,
+}
+
+struct BgRunning {
+    stop: Arc<AtomicBool>,
+    bytes: Arc<AtomicU64>,
+    threads: Vec<std::thread::JoinHandle<Result<()>>>,
+    children: Vec<Child>,
+    start: Instant,
+}
+
+fn start_background(spec: &FgBgSpec) -> Result<BgRunning> {
+    let stop = Arc::new(AtomicBool::new(false));
+    let bytes = Arc::new(AtomicU64::new(0));
+    let mut threads = Vec::new();
+    let mut children = Vec::new();
+    for b in &spec.background {
+        match b {
+            Background::Cmd { cmd } => {
+                let child = Command::new("sh")
+                    .arg("-c")
+                    .arg(cmd)
+                    .process_group(0)
+                    .spawn()?;
+                children.push(child);
+            }
+            Background::Read { path } | Background::Write { path, .. } => {
+                let write = matches!(b, Background::Write { .. });
+                let size = if let Background::Write { size, .. } = b {
+                    *size
+                } else {
+                    0
+                };
+                let mut o = OpenOptions::new();
+                o.read(true);
+                if write {
+                    o.write(true).create(true);
+                }
+                if spec.bg_direct {
+                    o.custom_flags(libc::O_DIRECT);
+                }
+                let f = o
+                    .open(path)
+                    .map_err(|e| Error::Other(format!("background {}: {e}", path.display())))?;
+                let len = if write { size } else { file_len(&f)? };
+                if len < (1 << 20) {
+                    return Err(Error::Spec(format!(
+                        "background {}: needs at least 1 MiB",
+                        path.display()
+                    )));
+                }
+                let (stop, bytes) = (stop.clone(), bytes.clone());
+                threads.push(std::thread::spawn(move || {
+                    stream(f, len, write, &stop, &bytes)
+                }));
+            }
+        }
+    }
+    Ok(BgRunning {
+        stop,
+        bytes,
+        threads,
+        children,
+        start: Instant::now(),
+    })
+}
+
+fn file_len(f: &File) -> Result<u64> {
+    use std::io::Seek;
+    let mut g = f;
+    Ok(g.seek(std::io::SeekFrom::End(0))?)
+}
+
+fn stream(f: File, len: u64, write: bool, stop: &AtomicBool, bytes: &AtomicU64) -> Result<()> {
+    const CHUNK: usize = 1 << 20;
+    let region = snapblk_core::MemRegion::alloc(CHUNK)?;
+    // SAFETY: freshly allocated region used only by this thread.
+    let buf = unsafe { region.as_mut_slice() };
+    buf.fill(0x5a);
+    let mut off = 0u64;
+    let mut since_sync = 0u64;
+    let res = (|| -> Result<()> {
+        while !stop.load(Ordering::Relaxed) {
+            if off + CHUNK as u64 > len {
+                off = 0;
+            }
+            if write {
+                f.write_all_at(buf, off)?;
+                since_sync += CHUNK as u64;
+                if since_sync >= 64 << 20 {
+                    f.sync_data()?;
+                    since_sync = 0;
+                }
+            } else {
+                f.read_exact_at(buf, off)?;
+            }
+            off += CHUNK as u64;
+            bytes.fetch_add(CHUNK as u64, Ordering::Relaxed);
+        }
+        Ok(())
+    })();
+    // SAFETY: allocated above; the slice is not used past this point.
+    unsafe { region.free() };
+    res
+}
+
+fn stop_background(mut bg: BgRunning) -> Result<Option<f64>> {
+    bg.stop.store(true, Ordering::Relaxed);
+    let secs = bg.start.elapsed().as_secs_f64();
+    for c in &mut bg.children {
+        // Kill the whole process group the command started.
+        // SAFETY: signalling a process group we created.
+        unsafe { libc::kill(-(c.id() as i32), libc::SIGKILL) };
+        let _ = c.wait();
+    }
+    let mut err = None;
+    let had_streams = !bg.threads.is_empty();
+    for t in bg.threads {
+        match t.join() {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => err = Some(e),
+            Err(_) => err = Some(Error::Other("background thread panicked".into())),
+        }
+    }
+    if let Some(e) = err {
+        return Err(e);
+    }
+    Ok(had_streams.then(|| bg.bytes.load(Ordering::Relaxed) as f64 / secs.max(1e-9)))
+}
+
+fn drop_caches() -> Result<()> {
+    // SAFETY: sync(2) has no arguments.
+    unsafe { libc::sync() };
+    std::fs::write("/proc/sys/vm/drop_caches", "3")
+        .map_err(|e| Error::Other(format!("drop_caches (needs root): {e}")))
+}
+
+/// Replay a readahead list as plain reads; returns per-read latencies.
+fn replay_list(list: &Path, h: &mut LatHist) -> Result<()> {
+    let text = std::fs::read(list)?;
+    let entries = snapblk_readahead::list::parse_bytes(&text, Default::default())
+        .map_err(|e| Error::Other(format!("{}: {e}", list.display())))?;
+    let mut buf = vec![0u8; 128 << 10];
+    for e in &entries {
+        let Ok(f) = File::open(&e.path) else { continue };
+        let size = f.metadata()?.len();
+        for r in e.extent.resolve(size).ranges() {
+            let mut off = r.offset;
+            let end = r.offset + r.len;
+            while off < end {
+                let l = ((end - off) as usize).min(buf.len());
+                let s = Instant::now();
+                let n = f.read_at(&mut buf[..l], off)?;
+                h.record(s.elapsed().as_nanos() as u64);
+                if n == 0 {
+                    break;
+                }
+                off += n as u64;
+            }
+        }
+    }
+    Ok(())
+}
+
+fn evict_list(list: &Path) -> Result<()> {
+    let text = std::fs::read(list)?;
+    let entries = snapblk_readahead::list::parse_bytes(&text, Default::default())
+        .map_err(|e| Error::Other(format!("{}: {e}", list.display())))?;
+    for e in entries {
+        if let Ok(f) = File::open(&e.path) {
+            crate::fileio::evict(&f);
+        }
+    }
+    Ok(())
+}
+
+/// Run the foreground once: (seconds, latency histogram if any).
+fn run_foreground(
+    spec: &FgBgSpec,
+    target: &mut Option<&mut dyn Target>,
+) -> Result<(f64, Option<LatHist>)> {
+    if spec.drop_caches {
+        drop_caches()?;
+    }
+    match &spec.foreground {
+        Foreground::Cmd { cmd } => {
+            let t0 = Instant::now();
+            let mut c = Command::new("sh")
+                .arg("-c")
+                .arg(cmd)
+                .process_group(0)
+                .spawn()?;
+            loop {
+                if let Some(st) = c.try_wait()? {
+                    if !st.success() {
+                        return Err(Error::Other(format!("foreground command failed: {st}")));
+                    }
+                    break;
+                }
+                if t0.elapsed().as_secs_f64() > spec.fg_timeout {
+                    // SAFETY: signalling the process group we created.
+                    unsafe { libc::kill(-(c.id() as i32), libc::SIGKILL) };
+                    let _ = c.wait();
+                    return Ok((spec.fg_timeout, None));
+                }
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            Ok((t0.elapsed().as_secs_f64(), None))
+        }
+        Foreground::ReadList { list } => {
+            evict_list(list)?;
+            let mut h = LatHist::default();
+            let t0 = Instant::now();
+            replay_list(list, &mut h)?;
+            Ok((t0.elapsed().as_secs_f64(), Some(h)))
+        }
+        Foreground::Workload { job } => {
+            let t = target
+                .as_deref_mut()
+                .ok_or_else(|| Error::Spec("foreground workload needs a target".into()))?;
+            let t0 = Instant::now();
+            let r = run_workload(t, job, &RunOpts::default())?;
+            Ok((t0.elapsed().as_secs_f64(), Some(r.lat())))
+        }
+    }
+}
+
+fn median(v: &[f64]) -> f64 {
+    let mut s = v.to_vec();
+    s.sort_by(|a, b| a.total_cmp(b));
+    if s.is_empty() { 0.0 } else { s[s.len() / 2] }
+}
+
+fn run_cell(
+    spec: &FgBgSpec,
+    sched: Option<&String>,
+    loaded: bool,
+    target: &mut Option<&mut dyn Target>,
+) -> Result<FgBgCell> {
+    let bg = if loaded {
+        let bg = start_background(spec)?;
+        std::thread::sleep(Duration::from_secs_f64(spec.warmup));
+        Some(bg)
+    } else {
+        None
+    };
+    let mut secs = Vec::new();
+    let mut lat: Option<LatHist> = None;
+    let mut res = Ok(());
+    for i in 0..spec.iterations {
+        if i > 0 {
+            std::thread::sleep(Duration::from_secs_f64(spec.pause));
+        }
+        match run_foreground(spec, target) {
+            Ok((s, h)) => {
+                secs.push(s);
+                if let Some(h) = h {
+                    lat.get_or_insert_with(LatHist::default).merge(&h);
+                }
+            }
+            Err(e) => {
+                res = Err(e);
+                break;
+            }
+        }
+    }
+    let bg_rate = match bg {
+        Some(b) => stop_background(b)?,
+        None => None,
+    };
+    res?;
+    Ok(FgBgCell {
+        scheduler: sched.cloned(),
+        load: if loaded { "loaded" } else { "idle" }.into(),
+        fg_median: median(&secs),
+        fg_min: secs.iter().cloned().fold(f64::INFINITY, f64::min),
+        fg_max: secs.iter().cloned().fold(0.0, f64::max),
+        fg_seconds: secs,
+        fg_lat_p50_ns: lat.as_ref().map(|h| h.percentile(50.0)),
+        fg_lat_p99_ns: lat.as_ref().map(|h| h.percentile(99.0)),
+        bg_bytes_per_s: bg_rate,
+        slowdown: None,
+    })
+}
+
+/// Run every (scheduler × {idle, loaded}) cell, interleaved per scheduler. The original
+/// scheduler is restored afterwards.
+pub fn run_fgbg(
+    spec: &FgBgSpec,
+    mut target: Option<&mut dyn Target>,
+    mut log: impl FnMut(&str),
+) -> Result<FgBgReport> {
+    if spec.iterations == 0 {
+        return Err(Error::Spec("iterations must be >= 1".into()));
+    }
+    let dir = match (&spec.device, spec.schedulers.is_empty()) {
+        (_, true) => None,
+        (Some(d), false) => Some(
+            context::block_dir_for(d)
+                .ok_or_else(|| Error::Spec(format!("{}: no block device queue", d.display())))?,
+        ),
+        (None, false) => return Err(Error::Spec("--schedulers needs --device".into())),
+    };
+    let original = dir.as_deref().and_then(|d| context::scheduler(d).0);
+    let scheds: Vec<Option<&String>> = if spec.schedulers.is_empty() {
+        vec![None]
+    } else {
+        spec.schedulers.iter().map(Some).collect()
+    };
+    let mut cells = Vec::new();
+    let res = (|| -> Result<()> {
+        for s in scheds {
+            if let (Some(d), Some(name)) = (&dir, s) {
+                context::set_scheduler(d, name)
+                    .map_err(|e| Error::Other(format!("set scheduler {name}: {e}")))?;
+            }
+            let mut idle = run_cell(spec, s, false, &mut target)?;
+            idle.slowdown = Some(1.0);
+            log(&format!(
+                "{} idle: {:.3}s",
+                s.map_or("-", |v| v),
+                idle.fg_median
+            ));
+            let mut loaded = run_cell(spec, s, true, &mut target)?;
+            loaded.slowdown = (idle.fg_median > 0.0).then(|| loaded.fg_median / idle.fg_median);
+            log(&format!(
+                "{} loaded: {:.3}s",
+                s.map_or("-", |v| v),
+                loaded.fg_median
+            ));
+            cells.push(idle);
+            cells.push(loaded);
+        }
+        Ok(())
+    })();
+    if let (Some(d), Some(o)) = (&dir, &original) {
+        let _ = context::set_scheduler(d, o);
+    }
+    res?;
+    Ok(FgBgReport {
+        spec: spec.clone(),
+        cells,
+    })
+}
+
+/// Table: scheduler, load, foreground median [min–max], slowdown, latency, background rate.
+pub fn fgbg_table(r: &FgBgReport) -> String {
+    let mut rows = vec![
+        [
+            "scheduler",
+            "load",
+            "fg median",
+            "[min-max]",
+            "vs idle",
+            "fg p50",
+            "fg p99",
+            "bg MiB/s",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect::<Vec<_>>(),
+    ];
+    for c in &r.cells {
+        rows.push(vec![
+            c.scheduler.clone().unwrap_or_else(|| "(current)".into()),
+            c.load.clone(),
+            format!("{:.3}s", c.fg_median),
+            format!("[{:.3}-{:.3}]", c.fg_min, c.fg_max),
+            c.slowdown.map_or("-".into(), |s| format!("{s:.2}x")),
+            c.fg_lat_p50_ns.map_or("-".into(), |v| fmt_ns(v as f64)),
+            c.fg_lat_p99_ns.map_or("-".into(), |v| fmt_ns(v as f64)),
+            c.bg_bytes_per_s
+                .map_or("-".into(), |b| format!("{:.0}", b / 1048576.0)),
+        ]);
+    }
+    text_table(&rows)
+}

@@ -1,1 +1,369 @@
-//! placeholder
+//! File-level tests in the style of IOzone (write, rewrite, read, reread, random read, random
+//! write over a file-size × record-size sweep, with or without fsync, buffered or O_DIRECT), and
+//! the ext2-over-flash micro-benchmark: create an N MiB file, then overwrite it in 1 KiB units,
+//! with and without fsync.
+
+use crate::hist::LatHist;
+use crate::pattern::Permutation;
+use crate::report::text_table;
+use crate::spec::fmt_size;
+use crate::{Error, Result};
+use serde::Serialize;
+use snapblk_core::MemRegion;
+use std::fs::{File, OpenOptions};
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+/// IOzone's test names (`-i 0` write/rewrite, `-i 1` read/reread, `-i 2` random read/write).
+pub const TESTS: [&str; 6] = [
+    "write",
+    "rewrite",
+    "read",
+    "reread",
+    "randread",
+    "randwrite",
+];
+
+/// Parameters of a file-test sweep.
+#[derive(Debug, Clone, Serialize)]
+pub struct FileTestSpec {
+    pub dir: PathBuf,
+    pub file_sizes: Vec<u64>,
+    pub record_sizes: Vec<u64>,
+    pub tests: Vec<String>,
+    /// Include an fsync at the end of every write test in its time (IOzone `-e`).
+    pub fsync: bool,
+    /// O_DIRECT (IOzone `-I`).
+    pub direct: bool,
+    /// Drop the file's pages (fadvise DONTNEED) before `read` and `randread`.
+    pub drop_cache: bool,
+    pub seed: u64,
+}
+
+/// One (file size, record size, test) cell.
+#[derive(Debug, Clone, Serialize)]
+pub struct Cell {
+    pub file_size: u64,
+    pub record_size: u64,
+    pub test: String,
+    pub bytes: u64,
+    pub seconds: f64,
+    pub mib_s: f64,
+    pub ops: u64,
+    pub op_mean_us: f64,
+    pub op_p99_us: f64,
+}
+
+/// The file-test results.
+#[derive(Debug, Clone, Serialize)]
+pub struct FileTestReport {
+    pub spec: FileTestSpec,
+    pub cells: Vec<Cell>,
+}
+
+struct AlignedBuf(MemRegion);
+
+impl AlignedBuf {
+    fn new(len: usize, seed: u64) -> Result<AlignedBuf> {
+        let r = MemRegion::alloc(len.div_ceil(4096) * 4096)?;
+        // SAFETY: freshly allocated, exclusively ours.
+        let s = unsafe { r.as_mut_slice() };
+        let mut rng = crate::rng::Rng::new(seed);
+        for c in s.chunks_mut(8) {
+            let v = rng.next_u64().to_le_bytes();
+            let l = c.len();
+            c.copy_from_slice(&v[..l]);
+        }
+        Ok(AlignedBuf(r))
+    }
+    fn get(&mut self, len: usize) -> &mut [u8] {
+        // SAFETY: the region is live and only used through this &mut borrow.
+        unsafe { &mut self.0.as_mut_slice()[..len] }
+    }
+}
+
+impl Drop for AlignedBuf {
+    fn drop(&mut self) {
+        // SAFETY: allocated by MemRegion::alloc, freed once, no I/O outstanding.
+        unsafe { self.0.free() };
+    }
+}
+
+fn open(path: &Path, create: bool, direct: bool) -> Result<File> {
+    let mut o = OpenOptions::new();
+    o.read(true).write(true);
+    if create {
+        o.create(true).truncate(true);
+    }
+    if direct {
+        o.custom_flags(libc::O_DIRECT);
+    }
+    Ok(o.open(path)?)
+}
+
+/// Drop a file's clean pages from the page cache.
+pub fn evict(f: &File) {
+    // SAFETY: valid fd; fadvise only gives advice.
+    unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+}
+
+fn cell(fs: u64, rs: u64, test: &str, bytes: u64, secs: f64, h: &LatHist) -> Cell {
+    Cell {
+        file_size: fs,
+        record_size: rs,
+        test: test.into(),
+        bytes,
+        seconds: secs,
+        mib_s: if secs > 0.0 {
+            bytes as f64 / secs / 1048576.0
+        } else {
+            0.0
+        },
+        ops: h.count(),
+        op_mean_us: h.mean() / 1e3,
+        op_p99_us: h.percentile(99.0) as f64 / 1e3,
+    }
+}
+
+/// Run one test over a file of `fs` bytes with records of `rs` bytes.
+fn run_test(
+    spec: &FileTestSpec,
+    path: &Path,
+    fs: u64,
+    rs: u64,
+    test: &str,
+    buf: &mut AlignedBuf,
+) -> Result<Cell> {
+    let n = fs / rs;
+    let write = matches!(test, "write" | "rewrite" | "randwrite");
+    let random = test.starts_with("rand");
+    let f = open(path, test == "write", spec.direct)?;
+    if spec.drop_cache && matches!(test, "read" | "randread") {
+        f.sync_all()?;
+        evict(&f);
+    }
+    let mut perm = Permutation::new(n, spec.seed);
+    let mut h = LatHist::default();
+    let t0 = Instant::now();
+    for i in 0..n {
+        let rec = if random {
+            perm.next_index().unwrap_or(i)
+        } else {
+            i
+        };
+        let off = rec * rs;
+        let b = buf.get(rs as usize);
+        let s = Instant::now();
+        if write {
+            f.write_all_at(b, off)?;
+        } else {
+            f.read_exact_at(b, off)?;
+        }
+        h.record(s.elapsed().as_nanos() as u64);
+    }
+    if write && spec.fsync {
+        f.sync_all()?;
+    }
+    let secs = t0.elapsed().as_secs_f64();
+    Ok(cell(fs, rs, test, n * rs, secs, &h))
+}
+
+/// Run the sweep. The test file is created in `spec.dir` and removed afterwards.
+pub fn run_file_tests(
+    spec: &FileTestSpec,
+    mut progress: impl FnMut(&Cell),
+) -> Result<FileTestReport> {
+    for t in &spec.tests {
+        if !TESTS.contains(&t.as_str()) {
+            return Err(Error::Spec(format!(
+                "unknown file test {t:?} (one of {})",
+                TESTS.join(", ")
+            )));
+        }
+    }
+    let maxrec = spec.record_sizes.iter().copied().max().unwrap_or(0);
+    if maxrec == 0 || spec.file_sizes.is_empty() {
+        return Err(Error::Spec("need file sizes and record sizes".into()));
+    }
+    if maxrec > 64 << 20 {
+        return Err(Error::Spec("record size above 64 MiB".into()));
+    }
+    if spec.direct && spec.record_sizes.iter().any(|r| r % 512 != 0) {
+        return Err(Error::Spec(
+            "O_DIRECT needs record sizes that are multiples of 512".into(),
+        ));
+    }
+    let path = spec
+        .dir
+        .join(format!("snapblk-bench-file.{}.tmp", std::process::id()));
+    let mut buf = AlignedBuf::new(maxrec as usize, spec.seed)?;
+    let mut cells = Vec::new();
+    let res = (|| -> Result<()> {
+        for &fs in &spec.file_sizes {
+            for &rs in &spec.record_sizes {
+                if rs > fs {
+                    continue;
+                }
+                // Reads need the file: write it first if the sweep does not include "write".
+                if !spec.tests.iter().any(|t| t == "write") {
+                    run_test(spec, &path, fs, rs, "write", &mut buf)?;
+                }
+                for t in &spec.tests {
+                    let c = run_test(spec, &path, fs, rs, t, &mut buf)?;
+                    progress(&c);
+                    cells.push(c);
+                }
+            }
+        }
+        Ok(())
+    })();
+    let _ = std::fs::remove_file(&path);
+    res?;
+    Ok(FileTestReport {
+        spec: spec.clone(),
+        cells,
+    })
+}
+
+/// IOzone-style table: one row per (file size, record size), MiB/s per test.
+pub fn file_table(r: &FileTestReport) -> String {
+    let mut rows = vec![
+        ["file", "record"]
+            .iter()
+            .map(|s| s.to_string())
+            .chain(r.spec.tests.iter().cloned())
+            .collect(),
+    ];
+    let mut keys: Vec<(u64, u64)> = r
+        .cells
+        .iter()
+        .map(|c| (c.file_size, c.record_size))
+        .collect();
+    keys.dedup();
+    for (fs, rs) in keys {
+        let mut row = vec![fmt_size(fs), fmt_size(rs)];
+        for t in &r.spec.tests {
+            let v = r
+                .cells
+                .iter()
+                .find(|c| c.file_size == fs && c.record_size == rs && &c.test == t);
+            row.push(v.map_or("-".into(), |c| format!("{:.1}", c.mib_s)));
+        }
+        rows.push(row);
+    }
+    format!("MiB/s\n{}", text_table(&rows))
+}
+
+/// The ext2-over-flash micro-benchmark result.
+#[derive(Debug, Clone, Serialize)]
+pub struct OverwriteReport {
+    pub size: u64,
+    pub unit: u64,
+    pub fsync: bool,
+    pub create_mib_s: f64,
+    pub overwrite_mib_s: f64,
+    pub overwrite_ops: u64,
+    pub op_mean_us: f64,
+    pub op_p99_us: f64,
+}
+
+/// Create a `size`-byte file in `dir`, then overwrite it sequentially in `unit`-byte writes;
+/// with `fsync`, every write is followed by fsync (as a synchronous writer would).
+pub fn overwrite_test(dir: &Path, size: u64, unit: u64, fsync: bool) -> Result<OverwriteReport> {
+    if unit == 0 || size < unit {
+        return Err(Error::Spec(
+            "overwrite: size must be at least one unit".into(),
+        ));
+    }
+    let path = dir.join(format!(
+        "snapblk-bench-overwrite.{}.tmp",
+        std::process::id()
+    ));
+    let res = (|| -> Result<OverwriteReport> {
+        let chunk = (1u64 << 20).min(size) as usize;
+        let mut big = AlignedBuf::new(chunk, 7)?;
+        let f = open(&path, true, false)?;
+        let t0 = Instant::now();
+        let mut off = 0;
+        while off < size {
+            let l = chunk.min((size - off) as usize);
+            f.write_all_at(big.get(l), off)?;
+            off += l as u64;
+        }
+        f.sync_all()?;
+        let create = t0.elapsed().as_secs_f64();
+        let mut small = AlignedBuf::new(unit as usize, 9)?;
+        let mut h = LatHist::default();
+        let n = size / unit;
+        let t1 = Instant::now();
+        for i in 0..n {
+            let s = Instant::now();
+            f.write_all_at(small.get(unit as usize), i * unit)?;
+            if fsync {
+                f.sync_data()?;
+            }
+            h.record(s.elapsed().as_nanos() as u64);
+        }
+        f.sync_all()?;
+        let over = t1.elapsed().as_secs_f64();
+        let mib = |b: u64, s: f64| {
+            if s > 0.0 {
+                b as f64 / s / 1048576.0
+            } else {
+                0.0
+            }
+        };
+        Ok(OverwriteReport {
+            size,
+            unit,
+            fsync,
+            create_mib_s: mib(size, create),
+            overwrite_mib_s: mib(n * unit, over),
+            overwrite_ops: n,
+            op_mean_us: h.mean() / 1e3,
+            op_p99_us: h.percentile(99.0) as f64 / 1e3,
+        })
+    })();
+    let _ = std::fs::remove_file(&path);
+    res
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sweep_produces_every_cell() {
+        let dir = std::env::temp_dir();
+        let spec = FileTestSpec {
+            dir: dir.clone(),
+            file_sizes: vec![64 << 10, 256 << 10],
+            record_sizes: vec![4096, 65536],
+            tests: TESTS.iter().map(|s| s.to_string()).collect(),
+            fsync: true,
+            direct: false,
+            drop_cache: true,
+            seed: 1,
+        };
+        let r = run_file_tests(&spec, |_| {}).unwrap();
+        assert_eq!(r.cells.len(), 2 * 2 * 6);
+        let c = r
+            .cells
+            .iter()
+            .find(|c| c.test == "randread" && c.file_size == 256 << 10 && c.record_size == 4096)
+            .unwrap();
+        assert_eq!(c.ops, 64);
+        assert_eq!(c.bytes, 256 << 10);
+        assert!(file_table(&r).contains("randwrite"));
+        let o = overwrite_test(&dir, 64 << 10, 1024, true).unwrap();
+        assert_eq!(o.overwrite_ops, 64);
+        assert!(o.overwrite_mib_s > 0.0);
+        let bad = FileTestSpec {
+            tests: vec!["nope".into()],
+            ..spec
+        };
+        assert!(run_file_tests(&bad, |_| {}).is_err());
+    }
+}

@@ -20,6 +20,7 @@ pub mod fileio;
 pub mod hist;
 pub mod pattern;
 pub mod plot;
+pub mod progress;
 pub mod report;
 pub mod rng;
 pub mod spec;
@@ -50,3 +51,41 @@ pub enum Error {
 
 /// Result alias.
 pub type Result<T> = std::result::Result<T, Error>;
+
+/// Run every configuration `repeat` times, interleaved (rep 1 of all configs, then rep 2, …) so
+/// slow drifts of the machine spread over all configurations instead of biasing one; `on_run` is
+/// called after each run (for progress/diagnostics).
+pub fn run_matrix(
+    target: &mut dyn target::Target,
+    jobs: &[JobSpec],
+    repeat: u32,
+    show_progress: bool,
+    mut on_run: impl FnMut(u32, &JobSpec, &RunResult),
+) -> Result<Vec<report::ConfigReport>> {
+    let mut runs: Vec<Vec<RunResult>> = jobs.iter().map(|_| Vec::new()).collect();
+    for rep in 0..repeat.max(1) {
+        for (i, job) in jobs.iter().enumerate() {
+            let p = show_progress.then(|| {
+                progress::Progress::start(format!(
+                    "[{}/{}] {}",
+                    rep + 1,
+                    repeat.max(1),
+                    job.label()
+                ))
+            });
+            let opts = engine::RunOpts {
+                progress: p.as_ref().map(|p| p.counter.clone()),
+                stop: None,
+            };
+            let r = run_workload(target, job, &opts)?;
+            drop(p);
+            on_run(rep, job, &r);
+            runs[i].push(r);
+        }
+    }
+    Ok(jobs
+        .iter()
+        .zip(&runs)
+        .map(|(j, r)| report::ConfigReport::of(j, r))
+        .collect())
+}

@@ -12,6 +12,7 @@
 //!   readahead classes with BFQ-like budgets).
 //! * [`fault`] is a fault-injection disk (and driver) that can lose power at any instant.
 
+pub mod cowsrc;
 pub mod dev;
 pub mod error;
 pub mod fault;

@@ -1,0 +1,175 @@
+//! Building a [`Snapshot`] from an Android COW file parsed by snapblk-cow.
+
+use crate::dev::{BlockDev, FileDev};
+use crate::error::{Result, SnapError};
+use crate::map::{Codec, MapOp, OpKind, Payload, SnapshotMap};
+use crate::snapshot::{CowLayout, Decoder, Snapshot, SnapshotConfig, SnapshotParts};
+use snapblk_cow::{Compression, CowReader, DuplicatePolicy, OpenOptions, ReadAt};
+use std::path::Path;
+use std::sync::Arc;
+
+/// Payload decoding through snapblk-cow's codecs.
+pub struct CowDecoder;
+
+fn compression(c: Codec) -> Compression {
+    match c {
+        Codec::None => Compression::None,
+        Codec::Gz => Compression::Gz,
+        Codec::Brotli => Compression::Brotli,
+        Codec::Lz4 => Compression::Lz4,
+        Codec::Zstd => Compression::Zstd,
+    }
+}
+
+fn codec(c: Compression) -> Codec {
+    match c {
+        Compression::None => Codec::None,
+        Compression::Gz => Codec::Gz,
+        Compression::Brotli => Codec::Brotli,
+        Compression::Lz4 => Codec::Lz4,
+        Compression::Zstd => Codec::Zstd,
+    }
+}
+
+impl Decoder for CowDecoder {
+    fn decode(&self, c: Codec, src: &[u8], out: &mut [u8]) -> std::result::Result<(), String> {
+        snapblk_cow::codec::decompress(compression(c), src, out).map_err(|e| format!("{e:?}"))
+    }
+}
+
+fn payload(p: &snapblk_cow::Payload, bs: u32) -> Payload {
+    Payload {
+        offset: p.offset,
+        stored_len: p.len,
+        codec: codec(p.codec),
+        unit_len: p.unit_blocks.max(1) * bs,
+    }
+}
+
+/// Parse a COW (first-wins duplicates, as snapuserd boots) and build the block map in merge
+/// order plus the merge-state layout. `capacity` is the device size in bytes.
+pub fn load<R: ReadAt>(src: R, capacity: u64) -> Result<(SnapshotMap, CowLayout, CowReader<R>)> {
+    let probe = {
+        let mut h = [0u8; 22];
+        src.read_exact_at(0, &mut h)
+            .map_err(|e| SnapError::Format(format!("reading header: {e}")))?;
+        u32::from_le_bytes([h[18], h[19], h[20], h[21]]) as u64
+    };
+    if probe == 0 || capacity % probe != 0 {
+        return Err(SnapError::Format(format!(
+            "device size {capacity} is not a multiple of the COW block size {probe}"
+        )));
+    }
+    let blocks = capacity / probe;
+    let opts = OpenOptions {
+        device_blocks: Some(blocks),
+        base_blocks: Some(blocks),
+        label: None,
+        duplicates: DuplicatePolicy::FirstWins,
+    };
+    let cow = CowReader::open_with(src, opts).map_err(|e| SnapError::Format(e.to_string()))?;
+    let bs = cow.block_size();
+    let mut ops = Vec::with_capacity(cow.merge_len() as usize);
+    for op in cow.merge_order() {
+        let rank = u32::try_from(op.index)
+            .map_err(|_| SnapError::Format("op index beyond 2^32".into()))?;
+        let kind = match op.kind {
+            snapblk_cow::OpKind::Copy { source_block } => OpKind::Copy { src: source_block },
+            snapblk_cow::OpKind::Xor {
+                source_offset,
+                payload: p,
+            } => OpKind::Xor {
+                src_byte: source_offset,
+                payload: payload(&p, bs),
+            },
+            snapblk_cow::OpKind::Replace { payload: p } => OpKind::Replace {
+                payload: payload(&p, bs),
+                blocks: p.unit_blocks.max(1),
+            },
+            snapblk_cow::OpKind::Zero => OpKind::Zero,
+            _ => continue,
+        };
+        ops.push(MapOp {
+            new_block: op.new_block,
+            file_rank: rank,
+            kind,
+        });
+    }
+    let h = cow.header();
+    let layout = CowLayout {
+        block_size: bs,
+        header_size: h.header_size as u32,
+        scratch_size: h.buffer_size,
+        data_end: cow.data_end(),
+    };
+    let map = SnapshotMap::new(bs, capacity, ops)?;
+    Ok((map, layout, cow))
+}
+
+/// How to open the backing files.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct OpenMode {
+    /// Open the base read-write (needed to merge).
+    pub base_writable: bool,
+    /// Open the COW read-write (needed to merge and for the writable overlay).
+    pub cow_writable: bool,
+}
+
+/// Open a snapshot of `base` + `cow` files. The device size is the base size (rounded down to
+/// the block size), as the COW does not record it.
+pub fn open_files(
+    base: &Path,
+    cow: &Path,
+    cfg: SnapshotConfig,
+    mode: OpenMode,
+) -> Result<Snapshot> {
+    let base_dev =
+        FileDev::open(base, mode.base_writable).map_err(SnapError::io("opening base"))?;
+    let cow_dev = FileDev::open(cow, mode.cow_writable || cfg.writable)
+        .map_err(SnapError::io("opening COW"))?;
+    open_devs(Arc::new(base_dev), Arc::new(cow_dev), cfg)
+}
+
+/// Open a snapshot over arbitrary devices.
+pub fn open_devs(
+    base: Arc<dyn BlockDev>,
+    cow: Arc<dyn BlockDev>,
+    cfg: SnapshotConfig,
+) -> Result<Snapshot> {
+    let base_len = base.size().map_err(SnapError::io("sizing base"))?;
+    let src = DevReadAt(cow.clone());
+    let probe_bs = {
+        let mut h = [0u8; 22];
+        cow.read_at(0, &mut h)
+            .map_err(SnapError::io("reading COW header"))?;
+        u32::from_le_bytes([h[18], h[19], h[20], h[21]]).max(1) as u64
+    };
+    let capacity = base_len / probe_bs * probe_bs;
+    let (map, layout, _) = load(src, capacity)?;
+    Snapshot::open(SnapshotParts {
+        base,
+        cow,
+        map,
+        layout,
+        decoder: Arc::new(CowDecoder),
+        config: cfg,
+    })
+}
+
+/// A [`BlockDev`] as snapblk-cow's [`ReadAt`].
+struct DevReadAt(Arc<dyn BlockDev>);
+
+impl ReadAt for DevReadAt {
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> std::io::Result<usize> {
+        let size = self.0.size()?;
+        if offset >= size {
+            return Ok(0);
+        }
+        let n = buf.len().min((size - offset) as usize);
+        self.0.read_at(offset, &mut buf[..n])?;
+        Ok(n)
+    }
+    fn size(&self) -> std::io::Result<u64> {
+        Ok(self.0.size()?)
+    }
+}

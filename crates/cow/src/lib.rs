@@ -14,13 +14,17 @@
 pub mod codec;
 pub mod error;
 pub mod format;
+pub mod generate;
 pub mod io;
 pub mod reader;
+pub mod sparse;
+pub mod tools;
 pub mod writer;
 
 pub use codec::{Codec, Compression};
 pub use error::{CowError, Result};
 pub use format::{Header, ScratchLayout};
+pub use generate::{GenerateOptions, GenerateStats, generate};
 pub use io::{MemFile, ReadAt, WriteAt};
 pub use reader::{
     CowReader, DuplicatePolicy, Footer, Op, OpKind, OpenOptions, Payload, read_num_merge_ops,

@@ -1,0 +1,325 @@
+//! Whole-file operations used by the CLI: inspect (summary), verify, apply.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+
+use crate::error::{CowError, Result};
+use crate::format::Header;
+use crate::io::ReadAt;
+use crate::reader::{CowReader, OpKind};
+
+/// Per-type op statistics.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct TypeStats {
+    pub ops: u64,
+    /// Blocks produced (multi-block REPLACE counts each block).
+    pub blocks: u64,
+    /// Payload bytes stored in the file.
+    pub payload_bytes: u64,
+}
+
+/// A summary of a COW file (what `snapblk cow inspect --json` prints).
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct Summary {
+    pub version: String,
+    pub file_bytes: u64,
+    pub header: Header,
+    pub compression: String,
+    pub scratch_offset: Option<u64>,
+    pub scratch_size: u64,
+    pub num_merge_ops_offset: u64,
+    pub records: u64,
+    pub data_ops: u64,
+    /// `copy`, `replace`, `zero`, `xor`, `label`, `sequence`, `cluster`.
+    pub op_counts: BTreeMap<&'static str, u64>,
+    pub by_type: BTreeMap<&'static str, TypeStats>,
+    /// Payload ops by the codec actually needed to decode them (`none` = stored raw).
+    pub payload_codecs: BTreeMap<String, u64>,
+    pub labels: Vec<u64>,
+    pub resume_points: Vec<(u64, u64)>,
+    pub sequence_len: u64,
+    pub footer: Option<crate::reader::Footer>,
+    pub merge: MergeSummary,
+}
+
+/// Merge order summary.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct MergeSummary {
+    /// `sequence` (from sequence data), `file-order` (v3 without sequence), or
+    /// `ordered-then-ascending` (v2 without sequence).
+    pub source: &'static str,
+    pub total: u64,
+    /// Length of the COPY/XOR prefix.
+    pub ordered_prefix: u64,
+    pub merged: u64,
+    /// First entries (new blocks) of the merge order.
+    pub first: Vec<u64>,
+    /// `None` when the order is valid, else why not.
+    pub error: Option<String>,
+}
+
+/// Summarise `cow`.
+pub fn summarize<R: ReadAt>(cow: &CowReader<R>) -> Summary {
+    let h = cow.header().clone();
+    let mut op_counts = BTreeMap::new();
+    let mut by_type: BTreeMap<&'static str, TypeStats> = BTreeMap::new();
+    let mut payload_codecs = BTreeMap::new();
+    for t in ["copy", "replace", "zero", "xor"] {
+        op_counts.insert(t, 0);
+        by_type.insert(t, TypeStats::default());
+    }
+    for op in cow.ops() {
+        *op_counts.entry(op.type_name()).or_insert(0) += 1;
+        if op.is_data() {
+            let s = by_type.entry(op.type_name()).or_default();
+            s.ops += 1;
+            s.blocks += op.block_count();
+            if let Some(p) = op.payload() {
+                s.payload_bytes += u64::from(p.len);
+                *payload_codecs
+                    .entry(p.codec.name().to_string())
+                    .or_insert(0) += 1;
+            }
+        }
+    }
+    let ordered_prefix = cow.merge_order().take_while(|o| o.is_ordered()).count() as u64;
+    let source = if !cow.sequence().is_empty() {
+        "sequence"
+    } else if h.major >= 3 {
+        "file-order"
+    } else {
+        "ordered-then-ascending"
+    };
+    Summary {
+        version: format!("{}.{}", h.major, h.minor),
+        file_bytes: cow.file_len(),
+        compression: cow.compression().name().to_string(),
+        scratch_offset: h.scratch().map(|s| s.offset),
+        scratch_size: h.buffer_size.into(),
+        num_merge_ops_offset: crate::format::NUM_MERGE_OPS_OFFSET,
+        records: cow.ops().len() as u64,
+        data_ops: cow.data_ops().count() as u64,
+        op_counts,
+        by_type,
+        payload_codecs,
+        labels: cow.labels(),
+        resume_points: cow.resume_points().to_vec(),
+        sequence_len: cow.sequence().len() as u64,
+        footer: cow.footer(),
+        merge: MergeSummary {
+            source,
+            total: cow.merge_len(),
+            ordered_prefix,
+            merged: h.num_merge_ops,
+            first: cow.merge_order().take(16).map(|o| o.new_block).collect(),
+            error: cow.verify_merge_order().err().map(|e| e.to_string()),
+        },
+        header: h,
+    }
+}
+
+/// Size in blocks of the new image: the base size, or further if ops write past it.
+pub fn device_blocks<R: ReadAt>(cow: &CowReader<R>, base_len: u64) -> u64 {
+    let bs = u64::from(cow.block_size());
+    let ops_end = cow
+        .block_map()
+        .last()
+        .map_or(0, |(b, n, _)| b + u64::from(n));
+    base_len.div_ceil(bs).max(ops_end)
+}
+
+/// Materialise the new image into `out` (`len` bytes; see [`device_blocks`]). `progress` is
+/// called with bytes done.
+pub fn apply<R: ReadAt, B: ReadAt + ?Sized>(
+    cow: &CowReader<R>,
+    base: &B,
+    len: u64,
+    out: &mut dyn Write,
+    progress: &dyn Fn(u64),
+) -> Result<()> {
+    const CHUNK: u64 = 1 << 20;
+    let mut buf = vec![0u8; CHUNK as usize];
+    let base_len = base.size().map_err(crate::error::io_at(0))?;
+    let mut off = 0;
+    while off < len {
+        let n = CHUNK.min(len - off) as usize;
+        let b = &mut buf[..n];
+        // Past the end of a shorter base, untouched blocks read as zeros.
+        if off + n as u64 > base_len {
+            read_padded(cow, base, base_len, off, b)?;
+        } else {
+            cow.read_at_new(off, b, base)?;
+        }
+        out.write_all(b).map_err(crate::error::io_at(off))?;
+        off += n as u64;
+        progress(n as u64);
+    }
+    Ok(())
+}
+
+fn read_padded<R: ReadAt, B: ReadAt + ?Sized>(
+    cow: &CowReader<R>,
+    base: &B,
+    base_len: u64,
+    off: u64,
+    b: &mut [u8],
+) -> Result<()> {
+    let bs = u64::from(cow.block_size());
+    for (k, chunk) in b.chunks_mut(bs as usize).enumerate() {
+        let pos = off + k as u64 * bs;
+        let blk = pos / bs;
+        if cow.lookup(blk).is_none() && pos + chunk.len() as u64 > base_len {
+            chunk.fill(0);
+            if pos < base_len {
+                let m = (base_len - pos) as usize;
+                base.read_exact_at(pos, &mut chunk[..m])
+                    .map_err(crate::error::io_at(pos))?;
+            }
+        } else {
+            cow.read_at_new(pos, chunk, base)?;
+        }
+    }
+    Ok(())
+}
+
+/// Result of [`verify`].
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct VerifyReport {
+    pub blocks: u64,
+    pub payloads_decoded: u64,
+    pub merge_order_ok: bool,
+    pub matches_expected: Option<bool>,
+}
+
+/// Verify a COW: structure (already checked at open), every payload decodes, merge order is
+/// safe, sources are inside the base, and (optionally) the result equals `expect`.
+pub fn verify<R: ReadAt, B: ReadAt + ?Sized, E: ReadAt + ?Sized>(
+    cow: &CowReader<R>,
+    base: &B,
+    expect: Option<&E>,
+) -> Result<VerifyReport> {
+    let bs = u64::from(cow.block_size());
+    let base_len = base.size().map_err(crate::error::io_at(0))?;
+    let base_blocks = base_len / bs;
+    for op in cow.data_ops() {
+        if let Some((first, n)) = op.source_blocks(bs) {
+            let end = match op.kind {
+                OpKind::Xor { source_offset, .. } => source_offset + bs,
+                _ => (first + n) * bs,
+            };
+            if end > base_len {
+                return Err(CowError::OpPastDevice {
+                    index: op.index,
+                    block: first + n - 1,
+                    device_blocks: base_blocks,
+                });
+            }
+        }
+    }
+    cow.verify_merge_order()?;
+    let mut decoded = 0;
+    let mut unit = Vec::new();
+    for op in cow.data_ops() {
+        if let Some(p) = op.payload() {
+            unit.resize((u64::from(p.unit_blocks) * bs) as usize, 0);
+            cow.decode_payload(op, &mut unit)?;
+            decoded += 1;
+        }
+    }
+    let blocks = device_blocks(cow, base_len);
+    let mut matches = None;
+    if let Some(exp) = expect {
+        let exp_len = exp.size().map_err(crate::error::io_at(0))?;
+        let len = blocks * bs;
+        if exp_len != len {
+            return Err(CowError::InvalidArgument(format!(
+                "expected image is {exp_len} bytes, the COW produces {len}"
+            )));
+        }
+        let mut a = vec![0u8; 1 << 20];
+        let mut b = vec![0u8; 1 << 20];
+        let mut off = 0;
+        while off < len {
+            let n = (1u64 << 20).min(len - off) as usize;
+            if off + n as u64 > base_len {
+                read_padded(cow, base, base_len, off, &mut a[..n])?;
+            } else {
+                cow.read_at_new(off, &mut a[..n], base)?;
+            }
+            exp.read_exact_at(off, &mut b[..n])
+                .map_err(crate::error::io_at(off))?;
+            if a[..n] != b[..n] {
+                let i = a[..n]
+                    .iter()
+                    .zip(&b[..n])
+                    .position(|(x, y)| x != y)
+                    .unwrap_or(0);
+                return Err(CowError::InvalidArgument(format!(
+                    "result differs from the expected image at byte {} (block {})",
+                    off + i as u64,
+                    (off + i as u64) / bs
+                )));
+            }
+            off += n as u64;
+        }
+        matches = Some(true);
+    }
+    Ok(VerifyReport {
+        blocks,
+        payloads_decoded: decoded,
+        merge_order_ok: true,
+        matches_expected: matches,
+    })
+}
+
+/// Apply the merge order op by op *in place* on `disk` (which starts as the base), reading
+/// COPY/XOR sources from `disk` itself — exactly what an in-place merge does without a scratch
+/// area. If the merge order is unsafe the result differs from the read view. Payloads of
+/// REPLACE ops are decoded from the COW.
+pub fn simulate_merge<R: ReadAt>(cow: &CowReader<R>, disk: &mut [u8]) -> Result<()> {
+    let bs = cow.block_size() as usize;
+    let mut unit = Vec::new();
+    let mut blk = vec![0u8; bs];
+    for op in cow.merge_order() {
+        let d = op.new_block as usize * bs;
+        let n = op.block_count() as usize * bs;
+        if d + n > disk.len() {
+            return Err(CowError::OpPastDevice {
+                index: op.index,
+                block: op.new_block,
+                device_blocks: (disk.len() / bs) as u64,
+            });
+        }
+        let src_range = |off: usize| -> Result<std::ops::Range<usize>> {
+            (off + bs <= disk.len())
+                .then_some(off..off + bs)
+                .ok_or(CowError::BaseShort {
+                    offset: off as u64,
+                    need: bs as u64,
+                })
+        };
+        match op.kind {
+            OpKind::Zero => disk[d..d + bs].fill(0),
+            OpKind::Copy { source_block } => {
+                let r = src_range(source_block as usize * bs)?;
+                blk.copy_from_slice(&disk[r]);
+                disk[d..d + bs].copy_from_slice(&blk);
+            }
+            OpKind::Xor { source_offset, .. } => {
+                let r = src_range(source_offset as usize)?;
+                blk.copy_from_slice(&disk[r]);
+                unit.resize(bs, 0);
+                cow.decode_payload(op, &mut unit)?;
+                crate::reader::xor_into(&mut blk, &unit);
+                disk[d..d + bs].copy_from_slice(&blk);
+            }
+            OpKind::Replace { .. } => {
+                unit.resize(n, 0);
+                cow.decode_payload(op, &mut unit)?;
+                disk[d..d + n].copy_from_slice(&unit);
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}

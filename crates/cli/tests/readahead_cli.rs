@@ -1,0 +1,539 @@
+//! End-to-end tests of `snapblk residency` and `snapblk readahead` on real file trees on disk
+//! (not tmpfs: tmpfs pages cannot be evicted). Residency is cross-checked with util-linux
+//! `fincore` and `vmtouch` (independent mincore users), run as root where mincore is truthful.
+
+use serde_json::Value;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+const BIN: &str = env!("CARGO_BIN_EXE_snapblk");
+const PAGE: u64 = 4096;
+/// Set in the environment of this test binary when it is re-executed as the reading command.
+const READER_ENV: &str = "SNAPBLK_RA_TEST_READER";
+
+fn scratch(name: &str) -> PathBuf {
+    let d =
+        Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("ra-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let fs = Command::new("stat")
+        .args(["-f", "-c", "%T"])
+        .arg(&d)
+        .output()
+        .unwrap();
+    let fs = String::from_utf8_lossy(&fs.stdout).trim().to_string();
+    assert!(
+        fs != "tmpfs" && fs != "ramfs",
+        "{} is on {fs}; these tests need a disk filesystem",
+        d.display()
+    );
+    d
+}
+
+fn write_file(p: &Path, len: u64, seed: u8) {
+    let data: Vec<u8> = (0..len)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+        .collect();
+    std::fs::write(p, data).unwrap();
+}
+
+fn run(args: &[&str]) -> Output {
+    let o = Command::new(BIN).args(args).output().unwrap();
+    assert!(
+        o.status.success(),
+        "snapblk {args:?} failed: {}\n{}",
+        String::from_utf8_lossy(&o.stderr),
+        String::from_utf8_lossy(&o.stdout)
+    );
+    o
+}
+
+fn json(o: &Output) -> Value {
+    serde_json::from_slice(&o.stdout)
+        .unwrap_or_else(|e| panic!("bad JSON ({e}): {}", String::from_utf8_lossy(&o.stdout)))
+}
+
+fn evict(paths: &[&Path]) {
+    let mut a = vec!["readahead", "evict", "-r"];
+    a.extend(paths.iter().map(|p| p.to_str().unwrap()));
+    let v = json(&run(&[a, vec!["--json"]].concat()));
+    assert_eq!(v["remaining_pages"], 0, "eviction left pages resident: {v}");
+}
+
+/// Resident bytes of a whole file according to util-linux fincore (mincore based).
+fn fincore_bytes(p: &Path) -> u64 {
+    let o = Command::new("fincore")
+        .args(["--bytes", "--noheadings", "--raw", "-o", "RES"])
+        .arg(p)
+        .output()
+        .expect("fincore (util-linux) is required");
+    assert!(
+        o.status.success(),
+        "fincore failed: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    String::from_utf8_lossy(&o.stdout).trim().parse().unwrap()
+}
+
+/// Resident pages in a byte range according to vmtouch -p (mincore based).
+fn vmtouch_pages(p: &Path, off: u64, len: u64) -> u64 {
+    let o = Command::new("vmtouch")
+        .arg("-p")
+        .arg(format!("{}-{}", off, off + len))
+        .arg(p)
+        .output()
+        .expect("vmtouch is required (scripts/install-deps.sh)");
+    let s = String::from_utf8_lossy(&o.stdout);
+    let line = s
+        .lines()
+        .find(|l| l.contains("Resident Pages"))
+        .unwrap_or_else(|| panic!("vmtouch output: {s}"));
+    line.split_whitespace()
+        .nth(2)
+        .and_then(|f| f.split('/').next())
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
+/// The reading command for the record test: re-executes this test binary, which then reads the
+/// given ranges with readahead disabled (POSIX_FADV_RANDOM), so exactly those pages are read.
+fn reader_command() -> Vec<String> {
+    vec![
+        std::env::current_exe().unwrap().display().to_string(),
+        "--exact".into(),
+        "reader_helper".into(),
+        "--nocapture".into(),
+        "--test-threads=1".into(),
+    ]
+    .into_iter()
+    .collect()
+}
+
+/// spec: `path@off:len,off:len;path@...`
+fn parse_spec(spec: &str) -> Vec<(PathBuf, Vec<(u64, u64)>)> {
+    spec.split(';')
+        .filter(|s| !s.is_empty())
+        .map(|f| {
+            let (p, r) = f.split_once('@').unwrap();
+            let r = r
+                .split(',')
+                .map(|t| {
+                    let (o, l) = t.split_once(':').unwrap();
+                    (o.parse().unwrap(), l.parse().unwrap())
+                })
+                .collect();
+            (PathBuf::from(p), r)
+        })
+        .collect()
+}
+
+#[test]
+fn reader_helper() {
+    // Reader mode when re-executed by the record test; otherwise check the spec parser.
+    let spec = std::env::var(READER_ENV).ok();
+    let Some(spec) = spec else {
+        assert_eq!(
+            parse_spec("/a@0:1,8:2;/b@3:4"),
+            vec![
+                (PathBuf::from("/a"), vec![(0, 1), (8, 2)]),
+                (PathBuf::from("/b"), vec![(3, 4)])
+            ]
+        );
+        return;
+    };
+    use std::os::fd::AsFd;
+    use std::os::unix::fs::FileExt;
+    for (p, ranges) in parse_spec(&spec) {
+        let f = std::fs::File::open(&p).unwrap();
+        snapblk_readahead::sys::fadvise(f.as_fd(), 0, 0, libc_fadv_random()).unwrap();
+        for (o, l) in ranges {
+            let mut buf = vec![0u8; l as usize];
+            f.read_exact_at(&mut buf, o).unwrap();
+        }
+    }
+}
+
+fn libc_fadv_random() -> i32 {
+    1 // POSIX_FADV_RANDOM on Linux
+}
+
+fn list_entries(p: &Path) -> Vec<snapblk_readahead::ListEntry> {
+    snapblk_readahead::list::parse_bytes(&std::fs::read(p).unwrap(), Default::default()).unwrap()
+}
+
+fn ranges_of(e: &snapblk_readahead::ListEntry) -> Vec<(u64, u64)> {
+    match &e.extent {
+        snapblk_readahead::Extent::Ranges(r) => {
+            r.ranges().iter().map(|r| (r.offset, r.len)).collect()
+        }
+        snapblk_readahead::Extent::Whole => panic!("whole-file entry"),
+    }
+}
+
+#[test]
+fn record_of_known_reads_yields_exactly_those_ranges() {
+    let d = scratch("record");
+    let (a, b, c) = (d.join("a.bin"), d.join("b.bin"), d.join("untouched.bin"));
+    write_file(&a, (1 << 20) + 123, 1);
+    write_file(&b, 256 << 10, 2);
+    write_file(&c, 64 << 10, 3);
+    let spec = format!(
+        "{}@0:4096,40960:8192,1048576:123;{}@65536:4096,70000:100",
+        a.display(),
+        b.display()
+    );
+    let list = d.join("list.txt");
+    let mut args = vec![
+        "readahead",
+        "record",
+        "-o",
+        list.to_str().unwrap(),
+        "--scope",
+        d.to_str().unwrap(),
+        "--evict-first",
+        "--json",
+        "--",
+    ]
+    .into_iter()
+    .map(String::from)
+    .collect::<Vec<_>>();
+    args.extend(reader_command());
+    let o = Command::new(BIN)
+        .args(&args)
+        .env(READER_ENV, &spec)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let text = std::fs::read_to_string(&list).unwrap();
+    assert!(text.starts_with("# snapblk-readahead-list v1"), "{text}");
+    let v = list_entries(&list);
+    assert_eq!(v.len(), 2, "expected exactly a and b in the list:\n{text}");
+    assert_eq!(v[0].path, a);
+    // Ranges are page granular and clipped to the file size.
+    assert_eq!(
+        ranges_of(&v[0]),
+        vec![(0, PAGE), (10 * PAGE, 2 * PAGE), (1 << 20, 123)]
+    );
+    assert_eq!(v[1].path, b);
+    assert_eq!(ranges_of(&v[1]), vec![(16 * PAGE, 2 * PAGE)]);
+    let id = v[0].identity.expect("identity recorded");
+    assert_eq!(id.size, (1 << 20) + 123);
+
+    // A whole-file read (cat) records the whole file, in JSON Lines when asked.
+    let jl = d.join("list.jsonl");
+    let o = Command::new(BIN)
+        .args([
+            "readahead",
+            "record",
+            "-o",
+            jl.to_str().unwrap(),
+            "--scope",
+            d.to_str().unwrap(),
+            "--evict-first",
+            "--",
+            "cat",
+        ])
+        .arg(&b)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let first = std::fs::read_to_string(&jl).unwrap();
+    assert!(first.starts_with('{'), "{first}");
+    let v = list_entries(&jl);
+    assert_eq!(v.len(), 1, "{first}");
+    assert_eq!(ranges_of(&v[0]), vec![(0, 256 << 10)]);
+    std::fs::remove_dir_all(&d).unwrap();
+}
+
+#[test]
+fn replay_after_evict_makes_listed_pages_resident() {
+    let d = scratch("replay");
+    // A file far above the kernel's 8 MiB readahead clip, a partially listed one, small files.
+    let big = d.join("big.bin");
+    write_file(&big, 24 << 20, 9);
+    let part = d.join("part.bin");
+    write_file(&part, 4 << 20, 7);
+    let mut small = Vec::new();
+    for i in 0..40u64 {
+        let p = d.join(format!("s{i:02}.so"));
+        write_file(&p, 1000 + i * 7919, i as u8);
+        small.push(p);
+    }
+    // Mixed forms: classic block list, text v1 with a whole file, JSON Lines.
+    let mut list = String::from("# mixed forms\n");
+    list.push_str(&format!("{}\t-\t*\n", big.display()));
+    list.push_str(&format!(
+        "{} 0:65536,1048576:524288,3145728:4096\n",
+        part.display()
+    ));
+    for p in &small {
+        list.push_str(&format!(
+            "{{\"path\":\"{}\",\"ranges\":\"*\"}}\n",
+            p.display()
+        ));
+    }
+    let lp = d.join("list.txt");
+    std::fs::write(&lp, list).unwrap();
+
+    evict(&[&d]);
+    assert_eq!(fincore_bytes(&big), 0);
+    let v = json(&run(&[
+        "readahead",
+        "replay",
+        lp.to_str().unwrap(),
+        "--json",
+        "--queue-depth",
+        "2",
+    ]));
+    let requested = (24u64 << 20)
+        + 65536
+        + 524288
+        + 4096
+        + small
+            .iter()
+            .map(|p| p.metadata().unwrap().len())
+            .sum::<u64>();
+    assert_eq!(v["bytes_requested"], requested, "{v}");
+    assert_eq!(v["bytes_resident_before"], 0, "{v}");
+    assert!(
+        v["resident_fraction"].as_f64().unwrap() >= 0.995,
+        "tool says not resident: {v}"
+    );
+    assert_eq!(v["bytes_unverifiable"], 0);
+
+    // Independent checks with mincore-based tools.
+    assert_eq!(
+        fincore_bytes(&big),
+        24 << 20,
+        "big file not fully resident (kernel clip not handled?)"
+    );
+    for p in &small {
+        let len = p.metadata().unwrap().len();
+        assert_eq!(
+            fincore_bytes(p),
+            len.next_multiple_of(PAGE),
+            "{}",
+            p.display()
+        );
+    }
+    for (o, l) in [(0u64, 65536u64), (1 << 20, 524288), (3 << 20, 4096)] {
+        assert_eq!(
+            vmtouch_pages(&part, o, l),
+            l / PAGE,
+            "range {o}:{l} of part.bin"
+        );
+    }
+
+    // A second replay finds everything resident and issues nothing.
+    let v = json(&run(&[
+        "readahead",
+        "replay",
+        lp.to_str().unwrap(),
+        "--json",
+    ]));
+    assert_eq!(v["bytes_issued"], 0, "{v}");
+    assert_eq!(v["bytes_resident_before"], requested, "{v}");
+    std::fs::remove_dir_all(&d).unwrap();
+}
+
+#[test]
+fn stale_and_missing_entries_are_reported() {
+    let d = scratch("stale");
+    let (a, b, gone) = (d.join("a"), d.join("b"), d.join("gone"));
+    write_file(&a, 64 << 10, 1);
+    write_file(&b, 64 << 10, 2);
+    write_file(&gone, 8192, 3);
+    // Record a list with identities (cat reads both files).
+    let lp = d.join("list");
+    let o = Command::new(BIN)
+        .args([
+            "readahead",
+            "record",
+            "-o",
+            lp.to_str().unwrap(),
+            "--scope",
+            d.to_str().unwrap(),
+            "--evict-first",
+            "--",
+            "cat",
+        ])
+        .args([&a, &b, &gone])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(list_entries(&lp).len(), 3);
+    // Change b, delete gone.
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    std::fs::OpenOptions::new()
+        .append(true)
+        .open(&b)
+        .and_then(|mut f| std::io::Write::write_all(&mut f, b"more"))
+        .unwrap();
+    std::fs::remove_file(&gone).unwrap();
+    evict(&[&d]);
+    let v = json(&run(&[
+        "readahead",
+        "replay",
+        lp.to_str().unwrap(),
+        "--json",
+    ]));
+    let stale: Vec<(String, String)> = v["stale"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| {
+            (
+                s["path"].as_str().unwrap().to_string(),
+                s["reason"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    assert_eq!(stale.len(), 2, "{v}");
+    assert!(
+        stale
+            .iter()
+            .any(|(p, r)| p == b.to_str().unwrap() && r.contains("size") && r.contains("mtime")),
+        "{stale:?}"
+    );
+    assert!(
+        stale
+            .iter()
+            .any(|(p, r)| p == gone.to_str().unwrap() && r.contains("missing")),
+        "{stale:?}"
+    );
+    assert_eq!(v["files_replayed"], 1);
+    assert_eq!(fincore_bytes(&a), 64 << 10);
+    assert_eq!(fincore_bytes(&b), 0, "stale entry must not be replayed");
+    // Human output names them too.
+    let o = run(&["readahead", "replay", lp.to_str().unwrap()]);
+    let s = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        s.contains(&format!("stale: {}: changed: size, mtime", b.display())),
+        "{s}"
+    );
+    std::fs::remove_dir_all(&d).unwrap();
+}
+
+#[test]
+fn unprivileged_caller_gets_unknown_not_a_false_100_percent() {
+    use std::os::unix::process::CommandExt;
+    let uid = Command::new("id").arg("-u").output().unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&uid.stdout).trim(),
+        "0",
+        "this test drops privileges and must run as root"
+    );
+    let d = scratch("unpriv");
+    let f = d.join("lib.so");
+    write_file(&f, 2 << 20, 5);
+    // Root-owned, mode 0644: nobody neither owns nor may write it (the mincore lie condition).
+    std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o644)).unwrap();
+    evict(&[&f]);
+    let as_nobody = |prog: &str, args: &[&str]| {
+        Command::new(prog)
+            .args(args)
+            .arg(&f)
+            .uid(65534)
+            .gid(65534)
+            .output()
+            .unwrap()
+    };
+    let o = as_nobody(BIN, &["residency", "--json"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let v = json(&o);
+    let r = &v["files"][0]["residency"];
+    assert_eq!(r["state"], "unknown", "{v}");
+    assert!(r["reason"].as_str().unwrap().contains("EPERM"), "{v}");
+    assert_eq!(v["total"]["unknown_files"], 1);
+    assert_eq!(v["total"]["resident_pages"], 0);
+    let o = as_nobody(BIN, &["residency"]);
+    assert!(String::from_utf8_lossy(&o.stdout).contains("unknown"));
+    // The trap this guards against: mincore-based vmtouch claims the evicted file is resident.
+    let o = as_nobody("vmtouch", &[]);
+    let s = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        s.contains("512/512"),
+        "expected vmtouch to show the kernel's mincore lie, got: {s}"
+    );
+    // As root the same file is known and 0% resident.
+    let v = json(&run(&["residency", "--json", f.to_str().unwrap()]));
+    assert_eq!(v["files"][0]["residency"]["state"], "known");
+    assert_eq!(v["files"][0]["residency"]["resident_pages"], 0);
+    std::fs::remove_dir_all(&d).unwrap();
+}
+
+#[test]
+fn residency_tree_matches_fincore_and_background_replay_completes() {
+    let d = scratch("tree");
+    std::fs::create_dir_all(d.join("sub/deeper")).unwrap();
+    let files: Vec<PathBuf> = (0..12u64)
+        .map(|i| {
+            let p = d
+                .join(if i % 3 == 0 {
+                    "sub/deeper"
+                } else if i % 3 == 1 {
+                    "sub"
+                } else {
+                    ""
+                })
+                .join(format!("f{i}"));
+            write_file(&p, (i + 1) * 20000, i as u8);
+            p
+        })
+        .collect();
+    evict(&[&d]);
+    // Warm every other file in the background; the command must return at once.
+    let log = d.join("bg.log");
+    let o = Command::new(BIN)
+        .args([
+            "readahead",
+            "warm",
+            "--background",
+            "--json",
+            "--log",
+            log.to_str().unwrap(),
+        ])
+        .args(files.iter().step_by(2))
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let pid: u32 = String::from_utf8_lossy(&o.stdout)
+        .trim()
+        .parse()
+        .expect("background prints the pid");
+    let mut report = None;
+    for _ in 0..500 {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        if let Ok(s) = std::fs::read_to_string(&log)
+            && let Some(line) = s.lines().find(|l| l.starts_with('{'))
+        {
+            report = Some(serde_json::from_str::<Value>(line).unwrap());
+            break;
+        }
+    }
+    let report = report.unwrap_or_else(|| panic!("background replay (pid {pid}) wrote no report"));
+    assert!(
+        report["resident_fraction"].as_f64().unwrap() >= 0.995,
+        "{report}"
+    );
+    let v = json(&run(&["residency", "-r", "--json", d.to_str().unwrap()]));
+    let listed = v["files"].as_array().unwrap();
+    assert_eq!(listed.len(), files.len() + 1, "{v}"); // + the log
+    for (i, p) in files.iter().enumerate() {
+        let e = listed
+            .iter()
+            .find(|e| e["path"] == p.to_str().unwrap())
+            .unwrap();
+        let pages = e["residency"]["resident_pages"].as_u64().unwrap();
+        assert_eq!(pages * PAGE, fincore_bytes(p), "{}", p.display());
+        if i % 2 == 0 {
+            assert_eq!(pages, e["pages"].as_u64().unwrap(), "{}", p.display());
+        } else {
+            assert_eq!(pages, 0, "{} was not in the warm set", p.display());
+        }
+    }
+    std::fs::remove_dir_all(&d).unwrap();
+}

@@ -14,6 +14,7 @@
 
 pub mod cowsrc;
 pub mod dev;
+pub mod driver;
 pub mod error;
 pub mod fault;
 pub mod queue;
@@ -28,6 +29,7 @@ pub mod overlay;
 pub mod snapshot;
 pub mod synth;
 
+pub use driver::SnapshotDriver;
 pub use map::{Codec, MapOp, OpKind, Payload, Segment, SnapshotMap};
 pub use merge::{MergeOptions, MergeProgress, MergeReport, MergeStep, merge};
 pub use snapshot::{CowLayout, Decoder, Snapshot, SnapshotConfig, SnapshotParts};

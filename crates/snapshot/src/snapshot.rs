@@ -112,6 +112,7 @@ pub struct Snapshot {
     cache: UnitCache,
     decoder: Arc<dyn Decoder>,
     pub(crate) overlay: Option<Overlay>,
+    writable: bool,
     write_lock: Mutex<()>,
     /// Header bytes `[0, header_size + 1)` as last read or written (progress fields included).
     pub(crate) header: Mutex<Vec<u8>>,
@@ -153,9 +154,14 @@ impl Snapshot {
             header.len() - 1
         };
         io.read(IoClass::Foreground, Dev::Cow, 0, &mut header[..hlen])?;
-        let overlay = if p.config.writable {
+        // The overlay journal is replayed even when read-only, so earlier writes stay visible.
+        let overlay = if bs == 4096 {
             let start = p.layout.data_end.div_ceil(4096) * 4096;
             Some(Overlay::open(&io, start, bs, p.map.capacity() / bs)?)
+        } else if p.config.writable {
+            return Err(SnapError::Config(
+                "the writable overlay needs 4096-byte blocks".into(),
+            ));
         } else {
             None
         };
@@ -167,6 +173,7 @@ impl Snapshot {
             cache: UnitCache::new(p.config.cache_bytes),
             decoder: p.decoder,
             overlay,
+            writable: p.config.writable,
             write_lock: Mutex::new(()),
             header: Mutex::new(header),
         };
@@ -205,7 +212,7 @@ impl Snapshot {
     }
     /// Whether writes are accepted.
     pub fn writable(&self) -> bool {
-        self.overlay.is_some()
+        self.writable && self.overlay.is_some()
     }
     /// The overlay journal, when writable.
     pub fn overlay(&self) -> Option<&Overlay> {
@@ -455,7 +462,7 @@ impl Snapshot {
 
     /// Write through the snapshot into the overlay (EROFS when read-only).
     pub fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<()> {
-        let Some(ov) = &self.overlay else {
+        let Some(ov) = self.overlay.as_ref().filter(|_| self.writable) else {
             return Err(SnapError::ReadOnly);
         };
         let len = data.len() as u64;
@@ -489,7 +496,7 @@ impl Snapshot {
 
     /// Make acknowledged writes durable.
     pub fn flush(&self) -> Result<()> {
-        if self.overlay.is_some() {
+        if self.writable() {
             self.io.flush(IoClass::Foreground, Dev::Cow)?;
         }
         Ok(())

@@ -55,7 +55,7 @@ pub fn load<R: ReadAt>(src: R, capacity: u64) -> Result<(SnapshotMap, CowLayout,
             .map_err(|e| SnapError::Format(format!("reading header: {e}")))?;
         u32::from_le_bytes([h[18], h[19], h[20], h[21]]) as u64
     };
-    if probe == 0 || capacity % probe != 0 {
+    if probe == 0 || !capacity.is_multiple_of(probe) {
         return Err(SnapError::Format(format!(
             "device size {capacity} is not a multiple of the COW block size {probe}"
         )));

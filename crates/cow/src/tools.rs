@@ -323,3 +323,37 @@ pub fn simulate_merge<R: ReadAt>(cow: &CowReader<R>, disk: &mut [u8]) -> Result<
     }
     Ok(())
 }
+
+/// A byte-count progress bar on stderr, hidden unless stderr is a terminal.
+pub fn progress_bar(len: u64, msg: &'static str) -> indicatif::ProgressBar {
+    use std::io::IsTerminal;
+    if !std::io::stderr().is_terminal() {
+        return indicatif::ProgressBar::hidden();
+    }
+    let b = indicatif::ProgressBar::new(len);
+    b.set_style(
+        indicatif::ProgressStyle::with_template(
+            "{msg:12} [{bar:40}] {bytes}/{total_bytes} {bytes_per_sec} {eta}",
+        )
+        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
+        .progress_chars("=> "),
+    );
+    b.set_message(msg);
+    b
+}
+
+/// Load an image (raw, or Android sparse — detected by magic) into memory. `max_len` bounds
+/// the expanded size of sparse images.
+pub fn load_image(path: &std::path::Path, max_len: u64) -> Result<Vec<u8>> {
+    let f = std::fs::File::open(path).map_err(crate::error::io_at(0))?;
+    if crate::sparse::is_sparse(&f) {
+        return crate::sparse::expand(&f, max_len);
+    }
+    let len = ReadAt::size(&f).map_err(crate::error::io_at(0))?;
+    let mut v: Vec<u8> = Vec::new();
+    v.try_reserve_exact(len as usize)
+        .map_err(|_| CowError::InvalidArgument(format!("cannot allocate {len} bytes")))?;
+    v.resize(len as usize, 0);
+    f.read_exact_at(0, &mut v).map_err(crate::error::io_at(0))?;
+    Ok(v)
+}

@@ -202,6 +202,13 @@ impl Server {
         })
     }
 
+    /// Serve one already-connected client (negotiation, then transmission) on the calling
+    /// thread; for socket activation, inetd-style use and fuzzing. Not counted against
+    /// `max_connections` and not interrupted by [`StopHandle::stop`] until it reads again.
+    pub fn serve_connection(&self, stream: Stream) {
+        self.serve_conn(stream)
+    }
+
     fn serve_conn(&self, mut stream: Stream) {
         if stream.set_read_timeout(self.cfg.handshake_timeout).is_err() {
             return;

@@ -23,6 +23,7 @@ pub mod plot;
 pub mod progress;
 pub mod report;
 pub mod rng;
+pub mod schema;
 pub mod spec;
 pub mod target;
 pub mod verify;

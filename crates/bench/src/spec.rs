@@ -247,7 +247,7 @@ pub fn parse_size(s: &str) -> Result<u64> {
 /// Format a byte count compactly with binary units (`4k`, `1M`, `1536`).
 pub fn fmt_size(n: u64) -> String {
     for (shift, u) in [(40, "T"), (30, "G"), (20, "M"), (10, "k")] {
-        if n >= 1 << shift && n % (1 << shift) == 0 {
+        if n >= 1 << shift && n.is_multiple_of(1 << shift) {
             return format!("{}{u}", n >> shift);
         }
     }

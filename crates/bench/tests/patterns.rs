@@ -162,7 +162,7 @@ fn time_based_loops_and_reports_series() {
         "ramp I/Os are not counted"
     );
     assert!((r.seconds - 1.2).abs() < 0.05, "{}", r.seconds);
-    assert!(r.series.len() >= 1 && r.series.len() <= 3);
+    assert!(!r.series.is_empty() && r.series.len() <= 3);
     let series_ios: u64 = r.series.iter().map(|s| s.read_ios).sum();
     assert_eq!(series_ios, r.read.ios);
 }

@@ -1,11 +1,536 @@
-use clap::Args;
+//! `snapblk bench`: fio-style workloads (default), IOzone-style file tests (`file`), the 1 KiB
+//! overwrite micro-benchmark (`overwrite`) and foreground-under-background (`fgbg`).
+//! Results go to stdout as a table, or as one JSON document with `--json` (to `--output FILE`
+//! if given); diagnostics and progress go to stderr.
+
+use anyhow::{Context as _, bail};
+use clap::{Args, Subcommand};
+use snapblk_bench::capi::LibblkioTarget;
+use snapblk_bench::report::{ConfigReport, Document, TargetDesc, noise_warnings, workload_table};
+use snapblk_bench::spec::{self, JobSpec, RwMode, Sweep, parse_list, parse_secs, parse_size};
+use snapblk_bench::target::{SpecTarget, Target};
+use snapblk_bench::{context, fgbg, fileio, plot};
+use std::io::IsTerminal;
+use std::path::{Path, PathBuf};
 
 #[derive(Args)]
+#[command(args_conflicts_with_subcommands = true)]
 pub struct BenchArgs {
-    #[arg(trailing_var_arg = true, allow_hyphen_values = true, hide = true)]
-    rest: Vec<String>,
+    #[command(subcommand)]
+    cmd: Option<Box<BenchCmd>>,
+    // Boxed: keeps `snapblk`'s top-level command enum small.
+    #[command(flatten)]
+    w: Box<WorkloadArgs>,
 }
 
-pub fn run(_a: BenchArgs) -> anyhow::Result<()> {
-    anyhow::bail!("not implemented yet")
+#[derive(Subcommand)]
+enum BenchCmd {
+    /// IOzone-style file tests: write, rewrite, read, reread, randread, randwrite over a
+    /// file-size x record-size sweep.
+    File(FileArgs),
+    /// Create an N MiB file, then overwrite it in 1 KiB units, with and without fsync (MiB/s).
+    Overwrite(OverwriteArgs),
+    /// Foreground start-up time and latency under background streams, vs idle, per scheduler.
+    Fgbg(Box<FgBgArgs>),
+}
+
+#[derive(Args, Clone)]
+struct OutArgs {
+    /// Write a JSON document (schema: bench/schema.json) instead of the table.
+    #[arg(long)]
+    json: bool,
+    /// Write the JSON document to FILE (the table still goes to stdout).
+    #[arg(long, short = 'o', value_name = "FILE")]
+    output: Option<PathBuf>,
+}
+
+#[derive(Args)]
+struct WorkloadArgs {
+    /// A path (file or block device, io_uring driver) or a snapblk device spec
+    /// (e.g. `null:size=1G`, `sync:path=F`). With --libblkio: the value of its `path` property.
+    target: Option<String>,
+    /// Load this libblkio implementation (shared library) instead of snapblk's drivers.
+    #[arg(long, value_name = "PATH.so", requires = "driver")]
+    libblkio: Option<PathBuf>,
+    /// libblkio driver name (with --libblkio), e.g. io_uring.
+    #[arg(long)]
+    driver: Option<String>,
+    /// Extra libblkio property KEY=VALUE set before connect (repeatable).
+    #[arg(long = "prop", value_name = "KEY=VALUE")]
+    props: Vec<String>,
+    /// TOML job file ([global] + [[job]] tables; lists mean sweeps). Flags give the defaults.
+    #[arg(long = "job-file", alias = "jobfile", value_name = "FILE")]
+    job_file: Option<PathBuf>,
+    /// Access pattern(s): read, write, randread, randwrite, rw, randrw (comma list = sweep).
+    #[arg(long, default_value = "randread")]
+    rw: String,
+    /// Block size(s), e.g. 4k or 4k,64k.
+    #[arg(long, default_value = "4k")]
+    bs: String,
+    /// Requests in flight per job (list = sweep).
+    #[arg(long, default_value = "1")]
+    iodepth: String,
+    /// Job threads, one queue each, each on its own region of size/numjobs (list = sweep).
+    #[arg(long, default_value = "1")]
+    numjobs: String,
+    /// Read percentage for rw/randrw.
+    #[arg(long, default_value_t = 50)]
+    rwmixread: u32,
+    /// Bytes covered (default: the whole target).
+    #[arg(long)]
+    size: Option<String>,
+    /// Start offset of the covered region.
+    #[arg(long, default_value = "0")]
+    offset: String,
+    /// Seconds to measure (jobs loop over their regions); default: one pass over the region.
+    #[arg(long)]
+    runtime: Option<String>,
+    /// Seconds to run before measuring.
+    #[arg(long = "ramp_time", alias = "ramp-time", default_value = "0")]
+    ramp_time: String,
+    /// Accepted for fio compatibility: a --runtime always makes the run time based.
+    #[arg(long = "time_based", alias = "time-based")]
+    time_based: bool,
+    /// O_DIRECT.
+    #[arg(long)]
+    direct: bool,
+    /// Write a verifiable pattern (offset + seed + generation) and check every read.
+    #[arg(long)]
+    verify: bool,
+    /// Seed for random offsets and verify data.
+    #[arg(long, alias = "randseed", default_value_t = 0x5eed_b10c)]
+    seed: u64,
+    /// Run every configuration N times, interleaved, and report the spread.
+    #[arg(long, default_value_t = 1)]
+    repeat: u32,
+    /// Write SVG charts (latency CDF, IOPS vs iodepth, time series) into DIR.
+    #[arg(long, value_name = "DIR")]
+    plot: Option<PathBuf>,
+    #[command(flatten)]
+    out: OutArgs,
+}
+
+#[derive(Args)]
+struct FileArgs {
+    /// Directory for the test file.
+    #[arg(default_value = ".")]
+    dir: PathBuf,
+    /// File sizes (list).
+    #[arg(long = "file-size", short = 's', default_value = "1M,16M")]
+    file_size: String,
+    /// Record sizes (list).
+    #[arg(long = "record-size", short = 'r', default_value = "4k,64k,1M")]
+    record_size: String,
+    /// Tests (list of write, rewrite, read, reread, randread, randwrite).
+    #[arg(long, default_value = "write,rewrite,read,reread,randread,randwrite")]
+    tests: String,
+    /// Include fsync in write timings (IOzone -e).
+    #[arg(long)]
+    fsync: bool,
+    /// O_DIRECT (IOzone -I).
+    #[arg(long)]
+    direct: bool,
+    /// Evict the file from the page cache before read and randread.
+    #[arg(long)]
+    drop_cache: bool,
+    #[command(flatten)]
+    out: OutArgs,
+}
+
+#[derive(Args)]
+struct OverwriteArgs {
+    /// Directory for the test file.
+    #[arg(default_value = ".")]
+    dir: PathBuf,
+    /// File size in MiB.
+    #[arg(long, default_value_t = 16)]
+    mb: u64,
+    /// Overwrite unit.
+    #[arg(long, default_value = "1k")]
+    unit: String,
+    /// Only the fsync variant (default: both, without then with).
+    #[arg(long, conflicts_with = "no_fsync")]
+    fsync: bool,
+    /// Only the variant without fsync.
+    #[arg(long)]
+    no_fsync: bool,
+    #[command(flatten)]
+    out: OutArgs,
+}
+
+#[derive(Args)]
+struct FgBgArgs {
+    /// Background sequential reader on PATH (repeat for N streams).
+    #[arg(long = "bg-read", value_name = "PATH")]
+    bg_read: Vec<PathBuf>,
+    /// Background sequential writer on PATH (repeat for N streams), over --bg-size bytes.
+    #[arg(long = "bg-write", value_name = "PATH")]
+    bg_write: Vec<PathBuf>,
+    #[arg(long = "bg-size", default_value = "256M")]
+    bg_size: String,
+    /// Background shell command (e.g. a `snapblk merge` or `snapblk readahead replay`), repeatable.
+    #[arg(long = "bg-cmd", value_name = "CMD")]
+    bg_cmd: Vec<String>,
+    /// O_DIRECT for background readers/writers.
+    #[arg(long)]
+    bg_direct: bool,
+    /// Foreground: a shell command whose wall time is the start-up time.
+    #[arg(long = "fg-cmd", value_name = "CMD", group = "fg")]
+    fg_cmd: Option<String>,
+    /// Foreground: replay a snapblk readahead list as reads (files evicted first).
+    #[arg(long = "fg-list", value_name = "LIST", group = "fg")]
+    fg_list: Option<PathBuf>,
+    /// Foreground: a workload on TARGET (uses --rw/--bs/--iodepth/--size).
+    #[arg(long = "fg-target", value_name = "TARGET", group = "fg")]
+    fg_target: Option<String>,
+    #[arg(long, default_value = "randread")]
+    rw: String,
+    #[arg(long, default_value = "4k")]
+    bs: String,
+    #[arg(long, default_value_t = 1)]
+    iodepth: u32,
+    #[arg(long, default_value = "16M")]
+    size: String,
+    #[arg(long)]
+    direct: bool,
+    /// Foreground runs per cell.
+    #[arg(long, default_value_t = 5)]
+    iterations: u32,
+    /// Seconds the background runs before the first foreground run.
+    #[arg(long, default_value = "2")]
+    warmup: String,
+    /// Seconds between foreground runs.
+    #[arg(long, default_value = "0.5")]
+    pause: String,
+    /// Drop all caches before every foreground run (root).
+    #[arg(long)]
+    drop_caches: bool,
+    /// Schedulers to compare (e.g. mq-deadline,bfq,none); needs --device.
+    #[arg(long)]
+    schedulers: Option<String>,
+    /// Block device whose scheduler is switched (e.g. /dev/vda).
+    #[arg(long)]
+    device: Option<PathBuf>,
+    /// Give up on a foreground run after this many seconds.
+    #[arg(long = "fg-timeout", default_value = "120")]
+    fg_timeout: String,
+    #[command(flatten)]
+    out: OutArgs,
+}
+
+pub fn run(a: BenchArgs) -> anyhow::Result<()> {
+    match a.cmd.map(|c| *c) {
+        None => run_workload(*a.w),
+        Some(BenchCmd::File(f)) => run_file(f),
+        Some(BenchCmd::Overwrite(o)) => run_overwrite(o),
+        Some(BenchCmd::Fgbg(f)) => run_fgbg(*f),
+    }
+}
+
+/// Emit `doc` per the output flags: JSON to --output and/or stdout, table to stdout otherwise.
+/// The document is always written, also when the run failed (then with `error` set).
+fn emit(out: &OutArgs, doc: &Document, table: Option<String>) -> anyhow::Result<()> {
+    let json = doc.to_json();
+    // Never hand out a document that breaks its own schema; say so loudly instead.
+    let invalid = serde_json::from_str::<serde_json::Value>(&json)
+        .map_err(|e| e.to_string())
+        .and_then(|v| snapblk_bench::schema::validate(&v))
+        .err();
+    if let Some(p) = &out.output {
+        std::fs::write(p, format!("{json}\n")).with_context(|| format!("write {}", p.display()))?;
+    }
+    // A closed stdout (e.g. `| head`) is not an error worth a panic.
+    use std::io::Write as _;
+    let mut so = std::io::stdout().lock();
+    if out.json && out.output.is_none() {
+        let _ = writeln!(so, "{json}");
+    } else if let Some(t) = table {
+        let _ = write!(so, "{t}");
+    }
+    let _ = so.flush();
+    for w in &doc.warnings {
+        eprintln!("warning: {w}");
+    }
+    if let Some(e) = invalid {
+        bail!("internal error: result document violates bench/schema.json: {e}");
+    }
+    Ok(())
+}
+
+fn finish(
+    out: &OutArgs,
+    mut doc: Document,
+    res: anyhow::Result<Option<String>>,
+) -> anyhow::Result<()> {
+    match res {
+        Ok(table) => emit(out, &doc, table),
+        Err(e) => {
+            doc.error = Some(format!("{e:#}"));
+            if out.json || out.output.is_some() {
+                emit(out, &doc, None)?;
+            }
+            Err(e)
+        }
+    }
+}
+
+fn lists(w: &WorkloadArgs) -> anyhow::Result<(JobSpec, Sweep)> {
+    let sweep = Sweep {
+        rw: parse_list(&w.rw, RwMode::parse)?,
+        bs: parse_list(&w.bs, parse_size)?,
+        iodepth: parse_list(&w.iodepth, |s| s.parse().map_err(|_| num_err("iodepth", s)))?,
+        numjobs: parse_list(&w.numjobs, |s| s.parse().map_err(|_| num_err("numjobs", s)))?,
+    };
+    let base = JobSpec {
+        name: "cli".into(),
+        rw: *sweep.rw.first().unwrap_or(&RwMode::RandRead),
+        rwmixread: w.rwmixread,
+        bs: *sweep.bs.first().unwrap_or(&4096),
+        iodepth: *sweep.iodepth.first().unwrap_or(&1),
+        numjobs: *sweep.numjobs.first().unwrap_or(&1),
+        size: w.size.as_deref().map(parse_size).transpose()?,
+        offset: parse_size(&w.offset)?,
+        runtime: w.runtime.as_deref().map(parse_secs).transpose()?,
+        ramp_time: parse_secs(&w.ramp_time)?,
+        direct: w.direct,
+        verify: w.verify,
+        seed: w.seed,
+    };
+    Ok((base, sweep))
+}
+
+fn num_err(what: &str, s: &str) -> snapblk_bench::Error {
+    snapblk_bench::Error::Spec(format!("{what}: bad number {s:?}"))
+}
+
+fn open_target(w: &WorkloadArgs) -> anyhow::Result<Box<dyn Target>> {
+    if let Some(lib) = &w.libblkio {
+        let driver = w.driver.as_deref().unwrap_or_default();
+        let mut props = Vec::new();
+        for p in &w.props {
+            let (k, v) = p
+                .split_once('=')
+                .with_context(|| format!("--prop {p:?}: expected KEY=VALUE"))?;
+            props.push((k.to_string(), v.to_string()));
+        }
+        if let Some(t) = &w.target
+            && !props.iter().any(|(k, _)| k == "path")
+        {
+            props.insert(0, ("path".into(), t.clone()));
+        }
+        return Ok(Box::new(LibblkioTarget::new(lib, driver, props)?));
+    }
+    let Some(t) = &w.target else {
+        bail!("bench: give a TARGET (path or device spec) or --libblkio")
+    };
+    Ok(Box::new(SpecTarget::new(t.clone())))
+}
+
+fn run_workload(w: WorkloadArgs) -> anyhow::Result<()> {
+    let target = open_target(&w);
+    let (desc, path) = match &target {
+        Ok(t) => (
+            Some(TargetDesc {
+                spec: t.describe(),
+                driver: t.driver(),
+            }),
+            t.path(),
+        ),
+        Err(_) => (None, None),
+    };
+    let ctx = context::capture(path.as_deref());
+    let doc = Document::new("workload", ctx, desc);
+    let mut results: Vec<ConfigReport> = Vec::new();
+    let res = (|| -> anyhow::Result<Option<String>> {
+        let mut target = target?;
+        let (base, sweep) = lists(&w)?;
+        let jobs = match &w.job_file {
+            Some(p) => {
+                let text =
+                    std::fs::read_to_string(p).with_context(|| format!("read {}", p.display()))?;
+                spec::parse_job_file(&text, &base)?
+            }
+            None => {
+                base.validate()?;
+                sweep.expand(&base)
+            }
+        };
+        let tty = std::io::stderr().is_terminal();
+        results = snapblk_bench::run_matrix(&mut *target, &jobs, w.repeat, tty, |rep, job, r| {
+            if !tty && (jobs.len() > 1 || w.repeat > 1) {
+                eprintln!("rep {} {}: {:.0} IOPS", rep + 1, job.label(), r.iops());
+            }
+        })?;
+        if let Some(dir) = &w.plot {
+            let files = plot::write_all(dir, &results)
+                .with_context(|| format!("plots in {}", dir.display()))?;
+            for f in files {
+                eprintln!("wrote {}", f.display());
+            }
+        }
+        Ok(Some(workload_table(&results)))
+    })();
+    let mut doc = doc;
+    doc.warnings = noise_warnings(&results, &doc.context);
+    doc.results = results;
+    finish(&w.out, doc, res)
+}
+
+fn run_file(f: FileArgs) -> anyhow::Result<()> {
+    let ctx = context::capture(Some(&f.dir));
+    let mut doc = Document::new("file", ctx, None);
+    let res = (|| -> anyhow::Result<Option<String>> {
+        let spec = fileio::FileTestSpec {
+            dir: f.dir.clone(),
+            file_sizes: parse_list(&f.file_size, parse_size)?,
+            record_sizes: parse_list(&f.record_size, parse_size)?,
+            tests: f
+                .tests
+                .split(',')
+                .map(|s| s.trim().to_string())
+                .filter(|s| !s.is_empty())
+                .collect(),
+            fsync: f.fsync,
+            direct: f.direct,
+            drop_cache: f.drop_cache,
+            seed: 1,
+        };
+        let r = fileio::run_file_tests(&spec, |c| {
+            if !std::io::stderr().is_terminal() {
+                return;
+            }
+            eprint!(
+                "\r{} {} {}: {:.1} MiB/s   ",
+                spec::fmt_size(c.file_size),
+                spec::fmt_size(c.record_size),
+                c.test,
+                c.mib_s
+            );
+        })?;
+        if std::io::stderr().is_terminal() {
+            eprintln!();
+        }
+        let t = fileio::file_table(&r);
+        doc.file_tests = Some(serde_json::to_value(&r)?);
+        Ok(Some(t))
+    })();
+    finish(&f.out, doc, res)
+}
+
+fn run_overwrite(o: OverwriteArgs) -> anyhow::Result<()> {
+    let ctx = context::capture(Some(&o.dir));
+    let mut doc = Document::new("file", ctx, None);
+    let res = (|| -> anyhow::Result<Option<String>> {
+        let unit = parse_size(&o.unit)?;
+        let variants: Vec<bool> = if o.fsync {
+            vec![true]
+        } else if o.no_fsync {
+            vec![false]
+        } else {
+            vec![false, true]
+        };
+        let mut reps = Vec::new();
+        let mut rows = vec![
+            [
+                "size",
+                "unit",
+                "fsync",
+                "create MiB/s",
+                "overwrite MiB/s",
+                "op mean",
+                "op p99",
+            ]
+            .iter()
+            .map(|s| s.to_string())
+            .collect::<Vec<_>>(),
+        ];
+        for fs in variants {
+            let r = fileio::overwrite_test(&o.dir, o.mb << 20, unit, fs)?;
+            rows.push(vec![
+                spec::fmt_size(r.size),
+                spec::fmt_size(r.unit),
+                if fs { "yes" } else { "no" }.into(),
+                format!("{:.1}", r.create_mib_s),
+                format!("{:.2}", r.overwrite_mib_s),
+                format!("{:.1}µs", r.op_mean_us),
+                format!("{:.1}µs", r.op_p99_us),
+            ]);
+            reps.push(r);
+        }
+        doc.file_tests = Some(serde_json::json!({ "overwrite": reps }));
+        Ok(Some(snapblk_bench::report::text_table(&rows)))
+    })();
+    finish(&o.out, doc, res)
+}
+
+fn run_fgbg(f: FgBgArgs) -> anyhow::Result<()> {
+    let ctx = context::capture(f.device.as_deref().or(f.bg_read.first().map(Path::new)));
+    let mut doc = Document::new("fgbg", ctx, None);
+    let res = (|| -> anyhow::Result<Option<String>> {
+        let bg_size = parse_size(&f.bg_size)?;
+        let mut background: Vec<fgbg::Background> = f
+            .bg_read
+            .iter()
+            .map(|p| fgbg::Background::Read { path: p.clone() })
+            .collect();
+        background.extend(f.bg_write.iter().map(|p| fgbg::Background::Write {
+            path: p.clone(),
+            size: bg_size,
+        }));
+        background.extend(
+            f.bg_cmd
+                .iter()
+                .map(|c| fgbg::Background::Cmd { cmd: c.clone() }),
+        );
+        if background.is_empty() {
+            bail!("fgbg: give at least one --bg-read, --bg-write or --bg-cmd");
+        }
+        let mut target: Option<Box<dyn Target>> = None;
+        let foreground = if let Some(c) = &f.fg_cmd {
+            fgbg::Foreground::Cmd { cmd: c.clone() }
+        } else if let Some(l) = &f.fg_list {
+            fgbg::Foreground::ReadList { list: l.clone() }
+        } else if let Some(t) = &f.fg_target {
+            target = Some(Box::new(SpecTarget::new(t.clone())));
+            let job = JobSpec {
+                name: "foreground".into(),
+                rw: RwMode::parse(&f.rw)?,
+                bs: parse_size(&f.bs)?,
+                iodepth: f.iodepth,
+                size: Some(parse_size(&f.size)?),
+                direct: f.direct,
+                ..Default::default()
+            };
+            job.validate()?;
+            fgbg::Foreground::Workload { job }
+        } else {
+            bail!("fgbg: give --fg-cmd, --fg-list or --fg-target");
+        };
+        let spec = fgbg::FgBgSpec {
+            background,
+            foreground,
+            iterations: f.iterations,
+            warmup: parse_secs(&f.warmup)?,
+            pause: parse_secs(&f.pause)?,
+            bg_direct: f.bg_direct,
+            drop_caches: f.drop_caches,
+            schedulers: f
+                .schedulers
+                .as_deref()
+                .map(|s| parse_list(s, |x| Ok(x.to_string())))
+                .transpose()?
+                .unwrap_or_default(),
+            device: f.device.clone(),
+            fg_timeout: parse_secs(&f.fg_timeout)?,
+        };
+        let t: Option<&mut dyn Target> = match target.as_mut() {
+            Some(b) => Some(&mut **b),
+            None => None,
+        };
+        let r = fgbg::run_fgbg(&spec, t, |m| eprintln!("{m}"))?;
+        let table = fgbg::fgbg_table(&r);
+        doc.fgbg = Some(serde_json::to_value(&r)?);
+        Ok(Some(table))
+    })();
+    finish(&f.out, doc, res)
 }

@@ -1,0 +1,199 @@
+//! Result documents validate against bench/schema.json; charts are well-formed SVG with the
+//! expected elements; histograms in the document decode and merge.
+
+use snapblk_bench::context;
+use snapblk_bench::fgbg::{Background, FgBgSpec, Foreground, run_fgbg};
+use snapblk_bench::hist::LatHist;
+use snapblk_bench::plot;
+use snapblk_bench::report::{Document, TargetDesc, noise_warnings, workload_table};
+use snapblk_bench::schema::validate;
+use snapblk_bench::spec::{JobSpec, RwMode, Sweep};
+use snapblk_bench::target::{SpecTarget, Target};
+
+fn sweep_results() -> Vec<snapblk_bench::report::ConfigReport> {
+    let mut t = SpecTarget::new("null:size=64M");
+    let base = JobSpec {
+        size: Some(16 << 20),
+        runtime: Some(0.25),
+        ..Default::default()
+    };
+    let sweep = Sweep {
+        rw: vec![RwMode::RandRead, RwMode::Write],
+        iodepth: vec![1, 8],
+        ..Default::default()
+    };
+    let jobs = sweep.expand(&base);
+    snapblk_bench::run_matrix(&mut t, &jobs, 2, false, |_, _, _| {}).unwrap()
+}
+
+fn to_value(d: &Document) -> serde_json::Value {
+    serde_json::from_str(&d.to_json()).expect("document is JSON")
+}
+
+#[test]
+fn workload_document_validates_and_carries_histograms() {
+    let results = sweep_results();
+    assert_eq!(results.len(), 4);
+    let t = SpecTarget::new("null:size=64M");
+    let ctx = context::capture(t.path().as_deref());
+    let mut doc = Document::new(
+        "workload",
+        ctx,
+        Some(TargetDesc {
+            spec: t.describe(),
+            driver: t.driver(),
+        }),
+    );
+    doc.warnings = noise_warnings(&results, &doc.context);
+    doc.results = results;
+    let v = to_value(&doc);
+    validate(&v).unwrap();
+    // Every repetition is reported, and the merged histogram holds all samples of both reps.
+    let r0 = &v["results"][0];
+    assert_eq!(r0["runs"].as_array().unwrap().len(), 2);
+    let samples: u64 = r0["runs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["read"]["lat_ns"]["samples"].as_u64().unwrap())
+        .sum();
+    let h = LatHist::from_base64(r0["summary"]["lat_ns"]["histogram"].as_str().unwrap()).unwrap();
+    assert_eq!(h.count(), samples);
+    assert!(samples > 0);
+    assert!(
+        r0["runs"][0]["series"]
+            .as_array()
+            .is_some_and(|s| !s.is_empty())
+    );
+    assert!(workload_table(&doc.results).contains("randread bs=4k qd=8 jobs=1"));
+    // A broken document is rejected (the validator is not a no-op).
+    let mut bad = v.clone();
+    bad["results"][0]["summary"]["lat_ns"]["percentiles"]
+        .as_object_mut()
+        .unwrap()
+        .remove("p99");
+    assert!(validate(&bad).is_err());
+    let mut bad = v;
+    bad["schema_version"] = 2.into();
+    assert!(validate(&bad).is_err());
+}
+
+#[test]
+fn error_document_validates() {
+    let mut doc = Document::new("workload", context::capture(None), None);
+    doc.error = Some("open x: No such file".into());
+    validate(&to_value(&doc)).unwrap();
+}
+
+#[test]
+fn charts_are_svg_with_expected_elements() {
+    let results = sweep_results();
+    let dir = std::env::temp_dir().join(format!("snapblk-bench-plots-{}", std::process::id()));
+    let files = plot::write_all(&dir, &results).unwrap();
+    assert_eq!(files.len(), 3);
+    for f in &files {
+        let text = std::fs::read_to_string(f).unwrap();
+        let doc =
+            roxmltree::Document::parse(&text).unwrap_or_else(|e| panic!("{}: {e}", f.display()));
+        let root = doc.root_element();
+        assert_eq!(root.tag_name().name(), "svg");
+        assert_eq!(
+            root.tag_name().namespace(),
+            Some("http://www.w3.org/2000/svg")
+        );
+        let lines: Vec<_> = doc
+            .descendants()
+            .filter(|n| n.has_tag_name("polyline"))
+            .collect();
+        let name = f.file_name().unwrap().to_str().unwrap();
+        // CDF and time series: one line per configuration; IOPS vs QD: one per (rw, bs, jobs).
+        let want = if name == "iops-vs-qd.svg" { 2 } else { 4 };
+        assert_eq!(lines.len(), want, "{name}");
+        for l in &lines {
+            let pts = l.attribute("points").unwrap();
+            // Runs of 0.25 s have a single per-second sample; the other charts have several points.
+            let min_points = if name == "timeseries.svg" { 1 } else { 2 };
+            assert!(
+                pts.split(' ').count() >= min_points,
+                "{name}: line with {pts:?}"
+            );
+            for p in pts.split(' ') {
+                let (x, y) = p.split_once(',').unwrap();
+                let (x, y): (f64, f64) = (x.parse().unwrap(), y.parse().unwrap());
+                assert!(
+                    (0.0..=760.0).contains(&x) && (0.0..=440.0).contains(&y),
+                    "{name}: point {p} off canvas"
+                );
+            }
+        }
+        let texts: Vec<&str> = doc
+            .descendants()
+            .filter(|n| n.has_tag_name("text"))
+            .filter_map(|n| n.text())
+            .collect();
+        assert!(
+            texts.iter().any(|t| t.contains("randread")),
+            "{name}: legend missing"
+        );
+        assert!(doc.descendants().any(|n| n.has_tag_name("title")));
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn fgbg_document_validates() {
+    let dir = std::env::temp_dir();
+    let bg = dir.join(format!("snapblk-bench-bg-{}", std::process::id()));
+    std::fs::write(&bg, vec![1u8; 4 << 20]).unwrap();
+    let data = dir.join(format!("snapblk-bench-fg-{}", std::process::id()));
+    std::fs::write(&data, vec![2u8; 1 << 20]).unwrap();
+    let list = dir.join(format!("snapblk-bench-fg-{}.list", std::process::id()));
+    let entries = vec![snapblk_readahead::list::ListEntry {
+        path: data.clone(),
+        identity: None,
+        extent: snapblk_readahead::list::Extent::Whole,
+    }];
+    let mut text = Vec::new();
+    snapblk_readahead::list::write_text(&mut text, &entries).unwrap();
+    std::fs::write(&list, text).unwrap();
+    let spec = FgBgSpec {
+        background: vec![
+            Background::Read { path: bg.clone() },
+            Background::Cmd {
+                cmd: "sleep 30".into(),
+            },
+        ],
+        foreground: Foreground::ReadList { list: list.clone() },
+        iterations: 2,
+        warmup: 0.1,
+        pause: 0.0,
+        bg_direct: false,
+        drop_caches: false,
+        schedulers: vec![],
+        device: None,
+        fg_timeout: 10.0,
+    };
+    let t0 = std::time::Instant::now();
+    let r = run_fgbg(&spec, None, |_| {}).unwrap();
+    assert!(
+        t0.elapsed().as_secs() < 20,
+        "background command was not stopped"
+    );
+    assert_eq!(r.cells.len(), 2);
+    assert_eq!(r.cells[0].load, "idle");
+    assert!(r.cells[1].bg_bytes_per_s.unwrap() > 0.0);
+    assert!(r.cells[1].fg_lat_p50_ns.unwrap() > 0);
+    assert_eq!(r.cells[1].fg_seconds.len(), 2);
+    let mut doc = Document::new("fgbg", context::capture(Some(&bg)), None);
+    doc.fgbg = Some(serde_json::to_value(&r).unwrap());
+    validate(&to_value(&doc)).unwrap();
+    // Scheduler switching needs a device.
+    let bad = FgBgSpec {
+        schedulers: vec!["none".into()],
+        ..spec
+    };
+    assert!(run_fgbg(&bad, None, |_| {}).is_err());
+    for p in [bg, data, list] {
+        std::fs::remove_file(p).unwrap();
+    }
+}

@@ -1,0 +1,181 @@
+//! `snapblk bench` end to end: flags, sweeps, job files, JSON on stdout or in a file (validated
+//! against bench/schema.json), plots, file tests, errors reported as JSON.
+
+use snapblk_bench::schema::validate;
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+fn snapblk(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_snapblk"))
+        .arg("bench")
+        .args(args)
+        .output()
+        .expect("run snapblk")
+}
+
+fn tmp(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("snapblk-bench-cli-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn json(o: &Output) -> serde_json::Value {
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap_or_else(|e| {
+        panic!(
+            "stdout is not JSON ({e}): {}",
+            String::from_utf8_lossy(&o.stdout)
+        )
+    });
+    validate(&v).unwrap();
+    v
+}
+
+#[test]
+fn sweep_to_json_with_plots() {
+    let d = tmp("sweep");
+    let plots = d.join("plots");
+    let o = snapblk(&[
+        "null:size=64M",
+        "--rw",
+        "randread",
+        "--bs",
+        "4k,64k",
+        "--iodepth",
+        "1,8",
+        "--runtime",
+        "0.2",
+        "--ramp-time",
+        "0.05",
+        "--json",
+        "--plot",
+        plots.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let v = json(&o);
+    let labels: Vec<&str> = v["results"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["label"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        labels,
+        [
+            "randread bs=4k qd=1 jobs=1",
+            "randread bs=4k qd=8 jobs=1",
+            "randread bs=64k qd=1 jobs=1",
+            "randread bs=64k qd=8 jobs=1"
+        ]
+    );
+    assert_eq!(v["target"]["driver"], "null");
+    assert_eq!(v["results"][0]["config"]["ramp_time"], 0.05);
+    for f in ["latency-cdf.svg", "iops-vs-qd.svg", "timeseries.svg"] {
+        let s = std::fs::read_to_string(plots.join(f)).unwrap();
+        assert!(
+            s.starts_with("<?xml") && s.contains("<svg") && s.trim_end().ends_with("</svg>"),
+            "{f}"
+        );
+    }
+    std::fs::remove_dir_all(&d).unwrap();
+}
+
+#[test]
+fn table_on_stdout_json_in_file_and_verify_on_a_file() {
+    let d = tmp("file");
+    let img = d.join("img");
+    std::fs::write(&img, vec![0u8; 8 << 20]).unwrap();
+    let out = d.join("out.json");
+    let o = snapblk(&[
+        img.to_str().unwrap(),
+        "--rw",
+        "randrw",
+        "--bs",
+        "4k",
+        "--iodepth",
+        "8",
+        "--numjobs",
+        "2",
+        "--verify",
+        "--output",
+        out.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let table = String::from_utf8(o.stdout).unwrap();
+    assert!(table.starts_with("config"), "{table}");
+    assert!(table.contains("randrw bs=4k qd=8 jobs=2"));
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
+    validate(&v).unwrap();
+    assert_eq!(v["context"]["target"]["kind"], "file");
+    assert!(
+        v["results"][0]["runs"][0]["verified_blocks"]
+            .as_u64()
+            .unwrap()
+            >= 2048
+    );
+    std::fs::remove_dir_all(&d).unwrap();
+}
+
+#[test]
+fn job_file_sweep() {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../bench/jobs/sample.toml");
+    let d = tmp("jobs");
+    // Shorter than the sample's own runtime: flags give defaults, the job file overrides them,
+    // so copy the file with a small runtime.
+    let text = std::fs::read_to_string(root)
+        .unwrap()
+        .replace("runtime = \"2s\"", "runtime = \"0.1s\"")
+        .replace("ramp_time = \"0.5s\"", "ramp_time = 0");
+    let jf = d.join("j.toml");
+    std::fs::write(&jf, text).unwrap();
+    let o = snapblk(&["null:size=1G", "--job-file", jf.to_str().unwrap(), "--json"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let v = json(&o);
+    assert_eq!(v["results"].as_array().unwrap().len(), 6);
+    assert_eq!(v["results"][5]["config"]["rw"], "write");
+    std::fs::remove_dir_all(&d).unwrap();
+}
+
+#[test]
+fn errors_still_produce_a_valid_document() {
+    let o = snapblk(&["/nonexistent/snapblk-bench-target", "--json"]);
+    assert!(!o.status.success());
+    let v = json(&o);
+    assert!(v["error"].as_str().unwrap().contains("nonexistent"), "{v}");
+    let o = snapblk(&["null:size=1M", "--rw", "sideways"]);
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("unknown rw mode"));
+}
+
+#[test]
+fn file_tests_and_overwrite() {
+    let d = tmp("iozone");
+    let o = snapblk(&[
+        "file",
+        d.to_str().unwrap(),
+        "-s",
+        "256k",
+        "-r",
+        "4k,64k",
+        "--fsync",
+        "--json",
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let v = json(&o);
+    assert_eq!(v["kind"], "file");
+    assert_eq!(v["file_tests"]["cells"].as_array().unwrap().len(), 12);
+    let o = snapblk(&["overwrite", d.to_str().unwrap(), "--mb", "1"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let t = String::from_utf8(o.stdout).unwrap();
+    assert!(
+        t.contains("overwrite MiB/s") && t.lines().count() == 4,
+        "{t}"
+    );
+    assert_eq!(
+        std::fs::read_dir(&d).unwrap().count(),
+        0,
+        "test files left behind"
+    );
+    std::fs::remove_dir_all(&d).unwrap();
+}

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# C ABI suite: builds snapblk's libblkio.so.1 and the C tests in tests/c/ with gcc against
+# include/blkio.h, runs them, and fails loudly if gcc, the build or any check fails.
+# Ends with "N passed, N failed".
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+root=$PWD
+command -v gcc >/dev/null || { echo "FAIL: gcc not found (scripts/install-deps.sh installs build-essential)"; echo "0 passed, 1 failed"; exit 1; }
+cargo build --release -p snapblk-capi || { echo "FAIL: cargo build -p snapblk-capi"; echo "0 passed, 1 failed"; exit 1; }
+work=$(mktemp -d /tmp/snapblk-capi.XXXXXX)
+shm=$(mktemp -d /dev/shm/snapblk-capi.XXXXXX)
+disk=$(mktemp -d /var/tmp/snapblk-capi.XXXXXX)
+trap 'rm -rf "$work" "$shm" "$disk"' EXIT
+# The runtime name is the SONAME: libblkio.so.1
+ln -sf "$root/target/release/libblkio.so" "$work/libblkio.so.1"
+ln -sf "$root/target/release/libblkio.so" "$work/libblkio.so"
+passed=0; failed=0
+gcc -std=gnu11 -Wall -Wextra -Werror -O2 -I include tests/c/capi_test.c -L "$work" -lblkio -lpthread -o "$work/capi_test" \
+  || { echo "FAIL: gcc tests/c/capi_test.c"; echo "0 passed, 1 failed"; exit 1; }
+# A file with only the header must compile warning-free (as with the real header).
+echo '#include <blkio.h>' > "$work/hdr.c"
+if gcc -Wall -Wextra -Werror -I include -c "$work/hdr.c" -o "$work/hdr.o"; then
+  echo "PASS header compiles alone"; passed=$((passed+1))
+else
+  echo "FAIL header compiles alone"; failed=$((failed+1))
+fi
+if readelf -d target/release/libblkio.so | grep -q 'SONAME.*\[libblkio.so.1\]'; then
+  echo "PASS SONAME libblkio.so.1"; passed=$((passed+1))
+else
+  echo "FAIL SONAME"; failed=$((failed+1))
+fi
+nsyms=$(nm -D --defined-only target/release/libblkio.so | awk '$2=="T" && $3 ~ /^blkio/' | wc -l)
+if [ "$nsyms" -eq 45 ]; then echo "PASS 45 exported blkio* functions"; passed=$((passed+1)); else echo "FAIL exported functions: $nsyms"; failed=$((failed+1)); fi
+out=$(LD_LIBRARY_PATH="$work" "$work/capi_test" "$shm" "$disk" 2>&1); rc=$?
+echo "$out"
+p=$(echo "$out" | grep -c '^PASS'); f=$(echo "$out" | grep -c '^FAIL')
+passed=$((passed+p)); failed=$((failed+f))
+if [ $rc -ne 0 ] && [ "$f" -eq 0 ]; then echo "FAIL capi_test exited $rc"; failed=$((failed+1)); fi
+echo "$passed passed, $failed failed"
+[ "$failed" -eq 0 ]

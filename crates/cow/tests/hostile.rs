@@ -515,7 +515,7 @@ fn fuzz_smoke_mutated_golden_files() {
             let len = b.len() as u64;
             match rnd() % 5 {
                 0 | 1 => {
-                    let at = (rnd() % len.min(400).max(1)) as usize; // header/op area
+                    let at = (rnd() % len.clamp(1, 400)) as usize; // header/op area
                     b[at] = rnd() as u8;
                 }
                 2 => {
@@ -527,7 +527,7 @@ fn fuzz_smoke_mutated_golden_files() {
                     b.truncate(cut.max(1));
                 }
                 _ => {
-                    let at = (rnd() % len.min(300).max(1)) as usize;
+                    let at = (rnd() % len.clamp(1, 300)) as usize;
                     let v = [0xffu8; 8];
                     let end = (at + 8).min(b.len());
                     b[at..end].copy_from_slice(&v[..end - at]);

@@ -26,6 +26,7 @@ pub mod io;
 pub mod map;
 pub mod merge;
 pub mod overlay;
+pub mod progress;
 pub mod snapshot;
 pub mod synth;
 

@@ -301,3 +301,45 @@ mod tests {
         }
     }
 }
+
+/// Write `case` as a real Android COW file with snapblk-cow's writer: sequence data listing the
+/// ordered ops in merge order, then the ops. `opts.op_count_max` is raised to fit.
+pub fn write_cow(
+    case: &SynthCase,
+    mut opts: snapblk_cow::WriterOptions,
+) -> Result<Vec<u8>, String> {
+    let bs = case.layout.block_size as usize;
+    opts.block_size = case.layout.block_size;
+    opts.op_count_max = opts.op_count_max.max(case.ops.len() as u64 + 1);
+    let sink = snapblk_cow::MemFile::new(Vec::new());
+    let mut w = snapblk_cow::CowWriter::new(&sink, opts).map_err(|e| e.to_string())?;
+    let seq: Vec<u32> = case
+        .ops
+        .iter()
+        .filter(|o| o.is_ordered())
+        .map(|o| o.new_block as u32)
+        .collect();
+    if !seq.is_empty() {
+        w.add_sequence_data(&seq).map_err(|e| e.to_string())?;
+    }
+    let payload = |p: &Payload| &case.cow[p.offset as usize..p.offset as usize + bs];
+    for op in &case.ops {
+        let r = match op.kind {
+            OpKind::Copy { src } => w.add_copy(op.new_block, src, 1),
+            OpKind::Xor {
+                src_byte,
+                payload: p,
+            } => w.add_xor_blocks(
+                op.new_block,
+                payload(&p),
+                src_byte / bs as u64,
+                (src_byte % bs as u64) as u16,
+            ),
+            OpKind::Replace { payload: p, .. } => w.add_raw_blocks(op.new_block, payload(&p)),
+            OpKind::Zero => w.add_zero_blocks(op.new_block, 1),
+        };
+        r.map_err(|e| e.to_string())?;
+    }
+    w.finalize().map_err(|e| e.to_string())?;
+    Ok(sink.into_inner())
+}

@@ -9,15 +9,25 @@ use snapblk_snapshot::synth::{RawOnly, SynthCase, SynthSpec, generate};
 use snapblk_snapshot::{MergeOptions, MergeStep, Snapshot, SnapshotConfig, SnapshotParts, merge};
 use std::sync::Arc;
 
-fn open(case: &SynthCase, world: &Arc<FaultWorld>) -> snapblk_snapshot::Result<Snapshot> {
+type MkDecoder<'a> = &'a dyn Fn() -> Arc<dyn snapblk_snapshot::Decoder>;
+
+fn open_with(
+    case: &SynthCase,
+    world: &Arc<FaultWorld>,
+    dec: MkDecoder,
+) -> snapblk_snapshot::Result<Snapshot> {
     Snapshot::open(SnapshotParts {
         base: Arc::new(world.disk(0)),
         cow: Arc::new(world.disk(1)),
         map: case.map(),
         layout: case.layout,
-        decoder: Arc::new(RawOnly),
+        decoder: dec(),
         config: SnapshotConfig::default(),
     })
+}
+
+fn open(case: &SynthCase, world: &Arc<FaultWorld>) -> snapblk_snapshot::Result<Snapshot> {
+    open_with(case, world, &|| Arc::new(RawOnly))
 }
 
 fn read_all(s: &Snapshot) -> Vec<u8> {
@@ -31,9 +41,9 @@ fn first_diff_block(a: &[u8], b: &[u8]) -> Option<usize> {
 }
 
 /// Run one merge to completion on a fresh world; returns the number of disk operations it took.
-fn dry_run_ops(case: &SynthCase) -> u64 {
+fn dry_run_ops(case: &SynthCase, dec: MkDecoder) -> u64 {
     let world = FaultWorld::new(vec![case.base.clone(), case.cow.clone()]);
-    let s = open(case, &world).unwrap();
+    let s = open_with(case, &world, dec).unwrap();
     let before = world.ops();
     merge(&s, MergeOptions::default()).unwrap();
     world.ops() - before
@@ -48,7 +58,11 @@ struct Totals {
 /// Cut power `cuts` times at random instants while merging `case`, maybe cut the resume too,
 /// then resume to completion; verify reads after every restart and the final base.
 fn cut_and_resume(case: &SynthCase, seed: u64, cuts: u64, t: &mut Totals) {
-    let total_ops = dry_run_ops(case);
+    cut_and_resume_with(case, seed, cuts, t, &|| Arc::new(RawOnly))
+}
+
+fn cut_and_resume_with(case: &SynthCase, seed: u64, cuts: u64, t: &mut Totals, dec: MkDecoder) {
+    let total_ops = dry_run_ops(case, dec);
     let mut rng = Rng::new(seed);
     for c in 0..cuts {
         let mut images = vec![case.base.clone(), case.cow.clone()];
@@ -56,7 +70,7 @@ fn cut_and_resume(case: &SynthCase, seed: u64, cuts: u64, t: &mut Totals) {
         let rounds = 1 + rng.below(3);
         for _ in 0..rounds {
             let world = FaultWorld::new(images.clone());
-            let s = open(case, &world).unwrap();
+            let s = open_with(case, &world, dec).unwrap();
             let got = read_all(&s);
             if let Some(b) = first_diff_block(&got, &case.target) {
                 panic!("seed {seed} cut {c}: read after restart differs at block {b}");
@@ -70,7 +84,7 @@ fn cut_and_resume(case: &SynthCase, seed: u64, cuts: u64, t: &mut Totals) {
             t.cuts += 1;
         }
         let world = FaultWorld::new(images);
-        let s = open(case, &world).unwrap();
+        let s = open_with(case, &world, dec).unwrap();
         assert_eq!(
             read_all(&s),
             case.target,
@@ -263,4 +277,48 @@ fn interrupted_merge_stops_at_a_safe_point_and_resumes() {
     assert!(rep.resumed_at > 20);
     assert_eq!(world2.current()[0], case.target);
     let _ = BlockDev::size(&world2.disk(0));
+}
+
+#[test]
+fn power_cuts_on_real_cow_files() {
+    // The same workloads written as real v3 (2 MiB scratch, lz4) and v2 COW files.
+    let mut t = Totals {
+        cuts: 0,
+        wrong_blocks: 0,
+        resumed_from_scratch: 0,
+    };
+    for (w, version) in [(0u64, 3u16), (1, 2), (2, 3), (3, 2)] {
+        let spec = SynthSpec {
+            scratch_size: 2 << 20,
+            ..SynthSpec::default()
+        };
+        let mut case = generate(&spec, 4000 + w);
+        let opts = snapblk_cow::WriterOptions {
+            version,
+            codec: snapblk_cow::Codec::new(snapblk_cow::Compression::Lz4),
+            ..Default::default()
+        };
+        let cow = snapblk_snapshot::synth::write_cow(&case, opts).unwrap();
+        let (map, layout, _) =
+            snapblk_snapshot::cowsrc::load(cow.clone(), case.base.len() as u64).unwrap();
+        case.cow = cow;
+        case.layout = layout;
+        case.ops = map.ops().to_vec();
+        let world = FaultWorld::new(vec![case.base.clone(), case.cow.clone()]);
+        let s = Snapshot::open(SnapshotParts {
+            base: Arc::new(world.disk(0)),
+            cow: Arc::new(world.disk(1)),
+            map: case.map(),
+            layout: case.layout,
+            decoder: Arc::new(snapblk_snapshot::cowsrc::CowDecoder),
+            config: SnapshotConfig::default(),
+        })
+        .unwrap();
+        assert_eq!(read_all(&s), case.target, "real COW v{version} reads");
+        cut_and_resume_with(&case, 300 + w, 15, &mut t, &|| {
+            Arc::new(snapblk_snapshot::cowsrc::CowDecoder)
+        });
+    }
+    assert!(t.cuts >= 60);
+    assert_eq!(t.wrong_blocks, 0);
 }

@@ -286,22 +286,6 @@ pub fn merge_reference(case: &SynthCase) -> Vec<u8> {
     img
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn generated_orders_are_valid_for_op_by_op_merge() {
-        for seed in 0..50 {
-            let c = generate(&SynthSpec::default(), seed);
-            let ordered = c.ops.iter().filter(|o| o.is_ordered()).count();
-            assert!(ordered >= 40, "seed {seed}: only {ordered} ordered ops");
-            // The in-place op-by-op merge in this order reproduces the read view (rule 2 holds).
-            assert!(merge_reference(&c) == c.target, "seed {seed}");
-        }
-    }
-}
-
 /// Write `case` as a real Android COW file with snapblk-cow's writer: sequence data listing the
 /// ordered ops in merge order, then the ops. `opts.op_count_max` is raised to fit.
 pub fn write_cow(
@@ -342,4 +326,20 @@ pub fn write_cow(
     }
     w.finalize().map_err(|e| e.to_string())?;
     Ok(sink.into_inner())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn generated_orders_are_valid_for_op_by_op_merge() {
+        for seed in 0..50 {
+            let c = generate(&SynthSpec::default(), seed);
+            let ordered = c.ops.iter().filter(|o| o.is_ordered()).count();
+            assert!(ordered >= 40, "seed {seed}: only {ordered} ordered ops");
+            // The in-place op-by-op merge in this order reproduces the read view (rule 2 holds).
+            assert!(merge_reference(&c) == c.target, "seed {seed}");
+        }
+    }
 }

@@ -9,7 +9,8 @@ ROOT=$PWD
 summary() { echo "$1 passed, $2 failed"; }
 die() { echo "ublk-vm: $*"; summary 0 1; exit 1; }
 
-cargo build --release -q -p snapblk-cli || die "build of snapblk failed"
+[ -n "${UBLK_VM_NO_BUILD:-}" ] || cargo build --release -q -p snapblk-cli || die "build of snapblk failed"
+[ -x target/release/snapblk ] || die "target/release/snapblk missing"
 bash tests/vm/vm.sh setup || die "VM setup failed (kernel download or initramfs)"
 
 P=$(mktemp -d "${TMPDIR:-/tmp}/snapblk-ublk-vm.XXXXXX")
@@ -22,6 +23,20 @@ for c in tests/data/aosp-cow/*/; do
     mkdir -p "$P/data/${c##*/}"
     cp "$c/base.img" "$c/snapshot.cow" "$c/target.img" "$P/data/${c##*/}/"
 done
+# ext4 snapshot: base = ext4 image of tree A, COW = diff to the ext4 image of tree B (changed,
+# added and removed files); the guest mounts the snapshot and compares it with tree B.
+mkdir -p "$P/ext4/a/d" "$P/ext4/tree"
+for i in $(seq 0 39); do printf 'file %d of tree A\n%0512d\n' "$i" "$i" > "$P/ext4/a/d/f$i"; done
+head -c 3000000 /dev/urandom > "$P/ext4/a/blob"
+cp -a "$P/ext4/a/." "$P/ext4/tree/"
+for i in $(seq 0 39 | awk '$1 % 3 == 0'); do printf 'changed %d\n' "$i" >> "$P/ext4/tree/d/f$i"; done
+rm -f "$P/ext4/tree/d/f1" "$P/ext4/tree/d/f2"
+head -c 1000000 /dev/urandom > "$P/ext4/tree/new-blob"
+mke2fs -q -F -t ext4 -b 4096 -d "$P/ext4/a" "$P/ext4/A.img" 32M || die "mke2fs A"
+mke2fs -q -F -t ext4 -b 4096 -d "$P/ext4/tree" "$P/ext4/B.img" 32M || die "mke2fs B"
+target/release/snapblk cow create --old "$P/ext4/A.img" --new "$P/ext4/B.img" -o "$P/ext4/AB.cow" > /dev/null ||
+    die "snapblk cow create (ext4 snapshot) failed"
+rm -rf "$P/ext4/a" "$P/ext4/B.img"
 cp tests/vm/guest/ublk-tests.sh "$P/run.sh"
 chmod +x "$P/run.sh"
 

@@ -201,6 +201,8 @@ build_base() {
     cp /bin/busybox "$b/bin/busybox"
     for a in $(/bin/busybox --list); do [ -e "$b/bin/$a" ] || ln -s busybox "$b/bin/$a"; done
     # e2fsprogs from the host (glibc, libs copied along): mke2fs -d and e2fsck -fn in the guest
+    # (busybox has its own, more limited mke2fs/e2fsck applets: drop those links)
+    rm -f "$b"/bin/{mke2fs,mkfs.ext2,mkfs.ext3,mkfs.ext4,e2fsck,fsck.ext2,fsck.ext3,fsck.ext4,tune2fs}
     for a in mke2fs e2fsck; do cp "$(command -v $a)" "$b/sbin/$a"; copy_libs "$(command -v $a)" "$b"; done
     ln -sf mke2fs "$b/sbin/mkfs.ext4"
     cp /etc/mke2fs.conf "$b/etc/" 2>/dev/null || true

@@ -26,7 +26,7 @@ mod bridge;
 pub mod plan;
 mod server;
 
-pub use plan::{FilePlanner, ReadPlanner, Segment};
+pub use plan::{FilePlanner, ReadPlanner, Segment, SnapshotPlanner};
 
 use libublk::ctrl::{UblkCtrl, UblkCtrlBuilder};
 use libublk::io::UblkDev;
@@ -423,14 +423,30 @@ pub fn serve(
 
 /// The zero-copy read planner for `dev`, if its driver has one: drivers that read a plain file or
 /// block device one-to-one (`io_uring`, `sync`) get a [`FilePlanner`] on their `path`. `None`
-/// for other drivers (they are served through the generic path).
+/// for other drivers (they are served through the generic path). Read-only snapshots get a
+/// [`plan::SnapshotPlanner`].
 pub fn planner_for(dev: &Blkio) -> Option<Arc<dyn ReadPlanner>> {
-    if !matches!(dev.driver_name(), "io_uring" | "sync") {
-        return None;
+    let ro = dev.get_bool("read-only").unwrap_or(false);
+    match dev.driver_name() {
+        "io_uring" | "sync" => {
+            let path = dev.get_str("path").ok()?;
+            Some(Arc::new(
+                FilePlanner::open(std::path::Path::new(&path)).ok()?,
+            ))
+        }
+        // Writable snapshots change their block map as they are written: generic path only.
+        "snapshot" if ro || !dev.get_bool("writable").unwrap_or(true) => {
+            let base = dev.get_str("base").ok()?;
+            let cow = dev.get_str("cow").ok()?;
+            let p = plan::SnapshotPlanner::open(
+                std::path::Path::new(&base),
+                std::path::Path::new(&cow),
+            )
+            .ok()?;
+            Some(Arc::new(p))
+        }
+        _ => None,
     }
-    let path = dev.get_str("path").ok()?;
-    let p = FilePlanner::open(std::path::Path::new(&path)).ok()?;
-    Some(Arc::new(p))
 }
 
 /// Block SIGINT and SIGTERM in the calling thread (and every thread it starts later), and return

@@ -124,3 +124,67 @@ mod tests {
         std::fs::remove_file(&f).unwrap();
     }
 }
+
+/// Planner for a read-only snapshot (base + COW): unchanged blocks and COPY sources are read from
+/// the base file, uncompressed COW data from the COW file, zeros from /dev/zero, all by the kernel
+/// into the request's pages; compressed REPLACE and XOR blocks are decoded through the device
+/// queue. It plans with its own read-only view of the same files, which is exact as long as the
+/// snapshot is not written or merged while served (writable snapshots get no planner).
+pub struct SnapshotPlanner {
+    snap: snapblk_snapshot::Snapshot,
+    base: File,
+    cow: File,
+}
+
+impl SnapshotPlanner {
+    pub fn open(base: &Path, cow: &Path) -> snapblk_core::Result<Self> {
+        use snapblk_snapshot::cowsrc::{OpenMode, open_files};
+        let snap = open_files(
+            base,
+            cow,
+            snapblk_snapshot::SnapshotConfig::default(),
+            OpenMode::default(),
+        )
+        .map_err(|e| snapblk_core::Error::new(e.errno(), e.to_string()))?;
+        Ok(SnapshotPlanner {
+            snap,
+            base: File::open(base)?,
+            cow: File::open(cow)?,
+        })
+    }
+}
+
+impl ReadPlanner for SnapshotPlanner {
+    fn files(&self) -> Vec<RawFd> {
+        vec![self.base.as_raw_fd(), self.cow.as_raw_fd()]
+    }
+    fn plan(&self, offset: u64, len: u32, out: &mut Vec<Segment>) -> snapblk_core::Result<()> {
+        use snapblk_snapshot::Segment as S;
+        let r = self.snap.with_plan(offset, u64::from(len), |segs, _view| {
+            let mut pos = offset;
+            for s in segs {
+                // Segment lengths are bounded by the request length (u32).
+                let l = s.len() as u32;
+                out.push(match *s {
+                    S::Base { base_offset, .. } => Segment::File {
+                        file: 0,
+                        offset: base_offset,
+                        len: l,
+                    },
+                    S::Cow { cow_offset, .. } => Segment::File {
+                        file: 1,
+                        offset: cow_offset,
+                        len: l,
+                    },
+                    S::Zero { .. } => Segment::Zero { len: l },
+                    _ => Segment::Device {
+                        offset: pos,
+                        len: l,
+                    },
+                });
+                pos += s.len();
+            }
+        });
+        r.map_err(|e| snapblk_core::Error::new(e.errno(), e.to_string()))
+    }
+}

@@ -124,6 +124,9 @@ struct Prepared {
     path: PathBuf,
     identity: FileIdentity,
     ranges: RangeSet,
+    /// Set when pass 1 found every range resident and issued nothing: that measurement is the
+    /// verification, so the file is not reopened.
+    verified_resident: Option<u64>,
 }
 
 /// Progress callback: (entries done, entries total).
@@ -186,9 +189,10 @@ impl Shared<'_> {
         meta: &std::fs::Metadata,
         ranges: &RangeSet,
         buf: &mut Vec<u8>,
-    ) -> std::io::Result<Option<u64>> {
+    ) -> std::io::Result<(Option<u64>, bool)> {
         let ps = sys::page_size();
         let mut resident = Some(0u64);
+        let mut issued = false;
         for r in ranges.ranges() {
             let skip = self.opts.skip_resident;
             let whole = residency::measure(f, path, meta, Some(*r));
@@ -214,9 +218,10 @@ impl Shared<'_> {
                     continue;
                 }
                 self.issue(f, c, buf)?;
+                issued = true;
             }
         }
-        Ok(resident)
+        Ok((resident, issued))
     }
 }
 
@@ -338,7 +343,8 @@ pub fn replay(
                 let bytes = ranges.clip(meta.len()).total_bytes();
                 requested.fetch_add(bytes, Relaxed);
                 let clipped = ranges.clip(meta.len());
-                match shared.warm(&f, &e.path, &meta, &clipped, buf)? {
+                let (before, issued) = shared.warm(&f, &e.path, &meta, &clipped, buf)?;
+                match before {
                     Some(b) => {
                         resident_before.fetch_add(b, Relaxed);
                     }
@@ -351,6 +357,7 @@ pub fn replay(
                         path: e.path.clone(),
                         identity: now,
                         ranges: clipped,
+                        verified_resident: before.filter(|_| !issued),
                     });
                 }
                 Ok(())
@@ -398,7 +405,7 @@ pub fn replay(
             let (s_secs, ok) = settle(&devs, opts.settle_timeout, opts.method);
             settle_total += s_secs;
             settled &= ok;
-            last = verify(&prepared, ps, opts.queue_depth);
+            last = verify(&prepared, ps, opts.queue_depth, true);
             if last.2.is_empty() || passes > opts.retries {
                 break;
             }
@@ -477,7 +484,13 @@ fn settle(devs: &[(u32, u32)], timeout: Duration, method: Method) -> (f64, bool)
 
 /// Re-measures the prepared ranges. Returns (resident bytes, unverifiable bytes, indices of
 /// files with missing pages).
-fn verify(prepared: &[Prepared], ps: u64, threads: usize) -> (u64, u64, Vec<usize>) {
+fn verify(
+    prepared: &[Prepared],
+    ps: u64,
+    threads: usize,
+    trust_pass1: bool,
+) -> (u64, u64, Vec<usize>) {
+    let debug = std::env::var_os("SNAPBLK_RA_DEBUG").is_some();
     let resident = AtomicU64::new(0);
     let unverifiable = AtomicU64::new(0);
     let missing = Mutex::new(Vec::new());
@@ -489,6 +502,10 @@ fn verify(prepared: &[Prepared], ps: u64, threads: usize) -> (u64, u64, Vec<usiz
                     let i = next.fetch_add(1, Relaxed);
                     let Some(p) = prepared.get(i) else { break };
                     let total = p.ranges.total_bytes();
+                    if trust_pass1 && let Some(b) = p.verified_resident {
+                        resident.fetch_add(b, Relaxed);
+                        continue;
+                    }
                     let Ok(f) = residency::open_quiet(&p.path) else {
                         unverifiable.fetch_add(total, Relaxed);
                         continue;
@@ -521,6 +538,13 @@ fn verify(prepared: &[Prepared], ps: u64, threads: usize) -> (u64, u64, Vec<usiz
                     if ok < total
                         && let Ok(mut m) = missing.lock()
                     {
+                        if debug {
+                            eprintln!(
+                                "missing {} of {total} bytes: {}",
+                                total - ok,
+                                p.path.display()
+                            );
+                        }
                         m.push(i);
                     }
                 }

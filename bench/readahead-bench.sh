@@ -1,0 +1,105 @@
+#!/usr/bin/env bash
+# Readahead benchmark: snapblk vs vmtouch, side by side in one run (needs root).
+#   1. residency report of /usr (warm metadata)             goal A1: <= 0.6 s
+#   2. cold warm-up of /usr/lib, verified >= 99.5% resident goal A3: <= 4.5 s
+#   3. warm-up of an already-resident /usr/lib              goal A4: <= 0.3 s
+#   4. foreground cold start (python imports) while /usr/lib is warmed in the background
+#                                                           goal A6: <= 1.5x the idle start
+# Evicting /usr/lib slows everything else on the machine for a few seconds: run it once.
+# Usage: bench/readahead-bench.sh [REPEATS]   (results: target/readahead-bench/results.txt)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+REPEATS=${1:-3}
+TREE=${TREE:-/usr/lib}
+RESTREE=${RESTREE:-/usr}
+PYVER=${PYVER:-3.12.1}
+PYROOT=/root/.pyenv/versions/$PYVER
+PY=$PYROOT/bin/python${PYVER%.*}
+OUT=target/readahead-bench
+mkdir -p "$OUT"
+RES=$OUT/results.txt
+: > "$RES"
+
+[ "$(id -u)" -eq 0 ] || { echo "run as root" >&2; exit 1; }
+command -v vmtouch >/dev/null || { echo "vmtouch missing: scripts/install-deps.sh" >&2; exit 1; }
+[ -x "$PY" ] || { echo "foreground program $PY missing (set PYVER)" >&2; exit 1; }
+cargo build --release -q -p snapblk-cli
+SB=$PWD/target/release/snapblk
+
+log() { echo "$*" | tee -a "$RES"; }
+now() { date +%s.%N; }
+secs() { awk -v a="$1" -v b="$2" 'BEGIN{printf "%.3f", b-a}'; }
+# Resident percentage of a tree according to vmtouch (independent mincore check, root).
+vm_pct() { vmtouch "$1" | awk '/Resident Pages/{print $NF}'; }
+evict_tree() { "$SB" readahead evict -r "$1" --json > "$OUT/evict.json" || true; }
+jget() { python3 -c "import json,sys; d=json.load(open('$1')); print(d$2)"; }
+
+log "# snapblk readahead bench $(date -Is) kernel $(uname -r), $(nproc) CPUs"
+log "# device $(df --output=source "$TREE" | tail -1), scheduler $(cat /sys/block/vda/queue/scheduler 2>/dev/null), read_ahead_kb $(cat /sys/block/vda/queue/read_ahead_kb 2>/dev/null), loadavg $(cut -d' ' -f1-3 /proc/loadavg)"
+
+log ""
+log "## 1. residency of $RESTREE (warm metadata), seconds"
+vmtouch -q "$RESTREE" > /dev/null; "$SB" residency -r -s "$RESTREE" > /dev/null
+for i in $(seq "$REPEATS"); do
+  t0=$(now); vmtouch "$RESTREE" > "$OUT/vm-res.txt"; t1=$(now)
+  "$SB" residency -r -s "$RESTREE" > "$OUT/sb-res.txt"; t2=$(now)
+  log "run $i: vmtouch $(secs "$t0" "$t1")  snapblk $(secs "$t1" "$t2")"
+done
+log "vmtouch: $(grep 'Resident Pages' "$OUT/vm-res.txt" | xargs)"
+log "snapblk: $(grep 'Resident Pages' "$OUT/sb-res.txt" | xargs)"
+
+cold_run() { # label, command...
+  local label=$1; shift
+  evict_tree "$TREE"
+  local left; left=$(jget "$OUT/evict.json" "['remaining_pages']")
+  local t0 t1; t0=$(now); "$@" > "$OUT/run.out" 2>&1; t1=$(now)
+  local tool=""
+  if head -c1 "$OUT/run.out" | grep -q '{'; then
+    tool="tool: $(jget "$OUT/run.out" "['resident_fraction']*100")% resident, issue $(jget "$OUT/run.out" "['issue_secs']") s, settle $(jget "$OUT/run.out" "['settle_secs']") s, passes $(jget "$OUT/run.out" "['passes']")"
+  fi
+  log "$label: $(secs "$t0" "$t1") s; vmtouch check after: $(vm_pct "$TREE") resident; (pages left after evict: $left) $tool"
+}
+
+log ""
+log "## 2. cold warm-up of $TREE ($(du -sh "$TREE" | cut -f1), $(find "$TREE" -xdev -type f | wc -l) files)"
+for i in $(seq "$REPEATS"); do
+  cold_run "run $i vmtouch -t" vmtouch -t -q "$TREE"
+  cold_run "run $i snapblk warm (readahead, 2M, qd4, idle)" "$SB" readahead warm -r "$TREE" --json
+done
+cold_run "variant snapblk warm qd1" "$SB" readahead warm -r "$TREE" --json -q 1
+cold_run "variant snapblk warm qd8" "$SB" readahead warm -r "$TREE" --json -q 8
+cold_run "variant snapblk warm fadvise" "$SB" readahead warm -r "$TREE" --json --method fadvise
+cold_run "variant snapblk warm pread qd4" "$SB" readahead warm -r "$TREE" --json --method pread
+cold_run "variant snapblk warm chunk 512K" "$SB" readahead warm -r "$TREE" --json --chunk 512K
+cold_run "variant snapblk warm ioprio be, nice none" "$SB" readahead warm -r "$TREE" --json --ioprio be --nice none
+
+log ""
+log "## 3. warm-up of an already-resident $TREE, seconds"
+vmtouch -t -q "$TREE"
+for i in $(seq "$REPEATS"); do
+  t0=$(now); vmtouch -t -q "$TREE"; t1=$(now)
+  "$SB" readahead warm -r "$TREE" --json > "$OUT/hot.json"; t2=$(now)
+  log "run $i: vmtouch -t $(secs "$t0" "$t1")  snapblk warm $(secs "$t1" "$t2") (issued $(jget "$OUT/hot.json" "['bytes_issued']") bytes, $(jget "$OUT/hot.json" "['resident_fraction']*100")% resident)"
+done
+
+log ""
+log "## 4. foreground cold start ($PY imports) with $TREE warmed in the background"
+FG=(-c "import json, email.parser, http.client, decimal, asyncio, sqlite3, xml.dom.minidom, unittest")
+fg_cold() { # time of one cold foreground start
+  "$SB" readahead evict -r "$PYROOT" > /dev/null
+  local t0 t1; t0=$(now); "$PY" "${FG[@]}"; t1=$(now); secs "$t0" "$t1"
+}
+for i in $(seq "$REPEATS"); do
+  evict_tree "$TREE"; idle=$(fg_cold)
+  evict_tree "$TREE"
+  "$SB" readahead warm -r "$TREE" --background --json --log "$OUT/bg.log" > /dev/null
+  sleep 0.2; sb=$(fg_cold)
+  while pgrep -f "readahead warm -r $TREE --background" > /dev/null; do sleep 0.1; done
+  evict_tree "$TREE"
+  vmtouch -t -q "$TREE" & vpid=$!
+  sleep 0.2; vm=$(fg_cold)
+  wait $vpid
+  log "run $i: idle $idle s; under snapblk warm --background $sb s ($(awk -v a="$sb" -v b="$idle" 'BEGIN{printf "%.2fx", a/b}')); under vmtouch -t $vm s ($(awk -v a="$vm" -v b="$idle" 'BEGIN{printf "%.2fx", a/b}'))"
+done
+log "last background report: $(tail -1 "$OUT/bg.log" | python3 -c 'import json,sys; d=json.loads(sys.stdin.read()); print("%.3f%% resident, total %.2f s, pressure pauses %d (%.2f s)" % (d["resident_fraction"]*100, d["total_secs"], d["psi_pauses"], d["psi_paused_secs"]))')"
+echo "results in $RES"

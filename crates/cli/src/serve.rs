@@ -141,7 +141,8 @@ fn serve_nbd(
     let driver = dev.driver_name().to_owned();
     let dev = Arc::new(SharedDevice::new(dev)?);
     let read_only = a.read_only || dev.geometry().read_only;
-    let flush_is_global = matches!(driver.as_str(), "io_uring" | "sync" | "null");
+    // These drivers flush device-wide state (the file, or the snapshot shared by all queues).
+    let flush_is_global = matches!(driver.as_str(), "io_uring" | "sync" | "null" | "snapshot");
     let export = Export {
         name: a.nbd_name.clone(),
         description: format!("snapblk {driver} device"),
@@ -250,16 +251,16 @@ fn serve_fuse(
             continue;
         }
         signalled += 1;
-        if signalled >= 2 {
-            eprintln!("snapblk: second signal: detaching {} lazily", dir.display());
-            m.unmount_lazy()?;
-            break;
-        }
         match m.try_unmount() {
             Ok(()) => break,
+            Err(snapblk_fuse::FuseError::Busy(p)) if signalled >= 2 => {
+                eprintln!("snapblk: {} still busy at the second signal: detaching it lazily", p.display());
+                m.unmount_lazy()?;
+                break;
+            }
             Err(snapblk_fuse::FuseError::Busy(p)) => {
                 eprintln!(
-                    "snapblk: {} is busy (detach loop devices / close files first); still serving, send the signal again to detach lazily",
+                    "snapblk: {} is busy (detach loop devices / close files first); still serving, signal again to detach lazily",
                     p.display()
                 );
             }

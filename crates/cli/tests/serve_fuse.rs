@@ -58,8 +58,8 @@ fn loop_mount_check(file: &str, tree: &Path, mnt: &Path, write: bool) {
     }
     let diff = tool("diff", &["-r", "--no-dereference", tree.to_str().unwrap(), mnt.to_str().unwrap()]);
     let diff_text = String::from_utf8_lossy(&diff.stdout).replace(&format!("Only in {}: lost+found\n", mnt.display()), "");
-    // diff exits 1 on differences; anything else (or stderr) means it could not compare.
-    let mut ok = diff_text.trim().is_empty() && diff.status.code() == Some(0) && diff.stderr.is_empty();
+    // diff exits 1 on differences (here at least lost+found); 2 or stderr means it could not compare.
+    let mut ok = diff_text.trim().is_empty() && matches!(diff.status.code(), Some(0 | 1)) && diff.stderr.is_empty();
     if write {
         let p = mnt.join("written-through-fuse.bin");
         std::fs::write(&p, pattern(1 << 20, 99)).unwrap();

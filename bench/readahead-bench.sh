@@ -30,7 +30,7 @@ log() { echo "$*" | tee -a "$RES"; }
 now() { date +%s.%N; }
 secs() { awk -v a="$1" -v b="$2" 'BEGIN{printf "%.3f", b-a}'; }
 # Resident percentage of a tree according to vmtouch (independent mincore check, root).
-vm_pct() { vmtouch "$1" | awk '/Resident Pages/{print $NF}'; }
+vm_pct() { vmtouch "$1" 2>/dev/null | awk '/Resident Pages/{print $NF}'; }
 evict_tree() { "$SB" readahead evict -r "$1" --json > "$OUT/evict.json" || true; }
 jget() { python3 -c "import json,sys; d=json.load(open('$1')); print(d$2)"; }
 
@@ -39,9 +39,9 @@ log "# device $(df --output=source "$TREE" | tail -1), scheduler $(cat /sys/bloc
 
 log ""
 log "## 1. residency of $RESTREE (warm metadata), seconds"
-vmtouch -q "$RESTREE" > /dev/null; "$SB" residency -r -s "$RESTREE" > /dev/null
+vmtouch -q "$RESTREE" > /dev/null 2>&1; "$SB" residency -r -s "$RESTREE" > /dev/null
 for i in $(seq "$REPEATS"); do
-  t0=$(now); vmtouch "$RESTREE" > "$OUT/vm-res.txt"; t1=$(now)
+  t0=$(now); vmtouch "$RESTREE" > "$OUT/vm-res.txt" 2>/dev/null; t1=$(now)
   "$SB" residency -r -s "$RESTREE" > "$OUT/sb-res.txt"; t2=$(now)
   log "run $i: vmtouch $(secs "$t0" "$t1")  snapblk $(secs "$t1" "$t2")"
 done
@@ -63,7 +63,7 @@ cold_run() { # label, command...
 log ""
 log "## 2. cold warm-up of $TREE ($(du -sh "$TREE" | cut -f1), $(find "$TREE" -xdev -type f | wc -l) files)"
 for i in $(seq "$REPEATS"); do
-  cold_run "run $i vmtouch -t" vmtouch -t -q "$TREE"
+  cold_run "run $i vmtouch -t" vmtouch -t -q "$TREE" 2>/dev/null
   cold_run "run $i snapblk warm (readahead, 2M, qd4, idle)" "$SB" readahead warm -r "$TREE" --json
 done
 cold_run "variant snapblk warm qd1" "$SB" readahead warm -r "$TREE" --json -q 1
@@ -75,9 +75,9 @@ cold_run "variant snapblk warm ioprio be, nice none" "$SB" readahead warm -r "$T
 
 log ""
 log "## 3. warm-up of an already-resident $TREE, seconds"
-vmtouch -t -q "$TREE"
+vmtouch -t -q "$TREE" 2>/dev/null
 for i in $(seq "$REPEATS"); do
-  t0=$(now); vmtouch -t -q "$TREE"; t1=$(now)
+  t0=$(now); vmtouch -t -q "$TREE" 2>/dev/null; t1=$(now)
   "$SB" readahead warm -r "$TREE" --json > "$OUT/hot.json"; t2=$(now)
   log "run $i: vmtouch -t $(secs "$t0" "$t1")  snapblk warm $(secs "$t1" "$t2") (issued $(jget "$OUT/hot.json" "['bytes_issued']") bytes, $(jget "$OUT/hot.json" "['resident_fraction']*100")% resident)"
 done
@@ -96,10 +96,20 @@ for i in $(seq "$REPEATS"); do
   sleep 0.2; sb=$(fg_cold)
   while pgrep -f "readahead warm -r $TREE --background" > /dev/null; do sleep 0.1; done
   evict_tree "$TREE"
-  vmtouch -t -q "$TREE" & vpid=$!
+  vmtouch -t -q "$TREE" 2>/dev/null & vpid=$!
   sleep 0.2; vm=$(fg_cold)
   wait $vpid
   log "run $i: idle $idle s; under snapblk warm --background $sb s ($(awk -v a="$sb" -v b="$idle" 'BEGIN{printf "%.2fx", a/b}')); under vmtouch -t $vm s ($(awk -v a="$vm" -v b="$idle" 'BEGIN{printf "%.2fx", a/b}'))"
 done
 log "last background report: $(tail -1 "$OUT/bg.log" | python3 -c 'import json,sys; d=json.loads(sys.stdin.read()); print("%.3f%% resident, total %.2f s, pressure pauses %d (%.2f s)" % (d["resident_fraction"]*100, d["total_secs"], d["psi_pauses"], d["psi_paused_secs"]))')"
+
+log ""
+log "## 5. record -> replay round trip of the foreground start (scope $PYROOT)"
+"$SB" readahead record -o "$OUT/py.list" --scope "$PYROOT" --evict-first --json -- "$PY" "${FG[@]}" > "$OUT/rec.json"
+log "recorded: $(cat "$OUT/rec.json")"
+"$SB" readahead evict -r "$PYROOT" > /dev/null
+"$SB" readahead replay "$OUT/py.list" --json > "$OUT/rep.json"
+log "replay: $(jget "$OUT/rep.json" "['resident_fraction']*100")% of $(jget "$OUT/rep.json" "['bytes_requested']") bytes resident, $(jget "$OUT/rep.json" "['total_secs']") s"
+t0=$(now); "$PY" "${FG[@]}"; t1=$(now)
+log "foreground start after replay: $(secs "$t0" "$t1") s (cold idle start above)"
 echo "results in $RES"

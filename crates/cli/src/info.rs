@@ -1,11 +1,51 @@
+//! `snapblk info DEVICE [--json]`: open a device spec (see the `snapblk` crate docs) and print
+//! every property with its value, or the error that reading it gives.
+
 use clap::Args;
+use std::fmt::Write as _;
+use std::io::Write as _;
 
 #[derive(Args)]
 pub struct InfoArgs {
-    #[arg(trailing_var_arg = true, allow_hyphen_values = true, hide = true)]
-    rest: Vec<String>,
+    /// Device spec: PATH, or DRIVER:key=value,... (e.g. null:size=1G, io_uring:path=/dev/zram0,direct=true)
+    device: String,
+    /// Print a JSON object {property: value} instead of a table.
+    #[arg(long)]
+    json: bool,
 }
 
-pub fn run(_a: InfoArgs) -> anyhow::Result<()> {
-    anyhow::bail!("not implemented yet")
+pub fn run(a: InfoArgs) -> anyhow::Result<()> {
+    let b = snapblk::open(&a.device, 1).map_err(|e| anyhow::anyhow!("{}: {}", a.device, e))?;
+    let mut rows = Vec::new();
+    for spec in b.prop_specs() {
+        rows.push((spec.name, b.get(spec.name, None)));
+    }
+    let mut out = String::new();
+    if a.json {
+        let mut m = serde_json::Map::new();
+        for (name, v) in rows {
+            let j = match v {
+                Ok(snapblk_core::PropValue::Bool(x)) => serde_json::Value::from(x),
+                Ok(snapblk_core::PropValue::Int(x)) => serde_json::Value::from(x),
+                Ok(snapblk_core::PropValue::U64(x)) => serde_json::Value::from(x),
+                Ok(snapblk_core::PropValue::Str(x)) => serde_json::Value::from(x),
+                Err(_) => serde_json::Value::Null,
+            };
+            m.insert(name.to_owned(), j);
+        }
+        out = serde_json::to_string_pretty(&m)? + "\n";
+    } else {
+        let w = rows.iter().map(|r| r.0.len()).max().unwrap_or(0);
+        for (name, v) in rows {
+            match v {
+                Ok(v) => writeln!(out, "{name:<w$}  {}", v.to_display_string())?,
+                Err(e) => writeln!(out, "{name:<w$}  <{e}>")?,
+            }
+        }
+    }
+    // A closed pipe (`| head`) is not an error worth a panic.
+    match std::io::stdout().lock().write_all(out.as_bytes()) {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(e.into()),
+        _ => Ok(()),
+    }
 }

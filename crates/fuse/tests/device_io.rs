@@ -24,7 +24,10 @@ struct StrictQ {
 }
 
 fn aligned(off: u64, len: usize, ptr: usize) -> bool {
-    off as usize % ALIGN == 0 && len % ALIGN == 0 && ptr % ALIGN == 0 && len <= MAX_T
+    (off as usize).is_multiple_of(ALIGN)
+        && len.is_multiple_of(ALIGN)
+        && ptr.is_multiple_of(ALIGN)
+        && len <= MAX_T
 }
 
 impl Queue for StrictQ {
@@ -48,7 +51,8 @@ impl Queue for StrictQ {
                 true
             }
             Op::WriteZeroes { offset, len }
-                if offset as usize % ALIGN == 0 && len as usize % ALIGN == 0 =>
+                if (offset as usize).is_multiple_of(ALIGN)
+                    && (len as usize).is_multiple_of(ALIGN) =>
             {
                 m[offset as usize..(offset + len) as usize].fill(0);
                 true
@@ -163,7 +167,8 @@ fn unaligned_io_matches_a_byte_model() {
                 model[off as usize..off as usize + n].copy_from_slice(&data[..n]);
             }
             _ => {
-                dev.zero(off, len as u64, rng.next() % 2 == 0).unwrap();
+                dev.zero(off, len as u64, rng.next().is_multiple_of(2))
+                    .unwrap();
                 let end = (off as usize + len).min(size);
                 model[off as usize..end].fill(0);
             }

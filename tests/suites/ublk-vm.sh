@@ -16,7 +16,7 @@ bash tests/vm/vm.sh setup || die "VM setup failed (kernel download or initramfs)
 P=$(mktemp -d "${TMPDIR:-/tmp}/snapblk-ublk-vm.XXXXXX")
 trap 'rm -rf "$P"' EXIT
 mkdir -p "$P/bin" "$P/data"
-cp target/release/snapblk "$P/bin/"
+strip -o "$P/bin/snapblk" target/release/snapblk || die "strip failed"
 for c in tests/data/aosp-cow/*/; do
     c=${c%/}
     [ -f "$c/target.img" ] || continue
@@ -43,8 +43,8 @@ chmod +x "$P/run.sh"
 VM_TIMEOUT=${VM_TIMEOUT:-900} bash tests/vm/vm.sh run "$P"
 rc=$?
 LOG=tests/vm/cache/last-run.log
-p=$(grep -ac '^PASS:' "$LOG" 2>/dev/null || echo 0)
-f=$(grep -ac '^FAIL:' "$LOG" 2>/dev/null || echo 0)
+p=$(grep -ac '^PASS:' "$LOG" 2>/dev/null); p=${p:-0}
+f=$(grep -ac '^FAIL:' "$LOG" 2>/dev/null); f=${f:-0}
 echo
 grep -a -E '^(FAIL:|NOTRUN:|DMESG:)' "$LOG" || true
 case $rc in

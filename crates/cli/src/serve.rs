@@ -254,7 +254,10 @@ fn serve_fuse(
         match m.try_unmount() {
             Ok(()) => break,
             Err(snapblk_fuse::FuseError::Busy(p)) if signalled >= 2 => {
-                eprintln!("snapblk: {} still busy at the second signal: detaching it lazily", p.display());
+                eprintln!(
+                    "snapblk: {} still busy at the second signal: detaching it lazily",
+                    p.display()
+                );
                 m.unmount_lazy()?;
                 break;
             }

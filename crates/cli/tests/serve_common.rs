@@ -26,7 +26,11 @@ pub fn golden_cases() -> Vec<PathBuf> {
         .filter(|p| p.join("snapshot.cow").exists())
         .collect();
     v.sort();
-    assert!(v.len() >= 16, "expected the 16 golden cases, found {}", v.len());
+    assert!(
+        v.len() >= 16,
+        "expected the 16 golden cases, found {}",
+        v.len()
+    );
     v
 }
 
@@ -129,16 +133,25 @@ impl Serve {
         let lines = read_lines(child.stdout.take().unwrap());
         match lines.recv_timeout(Duration::from_secs(60)) {
             Ok(l) => {
-                let ready: serde_json::Value = serde_json::from_str(&l).map_err(|e| format!("{e}: {l}"))?;
+                let ready: serde_json::Value =
+                    serde_json::from_str(&l).map_err(|e| format!("{e}: {l}"))?;
                 if ready["event"] != "ready" {
                     return Err(format!("unexpected first line {l}"));
                 }
-                Ok(Serve { child: Some(child), ready, lines })
+                Ok(Serve {
+                    child: Some(child),
+                    ready,
+                    lines,
+                })
             }
             Err(_) => {
                 let _ = child.kill();
                 let out = child.wait_with_output().map_err(|e| e.to_string())?;
-                Err(format!("no readiness line; {}: {}", out.status, String::from_utf8_lossy(&out.stderr)))
+                Err(format!(
+                    "no readiness line; {}: {}",
+                    out.status,
+                    String::from_utf8_lossy(&out.stderr)
+                ))
             }
         }
     }

@@ -15,7 +15,10 @@ fn file_of(s: &Serve) -> String {
 
 fn is_mounted(dir: &Path) -> bool {
     let canon = dir.canonicalize().unwrap_or(dir.to_owned());
-    std::fs::read_to_string("/proc/self/mountinfo").unwrap().lines().any(|l| l.split(' ').nth(4) == Some(canon.to_str().unwrap()))
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap()
+        .lines()
+        .any(|l| l.split(' ').nth(4) == Some(canon.to_str().unwrap()))
 }
 
 /// A small directory tree with text, binary, empty, nested and larger files, and a symlink.
@@ -23,13 +26,25 @@ fn make_tree(root: &Path, seed: u64) {
     std::fs::create_dir_all(root.join("etc/conf.d")).unwrap();
     std::fs::create_dir_all(root.join("bin")).unwrap();
     std::fs::create_dir_all(root.join("data/deep/er")).unwrap();
-    std::fs::write(root.join("etc/hosts"), format!("127.0.0.1 localhost # {seed}\n")).unwrap();
+    std::fs::write(
+        root.join("etc/hosts"),
+        format!("127.0.0.1 localhost # {seed}\n"),
+    )
+    .unwrap();
     std::fs::write(root.join("etc/conf.d/a.conf"), "x=1\n".repeat(100)).unwrap();
     std::fs::write(root.join("empty"), b"").unwrap();
     std::fs::write(root.join("bin/tool"), pattern(300_000, seed)).unwrap();
-    std::fs::write(root.join("data/deep/er/big.bin"), pattern(3 << 20, seed + 1)).unwrap();
+    std::fs::write(
+        root.join("data/deep/er/big.bin"),
+        pattern(3 << 20, seed + 1),
+    )
+    .unwrap();
     for i in 0..40 {
-        std::fs::write(root.join(format!("data/f{i}.txt")), format!("file {i} seed {seed}\n").repeat(i * 50 + 1)).unwrap();
+        std::fs::write(
+            root.join(format!("data/f{i}.txt")),
+            format!("file {i} seed {seed}\n").repeat(i * 50 + 1),
+        )
+        .unwrap();
     }
     std::os::unix::fs::symlink("../etc/hosts", root.join("bin/hosts-link")).unwrap();
 }
@@ -37,7 +52,21 @@ fn make_tree(root: &Path, seed: u64) {
 fn mkfs(tree: &Path, img: &Path) {
     let _ = std::fs::remove_file(img);
     // Fixed UUID/hash seed keep images of the same tree similar; sizes in 4 KiB blocks.
-    tool_ok("mke2fs", &["-q", "-F", "-t", "ext4", "-b", "4096", "-d", tree.to_str().unwrap(), img.to_str().unwrap(), "24M"]);
+    tool_ok(
+        "mke2fs",
+        &[
+            "-q",
+            "-F",
+            "-t",
+            "ext4",
+            "-b",
+            "4096",
+            "-d",
+            tree.to_str().unwrap(),
+            img.to_str().unwrap(),
+            "24M",
+        ],
+    );
 }
 
 /// Attach `file` to a loop device, mount it, compare with `tree`, optionally write a file,
@@ -51,15 +80,29 @@ fn loop_mount_check(file: &str, tree: &Path, mnt: &Path, write: bool) {
     let dev = tool_ok("losetup", &la).trim().to_owned();
     assert!(dev.starts_with("/dev/loop"), "{dev}");
     let opts = if write { "rw" } else { "ro,noload" };
-    let m = tool("mount", &["-t", "ext4", "-o", opts, &dev, mnt.to_str().unwrap()]);
+    let m = tool(
+        "mount",
+        &["-t", "ext4", "-o", opts, &dev, mnt.to_str().unwrap()],
+    );
     if !m.status.success() {
         tool("losetup", &["-d", &dev]);
         panic!("mount {dev} failed: {}", String::from_utf8_lossy(&m.stderr));
     }
-    let diff = tool("diff", &["-r", "--no-dereference", tree.to_str().unwrap(), mnt.to_str().unwrap()]);
-    let diff_text = String::from_utf8_lossy(&diff.stdout).replace(&format!("Only in {}: lost+found\n", mnt.display()), "");
+    let diff = tool(
+        "diff",
+        &[
+            "-r",
+            "--no-dereference",
+            tree.to_str().unwrap(),
+            mnt.to_str().unwrap(),
+        ],
+    );
+    let diff_text = String::from_utf8_lossy(&diff.stdout)
+        .replace(&format!("Only in {}: lost+found\n", mnt.display()), "");
     // diff exits 1 on differences (here at least lost+found); 2 or stderr means it could not compare.
-    let mut ok = diff_text.trim().is_empty() && matches!(diff.status.code(), Some(0 | 1)) && diff.stderr.is_empty();
+    let mut ok = diff_text.trim().is_empty()
+        && matches!(diff.status.code(), Some(0 | 1))
+        && diff.stderr.is_empty();
     if write {
         let p = mnt.join("written-through-fuse.bin");
         std::fs::write(&p, pattern(1 << 20, 99)).unwrap();
@@ -94,21 +137,60 @@ fn dd_and_cmp_through_the_file() {
     // Unaligned and aligned writes with dd, then read back with cmp against the expectation.
     let src = d.join("src.bin");
     std::fs::write(&src, pattern(70_000, 6)).unwrap();
-    tool_ok("dd", &[&format!("if={}", src.display()), &format!("of={f}"), "bs=1000", "seek=777", "conv=notrunc,fsync", "status=none"]);
+    tool_ok(
+        "dd",
+        &[
+            &format!("if={}", src.display()),
+            &format!("of={f}"),
+            "bs=1000",
+            "seek=777",
+            "conv=notrunc,fsync",
+            "status=none",
+        ],
+    );
     expect[777_000..847_000].copy_from_slice(&pattern(70_000, 6));
-    tool_ok("dd", &["if=/dev/zero", &format!("of={f}"), "bs=4096", "seek=300", "count=16", "conv=notrunc", "oflag=direct", "status=none"]);
+    tool_ok(
+        "dd",
+        &[
+            "if=/dev/zero",
+            &format!("of={f}"),
+            "bs=4096",
+            "seek=300",
+            "count=16",
+            "conv=notrunc",
+            "oflag=direct",
+            "status=none",
+        ],
+    );
     expect[300 * 4096..316 * 4096].fill(0);
     let exp = d.join("expect.bin");
     std::fs::write(&exp, &expect).unwrap();
     tool_ok("cmp", &[&f, exp.to_str().unwrap()]);
     // The size is fixed: growing the file fails.
-    let grow = tool("dd", &["if=/dev/zero", &format!("of={f}"), "bs=4096", &format!("seek={}", expect.len() / 4096), "count=1", "conv=notrunc", "status=none"]);
+    let grow = tool(
+        "dd",
+        &[
+            "if=/dev/zero",
+            &format!("of={f}"),
+            "bs=4096",
+            &format!("seek={}", expect.len() / 4096),
+            "count=1",
+            "conv=notrunc",
+            "status=none",
+        ],
+    );
     assert!(!grow.status.success(), "writing past the end must fail");
     let (st, rest, err) = s.stop();
     assert!(st.success(), "{err}");
-    assert_eq!(rest.last().map(String::as_str), Some(r#"{"event":"stopped","export":"fuse"}"#));
+    assert_eq!(
+        rest.last().map(String::as_str),
+        Some(r#"{"event":"stopped","export":"fuse"}"#)
+    );
     assert!(!is_mounted(&mnt), "unmounted on SIGTERM");
-    assert!(std::fs::read(&img).unwrap() == expect, "writes reached the device");
+    assert!(
+        std::fs::read(&img).unwrap() == expect,
+        "writes reached the device"
+    );
 }
 
 #[test]
@@ -118,12 +200,23 @@ fn read_only_device_gives_read_only_file() {
     let mnt = d.join("mnt");
     std::fs::create_dir(&mnt).unwrap();
     std::fs::write(&img, pattern(1 << 20, 7)).unwrap();
-    let s = Serve::start(&[img.to_str().unwrap(), "--read-only", "--fuse", mnt.to_str().unwrap()]);
+    let s = Serve::start(&[
+        img.to_str().unwrap(),
+        "--read-only",
+        "--fuse",
+        mnt.to_str().unwrap(),
+    ]);
     assert_eq!(s.ready["read_only"], true);
     let f = file_of(&s);
     use std::os::unix::fs::PermissionsExt;
-    assert_eq!(std::fs::metadata(&f).unwrap().permissions().mode() & 0o777, 0o444);
-    let e = std::fs::OpenOptions::new().write(true).open(&f).unwrap_err();
+    assert_eq!(
+        std::fs::metadata(&f).unwrap().permissions().mode() & 0o777,
+        0o444
+    );
+    let e = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&f)
+        .unwrap_err();
     assert_eq!(e.raw_os_error(), Some(libc_erofs()), "{e}");
     tool_ok("cmp", &[&f, img.to_str().unwrap()]);
     let (st, _, _) = s.stop();
@@ -152,7 +245,11 @@ fn ext4_plain_file_loop_mount_and_fsck() {
     assert!(st.success(), "{err}");
     // The writes went through to the image file, which is still a clean file system.
     let fsck = tool("e2fsck", &["-fn", img.to_str().unwrap()]);
-    assert!(fsck.status.success(), "{}", String::from_utf8_lossy(&fsck.stdout));
+    assert!(
+        fsck.status.success(),
+        "{}",
+        String::from_utf8_lossy(&fsck.stdout)
+    );
     let ls = tool_ok("debugfs", &["-R", "ls -l /", img.to_str().unwrap()]);
     assert!(ls.contains("written-through-fuse.bin"), "{ls}");
 }
@@ -169,17 +266,37 @@ fn ext4_snapshot_loop_mount_and_fsck() {
     mkfs(&old_tree, &old);
     mkfs(&new_tree, &new);
     let out = std::process::Command::new(bin())
-        .args(["cow", "create", "--old", old.to_str().unwrap(), "--new", new.to_str().unwrap(), "-o", cow.to_str().unwrap()])
+        .args([
+            "cow",
+            "create",
+            "--old",
+            old.to_str().unwrap(),
+            "--new",
+            new.to_str().unwrap(),
+            "-o",
+            cow.to_str().unwrap(),
+        ])
         .output()
         .unwrap();
-    assert!(out.status.success(), "cow create: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "cow create: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let (mnt, lmnt) = (d.join("mnt"), d.join("lmnt"));
     std::fs::create_dir(&mnt).unwrap();
     std::fs::create_dir(&lmnt).unwrap();
     let old_bytes = std::fs::read(&old).unwrap();
 
     // Read-only snapshot: the file is exactly new.img, and mounts as the new tree.
-    let s = Serve::start(&["--base", old.to_str().unwrap(), "--cow", cow.to_str().unwrap(), "--fuse", mnt.to_str().unwrap()]);
+    let s = Serve::start(&[
+        "--base",
+        old.to_str().unwrap(),
+        "--cow",
+        cow.to_str().unwrap(),
+        "--fuse",
+        mnt.to_str().unwrap(),
+    ]);
     assert_eq!(s.ready["read_only"], true);
     let f = file_of(&s);
     tool_ok("cmp", &[&f, new.to_str().unwrap()]);
@@ -188,12 +305,23 @@ fn ext4_snapshot_loop_mount_and_fsck() {
     assert!(st.success(), "{err}");
 
     // Writable snapshot: mount read-write, write, fsck clean; the base is untouched.
-    let s = Serve::start(&["--base", old.to_str().unwrap(), "--cow", cow.to_str().unwrap(), "--writable", "--fuse", mnt.to_str().unwrap()]);
+    let s = Serve::start(&[
+        "--base",
+        old.to_str().unwrap(),
+        "--cow",
+        cow.to_str().unwrap(),
+        "--writable",
+        "--fuse",
+        mnt.to_str().unwrap(),
+    ]);
     assert_eq!(s.ready["read_only"], false);
     loop_mount_check(&file_of(&s), &new_tree, &lmnt, true);
     let (st, _, err) = s.stop();
     assert!(st.success(), "{err}");
-    assert!(std::fs::read(&old).unwrap() == old_bytes, "base image modified");
+    assert!(
+        std::fs::read(&old).unwrap() == old_bytes,
+        "base image modified"
+    );
 }
 
 #[test]

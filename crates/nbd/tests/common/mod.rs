@@ -95,11 +95,10 @@ impl Drop for TestServer {
 
 /// Run an external tool; a missing tool is a test failure, not a skip.
 pub fn tool(cmd: &str, args: &[&str]) -> std::process::Output {
-    let out = Command::new(cmd)
+    Command::new(cmd)
         .args(args)
         .output()
-        .unwrap_or_else(|e| panic!("{cmd} is required (scripts/install-deps.sh installs it): {e}"));
-    out
+        .unwrap_or_else(|e| panic!("{cmd} is required (scripts/install-deps.sh installs it): {e}"))
 }
 
 pub fn tool_ok(cmd: &str, args: &[&str]) -> String {

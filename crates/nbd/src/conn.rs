@@ -11,7 +11,7 @@ use crate::net::Stream;
 use crate::proto::{self, *};
 use crate::server::{Export, ServerConfig};
 use snapblk_core::{Completion, Op, Queue, ReqFlags, Request};
-use std::io::{BufWriter, Read, Write};
+use std::io::{IoSlice, Read, Write};
 use std::net::Shutdown;
 use std::sync::atomic::AtomicBool;
 use std::sync::mpsc::{Receiver, SyncSender, TryRecvError, sync_channel};
@@ -154,7 +154,10 @@ pub(crate) fn transmit(stream: Stream, ex: &Export, cfg: &ServerConfig, stop: &A
         }
         let mut io = IoLoop {
             q: lease.queue(),
-            out: BufWriter::with_capacity(256 << 10, stream),
+            out: ReplyWriter {
+                s: stream,
+                buf: Vec::with_capacity(REPLY_BUF),
+            },
             pool: &pool,
             credits: &credits,
             geo,
@@ -250,6 +253,52 @@ fn skip(s: &mut Stream, mut n: usize) -> bool {
     true
 }
 
+/// Small replies are batched in a buffer; a large read reply goes out with whatever is buffered
+/// in one `writev`, so it costs one system call and no copy.
+const REPLY_BUF: usize = 256 << 10;
+const SMALL_DATA: usize = 16 << 10;
+
+struct ReplyWriter {
+    s: Stream,
+    buf: Vec<u8>,
+}
+
+impl ReplyWriter {
+    fn reply(&mut self, header: &[u8], data: &[u8]) -> std::io::Result<()> {
+        self.buf.extend_from_slice(header);
+        if data.len() <= SMALL_DATA {
+            self.buf.extend_from_slice(data);
+            if self.buf.len() >= REPLY_BUF {
+                self.flush()?;
+            }
+            return Ok(());
+        }
+        let (mut a, mut b) = (&self.buf[..], data);
+        while !a.is_empty() || !b.is_empty() {
+            let n = match self.s.write_vectored(&[IoSlice::new(a), IoSlice::new(b)]) {
+                Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
+                Ok(n) => n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(e),
+            };
+            let from_a = n.min(a.len());
+            a = &a[from_a..];
+            b = &b[n - from_a..];
+        }
+        self.buf.clear();
+        Ok(())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        if !self.buf.is_empty() {
+            let r = self.s.write_all(&self.buf);
+            self.buf.clear();
+            r?;
+        }
+        Ok(())
+    }
+}
+
 /// One request in flight (possibly split into several device requests).
 struct Slot {
     cookie: u64,
@@ -266,7 +315,7 @@ struct Slot {
 
 struct IoLoop<'a> {
     q: &'a mut dyn Queue,
-    out: BufWriter<Stream>,
+    out: ReplyWriter,
     pool: &'a BufPool,
     credits: &'a Credits,
     geo: Geometry,
@@ -336,18 +385,13 @@ impl IoLoop<'_> {
     }
 
     fn flush_out(&mut self) {
-        if !self.dead && !self.out.buffer().is_empty() && self.out.flush().is_err() {
+        if !self.dead && self.out.flush().is_err() {
             self.dead = true;
         }
     }
 
     fn send(&mut self, error: u32, cookie: u64, data: &[u8]) {
-        if self.dead {
-            return;
-        }
-        let ok = self.out.write_all(&simple_reply(error, cookie)).is_ok()
-            && self.out.write_all(data).is_ok();
-        if !ok {
+        if !self.dead && self.out.reply(&simple_reply(error, cookie), data).is_err() {
             self.dead = true;
         }
     }
@@ -512,16 +556,14 @@ impl IoLoop<'_> {
             (Some(b), 0) => b.slice(slot.read_len),
             _ => &[][..],
         };
-        // Borrow juggling: send needs &mut self while `data` borrows the slot we own here.
-        if !self.dead {
-            let ok = self
+        // Not `send`: `data` borrows the slot, which is already out of `self`.
+        if !self.dead
+            && self
                 .out
-                .write_all(&simple_reply(slot.error, slot.cookie))
-                .is_ok()
-                && self.out.write_all(data).is_ok();
-            if !ok {
-                self.dead = true;
-            }
+                .reply(&simple_reply(slot.error, slot.cookie), data)
+                .is_err()
+        {
+            self.dead = true;
         }
         self.release(slot.credit, slot.buf);
     }

@@ -1,0 +1,361 @@
+//! Core semantics with a scripted fake driver: property rules, lifecycle, queue slots, regions,
+//! and the shared `do_io` algorithm (ordering, min/max checks, timeout write-back, ETIME).
+
+use snapblk_core::props::{Access, PropSpec, PropType, PropValue};
+use snapblk_core::queue::{Engine, QueueCore};
+use snapblk_core::{
+    Blkio, Completion, DeviceInfo, Driver, Error, Op, Queue, ReqFlags, Request, Result, State,
+};
+use std::collections::VecDeque;
+use std::os::fd::RawFd;
+use std::time::Duration;
+
+/// An engine whose requests complete only when the test says so (`ready`), or never.
+#[derive(Default)]
+struct Fake {
+    in_flight: VecDeque<usize>,
+    ready: VecDeque<Completion>,
+    complete_on_submit: bool,
+}
+
+impl Engine for Fake {
+    fn in_flight(&self) -> usize {
+        self.in_flight.len() + self.ready.len()
+    }
+    fn submit(
+        &mut self,
+        wait: usize,
+        timeout: Option<Duration>,
+        _: Option<&libc::sigset_t>,
+    ) -> Result<()> {
+        if self.complete_on_submit {
+            while let Some(u) = self.in_flight.pop_front() {
+                self.ready.push_back(Completion::ok(u));
+            }
+        }
+        if wait > self.ready.len() {
+            if let Some(t) = timeout {
+                std::thread::sleep(t);
+            }
+            return Err(Error::from_errno(libc::ETIME));
+        }
+        Ok(())
+    }
+    fn reap(&mut self, out: &mut [Completion]) -> usize {
+        let n = out.len().min(self.ready.len());
+        for (o, c) in out.iter_mut().zip(self.ready.drain(..n)) {
+            *o = c;
+        }
+        n
+    }
+}
+
+struct FakeQueue {
+    core: QueueCore,
+    eng: Fake,
+}
+
+impl Queue for FakeQueue {
+    unsafe fn enqueue(&mut self, req: Request) {
+        if let Err(m) = req.validate() {
+            return self
+                .core
+                .complete(Completion::err(req.user_data, libc::EINVAL, m));
+        }
+        self.eng.in_flight.push_back(req.user_data);
+    }
+    fn do_io(
+        &mut self,
+        out: &mut [Completion],
+        min: usize,
+        t: Option<&mut Duration>,
+        s: Option<&libc::sigset_t>,
+    ) -> Result<usize> {
+        self.core.do_io(&mut self.eng, out, min, t, s)
+    }
+    fn completion_fd(&self) -> Option<RawFd> {
+        self.core.completion_fd()
+    }
+    fn set_completion_fd_enabled(&mut self, e: bool) {
+        self.core.set_completion_fd_enabled(e)
+    }
+    fn is_poll(&self) -> bool {
+        self.core.is_poll()
+    }
+    fn outstanding(&self) -> usize {
+        self.core.backlog_len() + self.eng.in_flight()
+    }
+}
+
+fn fq(poll: bool, complete_on_submit: bool) -> FakeQueue {
+    FakeQueue {
+        core: QueueCore::new(poll).unwrap(),
+        eng: Fake {
+            complete_on_submit,
+            ..Fake::default()
+        },
+    }
+}
+
+fn req(ud: usize, flags: u32) -> Request {
+    Request::new(Op::Flush, ud, ReqFlags(flags))
+}
+
+#[test]
+fn backlog_first_then_device_and_min_checks() {
+    let mut q = fq(false, true);
+    // SAFETY: flush requests carry no buffers.
+    unsafe {
+        q.enqueue(req(1, 0));
+        q.enqueue(req(2, ReqFlags::FUA.0)); // rejected at enqueue
+    }
+    let mut out = [Completion::default(); 4];
+    assert_eq!(
+        q.do_io(&mut out, 3, None, None).unwrap_err().msg,
+        "min_completions is larger than total outstanding requests"
+    );
+    assert_eq!(
+        q.do_io(&mut out[..1], 2, None, None).unwrap_err().msg,
+        "min_completions must be less than or equal to max_completions"
+    );
+    assert_eq!(q.do_io(&mut out, 2, None, None).unwrap(), 2);
+    assert_eq!((out[0].user_data, out[0].ret), (2, -libc::EINVAL));
+    assert_eq!((out[1].user_data, out[1].ret), (1, 0));
+    assert_eq!(q.outstanding(), 0);
+}
+
+#[test]
+fn max_limits_and_rest_stays() {
+    let mut q = fq(false, true);
+    for i in 0..5 {
+        // SAFETY: no buffers.
+        unsafe { q.enqueue(req(i, 0)) };
+    }
+    let mut out = [Completion::default(); 2];
+    assert_eq!(q.do_io(&mut out, 1, None, None).unwrap(), 2);
+    assert_eq!(q.outstanding(), 3);
+    let mut all = [Completion::default(); 8];
+    assert_eq!(q.do_io(&mut all, 3, None, None).unwrap(), 3);
+    assert_eq!(
+        all[..3].iter().map(|c| c.user_data).collect::<Vec<_>>(),
+        vec![2, 3, 4]
+    );
+}
+
+#[test]
+fn etime_hands_back_completions_and_zeroes_timeout() {
+    let mut q = fq(false, false);
+    // SAFETY: no buffers.
+    unsafe {
+        q.enqueue(req(1, 8)); // bad flag: backlog
+        q.enqueue(req(2, 0)); // never completes
+    }
+    let mut out = [Completion::default(); 2];
+    let mut t = Duration::from_millis(20);
+    let e = q.do_io(&mut out, 2, Some(&mut t), None).unwrap_err();
+    assert_eq!(e.errno, libc::ETIME);
+    assert_eq!(t, Duration::ZERO);
+    // the backlog completion gathered by the failed call comes back first next time
+    assert_eq!(q.do_io(&mut out, 1, None, None).unwrap(), 1);
+    assert_eq!(out[0].user_data, 1);
+    assert_eq!(
+        out[0].error_msg().unwrap(),
+        c"unsupported bits in request flags"
+    );
+}
+
+#[test]
+fn timeout_written_back_on_success() {
+    let mut q = fq(false, true);
+    // SAFETY: no buffers.
+    unsafe { q.enqueue(req(1, 0)) };
+    let mut out = [Completion::default(); 1];
+    let mut t = Duration::from_secs(5);
+    assert_eq!(q.do_io(&mut out, 1, Some(&mut t), None).unwrap(), 1);
+    assert!(t <= Duration::from_secs(5) && t > Duration::from_secs(4));
+}
+
+#[test]
+fn poll_queue_rejects_sigmask_and_has_no_fd() {
+    let mut q = fq(true, true);
+    assert!(q.completion_fd().is_none());
+    // SAFETY: zeroed sigset is a valid (empty) mask.
+    let m: libc::sigset_t = unsafe { std::mem::zeroed() };
+    let e = q.do_io(&mut [], 0, None, Some(&m)).unwrap_err();
+    assert_eq!(
+        (e.errno, e.msg.as_ref()),
+        (
+            libc::ENOTSUP,
+            "blkioq_do_io_interruptible() is not supported on poll queues"
+        )
+    );
+}
+
+#[test]
+fn completion_fd_signals_on_backlog() {
+    let mut q = fq(false, true);
+    let fd = q.completion_fd().unwrap();
+    // SAFETY: no buffers.
+    unsafe { q.enqueue(req(1, 8)) };
+    let mut v = 0u64;
+    // SAFETY: 8-byte read into a u64.
+    assert_eq!(unsafe { libc::read(fd, (&mut v as *mut u64).cast(), 8) }, 8);
+    q.set_completion_fd_enabled(false);
+    // SAFETY: no buffers.
+    unsafe { q.enqueue(req(2, 8)) };
+    let mut out = [Completion::default(); 2];
+    assert_eq!(q.do_io(&mut out, 2, None, None).unwrap(), 2);
+    // SAFETY: as above.
+    assert_eq!(
+        unsafe { libc::read(fd, (&mut v as *mut u64).cast(), 8) },
+        -1
+    );
+}
+
+/// A driver with one created-state and one connected-state property.
+struct Dummy {
+    path: String,
+    entries: i32,
+    fail_connect: bool,
+}
+
+const PROPS: &[PropSpec] = &[
+    PropSpec::new("path", PropType::Str, Access::RwCreated, false),
+    PropSpec::new("num-entries", PropType::Int, Access::RwConnected, false),
+];
+
+impl Driver for Dummy {
+    fn name(&self) -> &str {
+        "dummy"
+    }
+    fn props(&self) -> &'static [PropSpec] {
+        PROPS
+    }
+    fn get_prop(&self, name: &str, _: State) -> Result<PropValue> {
+        Ok(match name {
+            "path" => PropValue::Str(self.path.clone()),
+            _ => PropValue::Int(self.entries),
+        })
+    }
+    fn set_prop(&mut self, name: &str, v: PropValue, _: State) -> Result<()> {
+        match (name, v) {
+            ("path", PropValue::Str(s)) => self.path = s,
+            ("num-entries", PropValue::Int(n)) => self.entries = n,
+            _ => return Err(Error::inval("bad")),
+        }
+        Ok(())
+    }
+    fn connect(&mut self, ro: bool) -> Result<DeviceInfo> {
+        if self.fail_connect {
+            return Err(Error::from_errno(libc::ENOENT));
+        }
+        Ok(DeviceInfo {
+            read_only: ro,
+            mem_region_alignment: 4096,
+            ..DeviceInfo::default()
+        })
+    }
+    fn capacity(&self) -> Result<u64> {
+        Ok(1 << 20)
+    }
+    fn create_queue(&mut self, poll: bool) -> Result<Box<dyn Queue>> {
+        Ok(Box::new(fq(poll, true)))
+    }
+}
+
+fn dummy(fail: bool) -> Blkio {
+    Blkio::new(Box::new(Dummy {
+        path: String::new(),
+        entries: 128,
+        fail_connect: fail,
+    }))
+}
+
+#[test]
+fn property_rules() {
+    let mut b = dummy(false);
+    assert_eq!(b.get_int("nope").unwrap_err().errno, libc::ENOENT);
+    assert_eq!(
+        b.get_int("read-only").unwrap_err().msg,
+        "Property is not an int"
+    );
+    assert_eq!(
+        b.get_u64("num-entries").unwrap_err().msg,
+        "Property is not an unsigned 64-bit integer"
+    );
+    assert_eq!(
+        b.set_u64("num-entries", 1).unwrap_err().msg,
+        "Property is not an unsigned 64-bit int"
+    );
+    assert_eq!(b.get_u64("capacity").unwrap_err().errno, libc::ENODEV);
+    assert_eq!(b.set_u64("capacity", 1).unwrap_err().errno, libc::EACCES);
+    assert_eq!(b.set_str("capacity", "x").unwrap_err().errno, libc::EINVAL);
+    assert_eq!(b.set_int("num-entries", 1).unwrap_err().errno, libc::ENODEV);
+    assert_eq!(b.get_str("read-only").unwrap(), "false");
+    assert_eq!(b.start().unwrap_err().errno, libc::ENODEV);
+    b.set_str("path", "p").unwrap();
+    b.set_str("read-only", "true").unwrap();
+    b.connect().unwrap();
+    assert!(b.get_bool("read-only").unwrap());
+    assert_eq!(
+        b.set_str("path", "q").unwrap_err().msg,
+        "Cannot set property in connected state"
+    );
+    assert_eq!(
+        b.set_int("num-queues", -1).unwrap_err().msg,
+        "num_queues must be equal to or greater than 0"
+    );
+    b.set_int("num-queues", 2).unwrap();
+    b.set_str("num-entries", "+64").unwrap();
+    assert_eq!(b.get_int("num-entries").unwrap(), 64);
+    b.start().unwrap();
+    assert_eq!(
+        b.set_int("num-entries", 1).unwrap_err().msg,
+        "Cannot set property in started state"
+    );
+    assert_eq!(b.connect().unwrap_err().errno, libc::EBUSY);
+    assert_eq!(b.state(), State::Started);
+}
+
+#[test]
+fn failed_connect_stays_created() {
+    let mut b = dummy(true);
+    assert_eq!(b.connect().unwrap_err().errno, libc::ENOENT);
+    assert_eq!(b.state(), State::Created);
+}
+
+#[test]
+fn queue_slots_and_regions() {
+    let mut b = dummy(false);
+    b.connect().unwrap();
+    b.set_int("num-queues", 3).unwrap();
+    assert_eq!(b.add_queue(false).unwrap_err().errno, libc::EBUSY);
+    assert_eq!(
+        b.alloc_mem_region(4097).unwrap_err().msg,
+        "len 4097 violates mem-region-alignment 4096"
+    );
+    let r = b.alloc_mem_region(8192).unwrap();
+    assert_eq!(b.map_mem_region(&r).unwrap_err().errno, libc::EBUSY);
+    b.start().unwrap();
+    assert!(b.queue(2, false).is_some() && b.queue(3, false).is_none());
+    b.remove_queue(1, false).unwrap();
+    assert_eq!(
+        b.remove_queue(1, false).unwrap_err().msg,
+        "no queue with index 1"
+    );
+    assert_eq!(b.add_queue(false).unwrap(), 1);
+    assert_eq!(
+        b.add_queue(true).unwrap_err().msg,
+        "Poll queues not supported"
+    );
+    b.map_mem_region(&r).unwrap();
+    assert_eq!(
+        b.map_mem_region(&r).unwrap_err().msg,
+        "memory region already mapped"
+    );
+    assert_eq!(b.free_mem_region(&r).unwrap_err().errno, libc::EBUSY);
+    b.unmap_mem_region(&r);
+    b.free_mem_region(&r).unwrap();
+    assert!(b.free_mem_region(&r).is_err());
+    let _leak = b.alloc_mem_region(4096).unwrap(); // freed by drop
+}

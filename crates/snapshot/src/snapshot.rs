@@ -333,18 +333,38 @@ impl Snapshot {
 
     /// Read through the snapshot with an explicit I/O class (readahead uses its own).
     pub fn read_class(&self, class: IoClass, offset: u64, buf: &mut [u8]) -> Result<()> {
+        thread_local! {
+            // Reused plan buffer: keeps the 4 KiB read path free of allocations.
+            static SEGS: std::cell::RefCell<Vec<Segment>> = const { std::cell::RefCell::new(Vec::new()) };
+        }
+        SEGS.with(|cell| match cell.try_borrow_mut() {
+            Ok(mut segs) => {
+                segs.clear();
+                self.read_planned(class, offset, buf, &mut segs)
+            }
+            // Re-entered (a decoder reading through the snapshot): use a fresh buffer.
+            Err(_) => self.read_planned(class, offset, buf, &mut Vec::new()),
+        })
+    }
+
+    fn read_planned(
+        &self,
+        class: IoClass,
+        offset: u64,
+        buf: &mut [u8],
+        segs: &mut Vec<Segment>,
+    ) -> Result<()> {
         let view = self.lock_view();
-        let mut segs = Vec::with_capacity(4);
         match &self.overlay {
             Some(o) if !o.is_empty() => {
                 self.map
-                    .plan_into(&view, &|b| o.lookup(b), offset, buf.len() as u64, &mut segs)?
+                    .plan_into(&view, &|b| o.lookup(b), offset, buf.len() as u64, segs)?
             }
             _ => self
                 .map
-                .plan_into(&view, &|_| None, offset, buf.len() as u64, &mut segs)?,
+                .plan_into(&view, &|_| None, offset, buf.len() as u64, segs)?,
         }
-        self.execute(class, &view, &segs, buf)
+        self.execute(class, &view, segs, buf)
     }
 
     /// Execute a plan into `buf` (whose length is the plan's total).
@@ -356,7 +376,19 @@ impl Snapshot {
         buf: &mut [u8],
     ) -> Result<()> {
         let mut pos = 0usize;
-        for seg in segs {
+        let mut i = 0usize;
+        while i < segs.len() {
+            // Runs of whole compressed units stored back to back (sequential reads of REPLACE
+            // data): one read of all their payloads, then decode each straight into the buffer,
+            // bypassing the cache (a unit read whole is not read again soon).
+            let run = self.whole_unit_run(&segs[i..]);
+            if run >= 2 {
+                pos += self.decode_run(class, &segs[i..i + run], &mut buf[pos..])?;
+                i += run;
+                continue;
+            }
+            let seg = &segs[i];
+            i += 1;
             let n = seg.len() as usize;
             let dst = buf
                 .get_mut(pos..pos + n)
@@ -404,6 +436,70 @@ impl Snapshot {
             pos += n;
         }
         Ok(())
+    }
+
+    /// How many leading segments are whole compressed units with contiguous payloads.
+    fn whole_unit_run(&self, segs: &[Segment]) -> usize {
+        let mut n = 0;
+        let mut next_off = None;
+        let mut bytes = 0u64;
+        for s in segs {
+            match *s {
+                Segment::Decoded {
+                    payload,
+                    skip: 0,
+                    len,
+                } if len == payload.unit_len
+                    && next_off.is_none_or(|o| o == payload.offset)
+                    && bytes < (4 << 20) =>
+                {
+                    next_off = Some(payload.offset + payload.stored_len as u64);
+                    bytes += payload.stored_len as u64;
+                    n += 1;
+                }
+                _ => break,
+            }
+        }
+        n
+    }
+
+    fn decode_run(&self, class: IoClass, segs: &[Segment], buf: &mut [u8]) -> Result<usize> {
+        let (first, last) = match (segs.first(), segs.last()) {
+            (
+                Some(Segment::Decoded { payload: a, .. }),
+                Some(Segment::Decoded { payload: b, .. }),
+            ) => (*a, *b),
+            _ => return Ok(0),
+        };
+        let start = first.offset;
+        let end = last.offset + last.stored_len as u64;
+        let mut src = vec![0u8; (end - start) as usize];
+        self.io.read(class, Dev::Cow, start, &mut src)?;
+        let mut pos = 0usize;
+        for s in segs {
+            if let Segment::Decoded {
+                payload: p, len, ..
+            } = *s
+            {
+                let at = (p.offset - start) as usize;
+                let input = &src[at..at + p.stored_len as usize];
+                let out = buf
+                    .get_mut(pos..pos + len as usize)
+                    .ok_or_else(|| short(&p))?;
+                if p.codec == Codec::None {
+                    out.copy_from_slice(input.get(..out.len()).ok_or_else(|| short(&p))?);
+                } else {
+                    self.decoder
+                        .decode(p.codec, input, out)
+                        .map_err(|msg| SnapError::Decode {
+                            offset: p.offset,
+                            msg,
+                        })?;
+                }
+                pos += len as usize;
+            }
+        }
+        Ok(pos)
     }
 
     /// The decoded unit of a payload (raw payloads are read as is), through the cache.

@@ -137,6 +137,7 @@ pub fn run(c: CowCmd) -> Result<()> {
             threads,
             json,
         } => {
+            let t0 = std::time::Instant::now();
             let old_img =
                 load_image(&old, MAX_IMAGE).with_context(|| format!("read {}", old.display()))?;
             let new_img =
@@ -175,7 +176,11 @@ pub fn run(c: CowCmd) -> Result<()> {
             let stats = generate(&old_img, &new_img, &f, &opts).context("create COW")?;
             let secs = t.elapsed().as_secs_f64();
             if json {
-                outln!("{}", serde_json::to_string_pretty(&stats)?);
+                let mut v = serde_json::to_value(&stats)?;
+                v["seconds_generate"] = secs.into();
+                v["seconds_total"] = t0.elapsed().as_secs_f64().into();
+                v["threads"] = snapblk_cow::generate::threads(threads).into();
+                outln!("{}", serde_json::to_string_pretty(&v)?);
             } else {
                 outln!(
                     "{}: {} bytes; {} blocks: {} unchanged, {} copy, {} xor, {} zero, {} replace ({} ops), {} cycle breaks; {:.2} s",

@@ -91,7 +91,8 @@ impl Hasher for IdHasher {
 }
 type IdMap<V> = HashMap<u64, V, BuildHasherDefault<IdHasher>>;
 
-fn threads(n: usize) -> usize {
+/// Worker count for a `threads` setting (0 = all cores).
+pub fn threads(n: usize) -> usize {
     if n > 0 {
         n
     } else {

@@ -342,18 +342,47 @@ pub fn progress_bar(len: u64, msg: &'static str) -> indicatif::ProgressBar {
     b
 }
 
-/// Load an image (raw, or Android sparse — detected by magic) into memory. `max_len` bounds
-/// the expanded size of sparse images.
-pub fn load_image(path: &std::path::Path, max_len: u64) -> Result<Vec<u8>> {
+/// An image loaded for the generator: memory-mapped (raw files) or expanded (sparse).
+pub enum Image {
+    Mapped(memmap2::Mmap),
+    Owned(Vec<u8>),
+}
+
+impl std::ops::Deref for Image {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        match self {
+            Image::Mapped(m) => m,
+            Image::Owned(v) => v,
+        }
+    }
+}
+
+/// Load an image (raw, or Android sparse — detected by magic). Raw regular files are mapped
+/// read-only (no copy); sparse images are expanded in memory, bounded by `max_len`.
+pub fn load_image(path: &std::path::Path, max_len: u64) -> Result<Image> {
     let f = std::fs::File::open(path).map_err(crate::error::io_at(0))?;
     if crate::sparse::is_sparse(&f) {
-        return crate::sparse::expand(&f, max_len);
+        return crate::sparse::expand(&f, max_len).map(Image::Owned);
     }
     let len = ReadAt::size(&f).map_err(crate::error::io_at(0))?;
+    if len == 0 {
+        return Ok(Image::Owned(Vec::new()));
+    }
+    if f.metadata().map(|m| m.is_file()).unwrap_or(false) {
+        // SAFETY: the mapping is read-only and private to this process; the caller's contract
+        // (documented on the CLI) is that input images are not modified while a COW is being
+        // created — the same assumption any reader of the file makes. A concurrent truncation
+        // could raise SIGBUS, never undefined behaviour in safe code that runs afterwards.
+        let m = unsafe { memmap2::MmapOptions::new().populate().map(&f) }
+            .map_err(crate::error::io_at(0))?;
+        return Ok(Image::Mapped(m));
+    }
+    // Block devices and other files: read into memory.
     let mut v: Vec<u8> = Vec::new();
     v.try_reserve_exact(len as usize)
         .map_err(|_| CowError::InvalidArgument(format!("cannot allocate {len} bytes")))?;
     v.resize(len as usize, 0);
     f.read_exact_at(0, &mut v).map_err(crate::error::io_at(0))?;
-    Ok(v)
+    Ok(Image::Owned(v))
 }

@@ -2,7 +2,8 @@
 # Runs INSIDE the VM (see bench/ublk-bench.sh): 4 KiB random reads at QD1 and QD32 through the
 # kernel loop device and through /dev/ublkbN in each data path, printing one "BENCH name {json}"
 # line per run. Images are in /test/img; SECS (default 3) per run.
-SECS=${SECS:-3}
+SECS=${SECS:-2}
+ROUNDS=${ROUNDS:-3}
 cd /test/img || exit 1
 cp base.img /tmp/base.img          # tmpfs: every device reads the same page-cached bytes
 for f in *.cow; do cp "$f" /tmp/; done
@@ -15,31 +16,38 @@ run() { # NAME DEV
         echo "BENCH $1 $r"
     done
 }
+k=0
 serve_run() { # NAME ARGS...
     name=$1; shift
-    snapblk serve "$@" --ublk --json > /tmp/srv.out 2> /tmp/srv.err &
+    k=$((k + 1)); out=/tmp/srv.$k.out; err=/tmp/srv.$k.err
+    snapblk serve "$@" --ublk --json > $out 2> $err &
     pid=$!
     i=0
-    while ! grep -q '"ready"' /tmp/srv.out; do
-        if ! kill -0 $pid 2>/dev/null || [ $i -ge 600 ]; then echo "server $name failed: $(cat /tmp/srv.err)"; fail=$((fail + 1)); return; fi
+    while ! grep -q '"ready"' $out 2>/dev/null; do
+        if ! kill -0 $pid 2>/dev/null || [ $i -ge 600 ]; then echo "server $name failed: $(cat $err)"; fail=$((fail + 1)); return; fi
         sleep 0.1; i=$((i + 1))
     done
-    dev=$(sed -n 's/.*"dev":"\([^"]*\)".*/\1/p' /tmp/srv.out)
-    echo "READY $name $(cat /tmp/srv.out)"
+    dev=$(sed -n 's/.*"dev":"\([^"]*\)".*/\1/p' $out)
+    echo "READY $name $(cat $out)"
     run "$name" "$dev"
     kill -TERM $pid; wait $pid
 }
 echo "kernel $(uname -r) cpus $(nproc)"
-loopdev=$(losetup -f)
-losetup "$loopdev" /tmp/base.img && run loop "$loopdev"
-losetup -d "$loopdev"
-serve_run file-copy /tmp/base.img --read-only --ublk-mode copy
-serve_run file-zc /tmp/base.img --read-only --ublk-mode zero-copy
-serve_run file-zc-noplan /tmp/base.img --read-only --ublk-mode zero-copy --ublk-no-plan
-for c in copy zero replace-lz4 replace-none; do
-    [ -f /tmp/$c.cow ] || continue
-    serve_run snap-$c-copy --base /tmp/base.img --cow /tmp/$c.cow --ublk-mode copy
-    serve_run snap-$c-zc --base /tmp/base.img --cow /tmp/$c.cow --ublk-mode zero-copy
-    serve_run snap-$c-zc-noplan --base /tmp/base.img --cow /tmp/$c.cow --ublk-mode zero-copy --ublk-no-plan
+# Rounds interleave all devices so that drifting host load (TCG shares the host) hits them alike.
+r=0
+while [ $r -lt "$ROUNDS" ]; do
+    r=$((r + 1)); echo "ROUND $r"
+    loopdev=$(losetup -f)
+    losetup "$loopdev" /tmp/base.img && run loop "$loopdev"
+    losetup -d "$loopdev"
+    serve_run file-copy /tmp/base.img --read-only --ublk-mode copy
+    serve_run file-zc /tmp/base.img --read-only --ublk-mode zero-copy
+    serve_run file-zc-noplan /tmp/base.img --read-only --ublk-mode zero-copy --ublk-no-plan
+    for c in copy zero replace-lz4 replace-none; do
+        [ -f /tmp/$c.cow ] || continue
+        serve_run snap-$c-copy --base /tmp/base.img --cow /tmp/$c.cow --ublk-mode copy
+        serve_run snap-$c-zc --base /tmp/base.img --cow /tmp/$c.cow --ublk-mode zero-copy
+        serve_run snap-$c-zc-noplan --base /tmp/base.img --cow /tmp/$c.cow --ublk-mode zero-copy --ublk-no-plan
+    done
 done
 exit $fail

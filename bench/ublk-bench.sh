@@ -13,15 +13,20 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SIZE_MB=${SIZE_MB:-64}
-SECS=${SECS:-3}
+SECS=${SECS:-2}
+ROUNDS=${ROUNDS:-3}
+# One vCPU by default: under TCG, cross-vCPU wake-ups cost milliseconds and swamp QD1 latency;
+# with one vCPU the time per I/O tracks the instructions executed per I/O.
+export VM_SMP=${VM_SMP:-1}
 
-cargo build --release -q -p snapblk-cli -p snapblk-ublk --example ublk-loadgen
+[ -n "${UBLK_BENCH_NO_BUILD:-}" ] || cargo build --release -q -p snapblk-cli -p snapblk-ublk --example ublk-loadgen
 bash tests/vm/vm.sh setup
 
 P=$(mktemp -d "${TMPDIR:-/tmp}/snapblk-ublk-bench.XXXXXX")
 trap 'rm -rf "$P"' EXIT
 mkdir -p "$P/bin" "$P/img"
-cp target/release/snapblk target/release/examples/ublk-loadgen "$P/bin/"
+strip -o "$P/bin/snapblk" target/release/snapblk
+strip -o "$P/bin/ublk-loadgen" target/release/examples/ublk-loadgen
 I=$P/img
 dd if=/dev/urandom of="$I/base.img" bs=1M count="$SIZE_MB" status=none
 S=target/release/snapblk
@@ -36,26 +41,33 @@ awk -v n=$((SIZE_MB * 1024 * 1024 / 64)) 'BEGIN { for (i = 0; i < n; i++) printf
 $S cow create --old "$I/base.img" --new "$P/new-repl.img" -o "$I/replace-lz4.cow" --no-xor --compression lz4 --no-scratch
 $S cow create --old "$I/base.img" --new "$P/new-repl.img" -o "$I/replace-none.cow" --no-xor --compression none --no-scratch
 rm -f "$P"/new-*.img
-cp bench/ublk-bench-guest.sh "$P/run.sh"
+{ echo '#!/bin/sh'; echo "SECS=$SECS ROUNDS=$ROUNDS exec /test/bench.sh"; } > "$P/run.sh"
+cp bench/ublk-bench-guest.sh "$P/bench.sh"
+chmod +x "$P/bench.sh"
 chmod +x "$P/run.sh"
 ls -la "$I"
 
-VM_MEM=${VM_MEM:-2G} VM_TIMEOUT=${VM_TIMEOUT:-1800} SECS=$SECS \
+VM_MEM=${VM_MEM:-2G} VM_TIMEOUT=${VM_TIMEOUT:-1800} \
     VM_APPEND="${VM_APPEND:-}" bash tests/vm/vm.sh run "$P" || { echo "guest benchmark failed"; exit 1; }
 
 mkdir -p bench/results
 out=bench/results/ublk-bench-$(date +%Y%m%d-%H%M%S).txt
 grep -a '^BENCH ' tests/vm/cache/last-run.log | awk '
 function num(s, k,   m) { m = s; sub(".*\"" k "\":", "", m); sub("[,}].*", "", m); return m + 0 }
-{ name = $2; j = $0; sub("^BENCH [^ ]+ ", "", j); qd = num(j, "qd");
-  iops[name, qd] = num(j, "iops"); cpu[name, qd] = num(j, "sys_cpu_us_per_io");
+function median(arr, key, cnt,   i, j, t, v) {   # median of arr[key, 1..cnt]
+  for (i = 1; i <= cnt; i++) v[i] = arr[key, i]
+  for (i = 1; i <= cnt; i++) for (j = i + 1; j <= cnt; j++) if (v[j] < v[i]) { t = v[i]; v[i] = v[j]; v[j] = t }
+  return cnt % 2 ? v[(cnt + 1) / 2] : (v[cnt / 2] + v[cnt / 2 + 1]) / 2 }
+{ name = $2; j = $0; sub("^BENCH [^ ]+ ", "", j); if (j !~ /iops/) next; qd = num(j, "qd"); k = name SUBSEP qd
+  c = ++cnt[k]; iops[k, c] = num(j, "iops"); cpu[k, c] = num(j, "sys_cpu_us_per_io")
   if (!(name in seen)) { seen[name] = 1; order[++n] = name } }
 END {
-  printf "%-22s %10s %8s %10s %8s | %10s %8s %10s %8s\n", "device", "QD1 IOPS", "vs loop", "CPU us/IO", "vs loop", "QD32 IOPS", "vs loop", "CPU us/IO", "vs loop"
-  for (i = 1; i <= n; i++) { d = order[i]; line = sprintf("%-22s", d)
-    for (q = 1; q <= 32; q += 31) {
-      r1 = iops["loop", q] ? iops[d, q] / iops["loop", q] : 0; r2 = cpu["loop", q] ? cpu[d, q] / cpu["loop", q] : 0
-      line = line sprintf(" %10.0f %8.2f %10.1f %8.2f", iops[d, q], r1, cpu[d, q], r2); if (q == 1) line = line " |" }
+  for (k in cnt) { I[k] = median(iops, k, cnt[k]); U[k] = median(cpu, k, cnt[k]) }
+  printf "medians of %d rounds; ratios against loop (IOPS: higher is better; CPU: lower is better)\n", cnt["loop" SUBSEP 1]
+  printf "%-24s %9s %7s %10s %7s | %9s %7s %10s %7s\n", "device", "QD1 IOPS", "x loop", "CPU us/IO", "x loop", "QD32 IOPS", "x loop", "CPU us/IO", "x loop"
+  for (i = 1; i <= n; i++) { d = order[i]; line = sprintf("%-24s", d)
+    for (q = 1; q <= 32; q += 31) { k = d SUBSEP q; l = "loop" SUBSEP q
+      line = line sprintf(" %9.0f %7.2f %10.1f %7.2f", I[k], I[l] ? I[k] / I[l] : 0, U[k], U[l] ? U[k] / U[l] : 0); if (q == 1) line = line " |" }
     print line }
 }' | tee "$out"
 echo "saved $out (raw lines: grep ^BENCH tests/vm/cache/last-run.log)"

@@ -54,7 +54,7 @@ host_check() {
     command -v mke2fs >/dev/null || missing+=(mke2fs)
     command -v e2fsck >/dev/null || missing+=(e2fsck)
     [ ${#missing[@]} -eq 0 ] || die "missing host tools: ${missing[*]} (run scripts/install-deps.sh)"
-    /bin/busybox --list | grep -qx cpio || die "/bin/busybox has no cpio applet"
+    /bin/busybox --list | grep -x cpio > /dev/null || die "/bin/busybox has no cpio applet"
     # a static busybox is the guest's whole userland
     if ldd /bin/busybox >/dev/null 2>&1; then die "/bin/busybox is not static (install busybox-static)"; fi
 }
@@ -232,7 +232,7 @@ extract_vmlinux() {
         # the payload ends in a 4-byte size trailer that zstd calls garbage: ignore its status
         tail -c +$((off + 1)) "$bz" | head -c "$pl" | zstd -dcq > "$out.tmp" 2>/dev/null || true
         if [ "$(head -c4 "$out.tmp" | od -An -tx1 | tr -d ' ')" = 7f454c46 ] &&
-           readelf -n "$out.tmp" 2>/dev/null | grep -qE 'Unknown note type: \(0x00000012\)|PHYS32_ENTRY'; then
+           readelf -n "$out.tmp" 2>/dev/null | grep -E 'Unknown note type: \(0x00000012\)|PHYS32_ENTRY' > /dev/null; then
             mv "$out.tmp" "$out"; return
         fi
     fi
@@ -265,7 +265,7 @@ pack() { # $1 = payload dir (may be empty) -> $RUNCPIO
     tmp=$(mktemp -d "$WORK/pack.XXXXXX")
     if [ -n "$dir" ]; then cp -a "$dir/." "$tmp/test"; else mkdir "$tmp/test"; fi
     while IFS= read -r f; do
-        head -c4 "$f" 2>/dev/null | grep -q 'ELF' && copy_libs "$f" "$tmp"
+        head -c4 "$f" 2>/dev/null | grep ELF > /dev/null && copy_libs "$f" "$tmp"
     done < <(find "$tmp/test" -type f -perm -u+x)
     (cd "$tmp" && find . -mindepth 1 | /bin/busybox cpio -o -H newc -R 0:0 2>/dev/null) > "$WORK/payload.cpio"
     rm -rf "$tmp"

@@ -54,7 +54,11 @@ pub fn run(dev: snapblk_core::Blkio, args: &UblkArgs, json: bool) -> anyhow::Res
         UblkMode::UserCopy => DataPath::UserCopy,
         UblkMode::ZeroCopy => DataPath::ZeroCopy,
     };
-    let planner = if args.ublk_no_plan { None } else { snapblk_ublk::planner_for(&dev) };
+    let planner = if args.ublk_no_plan {
+        None
+    } else {
+        snapblk_ublk::planner_for(&dev)
+    };
     let cfg = Config {
         queues,
         depth: args.ublk_depth,
@@ -89,7 +93,11 @@ pub fn run(dev: snapblk_core::Blkio, args: &UblkArgs, json: bool) -> anyhow::Res
                     r.bdev,
                     r.capacity,
                     r.path.name(),
-                    if r.planned_reads { ", planned zero-copy reads" } else { "" },
+                    if r.planned_reads {
+                        ", planned zero-copy reads"
+                    } else {
+                        ""
+                    },
                     r.queues,
                     r.depth,
                     if r.recovered { ", recovered" } else { "" }
@@ -99,7 +107,10 @@ pub fn run(dev: snapblk_core::Blkio, args: &UblkArgs, json: bool) -> anyhow::Res
         stop,
     )?;
     if json {
-        println!("{}", serde_json::json!({"event": "stopped", "export": "ublk"}));
+        println!(
+            "{}",
+            serde_json::json!({"event": "stopped", "export": "ublk"})
+        );
     }
     Ok(())
 }

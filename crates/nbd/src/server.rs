@@ -40,6 +40,9 @@ pub struct ServerConfig {
     pub max_inflight: usize,
     /// Payload bytes in flight per connection (bounds memory a client can pin).
     pub max_inflight_bytes: usize,
+    /// On stop, how long connections may take to send their last replies before their sockets
+    /// are shut down (a client that stopped reading would otherwise block the stop forever).
+    pub stop_grace: Duration,
 }
 
 impl Default for ServerConfig {
@@ -50,6 +53,7 @@ impl Default for ServerConfig {
             handshake_timeout: Some(Duration::from_secs(10)),
             max_inflight: 64,
             max_inflight_bytes: 64 << 20,
+            stop_grace: Duration::from_secs(10),
         }
     }
 }
@@ -197,6 +201,14 @@ impl Server {
             self.stop.flag.store(true, Ordering::SeqCst);
             for c in self.conns().values() {
                 let _ = c.shutdown(Shutdown::Read);
+            }
+            let deadline = std::time::Instant::now() + self.cfg.stop_grace;
+            while !self.conns().is_empty() && std::time::Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            // Whoever is left is not reading its replies: cut it off so its threads end.
+            for c in self.conns().values() {
+                let _ = c.shutdown(Shutdown::Both);
             }
             res
         })

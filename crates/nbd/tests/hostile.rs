@@ -418,3 +418,45 @@ fn sixteen_concurrent_clients_read_and_verify() {
     assert!(total > 0);
     srv.stop();
 }
+
+#[test]
+fn stop_completes_even_if_a_client_never_reads_its_replies() {
+    let dir = tempfile::tempdir().unwrap();
+    let (img, _) = write_image(dir.path(), "a.img", SIZE, 17);
+    let cfg = ServerConfig {
+        stop_grace: Duration::from_millis(500),
+        ..ServerConfig::default()
+    };
+    let srv = TestServer::start_cfg(img.to_str().unwrap(), true, "127.0.0.1:0", cfg);
+    let mut stuck = Client::connect(&srv.addr, "disk");
+    stuck
+        .s
+        .set_write_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    for i in 0..200u64 {
+        let h = RequestHeader {
+            flags: 0,
+            cmd: CMD_READ,
+            cookie: i,
+            offset: 0,
+            len: 8 << 20,
+        };
+        if stuck.s.write_all(&h.encode()).is_err() {
+            break;
+        }
+    }
+    // Give the server time to fill the socket with replies and block writing.
+    std::thread::sleep(Duration::from_millis(300));
+    // Not a speed assertion: without the grace cut-off, stop() never returns at all; the
+    // generous watchdog turns that hang into a failure.
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        srv.stop();
+        let _ = tx.send(());
+    });
+    assert!(
+        rx.recv_timeout(Duration::from_secs(60)).is_ok(),
+        "server stop hung on a client that never reads"
+    );
+    drop(stuck);
+}

@@ -179,3 +179,35 @@ fn file_tests_and_overwrite() {
     );
     std::fs::remove_dir_all(&d).unwrap();
 }
+
+#[test]
+fn foreground_under_background_command() {
+    let d = tmp("fgbg");
+    let bg = d.join("bg");
+    std::fs::write(&bg, vec![3u8; 2 << 20]).unwrap();
+    let o = snapblk(&[
+        "fgbg",
+        "--bg-read",
+        bg.to_str().unwrap(),
+        "--bg-cmd",
+        "sleep 60",
+        "--fg-cmd",
+        "true",
+        "--iterations",
+        "2",
+        "--warmup",
+        "0.1",
+        "--pause",
+        "0",
+        "--json",
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let v = json(&o);
+    let cells = v["fgbg"]["cells"].as_array().unwrap();
+    assert_eq!(cells.len(), 2);
+    assert_eq!(cells[0]["load"], "idle");
+    assert_eq!(cells[1]["load"], "loaded");
+    assert!(cells[1]["bg_bytes_per_s"].as_f64().unwrap() > 0.0);
+    assert!(cells[1]["slowdown"].as_f64().is_some());
+    std::fs::remove_dir_all(&d).unwrap();
+}

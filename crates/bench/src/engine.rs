@@ -361,11 +361,16 @@ impl Job<'_> {
                 generation = u32::from(v.generation[b]);
             }
         }
+        // Reuse the caller's clock read unless we waited since (one clock read per I/O).
+        let submitted = match now {
+            Some(t) if !waited => t,
+            _ => Instant::now(),
+        };
         self.slots[i] = Slot {
             dir,
             offset,
             generation,
-            submitted: Instant::now(),
+            submitted,
             measure,
         };
         let op = match dir {

@@ -88,15 +88,20 @@ pub struct RecordArgs {
 
 #[derive(Args, Clone)]
 pub struct ReplayOpts {
-    /// readahead (readahead(2)), fadvise (WILLNEED) or pread (synchronous reads).
+    /// readahead (readahead(2)), fadvise (WILLNEED), pread (synchronous reads) or uring
+    /// (io_uring reads; completion = resident, no settle wait).
     #[arg(long, value_enum, default_value = "readahead")]
     method: MethodArg,
     /// Bytes per request (K/M/G suffixes); keep it below the kernel's readahead clip.
     #[arg(long, default_value = "2M", value_parser = parse_size)]
     chunk: u64,
-    /// Requests issued concurrently (submitter threads).
+    /// Requests issued concurrently: submitter threads for readahead/fadvise/pread, reads in
+    /// flight per thread for uring.
     #[arg(long, short = 'q', default_value_t = 4)]
     queue_depth: usize,
+    /// Submitter threads (default: the queue depth, or 2 for uring).
+    #[arg(long)]
+    threads: Option<usize>,
     /// Issue ranges even when already resident.
     #[arg(long)]
     no_skip_resident: bool,
@@ -173,6 +178,7 @@ enum MethodArg {
     Readahead,
     Fadvise,
     Pread,
+    Uring,
 }
 
 #[derive(Clone, Copy)]
@@ -532,9 +538,11 @@ fn run_replay(entries: Vec<ListEntry>, o: &ReplayOpts) -> anyhow::Result<()> {
             MethodArg::Readahead => Method::Readahead,
             MethodArg::Fadvise => Method::Fadvise,
             MethodArg::Pread => Method::Pread,
+            MethodArg::Uring => Method::Uring,
         },
         chunk: o.chunk,
         queue_depth: o.queue_depth.max(1),
+        threads: o.threads.map(|t| t.max(1)),
         skip_resident: !o.no_skip_resident,
         ioprio: o.ioprio.0,
         nice: o.nice.0,
@@ -569,6 +577,9 @@ fn run_replay(entries: Vec<ListEntry>, o: &ReplayOpts) -> anyhow::Result<()> {
 }
 
 fn print_replay(r: &ReplayReport) {
+    for n in &r.notes {
+        println!("note: {n}");
+    }
     for s in &r.stale {
         println!("stale: {}: {}", escape_path(&s.path), s.reason);
     }
@@ -576,14 +587,15 @@ fn print_replay(r: &ReplayReport) {
         println!("error: {}: {}", escape_path(&s.path), s.reason);
     }
     println!(
-        "entries {} (replayed {}, stale {}, errors {}); method {} chunk {} depth {}",
+        "entries {} (replayed {}, stale {}, errors {}); method {} chunk {} depth {} threads {}",
         r.entries,
         r.files_replayed,
         r.stale.len(),
         r.errors.len(),
         r.method,
         human(r.chunk),
-        r.queue_depth
+        r.queue_depth,
+        r.threads
     );
     println!(
         "requested {}, resident before {}, issued {} in {} requests",

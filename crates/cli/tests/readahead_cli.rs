@@ -278,16 +278,6 @@ fn replay_after_evict_makes_listed_pages_resident() {
     let lp = d.join("list.txt");
     std::fs::write(&lp, list).unwrap();
 
-    evict(&[&d]);
-    assert_eq!(fincore_bytes(&big), 0);
-    let v = json(&run(&[
-        "readahead",
-        "replay",
-        lp.to_str().unwrap(),
-        "--json",
-        "--queue-depth",
-        "2",
-    ]));
     let requested = (24u64 << 20)
         + 65536
         + 524288
@@ -296,35 +286,51 @@ fn replay_after_evict_makes_listed_pages_resident() {
             .iter()
             .map(|p| p.metadata().unwrap().len())
             .sum::<u64>();
-    assert_eq!(v["bytes_requested"], requested, "{v}");
-    assert_eq!(v["bytes_resident_before"], 0, "{v}");
-    assert!(
-        v["resident_fraction"].as_f64().unwrap() >= 0.995,
-        "tool says not resident: {v}"
-    );
-    assert_eq!(v["bytes_unverifiable"], 0);
+    // Every method must end fully resident (readahead is the default).
+    for method in ["readahead", "uring", "fadvise", "pread"] {
+        evict(&[&d]);
+        assert_eq!(fincore_bytes(&big), 0);
+        let v = json(&run(&[
+            "readahead",
+            "replay",
+            lp.to_str().unwrap(),
+            "--json",
+            "--method",
+            method,
+            "--queue-depth",
+            "2",
+        ]));
 
-    // Independent checks with mincore-based tools.
-    assert_eq!(
-        fincore_bytes(&big),
-        24 << 20,
-        "big file not fully resident (kernel clip not handled?)"
-    );
-    for p in &small {
-        let len = p.metadata().unwrap().len();
-        assert_eq!(
-            fincore_bytes(p),
-            len.next_multiple_of(PAGE),
-            "{}",
-            p.display()
+        assert_eq!(v["bytes_requested"], requested, "{v}");
+        assert_eq!(v["bytes_resident_before"], 0, "{v}");
+        assert!(
+            v["resident_fraction"].as_f64().unwrap() >= 0.995,
+            "{method}: tool says not resident: {v}"
         );
-    }
-    for (o, l) in [(0u64, 65536u64), (1 << 20, 524288), (3 << 20, 4096)] {
+        assert_eq!(v["bytes_unverifiable"], 0);
+
+        // Independent checks with mincore-based tools.
         assert_eq!(
-            vmtouch_pages(&part, o, l),
-            l / PAGE,
-            "range {o}:{l} of part.bin"
+            fincore_bytes(&big),
+            24 << 20,
+            "{method}: big file not fully resident (kernel clip not handled?)"
         );
+        for p in &small {
+            let len = p.metadata().unwrap().len();
+            assert_eq!(
+                fincore_bytes(p),
+                len.next_multiple_of(PAGE),
+                "{method}: {} (tool: {v})",
+                p.display()
+            );
+        }
+        for (o, l) in [(0u64, 65536u64), (1 << 20, 524288), (3 << 20, 4096)] {
+            assert_eq!(
+                vmtouch_pages(&part, o, l),
+                l / PAGE,
+                "range {o}:{l} of part.bin"
+            );
+        }
     }
 
     // A second replay finds everything resident and issues nothing.

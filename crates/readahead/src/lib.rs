@@ -22,6 +22,7 @@ pub mod scan;
 pub mod sys;
 pub mod sysstat;
 pub mod ui;
+pub mod uring;
 pub mod walk;
 
 pub use list::{Extent, FileIdentity, ListEntry};

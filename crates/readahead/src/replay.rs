@@ -33,6 +33,8 @@ pub enum Method {
     Fadvise,
     /// pread(2) into a scratch buffer per chunk: synchronous, so completion is known exactly.
     Pread,
+    /// io_uring buffered reads, `queue_depth` in flight per submitter thread.
+    Uring,
 }
 
 /// Replay options; `Default` gives the recommended background-friendly settings.
@@ -41,8 +43,11 @@ pub struct ReplayOptions {
     pub method: Method,
     /// Bytes per request; must stay below the kernel's readahead clip (8 MiB here).
     pub chunk: u64,
-    /// Submitter threads (requests being issued at once).
+    /// Requests issued at once: submitter threads for readahead/fadvise/pread, reads in flight
+    /// per thread for io_uring.
     pub queue_depth: usize,
+    /// Submitter threads; `None`: `queue_depth` (syscall methods) or 2 (io_uring).
+    pub threads: Option<usize>,
     pub skip_resident: bool,
     pub ioprio: Option<IoPrio>,
     pub nice: Option<i32>,
@@ -64,6 +69,7 @@ impl Default for ReplayOptions {
             method: Method::Readahead,
             chunk: 2 << 20,
             queue_depth: 4,
+            threads: None,
             skip_resident: true,
             ioprio: Some(IoPrio::Idle),
             nice: Some(10),
@@ -118,6 +124,8 @@ pub struct ReplayReport {
     pub settled: bool,
     pub total_secs: f64,
     pub diskstats_delta: Option<Vec<DiskStat>>,
+    pub threads: usize,
+    pub notes: Vec<String>,
 }
 
 struct Prepared {
@@ -156,11 +164,16 @@ impl Shared<'_> {
             .fetch_add(t.elapsed().as_micros() as u64, Relaxed);
     }
 
-    fn issue(&self, f: &File, r: Range, buf: &mut Vec<u8>) -> std::io::Result<()> {
+    fn issue(&self, f: &File, r: Range, ctx: &mut Ctx) -> std::io::Result<()> {
+        let buf = &mut ctx.buf;
         self.wait_pressure();
         match self.opts.method {
             Method::Readahead => sys::readahead(f.as_fd(), r.offset, r.len)?,
             Method::Fadvise => sys::fadvise(f.as_fd(), r.offset, r.len, libc::POSIX_FADV_WILLNEED)?,
+            Method::Uring => match &mut ctx.uring {
+                Some(u) => u.read(f, r.offset, r.len)?,
+                None => return Err(std::io::Error::other("io_uring unavailable")),
+            },
             Method::Pread => {
                 use std::os::unix::fs::FileExt;
                 buf.resize(r.len as usize, 0);
@@ -188,40 +201,68 @@ impl Shared<'_> {
         path: &Path,
         meta: &std::fs::Metadata,
         ranges: &RangeSet,
-        buf: &mut Vec<u8>,
+        buf: &mut Ctx,
     ) -> std::io::Result<(Option<u64>, bool)> {
+        // Measure everything first, then issue: a read of one chunk may trigger kernel
+        // readahead into the next, which must not count as "resident before".
         let ps = sys::page_size();
         let mut resident = Some(0u64);
-        let mut issued = false;
+        let mut todo = Vec::new();
         for r in ranges.ranges() {
-            let skip = self.opts.skip_resident;
-            let whole = residency::measure(f, path, meta, Some(*r));
             let pages = r.len.div_ceil(ps);
-            match whole {
+            match residency::measure(f, path, meta, Some(*r)) {
                 Residency::Known { resident_pages, .. } if resident_pages >= pages => {
                     resident = resident.map(|x| x + r.len);
-                    if skip {
-                        continue;
+                    if !self.opts.skip_resident {
+                        todo.extend(r.chunks(self.opts.chunk));
                     }
                 }
-                Residency::Known { .. } => {}
-                Residency::Unknown { .. } => resident = None,
-            }
-            for c in r.chunks(self.opts.chunk) {
-                if skip
-                    && resident.is_some()
-                    && let Residency::Known { resident_pages, .. } =
-                        residency::measure(f, path, meta, Some(c))
-                    && resident_pages >= c.len.div_ceil(ps)
-                {
-                    resident = resident.map(|x| x + c.len);
-                    continue;
+                Residency::Known {
+                    resident_pages: 0, ..
+                } => todo.extend(r.chunks(self.opts.chunk)),
+                Residency::Known { .. } => {
+                    for c in r.chunks(self.opts.chunk) {
+                        let full = matches!(residency::measure(f, path, meta, Some(c)),
+                            Residency::Known { resident_pages, .. } if resident_pages >= c.len.div_ceil(ps));
+                        if full {
+                            resident = resident.map(|x| x + c.len);
+                        }
+                        if !full || !self.opts.skip_resident {
+                            todo.push(c);
+                        }
+                    }
                 }
-                self.issue(f, c, buf)?;
-                issued = true;
+                Residency::Unknown { .. } => {
+                    resident = None;
+                    todo.extend(r.chunks(self.opts.chunk));
+                }
             }
         }
+        if !todo.is_empty() && matches!(self.opts.method, Method::Pread | Method::Uring) {
+            // Reads would otherwise trigger kernel readahead beyond the listed ranges.
+            let _ = sys::fadvise(f.as_fd(), 0, 0, libc::POSIX_FADV_RANDOM);
+        }
+        let issued = !todo.is_empty();
+        for c in todo {
+            self.issue(f, c, buf)?;
+        }
         Ok((resident, issued))
+    }
+}
+
+/// Per-thread state of the submitters.
+struct Ctx {
+    buf: Vec<u8>,
+    uring: Option<crate::uring::Reader>,
+}
+
+impl ReplayOptions {
+    fn submitters(&self) -> usize {
+        self.threads.unwrap_or(if self.method == Method::Uring {
+            2
+        } else {
+            self.queue_depth
+        })
     }
 }
 
@@ -240,20 +281,28 @@ fn parallel_for(
     n: usize,
     threads: usize,
     opts: &ReplayOptions,
-    f: impl Fn(usize, &mut Vec<u8>) + Sync,
+    f: impl Fn(usize, &mut Ctx) + Sync,
 ) {
     let next = AtomicUsize::new(0);
     std::thread::scope(|s| {
         for _ in 0..threads.clamp(1, 256) {
             s.spawn(|| {
                 apply_priority(opts);
-                let mut buf = Vec::new();
+                let mut buf = Ctx {
+                    buf: Vec::new(),
+                    uring: (opts.method == Method::Uring)
+                        .then(|| crate::uring::Reader::new(opts.queue_depth, opts.chunk).ok())
+                        .flatten(),
+                };
                 loop {
                     let i = next.fetch_add(1, Relaxed);
                     if i >= n {
                         break;
                     }
                     f(i, &mut buf);
+                }
+                if let Some(u) = &mut buf.uring {
+                    let _ = u.drain();
                 }
             });
         }
@@ -278,6 +327,23 @@ pub fn replay(
     progress: Option<Progress<'_>>,
 ) -> ReplayReport {
     let t0 = Instant::now();
+    let mut notes = Vec::new();
+    let fallback;
+    let opts = if opts.method == Method::Uring
+        && let Err(e) = crate::uring::Reader::new(1, 4096)
+    {
+        notes.push(format!(
+            "io_uring unavailable ({e}); used readahead(2) instead"
+        ));
+        fallback = ReplayOptions {
+            method: Method::Readahead,
+            threads: None,
+            ..opts.clone()
+        };
+        &fallback
+    } else {
+        opts
+    };
     apply_priority(opts);
     let ps = sys::page_size();
     let shared = Shared {
@@ -316,7 +382,7 @@ pub fn replay(
                 shared.paused.store(false, Relaxed);
             });
         }
-        parallel_for(entries.len(), opts.queue_depth, opts, |i, buf| {
+        parallel_for(entries.len(), opts.submitters(), opts, |i, buf| {
             let e = &entries[i];
             let res = (|| -> std::io::Result<()> {
                 let f = residency::open_quiet(&e.path)?;
@@ -397,40 +463,91 @@ pub fn replay(
             v.dedup();
             v
         };
+        // Verification. cachestat counts pages that are merely present (a readahead in flight
+        // inserts them before the data arrives); mincore counts only up-to-date pages. So:
+        // re-check until every present page is up to date (or the settle timeout), then
+        // re-issue what is absent, up to `retries` times.
+        let mut state: Vec<Option<FileCheck>> = prepared
+            .iter()
+            .map(|p| {
+                p.verified_resident.map(|b| FileCheck {
+                    uptodate: b,
+                    present: b,
+                    total: p.ranges.total_bytes(),
+                    known: true,
+                })
+            })
+            .collect();
+        let mut pending: Vec<usize> = (0..prepared.len())
+            .filter(|&i| state[i].is_none())
+            .collect();
         let mut settle_total = 0.0;
         let mut settled = true;
         let mut passes = 1;
-        let mut last: (u64, u64, Vec<usize>);
         loop {
-            let (s_secs, ok) = settle(&devs, opts.settle_timeout, opts.method);
-            settle_total += s_secs;
-            settled &= ok;
-            last = verify(&prepared, ps, opts.queue_depth, true);
-            if last.2.is_empty() || passes > opts.retries {
+            let t = Instant::now();
+            loop {
+                for (i, c) in check_files(&prepared, &pending, ps, opts.queue_depth) {
+                    state[i] = Some(c);
+                }
+                pending.retain(|&i| state[i].is_some_and(|c| c.known && c.uptodate < c.present));
+                if pending.is_empty() {
+                    break;
+                }
+                if t.elapsed() >= opts.settle_timeout {
+                    settled = false;
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            settle_total += t.elapsed().as_secs_f64();
+            let absent: Vec<usize> = (0..prepared.len())
+                .filter(|&i| state[i].is_some_and(|c| c.known && c.present < c.total))
+                .collect();
+            if debug_enabled() {
+                for &i in &absent {
+                    if let Some(c) = state[i] {
+                        eprintln!(
+                            "pass {passes}: {} of {} bytes absent: {}",
+                            c.total - c.present,
+                            c.total,
+                            prepared[i].path.display()
+                        );
+                    }
+                }
+            }
+            if absent.is_empty() || passes > opts.retries {
                 break;
             }
-            // Re-issue what is still missing.
             passes += 1;
-            let missing = &last.2;
-            parallel_for(missing.len(), opts.queue_depth, opts, |k, buf| {
-                let p = &prepared[missing[k]];
+            parallel_for(absent.len(), opts.submitters(), opts, |k, buf| {
+                let p = &prepared[absent[k]];
                 if let Ok(f) = residency::open_quiet(&p.path)
                     && let Ok(meta) = f.metadata()
                 {
                     let _ = shared.warm(&f, &p.path, &meta, &p.ranges, buf);
                 }
             });
+            pending = absent;
+        }
+        let (mut res_after, mut unverifiable) = (0u64, 0u64);
+        for (i, c) in state.iter().enumerate() {
+            match c {
+                Some(c) if c.known => res_after += c.uptodate,
+                _ => unverifiable += prepared[i].ranges.total_bytes(),
+            }
         }
         stop_monitor.store(true, Relaxed);
 
         let disk_after = opts.diskstats.then(sysstat::diskstats);
-        let (res_after, unverifiable, _) = last;
         let req = requested.load(Relaxed);
         let verifiable = req.saturating_sub(unverifiable);
         ReplayReport {
             method: format!("{:?}", opts.method).to_lowercase(),
             chunk: opts.chunk,
             queue_depth: opts.queue_depth,
+            threads: opts.submitters(),
+            notes,
             entries: total,
             files_replayed: prepared.len() as u64,
             stale: stale.into_inner().unwrap_or_default(),
@@ -461,97 +578,93 @@ pub fn replay(
     })
 }
 
-/// Waits until the devices have no reads in flight (readahead completes asynchronously).
-/// Returns (seconds waited, drained).
-fn settle(devs: &[(u32, u32)], timeout: Duration, method: Method) -> (f64, bool) {
-    let t = Instant::now();
-    if method == Method::Pread {
-        return (0.0, true);
+fn debug_enabled() -> bool {
+    std::env::var_os("SNAPBLK_RA_DEBUG").is_some()
+}
+
+/// Verification state of one file, in bytes of its requested ranges.
+#[derive(Debug, Clone, Copy)]
+struct FileCheck {
+    /// Up to date in the page cache (mincore).
+    uptodate: u64,
+    /// Present, possibly still being read (cachestat).
+    present: u64,
+    total: u64,
+    /// False when residency cannot be measured (or the file changed/vanished).
+    known: bool,
+}
+
+fn check_file(p: &Prepared, ps: u64) -> FileCheck {
+    let total = p.ranges.total_bytes();
+    let unknown = FileCheck {
+        uptodate: 0,
+        present: 0,
+        total,
+        known: false,
+    };
+    let Ok(f) = residency::open_quiet(&p.path) else {
+        return unknown;
+    };
+    let Ok(meta) = f.metadata() else {
+        return unknown;
+    };
+    if FileIdentity::of(&meta) != p.identity {
+        return unknown;
     }
-    loop {
-        let busy = devs
-            .iter()
-            .any(|&(ma, mi)| sysstat::reads_in_flight(ma, mi).is_some_and(|n| n > 0));
-        if !busy {
-            return (t.elapsed().as_secs_f64(), true);
+    let bytes = |r: &Range, pages: u64| {
+        if pages >= r.len.div_ceil(ps) {
+            r.len
+        } else {
+            pages * ps
         }
-        if t.elapsed() >= timeout {
-            return (t.elapsed().as_secs_f64(), false);
+    };
+    let (mut uptodate, mut present) = (0, 0);
+    for r in p.ranges.ranges() {
+        // measure() settles trust: where it succeeds, mincore tells the truth for this file.
+        let Residency::Known { resident_pages, .. } =
+            residency::measure(&f, &p.path, &meta, Some(*r))
+        else {
+            return unknown;
+        };
+        present += bytes(r, resident_pages);
+        match sys::mincore_count(f.as_fd(), r.offset, r.len) {
+            Ok(n) => uptodate += bytes(r, n),
+            Err(_) => return unknown,
         }
-        std::thread::sleep(Duration::from_millis(2));
+    }
+    FileCheck {
+        uptodate,
+        present,
+        total,
+        known: true,
     }
 }
 
-/// Re-measures the prepared ranges. Returns (resident bytes, unverifiable bytes, indices of
-/// files with missing pages).
-fn verify(
+/// Checks the files `idx` of `prepared` on a few threads.
+fn check_files(
     prepared: &[Prepared],
+    idx: &[usize],
     ps: u64,
     threads: usize,
-    trust_pass1: bool,
-) -> (u64, u64, Vec<usize>) {
-    let debug = std::env::var_os("SNAPBLK_RA_DEBUG").is_some();
-    let resident = AtomicU64::new(0);
-    let unverifiable = AtomicU64::new(0);
-    let missing = Mutex::new(Vec::new());
+) -> Vec<(usize, FileCheck)> {
+    let out = Mutex::new(Vec::with_capacity(idx.len()));
     let next = AtomicUsize::new(0);
     std::thread::scope(|s| {
         for _ in 0..threads.clamp(1, 64) {
             s.spawn(|| {
+                let mut local = Vec::new();
                 loop {
-                    let i = next.fetch_add(1, Relaxed);
-                    let Some(p) = prepared.get(i) else { break };
-                    let total = p.ranges.total_bytes();
-                    if trust_pass1 && let Some(b) = p.verified_resident {
-                        resident.fetch_add(b, Relaxed);
-                        continue;
+                    let k = next.fetch_add(1, Relaxed);
+                    let Some(&i) = idx.get(k) else { break };
+                    if let Some(p) = prepared.get(i) {
+                        local.push((i, check_file(p, ps)));
                     }
-                    let Ok(f) = residency::open_quiet(&p.path) else {
-                        unverifiable.fetch_add(total, Relaxed);
-                        continue;
-                    };
-                    let Ok(meta) = f.metadata() else { continue };
-                    if FileIdentity::of(&meta) != p.identity {
-                        unverifiable.fetch_add(total, Relaxed);
-                        continue;
-                    }
-                    let mut ok = 0u64;
-                    let mut known = true;
-                    for r in p.ranges.ranges() {
-                        match residency::measure(&f, &p.path, &meta, Some(*r)) {
-                            Residency::Known { resident_pages, .. } => {
-                                let pages = r.len.div_ceil(ps);
-                                ok += if resident_pages >= pages {
-                                    r.len
-                                } else {
-                                    resident_pages * ps
-                                };
-                            }
-                            Residency::Unknown { .. } => known = false,
-                        }
-                    }
-                    if !known {
-                        unverifiable.fetch_add(total, Relaxed);
-                        continue;
-                    }
-                    resident.fetch_add(ok, Relaxed);
-                    if ok < total
-                        && let Ok(mut m) = missing.lock()
-                    {
-                        if debug {
-                            eprintln!(
-                                "missing {} of {total} bytes: {}",
-                                total - ok,
-                                p.path.display()
-                            );
-                        }
-                        m.push(i);
-                    }
+                }
+                if let Ok(mut o) = out.lock() {
+                    o.extend(local);
                 }
             });
         }
     });
-    let mut m = missing.into_inner().unwrap_or_default();
-    m.sort_unstable();
-    (resident.load(Relaxed), unverifiable.load(Relaxed), m)
+    out.into_inner().unwrap_or_default()
 }

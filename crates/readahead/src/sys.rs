@@ -119,6 +119,52 @@ pub fn mincore_pages(
     Ok(())
 }
 
+/// Number of pages of `[off, off+len)` that mincore reports resident. mincore (unlike
+/// cachestat) only counts pages that are up to date, so pages still being read are not counted.
+pub fn mincore_count(fd: BorrowedFd<'_>, off: u64, len: u64) -> io::Result<u64> {
+    const WINDOW_PAGES: u64 = 1 << 16;
+    let ps = page_size();
+    let first = off / ps;
+    let last = off.saturating_add(len).div_ceil(ps);
+    let mut vec = vec![0u8; WINDOW_PAGES.min(last.saturating_sub(first)).max(1) as usize];
+    let mut n = 0;
+    let mut page = first;
+    while page < last {
+        let cnt = (last - page).min(WINDOW_PAGES);
+        let maplen = (cnt * ps) as usize;
+        // SAFETY: a fresh read-only shared mapping chosen by the kernel; it is only passed to
+        // mincore and unmapped before returning. Pages past EOF are never touched.
+        let addr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                maplen,
+                libc::PROT_READ,
+                libc::MAP_SHARED,
+                fd.as_raw_fd(),
+                (page * ps) as libc::off_t,
+            )
+        };
+        if addr == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: addr/maplen describe the mapping above; vec holds at least cnt bytes.
+        let r = unsafe { libc::mincore(addr, maplen, vec.as_mut_ptr()) };
+        let err = io::Error::last_os_error();
+        // SAFETY: unmapping exactly the region mapped above.
+        unsafe { libc::munmap(addr, maplen) };
+        if r != 0 {
+            return Err(err);
+        }
+        n += vec
+            .iter()
+            .take(cnt as usize)
+            .filter(|b| *b & 1 != 0)
+            .count() as u64;
+        page += cnt;
+    }
+    Ok(n)
+}
+
 /// readahead(2): queue asynchronous reads of `[off, off+len)` into the page cache.
 pub fn readahead(fd: BorrowedFd<'_>, off: u64, len: u64) -> io::Result<()> {
     // SAFETY: no pointers; the fd is valid for the call.

@@ -53,7 +53,7 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = 64, value_name = "N")]
     nbd_max_connections: usize,
     /// NBD: never advertise multi-conn (by default it is advertised for read-only exports and
-    /// for file/null drivers, whose flush covers every connection).
+    /// for file, null and snapshot drivers, whose flush covers every connection).
     #[arg(long)]
     nbd_no_multi_conn: bool,
 

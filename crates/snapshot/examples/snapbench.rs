@@ -1,16 +1,29 @@
 //! Snapshot benchmarks (run by bench/snapshot-bench.sh; put the files on tmpfs or zram).
 //!
-//! usage: snapbench DIR [MiB]
+//! usage: snapbench DIR [MiB] [ROUNDS]
+//!        snapbench --prepare DIR MiB          (write base.img + copy.cow + lz4.cow only)
+//!        snapbench --ir DIR VARIANT N         (N reads of a prepared DIR; for callgrind)
 //!
-//! Prints one JSON object with:
-//! * `copy_qd1`: 4 KiB random reads at QD1 through the snapshot driver (Blkio queue API) of a
-//!   COPY-only COW vs the same reads on the raw base (pread, and the `sync` driver's queue);
+//! Every comparison runs its variants **interleaved** (round r runs each variant once, in an order
+//! rotated per round) and reports per-round figures and medians, so that load from other work on
+//! the machine hits all variants alike. Prints one JSON object with:
+//! * `copy_qd1`: 4 KiB random reads at QD1 of a COPY-only COW (every block is a COPY) through the
+//!   snapshot driver's queue, vs the *same queue API* on the raw base (the `sync` and `io_uring`
+//!   drivers opening base.img) and vs raw `pread` on base.img in a tight loop; also the
+//!   `Snapshot::read` library call. The same precomputed offsets are used by every variant.
 //! * `lz4`: sequential 1 MiB reads of a REPLACE-lz4 COW through the driver vs decoding the same
-//!   payloads in memory with the same codec (no I/O at all);
-//! * `merge`: merge throughput of a COPY-only COW (every block moves) vs a plain sequential copy
-//!   (read image, write it to another file, fdatasync);
+//!   payloads in memory with the same codec, into 1 MiB request-sized buffers (`decode_1m`) and
+//!   into one hot 4 KiB buffer (`decode_hot`, the old baseline that never leaves L1), and vs
+//!   `pread` of the compressed bytes from the COW file + decode (`pread_decode_1m`).
+//! * `merge`: merge throughput of a COPY-only COW (every block moves by one: the worst case, all
+//!   windows go through scratch) and of a COW that moves 4 MiB extents (windows are self-safe)
+//!   vs a plain sequential in-place copy (1 MiB read/write, fdatasync).
 //! * `fg_during_merge`: p50/p99 of foreground 4 KiB random reads idle vs while a merge runs, with
 //!   and without the scheduler.
+//!
+//! `--ir` exists for `valgrind --tool=callgrind`: running it with two values of N and taking the
+//! difference gives user-space instructions per read, free of timing noise (kernel work in
+//! `pread`/`io_uring_enter` is not counted: it is the same for every variant).
 
 use snapblk_core::{Blkio, QueueExt};
 use snapblk_snapshot::cowsrc::{OpenMode, open_files};
@@ -67,198 +80,484 @@ fn copy_cow(path: &Path, blocks: u64) {
     });
 }
 
+/// COPY-only COW moving 4 MiB extents down by one extent (new b <- base b + 1024), as an OTA
+/// does when files move: every 2 MiB window reads sources no op of the window writes.
+fn extent_cow(path: &Path, blocks: u64) {
+    const SHIFT: u64 = 1024;
+    write_cow(path, opts(snapblk_cow::Compression::None, blocks), |w| {
+        let n = blocks - SHIFT;
+        let seq: Vec<u32> = (0..n as u32).collect();
+        w.add_sequence_data(&seq).unwrap();
+        w.add_copy(0, SHIFT, n).unwrap();
+    });
+}
+
+fn lz4_data(blocks: u64) -> Vec<u8> {
+    let mut data = Vec::with_capacity(blocks as usize * BS);
+    for b in 0..blocks {
+        data.extend_from_slice(&text_block(b));
+    }
+    data
+}
+
 fn percentile(v: &mut [u64], p: f64) -> u64 {
     v.sort_unstable();
     v[((v.len() - 1) as f64 * p) as usize]
 }
 
-fn open_driver(base: &Path, cow: &Path, sched: bool) -> Blkio {
-    let mut b = Blkio::new(Box::new(SnapshotDriver::new()));
-    b.set_str("base", &base.display().to_string()).unwrap();
-    b.set_str("cow", &cow.display().to_string()).unwrap();
-    b.set_bool("scheduler", sched).unwrap();
+fn median(v: &[f64]) -> f64 {
+    let mut s = v.to_vec();
+    s.sort_by(|a, b| a.total_cmp(b));
+    let n = s.len();
+    if n % 2 == 1 {
+        s[n / 2]
+    } else {
+        (s[n / 2 - 1] + s[n / 2]) / 2.0
+    }
+}
+
+fn open_blkio(driver: Box<dyn snapblk_core::Driver>, props: &[(&str, &str)]) -> Blkio {
+    let mut b = Blkio::new(driver);
+    for (k, v) in props {
+        if *v == "true" || *v == "false" {
+            b.set_bool(k, *v == "true").unwrap();
+        } else {
+            b.set_str(k, v).unwrap();
+        }
+    }
     b.connect().unwrap();
     b.start().unwrap();
     b
 }
 
-fn qd1_reads(
-    q: &mut dyn FnMut(u64, &mut [u8]),
-    blocks: u64,
-    n: usize,
-    seed: u64,
-) -> (f64, u64, u64) {
+fn open_snapshot_driver(base: &Path, cow: &Path, sched: bool) -> Blkio {
+    open_blkio(
+        Box::new(SnapshotDriver::new()),
+        &[
+            ("base", &base.display().to_string()),
+            ("cow", &cow.display().to_string()),
+            ("scheduler", if sched { "true" } else { "false" }),
+        ],
+    )
+}
+
+fn offsets(blocks: u64, n: usize, seed: u64) -> Vec<u64> {
     let mut rng = Rng::new(seed);
+    (0..n).map(|_| rng.below(blocks - 1) * BS as u64).collect()
+}
+
+/// Mean ns per read over `offs` (no per-read clock reads inside the loop).
+fn mean_ns(q: &mut dyn FnMut(u64, &mut [u8]), offs: &[u64]) -> f64 {
     let mut buf = vec![0u8; BS];
-    let mut lat = Vec::with_capacity(n);
     let t0 = Instant::now();
-    for _ in 0..n {
-        let b = rng.below(blocks - 1);
+    for &o in offs {
+        q(o, &mut buf);
+    }
+    t0.elapsed().as_nanos() as f64 / offs.len() as f64
+}
+
+/// p50/p99 latency (ns) over `offs`.
+fn latencies(q: &mut dyn FnMut(u64, &mut [u8]), offs: &[u64]) -> (u64, u64) {
+    let mut buf = vec![0u8; BS];
+    let mut lat = Vec::with_capacity(offs.len());
+    for &o in offs {
         let t = Instant::now();
-        q(b * BS as u64, &mut buf);
+        q(o, &mut buf);
         lat.push(t.elapsed().as_nanos() as u64);
     }
-    let total = t0.elapsed().as_secs_f64();
-    let iops = n as f64 / total;
-    (iops, percentile(&mut lat, 0.5), percentile(&mut lat, 0.99))
+    (percentile(&mut lat, 0.5), percentile(&mut lat, 0.99))
+}
+
+const READ_VARIANTS: [&str; 5] = [
+    "pread",
+    "sync_driver",
+    "uring_driver",
+    "snapshot_driver",
+    "snapshot_api",
+];
+
+/// A reader for one variant of the QD1 comparison. Owns whatever it opened.
+fn reader(variant: &str, base: &Path, cow: &Path) -> Box<dyn FnMut(u64, &mut [u8])> {
+    let path = base.display().to_string();
+    match variant {
+        "none" => Box::new(|_, buf: &mut [u8]| {
+            std::hint::black_box(buf);
+        }),
+        "pread" => {
+            let f = std::fs::File::open(base).unwrap();
+            Box::new(move |off, buf: &mut [u8]| f.read_exact_at(buf, off).unwrap())
+        }
+        "sync_driver" | "uring_driver" => {
+            let drv: Box<dyn snapblk_core::Driver> = if variant == "sync_driver" {
+                Box::new(snapblk_drivers::SyncDriver::new())
+            } else {
+                Box::new(snapblk_drivers::UringDriver::new())
+            };
+            let mut b = open_blkio(drv, &[("path", &path)]);
+            Box::new(move |off, buf: &mut [u8]| {
+                b.queue(0, false).unwrap().read_at(off, buf).unwrap()
+            })
+        }
+        "snapshot_driver" => {
+            let mut b = open_snapshot_driver(base, cow, true);
+            Box::new(move |off, buf: &mut [u8]| {
+                b.queue(0, false).unwrap().read_at(off, buf).unwrap()
+            })
+        }
+        "snapshot_api" => {
+            let s = open_files(base, cow, SnapshotConfig::default(), OpenMode::default()).unwrap();
+            Box::new(move |off, buf: &mut [u8]| s.read(off, buf).unwrap())
+        }
+        v => panic!("unknown variant {v}"),
+    }
+}
+
+fn prepare(dir: &Path, mib: u64) {
+    std::fs::create_dir_all(dir).unwrap();
+    let blocks = mib * 256;
+    let mut rng = Rng::new(1);
+    let mut img = vec![0u8; (blocks as usize) * BS];
+    rng.fill(&mut img);
+    std::fs::write(dir.join("base.img"), &img).unwrap();
+    copy_cow(&dir.join("copy.cow"), blocks);
+    let data = lz4_data(blocks);
+    write_cow(
+        &dir.join("lz4.cow"),
+        opts(snapblk_cow::Compression::Lz4, blocks),
+        |w| w.add_raw_blocks(0, &data).unwrap(),
+    );
+}
+
+/// `--ir DIR VARIANT N`: N random 4 KiB reads (for instruction counting).
+fn ir_mode(dir: &Path, variant: &str, n: usize) {
+    let base = dir.join("base.img");
+    let blocks = std::fs::metadata(&base).unwrap().len() / BS as u64;
+    let offs = offsets(blocks, n, 10);
+    let cow = if variant.starts_with("lz4") {
+        dir.join("lz4.cow")
+    } else {
+        dir.join("copy.cow")
+    };
+    let v = variant.strip_prefix("lz4_").unwrap_or(variant);
+    let mut r = reader(v, &base, &cow);
+    let mut buf = vec![0u8; BS];
+    for &o in &offs {
+        r(o, &mut buf);
+    }
+    std::hint::black_box(&buf);
 }
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
+    match args.get(1).map(String::as_str) {
+        Some("--prepare") => {
+            let mib = args[3].parse().unwrap();
+            return prepare(Path::new(&args[2]), mib);
+        }
+        Some("--ir") => {
+            return ir_mode(Path::new(&args[2]), &args[3], args[4].parse().unwrap());
+        }
+        _ => {}
+    }
     let dir = PathBuf::from(
         args.get(1)
             .map(String::as_str)
             .unwrap_or("/dev/shm/snapbench"),
     );
     let mib: u64 = args.get(2).and_then(|s| s.parse().ok()).unwrap_or(256);
-    std::fs::create_dir_all(&dir).unwrap();
+    let rounds: usize = args.get(3).and_then(|s| s.parse().ok()).unwrap_or(5).max(1);
+    prepare(&dir, mib);
     let blocks = mib * 256;
-    let mut rng = Rng::new(1);
     let base = dir.join("base.img");
-    let mut img = vec![0u8; (blocks as usize) * BS];
-    rng.fill(&mut img);
-    std::fs::write(&base, &img).unwrap();
+    let img = std::fs::read(&base).unwrap();
     let mut report = serde_json::Map::new();
     report.insert("image_mib".into(), mib.into());
+    report.insert("rounds".into(), rounds.into());
     report.insert("dir".into(), dir.display().to_string().into());
 
-    // 1. COPY-only 4 KiB random reads at QD1.
+    report.insert("copy_qd1".into(), bench_copy_qd1(&dir, blocks, rounds));
+    report.insert("lz4".into(), bench_lz4(&dir, blocks, mib, rounds));
+    report.insert("merge".into(), bench_merge(&dir, &img, blocks, mib, rounds));
+    report.insert("fg_during_merge".into(), bench_fg(&dir, blocks));
+    println!("{}", serde_json::to_string_pretty(&report).unwrap());
+    for f in [
+        "base.img",
+        "copy.cow",
+        "lz4.cow",
+        "merge-base.img",
+        "merge.cow",
+        "copy.img",
+        "fg-base.img",
+        "fg.cow",
+    ] {
+        let _ = std::fs::remove_file(dir.join(f));
+    }
+}
+
+fn bench_copy_qd1(dir: &Path, blocks: u64, rounds: usize) -> serde_json::Value {
+    let base = dir.join("base.img");
     let cow = dir.join("copy.cow");
-    copy_cow(&cow, blocks);
-    let n = 300_000;
-    {
-        let f = std::fs::File::open(&base).unwrap();
-        let mut raw = |off: u64, buf: &mut [u8]| f.read_exact_at(buf, off).unwrap();
-        qd1_reads(&mut raw, blocks, n / 3, 9); // warm-up
-        let (raw_iops, raw_p50, raw_p99) = qd1_reads(&mut raw, blocks, n, 10);
-        let mut sb = Blkio::new(Box::new(snapblk_drivers::SyncDriver::new()));
-        sb.set_str("path", &base.display().to_string()).unwrap();
-        sb.connect().unwrap();
-        sb.start().unwrap();
-        let q = sb.queue(0, false).unwrap();
-        let mut sync = |off: u64, buf: &mut [u8]| q.read_at(off, buf).unwrap();
-        let (sync_iops, _, _) = qd1_reads(&mut sync, blocks, n, 10);
-        let direct =
-            open_files(&base, &cow, SnapshotConfig::default(), OpenMode::default()).unwrap();
-        let mut dread = |off: u64, buf: &mut [u8]| direct.read(off, buf).unwrap();
-        qd1_reads(&mut dread, blocks, n / 3, 9);
-        let (direct_iops, _, _) = qd1_reads(&mut dread, blocks, n, 10);
-        let mut b = open_driver(&base, &cow, true);
-        let q = b.queue(0, false).unwrap();
-        let mut snap = |off: u64, buf: &mut [u8]| q.read_at(off, buf).unwrap();
-        qd1_reads(&mut snap, blocks, n / 3, 9);
-        let (snap_iops, snap_p50, snap_p99) = qd1_reads(&mut snap, blocks, n, 10);
-        report.insert(
-            "copy_qd1".into(),
-            serde_json::json!({
-                "raw_pread_iops": raw_iops, "raw_p50_ns": raw_p50, "raw_p99_ns": raw_p99,
-                "raw_sync_driver_iops": sync_iops,
-                "snapshot_iops": snap_iops, "snapshot_p50_ns": snap_p50, "snapshot_p99_ns": snap_p99,
-                "time_ratio_vs_pread": raw_iops / snap_iops,
-                "time_ratio_vs_sync_driver": sync_iops / snap_iops,
-                "snapshot_api_iops": direct_iops,
-                "snapshot_api_time_ratio_vs_pread": raw_iops / direct_iops,
-            }),
-        );
+    let n = 200_000;
+    let offs = offsets(blocks, n, 10);
+    let mut readers: Vec<_> = READ_VARIANTS
+        .iter()
+        .map(|v| reader(v, &base, &cow))
+        .collect();
+    // Warm-up: every variant touches the page cache and its own state once.
+    for r in readers.iter_mut() {
+        mean_ns(r.as_mut(), &offs[..n / 4]);
     }
-
-    // 2. REPLACE-lz4: sequential reads through the driver vs in-memory decode of the payloads.
-    {
-        let cow = dir.join("lz4.cow");
-        let mut data = Vec::with_capacity(blocks as usize * BS);
-        for b in 0..blocks {
-            data.extend_from_slice(&text_block(b));
+    let k = READ_VARIANTS.len();
+    let mut ns = vec![Vec::new(); k];
+    for round in 0..rounds {
+        for j in 0..k {
+            let v = (j + round) % k;
+            ns[v].push(mean_ns(readers[v].as_mut(), &offs));
         }
-        write_cow(&cow, opts(snapblk_cow::Compression::Lz4, blocks), |w| {
-            w.add_raw_blocks(0, &data).unwrap()
-        });
-        let bytes = std::fs::read(&cow).unwrap();
-        let reader = snapblk_cow::CowReader::open(bytes.as_slice()).unwrap();
-        let ops: Vec<_> = reader.data_ops().copied().collect();
-        let mut out = vec![0u8; BS];
-        let t0 = Instant::now();
-        for op in &ops {
-            let p = op.payload().unwrap();
-            let src = &bytes[p.offset as usize..p.offset as usize + p.len as usize];
-            snapblk_cow::codec::decompress(p.codec, src, &mut out).unwrap();
-            std::hint::black_box(&out);
-        }
-        let decode_s = t0.elapsed().as_secs_f64();
-        let mut b = open_driver(&base, &cow, true);
-        let q = b.queue(0, false).unwrap();
-        let mut buf = vec![0u8; 1 << 20];
-        let t0 = Instant::now();
-        let mut off = 0u64;
-        while off < blocks * BS as u64 {
-            q.read_at(off, &mut buf).unwrap();
-            off += buf.len() as u64;
-        }
-        let read_s = t0.elapsed().as_secs_f64();
-        q.read_at(0, &mut buf[..BS]).unwrap();
-        assert_eq!(&buf[..BS], &data[..BS]);
-        let mibs = |s: f64| mib as f64 / s;
-        report.insert(
-            "lz4".into(),
-            serde_json::json!({
-                "raw_decode_mib_s": mibs(decode_s), "snapshot_read_mib_s": mibs(read_s),
-                "ratio": decode_s / read_s, "ops": ops.len(),
-            }),
-        );
     }
-
-    // 3. Merge throughput vs sequential copy.
-    {
-        let work = dir.join("merge-base.img");
-        std::fs::copy(&base, &work).unwrap();
-        let cow = dir.join("merge.cow");
-        copy_cow(&cow, blocks);
-        let s = open_files(
-            &work,
-            &cow,
-            SnapshotConfig::default(),
-            OpenMode {
-                base_writable: true,
-                cow_writable: true,
-            },
+    let mut lat = Vec::new();
+    for r in readers.iter_mut() {
+        lat.push(latencies(r.as_mut(), &offs[..n / 2]));
+    }
+    let med: Vec<f64> = ns.iter().map(|v| median(v)).collect();
+    let idx = |name: &str| READ_VARIANTS.iter().position(|v| *v == name).unwrap();
+    let snap = idx("snapshot_driver");
+    // Paired per-round ratios (same round, adjacent in time) and their median.
+    let paired = |other: usize| -> f64 {
+        median(
+            &(0..rounds)
+                .map(|r| ns[snap][r] / ns[other][r])
+                .collect::<Vec<_>>(),
         )
-        .unwrap();
-        let t0 = Instant::now();
-        let rep = merge(&s, MergeOptions::default()).unwrap();
-        let merge_s = t0.elapsed().as_secs_f64();
-        let merged_mib = rep.blocks_written as f64 * BS as f64 / (1 << 20) as f64;
-        drop(s);
-        let got = std::fs::read(&work).unwrap();
-        assert!(got[..BS] == img[BS..2 * BS], "merge result");
-        // Plain copy: read the image and write it over an existing copy (in place, like the
-        // merge) in 1 MiB pieces, then fdatasync.
-        let dst = dir.join("copy.img");
-        std::fs::copy(&base, &dst).unwrap();
-        let t0 = Instant::now();
-        {
-            let src = std::fs::File::open(&base).unwrap();
-            let mut d = std::fs::OpenOptions::new().write(true).open(&dst).unwrap();
-            let mut buf = vec![0u8; 1 << 20];
-            let mut off = 0u64;
-            while off < blocks * BS as u64 {
-                src.read_exact_at(&mut buf, off).unwrap();
-                d.write_all(&buf).unwrap();
-                off += buf.len() as u64;
-            }
-            d.sync_data().unwrap();
-        }
-        let copy_s = t0.elapsed().as_secs_f64();
-        let _ = std::fs::remove_file(&dst);
-        report.insert(
-            "merge".into(),
+    };
+    let mut o = serde_json::Map::new();
+    for (i, v) in READ_VARIANTS.iter().enumerate() {
+        o.insert(
+            (*v).into(),
             serde_json::json!({
-                "merge_mib_s": merged_mib / merge_s, "copy_mib_s": mib as f64 / copy_s,
-                "ratio": (merged_mib / merge_s) / (mib as f64 / copy_s),
-                "windows": rep.ordered_windows, "blocks_written": rep.blocks_written,
+                "ns_per_read_rounds": ns[i], "ns_per_read_median": med[i],
+                "p50_ns": lat[i].0, "p99_ns": lat[i].1,
             }),
         );
     }
+    o.insert(
+        "ratios".into(),
+        serde_json::json!({
+            "goal": "snapshot_driver vs sync_driver (same queue API on the raw base) <= 1.1",
+            "snapshot_driver_vs_sync_driver": paired(idx("sync_driver")),
+            "snapshot_driver_vs_uring_driver": paired(idx("uring_driver")),
+            "snapshot_driver_vs_pread": paired(idx("pread")),
+            "snapshot_api_vs_pread": median(&(0..rounds).map(|r| ns[idx("snapshot_api")][r] / ns[idx("pread")][r]).collect::<Vec<_>>()),
+        }),
+    );
+    o.into()
+}
 
-    // 4. Foreground p99 during a merge, with and without the scheduler.
+fn bench_lz4(dir: &Path, blocks: u64, mib: u64, rounds: usize) -> serde_json::Value {
+    let cow = dir.join("lz4.cow");
+    let base = dir.join("base.img");
+    let data = lz4_data(blocks);
+    let bytes = std::fs::read(&cow).unwrap();
+    let reader = snapblk_cow::CowReader::open(bytes.as_slice()).unwrap();
+    let payloads: Vec<_> = reader.data_ops().map(|op| op.payload().unwrap()).collect();
+    let stored: u64 = payloads.iter().map(|p| p.len as u64).sum();
+    let file = std::fs::File::open(&cow).unwrap();
+    let mut b = open_snapshot_driver(&base, &cow, true);
+    let chunk = 1usize << 20;
+    let per_chunk = chunk / BS;
+    let mut big = vec![0u8; chunk];
+    let mut hot = vec![0u8; BS];
+    let mut src = Vec::new();
+    let mut run = |variant: usize, big: &mut [u8]| -> f64 {
+        let t0 = Instant::now();
+        match variant {
+            // decode_1m: each 1 MiB of output decoded into a request-sized buffer.
+            0 => {
+                for c in payloads.chunks(per_chunk) {
+                    for (i, p) in c.iter().enumerate() {
+                        let s = &bytes[p.offset as usize..(p.offset + p.len as u64) as usize];
+                        snapblk_cow::codec::decompress(p.codec, s, &mut big[i * BS..(i + 1) * BS])
+                            .unwrap();
+                    }
+                    std::hint::black_box(&big);
+                }
+            }
+            // decode_hot: every unit into the same 4 KiB buffer.
+            1 => {
+                for p in &payloads {
+                    let s = &bytes[p.offset as usize..(p.offset + p.len as u64) as usize];
+                    snapblk_cow::codec::decompress(p.codec, s, &mut hot).unwrap();
+                    std::hint::black_box(&hot);
+                }
+            }
+            // pread_decode_1m: one pread of the chunk's compressed bytes, then decode.
+            2 => {
+                for c in payloads.chunks(per_chunk) {
+                    let (lo, last) = (c[0].offset, c[c.len() - 1]);
+                    let hi = last.offset + last.len as u64;
+                    src.resize((hi - lo) as usize, 0);
+                    file.read_exact_at(&mut src, lo).unwrap();
+                    for (i, p) in c.iter().enumerate() {
+                        let at = (p.offset - lo) as usize;
+                        snapblk_cow::codec::decompress(
+                            p.codec,
+                            &src[at..at + p.len as usize],
+                            &mut big[i * BS..(i + 1) * BS],
+                        )
+                        .unwrap();
+                    }
+                    std::hint::black_box(&big);
+                }
+            }
+            // snapshot_driver: 1 MiB sequential reads through the driver's queue.
+            _ => {
+                let q = b.queue(0, false).unwrap();
+                let mut off = 0u64;
+                while off < blocks * BS as u64 {
+                    q.read_at(off, big).unwrap();
+                    off += chunk as u64;
+                }
+            }
+        }
+        mib as f64 / t0.elapsed().as_secs_f64()
+    };
+    const NAMES: [&str; 4] = [
+        "decode_1m",
+        "decode_hot",
+        "pread_decode_1m",
+        "snapshot_driver",
+    ];
+    for v in 0..4 {
+        run(v, &mut big);
+    }
+    let mut mibs = vec![Vec::new(); 4];
+    for round in 0..rounds {
+        for j in 0..4 {
+            let v = (j + round) % 4;
+            mibs[v].push(run(v, &mut big));
+        }
+    }
+    drop(run);
+    // The driver returns the data the COW was made from.
+    b.queue(0, false).unwrap().read_at(0, &mut big).unwrap();
+    assert!(big[..] == data[..chunk], "lz4 read-back");
+    let paired = |other: usize| {
+        median(
+            &(0..rounds)
+                .map(|r| mibs[3][r] / mibs[other][r])
+                .collect::<Vec<_>>(),
+        )
+    };
+    let mut o = serde_json::Map::new();
+    for (i, n) in NAMES.iter().enumerate() {
+        o.insert(
+            (*n).into(),
+            serde_json::json!({"mib_s_rounds": mibs[i], "mib_s_median": median(&mibs[i])}),
+        );
+    }
+    o.insert("units".into(), payloads.len().into());
+    o.insert("stored_bytes".into(), stored.into());
+    o.insert(
+        "ratios".into(),
+        serde_json::json!({
+            "goal": "snapshot_driver vs decode_1m (in-memory decode of the same units into request-sized buffers) >= 0.8",
+            "snapshot_driver_vs_decode_1m": paired(0),
+            "snapshot_driver_vs_decode_hot": paired(1),
+            "snapshot_driver_vs_pread_decode_1m": paired(2),
+        }),
+    );
+    o.into()
+}
+
+fn sequential_copy(src: &Path, dst: &Path, bytes: u64) -> f64 {
+    let t0 = Instant::now();
+    let s = std::fs::File::open(src).unwrap();
+    let mut d = std::fs::OpenOptions::new().write(true).open(dst).unwrap();
+    let mut buf = vec![0u8; 1 << 20];
+    let mut off = 0u64;
+    while off < bytes {
+        s.read_exact_at(&mut buf, off).unwrap();
+        d.write_all(&buf).unwrap();
+        off += buf.len() as u64;
+    }
+    d.sync_data().unwrap();
+    t0.elapsed().as_secs_f64()
+}
+
+/// One merge of `make_cow`'s COW over a fresh copy of the base; (MiB/s, windows, scratch-less).
+fn one_merge(
+    dir: &Path,
+    blocks: u64,
+    make_cow: fn(&Path, u64),
+    check: &dyn Fn(&[u8]),
+) -> (f64, usize) {
+    let work = dir.join("merge-base.img");
+    std::fs::copy(dir.join("base.img"), &work).unwrap();
+    let cow = dir.join("merge.cow");
+    make_cow(&cow, blocks);
+    let s = open_files(
+        &work,
+        &cow,
+        SnapshotConfig::default(),
+        OpenMode {
+            base_writable: true,
+            cow_writable: true,
+        },
+    )
+    .unwrap();
+    let t0 = Instant::now();
+    let rep = merge(&s, MergeOptions::default()).unwrap();
+    let secs = t0.elapsed().as_secs_f64();
+    drop(s);
+    check(&std::fs::read(&work).unwrap());
+    let mib = rep.blocks_written as f64 * BS as f64 / (1 << 20) as f64;
+    (mib / secs, rep.ordered_windows)
+}
+
+fn bench_merge(dir: &Path, img: &[u8], blocks: u64, mib: u64, rounds: usize) -> serde_json::Value {
+    let bytes = blocks * BS as u64;
+    let dst = dir.join("copy.img");
+    std::fs::copy(dir.join("base.img"), &dst).unwrap();
+    let check_shift = |got: &[u8]| assert!(got[..BS] == img[BS..2 * BS], "merge result");
+    let check_extent = |got: &[u8]| assert!(got[..BS] == img[1024 * BS..1025 * BS], "merge result");
+    let mut copy = Vec::new();
+    let mut shift = Vec::new();
+    let mut extent = Vec::new();
+    let (mut shift_windows, mut extent_windows) = (0, 0);
+    for round in 0..rounds {
+        for j in 0..3 {
+            match (j + round) % 3 {
+                0 => copy.push(mib as f64 / sequential_copy(&dir.join("base.img"), &dst, bytes)),
+                1 => {
+                    let (m, w) = one_merge(dir, blocks, copy_cow, &check_shift);
+                    shift.push(m);
+                    shift_windows = w;
+                }
+                _ => {
+                    let (m, w) = one_merge(dir, blocks, extent_cow, &check_extent);
+                    extent.push(m);
+                    extent_windows = w;
+                }
+            }
+        }
+    }
+    let paired = |v: &[f64]| median(&(0..rounds).map(|r| v[r] / copy[r]).collect::<Vec<_>>());
+    serde_json::json!({
+        "copy_mib_s_rounds": copy, "copy_mib_s_median": median(&copy),
+        "shift1_merge_mib_s_rounds": shift, "shift1_merge_mib_s_median": median(&shift),
+        "shift1_windows": shift_windows,
+        "extent_merge_mib_s_rounds": extent, "extent_merge_mib_s_median": median(&extent),
+        "extent_windows": extent_windows,
+        "ratios": {
+            "goal": "merge vs sequential in-place copy >= 0.8",
+            "shift1_vs_copy": paired(&shift),
+            "extent_vs_copy": paired(&extent),
+        },
+    })
+}
+
+fn bench_fg(dir: &Path, blocks: u64) -> serde_json::Value {
+    let base = dir.join("base.img");
     let mut fg = serde_json::Map::new();
     for sched in [true, false] {
         let work = dir.join("fg-base.img");
@@ -285,8 +584,8 @@ fn main() {
             .unwrap(),
         );
         let mut read = |off: u64, buf: &mut [u8]| s.read(off, buf).unwrap();
-        qd1_reads(&mut read, blocks, 20_000, 3);
-        let (_, idle_p50, idle_p99) = qd1_reads(&mut read, blocks, 100_000, 4);
+        latencies(&mut read, &offsets(blocks, 20_000, 3));
+        let (idle_p50, idle_p99) = latencies(&mut read, &offsets(blocks, 100_000, 4));
         let done = AtomicBool::new(false);
         let (busy_p50, busy_p99, n, stats) = std::thread::scope(|sc| {
             let s2 = s.clone();
@@ -329,17 +628,5 @@ fn main() {
             }),
         );
     }
-    report.insert("fg_during_merge".into(), fg.into());
-    println!("{}", serde_json::to_string_pretty(&report).unwrap());
-    for f in [
-        "base.img",
-        "copy.cow",
-        "lz4.cow",
-        "merge-base.img",
-        "merge.cow",
-        "fg-base.img",
-        "fg.cow",
-    ] {
-        let _ = std::fs::remove_file(dir.join(f));
-    }
+    fg.into()
 }

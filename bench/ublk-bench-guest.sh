@@ -9,11 +9,11 @@ cp base.img /tmp/base.img          # tmpfs: every device reads the same page-cac
 for f in *.cow; do cp "$f" /tmp/; done
 fail=0
 run() { # NAME DEV
+    # warm-up pass over the device so every run sees a hot page cache of its backing files
+    dd if="$2" of=/dev/null bs=1M 2>/dev/null
     for qd in 1 32; do
-        # warm-up pass over the device so every run sees a hot page cache of its backing files
-        dd if="$2" of=/dev/null bs=1M 2>/dev/null
-        r=$(ublk-loadgen "$2" $qd "$SECS") || { echo "loadgen failed on $1"; fail=$((fail + 1)); }
-        echo "BENCH $1 $r"
+        res=$(ublk-loadgen "$2" $qd "$SECS") || { echo "loadgen failed on $1"; fail=$((fail + 1)); }
+        echo "BENCH $1 $res"
     done
 }
 k=0

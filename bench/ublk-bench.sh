@@ -9,10 +9,10 @@
 #                   replace-lz4 (compressible new data, lz4), replace-none (uncompressed REPLACE)
 # Reports IOPS and the VM's busy CPU time per I/O (server + kernel + load generator) and ratios
 # against loop. Under TCG (software emulation) absolute numbers are meaningless; ratios are not.
-# Env: SIZE_MB (64), SECS (3 per run), VM_SMP, VM_MEM. Output also saved in bench/results/.
+# Env: SIZE_MB (32), SECS (2 per run), ROUNDS (3), VM_SMP (1), VM_MEM. Output also saved in bench/results/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-SIZE_MB=${SIZE_MB:-64}
+SIZE_MB=${SIZE_MB:-32}
 SECS=${SECS:-2}
 ROUNDS=${ROUNDS:-3}
 # One vCPU by default: under TCG, cross-vCPU wake-ups cost milliseconds and swamp QD1 latency;

@@ -316,6 +316,12 @@ pub fn serve(
         (ctrl, cfg.path)
     };
 
+    // A recovered device keeps the request size limit it was created with.
+    let max_io = match ctrl.dev_info().max_io_buf_bytes {
+        0 => max_io,
+        m => m,
+    };
+
     // Files the kernel reads into request pages in zero-copy mode.
     let zero = File::open("/dev/zero").map_err(|err| Error::Io {
         what: "open /dev/zero",

@@ -51,7 +51,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     let qd: usize = a[2].parse()?;
     let secs: f64 = a[3].parse()?;
     let bs: usize = a.get(4).map_or(Ok(4096), |s| s.parse())?;
-    if qd == 0 || qd > 1024 || bs == 0 || bs % 512 != 0 {
+    if qd == 0 || qd > 1024 || bs == 0 || !bs.is_multiple_of(512) {
         return Err("QD must be 1..1024 and BS a multiple of 512".into());
     }
     let f = OpenOptions::new()

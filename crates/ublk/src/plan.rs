@@ -85,46 +85,6 @@ pub fn validate(plan: &[Segment], len: u32, nfiles: usize) -> bool {
     total == u64::from(len)
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn validate_checks_length_and_files() {
-        let p = [
-            Segment::File {
-                file: 0,
-                offset: 0,
-                len: 4096,
-            },
-            Segment::Zero { len: 4096 },
-        ];
-        assert!(validate(&p, 8192, 1));
-        assert!(!validate(&p, 4096, 1));
-        assert!(!validate(&p, 8192, 0));
-        assert!(validate(&[], 0, 0));
-    }
-
-    #[test]
-    fn file_planner_is_one_segment() {
-        let f = std::env::temp_dir().join(format!("snapblk-ublk-plan-{}", std::process::id()));
-        std::fs::write(&f, [1u8; 8192]).unwrap();
-        let p = FilePlanner::open(&f).unwrap();
-        let mut out = Vec::new();
-        p.plan(4096, 4096, &mut out).unwrap();
-        assert_eq!(
-            out,
-            vec![Segment::File {
-                file: 0,
-                offset: 4096,
-                len: 4096
-            }]
-        );
-        assert_eq!(p.files().len(), 1);
-        std::fs::remove_file(&f).unwrap();
-    }
-}
-
 /// Planner for a read-only snapshot (base + COW): unchanged blocks and COPY sources are read from
 /// the base file, uncompressed COW data from the COW file, zeros from /dev/zero, all by the kernel
 /// into the request's pages; compressed REPLACE and XOR blocks are decoded through the device
@@ -186,5 +146,45 @@ impl ReadPlanner for SnapshotPlanner {
             }
         });
         r.map_err(|e| snapblk_core::Error::new(e.errno(), e.to_string()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn validate_checks_length_and_files() {
+        let p = [
+            Segment::File {
+                file: 0,
+                offset: 0,
+                len: 4096,
+            },
+            Segment::Zero { len: 4096 },
+        ];
+        assert!(validate(&p, 8192, 1));
+        assert!(!validate(&p, 4096, 1));
+        assert!(!validate(&p, 8192, 0));
+        assert!(validate(&[], 0, 0));
+    }
+
+    #[test]
+    fn file_planner_is_one_segment() {
+        let f = std::env::temp_dir().join(format!("snapblk-ublk-plan-{}", std::process::id()));
+        std::fs::write(&f, [1u8; 8192]).unwrap();
+        let p = FilePlanner::open(&f).unwrap();
+        let mut out = Vec::new();
+        p.plan(4096, 4096, &mut out).unwrap();
+        assert_eq!(
+            out,
+            vec![Segment::File {
+                file: 0,
+                offset: 4096,
+                len: 4096
+            }]
+        );
+        assert_eq!(p.files().len(), 1);
+        std::fs::remove_file(&f).unwrap();
     }
 }

@@ -56,8 +56,8 @@ pub enum Plan {
     Replace,
 }
 
-/// Counts and sizes of what was generated.
-#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
+/// Counts and sizes of what was generated, and where the time went.
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize)]
 pub struct GenerateStats {
     pub new_blocks: u64,
     pub unchanged: u64,
@@ -70,7 +70,15 @@ pub struct GenerateStats {
     pub cycle_breaks: u64,
     pub xor_payload_bytes: u64,
     pub replace_payload_bytes: u64,
+    /// Bytes handed to the compressor: (REPLACE + XOR blocks) × block size.
+    pub compressed_input_bytes: u64,
     pub cow_bytes: u64,
+    /// Hashing the old image, classifying new blocks, choosing XOR sources.
+    pub seconds_plan: f64,
+    /// Merge ordering and cycle breaking.
+    pub seconds_order: f64,
+    /// The writer's share given the op list: XOR payloads, compression, writing, finalize.
+    pub seconds_write: f64,
 }
 
 /// Pass-through hasher for keys that already are good hashes.
@@ -392,11 +400,14 @@ pub fn generate<W: CowSink>(
 ) -> Result<GenerateStats> {
     let bs = opts.writer.block_size as usize;
     let new_blocks = new.len() / bs;
+    let t0 = std::time::Instant::now();
     let pb = bar(opts, new.len() as u64, "diffing");
     let tick = |n: u64| pb.inc(n * bs as u64);
     let mut plans = plan(old, new, opts, &tick)?;
     pb.finish_and_clear();
+    let t1 = std::time::Instant::now();
     let (seq, breaks) = order(&mut plans);
+    let t2 = std::time::Instant::now();
 
     let mut wopts = opts.writer;
     if wopts.op_count_max == 0 {
@@ -405,6 +416,8 @@ pub fn generate<W: CowSink>(
     let mut stats = GenerateStats {
         new_blocks: new_blocks as u64,
         cycle_breaks: breaks,
+        seconds_plan: (t1 - t0).as_secs_f64(),
+        seconds_order: (t2 - t1).as_secs_f64(),
         ..Default::default()
     };
     let mut w = CowWriter::new(sink, wopts)?;
@@ -529,5 +542,7 @@ pub fn generate<W: CowSink>(
         }
     }
     stats.cow_bytes = w.finalize()?;
+    stats.compressed_input_bytes = (stats.replace_blocks + stats.xor) * bs as u64;
+    stats.seconds_write = t2.elapsed().as_secs_f64();
     Ok(stats)
 }

@@ -176,8 +176,10 @@ const READ_VARIANTS: [&str; 5] = [
     "snapshot_api",
 ];
 
+type Reader = Box<dyn FnMut(u64, &mut [u8])>;
+
 /// A reader for one variant of the QD1 comparison. Owns whatever it opened.
-fn reader(variant: &str, base: &Path, cow: &Path) -> Box<dyn FnMut(u64, &mut [u8])> {
+fn reader(variant: &str, base: &Path, cow: &Path) -> Reader {
     let path = base.display().to_string();
     match variant {
         "none" => Box::new(|_, buf: &mut [u8]| {
@@ -437,7 +439,6 @@ fn bench_lz4(dir: &Path, blocks: u64, mib: u64, rounds: usize) -> serde_json::Va
             mibs[v].push(run(v, &mut big));
         }
     }
-    drop(run);
     // The driver returns the data the COW was made from.
     b.queue(0, false).unwrap().read_at(0, &mut big).unwrap();
     assert!(big[..] == data[..chunk], "lz4 read-back");

@@ -1,8 +1,10 @@
 //! The block map (new block → op) and read planning.
 //!
 //! Ops are held in *merge order* (format §9.2): the index of an op in [`SnapshotMap::ops`] is the
-//! value `num_merge_ops` is compared with. The block index is a sorted vector of block runs, each
-//! pointing at one op; duplicates are resolved first-wins in COW file order, as snapuserd does.
+//! value `num_merge_ops` is compared with. The block index is a dense vector (one `u32` op index
+//! per block: a lookup is one load) unless the device is much larger than the blocks the COW
+//! touches, then a sorted vector of block runs (binary search); duplicates are resolved
+//! first-wins in COW file order, as snapuserd does.
 
 use crate::error::{Result, SnapError};
 
@@ -125,6 +127,11 @@ impl Segment {
     }
 }
 
+/// Dense-index entry of a block no op writes.
+const NO_OP: u32 = u32::MAX;
+/// Blocks of dense index allowed beyond 4 per covered block (1 Mi blocks = 4 MiB of index).
+const DENSE_SLACK_BLOCKS: u64 = 1 << 20;
+
 #[derive(Debug, Clone, Copy)]
 struct Run {
     start: u64,
@@ -156,6 +163,8 @@ pub struct SnapshotMap {
     capacity: u64,
     ops: Vec<MapOp>,
     runs: Vec<Run>,
+    /// Op index per block ([`NO_OP`] = unchanged), when affordable.
+    dense: Option<Vec<u32>>,
     ordered_len: usize,
     order_error: Option<String>,
 }
@@ -201,6 +210,15 @@ impl SnapshotMap {
         }
         cover.sort_unstable();
         cover.dedup_by_key(|c| c.0);
+        // 4 bytes per device block: worth it unless the COW touches a tiny part of a huge device.
+        let dense =
+            (nblocks <= (cover.len() as u64).saturating_mul(4) + DENSE_SLACK_BLOCKS).then(|| {
+                let mut d = vec![NO_OP; nblocks as usize];
+                for &(b, _, i) in &cover {
+                    d[b as usize] = i;
+                }
+                d
+            });
         let mut runs: Vec<Run> = Vec::new();
         for (b, _, i) in cover {
             if let Some(r) = runs.last_mut()
@@ -230,6 +248,7 @@ impl SnapshotMap {
             capacity,
             ops,
             runs,
+            dense,
             ordered_len,
             order_error,
         })
@@ -257,7 +276,14 @@ impl SnapshotMap {
     }
 
     /// The op that defines `block` (after duplicate resolution), by merge index.
+    #[inline]
     pub fn lookup(&self, block: u64) -> Option<usize> {
+        if let Some(d) = &self.dense {
+            return match d.get(block as usize) {
+                Some(&i) if i != NO_OP => Some(i as usize),
+                _ => None,
+            };
+        }
         let i = self.runs.partition_point(|r| r.start <= block);
         let r = self.runs.get(i.checked_sub(1)?)?;
         (block < r.start + r.count).then_some(r.op as usize)
@@ -307,7 +333,9 @@ impl SnapshotMap {
         Ok(())
     }
 
-    fn block_segment(
+    /// The segment for `n` bytes at `skip` within `block` (the caller keeps them in the block).
+    #[inline]
+    pub(crate) fn block_segment(
         &self,
         view: &MergeView,
         overlay: &dyn Fn(u64) -> Option<u64>,
@@ -566,6 +594,43 @@ mod tests {
             ]
         );
         assert!(m.plan(7 * 4096, 4097).is_err());
+    }
+
+    #[test]
+    fn dense_and_run_indexes_agree() {
+        let mut rng = crate::rng::Rng::new(7);
+        let nb = 4096u64;
+        let ops: Vec<MapOp> = (0..600u32)
+            .map(|r| MapOp {
+                new_block: rng.below(nb - 4),
+                file_rank: rng.below(1000) as u32,
+                kind: if r % 3 == 0 {
+                    OpKind::Replace {
+                        payload: raw(0),
+                        blocks: 1 + rng.below(4) as u32,
+                    }
+                } else {
+                    OpKind::Copy { src: rng.below(nb) }
+                },
+            })
+            .collect();
+        let m = SnapshotMap::new(4096, nb * 4096, ops.clone()).unwrap();
+        assert!(m.dense.is_some(), "small device: dense index");
+        let mut runs_only = SnapshotMap::new(4096, nb * 4096, ops).unwrap();
+        runs_only.dense = None;
+        for b in 0..nb + 2 {
+            assert_eq!(m.lookup(b), runs_only.lookup(b), "block {b}");
+        }
+        // A huge device with a handful of ops keeps the run index only.
+        let sparse = vec![MapOp {
+            new_block: 5,
+            file_rank: 0,
+            kind: OpKind::Zero,
+        }];
+        let m = SnapshotMap::new(4096, (8u64 << 20) * 4096, sparse).unwrap();
+        assert!(m.dense.is_none());
+        assert_eq!(m.lookup(5), Some(0));
+        assert_eq!(m.lookup(6), None);
     }
 
     #[test]

@@ -12,9 +12,14 @@
 //!
 //! The policy lives in [`SchedCore`], a pure state machine driven with explicit timestamps, so it
 //! can be tested against a deterministic device model; [`Scheduler`] wraps it with a mutex, a
-//! condition variable and a monotonic clock.
+//! condition variable and a monotonic clock. The foreground path of [`Scheduler`] takes no lock
+//! and reads no clock (two atomic adds at admission, one at completion): background admission
+//! samples the foreground counters under its lock and feeds them to the core
+//! ([`SchedCore::observe_fg`]); a foreground burst that ended between two samples is dated at
+//! the later sample, which errs towards keeping the budget small a little longer.
 
 use serde::Serialize;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -103,6 +108,8 @@ pub struct SchedCore {
     last_fg_end: Option<u64>,
     bg_inflight: u64,
     last_budget: u64,
+    /// Foreground requests started as of the last [`SchedCore::observe_fg`].
+    fg_seen: u64,
     stats: SchedStats,
 }
 
@@ -121,6 +128,7 @@ impl SchedCore {
             last_fg_end: None,
             bg_inflight: 0,
             last_budget: cfg.max_budget,
+            fg_seen: 0,
             stats: SchedStats::default(),
         }
     }
@@ -179,6 +187,19 @@ impl SchedCore {
         self.last_fg_end = Some(now);
     }
 
+    /// Foreground state sampled at `now` by a lock-free front end: `inflight` requests active,
+    /// `started` requests begun so far (monotonic). Requests that began and ended since the last
+    /// sample count as having ended at `now`. Statistics are kept by the front end.
+    pub fn observe_fg(&mut self, now: u64, inflight: u32, started: u64) {
+        if inflight > 0 {
+            self.fg_inflight = inflight;
+        } else if self.fg_inflight > 0 || started != self.fg_seen {
+            self.fg_inflight = 0;
+            self.last_fg_end = Some(now);
+        }
+        self.fg_seen = started;
+    }
+
     /// Try to admit `bytes` of background I/O at `now`.
     pub fn bg_try_admit(&mut self, now: u64, bytes: u64) -> bool {
         let b = self.budget(now);
@@ -224,7 +245,14 @@ pub struct Scheduler {
     core: Mutex<SchedCore>,
     cv: Condvar,
     epoch: Instant,
+    /// Foreground requests in flight (low 24 bits) and started so far (high 40 bits): one
+    /// atomic add per admission and one per completion.
+    fg_state: AtomicU64,
+    fg_bytes: AtomicU64,
 }
+
+const FG_SHIFT: u32 = 24;
+const FG_STARTED_ONE: u64 = 1 << FG_SHIFT;
 
 impl Default for Scheduler {
     fn default() -> Self {
@@ -242,17 +270,12 @@ pub struct Ticket<'a> {
 
 impl Drop for Ticket<'_> {
     fn drop(&mut self) {
-        let now = self.sched.now();
-        let mut c = self.sched.lock();
-        if self.class.background() {
-            c.bg_end(self.bytes);
-        } else {
-            c.fg_end(now);
+        if !self.class.background() {
+            self.sched.fg_state.fetch_sub(1, Ordering::Release);
+            return;
         }
-        drop(c);
-        if self.class.background() {
-            self.sched.cv.notify_all();
-        }
+        self.sched.lock().bg_end(self.bytes);
+        self.sched.cv.notify_all();
     }
 }
 
@@ -263,6 +286,8 @@ impl Scheduler {
             core: Mutex::new(SchedCore::new(cfg)),
             cv: Condvar::new(),
             epoch: Instant::now(),
+            fg_state: AtomicU64::new(0),
+            fg_bytes: AtomicU64::new(0),
         }
     }
 
@@ -274,21 +299,31 @@ impl Scheduler {
         self.epoch.elapsed().as_nanos() as u64
     }
 
+    /// Feed the foreground counters to the core (called with the lock held).
+    fn sync_fg(&self, c: &mut SchedCore, now: u64) {
+        let st = self.fg_state.load(Ordering::Acquire);
+        c.observe_fg(now, (st & (FG_STARTED_ONE - 1)) as u32, st >> FG_SHIFT);
+    }
+
     /// Admit a request of `bytes` for `class`, waiting if it is background and over budget.
     pub fn admit(&self, class: IoClass, bytes: u64) -> Ticket<'_> {
-        let mut c = self.lock();
         if !class.background() {
-            c.fg_begin(bytes);
+            self.fg_state
+                .fetch_add(FG_STARTED_ONE + 1, Ordering::AcqRel);
+            // Statistics only.
+            self.fg_bytes.fetch_add(bytes, Ordering::Relaxed);
             return Ticket {
                 sched: self,
                 class,
                 bytes,
             };
         }
+        let mut c = self.lock();
         let start = self.now();
         let mut throttled = false;
         loop {
             let now = self.now();
+            self.sync_fg(&mut c, now);
             if c.bg_try_admit(now, bytes) {
                 let wait = now - start;
                 c.account(class, bytes, wait, throttled);
@@ -299,7 +334,8 @@ impl Scheduler {
                 };
             }
             throttled = true;
-            // Woken by background completions; the timeout re-evaluates budget growth.
+            // Woken by background completions; the timeout re-evaluates budget growth (and
+            // notices foreground activity, which does not signal the condition variable).
             let tick = Duration::from_nanos((c.config().idle_ns / 4).clamp(50_000, 5_000_000));
             c = self
                 .cv
@@ -312,12 +348,17 @@ impl Scheduler {
     /// The largest piece a background caller should issue now (the current budget).
     pub fn chunk(&self) -> u64 {
         let now = self.now();
-        self.lock().budget(now).max(4096)
+        let mut c = self.lock();
+        self.sync_fg(&mut c, now);
+        c.budget(now).max(4096)
     }
 
     /// Counters so far.
     pub fn stats(&self) -> SchedStats {
-        self.lock().stats()
+        let mut st = self.lock().stats();
+        st.foreground.requests = self.fg_state.load(Ordering::Relaxed) >> FG_SHIFT;
+        st.foreground.bytes = self.fg_bytes.load(Ordering::Relaxed);
+        st
     }
 
     /// The configuration in force.

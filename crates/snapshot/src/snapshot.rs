@@ -333,38 +333,46 @@ impl Snapshot {
 
     /// Read through the snapshot with an explicit I/O class (readahead uses its own).
     pub fn read_class(&self, class: IoClass, offset: u64, buf: &mut [u8]) -> Result<()> {
+        let view = self.lock_view();
+        let len = buf.len() as u64;
+        let bs = self.map.block_size();
+        let ov = self.overlay.as_ref().filter(|o| !o.is_empty());
+        // Reads inside one block (the 4 KiB random-read case) have a one-segment plan: build it
+        // on the stack.
+        if len > 0
+            && offset % bs + len <= bs
+            && offset
+                .checked_add(len)
+                .is_some_and(|e| e <= self.capacity())
+        {
+            let (block, skip) = (offset / bs, offset % bs);
+            let seg = match ov {
+                Some(o) => self
+                    .map
+                    .block_segment(&view, &|b| o.lookup(b), block, skip, len),
+                None => self.map.block_segment(&view, &|_| None, block, skip, len),
+            };
+            return self.execute(class, &view, std::slice::from_ref(&seg), buf);
+        }
         thread_local! {
-            // Reused plan buffer: keeps the 4 KiB read path free of allocations.
+            // Reused plan buffer: keeps larger reads free of allocations.
             static SEGS: std::cell::RefCell<Vec<Segment>> = const { std::cell::RefCell::new(Vec::new()) };
         }
+        let mut run = |segs: &mut Vec<Segment>| {
+            segs.clear();
+            match ov {
+                Some(o) => self
+                    .map
+                    .plan_into(&view, &|b| o.lookup(b), offset, len, segs)?,
+                None => self.map.plan_into(&view, &|_| None, offset, len, segs)?,
+            }
+            self.execute(class, &view, segs, buf)
+        };
         SEGS.with(|cell| match cell.try_borrow_mut() {
-            Ok(mut segs) => {
-                segs.clear();
-                self.read_planned(class, offset, buf, &mut segs)
-            }
+            Ok(mut segs) => run(&mut segs),
             // Re-entered (a decoder reading through the snapshot): use a fresh buffer.
-            Err(_) => self.read_planned(class, offset, buf, &mut Vec::new()),
+            Err(_) => run(&mut Vec::new()),
         })
-    }
-
-    fn read_planned(
-        &self,
-        class: IoClass,
-        offset: u64,
-        buf: &mut [u8],
-        segs: &mut Vec<Segment>,
-    ) -> Result<()> {
-        let view = self.lock_view();
-        match &self.overlay {
-            Some(o) if !o.is_empty() => {
-                self.map
-                    .plan_into(&view, &|b| o.lookup(b), offset, buf.len() as u64, segs)?
-            }
-            _ => self
-                .map
-                .plan_into(&view, &|_| None, offset, buf.len() as u64, segs)?,
-        }
-        self.execute(class, &view, segs, buf)
     }
 
     /// Execute a plan into `buf` (whose length is the plan's total).

@@ -69,6 +69,7 @@ done
 cold_run "variant snapblk warm qd1" "$SB" readahead warm -r "$TREE" --json -q 1
 cold_run "variant snapblk warm qd8" "$SB" readahead warm -r "$TREE" --json -q 8
 cold_run "variant snapblk warm fadvise" "$SB" readahead warm -r "$TREE" --json --method fadvise
+cold_run "variant snapblk warm uring qd16 x2 threads" "$SB" readahead warm -r "$TREE" --json --method uring -q 16
 cold_run "variant snapblk warm pread qd4" "$SB" readahead warm -r "$TREE" --json --method pread
 cold_run "variant snapblk warm chunk 512K" "$SB" readahead warm -r "$TREE" --json --chunk 512K
 cold_run "variant snapblk warm ioprio be, nice none" "$SB" readahead warm -r "$TREE" --json --ioprio be --nice none

@@ -4,6 +4,10 @@
 # tool order alternating; prints median IOPS and mean latency of both tools and their ratios.
 # Then the tools' own overhead: snapblk's `null` driver vs fio's null engine.
 #
+# fio runs with the kernel data path snapblk's io_uring driver uses (registered file, registered
+# buffers, non-vectored READ/WRITE: FIO_URING_OPTS), so the comparison is between the two
+# measuring tools, not between two ways of driving io_uring.
+#
 # Usage (root for zram): bash bench/fio-agreement.sh          (env: ROUNDS=3 RUNTIME=5 RAMP=1
 #   SIZE=1G SNAPBLK=target/release/snapblk ZRAM_WAIT=600 OUT=fio-agreement.md)
 # Needs: fio (Debian package), python3. zram0 is configured only if its disksize is 0 (and reset
@@ -17,6 +21,7 @@ SIZE=${SIZE:-1G}
 SNAPBLK=${SNAPBLK:-target/release/snapblk}
 ZRAM_WAIT=${ZRAM_WAIT:-600}
 OUT=${OUT:-}
+FIO_URING_OPTS=${FIO_URING_OPTS:---fixedbufs --registerfiles --nonvectored=1}
 command -v fio >/dev/null || { echo "fio missing (apt-get install fio)" >&2; exit 1; }
 command -v python3 >/dev/null || { echo "python3 missing" >&2; exit 1; }
 [ -x "$SNAPBLK" ] || cargo build --release -p snapblk-cli >&2
@@ -70,6 +75,8 @@ results="$work/results.tsv"
 run_fio() {
   local tname=$1 pname=$2 file=$3 rw=$4 bs=$5 qd=$6 engine=$7 round=$8
   local extra=(--direct=1 --filename="$file")
+  # shellcheck disable=SC2206 # word splitting of the option list is intended
+  [ "$engine" = io_uring ] && extra+=($FIO_URING_OPTS)
   [ "$engine" = null ] && extra=()
   fio --name=agree --rw="$rw" --bs="$bs" --iodepth="$qd" --numjobs=1 --ioengine="$engine" \
       --size="$SIZE" --time_based --runtime="$RUNTIME" --ramp_time="$RAMP" --group_reporting \

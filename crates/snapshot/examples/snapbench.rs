@@ -1,6 +1,6 @@
 //! Snapshot benchmarks (run by bench/snapshot-bench.sh; put the files on tmpfs or zram).
 //!
-//! usage: snapbench DIR [MiB] [ROUNDS]
+//! usage: snapbench DIR [MiB] [ROUNDS] [SECTIONS]   (SECTIONS: copy,lz4,merge,fg = all)
 //!        snapbench --prepare DIR MiB          (write base.img + copy.cow + lz4.cow only)
 //!        snapbench --ir DIR VARIANT N         (N reads of a prepared DIR; for callgrind)
 //!
@@ -240,6 +240,33 @@ fn ir_mode(dir: &Path, variant: &str, n: usize) {
     } else {
         dir.join("copy.cow")
     };
+    // lz4seq_*: N sequential 1 MiB reads (wrapping) of the lz4 COW.
+    if let Some(v) = variant.strip_prefix("lz4seq_") {
+        let chunk = 1u64 << 20;
+        let chunks = blocks * BS as u64 / chunk;
+        let mut big = vec![0u8; chunk as usize];
+        if v == "decode_1m" {
+            let bytes = std::fs::read(&cow).unwrap();
+            let reader = snapblk_cow::CowReader::open(bytes.as_slice()).unwrap();
+            let payloads: Vec<_> = reader.data_ops().map(|op| op.payload().unwrap()).collect();
+            let per = chunk as usize / BS;
+            for i in 0..n {
+                let c = i % chunks as usize;
+                for (k, p) in payloads[c * per..(c + 1) * per].iter().enumerate() {
+                    let s = &bytes[p.offset as usize..(p.offset + p.len as u64) as usize];
+                    snapblk_cow::codec::decompress(p.codec, s, &mut big[k * BS..(k + 1) * BS])
+                        .unwrap();
+                }
+            }
+        } else {
+            let mut r = reader(v, &base, &cow);
+            for i in 0..n as u64 {
+                r(i % chunks * chunk, &mut big);
+            }
+        }
+        std::hint::black_box(&big);
+        return;
+    }
     let v = variant.strip_prefix("lz4_").unwrap_or(variant);
     let mut r = reader(v, &base, &cow);
     let mut buf = vec![0u8; BS];
@@ -268,6 +295,11 @@ fn main() {
     );
     let mib: u64 = args.get(2).and_then(|s| s.parse().ok()).unwrap_or(256);
     let rounds: usize = args.get(3).and_then(|s| s.parse().ok()).unwrap_or(5).max(1);
+    let only = args
+        .get(4)
+        .map(String::as_str)
+        .unwrap_or("copy,lz4,merge,fg");
+    let want = |s: &str| only.split(',').any(|o| o == s);
     prepare(&dir, mib);
     let blocks = mib * 256;
     let base = dir.join("base.img");
@@ -277,10 +309,18 @@ fn main() {
     report.insert("rounds".into(), rounds.into());
     report.insert("dir".into(), dir.display().to_string().into());
 
-    report.insert("copy_qd1".into(), bench_copy_qd1(&dir, blocks, rounds));
-    report.insert("lz4".into(), bench_lz4(&dir, blocks, mib, rounds));
-    report.insert("merge".into(), bench_merge(&dir, &img, blocks, mib, rounds));
-    report.insert("fg_during_merge".into(), bench_fg(&dir, blocks));
+    if want("copy") {
+        report.insert("copy_qd1".into(), bench_copy_qd1(&dir, blocks, rounds));
+    }
+    if want("lz4") {
+        report.insert("lz4".into(), bench_lz4(&dir, blocks, mib, rounds));
+    }
+    if want("merge") {
+        report.insert("merge".into(), bench_merge(&dir, &img, blocks, mib, rounds));
+    }
+    if want("fg") {
+        report.insert("fg_during_merge".into(), bench_fg(&dir, blocks));
+    }
     println!("{}", serde_json::to_string_pretty(&report).unwrap());
     for f in [
         "base.img",

@@ -410,11 +410,23 @@ impl Snapshot {
                 }
                 Segment::Zero { .. } => dst.fill(0),
                 Segment::Decoded { payload, skip, .. } => {
-                    let unit = self.unit(class, &payload)?;
-                    let src = unit
-                        .get(skip as usize..skip as usize + n)
-                        .ok_or_else(|| short(&payload))?;
-                    dst.copy_from_slice(src);
+                    if skip == 0 && n == payload.unit_len as usize {
+                        // A whole unit: copy it from the cache if it is there, else decode
+                        // straight into the request buffer (not cached: read whole, it is
+                        // unlikely to be read again soon, and the page cache above us keeps it).
+                        match self.cache.get(payload.offset) {
+                            Some(u) => {
+                                dst.copy_from_slice(u.get(..n).ok_or_else(|| short(&payload))?)
+                            }
+                            None => self.decode_into(class, &payload, dst)?,
+                        }
+                    } else {
+                        let unit = self.unit(class, &payload)?;
+                        let src = unit
+                            .get(skip as usize..skip as usize + n)
+                            .ok_or_else(|| short(&payload))?;
+                        dst.copy_from_slice(src);
+                    }
                 }
                 Segment::Xor {
                     base_offset,
@@ -422,16 +434,16 @@ impl Snapshot {
                     skip,
                     ..
                 } => {
-                    let bs = self.map.block_size() as usize;
-                    let mut block = vec![0u8; bs];
-                    self.io.read(class, Dev::Base, base_offset, &mut block)?;
+                    // Only the bytes asked for: base bytes straight into the buffer, then XOR
+                    // with the (cached) payload.
+                    self.io
+                        .read(class, Dev::Base, base_offset + skip as u64, dst)?;
                     let unit = self.unit(class, &payload)?;
-                    let pl = unit.get(..bs).ok_or_else(|| short(&payload))?;
-                    for (d, (a, b)) in dst
-                        .iter_mut()
-                        .zip(block[skip as usize..].iter().zip(&pl[skip as usize..]))
-                    {
-                        *d = a ^ b;
+                    let pl = unit
+                        .get(skip as usize..skip as usize + n)
+                        .ok_or_else(|| short(&payload))?;
+                    for (d, p) in dst.iter_mut().zip(pl) {
+                        *d ^= p;
                     }
                 }
                 Segment::Staged { slot, skip, .. } => {
@@ -481,8 +493,20 @@ impl Snapshot {
         };
         let start = first.offset;
         let end = last.offset + last.stored_len as u64;
-        let mut src = vec![0u8; (end - start) as usize];
-        self.io.read(class, Dev::Cow, start, &mut src)?;
+        with_scratch((end - start) as usize, |src| {
+            self.decode_run_from(class, segs, start, src, buf)
+        })
+    }
+
+    fn decode_run_from(
+        &self,
+        class: IoClass,
+        segs: &[Segment],
+        start: u64,
+        src: &mut [u8],
+        buf: &mut [u8],
+    ) -> Result<usize> {
+        self.io.read(class, Dev::Cow, start, src)?;
         let mut pos = 0usize;
         for s in segs {
             if let Segment::Decoded {
@@ -538,14 +562,15 @@ impl Snapshot {
                 msg: format!("payload of {} bytes", p.stored_len),
             });
         }
-        let mut src = vec![0u8; p.stored_len as usize];
-        self.io.read(class, Dev::Cow, p.offset, &mut src)?;
-        self.decoder
-            .decode(p.codec, &src, out)
-            .map_err(|msg| SnapError::Decode {
-                offset: p.offset,
-                msg,
-            })
+        with_scratch(p.stored_len as usize, |src| {
+            self.io.read(class, Dev::Cow, p.offset, src)?;
+            self.decoder
+                .decode(p.codec, src, out)
+                .map_err(|msg| SnapError::Decode {
+                    offset: p.offset,
+                    msg,
+                })
+        })
     }
 
     /// The new content of op `i`'s first block computed from the base as it was before the merge
@@ -605,6 +630,25 @@ impl Snapshot {
         }
         Ok(())
     }
+}
+
+/// Run `f` on a per-thread reusable buffer of `len` bytes (compressed payload bytes read from the
+/// COW): no allocation or zeroing per request once the buffer has grown.
+fn with_scratch<R>(len: usize, f: impl FnOnce(&mut [u8]) -> R) -> R {
+    thread_local! {
+        static BUF: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+    }
+    // Keep at most a few MiB per thread (runs are bounded by `whole_unit_run`).
+    const KEEP: usize = 8 << 20;
+    BUF.with(|cell| match cell.try_borrow_mut() {
+        Ok(mut v) if len <= KEEP => {
+            if v.len() < len {
+                v.resize(len, 0);
+            }
+            f(&mut v[..len])
+        }
+        _ => f(&mut vec![0u8; len]),
+    })
 }
 
 fn short(p: &Payload) -> SnapError {

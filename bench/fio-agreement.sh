@@ -34,6 +34,9 @@ cleanup() {
   if [ "$zram_set" = 1 ]; then echo 1 > /sys/block/zram0/reset || true; fi
 }
 trap cleanup EXIT
+# A private copy: a concurrent `cargo build` may replace target/release/snapblk mid-run.
+cp "$SNAPBLK" "$work/snapblk"
+SNAPBLK=$work/snapblk
 
 # name rw bs iodepth
 PATTERNS=(

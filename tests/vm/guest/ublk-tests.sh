@@ -67,6 +67,9 @@ for mode in $MODES; do
         if [ $snapshot_ok = 1 ]; then
             if start_server "$name" --base "$c/base.img" --cow "$c/snapshot.cow" --ublk-mode "$mode"; then
                 check "$mode snapshot $name: equals target.img" cmp "$DEV" "$c/target.img"
+                if [ "$mode" = zero-copy ]; then
+                    check "$mode snapshot $name: reads use the zero-copy planner" grep -q '"planned_reads":true' "$OUT"
+                fi
                 check "$mode snapshot $name: clean stop" stop_server
             elif grep -q 'Unknown driver name' "$ERR"; then
                 echo "NOTRUN: snapshot golden cases (the snapshot driver is not registered in this build)"
@@ -76,6 +79,36 @@ for mode in $MODES; do
             fi
         fi
     done
+done
+
+# ---------------------------------------------------------------- user copy, discard
+for name in v2_basic_none v3_multiblock_lz4_64k v2_xor_seq_lz4; do
+    c=/test/data/$name
+    if start_server "$name" --base "$c/base.img" --cow "$c/snapshot.cow" --ublk-mode user-copy; then
+        check "user-copy snapshot $name: equals target.img" cmp "$DEV" "$c/target.img"
+        check "user-copy snapshot $name: clean stop" stop_server
+    else
+        bad "user-copy snapshot $name: server start"
+    fi
+done
+dd if=/dev/urandom of=/tmp/disc.img bs=1M count=4 2>/dev/null
+cp /tmp/disc.img /tmp/disc.orig
+for mode in $MODES; do
+    cp /tmp/disc.orig /tmp/disc.img
+    if start_server discard /tmp/disc.img --ublk-mode "$mode"; then
+        check "$mode discard: blkdiscard of 1 MiB succeeds" blkdiscard -o 1048576 -l 1048576 "$DEV"
+        a=$(dd if="$DEV" bs=1M count=1 iflag=direct 2>/dev/null | md5); b=$(dd if=/tmp/disc.orig bs=1M count=1 2>/dev/null | md5)
+        check "$mode discard: data before the range unchanged" [ "$a" = "$b" ]
+        a=$(dd if="$DEV" bs=1M skip=2 count=2 iflag=direct 2>/dev/null | md5); b=$(dd if=/tmp/disc.orig bs=1M skip=2 count=2 2>/dev/null | md5)
+        check "$mode discard: data after the range unchanged" [ "$a" = "$b" ]
+        dd if=/dev/urandom of=/tmp/w bs=64k count=3 2>/dev/null
+        dd if=/tmp/w of="$DEV" bs=64k seek=5 oflag=direct conv=fsync 2>/dev/null
+        check "$mode write: O_DIRECT write reads back" [ "$(dd if="$DEV" bs=64k skip=5 count=3 iflag=direct 2>/dev/null | md5)" = "$(md5 < /tmp/w)" ]
+        check "$mode discard: clean stop" stop_server
+        check "$mode write: data landed in the file" [ "$(dd if=/tmp/disc.img bs=64k skip=5 count=3 2>/dev/null | md5)" = "$(md5 < /tmp/w)" ]
+    else
+        bad "$mode discard: server start"
+    fi
 done
 
 # ---------------------------------------------------------------- ext4

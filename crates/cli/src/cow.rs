@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result, bail};
 use clap::{Subcommand, ValueEnum};
-use snapblk_cow::generate::{GenerateOptions, generate};
+use snapblk_cow::generate::{GenerateOptions, compute_ops, write_ops};
 use snapblk_cow::tools::{self, load_image, progress_bar};
 use snapblk_cow::{Codec, Compression, CowReader, OpenOptions, ReadAt, WriterOptions};
 
@@ -82,6 +82,11 @@ pub enum CowCmd {
         /// Print statistics as JSON.
         #[arg(long)]
         json: bool,
+        /// Benchmarking: after creating the COW, write it again from the computed op list with
+        /// every payload encoded by the writer stage, and report that time
+        /// (`seconds_writer_only`; the file is the same).
+        #[arg(long)]
+        time_writer: bool,
     },
     /// Show header, op counts by type and codec, sizes and the merge order.
     Inspect {
@@ -136,6 +141,7 @@ pub fn run(c: CowCmd) -> Result<()> {
             no_sequence,
             threads,
             json,
+            time_writer,
         } => {
             let t0 = std::time::Instant::now();
             let old_img =
@@ -173,11 +179,26 @@ pub fn run(c: CowCmd) -> Result<()> {
                 .open(&out)
                 .with_context(|| format!("create {}", out.display()))?;
             let t = std::time::Instant::now();
-            let stats = generate(&old_img, &new_img, &f, &opts).context("create COW")?;
+            let ops = compute_ops(&old_img, &new_img, &opts).context("create COW")?;
+            let stats =
+                write_ops(&old_img, &new_img, &ops, &f, &opts, true).context("create COW")?;
             let secs = t.elapsed().as_secs_f64();
+            let writer_only = if time_writer {
+                let again = write_ops(&old_img, &new_img, &ops, &f, &opts, false)
+                    .context("create COW (writer timing run)")?;
+                if again.cow_bytes != stats.cow_bytes {
+                    bail!("internal: writer timing run wrote a different file size");
+                }
+                Some(again.seconds_write)
+            } else {
+                None
+            };
             if json {
                 let mut v = serde_json::to_value(&stats)?;
                 v["seconds_generate"] = secs.into();
+                if let Some(w) = writer_only {
+                    v["seconds_writer_only"] = w.into();
+                }
                 v["seconds_total"] = t0.elapsed().as_secs_f64().into();
                 v["threads"] = snapblk_cow::generate::threads(threads).into();
                 outln!("{}", serde_json::to_string_pretty(&v)?);

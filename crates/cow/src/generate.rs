@@ -51,7 +51,8 @@ pub enum Plan {
     Unchanged,
     Zero,
     Copy(u64),
-    /// XOR against old block (aligned); payload encoded later.
+    /// XOR against the old image's bytes from this byte offset (any alignment: data that moved
+    /// by a non-block amount reads two old blocks); payload encoded later.
     Xor(u64),
     Replace,
 }
@@ -108,7 +109,56 @@ pub fn threads(n: usize) -> usize {
     }
 }
 
-/// Run `f(i)` for i in 0..n on `t` threads, chunked dynamically; results in index order.
+/// Run `f(state, i)` for i in 0..n on `t` threads, chunked dynamically, with one `init()`
+/// state per thread (scratch buffers); results in index order.
+fn par_map_with<S, T: Send, I: Fn() -> S + Sync, F: Fn(&mut S, usize) -> T + Sync>(
+    n: usize,
+    t: usize,
+    chunk: usize,
+    init: I,
+    f: F,
+    tick: &(dyn Fn(u64) + Sync),
+) -> Vec<T> {
+    let next = AtomicUsize::new(0);
+    let work = || {
+        let mut st = init();
+        let mut mine = Vec::new();
+        loop {
+            let start = next.fetch_add(chunk, Ordering::Relaxed);
+            if start >= n {
+                break;
+            }
+            let end = (start + chunk).min(n);
+            mine.push((
+                start,
+                (start..end).map(|i| f(&mut st, i)).collect::<Vec<T>>(),
+            ));
+            tick((end - start) as u64);
+        }
+        mine
+    };
+    let mut parts: Vec<(usize, Vec<T>)> = if t <= 1 || n <= chunk {
+        work()
+    } else {
+        std::thread::scope(|s| {
+            let hs: Vec<_> = (1..t).map(|_| s.spawn(work)).collect();
+            // The calling thread works too instead of waiting.
+            let mut all = work();
+            for h in hs {
+                all.extend(h.join().unwrap_or_default());
+            }
+            all
+        })
+    };
+    parts.sort_by_key(|p| p.0);
+    let mut out = Vec::with_capacity(n);
+    for p in parts {
+        out.extend(p.1);
+    }
+    out
+}
+
+/// [`par_map_with`] without per-thread state.
 fn par_map<T: Send, F: Fn(usize) -> T + Sync>(
     n: usize,
     t: usize,
@@ -116,47 +166,114 @@ fn par_map<T: Send, F: Fn(usize) -> T + Sync>(
     f: F,
     tick: &(dyn Fn(u64) + Sync),
 ) -> Vec<T> {
-    let next = AtomicUsize::new(0);
-    let mut parts: Vec<(usize, Vec<T>)> = std::thread::scope(|s| {
-        let hs: Vec<_> = (0..t.max(1))
-            .map(|_| {
-                s.spawn(|| {
-                    let mut mine = Vec::new();
-                    loop {
-                        let start = next.fetch_add(chunk, Ordering::Relaxed);
-                        if start >= n {
-                            break;
-                        }
-                        let end = (start + chunk).min(n);
-                        mine.push((start, (start..end).map(&f).collect::<Vec<T>>()));
-                        tick((end - start) as u64);
-                    }
-                    mine
-                })
-            })
-            .collect();
-        hs.into_iter()
-            .flat_map(|h| h.join().unwrap_or_default())
-            .collect()
-    });
-    parts.sort_by_key(|p| p.0);
-    parts.into_iter().flat_map(|p| p.1).collect()
+    par_map_with(n, t, chunk, || (), |_, i| f(i), tick)
 }
 
 fn blk_of(img: &[u8], bs: usize, i: usize) -> &[u8] {
     &img[i * bs..(i + 1) * bs]
 }
 
-fn is_zero(b: &[u8]) -> bool {
-    // Compare in u64 words for speed; block sizes are multiples of 8.
-    b.chunks_exact(8)
-        .all(|c| u64::from_ne_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]) == 0)
+#[inline(always)]
+fn word(c: &[u8]) -> u64 {
+    u64::from_ne_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]])
 }
 
+fn is_zero(b: &[u8]) -> bool {
+    // Compare in u64 words for speed; block sizes are multiples of 8.
+    b.chunks_exact(8).all(|c| word(c) == 0)
+}
+
+/// How many byte positions hold the same value in `a` and `b`.
+fn equal_bytes(a: &[u8], b: &[u8]) -> usize {
+    // 128-byte chunks: per-chunk u8 sums cannot overflow, and the loop vectorizes.
+    let mut n = 0usize;
+    for (x, y) in a.chunks(128).zip(b.chunks(128)) {
+        n += usize::from(
+            x.iter()
+                .zip(y)
+                .map(|(p, q)| u8::from(p == q))
+                .fold(0u8, |s, e| s.wrapping_add(e)),
+        );
+    }
+    n
+}
+
+/// Cheap pre-filter before trial-compressing an XOR: at least a quarter equal bytes.
 fn similar(a: &[u8], b: &[u8]) -> bool {
-    // Cheap pre-filter before trial-compressing an XOR: at least a quarter equal bytes.
-    let eq = a.iter().zip(b).filter(|(x, y)| x == y).count();
-    eq * 4 >= a.len()
+    equal_bytes(a, b) * 4 >= a.len()
+}
+
+/// Where a changed block's bytes may come from when its data moved by a non-block amount:
+/// look for a 32-byte sample of `nb` in the old image around byte offset `around`
+/// (± one block). Returns the source byte offset of the whole block.
+fn find_shifted(old: &[u8], nb: &[u8], around: usize) -> Option<usize> {
+    let bs = nb.len();
+    let mid = bs / 2;
+    let needle = &nb[mid..mid + 32];
+    if needle.iter().all(|&b| b == needle[0]) {
+        return None; // runs of one byte match everywhere
+    }
+    let lo = around.saturating_sub(bs) + mid;
+    let hi = (around + 2 * bs).min(old.len());
+    if lo + 32 > hi {
+        return None;
+    }
+    let pos = memchr::memmem::find(&old[lo..hi], needle)?;
+    let src = lo + pos - mid;
+    (src + bs <= old.len()).then_some(src)
+}
+
+/// Payloads encoded while choosing XOR sources, reused by the writer stage when the trial
+/// codec is the file's codec (lz4, one-block units): `(is_xor, bytes)` per new block.
+type Cache = Vec<Option<(bool, Vec<u8>)>>;
+
+/// The stored payload for a trial encoding of `n` bytes in `buf` (raw when not smaller).
+fn encoded_bytes(buf: &[u8], n: usize, raw: &[u8]) -> Vec<u8> {
+    if n < raw.len() {
+        buf[..n].to_vec()
+    } else {
+        raw.to_vec()
+    }
+}
+
+/// Compressed size of one block with lz4 (the XOR trial codec), raw size if not smaller.
+fn lz4_size(buf: &mut Vec<u8>, data: &[u8]) -> usize {
+    buf.resize(lz4_flex::block::get_maximum_output_size(data.len()), 0);
+    match lz4_flex::block::compress_into(data, buf) {
+        Ok(n) => n.min(data.len()),
+        Err(_) => data.len(),
+    }
+}
+
+/// XOR source candidate for changed block `i` from the displacement `last` of the nearest
+/// COPY run (≤ 16 blocks back) or of a shifted match found for an earlier changed block.
+fn locality_candidate(
+    old: &[u8],
+    new: &[u8],
+    bs: usize,
+    i: usize,
+    last: &mut Option<(usize, isize)>,
+) -> Option<usize> {
+    let (j, d) = (*last)?;
+    if i - j > 16 {
+        return None;
+    }
+    let nb = blk_of(new, bs, i);
+    let at = (i * bs) as isize + d;
+    if at < 0 {
+        return None;
+    }
+    let at = at as usize;
+    if at + bs <= old.len() && at != i * bs && similar(nb, &old[at..at + bs]) {
+        *last = Some((i, d));
+        return Some(at);
+    }
+    let src = find_shifted(old, nb, at)?;
+    if src != i * bs && equal_bytes(nb, &old[src..src + bs]) * 2 >= bs {
+        *last = Some((i, src as isize - (i * bs) as isize));
+        return Some(src);
+    }
+    None
 }
 
 /// Decide ops for every new block. `old`/`new` are raw images.
@@ -166,6 +283,15 @@ pub fn plan(
     opts: &GenerateOptions,
     progress: &(dyn Fn(u64) + Sync),
 ) -> Result<Vec<Plan>> {
+    plan_cached(old, new, opts, progress).map(|p| p.0)
+}
+
+fn plan_cached(
+    old: &[u8],
+    new: &[u8],
+    opts: &GenerateOptions,
+    progress: &(dyn Fn(u64) + Sync),
+) -> Result<(Vec<Plan>, Cache)> {
     let bs = opts.writer.block_size as usize;
     if !new.len().is_multiple_of(bs) || !old.len().is_multiple_of(bs) {
         return Err(CowError::InvalidArgument(format!(
@@ -213,111 +339,150 @@ pub fn plan(
         },
         progress,
     );
+    drop(index);
+    let mut cache: Cache = Vec::new();
     if opts.xor && opts.writer.codec.algo != Compression::None {
-        // Candidate from locality: a nearby COPY run that moved data by a fixed distance.
-        let mut cand: Vec<Option<u64>> = vec![None; new_blocks];
-        let mut last: Option<(usize, u64)> = None;
-        for (i, p) in plans.iter().enumerate() {
-            match *p {
-                Plan::Copy(s) => last = Some((i, s)),
-                Plan::Replace => {
-                    if let Some((j, s)) = last
-                        && i - j <= 16
-                    {
-                        let c = s + (i - j) as u64;
-                        if (c as usize) < old_blocks && c != i as u64 {
-                            cand[i] = Some(c);
+        // Candidate from locality: the displacement (in bytes, any alignment) of the nearest
+        // COPY run before the block, or of a shifted match found for an earlier changed block.
+        // Chunks are scanned in parallel; a chain of shifted matches restarts at a chunk edge.
+        const SPAN: usize = 4096;
+        let plans_ref = &plans;
+        let cand: Vec<Option<usize>> = par_map(
+            new_blocks.div_ceil(SPAN),
+            t,
+            1,
+            |c| {
+                let (start, end) = (c * SPAN, ((c + 1) * SPAN).min(new_blocks));
+                let mut out = vec![None; end - start];
+                let mut last: Option<(usize, isize)> = None;
+                for i in start.saturating_sub(16)..end {
+                    match plans_ref[i] {
+                        Plan::Copy(s) => last = Some((i, (s as isize - i as isize) * bs as isize)),
+                        Plan::Unchanged => last = Some((i, 0)),
+                        Plan::Replace if i >= start => {
+                            out[i - start] = locality_candidate(old, new, bs, i, &mut last);
                         }
+                        _ => {}
                     }
                 }
-                _ => {}
-            }
-        }
+                out
+            },
+            &noop,
+        )
+        .into_iter()
+        .flatten()
+        .collect();
         let codec = opts.writer.codec;
-        let ver = opts.writer.version;
-        let bsz = opts.writer.block_size;
-        let decided = par_map(
+        let w = &opts.writer;
+        // With lz4 and one-block units the trial encodings are the real payloads: keep them.
+        let reuse = codec.algo == Compression::Lz4
+            && (w.version < 3 || w.max_compression_size == w.block_size || w.cluster_ops == 0);
+        let decided = par_map_with(
             new_blocks,
             t,
             1024,
-            |i| {
+            || (vec![0u8; bs], Vec::new(), Vec::new()),
+            |(x, buf, best_buf), i| {
                 if plans[i] != Plan::Replace {
-                    return None;
+                    return (None, None);
                 }
                 let nb = blk_of(new, bs, i);
-                let mut cands = Vec::with_capacity(2);
-                if i < old_blocks {
-                    cands.push(i as u64);
+                let mut cands = [None, None];
+                if i < old_blocks && similar(nb, blk_of(old, bs, i)) {
+                    cands[0] = Some(i * bs);
                 }
-                if let Some(c) = cand[i] {
-                    cands.push(c);
+                if cand[i] != cands[0] {
+                    cands[1] = cand[i];
                 }
-                let cands: Vec<u64> = cands
-                    .into_iter()
-                    .filter(|&c| similar(nb, blk_of(old, bs, c as usize)))
-                    .collect();
-                if cands.is_empty() {
-                    return None;
+                if cands == [None, None] {
+                    return (None, None);
                 }
-                let rep = encode_unit(codec, ver, bsz, bsz, nb).bytes.len();
-                let mut best: Option<(usize, u64)> = None;
-                let mut x = vec![0u8; bs];
-                for c in cands {
-                    let ob = blk_of(old, bs, c as usize);
-                    for k in 0..bs {
-                        x[k] = nb[k] ^ ob[k];
+                let rep = lz4_size(buf, nb);
+                let keep_rep = reuse.then(|| encoded_bytes(buf, rep, nb));
+                let mut best: Option<(usize, usize)> = None;
+                for c in cands.into_iter().flatten() {
+                    let ob = &old[c..c + bs];
+                    for ((d, a), b) in x.iter_mut().zip(nb).zip(ob) {
+                        *d = a ^ b;
                     }
-                    let n = encode_unit(codec, ver, bsz, bsz, &x).bytes.len();
+                    let n = lz4_size(buf, x);
                     if n < rep && best.is_none_or(|b| n < b.0) {
                         best = Some((n, c));
+                        if reuse {
+                            std::mem::swap(buf, best_buf);
+                        }
                     }
                 }
-                best.map(|b| b.1)
+                match best {
+                    // n < rep <= block size, so the XOR trial output is compressed bytes.
+                    Some((n, c)) => (Some(c), reuse.then(|| (true, best_buf[..n].to_vec()))),
+                    None => (None, keep_rep.map(|b| (false, b))),
+                }
             },
             &noop,
         );
-        for (i, d) in decided.into_iter().enumerate() {
+        if reuse {
+            cache = vec![None; new_blocks];
+        }
+        for (i, (d, e)) in decided.into_iter().enumerate() {
             if let Some(c) = d {
-                plans[i] = Plan::Xor(c);
+                plans[i] = Plan::Xor(c as u64);
+            }
+            if reuse {
+                cache[i] = e;
             }
         }
     }
-    Ok(plans)
+    Ok((plans, cache))
 }
-
 /// Order COPY/XOR ops for a safe in-place merge. Returns the merge sequence (new blocks) and
 /// turns ops that sit on dependency cycles into `Plan::Replace`. Returns the number of ops
-/// converted.
-pub fn order(plans: &mut [Plan]) -> (Vec<u32>, u64) {
-    // Nodes: ordered ops. Edge A -> B ("A before B") when B's destination is A's source.
+/// converted. `block_size` is needed because XOR sources are byte offsets: an XOR whose source
+/// is not block-aligned reads two old blocks, and must merge before either is overwritten.
+pub fn order(plans: &mut [Plan], block_size: u32) -> (Vec<u32>, u64) {
+    const NONE: u32 = u32::MAX;
+    let bs = u64::from(block_size.max(1));
+    // Nodes: ordered ops. Edge A -> B ("A before B") when B's destination is one of A's sources.
     let nodes: Vec<usize> = plans
         .iter()
         .enumerate()
         .filter(|(_, p)| matches!(p, Plan::Copy(_) | Plan::Xor(_)))
         .map(|(i, _)| i)
         .collect();
-    let mut node_of: IdMap<u32> = IdMap::default();
+    let mut node_of = vec![NONE; plans.len()];
     for (n, &b) in nodes.iter().enumerate() {
-        node_of.insert(b as u64, n as u32);
+        node_of[b] = n as u32;
     }
-    let src = |p: Plan| match p {
-        Plan::Copy(s) | Plan::Xor(s) => s,
-        _ => u64::MAX,
+    let node_at = |blk: u64| -> u32 {
+        usize::try_from(blk)
+            .ok()
+            .and_then(|b| node_of.get(b).copied())
+            .unwrap_or(NONE)
+    };
+    // Source blocks of an op: (first, second or u64::MAX).
+    let srcs = |p: Plan| match p {
+        Plan::Copy(s) => (s, u64::MAX),
+        Plan::Xor(off) if off % bs == 0 => (off / bs, u64::MAX),
+        Plan::Xor(off) => (off / bs, off / bs + 1),
+        _ => (u64::MAX, u64::MAX),
     };
     let mut indeg = vec![0u32; nodes.len()];
-    // succ[a] = b: b overwrites a's source (each op has one aligned source block).
-    let mut succ: Vec<Option<u32>> = vec![None; nodes.len()];
+    // succ[a]: the (at most two) ops that overwrite a's sources.
+    let mut succ: Vec<[u32; 2]> = vec![[NONE; 2]; nodes.len()];
     // preds[b] = ops reading block b (must merge before b).
     let mut preds: Vec<Vec<u32>> = vec![Vec::new(); nodes.len()];
     for (a, &blk) in nodes.iter().enumerate() {
-        let s = src(plans[blk]);
-        if s == blk as u64 {
-            continue;
-        }
-        if let Some(&b) = node_of.get(&s) {
-            succ[a] = Some(b);
-            indeg[b as usize] += 1;
-            preds[b as usize].push(a as u32);
+        let (s0, s1) = srcs(plans[blk]);
+        for (k, s) in [s0, s1].into_iter().enumerate() {
+            if s == blk as u64 || s == u64::MAX {
+                continue; // reading one's own destination is fine: read happens first
+            }
+            let b = node_at(s);
+            if b != NONE {
+                succ[a][k] = b;
+                indeg[b as usize] += 1;
+                preds[b as usize].push(a as u32);
+            }
         }
     }
     let mut removed = vec![false; nodes.len()];
@@ -331,14 +496,18 @@ pub fn order(plans: &mut [Plan]) -> (Vec<u32>, u64) {
     let release = |n: u32,
                    indeg: &mut Vec<u32>,
                    heap: &mut std::collections::BinaryHeap<std::cmp::Reverse<u32>>,
-                   succ: &Vec<Option<u32>>| {
-        if let Some(b) = succ[n as usize] {
-            indeg[b as usize] -= 1;
-            if indeg[b as usize] == 0 {
-                heap.push(std::cmp::Reverse(b));
+                   succ: &Vec<[u32; 2]>| {
+        for b in succ[n as usize] {
+            if b != NONE {
+                indeg[b as usize] -= 1;
+                if indeg[b as usize] == 0 {
+                    heap.push(std::cmp::Reverse(b));
+                }
             }
         }
     };
+    let mut seen = vec![0u32; nodes.len()];
+    let mut walk = 0u32;
     while seq.len() as u64 + breaks < nodes.len() as u64 {
         if let Some(std::cmp::Reverse(n)) = heap.pop() {
             if removed[n as usize] {
@@ -354,9 +523,10 @@ pub fn order(plans: &mut [Plan]) -> (Vec<u32>, u64) {
         while removed[scan] {
             scan += 1;
         }
-        let mut seen: IdMap<()> = IdMap::default();
+        walk += 1;
         let mut v = scan as u32;
-        while seen.insert(v.into(), ()).is_none() {
+        while seen[v as usize] != walk {
+            seen[v as usize] = walk;
             let next = preds[v as usize]
                 .iter()
                 .copied()
@@ -391,6 +561,61 @@ fn bar(opts: &GenerateOptions, len: u64, msg: &'static str) -> indicatif::Progre
     }
 }
 
+/// The generator's decisions before anything is written: one [`Plan`] per new block and the
+/// merge sequence of the ordered (COPY/XOR) ops. Produced by [`compute_ops`], consumed by
+/// [`write_ops`] (which is the writer stage alone — what AOSP's writer does given an op list).
+pub struct OpList {
+    pub plans: Vec<Plan>,
+    /// New blocks of the COPY/XOR ops in merge order.
+    pub sequence: Vec<u32>,
+    pub cycle_breaks: u64,
+    pub seconds_plan: f64,
+    pub seconds_order: f64,
+    /// Payloads encoded while choosing XOR sources (reused when they are the real payloads).
+    cache: Cache,
+}
+
+/// Plan and order: decide an op for every new block and a safe merge order.
+pub fn compute_ops(old: &[u8], new: &[u8], opts: &GenerateOptions) -> Result<OpList> {
+    let bs = opts.writer.block_size as usize;
+    let t0 = std::time::Instant::now();
+    let pb = bar(opts, new.len() as u64, "diffing");
+    let tick = |n: u64| pb.inc(n * bs as u64);
+    let (mut plans, cache) = plan_cached(old, new, opts, &tick)?;
+    pb.finish_and_clear();
+    let t1 = std::time::Instant::now();
+    let (sequence, cycle_breaks) = order(&mut plans, opts.writer.block_size);
+    Ok(OpList {
+        plans,
+        sequence,
+        cycle_breaks,
+        seconds_plan: (t1 - t0).as_secs_f64(),
+        seconds_order: t1.elapsed().as_secs_f64(),
+        cache,
+    })
+}
+
+/// Write a COW for a computed op list. With `reuse_trials` false every payload is encoded
+/// here (the writer's full work, for benchmarks); the file is the same either way.
+pub fn write_ops<W: CowSink>(
+    old: &[u8],
+    new: &[u8],
+    ops: &OpList,
+    sink: W,
+    opts: &GenerateOptions,
+    reuse_trials: bool,
+) -> Result<GenerateStats> {
+    let t = std::time::Instant::now();
+    let empty = Cache::new();
+    let cache = if reuse_trials { &ops.cache } else { &empty };
+    let mut stats = write_plans(old, new, &ops.plans, &ops.sequence, cache, sink, opts)?;
+    stats.cycle_breaks = ops.cycle_breaks;
+    stats.seconds_plan = ops.seconds_plan;
+    stats.seconds_order = ops.seconds_order;
+    stats.seconds_write = t.elapsed().as_secs_f64();
+    Ok(stats)
+}
+
 /// Generate a COW for `old` → `new` into `sink`. Returns statistics.
 pub fn generate<W: CowSink>(
     old: &[u8],
@@ -398,32 +623,55 @@ pub fn generate<W: CowSink>(
     sink: W,
     opts: &GenerateOptions,
 ) -> Result<GenerateStats> {
+    let ops = compute_ops(old, new, opts)?;
+    write_ops(old, new, &ops, sink, opts, true)
+}
+
+/// A payload from the trial cache if it was made for this kind of op.
+fn cached(cache: &Cache, block: usize, xor: bool, unit_blocks: u32) -> Option<EncodedUnit> {
+    match cache.get(block) {
+        Some(Some((x, bytes))) if *x == xor && unit_blocks == 1 => Some(EncodedUnit {
+            bytes: bytes.clone(),
+            unit_blocks: 1,
+        }),
+        _ => None,
+    }
+}
+
+/// The writer stage, given the op list: XOR payloads, REPLACE units (compressed on all
+/// cores), records in merge order, finalize.
+fn write_plans<W: CowSink>(
+    old: &[u8],
+    new: &[u8],
+    plans: &[Plan],
+    seq: &[u32],
+    cache: &Cache,
+    sink: W,
+    opts: &GenerateOptions,
+) -> Result<GenerateStats> {
     let bs = opts.writer.block_size as usize;
     let new_blocks = new.len() / bs;
-    let t0 = std::time::Instant::now();
-    let pb = bar(opts, new.len() as u64, "diffing");
-    let tick = |n: u64| pb.inc(n * bs as u64);
-    let mut plans = plan(old, new, opts, &tick)?;
-    pb.finish_and_clear();
-    let t1 = std::time::Instant::now();
-    let (seq, breaks) = order(&mut plans);
-    let t2 = std::time::Instant::now();
-
     let mut wopts = opts.writer;
     if wopts.op_count_max == 0 {
         wopts.op_count_max = (new_blocks as u64).max(1);
     }
     let mut stats = GenerateStats {
         new_blocks: new_blocks as u64,
-        cycle_breaks: breaks,
-        seconds_plan: (t1 - t0).as_secs_f64(),
-        seconds_order: (t2 - t1).as_secs_f64(),
         ..Default::default()
     };
     let mut w = CowWriter::new(sink, wopts)?;
     let t = threads(opts.threads);
     let codec: Codec = wopts.codec;
     let blk = |i: usize| &new[i * bs..(i + 1) * bs];
+    let enc = |data: &[u8]| {
+        encode_unit(
+            codec,
+            wopts.version,
+            wopts.block_size,
+            wopts.max_compression_size,
+            data,
+        )
+    };
 
     // XOR payloads, encoded in parallel, in sequence order.
     let xor_ops: Vec<(u32, u64)> = seq
@@ -433,39 +681,42 @@ pub fn generate<W: CowSink>(
             _ => None,
         })
         .collect();
-    let xor_payloads: Vec<EncodedUnit> = par_map(
+    let mut xor_payloads = par_map_with(
         xor_ops.len(),
         t,
         256,
-        |i| {
+        || vec![0u8; bs],
+        |x, i| {
             let (b, s) = xor_ops[i];
-            let ob = &old[s as usize * bs..(s as usize + 1) * bs];
-            let x: Vec<u8> = blk(b as usize).iter().zip(ob).map(|(a, c)| a ^ c).collect();
-            encode_unit(codec, wopts.version, wopts.block_size, wopts.block_size, &x)
+            if let Some(e) = cached(cache, b as usize, true, 1) {
+                return e;
+            }
+            let ob = &old[s as usize..s as usize + bs];
+            for ((d, a), c) in x.iter_mut().zip(blk(b as usize)).zip(ob) {
+                *d = a ^ c;
+            }
+            enc(x)
         },
         &|_| {},
-    );
-    let mut xor_map: IdMap<EncodedUnit> = IdMap::default();
-    for ((b, _), e) in xor_ops.iter().zip(xor_payloads) {
-        xor_map.insert(u64::from(*b), e);
-    }
+    )
+    .into_iter();
 
     if opts.sequence && !seq.is_empty() && (wopts.version == 3 || wopts.cluster_ops >= 2) {
-        w.add_sequence_data(&seq)?;
+        w.add_sequence_data(seq)?;
     }
-    for &b in &seq {
+    for &b in seq {
         match plans[b as usize] {
             Plan::Copy(s) => {
                 w.add_copy(b.into(), s, 1)?;
                 stats.copy += 1;
             }
             Plan::Xor(s) => {
-                let e = xor_map.remove(&u64::from(b)).ok_or_else(|| {
+                let e = xor_payloads.next().ok_or_else(|| {
                     CowError::InvalidArgument("internal: missing XOR payload".into())
                 })?;
                 stats.xor += 1;
                 stats.xor_payload_bytes += e.bytes.len() as u64;
-                w.add_encoded_xor(b.into(), s * bs as u64, &e)?;
+                w.add_encoded_xor(b.into(), s, &e)?;
             }
             _ => {}
         }
@@ -498,14 +749,11 @@ pub fn generate<W: CowSink>(
         64,
         |k| {
             let (b, n) = units[k];
+            if let Some(e) = cached(cache, b as usize, false, n) {
+                return e;
+            }
             let s = b as usize * bs;
-            encode_unit(
-                codec,
-                wopts.version,
-                wopts.block_size,
-                wopts.max_compression_size,
-                &new[s..s + n as usize * bs],
-            )
+            enc(&new[s..s + n as usize * bs])
         },
         &|n| pb.inc(n * bs as u64),
     );
@@ -543,6 +791,5 @@ pub fn generate<W: CowSink>(
     }
     stats.cow_bytes = w.finalize()?;
     stats.compressed_input_bytes = (stats.replace_blocks + stats.xor) * bs as u64;
-    stats.seconds_write = t2.elapsed().as_secs_f64();
     Ok(stats)
 }

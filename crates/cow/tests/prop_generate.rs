@@ -34,11 +34,38 @@ fn block(kind: u8, seed: u64) -> Vec<u8> {
 
 #[derive(Clone, Debug)]
 enum Edit {
-    Shift { from: usize, to: usize, len: usize },
-    Zero { at: usize, len: usize },
-    Tweak { at: usize, byte: usize, val: u8 },
-    Fresh { at: usize, kind: u8, seed: u64 },
-    Swap { a: usize, b: usize },
+    Shift {
+        from: usize,
+        to: usize,
+        len: usize,
+    },
+    Zero {
+        at: usize,
+        len: usize,
+    },
+    Tweak {
+        at: usize,
+        byte: usize,
+        val: u8,
+    },
+    Fresh {
+        at: usize,
+        kind: u8,
+        seed: u64,
+    },
+    Swap {
+        a: usize,
+        b: usize,
+    },
+    /// Old bytes moved by a non-block amount (an insertion/deletion inside a file), with one
+    /// byte changed: candidates for XOR ops whose source is not block-aligned.
+    ByteShift {
+        from: usize,
+        to: usize,
+        len: usize,
+        shift: usize,
+        tweak: usize,
+    },
 }
 
 fn edit() -> impl Strategy<Value = Edit> {
@@ -56,6 +83,15 @@ fn edit() -> impl Strategy<Value = Edit> {
             seed
         }),
         (0..40usize, 0..40usize).prop_map(|(a, b)| Edit::Swap { a, b }),
+        (0..40usize, 0..40usize, 1..8usize, 1..BS, 0..8 * BS).prop_map(
+            |(from, to, len, shift, tweak)| Edit::ByteShift {
+                from,
+                to,
+                len,
+                shift,
+                tweak
+            }
+        ),
     ]
 }
 
@@ -91,6 +127,23 @@ fn images() -> impl Strategy<Value = (Vec<u8>, Vec<u8>)> {
                     Edit::Fresh { at, kind, seed } => {
                         let at = at % nb;
                         new[at * BS..(at + 1) * BS].copy_from_slice(&block(kind, seed));
+                    }
+                    Edit::ByteShift {
+                        from,
+                        to,
+                        len,
+                        shift,
+                        tweak,
+                    } => {
+                        let (from, to) = (from % n, to % nb);
+                        // Source bytes [from*BS + shift, +len*BS) must lie inside the old image.
+                        let len = len.min(n - from - 1).min(nb - to);
+                        if len > 0 {
+                            let s = from * BS + shift;
+                            let src = old[s..s + len * BS].to_vec();
+                            new[to * BS..(to + len) * BS].copy_from_slice(&src);
+                            new[to * BS + tweak % (len * BS)] ^= 0x5a;
+                        }
                     }
                     Edit::Swap { a, b } => {
                         let (a, b) = (a % n.min(nb), b % n.min(nb));
@@ -205,4 +258,47 @@ fn shifted_data_becomes_copies_and_edits_become_xor() {
     assert_eq!(stats.xor, 1, "{stats:?}");
     assert_eq!(stats.zero, 3, "{stats:?}");
     check(&old, &new, 2, Compression::Lz4, 4096).unwrap();
+}
+
+#[test]
+fn byte_shifted_data_becomes_unaligned_xor() {
+    // Random-looking old image; the new one has the first 8 blocks unchanged, 100 bytes
+    // inserted in block 8, and everything after shifted by those 100 bytes (one byte edited).
+    let mut old = Vec::new();
+    for i in 0..32 {
+        old.extend_from_slice(&block(1, i + 1));
+    }
+    let mut new = old[..8 * BS + 50].to_vec();
+    new.extend_from_slice(&block(1, 999)[..100]);
+    new.extend_from_slice(&old[8 * BS + 50..]);
+    new.truncate(old.len());
+    new[20 * BS + 9] ^= 0x77;
+    for version in [2, 3] {
+        let sink = MemFile::default();
+        let opts = GenerateOptions {
+            writer: WriterOptions {
+                version,
+                codec: Codec::new(Compression::Lz4),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let stats = generate(&old, &new, &sink, &opts).unwrap();
+        let cow = sink.into_inner();
+        let r = CowReader::open(cow.as_slice()).unwrap();
+        let unaligned = r
+            .ops()
+            .iter()
+            .filter(|o| {
+                matches!(o.kind, snapblk_cow::OpKind::Xor { source_offset, .. }
+                    if source_offset % BS as u64 != 0)
+            })
+            .count();
+        // Blocks 9..31 read old bytes 100 bytes before their own offset.
+        assert!(unaligned >= 20, "{unaligned} unaligned XOR ops; {stats:?}");
+        // Each shifted block XORs to (nearly) all zeros: tiny payloads.
+        assert!(stats.xor_payload_bytes < 64 * stats.xor, "{stats:?}");
+        check(&old, &new, version, Compression::Lz4, 4096).unwrap();
+        check(&old, &new, version, Compression::Zstd, 4096).unwrap();
+    }
 }

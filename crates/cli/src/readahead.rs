@@ -93,8 +93,9 @@ pub struct ReplayOpts {
     #[arg(long, value_enum, default_value = "readahead")]
     method: MethodArg,
     /// Bytes per request (K/M/G suffixes); keep it below the kernel's readahead clip.
-    #[arg(long, default_value = "2M", value_parser = parse_size)]
-    chunk: u64,
+    /// (default 2M; 512K with --background)
+    #[arg(long, value_parser = parse_chunk)]
+    chunk: Option<u64>,
     /// Requests issued concurrently: submitter threads for readahead/fadvise/pread, reads in
     /// flight per thread for uring.
     #[arg(long, short = 'q', default_value_t = 4)]
@@ -102,6 +103,11 @@ pub struct ReplayOpts {
     /// Submitter threads (default: the queue depth, or 2 for uring).
     #[arg(long)]
     threads: Option<usize>,
+    /// readahead/fadvise: chunks per thread allowed in flight before waiting for the oldest to
+    /// complete (0 = unbounded; default 0, or 1 with --background so the foreground is not
+    /// queued behind the replay).
+    #[arg(long)]
+    max_inflight: Option<usize>,
     /// Issue ranges even when already resident.
     #[arg(long)]
     no_skip_resident: bool,
@@ -200,6 +206,15 @@ fn parse_size(s: &str) -> Result<u64, String> {
         .ok_or_else(|| format!("size {s:?} too large"))?;
     if v < 4096 {
         return Err("size must be at least 4K".into());
+    }
+    Ok(v)
+}
+
+fn parse_chunk(s: &str) -> Result<u64, String> {
+    let v = parse_size(s)?;
+    // Buffers of this size are allocated per in-flight read (pread, uring).
+    if v > 256 << 20 {
+        return Err("chunk must be at most 256M".into());
     }
     Ok(v)
 }
@@ -540,9 +555,13 @@ fn run_replay(entries: Vec<ListEntry>, o: &ReplayOpts) -> anyhow::Result<()> {
             MethodArg::Pread => Method::Pread,
             MethodArg::Uring => Method::Uring,
         },
-        chunk: o.chunk,
+        chunk: o
+            .chunk
+            .unwrap_or(if o.background { 512 << 10 } else { 2 << 20 }),
         queue_depth: o.queue_depth.max(1),
         threads: o.threads.map(|t| t.max(1)),
+        max_inflight: Some(o.max_inflight.unwrap_or(if o.background { 1 } else { 0 }))
+            .filter(|n| *n > 0),
         skip_resident: !o.no_skip_resident,
         ioprio: o.ioprio.0,
         nice: o.nice.0,

@@ -287,7 +287,14 @@ fn replay_after_evict_makes_listed_pages_resident() {
             .map(|p| p.metadata().unwrap().len())
             .sum::<u64>();
     // Every method must end fully resident (readahead is the default).
-    for method in ["readahead", "uring", "fadvise", "pread"] {
+    // (method, max chunks in flight per thread; 0 = unbounded)
+    for (method, inflight) in [
+        ("readahead", "0"),
+        ("readahead", "1"),
+        ("uring", "0"),
+        ("fadvise", "0"),
+        ("pread", "0"),
+    ] {
         evict(&[&d]);
         assert_eq!(fincore_bytes(&big), 0);
         let v = json(&run(&[
@@ -297,6 +304,8 @@ fn replay_after_evict_makes_listed_pages_resident() {
             "--json",
             "--method",
             method,
+            "--max-inflight",
+            inflight,
             "--queue-depth",
             "2",
         ]));

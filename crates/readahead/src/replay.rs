@@ -48,6 +48,9 @@ pub struct ReplayOptions {
     pub queue_depth: usize,
     /// Submitter threads; `None`: `queue_depth` (syscall methods) or 2 (io_uring).
     pub threads: Option<usize>,
+    /// readahead/fadvise: at most this many chunks per thread may be outstanding (not yet up to
+    /// date); `None` leaves it to the kernel (fastest, but floods the device queue).
+    pub max_inflight: Option<usize>,
     pub skip_resident: bool,
     pub ioprio: Option<IoPrio>,
     pub nice: Option<i32>,
@@ -70,6 +73,7 @@ impl Default for ReplayOptions {
             chunk: 2 << 20,
             queue_depth: 4,
             threads: None,
+            max_inflight: None,
             skip_resident: true,
             ioprio: Some(IoPrio::Idle),
             nice: Some(10),
@@ -168,8 +172,21 @@ impl Shared<'_> {
         let buf = &mut ctx.buf;
         self.wait_pressure();
         match self.opts.method {
-            Method::Readahead => sys::readahead(f.as_fd(), r.offset, r.len)?,
-            Method::Fadvise => sys::fadvise(f.as_fd(), r.offset, r.len, libc::POSIX_FADV_WILLNEED)?,
+            Method::Readahead | Method::Fadvise => {
+                if let Some(limit) = self.opts.max_inflight {
+                    while ctx.window.len() >= limit.max(1) {
+                        ctx.retire_oldest();
+                    }
+                }
+                if self.opts.method == Method::Readahead {
+                    sys::readahead(f.as_fd(), r.offset, r.len)?
+                } else {
+                    sys::fadvise(f.as_fd(), r.offset, r.len, libc::POSIX_FADV_WILLNEED)?
+                }
+                if self.opts.max_inflight.is_some() {
+                    ctx.window.push_back((f.try_clone()?, r));
+                }
+            }
             Method::Uring => match &mut ctx.uring {
                 Some(u) => u.read(f, r.offset, r.len)?,
                 None => return Err(std::io::Error::other("io_uring unavailable")),
@@ -254,6 +271,28 @@ impl Shared<'_> {
 struct Ctx {
     buf: Vec<u8>,
     uring: Option<crate::uring::Reader>,
+    /// Chunks issued with readahead/fadvise whose pages may still be in flight (oldest first).
+    window: std::collections::VecDeque<(File, Range)>,
+}
+
+impl Ctx {
+    /// Waits (bounded) until the oldest outstanding chunk is up to date. readahead(2) returns
+    /// before the I/O completes; this is what turns the thread count into a real bound on the
+    /// bytes in flight, so a background replay cannot flood the device queue.
+    fn retire_oldest(&mut self) {
+        let Some((f, r)) = self.window.pop_front() else {
+            return;
+        };
+        let ps = sys::page_size();
+        let want = r.len.div_ceil(ps);
+        let t = Instant::now();
+        while t.elapsed() < Duration::from_secs(2) {
+            match sys::mincore_count(f.as_fd(), r.offset, r.len) {
+                Ok(n) if n < want => std::thread::sleep(Duration::from_micros(200)),
+                _ => break,
+            }
+        }
+    }
 }
 
 impl ReplayOptions {
@@ -289,6 +328,7 @@ fn parallel_for(
             s.spawn(|| {
                 apply_priority(opts);
                 let mut buf = Ctx {
+                    window: Default::default(),
                     buf: Vec::new(),
                     uring: (opts.method == Method::Uring)
                         .then(|| crate::uring::Reader::new(opts.queue_depth, opts.chunk).ok())

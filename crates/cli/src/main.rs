@@ -12,7 +12,11 @@ mod serve;
 mod serve_ublk;
 
 #[derive(Parser)]
-#[command(name = "snapblk", version, about = "Userspace block storage for A/B snapshot devices")]
+#[command(
+    name = "snapblk",
+    version,
+    about = "Userspace block storage for A/B snapshot devices"
+)]
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,

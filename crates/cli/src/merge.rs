@@ -93,6 +93,14 @@ pub fn run(a: MergeArgs) -> anyhow::Result<()> {
             report.total_ops, report.blocks_written, report.overlay_blocks
         )?;
         if a.stats {
+            writeln!(
+                out,
+                "{} ordered windows ({} staged in scratch, {} self-safe without scratch), {} replace batches",
+                report.ordered_windows,
+                report.scratch_windows,
+                report.self_safe_windows,
+                report.replace_batches
+            )?;
             writeln!(out, "{}", serde_json::to_string_pretty(&sched)?)?;
         }
     }

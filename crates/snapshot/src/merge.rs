@@ -16,6 +16,11 @@
 //!
 //! A crash before (1) completes leaves all sources intact; after it, restart finds state 2 and
 //! redoes the window from scratch without touching sources; after (4), the next window starts.
+//! A window that is *self-safe* (no op of it writes a block any op of it reads) skips the scratch
+//! copy and its two flushes even when the file has scratch: the state byte stays 1 ("in
+//! progress", as the previous commit left it), so a restart — ours or Android's snapuserd —
+//! redoes the window by reading its sources from the base, which the window never overwrites
+//! (and later windows do not either before this one's commit is durable).
 //! COWs without a scratch area (AOSP only makes them for tests, and they are not crash-safe in
 //! AOSP) are merged in *self-safe* windows instead: a window ends before any op whose destination
 //! is a source of an op already in the window, so replaying a window reads only untouched sources.
@@ -83,6 +88,10 @@ pub struct MergeReport {
     pub blocks_written: u64,
     pub overlay_blocks: u64,
     pub scratch: bool,
+    /// Ordered windows staged through the scratch area.
+    pub scratch_windows: usize,
+    /// Ordered windows merged without scratch because they are self-safe.
+    pub self_safe_windows: usize,
 }
 
 /// Check the merge order is one an in-place merge can follow (format §9.2 rules 1 and 2).
@@ -115,6 +124,9 @@ struct Merger<'a> {
     snap: &'a Snapshot,
     opts: MergeOptions<'a>,
     report: MergeReport,
+    /// The previous window's buffer, reused when no reader holds it any more (saves allocating
+    /// and zeroing a window's worth of memory per window).
+    spare: Vec<u8>,
 }
 
 /// Merge `snap`'s COW into its base, resuming from the persisted progress.
@@ -133,6 +145,7 @@ pub fn merge(snap: &Snapshot, opts: MergeOptions<'_>) -> Result<MergeReport> {
             scratch: snap.layout.scratch().is_some(),
             ..Default::default()
         },
+        spare: Vec::new(),
     };
     let mut n = merged;
     if let Some(w) = staged {
@@ -151,6 +164,9 @@ pub fn merge(snap: &Snapshot, opts: MergeOptions<'_>) -> Result<MergeReport> {
         m.commit(w.end)?;
         m.report.ordered_windows += 1;
         n = w.end;
+        if let Ok(buf) = Arc::try_unwrap(w.data) {
+            m.spare = buf;
+        }
     }
     let total = snap.map.ops().len();
     while n < total {
@@ -216,13 +232,28 @@ impl Merger<'_> {
         Ok(j)
     }
 
-    /// Step 1: compute the results of ops `[n, end)` from the base (and persist them to scratch).
+    /// Whether no op of `[n, end)` writes a block that an op of `[n, end)` reads, so the window
+    /// can be redone from the base alone after a crash in the middle of its writes.
+    fn self_safe(&self, n: usize, end: usize) -> bool {
+        let ops = &self.snap.map.ops()[n..end];
+        let bs = self.bs();
+        let dsts: HashSet<u64> = ops.iter().map(|o| o.new_block).collect();
+        ops.iter().all(|o| {
+            let (s, c) = o.source_blocks(bs).unwrap_or((0, 0));
+            (s..s + c).all(|b| !dsts.contains(&b))
+        })
+    }
+
+    /// Step 1: compute the results of ops `[n, end)` from the base (and persist them to scratch
+    /// unless the window is self-safe).
     fn stage(&mut self, n: usize, p: usize) -> Result<StagedWindow> {
         let end = self.window_end(n, p)?;
         let ops = self.snap.map.ops();
         let bs = self.bs();
         let bsu = bs as usize;
-        let mut data = vec![0u8; (end - n) * bsu];
+        let mut data = std::mem::take(&mut self.spare);
+        // Every byte is overwritten below (sources are read over the whole window).
+        data.resize((end - n) * bsu, 0);
         let src_of = |k: usize| match ops[k].kind {
             OpKind::Copy { src } => src * bs,
             OpKind::Xor { src_byte, .. } => src_byte,
@@ -258,10 +289,18 @@ impl Merger<'_> {
                 meta[i * 16 + 8..i * 16 + 16].copy_from_slice(&off.to_le_bytes());
             }
             let io = &self.snap.io;
+            // The entries are written either way (a few KiB), so the COW ends up with the same
+            // scratch metadata AOSP's snapuserd leaves; for a self-safe window they are never
+            // marked valid (the state byte stays 1), so they need no flush.
             io.write(IoClass::Merge, Dev::Cow, sc.base + 1, &meta)?;
-            io.write(IoClass::Merge, Dev::Cow, sc.base + sc.meta_len, &data)?;
-            io.flush(IoClass::Merge, Dev::Cow)?;
-            self.write_progress(n, Some(scratch_state::DONE))?;
+            if self.self_safe(n, end) {
+                self.report.self_safe_windows += 1;
+            } else {
+                self.report.scratch_windows += 1;
+                io.write(IoClass::Merge, Dev::Cow, sc.base + sc.meta_len, &data)?;
+                io.flush(IoClass::Merge, Dev::Cow)?;
+                self.write_progress(n, Some(scratch_state::DONE))?;
+            }
         }
         Ok(StagedWindow {
             start: n,

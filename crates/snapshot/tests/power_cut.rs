@@ -40,19 +40,24 @@ fn first_diff_block(a: &[u8], b: &[u8]) -> Option<usize> {
     a.chunks(4096).zip(b.chunks(4096)).position(|(x, y)| x != y)
 }
 
-/// Run one merge to completion on a fresh world; returns the number of disk operations it took.
-fn dry_run_ops(case: &SynthCase, dec: MkDecoder) -> u64 {
+/// Run one merge to completion on a fresh world; returns the number of disk operations it took
+/// and the report.
+fn dry_run(case: &SynthCase, dec: MkDecoder) -> (u64, snapblk_snapshot::MergeReport) {
     let world = FaultWorld::new(vec![case.base.clone(), case.cow.clone()]);
     let s = open_with(case, &world, dec).unwrap();
     let before = world.ops();
-    merge(&s, MergeOptions::default()).unwrap();
-    world.ops() - before
+    let rep = merge(&s, MergeOptions::default()).unwrap();
+    (world.ops() - before, rep)
 }
 
+#[derive(Default)]
 struct Totals {
     cuts: u64,
     wrong_blocks: u64,
     resumed_from_scratch: u64,
+    /// Windows of the uninterrupted runs that went through scratch / skipped it (self-safe).
+    scratch_windows: usize,
+    self_safe_windows: usize,
 }
 
 /// Cut power `cuts` times at random instants while merging `case`, maybe cut the resume too,
@@ -62,7 +67,9 @@ fn cut_and_resume(case: &SynthCase, seed: u64, cuts: u64, t: &mut Totals) {
 }
 
 fn cut_and_resume_with(case: &SynthCase, seed: u64, cuts: u64, t: &mut Totals, dec: MkDecoder) {
-    let total_ops = dry_run_ops(case, dec);
+    let (total_ops, rep) = dry_run(case, dec);
+    t.scratch_windows += rep.scratch_windows;
+    t.self_safe_windows += rep.self_safe_windows;
     let mut rng = Rng::new(seed);
     for c in 0..cuts {
         let mut images = vec![case.base.clone(), case.cow.clone()];
@@ -114,11 +121,7 @@ fn cut_and_resume_with(case: &SynthCase, seed: u64, cuts: u64, t: &mut Totals, d
 
 #[test]
 fn power_cuts_during_merge_with_scratch() {
-    let mut t = Totals {
-        cuts: 0,
-        wrong_blocks: 0,
-        resumed_from_scratch: 0,
-    };
+    let mut t = Totals::default();
     for w in 0..20u64 {
         let spec = SynthSpec {
             scratch_size: if w % 4 == 0 { 2 << 20 } else { 64 << 10 },
@@ -136,16 +139,50 @@ fn power_cuts_during_merge_with_scratch() {
         t.resumed_from_scratch > 10,
         "cuts must land inside staged windows"
     );
+    // Both kinds of window are exercised: staged through scratch, and self-safe ones that skip
+    // it (cuts inside those resume by re-reading their untouched sources).
+    assert!(
+        t.scratch_windows > 20 && t.self_safe_windows > 5,
+        "{} scratch windows, {} self-safe windows",
+        t.scratch_windows,
+        t.self_safe_windows
+    );
+    assert_eq!(t.wrong_blocks, 0);
+}
+
+/// Mostly random COPY/XOR ops on a larger device: most windows are self-safe and skip scratch
+/// (their state byte stays 1), a chain keeps some scratch windows in between.
+#[test]
+fn power_cuts_during_merge_in_self_safe_windows() {
+    let mut t = Totals::default();
+    for w in 0..10u64 {
+        let spec = SynthSpec {
+            blocks: 1024,
+            chains: 1,
+            chain_len: 12,
+            random_ordered: 80,
+            ..SynthSpec::default()
+        };
+        let case = generate(&spec, 4000 + w);
+        cut_and_resume(&case, 200 + w, 20, &mut t);
+    }
+    eprintln!(
+        "self-safe: {} cuts, {} scratch windows, {} self-safe windows, {} wrong blocks",
+        t.cuts, t.scratch_windows, t.self_safe_windows, t.wrong_blocks
+    );
+    assert!(t.cuts >= 200);
+    assert!(
+        t.self_safe_windows > t.scratch_windows,
+        "{} self-safe vs {} scratch windows",
+        t.self_safe_windows,
+        t.scratch_windows
+    );
     assert_eq!(t.wrong_blocks, 0);
 }
 
 #[test]
 fn power_cuts_during_merge_without_scratch() {
-    let mut t = Totals {
-        cuts: 0,
-        wrong_blocks: 0,
-        resumed_from_scratch: 0,
-    };
+    let mut t = Totals::default();
     for w in 0..20u64 {
         let spec = SynthSpec {
             scratch_size: 0,
@@ -282,11 +319,7 @@ fn interrupted_merge_stops_at_a_safe_point_and_resumes() {
 #[test]
 fn power_cuts_on_real_cow_files() {
     // The same workloads written as real v3 (2 MiB scratch, lz4) and v2 COW files.
-    let mut t = Totals {
-        cuts: 0,
-        wrong_blocks: 0,
-        resumed_from_scratch: 0,
-    };
+    let mut t = Totals::default();
     for (w, version) in [(0u64, 3u16), (1, 2), (2, 3), (3, 2)] {
         let spec = SynthSpec {
             scratch_size: 2 << 20,

@@ -183,23 +183,25 @@ pub fn run(c: CowCmd) -> Result<()> {
             let stats =
                 write_ops(&old_img, &new_img, &ops, &f, &opts, true).context("create COW")?;
             let secs = t.elapsed().as_secs_f64();
+            let total = t0.elapsed().as_secs_f64();
             let writer_only = if time_writer {
                 let again = write_ops(&old_img, &new_img, &ops, &f, &opts, false)
                     .context("create COW (writer timing run)")?;
                 if again.cow_bytes != stats.cow_bytes {
                     bail!("internal: writer timing run wrote a different file size");
                 }
-                Some(again.seconds_write)
+                Some((again.seconds_write, again.cpu_seconds_write))
             } else {
                 None
             };
             if json {
                 let mut v = serde_json::to_value(&stats)?;
                 v["seconds_generate"] = secs.into();
-                if let Some(w) = writer_only {
+                if let Some((w, c)) = writer_only {
                     v["seconds_writer_only"] = w.into();
+                    v["cpu_seconds_writer_only"] = c.into();
                 }
-                v["seconds_total"] = t0.elapsed().as_secs_f64().into();
+                v["seconds_total"] = total.into();
                 v["threads"] = snapblk_cow::generate::threads(threads).into();
                 outln!("{}", serde_json::to_string_pretty(&v)?);
             } else {

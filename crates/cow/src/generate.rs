@@ -80,6 +80,10 @@ pub struct GenerateStats {
     pub seconds_order: f64,
     /// The writer's share given the op list: XOR payloads, compression, writing, finalize.
     pub seconds_write: f64,
+    /// CPU seconds (all threads) of the same three phases.
+    pub cpu_seconds_plan: f64,
+    pub cpu_seconds_order: f64,
+    pub cpu_seconds_write: f64,
 }
 
 /// Pass-through hasher for keys that already are good hashes.
@@ -183,24 +187,20 @@ fn is_zero(b: &[u8]) -> bool {
     b.chunks_exact(8).all(|c| word(c) == 0)
 }
 
-/// How many byte positions hold the same value in `a` and `b`.
+/// How many byte positions hold the same value in `a` and `b` (equal lengths, multiples of
+/// 64 — block sizes are powers of two ≥ 512).
 fn equal_bytes(a: &[u8], b: &[u8]) -> usize {
-    // 128-byte chunks: per-chunk u8 sums cannot overflow, and the loop vectorizes.
     let mut n = 0usize;
-    for (x, y) in a.chunks(128).zip(b.chunks(128)) {
-        n += usize::from(
-            x.iter()
-                .zip(y)
-                .map(|(p, q)| u8::from(p == q))
-                .fold(0u8, |s, e| s.wrapping_add(e)),
-        );
+    for (x, y) in a.chunks_exact(64).zip(b.chunks_exact(64)) {
+        // Fixed 64-byte chunks: no bounds checks, a u8 sum cannot overflow, and the loop
+        // compiles to vector compares.
+        let mut s = 0u8;
+        for k in 0..64 {
+            s += u8::from(x[k] == y[k]);
+        }
+        n += usize::from(s);
     }
     n
-}
-
-/// Cheap pre-filter before trial-compressing an XOR: at least a quarter equal bytes.
-fn similar(a: &[u8], b: &[u8]) -> bool {
-    equal_bytes(a, b) * 4 >= a.len()
 }
 
 /// Where a changed block's bytes may come from when its data moved by a non-block amount:
@@ -253,7 +253,7 @@ fn locality_candidate(
     bs: usize,
     i: usize,
     last: &mut Option<(usize, isize)>,
-) -> Option<usize> {
+) -> Option<(usize, usize)> {
     let (j, d) = (*last)?;
     if i - j > 16 {
         return None;
@@ -264,14 +264,18 @@ fn locality_candidate(
         return None;
     }
     let at = at as usize;
-    if at + bs <= old.len() && at != i * bs && similar(nb, &old[at..at + bs]) {
-        *last = Some((i, d));
-        return Some(at);
+    if at + bs <= old.len() && at != i * bs {
+        let e = equal_bytes(nb, &old[at..at + bs]);
+        if e * 4 >= bs {
+            *last = Some((i, d));
+            return Some((at, e));
+        }
     }
     let src = find_shifted(old, nb, at)?;
-    if src != i * bs && equal_bytes(nb, &old[src..src + bs]) * 2 >= bs {
+    let e = equal_bytes(nb, &old[src..src + bs]);
+    if src != i * bs && e * 2 >= bs {
         *last = Some((i, src as isize - (i * bs) as isize));
-        return Some(src);
+        return Some((src, e));
     }
     None
 }
@@ -347,7 +351,7 @@ fn plan_cached(
         // Chunks are scanned in parallel; a chain of shifted matches restarts at a chunk edge.
         const SPAN: usize = 4096;
         let plans_ref = &plans;
-        let cand: Vec<Option<usize>> = par_map(
+        let cand: Vec<Option<(usize, usize)>> = par_map(
             new_blocks.div_ceil(SPAN),
             t,
             1,
@@ -377,6 +381,7 @@ fn plan_cached(
         // With lz4 and one-block units the trial encodings are the real payloads: keep them.
         let reuse = codec.algo == Compression::Lz4
             && (w.version < 3 || w.max_compression_size == w.block_size || w.cluster_ops == 0);
+        let zeros = vec![0u8; bs];
         let decided = par_map_with(
             new_blocks,
             t,
@@ -387,24 +392,41 @@ fn plan_cached(
                     return (None, None);
                 }
                 let nb = blk_of(new, bs, i);
-                let mut cands = [None, None];
-                if i < old_blocks && similar(nb, blk_of(old, bs, i)) {
-                    cands[0] = Some(i * bs);
+                // (source byte offset, equal bytes) of up to two candidates.
+                let mut cands: [Option<(usize, usize)>; 2] = [None, None];
+                if i < old_blocks {
+                    let e = equal_bytes(nb, blk_of(old, bs, i));
+                    if e * 4 >= bs {
+                        cands[0] = Some((i * bs, e));
+                    }
                 }
-                if cand[i] != cands[0] {
+                if cand[i].map(|c| c.0) != cands[0].map(|c| c.0) {
                     cands[1] = cand[i];
                 }
-                if cands == [None, None] {
+                let Some(&top) = cands.iter().flatten().max_by_key(|c| c.1) else {
                     return (None, None);
+                };
+                let xor_into = |x: &mut [u8], c: usize| {
+                    for ((d, a), b) in x.iter_mut().zip(nb).zip(&old[c..c + bs]) {
+                        *d = a ^ b;
+                    }
+                };
+                // The XOR payload has bs - top.1 non-zero bytes; when that is under an eighth of
+                // the new block's non-zero bytes it beats REPLACE for any real data (lz4 and
+                // friends do not shrink real data 8x), so skip the trial compression.
+                if (bs - top.1) * 8 <= bs - equal_bytes(nb, &zeros[..bs]) {
+                    let payload = reuse.then(|| {
+                        xor_into(x, top.0);
+                        let n = lz4_size(buf, x);
+                        (true, encoded_bytes(buf, n, x))
+                    });
+                    return (Some(top.0), payload);
                 }
                 let rep = lz4_size(buf, nb);
                 let keep_rep = reuse.then(|| encoded_bytes(buf, rep, nb));
                 let mut best: Option<(usize, usize)> = None;
-                for c in cands.into_iter().flatten() {
-                    let ob = &old[c..c + bs];
-                    for ((d, a), b) in x.iter_mut().zip(nb).zip(ob) {
-                        *d = a ^ b;
-                    }
+                for (c, _) in cands.into_iter().flatten() {
+                    xor_into(x, c);
                     let n = lz4_size(buf, x);
                     if n < rep && best.is_none_or(|b| n < b.0) {
                         best = Some((n, c));
@@ -571,6 +593,8 @@ pub struct OpList {
     pub cycle_breaks: u64,
     pub seconds_plan: f64,
     pub seconds_order: f64,
+    pub cpu_seconds_plan: f64,
+    pub cpu_seconds_order: f64,
     /// Payloads encoded while choosing XOR sources (reused when they are the real payloads).
     cache: Cache,
 }
@@ -579,11 +603,13 @@ pub struct OpList {
 pub fn compute_ops(old: &[u8], new: &[u8], opts: &GenerateOptions) -> Result<OpList> {
     let bs = opts.writer.block_size as usize;
     let t0 = std::time::Instant::now();
+    let c0 = crate::tools::process_cpu_seconds();
     let pb = bar(opts, new.len() as u64, "diffing");
     let tick = |n: u64| pb.inc(n * bs as u64);
     let (mut plans, cache) = plan_cached(old, new, opts, &tick)?;
     pb.finish_and_clear();
     let t1 = std::time::Instant::now();
+    let c1 = crate::tools::process_cpu_seconds();
     let (sequence, cycle_breaks) = order(&mut plans, opts.writer.block_size);
     Ok(OpList {
         plans,
@@ -591,6 +617,8 @@ pub fn compute_ops(old: &[u8], new: &[u8], opts: &GenerateOptions) -> Result<OpL
         cycle_breaks,
         seconds_plan: (t1 - t0).as_secs_f64(),
         seconds_order: t1.elapsed().as_secs_f64(),
+        cpu_seconds_plan: c1 - c0,
+        cpu_seconds_order: crate::tools::process_cpu_seconds() - c1,
         cache,
     })
 }
@@ -606,6 +634,7 @@ pub fn write_ops<W: CowSink>(
     reuse_trials: bool,
 ) -> Result<GenerateStats> {
     let t = std::time::Instant::now();
+    let c = crate::tools::process_cpu_seconds();
     let empty = Cache::new();
     let cache = if reuse_trials { &ops.cache } else { &empty };
     let mut stats = write_plans(old, new, &ops.plans, &ops.sequence, cache, sink, opts)?;
@@ -613,6 +642,9 @@ pub fn write_ops<W: CowSink>(
     stats.seconds_plan = ops.seconds_plan;
     stats.seconds_order = ops.seconds_order;
     stats.seconds_write = t.elapsed().as_secs_f64();
+    stats.cpu_seconds_plan = ops.cpu_seconds_plan;
+    stats.cpu_seconds_order = ops.cpu_seconds_order;
+    stats.cpu_seconds_write = crate::tools::process_cpu_seconds() - c;
     Ok(stats)
 }
 

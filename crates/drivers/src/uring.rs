@@ -327,6 +327,8 @@ struct UringEngine {
     buf_gen: u64,
     /// Local copy of the registered buffers: (start, end, index).
     local_bufs: Vec<(usize, usize, u16)>,
+    /// Position in `local_bufs` of the last buffer a request fell into.
+    last_buf: usize,
 }
 
 impl UringEngine {
@@ -352,10 +354,19 @@ impl UringEngine {
             return None;
         }
         let end = addr.checked_add(len)?;
-        self.local_bufs
+        // Requests of one client nearly always come from the same region: try the last hit.
+        if let Some(&(s, e, bi)) = self.local_bufs.get(self.last_buf)
+            && addr >= s
+            && end <= e
+        {
+            return Some(bi);
+        }
+        let k = self
+            .local_bufs
             .iter()
-            .find(|(s, e, _)| addr >= *s && end <= *e)
-            .map(|b| b.2)
+            .position(|(s, e, _)| addr >= *s && end <= *e)?;
+        self.last_buf = k;
+        Some(self.local_bufs[k].2)
     }
 
     fn alloc_slot(&mut self, req: Request) -> u32 {
@@ -662,15 +673,33 @@ impl Engine for UringEngine {
     }
 
     fn reap(&mut self, out: &mut [Completion]) -> usize {
+        // CQEs are copied out in batches so the CQ head is published once per batch rather
+        // than once per CQE. Never take more CQEs than `out` has room for: each one may be a
+        // final completion.
+        const BATCH: usize = 32;
+        let mut got = [(0u64, 0i32); BATCH];
         let mut n = 0;
         while n < out.len() {
-            let Some(cqe) = self.ring.completion().next() else {
-                break;
+            let lim = (out.len() - n).min(BATCH);
+            let k = {
+                let mut cq = self.ring.completion();
+                let mut k = 0;
+                while k < lim {
+                    let Some(cqe) = cq.next() else { break };
+                    got[k] = (cqe.user_data(), cqe.result());
+                    k += 1;
+                }
+                k
             };
-            self.in_kernel -= 1;
-            if let Some(c) = self.complete(cqe.user_data() as u32, cqe.result()) {
-                out[n] = c;
-                n += 1;
+            if k == 0 {
+                break;
+            }
+            self.in_kernel -= k;
+            for &(ud, res) in &got[..k] {
+                if let Some(c) = self.complete(ud as u32, res) {
+                    out[n] = c;
+                    n += 1;
+                }
             }
         }
         n
@@ -680,6 +709,25 @@ impl Engine for UringEngine {
 struct UringQueue {
     core: QueueCore,
     eng: UringEngine,
+    /// Whether `completion_fd` was ever asked for. Until then nobody can be polling the
+    /// eventfd, so the kernel is told not to signal it (saves an eventfd wakeup per
+    /// completion batch for clients that only wait in `do_io`).
+    fd_handed_out: std::cell::Cell<bool>,
+}
+
+impl UringQueue {
+    /// Tell the kernel whether to signal the eventfd: only when enabled and handed out.
+    fn sync_eventfd_flag(&self) {
+        let on = self.core.completion_fd_enabled() && self.fd_handed_out.get();
+        // SAFETY: the queue is used by one thread at a time (`Queue` is not `Sync`) and no
+        // other CQ handle is alive during this call, so this is the only access to the CQ.
+        let cq = unsafe { self.eng.ring.completion_shared() };
+        if on {
+            cq.enable_eventfd();
+        } else {
+            cq.disable_eventfd();
+        }
+    }
 }
 
 impl UringQueue {
@@ -688,8 +736,11 @@ impl UringQueue {
         if poll {
             b.setup_iopoll();
         }
-        let ring = b.build(entries).map_err(Error::from_io)?;
+        let mut ring = b.build(entries).map_err(Error::from_io)?;
         let core = QueueCore::new(poll)?;
+        // The eventfd is registered now (so failures surface here) but silent until someone
+        // asks for it (`completion_fd`).
+        ring.completion().disable_eventfd();
         let sub = ring.submitter();
         if let Some(e) = core.eventfd() {
             sub.register_eventfd(e.raw())
@@ -715,6 +766,7 @@ impl UringQueue {
         }
         Ok(UringQueue {
             core,
+            fd_handed_out: std::cell::Cell::new(false),
             eng: UringEngine {
                 ring,
                 t,
@@ -729,6 +781,7 @@ impl UringQueue {
                 bufs,
                 buf_gen: u64::MAX,
                 local_bufs: Vec::new(),
+                last_buf: 0,
             },
         })
     }
@@ -815,11 +868,16 @@ impl Queue for UringQueue {
             _ => {}
         }
         let i = self.eng.alloc_slot(req);
-        self.eng.waiting.push_back(i);
-        if self.eng.waiting.len() == 1 {
-            // Straight into the SQ unless older requests are still waiting for room.
-            self.eng.fill_sq();
+        // Straight into the SQ unless older requests are still waiting for room.
+        if self.eng.waiting.is_empty() && self.eng.in_kernel < self.eng.cq_cap {
+            let e = self.eng.sqe(i);
+            // SAFETY: as in `fill_sq`: the buffers stay valid until the completion is reaped.
+            if unsafe { self.eng.ring.submission().push(&e) }.is_ok() {
+                self.eng.in_kernel += 1;
+                return;
+            }
         }
+        self.eng.waiting.push_back(i);
     }
 
     fn do_io(
@@ -832,16 +890,24 @@ impl Queue for UringQueue {
         self.core.do_io(&mut self.eng, out, min, timeout, sigmask)
     }
     fn completion_fd(&self) -> Option<RawFd> {
-        self.core.completion_fd()
+        let fd = self.core.completion_fd()?;
+        if !self.fd_handed_out.replace(true) {
+            self.sync_eventfd_flag();
+            // Completions posted while the fd was silent must not be missed by a caller who
+            // now polls it: with requests outstanding, make it readable once (a spurious
+            // wakeup only costs a do_io).
+            if self.core.completion_fd_enabled()
+                && self.eng.live > 0
+                && let Some(e) = self.core.eventfd()
+            {
+                e.signal();
+            }
+        }
+        Some(fd)
     }
     fn set_completion_fd_enabled(&mut self, enabled: bool) {
         self.core.set_completion_fd_enabled(enabled);
-        let cq = self.eng.ring.completion();
-        if enabled {
-            cq.enable_eventfd();
-        } else {
-            cq.disable_eventfd();
-        }
+        self.sync_eventfd_flag();
     }
     fn is_poll(&self) -> bool {
         self.eng.poll

@@ -436,3 +436,48 @@ fn uring_completion_fd_can_be_disabled() {
     q.read_at(0, &mut buf).unwrap();
     assert!(read_eventfd(fd).is_some());
 }
+
+#[test]
+fn uring_completion_fd_asked_for_late_still_signals() {
+    // The eventfd stays silent until someone asks for it; a caller who asks only after its
+    // request completed must still find the fd readable.
+    let d = TempDir::new("/tmp", "efdlate");
+    let f = make_file(&d.0, 1 << 20);
+    let mut b = open("io_uring", &f, false, 1);
+    let q = b.queue(0, false).unwrap();
+    let mut buf = vec![0u8; 4096];
+    // SAFETY: `buf` outlives the request, which is reaped below.
+    unsafe {
+        q.enqueue(Request::new(
+            Op::Read {
+                offset: 0,
+                buf: buf.as_mut_ptr(),
+                len: 4096,
+            },
+            7,
+            ReqFlags::NONE,
+        ))
+    };
+    let mut cs = [Completion::default(); 1];
+    // Submit only; the completion lands in the CQ without anyone watching.
+    assert_eq!(q.do_io(&mut cs[..0], 0, None, None).unwrap(), 0);
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    let fd = q.completion_fd().unwrap();
+    let mut p = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one live pollfd.
+    assert_eq!(
+        unsafe { libc::poll(&mut p, 1, 1000) },
+        1,
+        "fd must be readable"
+    );
+    assert_eq!(q.do_io(&mut cs, 1, None, None).unwrap(), 1);
+    assert_eq!((cs[0].user_data, cs[0].ret), (7, 0));
+    while read_eventfd(fd).is_some() {}
+    // From now on the kernel signals it for every completion.
+    q.read_at(0, &mut buf).unwrap();
+    assert!(read_eventfd(fd).is_some());
+}

@@ -133,6 +133,11 @@ impl UnitCache {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// Whether a unit of `len` bytes would be kept.
+    pub fn accepts(&self, len: u64) -> bool {
+        len <= self.cap
+    }
+
     /// The unit at `key`, if cached.
     pub fn get(&self, key: u64) -> Option<Arc<Vec<u8>>> {
         let mut g = self.lock();

@@ -269,13 +269,13 @@ pub struct Ticket<'a> {
 }
 
 impl Drop for Ticket<'_> {
+    #[inline]
     fn drop(&mut self) {
         if !self.class.background() {
             self.sched.fg_state.fetch_sub(1, Ordering::Release);
             return;
         }
-        self.sched.lock().bg_end(self.bytes);
-        self.sched.cv.notify_all();
+        self.sched.bg_end(self.bytes);
     }
 }
 
@@ -305,7 +305,14 @@ impl Scheduler {
         c.observe_fg(now, (st & (FG_STARTED_ONE - 1)) as u32, st >> FG_SHIFT);
     }
 
+    #[inline(never)]
+    fn bg_end(&self, bytes: u64) {
+        self.lock().bg_end(bytes);
+        self.cv.notify_all();
+    }
+
     /// Admit a request of `bytes` for `class`, waiting if it is background and over budget.
+    #[inline]
     pub fn admit(&self, class: IoClass, bytes: u64) -> Ticket<'_> {
         if !class.background() {
             self.fg_state
@@ -318,6 +325,11 @@ impl Scheduler {
                 bytes,
             };
         }
+        self.admit_bg(class, bytes)
+    }
+
+    #[inline(never)]
+    fn admit_bg(&self, class: IoClass, bytes: u64) -> Ticket<'_> {
         let mut c = self.lock();
         let start = self.now();
         let mut throttled = false;

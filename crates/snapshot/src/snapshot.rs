@@ -412,13 +412,18 @@ impl Snapshot {
                 Segment::Decoded { payload, skip, .. } => {
                     if skip == 0 && n == payload.unit_len as usize {
                         // A whole unit: copy it from the cache if it is there, else decode
-                        // straight into the request buffer (not cached: read whole, it is
-                        // unlikely to be read again soon, and the page cache above us keeps it).
+                        // straight into the request buffer and keep a copy in the cache (random
+                        // reads come back; that copy is the one the cached path always made).
                         match self.cache.get(payload.offset) {
                             Some(u) => {
                                 dst.copy_from_slice(u.get(..n).ok_or_else(|| short(&payload))?)
                             }
-                            None => self.decode_into(class, &payload, dst)?,
+                            None => {
+                                self.decode_into(class, &payload, dst)?;
+                                if self.cache.accepts(n as u64) {
+                                    self.cache.insert(payload.offset, Arc::new(dst.to_vec()));
+                                }
+                            }
                         }
                     } else {
                         let unit = self.unit(class, &payload)?;

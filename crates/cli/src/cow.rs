@@ -185,6 +185,9 @@ pub fn run(c: CowCmd) -> Result<()> {
             let secs = t.elapsed().as_secs_f64();
             let total = t0.elapsed().as_secs_f64();
             let writer_only = if time_writer {
+                // Start from an empty file again, as the first run did.
+                f.set_len(0)
+                    .with_context(|| format!("truncate {}", out.display()))?;
                 let again = write_ops(&old_img, &new_img, &ops, &f, &opts, false)
                     .context("create COW (writer timing run)")?;
                 if again.cow_bytes != stats.cow_bytes {

@@ -400,15 +400,20 @@ impl<W: CowSink> CowWriter<W> {
         data: &mut Vec<u8>,
         k: usize,
     ) -> Result<()> {
-        let mut buf = Vec::with_capacity(20 * k + data.len());
+        // Records (padded to the cluster's k slots), then the payloads right after them: two
+        // writes, so the payload bytes are not copied once more into a joint buffer.
+        let mut recs = Vec::with_capacity(20 * k);
         for r in ops.iter() {
-            buf.extend_from_slice(r);
+            recs.extend_from_slice(r);
         }
-        buf.resize(20 * k, 0);
-        buf.extend_from_slice(data);
-        sink.write_all_at(*cluster_start, &buf)
+        recs.resize(20 * k, 0);
+        sink.write_all_at(*cluster_start, &recs)
             .map_err(io_at(*cluster_start))?;
-        *cluster_start += buf.len() as u64;
+        let data_at = *cluster_start + recs.len() as u64;
+        if !data.is_empty() {
+            sink.write_all_at(data_at, data).map_err(io_at(data_at))?;
+        }
+        *cluster_start = data_at + data.len() as u64;
         ops.clear();
         data.clear();
         Ok(())

@@ -8,8 +8,14 @@
 # buffers, non-vectored READ/WRITE: FIO_URING_OPTS), so the comparison is between the two
 # measuring tools, not between two ways of driving io_uring.
 #
+# Both tools write the same kind of data, which matters on zram (it compresses every page, and
+# lzo gives up on truly random pages ~2x sooner than on fio's random-but-stamped ones): random
+# buffers filled once and scrambled per write (fio's defaults, snapblk bench's defaults since
+# it has fio's buffer options). BUF_OPTS (e.g. "--refill_buffers" or
+# "--buffer_compress_percentage=50") is passed to both tools to compare other data.
+#
 # Usage (root for zram): bash bench/fio-agreement.sh          (env: ROUNDS=3 RUNTIME=5 RAMP=1
-#   SIZE=1G SNAPBLK=target/release/snapblk ZRAM_WAIT=600 OUT=fio-agreement.md)
+#   SIZE=1G SNAPBLK=target/release/snapblk ZRAM_WAIT=600 OUT=fio-agreement.md BUF_OPTS=)
 # Needs: fio (Debian package), python3. zram0 is configured only if its disksize is 0 (and reset
 # afterwards); if another job holds it, the script waits up to ZRAM_WAIT seconds, then skips zram.
 set -euo pipefail
@@ -22,6 +28,7 @@ SNAPBLK=${SNAPBLK:-target/release/snapblk}
 ZRAM_WAIT=${ZRAM_WAIT:-600}
 OUT=${OUT:-}
 FIO_URING_OPTS=${FIO_URING_OPTS:---fixedbufs --registerfiles --nonvectored=1}
+BUF_OPTS=${BUF_OPTS:-}
 command -v fio >/dev/null || { echo "fio missing (apt-get install fio)" >&2; exit 1; }
 command -v python3 >/dev/null || { echo "python3 missing" >&2; exit 1; }
 [ -x "$SNAPBLK" ] || cargo build --release -p snapblk-cli >&2
@@ -81,6 +88,8 @@ run_fio() {
   # shellcheck disable=SC2206 # word splitting of the option list is intended
   [ "$engine" = io_uring ] && extra+=($FIO_URING_OPTS)
   [ "$engine" = null ] && extra=()
+  # shellcheck disable=SC2206 # word splitting of the option list is intended
+  extra+=($BUF_OPTS)
   fio --name=agree --rw="$rw" --bs="$bs" --iodepth="$qd" --numjobs=1 --ioengine="$engine" \
       --size="$SIZE" --time_based --runtime="$RUNTIME" --ramp_time="$RAMP" --group_reporting \
       --randrepeat=0 --output-format=json "${extra[@]}" > "$work/fio.json"
@@ -100,6 +109,8 @@ run_snapblk() {
   local tname=$1 pname=$2 spec=$3 rw=$4 bs=$5 qd=$6 direct=$7 round=$8
   local extra=()
   [ "$direct" = 1 ] && extra=(--direct)
+  # shellcheck disable=SC2206 # word splitting of the option list is intended
+  extra+=($BUF_OPTS)
   "$SNAPBLK" bench "$spec" --rw "$rw" --bs "$bs" --iodepth "$qd" --numjobs 1 --size "$SIZE" \
       --runtime "$RUNTIME" --ramp_time "$RAMP" --json --output "$work/snap.json" "${extra[@]}" > /dev/null 2>"$work/snap.err" \
       || { cat "$work/snap.err" >&2; exit 1; }

@@ -314,6 +314,15 @@ struct Job<'a> {
     measure_end: Option<Instant>,
     progress: Option<Arc<AtomicU64>>,
     io_error: Option<String>,
+    /// Write-buffer handling outside verify mode.
+    data: DataGen,
+}
+
+/// Refills or scrambles write buffers per write (see [`crate::buffer`]).
+struct DataGen {
+    opts: crate::buffer::BufferOpts,
+    rng: crate::rng::Rng,
+    t0: Instant,
 }
 
 impl Job<'_> {
@@ -359,6 +368,16 @@ impl Job<'_> {
                 verify::fill(s, offset, v.seed, generation);
             } else {
                 generation = u32::from(v.generation[b]);
+            }
+        } else if dir == Dir::Write && (self.data.opts.refill || self.data.opts.scramble) {
+            // SAFETY: slot `i` is free, so no request uses its bytes.
+            let s = unsafe { std::slice::from_raw_parts_mut(p, len) };
+            let d = &mut self.data;
+            if d.opts.refill {
+                crate::buffer::fill(s, &mut d.rng, d.opts.compress_percentage);
+            } else {
+                let t = now.unwrap_or_else(Instant::now);
+                crate::buffer::scramble(s, offset, t.saturating_duration_since(d.t0));
             }
         }
         // Reuse the caller's clock read unless we waited since (one clock read per I/O).
@@ -559,16 +578,18 @@ fn run_job(q: &mut dyn Queue, ctx: JobCtx<'_>) -> Result<JobResult> {
         measure_end: None,
         progress: ctx.progress.clone(),
         io_error: None,
+        data: DataGen {
+            opts: spec.buffers,
+            rng: crate::rng::Rng::new(spec.seed ^ crate::rng::mix(u64::from(ctx.job) + 1)),
+            t0: Instant::now(),
+        },
     };
     if job.verify.is_none() {
-        // Incompressible, non-zero write data (fio's default is random buffers too).
+        // Random write data, filled once (fio's default); refilled or scrambled per write.
         // SAFETY: no I/O is in flight; the buffer holds iodepth * bs bytes.
         let all = unsafe { std::slice::from_raw_parts_mut(ctx.buf.addr, qd * spec.bs as usize) };
-        let mut r = crate::rng::Rng::new(spec.seed ^ u64::from(ctx.job));
-        for c in all.chunks_mut(8) {
-            let v = r.next_u64().to_le_bytes();
-            let l = c.len();
-            c.copy_from_slice(&v[..l]);
+        for b in all.chunks_mut(spec.bs as usize) {
+            crate::buffer::fill(b, &mut job.data.rng, spec.buffers.compress_percentage);
         }
     }
     // Reads in verify mode need known content: write the region first (not measured).

@@ -2,6 +2,8 @@
 //!
 //! * [`spec`] describes workloads the way fio does (`rw`, `bs`, `iodepth`, `numjobs`, `size`,
 //!   `runtime`, `ramp_time`, `verify`), from flags or a TOML job file, and expands sweeps;
+//! * [`buffer`] fills write buffers like fio does (random, scrambled per write; optional
+//!   refill and compressible share);
 //! * [`engine`] runs a workload on any [`snapblk_core::Queue`]: one queue per job thread, each
 //!   keeping `iodepth` requests in flight with `enqueue` + `do_io`, recording every latency in a
 //!   mergeable HDR histogram plus a per-second series;
@@ -12,6 +14,7 @@
 //! * [`report`] turns results into a table and a versioned JSON document (with [`context`]:
 //!   kernel, scheduler, read_ahead_kb, cache state), [`plot`] into SVG charts.
 
+pub mod buffer;
 pub mod capi;
 pub mod context;
 pub mod engine;

@@ -91,6 +91,11 @@ pub struct JobSpec {
     pub verify: bool,
     /// Seed of random offsets and verify patterns.
     pub seed: u64,
+    /// Write-buffer contents outside verify mode (fio's `buffer_compress_percentage`,
+    /// `refill_buffers`, `scramble_buffers`). Not in the JSON spec (its schema is closed); the
+    /// command line in the document records them.
+    #[serde(skip)]
+    pub buffers: crate::buffer::BufferOpts,
 }
 
 impl Default for JobSpec {
@@ -109,6 +114,7 @@ impl Default for JobSpec {
             direct: false,
             verify: false,
             seed: 0x5eed_b10c,
+            buffers: crate::buffer::BufferOpts::default(),
         }
     }
 }
@@ -130,6 +136,11 @@ impl JobSpec {
                 "numjobs {} must be in 1..=256",
                 self.numjobs
             )));
+        }
+        if self.buffers.compress_percentage > 100 {
+            return Err(Error::Spec(
+                "buffer_compress_percentage must be 0..=100".into(),
+            ));
         }
         if self.rwmixread > 100 {
             return Err(Error::Spec("rwmixread must be 0..=100".into()));
@@ -410,6 +421,9 @@ fn apply_table(t: &toml::Table, spec: &mut JobSpec, sweep: &mut Sweep) -> Result
             "direct" => spec.direct = boolean(k, one()?)?,
             "verify" => spec.verify = boolean(k, one()?)?,
             "seed" | "randseed" => spec.seed = num(k, one()?)?,
+            "buffer_compress_percentage" => spec.buffers.compress_percentage = num(k, one()?)?,
+            "refill_buffers" => spec.buffers.refill = boolean(k, one()?)?,
+            "scramble_buffers" => spec.buffers.scramble = boolean(k, one()?)?,
             "time_based" => {}
             other => return Err(Error::JobFile(format!("unknown key {other:?}"))),
         }
@@ -496,5 +510,18 @@ rw = "write"
         assert!(parse_job_file("[[job]]\nfoo = 1", &JobSpec::default()).is_err());
         assert!(parse_job_file("[[job]]\nsize = [\"1M\", \"2M\"]", &JobSpec::default()).is_err());
         assert!(parse_job_file("x = 1", &JobSpec::default()).is_err());
+    }
+
+    #[test]
+    fn buffer_keys_in_job_files() {
+        let d = JobSpec::default();
+        assert_eq!(d.buffers, crate::buffer::BufferOpts::default());
+        assert!(d.buffers.scramble && !d.buffers.refill);
+        let text = "[global]\nbuffer_compress_percentage = 30\n[[job]]\nrefill_buffers = true\nscramble_buffers = 0\n";
+        let j = &parse_job_file(text, &d).unwrap()[0];
+        assert_eq!(j.buffers.compress_percentage, 30);
+        assert!(j.buffers.refill && !j.buffers.scramble);
+        let bad = "[[job]]\nbuffer_compress_percentage = 101\n";
+        assert!(parse_job_file(bad, &d).is_err());
     }
 }

@@ -195,3 +195,70 @@ fn bad_jobs_are_rejected() {
         .is_err()
     );
 }
+
+/// Blocks of `data` in `[0, size)` of `bs` bytes.
+fn blocks(data: &[u8], bs: usize, size: usize) -> Vec<Vec<u8>> {
+    data[..size].chunks(bs).map(<[u8]>::to_vec).collect()
+}
+
+#[test]
+fn write_buffers_are_random_and_scrambled_like_fio() {
+    use snapblk_bench::buffer::BufferOpts;
+    // 2 buffers reused for 16 writes.
+    let run = |buffers: BufferOpts| {
+        let (mut t, sh) = recording_target(MB);
+        let spec = JobSpec {
+            buffers,
+            ..job(RwMode::Write, 4096, 2, 1, 64 << 10)
+        };
+        run_workload(&mut t, &spec, &RunOpts::default()).unwrap();
+        let d = sh.lock().unwrap().data.clone();
+        blocks(&d, 4096, 64 << 10)
+    };
+    let zeros = |b: &[Vec<u8>]| b.iter().flatten().filter(|&&x| x == 0).count();
+    let distinct = |b: &[Vec<u8>]| b.iter().collect::<HashSet<_>>().len();
+
+    // Default: random, and every write unique although buffers are reused.
+    let def = run(BufferOpts::default());
+    assert_eq!(distinct(&def), 16);
+    // Random bytes are zero 1/256 of the time; the stamps add a few zero bytes per sector
+    // (high bytes of small offsets and times; offsets of earlier writes stay in the buffer).
+    assert!(
+        zeros(&def) < (64 << 10) / 10,
+        "default data is not random: {} zeros",
+        zeros(&def)
+    );
+    // ... and every 512-byte sector too (no dedupe possible).
+    let secs: HashSet<&[u8]> = def.iter().flat_map(|b| b.chunks(512)).collect();
+    assert_eq!(secs.len(), 128);
+
+    // Scrambling off: the 2 buffers are written over and over.
+    let plain = run(BufferOpts {
+        scramble: false,
+        ..Default::default()
+    });
+    assert_eq!(distinct(&plain), 2);
+
+    // Refill: unique writes that share almost no bytes.
+    let refill = run(BufferOpts {
+        refill: true,
+        scramble: false,
+        ..Default::default()
+    });
+    assert_eq!(distinct(&refill), 16);
+    let same = refill[0]
+        .iter()
+        .zip(&refill[2])
+        .filter(|(a, b)| a == b)
+        .count();
+    assert!(same < 100, "{same} equal bytes after refill");
+
+    // A compressible share (without the stamps, which land in the zero half too).
+    let half = run(BufferOpts {
+        compress_percentage: 50,
+        scramble: false,
+        ..Default::default()
+    });
+    let share = zeros(&half) as f64 / (64 << 10) as f64;
+    assert!((0.495..0.51).contains(&share), "{share}");
+}

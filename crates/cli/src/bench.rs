@@ -100,6 +100,22 @@ struct WorkloadArgs {
     /// Seed for random offsets and verify data.
     #[arg(long, alias = "randseed", default_value_t = 0x5eed_b10c)]
     seed: u64,
+    /// Percentage of every 512-byte segment of write buffers that is zeros (fio's; default 0:
+    /// incompressible random data).
+    #[arg(
+        long = "buffer_compress_percentage",
+        alias = "buffer-compress-percentage",
+        default_value_t = 0
+    )]
+    buffer_compress_percentage: u32,
+    /// Refill write buffers with new random data before every write (fio's refill_buffers).
+    #[arg(long = "refill_buffers", alias = "refill-buffers")]
+    refill_buffers: bool,
+    /// Stamp offset and time into every sector of every write, as fio does by default
+    /// (scramble_buffers=1); `--scramble_buffers 0` reuses buffers unchanged.
+    #[arg(long = "scramble_buffers", alias = "scramble-buffers", default_value = "1", action = clap::ArgAction::Set,
+        value_parser = parse_flag)]
+    scramble_buffers: bool,
     /// Run every configuration N times, interleaved, and report the spread.
     #[arg(long, default_value_t = 1)]
     repeat: u32,
@@ -295,8 +311,22 @@ fn lists(w: &WorkloadArgs) -> anyhow::Result<(JobSpec, Sweep)> {
         direct: w.direct,
         verify: w.verify,
         seed: w.seed,
+        buffers: snapblk_bench::buffer::BufferOpts {
+            compress_percentage: w.buffer_compress_percentage,
+            refill: w.refill_buffers,
+            scramble: w.scramble_buffers,
+        },
     };
     Ok((base, sweep))
+}
+
+/// fio-style boolean option values: 1/0, true/false, yes/no, on/off.
+fn parse_flag(s: &str) -> Result<bool, String> {
+    match s.to_ascii_lowercase().as_str() {
+        "1" | "true" | "yes" | "on" => Ok(true),
+        "0" | "false" | "no" | "off" => Ok(false),
+        _ => Err(format!("expected 0 or 1, got {s:?}")),
+    }
 }
 
 fn num_err(what: &str, s: &str) -> snapblk_bench::Error {

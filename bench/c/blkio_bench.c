@@ -1,7 +1,7 @@
 /*
  * 4 KiB random-read load generator over the libblkio API (io_uring driver), for
  * bench/libblkio-bench.sh: runs against whichever libblkio.so.1 LD_LIBRARY_PATH selects.
- * Usage: blkio_bench PATH QD SECONDS DIRECT(0|1)   -> prints "iops=N"
+ * Usage: blkio_bench PATH QD SECONDS DIRECT(0|1)   -> prints "iops=N ios=N"
  */
 #define _GNU_SOURCE
 #include <blkio.h>
@@ -57,7 +57,7 @@ int main(int argc, char **argv)
         done += n;
         if ((done & 1023) < (uint64_t)n && (t1 = now()) - t0 >= secs) break;
     }
-    printf("iops=%.0f\n", done / (t1 - t0));
+    printf("iops=%.0f ios=%llu\n", done / (t1 - t0), (unsigned long long)done);
     blkio_destroy(&b);
     return 0;
 }

@@ -42,6 +42,10 @@ for mb in $SIZES; do
   echo "== building the ${mb} MiB pair" >&2
   python3 "$ROOT/bench/cow/make-pair.py" "$dir" "$mb" 2>&1 | grep -v '^Creating' >&2
   cd "$dir"
+  # How many cores this run really gets: one sha256sum of the new image vs two at once.
+  t1=$( { /usr/bin/time -f %e sha256sum new.img >/dev/null; } 2>&1 )
+  t2=$( { /usr/bin/time -f %e bash -c 'sha256sum new.img >/dev/null & sha256sum new.img >/dev/null; wait'; } 2>&1 )
+  echo "effective cores: $(python3 -c "print(f'{2 * $t1 / $t2:.2f}')") (sha256sum x1 ${t1}s, x2 concurrently ${t2}s); load: $(cut -d' ' -f1-3 /proc/loadavg)"
   out=()
   for cfg in "v2 lz4" "v2 zstd" "v2 gz" "v3 lz4" "v3 zstd 65536"; do
     set -- $cfg

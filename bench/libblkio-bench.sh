@@ -2,8 +2,11 @@
 # 4 KiB random read, QD1 and QD32, on zram (O_DIRECT) and tmpfs (buffered):
 #   real libblkio 1.5 (Debian trixie)  vs  snapblk's libblkio.so.1  vs  fio's own io_uring engine.
 # libblkio is driven by one C client (bench/c/blkio_bench.c; this fio 3.33 has no libblkio engine).
-# Runs are interleaved and repeated (ROUNDS, default 5; SECS per run, default 3); prints medians
-# and ratios. Needs root for zram (uses /dev/zram0; configures it only if its disksize is 0 and
+# Runs are interleaved and repeated (ROUNDS, default 5; SECS per run, default 3); prints medians,
+# the min-max spread and ratios. Then (unless CALLGRIND=0) user-space instructions per I/O spent
+# inside the libblkio calls (blkioq_read + blkioq_do_io, callgrind --toggle-collect) for both
+# libraries at QD1 and QD32 on tmpfs: a figure that a busy machine does not disturb.
+# Needs root for zram (uses /dev/zram0; configures it only if its disksize is 0 and
 # resets it at the end in that case).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -21,7 +24,8 @@ cleanup() {
 }
 trap cleanup EXIT
 mkdir -p "$work/snap"
-ln -sf "$root/target/release/libblkio.so" "$work/snap/libblkio.so.1"
+# A private copy: a concurrent `cargo build` may replace target/release/libblkio.so mid-run.
+cp "$root/target/release/libblkio.so" "$work/snap/libblkio.so.1"
 gcc -O2 -Wall -I "$realinc" bench/c/blkio_bench.c -L "$real" -l:libblkio.so.1 -o "$work/bench"
 
 targets=()
@@ -43,8 +47,8 @@ targets+=("tmpfs:/dev/shm/snapblk-bench.img:0")
 
 run() { # engine path qd direct
   case $1 in
-    real) LD_LIBRARY_PATH="$real" "$work/bench" "$2" "$3" "$SECS" "$4" | sed 's/iops=//' ;;
-    snapblk) LD_LIBRARY_PATH="$work/snap" "$work/bench" "$2" "$3" "$SECS" "$4" | sed 's/iops=//' ;;
+    real) LD_LIBRARY_PATH="$real" "$work/bench" "$2" "$3" "$SECS" "$4" | sed 's/iops=\([0-9]*\).*/\1/' ;;
+    snapblk) LD_LIBRARY_PATH="$work/snap" "$work/bench" "$2" "$3" "$SECS" "$4" | sed 's/iops=\([0-9]*\).*/\1/' ;;
     fio) fio --name=r --filename="$2" --ioengine=io_uring --rw=randread --bs=4k --iodepth="$3" \
            --direct="$4" --time_based --runtime="$SECS" --norandommap --randrepeat=0 \
            --output-format=json 2>/dev/null | python3 -c 'import json,sys; print(round(json.load(sys.stdin)["jobs"][0]["read"]["iops"]))' ;;
@@ -64,6 +68,7 @@ for ((r = 1; r <= ROUNDS; r++)); do
   done
 done
 median() { tr ' ' '\n' | grep -v '^$' | sort -n | awk '{a[NR]=$1} END {print (NR%2) ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2}'; }
+spread() { tr ' ' '\n' | grep -v '^$' | sort -n | awk 'NR==1{lo=$1} {hi=$1} END {printf "%.0fk-%.0fk", lo/1000, hi/1000}'; }
 echo
 echo "| target | QD | fio io_uring | real libblkio 1.5 | snapblk libblkio | real / fio | snapblk / fio | snapblk / real |"
 echo "|---|---|---|---|---|---|---|---|"
@@ -76,3 +81,35 @@ for t in "${targets[@]}"; do
   done
 done
 echo "(medians of $ROUNDS interleaved rounds, $SECS s each, 4 KiB random read)"
+echo
+echo "spread (min-max IOPS over the rounds):"
+echo
+echo "| target | QD | fio io_uring | real libblkio 1.5 | snapblk libblkio |"
+echo "|---|---|---|---|---|"
+for t in "${targets[@]}"; do
+  name=${t%%:*}
+  for qd in 1 32; do
+    echo "| $name | $qd | $(echo "${res[$name/$qd/fio]}" | spread) | $(echo "${res[$name/$qd/real]}" | spread) | $(echo "${res[$name/$qd/snapblk]}" | spread) |"
+  done
+done
+
+if [ "${CALLGRIND:-1}" = 1 ]; then
+  command -v valgrind >/dev/null || { echo "valgrind missing (apt-get install valgrind), or CALLGRIND=0" >&2; exit 1; }
+  echo
+  echo "user instructions per I/O inside blkioq_read + blkioq_do_io (callgrind, tmpfs, 2 s):"
+  echo
+  echo "| QD | real libblkio 1.5 | snapblk libblkio |"
+  echo "|---|---|---|"
+  for qd in 1 32; do
+    row="| $qd |"
+    for lib in "$real" "$work/snap"; do
+      out=$(LD_LIBRARY_PATH="$lib" valgrind --tool=callgrind --toggle-collect=blkioq_do_io \
+              --toggle-collect=blkioq_read --callgrind-out-file="$work/cg.out" \
+              "$work/bench" /dev/shm/snapblk-bench.img "$qd" 2 0 2>/dev/null)
+      ios=${out##*ios=}
+      ir=$(callgrind_annotate "$work/cg.out" 2>/dev/null | awk '/PROGRAM TOTALS/ {gsub(",", "", $1); print $1}')
+      row+=" $((ir / ios)) |"
+    done
+    echo "$row"
+  done
+fi

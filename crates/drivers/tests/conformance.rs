@@ -588,3 +588,47 @@ fn uring_completion_fd_in_use_is_not_signalled_twice() {
         assert_eq!(read_eventfd(fd), None, "round {round}: signalled twice");
     }
 }
+
+#[test]
+fn uring_region_mapped_after_another_thread_started_the_queue() {
+    // The kernel refuses buffer registration on a SINGLE_ISSUER ring from a foreign thread:
+    // the region must then simply work unregistered.
+    let d = TempDir::new("/tmp", "latemap");
+    let f = make_file(&d.0, 1 << 20);
+    let mut b = open("io_uring", &f, false, 1);
+    let mut q = b.take_queue(0, false).unwrap();
+    let mut tmp = vec![0u8; 4096];
+    let (tx, rx) = std::sync::mpsc::channel::<usize>();
+    let (done_tx, done_rx) = std::sync::mpsc::channel::<Vec<u8>>();
+    let worker = std::thread::spawn(move || {
+        q.read_at(0, &mut tmp).unwrap();
+        for addr in rx {
+            let c = run_one(
+                &mut *q,
+                Request::new(
+                    Op::Read {
+                        offset: 8192,
+                        buf: addr as *mut u8,
+                        len: 4096,
+                    },
+                    1,
+                    ReqFlags::NONE,
+                ),
+            );
+            assert_eq!(c.ret, 0);
+            // SAFETY: the read completed into the live region.
+            let got = unsafe { std::slice::from_raw_parts(addr as *const u8, 4096) };
+            done_tx.send(got.to_vec()).unwrap();
+        }
+        q
+    });
+    let mem = b.alloc_mem_region(4096).unwrap();
+    b.map_mem_region(&mem).unwrap();
+    tx.send(mem.addr as usize).unwrap();
+    let got = done_rx.recv().unwrap();
+    assert_eq!(got, pattern(1 << 20, 3)[8192..12288]);
+    drop(tx);
+    drop(worker.join().unwrap());
+    b.unmap_mem_region(&mem);
+    b.free_mem_region(&mem).unwrap();
+}

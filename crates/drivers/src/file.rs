@@ -7,6 +7,7 @@ use snapblk_core::request::ReqFlags;
 use snapblk_core::{DeviceInfo, Error, Result, State};
 use std::ffi::CString;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::Arc;
 
 const BLKGETSIZE64: libc::c_ulong = 0x8008_1272;
 const BLKDISCARD: libc::c_ulong = 0x1277;
@@ -133,6 +134,17 @@ pub(crate) struct FileConfig {
     pub direct: bool,
 }
 
+fn unknown_property() -> Error {
+    Error::new(libc::ENOENT, "Unknown property name")
+}
+
+/// The target of a connected file driver, or ENODEV before connect.
+pub(crate) fn connected(target: &Option<Arc<Target>>) -> Result<&Arc<Target>> {
+    target
+        .as_ref()
+        .ok_or_else(|| Error::new(libc::ENODEV, "Device must be connected"))
+}
+
 impl FileConfig {
     pub fn new() -> Self {
         FileConfig {
@@ -142,17 +154,18 @@ impl FileConfig {
         }
     }
 
-    pub fn get(&self, name: &str, target: Option<&Target>) -> Option<PropValue> {
-        Some(match name {
+    /// A file property; ENOENT for any other name (the drivers' remaining properties).
+    pub fn get(&self, name: &str, target: Option<&Target>) -> Result<PropValue> {
+        Ok(match name {
             "path" => PropValue::Str(self.path.clone()),
             "fd" => PropValue::Int(target.map_or(self.fd, |t| t.raw())),
             "direct" => PropValue::Bool(target.map_or(self.direct, |t| t.direct)),
-            _ => return None,
+            _ => return Err(unknown_property()),
         })
     }
 
-    /// Returns `Ok(false)` when `name` is not a file property.
-    pub fn set(&mut self, name: &str, v: &PropValue, _state: State) -> Result<bool> {
+    /// Set a file property; ENOENT for any other name.
+    pub fn set(&mut self, name: &str, v: &PropValue, _state: State) -> Result<()> {
         match (name, v) {
             ("path", PropValue::Str(s)) => self.path = s.clone(),
             ("fd", PropValue::Int(i)) => {
@@ -162,9 +175,9 @@ impl FileConfig {
                 self.fd = *i
             }
             ("direct", PropValue::Bool(b)) => self.direct = *b,
-            _ => return Ok(false),
+            _ => return Err(unknown_property()),
         }
-        Ok(true)
+        Ok(())
     }
 
     /// Open the target. On failure nothing is left behind: a pre-opened `fd` stays the caller's

@@ -2,7 +2,7 @@
 //! block device, executed inside `do_io`. For systems without io_uring, and as a simple
 //! reference the io_uring driver is tested against.
 
-use crate::file::{FILE_PROPS, FileConfig, Target, rw_full};
+use crate::file::{FILE_PROPS, FileConfig, Target, connected, rw_full};
 use snapblk_core::props::{PropSpec, PropValue};
 use snapblk_core::queue::{Engine, QueueCore};
 use snapblk_core::request::ReqFlags;
@@ -36,10 +36,6 @@ impl Default for SyncDriver {
     }
 }
 
-fn unknown() -> Error {
-    Error::new(libc::ENOENT, "Unknown property name")
-}
-
 impl Driver for SyncDriver {
     fn name(&self) -> &str {
         self.name
@@ -48,16 +44,10 @@ impl Driver for SyncDriver {
         FILE_PROPS
     }
     fn get_prop(&self, name: &str, _state: State) -> Result<PropValue> {
-        self.cfg
-            .get(name, self.target.as_deref())
-            .ok_or_else(unknown)
+        self.cfg.get(name, self.target.as_deref())
     }
     fn set_prop(&mut self, name: &str, value: PropValue, state: State) -> Result<()> {
-        if self.cfg.set(name, &value, state)? {
-            Ok(())
-        } else {
-            Err(unknown())
-        }
+        self.cfg.set(name, &value, state)
     }
     fn connect(&mut self, read_only: bool) -> Result<DeviceInfo> {
         let (t, info) = self.cfg.open(read_only)?;
@@ -65,15 +55,10 @@ impl Driver for SyncDriver {
         Ok(info)
     }
     fn capacity(&self) -> Result<u64> {
-        match &self.target {
-            Some(t) => t.capacity(),
-            None => Err(Error::new(libc::ENODEV, "Device must be connected")),
-        }
+        connected(&self.target)?.capacity()
     }
     fn create_queue(&mut self, poll: bool) -> Result<Box<dyn Queue>> {
-        let Some(t) = &self.target else {
-            return Err(Error::new(libc::ENODEV, "Device must be connected"));
-        };
+        let t = connected(&self.target)?;
         if poll {
             return Err(Error::inval("Poll queues not supported"));
         }

@@ -16,7 +16,7 @@
 //! 8-byte sigmask size, the completion-fd enable flag is honoured, and the poll-queue probe
 //! issues a real read so that devices without poll support report `supports-poll-queues=false`.
 
-use crate::file::{FILE_PROPS, FileConfig, Target, advance, zero_iov};
+use crate::file::{FILE_PROPS, FileConfig, Target, advance, connected, zero_iov};
 use io_uring::{IoUring, opcode, squeue, types};
 use snapblk_core::props::{Access, PropSpec, PropType, PropValue};
 use snapblk_core::queue::{Engine, QueueCore};
@@ -191,10 +191,6 @@ impl Default for UringDriver {
     }
 }
 
-fn unknown() -> Error {
-    Error::new(libc::ENOENT, "Unknown property name")
-}
-
 /// Does an IOPOLL read of one block really work? (libblkio probed with a zero-length read,
 /// which succeeds even where the device has no poll queues.)
 fn probe_poll(t: &Target, align: usize) -> bool {
@@ -238,9 +234,7 @@ impl Driver for UringDriver {
         if name == "num-entries" {
             return Ok(PropValue::Int(self.num_entries));
         }
-        self.cfg
-            .get(name, self.target.as_deref())
-            .ok_or_else(unknown)
+        self.cfg.get(name, self.target.as_deref())
     }
     fn set_prop(&mut self, name: &str, value: PropValue, state: State) -> Result<()> {
         if let ("num-entries", PropValue::Int(n)) = (name, &value) {
@@ -250,11 +244,7 @@ impl Driver for UringDriver {
             self.num_entries = *n;
             return Ok(());
         }
-        if self.cfg.set(name, &value, state)? {
-            Ok(())
-        } else {
-            Err(unknown())
-        }
+        self.cfg.set(name, &value, state)
     }
     fn connect(&mut self, read_only: bool) -> Result<DeviceInfo> {
         let (t, mut info) = self.cfg.open(read_only)?;
@@ -263,15 +253,10 @@ impl Driver for UringDriver {
         Ok(info)
     }
     fn capacity(&self) -> Result<u64> {
-        match &self.target {
-            Some(t) => t.capacity(),
-            None => Err(Error::new(libc::ENODEV, "Device must be connected")),
-        }
+        connected(&self.target)?.capacity()
     }
     fn create_queue(&mut self, poll: bool) -> Result<Box<dyn Queue>> {
-        let Some(t) = &self.target else {
-            return Err(Error::new(libc::ENODEV, "Device must be connected"));
-        };
+        let t = connected(&self.target)?;
         Ok(Box::new(UringQueue::new(
             t.clone(),
             self.bufs.clone(),

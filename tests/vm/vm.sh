@@ -22,7 +22,10 @@
 #   VM_KVER (newest in sid, e.g. 7.2.13+deb14)  VM_SMP (2)  VM_MEM (2G)  VM_TIMEOUT (600 s)
 #   VM_ACCEL (tcg: tcg|kvm|auto; auto = kvm when /dev/kvm is usable and not PVM)
 #   VM_SUITE (sid)  VM_MIRROR (http://deb.debian.org/debian)  VM_APPEND (extra kernel cmdline)
-#   VM_MODULES (extra module names to load)
+#   VM_MODULES (extra module names to load; kernel-cmdline "mod.param=v" words are passed
+#   to their insmod, as modprobe would)  VM_QEMU_ARGS (extra qemu arguments, split on blanks:
+#   e.g. "-drive file=IMG,if=none,id=nv0,format=raw -device nvme,serial=x,drive=nv0")
+#   VM_LOG (copy of the console output, default $VM_CACHE/last-run.log)
 set -euo pipefail
 
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -42,7 +45,7 @@ die() { log "ERROR: $*"; exit 1; }
 
 mkdir -p "$C"
 # Log of the last run: the test suite greps it for markers.
-LOGF=$C/last-run.log
+LOGF=${VM_LOG:-$C/last-run.log}
 
 # ------------------------------------------------------------------ host tools
 host_check() {
@@ -163,7 +166,14 @@ mount -t devpts devpts /dev/pts
 mount -t tmpfs tmpfs /dev/shm
 mount -t tmpfs tmpfs /tmp
 mount -t tmpfs tmpfs /run
-while read -r m; do insmod "/lib/modules/$m.ko" || echo "VM insmod $m failed"; done < /lib/modules/load.order
+# module parameters from the kernel command line (nvme.poll_queues=1): busybox insmod does not
+# read them itself
+while read -r m; do
+    n=$(echo "$m" | tr - _)
+    insmod "/lib/modules/$m.ko" $(tr ' ' '\n' < /proc/cmdline | awk -v n="$n" '{ i = index($0, ".");
+        if (i > 1) { p = substr($0, 1, i - 1); gsub("-", "_", p); if (p == n) print substr($0, i + 1) } }') ||
+        echo "VM insmod $m failed"
+done < /lib/modules/load.order
 echo "VM_BOOTED kernel=$(uname -r) uptime=$(cut -d' ' -f1 /proc/uptime)"
 cd /test 2>/dev/null || cd /
 if [ -x /test/run.sh ] && ! grep -q vm_shell=1 /proc/cmdline; then
@@ -192,8 +202,17 @@ copy_libs() {
     done
 }
 
+# one cached base initramfs per module set (the default set keeps the plain name)
+base_name() {
+    if [ -n "${VM_MODULES:-}" ]; then
+        echo "base-$KV-$(echo "$MODULES" | tr ' ' '\n' | sort -u | md5sum | cut -c1-8)"
+    else
+        echo "base-$KV"
+    fi
+}
+
 build_base() {
-    local b=$C/base-$KV m a cpio=$C/base-$KV.cpio
+    local b=$C/$(base_name) m a cpio=$C/$(base_name).cpio
     [ -f "$cpio" ] && [ "$cpio" -nt "$0" ] && return
     log "building base initramfs for $KV"
     rm -rf "$b"
@@ -270,7 +289,7 @@ pack() { # $1 = payload dir (may be empty) -> $RUNCPIO
     (cd "$tmp" && find . -mindepth 1 | /bin/busybox cpio -o -H newc -R 0:0 2>/dev/null) > "$WORK/payload.cpio"
     rm -rf "$tmp"
     RUNCPIO=$WORK/run.cpio
-    cat "$C/base-$KV.cpio" "$WORK/payload.cpio" > "$RUNCPIO"
+    cat "$C/$(base_name).cpio" "$WORK/payload.cpio" > "$RUNCPIO"
 }
 
 run_dir() {
@@ -285,7 +304,8 @@ run_dir() {
     qemu_cmd
     log "booting $KV ($(du -h "$RUNCPIO" | cut -f1) initramfs, ${SMP} cpus, $MEM, timeout ${TIMEOUT}s)"
     set +e
-    timeout --foreground -k 5 "$TIMEOUT" "${QEMU[@]}" -serial stdio -initrd "$RUNCPIO" \
+    # shellcheck disable=SC2086 # VM_QEMU_ARGS is a blank-separated argument list
+    timeout --foreground -k 5 "$TIMEOUT" "${QEMU[@]}" ${VM_QEMU_ARGS:-} -serial stdio -initrd "$RUNCPIO" \
         -append "$CMDLINE ${VM_APPEND:-}" < /dev/null 2>&1 | tee "$LOGF"
     rc=${PIPESTATUS[0]}
     set -e
@@ -305,7 +325,8 @@ shell_vm() {
     WORK=$(mktemp -d); trap 'rm -rf "$WORK"' EXIT
     pack "${1:-}"
     qemu_cmd
-    "${QEMU[@]}" -serial mon:stdio -initrd "$RUNCPIO" -append "$CMDLINE vm_shell=1 ${VM_APPEND:-}"
+    # shellcheck disable=SC2086
+    "${QEMU[@]}" ${VM_QEMU_ARGS:-} -serial mon:stdio -initrd "$RUNCPIO" -append "$CMDLINE vm_shell=1 ${VM_APPEND:-}"
 }
 
 case ${1:-} in
@@ -313,5 +334,5 @@ case ${1:-} in
     run) shift; run_dir "$@" ;;
     shell) shift; shell_vm "$@" ;;
     info) setup; echo "$KV" ;;
-    *) sed -n '2,27p' "$0"; exit 2 ;;
+    *) sed -n '2,30p' "$0"; exit 2 ;;
 esac

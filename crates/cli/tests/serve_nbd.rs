@@ -5,61 +5,32 @@
 #[path = "serve_common.rs"]
 mod common;
 use common::*;
+use std::path::Path;
 
-fn uri(s: &Serve) -> String {
-    s.ready["uri"].as_str().unwrap().to_owned()
+/// `snapblk serve --base BASE --cow COW EXTRA… --nbd 0`.
+fn serve_snapshot(base: &Path, cow: &Path, extra: &[&str]) -> Serve {
+    let mut args = vec!["--base", path_str(base), "--cow", path_str(cow)];
+    args.extend(extra);
+    args.extend(["--nbd", "0"]);
+    Serve::start(&args)
 }
 
 #[test]
 fn plain_file_is_readable_by_every_client() {
     let d = TempDir::new("nbd-plain");
-    let img = d.join("a.img");
-    let data = pattern(6 << 20, 1);
-    std::fs::write(&img, &data).unwrap();
-    let s = Serve::start(&[img.to_str().unwrap(), "--nbd", "0"]);
+    let (img, data) = write_image(d.path(), "a.img", 6 << 20, 1);
+    let s = Serve::start(&[path_str(&img), "--nbd", "0"]);
     assert_eq!(s.ready["export"], "nbd");
     assert_eq!(s.ready["size"], data.len() as u64);
     assert!(
-        s.ready["address"]
-            .as_str()
-            .unwrap()
-            .starts_with("127.0.0.1:"),
+        s.ready_str("address").starts_with("127.0.0.1:"),
         "binds to loopback by default"
     );
-    let u = uri(&s);
-    let info: serde_json::Value =
-        serde_json::from_str(&tool_ok("nbdinfo", &["--json", &u])).unwrap();
+    let u = s.ready_str("uri");
+    let info = nbd::info(&u);
     assert_eq!(info["exports"][0]["export-size"], data.len() as u64);
     assert_eq!(info["exports"][0]["is_read_only"], false);
-    let out = d.join("copy.img");
-    tool_ok("nbdcopy", &[&u, out.to_str().unwrap()]);
-    assert!(std::fs::read(&out).unwrap() == data);
-    tool_ok(
-        "qemu-img",
-        &[
-            "compare",
-            "-f",
-            "raw",
-            "-F",
-            "raw",
-            img.to_str().unwrap(),
-            &u,
-        ],
-    );
-    let conv = d.join("conv.img");
-    tool_ok(
-        "qemu-img",
-        &[
-            "convert",
-            "-f",
-            "raw",
-            "-O",
-            "raw",
-            &u,
-            conv.to_str().unwrap(),
-        ],
-    );
-    assert!(std::fs::read(&conv).unwrap() == data);
+    nbd::assert_export_reads(&u, &img, &data, d.path(), "plain file");
     let (st, rest, err) = s.stop();
     assert!(st.success(), "exit {st}: {err}");
     assert_eq!(
@@ -71,63 +42,30 @@ fn plain_file_is_readable_by_every_client() {
 #[test]
 fn writes_are_durable_after_sigterm() {
     let d = TempDir::new("nbd-write");
-    let img = d.join("a.img");
-    let mut expect = pattern(4 << 20, 2);
-    std::fs::write(&img, &expect).unwrap();
+    let (img, mut expect) = write_image(d.path(), "a.img", 4 << 20, 2);
     let sock = d.join("s.sock");
-    let s = Serve::start(&[
-        img.to_str().unwrap(),
-        "--nbd",
-        &format!("unix:{}", sock.display()),
-    ]);
-    let u = uri(&s);
+    let s = Serve::start(&[path_str(&img), "--nbd", &format!("unix:{}", sock.display())]);
+    let u = s.ready_str("uri");
     assert!(u.starts_with("nbd+unix://"));
-    tool_ok(
-        "qemu-io",
-        &[
-            "-f",
-            "raw",
-            "-c",
-            "write -P 0x5a 8192 131072",
-            "-c",
-            "write -z 1048576 65536",
-            &u,
-        ],
-    );
-    let v = tool_ok(
-        "qemu-io",
-        &[
-            "-f",
-            "raw",
-            "-c",
-            "read -P 0x5a 8192 131072",
-            "-c",
-            "read -P 0 1048576 65536",
-            &u,
-        ],
-    );
-    assert!(!v.contains("verification failed"), "{v}");
+    nbd::qemu_io_ok(&u, &["write -P 0x5a 8192 131072", "write -z 1048576 65536"]);
+    nbd::qemu_io_ok(&u, &["read -P 0x5a 8192 131072", "read -P 0 1048576 65536"]);
     let (st, _, err) = s.stop();
     assert!(st.success(), "{err}");
     assert!(!sock.exists(), "unix socket removed on exit");
     expect[8192..8192 + 131072].fill(0x5a);
     expect[1048576..1048576 + 65536].fill(0);
-    assert!(std::fs::read(&img).unwrap() == expect);
+    assert_file_eq(&img, &expect, "image after SIGTERM");
 }
 
 #[test]
 fn read_only_flag_is_enforced() {
     let d = TempDir::new("nbd-ro");
-    let img = d.join("a.img");
-    let data = pattern(1 << 20, 3);
-    std::fs::write(&img, &data).unwrap();
-    let s = Serve::start(&[img.to_str().unwrap(), "--read-only", "--nbd", "0"]);
+    let (img, data) = write_image(d.path(), "a.img", 1 << 20, 3);
+    let s = Serve::start(&[path_str(&img), "--read-only", "--nbd", "0"]);
     assert_eq!(s.ready["read_only"], true);
-    let u = uri(&s);
-    let info: serde_json::Value =
-        serde_json::from_str(&tool_ok("nbdinfo", &["--json", &u])).unwrap();
-    assert_eq!(info["exports"][0]["is_read_only"], true);
-    let w = tool("qemu-io", &["-f", "raw", "-c", "write -P 1 0 4096", &u]);
+    let u = s.ready_str("uri");
+    assert_eq!(nbd::info(&u)["exports"][0]["is_read_only"], true);
+    let w = nbd::qemu_io(&u, &["write -P 1 0 4096"]);
     let text = String::from_utf8_lossy(&w.stdout).to_string() + &String::from_utf8_lossy(&w.stderr);
     assert!(
         !text.contains("wrote 4096"),
@@ -135,178 +73,86 @@ fn read_only_flag_is_enforced() {
     );
     let (st, _, _) = s.stop();
     assert!(st.success());
-    assert!(std::fs::read(&img).unwrap() == data);
+    assert_file_eq(&img, &data, "read-only image");
 }
 
 #[test]
 fn every_golden_snapshot_reads_back_as_target() {
-    for case in golden_cases() {
-        let name = case.file_name().unwrap().to_string_lossy().into_owned();
+    for case in golden::cases() {
+        let name = &case.name;
         let d = TempDir::new("nbd-golden");
         // Work on copies: serving must not depend on (or touch) the checked-in files.
-        let (base, cow) = (d.join("base.img"), d.join("snapshot.cow"));
-        std::fs::copy(case.join("base.img"), &base).unwrap();
-        std::fs::copy(case.join("snapshot.cow"), &cow).unwrap();
-        let target_path = case.join("target.img");
-        let target = std::fs::read(&target_path).unwrap();
-        let s = Serve::start(&[
-            "--base",
-            base.to_str().unwrap(),
-            "--cow",
-            cow.to_str().unwrap(),
-            "--nbd",
-            "0",
-        ]);
-        let u = uri(&s);
+        let (base, cow) = case.copy_inputs(d.path());
+        let target = case.read("target.img");
+        let s = serve_snapshot(&base, &cow, &[]);
+        let u = s.ready_str("uri");
         assert_eq!(s.ready["size"], target.len() as u64, "{name}");
         assert_eq!(
             s.ready["read_only"], true,
             "{name}: snapshots are read-only without --writable"
         );
-        let info: serde_json::Value =
-            serde_json::from_str(&tool_ok("nbdinfo", &["--json", &u])).unwrap();
         assert_eq!(
-            info["exports"][0]["export-size"],
+            nbd::info(&u)["exports"][0]["export-size"],
             target.len() as u64,
             "{name}"
         );
-        let out = d.join("copy.img");
-        tool_ok("nbdcopy", &[&u, out.to_str().unwrap()]);
-        assert!(
-            std::fs::read(&out).unwrap() == target,
-            "{name}: nbdcopy differs from target.img"
-        );
-        tool_ok(
-            "qemu-img",
-            &[
-                "compare",
-                "-f",
-                "raw",
-                "-F",
-                "raw",
-                target_path.to_str().unwrap(),
-                &u,
-            ],
-        );
-        let conv = d.join("conv.img");
-        tool_ok(
-            "qemu-img",
-            &[
-                "convert",
-                "-f",
-                "raw",
-                "-O",
-                "raw",
-                &u,
-                conv.to_str().unwrap(),
-            ],
-        );
-        assert!(
-            std::fs::read(&conv).unwrap() == target,
-            "{name}: qemu-img convert differs"
-        );
+        nbd::assert_export_reads(&u, &case.target(), &target, d.path(), name);
         let (st, _, err) = s.stop();
         assert!(st.success(), "{name}: {err}");
-        assert!(
-            std::fs::read(&base).unwrap() == std::fs::read(case.join("base.img")).unwrap(),
-            "{name}: base modified"
-        );
+        assert_file_eq(&base, &case.read("base.img"), &format!("{name}: base"));
     }
 }
 
 #[test]
 fn writable_snapshot_writes_read_back_and_persist() {
-    let case = golden_dir().join("v3_replace_zstd");
+    let case = golden::case("v3_replace_zstd");
     let d = TempDir::new("nbd-snapw");
-    let (base, cow) = (d.join("base.img"), d.join("snapshot.cow"));
-    std::fs::copy(case.join("base.img"), &base).unwrap();
-    std::fs::copy(case.join("snapshot.cow"), &cow).unwrap();
+    let (base, cow) = case.copy_inputs(d.path());
     let base_before = std::fs::read(&base).unwrap();
-    let mut expect = std::fs::read(case.join("target.img")).unwrap();
-    let args = [
-        "--base",
-        base.to_str().unwrap(),
-        "--cow",
-        cow.to_str().unwrap(),
-        "--writable",
-        "--nbd",
-        "0",
-    ];
-    let s = Serve::start(&args);
+    let mut expect = case.read("target.img");
+    let s = serve_snapshot(&base, &cow, &["--writable"]);
     assert_eq!(s.ready["read_only"], false);
-    let u = uri(&s);
+    let u = s.ready_str("uri");
     // Aligned, unaligned and zeroing writes.
-    tool_ok(
-        "qemu-io",
+    nbd::qemu_io_ok(
+        &u,
         &[
-            "-f",
-            "raw",
-            "-c",
             "write -P 0x11 4096 8192",
-            "-c",
             "write -P 0x22 20000 3000",
-            "-c",
             "write -z 65536 4096",
-            "-c",
             "flush",
-            &u,
         ],
     );
     expect[4096..12288].fill(0x11);
     expect[20000..23000].fill(0x22);
     expect[65536..69632].fill(0);
     let out = d.join("copy.img");
-    tool_ok("nbdcopy", &[&u, out.to_str().unwrap()]);
-    assert!(
-        std::fs::read(&out).unwrap() == expect,
-        "writes did not read back"
-    );
+    nbd::copy(&u, path_str(&out));
+    assert_file_eq(&out, &expect, "writes did not read back");
     let (st, _, err) = s.stop();
     assert!(st.success(), "{err}");
-    assert!(
-        std::fs::read(&base).unwrap() == base_before,
-        "the base must never be written"
-    );
+    assert_file_eq(&base, &base_before, "the base must never be written");
     // Served again (read-only): the writes persisted in the snapshot.
-    let s = Serve::start(&[
-        "--base",
-        base.to_str().unwrap(),
-        "--cow",
-        cow.to_str().unwrap(),
-        "--nbd",
-        "0",
-    ]);
+    let s = serve_snapshot(&base, &cow, &[]);
     let out2 = d.join("copy2.img");
-    tool_ok("nbdcopy", &[&uri(&s), out2.to_str().unwrap()]);
-    assert!(
-        std::fs::read(&out2).unwrap() == expect,
-        "writes lost across restart"
-    );
+    nbd::copy(&s.ready_str("uri"), path_str(&out2));
+    assert_file_eq(&out2, &expect, "writes lost across restart");
     s.stop();
 }
 
 #[test]
 fn sixteen_concurrent_nbdcopy_clients_verify() {
-    let case = golden_dir().join("v3_multiblock_lz4_64k");
+    let case = golden::case("v3_multiblock_lz4_64k");
     let d = TempDir::new("nbd-16");
-    let (base, cow) = (d.join("base.img"), d.join("snapshot.cow"));
-    std::fs::copy(case.join("base.img"), &base).unwrap();
-    std::fs::copy(case.join("snapshot.cow"), &cow).unwrap();
-    let target = std::fs::read(case.join("target.img")).unwrap();
-    let s = Serve::start(&[
-        "--base",
-        base.to_str().unwrap(),
-        "--cow",
-        cow.to_str().unwrap(),
-        "--nbd",
-        "0",
-    ]);
-    let u = uri(&s);
+    let (base, cow) = case.copy_inputs(d.path());
+    let target = case.read("target.img");
+    let s = serve_snapshot(&base, &cow, &[]);
+    let u = s.ready_str("uri");
     let kids: Vec<_> = (0..16)
         .map(|i| {
             let out = d.join(&format!("c{i}.img"));
             let child = std::process::Command::new("nbdcopy")
-                .args(["--connections=2", "--requests=8", &u, out.to_str().unwrap()])
+                .args(["--connections=2", "--requests=8", &u, path_str(&out)])
                 .spawn()
                 .expect("nbdcopy is required (scripts/install-deps.sh)");
             (child, out)
@@ -314,11 +160,7 @@ fn sixteen_concurrent_nbdcopy_clients_verify() {
         .collect();
     for (mut c, out) in kids {
         assert!(c.wait().unwrap().success());
-        assert!(
-            std::fs::read(&out).unwrap() == target,
-            "{} differs",
-            out.display()
-        );
+        assert_file_eq(&out, &target, "concurrent nbdcopy");
     }
     let (st, _, _) = s.stop();
     assert!(st.success());

@@ -25,33 +25,25 @@ fn healthy(addr: &str, data: &[u8]) {
 
 #[test]
 fn malformed_negotiation_gets_errors_or_close() {
-    let dir = tempfile::tempdir().unwrap();
-    let (img, data) = write_image(dir.path(), "a.img", SIZE, 11);
-    let srv = TestServer::start(img.to_str().unwrap(), true, "127.0.0.1:0");
+    let Served {
+        srv,
+        data,
+        dir: _dir,
+        ..
+    } = serve_image(SIZE, 11, true);
 
     // Unknown client flags: disconnect.
     let mut s = TcpStream::connect(&srv.addr).unwrap();
     let mut hello = [0u8; 18];
     s.read_exact(&mut hello).unwrap();
     s.write_all(&0xffff_ffffu32.to_be_bytes()).unwrap();
-    let mut c = Client {
-        s,
-        size: 0,
-        flags: 0,
-    };
+    let mut c = Client::raw(s);
     assert!(c.closed());
 
     // Bad option magic: disconnect.
     let mut s = Client::greet(&srv.addr);
     s.write_all(&[0x55; 16]).unwrap();
-    assert!(
-        Client {
-            s,
-            size: 0,
-            flags: 0
-        }
-        .closed()
-    );
+    assert!(Client::raw(s).closed());
 
     // One connection walks through every error path and still gets served at the end.
     let mut s = Client::greet(&srv.addr);
@@ -127,40 +119,19 @@ fn malformed_negotiation_gets_errors_or_close() {
     // EXPORT_NAME of an unknown export or with a huge length: disconnect (no error reply exists).
     let mut s = Client::greet(&srv.addr);
     Client::send_opt(&mut s, OPT_EXPORT_NAME, b"nope");
-    assert!(
-        Client {
-            s,
-            size: 0,
-            flags: 0
-        }
-        .closed()
-    );
+    assert!(Client::raw(s).closed());
     let mut s = Client::greet(&srv.addr);
     let mut h = IHAVEOPT.to_be_bytes().to_vec();
     h.extend_from_slice(&OPT_EXPORT_NAME.to_be_bytes());
     h.extend_from_slice(&u32::MAX.to_be_bytes());
     s.write_all(&h).unwrap();
-    assert!(
-        Client {
-            s,
-            size: 0,
-            flags: 0
-        }
-        .closed()
-    );
+    assert!(Client::raw(s).closed());
 
     // ABORT is acknowledged, then the connection closes.
     let mut s = Client::greet(&srv.addr);
     Client::send_opt(&mut s, OPT_ABORT, &[]);
     assert_eq!(Client::read_opt_reply(&mut s).1, REP_ACK);
-    assert!(
-        Client {
-            s,
-            size: 0,
-            flags: 0
-        }
-        .closed()
-    );
+    assert!(Client::raw(s).closed());
 
     healthy(&srv.addr, &data);
     srv.stop();
@@ -168,9 +139,12 @@ fn malformed_negotiation_gets_errors_or_close() {
 
 #[test]
 fn hostile_requests_get_errors_and_cannot_hurt_others() {
-    let dir = tempfile::tempdir().unwrap();
-    let (img, data) = write_image(dir.path(), "a.img", SIZE, 12);
-    let srv = TestServer::start(img.to_str().unwrap(), false, "127.0.0.1:0");
+    let Served {
+        srv,
+        img,
+        data,
+        dir: _dir,
+    } = serve_image(SIZE, 12, false);
     let mut c = Client::connect(&srv.addr, "disk");
     let size = SIZE as u64;
     assert_eq!(c.read(size - 4096, 8192), Err(EINVAL), "read past the end");
@@ -244,22 +218,7 @@ fn hostile_requests_get_errors_and_cannot_hurt_others() {
     // A flooding client that never reads its replies pins bounded memory and does not stall
     // others: 400 × 8 MiB of reads requested, while another client is served normally.
     let mut flood = Client::connect(&srv.addr, "disk");
-    flood
-        .s
-        .set_write_timeout(Some(Duration::from_secs(5)))
-        .unwrap();
-    for i in 0..400u64 {
-        let h = RequestHeader {
-            flags: 0,
-            cmd: CMD_READ,
-            cookie: i,
-            offset: 0,
-            len: 8 << 20,
-        };
-        if flood.s.write_all(&h.encode()).is_err() {
-            break; // server stopped reading: back-pressure works
-        }
-    }
+    flood.flood_reads(400, 8 << 20);
     healthy(&srv.addr, &data);
     drop(flood);
 
@@ -271,9 +230,12 @@ fn hostile_requests_get_errors_and_cannot_hurt_others() {
 
 #[test]
 fn writes_refused_on_read_only_export_keep_the_stream_in_sync() {
-    let dir = tempfile::tempdir().unwrap();
-    let (img, data) = write_image(dir.path(), "a.img", 1 << 20, 13);
-    let srv = TestServer::start(img.to_str().unwrap(), true, "127.0.0.1:0");
+    let Served {
+        srv,
+        img,
+        data,
+        dir: _dir,
+    } = serve_image(1 << 20, 13, true);
     let mut c = Client::connect(&srv.addr, "disk");
     assert_ne!(c.flags & TF_READ_ONLY, 0);
     assert_eq!(c.simple(CMD_WRITE, 0, 0, 4096, &[1u8; 4096]), EPERM);
@@ -287,9 +249,12 @@ fn writes_refused_on_read_only_export_keep_the_stream_in_sync() {
 
 #[test]
 fn random_garbage_never_kills_the_server() {
-    let dir = tempfile::tempdir().unwrap();
-    let (img, data) = write_image(dir.path(), "a.img", SIZE, 14);
-    let srv = TestServer::start(img.to_str().unwrap(), false, "127.0.0.1:0");
+    let Served {
+        srv,
+        data,
+        dir: _dir,
+        ..
+    } = serve_image(SIZE, 14, false);
     let mut seed = 0x1234_5678_9abc_def0u64;
     let mut rnd = move || {
         seed ^= seed << 13;
@@ -324,20 +289,19 @@ fn random_garbage_never_kills_the_server() {
 
 #[test]
 fn idle_handshakes_time_out_and_connection_limit_holds() {
-    let dir = tempfile::tempdir().unwrap();
-    let (img, data) = write_image(dir.path(), "a.img", SIZE, 15);
     let cfg = ServerConfig {
         handshake_timeout: Some(Duration::from_millis(300)),
         max_connections: 3,
         ..ServerConfig::default()
     };
-    let srv = TestServer::start_cfg(img.to_str().unwrap(), true, "127.0.0.1:0", cfg);
+    let Served {
+        srv,
+        data,
+        dir: _dir,
+        ..
+    } = serve_image_cfg(SIZE, 15, true, cfg);
     // A silent client is dropped after the timeout.
-    let mut idle = Client {
-        s: Client::greet(&srv.addr),
-        size: 0,
-        flags: 0,
-    };
+    let mut idle = Client::raw(Client::greet(&srv.addr));
     assert!(idle.closed());
     // Fill the connection limit; the next one is closed without a greeting.
     let a = Client::connect(&srv.addr, "disk");
@@ -368,9 +332,12 @@ fn idle_handshakes_time_out_and_connection_limit_holds() {
 
 #[test]
 fn sixteen_concurrent_clients_read_and_verify() {
-    let dir = tempfile::tempdir().unwrap();
-    let (img, data) = write_image(dir.path(), "a.img", SIZE, 16);
-    let srv = TestServer::start(img.to_str().unwrap(), true, "127.0.0.1:0");
+    let Served {
+        srv,
+        data,
+        dir: _dir,
+        ..
+    } = serve_image(SIZE, 16, true);
     let data = std::sync::Arc::new(data);
     let threads: Vec<_> = (0..16u64)
         .map(|t| {
@@ -421,30 +388,13 @@ fn sixteen_concurrent_clients_read_and_verify() {
 
 #[test]
 fn stop_completes_even_if_a_client_never_reads_its_replies() {
-    let dir = tempfile::tempdir().unwrap();
-    let (img, _) = write_image(dir.path(), "a.img", SIZE, 17);
     let cfg = ServerConfig {
         stop_grace: Duration::from_millis(500),
         ..ServerConfig::default()
     };
-    let srv = TestServer::start_cfg(img.to_str().unwrap(), true, "127.0.0.1:0", cfg);
+    let Served { srv, dir: _dir, .. } = serve_image_cfg(SIZE, 17, true, cfg);
     let mut stuck = Client::connect(&srv.addr, "disk");
-    stuck
-        .s
-        .set_write_timeout(Some(Duration::from_secs(5)))
-        .unwrap();
-    for i in 0..200u64 {
-        let h = RequestHeader {
-            flags: 0,
-            cmd: CMD_READ,
-            cookie: i,
-            offset: 0,
-            len: 8 << 20,
-        };
-        if stuck.s.write_all(&h.encode()).is_err() {
-            break;
-        }
-    }
+    stuck.flood_reads(200, 8 << 20);
     // Give the server time to fill the socket with replies and block writing.
     std::thread::sleep(Duration::from_millis(300));
     // Not a speed assertion: without the grace cut-off, stop() never returns at all; the

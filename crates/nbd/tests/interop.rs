@@ -9,11 +9,8 @@ const SIZE: usize = 8 << 20;
 
 #[test]
 fn nbdinfo_reports_size_flags_and_exports() {
-    let dir = tempfile::tempdir().unwrap();
-    let (img, _) = write_image(dir.path(), "a.img", SIZE, 1);
-    let srv = TestServer::start(img.to_str().unwrap(), true, "127.0.0.1:0");
-    let j: serde_json::Value =
-        serde_json::from_str(&tool_ok("nbdinfo", &["--json", &srv.uri])).unwrap();
+    let Served { srv, dir: _dir, .. } = serve_image(SIZE, 1, true);
+    let j = nbd::info(&srv.uri);
     let e = &j["exports"][0];
     assert_eq!(e["export-size"], SIZE as u64);
     assert_eq!(e["is_read_only"], true);
@@ -33,137 +30,66 @@ fn nbdinfo_reports_size_flags_and_exports() {
 
 #[test]
 fn nbdcopy_and_qemu_img_read_the_image() {
-    let dir = tempfile::tempdir().unwrap();
-    let (img, data) = write_image(dir.path(), "a.img", SIZE, 2);
-    let srv = TestServer::start(img.to_str().unwrap(), true, "127.0.0.1:0");
-    let out = dir.path().join("copy.img");
-    tool_ok("nbdcopy", &[&srv.uri, out.to_str().unwrap()]);
-    assert!(std::fs::read(&out).unwrap() == data, "nbdcopy copy differs");
-    tool_ok(
-        "qemu-img",
-        &[
-            "compare",
-            "-f",
-            "raw",
-            "-F",
-            "raw",
-            img.to_str().unwrap(),
-            &srv.uri,
-        ],
-    );
-    let conv = dir.path().join("conv.img");
-    tool_ok(
-        "qemu-img",
-        &[
-            "convert",
-            "-f",
-            "raw",
-            "-O",
-            "raw",
-            &srv.uri,
-            conv.to_str().unwrap(),
-        ],
-    );
-    assert!(
-        std::fs::read(&conv).unwrap() == data,
-        "qemu-img convert copy differs"
-    );
+    let Served {
+        srv,
+        img,
+        data,
+        dir,
+    } = serve_image(SIZE, 2, true);
+    nbd::assert_export_reads(&srv.uri, &img, &data, dir.path(), "file export");
     // A different image must NOT compare equal (the comparison can fail).
     let (other, _) = write_image(dir.path(), "b.img", SIZE, 3);
     assert!(
-        !tool(
-            "qemu-img",
-            &[
-                "compare",
-                "-f",
-                "raw",
-                "-F",
-                "raw",
-                other.to_str().unwrap(),
-                &srv.uri
-            ]
-        )
-        .status
-        .success()
+        !nbd::qemu_img_compare(path_str(&other), &srv.uri)
+            .status
+            .success()
     );
     srv.stop();
 }
 
 #[test]
 fn unix_socket_export() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = TempDir::new("nbd-unix");
     let (img, data) = write_image(dir.path(), "a.img", SIZE, 4);
-    let sock = dir.path().join("nbd.sock");
-    let srv = TestServer::start(
-        img.to_str().unwrap(),
-        true,
-        &format!("unix:{}", sock.display()),
-    );
+    let sock = dir.join("nbd.sock");
+    let srv = TestServer::start(path_str(&img), true, &format!("unix:{}", sock.display()));
     assert!(srv.uri.starts_with("nbd+unix:///disk?socket="));
-    let out = dir.path().join("copy.img");
-    tool_ok("nbdcopy", &[&srv.uri, out.to_str().unwrap()]);
-    assert!(std::fs::read(&out).unwrap() == data);
+    let out = dir.join("copy.img");
+    nbd::copy(&srv.uri, path_str(&out));
+    assert_file_eq(&out, &data, "copy over the unix socket");
     srv.stop();
     assert!(!sock.exists(), "socket removed on stop");
 }
 
 #[test]
 fn writes_through_nbd_read_back() {
-    let dir = tempfile::tempdir().unwrap();
-    let (img, _) = write_image(dir.path(), "target.img", SIZE, 5);
+    let Served { srv, img, dir, .. } = serve_image(SIZE, 5, false);
     let (src, src_data) = write_image(dir.path(), "src.img", SIZE, 6);
-    let srv = TestServer::start(img.to_str().unwrap(), false, "127.0.0.1:0");
     // Whole-image write with several connections and requests in flight.
     tool_ok(
         "nbdcopy",
-        &[
-            "--connections=4",
-            "--requests=16",
-            src.to_str().unwrap(),
-            &srv.uri,
-        ],
+        &["--connections=4", "--requests=16", path_str(&src), &srv.uri],
     );
-    tool_ok(
-        "qemu-img",
-        &[
-            "compare",
-            "-f",
-            "raw",
-            "-F",
-            "raw",
-            src.to_str().unwrap(),
-            &srv.uri,
-        ],
-    );
+    nbd::assert_qemu_img_same(path_str(&src), &srv.uri);
     // Patterned writes, FUA write, zeroing and discard via qemu-io.
-    let cmds = [
-        "write -P 0xab 4096 65536",
-        "write -f -P 0xcd 1048576 4096",
-        "write -z 2097152 1048576",
-        "discard 3145728 1048576",
-        "flush",
-    ];
-    let mut args = vec!["-f", "raw"];
-    for c in &cmds {
-        args.extend(["-c", c]);
-    }
-    args.push(&srv.uri);
-    tool_ok("qemu-io", &args);
-    let verify = tool_ok(
-        "qemu-io",
+    nbd::qemu_io_ok(
+        &srv.uri,
         &[
-            "-f",
-            "raw",
-            "-c",
-            "read -P 0xab 4096 65536",
-            "-c",
-            "read -P 0xcd 1048576 4096",
-            "-c",
-            "read -P 0 2097152 1048576",
-            &srv.uri,
+            "write -P 0xab 4096 65536",
+            "write -f -P 0xcd 1048576 4096",
+            "write -z 2097152 1048576",
+            "discard 3145728 1048576",
+            "flush",
         ],
     );
-    assert!(!verify.contains("Pattern verification failed"), "{verify}");
+    nbd::qemu_io_ok(
+        &srv.uri,
+        &[
+            "read -P 0xab 4096 65536",
+            "read -P 0xcd 1048576 4096",
+            "read -P 0 2097152 1048576",
+        ],
+    );
     srv.stop();
     // Stopped cleanly: the file holds every write.
     let mut expect = src_data;
@@ -183,13 +109,13 @@ fn writes_through_nbd_read_back() {
 
 #[test]
 fn read_only_export_refuses_writes() {
-    let dir = tempfile::tempdir().unwrap();
-    let (img, data) = write_image(dir.path(), "a.img", 1 << 20, 7);
-    let srv = TestServer::start(img.to_str().unwrap(), true, "127.0.0.1:0");
-    let out = tool(
-        "qemu-io",
-        &["-f", "raw", "-c", "write -P 1 0 4096", &srv.uri],
-    );
+    let Served {
+        srv,
+        img,
+        data,
+        dir: _dir,
+    } = serve_image(1 << 20, 7, true);
+    let out = nbd::qemu_io(&srv.uri, &["write -P 1 0 4096"]);
     let text = format!(
         "{}{}",
         String::from_utf8_lossy(&out.stdout),
@@ -203,5 +129,5 @@ fn read_only_export_refuses_writes() {
         "{text}"
     );
     srv.stop();
-    assert!(std::fs::read(&img).unwrap() == data);
+    assert_file_eq(&img, &data, "read-only image");
 }

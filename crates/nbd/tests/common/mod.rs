@@ -1,6 +1,6 @@
-//! Shared helpers for the NBD server tests: an in-process server over a real file device, test
-//! images, external tool runners (which fail the test when the tool is missing), and a tiny raw
-//! protocol client for the hostile-input tests.
+//! Shared helpers for the NBD server tests: an in-process server over a real file device and a
+//! tiny raw protocol client for the hostile-input tests. Temp dirs, test images and the external
+//! tools (which fail the test when missing) come from snapblk-testsupport, re-exported here.
 
 #![allow(dead_code)]
 
@@ -8,34 +8,36 @@ use snapblk_nbd::proto::*;
 use snapblk_nbd::{Export, Listener, Server, ServerConfig, SharedDevice, StopHandle};
 use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-/// Deterministic, position-dependent content: every 8-byte word encodes its offset and a seed,
-/// so data read from the wrong place never matches.
-pub fn pattern(len: usize, seed: u64) -> Vec<u8> {
-    let mut v = Vec::with_capacity(len);
-    let mut i = 0u64;
-    while v.len() < len {
-        let mut x = (i * 8) ^ seed.wrapping_mul(0x9e37_79b9_7f4a_7c15);
-        x ^= x >> 31;
-        x = x.wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        x ^= x >> 29;
-        v.extend_from_slice(&x.to_le_bytes());
-        i += 1;
-    }
-    v.truncate(len);
-    v
+pub use snapblk_testsupport::*;
+
+/// A pattern image (`len` bytes, `seed`) in a fresh temp dir, served as export `disk` on a
+/// loopback TCP port. Destructure it; `dir` must outlive the test's use of `img`.
+pub struct Served {
+    pub srv: TestServer,
+    pub img: PathBuf,
+    pub data: Vec<u8>,
+    pub dir: TempDir,
 }
 
-pub fn write_image(dir: &Path, name: &str, len: usize, seed: u64) -> (PathBuf, Vec<u8>) {
-    let p = dir.join(name);
-    let d = pattern(len, seed);
-    std::fs::write(&p, &d).unwrap();
-    (p, d)
+pub fn serve_image(len: usize, seed: u64, read_only: bool) -> Served {
+    serve_image_cfg(len, seed, read_only, ServerConfig::default())
+}
+
+pub fn serve_image_cfg(len: usize, seed: u64, read_only: bool, cfg: ServerConfig) -> Served {
+    let dir = TempDir::new("nbd-test");
+    let (img, data) = write_image(dir.path(), "a.img", len, seed);
+    let srv = TestServer::start_cfg(path_str(&img), read_only, "127.0.0.1:0", cfg);
+    Served {
+        srv,
+        img,
+        data,
+        dir,
+    }
 }
 
 pub struct TestServer {
@@ -93,25 +95,6 @@ impl Drop for TestServer {
     }
 }
 
-/// Run an external tool; a missing tool is a test failure, not a skip.
-pub fn tool(cmd: &str, args: &[&str]) -> std::process::Output {
-    Command::new(cmd)
-        .args(args)
-        .output()
-        .unwrap_or_else(|e| panic!("{cmd} is required (scripts/install-deps.sh installs it): {e}"))
-}
-
-pub fn tool_ok(cmd: &str, args: &[&str]) -> String {
-    let out = tool(cmd, args);
-    assert!(
-        out.status.success(),
-        "{cmd} {args:?} failed: {}\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
 /// A raw protocol client (fixed newstyle, simple replies).
 pub struct Client {
     pub s: TcpStream,
@@ -120,6 +103,15 @@ pub struct Client {
 }
 
 impl Client {
+    /// Wrap a stream that has not finished negotiation (size and flags unknown).
+    pub fn raw(s: TcpStream) -> Client {
+        Client {
+            s,
+            size: 0,
+            flags: 0,
+        }
+    }
+
     /// Connect and read the server greeting; returns the stream positioned at option haggling.
     pub fn greet(addr: &str) -> TcpStream {
         let mut s = TcpStream::connect(addr).unwrap();
@@ -238,5 +230,26 @@ impl Client {
             .unwrap();
         let mut b = [0u8; 1];
         matches!(self.s.read(&mut b), Ok(0) | Err(_))
+    }
+
+    /// Pipeline `count` reads of `len` bytes each without ever reading a reply, until the server
+    /// stops reading (a 5 s write timeout: back-pressure). Returns how many were sent.
+    pub fn flood_reads(&mut self, count: u64, len: u32) -> u64 {
+        self.s
+            .set_write_timeout(Some(Duration::from_secs(5)))
+            .unwrap();
+        for i in 0..count {
+            let h = RequestHeader {
+                flags: 0,
+                cmd: CMD_READ,
+                cookie: i,
+                offset: 0,
+                len,
+            };
+            if self.s.write_all(&h.encode()).is_err() {
+                return i;
+            }
+        }
+        count
     }
 }

@@ -1,26 +1,12 @@
 //! `snapblk cow ...` through the real binary: the 16 golden cases (apply, inspect --json,
 //! verify) and create → verify → apply round trips (raw and Android sparse inputs).
 
+use snapblk_testsupport::{TempDir, assert_file_eq, golden};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 fn bin() -> Command {
     Command::new(env!("CARGO_BIN_EXE_snapblk"))
-}
-
-fn data() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/data/aosp-cow")
-}
-
-fn cases() -> Vec<PathBuf> {
-    let mut v: Vec<PathBuf> = std::fs::read_dir(data())
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.is_dir())
-        .collect();
-    v.sort();
-    assert_eq!(v.len(), 16);
-    v
 }
 
 fn run(c: &mut Command) -> Output {
@@ -37,71 +23,68 @@ fn ok(c: &mut Command) -> String {
     String::from_utf8(o.stdout).unwrap()
 }
 
-fn tmpdir(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("snapblk-cow-cli-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
+/// `snapblk cow create --old OLD --new NEW -o COW`.
+fn cow_create(old: &Path, new: &Path, cow: &Path) -> Command {
+    let mut c = bin();
+    c.args(["cow", "create", "--old"])
+        .arg(old)
+        .arg("--new")
+        .arg(new)
+        .arg("-o")
+        .arg(cow);
+    c
 }
 
-/// Op counts from the README's "Resulting op stream" section.
-fn readme_counts(readme: &str) -> [u64; 4] {
-    let sec = readme
-        .split("## Resulting op stream")
-        .nth(1)
-        .unwrap()
-        .split("```")
-        .nth(1)
-        .unwrap();
-    let c = |t: &str| {
-        sec.lines()
-            .filter(|l| l.starts_with(&format!("CowOperation({t}")))
-            .count() as u64
-    };
-    [
-        c("kCowCopyOp"),
-        c("kCowReplaceOp"),
-        c("kZeroOp"),
-        c("kCowXorOp"),
-    ]
+/// `snapblk cow apply COW --base BASE -o OUT`.
+fn cow_apply(cow: &Path, base: &Path, out: &Path) -> Command {
+    let mut c = bin();
+    c.args(["cow", "apply"])
+        .arg(cow)
+        .arg("--base")
+        .arg(base)
+        .arg("-o")
+        .arg(out);
+    c
+}
+
+/// `snapblk cow verify COW --base BASE --expect EXPECT`.
+fn cow_verify(cow: &Path, base: &Path, expect: &Path) -> Command {
+    let mut c = bin();
+    c.args(["cow", "verify"])
+        .arg(cow)
+        .arg("--base")
+        .arg(base)
+        .arg("--expect")
+        .arg(expect);
+    c
+}
+
+/// `snapblk cow inspect --json COW`, parsed.
+fn cow_inspect(cow: &Path) -> serde_json::Value {
+    serde_json::from_str(&ok(bin().args(["cow", "inspect", "--json"]).arg(cow))).unwrap()
 }
 
 #[test]
 fn golden_apply_inspect_verify() {
-    let tmp = tmpdir("golden");
-    for case in cases() {
-        let name = case.file_name().unwrap().to_string_lossy().to_string();
-        let cow = case.join("snapshot.cow");
-        let base = case.join("base.img");
-        let target = case.join("target.img");
+    let tmp = TempDir::new("cow-cli-golden");
+    for case in golden::cases() {
+        let name = &case.name;
+        let cow = case.cow();
         // apply
-        let out = tmp.join(format!("{name}.img"));
-        ok(bin()
-            .args(["cow", "apply"])
-            .arg(&cow)
-            .arg("--base")
-            .arg(&base)
-            .arg("-o")
-            .arg(&out));
-        assert!(
-            std::fs::read(&out).unwrap() == std::fs::read(&target).unwrap(),
-            "{name}: apply differs"
-        );
+        let out = tmp.join(&format!("{name}.img"));
+        ok(&mut cow_apply(&cow, &case.base(), &out));
+        assert_file_eq(&out, &case.read("target.img"), &format!("{name}: apply"));
         // inspect --json
-        let j: serde_json::Value =
-            serde_json::from_str(&ok(bin().args(["cow", "inspect", "--json"]).arg(&cow))).unwrap();
+        let j = cow_inspect(&cow);
         let got = ["copy", "replace", "zero", "xor"].map(|t| j["op_counts"][t].as_u64().unwrap());
-        let readme = std::fs::read_to_string(case.join("README.md")).unwrap();
-        assert_eq!(got, readme_counts(&readme), "{name}: op counts");
+        assert_eq!(
+            got,
+            golden::readme_op_counts(&case.readme()),
+            "{name}: op counts"
+        );
         // verify
-        let o = run(bin()
-            .args(["cow", "verify"])
-            .arg(&cow)
-            .arg("--base")
-            .arg(&base)
-            .arg("--expect")
-            .arg(&target));
-        if name == "v3_invalid_order_no_sequence" {
+        let o = run(&mut cow_verify(&cow, &case.base(), &case.target()));
+        if case.invalid_merge_order() {
             assert!(!o.status.success(), "{name}: verify must fail");
             let err = String::from_utf8_lossy(&o.stderr);
             assert!(
@@ -119,14 +102,8 @@ fn golden_apply_inspect_verify() {
         }
     }
     // A wrong expected image is reported.
-    let case = data().join("v2_basic_none");
-    let o = run(bin()
-        .args(["cow", "verify"])
-        .arg(case.join("snapshot.cow"))
-        .arg("--base")
-        .arg(case.join("base.img"))
-        .arg("--expect")
-        .arg(case.join("base.img")));
+    let case = golden::case("v2_basic_none");
+    let o = run(&mut cow_verify(&case.cow(), &case.base(), &case.base()));
     assert!(!o.status.success());
     assert!(String::from_utf8_lossy(&o.stderr).contains("differs from the expected image"));
     // A corrupt COW is a one-line error, not a panic.
@@ -135,7 +112,6 @@ fn golden_apply_inspect_verify() {
     let o = run(bin().args(["cow", "inspect"]).arg(&bad));
     assert_eq!(o.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&o.stderr).starts_with("snapblk: "));
-    std::fs::remove_dir_all(&tmp).unwrap();
 }
 
 fn make_pair(dir: &Path) -> (PathBuf, PathBuf) {
@@ -166,8 +142,8 @@ fn make_pair(dir: &Path) -> (PathBuf, PathBuf) {
 
 #[test]
 fn create_verify_apply_roundtrip() {
-    let tmp = tmpdir("create");
-    let (old, new) = make_pair(&tmp);
+    let tmp = TempDir::new("cow-cli-create");
+    let (old, new) = make_pair(tmp.path());
     let want = std::fs::read(&new).unwrap();
     for (fmt, comp, extra) in [
         ("v2", "lz4", None),
@@ -177,14 +153,8 @@ fn create_verify_apply_roundtrip() {
         ("v3", "none", Some("--no-scratch")),
         ("v3", "lz4", Some("--unit=65536")),
     ] {
-        let cow = tmp.join(format!("{fmt}-{comp}.cow"));
-        let mut c = bin();
-        c.args(["cow", "create", "--old"])
-            .arg(&old)
-            .arg("--new")
-            .arg(&new)
-            .arg("-o")
-            .arg(&cow);
+        let cow = tmp.join(&format!("{fmt}-{comp}.cow"));
+        let mut c = cow_create(&old, &new, &cow);
         c.args(["--format", fmt, "--compression", comp, "--json"]);
         if let Some(e) = extra {
             c.arg(e);
@@ -196,34 +166,20 @@ fn create_verify_apply_roundtrip() {
         } else {
             assert!(stats["xor"].as_u64().unwrap() >= 1, "{fmt} {comp}: {stats}");
         }
-        ok(bin()
-            .args(["cow", "verify"])
-            .arg(&cow)
-            .arg("--base")
-            .arg(&old)
-            .arg("--expect")
-            .arg(&new));
+        ok(&mut cow_verify(&cow, &old, &new));
         let out = tmp.join("out.img");
-        ok(bin()
-            .args(["cow", "apply"])
-            .arg(&cow)
-            .arg("--base")
-            .arg(&old)
-            .arg("-o")
-            .arg(&out));
-        assert!(std::fs::read(&out).unwrap() == want, "{fmt} {comp}");
-        let j: serde_json::Value =
-            serde_json::from_str(&ok(bin().args(["cow", "inspect", "--json"]).arg(&cow))).unwrap();
+        ok(&mut cow_apply(&cow, &old, &out));
+        assert_file_eq(&out, &want, &format!("{fmt} {comp}"));
+        let j = cow_inspect(&cow);
         assert_eq!(j["version"], if fmt == "v2" { "2.0" } else { "3.0" });
         assert!(j["merge"]["error"].is_null());
     }
-    std::fs::remove_dir_all(&tmp).unwrap();
 }
 
 #[test]
 fn create_from_android_sparse_images() {
-    let tmp = tmpdir("sparse");
-    let (old, new) = make_pair(&tmp);
+    let tmp = TempDir::new("cow-cli-sparse");
+    let (old, new) = make_pair(tmp.path());
     let (old_s, new_s) = (tmp.join("old.simg"), tmp.join("new.simg"));
     for (a, b) in [(&old, &old_s), (&new, &new_s)] {
         // img2simg comes from android-sdk-libsparse-utils (scripts/install-deps.sh).
@@ -235,21 +191,12 @@ fn create_from_android_sparse_images() {
         assert!(st.success());
     }
     let cow = tmp.join("s.cow");
-    ok(bin()
-        .args(["cow", "create", "--old"])
-        .arg(&old_s)
-        .arg("--new")
-        .arg(&new_s)
-        .arg("-o")
-        .arg(&cow));
+    ok(&mut cow_create(&old_s, &new_s, &cow));
     let out = tmp.join("out.img");
-    ok(bin()
-        .args(["cow", "apply"])
-        .arg(&cow)
-        .arg("--base")
-        .arg(&old)
-        .arg("-o")
-        .arg(&out));
-    assert!(std::fs::read(&out).unwrap() == std::fs::read(&new).unwrap());
-    std::fs::remove_dir_all(&tmp).unwrap();
+    ok(&mut cow_apply(&cow, &old, &out));
+    assert_file_eq(
+        &out,
+        &std::fs::read(&new).unwrap(),
+        "apply of a sparse-made COW",
+    );
 }

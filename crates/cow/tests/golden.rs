@@ -2,95 +2,26 @@
 //! merge-order verification and an op-by-op in-place merge.
 
 use snapblk_cow::{CowReader, OpKind, OpenOptions};
-use std::path::PathBuf;
+use snapblk_testsupport::golden::{self, ReadmeOp};
 
-fn data_dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/data/aosp-cow")
+fn load(name: &str) -> golden::CaseData {
+    golden::case(name).load()
 }
 
-fn cases() -> Vec<String> {
-    let mut v: Vec<String> = std::fs::read_dir(data_dir())
-        .unwrap()
-        .filter_map(|e| {
-            let e = e.unwrap();
-            e.file_type()
-                .unwrap()
-                .is_dir()
-                .then(|| e.file_name().into_string().unwrap())
-        })
-        .collect();
-    v.sort();
-    assert_eq!(v.len(), 16, "expected the 16 golden cases");
-    v
-}
-
-struct Case {
-    cow: Vec<u8>,
-    base: Vec<u8>,
-    target: Vec<u8>,
-    readme: String,
-}
-
-fn load(name: &str) -> Case {
-    let d = data_dir().join(name);
-    Case {
-        cow: std::fs::read(d.join("snapshot.cow")).unwrap(),
-        base: std::fs::read(d.join("base.img")).unwrap(),
-        target: std::fs::read(d.join("target.img")).unwrap(),
-        readme: std::fs::read_to_string(d.join("README.md")).unwrap(),
+/// Label and cluster ops compare by type only: labels carry no block, and the README prints a
+/// cluster's `cluster_data` where the reader keeps `skip`.
+fn comparable(mut op: ReadmeOp) -> ReadmeOp {
+    if op.kind == "kCowClusterOp" || op.kind == "kCowLabelOp" {
+        (op.new_block, op.source, op.data_length) = (0, 0, 0);
     }
-}
-
-/// `(type, new_block, source, data_length)` of every data op line in the README's op stream.
-fn readme_ops(readme: &str) -> Vec<(String, u64, u64, u64)> {
-    let sec = readme
-        .split("## Resulting op stream, file order")
-        .nth(1)
-        .unwrap()
-        .split("```")
-        .nth(1)
-        .unwrap();
-    let mut out = Vec::new();
-    for line in sec.lines() {
-        let Some(rest) = line.strip_prefix("CowOperation(") else {
-            continue;
-        };
-        let rest = rest.trim_end_matches(')');
-        let mut parts = rest.split(", ");
-        let t = parts.next().unwrap().to_string();
-        let (mut nb, mut src, mut len) = (0, 0, 0);
-        for p in parts {
-            let (k, v) = p.split_once(':').unwrap();
-            let v: u64 = v.parse().unwrap();
-            match k {
-                "new_block" => nb = v,
-                "source" => src = v,
-                "data_length" => len = v,
-                _ => {}
-            }
-        }
-        out.push((t, nb, src, len));
-    }
-    out
-}
-
-fn readme_merge_order(readme: &str) -> Vec<u64> {
-    let l = readme
-        .lines()
-        .find(|l| l.contains("merge order (new_block of each op"))
-        .unwrap();
-    l.rsplit(": ")
-        .next()
-        .unwrap()
-        .split(',')
-        .map(|s| s.trim().parse().unwrap())
-        .collect()
+    op
 }
 
 #[test]
 fn read_view_equals_target() {
-    for name in cases() {
-        let c = load(&name);
+    for case in golden::cases() {
+        let name = &case.name;
+        let c = case.load();
         let blocks = (c.base.len() / 4096) as u64;
         let opts = OpenOptions {
             device_blocks: Some(blocks),
@@ -120,103 +51,74 @@ fn read_view_equals_target() {
 
 #[test]
 fn op_stream_matches_readme() {
-    for name in cases() {
-        let c = load(&name);
+    for case in golden::cases() {
+        let name = &case.name;
+        let c = case.load();
         let r = CowReader::open(c.cow.as_slice()).unwrap();
-        let want = readme_ops(&c.readme);
-        let got: Vec<(String, u64, u64, u64)> = r
+        let got: Vec<ReadmeOp> = r
             .ops()
             .iter()
-            .map(|op| match op.kind {
-                OpKind::Copy { source_block } => {
-                    ("kCowCopyOp".into(), op.new_block, source_block, 0)
-                }
-                OpKind::Zero => ("kZeroOp".into(), op.new_block, 0, 0),
-                OpKind::Replace { payload } => (
-                    "kCowReplaceOp".into(),
-                    op.new_block,
-                    payload.offset,
-                    payload.len.into(),
-                ),
-                OpKind::Xor {
-                    source_offset,
-                    payload,
-                } => (
-                    "kCowXorOp".into(),
-                    op.new_block,
-                    source_offset,
-                    payload.len.into(),
-                ),
-                OpKind::Label { .. } => ("kCowLabelOp".into(), 0, 0, 0),
-                OpKind::Sequence { payload } => ("kCowSequenceOp".into(), 0, 0, payload.len.into()),
-                OpKind::Cluster { skip } => ("kCowClusterOp".into(), 0, 0, skip),
+            .map(|op| {
+                let (kind, new_block, source, data_length) = match op.kind {
+                    OpKind::Copy { source_block } => ("kCowCopyOp", op.new_block, source_block, 0),
+                    OpKind::Zero => ("kZeroOp", op.new_block, 0, 0),
+                    OpKind::Replace { payload } => (
+                        "kCowReplaceOp",
+                        op.new_block,
+                        payload.offset,
+                        payload.len.into(),
+                    ),
+                    OpKind::Xor {
+                        source_offset,
+                        payload,
+                    } => ("kCowXorOp", op.new_block, source_offset, payload.len.into()),
+                    OpKind::Label { .. } => ("kCowLabelOp", 0, 0, 0),
+                    OpKind::Sequence { payload } => ("kCowSequenceOp", 0, 0, payload.len.into()),
+                    OpKind::Cluster { skip } => ("kCowClusterOp", 0, 0, skip),
+                };
+                comparable(ReadmeOp {
+                    kind: kind.into(),
+                    new_block,
+                    source,
+                    data_length,
+                })
             })
             .collect();
-        // README prints cluster_data where we print skip; normalise the README the same way.
-        let want: Vec<_> = want
+        let want: Vec<ReadmeOp> = golden::readme_ops(&c.readme)
             .into_iter()
-            .map(|(t, nb, src, len)| {
-                if t == "kCowClusterOp" {
-                    (t, 0, 0, len)
-                } else {
-                    (t, nb, src, len)
-                }
-            })
-            .collect();
-        let mut want_fixed = Vec::new();
-        for (t, nb, src, len) in want {
-            // README prints "cluster_data:N" which our parser reads as an unknown key.
-            want_fixed.push((t, nb, src, len));
-        }
-        let got_cmp: Vec<_> = got
-            .iter()
-            .map(|(t, nb, src, len)| {
-                if t == "kCowClusterOp" || t == "kCowLabelOp" {
-                    (t.clone(), 0, 0, 0)
-                } else {
-                    (t.clone(), *nb, *src, *len)
-                }
-            })
-            .collect();
-        let want_cmp: Vec<_> = want_fixed
-            .iter()
-            .map(|(t, nb, src, len)| {
-                if t == "kCowClusterOp" || t == "kCowLabelOp" {
-                    (t.clone(), 0, 0, 0)
-                } else {
-                    (t.clone(), *nb, *src, *len)
-                }
-            })
+            .map(comparable)
             .collect();
         // The v3 multiblock README does not show compression bits; op list still matches.
-        assert_eq!(got_cmp, want_cmp, "{name}");
+        assert_eq!(got, want, "{name}");
     }
 }
 
 #[test]
 fn merge_order_matches_readme_and_verifies() {
-    for name in cases() {
-        let c = load(&name);
+    for case in golden::cases() {
+        let name = &case.name;
+        let c = case.load();
         let r = CowReader::open(c.cow.as_slice()).unwrap();
         let got: Vec<u64> = r.merge_order().map(|o| o.new_block).collect();
         let res = r.verify_merge_order();
-        if name == "v3_invalid_order_no_sequence" {
+        if case.invalid_merge_order() {
             let e = res.expect_err("invalid case must be rejected").to_string();
             assert!(e.contains("COPY op follows a non-ordered op"), "{e}");
             continue;
         }
         res.unwrap_or_else(|e| panic!("{name}: {e}"));
-        assert_eq!(got, readme_merge_order(&c.readme), "{name}");
+        assert_eq!(got, golden::readme_merge_order(&c.readme), "{name}");
     }
 }
 
 #[test]
 fn op_by_op_in_place_merge_gives_target() {
-    for name in cases() {
-        if name == "v3_invalid_order_no_sequence" {
+    for case in golden::cases() {
+        if case.invalid_merge_order() {
             continue;
         }
-        let c = load(&name);
+        let name = &case.name;
+        let c = case.load();
         let r = CowReader::open(c.cow.as_slice()).unwrap();
         let pristine = c.base.clone();
         let mut disk = c.base.clone();

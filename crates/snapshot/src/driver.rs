@@ -2,16 +2,23 @@
 //!
 //! Properties (set before connect): `base` and `cow` (paths), `writable` (accept writes into the
 //! overlay journal; default false → writes fail with EROFS), `cache-size` (bytes of decoded
-//! compressed units, default 32 MiB), `scheduler` (default true). Spec example:
-//! `snapshot:base=system.img,cow=system.cow,writable=true`.
+//! compressed units, default 32 MiB), `scheduler` (default true), and block-level readahead
+//! ([`crate::record`]): `record` (path of a block list to record the reads served into),
+//! `record-secs` (recording window from connect, default 30; 0 = until close), `readahead` (path
+//! of a block list to replay in the background at connect). Read-only, once connected:
+//! `record-stats` and `readahead-stats` (JSON), `activity-id` (for [`Activity::find`]). Spec
+//! example: `snapshot:base=system.img,cow=system.cow,writable=true,record=boot.blocks`.
 
 use crate::cowsrc::{OpenMode, open_files};
 use crate::queue::{Backend, SyncQueue};
+use crate::record::{Activity, Binding, DEFAULT_RECORD_SECS};
 use crate::snapshot::{Snapshot, SnapshotConfig};
 use snapblk_core::props::{Access, PropSpec, PropType, PropValue};
 use snapblk_core::{DeviceInfo, Driver, Error, Queue, State};
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
 
 const PROPS: &[PropSpec] = &[
     PropSpec::new("base", PropType::Str, Access::RwCreated, false),
@@ -19,15 +26,41 @@ const PROPS: &[PropSpec] = &[
     PropSpec::new("writable", PropType::Bool, Access::RwCreated, false),
     PropSpec::new("cache-size", PropType::U64, Access::RwCreated, false),
     PropSpec::new("scheduler", PropType::Bool, Access::RwCreated, false),
+    PropSpec::new("record", PropType::Str, Access::RwCreated, false),
+    PropSpec::new("record-secs", PropType::U64, Access::RwCreated, false),
+    PropSpec::new("readahead", PropType::Str, Access::RwCreated, false),
+    PropSpec::new("record-stats", PropType::Str, Access::ReadOnly, true),
+    PropSpec::new("readahead-stats", PropType::Str, Access::ReadOnly, true),
+    PropSpec::new("activity-id", PropType::U64, Access::ReadOnly, true),
 ];
 
 /// The driver.
-#[derive(Default)]
 pub struct SnapshotDriver {
     base: Option<PathBuf>,
     cow: Option<PathBuf>,
     cfg: SnapshotConfig,
     snap: Option<Arc<Snapshot>>,
+    record: Option<PathBuf>,
+    record_secs: u64,
+    readahead: Option<PathBuf>,
+    activity: Arc<Activity>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+impl Default for SnapshotDriver {
+    fn default() -> Self {
+        SnapshotDriver {
+            base: None,
+            cow: None,
+            cfg: SnapshotConfig::default(),
+            snap: None,
+            record: None,
+            record_secs: DEFAULT_RECORD_SECS,
+            readahead: None,
+            activity: Activity::new(),
+            threads: Vec::new(),
+        }
+    }
 }
 
 impl SnapshotDriver {
@@ -39,13 +72,31 @@ impl SnapshotDriver {
     pub fn snapshot(&self) -> Option<Arc<Snapshot>> {
         self.snap.clone()
     }
+    /// Record/replay state and counters (valid before connect and after close).
+    pub fn activity(&self) -> Arc<Activity> {
+        self.activity.clone()
+    }
 }
 
-struct SnapBackend(Arc<Snapshot>);
+impl Drop for SnapshotDriver {
+    fn drop(&mut self) {
+        // Closing the device ends the recording window: the list is written before we return.
+        self.activity.stop();
+        self.activity.finish_record();
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+struct SnapBackend(Arc<Snapshot>, Arc<Activity>);
 
 impl Backend for SnapBackend {
     fn read(&self, offset: u64, buf: &mut [u8]) -> snapblk_core::Result<()> {
-        Ok(self.0.read(offset, buf)?)
+        self.0.read(offset, buf)?;
+        // Client reads only: merge and replay reads do not come through queues.
+        self.1.note_read(offset, buf.len() as u64);
+        Ok(())
     }
     fn write(&self, offset: u64, buf: &[u8], fua: bool) -> snapblk_core::Result<()> {
         Ok(self.0.write(offset, buf, fua)?)
@@ -76,6 +127,12 @@ impl Driver for SnapshotDriver {
             "writable" => PropValue::Bool(self.cfg.writable),
             "cache-size" => PropValue::U64(self.cfg.cache_bytes),
             "scheduler" => PropValue::Bool(self.cfg.sched.enabled),
+            "record" => path(&self.record),
+            "record-secs" => PropValue::U64(self.record_secs),
+            "readahead" => path(&self.readahead),
+            "record-stats" => json(&self.activity.record_stats()),
+            "readahead-stats" => json(&self.activity.readahead_stats()),
+            "activity-id" => PropValue::U64(self.activity.id()),
             _ => return Err(Error::new(libc::ENOENT, "Unknown property name")),
         })
     }
@@ -91,6 +148,9 @@ impl Driver for SnapshotDriver {
             ("writable", PropValue::Bool(b)) => self.cfg.writable = b,
             ("cache-size", PropValue::U64(n)) => self.cfg.cache_bytes = n,
             ("scheduler", PropValue::Bool(b)) => self.cfg.sched.enabled = b,
+            ("record", PropValue::Str(s)) => self.record = (!s.is_empty()).then(|| s.into()),
+            ("record-secs", PropValue::U64(n)) => self.record_secs = n,
+            ("readahead", PropValue::Str(s)) => self.readahead = (!s.is_empty()).then(|| s.into()),
             _ => return Err(Error::new(libc::ENOENT, "Unknown property name")),
         }
         Ok(())
@@ -103,9 +163,25 @@ impl Driver for SnapshotDriver {
         };
         let mut cfg = self.cfg;
         cfg.writable &= !read_only;
-        let snap = open_files(base, cow, cfg, OpenMode::default())?;
+        let snap = Arc::new(open_files(base, cow, cfg, OpenMode::default())?);
         let writable = snap.writable();
-        self.snap = Some(Arc::new(snap));
+        // The list is parsed (and a malformed one refused) before recording starts, so a failed
+        // connect leaves no recording behind.
+        if let Some(p) = &self.readahead
+            && let Some(t) = self.activity.start_replay(snap.clone(), p)?
+        {
+            self.threads.push(t);
+        }
+        if let Some(p) = &self.record {
+            let window = (self.record_secs > 0).then(|| Duration::from_secs(self.record_secs));
+            if let Some(t) = self
+                .activity
+                .start_record(p, window, &Binding::of(snap.map()))?
+            {
+                self.threads.push(t);
+            }
+        }
+        self.snap = Some(snap);
         Ok(DeviceInfo {
             read_only: !writable,
             request_alignment: 1,
@@ -126,6 +202,13 @@ impl Driver for SnapshotDriver {
             .snap
             .clone()
             .ok_or_else(|| Error::new(libc::ENODEV, "Device must be connected"))?;
-        Ok(Box::new(SyncQueue::new(Arc::new(SnapBackend(snap)))?))
+        Ok(Box::new(SyncQueue::new(Arc::new(SnapBackend(
+            snap,
+            self.activity.clone(),
+        )))?))
     }
+}
+
+fn json<T: serde::Serialize>(v: &T) -> PropValue {
+    PropValue::Str(serde_json::to_string(v).unwrap_or_default())
 }

@@ -11,6 +11,8 @@
 //! * [`sched`] is the I/O scheduler all base/COW I/O goes through (foreground / merge /
 //!   readahead classes with BFQ-like budgets).
 //! * [`fault`] is a fault-injection disk (and driver) that can lose power at any instant.
+//! * [`record`] records the block ranges the device serves after start and replays such a list
+//!   as in-device readahead (driver properties `record`, `record-secs`, `readahead`).
 
 pub mod cowsrc;
 pub mod dev;
@@ -18,6 +20,7 @@ pub mod driver;
 pub mod error;
 pub mod fault;
 pub mod queue;
+pub mod record;
 pub mod rng;
 pub mod sched;
 

@@ -388,9 +388,10 @@ impl Snapshot {
         while i < segs.len() {
             // Runs of whole compressed units stored back to back (sequential reads of REPLACE
             // data): one read of all their payloads, then decode each straight into the buffer,
-            // bypassing the cache (a unit read whole is not read again soon).
+            // bypassing the cache (a unit read whole is not read again soon). Readahead wants
+            // the cache filled, so it takes the per-unit path.
             let run = self.whole_unit_run(&segs[i..]);
-            if run >= 2 {
+            if run >= 2 && class != IoClass::Readahead {
                 pos += self.decode_run(class, &segs[i..i + run], &mut buf[pos..])?;
                 i += run;
                 continue;

@@ -1,9 +1,14 @@
 //! `snapblk serve`: export a device over ublk, FUSE or NBD until SIGINT/SIGTERM.
+//!
+//! For the snapshot device, `--record LIST` records the block ranges served during the first
+//! `--record-secs` seconds and `--readahead LIST` replays such a list inside the device at start
+//! (see snapblk_snapshot::record); their counters go into the JSON lines.
 
 use crate::serve_ublk;
 use anyhow::{Context, bail};
 use clap::{ArgGroup, Args};
 use snapblk_nbd::signals::TermSignals;
+use snapblk_snapshot::record::{Activity, ReplayState};
 use std::io::Write;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -35,6 +40,19 @@ pub struct ServeArgs {
     /// Print one JSON line on stdout when clients may connect, and one when stopped.
     #[arg(long)]
     json: bool,
+
+    /// Snapshot device: record the block ranges served to clients during the first
+    /// --record-secs seconds into LIST (written at the window end, or at exit if earlier).
+    #[arg(long, value_name = "LIST")]
+    record: Option<PathBuf>,
+    /// Recording window in seconds (0: until the server stops).
+    #[arg(long, requires = "record", value_name = "N",
+          default_value_t = snapblk_snapshot::record::DEFAULT_RECORD_SECS)]
+    record_secs: u64,
+    /// Snapshot device: replay a list recorded with --record as in-device readahead at start
+    /// (background, behind client I/O).
+    #[arg(long, value_name = "LIST")]
+    readahead: Option<PathBuf>,
 
     /// Export through ublk as /dev/ublkbN.
     #[arg(long)]
@@ -74,8 +92,50 @@ pub struct ServeArgs {
     ublk_args: serve_ublk::UblkArgs,
 }
 
+/// `,record=...,readahead=...` for the snapshot spec, from --record/--readahead.
+fn record_props(a: &ServeArgs) -> anyhow::Result<String> {
+    let mut s = String::new();
+    let path = |p: &PathBuf, flag: &str| {
+        let p = p.display().to_string();
+        if p.contains(',') || p.is_empty() {
+            bail!("{flag}: the path cannot be empty or contain ','");
+        }
+        Ok(p)
+    };
+    if let Some(r) = &a.record {
+        s.push_str(&format!(
+            ",record={},record-secs={}",
+            path(r, "--record")?,
+            a.record_secs
+        ));
+    }
+    if let Some(r) = &a.readahead {
+        s.push_str(&format!(",readahead={}", path(r, "--readahead")?));
+    }
+    Ok(s)
+}
+
 /// The device spec to open, from DEVICE or --base/--cow.
 fn spec(a: &ServeArgs) -> anyhow::Result<String> {
+    let wants_record = a.record.is_some() || a.readahead.is_some();
+    if wants_record && let Some(d) = &a.device {
+        let parsed = snapblk::parse_spec(d).map_err(|e| anyhow::anyhow!("{e}"))?;
+        if parsed.driver != "snapshot" || !d.starts_with("snapshot:") {
+            bail!(
+                "--record/--readahead work on the snapshot device only (--base/--cow or a snapshot: spec), not the {} driver",
+                parsed.driver
+            );
+        }
+    }
+    let s = spec_base(a)?;
+    Ok(if wants_record {
+        s + &record_props(a)?
+    } else {
+        s
+    })
+}
+
+fn spec_base(a: &ServeArgs) -> anyhow::Result<String> {
     if let (Some(b), Some(c)) = (&a.base, &a.cow) {
         let (b, c) = (b.display().to_string(), c.display().to_string());
         if b.contains(',') || c.contains(',') {
@@ -111,21 +171,135 @@ fn emit(json: bool, v: serde_json::Value) {
     }
 }
 
-pub fn run(a: ServeArgs) -> anyhow::Result<()> {
+/// Record/replay reporting of a snapshot device served with --record/--readahead.
+struct Recording {
+    act: Option<Arc<Activity>>,
+    json: bool,
+    /// Set (under the lock) once the "stopped" line is out: no replay line after it.
+    closed: Arc<std::sync::Mutex<bool>>,
+}
+
+impl Recording {
+    fn new(dev: &snapblk::Blkio, a: &ServeArgs) -> Recording {
+        let act = (a.record.is_some() || a.readahead.is_some())
+            .then(|| Activity::of(dev))
+            .flatten();
+        if let Some(st) = act.as_ref().map(|a| a.readahead_stats())
+            && let Some(why) = &st.refused
+        {
+            eprintln!(
+                "snapblk: warning: readahead list {} not replayed: {why}",
+                st.path
+            );
+        }
+        Recording {
+            act,
+            json: a.json,
+            closed: Arc::default(),
+        }
+    }
+
+    /// After the "ready" line: report the replay when it finishes (one JSON line, or stderr).
+    fn watch_replay(&self) {
+        let Some(act) = self.act.clone() else { return };
+        if act.readahead_stats().state == ReplayState::Off {
+            return;
+        }
+        let (json, closed) = (self.json, self.closed.clone());
+        let _ = std::thread::Builder::new()
+            .name("readahead-watch".into())
+            .spawn(move || {
+                loop {
+                    let st = act.wait_replay(Duration::from_millis(500));
+                    let closed = closed.lock().unwrap_or_else(|e| e.into_inner());
+                    if *closed {
+                        return;
+                    }
+                    if st.state == ReplayState::Running {
+                        continue;
+                    }
+                    if json {
+                        emit(
+                            true,
+                            serde_json::json!({"event": "readahead", "readahead": st}),
+                        );
+                    } else if st.state == ReplayState::Done {
+                        eprintln!(
+                            "snapblk: readahead: {} bytes of {} ranges in {} ms, {} errors{}",
+                            st.bytes,
+                            st.ranges,
+                            st.elapsed_us / 1000,
+                            st.errors,
+                            st.first_error
+                                .as_ref()
+                                .map(|e| format!(" (first: {e})"))
+                                .unwrap_or_default()
+                        );
+                    }
+                    return;
+                }
+            });
+    }
+
+    /// Ends the recording (writes the list now if the window is still open) and returns the
+    /// fields for the "stopped" line. No replay line is printed after this.
+    fn finish(&self) -> serde_json::Map<String, serde_json::Value> {
+        let mut m = serde_json::Map::new();
+        *self.closed.lock().unwrap_or_else(|e| e.into_inner()) = true;
+        let Some(act) = &self.act else { return m };
+        let rec = act.finish_record();
+        if !rec.path.is_empty() {
+            if let Some(e) = &rec.error {
+                eprintln!("snapblk: record list: {e}");
+            }
+            m.insert("record".into(), serde_json::json!(rec));
+        }
+        let ra = act.readahead_stats();
+        if ra.state != ReplayState::Off {
+            m.insert("readahead".into(), serde_json::json!(ra));
+        }
+        m
+    }
+
+    fn stopped(&self, export: &str) -> serde_json::Value {
+        let mut m = serde_json::Map::new();
+        m.insert("event".into(), "stopped".into());
+        m.insert("export".into(), export.into());
+        m.extend(self.finish());
+        serde_json::Value::Object(m)
+    }
+}
+
+pub fn run(mut a: ServeArgs) -> anyhow::Result<()> {
     let spec = spec(&a)?;
     if a.ublk {
         let dev = snapblk::open(&spec, a.queues.max(1))
             .map_err(|e| anyhow::anyhow!("opening {spec}: {e}"))?;
-        return serve_ublk::run(dev, &a.ublk_args, a.json);
+        let rec = Recording::new(&dev, &a);
+        if a.record.is_some() {
+            // The zero-copy planner reads base and COW itself, bypassing the device's queues:
+            // its reads would not be recorded.
+            a.ublk_args.ublk_no_plan = true;
+        }
+        let r = serve_ublk::run(dev, &a.ublk_args, a.json);
+        let extra = rec.finish();
+        if !extra.is_empty() {
+            let mut m = serde_json::Map::new();
+            m.insert("event".into(), "record".into());
+            m.extend(extra);
+            emit(a.json, serde_json::Value::Object(m));
+        }
+        return r;
     }
     // Before any thread exists, so every thread inherits the mask and only we see the signals.
     let sigs = TermSignals::block().context("blocking SIGINT/SIGTERM")?;
     let dev = snapblk::open(&spec, a.queues.max(1))
         .map_err(|e| anyhow::anyhow!("opening {spec}: {e}"))?;
+    let rec = Recording::new(&dev, &a);
     if let Some(addr) = &a.nbd {
-        serve_nbd(dev, addr, &a, sigs)
+        serve_nbd(dev, addr, &a, sigs, &rec)
     } else if let Some(dir) = &a.fuse {
-        serve_fuse(dev, dir, &a, sigs)
+        serve_fuse(dev, dir, &a, sigs, &rec)
     } else {
         bail!("one of --ublk, --fuse, --nbd is required")
     }
@@ -136,6 +310,7 @@ fn serve_nbd(
     addr: &str,
     a: &ServeArgs,
     sigs: TermSignals,
+    rec: &Recording,
 ) -> anyhow::Result<()> {
     use snapblk_nbd::{Export, Listener, Server, ServerConfig, SharedDevice};
     let driver = dev.driver_name().to_owned();
@@ -190,6 +365,7 @@ fn serve_nbd(
             listener.uri(&a.nbd_name)
         );
     }
+    rec.watch_replay();
     let r = server.run(&listener);
     done.store(true, std::sync::atomic::Ordering::Relaxed);
     let _ = watcher.join();
@@ -201,10 +377,7 @@ fn serve_nbd(
         dev.flush(&never)
             .map_err(|e| anyhow::anyhow!("final flush: {e}"))?;
     }
-    emit(
-        a.json,
-        serde_json::json!({"event": "stopped", "export": "nbd"}),
-    );
+    emit(a.json, rec.stopped("nbd"));
     Ok(())
 }
 
@@ -213,6 +386,7 @@ fn serve_fuse(
     dir: &std::path::Path,
     a: &ServeArgs,
     sigs: TermSignals,
+    rec: &Recording,
 ) -> anyhow::Result<()> {
     let opts = snapblk_fuse::FuseOptions {
         file_name: a.fuse_file.clone(),
@@ -240,6 +414,7 @@ fn serve_fuse(
             m.file().display()
         );
     }
+    rec.watch_replay();
     let mut signalled = 0;
     loop {
         if m.is_finished() {
@@ -270,9 +445,8 @@ fn serve_fuse(
             Err(e) => return Err(e.into()),
         }
     }
-    emit(
-        a.json,
-        serde_json::json!({"event": "stopped", "export": "fuse"}),
-    );
+    // The session has ended: no more client reads.
+    drop(m);
+    emit(a.json, rec.stopped("fuse"));
     Ok(())
 }

@@ -14,9 +14,10 @@ use std::hash::{BuildHasherDefault, Hasher};
 use std::io::IsTerminal;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+use crate::codec::PayloadBuf;
 use crate::codec::{Codec, Compression};
 use crate::error::{CowError, Result};
-use crate::writer::{CowSink, CowWriter, EncodedUnit, WriterOptions, encode_unit};
+use crate::writer::{BatchOp, CowSink, CowWriter, WriterOptions, encode_unit_into};
 
 /// Generator settings.
 #[derive(Clone, Copy, Debug)]
@@ -660,18 +661,155 @@ pub fn generate<W: CowSink>(
 }
 
 /// A payload from the trial cache if it was made for this kind of op.
-fn cached(cache: &Cache, block: usize, xor: bool, unit_blocks: u32) -> Option<EncodedUnit> {
+fn cached(cache: &Cache, block: usize, xor: bool, unit_blocks: u32) -> Option<&[u8]> {
     match cache.get(block) {
-        Some(Some((x, bytes))) if *x == xor && unit_blocks == 1 => Some(EncodedUnit {
-            bytes: bytes.clone(),
-            unit_blocks: 1,
-        }),
+        Some(Some((x, bytes))) if *x == xor && unit_blocks == 1 => Some(bytes),
         _ => None,
     }
 }
 
-/// The writer stage, given the op list: XOR payloads, REPLACE units (compressed on all
-/// cores), records in merge order, finalize.
+/// One op in the order the writer stage emits them.
+#[derive(Clone, Copy)]
+enum Item {
+    Copy(u32, u64),
+    /// New block, source byte offset.
+    Xor(u32, u64),
+    Zero(u32),
+    /// First block, blocks in the unit.
+    Replace(u32, u32),
+}
+
+/// A batch of items encoded by one thread: payloads back to back, their lengths, and a
+/// scratch block for XOR data. Reused from batch to batch (no allocation, no fresh pages).
+#[derive(Default)]
+struct Batch {
+    payloads: PayloadBuf,
+    lens: Vec<u32>,
+    scratch: Vec<u8>,
+}
+
+/// Run `encode(batch, k)` for k in 0..n on `t` threads (the calling thread included) and
+/// `consume(k, batch)` on the calling thread in order k = 0, 1, ..., as soon as batch k is
+/// ready. At most a few batches per thread are in flight, and their buffers are recycled, so
+/// memory stays bounded and warm however large the COW is.
+fn ordered_pipeline<B: Default + Send>(
+    n: usize,
+    t: usize,
+    encode: &(dyn Fn(&mut B, usize) + Sync),
+    mut consume: impl FnMut(usize, &B) -> Result<()>,
+) -> Result<()> {
+    use std::collections::BTreeMap;
+    use std::sync::{Condvar, Mutex, MutexGuard};
+    if t <= 1 || n <= 1 {
+        let mut b = B::default();
+        for k in 0..n {
+            encode(&mut b, k);
+            consume(k, &b)?;
+        }
+        return Ok(());
+    }
+    struct State<B> {
+        /// Next batch to claim.
+        next: usize,
+        /// Batches consumed so far.
+        consumed: usize,
+        ready: BTreeMap<usize, B>,
+        pool: Vec<B>,
+        stop: bool,
+    }
+    let window = 4 * t;
+    let st = Mutex::new(State {
+        next: 0,
+        consumed: 0,
+        ready: BTreeMap::new(),
+        pool: Vec::new(),
+        stop: false,
+    });
+    let cv = Condvar::new();
+    let lock = || st.lock().unwrap_or_else(|p| p.into_inner());
+    let stop_all = |mut g: MutexGuard<'_, State<B>>| {
+        g.stop = true;
+        drop(g);
+        cv.notify_all();
+    };
+    // Sets `stop` if a worker unwinds, so the consumer does not wait for its batch forever.
+    struct OnUnwind<'a, F: Fn()>(&'a F);
+    impl<F: Fn()> Drop for OnUnwind<'_, F> {
+        fn drop(&mut self) {
+            if std::thread::panicking() {
+                (self.0)();
+            }
+        }
+    }
+    let abort = || stop_all(lock());
+    std::thread::scope(|s| {
+        for _ in 1..t {
+            s.spawn(|| {
+                let _guard = OnUnwind(&abort);
+                let mut g = lock();
+                loop {
+                    if g.stop || g.next >= n {
+                        return;
+                    }
+                    if g.next >= g.consumed + window {
+                        g = cv.wait(g).unwrap_or_else(|p| p.into_inner());
+                        continue;
+                    }
+                    let k = g.next;
+                    g.next += 1;
+                    let mut b = g.pool.pop().unwrap_or_default();
+                    drop(g);
+                    encode(&mut b, k);
+                    g = lock();
+                    g.ready.insert(k, b);
+                    cv.notify_all();
+                }
+            });
+        }
+        let mut want = 0;
+        let mut g = lock();
+        let r = loop {
+            if want == n {
+                break Ok(());
+            }
+            if let Some(b) = g.ready.remove(&want) {
+                drop(g);
+                let r = consume(want, &b);
+                g = lock();
+                g.pool.push(b);
+                g.consumed = want + 1;
+                cv.notify_all();
+                if r.is_err() {
+                    break r;
+                }
+                want += 1;
+                continue;
+            }
+            if g.stop {
+                break Err(CowError::InvalidArgument(
+                    "internal: a compression worker failed".into(),
+                ));
+            }
+            if g.next < n && g.next < g.consumed + window {
+                // The calling thread compresses too instead of waiting.
+                let k = g.next;
+                g.next += 1;
+                let mut b = g.pool.pop().unwrap_or_default();
+                drop(g);
+                encode(&mut b, k);
+                g = lock();
+                g.ready.insert(k, b);
+                continue;
+            }
+            g = cv.wait(g).unwrap_or_else(|p| p.into_inner());
+        };
+        stop_all(g);
+        r
+    })
+}
+
+/// The writer stage, given the op list: XOR payloads and REPLACE units compressed on all
+/// cores in batches, records and payloads written in merge order as batches complete.
 fn write_plans<W: CowSink>(
     old: &[u8],
     new: &[u8],
@@ -693,135 +831,238 @@ fn write_plans<W: CowSink>(
     };
     let mut w = CowWriter::new(sink, wopts)?;
     let t = threads(opts.threads);
-    let codec: Codec = wopts.codec;
-    let blk = |i: usize| &new[i * bs..(i + 1) * bs];
-    let enc = |data: &[u8]| {
-        encode_unit(
-            codec,
-            wopts.version,
-            wopts.block_size,
-            wopts.max_compression_size,
-            data,
-        )
-    };
 
-    // XOR payloads, encoded in parallel, in sequence order.
-    let xor_ops: Vec<(u32, u64)> = seq
-        .iter()
-        .filter_map(|&b| match plans[b as usize] {
-            Plan::Xor(s) => Some((b, s)),
-            _ => None,
-        })
-        .collect();
-    let mut xor_payloads = par_map_with(
-        xor_ops.len(),
-        t,
-        256,
-        || vec![0u8; bs],
-        |x, i| {
-            let (b, s) = xor_ops[i];
-            if let Some(e) = cached(cache, b as usize, true, 1) {
-                return e;
-            }
-            let ob = &old[s as usize..s as usize + bs];
-            for ((d, a), c) in x.iter_mut().zip(blk(b as usize)).zip(ob) {
-                *d = a ^ c;
-            }
-            enc(x)
-        },
-        &|_| {},
-    )
-    .into_iter();
-
-    if opts.sequence && !seq.is_empty() && (wopts.version == 3 || wopts.cluster_ops >= 2) {
-        w.add_sequence_data(seq)?;
-    }
+    // Emission order: ordered ops (merge sequence), label 0, then REPLACE units (the writer's
+    // cut rule) and ZERO ops by ascending block.
+    let mut items: Vec<Item> = Vec::with_capacity(new_blocks);
     for &b in seq {
         match plans[b as usize] {
-            Plan::Copy(s) => {
-                w.add_copy(b.into(), s, 1)?;
-                stats.copy += 1;
-            }
-            Plan::Xor(s) => {
-                let e = xor_payloads.next().ok_or_else(|| {
-                    CowError::InvalidArgument("internal: missing XOR payload".into())
-                })?;
-                stats.xor += 1;
-                stats.xor_payload_bytes += e.bytes.len() as u64;
-                w.add_encoded_xor(b.into(), s, &e)?;
-            }
+            Plan::Copy(s) => items.push(Item::Copy(b, s)),
+            Plan::Xor(s) => items.push(Item::Xor(b, s)),
             _ => {}
         }
     }
-    w.add_label(0)?;
-
-    // REPLACE runs → units (the writer's cut rule), encoded in parallel.
-    let mut units: Vec<(u64, u32)> = Vec::new();
+    let label_at = items.len();
     let mut i = 0;
     while i < new_blocks {
-        if plans[i] == Plan::Replace {
-            let mut j = i;
-            while j < new_blocks && plans[j] == Plan::Replace {
-                j += 1;
-            }
-            units.extend(w.replace_units(i as u64, (j - i) as u64));
-            i = j;
-        } else {
-            i += 1;
-        }
-    }
-    let pb = bar(
-        opts,
-        units.iter().map(|u| u64::from(u.1) * bs as u64).sum(),
-        "compressing",
-    );
-    let encoded: Vec<EncodedUnit> = par_map(
-        units.len(),
-        t,
-        64,
-        |k| {
-            let (b, n) = units[k];
-            if let Some(e) = cached(cache, b as usize, false, n) {
-                return e;
-            }
-            let s = b as usize * bs;
-            enc(&new[s..s + n as usize * bs])
-        },
-        &|n| pb.inc(n * bs as u64),
-    );
-    pb.finish_and_clear();
-    // Write REPLACE and ZERO ops in ascending block order.
-    let mut u = 0;
-    let mut enc = encoded.into_iter();
-    let mut b = 0usize;
-    while b < new_blocks {
-        match plans[b] {
-            Plan::Zero => {
-                w.add_zero_blocks(b as u64, 1)?;
-                stats.zero += 1;
-                b += 1;
-            }
+        match plans[i] {
             Plan::Replace => {
-                let (ub, n) = units[u];
-                debug_assert_eq!(ub, b as u64);
-                let e = enc
-                    .next()
-                    .ok_or_else(|| CowError::InvalidArgument("internal: missing unit".into()))?;
-                stats.replace_payload_bytes += e.bytes.len() as u64;
-                stats.replace_ops += 1;
-                stats.replace_blocks += u64::from(n);
-                w.add_encoded_replace(ub, &e)?;
-                u += 1;
-                b += n as usize;
+                let mut j = i;
+                while j < new_blocks && plans[j] == Plan::Replace {
+                    j += 1;
+                }
+                for (b, n) in w.replace_units(i as u64, (j - i) as u64) {
+                    items.push(Item::Replace(b as u32, n));
+                }
+                i = j;
+            }
+            Plan::Zero => {
+                items.push(Item::Zero(i as u32));
+                i += 1;
             }
             Plan::Unchanged => {
                 stats.unchanged += 1;
-                b += 1;
+                i += 1;
             }
-            _ => b += 1,
+            _ => i += 1,
         }
     }
+    // Batches of about 1 MiB of input (or 8192 ops), split at the label.
+    const BATCH_BYTES: usize = 1 << 20;
+    let mut batches: Vec<(usize, usize)> = Vec::new();
+    let (mut start, mut bytes) = (0, 0);
+    for (k, it) in items.iter().enumerate() {
+        if k == label_at && k > start {
+            batches.push((start, k));
+            (start, bytes) = (k, 0);
+        }
+        bytes += match *it {
+            Item::Xor(..) => bs,
+            Item::Replace(_, n) => n as usize * bs,
+            _ => 0,
+        };
+        if bytes >= BATCH_BYTES || k + 1 - start >= 8192 {
+            batches.push((start, k + 1));
+            (start, bytes) = (k + 1, 0);
+        }
+    }
+    if start < items.len() {
+        batches.push((start, items.len()));
+    }
+    let to_compress: u64 = items
+        .iter()
+        .map(|it| match *it {
+            Item::Xor(..) => bs as u64,
+            Item::Replace(_, n) => u64::from(n) * bs as u64,
+            _ => 0,
+        })
+        .sum();
+    let pb = bar(opts, to_compress, "compressing");
+
+    let codec: Codec = wopts.codec;
+    let encode = |b: &mut Batch, k: usize| {
+        let (lo, hi) = batches[k];
+        b.payloads.clear();
+        b.lens.clear();
+        for it in &items[lo..hi] {
+            let start = b.payloads.len();
+            match *it {
+                Item::Xor(nb, s) => {
+                    if let Some(p) = cached(cache, nb as usize, true, 1) {
+                        b.payloads.extend(p);
+                    } else {
+                        b.scratch.resize(bs, 0);
+                        let nbs = &new[nb as usize * bs..(nb as usize + 1) * bs];
+                        let ob = &old[s as usize..s as usize + bs];
+                        for ((d, x), y) in b.scratch.iter_mut().zip(nbs).zip(ob) {
+                            *d = x ^ y;
+                        }
+                        encode_unit_into(
+                            codec,
+                            wopts.version,
+                            wopts.block_size,
+                            wopts.max_compression_size,
+                            &b.scratch,
+                            &mut b.payloads,
+                        );
+                    }
+                }
+                Item::Replace(first, n) => {
+                    if let Some(p) = cached(cache, first as usize, false, n) {
+                        b.payloads.extend(p);
+                    } else {
+                        let s = first as usize * bs;
+                        encode_unit_into(
+                            codec,
+                            wopts.version,
+                            wopts.block_size,
+                            wopts.max_compression_size,
+                            &new[s..s + n as usize * bs],
+                            &mut b.payloads,
+                        );
+                    }
+                }
+                _ => continue,
+            }
+            b.lens.push((b.payloads.len() - start) as u32);
+        }
+    };
+    if opts.sequence && !seq.is_empty() && (wopts.version == 3 || wopts.cluster_ops >= 2) {
+        w.add_sequence_data(seq)?;
+    }
+    let mut ops: Vec<BatchOp> = Vec::new();
+    let mut labelled = false;
+    ordered_pipeline(batches.len(), t, &encode, |k, b| {
+        let (lo, hi) = batches[k];
+        if lo >= label_at && !labelled {
+            w.add_label(0)?;
+            labelled = true;
+        }
+        ops.clear();
+        let mut lens = b.lens.iter();
+        let mut next_len = || {
+            lens.next().copied().ok_or_else(|| {
+                CowError::InvalidArgument("internal: missing payload in a batch".into())
+            })
+        };
+        let mut input = 0u64;
+        for it in &items[lo..hi] {
+            ops.push(match *it {
+                Item::Copy(nb, s) => {
+                    stats.copy += 1;
+                    BatchOp::Copy {
+                        new_block: nb.into(),
+                        old_block: s,
+                    }
+                }
+                Item::Xor(nb, s) => {
+                    let len = next_len()?;
+                    stats.xor += 1;
+                    stats.xor_payload_bytes += u64::from(len);
+                    input += bs as u64;
+                    BatchOp::Xor {
+                        new_block: nb.into(),
+                        source_offset: s,
+                        len,
+                    }
+                }
+                Item::Zero(nb) => {
+                    stats.zero += 1;
+                    BatchOp::Zero {
+                        new_block: nb.into(),
+                    }
+                }
+                Item::Replace(nb, n) => {
+                    let len = next_len()?;
+                    stats.replace_ops += 1;
+                    stats.replace_blocks += u64::from(n);
+                    stats.replace_payload_bytes += u64::from(len);
+                    input += u64::from(n) * bs as u64;
+                    BatchOp::Replace {
+                        new_block: nb.into(),
+                        unit_blocks: n,
+                        len,
+                    }
+                }
+            });
+        }
+        pb.inc(input);
+        w.add_batch(&ops, b.payloads.as_slice())
+    })?;
+    if !labelled {
+        w.add_label(0)?;
+    }
+    pb.finish_and_clear();
     stats.cow_bytes = w.finalize()?;
     stats.compressed_input_bytes = (stats.replace_blocks + stats.xor) * bs as u64;
     Ok(stats)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ordered_pipeline_consumes_in_order_and_recycles_buffers() {
+        for t in [1, 2, 3, 8] {
+            let encode = |b: &mut Vec<usize>, k: usize| {
+                // Uneven work so batches finish out of order.
+                if k.is_multiple_of(3) {
+                    std::thread::sleep(std::time::Duration::from_micros(300));
+                }
+                b.clear();
+                b.extend([k, k * k]);
+            };
+            let mut seen = Vec::new();
+            ordered_pipeline(50, t, &encode, |k, b| {
+                assert_eq!(b, &vec![k, k * k]);
+                seen.push(k);
+                Ok(())
+            })
+            .unwrap();
+            assert_eq!(seen, (0..50).collect::<Vec<_>>(), "t={t}");
+        }
+    }
+
+    #[test]
+    fn ordered_pipeline_stops_at_the_first_consumer_error() {
+        for t in [1, 3] {
+            let encoded = AtomicUsize::new(0);
+            let encode = |_: &mut (), _| {
+                encoded.fetch_add(1, Ordering::Relaxed);
+            };
+            let mut consumed = 0;
+            let r = ordered_pipeline(10_000, t, &encode, |k, _| {
+                consumed += 1;
+                if k == 5 {
+                    return Err(CowError::InvalidArgument("stop".into()));
+                }
+                Ok(())
+            });
+            assert!(matches!(r, Err(CowError::InvalidArgument(m)) if m == "stop"));
+            assert_eq!(consumed, 6);
+            // Workers run at most a window ahead of the consumer.
+            assert!(encoded.load(Ordering::Relaxed) <= 6 + 4 * t, "t={t}");
+        }
+    }
 }

@@ -22,7 +22,7 @@ pub mod sparse;
 pub mod tools;
 pub mod writer;
 
-pub use codec::{Codec, Compression};
+pub use codec::{Codec, Compression, PayloadBuf};
 pub use error::{CowError, Result};
 pub use format::{Header, ScratchLayout};
 pub use generate::{GenerateOptions, GenerateStats, generate};
@@ -31,4 +31,6 @@ pub use reader::{
     CowReader, DuplicatePolicy, Footer, Op, OpKind, OpenOptions, Payload, read_num_merge_ops,
     write_num_merge_ops,
 };
-pub use writer::{CowSink, CowWriter, EncodedUnit, WriterOptions, encode_unit};
+pub use writer::{
+    BatchOp, CowSink, CowWriter, EncodedUnit, WriterOptions, encode_unit, encode_unit_into,
+};

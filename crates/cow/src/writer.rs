@@ -10,7 +10,7 @@
 //! [`add_encoded_xor`](CowWriter::add_encoded_xor).
 
 use crate::ReadAt;
-use crate::codec::{self, Codec, Compression};
+use crate::codec::{self, Codec, Compression, PayloadBuf};
 use crate::error::{CowError, Result, io_at};
 use crate::format::*;
 use crate::io::WriteAt;
@@ -95,23 +95,64 @@ pub fn encode_unit(
     max_unit: u32,
     data: &[u8],
 ) -> EncodedUnit {
-    let unit_blocks = (data.len() / block_size as usize) as u32;
+    let mut out = PayloadBuf::default();
+    encode_unit_into(codec, version, block_size, max_unit, data, &mut out);
+    EncodedUnit {
+        bytes: out.as_slice().to_vec(),
+        unit_blocks: (data.len() / block_size as usize) as u32,
+    }
+}
+
+/// [`encode_unit`] appending the payload to `out` (no allocation once `out` has grown);
+/// returns the payload length. Sparse units use cheaper settings ([`Codec::for_unit`]).
+pub fn encode_unit_into(
+    codec: Codec,
+    version: u16,
+    block_size: u32,
+    max_unit: u32,
+    data: &[u8],
+    out: &mut PayloadBuf,
+) -> usize {
     if codec.algo == Compression::None {
-        return EncodedUnit {
-            bytes: data.to_vec(),
-            unit_blocks,
-        };
+        out.extend(data);
+        return data.len();
     }
     let window_log = max_unit.max(block_size).trailing_zeros().max(10);
-    let c = codec::compress(codec, data, window_log);
+    let start = out.len();
+    let n = codec::compress_into(codec.for_unit(data), data, window_log, out);
     let raw_if_not_smaller =
         version >= 3 || matches!(codec.algo, Compression::Lz4 | Compression::Zstd);
-    let bytes = if raw_if_not_smaller && c.len() >= data.len() {
-        data.to_vec()
-    } else {
-        c
-    };
-    EncodedUnit { bytes, unit_blocks }
+    if raw_if_not_smaller && n >= data.len() {
+        out.clear_to(start);
+        out.extend(data);
+        return data.len();
+    }
+    n
+}
+
+/// One op of a batch for [`CowWriter::add_batch`]; payload ops take their `len` bytes from
+/// the batch's payload buffer, in op order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BatchOp {
+    Copy {
+        new_block: u64,
+        old_block: u64,
+    },
+    Zero {
+        new_block: u64,
+    },
+    /// An encoded REPLACE unit (as [`encode_unit`] makes it with this writer's codec).
+    Replace {
+        new_block: u64,
+        unit_blocks: u32,
+        len: u32,
+    },
+    /// An encoded single-block XOR payload; base bytes start at `source_offset`.
+    Xor {
+        new_block: u64,
+        source_offset: u64,
+        len: u32,
+    },
 }
 
 /// Buffers sequential appends and writes them with large positional writes.
@@ -136,6 +177,16 @@ impl Stream {
         if self.buf.len() >= Self::FLUSH_AT {
             self.flush(w)?;
         }
+        Ok(())
+    }
+    /// Append a large run of bytes: written in place, without copying it into the buffer.
+    fn push_large<W: WriteAt + ?Sized>(&mut self, w: &W, b: &[u8]) -> Result<()> {
+        if b.len() < Self::FLUSH_AT / 16 {
+            return self.push(w, b);
+        }
+        self.flush(w)?;
+        w.write_all_at(self.start, b).map_err(io_at(self.start))?;
+        self.start += b.len() as u64;
         Ok(())
     }
     fn flush<W: WriteAt + ?Sized>(&mut self, w: &W) -> Result<()> {
@@ -471,7 +522,7 @@ impl<W: CowSink> CowWriter<W> {
         rec_type: u8,
         new_block: u64,
         source: u64,
-        enc: Option<&EncodedUnit>,
+        enc: Option<(u32, &[u8])>,
     ) -> Result<()> {
         self.check_open()?;
         if matches!(
@@ -484,7 +535,7 @@ impl<W: CowSink> CowWriter<W> {
         match self.header.major {
             2 => {
                 let (comp, payload): (u8, &[u8]) = match enc {
-                    Some(e) => (algo.id(), &e.bytes),
+                    Some((_, b)) => (algo.id(), b),
                     None => (0, &[]),
                 };
                 if new_block >= 1 << 32 {
@@ -494,7 +545,7 @@ impl<W: CowSink> CowWriter<W> {
             }
             _ => {
                 let (bits, payload): (u8, &[u8]) = match enc {
-                    Some(e) => (e.unit_blocks.trailing_zeros() as u8, &e.bytes),
+                    Some((ub, b)) => (ub.trailing_zeros() as u8, b),
                     None => (0, &[]),
                 };
                 self.v3_emit(rec_type, bits, new_block, source, payload)
@@ -538,7 +589,12 @@ impl<W: CowSink> CowWriter<W> {
                 self.opts.max_compression_size,
                 &data[off..off + unit_blocks as usize * bs],
             );
-            self.emit(op_type::REPLACE, unit_start, 0, Some(&e))?;
+            self.emit(
+                op_type::REPLACE,
+                unit_start,
+                0,
+                Some((e.unit_blocks, &e.bytes)),
+            )?;
         }
         Ok(())
     }
@@ -571,7 +627,16 @@ impl<W: CowSink> CowWriter<W> {
 
     /// Store an already encoded REPLACE unit (from [`encode_unit`] with this writer's codec).
     pub fn add_encoded_replace(&mut self, new_block: u64, unit: &EncodedUnit) -> Result<()> {
-        let ub = unit.unit_blocks;
+        self.check_unit(unit.unit_blocks)?;
+        self.emit(
+            op_type::REPLACE,
+            new_block,
+            0,
+            Some((unit.unit_blocks, &unit.bytes)),
+        )
+    }
+
+    fn check_unit(&self, ub: u32) -> Result<()> {
         if !ub.is_power_of_two() || (self.header.major < 3 && ub != 1) {
             return Err(inval("invalid unit size"));
         }
@@ -580,7 +645,125 @@ impl<W: CowSink> CowWriter<W> {
         {
             return Err(inval("unit larger than max_compression_size"));
         }
-        self.emit(op_type::REPLACE, new_block, 0, Some(unit))
+        Ok(())
+    }
+
+    /// Store a batch of ops whose payloads are concatenated in `payloads` (in op order): the
+    /// same file as [`add_copy`](Self::add_copy) / [`add_zero_blocks`](Self::add_zero_blocks)
+    /// / [`add_encoded_replace`](Self::add_encoded_replace) /
+    /// [`add_encoded_xor`](Self::add_encoded_xor) op by op, without an `EncodedUnit` per
+    /// payload; v3 writes a large batch's payloads in place instead of copying them into the
+    /// writer's buffer. Nothing of the batch is stored if any op is invalid.
+    pub fn add_batch(&mut self, ops: &[BatchOp], payloads: &[u8]) -> Result<()> {
+        self.check_open()?;
+        let mut total = 0u64;
+        for op in ops {
+            match *op {
+                BatchOp::Replace {
+                    unit_blocks, len, ..
+                } => {
+                    self.check_unit(unit_blocks)?;
+                    total += u64::from(len);
+                }
+                BatchOp::Xor { len, .. } => total += u64::from(len),
+                _ => {}
+            }
+        }
+        if total != payloads.len() as u64 {
+            return Err(inval("batch payload length does not match its ops"));
+        }
+        if self.header.major >= 3 {
+            return self.v3_batch(ops, payloads);
+        }
+        let mut off = 0usize;
+        for op in ops {
+            let mut take = |len: u32| {
+                let p = &payloads[off..off + len as usize];
+                off += len as usize;
+                p
+            };
+            match *op {
+                BatchOp::Copy {
+                    new_block,
+                    old_block,
+                } => self.emit(op_type::COPY, new_block, old_block, None)?,
+                BatchOp::Zero { new_block } => self.emit(op_type::ZERO, new_block, 0, None)?,
+                BatchOp::Replace {
+                    new_block,
+                    unit_blocks,
+                    len,
+                } => self.emit(
+                    op_type::REPLACE,
+                    new_block,
+                    0,
+                    Some((unit_blocks, take(len))),
+                )?,
+                BatchOp::Xor {
+                    new_block,
+                    source_offset,
+                    len,
+                } => self.emit(op_type::XOR, new_block, source_offset, Some((1, take(len))))?,
+            }
+        }
+        Ok(())
+    }
+
+    fn v3_batch(&mut self, batch: &[BatchOp], payloads: &[u8]) -> Result<()> {
+        self.v3_freeze();
+        let max = self.header.op_count_max;
+        let State::V3 { ops, data, .. } = &mut self.state else {
+            return Err(inval("not a v3 writer"));
+        };
+        if ops.len() as u64 + batch.len() as u64 > max {
+            return Err(CowError::TooManyOps { max });
+        }
+        // Records first (all validated before any is kept), then the payloads in one piece.
+        let first = ops.len();
+        let mut pos = data.pos();
+        for op in batch {
+            let (t, bits, len, nb, src) = match *op {
+                BatchOp::Copy {
+                    new_block,
+                    old_block,
+                } => (op_type::COPY, 0, 0, new_block, old_block),
+                BatchOp::Zero { new_block } => (op_type::ZERO, 0, 0, new_block, 0),
+                BatchOp::Replace {
+                    new_block,
+                    unit_blocks,
+                    len,
+                } => (
+                    op_type::REPLACE,
+                    unit_blocks.trailing_zeros() as u8,
+                    len,
+                    new_block,
+                    pos,
+                ),
+                BatchOp::Xor {
+                    new_block,
+                    source_offset,
+                    len,
+                } => (op_type::XOR, 0, len, new_block, source_offset),
+            };
+            let nb = match u32::try_from(nb) {
+                Ok(nb) if src <= SOURCE_MASK => nb,
+                _ => {
+                    ops.truncate(first);
+                    return Err(inval(
+                        "v3 new_block must fit in 32 bits and sources in 48 bits",
+                    ));
+                }
+            };
+            ops.push(encode_op_v3(t, bits, len, nb, src));
+            pos += u64::from(len);
+        }
+        if !batch.is_empty() {
+            self.seen_data = true;
+        }
+        if !payloads.is_empty() {
+            data.push_large(&self.sink, payloads)?;
+            self.end = self.end.max(data.pos());
+        }
+        Ok(())
     }
 
     /// Store an already encoded single-block XOR payload; the base bytes start at
@@ -594,7 +777,12 @@ impl<W: CowSink> CowWriter<W> {
         if unit.unit_blocks != 1 {
             return Err(inval("XOR payloads are single-block"));
         }
-        self.emit(op_type::XOR, new_block, source_offset, Some(unit))
+        self.emit(
+            op_type::XOR,
+            new_block,
+            source_offset,
+            Some((1, &unit.bytes)),
+        )
     }
 
     /// XOR ops: `data` is the *new* content (whole blocks); the stored payload is
@@ -622,7 +810,7 @@ impl<W: CowSink> CowWriter<W> {
                 chunk,
             );
             let src = (old_block + i as u64) * self.bs() + u64::from(offset);
-            self.emit(op_type::XOR, new_block + i as u64, src, Some(&e))?;
+            self.emit(op_type::XOR, new_block + i as u64, src, Some((1, &e.bytes)))?;
         }
         Ok(())
     }
@@ -808,5 +996,183 @@ impl<W: CowSink> CowWriter<W> {
     /// Give back the sink (e.g. after `commit`).
     pub fn into_inner(self) -> W {
         self.sink
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::io::MemFile;
+
+    /// A mixed op list, payloads encoded with `codec` as (op, payload bytes).
+    fn sample_ops(codec: Codec, version: u16, unit: u32) -> Vec<(BatchOp, Vec<u8>)> {
+        let mut v = Vec::new();
+        for i in 0..40u64 {
+            let data: Vec<u8> = (0..4096u32 * if i % 5 == 0 { 2 } else { 1 })
+                .map(|k| ((k as u64 * (i + 3)) % 7 + i % 3) as u8)
+                .collect();
+            let e = encode_unit(codec, version, 4096, unit, &data);
+            let len = e.bytes.len() as u32;
+            let op = match i % 4 {
+                0 => BatchOp::Copy {
+                    new_block: 100 + i,
+                    old_block: i,
+                },
+                1 => BatchOp::Zero { new_block: 100 + i },
+                2 => BatchOp::Xor {
+                    new_block: 100 + i,
+                    source_offset: i * 4096 + 17,
+                    len: if e.unit_blocks == 1 { len } else { 0 },
+                },
+                _ => BatchOp::Replace {
+                    new_block: 100 + i,
+                    unit_blocks: e.unit_blocks,
+                    len,
+                },
+            };
+            let bytes = match op {
+                BatchOp::Replace { .. } => e.bytes,
+                BatchOp::Xor { len, .. } if len > 0 => e.bytes,
+                _ => Vec::new(),
+            };
+            if let BatchOp::Xor { len: 0, .. } = op {
+                continue;
+            }
+            v.push((op, bytes));
+        }
+        v
+    }
+
+    fn one_by_one(w: &mut CowWriter<&MemFile>, ops: &[(BatchOp, Vec<u8>)]) {
+        for (op, bytes) in ops {
+            match *op {
+                BatchOp::Copy {
+                    new_block,
+                    old_block,
+                } => w.add_copy(new_block, old_block, 1).unwrap(),
+                BatchOp::Zero { new_block } => w.add_zero_blocks(new_block, 1).unwrap(),
+                BatchOp::Replace {
+                    new_block,
+                    unit_blocks,
+                    ..
+                } => w
+                    .add_encoded_replace(
+                        new_block,
+                        &EncodedUnit {
+                            bytes: bytes.clone(),
+                            unit_blocks,
+                        },
+                    )
+                    .unwrap(),
+                BatchOp::Xor {
+                    new_block,
+                    source_offset,
+                    ..
+                } => w
+                    .add_encoded_xor(
+                        new_block,
+                        source_offset,
+                        &EncodedUnit {
+                            bytes: bytes.clone(),
+                            unit_blocks: 1,
+                        },
+                    )
+                    .unwrap(),
+            }
+        }
+    }
+
+    #[test]
+    fn add_batch_writes_the_same_file_as_op_by_op_calls() {
+        for (version, cluster_ops, unit, algo) in [
+            (2u16, 1024u32, 4096u32, Compression::Lz4),
+            (2, 0, 4096, Compression::Zstd),
+            (2, 3, 4096, Compression::Gz),
+            (3, 1024, 8192, Compression::Lz4),
+            (3, 1024, 8192, Compression::None),
+        ] {
+            let opts = WriterOptions {
+                version,
+                cluster_ops,
+                codec: Codec::new(algo),
+                max_compression_size: unit,
+                op_count_max: 1000,
+                ..Default::default()
+            };
+            let mut ops = sample_ops(opts.codec, version, unit);
+            if version == 2 {
+                // v2 units are single blocks.
+                ops.retain(|(op, _)| {
+                    !matches!(op, BatchOp::Replace { unit_blocks, .. } if *unit_blocks != 1)
+                });
+            }
+            let a = MemFile::default();
+            let mut w = CowWriter::new(&a, opts).unwrap();
+            one_by_one(&mut w, &ops[..10]);
+            w.add_label(0).unwrap();
+            one_by_one(&mut w, &ops[10..]);
+            w.finalize().unwrap();
+
+            let b = MemFile::default();
+            let mut w = CowWriter::new(&b, opts).unwrap();
+            let batch = |w: &mut CowWriter<&MemFile>, part: &[(BatchOp, Vec<u8>)]| {
+                let list: Vec<BatchOp> = part.iter().map(|o| o.0).collect();
+                let bytes: Vec<u8> = part.iter().flat_map(|o| o.1.clone()).collect();
+                w.add_batch(&list, &bytes).unwrap();
+            };
+            batch(&mut w, &ops[..10]);
+            w.add_label(0).unwrap();
+            batch(&mut w, &ops[10..20]);
+            batch(&mut w, &ops[20..]);
+            w.finalize().unwrap();
+            assert_eq!(
+                a.into_inner(),
+                b.into_inner(),
+                "v{version} k={cluster_ops} {algo:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn add_batch_rejects_bad_batches_without_storing_any_op() {
+        let opts = WriterOptions {
+            version: 3,
+            codec: Codec::new(Compression::None),
+            op_count_max: 4,
+            ..Default::default()
+        };
+        let f = MemFile::default();
+        let mut w = CowWriter::new(&f, opts).unwrap();
+        let rep = |new_block, len| BatchOp::Replace {
+            new_block,
+            unit_blocks: 1,
+            len,
+        };
+        // Payload bytes that do not match the ops.
+        assert!(w.add_batch(&[rep(0, 4096)], &[0u8; 100]).is_err());
+        // A unit larger than max_compression_size.
+        let big = BatchOp::Replace {
+            new_block: 0,
+            unit_blocks: 2,
+            len: 8192,
+        };
+        assert!(w.add_batch(&[big], &vec![0u8; 8192]).is_err());
+        // A block that does not fit in a v3 record, after a valid op: neither is kept.
+        let bad = [
+            BatchOp::Zero { new_block: 1 },
+            BatchOp::Zero { new_block: 1 << 33 },
+        ];
+        assert!(w.add_batch(&bad, &[]).is_err());
+        // More ops than op_count_max.
+        let many: Vec<BatchOp> = (0..5).map(|b| BatchOp::Zero { new_block: b }).collect();
+        assert!(matches!(
+            w.add_batch(&many, &[]),
+            Err(CowError::TooManyOps { max: 4 })
+        ));
+        w.add_batch(&[rep(7, 4096)], &[9u8; 4096]).unwrap();
+        let len = w.finalize().unwrap();
+        let r = CowReader::open(MemFile::new(f.into_inner())).unwrap();
+        assert_eq!(r.ops().len(), 1);
+        assert!(len > 4096);
     }
 }

@@ -294,19 +294,46 @@ unsafe fn put<T>(out: *mut T, v: T) {
     }
 }
 
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn blkio_get_bool(
-    b: *mut blkio,
-    name: *const c_char,
-    value: *mut bool,
-) -> c_int {
+/// The C types of the typed property calls (`blkio_get_bool`/`blkio_set_bool`, …).
+trait CProp: Copy + Default {
+    const TYPE: snapblk_core::PropType;
+    /// The value if it has this type.
+    fn from_prop(v: PropValue) -> Option<Self>;
+    fn into_prop(self) -> PropValue;
+}
+
+macro_rules! c_prop {
+    ($t:ty, $variant:ident) => {
+        impl CProp for $t {
+            const TYPE: snapblk_core::PropType = snapblk_core::PropType::$variant;
+            fn from_prop(v: PropValue) -> Option<Self> {
+                match v {
+                    PropValue::$variant(v) => Some(v),
+                    _ => None,
+                }
+            }
+            fn into_prop(self) -> PropValue {
+                PropValue::$variant(self)
+            }
+        }
+    };
+}
+c_prop!(bool, Bool);
+c_prop!(c_int, Int);
+c_prop!(u64, U64);
+
+/// Body of the typed getters. `*value` is always written when `value` is not NULL (the zero
+/// value on error); a value of another type than asked for is `-EIO`.
+///
+/// # Safety
+/// `b`, `name` and `value` as in the libblkio API (each NULL or valid).
+unsafe fn get_typed<T: CProp>(b: *mut blkio, name: *const c_char, value: *mut T) -> c_int {
     guard_int(|| {
         // SAFETY: pointers per the API.
-        let r = unsafe { get_prop(b, name, Some(snapblk_core::PropType::Bool)) };
-        let (v, rc) = match r {
-            Ok(PropValue::Bool(v)) => (v, 0),
-            Ok(_) => (false, -libc::EIO),
-            Err(rc) => (false, rc),
+        let (v, rc) = match unsafe { get_prop(b, name, Some(T::TYPE)) }.map(T::from_prop) {
+            Ok(Some(v)) => (v, 0),
+            Ok(None) => (T::default(), -libc::EIO),
+            Err(rc) => (T::default(), rc),
         };
         // SAFETY: as above.
         unsafe { put(value, v) };
@@ -318,52 +345,37 @@ pub unsafe extern "C" fn blkio_get_bool(
     })
 }
 
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn blkio_get_int(
-    b: *mut blkio,
-    name: *const c_char,
-    value: *mut c_int,
-) -> c_int {
-    guard_int(|| {
-        // SAFETY: pointers per the API.
-        let r = unsafe { get_prop(b, name, Some(snapblk_core::PropType::Int)) };
-        let (v, rc) = match r {
-            Ok(PropValue::Int(v)) => (v, 0),
-            Ok(_) => (0, -libc::EIO),
-            Err(rc) => (0, rc),
-        };
-        // SAFETY: as above.
-        unsafe { put(value, v) };
-        if value.is_null() && rc == 0 {
-            einval("value must be non-NULL")
-        } else {
-            rc
-        }
-    })
+/// Body of the typed setters.
+///
+/// # Safety
+/// `b` and `name` as in the libblkio API (each NULL or valid).
+unsafe fn set_typed<T: CProp>(b: *mut blkio, name: *const c_char, value: T) -> c_int {
+    // SAFETY: pointers per the API.
+    guard_int(|| unsafe { set_prop(b, name, value.into_prop()) })
 }
 
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn blkio_get_uint64(
-    b: *mut blkio,
-    name: *const c_char,
-    value: *mut u64,
-) -> c_int {
-    guard_int(|| {
-        // SAFETY: pointers per the API.
-        let r = unsafe { get_prop(b, name, Some(snapblk_core::PropType::U64)) };
-        let (v, rc) = match r {
-            Ok(PropValue::U64(v)) => (v, 0),
-            Ok(_) => (0, -libc::EIO),
-            Err(rc) => (0, rc),
-        };
-        // SAFETY: as above.
-        unsafe { put(value, v) };
-        if value.is_null() && rc == 0 {
-            einval("value must be non-NULL")
-        } else {
-            rc
+/// The exported getter and setter of one C type: thin skins over `get_typed`/`set_typed`.
+/// (`extern "C"` functions cannot be generic, hence one pair per type.)
+macro_rules! typed_prop_fns {
+    ($($get:ident, $set:ident: $t:ty;)*) => {$(
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn $get(b: *mut blkio, name: *const c_char, value: *mut $t) -> c_int {
+            // SAFETY: the caller's pointers, passed on under the same contract.
+            unsafe { get_typed(b, name, value) }
         }
-    })
+
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn $set(b: *mut blkio, name: *const c_char, value: $t) -> c_int {
+            // SAFETY: as above.
+            unsafe { set_typed(b, name, value) }
+        }
+    )*};
+}
+
+typed_prop_fns! {
+    blkio_get_bool, blkio_set_bool: bool;
+    blkio_get_int, blkio_set_int: c_int;
+    blkio_get_uint64, blkio_set_uint64: u64;
 }
 
 #[unsafe(no_mangle)]
@@ -396,24 +408,6 @@ pub unsafe extern "C" fn blkio_get_str(
         }
         0
     })
-}
-
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn blkio_set_bool(b: *mut blkio, name: *const c_char, value: bool) -> c_int {
-    // SAFETY: pointers per the API.
-    guard_int(|| unsafe { set_prop(b, name, PropValue::Bool(value)) })
-}
-
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn blkio_set_int(b: *mut blkio, name: *const c_char, value: c_int) -> c_int {
-    // SAFETY: pointers per the API.
-    guard_int(|| unsafe { set_prop(b, name, PropValue::Int(value)) })
-}
-
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn blkio_set_uint64(b: *mut blkio, name: *const c_char, value: u64) -> c_int {
-    // SAFETY: pointers per the API.
-    guard_int(|| unsafe { set_prop(b, name, PropValue::U64(value)) })
 }
 
 #[unsafe(no_mangle)]
@@ -662,176 +656,46 @@ unsafe fn enqueue(q: *mut blkioq, op: Op, user_data: *mut libc::c_void, flags: u
     })
 }
 
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn blkioq_read(
-    q: *mut blkioq,
-    start: u64,
-    buf: *mut libc::c_void,
-    len: size_t,
-    user_data: *mut libc::c_void,
-    flags: u32,
-) {
-    // SAFETY: forwarded API contract.
-    unsafe {
-        enqueue(
-            q,
-            Op::Read {
-                offset: start,
-                buf: buf.cast(),
-                len,
-            },
-            user_data,
-            flags,
-        )
-    }
-}
-
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn blkioq_write(
-    q: *mut blkioq,
-    start: u64,
-    buf: *const libc::c_void,
-    len: size_t,
-    user_data: *mut libc::c_void,
-    flags: u32,
-) {
-    // SAFETY: forwarded API contract.
-    unsafe {
-        enqueue(
-            q,
-            Op::Write {
-                offset: start,
-                buf: buf.cast(),
-                len,
-            },
-            user_data,
-            flags,
-        )
-    }
-}
-
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn blkioq_readv(
-    q: *mut blkioq,
-    start: u64,
-    iov: *const iovec,
-    iovcnt: c_int,
-    user_data: *mut libc::c_void,
-    flags: u32,
-) {
-    // SAFETY: forwarded API contract.
-    unsafe {
-        enqueue(
-            q,
-            Op::Readv {
-                offset: start,
-                iov,
-                iovcnt,
-            },
-            user_data,
-            flags,
-        )
-    }
-}
-
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn blkioq_writev(
-    q: *mut blkioq,
-    start: u64,
-    iov: *mut iovec,
-    iovcnt: c_int,
-    user_data: *mut libc::c_void,
-    flags: u32,
-) {
-    // SAFETY: forwarded API contract.
-    unsafe {
-        enqueue(
-            q,
-            Op::Writev {
-                offset: start,
-                iov,
-                iovcnt,
-            },
-            user_data,
-            flags,
-        )
-    }
-}
-
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn blkioq_write_zeroes(
-    q: *mut blkioq,
-    start: u64,
-    len: u64,
-    user_data: *mut libc::c_void,
-    flags: u32,
-) {
-    // SAFETY: forwarded API contract.
-    unsafe { enqueue(q, Op::WriteZeroes { offset: start, len }, user_data, flags) }
-}
-
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn blkioq_discard(
-    q: *mut blkioq,
-    start: u64,
-    len: u64,
-    user_data: *mut libc::c_void,
-    flags: u32,
-) {
-    // SAFETY: forwarded API contract.
-    unsafe { enqueue(q, Op::Discard { offset: start, len }, user_data, flags) }
-}
-
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn blkioq_flush(q: *mut blkioq, user_data: *mut libc::c_void, flags: u32) {
-    // SAFETY: forwarded API contract.
-    unsafe { enqueue(q, Op::Flush, user_data, flags) }
-}
-
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn blkioq_report_zones(
-    q: *mut blkioq,
-    _offset: u64,
-    _zones: *mut libc::c_void,
-    _nr_zones: u32,
-    user_data: *mut libc::c_void,
-    flags: u32,
-) {
-    // SAFETY: forwarded API contract.
-    unsafe { enqueue(q, Op::Zone, user_data, flags) }
-}
-
-macro_rules! zone_fns {
-    ($($name:ident),*) => {$(
+/// The request entry points: `NAME(q, ARGS…, user_data, flags)` enqueues the `Op` built from
+/// ARGS. Only the C signature and the `Op` differ between them.
+macro_rules! request_fns {
+    ($($name:ident($($arg:ident: $t:ty),*) => $op:expr;)*) => {$(
         #[unsafe(no_mangle)]
-        pub unsafe extern "C" fn $name(q: *mut blkioq, _offset: u64, user_data: *mut libc::c_void, flags: u32) {
+        pub unsafe extern "C" fn $name(
+            q: *mut blkioq,
+            $($arg: $t,)*
+            user_data: *mut libc::c_void,
+            flags: u32,
+        ) {
             // SAFETY: forwarded API contract.
-            unsafe { enqueue(q, Op::Zone, user_data, flags) }
+            unsafe { enqueue(q, $op, user_data, flags) }
         }
     )*};
 }
-zone_fns!(
-    blkioq_close_zone,
-    blkioq_finish_zone,
-    blkioq_open_zone,
-    blkioq_reset_zone
-);
 
-macro_rules! zone_all_fns {
-    ($($name:ident),*) => {$(
-        #[unsafe(no_mangle)]
-        pub unsafe extern "C" fn $name(q: *mut blkioq, user_data: *mut libc::c_void, flags: u32) {
-            // SAFETY: forwarded API contract.
-            unsafe { enqueue(q, Op::Zone, user_data, flags) }
-        }
-    )*};
+request_fns! {
+    blkioq_read(start: u64, buf: *mut libc::c_void, len: size_t) =>
+        Op::Read { offset: start, buf: buf.cast(), len };
+    blkioq_write(start: u64, buf: *const libc::c_void, len: size_t) =>
+        Op::Write { offset: start, buf: buf.cast(), len };
+    blkioq_readv(start: u64, iov: *const iovec, iovcnt: c_int) =>
+        Op::Readv { offset: start, iov, iovcnt };
+    blkioq_writev(start: u64, iov: *mut iovec, iovcnt: c_int) =>
+        Op::Writev { offset: start, iov, iovcnt };
+    blkioq_write_zeroes(start: u64, len: u64) => Op::WriteZeroes { offset: start, len };
+    blkioq_discard(start: u64, len: u64) => Op::Discard { offset: start, len };
+    blkioq_flush() => Op::Flush;
+    // Zoned storage: no snapblk driver supports zoned devices; the driver fails `Op::Zone`.
+    blkioq_report_zones(_offset: u64, _zones: *mut libc::c_void, _nr_zones: u32) => Op::Zone;
+    blkioq_close_zone(_offset: u64) => Op::Zone;
+    blkioq_finish_zone(_offset: u64) => Op::Zone;
+    blkioq_open_zone(_offset: u64) => Op::Zone;
+    blkioq_reset_zone(_offset: u64) => Op::Zone;
+    blkioq_close_all_zones() => Op::Zone;
+    blkioq_finish_all_zones() => Op::Zone;
+    blkioq_open_all_zones() => Op::Zone;
+    blkioq_reset_all_zones() => Op::Zone;
 }
-zone_all_fns!(
-    blkioq_close_all_zones,
-    blkioq_finish_all_zones,
-    blkioq_open_all_zones,
-    blkioq_reset_all_zones
-);
 
 // ---------------------------------------------------------------------------------------------
 // Completions

@@ -198,7 +198,10 @@ impl BlockRecorder {
         }
         if let Some(r) = Range::new(offset, len) {
             self.pending.push(r);
-            if self.pending.len() >= 4096 {
+            // Compacting sorts pending + kept ranges: waiting until pending is as large as the
+            // kept set keeps the amortised cost per read logarithmic even when sparse reads
+            // never merge (a fixed threshold made it linear in the kept set).
+            if self.pending.len() >= self.set.ranges().len().max(4096) {
                 self.compact();
             }
         }
@@ -300,6 +303,28 @@ mod tests {
             rec.note_read(i * 10, 1);
         }
         assert_eq!(rec.finish().ranges.ranges().len(), 3);
+    }
+
+    #[test]
+    fn sparse_reads_across_many_compactions_are_all_kept() {
+        // Every other block, in a scattered order: nothing merges, the kept set outgrows the
+        // initial compaction threshold several times.
+        let n = 20_000u64;
+        let mut rec = BlockRecorder::new(Duration::from_secs(60), 1 << 20);
+        for i in 0..n {
+            let b = (i * 7919) % n;
+            rec.note_read(b * 8192, 4096);
+            rec.note_read(b * 8192 + 1000, 10); // inside the first: adds nothing
+        }
+        let l = rec.finish();
+        assert_eq!(l.ranges.ranges().len() as u64, n);
+        assert_eq!(l.ranges.total_bytes(), n * 4096);
+        assert!(
+            l.ranges
+                .ranges()
+                .windows(2)
+                .all(|w| w[0].end() < w[1].offset)
+        );
     }
 
     #[test]

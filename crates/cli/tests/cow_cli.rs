@@ -1,7 +1,7 @@
 //! `snapblk cow ...` through the real binary: the 16 golden cases (apply, inspect --json,
 //! verify) and create → verify → apply round trips (raw and Android sparse inputs).
 
-use snapblk_testsupport::{TempDir, assert_file_eq, golden};
+use snapblk_testsupport::{TempDir, assert_file_eq, golden, path_str};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
@@ -23,45 +23,31 @@ fn ok(c: &mut Command) -> String {
     String::from_utf8(o.stdout).unwrap()
 }
 
-/// `snapblk cow create --old OLD --new NEW -o COW`.
+/// `snapblk cow ARGS…`.
+fn cow_cmd(args: &[&str]) -> Command {
+    let mut c = bin();
+    c.arg("cow").args(args);
+    c
+}
+
 fn cow_create(old: &Path, new: &Path, cow: &Path) -> Command {
-    let mut c = bin();
-    c.args(["cow", "create", "--old"])
-        .arg(old)
-        .arg("--new")
-        .arg(new)
-        .arg("-o")
-        .arg(cow);
-    c
+    let [old, new, cow] = [old, new, cow].map(path_str);
+    cow_cmd(&["create", "--old", old, "--new", new, "-o", cow])
 }
 
-/// `snapblk cow apply COW --base BASE -o OUT`.
 fn cow_apply(cow: &Path, base: &Path, out: &Path) -> Command {
-    let mut c = bin();
-    c.args(["cow", "apply"])
-        .arg(cow)
-        .arg("--base")
-        .arg(base)
-        .arg("-o")
-        .arg(out);
-    c
+    let [cow, base, out] = [cow, base, out].map(path_str);
+    cow_cmd(&["apply", cow, "--base", base, "-o", out])
 }
 
-/// `snapblk cow verify COW --base BASE --expect EXPECT`.
 fn cow_verify(cow: &Path, base: &Path, expect: &Path) -> Command {
-    let mut c = bin();
-    c.args(["cow", "verify"])
-        .arg(cow)
-        .arg("--base")
-        .arg(base)
-        .arg("--expect")
-        .arg(expect);
-    c
+    let [cow, base, expect] = [cow, base, expect].map(path_str);
+    cow_cmd(&["verify", cow, "--base", base, "--expect", expect])
 }
 
 /// `snapblk cow inspect --json COW`, parsed.
 fn cow_inspect(cow: &Path) -> serde_json::Value {
-    serde_json::from_str(&ok(bin().args(["cow", "inspect", "--json"]).arg(cow))).unwrap()
+    serde_json::from_str(&ok(&mut cow_cmd(&["inspect", "--json", path_str(cow)]))).unwrap()
 }
 
 #[test]
@@ -109,7 +95,7 @@ fn golden_apply_inspect_verify() {
     // A corrupt COW is a one-line error, not a panic.
     let bad = tmp.join("bad.cow");
     std::fs::write(&bad, b"!!WOcwoC garbage").unwrap();
-    let o = run(bin().args(["cow", "inspect"]).arg(&bad));
+    let o = run(&mut cow_cmd(&["inspect", path_str(&bad)]));
     assert_eq!(o.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&o.stderr).starts_with("snapblk: "));
 }

@@ -6,11 +6,28 @@
 #[path = "serve_common.rs"]
 mod common;
 use common::*;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 fn file_of(s: &Serve) -> String {
-    s.ready["path"].as_str().unwrap().to_owned()
+    s.ready_str("path")
+}
+
+/// A temp dir holding a pattern image `a.img` and an empty mount point `mnt`:
+/// `(dir, image, image bytes, mount point)`.
+fn image_and_mountpoint(tag: &str, len: usize, seed: u64) -> (TempDir, PathBuf, Vec<u8>, PathBuf) {
+    let d = TempDir::new(tag);
+    let (img, data) = write_image(d.path(), "a.img", len, seed);
+    let mnt = d.join("mnt");
+    std::fs::create_dir(&mnt).unwrap();
+    (d, img, data, mnt)
+}
+
+/// `snapblk serve DEVICE_ARGS… --fuse MNT`.
+fn serve_fuse(device_args: &[&str], mnt: &Path) -> Serve {
+    let mut args = device_args.to_vec();
+    args.extend(["--fuse", path_str(mnt)]);
+    Serve::start(&args)
 }
 
 fn is_mounted(dir: &Path) -> bool {
@@ -123,13 +140,8 @@ fn loop_mount_check(file: &str, tree: &Path, mnt: &Path, write: bool) {
 
 #[test]
 fn dd_and_cmp_through_the_file() {
-    let d = TempDir::new("fuse-dd");
-    let img = d.join("a.img");
-    let mnt = d.join("mnt");
-    std::fs::create_dir(&mnt).unwrap();
-    let mut expect = pattern(5 << 20, 5);
-    std::fs::write(&img, &expect).unwrap();
-    let s = Serve::start(&[img.to_str().unwrap(), "--fuse", mnt.to_str().unwrap()]);
+    let (d, img, mut expect, mnt) = image_and_mountpoint("fuse-dd", 5 << 20, 5);
+    let s = serve_fuse(&[path_str(&img)], &mnt);
     assert_eq!(s.ready["export"], "fuse");
     let f = file_of(&s);
     assert_eq!(std::fs::metadata(&f).unwrap().len(), expect.len() as u64);
@@ -187,25 +199,13 @@ fn dd_and_cmp_through_the_file() {
         Some(r#"{"event":"stopped","export":"fuse"}"#)
     );
     assert!(!is_mounted(&mnt), "unmounted on SIGTERM");
-    assert!(
-        std::fs::read(&img).unwrap() == expect,
-        "writes reached the device"
-    );
+    assert_file_eq(&img, &expect, "writes reached the device");
 }
 
 #[test]
 fn read_only_device_gives_read_only_file() {
-    let d = TempDir::new("fuse-ro");
-    let img = d.join("a.img");
-    let mnt = d.join("mnt");
-    std::fs::create_dir(&mnt).unwrap();
-    std::fs::write(&img, pattern(1 << 20, 7)).unwrap();
-    let s = Serve::start(&[
-        img.to_str().unwrap(),
-        "--read-only",
-        "--fuse",
-        mnt.to_str().unwrap(),
-    ]);
+    let (_d, img, _, mnt) = image_and_mountpoint("fuse-ro", 1 << 20, 7);
+    let s = serve_fuse(&[path_str(&img), "--read-only"], &mnt);
     assert_eq!(s.ready["read_only"], true);
     let f = file_of(&s);
     use std::os::unix::fs::PermissionsExt;
@@ -237,7 +237,7 @@ fn ext4_plain_file_loop_mount_and_fsck() {
     let (mnt, lmnt) = (d.join("mnt"), d.join("lmnt"));
     std::fs::create_dir(&mnt).unwrap();
     std::fs::create_dir(&lmnt).unwrap();
-    let s = Serve::start(&[img.to_str().unwrap(), "--fuse", mnt.to_str().unwrap()]);
+    let s = serve_fuse(&[path_str(&img)], &mnt);
     let f = file_of(&s);
     loop_mount_check(&f, &tree, &lmnt, false);
     loop_mount_check(&f, &tree, &lmnt, true);
@@ -265,23 +265,10 @@ fn ext4_snapshot_loop_mount_and_fsck() {
     let (old, new, cow) = (d.join("old.img"), d.join("new.img"), d.join("fs.cow"));
     mkfs(&old_tree, &old);
     mkfs(&new_tree, &new);
-    let out = std::process::Command::new(bin())
-        .args([
-            "cow",
-            "create",
-            "--old",
-            old.to_str().unwrap(),
-            "--new",
-            new.to_str().unwrap(),
-            "-o",
-            cow.to_str().unwrap(),
-        ])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "cow create: {}",
-        String::from_utf8_lossy(&out.stderr)
+    let [old_s, new_s, cow_s] = [&old, &new, &cow].map(|p| path_str(p));
+    tool_ok(
+        bin(),
+        &["cow", "create", "--old", old_s, "--new", new_s, "-o", cow_s],
     );
     let (mnt, lmnt) = (d.join("mnt"), d.join("lmnt"));
     std::fs::create_dir(&mnt).unwrap();
@@ -289,14 +276,8 @@ fn ext4_snapshot_loop_mount_and_fsck() {
     let old_bytes = std::fs::read(&old).unwrap();
 
     // Read-only snapshot: the file is exactly new.img, and mounts as the new tree.
-    let s = Serve::start(&[
-        "--base",
-        old.to_str().unwrap(),
-        "--cow",
-        cow.to_str().unwrap(),
-        "--fuse",
-        mnt.to_str().unwrap(),
-    ]);
+    let snapshot = ["--base", old_s, "--cow", cow_s];
+    let s = serve_fuse(&snapshot, &mnt);
     assert_eq!(s.ready["read_only"], true);
     let f = file_of(&s);
     tool_ok("cmp", &[&f, new.to_str().unwrap()]);
@@ -305,33 +286,18 @@ fn ext4_snapshot_loop_mount_and_fsck() {
     assert!(st.success(), "{err}");
 
     // Writable snapshot: mount read-write, write, fsck clean; the base is untouched.
-    let s = Serve::start(&[
-        "--base",
-        old.to_str().unwrap(),
-        "--cow",
-        cow.to_str().unwrap(),
-        "--writable",
-        "--fuse",
-        mnt.to_str().unwrap(),
-    ]);
+    let s = serve_fuse(&[&snapshot[..], &["--writable"]].concat(), &mnt);
     assert_eq!(s.ready["read_only"], false);
     loop_mount_check(&file_of(&s), &new_tree, &lmnt, true);
     let (st, _, err) = s.stop();
     assert!(st.success(), "{err}");
-    assert!(
-        std::fs::read(&old).unwrap() == old_bytes,
-        "base image modified"
-    );
+    assert_file_eq(&old, &old_bytes, "base image modified");
 }
 
 #[test]
 fn sigterm_waits_while_a_loop_device_holds_the_file() {
-    let d = TempDir::new("fuse-busy");
-    let img = d.join("a.img");
-    let mnt = d.join("mnt");
-    std::fs::create_dir(&mnt).unwrap();
-    std::fs::write(&img, pattern(2 << 20, 8)).unwrap();
-    let mut s = Serve::start(&[img.to_str().unwrap(), "--fuse", mnt.to_str().unwrap()]);
+    let (_d, img, _, mnt) = image_and_mountpoint("fuse-busy", 2 << 20, 8);
+    let mut s = serve_fuse(&[path_str(&img)], &mnt);
     let f = file_of(&s);
     let dev = tool_ok("losetup", &["-f", "--show", &f]).trim().to_owned();
     s.signal("TERM");

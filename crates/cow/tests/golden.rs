@@ -188,34 +188,15 @@ fn header_fields() {
 
 #[test]
 fn open_at_label() {
-    let c = load("v2_basic_none");
-    let r = CowReader::open_with(
-        c.cow.as_slice(),
-        OpenOptions {
-            label: Some(1),
+    let at = |cow: &[u8], label| {
+        let opts = OpenOptions {
+            label: Some(label),
             ..Default::default()
-        },
-    )
-    .unwrap();
-    assert_eq!(r.data_ops().count(), 6);
-    assert!(
-        CowReader::open_with(
-            c.cow.as_slice(),
-            OpenOptions {
-                label: Some(9),
-                ..Default::default()
-            }
-        )
-        .is_err()
-    );
-    let c = load("v3_basic_none");
-    let r = CowReader::open_with(
-        c.cow.as_slice(),
-        OpenOptions {
-            label: Some(1),
-            ..Default::default()
-        },
-    )
-    .unwrap();
-    assert_eq!(r.data_ops().count(), 6);
+        };
+        CowReader::open_with(cow, opts).map(|r| r.data_ops().count())
+    };
+    let v2 = load("v2_basic_none").cow;
+    assert_eq!(at(&v2, 1).unwrap(), 6);
+    assert!(at(&v2, 9).is_err(), "a label that is not in the file");
+    assert_eq!(at(&load("v3_basic_none").cow, 1).unwrap(), 6);
 }

@@ -25,12 +25,7 @@ fn healthy(addr: &str, data: &[u8]) {
 
 #[test]
 fn malformed_negotiation_gets_errors_or_close() {
-    let Served {
-        srv,
-        data,
-        dir: _dir,
-        ..
-    } = serve_image(SIZE, 11, true);
+    let (srv, _img, data, _dir) = serve_image(SIZE, 11, true);
 
     // Unknown client flags: disconnect.
     let mut s = TcpStream::connect(&srv.addr).unwrap();
@@ -139,12 +134,7 @@ fn malformed_negotiation_gets_errors_or_close() {
 
 #[test]
 fn hostile_requests_get_errors_and_cannot_hurt_others() {
-    let Served {
-        srv,
-        img,
-        data,
-        dir: _dir,
-    } = serve_image(SIZE, 12, false);
+    let (srv, img, data, _dir) = serve_image(SIZE, 12, false);
     let mut c = Client::connect(&srv.addr, "disk");
     let size = SIZE as u64;
     assert_eq!(c.read(size - 4096, 8192), Err(EINVAL), "read past the end");
@@ -230,12 +220,7 @@ fn hostile_requests_get_errors_and_cannot_hurt_others() {
 
 #[test]
 fn writes_refused_on_read_only_export_keep_the_stream_in_sync() {
-    let Served {
-        srv,
-        img,
-        data,
-        dir: _dir,
-    } = serve_image(1 << 20, 13, true);
+    let (srv, img, data, _dir) = serve_image(1 << 20, 13, true);
     let mut c = Client::connect(&srv.addr, "disk");
     assert_ne!(c.flags & TF_READ_ONLY, 0);
     assert_eq!(c.simple(CMD_WRITE, 0, 0, 4096, &[1u8; 4096]), EPERM);
@@ -249,12 +234,7 @@ fn writes_refused_on_read_only_export_keep_the_stream_in_sync() {
 
 #[test]
 fn random_garbage_never_kills_the_server() {
-    let Served {
-        srv,
-        data,
-        dir: _dir,
-        ..
-    } = serve_image(SIZE, 14, false);
+    let (srv, _img, data, _dir) = serve_image(SIZE, 14, false);
     let mut seed = 0x1234_5678_9abc_def0u64;
     let mut rnd = move || {
         seed ^= seed << 13;
@@ -294,12 +274,7 @@ fn idle_handshakes_time_out_and_connection_limit_holds() {
         max_connections: 3,
         ..ServerConfig::default()
     };
-    let Served {
-        srv,
-        data,
-        dir: _dir,
-        ..
-    } = serve_image_cfg(SIZE, 15, true, cfg);
+    let (srv, _img, data, _dir) = serve_image_cfg(SIZE, 15, true, cfg);
     // A silent client is dropped after the timeout.
     let mut idle = Client::raw(Client::greet(&srv.addr));
     assert!(idle.closed());
@@ -332,12 +307,7 @@ fn idle_handshakes_time_out_and_connection_limit_holds() {
 
 #[test]
 fn sixteen_concurrent_clients_read_and_verify() {
-    let Served {
-        srv,
-        data,
-        dir: _dir,
-        ..
-    } = serve_image(SIZE, 16, true);
+    let (srv, _img, data, _dir) = serve_image(SIZE, 16, true);
     let data = std::sync::Arc::new(data);
     let threads: Vec<_> = (0..16u64)
         .map(|t| {
@@ -392,7 +362,7 @@ fn stop_completes_even_if_a_client_never_reads_its_replies() {
         stop_grace: Duration::from_millis(500),
         ..ServerConfig::default()
     };
-    let Served { srv, dir: _dir, .. } = serve_image_cfg(SIZE, 17, true, cfg);
+    let (srv, _img, _data, _dir) = serve_image_cfg(SIZE, 17, true, cfg);
     let mut stuck = Client::connect(&srv.addr, "disk");
     stuck.flood_reads(200, 8 << 20);
     // Give the server time to fill the socket with replies and block writing.

@@ -9,7 +9,7 @@ const SIZE: usize = 8 << 20;
 
 #[test]
 fn nbdinfo_reports_size_flags_and_exports() {
-    let Served { srv, dir: _dir, .. } = serve_image(SIZE, 1, true);
+    let (srv, _img, _data, _dir) = serve_image(SIZE, 1, true);
     let j = nbd::info(&srv.uri);
     let e = &j["exports"][0];
     assert_eq!(e["export-size"], SIZE as u64);
@@ -30,12 +30,7 @@ fn nbdinfo_reports_size_flags_and_exports() {
 
 #[test]
 fn nbdcopy_and_qemu_img_read_the_image() {
-    let Served {
-        srv,
-        img,
-        data,
-        dir,
-    } = serve_image(SIZE, 2, true);
+    let (srv, img, data, dir) = serve_image(SIZE, 2, true);
     nbd::assert_export_reads(&srv.uri, &img, &data, dir.path(), "file export");
     // A different image must NOT compare equal (the comparison can fail).
     let (other, _) = write_image(dir.path(), "b.img", SIZE, 3);
@@ -63,7 +58,7 @@ fn unix_socket_export() {
 
 #[test]
 fn writes_through_nbd_read_back() {
-    let Served { srv, img, dir, .. } = serve_image(SIZE, 5, false);
+    let (srv, img, _data, dir) = serve_image(SIZE, 5, false);
     let (src, src_data) = write_image(dir.path(), "src.img", SIZE, 6);
     // Whole-image write with several connections and requests in flight.
     tool_ok(
@@ -109,12 +104,7 @@ fn writes_through_nbd_read_back() {
 
 #[test]
 fn read_only_export_refuses_writes() {
-    let Served {
-        srv,
-        img,
-        data,
-        dir: _dir,
-    } = serve_image(1 << 20, 7, true);
+    let (srv, img, data, _dir) = serve_image(1 << 20, 7, true);
     let out = nbd::qemu_io(&srv.uri, &["write -P 1 0 4096"]);
     let text = format!(
         "{}{}",

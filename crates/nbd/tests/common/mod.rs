@@ -16,28 +16,26 @@ use std::time::Duration;
 pub use snapblk_testsupport::*;
 
 /// A pattern image (`len` bytes, `seed`) in a fresh temp dir, served as export `disk` on a
-/// loopback TCP port. Destructure it; `dir` must outlive the test's use of `img`.
-pub struct Served {
-    pub srv: TestServer,
-    pub img: PathBuf,
-    pub data: Vec<u8>,
-    pub dir: TempDir,
-}
-
-pub fn serve_image(len: usize, seed: u64, read_only: bool) -> Served {
+/// loopback TCP port: `(server, image path, image bytes, dir)`; keep `dir` alive while the test
+/// uses the image.
+pub fn serve_image(
+    len: usize,
+    seed: u64,
+    read_only: bool,
+) -> (TestServer, PathBuf, Vec<u8>, TempDir) {
     serve_image_cfg(len, seed, read_only, ServerConfig::default())
 }
 
-pub fn serve_image_cfg(len: usize, seed: u64, read_only: bool, cfg: ServerConfig) -> Served {
+pub fn serve_image_cfg(
+    len: usize,
+    seed: u64,
+    read_only: bool,
+    cfg: ServerConfig,
+) -> (TestServer, PathBuf, Vec<u8>, TempDir) {
     let dir = TempDir::new("nbd-test");
     let (img, data) = write_image(dir.path(), "a.img", len, seed);
     let srv = TestServer::start_cfg(path_str(&img), read_only, "127.0.0.1:0", cfg);
-    Served {
-        srv,
-        img,
-        data,
-        dir,
-    }
+    (srv, img, data, dir)
 }
 
 pub struct TestServer {

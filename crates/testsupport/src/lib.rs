@@ -83,7 +83,7 @@ pub fn assert_file_eq(path: &Path, expect: &[u8], what: &str) {
 }
 
 /// Path as `&str` (test paths are always UTF-8).
-pub fn s(p: &Path) -> &str {
+pub fn path_str(p: &Path) -> &str {
     p.to_str().expect("test paths are UTF-8")
 }
 

@@ -1,7 +1,7 @@
 //! Real NBD clients against an export URI: libnbd's nbdinfo and nbdcopy, qemu-img and qemu-io
 //! (all installed by scripts/install-deps.sh; a missing tool fails the test).
 
-use crate::{assert_file_eq, s, tool, tool_ok};
+use crate::{assert_file_eq, path_str, tool, tool_ok};
 use std::path::Path;
 use std::process::Output;
 
@@ -21,11 +21,16 @@ pub fn qemu_img_compare(a: &str, b: &str) -> Output {
     tool("qemu-img", &["compare", "-f", "raw", "-F", "raw", a, b])
 }
 
+/// `qemu-img compare` of two raw images that must be identical.
+pub fn assert_qemu_img_same(a: &str, b: &str) {
+    tool_ok("qemu-img", &["compare", "-f", "raw", "-F", "raw", a, b]);
+}
+
 /// `qemu-img convert` of a raw image (file or URI) to a raw file, which must succeed.
 pub fn qemu_img_convert(src: &str, dst: &Path) {
     tool_ok(
         "qemu-img",
-        &["convert", "-f", "raw", "-O", "raw", src, s(dst)],
+        &["convert", "-f", "raw", "-O", "raw", src, path_str(dst)],
     );
 }
 
@@ -60,16 +65,9 @@ pub fn qemu_io_ok(uri: &str, cmds: &[&str]) -> String {
 /// `scratch`.
 pub fn assert_export_reads(uri: &str, reference: &Path, expect: &[u8], scratch: &Path, what: &str) {
     let copied = scratch.join("nbdcopy.img");
-    copy(uri, s(&copied));
+    copy(uri, path_str(&copied));
     assert_file_eq(&copied, expect, &format!("{what}: nbdcopy"));
-    let cmp = qemu_img_compare(s(reference), uri);
-    assert!(
-        cmp.status.success(),
-        "{what}: qemu-img compare {} {uri}: {}{}",
-        reference.display(),
-        String::from_utf8_lossy(&cmp.stdout),
-        String::from_utf8_lossy(&cmp.stderr)
-    );
+    assert_qemu_img_same(path_str(reference), uri);
     let conv = scratch.join("convert.img");
     qemu_img_convert(uri, &conv);
     assert_file_eq(&conv, expect, &format!("{what}: qemu-img convert"));

@@ -5,11 +5,19 @@
 #   3. warm-up of an already-resident /usr/lib              goal A4: <= 0.3 s
 #   4. foreground cold start (python imports) while /usr/lib is warmed in the background
 #                                                           goal A6: <= 1.5x the idle start
+#   5. record -> replay round trip of that foreground start
 # Evicting /usr/lib slows everything else on the machine for a few seconds: run it once.
-# Usage: bench/readahead-bench.sh [REPEATS]   (results: target/readahead-bench/results.txt)
+# Usage: bench/readahead-bench.sh [REPEATS] [SECTION...]   (default: all sections 1-5)
+#   e.g. bench/readahead-bench.sh 3 2 4   (cold warm-up and foreground impact only)
+#   VARIANTS=0 skips the single-run variants of section 2.
+# Results: target/readahead-bench/results.txt (overwritten; copy it first to keep it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 REPEATS=${1:-3}
+shift || true
+SECTIONS=" ${*:-1 2 3 4 5} "
+want() { [[ $SECTIONS == *" $1 "* ]]; }
+VARIANTS=${VARIANTS:-1}
 TREE=${TREE:-/usr/lib}
 RESTREE=${RESTREE:-/usr}
 PYVER=${PYVER:-3.12.1}
@@ -34,9 +42,11 @@ vm_pct() { vmtouch "$1" 2>/dev/null | awk '/Resident Pages/{print $NF}'; }
 evict_tree() { "$SB" readahead evict -r "$1" --json > "$OUT/evict.json" || true; }
 jget() { python3 -c "import json,sys; d=json.load(open('$1')); print(d$2)"; }
 
+FG=(-c "import json, email.parser, http.client, decimal, asyncio, sqlite3, xml.dom.minidom, unittest")
 log "# snapblk readahead bench $(date -Is) kernel $(uname -r), $(nproc) CPUs"
 log "# device $(df --output=source "$TREE" | tail -1), scheduler $(cat /sys/block/vda/queue/scheduler 2>/dev/null), read_ahead_kb $(cat /sys/block/vda/queue/read_ahead_kb 2>/dev/null), loadavg $(cut -d' ' -f1-3 /proc/loadavg)"
 
+if want 1; then
 log ""
 log "## 1. residency of $RESTREE (warm metadata), seconds"
 vmtouch -q "$RESTREE" > /dev/null 2>&1; "$SB" residency -r -s "$RESTREE" > /dev/null
@@ -47,6 +57,7 @@ for i in $(seq "$REPEATS"); do
 done
 log "vmtouch: $(grep 'Resident Pages' "$OUT/vm-res.txt" | xargs)"
 log "snapblk: $(grep 'Resident Pages' "$OUT/sb-res.txt" | xargs)"
+fi
 
 cold_run() { # label, command...
   local label=$1; shift
@@ -55,17 +66,19 @@ cold_run() { # label, command...
   local t0 t1; t0=$(now); "$@" > "$OUT/run.out" 2>&1; t1=$(now)
   local tool=""
   if head -c1 "$OUT/run.out" | grep -q '{'; then
-    tool="tool: $(jget "$OUT/run.out" "['resident_fraction']*100")% resident, issue $(jget "$OUT/run.out" "['issue_secs']") s, settle $(jget "$OUT/run.out" "['settle_secs']") s, passes $(jget "$OUT/run.out" "['passes']")"
+    tool="tool: $(jget "$OUT/run.out" "['resident_fraction']*100")% resident, issue $(jget "$OUT/run.out" "['issue_secs']") s, settle $(jget "$OUT/run.out" "['settle_secs']") s, passes $(jget "$OUT/run.out" "['passes']"), checked inline $(jget "$OUT/run.out" "['verified_inline']") / at the end $(jget "$OUT/run.out" "['final_checked']") files, psi pauses $(jget "$OUT/run.out" "['psi_pauses']")"
   fi
   log "$label: $(secs "$t0" "$t1") s; vmtouch check after: $(vm_pct "$TREE") resident; (pages left after evict: $left) $tool"
 }
 
+if want 2; then
 log ""
 log "## 2. cold warm-up of $TREE ($(du -sh "$TREE" | cut -f1), $(find "$TREE" -xdev -type f | wc -l) files)"
 for i in $(seq "$REPEATS"); do
   cold_run "run $i vmtouch -t" vmtouch -t -q "$TREE" 2>/dev/null
   cold_run "run $i snapblk warm (readahead, 2M, qd4, idle)" "$SB" readahead warm -r "$TREE" --json
 done
+if [ "$VARIANTS" = 1 ]; then
 cold_run "variant snapblk warm qd1" "$SB" readahead warm -r "$TREE" --json -q 1
 cold_run "variant snapblk warm qd8" "$SB" readahead warm -r "$TREE" --json -q 8
 cold_run "variant snapblk warm fadvise" "$SB" readahead warm -r "$TREE" --json --method fadvise
@@ -73,7 +86,10 @@ cold_run "variant snapblk warm uring qd16 x2 threads" "$SB" readahead warm -r "$
 cold_run "variant snapblk warm pread qd4" "$SB" readahead warm -r "$TREE" --json --method pread
 cold_run "variant snapblk warm chunk 512K" "$SB" readahead warm -r "$TREE" --json --chunk 512K
 cold_run "variant snapblk warm ioprio be, nice none" "$SB" readahead warm -r "$TREE" --json --ioprio be --nice none
+fi
+fi
 
+if want 3; then
 log ""
 log "## 3. warm-up of an already-resident $TREE, seconds"
 vmtouch -t -q "$TREE" 2>/dev/null
@@ -82,10 +98,11 @@ for i in $(seq "$REPEATS"); do
   "$SB" readahead warm -r "$TREE" --json > "$OUT/hot.json"; t2=$(now)
   log "run $i: vmtouch -t $(secs "$t0" "$t1")  snapblk warm $(secs "$t1" "$t2") (issued $(jget "$OUT/hot.json" "['bytes_issued']") bytes, $(jget "$OUT/hot.json" "['resident_fraction']*100")% resident)"
 done
+fi
 
+if want 4; then
 log ""
 log "## 4. foreground cold start ($PY imports) with $TREE warmed in the background"
-FG=(-c "import json, email.parser, http.client, decimal, asyncio, sqlite3, xml.dom.minidom, unittest")
 fg_cold() { # time of one cold foreground start
   "$SB" readahead evict -r "$PYROOT" > /dev/null
   local t0 t1; t0=$(now); "$PY" "${FG[@]}"; t1=$(now); secs "$t0" "$t1"
@@ -103,7 +120,9 @@ for i in $(seq "$REPEATS"); do
   log "run $i: idle $idle s; under snapblk warm --background $sb s ($(awk -v a="$sb" -v b="$idle" 'BEGIN{printf "%.2fx", a/b}')); under vmtouch -t $vm s ($(awk -v a="$vm" -v b="$idle" 'BEGIN{printf "%.2fx", a/b}'))"
 done
 log "last background report: $(tail -1 "$OUT/bg.log" | python3 -c 'import json,sys; d=json.loads(sys.stdin.read()); print("%.3f%% resident, total %.2f s, pressure pauses %d (%.2f s)" % (d["resident_fraction"]*100, d["total_secs"], d["psi_pauses"], d["psi_paused_secs"]))')"
+fi
 
+if want 5; then
 log ""
 log "## 5. record -> replay round trip of the foreground start (scope $PYROOT)"
 "$SB" readahead record -o "$OUT/py.list" --scope "$PYROOT" --evict-first --json -- "$PY" "${FG[@]}" > "$OUT/rec.json"
@@ -113,4 +132,5 @@ log "recorded: $(cat "$OUT/rec.json")"
 log "replay: $(jget "$OUT/rep.json" "['resident_fraction']*100")% of $(jget "$OUT/rep.json" "['bytes_requested']") bytes resident, $(jget "$OUT/rep.json" "['total_secs']") s"
 t0=$(now); "$PY" "${FG[@]}"; t1=$(now)
 log "foreground start after replay: $(secs "$t0" "$t1") s (cold idle start above)"
+fi
 echo "results in $RES"

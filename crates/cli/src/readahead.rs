@@ -388,27 +388,18 @@ pub fn run(c: ReadaheadCmd) -> anyhow::Result<()> {
             if a.opts.background && std::env::var_os(CHILD_ENV).is_none() {
                 return spawn_background(&a.opts);
             }
+            // The walk feeds the submitters directly (no list to build and sort first), so the
+            // first requests go out with the first files found.
             let w = walk_opts(a.recursive, a.one_file_system, None);
-            let files = std::sync::Mutex::new(Vec::new());
-            let errors = snapblk_readahead::walk::walk(&a.paths, &w, |p| {
-                if let Ok(mut v) = files.lock() {
-                    v.push(p.to_path_buf());
-                }
-            });
+            let opts = replay_options(&a.opts);
+            let bar = Progress::spinner("warm");
+            let progress = |d: u64, _t: u64| bar.set(d);
+            let (rep, errors) = replay::warm_tree(&a.paths, &w, &opts, Some(&progress));
+            bar.finish();
             for e in &errors {
                 eprintln!("snapblk: {}: {}", escape_path(&e.path), e.error);
             }
-            let mut files = files.into_inner().unwrap_or_default();
-            files.sort();
-            let entries = files
-                .into_iter()
-                .map(|path| ListEntry {
-                    path,
-                    identity: None,
-                    extent: Extent::Whole,
-                })
-                .collect();
-            run_replay(entries, &a.opts)
+            report_replay(&rep, &a.opts)
         }
         ReadaheadCmd::Evict(a) => run_evict(a),
     }
@@ -544,11 +535,8 @@ fn spawn_background(o: &ReplayOpts) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn run_replay(entries: Vec<ListEntry>, o: &ReplayOpts) -> anyhow::Result<()> {
-    if o.background && std::env::var_os(CHILD_ENV).is_none() {
-        return spawn_background(o);
-    }
-    let opts = ReplayOptions {
+fn replay_options(o: &ReplayOpts) -> ReplayOptions {
+    ReplayOptions {
         method: match o.method {
             MethodArg::Readahead => Method::Readahead,
             MethodArg::Fadvise => Method::Fadvise,
@@ -570,19 +558,30 @@ fn run_replay(entries: Vec<ListEntry>, o: &ReplayOpts) -> anyhow::Result<()> {
         retries: o.retries,
         allow_stale: o.allow_stale,
         diskstats: o.diskstats,
-    };
+    }
+}
+
+fn run_replay(entries: Vec<ListEntry>, o: &ReplayOpts) -> anyhow::Result<()> {
+    if o.background && std::env::var_os(CHILD_ENV).is_none() {
+        return spawn_background(o);
+    }
+    let opts = replay_options(o);
     let bar = Progress::new(entries.len() as u64, "replay");
     let progress = |d: u64, _t: u64| bar.set(d);
     let rep = replay::replay(&entries, &opts, Some(&progress));
     bar.finish();
+    report_replay(&rep, o)
+}
+
+fn report_replay(rep: &ReplayReport, o: &ReplayOpts) -> anyhow::Result<()> {
     if o.json {
-        let mut v = serde_json::to_value(&rep)?;
+        let mut v = serde_json::to_value(rep)?;
         if let Some(m) = v.as_object_mut() {
             m.insert("schema".into(), "snapblk.replay.v1".into());
         }
         println!("{v}");
     } else {
-        print_replay(&rep);
+        print_replay(rep);
     }
     if let Some(req) = o.require
         && rep.resident_fraction * 100.0 < req

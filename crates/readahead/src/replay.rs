@@ -10,14 +10,16 @@
 //! resident with cachestat, re-issues what is missing (up to `retries` times) and reports
 //! requested vs resident bytes.
 
-use crate::list::{FileIdentity, ListEntry};
+use crate::list::{Extent, FileIdentity, ListEntry};
 use crate::ranges::{Range, RangeSet};
 use crate::residency::{self, Residency};
 use crate::sys::{self, IoPrio};
 use crate::sysstat::{self, DiskStat, PsiSampler};
+use crate::walk::{self, LinkDedup, WalkError, WalkOptions};
 use serde::Serialize;
 use std::fs::File;
 use std::os::fd::AsFd;
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
@@ -124,8 +126,17 @@ pub struct ReplayReport {
     pub psi_pauses: u64,
     pub psi_paused_secs: f64,
     pub issue_secs: f64,
+    /// From the end of issuing (pass 1) to the end of verification, including waiting for the
+    /// last reads to arrive and any re-issue passes.
     pub settle_secs: f64,
     pub settled: bool,
+    /// Files verified by their submitter on the still-open fd while later files were issued.
+    pub verified_inline: u64,
+    /// Files left for the final verification (reopened and checked after issuing ended).
+    pub final_checked: u64,
+    /// Files whose absent pages were re-issued right after their check (counted per re-issue),
+    /// rather than in a later pass.
+    pub reissued_inline: u64,
     pub total_secs: f64,
     pub diskstats_delta: Option<Vec<DiskStat>>,
     pub threads: usize,
@@ -136,13 +147,26 @@ struct Prepared {
     path: PathBuf,
     identity: FileIdentity,
     ranges: RangeSet,
-    /// Set when pass 1 found every range resident and issued nothing: that measurement is the
-    /// verification, so the file is not reopened.
-    verified_resident: Option<u64>,
+    /// Verification result so far: set at once when pass 1 found every range resident and
+    /// issued nothing (that measurement is the verification, the file is not reopened), or by
+    /// the issuing thread on the still-open fd once the file's reads have completed.
+    check: Option<FileCheck>,
 }
 
-/// Progress callback: (entries done, entries total).
+/// Progress callback: (entries done, entries total; 0 while a tree walk is still counting).
 pub type Progress<'a> = &'a (dyn Fn(u64, u64) + Sync);
+
+/// A file whose chunks were issued and whose verification is deferred until more I/O has been
+/// queued behind it (by then its own reads have normally completed), so it is checked on the
+/// fd that is still open: no second open/stat, and the check overlaps the issuing of later
+/// files instead of forming a separate sweep at the end.
+struct Issued {
+    file: File,
+    idx: usize,
+    ranges: RangeSet,
+    /// Times absent pages of this file were re-issued inline.
+    reissues: u32,
+}
 
 struct Shared<'a> {
     opts: &'a ReplayOptions,
@@ -151,6 +175,24 @@ struct Shared<'a> {
     psi_paused_us: AtomicU64,
     issued_bytes: AtomicU64,
     requests: AtomicU64,
+    stale: Mutex<Vec<StaleEntry>>,
+    errors: Mutex<Vec<StaleEntry>>,
+    prepared: Mutex<Vec<Prepared>>,
+    requested: AtomicU64,
+    resident_before: AtomicU64,
+    done: AtomicU64,
+    /// Files a thread keeps open for deferred verification (bounded by RLIMIT_NOFILE).
+    lag_files: usize,
+    /// Bytes issued behind a file before it is checked.
+    lag_bytes: u64,
+    verified_inline: AtomicU64,
+    reissued_inline: AtomicU64,
+    requeued: AtomicU64,
+    /// Tree warm-ups handle each multiply linked inode once.
+    dedup: Option<LinkDedup>,
+    t0: Instant,
+    /// Microseconds after `t0` at which the last submitter finished issuing pass 1.
+    issue_end_us: AtomicU64,
 }
 
 impl Shared<'_> {
@@ -205,13 +247,14 @@ impl Shared<'_> {
                 }
             }
         }
+        ctx.issued_since += r.len;
         self.issued_bytes.fetch_add(r.len, Relaxed);
         self.requests.fetch_add(1, Relaxed);
         Ok(())
     }
 
     /// Issues the non-resident chunks of `ranges`; returns bytes found resident beforehand
-    /// (`None` when residency is unknown).
+    /// (`None` when residency is unknown) and whether anything was issued.
     fn warm(
         &self,
         f: &File,
@@ -265,6 +308,198 @@ impl Shared<'_> {
         }
         Ok((resident, issued))
     }
+
+    fn record_problem(&self, path: &Path, err: std::io::Error) {
+        let (reason, target) = if err.kind() == std::io::ErrorKind::NotFound {
+            ("missing: file not found".to_string(), &self.stale)
+        } else {
+            (err.to_string(), &self.errors)
+        };
+        if let Ok(mut v) = target.lock() {
+            v.push(StaleEntry {
+                path: path.to_path_buf(),
+                reason,
+            });
+        }
+    }
+
+    /// Pass 1 for one entry: identity check, measure, issue, and queue the file for deferred
+    /// verification.
+    fn pass1(&self, e: &ListEntry, ctx: &mut Ctx, progress: Option<Progress<'_>>, total: u64) {
+        if let Err(err) = self.pass1_inner(e, ctx) {
+            self.record_problem(&e.path, err);
+        }
+        let d = self.done.fetch_add(1, Relaxed) + 1;
+        if let Some(p) = progress {
+            p(d, total);
+        }
+    }
+
+    fn pass1_inner(&self, e: &ListEntry, ctx: &mut Ctx) -> std::io::Result<()> {
+        let f = residency::open_quiet(&e.path)?;
+        let meta = f.metadata()?;
+        if !meta.is_file() {
+            return Err(std::io::Error::other("not a regular file"));
+        }
+        if meta.nlink() > 1
+            && let Some(d) = &self.dedup
+            && !d.first_visit(&meta)
+        {
+            return Ok(());
+        }
+        let now = FileIdentity::of(&meta);
+        if let Some(id) = &e.identity {
+            let d = id.diff(&now);
+            if !d.is_empty() {
+                if let Ok(mut v) = self.stale.lock() {
+                    v.push(StaleEntry {
+                        path: e.path.clone(),
+                        reason: format!("changed: {}", d.join(", ")),
+                    });
+                }
+                if !self.opts.allow_stale {
+                    return Ok(());
+                }
+            }
+        }
+        let ranges = page_ranges(&e.extent.resolve(meta.len()), meta.len()).clip(meta.len());
+        let bytes = ranges.total_bytes();
+        self.requested.fetch_add(bytes, Relaxed);
+        let (before, issued) = self.warm(&f, &e.path, &meta, &ranges, ctx)?;
+        if let Some(b) = before {
+            self.resident_before.fetch_add(b, Relaxed);
+        }
+        let check = before.filter(|_| !issued).map(|b| FileCheck {
+            uptodate: b,
+            present: b,
+            total: bytes,
+            known: true,
+        });
+        // Deferred verification needs a measurable file (cachestat worked, so mincore is
+        // trusted) and room for one more open fd.
+        let defer = issued && before.is_some() && self.lag_files > 0;
+        let keep = defer.then(|| ranges.clone());
+        let idx = {
+            let Ok(mut v) = self.prepared.lock() else {
+                return Ok(());
+            };
+            v.push(Prepared {
+                path: e.path.clone(),
+                identity: now,
+                ranges,
+                check,
+            });
+            v.len() - 1
+        };
+        if let Some(ranges) = keep {
+            ctx.issued_since = 0;
+            ctx.recent.push_back((
+                Issued {
+                    file: f,
+                    idx,
+                    ranges,
+                    reissues: 0,
+                },
+                0,
+            ));
+            self.verify_aged(ctx);
+        }
+        Ok(())
+    }
+
+    /// Checks the oldest deferred file once enough I/O is queued behind it (or the thread holds
+    /// too many fds). A file still being read goes to the back for another round.
+    fn verify_aged(&self, ctx: &mut Ctx) {
+        for (_, behind) in ctx.recent.iter_mut() {
+            *behind += ctx.issued_since;
+        }
+        ctx.issued_since = 0;
+        let ready = ctx
+            .recent
+            .front()
+            .is_some_and(|(_, behind)| *behind >= self.lag_bytes);
+        if !(ready || ctx.recent.len() > self.lag_files) {
+            return;
+        }
+        let Some((it, _)) = ctx.recent.pop_front() else {
+            return;
+        };
+        match check_open(&it.file, &it.ranges) {
+            Some(c) if c.uptodate >= c.present => {
+                if let Some(it) = self.settle_one(it, c, ctx) {
+                    ctx.recent.push_back((it, 0));
+                }
+            }
+            Some(_) => {
+                // Still in flight: look again after another lag's worth of I/O.
+                self.requeued.fetch_add(1, Relaxed);
+                ctx.recent.push_back((it, 0));
+            }
+            None => {} // left for the final verification
+        }
+    }
+
+    /// Records a completed check. Pages found absent although their reads completed (seen
+    /// under heavy load: the kernel's readahead is best effort and may skip or drop pages) are
+    /// re-issued at once on the open fd, up to `retries` times per file; the file is then
+    /// returned to be checked again.
+    fn settle_one(&self, it: Issued, c: FileCheck, ctx: &mut Ctx) -> Option<Issued> {
+        let mut path = None;
+        if let Ok(mut v) = self.prepared.lock()
+            && let Some(p) = v.get_mut(it.idx)
+        {
+            p.check = Some(c);
+            if c.present < c.total {
+                if debug_enabled() {
+                    debug_absent(&p.path, &it, &c);
+                }
+                path = Some(p.path.clone());
+            }
+        }
+        if let Some(path) = path
+            && it.reissues < self.opts.retries
+            && let Ok(meta) = it.file.metadata()
+            && self.warm(&it.file, &path, &meta, &it.ranges, ctx).is_ok()
+        {
+            self.reissued_inline.fetch_add(1, Relaxed);
+            return Some(Issued {
+                reissues: it.reissues + 1,
+                ..it
+            });
+        }
+        self.verified_inline.fetch_add(1, Relaxed);
+        None
+    }
+
+    /// End of a submitter thread: waits (bounded) for its deferred files on their open fds;
+    /// what is still incomplete is left to the final verification.
+    fn drain(&self, ctx: &mut Ctx) {
+        let end = self.t0.elapsed().as_micros() as u64;
+        self.issue_end_us.fetch_max(end, Relaxed);
+        if let Some(u) = &mut ctx.uring {
+            let _ = u.drain();
+        }
+        while !ctx.window.is_empty() {
+            ctx.retire_oldest();
+        }
+        let t = Instant::now();
+        while let Some((it, _)) = ctx.recent.pop_front() {
+            loop {
+                match check_open(&it.file, &it.ranges) {
+                    Some(c) if c.uptodate >= c.present => {
+                        if let Some(it) = self.settle_one(it, c, ctx) {
+                            ctx.recent.push_back((it, 0));
+                        }
+                        break;
+                    }
+                    Some(_) if t.elapsed() < self.opts.settle_timeout => {
+                        std::thread::sleep(Duration::from_millis(2))
+                    }
+                    _ => break,
+                }
+            }
+        }
+    }
 }
 
 /// Per-thread state of the submitters.
@@ -273,9 +508,24 @@ struct Ctx {
     uring: Option<crate::uring::Reader>,
     /// Chunks issued with readahead/fadvise whose pages may still be in flight (oldest first).
     window: std::collections::VecDeque<(File, Range)>,
+    /// Files awaiting deferred verification, with the bytes issued after them.
+    recent: std::collections::VecDeque<(Issued, u64)>,
+    issued_since: u64,
 }
 
 impl Ctx {
+    fn new(opts: &ReplayOptions) -> Ctx {
+        Ctx {
+            window: Default::default(),
+            recent: Default::default(),
+            issued_since: 0,
+            buf: Vec::new(),
+            uring: (opts.method == Method::Uring)
+                .then(|| crate::uring::Reader::new(opts.queue_depth, opts.chunk).ok())
+                .flatten(),
+        }
+    }
+
     /// Waits (bounded) until the oldest outstanding chunk is up to date. readahead(2) returns
     /// before the I/O completes; this is what turns the thread count into a real bound on the
     /// bytes in flight, so a background replay cannot flood the device queue.
@@ -288,7 +538,7 @@ impl Ctx {
         let t = Instant::now();
         while t.elapsed() < Duration::from_secs(2) {
             match sys::mincore_count(f.as_fd(), r.offset, r.len) {
-                Ok(n) if n < want => std::thread::sleep(Duration::from_micros(200)),
+                Ok(n) if n < want => std::thread::sleep(Duration::from_micros(500)),
                 _ => break,
             }
         }
@@ -305,8 +555,11 @@ impl ReplayOptions {
     }
 }
 
-fn apply_priority(opts: &ReplayOptions) {
-    // Best effort: an unprivileged caller may not lower nice back or pick RT; replay still works.
+/// Applies the replay's I/O priority and nice value to the calling thread (threads it creates
+/// afterwards inherit them). Best effort: an unprivileged caller may not lower nice back or
+/// pick RT; replay still works. Callers that do other work before replaying (a tree walk)
+/// call it first so that work runs at the same low priority.
+pub fn apply_priority(opts: &ReplayOptions) {
     if let Some(p) = opts.ioprio {
         let _ = sys::set_ioprio(p);
     }
@@ -315,25 +568,21 @@ fn apply_priority(opts: &ReplayOptions) {
     }
 }
 
-/// Runs `f(i)` for i in 0..n on `threads` threads (dynamic distribution).
+/// Runs `f(i)` for i in 0..n on `threads` threads (dynamic distribution), then `finish` on each
+/// thread's context.
 fn parallel_for(
     n: usize,
     threads: usize,
     opts: &ReplayOptions,
     f: impl Fn(usize, &mut Ctx) + Sync,
+    finish: impl Fn(&mut Ctx) + Sync,
 ) {
     let next = AtomicUsize::new(0);
     std::thread::scope(|s| {
         for _ in 0..threads.clamp(1, 256) {
             s.spawn(|| {
                 apply_priority(opts);
-                let mut buf = Ctx {
-                    window: Default::default(),
-                    buf: Vec::new(),
-                    uring: (opts.method == Method::Uring)
-                        .then(|| crate::uring::Reader::new(opts.queue_depth, opts.chunk).ok())
-                        .flatten(),
-                };
+                let mut buf = Ctx::new(opts);
                 loop {
                     let i = next.fetch_add(1, Relaxed);
                     if i >= n {
@@ -341,9 +590,7 @@ fn parallel_for(
                     }
                     f(i, &mut buf);
                 }
-                if let Some(u) = &mut buf.uring {
-                    let _ = u.drain();
-                }
+                finish(&mut buf);
             });
         }
     });
@@ -360,11 +607,79 @@ fn page_ranges(rs: &RangeSet, size: u64) -> RangeSet {
     )
 }
 
+/// Open fds each submitter may keep for deferred verification: a share of RLIMIT_NOFILE
+/// (leaving room for everything else), at most 1024.
+fn lag_files(threads: usize) -> usize {
+    let soft = sys::nofile_limit().unwrap_or(1024);
+    (soft.saturating_sub(256) / (2 * threads.max(1) as u64)).min(1024) as usize
+}
+
 /// Replays `entries` and returns the verified report.
 pub fn replay(
     entries: &[ListEntry],
     opts: &ReplayOptions,
     progress: Option<Progress<'_>>,
+) -> ReplayReport {
+    let total = entries.len() as u64;
+    run(opts, false, lag_files(opts.submitters()), |shared| {
+        parallel_for(
+            entries.len(),
+            shared.opts.submitters(),
+            shared.opts,
+            |i, ctx| shared.pass1(&entries[i], ctx, progress, total),
+            |ctx| shared.drain(ctx),
+        );
+        (total, Vec::new())
+    })
+}
+
+/// Warms every regular file under `roots` (whole files) while walking them: the walker threads
+/// are the submitters, so issuing starts with the first file found instead of after the whole
+/// walk, and directory reading overlaps the I/O. Returns the verified report and the paths
+/// that could not be walked.
+pub fn warm_tree(
+    roots: &[PathBuf],
+    walk_opts: &WalkOptions,
+    opts: &ReplayOptions,
+    progress: Option<Progress<'_>>,
+) -> (ReplayReport, Vec<WalkError>) {
+    let mut walk_errors = Vec::new();
+    let report = run(opts, true, lag_files(opts.submitters()), |shared| {
+        let w = WalkOptions {
+            threads: shared.opts.submitters().clamp(1, 256),
+            ..walk_opts.clone()
+        };
+        walk_errors = walk::walk_with(
+            roots,
+            &w,
+            || {
+                apply_priority(shared.opts);
+                Ctx::new(shared.opts)
+            },
+            |p, ctx| {
+                let e = ListEntry {
+                    path: p.to_path_buf(),
+                    identity: None,
+                    extent: Extent::Whole,
+                };
+                shared.pass1(&e, ctx, progress, 0);
+            },
+            |mut ctx| shared.drain(&mut ctx),
+        );
+        (shared.done.load(Relaxed), Vec::new())
+    });
+    (report, walk_errors)
+}
+
+/// The engine shared by [`replay`] and [`warm_tree`]: `feed` runs pass 1 (issue + deferred
+/// verification) and returns the number of entries; then whatever is unverified is checked
+/// (waiting for reads in flight), absent ranges are re-issued up to `retries` times, and the
+/// report is assembled.
+fn run(
+    opts: &ReplayOptions,
+    tree: bool,
+    lag_files: usize,
+    feed: impl FnOnce(&Shared<'_>) -> (u64, Vec<String>),
 ) -> ReplayReport {
     let t0 = Instant::now();
     let mut notes = Vec::new();
@@ -393,17 +708,25 @@ pub fn replay(
         psi_paused_us: AtomicU64::new(0),
         issued_bytes: AtomicU64::new(0),
         requests: AtomicU64::new(0),
+        stale: Mutex::new(Vec::new()),
+        errors: Mutex::new(Vec::new()),
+        prepared: Mutex::new(Vec::new()),
+        requested: AtomicU64::new(0),
+        resident_before: AtomicU64::new(0),
+        done: AtomicU64::new(0),
+        lag_files,
+        // About what the device queue can hold in small-file requests: by the time this much
+        // more has been issued behind a file, its own reads are normally done.
+        lag_bytes: (32 << 20).max(4 * opts.chunk),
+        verified_inline: AtomicU64::new(0),
+        reissued_inline: AtomicU64::new(0),
+        requeued: AtomicU64::new(0),
+        dedup: tree.then(LinkDedup::default),
+        t0,
+        issue_end_us: AtomicU64::new(0),
     };
     let disk_before = opts.diskstats.then(sysstat::diskstats);
-    let stale = Mutex::new(Vec::new());
-    let errors = Mutex::new(Vec::new());
-    let prepared = Mutex::new(Vec::<Prepared>::new());
-    let requested = AtomicU64::new(0);
-    let resident_before = AtomicU64::new(0);
-    let unverifiable_before = AtomicU64::new(0);
-    let done = AtomicU64::new(0);
     let stop_monitor = AtomicBool::new(false);
-    let total = entries.len() as u64;
 
     std::thread::scope(|s| {
         // Pressure monitor: flips `paused` every 50 ms.
@@ -422,78 +745,14 @@ pub fn replay(
                 shared.paused.store(false, Relaxed);
             });
         }
-        parallel_for(entries.len(), opts.submitters(), opts, |i, buf| {
-            let e = &entries[i];
-            let res = (|| -> std::io::Result<()> {
-                let f = residency::open_quiet(&e.path)?;
-                let meta = f.metadata()?;
-                if !meta.is_file() {
-                    return Err(std::io::Error::other("not a regular file"));
-                }
-                let now = FileIdentity::of(&meta);
-                if let Some(id) = &e.identity {
-                    let d = id.diff(&now);
-                    if !d.is_empty() {
-                        if let Ok(mut v) = stale.lock() {
-                            v.push(StaleEntry {
-                                path: e.path.clone(),
-                                reason: format!("changed: {}", d.join(", ")),
-                            });
-                        }
-                        if !opts.allow_stale {
-                            return Ok(());
-                        }
-                    }
-                }
-                let ranges = page_ranges(&e.extent.resolve(meta.len()), meta.len());
-                let bytes = ranges.clip(meta.len()).total_bytes();
-                requested.fetch_add(bytes, Relaxed);
-                let clipped = ranges.clip(meta.len());
-                let (before, issued) = shared.warm(&f, &e.path, &meta, &clipped, buf)?;
-                match before {
-                    Some(b) => {
-                        resident_before.fetch_add(b, Relaxed);
-                    }
-                    None => {
-                        unverifiable_before.fetch_add(bytes, Relaxed);
-                    }
-                }
-                if let Ok(mut v) = prepared.lock() {
-                    v.push(Prepared {
-                        path: e.path.clone(),
-                        identity: now,
-                        ranges: clipped,
-                        verified_resident: before.filter(|_| !issued),
-                    });
-                }
-                Ok(())
-            })();
-            if let Err(err) = res {
-                let reason = if err.kind() == std::io::ErrorKind::NotFound {
-                    "missing: file not found".to_string()
-                } else {
-                    err.to_string()
-                };
-                let target = if err.kind() == std::io::ErrorKind::NotFound {
-                    &stale
-                } else {
-                    &errors
-                };
-                if let Ok(mut v) = target.lock() {
-                    v.push(StaleEntry {
-                        path: e.path.clone(),
-                        reason,
-                    });
-                }
-            }
-            let d = done.fetch_add(1, Relaxed) + 1;
-            if let Some(p) = progress {
-                p(d, total);
-            }
-        });
-        let issue_secs = t0.elapsed().as_secs_f64();
+        let (total, feed_notes) = feed(&shared);
+        notes.extend(feed_notes);
+        let issue_end = Duration::from_micros(shared.issue_end_us.load(Relaxed)).min(t0.elapsed());
+        let issue_secs = issue_end.as_secs_f64();
+        let drained_at = t0.elapsed();
 
-        let prepared = prepared.into_inner().unwrap_or_default();
+        let prepared =
+            std::mem::take(&mut *shared.prepared.lock().unwrap_or_else(|e| e.into_inner()));
         let devs: Vec<(u32, u32)> = {
             let mut v: Vec<_> = prepared
                 .iter()
@@ -503,31 +762,23 @@ pub fn replay(
             v.dedup();
             v
         };
-        // Verification. cachestat counts pages that are merely present (a readahead in flight
-        // inserts them before the data arrives); mincore counts only up-to-date pages. So:
-        // re-check until every present page is up to date (or the settle timeout), then
-        // re-issue what is absent, up to `retries` times.
-        let mut state: Vec<Option<FileCheck>> = prepared
-            .iter()
-            .map(|p| {
-                p.verified_resident.map(|b| FileCheck {
-                    uptodate: b,
-                    present: b,
-                    total: p.ranges.total_bytes(),
-                    known: true,
-                })
-            })
-            .collect();
+        // Final verification of what the submitters could not settle. cachestat counts pages
+        // that are merely present (a readahead in flight inserts them before the data
+        // arrives); mincore counts only up-to-date pages. So: re-check until every present
+        // page is up to date (or the settle timeout), then re-issue what is absent, up to
+        // `retries` times.
+        let mut state: Vec<Option<FileCheck>> = prepared.iter().map(|p| p.check).collect();
         let mut pending: Vec<usize> = (0..prepared.len())
-            .filter(|&i| state[i].is_none())
+            .filter(|&i| state[i].is_none_or(|c| c.known && c.uptodate < c.present))
             .collect();
+        let final_checked = pending.len() as u64;
         let mut settle_total = 0.0;
         let mut settled = true;
         let mut passes = 1;
         loop {
             let t = Instant::now();
             loop {
-                for (i, c) in check_files(&prepared, &pending, ps, opts.queue_depth) {
+                for (i, c) in check_files(&prepared, &pending, ps, opts.submitters()) {
                     state[i] = Some(c);
                 }
                 pending.retain(|&i| state[i].is_some_and(|c| c.known && c.uptodate < c.present));
@@ -560,14 +811,27 @@ pub fn replay(
                 break;
             }
             passes += 1;
-            parallel_for(absent.len(), opts.submitters(), opts, |k, buf| {
-                let p = &prepared[absent[k]];
-                if let Ok(f) = residency::open_quiet(&p.path)
-                    && let Ok(meta) = f.metadata()
-                {
-                    let _ = shared.warm(&f, &p.path, &meta, &p.ranges, buf);
-                }
-            });
+            parallel_for(
+                absent.len(),
+                opts.submitters(),
+                opts,
+                |k, buf| {
+                    let p = &prepared[absent[k]];
+                    if let Ok(f) = residency::open_quiet(&p.path)
+                        && let Ok(meta) = f.metadata()
+                    {
+                        let _ = shared.warm(&f, &p.path, &meta, &p.ranges, buf);
+                    }
+                },
+                |ctx| {
+                    while !ctx.window.is_empty() {
+                        ctx.retire_oldest();
+                    }
+                    if let Some(u) = &mut ctx.uring {
+                        let _ = u.drain();
+                    }
+                },
+            );
             pending = absent;
         }
         let (mut res_after, mut unverifiable) = (0u64, 0u64);
@@ -580,8 +844,18 @@ pub fn replay(
         stop_monitor.store(true, Relaxed);
 
         let disk_after = opts.diskstats.then(sysstat::diskstats);
-        let req = requested.load(Relaxed);
+        let req = shared.requested.load(Relaxed);
         let verifiable = req.saturating_sub(unverifiable);
+        let verified_inline = shared.verified_inline.load(Relaxed);
+        if debug_enabled() {
+            eprintln!(
+                "verify: {verified_inline} files checked inline, {} re-queued while in flight, \
+                 {final_checked} left for the final check; submitters drained {:.3} s after \
+                 issuing ended",
+                shared.requeued.load(Relaxed),
+                (drained_at.saturating_sub(issue_end)).as_secs_f64()
+            );
+        }
         ReplayReport {
             method: format!("{:?}", opts.method).to_lowercase(),
             chunk: opts.chunk,
@@ -590,10 +864,10 @@ pub fn replay(
             notes,
             entries: total,
             files_replayed: prepared.len() as u64,
-            stale: stale.into_inner().unwrap_or_default(),
-            errors: errors.into_inner().unwrap_or_default(),
+            stale: std::mem::take(&mut *shared.stale.lock().unwrap_or_else(|e| e.into_inner())),
+            errors: std::mem::take(&mut *shared.errors.lock().unwrap_or_else(|e| e.into_inner())),
             bytes_requested: req,
-            bytes_resident_before: resident_before.load(Relaxed),
+            bytes_resident_before: shared.resident_before.load(Relaxed),
             bytes_issued: shared.issued_bytes.load(Relaxed),
             requests_issued: shared.requests.load(Relaxed),
             bytes_resident_after: res_after,
@@ -607,8 +881,13 @@ pub fn replay(
             psi_pauses: shared.psi_pauses.load(Relaxed),
             psi_paused_secs: shared.psi_paused_us.load(Relaxed) as f64 / 1e6,
             issue_secs,
-            settle_secs: settle_total,
+            settle_secs: (t0.elapsed().saturating_sub(issue_end))
+                .as_secs_f64()
+                .max(settle_total),
             settled,
+            verified_inline,
+            final_checked,
+            reissued_inline: shared.reissued_inline.load(Relaxed),
             total_secs: t0.elapsed().as_secs_f64(),
             diskstats_delta: match (disk_before, disk_after) {
                 (Some(b), Some(a)) => Some(sysstat::diskstats_delta(&b, &a, &devs)),
@@ -616,6 +895,62 @@ pub fn replay(
             },
         }
     })
+}
+
+/// Verification of a file on its open fd (trust in mincore was settled when pass 1 measured
+/// it with cachestat): mincore gives the up-to-date pages; cachestat is asked only for ranges
+/// mincore finds incomplete, to tell "still being read" from "absent". `None` if a call fails.
+fn check_open(f: &File, ranges: &RangeSet) -> Option<FileCheck> {
+    let ps = sys::page_size();
+    let (mut uptodate, mut present) = (0, 0);
+    for r in ranges.ranges() {
+        let want = r.len.div_ceil(ps);
+        let n = sys::mincore_count(f.as_fd(), r.offset, r.len).ok()?;
+        uptodate += range_bytes(r, n, ps);
+        if n >= want {
+            present += r.len;
+        } else {
+            let cs = sys::cachestat(f.as_fd(), r.offset, r.len).ok()?;
+            present += range_bytes(r, cs.cache.max(n), ps);
+        }
+    }
+    Some(FileCheck {
+        uptodate,
+        present,
+        total: ranges.total_bytes(),
+        known: true,
+    })
+}
+
+/// Bytes of `r` covered by `pages` resident pages (the last page may be partial).
+fn range_bytes(r: &Range, pages: u64, ps: u64) -> u64 {
+    if pages >= r.len.div_ceil(ps) {
+        r.len
+    } else {
+        pages * ps
+    }
+}
+
+/// Debug output: which pages of a file were found absent after its reads completed.
+fn debug_absent(path: &Path, it: &Issued, c: &FileCheck) {
+    let ps = sys::page_size();
+    let size = it.file.metadata().map(|m| m.len()).unwrap_or(0);
+    let mut absent = Vec::new();
+    let _ = sys::mincore_pages(it.file.as_fd(), size, |p, res| {
+        if !res && absent.len() < 8 {
+            absent.push(p * ps);
+        }
+    });
+    // Evicted (shadow) entries tell "read, then reclaimed" from "never read".
+    let cs = sys::cachestat(it.file.as_fd(), 0, 0).unwrap_or_default();
+    eprintln!(
+        "inline: {} of {} bytes absent after reads completed: {} (size {size}, first absent \
+         offsets {absent:?}, ranges {:?}, cachestat {cs:?})",
+        c.total - c.present,
+        c.total,
+        path.display(),
+        it.ranges.ranges()
+    );
 }
 
 fn debug_enabled() -> bool {
@@ -707,4 +1042,118 @@ fn check_files(
         }
     });
     out.into_inner().unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    fn make_tree(tag: &str) -> PathBuf {
+        let dir = crate::test_support::disk_dir()
+            .join(format!("snapblk-ra-tree-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(dir.join("a/b")).unwrap();
+        // Small files, one bigger than a chunk, an empty one and a hard link.
+        for (name, len) in [
+            ("a/one", 3000usize),
+            ("a/b/two", 70_000),
+            ("big", 5 << 20),
+            ("empty", 0),
+        ] {
+            let mut f = File::create(dir.join(name)).unwrap();
+            f.write_all(&vec![0x5a; len]).unwrap();
+            f.sync_all().unwrap();
+        }
+        std::fs::hard_link(dir.join("a/one"), dir.join("a/b/link")).unwrap();
+        dir
+    }
+
+    fn evict(dir: &Path) {
+        let w = WalkOptions {
+            recursive: true,
+            ..Default::default()
+        };
+        walk::walk(&[dir.to_path_buf()], &w, |p| {
+            if let Ok(f) = File::open(p) {
+                let _ = sys::fadvise(f.as_fd(), 0, 0, libc::POSIX_FADV_DONTNEED);
+            }
+        });
+    }
+
+    #[test]
+    fn warm_tree_makes_everything_resident_and_verifies_inline() {
+        let dir = make_tree("warm");
+        evict(&dir);
+        let w = WalkOptions {
+            recursive: true,
+            ..Default::default()
+        };
+        let opts = ReplayOptions {
+            chunk: 1 << 20,
+            psi_threshold: None,
+            ..Default::default()
+        };
+        let (rep, errors) = warm_tree(std::slice::from_ref(&dir), &w, &opts, None);
+        assert!(errors.is_empty(), "{errors:?}");
+        // The hard link is the same inode as a/one: warmed once.
+        assert_eq!(rep.files_replayed, 4);
+        assert_eq!(rep.bytes_requested, 3000 + 70_000 + (5 << 20));
+        assert_eq!(rep.bytes_resident_after, rep.bytes_requested);
+        assert_eq!(rep.resident_fraction, 1.0);
+        // Every issued file was checked by its submitter on the open fd, none reopened.
+        assert_eq!(rep.final_checked, 0);
+        assert_eq!(rep.verified_inline, 3);
+        // Independent check with mincore on fresh fds.
+        for name in ["a/one", "a/b/two", "big"] {
+            let f = File::open(dir.join(name)).unwrap();
+            let len = f.metadata().unwrap().len();
+            let pages = len.div_ceil(sys::page_size());
+            assert_eq!(
+                sys::mincore_count(f.as_fd(), 0, len).unwrap(),
+                pages,
+                "{name}"
+            );
+        }
+        // A second warm-up finds everything resident and issues nothing.
+        let (again, _) = warm_tree(std::slice::from_ref(&dir), &w, &opts, None);
+        assert_eq!(again.bytes_issued, 0);
+        assert_eq!(again.bytes_resident_before, again.bytes_requested);
+        assert_eq!(again.resident_fraction, 1.0);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn deferred_check_with_no_spare_fds_falls_back_to_the_final_check() {
+        // lag_files = 0 (as when RLIMIT_NOFILE leaves no room): nothing is checked inline, the
+        // final verification reopens every file and still proves residency.
+        let dir = make_tree("nofd");
+        evict(&dir);
+        let entries: Vec<ListEntry> = ["a/one", "a/b/two", "big"]
+            .iter()
+            .map(|n| ListEntry {
+                path: dir.join(n),
+                identity: None,
+                extent: Extent::Whole,
+            })
+            .collect();
+        let opts = ReplayOptions {
+            psi_threshold: None,
+            ..Default::default()
+        };
+        let rep = run(&opts, false, 0, |shared| {
+            parallel_for(
+                entries.len(),
+                1,
+                shared.opts,
+                |i, ctx| shared.pass1(&entries[i], ctx, None, 3),
+                |ctx| shared.drain(ctx),
+            );
+            (3, Vec::new())
+        });
+        assert_eq!(rep.verified_inline, 0);
+        assert_eq!(rep.final_checked, 3);
+        assert_eq!(rep.resident_fraction, 1.0);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }

@@ -165,6 +165,17 @@ pub fn mincore_count(fd: BorrowedFd<'_>, off: u64, len: u64) -> io::Result<u64> 
     Ok(n)
 }
 
+/// Soft RLIMIT_NOFILE (open files), `None` if unlimited or unknown.
+pub fn nofile_limit() -> Option<u64> {
+    let mut rl = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: rl is a valid, writable struct rlimit for the duration of the call.
+    let r = unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut rl) };
+    (r == 0 && rl.rlim_cur != libc::RLIM_INFINITY).then_some(rl.rlim_cur)
+}
+
 /// readahead(2): queue asynchronous reads of `[off, off+len)` into the page cache.
 pub fn readahead(fd: BorrowedFd<'_>, off: u64, len: u64) -> io::Result<()> {
     // SAFETY: no pointers; the fd is valid for the call.

@@ -92,6 +92,26 @@ pub fn walk<F>(roots: &[PathBuf], opts: &WalkOptions, on_file: F) -> Vec<WalkErr
 where
     F: Fn(&Path) + Sync,
 {
+    walk_with(roots, opts, || (), |p, _| on_file(p), |_| ())
+}
+
+/// [`walk`] with per-thread state: each walker thread calls `init` once, passes its state to
+/// every `on_file` call it makes, and hands it to `finish` when the walk is over (root files
+/// given on the command line are handled on the calling thread, with their own state). Lets
+/// callers do per-file work inside the walk (overlapping it with directory reading) and
+/// clean up per thread.
+pub fn walk_with<S, I, F, D>(
+    roots: &[PathBuf],
+    opts: &WalkOptions,
+    init: I,
+    on_file: F,
+    finish: D,
+) -> Vec<WalkError>
+where
+    I: Fn() -> S + Sync,
+    F: Fn(&Path, &mut S) + Sync,
+    D: Fn(S) + Sync,
+{
     let errors = Mutex::new(Vec::new());
     let queue = Mutex::new(Queue {
         dirs: Vec::new(),
@@ -107,9 +127,10 @@ where
         }
     };
 
+    let mut root_state = None;
     for root in roots {
         match std::fs::metadata(root) {
-            Ok(m) if m.is_file() => on_file(root),
+            Ok(m) if m.is_file() => on_file(root, root_state.get_or_insert_with(&init)),
             Ok(m) if m.is_dir() => {
                 if opts.recursive {
                     if let Ok(mut q) = queue.lock() {
@@ -124,9 +145,14 @@ where
         }
     }
 
+    if let Some(st) = root_state {
+        finish(st);
+    }
+    let has_dirs = queue.lock().map(|q| !q.dirs.is_empty()).unwrap_or(false);
     std::thread::scope(|s| {
-        for _ in 0..opts.threads.max(1) {
+        for _ in 0..if has_dirs { opts.threads.max(1) } else { 0 } {
             s.spawn(|| {
+                let mut state = init();
                 loop {
                     let (dir, root_dev) = {
                         let Ok(mut q) = queue.lock() else { return };
@@ -137,6 +163,8 @@ where
                             }
                             if q.active == 0 {
                                 cv.notify_all();
+                                drop(q);
+                                finish(state);
                                 return;
                             }
                             q = match cv.wait(q) {
@@ -160,7 +188,7 @@ where
                                 let Ok(ft) = ent.file_type() else { continue };
                                 let p = ent.path();
                                 if ft.is_file() {
-                                    on_file(&p);
+                                    on_file(&p, &mut state);
                                 } else if ft.is_dir() {
                                     match std::fs::symlink_metadata(&p) {
                                         Ok(m) => {

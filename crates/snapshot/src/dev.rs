@@ -22,6 +22,11 @@ pub trait BlockDev: Send + Sync {
     fn flush(&self) -> snapblk_core::Result<()>;
     /// Current size in bytes.
     fn size(&self) -> snapblk_core::Result<u64>;
+    /// The file behind the device when reads are plain `pread`s of it (lets the read path skip
+    /// a virtual call per request).
+    fn as_file(&self) -> Option<&File> {
+        None
+    }
 }
 
 /// A regular file or block device accessed with `pread`/`pwrite`/`fdatasync`.
@@ -50,8 +55,11 @@ impl FileDev {
     }
 }
 
-impl BlockDev for FileDev {
-    fn read_at(&self, off: u64, buf: &mut [u8]) -> snapblk_core::Result<()> {
+impl FileDev {
+    /// The general read: retries short reads and EINTR until `buf` is full or end of file.
+    #[cold]
+    #[inline(never)]
+    fn read_all_at(&self, off: u64, buf: &mut [u8]) -> snapblk_core::Result<()> {
         self.file.read_exact_at(buf, off).map_err(|e| {
             if e.kind() == std::io::ErrorKind::UnexpectedEof {
                 Error::new(libc::EIO, format!("short read at offset {off}"))
@@ -59,6 +67,17 @@ impl BlockDev for FileDev {
                 Error::from_io(e)
             }
         })
+    }
+}
+
+impl BlockDev for FileDev {
+    #[inline]
+    fn read_at(&self, off: u64, buf: &mut [u8]) -> snapblk_core::Result<()> {
+        // One pread fills the buffer in all but rare cases (signals, end of file).
+        match self.file.read_at(buf, off) {
+            Ok(n) if n == buf.len() => Ok(()),
+            _ => self.read_all_at(off, buf),
+        }
     }
     fn write_at(&self, off: u64, buf: &[u8]) -> snapblk_core::Result<()> {
         self.file.write_all_at(buf, off).map_err(Error::from_io)
@@ -83,6 +102,9 @@ impl BlockDev for FileDev {
         } else {
             Ok(md.len())
         }
+    }
+    fn as_file(&self) -> Option<&File> {
+        Some(&self.file)
     }
 }
 
@@ -186,5 +208,8 @@ impl<T: BlockDev + ?Sized> BlockDev for Arc<T> {
     }
     fn size(&self) -> snapblk_core::Result<u64> {
         (**self).size()
+    }
+    fn as_file(&self) -> Option<&File> {
+        (**self).as_file()
     }
 }

@@ -92,6 +92,7 @@ impl Drop for SnapshotDriver {
 struct SnapBackend(Arc<Snapshot>, Arc<Activity>);
 
 impl Backend for SnapBackend {
+    #[inline]
     fn read(&self, offset: u64, buf: &mut [u8]) -> snapblk_core::Result<()> {
         self.0.read(offset, buf)?;
         // Client reads only: merge and replay reads do not come through queues.
@@ -202,10 +203,10 @@ impl Driver for SnapshotDriver {
             .snap
             .clone()
             .ok_or_else(|| Error::new(libc::ENODEV, "Device must be connected"))?;
-        Ok(Box::new(SyncQueue::new(Arc::new(SnapBackend(
+        Ok(Box::new(SyncQueue::new(SnapBackend(
             snap,
             self.activity.clone(),
-        )))?))
+        ))?))
     }
 }
 

@@ -297,7 +297,7 @@ impl Driver for FaultDriver {
         self.disk.size()
     }
     fn create_queue(&mut self, _poll: bool) -> snapblk_core::Result<Box<dyn Queue>> {
-        Ok(Box::new(SyncQueue::new(Arc::new(self.disk.clone()))?))
+        Ok(Box::new(SyncQueue::new(self.disk.clone())?))
     }
 }
 

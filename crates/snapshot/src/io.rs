@@ -4,14 +4,16 @@ use crate::dev::BlockDev;
 use crate::error::{Result, SnapError};
 use crate::sched::{IoClass, Scheduler};
 use std::collections::{HashMap, VecDeque};
+use std::fs::File;
+use std::os::unix::fs::FileExt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 /// Which backing device.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Dev {
-    Base,
-    Cow,
+    Base = 0,
+    Cow = 1,
 }
 
 /// The base and COW devices behind the scheduler. Background I/O is split into pieces no larger
@@ -20,9 +22,24 @@ pub struct Io {
     pub base: Arc<dyn BlockDev>,
     pub cow: Arc<dyn BlockDev>,
     pub sched: Arc<Scheduler>,
+    /// Duplicates of the devices' files when they are plain files: foreground reads `pread`
+    /// them directly.
+    files: [Option<File>; 2],
 }
 
 impl Io {
+    /// Base and COW behind `sched`.
+    pub fn new(base: Arc<dyn BlockDev>, cow: Arc<dyn BlockDev>, sched: Arc<Scheduler>) -> Self {
+        // Without a duplicate (out of descriptors) reads simply go through the device.
+        let dup = |d: &Arc<dyn BlockDev>| d.as_file().and_then(|f| f.try_clone().ok());
+        Io {
+            files: [dup(&base), dup(&cow)],
+            base,
+            cow,
+            sched,
+        }
+    }
+
     fn dev(&self, d: Dev) -> &dyn BlockDev {
         match d {
             Dev::Base => &*self.base,
@@ -40,14 +57,28 @@ impl Io {
     }
 
     /// Read `buf.len()` bytes at `off`.
+    #[inline]
     pub fn read(&self, class: IoClass, d: Dev, off: u64, buf: &mut [u8]) -> Result<()> {
         if class == IoClass::Foreground {
             let _t = self.sched.admit(class, buf.len() as u64);
+            // One pread in the common case; short reads and errors take the device's own path
+            // (which retries and reports them).
+            if let Some(f) = &self.files[d as usize]
+                && f.read_at(buf, off).is_ok_and(|n| n == buf.len())
+            {
+                return Ok(());
+            }
             return self
                 .dev(d)
                 .read_at(off, buf)
                 .map_err(SnapError::io(Self::what(d, false)));
         }
+        self.read_bg(class, d, off, buf)
+    }
+
+    /// Background reads go in pieces of at most the scheduler's budget.
+    #[inline(never)]
+    fn read_bg(&self, class: IoClass, d: Dev, off: u64, buf: &mut [u8]) -> Result<()> {
         let mut pos = 0usize;
         while pos < buf.len() {
             let n = (self.sched.chunk() as usize).min(buf.len() - pos);

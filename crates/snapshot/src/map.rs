@@ -1,10 +1,11 @@
 //! The block map (new block → op) and read planning.
 //!
 //! Ops are held in *merge order* (format §9.2): the index of an op in [`SnapshotMap::ops`] is the
-//! value `num_merge_ops` is compared with. The block index is a dense vector (one `u32` op index
-//! per block: a lookup is one load) unless the device is much larger than the blocks the COW
-//! touches, then a sorted vector of block runs (binary search); duplicates are resolved
-//! first-wins in COW file order, as snapuserd does.
+//! value `num_merge_ops` is compared with. The block index is a dense vector (one `u64` entry per
+//! block: a lookup is one load; a COPY op's source is stored in the entry itself, so a random read
+//! of a COPY block touches one 8-byte entry and not the 48-byte op as well) unless the device is
+//! much larger than the blocks the COW touches, then a sorted vector of block runs (binary
+//! search); duplicates are resolved first-wins in COW file order, as snapuserd does.
 
 use crate::error::{Result, SnapError};
 
@@ -128,9 +129,33 @@ impl Segment {
 }
 
 /// Dense-index entry of a block no op writes.
-const NO_OP: u32 = u32::MAX;
-/// Blocks of dense index allowed beyond 4 per covered block (1 Mi blocks = 4 MiB of index).
+const NO_OP: u64 = u64::MAX;
+/// Dense-index entries with this bit set are a COPY op inline: op index in bits 32..63, source
+/// block in bits 0..32. Other entries are an op index (< 2^32 - 1).
+const COPY_BIT: u64 = 1 << 63;
+/// Blocks of dense index allowed beyond 4 per covered block (1 Mi blocks = 8 MiB of index).
 const DENSE_SLACK_BLOCKS: u64 = 1 << 20;
+
+/// The dense-index entry of op `i`.
+fn dense_entry(i: u32, op: &MapOp) -> u64 {
+    match op.kind {
+        // i < 2^31 - 1 keeps the entry distinct from NO_OP.
+        OpKind::Copy { src } if src <= u32::MAX as u64 && i < (1 << 31) - 1 => {
+            COPY_BIT | (i as u64) << 32 | src
+        }
+        _ => i as u64,
+    }
+}
+
+/// An op index and, for inline COPY entries, the source block.
+#[inline]
+fn decode_entry(e: u64) -> (usize, Option<u64>) {
+    if e & COPY_BIT != 0 {
+        (((e >> 32) & 0x7fff_ffff) as usize, Some(e & 0xffff_ffff))
+    } else {
+        (e as usize, None)
+    }
+}
 
 #[derive(Debug, Clone, Copy)]
 struct Run {
@@ -160,11 +185,13 @@ pub struct StagedWindow {
 #[derive(Debug)]
 pub struct SnapshotMap {
     block_size: u64,
+    /// log2(block_size): block arithmetic on the read path uses shifts and masks, not divisions.
+    block_shift: u32,
     capacity: u64,
     ops: Vec<MapOp>,
     runs: Vec<Run>,
-    /// Op index per block ([`NO_OP`] = unchanged), when affordable.
-    dense: Option<Vec<u32>>,
+    /// Entry per block ([`NO_OP`] = unchanged, see [`COPY_BIT`]), when affordable.
+    dense: Option<Vec<u64>>,
     ordered_len: usize,
     order_error: Option<String>,
 }
@@ -210,12 +237,12 @@ impl SnapshotMap {
         }
         cover.sort_unstable();
         cover.dedup_by_key(|c| c.0);
-        // 4 bytes per device block: worth it unless the COW touches a tiny part of a huge device.
+        // 8 bytes per device block: worth it unless the COW touches a tiny part of a huge device.
         let dense =
             (nblocks <= (cover.len() as u64).saturating_mul(4) + DENSE_SLACK_BLOCKS).then(|| {
                 let mut d = vec![NO_OP; nblocks as usize];
                 for &(b, _, i) in &cover {
-                    d[b as usize] = i;
+                    d[b as usize] = dense_entry(i, &ops[i as usize]);
                 }
                 d
             });
@@ -245,6 +272,7 @@ impl SnapshotMap {
         });
         Ok(SnapshotMap {
             block_size: bs,
+            block_shift: bs.trailing_zeros(),
             capacity,
             ops,
             runs,
@@ -258,7 +286,13 @@ impl SnapshotMap {
     pub fn block_size(&self) -> u64 {
         self.block_size
     }
+    /// log2 of the block size.
+    #[inline]
+    pub fn block_shift(&self) -> u32 {
+        self.block_shift
+    }
     /// Device size in bytes.
+    #[inline]
     pub fn capacity(&self) -> u64 {
         self.capacity
     }
@@ -280,7 +314,7 @@ impl SnapshotMap {
     pub fn lookup(&self, block: u64) -> Option<usize> {
         if let Some(d) = &self.dense {
             return match d.get(block as usize) {
-                Some(&i) if i != NO_OP => Some(i as usize),
+                Some(&e) if e != NO_OP => Some(decode_entry(e).0),
                 _ => None,
             };
         }
@@ -323,8 +357,8 @@ impl SnapshotMap {
         let bs = self.block_size;
         let mut pos = offset;
         while pos < end {
-            let block = pos / bs;
-            let skip = pos % bs;
+            let block = pos >> self.block_shift;
+            let skip = pos & (bs - 1);
             let n = (bs - skip).min(end - pos);
             let seg = self.block_segment(view, overlay, block, skip, n);
             push(out, seg);
@@ -351,11 +385,22 @@ impl SnapshotMap {
             };
         }
         let own = Segment::Base {
-            base_offset: block * bs + skip,
+            base_offset: (block << self.block_shift) + skip,
             len: n,
         };
-        let Some(i) = self.lookup(block) else {
-            return own;
+        let i = match &self.dense {
+            Some(d) => match d.get(block as usize) {
+                Some(&e) if e != NO_OP => match decode_entry(e) {
+                    // COPY from the entry alone (the op itself is not touched).
+                    (i, Some(src)) => return self.copy_segment(view, i, block, src, skip, n),
+                    (i, None) => i,
+                },
+                _ => return own,
+            },
+            None => match self.lookup(block) {
+                Some(i) => i,
+                None => return own,
+            },
         };
         let op = &self.ops[i];
         match op.kind {
@@ -376,17 +421,7 @@ impl SnapshotMap {
                 }
             }
             OpKind::Copy { .. } | OpKind::Xor { .. } if i < view.merged => own,
-            OpKind::Copy { src } => match &view.staged {
-                Some(w) if (w.start..w.end).contains(&i) => Segment::Staged {
-                    slot: (i - w.start) as u32,
-                    skip: skip as u32,
-                    len: n as u32,
-                },
-                _ => Segment::Base {
-                    base_offset: src * bs + skip,
-                    len: n,
-                },
-            },
+            OpKind::Copy { src } => self.copy_segment(view, i, block, src, skip, n),
             OpKind::Xor { src_byte, payload } => match &view.staged {
                 Some(w) if (w.start..w.end).contains(&i) => Segment::Staged {
                     slot: (i - w.start) as u32,
@@ -400,6 +435,41 @@ impl SnapshotMap {
                     len: n as u32,
                 },
             },
+        }
+    }
+}
+
+impl SnapshotMap {
+    /// The segment for `n` bytes at `skip` of `block`, which COPY op `i` writes from base block
+    /// `src`: the block itself once merged, the staged copy while its window is being written,
+    /// else the source.
+    #[inline]
+    fn copy_segment(
+        &self,
+        view: &MergeView,
+        i: usize,
+        block: u64,
+        src: u64,
+        skip: u64,
+        n: u64,
+    ) -> Segment {
+        let from = if i < view.merged {
+            block
+        } else {
+            match &view.staged {
+                Some(w) if (w.start..w.end).contains(&i) => {
+                    return Segment::Staged {
+                        slot: (i - w.start) as u32,
+                        skip: skip as u32,
+                        len: n as u32,
+                    };
+                }
+                _ => src,
+            }
+        };
+        Segment::Base {
+            base_offset: (from << self.block_shift) + skip,
+            len: n,
         }
     }
 }

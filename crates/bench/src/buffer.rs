@@ -16,16 +16,20 @@ use std::time::Duration;
 /// `buffer_compress_chunk` default).
 pub const SEGMENT: usize = 512;
 
-/// How write buffers are filled (verify mode has its own pattern).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// How write buffers are filled (verify mode has its own pattern). Serialized under fio's
+/// option names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 pub struct BufferOpts {
     /// Percentage (0..=100) of each 512-byte segment that is zeros (fio
     /// `buffer_compress_percentage`); 0: all random.
+    #[serde(rename = "buffer_compress_percentage")]
     pub compress_percentage: u32,
     /// Refill the buffer with new random data before every write (fio `refill_buffers`).
+    #[serde(rename = "refill_buffers")]
     pub refill: bool,
     /// Stamp offset and time into every sector of every write (fio `scramble_buffers`,
     /// default on). Ignored with `refill`.
+    #[serde(rename = "scramble_buffers")]
     pub scramble: bool,
 }
 

@@ -111,6 +111,12 @@ pub fn run_workload(target: &mut dyn Target, spec: &JobSpec, opts: &RunOpts) -> 
     let mut dev = target.open(n, spec.direct)?;
     let capacity = dev.capacity();
     let regions = spec.regions(capacity)?;
+    if spec.invalidate
+        && matches!(target.driver().as_str(), "io_uring" | "sync")
+        && let Some(p) = target.path()
+    {
+        crate::fileio::invalidate(&p, &regions);
+    }
     let queues = dev.take_queues();
     if queues.len() < n {
         return Err(Error::Other(format!(
@@ -308,6 +314,12 @@ struct Job<'a> {
     slots: Vec<Slot>,
     free: Vec<usize>,
     comps: Vec<Completion>,
+    /// Completions returned by the driver but not handled yet (see `reap_upto`).
+    ready: std::collections::VecDeque<Completion>,
+    /// Requests enqueued since the last `do_io` (not submitted yet).
+    unsubmitted: usize,
+    /// Submit only with a wait (see [`crate::spec::BatchOpts::submit_with_wait`]).
+    submit_with_wait: bool,
     inflight: usize,
     verify: Option<VerifyState>,
     collector: Option<Collector>,
@@ -408,25 +420,58 @@ impl Job<'_> {
         // only returned to `free` in `reap`), and the buffer outlives the queue.
         unsafe { self.q.enqueue(Request::new(op, i, ReqFlags::NONE)) };
         self.inflight += 1;
+        self.unsubmitted += 1;
         Ok(())
     }
 
-    /// Reap at least `min` completions.
-    fn reap(&mut self, min: usize) -> Result<()> {
-        let min = min.min(self.inflight);
-        if min == 0 && self.inflight == 0 {
-            return Ok(());
-        }
-        let n = loop {
-            match self.q.do_io(&mut self.comps, min, None, None) {
-                Ok(n) => break n,
+    /// Submit what is queued without reaping (fio's `commit`): one `do_io` with no room for
+    /// completions, which the driver keeps for the next reap.
+    fn commit(&mut self) -> Result<()> {
+        self.unsubmitted = 0;
+        loop {
+            match self.q.do_io(&mut [], 0, None, None) {
+                Ok(_) => return Ok(()),
                 Err(e) if e.errno == libc::EINTR => continue,
                 Err(e) => return Err(e.into()),
             }
-        };
+        }
+    }
+
+    /// Reap at least `min` completions (also submitting whatever is queued).
+    fn reap(&mut self, min: usize) -> Result<()> {
+        self.reap_upto(min, self.comps.len())
+    }
+
+    /// Handle at least `min` and at most `max` completions. fio takes at most
+    /// `iodepth_batch_complete_max` CQEs off the ring per reap and leaves the rest there, to be
+    /// timestamped when a later reap takes them; completions the driver returns beyond `max`
+    /// likewise wait in `ready` (as in flight) and get their time when they are handled.
+    fn reap_upto(&mut self, min: usize, max: usize) -> Result<()> {
+        let min = min.min(self.inflight);
+        if self.inflight == 0 {
+            return Ok(());
+        }
+        if self.ready.len() < min.max(1) {
+            self.unsubmitted = 0;
+            let want = min.saturating_sub(self.ready.len());
+            let n = loop {
+                match self.q.do_io(&mut self.comps, want, None, None) {
+                    Ok(n) => break n,
+                    Err(e) if e.errno == libc::EINTR => continue,
+                    Err(e) => return Err(e.into()),
+                }
+            };
+            self.ready.extend(&self.comps[..n]);
+        } else if self.unsubmitted > 0 && !self.submit_with_wait {
+            // fio commits what is queued before every reap, even one served from the ring.
+            self.commit()?;
+        }
         let now = Instant::now();
-        for k in 0..n {
-            let c = self.comps[k];
+        let n = self.ready.len().min(max.max(min));
+        for _ in 0..n {
+            let Some(c) = self.ready.pop_front() else {
+                break;
+            };
             let i = c.user_data;
             let Some(slot) = self.slots.get(i).copied() else {
                 return Err(Error::Other(format!(
@@ -572,6 +617,9 @@ fn run_job(q: &mut dyn Queue, ctx: JobCtx<'_>) -> Result<JobResult> {
         ],
         free: (0..qd).rev().collect(),
         comps: vec![Completion::default(); qd],
+        ready: std::collections::VecDeque::with_capacity(qd),
+        unsubmitted: 0,
+        submit_with_wait: spec.batch.submit_with_wait,
         inflight: 0,
         verify,
         collector: None,
@@ -610,9 +658,12 @@ fn run_job(q: &mut dyn Queue, ctx: JobCtx<'_>) -> Result<JobResult> {
     job.collector = Some(Collector::new(measure_start));
     job.measure_end = end;
     let stop = ctx.stop.clone();
+    // fio's loop (backend.c do_io): queue one request; submit when `iodepth_batch_submit` are
+    // queued; when the queue is full, reap between `iodepth_batch_complete_min` and `_max`
+    // (which also submits what is still queued).
+    let submit_batch = spec.batch.submit_batch(spec.iodepth);
     let result = (|| -> Result<()> {
         loop {
-            // Fill the queue up to iodepth, then reap at least one.
             let mut done = false;
             while job.inflight < qd {
                 let now = Instant::now();
@@ -635,12 +686,16 @@ fn run_job(q: &mut dyn Queue, ctx: JobCtx<'_>) -> Result<JobResult> {
                         break;
                     }
                 }
+                if job.unsubmitted >= submit_batch {
+                    job.commit()?;
+                }
             }
             job.check_io_error()?;
             if done {
                 break;
             }
-            job.reap(1)?;
+            let (min, max) = spec.batch.reap_range(job.inflight);
+            job.reap_upto(min, max)?;
             job.check_io_error()?;
         }
         job.drain()?;

@@ -109,6 +109,31 @@ pub fn evict(f: &File) {
     unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
 }
 
+/// fio's `invalidate=1`: before a run, drop the page cache of the byte ranges `regions` of
+/// `path` — `posix_fadvise(DONTNEED)` for files, `BLKFLSBUF` for block devices (which needs
+/// root; like fio, refusal is not an error). Best effort: a target that cannot be opened here
+/// fails later, when the driver opens it. Tmpfs ignores the advice (its pages are the data).
+pub fn invalidate(path: &Path, regions: &[(u64, u64)]) {
+    use std::os::unix::fs::FileTypeExt;
+    /// `_IO(0x12, 97)` from linux/fs.h (not in the libc crate).
+    const BLKFLSBUF: libc::Ioctl = 0x1261;
+    let Ok(f) = File::open(path) else { return };
+    let Ok(m) = f.metadata() else { return };
+    if m.file_type().is_block_device() {
+        // SAFETY: valid fd; BLKFLSBUF takes no argument and only writes back and drops the
+        // device's cached pages.
+        unsafe { libc::ioctl(f.as_raw_fd(), BLKFLSBUF) };
+    } else if m.is_file() {
+        for &(off, len) in regions {
+            let (Ok(off), Ok(len)) = (i64::try_from(off), i64::try_from(len)) else {
+                continue;
+            };
+            // SAFETY: valid fd; fadvise only gives advice.
+            unsafe { libc::posix_fadvise(f.as_raw_fd(), off, len, libc::POSIX_FADV_DONTNEED) };
+        }
+    }
+}
+
 fn cell(fs: u64, rs: u64, test: &str, bytes: u64, secs: f64, h: &LatHist) -> Cell {
     Cell {
         file_size: fs,

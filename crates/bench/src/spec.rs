@@ -92,10 +92,75 @@ pub struct JobSpec {
     /// Seed of random offsets and verify patterns.
     pub seed: u64,
     /// Write-buffer contents outside verify mode (fio's `buffer_compress_percentage`,
-    /// `refill_buffers`, `scramble_buffers`). Not in the JSON spec (its schema is closed); the
-    /// command line in the document records them.
-    #[serde(skip)]
+    /// `refill_buffers`, `scramble_buffers`; flattened into the JSON spec under those names).
+    #[serde(flatten)]
     pub buffers: crate::buffer::BufferOpts,
+    /// How requests are submitted and reaped (fio's `iodepth_batch_*`; flattened into the
+    /// JSON spec under those names).
+    #[serde(flatten)]
+    pub batch: BatchOpts,
+    /// Drop the target file's page cache for the covered region before the run (fio's
+    /// `invalidate`, default on; block devices: `BLKFLSBUF`, as fio).
+    pub invalidate: bool,
+}
+
+/// Submission and completion batching, with fio's names, meanings and defaults. They decide how
+/// many `io_uring_enter` calls a run makes per I/O, which matters wherever the submitting thread
+/// competes for a CPU with the kernel's io-wq workers or the device (2-CPU machines, tmpfs and
+/// zram, which punt every request to io-wq).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct BatchOpts {
+    /// Submit when this many requests are queued (fio `iodepth_batch_submit`, default 1: every
+    /// request is submitted as soon as it is queued, one `do_io` each). 0 means `iodepth`.
+    pub iodepth_batch_submit: u32,
+    /// When the queue is full, wait for at least this many completions (fio
+    /// `iodepth_batch_complete_min`, default 1; 0 behaves as 1 when the queue is full).
+    pub iodepth_batch_complete_min: u32,
+    /// Handle at most this many completions per reap (fio `iodepth_batch_complete_max`; fio's
+    /// default is `iodepth_batch_complete_min`, i.e. 1). Further completions wait, counted as
+    /// in flight, until a later reap takes them — as CQEs left in fio's ring do — so their
+    /// latency ends when the tool sees them. 0 means `iodepth`.
+    pub iodepth_batch_complete_max: u32,
+    /// snapblk's own: never submit separately; queued requests reach the driver with the next
+    /// wait for completions (one `do_io` per refill, as libblkio applications usually do). This
+    /// is what lets the io_uring driver run QD1 requests inline (`inline-qd1`), which it only
+    /// does when the caller waits for everything it submits. Overrides `iodepth_batch_submit`.
+    pub submit_with_wait: bool,
+}
+
+impl Default for BatchOpts {
+    fn default() -> Self {
+        BatchOpts {
+            iodepth_batch_submit: 1,
+            iodepth_batch_complete_min: 1,
+            iodepth_batch_complete_max: 1,
+            submit_with_wait: false,
+        }
+    }
+}
+
+impl BatchOpts {
+    /// Requests queued before a submission, for `iodepth` (fio: 0 or more than iodepth means
+    /// iodepth; `submit_with_wait`: never).
+    pub fn submit_batch(&self, iodepth: u32) -> usize {
+        if self.submit_with_wait {
+            return usize::MAX;
+        }
+        let b = self.iodepth_batch_submit;
+        (if b == 0 || b > iodepth { iodepth } else { b }) as usize
+    }
+
+    /// `(min, max)` completions to reap when the queue is full with `inflight` requests (fio's
+    /// `wait_for_completions` + `td_io_getevents`: at least one, at most what is in flight).
+    pub fn reap_range(&self, inflight: usize) -> (usize, usize) {
+        let cmin = self.iodepth_batch_complete_min as usize;
+        let min = cmin.min(inflight).max(1);
+        let cmax = match self.iodepth_batch_complete_max as usize {
+            0 => inflight,
+            m => m.max(cmin),
+        };
+        (min, cmax.min(inflight).max(min))
+    }
 }
 
 impl Default for JobSpec {
@@ -115,6 +180,8 @@ impl Default for JobSpec {
             verify: false,
             seed: 0x5eed_b10c,
             buffers: crate::buffer::BufferOpts::default(),
+            batch: BatchOpts::default(),
+            invalidate: true,
         }
     }
 }
@@ -424,6 +491,15 @@ fn apply_table(t: &toml::Table, spec: &mut JobSpec, sweep: &mut Sweep) -> Result
             "buffer_compress_percentage" => spec.buffers.compress_percentage = num(k, one()?)?,
             "refill_buffers" => spec.buffers.refill = boolean(k, one()?)?,
             "scramble_buffers" => spec.buffers.scramble = boolean(k, one()?)?,
+            "iodepth_batch_submit" | "iodepth_batch" => {
+                spec.batch.iodepth_batch_submit = num(k, one()?)?
+            }
+            "iodepth_batch_complete_min" | "iodepth_batch_complete" => {
+                spec.batch.iodepth_batch_complete_min = num(k, one()?)?
+            }
+            "iodepth_batch_complete_max" => spec.batch.iodepth_batch_complete_max = num(k, one()?)?,
+            "submit_with_wait" => spec.batch.submit_with_wait = boolean(k, one()?)?,
+            "invalidate" => spec.invalidate = boolean(k, one()?)?,
             "time_based" => {}
             other => return Err(Error::JobFile(format!("unknown key {other:?}"))),
         }
@@ -523,5 +599,39 @@ rw = "write"
         assert!(j.buffers.refill && !j.buffers.scramble);
         let bad = "[[job]]\nbuffer_compress_percentage = 101\n";
         assert!(parse_job_file(bad, &d).is_err());
+    }
+
+    #[test]
+    fn batch_and_invalidate_keys_in_job_files() {
+        let d = JobSpec::default();
+        assert!(d.invalidate);
+        let text = "[global]\niodepth_batch = 4\niodepth_batch_complete = 2\n[[job]]\niodepth_batch_complete_max = 0\ninvalidate = 0\nsubmit_with_wait = true\n";
+        let j = &parse_job_file(text, &d).unwrap()[0];
+        assert_eq!(
+            j.batch,
+            BatchOpts {
+                iodepth_batch_submit: 4,
+                iodepth_batch_complete_min: 2,
+                iodepth_batch_complete_max: 0,
+                submit_with_wait: true,
+            }
+        );
+        assert!(!j.invalidate);
+        // The JSON spec carries the buffer and batch options under fio's names.
+        let v = serde_json::to_value(j).unwrap();
+        for k in [
+            "buffer_compress_percentage",
+            "refill_buffers",
+            "scramble_buffers",
+            "iodepth_batch_submit",
+            "iodepth_batch_complete_min",
+            "iodepth_batch_complete_max",
+            "submit_with_wait",
+            "invalidate",
+        ] {
+            assert!(v.get(k).is_some(), "{k} missing in {v}");
+        }
+        assert_eq!(v["iodepth_batch_submit"], 4);
+        assert_eq!(v["scramble_buffers"], true);
     }
 }

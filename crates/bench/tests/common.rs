@@ -14,6 +14,14 @@ pub struct Rec {
     pub len: usize,
 }
 
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DoIo {
+    pub submitted: usize,
+    pub min: usize,
+    pub max: usize,
+    pub returned: usize,
+}
+
 #[derive(Default)]
 pub struct Shared {
     pub data: Vec<u8>,
@@ -24,6 +32,9 @@ pub struct Shared {
     pub misdirect_write: Option<(u64, u64)>,
     /// Highest number of requests seen outstanding per queue.
     pub max_outstanding: Vec<usize>,
+    /// Every `do_io` call: requests it submitted, `min`, room for completions (`out.len()`),
+    /// completions returned.
+    pub calls: Vec<DoIo>,
     next_queue: usize,
 }
 
@@ -87,6 +98,7 @@ impl Queue for RecQueue {
             return Err(snapblk_core::Error::inval("bad min"));
         }
         let mut s = self.shared.lock().unwrap();
+        let submitted = self.pending.len();
         for r in self.pending.drain(..) {
             match r.op {
                 Op::Read { offset, buf, len } => {
@@ -127,6 +139,12 @@ impl Queue for RecQueue {
         for (i, c) in self.ready.drain(..n).enumerate() {
             out[i] = c;
         }
+        s.calls.push(DoIo {
+            submitted,
+            min,
+            max: out.len(),
+            returned: n,
+        });
         Ok(n)
     }
     fn completion_fd(&self) -> Option<std::os::fd::RawFd> {
@@ -150,6 +168,7 @@ pub fn recording_target(size: usize) -> (BlkioTarget, Arc<Mutex<Shared>>) {
             let mut s = sh.lock().unwrap();
             s.log.clear();
             s.max_outstanding.clear();
+            s.calls.clear();
             s.next_queue = 0;
         }
         let mut b = Blkio::new(Box::new(RecDriver { shared: sh.clone() }));

@@ -4,7 +4,7 @@ mod common;
 
 use common::recording_target;
 use snapblk_bench::engine::{RunOpts, run_workload};
-use snapblk_bench::spec::{JobSpec, RwMode};
+use snapblk_bench::spec::{BatchOpts, JobSpec, RwMode};
 use std::collections::HashSet;
 
 const MB: usize = 1 << 20;
@@ -261,4 +261,155 @@ fn write_buffers_are_random_and_scrambled_like_fio() {
     });
     let share = zeros(&half) as f64 / (64 << 10) as f64;
     assert!((0.495..0.51).contains(&share), "{share}");
+}
+
+/// fio's submission loop: by default every request is submitted on its own (a `do_io` with no
+/// room for completions), and a full queue reaps at least one; `iodepth_batch_submit` and
+/// `iodepth_batch_complete_min/max` change exactly that.
+#[test]
+fn submission_and_reaping_follow_fios_batch_options() {
+    let run = |batch: BatchOpts| {
+        let (mut t, sh) = recording_target(4 * MB);
+        let spec = JobSpec {
+            batch,
+            ..job(RwMode::RandRead, 4096, 8, 1, 1 << 20)
+        };
+        let r = run_workload(&mut t, &spec, &RunOpts::default()).unwrap();
+        assert_eq!(r.read.ios, 256);
+        assert_eq!(r.read.lat.count(), 256);
+        let s = sh.lock().unwrap();
+        assert_eq!(s.log.len(), 256);
+        assert!(s.max_outstanding[0] <= 8);
+        assert_eq!(s.calls.iter().map(|c| c.submitted).sum::<usize>(), 256);
+        assert_eq!(s.calls.iter().map(|c| c.returned).sum::<usize>(), 256);
+        s.calls.clone()
+    };
+
+    // Defaults: submit each request alone (commit: min 0, no room for completions), reap only
+    // when the queue is full.
+    let d = BatchOpts::default();
+    assert_eq!(
+        (
+            d.iodepth_batch_submit,
+            d.iodepth_batch_complete_min,
+            d.iodepth_batch_complete_max
+        ),
+        (1, 1, 1)
+    );
+    let calls = run(d);
+    let commits: Vec<_> = calls.iter().filter(|c| c.max == 0).collect();
+    assert_eq!(commits.len(), 256);
+    assert!(
+        commits
+            .iter()
+            .all(|c| c.min == 0 && c.returned == 0 && c.submitted == 1)
+    );
+    let reaps: Vec<_> = calls.iter().filter(|c| c.max > 0).collect();
+    assert!(reaps.iter().all(|c| c.submitted == 0 && c.min <= 1));
+    // The recording driver completes at submission, so the first reap gets the whole queue;
+    // with complete_max 1 the engine handles those one per loop, without asking the driver
+    // again, exactly as fio takes one CQE per reap and leaves the rest in the ring.
+    assert_eq!(reaps[0].returned, 8);
+    assert_eq!(reaps.len(), 256 / 8);
+
+    // complete_max = iodepth handles them all at once: what the driver sees is the same, only
+    // the moment each completion is timestamped differs.
+    let all = run(BatchOpts {
+        iodepth_batch_complete_max: 0,
+        ..d
+    });
+    assert_eq!(all, calls);
+
+    // Submit in batches of 4: every commit carries 4 requests.
+    let calls = run(BatchOpts {
+        iodepth_batch_submit: 4,
+        iodepth_batch_complete_max: 0,
+        ..d
+    });
+    let commits: Vec<_> = calls.iter().filter(|c| c.max == 0).collect();
+    assert_eq!(commits.len(), 256 / 4);
+    assert!(commits.iter().all(|c| c.submitted == 4), "{commits:?}");
+
+    // 0 means iodepth: the whole queue goes in one submission.
+    let calls = run(BatchOpts {
+        iodepth_batch_submit: 0,
+        iodepth_batch_complete_max: 0,
+        ..d
+    });
+    assert!(
+        calls.iter().all(|c| c.submitted == 0 || c.submitted == 8),
+        "{calls:?}"
+    );
+    assert_eq!(calls[0].submitted, 8);
+
+    // A batch that is not full yet is still submitted before waiting (fio commits before
+    // every reap): batches of 3 at depth 8, one completion handled per loop.
+    let calls = run(BatchOpts {
+        iodepth_batch_submit: 3,
+        ..d
+    });
+    assert!(calls.iter().all(|c| c.submitted <= 3));
+    assert!(
+        calls
+            .iter()
+            .any(|c| c.max == 0 && c.submitted < 3 && c.submitted > 0)
+    );
+
+    // submit_with_wait: no commits at all, every do_io is a wait that submits; with
+    // complete_max = iodepth that is one do_io per refill (the old engine loop).
+    let calls = run(BatchOpts {
+        submit_with_wait: true,
+        iodepth_batch_complete_max: 0,
+        ..d
+    });
+    assert!(calls.iter().all(|c| c.max > 0 && c.min >= 1), "{calls:?}");
+    assert_eq!(calls[0].submitted, 8);
+    assert_eq!(calls.len(), 256 / 8);
+
+    // complete_min 4: a full queue waits for 4.
+    let calls = run(BatchOpts {
+        iodepth_batch_complete_min: 4,
+        iodepth_batch_complete_max: 0,
+        ..d
+    });
+    let reaps: Vec<_> = calls.iter().filter(|c| c.max > 0).collect();
+    assert!(
+        reaps.iter().all(|c| c.min == 4 || c.min == c.returned),
+        "{reaps:?}"
+    );
+}
+
+#[test]
+fn reap_range_is_fios() {
+    let d = BatchOpts::default();
+    assert_eq!(d.reap_range(32), (1, 1));
+    assert_eq!(d.submit_batch(32), 1);
+    let all = BatchOpts {
+        iodepth_batch_complete_max: 0,
+        ..d
+    };
+    assert_eq!(all.reap_range(32), (1, 32));
+    let b = BatchOpts {
+        iodepth_batch_submit: 64,
+        iodepth_batch_complete_min: 0,
+        iodepth_batch_complete_max: 0,
+        submit_with_wait: false,
+    };
+    // Submit batch above iodepth means iodepth; min 0 behaves as 1 on a full queue.
+    assert_eq!(b.submit_batch(32), 32);
+    assert_eq!(b.reap_range(32), (1, 32));
+    // max below min is raised to min (fio's fixup); both bounded by what is in flight.
+    let c = BatchOpts {
+        iodepth_batch_submit: 1,
+        iodepth_batch_complete_min: 8,
+        iodepth_batch_complete_max: 2,
+        submit_with_wait: false,
+    };
+    assert_eq!(c.reap_range(32), (8, 8));
+    assert_eq!(c.reap_range(3), (3, 3));
+    let w = BatchOpts {
+        submit_with_wait: true,
+        ..d
+    };
+    assert_eq!(w.submit_batch(1), usize::MAX);
 }

@@ -116,6 +116,40 @@ struct WorkloadArgs {
     #[arg(long = "scramble_buffers", alias = "scramble-buffers", default_value = "1", action = clap::ArgAction::Set,
         value_parser = parse_flag)]
     scramble_buffers: bool,
+    /// Submit when this many requests are queued (fio's iodepth_batch_submit: default 1, each
+    /// request submitted on its own; 0 = iodepth).
+    #[arg(
+        long = "iodepth_batch_submit",
+        visible_alias = "iodepth_batch",
+        alias = "iodepth-batch-submit",
+        default_value_t = 1
+    )]
+    iodepth_batch_submit: u32,
+    /// With the queue full, wait for at least this many completions (fio's default 1).
+    #[arg(
+        long = "iodepth_batch_complete_min",
+        visible_alias = "iodepth_batch_complete",
+        alias = "iodepth-batch-complete-min",
+        default_value_t = 1
+    )]
+    iodepth_batch_complete_min: u32,
+    /// Handle at most this many completions per reap, the rest when the loop comes back (fio's;
+    /// default 1, i.e. iodepth_batch_complete_min; 0 = iodepth).
+    #[arg(
+        long = "iodepth_batch_complete_max",
+        alias = "iodepth-batch-complete-max",
+        default_value_t = 1
+    )]
+    iodepth_batch_complete_max: u32,
+    /// Never submit on its own: queued requests go to the driver with the next wait (one do_io
+    /// per refill, as libblkio applications usually do; lets the io_uring driver run QD1
+    /// requests inline). Overrides --iodepth_batch_submit.
+    #[arg(long = "submit_with_wait", alias = "submit-with-wait")]
+    submit_with_wait: bool,
+    /// Drop the target's page cache for the covered region before each run (fio's invalidate,
+    /// default 1; files: fadvise DONTNEED, block devices: BLKFLSBUF).
+    #[arg(long, default_value = "1", action = clap::ArgAction::Set, value_parser = parse_flag)]
+    invalidate: bool,
     /// Run every configuration N times, interleaved, and report the spread.
     #[arg(long, default_value_t = 1)]
     repeat: u32,
@@ -316,6 +350,13 @@ fn lists(w: &WorkloadArgs) -> anyhow::Result<(JobSpec, Sweep)> {
             refill: w.refill_buffers,
             scramble: w.scramble_buffers,
         },
+        batch: snapblk_bench::spec::BatchOpts {
+            iodepth_batch_submit: w.iodepth_batch_submit,
+            iodepth_batch_complete_min: w.iodepth_batch_complete_min,
+            iodepth_batch_complete_max: w.iodepth_batch_complete_max,
+            submit_with_wait: w.submit_with_wait,
+        },
+        invalidate: w.invalidate,
     };
     Ok((base, sweep))
 }
@@ -529,6 +570,8 @@ fn run_fgbg(f: FgBgArgs) -> anyhow::Result<()> {
                 iodepth: f.iodepth,
                 size: Some(parse_size(&f.size)?),
                 direct: f.direct,
+                // fgbg decides about caches itself (--drop-caches).
+                invalidate: false,
                 ..Default::default()
             };
             job.validate()?;

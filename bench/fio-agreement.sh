@@ -2,11 +2,23 @@
 # fio agreement: six standard patterns run by `snapblk bench` and by fio (io_uring engine) on the
 # same targets (a tmpfs file and /dev/zram0, both O_DIRECT), interleaved round by round with the
 # tool order alternating; prints median IOPS and mean latency of both tools and their ratios.
-# Then the tools' own overhead: snapblk's `null` driver vs fio's null engine.
+# Then the tools' own overhead: snapblk's `null` driver vs fio's null engine (at QD32 both with
+# iodepth_batch_submit=32 and iodepth_batch_complete_max=32: with fio's defaults its null engine
+# refuses a second request until the first is reaped, i.e. runs at depth 1 whatever iodepth says).
 #
 # fio runs with the kernel data path snapblk's io_uring driver uses (registered file, registered
 # buffers, non-vectored READ/WRITE: FIO_URING_OPTS), so the comparison is between the two
-# measuring tools, not between two ways of driving io_uring.
+# measuring tools, not between two ways of driving io_uring. The other direction too: snapblk
+# opens the target with `inline-qd1=false` (when its io_uring driver has that property), because
+# on targets without NOWAIT (tmpfs, zram) the driver would otherwise run QD1 requests with
+# preadv2/pwritev2 in the calling thread, a path fio's io_uring engine does not have. Both tools
+# submit and reap the same way (fio's defaults iodepth_batch_submit=1 and
+# iodepth_batch_complete_min/max=1 are snapblk bench's defaults too), and both report `lat`:
+# from the moment an I/O is queued to the moment the tool sees its completion.
+#
+# A second table compares what each tool does by default at QD1 with synchronous I/O: snapblk's
+# io_uring driver with its inline path (`--submit_with_wait`, so that the driver sees a caller
+# waiting for its request) vs fio's psync engine (pread/pwrite). Set PSYNC=0 to skip it.
 #
 # Both tools write the same kind of data, which matters on zram (it compresses every page, and
 # lzo gives up on truly random pages ~2x sooner than on fio's random-but-stamped ones): random
@@ -15,7 +27,8 @@
 # "--buffer_compress_percentage=50") is passed to both tools to compare other data.
 #
 # Usage (root for zram): bash bench/fio-agreement.sh          (env: ROUNDS=3 RUNTIME=5 RAMP=1
-#   SIZE=1G SNAPBLK=target/release/snapblk ZRAM_WAIT=600 OUT=fio-agreement.md BUF_OPTS=)
+#   SIZE=1G SNAPBLK=target/release/snapblk ZRAM_WAIT=600 OUT=fio-agreement.md BUF_OPTS= PSYNC=1
+#   ONLY="tmpfs:randwrite-4k-qd32 ..." to rerun chosen cells; TARGETS="tmpfs zram null")
 # Needs: fio (Debian package), python3. zram0 is configured only if its disksize is 0 (and reset
 # afterwards); if another job holds it, the script waits up to ZRAM_WAIT seconds, then skips zram.
 set -euo pipefail
@@ -29,6 +42,9 @@ ZRAM_WAIT=${ZRAM_WAIT:-600}
 OUT=${OUT:-}
 FIO_URING_OPTS=${FIO_URING_OPTS:---fixedbufs --registerfiles --nonvectored=1}
 BUF_OPTS=${BUF_OPTS:-}
+PSYNC=${PSYNC:-1}
+ONLY=${ONLY:-}
+TARGETS=${TARGETS:-tmpfs zram null}
 command -v fio >/dev/null || { echo "fio missing (apt-get install fio)" >&2; exit 1; }
 command -v python3 >/dev/null || { echo "python3 missing" >&2; exit 1; }
 [ -x "$SNAPBLK" ] || cargo build --release -p snapblk-cli >&2
@@ -55,12 +71,20 @@ PATTERNS=(
   "randwrite-4k-qd32 randwrite 4k 32"
 )
 
-targets=()
-echo "preparing tmpfs target $shm ($SIZE)" >&2
-dd if=/dev/urandom of="$shm" bs=1M count=$(( $(numfmt --from=iec "$SIZE") >> 20 )) status=none
-targets+=("tmpfs:$shm")
+want() { [[ " $TARGETS " == *" $1 "* ]]; }
+# selected TARGET PATTERN: is this cell part of the run (ONLY empty: every cell)?
+selected() { [ -z "$ONLY" ] || [[ " $ONLY " == *" $1:$2 "* ]]; }
 
-if [ -b /dev/zram0 ] && [ "$(id -u)" = 0 ]; then
+targets=()
+if want tmpfs; then
+  echo "preparing tmpfs target $shm ($SIZE)" >&2
+  dd if=/dev/urandom of="$shm" bs=1M count=$(( $(numfmt --from=iec "$SIZE") >> 20 )) status=none
+  targets+=("tmpfs:$shm")
+fi
+
+if ! want zram; then
+  :
+elif [ -b /dev/zram0 ] && [ "$(id -u)" = 0 ]; then
   waited=0
   while [ "$(cat /sys/block/zram0/disksize)" != 0 ] && [ "$waited" -lt "$ZRAM_WAIT" ]; do
     [ "$waited" = 0 ] && echo "zram0 is in use by another job; waiting up to ${ZRAM_WAIT}s" >&2
@@ -81,15 +105,28 @@ fi
 results="$work/results.tsv"
 : > "$results"
 
-# run_fio TARGETNAME PATTERN FILE RW BS QD ENGINE ROUND
+# snapblk's device spec for FILE: its io_uring driver without the inline QD1 path, if it has one
+# (the property appeared with the driver's inline path; older binaries run everything on the ring).
+inline_prop=0
+truncate -s 1M "$work/probe.img"
+if "$SNAPBLK" info "io_uring:path=$work/probe.img" 2>/dev/null | grep -q '^inline-qd1 '; then
+  inline_prop=1
+  echo "snapblk io_uring driver has inline-qd1: opening targets with inline-qd1=false" >&2
+else
+  echo "snapblk io_uring driver has no inline-qd1 property: plain path specs, no psync table" >&2
+fi
+ring_spec() { if [ "$inline_prop" = 1 ]; then echo "io_uring:path=$1,inline-qd1=false"; else echo "$1"; fi; }
+
+# run_fio TARGETNAME PATTERN FILE RW BS QD ENGINE ROUND [fio options...]
 run_fio() {
   local tname=$1 pname=$2 file=$3 rw=$4 bs=$5 qd=$6 engine=$7 round=$8
+  shift 8
   local extra=(--direct=1 --filename="$file")
   # shellcheck disable=SC2206 # word splitting of the option list is intended
   [ "$engine" = io_uring ] && extra+=($FIO_URING_OPTS)
   [ "$engine" = null ] && extra=()
   # shellcheck disable=SC2206 # word splitting of the option list is intended
-  extra+=($BUF_OPTS)
+  extra+=($BUF_OPTS "$@")
   fio --name=agree --rw="$rw" --bs="$bs" --iodepth="$qd" --numjobs=1 --ioengine="$engine" \
       --size="$SIZE" --time_based --runtime="$RUNTIME" --ramp_time="$RAMP" --group_reporting \
       --randrepeat=0 --output-format=json "${extra[@]}" > "$work/fio.json"
@@ -104,13 +141,14 @@ print(f"{sys.argv[2]}\t{sys.argv[3]}\tfio\t{sys.argv[4]}\t{iops:.1f}\t{lat:.1f}"
 PY
 }
 
-# run_snapblk TARGETNAME PATTERN SPEC RW BS QD DIRECT ROUND
+# run_snapblk TARGETNAME PATTERN SPEC RW BS QD DIRECT ROUND [snapblk bench options...]
 run_snapblk() {
   local tname=$1 pname=$2 spec=$3 rw=$4 bs=$5 qd=$6 direct=$7 round=$8
+  shift 8
   local extra=()
   [ "$direct" = 1 ] && extra=(--direct)
   # shellcheck disable=SC2206 # word splitting of the option list is intended
-  extra+=($BUF_OPTS)
+  extra+=($BUF_OPTS "$@")
   "$SNAPBLK" bench "$spec" --rw "$rw" --bs "$bs" --iodepth "$qd" --numjobs 1 --size "$SIZE" \
       --runtime "$RUNTIME" --ramp_time "$RAMP" --json --output "$work/snap.json" "${extra[@]}" > /dev/null 2>"$work/snap.err" \
       || { cat "$work/snap.err" >&2; exit 1; }
@@ -122,29 +160,53 @@ print(f"{sys.argv[2]}\t{sys.argv[3]}\tsnapblk\t{sys.argv[4]}\t{s['iops']['mean']
 PY
 }
 
+# pair TARGETNAME PATTERN ROUND "fio args..." "snapblk args..." — both tools, order alternating
+# by round so neither always runs on a warmer/colder machine.
+pair() {
+  local round=$3
+  echo "round $round/$ROUNDS $1 $2" >&2
+  if [ $((round % 2)) = 1 ]; then
+    eval "run_fio $4"; eval "run_snapblk $5"
+  else
+    eval "run_snapblk $5"; eval "run_fio $4"
+  fi
+}
+
 for round in $(seq 1 "$ROUNDS"); do
   for t in "${targets[@]}"; do
     tname=${t%%:*}; file=${t#*:}
+    spec=$(ring_spec "$file")
     for p in "${PATTERNS[@]}"; do
       read -r pname rw bs qd <<< "$p"
-      echo "round $round/$ROUNDS $tname $pname" >&2
-      # Alternate which tool goes first so neither always runs on a warmer/colder machine.
-      if [ $((round % 2)) = 1 ]; then
-        run_fio "$tname" "$pname" "$file" "$rw" "$bs" "$qd" io_uring "$round"
-        run_snapblk "$tname" "$pname" "$file" "$rw" "$bs" "$qd" 1 "$round"
-      else
-        run_snapblk "$tname" "$pname" "$file" "$rw" "$bs" "$qd" 1 "$round"
-        run_fio "$tname" "$pname" "$file" "$rw" "$bs" "$qd" io_uring "$round"
-      fi
+      selected "$tname" "$pname" || continue
+      pair "$tname" "$pname" "$round" \
+        "$tname $pname $file $rw $bs $qd io_uring $round" \
+        "$tname $pname $spec $rw $bs $qd 1 $round"
     done
+    # Each tool's default synchronous QD1 path: snapblk's inline io_uring vs fio's psync.
+    if [ "$PSYNC" = 1 ] && [ "$inline_prop" = 1 ]; then
+      for p in "randread-4k-qd1 randread 4k 1" "randwrite-4k-qd1 randwrite 4k 1"; do
+        read -r pname rw bs qd <<< "$p"
+        selected "$tname-inline" "$pname" || continue
+        pair "$tname-inline" "$pname" "$round" \
+          "$tname-inline $pname $file $rw $bs $qd psync $round" \
+          "$tname-inline $pname $file $rw $bs $qd 1 $round --submit_with_wait"
+      done
+    fi
   done
-  # Tool overhead: no device at all.
-  for p in "randread-4k-qd1 randread 4k 1" "randread-4k-qd32 randread 4k 32"; do
-    read -r pname rw bs qd <<< "$p"
-    echo "round $round/$ROUNDS null $pname" >&2
-    run_fio null "$pname" none "$rw" "$bs" "$qd" null "$round"
-    run_snapblk null "$pname" "null:size=$SIZE" "$rw" "$bs" "$qd" 0 "$round"
-  done
+  # Tool overhead: no device at all. At QD32 both submit and reap in batches of 32, so both
+  # really keep 32 requests in flight (fio's null engine otherwise runs at depth 1).
+  if want null; then
+    for p in "randread-4k-qd1 randread 4k 1" "randread-4k-qd32 randread 4k 32"; do
+      read -r pname rw bs qd <<< "$p"
+      selected null "$pname" || continue
+      b=()
+      [ "$qd" != 1 ] && b=(--iodepth_batch_submit="$qd" --iodepth_batch_complete_max="$qd")
+      pair null "$pname" "$round" \
+        "null $pname none $rw $bs $qd null $round ${b[*]}" \
+        "null $pname null:size=$SIZE $rw $bs $qd 0 $round ${b[*]}"
+    done
+  fi
 done
 
 report() {
@@ -164,20 +226,32 @@ def cv(v):
 print(f"fio agreement: {sys.argv[2]} interleaved rounds x {sys.argv[3]} s per run, kernel {sys.argv[4]}, loadavg at end {sys.argv[5].split()[0]}")
 print("medians over rounds; CV = spread of the rounds; ratio = snapblk / fio")
 print()
-print("| target | pattern | fio IOPS (CV) | snapblk IOPS (CV) | IOPS ratio | fio mean lat | snapblk mean lat | lat ratio |")
-print("|---|---|---|---|---|---|---|---|")
-within = total = 0
-for t, p in order:
-    f, s = d[(t, p, "fio")], d[(t, p, "snapblk")]
-    fi, si = st.median(f["iops"]), st.median(s["iops"])
-    fl, sl = st.median(f["lat"]), st.median(s["lat"])
-    ri, rl = si / fi if fi else 0, sl / fl if fl else 0
-    if t != "null":
-        total += 1
+def table(cells, title):
+    if not cells:
+        return 0, 0
+    print(title)
+    print()
+    print("| target | pattern | fio IOPS (CV) | snapblk IOPS (CV) | IOPS ratio | fio mean lat | snapblk mean lat | lat ratio |")
+    print("|---|---|---|---|---|---|---|---|")
+    within = 0
+    for t, p in cells:
+        f, s = d[(t, p, "fio")], d[(t, p, "snapblk")]
+        if not f["iops"] or not s["iops"]:
+            continue
+        fi, si = st.median(f["iops"]), st.median(s["iops"])
+        fl, sl = st.median(f["lat"]), st.median(s["lat"])
+        ri, rl = si / fi if fi else 0, sl / fl if fl else 0
         within += abs(ri - 1) <= 0.05 and abs(rl - 1) <= 0.05
-    print(f"| {t} | {p} | {fi:,.0f} ({cv(f['iops']):.0f}%) | {si:,.0f} ({cv(s['iops']):.0f}%) | {ri:.3f} | {fl/1000:.1f} µs | {sl/1000:.1f} µs | {rl:.3f} |")
-print()
-print(f"{within} of {total} device cells within ±5% on both IOPS and mean latency")
+        print(f"| {t} | {p} | {fi:,.0f} ({cv(f['iops']):.0f}%) | {si:,.0f} ({cv(s['iops']):.0f}%) | {ri:.3f} | {fl/1000:.1f} µs | {sl/1000:.1f} µs | {rl:.3f} |")
+    print()
+    return within, len(cells)
+ring = [c for c in order if c[0] != "null" and not c[0].endswith("-inline")]
+w, n = table(ring, "Same data path (io_uring, O_DIRECT; snapblk inline-qd1=false):")
+if n:
+    print(f"{w} of {n} device cells within ±5% on both IOPS and mean latency")
+    print()
+table([c for c in order if c[0].endswith("-inline")], "Default synchronous QD1 paths (snapblk io_uring inline, --submit_with_wait; fio psync), O_DIRECT:")
+table([c for c in order if c[0] == "null"], "Tool overhead (snapblk null driver, fio null engine):")
 PY
 }
 if [ -n "$OUT" ]; then report | tee "$OUT"; else report; fi

@@ -19,6 +19,8 @@ pub mod dev;
 pub mod driver;
 pub mod error;
 pub mod fault;
+/// Fuzz entry points (cargo-fuzz targets and the mutation smoke test share them).
+pub mod fuzzing;
 pub mod queue;
 pub mod record;
 pub mod rng;

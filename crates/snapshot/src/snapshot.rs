@@ -253,7 +253,10 @@ impl Snapshot {
             .scratch()
             .ok_or_else(|| SnapError::Scratch("no scratch area".into()))?;
         let bs = self.map.block_size();
-        let mut meta = vec![0u8; (sc.slots + 1) * 16];
+        // A window never runs past the merge order: at most that many entries plus the
+        // terminator are read (an extra entry is caught below), whatever buffer_size claims.
+        let cap = sc.slots.min(self.map.ops().len().saturating_sub(start));
+        let mut meta = vec![0u8; (cap + 1) * 16];
         self.io
             .read(IoClass::Merge, Dev::Cow, sc.base + 1, &mut meta)?;
         let mut entries = Vec::new();
@@ -276,7 +279,10 @@ impl Snapshot {
         let ops = self.map.ops();
         let data_lo = sc.base + sc.meta_len;
         let data_hi = sc.base + self.layout.scratch_size as u64;
-        let mut data = vec![0u8; entries.len() * bs as usize];
+        // Every entry is checked before the window's memory is allocated: its size comes from
+        // the file (entries, buffer_size), so it is only trusted once it matches the merge order
+        // and lies inside the COW.
+        let cow_len = self.io.cow.size().map_err(SnapError::io("sizing COW"))?;
         for (k, &(nb, off)) in entries.iter().enumerate() {
             let op = ops
                 .get(start + k)
@@ -288,11 +294,14 @@ impl Snapshot {
                     start + k
                 )));
             }
-            if off < data_lo || off.saturating_add(bs) > data_hi {
+            if off < data_lo || off.saturating_add(bs) > data_hi.min(cow_len) {
                 return Err(SnapError::Scratch(format!(
                     "entry {k} data offset {off} outside scratch"
                 )));
             }
+        }
+        let mut data = vec![0u8; entries.len() * bs as usize];
+        for (k, &(_, off)) in entries.iter().enumerate() {
             self.io.read(
                 IoClass::Merge,
                 Dev::Cow,

@@ -5,10 +5,13 @@
 //! whole-file call leaves big files partly cold. Chunks already resident (cachestat) are skipped.
 //! `queue_depth` submitter threads issue the chunks, so metadata reads (opens, extent lookups)
 //! of different files overlap. The threads run at idle I/O priority and nice 10 by default and
-//! pause while the system's I/O stall fraction (PSI) is above a threshold. When everything is
-//! issued, the engine waits for the devices' in-flight reads to drain, re-measures what is
-//! resident with cachestat, re-issues what is missing (up to `retries` times) and reports
-//! requested vs resident bytes.
+//! pause while the system's I/O stall fraction (PSI) is above a threshold. Each submitter keeps
+//! the files it issued open and verifies them (mincore, cachestat where incomplete) once more
+//! I/O is queued behind them, re-issuing pages found absent at once; at the end it waits for its
+//! last files on their fds. Only files that could not be checked that way are reopened and
+//! verified after issuing; missing ranges are re-issued (up to `retries` passes) and the report
+//! gives requested vs resident bytes. [`warm_tree`] does the same for whole trees, issuing
+//! while walking.
 
 use crate::list::{Extent, FileIdentity, ListEntry};
 use crate::ranges::{Range, RangeSet};

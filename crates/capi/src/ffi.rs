@@ -126,6 +126,27 @@ unsafe fn lock<'a>(b: *mut blkio) -> Option<std::sync::MutexGuard<'a, Inner>> {
     Some(m.lock().unwrap_or_else(|e| e.into_inner()))
 }
 
+/// The common frame of the int-returning calls on an instance: inside `guard_int`, take the
+/// lock with `lock` (which wraps the one `unsafe` call, so that `f` stays safe code) and run `f`
+/// on the instance; no instance (a NULL `b`) is `-EINVAL`.
+fn with_blkio<'a>(
+    lock: impl FnOnce() -> Option<std::sync::MutexGuard<'a, Inner>>,
+    f: impl FnOnce(&mut Inner) -> c_int,
+) -> c_int {
+    guard_int(|| match lock() {
+        Some(mut g) => f(&mut g),
+        None => einval("b must be non-NULL"),
+    })
+}
+
+/// 0, or the error reported as a negative errno.
+fn status(r: Result<(), Error>) -> c_int {
+    match r {
+        Ok(()) => 0,
+        Err(e) => fail(&e),
+    }
+}
+
 /// # Safety
 /// `s` must be null or a NUL-terminated string.
 unsafe fn cstr<'a>(s: *const c_char) -> Option<&'a str> {
@@ -198,42 +219,34 @@ pub unsafe extern "C" fn blkio_create(driver: *const c_char, bp: *mut *mut blkio
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn blkio_connect(b: *mut blkio) -> c_int {
-    guard_int(|| {
-        // SAFETY: `b` is NULL or live per the API.
-        let Some(mut g) = (unsafe { lock(b) }) else {
-            return einval("b must be non-NULL");
-        };
-        match g.b.connect() {
-            Ok(()) => 0,
-            Err(e) => fail(&e),
-        }
-    })
+    // SAFETY: `b` is NULL or live per the API.
+    with_blkio(|| unsafe { lock(b) }, |g| status(g.b.connect()))
 }
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn blkio_start(b: *mut blkio) -> c_int {
-    guard_int(|| {
-        // SAFETY: as above.
-        let Some(mut g) = (unsafe { lock(b) }) else {
-            return einval("b must be non-NULL");
-        };
-        let was = g.b.state();
-        if let Err(e) = g.b.start() {
-            return fail(&e);
-        }
-        if was == State::Connected {
-            let nq = g.b.get_int("num-queues").unwrap_or(0).max(0) as usize;
-            let np = g.b.get_int("num-poll-queues").unwrap_or(0).max(0) as usize;
-            for (n, poll) in [(nq, false), (np, true)] {
-                for i in 0..n {
-                    if let Some(q) = g.b.take_queue(i, poll) {
-                        g.adopt(q, poll);
+    // SAFETY: `b` is NULL or live per the API.
+    with_blkio(
+        || unsafe { lock(b) },
+        |g| {
+            let was = g.b.state();
+            if let Err(e) = g.b.start() {
+                return fail(&e);
+            }
+            if was == State::Connected {
+                let nq = g.b.get_int("num-queues").unwrap_or(0).max(0) as usize;
+                let np = g.b.get_int("num-poll-queues").unwrap_or(0).max(0) as usize;
+                for (n, poll) in [(nq, false), (np, true)] {
+                    for i in 0..n {
+                        if let Some(q) = g.b.take_queue(i, poll) {
+                            g.adopt(q, poll);
+                        }
                     }
                 }
             }
-        }
-        0
-    })
+            0
+        },
+    )
 }
 
 #[unsafe(no_mangle)]
@@ -272,18 +285,17 @@ unsafe fn get_prop(
 }
 
 unsafe fn set_prop(b: *mut blkio, name: *const c_char, v: PropValue) -> c_int {
-    // SAFETY: as above.
-    let Some(mut g) = (unsafe { lock(b) }) else {
-        return einval("b must be non-NULL");
-    };
-    // SAFETY: as above.
-    let Some(n) = (unsafe { cstr(name) }) else {
-        return einval("Invalid property name");
-    };
-    match g.b.set(n, v) {
-        Ok(()) => 0,
-        Err(e) => fail(&e),
-    }
+    // SAFETY: `b` is NULL or live per the API.
+    with_blkio(
+        || unsafe { lock(b) },
+        |g| {
+            // SAFETY: `name` is NULL or a C string.
+            match unsafe { cstr(name) } {
+                Some(n) => status(g.b.set(n, v)),
+                None => einval("Invalid property name"),
+            }
+        },
+    )
 }
 
 /// Store `v` through `out` if it is not NULL.
@@ -351,7 +363,7 @@ unsafe fn get_typed<T: CProp>(b: *mut blkio, name: *const c_char, value: *mut T)
 /// `b` and `name` as in the libblkio API (each NULL or valid).
 unsafe fn set_typed<T: CProp>(b: *mut blkio, name: *const c_char, value: T) -> c_int {
     // SAFETY: pointers per the API.
-    guard_int(|| unsafe { set_prop(b, name, value.into_prop()) })
+    unsafe { set_prop(b, name, value.into_prop()) }
 }
 
 /// The exported getter and setter of one C type: thin skins over `get_typed`/`set_typed`.
@@ -416,24 +428,21 @@ pub unsafe extern "C" fn blkio_set_str(
     name: *const c_char,
     value: *const c_char,
 ) -> c_int {
-    guard_int(|| {
-        // SAFETY: as above.
-        let Some(mut g) = (unsafe { lock(b) }) else {
-            return einval("b must be non-NULL");
-        };
-        // SAFETY: as above.
-        let Some(n) = (unsafe { cstr(name) }) else {
-            return einval("Invalid property name");
-        };
-        // SAFETY: as above.
-        let Some(v) = (unsafe { cstr(value) }) else {
-            return einval("Invalid value string");
-        };
-        match g.b.set_str(n, v) {
-            Ok(()) => 0,
-            Err(e) => fail(&e),
-        }
-    })
+    // SAFETY: `b` is NULL or live per the API.
+    with_blkio(
+        || unsafe { lock(b) },
+        |g| {
+            // SAFETY: as above.
+            let Some(n) = (unsafe { cstr(name) }) else {
+                return einval("Invalid property name");
+            };
+            // SAFETY: as above.
+            let Some(v) = (unsafe { cstr(value) }) else {
+                return einval("Invalid value string");
+            };
+            status(g.b.set_str(n, v))
+        },
+    )
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -445,75 +454,79 @@ pub unsafe extern "C" fn blkio_alloc_mem_region(
     region: *mut MemRegion,
     len: size_t,
 ) -> c_int {
-    guard_int(|| {
+    // SAFETY: `b` is NULL or live per the API.
+    with_blkio(
+        || unsafe { lock(b) },
+        |g| {
+            if region.is_null() {
+                return einval("region must be non-NULL");
+            }
+            match g.b.alloc_mem_region(len) {
+                Ok(r) => {
+                    // SAFETY: `region` is a valid out-pointer per the API.
+                    unsafe { region.write(r) };
+                    0
+                }
+                Err(e) => fail(&e),
+            }
+        },
+    )
+}
+
+/// Body of the region calls that return nothing: a NULL instance or region does nothing.
+///
+/// # Safety
+/// `b` and `region` as in the libblkio API (each NULL or valid).
+unsafe fn with_region(
+    b: *mut blkio,
+    region: *const MemRegion,
+    f: impl FnOnce(&mut Blkio, MemRegion),
+) {
+    guard((), || {
         // SAFETY: as above.
         let Some(mut g) = (unsafe { lock(b) }) else {
-            return einval("b must be non-NULL");
+            return;
         };
         if region.is_null() {
-            return einval("region must be non-NULL");
+            return;
         }
-        match g.b.alloc_mem_region(len) {
-            Ok(r) => {
-                // SAFETY: `region` is a valid out-pointer per the API.
-                unsafe { region.write(r) };
-                0
-            }
-            Err(e) => fail(&e),
-        }
+        // SAFETY: a non-NULL region pointer points to a region struct per the API.
+        let r = unsafe { region.read() };
+        f(&mut g.b, r)
     })
 }
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn blkio_free_mem_region(b: *mut blkio, region: *const MemRegion) {
-    guard((), || {
-        // SAFETY: as above.
-        let Some(mut g) = (unsafe { lock(b) }) else {
-            return;
-        };
-        if region.is_null() {
-            return;
-        }
-        // SAFETY: a non-NULL region pointer points to a region struct per the API. Unknown or
-        // still-mapped regions are ignored (libblkio aborted the process).
-        let r = unsafe { region.read() };
-        let _ = g.b.free_mem_region(&r);
-    })
+    // SAFETY: pointers per the API. Unknown or still-mapped regions are ignored (libblkio
+    // aborted the process).
+    unsafe {
+        with_region(b, region, |b, r| {
+            let _ = b.free_mem_region(&r);
+        })
+    }
 }
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn blkio_map_mem_region(b: *mut blkio, region: *const MemRegion) -> c_int {
-    guard_int(|| {
-        // SAFETY: as above.
-        let Some(mut g) = (unsafe { lock(b) }) else {
-            return einval("b must be non-NULL");
-        };
-        if region.is_null() {
-            return einval("region must be non-NULL");
-        }
-        // SAFETY: as above.
-        let r = unsafe { region.read() };
-        match g.b.map_mem_region(&r) {
-            Ok(()) => 0,
-            Err(e) => fail(&e),
-        }
-    })
+    // SAFETY: `b` is NULL or live per the API.
+    with_blkio(
+        || unsafe { lock(b) },
+        |g| {
+            if region.is_null() {
+                return einval("region must be non-NULL");
+            }
+            // SAFETY: as above.
+            let r = unsafe { region.read() };
+            status(g.b.map_mem_region(&r))
+        },
+    )
 }
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn blkio_unmap_mem_region(b: *mut blkio, region: *const MemRegion) {
-    guard((), || {
-        // SAFETY: as above.
-        let Some(mut g) = (unsafe { lock(b) }) else {
-            return;
-        };
-        if region.is_null() {
-            return;
-        }
-        // SAFETY: as above.
-        let r = unsafe { region.read() };
-        g.b.unmap_mem_region(&r);
-    })
+    // SAFETY: pointers per the API.
+    unsafe { with_region(b, region, |b, r| b.unmap_mem_region(&r)) }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -548,20 +561,20 @@ pub unsafe extern "C" fn blkio_get_poll_queue(b: *mut blkio, index: c_int) -> *m
 }
 
 unsafe fn add_queue(b: *mut blkio, poll: bool) -> c_int {
-    guard_int(|| {
-        // SAFETY: as above.
-        let Some(mut g) = (unsafe { lock(b) }) else {
-            return einval("b must be non-NULL");
-        };
-        let idx = match g.b.add_queue(poll) {
-            Ok(i) => i,
-            Err(e) => return fail(&e),
-        };
-        match g.b.take_queue(idx, poll) {
-            Some(q) => g.adopt(q, poll).min(i32::MAX as usize) as c_int,
-            None => fail(&Error::new(libc::EIO, "queue vanished")),
-        }
-    })
+    // SAFETY: `b` is NULL or live per the API.
+    with_blkio(
+        || unsafe { lock(b) },
+        |g| {
+            let idx = match g.b.add_queue(poll) {
+                Ok(i) => i,
+                Err(e) => return fail(&e),
+            };
+            match g.b.take_queue(idx, poll) {
+                Some(q) => g.adopt(q, poll).min(i32::MAX as usize) as c_int,
+                None => fail(&Error::new(libc::EIO, "queue vanished")),
+            }
+        },
+    )
 }
 
 #[unsafe(no_mangle)]
@@ -577,29 +590,29 @@ pub unsafe extern "C" fn blkio_add_poll_queue(b: *mut blkio) -> c_int {
 }
 
 unsafe fn remove_queue(b: *mut blkio, index: c_int, poll: bool) -> c_int {
-    guard_int(|| {
-        // SAFETY: as above.
-        let Some(mut g) = (unsafe { lock(b) }) else {
-            return einval("b must be non-NULL");
-        };
-        let slot = if index >= 0 {
-            g.slots(poll).get_mut(index as usize)
-        } else {
-            None
-        };
-        match slot {
-            Some(p) if !p.is_null() => {
-                let q = std::mem::replace(p, std::ptr::null_mut());
-                // SAFETY: from Box::into_raw in `adopt`; cleared from the slot, so freed once.
-                drop(unsafe { Box::from_raw(q) });
-                0
+    // SAFETY: `b` is NULL or live per the API.
+    with_blkio(
+        || unsafe { lock(b) },
+        |g| {
+            let slot = if index >= 0 {
+                g.slots(poll).get_mut(index as usize)
+            } else {
+                None
+            };
+            match slot {
+                Some(p) if !p.is_null() => {
+                    let q = std::mem::replace(p, std::ptr::null_mut());
+                    // SAFETY: from Box::into_raw in `adopt`; cleared from the slot, so freed once.
+                    drop(unsafe { Box::from_raw(q) });
+                    0
+                }
+                _ => fail(&Error::new(
+                    libc::ENOENT,
+                    format!("no queue with index {index}"),
+                )),
             }
-            _ => fail(&Error::new(
-                libc::ENOENT,
-                format!("no queue with index {index}"),
-            )),
-        }
-    })
+        },
+    )
 }
 
 #[unsafe(no_mangle)]

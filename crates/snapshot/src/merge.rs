@@ -148,6 +148,12 @@ pub fn merge(snap: &Snapshot, opts: MergeOptions<'_>) -> Result<MergeReport> {
         spare: Vec::new(),
     };
     let mut n = merged;
+    if staged.is_none() && snap.persisted().state == Some(scratch_state::DONE) {
+        // A commit whose state byte store was lost (see Snapshot::open): finish it first, or
+        // a self-safe next window (which leaves the state byte alone) would leave a "done"
+        // byte over entries whose data was never written.
+        m.write_progress(merged, Some(scratch_state::IN_PROGRESS))?;
+    }
     if let Some(w) = staged {
         // Interrupted after staging: redo the window from the staged copy (sources may be gone).
         m.report.resumed_from_scratch = true;

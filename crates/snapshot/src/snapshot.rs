@@ -187,8 +187,16 @@ impl Snapshot {
         };
         // A "done" state byte means the window at num_merge_ops may be half written: its sources
         // can no longer be trusted, whatever the counter says (format §10.3 observation).
+        // Unless the window staged there is the one that *ends* at num_merge_ops: the commit
+        // (counter += window, state byte := 1, one msync of the first page in snapuserd) reached
+        // the disk only in part, the counter store without the state byte store. That window is
+        // durably in the base, and the sources of the next one are untouched.
         if pers.state == Some(scratch_state::DONE) {
-            view.staged = Some(s.load_scratch_window(view.merged)?);
+            match s.load_scratch_window(view.merged) {
+                Ok(w) => view.staged = Some(w),
+                Err(e) if !s.scratch_is_committed_window(view.merged)? => return Err(e),
+                Err(_) => {}
+            }
         }
         *s.view.write().unwrap_or_else(|e| e.into_inner()) = view;
         Ok(s)
@@ -246,17 +254,11 @@ impl Snapshot {
         }
     }
 
-    /// Read the window staged in scratch; it must describe the ops starting at `start`.
-    pub(crate) fn load_scratch_window(&self, start: usize) -> Result<StagedWindow> {
-        let sc = self
-            .layout
-            .scratch()
-            .ok_or_else(|| SnapError::Scratch("no scratch area".into()))?;
-        let bs = self.map.block_size();
-        // A window never runs past the merge order: at most that many entries plus the
-        // terminator are read (an extra entry is caught below), whatever buffer_size claims.
-        let cap = sc.slots.min(self.map.ops().len().saturating_sub(start));
-        let mut meta = vec![0u8; (cap + 1) * 16];
+    /// The scratch entries `(new_block, file offset)` up to the terminator, reading at most
+    /// `cap + 1` of them (a window never has more entries than ops are left, whatever
+    /// `buffer_size` claims, so an extra entry is an error the caller sees as `cap + 1` entries).
+    fn scratch_entries(&self, sc: &Scratch, cap: usize) -> Result<Vec<(u64, u64)>> {
+        let mut meta = vec![0u8; (cap.min(sc.slots) + 1) * 16];
         self.io
             .read(IoClass::Merge, Dev::Cow, sc.base + 1, &mut meta)?;
         let mut entries = Vec::new();
@@ -270,6 +272,35 @@ impl Snapshot {
             }
             entries.push((nb, off));
         }
+        Ok(entries)
+    }
+
+    /// Whether the scratch entries name exactly the ordered ops `[end - k, end)` of the merge
+    /// order (the window a commit to `end` finished).
+    fn scratch_is_committed_window(&self, end: usize) -> Result<bool> {
+        let Some(sc) = self.layout.scratch() else {
+            return Ok(false);
+        };
+        let entries = self.scratch_entries(&sc, end)?;
+        let k = entries.len();
+        if k == 0 || k > end || k > sc.slots {
+            return Ok(false);
+        }
+        let ops = &self.map.ops()[end - k..end];
+        Ok(ops
+            .iter()
+            .zip(&entries)
+            .all(|(op, &(nb, _))| op.is_ordered() && op.new_block == nb))
+    }
+
+    /// Read the window staged in scratch; it must describe the ops starting at `start`.
+    pub(crate) fn load_scratch_window(&self, start: usize) -> Result<StagedWindow> {
+        let sc = self
+            .layout
+            .scratch()
+            .ok_or_else(|| SnapError::Scratch("no scratch area".into()))?;
+        let bs = self.map.block_size();
+        let entries = self.scratch_entries(&sc, self.map.ops().len().saturating_sub(start))?;
         if entries.is_empty() || entries.len() > sc.slots {
             return Err(SnapError::Scratch(format!(
                 "{} staged entries",

@@ -1,0 +1,82 @@
+//! `snapblk merge` resumes a merge AOSP's snapuserd left in the middle of a window. The crashed
+//! COW + base are built from the specification alone by the snapshot crate's test helper (see
+//! crates/snapshot/tests/support/android_crash.rs; the library-level checks, reads before
+//! resuming included, are in crates/snapshot/tests/android_resume.rs).
+
+// Shared with the library-level test, which uses all of it.
+#[allow(dead_code)]
+#[path = "../../snapshot/tests/support/android_crash.rs"]
+mod android_crash;
+
+use android_crash::{Input, Kill, crash, windows};
+use snapblk_testsupport::{TempDir, golden};
+use std::process::Command;
+
+#[test]
+fn cli_merge_resumes_states_snapuserd_leaves() {
+    let mut runs = 0;
+    for name in [
+        "v3_copy_chain_seq",
+        "v2_xor_seq_lz4",
+        "v2_copy_chain_stream_order",
+    ] {
+        let d = golden::case(name).load();
+        let order = golden::readme_merge_order(&d.readme);
+        let ops = golden::readme_ops(&d.readme);
+        let ordered = order
+            .iter()
+            .take_while(|&&nb| {
+                ops.iter()
+                    .any(|o| o.new_block == nb && (o.kind == "kCowCopyOp" || o.kind == "kCowXorOp"))
+            })
+            .count();
+        let inp = Input {
+            cow: &d.cow,
+            base: &d.base,
+            target: &d.target,
+            merge_order: &order,
+            ordered,
+        };
+        for w in 0..windows(&inp).len() {
+            for kill in [Kill::AfterStaging, Kill::MidWrite, Kill::AfterCounter] {
+                let Some(c) = crash(&inp, w, kill) else {
+                    continue;
+                };
+                let what = format!("{name} {kill:?}");
+                let dir = TempDir::new("cli-android-resume");
+                let (base, cow) = (dir.join("base.img"), dir.join("snapshot.cow"));
+                std::fs::write(&base, &c.base).unwrap();
+                std::fs::write(&cow, &c.cow).unwrap();
+                let out = Command::new(env!("CARGO_BIN_EXE_snapblk"))
+                    .arg("merge")
+                    .arg(&cow)
+                    .arg("--base")
+                    .arg(&base)
+                    .arg("--json")
+                    .output()
+                    .unwrap();
+                assert!(
+                    out.status.success(),
+                    "{what}: {}",
+                    String::from_utf8_lossy(&out.stderr)
+                );
+                let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+                assert_eq!(v["report"]["resumed_at"], c.num_merge_ops, "{what}");
+                let redo = c.state == Some(2) && kill != Kill::AfterCounter;
+                assert_eq!(v["report"]["resumed_from_scratch"], redo, "{what}");
+                assert!(
+                    std::fs::read(&base).unwrap() == d.target,
+                    "{what}: base != target.img"
+                );
+                let after = std::fs::read(&cow).unwrap();
+                assert_eq!(
+                    &after[26..34],
+                    &(order.len() as u64).to_le_bytes(),
+                    "{what}"
+                );
+                runs += 1;
+            }
+        }
+    }
+    assert_eq!(runs, 8);
+}

@@ -1,13 +1,24 @@
 /*
  * 4 KiB random-read load generator over the libblkio API (io_uring driver), for
  * bench/libblkio-bench.sh: runs against whichever libblkio.so.1 LD_LIBRARY_PATH selects.
- * Usage: blkio_bench PATH QD SECONDS DIRECT(0|1)   -> prints "iops=N ios=N"
+ * Usage: blkio_bench PATH QD SECONDS DIRECT(0|1) [INLINE(0|1)]
+ *   -> prints "iops=N ios=N nowait=B iowq=N iowq_ms=N"
+ * INLINE=0 sets snapblk's `inline-qd1` property to false (ring only); without the argument the
+ * library's default is used (real libblkio has no such property). nowait is snapblk's `nowait`
+ * property (the target's RWF_NOWAIT support; "na" for real libblkio). iowq counts this
+ * process's io-wq worker threads (iou-wrk-*) at the end of the run: the kernel threads that
+ * io_uring punts requests to when the target cannot do them without blocking; iowq_ms is the
+ * CPU time they used (user + system, clock-tick resolution). Connect-time probes may start a
+ * worker too, hence the CPU time.
  */
 #define _GNU_SOURCE
 #include <blkio.h>
+#include <dirent.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 static double now(void)
 {
@@ -22,18 +33,57 @@ static uint64_t rnd(uint64_t *s)
     return *s;
 }
 
+/* Threads of this process whose name starts with "iou-wrk"; their CPU time in *ms. */
+static int count_iowq(long *ms)
+{
+    long ticks = 0, hz = sysconf(_SC_CLK_TCK);
+    *ms = 0;
+    DIR *d = opendir("/proc/self/task");
+    if (!d) return -1;
+    struct dirent *e;
+    int n = 0;
+    while ((e = readdir(d))) {
+        if (e->d_name[0] == '.') continue;
+        char path[300], comm[64] = "";
+        snprintf(path, sizeof(path), "/proc/self/task/%s/comm", e->d_name);
+        FILE *f = fopen(path, "r");
+        if (!f) continue;
+        int wrk = fgets(comm, sizeof(comm), f) && strncmp(comm, "iou-wrk", 7) == 0;
+        fclose(f);
+        if (!wrk) continue;
+        n++;
+        char stat[1024] = "";
+        snprintf(path, sizeof(path), "/proc/self/task/%s/stat", e->d_name);
+        if (!(f = fopen(path, "r"))) continue;
+        if (fgets(stat, sizeof(stat), f)) {
+            /* utime and stime are fields 14 and 15; the name (field 2) is in parentheses. */
+            char *p = strrchr(stat, ')');
+            unsigned long ut, st;
+            if (p && sscanf(p + 1, " %*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu", &ut, &st) == 2)
+                ticks += ut + st;
+        }
+        fclose(f);
+    }
+    closedir(d);
+    *ms = hz > 0 ? ticks * 1000 / hz : -1;
+    return n;
+}
+
 #define DIE(what) do { fprintf(stderr, "%s: %s\n", what, blkio_get_error_msg()); return 1; } while (0)
 
 int main(int argc, char **argv)
 {
-    if (argc < 5) { fprintf(stderr, "usage: %s PATH QD SECONDS DIRECT\n", argv[0]); return 2; }
+    if (argc < 5) { fprintf(stderr, "usage: %s PATH QD SECONDS DIRECT [INLINE]\n", argv[0]); return 2; }
     int qd = atoi(argv[2]);
     double secs = atof(argv[3]);
     struct blkio *b;
     if (blkio_create("io_uring", &b) < 0) DIE("create");
     if (blkio_set_str(b, "path", argv[1]) < 0) DIE("path");
     if (blkio_set_bool(b, "direct", atoi(argv[4]) != 0) < 0) DIE("direct");
+    if (argc > 5 && blkio_set_bool(b, "inline-qd1", atoi(argv[5]) != 0) < 0) DIE("inline-qd1");
     if (blkio_connect(b) < 0) DIE("connect");
+    bool nowait;
+    const char *nw = blkio_get_bool(b, "nowait", &nowait) < 0 ? "na" : nowait ? "true" : "false";
     if (blkio_start(b) < 0) DIE("start");
     uint64_t cap;
     if (blkio_get_uint64(b, "capacity", &cap) < 0) DIE("capacity");
@@ -57,7 +107,10 @@ int main(int argc, char **argv)
         done += n;
         if ((done & 1023) < (uint64_t)n && (t1 = now()) - t0 >= secs) break;
     }
-    printf("iops=%.0f ios=%llu\n", done / (t1 - t0), (unsigned long long)done);
+    long iowq_ms;
+    int iowq = count_iowq(&iowq_ms);
+    printf("iops=%.0f ios=%llu nowait=%s iowq=%d iowq_ms=%ld\n", done / (t1 - t0),
+           (unsigned long long)done, nw, iowq, iowq_ms);
     blkio_destroy(&b);
     return 0;
 }

@@ -10,7 +10,7 @@ mod android_crash;
 
 use android_crash::{Crashed, Input, Kill, crash, windows};
 use snapblk_snapshot::cowsrc::{OpenMode, open_files};
-use snapblk_snapshot::{MergeOptions, Snapshot, SnapshotConfig, merge};
+use snapblk_snapshot::{MergeOptions, MergeStep, Snapshot, SnapshotConfig, merge};
 use snapblk_testsupport::golden;
 use std::path::Path;
 
@@ -146,12 +146,13 @@ fn resumes_golden_cows_killed_mid_window() {
     assert_eq!(checked, 8);
 }
 
-/// A v3 COW with 1200 ordered ops (three windows of 510, 510, 180): a shift-up chain of COPY and
-/// XOR ops merged highest block first, then REPLACE and ZERO ops. The expected image is computed
-/// op by op here, independently of the engine.
+/// A v3 COW with 1200 ordered ops in three windows of 510, 510 and 180: a shift-up chain (new
+/// b+1 <- b, highest first), a 510-block extent moved by 600 blocks (a window no op of which writes
+/// a block another reads: self-safe) and a shift-down chain (new b <- b+1, ascending); one chain op
+/// in 7 is an XOR. Then REPLACE and ZERO ops. The expected image is computed op by op here,
+/// independently of the engine.
 fn generated() -> (Vec<u8>, Vec<u8>, Vec<u8>, Vec<u64>, usize) {
-    const BLOCKS: u64 = 1400;
-    const CHAIN: u64 = 1200;
+    const BLOCKS: u64 = 2400;
     let bs = 4096usize;
     let mut rng = snapblk_snapshot::rng::Rng::new(42);
     let mut base = vec![0u8; BLOCKS as usize * bs];
@@ -163,12 +164,13 @@ fn generated() -> (Vec<u8>, Vec<u8>, Vec<u8>, Vec<u64>, usize) {
         ..Default::default()
     };
     let mut w = snapblk_cow::CowWriter::new(&sink, opts).unwrap();
-    // New block b+1 <- base block b, highest first (each op reads a block no earlier op wrote).
-    let order: Vec<u64> = (0..CHAIN).rev().map(|b| b + 1).collect();
-    let seq: Vec<u32> = order.iter().map(|&b| b as u32).collect();
+    // (new block, source block) in merge order; each op reads a block no earlier op wrote.
+    let mut ordered: Vec<(u64, u64)> = (0..510).rev().map(|b| (b + 1, b)).collect();
+    ordered.extend((0..510).map(|i| (600 + i, 1200 + i)));
+    ordered.extend((1800..1980).map(|b| (b, b + 1)));
+    let seq: Vec<u32> = ordered.iter().map(|&(nb, _)| nb as u32).collect();
     w.add_sequence_data(&seq).unwrap();
-    for &nb in &order {
-        let src = nb - 1;
+    for &(nb, src) in &ordered {
         let (s, d) = (src as usize * bs, nb as usize * bs);
         let old = img[s..s + bs].to_vec();
         if nb % 7 == 3 {
@@ -182,21 +184,19 @@ fn generated() -> (Vec<u8>, Vec<u8>, Vec<u8>, Vec<u64>, usize) {
             img[d..d + bs].copy_from_slice(&old);
         }
     }
-    let mut rest = Vec::new();
-    for nb in 1300..1310u64 {
+    let mut order: Vec<u64> = ordered.iter().map(|&(nb, _)| nb).collect();
+    for nb in 2100..2110u64 {
         let mut data = vec![0u8; bs];
         rng.fill(&mut data);
         w.add_raw_blocks(nb, &data).unwrap();
         img[nb as usize * bs..(nb as usize + 1) * bs].copy_from_slice(&data);
-        rest.push(nb);
+        order.push(nb);
     }
-    w.add_zero_blocks(1350, 2).unwrap();
-    img[1350 * bs..1352 * bs].fill(0);
-    rest.extend([1350, 1351]);
+    w.add_zero_blocks(2150, 2).unwrap();
+    img[2150 * bs..2152 * bs].fill(0);
+    order.extend([2150, 2151]);
     w.finalize().unwrap();
-    let mut order = order;
-    order.extend(rest);
-    (sink.into_inner(), base, img, order, CHAIN as usize)
+    (sink.into_inner(), base, img, order, 1200)
 }
 
 #[test]
@@ -241,4 +241,65 @@ fn resumes_a_three_window_cow_killed_in_each_window() {
             resume("generated", &inp, &c, kill, dir.path());
         }
     }
+}
+
+/// State (c) in window 0, then a crash right after the merge staged window 1, which is self-safe
+/// (our engine leaves the state byte alone for such windows and writes only their entries). The
+/// "done" byte (c) left must not survive into that state, or a restart would take window 1's
+/// entries for a staged window and serve window 0's stale scratch data for it.
+#[test]
+fn a_committed_done_byte_is_cleared_before_a_self_safe_window() {
+    let (cow, base, target, order, ordered) = generated();
+    let inp = Input {
+        cow: &cow,
+        base: &base,
+        target: &target,
+        merge_order: &order,
+        ordered,
+    };
+    let c = crash(&inp, 0, Kill::AfterCounter).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let (bp, cp) = (dir.path().join("base.img"), dir.path().join("snapshot.cow"));
+    std::fs::write(&bp, &c.base).unwrap();
+    std::fs::write(&cp, &c.cow).unwrap();
+    let rw = OpenMode {
+        base_writable: true,
+        cow_writable: true,
+    };
+    let s = open_files(&bp, &cp, SnapshotConfig::default(), rw).unwrap();
+    let cut = std::sync::Mutex::new(None);
+    let hook = |st: MergeStep| {
+        if st
+            == (MergeStep::Staged {
+                start: 510,
+                end: 1020,
+            })
+        {
+            let files = (std::fs::read(&bp).unwrap(), std::fs::read(&cp).unwrap());
+            *cut.lock().unwrap() = Some(files);
+        }
+    };
+    let rep = merge(
+        &s,
+        MergeOptions {
+            hook: Some(&hook),
+            ..MergeOptions::default()
+        },
+    )
+    .unwrap();
+    assert!(rep.self_safe_windows >= 1, "window 1 is self-safe: {rep:?}");
+    let (b2, c2) = cut.into_inner().unwrap().expect("window 1 was staged");
+    let h = u16::from_le_bytes([c2[12], c2[13]]) as usize;
+    assert_eq!(c2[h], 1, "state byte when window 1 is staged");
+    let d2 = tempfile::tempdir().unwrap();
+    let (bp2, cp2) = (d2.path().join("base.img"), d2.path().join("snapshot.cow"));
+    std::fs::write(&bp2, &b2).unwrap();
+    std::fs::write(&cp2, &c2).unwrap();
+    let s = open_files(&bp2, &cp2, SnapshotConfig::default(), rw).unwrap();
+    assert!(
+        read_all(&s, target.len()) == target,
+        "reads after the second crash"
+    );
+    merge(&s, MergeOptions::default()).unwrap();
+    assert!(std::fs::read(&bp2).unwrap() == target);
 }

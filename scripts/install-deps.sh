@@ -26,3 +26,13 @@ if [ ${#missing[@]} -gt 0 ]; then
   $SUDO apt-get update -qq
   $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
+
+# The fuzz smoke suites (tests/suites/*-fuzz.sh) build libFuzzer targets with a nightly rustc
+# (coverage instrumentation needs unstable flags). Install it with rustup when it is missing.
+if ! rustc +nightly -vV >/dev/null 2>&1; then
+  if command -v rustup >/dev/null 2>&1; then
+    rustup toolchain install nightly --profile minimal
+  else
+    echo "install-deps: no rustup: the fuzz suites need a nightly toolchain (https://rustup.rs)" >&2
+  fi
+fi

@@ -28,7 +28,8 @@
 #
 # Usage (root for zram): bash bench/fio-agreement.sh          (env: ROUNDS=3 RUNTIME=5 RAMP=1
 #   SIZE=1G SNAPBLK=target/release/snapblk ZRAM_WAIT=600 OUT=fio-agreement.md BUF_OPTS= PSYNC=1
-#   ONLY="tmpfs:randwrite-4k-qd32 ..." to rerun chosen cells; TARGETS="tmpfs zram null")
+#   ONLY="tmpfs:randwrite-4k-qd32 ..." to rerun chosen cells; TARGETS="tmpfs zram null";
+#   RAW=FILE keeps the per-run figures)
 # Needs: fio (Debian package), python3. zram0 is configured only if its disksize is 0 (and reset
 # afterwards); if another job holds it, the script waits up to ZRAM_WAIT seconds, then skips zram.
 set -euo pipefail
@@ -215,12 +216,20 @@ import sys, statistics as st
 from collections import defaultdict
 rows = [l.rstrip("\n").split("\t") for l in open(sys.argv[1]) if l.strip()]
 d = defaultdict(lambda: {"iops": [], "lat": []})
+byround = defaultdict(dict)
 order = []
 for t, p, tool, r, iops, lat in rows:
     if (t, p) not in order:
         order.append((t, p))
     d[(t, p, tool)]["iops"].append(float(iops))
     d[(t, p, tool)]["lat"].append(float(lat))
+    byround[(t, p, r)][tool] = float(iops)
+def paired(t, p):
+    # snapblk / fio of the same round (the two ran back to back): robust to load that drifts
+    # between rounds, which the ratio of medians is not.
+    v = sorted(x["snapblk"] / x["fio"] for (tt, pp, _), x in byround.items()
+               if (tt, pp) == (t, p) and x.get("fio") and "snapblk" in x)
+    return f"{st.median(v):.3f} [{v[0]:.2f}–{v[-1]:.2f}]" if v else "-"
 def cv(v):
     return (st.stdev(v) / st.mean(v) * 100) if len(v) > 1 and st.mean(v) else 0.0
 print(f"fio agreement: {sys.argv[2]} interleaved rounds x {sys.argv[3]} s per run, kernel {sys.argv[4]}, loadavg at end {sys.argv[5].split()[0]}")
@@ -231,8 +240,8 @@ def table(cells, title):
         return 0, 0
     print(title)
     print()
-    print("| target | pattern | fio IOPS (CV) | snapblk IOPS (CV) | IOPS ratio | fio mean lat | snapblk mean lat | lat ratio |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| target | pattern | fio IOPS (CV) | snapblk IOPS (CV) | IOPS ratio | paired ratio median [min–max] | fio mean lat | snapblk mean lat | lat ratio |")
+    print("|---|---|---|---|---|---|---|---|---|")
     within = 0
     for t, p in cells:
         f, s = d[(t, p, "fio")], d[(t, p, "snapblk")]
@@ -242,7 +251,7 @@ def table(cells, title):
         fl, sl = st.median(f["lat"]), st.median(s["lat"])
         ri, rl = si / fi if fi else 0, sl / fl if fl else 0
         within += abs(ri - 1) <= 0.05 and abs(rl - 1) <= 0.05
-        print(f"| {t} | {p} | {fi:,.0f} ({cv(f['iops']):.0f}%) | {si:,.0f} ({cv(s['iops']):.0f}%) | {ri:.3f} | {fl/1000:.1f} µs | {sl/1000:.1f} µs | {rl:.3f} |")
+        print(f"| {t} | {p} | {fi:,.0f} ({cv(f['iops']):.0f}%) | {si:,.0f} ({cv(s['iops']):.0f}%) | {ri:.3f} | {paired(t, p)} | {fl/1000:.1f} µs | {sl/1000:.1f} µs | {rl:.3f} |")
     print()
     return within, len(cells)
 ring = [c for c in order if c[0] != "null" and not c[0].endswith("-inline")]
@@ -255,3 +264,5 @@ table([c for c in order if c[0] == "null"], "Tool overhead (snapblk null driver,
 PY
 }
 if [ -n "$OUT" ]; then report | tee "$OUT"; else report; fi
+# RAW=FILE keeps every run's figures (target, pattern, tool, round, IOPS, mean latency in ns).
+if [ -n "${RAW:-}" ]; then cp "$results" "$RAW"; fi

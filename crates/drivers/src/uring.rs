@@ -7,7 +7,11 @@
 //!   request);
 //! * request state lives in a reusable slot table indexed by the CQE's `user_data`: no
 //!   allocation per request;
-//! * `do_io` submits and waits in one `io_uring_enter`.
+//! * `do_io` submits and waits in one `io_uring_enter`;
+//! * on targets without NOWAIT (tmpfs, zram: io_uring would hand every request to an io-wq
+//!   worker thread), requests that `do_io` waits for anyway run in the calling thread
+//!   (`inline-qd1`, see `UringEngine::run_inline`); the connect-time probe is the `nowait`
+//!   property.
 //!
 //! Semantics follow libblkio's io_uring driver (short transfers resubmitted, zero-fill past EOF
 //! of a regular file, EIO past the end of a block device, FUA = `RWF_DSYNC`, flush =

@@ -29,7 +29,7 @@
 # Usage (root for zram): bash bench/fio-agreement.sh          (env: ROUNDS=3 RUNTIME=5 RAMP=1
 #   SIZE=1G SNAPBLK=target/release/snapblk ZRAM_WAIT=600 OUT=fio-agreement.md BUF_OPTS= PSYNC=1
 #   ONLY="tmpfs:randwrite-4k-qd32 ..." to rerun chosen cells; TARGETS="tmpfs zram null";
-#   RAW=FILE keeps the per-run figures)
+#   RAW=FILE keeps the per-run figures; WRAP="taskset -c 1" runs both tools under a prefix)
 # Needs: fio (Debian package), python3. zram0 is configured only if its disksize is 0 (and reset
 # afterwards); if another job holds it, the script waits up to ZRAM_WAIT seconds, then skips zram.
 set -euo pipefail
@@ -44,6 +44,10 @@ OUT=${OUT:-}
 FIO_URING_OPTS=${FIO_URING_OPTS:---fixedbufs --registerfiles --nonvectored=1}
 BUF_OPTS=${BUF_OPTS:-}
 PSYNC=${PSYNC:-1}
+# A command prefix for both tools, e.g. WRAP="taskset -c 1": with the submitter and the io-wq
+# worker on one CPU, or free to spread over two, tmpfs QD32 runs differ by ~1.4x, and which
+# case a run lands in is the scheduler's choice (for either tool).
+WRAP=${WRAP:-}
 ONLY=${ONLY:-}
 TARGETS=${TARGETS:-tmpfs zram null}
 command -v fio >/dev/null || { echo "fio missing (apt-get install fio)" >&2; exit 1; }
@@ -128,7 +132,8 @@ run_fio() {
   [ "$engine" = null ] && extra=()
   # shellcheck disable=SC2206 # word splitting of the option list is intended
   extra+=($BUF_OPTS "$@")
-  fio --name=agree --rw="$rw" --bs="$bs" --iodepth="$qd" --numjobs=1 --ioengine="$engine" \
+  # shellcheck disable=SC2086 # WRAP is a command prefix, split on purpose
+  $WRAP fio --name=agree --rw="$rw" --bs="$bs" --iodepth="$qd" --numjobs=1 --ioengine="$engine" \
       --size="$SIZE" --time_based --runtime="$RUNTIME" --ramp_time="$RAMP" --group_reporting \
       --randrepeat=0 --output-format=json "${extra[@]}" > "$work/fio.json"
   python3 - "$work/fio.json" "$tname" "$pname" "$round" >> "$results" <<'PY'
@@ -150,7 +155,8 @@ run_snapblk() {
   [ "$direct" = 1 ] && extra=(--direct)
   # shellcheck disable=SC2206 # word splitting of the option list is intended
   extra+=($BUF_OPTS "$@")
-  "$SNAPBLK" bench "$spec" --rw "$rw" --bs "$bs" --iodepth "$qd" --numjobs 1 --size "$SIZE" \
+  # shellcheck disable=SC2086 # WRAP is a command prefix, split on purpose
+  $WRAP "$SNAPBLK" bench "$spec" --rw "$rw" --bs "$bs" --iodepth "$qd" --numjobs 1 --size "$SIZE" \
       --runtime "$RUNTIME" --ramp_time "$RAMP" --json --output "$work/snap.json" "${extra[@]}" > /dev/null 2>"$work/snap.err" \
       || { cat "$work/snap.err" >&2; exit 1; }
   python3 - "$work/snap.json" "$tname" "$pname" "$round" >> "$results" <<'PY'

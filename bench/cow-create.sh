@@ -93,6 +93,15 @@ for r in rows:
     print(f"| {name} | {r['threads']} | {wi:.0f} | {wd:.0f} | {wi / a[0]:.2f} | {r['new'] / r['wcpu'] / 1e6:.0f} "
           f"| {r['new'] / r['gen'] / 1e6:.0f} | {r['new'] / r['gcpu'] / 1e6:.0f} "
           f"| {r['new'] / r['e2e'] / 1e6:.0f} | {r['cow'] / 1e6:.1f} ({a[2]}) |")
+types = sorted({k for r in rows for k in r["by_type"]})
+print("\nCOW payload size per op type, MB (ops), from `cow inspect --json`; the rest of the file is op records and headers:\n")
+print("| config | " + " | ".join(t.upper() for t in types) + " | COW MB |")
+print("|---|" + "---|" * (len(types) + 1))
+for r in rows:
+    if r["threads"] != rows[0]["threads"]:
+        continue
+    cells = [f"{r['by_type'][t][1] / 1e6:.2f} ({r['by_type'][t][0]})" if t in r["by_type"] else "-" for t in types]
+    print(f"| {r['cfg'].replace('65536', '64K')} | " + " | ".join(cells) + f" | {r['cow'] / 1e6:.1f} |")
 PY
   cd /
   [[ "${KEEP:-0}" == 1 ]] || rm -rf "$dir"

@@ -8,7 +8,7 @@
 #[path = "../../snapshot/tests/support/android_crash.rs"]
 mod android_crash;
 
-use android_crash::{Input, Kill, crash, windows};
+use android_crash::{Input, Kill, crash, golden_order, windows};
 use snapblk_testsupport::{TempDir, golden};
 use std::process::Command;
 
@@ -21,15 +21,7 @@ fn cli_merge_resumes_states_snapuserd_leaves() {
         "v2_copy_chain_stream_order",
     ] {
         let d = golden::case(name).load();
-        let order = golden::readme_merge_order(&d.readme);
-        let ops = golden::readme_ops(&d.readme);
-        let ordered = order
-            .iter()
-            .take_while(|&&nb| {
-                ops.iter()
-                    .any(|o| o.new_block == nb && (o.kind == "kCowCopyOp" || o.kind == "kCowXorOp"))
-            })
-            .count();
+        let (order, ordered) = golden_order(&d.readme);
         let inp = Input {
             cow: &d.cow,
             base: &d.base,

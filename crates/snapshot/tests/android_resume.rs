@@ -8,7 +8,7 @@
 #[path = "support/android_crash.rs"]
 mod android_crash;
 
-use android_crash::{Crashed, Input, Kill, crash, windows};
+use android_crash::{Crashed, Input, Kill, crash, golden_order, windows};
 use snapblk_snapshot::cowsrc::{OpenMode, open_files};
 use snapblk_snapshot::{MergeOptions, MergeStep, Snapshot, SnapshotConfig, merge};
 use snapblk_testsupport::golden;
@@ -87,23 +87,6 @@ fn resume(name: &str, inp: &Input, c: &Crashed, kill: Kill, dir: &Path) {
     }
     let s = open_files(&base, &cow, SnapshotConfig::default(), OpenMode::default()).unwrap();
     assert_eq!(s.merge_progress(), (total, total), "{what}");
-}
-
-/// Merge order and its ordered prefix, from the README (AOSP's inspect_cow output).
-fn golden_order(readme: &str) -> (Vec<u64>, usize) {
-    let order = golden::readme_merge_order(readme);
-    let ops = golden::readme_ops(readme);
-    let kind = |nb: u64| {
-        ops.iter()
-            .find(|o| o.new_block == nb && o.kind != "kCowLabelOp" && o.kind != "kCowSequenceOp")
-            .map(|o| o.kind.clone())
-            .unwrap_or_default()
-    };
-    let ordered = order
-        .iter()
-        .take_while(|&&nb| matches!(kind(nb).as_str(), "kCowCopyOp" | "kCowXorOp"))
-        .count();
-    (order, ordered)
 }
 
 #[test]

@@ -152,3 +152,20 @@ pub fn crash(inp: &Input, w: usize, kill: Kill) -> Option<Crashed> {
         window: (s, e),
     })
 }
+
+/// Merge order and its ordered prefix, from the README (AOSP's inspect_cow output).
+pub fn golden_order(readme: &str) -> (Vec<u64>, usize) {
+    let order = snapblk_testsupport::golden::readme_merge_order(readme);
+    let ops = snapblk_testsupport::golden::readme_ops(readme);
+    let kind = |nb: u64| {
+        ops.iter()
+            .find(|o| o.new_block == nb && o.kind != "kCowLabelOp" && o.kind != "kCowSequenceOp")
+            .map(|o| o.kind.clone())
+            .unwrap_or_default()
+    };
+    let ordered = order
+        .iter()
+        .take_while(|&&nb| matches!(kind(nb).as_str(), "kCowCopyOp" | "kCowXorOp"))
+        .count();
+    (order, ordered)
+}

@@ -191,6 +191,14 @@ pub trait Engine {
     ) -> Result<()>;
     /// Move ready completions into `out` without blocking; returns how many were written.
     fn reap(&mut self, out: &mut [Completion]) -> usize;
+    /// Whether [`submit`](Self::submit) has requests to hand to the device (or must run to
+    /// make progress, as on a poll queue). When it has none and `do_io` already holds what its
+    /// caller asked for, the `submit` call is skipped: on an io_uring with deferred task work it
+    /// would only be a system call to post more completions, which the caller did not need
+    /// (fio does not make it either). The default keeps `submit` always called.
+    fn needs_submit(&mut self) -> bool {
+        true
+    }
 }
 
 /// The driver-independent part of a queue: the backlog of completions that are ready without
@@ -299,7 +307,9 @@ impl QueueCore {
         let res = loop {
             // Reap before submitting: completions may already sit in the ring.
             n += engine.reap(&mut out[n..]);
-            if n >= min && !first {
+            // At least one completion (a `min` of 0 still means "whatever is ready": with
+            // nothing ready, `submit` must run to post what the kernel holds back).
+            if n >= min && (!first || (n > 0 && !engine.needs_submit())) {
                 break Ok(());
             }
             let left = match limit {

@@ -16,6 +16,9 @@ struct Fake {
     in_flight: VecDeque<usize>,
     ready: VecDeque<Completion>,
     complete_on_submit: bool,
+    /// `needs_submit` answers false (nothing to hand to the device).
+    idle: bool,
+    submits: usize,
 }
 
 impl Engine for Fake {
@@ -28,6 +31,7 @@ impl Engine for Fake {
         timeout: Option<Duration>,
         _: Option<&libc::sigset_t>,
     ) -> Result<()> {
+        self.submits += 1;
         if self.complete_on_submit {
             while let Some(u) = self.in_flight.pop_front() {
                 self.ready.push_back(Completion::ok(u));
@@ -40,6 +44,9 @@ impl Engine for Fake {
             return Err(Error::from_errno(libc::ETIME));
         }
         Ok(())
+    }
+    fn needs_submit(&mut self) -> bool {
+        !self.idle
     }
     fn reap(&mut self, out: &mut [Completion]) -> usize {
         let n = out.len().min(self.ready.len());
@@ -122,6 +129,28 @@ fn backlog_first_then_device_and_min_checks() {
     assert_eq!((out[0].user_data, out[0].ret), (2, -libc::EINVAL));
     assert_eq!((out[1].user_data, out[1].ret), (1, 0));
     assert_eq!(q.outstanding(), 0);
+}
+
+#[test]
+fn submit_skipped_only_when_the_caller_is_served_and_nothing_is_pending() {
+    let mut q = fq(false, true);
+    q.eng.idle = true;
+    q.eng.ready.extend([Completion::ok(7), Completion::ok(8)]);
+    q.eng.in_flight.push_back(9);
+    let mut out = [Completion::default(); 4];
+    // Two ready, one wanted: no submit (no system call on a real ring).
+    assert_eq!(q.do_io(&mut out, 1, None, None).unwrap(), 2);
+    assert_eq!(q.eng.submits, 0);
+    // Nothing ready: even with min 0, submit runs, so completions the device holds back are
+    // posted (a caller polling with min 0 would otherwise never see them).
+    assert_eq!(q.do_io(&mut out, 0, None, None).unwrap(), 1);
+    assert_eq!(q.eng.submits, 1);
+    assert_eq!(out[0].user_data, 9);
+    // Requests to hand over: submit runs although completions are ready.
+    q.eng.idle = false;
+    q.eng.ready.push_back(Completion::ok(10));
+    assert_eq!(q.do_io(&mut out, 1, None, None).unwrap(), 1);
+    assert_eq!(q.eng.submits, 2);
 }
 
 #[test]

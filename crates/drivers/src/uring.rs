@@ -1017,6 +1017,10 @@ impl Engine for UringEngine {
         }
     }
 
+    fn needs_submit(&mut self) -> bool {
+        self.poll || !self.waiting.is_empty() || !self.ring.submission().is_empty()
+    }
+
     fn reap(&mut self, out: &mut [Completion]) -> usize {
         // CQEs are copied out in batches so the CQ head is published once per batch rather
         // than once per CQE. Never take more CQEs than `out` has room for: each one may be a

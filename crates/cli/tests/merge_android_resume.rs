@@ -8,67 +8,49 @@
 #[path = "../../snapshot/tests/support/android_crash.rs"]
 mod android_crash;
 
-use android_crash::{Input, Kill, crash, golden_order, windows};
-use snapblk_testsupport::{TempDir, golden};
+use android_crash::{Kill, crashes, for_each_golden_input};
+use snapblk_testsupport::TempDir;
 use std::process::Command;
 
 #[test]
 fn cli_merge_resumes_states_snapuserd_leaves() {
     let mut runs = 0;
-    for name in [
-        "v3_copy_chain_seq",
-        "v2_xor_seq_lz4",
-        "v2_copy_chain_stream_order",
-    ] {
-        let d = golden::case(name).load();
-        let (order, ordered) = golden_order(&d.readme);
-        let inp = Input {
-            cow: &d.cow,
-            base: &d.base,
-            target: &d.target,
-            merge_order: &order,
-            ordered,
-        };
-        for w in 0..windows(&inp).len() {
-            for kill in [Kill::AfterStaging, Kill::MidWrite, Kill::AfterCounter] {
-                let Some(c) = crash(&inp, w, kill) else {
-                    continue;
-                };
-                let what = format!("{name} {kill:?}");
-                let dir = TempDir::new("cli-android-resume");
-                let (base, cow) = (dir.join("base.img"), dir.join("snapshot.cow"));
-                std::fs::write(&base, &c.base).unwrap();
-                std::fs::write(&cow, &c.cow).unwrap();
-                let out = Command::new(env!("CARGO_BIN_EXE_snapblk"))
-                    .arg("merge")
-                    .arg(&cow)
-                    .arg("--base")
-                    .arg(&base)
-                    .arg("--json")
-                    .output()
-                    .unwrap();
-                assert!(
-                    out.status.success(),
-                    "{what}: {}",
-                    String::from_utf8_lossy(&out.stderr)
-                );
-                let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-                assert_eq!(v["report"]["resumed_at"], c.num_merge_ops, "{what}");
-                let redo = c.state == Some(2) && kill != Kill::AfterCounter;
-                assert_eq!(v["report"]["resumed_from_scratch"], redo, "{what}");
-                assert!(
-                    std::fs::read(&base).unwrap() == d.target,
-                    "{what}: base != target.img"
-                );
-                let after = std::fs::read(&cow).unwrap();
-                assert_eq!(
-                    &after[26..34],
-                    &(order.len() as u64).to_le_bytes(),
-                    "{what}"
-                );
-                runs += 1;
-            }
+    for_each_golden_input(|name, inp| {
+        for (kill, c) in crashes(inp) {
+            let what = format!("{name} {kill:?}");
+            let dir = TempDir::new("cli-android-resume");
+            let (base, cow) = (dir.join("base.img"), dir.join("snapshot.cow"));
+            std::fs::write(&base, &c.base).unwrap();
+            std::fs::write(&cow, &c.cow).unwrap();
+            let out = Command::new(env!("CARGO_BIN_EXE_snapblk"))
+                .arg("merge")
+                .arg(&cow)
+                .arg("--base")
+                .arg(&base)
+                .arg("--json")
+                .output()
+                .unwrap();
+            assert!(
+                out.status.success(),
+                "{what}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+            assert_eq!(v["report"]["resumed_at"], c.num_merge_ops, "{what}");
+            let redo = c.state == Some(2) && kill != Kill::AfterCounter;
+            assert_eq!(v["report"]["resumed_from_scratch"], redo, "{what}");
+            assert!(
+                std::fs::read(&base).unwrap() == inp.target,
+                "{what}: base != target.img"
+            );
+            let after = std::fs::read(&cow).unwrap();
+            assert_eq!(
+                &after[26..34],
+                &(inp.merge_order.len() as u64).to_le_bytes(),
+                "{what}"
+            );
+            runs += 1;
         }
-    }
+    });
     assert_eq!(runs, 8);
 }

@@ -8,13 +8,10 @@
 #[path = "support/android_crash.rs"]
 mod android_crash;
 
-use android_crash::{Crashed, Input, Kill, crash, golden_order, windows};
+use android_crash::{Crashed, Input, Kill, crash, crashes, for_each_golden_input, windows};
 use snapblk_snapshot::cowsrc::{OpenMode, open_files};
 use snapblk_snapshot::{MergeOptions, MergeStep, Snapshot, SnapshotConfig, merge};
-use snapblk_testsupport::golden;
 use std::path::Path;
-
-const KILLS: [Kill; 3] = [Kill::AfterStaging, Kill::MidWrite, Kill::AfterCounter];
 
 fn read_all(s: &Snapshot, len: usize) -> Vec<u8> {
     let mut v = vec![0u8; len];
@@ -92,39 +89,20 @@ fn resume(name: &str, inp: &Input, c: &Crashed, kill: Kill, dir: &Path) {
 #[test]
 fn resumes_golden_cows_killed_mid_window() {
     let mut checked = 0;
-    for name in [
-        "v3_copy_chain_seq",
-        "v2_xor_seq_lz4",
-        "v2_copy_chain_stream_order",
-    ] {
-        let d = golden::case(name).load();
-        let (order, ordered) = golden_order(&d.readme);
-        assert!(ordered > 0, "{name}: has ordered ops");
-        let inp = Input {
-            cow: &d.cow,
-            base: &d.base,
-            target: &d.target,
-            merge_order: &order,
-            ordered,
-        };
-        for w in 0..windows(&inp).len() {
-            for kill in KILLS {
-                let Some(c) = crash(&inp, w, kill) else {
-                    continue;
-                };
-                // The crashed base really is partial: neither the old nor the new image.
-                if kill == Kill::MidWrite {
-                    assert!(
-                        c.base != d.base && c.base != d.target,
-                        "{name}: partial base"
-                    );
-                }
-                let dir = tempfile::tempdir().unwrap();
-                resume(name, &inp, &c, kill, dir.path());
-                checked += 1;
+    for_each_golden_input(|name, inp| {
+        for (kill, c) in crashes(inp) {
+            // The crashed base really is partial: neither the old nor the new image.
+            if kill == Kill::MidWrite {
+                assert!(
+                    c.base != inp.base && c.base != inp.target,
+                    "{name}: partial base"
+                );
             }
+            let dir = tempfile::tempdir().unwrap();
+            resume(name, inp, &c, kill, dir.path());
+            checked += 1;
         }
-    }
+    });
     // 2 scratch cases x 3 kills + the no-scratch case x 2 (mid-write is unrecoverable there).
     assert_eq!(checked, 8);
 }
@@ -217,12 +195,12 @@ fn resumes_a_three_window_cow_killed_in_each_window() {
         merge(&s, MergeOptions::default()).unwrap();
         assert!(std::fs::read(dir.path().join("b.img")).unwrap() == target);
     }
-    for w in 0..3 {
-        for kill in KILLS {
-            let c = crash(&inp, w, kill).unwrap();
-            let dir = tempfile::tempdir().unwrap();
-            resume("generated", &inp, &c, kill, dir.path());
-        }
+    // Every window has scratch, so every kill leaves a state: 3 windows x 3 kills.
+    let states: Vec<_> = crashes(&inp).collect();
+    assert_eq!(states.len(), 9);
+    for (kill, c) in states {
+        let dir = tempfile::tempdir().unwrap();
+        resume("generated", &inp, &c, kill, dir.path());
     }
 }
 

@@ -169,3 +169,38 @@ pub fn golden_order(readme: &str) -> (Vec<u64>, usize) {
         .count();
     (order, ordered)
 }
+
+/// Every kill point, in the order the tests visit them.
+pub const KILLS: [Kill; 3] = [Kill::AfterStaging, Kill::MidWrite, Kill::AfterCounter];
+
+/// Every crashed state of `inp`: each window, each kill, the states AOSP can leave (see
+/// [`crash`]) in that order, with the kill that left them.
+pub fn crashes<'a>(inp: &'a Input) -> impl Iterator<Item = (Kill, Crashed)> + 'a {
+    (0..windows(inp).len()).flat_map(move |w| {
+        KILLS
+            .into_iter()
+            .filter_map(move |k| Some((k, crash(inp, w, k)?)))
+    })
+}
+
+/// The golden cases with ordered (COPY/XOR) ops the resume tests crash: `f(name, input)` for
+/// each, with the merge order the README states.
+pub fn for_each_golden_input(mut f: impl FnMut(&str, &Input)) {
+    for name in [
+        "v3_copy_chain_seq",
+        "v2_xor_seq_lz4",
+        "v2_copy_chain_stream_order",
+    ] {
+        let d = snapblk_testsupport::golden::case(name).load();
+        let (order, ordered) = golden_order(&d.readme);
+        assert!(ordered > 0, "{name}: has ordered ops");
+        let inp = Input {
+            cow: &d.cow,
+            base: &d.base,
+            target: &d.target,
+            merge_order: &order,
+            ordered,
+        };
+        f(name, &inp);
+    }
+}

@@ -11,7 +11,20 @@ mod android_crash;
 use android_crash::{Crashed, Input, Kill, crash, crashes, for_each_golden_input, windows};
 use snapblk_snapshot::cowsrc::{OpenMode, open_files};
 use snapblk_snapshot::{MergeOptions, MergeStep, Snapshot, SnapshotConfig, merge};
-use std::path::Path;
+use std::path::{Path, PathBuf};
+
+const RW: OpenMode = OpenMode {
+    base_writable: true,
+    cow_writable: true,
+};
+
+/// Write `base` and `cow` as `dir`/base.img and `dir`/snapshot.cow; returns the two paths.
+fn write_files(dir: &Path, base: &[u8], cow: &[u8]) -> (PathBuf, PathBuf) {
+    let (bp, cp) = (dir.join("base.img"), dir.join("snapshot.cow"));
+    std::fs::write(&bp, base).unwrap();
+    std::fs::write(&cp, cow).unwrap();
+    (bp, cp)
+}
 
 fn read_all(s: &Snapshot, len: usize) -> Vec<u8> {
     let mut v = vec![0u8; len];
@@ -33,9 +46,7 @@ fn read_all(s: &Snapshot, len: usize) -> Vec<u8> {
 /// Write the crashed files, check reads, resume, check the result.
 fn resume(name: &str, inp: &Input, c: &Crashed, kill: Kill, dir: &Path) {
     let what = format!("{name} window {:?} {kill:?}", c.window);
-    let (base, cow) = (dir.join("base.img"), dir.join("snapshot.cow"));
-    std::fs::write(&base, &c.base).unwrap();
-    std::fs::write(&cow, &c.cow).unwrap();
+    let (base, cow) = write_files(dir, &c.base, &c.cow);
     let total = inp.merge_order.len();
     {
         let s = open_files(&base, &cow, SnapshotConfig::default(), OpenMode::default())
@@ -50,11 +61,7 @@ fn resume(name: &str, inp: &Input, c: &Crashed, kill: Kill, dir: &Path) {
             "{what}: reads before resuming"
         );
     }
-    let rw = OpenMode {
-        base_writable: true,
-        cow_writable: true,
-    };
-    let s = open_files(&base, &cow, SnapshotConfig::default(), rw).unwrap();
+    let s = open_files(&base, &cow, SnapshotConfig::default(), RW).unwrap();
     let rep = merge(&s, MergeOptions::default()).unwrap_or_else(|e| panic!("{what}: merge: {e}"));
     assert_eq!(rep.resumed_at, c.num_merge_ops as usize, "{what}");
     // Only a window whose commit did not reach the disk is redone from scratch.
@@ -112,7 +119,7 @@ fn resumes_golden_cows_killed_mid_window() {
 /// a block another reads: self-safe) and a shift-down chain (new b <- b+1, ascending); one chain op
 /// in 7 is an XOR. Then REPLACE and ZERO ops. The expected image is computed op by op here,
 /// independently of the engine.
-fn generated() -> (Vec<u8>, Vec<u8>, Vec<u8>, Vec<u64>, usize) {
+fn generated() -> Generated {
     const BLOCKS: u64 = 2400;
     let bs = 4096usize;
     let mut rng = snapblk_snapshot::rng::Rng::new(42);
@@ -157,19 +164,40 @@ fn generated() -> (Vec<u8>, Vec<u8>, Vec<u8>, Vec<u64>, usize) {
     img[2150 * bs..2152 * bs].fill(0);
     order.extend([2150, 2151]);
     w.finalize().unwrap();
-    (sink.into_inner(), base, img, order, 1200)
+    Generated {
+        cow: sink.into_inner(),
+        base,
+        target: img,
+        order,
+        ordered: 1200,
+    }
+}
+
+/// The files and merge order [`generated`] builds.
+struct Generated {
+    cow: Vec<u8>,
+    base: Vec<u8>,
+    target: Vec<u8>,
+    order: Vec<u64>,
+    ordered: usize,
+}
+
+impl Generated {
+    fn input(&self) -> Input<'_> {
+        Input {
+            cow: &self.cow,
+            base: &self.base,
+            target: &self.target,
+            merge_order: &self.order,
+            ordered: self.ordered,
+        }
+    }
 }
 
 #[test]
 fn resumes_a_three_window_cow_killed_in_each_window() {
-    let (cow, base, target, order, ordered) = generated();
-    let inp = Input {
-        cow: &cow,
-        base: &base,
-        target: &target,
-        merge_order: &order,
-        ordered,
-    };
+    let g = generated();
+    let (inp, target) = (g.input(), &g.target);
     assert_eq!(windows(&inp), vec![(0, 510), (510, 1020), (1020, 1200)]);
     // The generated file is a sound test: a clean merge gives the independently computed image.
     {
@@ -178,22 +206,11 @@ fn resumes_a_three_window_cow_killed_in_each_window() {
         let mut fresh = c.cow.clone();
         let h = u16::from_le_bytes([fresh[12], fresh[13]]) as usize;
         fresh[h] = 0;
-        std::fs::write(dir.path().join("c.cow"), &fresh).unwrap();
-        std::fs::write(dir.path().join("b.img"), &base).unwrap();
-        let rw = OpenMode {
-            base_writable: true,
-            cow_writable: true,
-        };
-        let s = open_files(
-            &dir.path().join("b.img"),
-            &dir.path().join("c.cow"),
-            SnapshotConfig::default(),
-            rw,
-        )
-        .unwrap();
-        assert!(read_all(&s, target.len()) == target, "fresh reads");
+        let (bp, cp) = write_files(dir.path(), &g.base, &fresh);
+        let s = open_files(&bp, &cp, SnapshotConfig::default(), RW).unwrap();
+        assert!(read_all(&s, target.len()) == *target, "fresh reads");
         merge(&s, MergeOptions::default()).unwrap();
-        assert!(std::fs::read(dir.path().join("b.img")).unwrap() == target);
+        assert!(std::fs::read(&bp).unwrap() == *target);
     }
     // Every window has scratch, so every kill leaves a state: 3 windows x 3 kills.
     let states: Vec<_> = crashes(&inp).collect();
@@ -210,24 +227,12 @@ fn resumes_a_three_window_cow_killed_in_each_window() {
 /// entries for a staged window and serve window 0's stale scratch data for it.
 #[test]
 fn a_committed_done_byte_is_cleared_before_a_self_safe_window() {
-    let (cow, base, target, order, ordered) = generated();
-    let inp = Input {
-        cow: &cow,
-        base: &base,
-        target: &target,
-        merge_order: &order,
-        ordered,
-    };
+    let g = generated();
+    let (inp, target) = (g.input(), &g.target);
     let c = crash(&inp, 0, Kill::AfterCounter).unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let (bp, cp) = (dir.path().join("base.img"), dir.path().join("snapshot.cow"));
-    std::fs::write(&bp, &c.base).unwrap();
-    std::fs::write(&cp, &c.cow).unwrap();
-    let rw = OpenMode {
-        base_writable: true,
-        cow_writable: true,
-    };
-    let s = open_files(&bp, &cp, SnapshotConfig::default(), rw).unwrap();
+    let (bp, cp) = write_files(dir.path(), &c.base, &c.cow);
+    let s = open_files(&bp, &cp, SnapshotConfig::default(), RW).unwrap();
     let cut = std::sync::Mutex::new(None);
     let hook = |st: MergeStep| {
         if st
@@ -253,14 +258,12 @@ fn a_committed_done_byte_is_cleared_before_a_self_safe_window() {
     let h = u16::from_le_bytes([c2[12], c2[13]]) as usize;
     assert_eq!(c2[h], 1, "state byte when window 1 is staged");
     let d2 = tempfile::tempdir().unwrap();
-    let (bp2, cp2) = (d2.path().join("base.img"), d2.path().join("snapshot.cow"));
-    std::fs::write(&bp2, &b2).unwrap();
-    std::fs::write(&cp2, &c2).unwrap();
-    let s = open_files(&bp2, &cp2, SnapshotConfig::default(), rw).unwrap();
+    let (bp2, cp2) = write_files(d2.path(), &b2, &c2);
+    let s = open_files(&bp2, &cp2, SnapshotConfig::default(), RW).unwrap();
     assert!(
-        read_all(&s, target.len()) == target,
+        read_all(&s, target.len()) == *target,
         "reads after the second crash"
     );
     merge(&s, MergeOptions::default()).unwrap();
-    assert!(std::fs::read(&bp2).unwrap() == target);
+    assert!(std::fs::read(&bp2).unwrap() == *target);
 }

@@ -4,7 +4,7 @@
 
 use snapblk_core::props::{Access, PropSpec, PropType, PropValue};
 use snapblk_core::request::ReqFlags;
-use snapblk_core::{DeviceInfo, Error, Result, State};
+use snapblk_core::{Completion, DeviceInfo, Error, Result, State};
 use std::ffi::CString;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::Arc;
@@ -134,8 +134,18 @@ pub(crate) struct FileConfig {
     pub direct: bool,
 }
 
-fn unknown_property() -> Error {
+/// ENOENT for a property name the driver does not have (libblkio's error and message).
+pub(crate) fn unknown_property() -> Error {
     Error::new(libc::ENOENT, "Unknown property name")
+}
+
+/// The completion of a request type the driver does not implement (libblkio's ENOTSUP message).
+pub(crate) fn unsupported_request(user_data: usize) -> Completion {
+    Completion::err(
+        user_data,
+        libc::ENOTSUP,
+        c"request not supported for this driver",
+    )
 }
 
 /// The target of a connected file driver, or ENODEV before connect.

@@ -2,10 +2,10 @@
 //! reads return zeros and writes are dropped. It measures the stack's own overhead and gives the
 //! tests a device with poll queues.
 
-use crate::file::zero_iov;
+use crate::file::{unknown_property, unsupported_request, zero_iov};
 use snapblk_core::props::{Access, PropSpec, PropType, PropValue};
 use snapblk_core::queue::{Engine, QueueCore};
-use snapblk_core::{Completion, DeviceInfo, Driver, Error, Op, Queue, Request, Result, State};
+use snapblk_core::{Completion, DeviceInfo, Driver, Op, Queue, Request, Result, State};
 use std::os::fd::RawFd;
 use std::time::Duration;
 
@@ -51,7 +51,7 @@ impl Driver for NullDriver {
     fn get_prop(&self, name: &str, _state: State) -> Result<PropValue> {
         match name {
             "size" => Ok(PropValue::U64(self.size)),
-            _ => Err(Error::new(libc::ENOENT, "Unknown property name")),
+            _ => Err(unknown_property()),
         }
     }
     fn set_prop(&mut self, name: &str, value: PropValue, _state: State) -> Result<()> {
@@ -60,7 +60,7 @@ impl Driver for NullDriver {
                 self.size = v;
                 Ok(())
             }
-            _ => Err(Error::new(libc::ENOENT, "Unknown property name")),
+            _ => Err(unknown_property()),
         }
     }
     fn connect(&mut self, read_only: bool) -> Result<DeviceInfo> {
@@ -133,13 +133,7 @@ impl Queue for NullQueue {
             }
             Op::Discard { offset, len } | Op::WriteZeroes { offset, len } => (offset, len),
             Op::Flush => (0, 0),
-            Op::Zone => {
-                return self.core.complete(Completion::err(
-                    ud,
-                    libc::ENOTSUP,
-                    c"request not supported for this driver",
-                ));
-            }
+            Op::Zone => return self.core.complete(unsupported_request(ud)),
         };
         if offset.checked_add(len).is_none_or(|end| end > self.size) {
             return self.core.complete(Completion::os_err(ud, libc::EIO));

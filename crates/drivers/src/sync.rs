@@ -2,7 +2,7 @@
 //! block device, executed inside `do_io`. For systems without io_uring, and as a simple
 //! reference the io_uring driver is tested against.
 
-use crate::file::{FILE_PROPS, FileConfig, Target, connected, rw_full};
+use crate::file::{FILE_PROPS, FileConfig, Target, connected, rw_full, unsupported_request};
 use snapblk_core::props::{PropSpec, PropValue};
 use snapblk_core::queue::{Engine, QueueCore};
 use snapblk_core::request::ReqFlags;
@@ -134,9 +134,7 @@ pub(crate) unsafe fn execute(t: &Target, req: &Request) -> Completion {
                 }
             }),
         },
-        Op::Zone => {
-            return Completion::err(ud, libc::ENOTSUP, c"request not supported for this driver");
-        }
+        Op::Zone => return unsupported_request(ud),
     };
     match r {
         Ok(()) => Completion::ok(ud),

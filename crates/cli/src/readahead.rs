@@ -9,14 +9,15 @@ use snapblk_readahead::replay::{self, Method, ReplayOptions, ReplayReport};
 use snapblk_readahead::residency::Residency;
 use snapblk_readahead::sys::IoPrio;
 use snapblk_readahead::ui::Progress;
-use snapblk_readahead::walk::WalkOptions;
+use snapblk_readahead::walk::{WalkError, WalkOptions};
 use snapblk_readahead::{evict, scan};
 use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
+/// The trees `residency`, `readahead warm` and `readahead evict` walk.
 #[derive(Args)]
-pub struct ResidencyArgs {
+pub struct PathArgs {
     /// Files or directories.
     #[arg(required = true)]
     paths: Vec<PathBuf>,
@@ -26,6 +27,27 @@ pub struct ResidencyArgs {
     /// Do not cross filesystem boundaries while recursing.
     #[arg(short = 'x', long)]
     one_file_system: bool,
+}
+
+impl PathArgs {
+    /// Walk options for these paths; `threads` walkers (default: 2 x CPUs).
+    fn walk_opts(&self, threads: Option<usize>) -> WalkOptions {
+        let mut w = WalkOptions {
+            recursive: self.recursive,
+            one_file_system: self.one_file_system,
+            ..Default::default()
+        };
+        if let Some(t) = threads {
+            w.threads = t.max(1);
+        }
+        w
+    }
+}
+
+#[derive(Args)]
+pub struct ResidencyArgs {
+    #[command(flatten)]
+    walk: PathArgs,
     /// Only print the total.
     #[arg(short, long)]
     summary: bool,
@@ -157,24 +179,16 @@ pub struct ReplayArgs {
 
 #[derive(Args)]
 pub struct WarmArgs {
-    #[arg(required = true)]
-    paths: Vec<PathBuf>,
-    #[arg(short, long)]
-    recursive: bool,
-    #[arg(short = 'x', long)]
-    one_file_system: bool,
+    #[command(flatten)]
+    walk: PathArgs,
     #[command(flatten)]
     opts: ReplayOpts,
 }
 
 #[derive(Args)]
 pub struct EvictArgs {
-    #[arg(required = true)]
-    paths: Vec<PathBuf>,
-    #[arg(short, long)]
-    recursive: bool,
-    #[arg(short = 'x', long)]
-    one_file_system: bool,
+    #[command(flatten)]
+    walk: PathArgs,
     #[arg(long)]
     json: bool,
 }
@@ -246,16 +260,19 @@ fn parse_nice(s: &str) -> Result<NiceArg, String> {
     Ok(NiceArg(Some(n)))
 }
 
-fn walk_opts(recursive: bool, one_fs: bool, threads: Option<usize>) -> WalkOptions {
-    let mut w = WalkOptions {
-        recursive,
-        one_file_system: one_fs,
-        ..Default::default()
-    };
-    if let Some(t) = threads {
-        w.threads = t.max(1);
+/// Files a walk could not read: one line each on stderr (the run goes on without them).
+fn print_walk_errors(errors: &[WalkError]) {
+    for e in errors {
+        eprintln!("snapblk: {}: {}", escape_path(&e.path), e.error);
     }
-    w
+}
+
+/// Files a walk could not read, for a JSON report.
+fn walk_errors_json(errors: &[WalkError]) -> Vec<serde_json::Value> {
+    errors
+        .iter()
+        .map(|e| serde_json::json!({"path": escape_path(&e.path), "error": e.error}))
+        .collect()
 }
 
 fn human(b: u64) -> String {
@@ -297,8 +314,8 @@ pub fn run_residency(a: ResidencyArgs) -> anyhow::Result<()> {
     let bars = !a.json && !a.summary && (a.verbose || std::io::stdout().is_terminal());
     let spin = Progress::spinner("measuring residency");
     let rep = scan::scan(
-        &a.paths,
-        &walk_opts(a.recursive, a.one_file_system, a.threads),
+        &a.walk.paths,
+        &a.walk.walk_opts(a.threads),
         if bars { 40 } else { 0 },
     );
     spin.finish();
@@ -306,17 +323,12 @@ pub fn run_residency(a: ResidencyArgs) -> anyhow::Result<()> {
     let t = rep.totals();
     let mut out = std::io::BufWriter::new(std::io::stdout().lock());
     if a.json {
-        let errors: Vec<_> = rep
-            .errors
-            .iter()
-            .map(|e| serde_json::json!({"path": escape_path(&e.path), "error": e.error}))
-            .collect();
         let doc = serde_json::json!({
             "schema": "snapblk.residency.v1",
             "page_size": rep.page_size,
             "files": if a.summary { serde_json::Value::Array(vec![]) } else { serde_json::to_value(&rep.files)? },
             "total": t,
-            "errors": errors,
+            "errors": walk_errors_json(&rep.errors),
             "elapsed_secs": elapsed,
         });
         serde_json::to_writer(&mut out, &doc)?;
@@ -345,9 +357,7 @@ pub fn run_residency(a: ResidencyArgs) -> anyhow::Result<()> {
             }
         }
     }
-    for e in &rep.errors {
-        eprintln!("snapblk: {}: {}", escape_path(&e.path), e.error);
-    }
+    print_walk_errors(&rep.errors);
     let ps = rep.page_size;
     writeln!(out, "           Files: {}", t.files)?;
     writeln!(
@@ -390,15 +400,13 @@ pub fn run(c: ReadaheadCmd) -> anyhow::Result<()> {
             }
             // The walk feeds the submitters directly (no list to build and sort first), so the
             // first requests go out with the first files found.
-            let w = walk_opts(a.recursive, a.one_file_system, None);
+            let w = a.walk.walk_opts(None);
             let opts = replay_options(&a.opts);
             let bar = Progress::spinner("warm");
             let progress = |d: u64, _t: u64| bar.set(d);
-            let (rep, errors) = replay::warm_tree(&a.paths, &w, &opts, Some(&progress));
+            let (rep, errors) = replay::warm_tree(&a.walk.paths, &w, &opts, Some(&progress));
             bar.finish();
-            for e in &errors {
-                eprintln!("snapblk: {}: {}", escape_path(&e.path), e.error);
-            }
+            print_walk_errors(&errors);
             report_replay(&rep, &a.opts)
         }
         ReadaheadCmd::Evict(a) => run_evict(a),
@@ -422,7 +430,10 @@ fn run_record(a: RecordArgs) -> anyhow::Result<()> {
     } else {
         a.scopes.clone()
     };
-    let w = walk_opts(true, false, None);
+    let w = WalkOptions {
+        recursive: true,
+        ..Default::default()
+    };
     let mut cmd;
     let trigger = match (a.duration, a.cmd.split_first()) {
         (Some(d), _) => {
@@ -666,18 +677,13 @@ fn print_replay(r: &ReplayReport) {
 
 fn run_evict(a: EvictArgs) -> anyhow::Result<()> {
     let t0 = Instant::now();
-    let rep = evict::evict(&a.paths, &walk_opts(a.recursive, a.one_file_system, None));
+    let rep = evict::evict(&a.walk.paths, &a.walk.walk_opts(None));
     let elapsed = t0.elapsed().as_secs_f64();
     if a.json {
         let remaining: Vec<_> = rep
             .remaining
             .iter()
             .map(|r| serde_json::json!({"path": escape_path(&r.path), "pages": r.pages, "residency": r.residency}))
-            .collect();
-        let errors: Vec<_> = rep
-            .errors
-            .iter()
-            .map(|e| serde_json::json!({"path": escape_path(&e.path), "error": e.error}))
             .collect();
         println!(
             "{}",
@@ -687,7 +693,7 @@ fn run_evict(a: EvictArgs) -> anyhow::Result<()> {
                 "pages": rep.pages,
                 "remaining_pages": rep.remaining_pages(),
                 "remaining": remaining,
-                "errors": errors,
+                "errors": walk_errors_json(&rep.errors),
                 "elapsed_secs": elapsed,
             })
         );
@@ -707,9 +713,7 @@ fn run_evict(a: EvictArgs) -> anyhow::Result<()> {
                 }
             }
         }
-        for e in &rep.errors {
-            eprintln!("snapblk: {}: {}", escape_path(&e.path), e.error);
-        }
+        print_walk_errors(&rep.errors);
         println!(
             "evicted {} files ({} pages); {} pages remain resident; {:.3} s",
             rep.files,

@@ -2,8 +2,16 @@
 //! (snapblk's own libblkio.so here), side by side with the native path.
 
 use snapblk_bench::schema::validate;
+use snapblk_testsupport::{TempDir, path_str, tool_ok};
 use std::path::PathBuf;
 use std::process::Command;
+
+/// `snapblk bench <args>`, which must succeed; returns its stdout.
+fn bench(args: &[&str]) -> String {
+    let mut all = vec!["bench"];
+    all.extend_from_slice(args);
+    tool_ok(env!("CARGO_BIN_EXE_snapblk"), &all)
+}
 
 /// snapblk's libblkio.so from this build (built here, as `cargo test -p snapblk-cli` does not
 /// build other packages' cdylibs).
@@ -37,72 +45,48 @@ fn libblkio() -> PathBuf {
 #[test]
 fn libblkio_null_and_verified_io_uring_file() {
     let so = libblkio();
-    let out = Command::new(env!("CARGO_BIN_EXE_snapblk"))
-        .args([
-            "bench",
-            "--libblkio",
-            so.to_str().unwrap(),
-            "--driver",
-            "null",
-            "--prop",
-            "size=67108864",
-        ])
-        .args([
-            "--rw",
-            "randread",
-            "--iodepth",
-            "1,8",
-            "--runtime",
-            "0.2",
-            "--json",
-        ])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let out = bench(&[
+        "--libblkio",
+        path_str(&so),
+        "--driver",
+        "null",
+        "--prop",
+        "size=67108864",
+        "--rw",
+        "randread",
+        "--iodepth",
+        "1,8",
+        "--runtime",
+        "0.2",
+        "--json",
+    ]);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     validate(&v).unwrap();
     assert_eq!(v["target"]["driver"], "null");
     assert!(v["target"]["spec"].as_str().unwrap().contains("libblkio"));
     assert!(v["results"][1]["summary"]["iops"]["mean"].as_f64().unwrap() > 0.0);
 
     // Data path through the C ABI: write a verify pattern with io_uring, read it back.
-    let d = std::env::temp_dir().join(format!("snapblk-bench-lib-{}", std::process::id()));
-    std::fs::create_dir_all(&d).unwrap();
+    let d = TempDir::new("bench-lib");
     let img = d.join("img");
     std::fs::write(&img, vec![0u8; 4 << 20]).unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_snapblk"))
-        .args([
-            "bench",
-            img.to_str().unwrap(),
-            "--libblkio",
-            so.to_str().unwrap(),
-            "--driver",
-            "io_uring",
-        ])
-        .args([
-            "--rw",
-            "randwrite",
-            "--bs",
-            "4k",
-            "--iodepth",
-            "16",
-            "--numjobs",
-            "2",
-            "--verify",
-        ])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    bench(&[
+        path_str(&img),
+        "--libblkio",
+        path_str(&so),
+        "--driver",
+        "io_uring",
+        "--rw",
+        "randwrite",
+        "--bs",
+        "4k",
+        "--iodepth",
+        "16",
+        "--numjobs",
+        "2",
+        "--verify",
+    ]);
     // The pattern really reached the file: block 0 starts with the verify header magic.
     let data = std::fs::read(&img).unwrap();
     assert_eq!(&data[0..8], &0x5642_4b4c_4250_414eu64.to_le_bytes());
-    std::fs::remove_dir_all(&d).unwrap();
 }

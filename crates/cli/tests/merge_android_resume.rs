@@ -9,8 +9,7 @@
 mod android_crash;
 
 use android_crash::{Kill, crashes, for_each_golden_input};
-use snapblk_testsupport::TempDir;
-use std::process::Command;
+use snapblk_testsupport::{TempDir, path_str, tool_ok};
 
 #[test]
 fn cli_merge_resumes_states_snapuserd_leaves() {
@@ -18,24 +17,14 @@ fn cli_merge_resumes_states_snapuserd_leaves() {
     for_each_golden_input(|name, inp| {
         for (kill, c) in crashes(inp) {
             let what = format!("{name} {kill:?}");
-            let dir = TempDir::new("cli-android-resume");
+            // The case and kill in the directory name name them in a failure report.
+            let dir = TempDir::new(&format!("cli-android-resume-{name}-{kill:?}"));
             let (base, cow) = (dir.join("base.img"), dir.join("snapshot.cow"));
             std::fs::write(&base, &c.base).unwrap();
             std::fs::write(&cow, &c.cow).unwrap();
-            let out = Command::new(env!("CARGO_BIN_EXE_snapblk"))
-                .arg("merge")
-                .arg(&cow)
-                .arg("--base")
-                .arg(&base)
-                .arg("--json")
-                .output()
-                .unwrap();
-            assert!(
-                out.status.success(),
-                "{what}: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-            let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+            let args = ["merge", path_str(&cow), "--base", path_str(&base), "--json"];
+            let out = tool_ok(env!("CARGO_BIN_EXE_snapblk"), &args);
+            let v: serde_json::Value = serde_json::from_str(&out).unwrap();
             assert_eq!(v["report"]["resumed_at"], c.num_merge_ops, "{what}");
             let redo = c.state == Some(2) && kill != Kill::AfterCounter;
             assert_eq!(v["report"]["resumed_from_scratch"], redo, "{what}");

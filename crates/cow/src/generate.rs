@@ -11,7 +11,6 @@
 
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
-use std::io::IsTerminal;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use crate::codec::PayloadBuf;
@@ -567,18 +566,10 @@ pub fn order(plans: &mut [Plan], block_size: u32) -> (Vec<u32>, u64) {
     (seq, breaks)
 }
 
+/// The tools' byte-count bar when `opts.progress` asks for one, else a hidden bar.
 fn bar(opts: &GenerateOptions, len: u64, msg: &'static str) -> indicatif::ProgressBar {
-    if opts.progress && std::io::stderr().is_terminal() {
-        let b = indicatif::ProgressBar::new(len);
-        b.set_style(
-            indicatif::ProgressStyle::with_template(
-                "{msg:12} [{bar:40}] {bytes}/{total_bytes} {bytes_per_sec} {eta}",
-            )
-            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
-            .progress_chars("=> "),
-        );
-        b.set_message(msg);
-        b
+    if opts.progress {
+        crate::tools::progress_bar(len, msg)
     } else {
         indicatif::ProgressBar::hidden()
     }

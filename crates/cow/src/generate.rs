@@ -733,6 +733,17 @@ fn ordered_pipeline<B: Default + Send>(
         }
     }
     let abort = || stop_all(lock());
+    // Claim the next batch, encode it without the lock, publish it as ready; hands the lock back.
+    let encode_next = |mut g: MutexGuard<'_, State<B>>| {
+        let k = g.next;
+        g.next += 1;
+        let mut b = g.pool.pop().unwrap_or_default();
+        drop(g);
+        encode(&mut b, k);
+        let mut g = lock();
+        g.ready.insert(k, b);
+        g
+    };
     std::thread::scope(|s| {
         for _ in 1..t {
             s.spawn(|| {
@@ -746,13 +757,7 @@ fn ordered_pipeline<B: Default + Send>(
                         g = cv.wait(g).unwrap_or_else(|p| p.into_inner());
                         continue;
                     }
-                    let k = g.next;
-                    g.next += 1;
-                    let mut b = g.pool.pop().unwrap_or_default();
-                    drop(g);
-                    encode(&mut b, k);
-                    g = lock();
-                    g.ready.insert(k, b);
+                    g = encode_next(g);
                     cv.notify_all();
                 }
             });
@@ -783,13 +788,7 @@ fn ordered_pipeline<B: Default + Send>(
             }
             if g.next < n && g.next < g.consumed + window {
                 // The calling thread compresses too instead of waiting.
-                let k = g.next;
-                g.next += 1;
-                let mut b = g.pool.pop().unwrap_or_default();
-                drop(g);
-                encode(&mut b, k);
-                g = lock();
-                g.ready.insert(k, b);
+                g = encode_next(g);
                 continue;
             }
             g = cv.wait(g).unwrap_or_else(|p| p.into_inner());

@@ -6,26 +6,8 @@
 use snapblk_snapshot::cowsrc::{OpenMode, open_files};
 use snapblk_snapshot::rng::Rng;
 use snapblk_snapshot::{MergeOptions, MergeStep, SnapError, Snapshot, SnapshotConfig, merge};
-use std::path::{Path, PathBuf};
-
-fn data_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/data/aosp-cow")
-}
-
-fn cases() -> Vec<PathBuf> {
-    let mut v: Vec<PathBuf> = std::fs::read_dir(data_dir())
-        .expect("golden data present")
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.join("snapshot.cow").exists())
-        .collect();
-    v.sort();
-    assert!(
-        v.len() >= 16,
-        "expected the 16 golden cases, found {}",
-        v.len()
-    );
-    v
-}
+use snapblk_testsupport::golden::{self, Case};
+use std::path::PathBuf;
 
 struct Work {
     _dir: tempfile::TempDir,
@@ -34,13 +16,10 @@ struct Work {
     target: Vec<u8>,
 }
 
-fn copy_case(case: &Path) -> Work {
+fn copy_case(case: &Case) -> Work {
     let dir = tempfile::tempdir().unwrap();
-    let base = dir.path().join("base.img");
-    let cow = dir.path().join("snapshot.cow");
-    std::fs::copy(case.join("base.img"), &base).unwrap();
-    std::fs::copy(case.join("snapshot.cow"), &cow).unwrap();
-    let target = std::fs::read(case.join("target.img")).unwrap();
+    let (base, cow) = case.copy_inputs(dir.path());
+    let target = case.read("target.img");
     Work {
         _dir: dir,
         base,
@@ -55,6 +34,10 @@ fn open_rw(w: &Work) -> Snapshot {
         cow_writable: true,
     };
     open_files(&w.base, &w.cow, SnapshotConfig::default(), mode).unwrap()
+}
+
+fn open_ro(w: &Work, cfg: SnapshotConfig) -> Snapshot {
+    open_files(&w.base, &w.cow, cfg, OpenMode::default()).unwrap()
 }
 
 /// Full, unaligned (sector 11, 5000 bytes as in the AOSP harness) and random reads.
@@ -86,23 +69,17 @@ fn check_reads(s: &Snapshot, target: &[u8], what: &str, seed: u64) {
 
 #[test]
 fn reads_match_target_for_every_case() {
-    for case in cases() {
+    for case in golden::cases() {
         let w = copy_case(&case);
-        let s = open_files(
-            &w.base,
-            &w.cow,
-            SnapshotConfig::default(),
-            OpenMode::default(),
-        )
-        .unwrap();
-        check_reads(&s, &w.target, &case.display().to_string(), 1);
+        let s = open_ro(&w, SnapshotConfig::default());
+        check_reads(&s, &w.target, &case.name, 1);
         // A tiny cache must give the same answers (eviction path).
         let cfg = SnapshotConfig {
             cache_bytes: 4096,
             ..Default::default()
         };
-        let s = open_files(&w.base, &w.cow, cfg, OpenMode::default()).unwrap();
-        check_reads(&s, &w.target, &case.display().to_string(), 2);
+        let s = open_ro(&w, cfg);
+        check_reads(&s, &w.target, &case.name, 2);
     }
 }
 
@@ -113,8 +90,7 @@ struct AospState {
     entries: Vec<(u64, u64, u64)>,
 }
 
-fn aosp_state(case: &Path) -> Option<AospState> {
-    let readme = std::fs::read_to_string(case.join("README.md")).ok()?;
+fn aosp_state(readme: &str) -> Option<AospState> {
     let block = readme.split("snapuserd merge harness").nth(1)?;
     let num = |s: &str| s.trim().parse::<u64>().ok();
     let mut st = AospState {
@@ -144,11 +120,11 @@ fn aosp_state(case: &Path) -> Option<AospState> {
 #[test]
 fn merge_every_valid_case_and_match_aosp_state() {
     let mut compared_entries = 0;
-    for case in cases() {
-        let name = case.file_name().unwrap().to_string_lossy().into_owned();
-        if name == "v3_invalid_order_no_sequence" {
+    for case in golden::cases() {
+        if case.invalid_merge_order() {
             continue;
         }
+        let name = &case.name;
         let w = copy_case(&case);
         let s = open_rw(&w);
         let total = s.merge_progress().1;
@@ -186,7 +162,7 @@ fn merge_every_valid_case_and_match_aosp_state() {
 
         let cow = std::fs::read(&w.cow).unwrap();
         let got_num = u64::from_le_bytes(cow[26..34].try_into().unwrap());
-        let aosp = aosp_state(&case)
+        let aosp = aosp_state(&case.readme())
             .unwrap_or_else(|| panic!("{name}: README lacks the AOSP merge state"));
         assert_eq!(got_num, aosp.num_merge_ops, "{name}: num_merge_ops vs AOSP");
         if let Some((off, v)) = aosp.state {
@@ -220,16 +196,13 @@ fn merge_every_valid_case_and_match_aosp_state() {
 
 #[test]
 fn invalid_order_is_refused_and_base_untouched() {
-    let case = data_dir().join("v3_invalid_order_no_sequence");
+    let case = golden::case(golden::INVALID_MERGE_ORDER);
     let w = copy_case(&case);
     let s = open_rw(&w);
     check_reads(&s, &w.target, "invalid-order case", 6);
     let e = merge(&s, MergeOptions::default()).unwrap_err();
     assert!(matches!(e, SnapError::MergeOrder(_)), "{e}");
-    assert_eq!(
-        std::fs::read(&w.base).unwrap(),
-        std::fs::read(case.join("base.img")).unwrap()
-    );
+    assert_eq!(std::fs::read(&w.base).unwrap(), case.read("base.img"));
     let cow = std::fs::read(&w.cow).unwrap();
     assert_eq!(&cow[26..34], &[0u8; 8], "num_merge_ops untouched");
     check_reads(&s, &w.target, "invalid-order case after refusal", 7);
@@ -237,14 +210,8 @@ fn invalid_order_is_refused_and_base_untouched() {
 
 #[test]
 fn read_only_snapshot_refuses_writes() {
-    let w = copy_case(&data_dir().join("v2_basic_none"));
-    let s = open_files(
-        &w.base,
-        &w.cow,
-        SnapshotConfig::default(),
-        OpenMode::default(),
-    )
-    .unwrap();
+    let w = copy_case(&golden::case("v2_basic_none"));
+    let s = open_ro(&w, SnapshotConfig::default());
     assert!(matches!(
         s.write(0, &[1, 2, 3], false),
         Err(SnapError::ReadOnly)

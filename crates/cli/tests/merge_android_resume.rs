@@ -8,7 +8,7 @@
 #[path = "../../snapshot/tests/support/android_crash.rs"]
 mod android_crash;
 
-use android_crash::{Kill, crashes, for_each_golden_input};
+use android_crash::{assert_merged, crashes, for_each_golden_input, redone_from_scratch};
 use snapblk_testsupport::{TempDir, path_str, tool_ok};
 
 #[test]
@@ -26,18 +26,9 @@ fn cli_merge_resumes_states_snapuserd_leaves() {
             let out = tool_ok(env!("CARGO_BIN_EXE_snapblk"), &args);
             let v: serde_json::Value = serde_json::from_str(&out).unwrap();
             assert_eq!(v["report"]["resumed_at"], c.num_merge_ops, "{what}");
-            let redo = c.state == Some(2) && kill != Kill::AfterCounter;
+            let redo = redone_from_scratch(&c, kill);
             assert_eq!(v["report"]["resumed_from_scratch"], redo, "{what}");
-            assert!(
-                std::fs::read(&base).unwrap() == inp.target,
-                "{what}: base != target.img"
-            );
-            let after = std::fs::read(&cow).unwrap();
-            assert_eq!(
-                &after[26..34],
-                &(inp.merge_order.len() as u64).to_le_bytes(),
-                "{what}"
-            );
+            assert_merged(inp, &c, &base, &cow, &what);
             runs += 1;
         }
     });

@@ -8,7 +8,10 @@
 #[path = "support/android_crash.rs"]
 mod android_crash;
 
-use android_crash::{Crashed, Input, Kill, crash, crashes, for_each_golden_input, windows};
+use android_crash::{
+    Crashed, Input, Kill, assert_merged, crash, crashes, for_each_golden_input,
+    redone_from_scratch, windows,
+};
 use snapblk_snapshot::cowsrc::{OpenMode, open_files};
 use snapblk_snapshot::{MergeOptions, MergeStep, Snapshot, SnapshotConfig, merge};
 use std::path::{Path, PathBuf};
@@ -64,10 +67,9 @@ fn resume(name: &str, inp: &Input, c: &Crashed, kill: Kill, dir: &Path) {
     let s = open_files(&base, &cow, SnapshotConfig::default(), RW).unwrap();
     let rep = merge(&s, MergeOptions::default()).unwrap_or_else(|e| panic!("{what}: merge: {e}"));
     assert_eq!(rep.resumed_at, c.num_merge_ops as usize, "{what}");
-    // Only a window whose commit did not reach the disk is redone from scratch.
     assert_eq!(
         rep.resumed_from_scratch,
-        c.state == Some(2) && kill != Kill::AfterCounter,
+        redone_from_scratch(c, kill),
         "{what}"
     );
     assert!(
@@ -75,20 +77,7 @@ fn resume(name: &str, inp: &Input, c: &Crashed, kill: Kill, dir: &Path) {
         "{what}: reads after merge"
     );
     drop(s);
-    assert!(
-        std::fs::read(&base).unwrap() == inp.target,
-        "{what}: base != target.img"
-    );
-    let after = std::fs::read(&cow).unwrap();
-    assert_eq!(
-        &after[26..34],
-        &(total as u64).to_le_bytes(),
-        "{what}: num_merge_ops"
-    );
-    if c.state.is_some() {
-        let h = u16::from_le_bytes([after[12], after[13]]) as usize;
-        assert_eq!(after[h], 1, "{what}: state byte after the merge");
-    }
+    assert_merged(inp, c, &base, &cow, &what);
     let s = open_files(&base, &cow, SnapshotConfig::default(), OpenMode::default()).unwrap();
     assert_eq!(s.merge_progress(), (total, total), "{what}");
 }

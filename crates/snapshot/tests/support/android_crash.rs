@@ -204,3 +204,35 @@ pub fn for_each_golden_input(mut f: impl FnMut(&str, &Input)) {
         f(name, &inp);
     }
 }
+
+/// Whether resuming `c` must redo its window from scratch: only a window whose commit did not
+/// reach the disk (state byte 2 and the counter not advanced) is.
+pub fn redone_from_scratch(c: &Crashed, kill: Kill) -> bool {
+    c.state == Some(2) && kill != Kill::AfterCounter
+}
+
+/// The files a finished resume of a crashed state must leave, as AOSP leaves a finished merge:
+/// the base is the target image, num_merge_ops is the merge order length and the scratch state
+/// byte (when the file has scratch) is 1.
+pub fn assert_merged(
+    inp: &Input,
+    c: &Crashed,
+    base: &std::path::Path,
+    cow: &std::path::Path,
+    what: &str,
+) {
+    assert!(
+        std::fs::read(base).unwrap() == inp.target,
+        "{what}: base != target.img"
+    );
+    let after = std::fs::read(cow).unwrap();
+    assert_eq!(
+        &after[26..34],
+        &(inp.merge_order.len() as u64).to_le_bytes(),
+        "{what}: num_merge_ops"
+    );
+    if c.state.is_some() {
+        let (h, _, _) = header(&after);
+        assert_eq!(after[h], 1, "{what}: state byte after the merge");
+    }
+}

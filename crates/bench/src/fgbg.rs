@@ -15,7 +15,7 @@ use std::fs::{File, OpenOptions};
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command};
+use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -108,11 +108,7 @@ fn start_background(spec: &FgBgSpec) -> Result<BgRunning> {
     for b in &spec.background {
         match b {
             Background::Cmd { cmd } => {
-                let child = Command::new("sh")
-                    .arg("-c")
-                    .arg(cmd)
-                    .process_group(0)
-                    .spawn()?;
+                let child = shell(cmd).spawn()?;
                 children.push(child);
             }
             Background::Read { path } | Background::Write { path, .. } => {
@@ -154,6 +150,19 @@ fn start_background(spec: &FgBgSpec) -> Result<BgRunning> {
         children,
         start: Instant::now(),
     })
+}
+
+/// `sh -c cmd` in its own process group (so the whole group can be killed), with its stdout
+/// sent to our stderr: our stdout carries only the table or the JSON document, and commands
+/// such as `snapblk merge` print progress there.
+fn shell(cmd: &str) -> Command {
+    let mut c = Command::new("sh");
+    c.arg("-c")
+        .arg(cmd)
+        .process_group(0)
+        .stdin(Stdio::null())
+        .stdout(Stdio::from(std::io::stderr()));
+    c
 }
 
 fn file_len(f: &File) -> Result<u64> {
@@ -276,11 +285,7 @@ fn run_foreground(
     match &spec.foreground {
         Foreground::Cmd { cmd } => {
             let t0 = Instant::now();
-            let mut c = Command::new("sh")
-                .arg("-c")
-                .arg(cmd)
-                .process_group(0)
-                .spawn()?;
+            let mut c = shell(cmd).spawn()?;
             loop {
                 if let Some(st) = c.try_wait()? {
                     if !st.success() {

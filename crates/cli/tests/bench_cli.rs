@@ -211,3 +211,31 @@ fn foreground_under_background_command() {
     assert!(cells[1]["slowdown"].as_f64().is_some());
     std::fs::remove_dir_all(&d).unwrap();
 }
+
+#[test]
+fn fgbg_json_stays_valid_when_commands_print() {
+    // Foreground and background commands print; their stdout must go to our stderr, not into
+    // the JSON document on our stdout.
+    let o = snapblk(&[
+        "fgbg",
+        "--bg-cmd",
+        "echo BG-POLLUTES; sleep 30",
+        "--fg-cmd",
+        "echo FG-POLLUTES",
+        "--iterations",
+        "2",
+        "--warmup",
+        "0.2",
+        "--pause",
+        "0",
+        "--json",
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let v = json(&o);
+    assert_eq!(v["fgbg"]["cells"].as_array().unwrap().len(), 2);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("FG-POLLUTES") && err.contains("BG-POLLUTES"),
+        "the commands' output belongs on stderr: {err}"
+    );
+}

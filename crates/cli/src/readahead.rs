@@ -594,13 +594,13 @@ fn report_replay(rep: &ReplayReport, o: &ReplayOpts) -> anyhow::Result<()> {
     } else {
         print_replay(rep);
     }
+    for w in &rep.warnings {
+        eprintln!("snapblk: warning: {w}");
+    }
     if let Some(req) = o.require
-        && rep.resident_fraction * 100.0 < req
+        && let Err(e) = rep.check_require(req)
     {
-        bail!(
-            "only {:.3}% of the requested bytes are resident (required {req}%)",
-            rep.resident_fraction * 100.0
-        );
+        bail!("{e}");
     }
     Ok(())
 }
@@ -616,11 +616,17 @@ fn print_replay(r: &ReplayReport) {
         println!("error: {}: {}", escape_path(&s.path), s.reason);
     }
     println!(
-        "entries {} (replayed {}, stale {}, errors {}); method {} chunk {} depth {} threads {}",
+        "entries {} (replayed {}, stale {}, missing {}, failed {}{}); method {} chunk {} depth {} threads {}",
         r.entries,
         r.files_replayed,
-        r.stale.len(),
-        r.errors.len(),
+        r.entries_stale,
+        r.entries_missing,
+        r.entries_failed,
+        if r.entries_duplicate > 0 {
+            format!(", duplicates {}", r.entries_duplicate)
+        } else {
+            String::new()
+        },
         r.method,
         human(r.chunk),
         r.queue_depth,
@@ -634,10 +640,11 @@ fn print_replay(r: &ReplayReport) {
         r.requests_issued
     );
     println!(
-        "verified: {} of {} resident ({:.3}%){} after {} pass(es)",
+        "verified: {} of {} resident ({}){} after {} pass(es)",
         human(r.bytes_resident_after),
-        human(r.bytes_requested - r.bytes_unverifiable),
-        r.resident_fraction * 100.0,
+        human(r.bytes_requested.saturating_sub(r.bytes_unverifiable)),
+        r.resident_fraction
+            .map_or("n/a".to_string(), |f| format!("{:.3}%", f * 100.0)),
         if r.bytes_unverifiable > 0 {
             format!(
                 ", {} unverifiable (residency unknown)",

@@ -477,6 +477,12 @@ fn unprivileged_caller_gets_unknown_not_a_false_100_percent() {
     let v = json(&run(&["residency", "--json", f.to_str().unwrap()]));
     assert_eq!(v["files"][0]["residency"]["state"], "known");
     assert_eq!(v["files"][0]["residency"]["resident_pages"], 0);
+    // A warm-up whose result cannot be verified does not meet a requirement.
+    let o = as_nobody(BIN, &["readahead", "warm", "--require", "99.5", "--json"]);
+    assert!(!o.status.success(), "unverifiable warm-up passed --require");
+    let v = json(&o);
+    assert_eq!(v["resident_fraction"], Value::Null, "{v}");
+    assert_eq!(v["bytes_unverifiable"], 2 << 20, "{v}");
     std::fs::remove_dir_all(&d).unwrap();
 }
 
@@ -550,5 +556,109 @@ fn residency_tree_matches_fincore_and_background_replay_completes() {
             assert_eq!(pages, 0, "{} was not in the warm set", p.display());
         }
     }
+    std::fs::remove_dir_all(&d).unwrap();
+}
+
+/// Runs snapblk without requiring success.
+fn run_any(args: &[&str]) -> Output {
+    Command::new(BIN).args(args).output().unwrap()
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+#[test]
+fn list_that_replays_nothing_is_not_reported_as_success() {
+    let d = scratch("g1");
+    let (a, b) = (d.join("a"), d.join("b"));
+    write_file(&a, 64 << 10, 1);
+    write_file(&b, 64 << 10, 2);
+    let lp = d.join("list");
+    let o = Command::new(BIN)
+        .args(["readahead", "record", "-o", lp.to_str().unwrap()])
+        .args(["--scope", d.to_str().unwrap(), "--evict-first", "--", "cat"])
+        .args([&a, &b])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    assert_eq!(list_entries(&lp).len(), 2);
+    // The "OTA": a is replaced by a new file, b is gone.
+    std::fs::remove_file(&a).unwrap();
+    write_file(&a, 64 << 10, 9);
+    std::fs::remove_file(&b).unwrap();
+    let lps = lp.to_str().unwrap();
+    let o = run_any(&["readahead", "replay", lps, "--json", "--require", "99.5"]);
+    assert!(!o.status.success(), "stale list passed --require: {o:?}");
+    let v = json(&o);
+    assert_eq!(v["resident_fraction"], Value::Null, "{v}");
+    assert_eq!(v["entries"], 2);
+    assert_eq!(v["files_replayed"], 0);
+    assert_eq!(v["entries_stale"], 1, "{v}");
+    assert_eq!(v["entries_missing"], 1, "{v}");
+    assert_eq!(v["entries_not_replayed"], 2);
+    let err = text(&o.stderr);
+    assert!(
+        err.contains("warning: all 2 of 2 entries were not replayed (1 stale, 1 missing)"),
+        "{err}"
+    );
+    assert!(err.contains("nothing could be verified"), "{err}");
+    // Without --require the replay itself exits 0 but says n/a, not 100 %.
+    let o = run(&["readahead", "replay", lps]);
+    let out = text(&o.stdout);
+    assert!(out.contains("resident (n/a)"), "{out}");
+    assert!(!out.contains("100.000%"), "{out}");
+    assert!(
+        out.contains("entries 2 (replayed 0, stale 1, missing 1, failed 0)"),
+        "{out}"
+    );
+    assert!(text(&o.stderr).contains("warning:"));
+
+    // An empty list and an arbitrary text file (every line a "missing" file) fail too.
+    let empty = d.join("empty.list");
+    std::fs::write(&empty, "").unwrap();
+    let o = run_any(&[
+        "readahead",
+        "replay",
+        empty.to_str().unwrap(),
+        "--require",
+        "1",
+    ]);
+    assert!(!o.status.success());
+    assert!(text(&o.stderr).contains("the list has no entries"), "{o:?}");
+    let junk = d.join("passwd");
+    std::fs::write(
+        &junk,
+        "root:x:0:0:root:/root:/bin/bash\ndaemon:x:1:1::/:/bin/sh\n",
+    )
+    .unwrap();
+    let o = run_any(&[
+        "readahead",
+        "replay",
+        junk.to_str().unwrap(),
+        "--require",
+        "99.5",
+    ]);
+    assert!(!o.status.success(), "{o:?}");
+    assert!(text(&o.stdout).contains("missing 2"), "{o:?}");
+
+    // Half of the list still valid: all its bytes resident, but only half the entries.
+    let c = d.join("c");
+    write_file(&c, 32 << 10, 3);
+    let half = d.join("half.list");
+    std::fs::write(
+        &half,
+        format!("{}\n{}\n", c.display(), d.join("nosuch").display()),
+    )
+    .unwrap();
+    let hs = half.to_str().unwrap();
+    let o = run_any(&["readahead", "replay", hs, "--json", "--require", "99.5"]);
+    assert!(!o.status.success(), "{o:?}");
+    assert_eq!(json(&o)["resident_fraction"], 1.0);
+    assert!(
+        text(&o.stderr).contains("only 1 of 2 entries were replayed"),
+        "{o:?}"
+    );
+    run(&["readahead", "replay", hs, "--require", "50"]);
     std::fs::remove_dir_all(&d).unwrap();
 }

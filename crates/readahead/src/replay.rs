@@ -111,6 +111,17 @@ pub struct ReplayReport {
     pub queue_depth: usize,
     pub entries: u64,
     pub files_replayed: u64,
+    /// Entries whose file identity changed since recording (replayed only with `allow_stale`).
+    pub entries_stale: u64,
+    /// Entries whose file no longer exists.
+    pub entries_missing: u64,
+    /// Entries that failed for another reason (unreadable, not a regular file, ...).
+    pub entries_failed: u64,
+    /// Entries that named a file already handled (hard links in trees, repeated list lines).
+    pub entries_duplicate: u64,
+    /// Entries neither replayed nor duplicates: stale (without `allow_stale`), missing, failed.
+    pub entries_not_replayed: u64,
+    /// Stale and missing entries (`reason` says which).
     pub stale: Vec<StaleEntry>,
     pub errors: Vec<StaleEntry>,
     /// Bytes the list asks for (ranges clipped to the files' sizes).
@@ -124,7 +135,13 @@ pub struct ReplayReport {
     pub bytes_resident_after: u64,
     /// Requested bytes whose residency could not be measured (e.g. unprivileged caller).
     pub bytes_unverifiable: u64,
-    pub resident_fraction: f64,
+    /// `bytes_resident_after / (bytes_requested - bytes_unverifiable)`; `None` (JSON null)
+    /// when no requested byte could be measured, e.g. nothing was requested because every
+    /// entry was stale or missing. Never 1.0 for an empty replay.
+    pub resident_fraction: Option<f64>,
+    /// Why this replay may not have done what was asked (empty list, entries not replayed,
+    /// nothing verifiable); empty when it did.
+    pub warnings: Vec<String>,
     pub passes: u32,
     pub psi_pauses: u64,
     pub psi_paused_secs: f64,
@@ -144,6 +161,92 @@ pub struct ReplayReport {
     pub diskstats_delta: Option<Vec<DiskStat>>,
     pub threads: usize,
     pub notes: Vec<String>,
+}
+
+impl ReplayReport {
+    /// Entries that should have been replayed: all but repeats of a file already handled.
+    pub fn entries_wanted(&self) -> u64 {
+        self.entries.saturating_sub(self.entries_duplicate)
+    }
+
+    /// `Ok` if at least `pct` percent of the requested bytes are verified resident *and* at
+    /// least `pct` percent of the entries were replayed. A replay with nothing measurable
+    /// (nothing requested, or residency unknown) never passes: a list that is entirely stale
+    /// or missing must not look like a successful warm-up.
+    pub fn check_require(&self, pct: f64) -> Result<(), String> {
+        let Some(f) = self.resident_fraction else {
+            return Err(format!(
+                "required {pct}% resident, but nothing could be verified: {}",
+                self.warnings
+                    .first()
+                    .map_or("no requested byte is measurable", |w| w.as_str())
+            ));
+        };
+        if f * 100.0 < pct {
+            return Err(format!(
+                "only {:.3}% of the requested bytes are resident (required {pct}%)",
+                f * 100.0
+            ));
+        }
+        let wanted = self.entries_wanted();
+        if wanted > 0 {
+            let share = self.files_replayed.min(wanted) as f64 * 100.0 / wanted as f64;
+            if share < pct {
+                return Err(format!(
+                    "only {} of {wanted} entries were replayed ({share:.3}%, required {pct}%): \
+                     {} stale, {} missing, {} failed",
+                    self.files_replayed,
+                    self.entries_stale,
+                    self.entries_missing,
+                    self.entries_failed
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// What a finished replay did not do, in words (see [`ReplayReport::warnings`]).
+fn shortfalls(r: &ReplayReport, tree: bool, allow_stale: bool) -> Vec<String> {
+    let mut w = Vec::new();
+    let wanted = r.entries_wanted();
+    if wanted == 0 {
+        w.push(if tree {
+            "no files found: nothing was warmed".to_string()
+        } else {
+            "the list has no entries: nothing was replayed".to_string()
+        });
+        return w;
+    }
+    if r.entries_not_replayed > 0 {
+        let mut why = Vec::new();
+        if r.entries_stale > 0 && !allow_stale {
+            why.push(format!("{} stale", r.entries_stale));
+        }
+        if r.entries_missing > 0 {
+            why.push(format!("{} missing", r.entries_missing));
+        }
+        if r.entries_failed > 0 {
+            why.push(format!("{} failed", r.entries_failed));
+        }
+        w.push(format!(
+            "{}{} of {wanted} entries were not replayed ({})",
+            if r.files_replayed == 0 { "all " } else { "" },
+            r.entries_not_replayed,
+            why.join(", ")
+        ));
+    }
+    if r.resident_fraction.is_none() {
+        w.push(if r.bytes_requested == 0 {
+            "0 bytes requested: nothing to verify".to_string()
+        } else {
+            format!(
+                "residency of all {} requested bytes is unknown (cannot be verified)",
+                r.bytes_requested
+            )
+        });
+    }
+    w
 }
 
 struct Prepared {
@@ -184,6 +287,9 @@ struct Shared<'a> {
     requested: AtomicU64,
     resident_before: AtomicU64,
     done: AtomicU64,
+    changed: AtomicU64,
+    missing: AtomicU64,
+    duplicates: AtomicU64,
     /// Files a thread keeps open for deferred verification (bounded by RLIMIT_NOFILE).
     lag_files: usize,
     /// Bytes issued behind a file before it is checked.
@@ -314,6 +420,7 @@ impl Shared<'_> {
 
     fn record_problem(&self, path: &Path, err: std::io::Error) {
         let (reason, target) = if err.kind() == std::io::ErrorKind::NotFound {
+            self.missing.fetch_add(1, Relaxed);
             ("missing: file not found".to_string(), &self.stale)
         } else {
             (err.to_string(), &self.errors)
@@ -348,12 +455,14 @@ impl Shared<'_> {
             && let Some(d) = &self.dedup
             && !d.first_visit(&meta)
         {
+            self.duplicates.fetch_add(1, Relaxed);
             return Ok(());
         }
         let now = FileIdentity::of(&meta);
         if let Some(id) = &e.identity {
             let d = id.diff(&now);
             if !d.is_empty() {
+                self.changed.fetch_add(1, Relaxed);
                 if let Ok(mut v) = self.stale.lock() {
                     v.push(StaleEntry {
                         path: e.path.clone(),
@@ -717,6 +826,9 @@ fn run(
         requested: AtomicU64::new(0),
         resident_before: AtomicU64::new(0),
         done: AtomicU64::new(0),
+        changed: AtomicU64::new(0),
+        missing: AtomicU64::new(0),
+        duplicates: AtomicU64::new(0),
         lag_files,
         // About what the device queue can hold in small-file requests: by the time this much
         // more has been issued behind a file, its own reads are normally done.
@@ -859,27 +971,33 @@ fn run(
                 (drained_at.saturating_sub(issue_end)).as_secs_f64()
             );
         }
-        ReplayReport {
+        let stale = std::mem::take(&mut *shared.stale.lock().unwrap_or_else(|e| e.into_inner()));
+        let errors = std::mem::take(&mut *shared.errors.lock().unwrap_or_else(|e| e.into_inner()));
+        let replayed = prepared.len() as u64;
+        let duplicates = shared.duplicates.load(Relaxed);
+        let mut rep = ReplayReport {
             method: format!("{:?}", opts.method).to_lowercase(),
             chunk: opts.chunk,
             queue_depth: opts.queue_depth,
             threads: opts.submitters(),
             notes,
             entries: total,
-            files_replayed: prepared.len() as u64,
-            stale: std::mem::take(&mut *shared.stale.lock().unwrap_or_else(|e| e.into_inner())),
-            errors: std::mem::take(&mut *shared.errors.lock().unwrap_or_else(|e| e.into_inner())),
+            files_replayed: replayed,
+            entries_stale: shared.changed.load(Relaxed),
+            entries_missing: shared.missing.load(Relaxed),
+            entries_failed: errors.len() as u64,
+            entries_duplicate: duplicates,
+            entries_not_replayed: total.saturating_sub(replayed + duplicates),
+            stale,
+            errors,
             bytes_requested: req,
             bytes_resident_before: shared.resident_before.load(Relaxed),
             bytes_issued: shared.issued_bytes.load(Relaxed),
             requests_issued: shared.requests.load(Relaxed),
             bytes_resident_after: res_after,
             bytes_unverifiable: unverifiable,
-            resident_fraction: if verifiable == 0 {
-                if req == 0 { 1.0 } else { 0.0 }
-            } else {
-                res_after as f64 / verifiable as f64
-            },
+            resident_fraction: (verifiable > 0).then(|| res_after as f64 / verifiable as f64),
+            warnings: Vec::new(),
             passes,
             psi_pauses: shared.psi_pauses.load(Relaxed),
             psi_paused_secs: shared.psi_paused_us.load(Relaxed) as f64 / 1e6,
@@ -896,7 +1014,9 @@ fn run(
                 (Some(b), Some(a)) => Some(sysstat::diskstats_delta(&b, &a, &devs)),
                 _ => None,
             },
-        }
+        };
+        rep.warnings = shortfalls(&rep, tree, opts.allow_stale);
+        rep
     })
 }
 
@@ -1103,7 +1223,7 @@ mod tests {
         assert_eq!(rep.files_replayed, 4);
         assert_eq!(rep.bytes_requested, 3000 + 70_000 + (5 << 20));
         assert_eq!(rep.bytes_resident_after, rep.bytes_requested);
-        assert_eq!(rep.resident_fraction, 1.0);
+        assert_eq!(rep.resident_fraction, Some(1.0));
         // Every issued file was checked by its submitter on the open fd, none reopened.
         assert_eq!(rep.final_checked, 0);
         assert_eq!(rep.verified_inline, 3);
@@ -1122,7 +1242,7 @@ mod tests {
         let (again, _) = warm_tree(std::slice::from_ref(&dir), &w, &opts, None);
         assert_eq!(again.bytes_issued, 0);
         assert_eq!(again.bytes_resident_before, again.bytes_requested);
-        assert_eq!(again.resident_fraction, 1.0);
+        assert_eq!(again.resident_fraction, Some(1.0));
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
@@ -1156,7 +1276,86 @@ mod tests {
         });
         assert_eq!(rep.verified_inline, 0);
         assert_eq!(rep.final_checked, 3);
-        assert_eq!(rep.resident_fraction, 1.0);
+        assert_eq!(rep.resident_fraction, Some(1.0));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    fn entry(path: PathBuf, identity: Option<FileIdentity>) -> ListEntry {
+        ListEntry {
+            path,
+            identity,
+            extent: Extent::Whole,
+        }
+    }
+
+    fn quiet() -> ReplayOptions {
+        ReplayOptions {
+            psi_threshold: None,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn nothing_replayed_is_not_success() {
+        let dir = make_tree("g1");
+        // An empty list: n/a, a warning, --require fails.
+        let rep = replay(&[], &quiet(), None);
+        assert_eq!(rep.entries, 0);
+        assert_eq!(rep.resident_fraction, None);
+        assert!(
+            rep.warnings.iter().any(|w| w.contains("no entries")),
+            "{:?}",
+            rep.warnings
+        );
+        assert!(rep.check_require(0.0).is_err());
+
+        // After an "OTA": every entry is missing or changed.
+        let f = File::open(dir.join("a/one")).unwrap();
+        let mut id = FileIdentity::of(&f.metadata().unwrap());
+        id.size += 1;
+        let list = vec![
+            entry(dir.join("gone1"), None),
+            entry(dir.join("gone2"), None),
+            entry(dir.join("a/one"), Some(id)),
+        ];
+        let rep = replay(&list, &quiet(), None);
+        assert_eq!(rep.files_replayed, 0);
+        assert_eq!(rep.entries_missing, 2);
+        assert_eq!(rep.entries_stale, 1);
+        assert_eq!(rep.entries_not_replayed, 3);
+        assert_eq!(rep.bytes_requested, 0);
+        assert_eq!(rep.resident_fraction, None);
+        assert!(
+            rep.warnings
+                .iter()
+                .any(|w| w.contains("all 3 of 3 entries were not replayed")
+                    && w.contains("1 stale")
+                    && w.contains("2 missing")),
+            "{:?}",
+            rep.warnings
+        );
+        let err = rep.check_require(99.5).unwrap_err();
+        assert!(err.contains("nothing could be verified"), "{err}");
+
+        // Half the list replayed: the bytes are all resident, but not every entry was
+        // replayed, so a 99.5 % requirement fails while 50 % passes.
+        let list = vec![
+            entry(dir.join("a/b/two"), None),
+            entry(dir.join("gone"), None),
+        ];
+        let rep = replay(&list, &quiet(), None);
+        assert_eq!(rep.files_replayed, 1);
+        assert_eq!(rep.resident_fraction, Some(1.0));
+        assert_eq!(rep.entries_not_replayed, 1);
+        assert!(!rep.warnings.is_empty());
+        let err = rep.check_require(99.5).unwrap_err();
+        assert!(err.contains("1 of 2 entries"), "{err}");
+        assert!(rep.check_require(50.0).is_ok());
+
+        // A complete replay has no warnings and passes.
+        let rep = replay(&[entry(dir.join("big"), None)], &quiet(), None);
+        assert!(rep.warnings.is_empty(), "{:?}", rep.warnings);
+        assert!(rep.check_require(99.5).is_ok());
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -328,6 +328,8 @@ struct Job<'a> {
     io_error: Option<String>,
     /// Write-buffer handling outside verify mode.
     data: DataGen,
+    /// Set by the caller to stop early (see [`RunOpts::stop`]).
+    stop: Option<Arc<AtomicBool>>,
 }
 
 /// Refills or scrambles write buffers per write (see [`crate::buffer`]).
@@ -548,9 +550,19 @@ impl Job<'_> {
         }
     }
 
-    /// One unmeasured pass over every block with `dir` (verify prefill and read-back).
+    fn stopped(&self) -> bool {
+        self.stop
+            .as_ref()
+            .is_some_and(|s| s.load(Ordering::Relaxed))
+    }
+
+    /// One unmeasured pass over every block with `dir` (verify prefill and read-back). A stop
+    /// request ends it early: blocks never written keep generation 0 and are not checked.
     fn pass(&mut self, dir: Dir, blocks: u64, only_written: bool) -> Result<()> {
         for b in 0..blocks {
+            if self.stopped() {
+                break;
+            }
             if only_written
                 && self
                     .verify
@@ -631,6 +643,7 @@ fn run_job(q: &mut dyn Queue, ctx: JobCtx<'_>) -> Result<JobResult> {
             rng: crate::rng::Rng::new(spec.seed ^ crate::rng::mix(u64::from(ctx.job) + 1)),
             t0: Instant::now(),
         },
+        stop: ctx.stop.clone(),
     };
     if job.verify.is_none() {
         // Random write data, filled once (fio's default); refilled or scrambled per write.
@@ -657,7 +670,6 @@ fn run_job(q: &mut dyn Queue, ctx: JobCtx<'_>) -> Result<JobResult> {
         .map(|r| measure_start + Duration::from_secs_f64(r));
     job.collector = Some(Collector::new(measure_start));
     job.measure_end = end;
-    let stop = ctx.stop.clone();
     // fio's loop (backend.c do_io): queue one request; submit when `iodepth_batch_submit` are
     // queued; when the queue is full, reap between `iodepth_batch_complete_min` and `_max`
     // (which also submits what is still queued).
@@ -673,9 +685,7 @@ fn run_job(q: &mut dyn Queue, ctx: JobCtx<'_>) -> Result<JobResult> {
                     done = true;
                     break;
                 }
-                if stop.as_ref().is_some_and(|s| s.load(Ordering::Relaxed))
-                    || ctx.failed.load(Ordering::Relaxed)
-                {
+                if job.stopped() || ctx.failed.load(Ordering::Relaxed) {
                     done = true;
                     break;
                 }

@@ -33,6 +33,8 @@ pub mod verify;
 
 pub use engine::{JobResult, RunResult, run_workload};
 pub use spec::{JobSpec, RwMode, Sweep};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 /// Errors of the benchmark engine.
 #[derive(Debug, thiserror::Error)]
@@ -59,16 +61,24 @@ pub type Result<T> = std::result::Result<T, Error>;
 /// Run every configuration `repeat` times, interleaved (rep 1 of all configs, then rep 2, …) so
 /// slow drifts of the machine spread over all configurations instead of biasing one; `on_run` is
 /// called after each run (for progress/diagnostics).
+///
+/// Setting `stop` (e.g. on SIGINT) ends the current run early — its I/Os so far are counted —
+/// and runs nothing more; configurations that never ran are left out of the result.
 pub fn run_matrix(
     target: &mut dyn target::Target,
     jobs: &[JobSpec],
     repeat: u32,
     show_progress: bool,
+    stop: Option<Arc<AtomicBool>>,
     mut on_run: impl FnMut(u32, &JobSpec, &RunResult),
 ) -> Result<Vec<report::ConfigReport>> {
+    let stopped = || stop.as_ref().is_some_and(|s| s.load(Ordering::Relaxed));
     let mut runs: Vec<Vec<RunResult>> = jobs.iter().map(|_| Vec::new()).collect();
-    for rep in 0..repeat.max(1) {
+    'reps: for rep in 0..repeat.max(1) {
         for (i, job) in jobs.iter().enumerate() {
+            if stopped() {
+                break 'reps;
+            }
             let p = show_progress.then(|| {
                 progress::Progress::start(format!(
                     "[{}/{}] {}",
@@ -79,7 +89,7 @@ pub fn run_matrix(
             });
             let opts = engine::RunOpts {
                 progress: p.as_ref().map(|p| p.counter.clone()),
-                stop: None,
+                stop: stop.clone(),
             };
             let r = run_workload(target, job, &opts)?;
             drop(p);
@@ -90,6 +100,7 @@ pub fn run_matrix(
     Ok(jobs
         .iter()
         .zip(&runs)
+        .filter(|(_, r)| !r.is_empty())
         .map(|(j, r)| report::ConfigReport::of(j, r))
         .collect())
 }

@@ -35,6 +35,9 @@ pub struct Document {
     pub warnings: Vec<String>,
     /// Set when the run failed; the document is still complete and valid.
     pub error: Option<String>,
+    /// The signal (`SIGINT`, `SIGTERM`) that stopped the run early; `results` then hold what
+    /// was measured until then (and `error` says so).
+    pub interrupted: Option<String>,
 }
 
 #[derive(Debug, Serialize)]
@@ -70,6 +73,7 @@ impl Document {
             fgbg: None,
             warnings: Vec::new(),
             error: None,
+            interrupted: None,
         }
     }
 
@@ -81,6 +85,16 @@ impl Document {
                 e.to_string()
             )
         })
+    }
+}
+
+/// The name of a termination signal, for [`Document::interrupted`].
+pub fn signal_name(sig: i32) -> &'static str {
+    match sig {
+        libc::SIGINT => "SIGINT",
+        libc::SIGTERM => "SIGTERM",
+        libc::SIGHUP => "SIGHUP",
+        _ => "signal",
     }
 }
 

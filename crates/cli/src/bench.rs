@@ -6,12 +6,18 @@
 use anyhow::{Context as _, bail};
 use clap::{Args, Subcommand};
 use snapblk_bench::capi::LibblkioTarget;
-use snapblk_bench::report::{ConfigReport, Document, TargetDesc, noise_warnings, workload_table};
+use snapblk_bench::report::{
+    ConfigReport, Document, TargetDesc, noise_warnings, signal_name, workload_table,
+};
 use snapblk_bench::spec::{self, JobSpec, RwMode, Sweep, parse_list, parse_secs, parse_size};
 use snapblk_bench::target::{SpecTarget, Target};
 use snapblk_bench::{context, fgbg, fileio, plot};
+use snapblk_nbd::signals::TermSignals;
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
+use std::time::Duration;
 
 #[derive(Args)]
 #[command(args_conflicts_with_subcommands = true)]
@@ -397,7 +403,49 @@ fn open_target(w: &WorkloadArgs) -> anyhow::Result<Box<dyn Target>> {
     Ok(Box::new(SpecTarget::new(t.clone())))
 }
 
+/// SIGINT/SIGTERM during a workload run: the first one stops the job threads through the
+/// engine's stop flag (in-flight I/Os complete, what was measured is reported); a second one
+/// exits at once, in case a device hangs.
+struct Interrupts {
+    stop: Arc<AtomicBool>,
+    signal: Arc<AtomicI32>,
+}
+
+impl Interrupts {
+    /// Must run before any thread is started: the signals are blocked in this thread and in
+    /// every thread started later, and taken by a watcher thread (child processes get a clean
+    /// signal mask from `std::process::Command`).
+    fn catch() -> anyhow::Result<Interrupts> {
+        let sigs = TermSignals::block().context("blocking SIGINT/SIGTERM")?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let signal = Arc::new(AtomicI32::new(0));
+        let (st, sg) = (stop.clone(), signal.clone());
+        std::thread::spawn(move || {
+            loop {
+                let Some(s) = sigs.wait(Duration::from_secs(3600)) else {
+                    continue;
+                };
+                if sg.swap(s, Ordering::SeqCst) != 0 {
+                    eprintln!("snapblk: {}: giving up at once", signal_name(s));
+                    std::process::exit(128 + s);
+                }
+                eprintln!(
+                    "snapblk: {}: stopping, partial results follow (again to quit at once)",
+                    signal_name(s)
+                );
+                st.store(true, Ordering::SeqCst);
+            }
+        });
+        Ok(Interrupts { stop, signal })
+    }
+
+    fn signal(&self) -> Option<i32> {
+        Some(self.signal.load(Ordering::SeqCst)).filter(|&s| s != 0)
+    }
+}
+
 fn run_workload(w: WorkloadArgs) -> anyhow::Result<()> {
+    let intr = Interrupts::catch()?;
     let target = open_target(&w);
     let (desc, path) = match &target {
         Ok(t) => (
@@ -427,11 +475,18 @@ fn run_workload(w: WorkloadArgs) -> anyhow::Result<()> {
             }
         };
         let tty = std::io::stderr().is_terminal();
-        results = snapblk_bench::run_matrix(&mut *target, &jobs, w.repeat, tty, |rep, job, r| {
-            if !tty && (jobs.len() > 1 || w.repeat > 1) {
-                eprintln!("rep {} {}: {:.0} IOPS", rep + 1, job.label(), r.iops());
-            }
-        })?;
+        results = snapblk_bench::run_matrix(
+            &mut *target,
+            &jobs,
+            w.repeat,
+            tty,
+            Some(intr.stop.clone()),
+            |rep, job, r| {
+                if !tty && (jobs.len() > 1 || w.repeat > 1) {
+                    eprintln!("rep {} {}: {:.0} IOPS", rep + 1, job.label(), r.iops());
+                }
+            },
+        )?;
         if let Some(dir) = &w.plot {
             let files = plot::write_all(dir, &results)
                 .with_context(|| format!("plots in {}", dir.display()))?;
@@ -444,6 +499,20 @@ fn run_workload(w: WorkloadArgs) -> anyhow::Result<()> {
     let mut doc = doc;
     doc.warnings = noise_warnings(&results, &doc.context);
     doc.results = results;
+    if let Some(sig) = intr.signal() {
+        // Partial results are still results: the table or a complete, valid document, marked.
+        let name = signal_name(sig);
+        let runs: usize = doc.results.iter().map(|r| r.runs.len()).sum();
+        let msg = format!("interrupted by {name}: partial results ({runs} runs)");
+        doc.interrupted = Some(name.into());
+        doc.error = Some(match &res {
+            Ok(_) => msg.clone(),
+            Err(e) => format!("{msg}; {e:#}"),
+        });
+        emit(&w.out, &doc, res.ok().flatten())?;
+        eprintln!("snapblk: {msg}");
+        std::process::exit(128 + sig);
+    }
     finish(&w.out, doc, res)
 }
 

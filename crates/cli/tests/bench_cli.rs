@@ -239,3 +239,59 @@ fn fgbg_json_stays_valid_when_commands_print() {
         "the commands' output belongs on stderr: {err}"
     );
 }
+
+/// Start a `--json` workload run, send `sig` (kill(1) name) after about 0.5 s and return what
+/// it wrote.
+fn interrupted_run(sig: &str) -> Output {
+    let child = Command::new(env!("CARGO_BIN_EXE_snapblk"))
+        .args([
+            "bench",
+            "null:size=256M",
+            "--iodepth",
+            "1,8",
+            "--runtime",
+            "30",
+            "--repeat",
+            "2",
+            "--json",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run snapblk");
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let st = Command::new("kill")
+        .args([&format!("-{sig}"), &child.id().to_string()])
+        .status()
+        .expect("kill(1)");
+    assert!(st.success());
+    child.wait_with_output().unwrap()
+}
+
+#[test]
+fn interrupted_json_run_still_writes_a_valid_document() {
+    for (sig, code) in [("INT", 130), ("TERM", 143)] {
+        let t0 = std::time::Instant::now();
+        let o = interrupted_run(sig);
+        assert_eq!(
+            o.status.code(),
+            Some(code),
+            "SIG{sig}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        // The 30 s runtime was cut short (generous bound: this is not a timing test).
+        assert!(t0.elapsed().as_secs() < 20, "SIG{sig} did not stop the run");
+        let v = json(&o);
+        assert_eq!(v["interrupted"], format!("SIG{sig}"));
+        assert!(
+            v["error"].as_str().unwrap().contains("partial results"),
+            "{v}"
+        );
+        // The run in progress is reported with what it measured; nothing after it ran.
+        let results = v["results"].as_array().unwrap();
+        assert_eq!(results.len(), 1, "{v}");
+        let run = &results[0]["runs"][0];
+        assert!(run["read"]["ios"].as_u64().unwrap() > 0, "{run}");
+        assert!(run["seconds"].as_f64().unwrap() < 20.0);
+    }
+}

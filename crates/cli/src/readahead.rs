@@ -391,12 +391,15 @@ pub fn run(c: ReadaheadCmd) -> anyhow::Result<()> {
     match c {
         ReadaheadCmd::Record(a) => run_record(a),
         ReadaheadCmd::Replay(a) => {
+            if a.opts.background && std::env::var_os(CHILD_ENV).is_none() {
+                return spawn_replay_background(&a);
+            }
             let entries = read_list(&a.list)?;
             run_replay(entries, &a.opts)
         }
         ReadaheadCmd::Warm(a) => {
             if a.opts.background && std::env::var_os(CHILD_ENV).is_none() {
-                return spawn_background(&a.opts);
+                return spawn_background(&a.opts, None);
             }
             // The walk feeds the submitters directly (no list to build and sort first), so the
             // first requests go out with the first files found.
@@ -414,6 +417,19 @@ pub fn run(c: ReadaheadCmd) -> anyhow::Result<()> {
 }
 
 fn read_list(p: &PathBuf) -> anyhow::Result<Vec<ListEntry>> {
+    // The background child of `replay - --background` reads the copy of stdin its parent made,
+    // and deletes it once parsed.
+    if p.as_os_str() == "-"
+        && std::env::var_os(CHILD_ENV).is_some()
+        && let Some(copy) = std::env::var_os(STDIN_COPY_ENV)
+    {
+        let copy = PathBuf::from(copy);
+        let r = std::fs::File::open(&copy)
+            .map(std::io::BufReader::new)
+            .with_context(|| format!("stdin copy {}", copy.display()));
+        let _ = std::fs::remove_file(&copy);
+        return list::parse_reader(r?, Limits::default()).context("-");
+    }
     let r: Box<dyn std::io::BufRead> = if p.as_os_str() == "-" {
         Box::new(std::io::BufReader::new(std::io::stdin()))
     } else {
@@ -519,9 +535,56 @@ fn run_record(a: RecordArgs) -> anyhow::Result<()> {
 }
 
 const CHILD_ENV: &str = "SNAPBLK_READAHEAD_BACKGROUND_CHILD";
+/// Where the parent of `replay - --background` left its copy of stdin for the child.
+const STDIN_COPY_ENV: &str = "SNAPBLK_READAHEAD_STDIN_LIST";
+
+/// `replay --background`: the list is parsed here, so a bad list is an error now rather than
+/// in a log. A list on stdin cannot be re-read by the detached child (its stdin is /dev/null),
+/// so it is copied to a private temporary file (mode 0600, O_EXCL) that the child reads and
+/// deletes.
+fn spawn_replay_background(a: &ReplayArgs) -> anyhow::Result<()> {
+    if a.list.as_os_str() != "-" {
+        read_list(&a.list)?;
+        return spawn_background(&a.opts, None);
+    }
+    let (path, mut f) = private_temp_file("snapblk-replay", "list")?;
+    let copied = std::io::copy(&mut std::io::stdin().lock(), &mut f)
+        .and_then(|_| f.sync_all())
+        .context("copying the list from stdin")
+        .and_then(|_| read_list(&path).context("-"));
+    let spawned = copied.and_then(|_| spawn_background(&a.opts, Some(&path)));
+    if spawned.is_err() {
+        let _ = std::fs::remove_file(&path);
+    }
+    spawned
+}
+
+/// Creates a new file only this user can read in the temp directory.
+fn private_temp_file(prefix: &str, ext: &str) -> anyhow::Result<(PathBuf, std::fs::File)> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let dir = std::env::temp_dir();
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    for i in 0..100u32 {
+        let p = dir.join(format!("{prefix}-{}-{nanos}-{i}.{ext}", std::process::id()));
+        match std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&p)
+        {
+            Ok(f) => return Ok((p, f)),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+            Err(e) => return Err(e).with_context(|| format!("{}", p.display())),
+        }
+    }
+    bail!("cannot create a temporary file in {}", dir.display())
+}
 
 /// Re-executes this command detached (new process group, stdio to the log) and returns.
-fn spawn_background(o: &ReplayOpts) -> anyhow::Result<()> {
+/// `stdin_copy`: the list the child is to read instead of its stdin.
+fn spawn_background(o: &ReplayOpts, stdin_copy: Option<&std::path::Path>) -> anyhow::Result<()> {
     let exe = std::env::current_exe()?;
     let args: Vec<_> = std::env::args_os().skip(1).collect();
     let log = match &o.log {
@@ -533,7 +596,11 @@ fn spawn_background(o: &ReplayOpts) -> anyhow::Result<()> {
         None => std::fs::File::create("/dev/null")?,
     };
     use std::os::unix::process::CommandExt;
-    let child = std::process::Command::new(exe)
+    let mut cmd = std::process::Command::new(exe);
+    if let Some(p) = stdin_copy {
+        cmd.env(STDIN_COPY_ENV, p);
+    }
+    let child = cmd
         .args(args)
         .env(CHILD_ENV, "1")
         .stdin(std::process::Stdio::null())
@@ -573,9 +640,6 @@ fn replay_options(o: &ReplayOpts) -> ReplayOptions {
 }
 
 fn run_replay(entries: Vec<ListEntry>, o: &ReplayOpts) -> anyhow::Result<()> {
-    if o.background && std::env::var_os(CHILD_ENV).is_none() {
-        return spawn_background(o);
-    }
     let opts = replay_options(o);
     let bar = Progress::new(entries.len() as u64, "replay");
     let progress = |d: u64, _t: u64| bar.set(d);

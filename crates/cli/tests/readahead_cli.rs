@@ -662,3 +662,99 @@ fn list_that_replays_nothing_is_not_reported_as_success() {
     run(&["readahead", "replay", hs, "--require", "50"]);
     std::fs::remove_dir_all(&d).unwrap();
 }
+
+/// Waits for the JSON report a background replay writes to its log.
+fn wait_for_log_report(log: &Path, pid: u32) -> Value {
+    for _ in 0..1500 {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        if let Ok(s) = std::fs::read_to_string(log)
+            && let Some(line) = s.lines().find(|l| l.starts_with('{'))
+        {
+            return serde_json::from_str::<Value>(line).unwrap();
+        }
+    }
+    panic!(
+        "background replay (pid {pid}) wrote no report to {}",
+        log.display()
+    )
+}
+
+#[test]
+fn background_replay_of_a_list_on_stdin_warms_it() {
+    use std::io::Write;
+    let d = scratch("bgstdin");
+    let tmp = d.join("tmp");
+    std::fs::create_dir(&tmp).unwrap();
+    let files: Vec<PathBuf> = (0..5u64)
+        .map(|i| {
+            let p = d.join(format!("f{i}"));
+            write_file(&p, 100_000 + i * 4096, i as u8);
+            p
+        })
+        .collect();
+    evict(&[&d]);
+    let list: String = files.iter().map(|p| format!("{}\n", p.display())).collect();
+    let log = d.join("bg.log");
+    let mut child = Command::new(BIN)
+        .args([
+            "readahead",
+            "replay",
+            "-",
+            "--background",
+            "--json",
+            "--log",
+        ])
+        .arg(&log)
+        .env("TMPDIR", &tmp)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(list.as_bytes())
+        .unwrap();
+    let o = child.wait_with_output().unwrap();
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let pid: u32 = text(&o.stdout).trim().parse().expect("pid");
+    let v = wait_for_log_report(&log, pid);
+    assert_eq!(v["entries"], 5, "{v}");
+    assert_eq!(v["files_replayed"], 5, "{v}");
+    assert!(v["resident_fraction"].as_f64().unwrap() >= 0.995, "{v}");
+    for p in &files {
+        let len = p.metadata().unwrap().len();
+        assert_eq!(
+            fincore_bytes(p),
+            len.next_multiple_of(PAGE),
+            "{}",
+            p.display()
+        );
+    }
+    // The private copy of stdin was removed by the child.
+    let left: Vec<_> = std::fs::read_dir(&tmp).unwrap().collect();
+    assert!(left.is_empty(), "temporary list left behind: {left:?}");
+
+    // A malformed list on stdin is an error now, not in the log.
+    let mut child = Command::new(BIN)
+        .args(["readahead", "replay", "-", "--background"])
+        .env("TMPDIR", &tmp)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b"/x\t-\t0:0\n")
+        .unwrap();
+    let o = child.wait_with_output().unwrap();
+    assert!(!o.status.success());
+    assert!(text(&o.stderr).contains("line 1"), "{}", text(&o.stderr));
+    assert_eq!(std::fs::read_dir(&tmp).unwrap().count(), 0);
+    std::fs::remove_dir_all(&d).unwrap();
+}

@@ -87,10 +87,12 @@ pub struct RecordArgs {
     output: PathBuf,
     #[arg(long, value_enum)]
     format: Option<ListFormat>,
-    /// Trees to snapshot (repeatable; default "/"; pseudo filesystems are skipped).
+    /// Trees to snapshot (repeatable; default "/"; pseudo filesystems are skipped). Made
+    /// absolute, so the list does not depend on the working directory; must exist.
     #[arg(long = "scope", value_name = "PATH")]
     scopes: Vec<PathBuf>,
-    /// Evict the scope first so the recording starts cold and sees every read.
+    /// Evict the scope first so the recording starts cold and sees every read. Needs an
+    /// explicit --scope (it would otherwise evict every disk filesystem).
     #[arg(long)]
     evict_first: bool,
     /// Record a time window instead of a command.
@@ -442,6 +444,13 @@ fn read_list(p: &PathBuf) -> anyhow::Result<Vec<ListEntry>> {
 
 fn run_record(a: RecordArgs) -> anyhow::Result<()> {
     let scopes = if a.scopes.is_empty() {
+        if a.evict_first {
+            bail!(
+                "--evict-first without --scope would evict every file on the machine (the \
+                 default scope is /); name the trees to evict with --scope PATH (--scope / if \
+                 you really mean all of them)"
+            );
+        }
         vec![PathBuf::from("/")]
     } else {
         a.scopes.clone()
@@ -474,8 +483,11 @@ fn run_record(a: RecordArgs) -> anyhow::Result<()> {
             .extension()
             .is_some_and(|e| e == "jsonl" || e == "json"),
     };
-    // Write atomically so a replay never sees a half-written list.
-    let tmp = a.output.with_extension("tmp~");
+    // Write atomically so a replay never sees a half-written list. The temporary name keeps
+    // the whole file name (list.txt and list.jsonl must not share one) plus the pid.
+    let mut tmp_name = a.output.file_name().unwrap_or_default().to_os_string();
+    tmp_name.push(format!(".{}.tmp~", std::process::id()));
+    let tmp = a.output.with_file_name(tmp_name);
     {
         let f = std::fs::File::create(&tmp).with_context(|| format!("{}", tmp.display()))?;
         let mut w = std::io::BufWriter::new(f);

@@ -758,3 +758,74 @@ fn background_replay_of_a_list_on_stdin_warms_it() {
     assert_eq!(std::fs::read_dir(&tmp).unwrap().count(), 0);
     std::fs::remove_dir_all(&d).unwrap();
 }
+
+#[test]
+fn record_scopes_are_absolute_existing_and_evict_first_needs_one() {
+    let d = scratch("scope");
+    std::fs::create_dir(d.join("t")).unwrap();
+    let f = d.join("t/data");
+    write_file(&f, 40 << 10, 4);
+    // A relative scope, recorded from d: the list holds absolute paths.
+    let lp = d.join("rel.list");
+    let o = Command::new(BIN)
+        .current_dir(&d)
+        .args(["readahead", "record", "-o", "rel.list", "--scope", "t"])
+        .args(["--evict-first", "--", "cat", "t/data"])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let v = list_entries(&lp);
+    assert_eq!(v.len(), 1, "{v:?}");
+    assert_eq!(v[0].path, std::fs::canonicalize(&f).unwrap());
+    assert!(v[0].path.is_absolute());
+    // ... so it replays from any working directory.
+    evict(&[&f]);
+    let o = Command::new(BIN)
+        .current_dir("/")
+        .args(["readahead", "replay", "--json", "--require", "99.5"])
+        .arg(&lp)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    assert_eq!(json(&o)["files_replayed"], 1);
+
+    // A missing scope is a one-line error, and no list is written.
+    let out = d.join("missing.list");
+    let o = run_any(&[
+        "readahead",
+        "record",
+        "-o",
+        out.to_str().unwrap(),
+        "--scope",
+        d.join("nosuch").to_str().unwrap(),
+        "--duration",
+        "0",
+    ]);
+    assert!(!o.status.success());
+    let err = text(&o.stderr);
+    assert!(
+        err.contains("scope") && err.contains("No such file"),
+        "{err}"
+    );
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(!out.exists());
+
+    // --evict-first with the default scope "/" is refused before anything is evicted.
+    let o = run_any(&[
+        "readahead",
+        "record",
+        "-o",
+        out.to_str().unwrap(),
+        "--evict-first",
+        "--duration",
+        "0",
+    ]);
+    assert!(!o.status.success());
+    let err = text(&o.stderr);
+    assert!(
+        err.contains("--evict-first") && err.contains("--scope"),
+        "{err}"
+    );
+    assert!(!out.exists());
+    std::fs::remove_dir_all(&d).unwrap();
+}

@@ -95,15 +95,36 @@ pub struct Recording {
 pub enum RecordError {
     #[error("cannot run the command: {0}")]
     Spawn(std::io::Error),
+    /// A scope that does not exist or cannot be resolved: recording it would silently record
+    /// nothing.
+    #[error("scope {}: {err}", crate::list::escape_path(.path))]
+    Scope { path: PathBuf, err: std::io::Error },
 }
 
-/// Optionally evicts `roots`, snapshots, runs the trigger, snapshots again and diffs.
+/// Makes every root absolute and free of symlinks and `..`, so the list does not depend on
+/// the working directory of the recording (a relative list replayed elsewhere is all
+/// "missing").
+pub fn canonical_roots(roots: &[PathBuf]) -> Result<Vec<PathBuf>, RecordError> {
+    roots
+        .iter()
+        .map(|r| {
+            std::fs::canonicalize(r).map_err(|err| RecordError::Scope {
+                path: r.clone(),
+                err,
+            })
+        })
+        .collect()
+}
+
+/// Optionally evicts `roots`, snapshots, runs the trigger, snapshots again and diffs. The
+/// roots are made absolute first ([`canonical_roots`]); a missing root is an error.
 pub fn record(
     roots: &[PathBuf],
     opts: &WalkOptions,
     evict_first: bool,
     trigger: Trigger<'_>,
 ) -> Result<Recording, RecordError> {
+    let roots = &canonical_roots(roots)?;
     let mut evicted_remaining_pages = 0;
     if evict_first {
         evicted_remaining_pages = evict::evict(roots, opts).remaining_pages();
@@ -129,4 +150,34 @@ pub fn record(
         evicted_remaining_pages,
         elapsed,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn scopes_are_made_absolute_and_missing_ones_refused() {
+        let dir = crate::test_support::disk_dir()
+            .join(format!("snapblk-ra-scope-{}", std::process::id()));
+        std::fs::create_dir_all(dir.join("sub")).unwrap();
+        let odd = dir.join("sub/../sub/.");
+        let got = canonical_roots(std::slice::from_ref(&odd)).unwrap();
+        assert_eq!(got, vec![std::fs::canonicalize(dir.join("sub")).unwrap()]);
+        assert!(got[0].is_absolute());
+        let missing = dir.join("nosuch");
+        let err = record(
+            &[dir.clone(), missing.clone()],
+            &WalkOptions::default(),
+            false,
+            Trigger::Duration(Duration::ZERO),
+        )
+        .unwrap_err();
+        assert!(
+            matches!(&err, RecordError::Scope { path, .. } if *path == missing),
+            "{err}"
+        );
+        assert!(err.to_string().contains("No such file"), "{err}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }

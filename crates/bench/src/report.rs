@@ -162,10 +162,17 @@ impl DirReport {
     }
 }
 
-/// One second of a run.
+/// One second of a run. Rates are per second of the bucket's real length: the last bucket of a
+/// run is usually partial (a 2.5 s run has buckets of 1, 1 and 0.5 s), and its count alone
+/// would read as a false drop.
 #[derive(Debug, Clone, Serialize)]
 pub struct SecondReport {
+    /// Start of the bucket, seconds after measurement began.
     pub t: u64,
+    /// Length of the bucket in seconds: 1, or less for the last one.
+    pub seconds: f64,
+    /// I/Os completed in the bucket.
+    pub ios: u64,
     pub iops: u64,
     pub read_iops: u64,
     pub write_iops: u64,
@@ -198,12 +205,16 @@ impl RunReport {
                 for &(v, c) in &s.lat {
                     h.record_n(v, c);
                 }
+                let len = bucket_len(r.seconds, t);
+                let rate = |n: u64| (n as f64 / len).round() as u64;
                 SecondReport {
                     t: t as u64,
-                    iops: s.read_ios + s.write_ios,
-                    read_iops: s.read_ios,
-                    write_iops: s.write_ios,
-                    bw_bytes: s.read_bytes + s.write_bytes,
+                    seconds: len,
+                    ios: s.read_ios + s.write_ios,
+                    iops: rate(s.read_ios + s.write_ios),
+                    read_iops: rate(s.read_ios),
+                    write_iops: rate(s.write_ios),
+                    bw_bytes: rate(s.read_bytes + s.write_bytes),
                     lat_p50_ns: h.percentile(50.0),
                     lat_p99_ns: h.percentile(99.0),
                 }
@@ -220,6 +231,13 @@ impl RunReport {
             verified_blocks: r.jobs.iter().map(|j| j.verified_blocks).sum(),
         }
     }
+}
+
+/// Length of per-second bucket `t` of a run that measured `seconds`: 1 s, or what is left of
+/// the run in the last bucket (a bucket with nothing left of the run counts as a whole second).
+fn bucket_len(seconds: f64, t: usize) -> f64 {
+    let left = seconds - t as f64;
+    if left > 0.0 { left.min(1.0) } else { 1.0 }
 }
 
 /// Mean and spread of a value across repetitions.
@@ -450,6 +468,53 @@ pub fn workload_table(results: &[ConfigReport]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn last_partial_second_is_scaled_to_a_rate() {
+        use crate::engine::{RunResult, Second};
+        let sec = |n: u64| Second {
+            read_ios: n,
+            read_bytes: n * 4096,
+            ..Default::default()
+        };
+        let read = DirStats {
+            ios: 2500,
+            bytes: 2500 * 4096,
+            ..Default::default()
+        };
+        let r = RunResult {
+            spec: JobSpec::default(),
+            capacity: 1 << 30,
+            jobs: Vec::new(),
+            read,
+            write: DirStats::default(),
+            seconds: 2.5,
+            series: vec![sec(1000), sec(1000), sec(500)],
+        };
+        let rep = RunReport::of(0, &r);
+        let got: Vec<(u64, f64, u64, u64)> = rep
+            .series
+            .iter()
+            .map(|s| (s.ios, s.seconds, s.iops, s.bw_bytes))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                (1000, 1.0, 1000, 1000 * 4096),
+                (1000, 1.0, 1000, 1000 * 4096),
+                (500, 0.5, 1000, 1000 * 4096)
+            ]
+        );
+        assert_eq!(rep.iops, 1000.0);
+        // A run shorter than a second: one partial bucket, at the run's rate.
+        let short = RunResult {
+            seconds: 0.25,
+            series: vec![sec(250)],
+            ..r
+        };
+        let s = &RunReport::of(0, &short).series[0];
+        assert_eq!((s.seconds, s.iops), (0.25, 1000));
+    }
 
     #[test]
     fn spread_and_formatting() {

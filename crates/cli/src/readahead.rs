@@ -54,8 +54,8 @@ pub struct ResidencyArgs {
     /// Per-file residency bars even when stdout is not a terminal.
     #[arg(short, long)]
     verbose: bool,
-    /// Walker threads (default: 2 x CPUs).
-    #[arg(long)]
+    /// Walker threads, 1-256 (default: 2 x CPUs).
+    #[arg(long, value_parser = parse_threads)]
     threads: Option<usize>,
     /// One JSON document on stdout.
     #[arg(long)]
@@ -96,7 +96,7 @@ pub struct RecordArgs {
     #[arg(long)]
     evict_first: bool,
     /// Record a time window instead of a command.
-    #[arg(long, value_name = "SECS", conflicts_with = "cmd")]
+    #[arg(long, value_name = "SECS", conflicts_with = "cmd", value_parser = parse_duration)]
     duration: Option<f64>,
     /// Print a JSON summary on stdout.
     #[arg(long)]
@@ -122,10 +122,10 @@ pub struct ReplayOpts {
     chunk: Option<u64>,
     /// Requests issued concurrently: submitter threads for readahead/fadvise/pread, reads in
     /// flight per thread for uring.
-    #[arg(long, short = 'q', default_value_t = 4)]
+    #[arg(long, short = 'q', default_value_t = 4, value_parser = parse_threads)]
     queue_depth: usize,
     /// Submitter threads (default: the queue depth, or 2 for uring).
-    #[arg(long)]
+    #[arg(long, value_parser = parse_threads)]
     threads: Option<usize>,
     /// readahead/fadvise: chunks per thread allowed in flight before waiting for the oldest to
     /// complete (0 = unbounded; default 0, or 1 with --background so the foreground is not
@@ -143,13 +143,13 @@ pub struct ReplayOpts {
     nice: NiceArg,
     /// Pause issuing while the system-wide "some" I/O stall exceeds this percentage
     /// (/proc/pressure/io, sampled every 50 ms); 0 disables.
-    #[arg(long, default_value_t = 60.0)]
+    #[arg(long, default_value_t = 60.0, value_parser = parse_pct)]
     psi_threshold: f64,
-    /// Longest wait for in-flight reads to finish before verifying, in seconds.
-    #[arg(long, default_value_t = 10.0)]
+    /// Longest wait for in-flight reads to finish before verifying, in seconds (at most 3600).
+    #[arg(long, default_value_t = 10.0, value_parser = parse_settle)]
     settle_timeout: f64,
-    /// Extra passes for ranges still missing at verification.
-    #[arg(long, default_value_t = 2)]
+    /// Extra passes for ranges still missing at verification (0-100).
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(0..=100))]
     retries: u32,
     /// Also replay entries whose file identity changed (they are reported either way).
     #[arg(long)]
@@ -157,8 +157,9 @@ pub struct ReplayOpts {
     /// Show /proc/diskstats deltas of the devices involved.
     #[arg(long)]
     diskstats: bool,
-    /// Exit non-zero if less than this percentage of the requested bytes ends up resident.
-    #[arg(long, value_name = "PCT")]
+    /// Exit non-zero unless at least this percentage (0-100) of the requested bytes ends up
+    /// resident and of the entries was replayed; a replay with nothing verifiable always fails.
+    #[arg(long, value_name = "PCT", value_parser = parse_pct)]
     require: Option<f64>,
     /// Detach and return at once (like an init service); the report goes to --log.
     #[arg(long)]
@@ -233,6 +234,39 @@ fn parse_chunk(s: &str) -> Result<u64, String> {
         return Err("chunk must be at most 256M".into());
     }
     Ok(v)
+}
+
+/// A finite number in `0..=max` (`what` names it in the error).
+fn parse_bounded(s: &str, max: f64, what: &str) -> Result<f64, String> {
+    let v: f64 = s
+        .trim()
+        .parse()
+        .map_err(|_| format!("{s:?} is not a number"))?;
+    if !v.is_finite() || !(0.0..=max).contains(&v) {
+        return Err(format!("{what} must be between 0 and {max}"));
+    }
+    Ok(v)
+}
+
+fn parse_pct(s: &str) -> Result<f64, String> {
+    parse_bounded(s, 100.0, "a percentage")
+}
+
+fn parse_settle(s: &str) -> Result<f64, String> {
+    parse_bounded(s, 3600.0, "seconds")
+}
+
+/// A recording window: up to a week.
+fn parse_duration(s: &str) -> Result<f64, String> {
+    parse_bounded(s, 7.0 * 86400.0, "seconds")
+}
+
+/// Threads and queue depths: 1-256 (the submitters and io_uring slots are capped there).
+fn parse_threads(s: &str) -> Result<usize, String> {
+    match s.trim().parse::<usize>() {
+        Ok(n) if (1..=256).contains(&n) => Ok(n),
+        _ => Err("expected a number from 1 to 256".into()),
+    }
 }
 
 fn parse_ioprio(s: &str) -> Result<IoPrioArg, String> {
@@ -461,12 +495,8 @@ fn run_record(a: RecordArgs) -> anyhow::Result<()> {
     };
     let mut cmd;
     let trigger = match (a.duration, a.cmd.split_first()) {
-        (Some(d), _) => {
-            if !(d.is_finite() && d >= 0.0) {
-                bail!("--duration must be a non-negative number of seconds");
-            }
-            Trigger::Duration(Duration::from_secs_f64(d))
-        }
+        // Bounded by parse_duration, so the conversion cannot panic.
+        (Some(d), _) => Trigger::Duration(Duration::from_secs_f64(d)),
         (None, Some((prog, args))) => {
             cmd = std::process::Command::new(prog);
             cmd.args(args);
@@ -644,7 +674,10 @@ fn replay_options(o: &ReplayOpts) -> ReplayOptions {
         ioprio: o.ioprio.0,
         nice: o.nice.0,
         psi_threshold: (o.psi_threshold > 0.0).then_some(o.psi_threshold / 100.0),
-        settle_timeout: Duration::from_secs_f64(o.settle_timeout.clamp(0.0, 3600.0)),
+        // Bounded by parse_settle; the clamp also maps a NaN that bypassed it to 0 rather
+        // than letting from_secs_f64 panic.
+        settle_timeout: Duration::try_from_secs_f64(o.settle_timeout.clamp(0.0, 3600.0))
+            .unwrap_or_default(),
         retries: o.retries,
         allow_stale: o.allow_stale,
         diskstats: o.diskstats,
@@ -833,5 +866,26 @@ mod tests {
         assert!(parse_ioprio("be:9").is_err());
         assert!(parse_nice("none").unwrap().0.is_none());
         assert!(parse_nice("25").is_err());
+    }
+
+    #[test]
+    fn float_options_are_finite_and_in_range() {
+        for bad in ["nan", "NaN", "inf", "-inf", "1e300", "-1", "x", ""] {
+            assert!(parse_settle(bad).is_err(), "{bad}");
+            assert!(parse_duration(bad).is_err(), "{bad}");
+            assert!(parse_pct(bad).is_err(), "{bad}");
+        }
+        assert!(parse_pct("150").is_err());
+        assert!(parse_pct("100.5").is_err());
+        assert_eq!(parse_pct("99.5"), Ok(99.5));
+        assert_eq!(parse_pct("0"), Ok(0.0));
+        assert_eq!(parse_settle("3600"), Ok(3600.0));
+        assert!(parse_settle("3601").is_err());
+        assert_eq!(parse_duration("1.5"), Ok(1.5));
+        assert!(parse_duration("604801").is_err());
+        assert_eq!(parse_threads("256"), Ok(256));
+        for bad in ["0", "257", "-1", "99999999999999999999999"] {
+            assert!(parse_threads(bad).is_err(), "{bad}");
+        }
     }
 }

@@ -829,3 +829,76 @@ fn record_scopes_are_absolute_existing_and_evict_first_needs_one() {
     assert!(!out.exists());
     std::fs::remove_dir_all(&d).unwrap();
 }
+
+#[test]
+fn bad_numeric_options_are_one_line_errors_not_panics() {
+    let d = scratch("badopts");
+    let f = d.join("f");
+    write_file(&f, 8192, 1);
+    let fs = f.to_str().unwrap();
+    let out = d.join("l");
+    let os = out.to_str().unwrap();
+    let cases: Vec<Vec<&str>> = vec![
+        vec!["readahead", "replay", fs, "--settle-timeout", "nan"],
+        vec!["readahead", "replay", fs, "--settle-timeout", "1e300"],
+        vec!["readahead", "replay", fs, "--settle-timeout=-1"],
+        vec!["readahead", "warm", fs, "--settle-timeout", "inf"],
+        vec!["readahead", "warm", fs, "--psi-threshold", "nan"],
+        vec!["readahead", "warm", fs, "--psi-threshold", "101"],
+        vec!["readahead", "warm", fs, "--require", "150"],
+        vec!["readahead", "warm", fs, "--require=-5"],
+        vec!["readahead", "warm", fs, "--require", "nan"],
+        vec!["readahead", "warm", fs, "-q", "0"],
+        vec!["readahead", "warm", fs, "--threads", "100000"],
+        vec!["readahead", "warm", fs, "--retries", "1000000"],
+        vec!["residency", fs, "--threads", "1000000"],
+        vec![
+            "readahead",
+            "record",
+            "-o",
+            os,
+            "--scope",
+            fs,
+            "--duration",
+            "1e300",
+        ],
+        vec![
+            "readahead",
+            "record",
+            "-o",
+            os,
+            "--scope",
+            fs,
+            "--duration",
+            "nan",
+        ],
+        vec![
+            "readahead",
+            "record",
+            "-o",
+            os,
+            "--scope",
+            fs,
+            "--duration",
+            "-1",
+        ],
+    ];
+    for args in cases {
+        let o = run_any(&args);
+        let err = text(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {err}");
+        assert!(!err.contains("panicked"), "{args:?}: {err}");
+        let first = err.lines().next().unwrap_or_default();
+        let last = args[args.len() - 1];
+        let opt = match last.split_once('=') {
+            Some((o, _)) => o,
+            None => args[args.len() - 2],
+        };
+        assert!(
+            first.starts_with("error: invalid value") && first.contains(opt),
+            "{args:?}: {err}"
+        );
+    }
+    assert!(!out.exists());
+    std::fs::remove_dir_all(&d).unwrap();
+}

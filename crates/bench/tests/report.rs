@@ -234,3 +234,72 @@ fn per_second_rates_match_the_run_including_the_partial_last_second() {
     let total: u64 = rep.series.iter().map(|s| s.ios).sum();
     assert_eq!(total, r.ios());
 }
+
+#[test]
+fn file_documents_validate_and_wrong_ones_are_rejected() {
+    use snapblk_bench::fileio::{FileTestSpec, TESTS, overwrite_test, run_file_tests};
+    let dir = std::env::temp_dir().join(format!("snapblk-bench-filedoc-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let spec = FileTestSpec {
+        dir: dir.clone(),
+        file_sizes: vec![64 << 10],
+        record_sizes: vec![4096],
+        tests: TESTS.iter().map(|s| s.to_string()).collect(),
+        fsync: false,
+        direct: false,
+        drop_cache: false,
+        seed: 1,
+    };
+    let r = run_file_tests(&spec, |_| {}).unwrap();
+    let mut doc = Document::new("file", context::capture(Some(&dir)), None);
+    doc.file_tests = Some(serde_json::to_value(&r).unwrap());
+    let file = to_value(&doc);
+    validate(&file).unwrap();
+    let o = overwrite_test(&dir, 64 << 10, 1024, false).unwrap();
+    doc.file_tests = Some(serde_json::json!({ "overwrite": [o] }));
+    let over = to_value(&doc);
+    validate(&over).unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
+
+    // Each of these breaks the description of file_tests and must be rejected.
+    let broken: Vec<(&str, fn(&mut serde_json::Value))> = vec![
+        ("cell without mib_s", |v| {
+            v["file_tests"]["cells"][0]
+                .as_object_mut()
+                .unwrap()
+                .remove("mib_s");
+        }),
+        ("unknown test name", |v| {
+            v["file_tests"]["cells"][0]["test"] = "sideways".into()
+        }),
+        ("negative rate", |v| {
+            v["file_tests"]["cells"][1]["mib_s"] = (-1.0).into()
+        }),
+        ("fsync not a boolean", |v| {
+            v["file_tests"]["spec"]["fsync"] = "yes".into()
+        }),
+        ("empty object", |v| v["file_tests"] = serde_json::json!({})),
+        ("no results without an error", |v| {
+            v["file_tests"] = serde_json::Value::Null
+        }),
+    ];
+    for (what, f) in broken {
+        let mut bad = file.clone();
+        f(&mut bad);
+        assert!(validate(&bad).is_err(), "{what} was accepted");
+    }
+    let mut bad = over.clone();
+    bad["file_tests"]["overwrite"][0]["overwrite_mib_s"] = "fast".into();
+    assert!(
+        validate(&bad).is_err(),
+        "overwrite rate as a string was accepted"
+    );
+    let mut bad = over;
+    bad["file_tests"]["overwrite"] = serde_json::json!([]);
+    assert!(validate(&bad).is_err(), "empty overwrite list was accepted");
+    // A failed file run has no results, and says why.
+    let mut failed = file;
+    failed["file_tests"] = serde_json::Value::Null;
+    failed["error"] = "no such directory".into();
+    validate(&failed).unwrap();
+}

@@ -262,7 +262,8 @@ fn file_documents_validate_and_wrong_ones_are_rejected() {
     std::fs::remove_dir_all(&dir).unwrap();
 
     // Each of these breaks the description of file_tests and must be rejected.
-    let broken: Vec<(&str, fn(&mut serde_json::Value))> = vec![
+    type Breaker = fn(&mut serde_json::Value);
+    let broken: Vec<(&str, Breaker)> = vec![
         ("cell without mib_s", |v| {
             v["file_tests"]["cells"][0]
                 .as_object_mut()

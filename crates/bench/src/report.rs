@@ -516,6 +516,72 @@ mod tests {
         assert_eq!((s.seconds, s.iops), (0.25, 1000));
     }
 
+    /// A run of `ios` reads in one second.
+    fn one_second(ios: u64) -> RunResult {
+        RunResult {
+            spec: JobSpec::default(),
+            capacity: 1 << 30,
+            jobs: Vec::new(),
+            read: DirStats {
+                ios,
+                bytes: ios * 4096,
+                ..Default::default()
+            },
+            write: DirStats::default(),
+            seconds: 1.0,
+            series: Vec::new(),
+        }
+    }
+
+    fn quiet_host(loadavg: f64, cpu_pressure: Option<f64>) -> Context {
+        Context {
+            hostname: "h".into(),
+            kernel: "Linux".into(),
+            kernel_version: "6.1".into(),
+            cpu_model: "cpu".into(),
+            cpus: 2,
+            mem_total_kb: 1,
+            loadavg: [loadavg, 0.0, 0.0],
+            cpu_pressure_avg10: cpu_pressure,
+            io_pressure_avg10: None,
+            target: None,
+        }
+    }
+
+    #[test]
+    fn noisy_repetitions_and_a_busy_host_are_warned_about() {
+        let steady = ConfigReport::of(
+            &JobSpec::default(),
+            &[one_second(1000), one_second(1010), one_second(990)],
+        );
+        let noisy_job = JobSpec {
+            iodepth: 16,
+            ..Default::default()
+        };
+        let noisy = ConfigReport::of(&noisy_job, &[one_second(1000), one_second(1500)]);
+        // A single repetition has no spread to judge.
+        let single = ConfigReport::of(&noisy_job, &[one_second(1)]);
+        let all = [steady.clone(), noisy, single];
+        assert_eq!(
+            noise_warnings(&all, &quiet_host(0.1, None)),
+            [format!(
+                "noisy machine: IOPS of \"read bs=4k qd=16 jobs=1\" vary by 28.3% (CV) across 2 \
+                 repetitions (threshold {:.0}%)",
+                NOISY_CV * 100.0
+            )]
+        );
+        assert!(
+            noise_warnings(std::slice::from_ref(&steady), &quiet_host(0.1, Some(1.0))).is_empty()
+        );
+        assert_eq!(
+            noise_warnings(&[steady], &quiet_host(1.5, Some(25.0))),
+            [
+                "host busy at start: load average 1.50 on 2 CPUs",
+                "CPU pressure at start: some avg10 = 25.0%"
+            ]
+        );
+    }
+
     #[test]
     fn spread_and_formatting() {
         let s = Spread::of(&[90.0, 110.0]);

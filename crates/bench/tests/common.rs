@@ -35,6 +35,8 @@ pub struct Shared {
     /// Every `do_io` call: requests it submitted, `min`, room for completions (`out.len()`),
     /// completions returned.
     pub calls: Vec<DoIo>,
+    /// The `direct` argument of every open of the target, in order.
+    pub opened_direct: Vec<bool>,
     next_queue: usize,
 }
 
@@ -163,9 +165,10 @@ pub fn recording_target(size: usize) -> (BlkioTarget, Arc<Mutex<Shared>>) {
         ..Default::default()
     }));
     let sh = shared.clone();
-    let t = BlkioTarget::new("recording", move |n, _direct| {
+    let t = BlkioTarget::new("recording", move |n, direct| {
         {
             let mut s = sh.lock().unwrap();
+            s.opened_direct.push(direct);
             s.log.clear();
             s.max_outstanding.clear();
             s.calls.clear();

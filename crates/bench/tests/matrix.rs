@@ -46,3 +46,88 @@ fn stop_ends_the_current_run_and_skips_the_rest() {
     let run = &r[0].runs[0];
     assert!(run.read.ios > 0 && run.seconds < 20.0, "{run:?}");
 }
+
+#[test]
+fn repetitions_are_interleaved_across_configurations() {
+    let (mut t, _) = recording_target(MB);
+    let jobs = qd_sweep(&[1, 4, 16], None);
+    let mut order = Vec::new();
+    let r = snapblk_bench::run_matrix(&mut t, &jobs, 3, false, None, |rep, job, _| {
+        order.push((rep, job.iodepth))
+    })
+    .unwrap();
+    // Rep 1 of every configuration before rep 2 of any, and so on.
+    assert_eq!(
+        order,
+        [
+            (0, 1),
+            (0, 4),
+            (0, 16),
+            (1, 1),
+            (1, 4),
+            (1, 16),
+            (2, 1),
+            (2, 4),
+            (2, 16)
+        ]
+    );
+    assert_eq!(r.len(), 3);
+    assert!(r.iter().all(|c| c.runs.len() == 3));
+}
+
+#[test]
+fn direct_reaches_the_target_open() {
+    let (mut t, sh) = recording_target(MB);
+    let mut jobs = qd_sweep(&[1], None);
+    jobs.push(JobSpec {
+        direct: true,
+        ..jobs[0].clone()
+    });
+    snapblk_bench::run_matrix(&mut t, &jobs, 1, false, None, |_, _, _| {}).unwrap();
+    assert_eq!(sh.lock().unwrap().opened_direct, [false, true]);
+}
+
+/// The open-file flags (octal `flags:` of /proc/self/fdinfo) of every descriptor of this
+/// process that refers to `path`.
+fn open_flags_of(path: &std::path::Path) -> Vec<i32> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc/self/fd").unwrap().flatten() {
+        if std::fs::read_link(e.path()).ok().as_deref() != Some(path) {
+            continue;
+        }
+        let info = std::fs::read_to_string(format!(
+            "/proc/self/fdinfo/{}",
+            e.file_name().to_str().unwrap()
+        ))
+        .unwrap_or_default();
+        if let Some(f) = info.lines().find_map(|l| l.strip_prefix("flags:")) {
+            out.push(i32::from_str_radix(f.trim(), 8).unwrap());
+        }
+    }
+    out
+}
+
+#[test]
+fn direct_opens_a_path_target_with_o_direct() {
+    use snapblk_bench::target::{SpecTarget, Target};
+    // The temp dir's filesystem must accept O_DIRECT (ext4, tmpfs since Linux 6.6); if it does
+    // not, the open fails the test rather than skipping it.
+    let dir = std::env::temp_dir().join(format!("snapblk-bench-direct-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let img = dir.join("img");
+    std::fs::write(&img, vec![0u8; MB]).unwrap();
+    let img = img.canonicalize().unwrap();
+    let mut t = SpecTarget::new(img.to_str().unwrap());
+    for direct in [false, true] {
+        let dev = t.open(1, direct).unwrap();
+        let flags = open_flags_of(&img);
+        assert!(!flags.is_empty(), "the target does not hold {img:?} open");
+        assert!(
+            flags.iter().all(|f| (f & libc::O_DIRECT != 0) == direct),
+            "direct={direct}: open flags {flags:?} (O_DIRECT is {:#o})",
+            libc::O_DIRECT
+        );
+        drop(dev);
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -88,6 +88,7 @@ fn table_on_stdout_json_in_file_and_verify_on_a_file() {
     let out = d.join("out.json");
     let o = snapblk(&[
         img.to_str().unwrap(),
+        "--direct",
         "--rw",
         "randrw",
         "--bs",
@@ -108,6 +109,7 @@ fn table_on_stdout_json_in_file_and_verify_on_a_file() {
         serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
     validate(&v).unwrap();
     assert_eq!(v["context"]["target"]["kind"], "file");
+    assert_eq!(v["results"][0]["config"]["direct"], true);
     assert!(
         v["results"][0]["runs"][0]["verified_blocks"]
             .as_u64()
@@ -294,4 +296,58 @@ fn interrupted_json_run_still_writes_a_valid_document() {
         assert!(run["read"]["ios"].as_u64().unwrap() > 0, "{run}");
         assert!(run["seconds"].as_f64().unwrap() < 20.0);
     }
+}
+
+#[test]
+fn snapshot_spec_target() {
+    let d = tmp("snapshot");
+    // A 4 MiB base and a new image with its second MiB changed, as a COW.
+    let base: Vec<u8> = (0..4u32 << 20).map(|i| (i % 251) as u8).collect();
+    let mut new = base.clone();
+    new[1 << 20..2 << 20].fill(0xa5);
+    let (old_p, new_p, cow) = (d.join("old.img"), d.join("new.img"), d.join("x.cow"));
+    std::fs::write(&old_p, &base).unwrap();
+    std::fs::write(&new_p, &new).unwrap();
+    let o = Command::new(env!("CARGO_BIN_EXE_snapblk"))
+        .args(["cow", "create", "--old"])
+        .arg(&old_p)
+        .arg("--new")
+        .arg(&new_p)
+        .arg("-o")
+        .arg(&cow)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let spec = format!("snapshot:base={},cow={}", old_p.display(), cow.display());
+    // One sequential pass over the snapshot device: 64 reads of 64 KiB.
+    let o = snapblk(&[
+        &spec,
+        "--rw",
+        "read",
+        "--bs",
+        "64k",
+        "--iodepth",
+        "4",
+        "--json",
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let v = json(&o);
+    assert_eq!(v["target"]["driver"], "snapshot");
+    assert_eq!(v["results"][0]["capacity"], 4 << 20);
+    assert_eq!(v["results"][0]["runs"][0]["read"]["ios"], 64);
+    // Writes through a writable snapshot, checked on read-back; the base stays untouched.
+    let o = snapblk(&[
+        &format!("{spec},writable=true"),
+        "--rw",
+        "randwrite",
+        "--iodepth",
+        "8",
+        "--verify",
+        "--json",
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let v = json(&o);
+    assert_eq!(v["results"][0]["runs"][0]["verified_blocks"], 1024);
+    assert_eq!(std::fs::read(&old_p).unwrap(), base, "the base was written");
+    std::fs::remove_dir_all(&d).unwrap();
 }

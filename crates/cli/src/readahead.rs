@@ -326,11 +326,22 @@ fn human(b: u64) -> String {
     }
 }
 
-fn pct(a: u64, b: u64) -> f64 {
+/// `a` of `b` in percent with `prec` decimals, or "n/a" when there is nothing to measure
+/// (0 of 0 is not 100 %).
+fn pct(a: u64, b: u64, prec: usize) -> String {
     if b == 0 {
-        100.0
+        "n/a".into()
     } else {
-        a as f64 * 100.0 / b as f64
+        format!("{:.prec$}%", a as f64 * 100.0 / b as f64)
+    }
+}
+
+/// Fails a command whose paths could not all be read (like `evict`), after its report.
+fn fail_on_walk_errors(errors: &[WalkError]) -> anyhow::Result<()> {
+    match errors.len() {
+        0 => Ok(()),
+        1 => bail!("1 path could not be read"),
+        n => bail!("{n} paths could not be read"),
     }
 }
 
@@ -369,7 +380,8 @@ pub fn run_residency(a: ResidencyArgs) -> anyhow::Result<()> {
         });
         serde_json::to_writer(&mut out, &doc)?;
         writeln!(out)?;
-        return Ok(());
+        out.flush()?;
+        return fail_on_walk_errors(&rep.errors);
     }
     if !a.summary {
         for f in &rep.files {
@@ -380,13 +392,13 @@ pub fn run_residency(a: ResidencyArgs) -> anyhow::Result<()> {
                     if bars {
                         writeln!(
                             out,
-                            "{p}\n[{:<40}] {r}/{}  {:.1}%",
+                            "{p}\n[{:<40}] {r}/{}  {}",
                             bar(&f.buckets),
                             f.pages,
-                            pct(r, f.pages)
+                            pct(r, f.pages, 1)
                         )?;
                     } else {
-                        writeln!(out, "{p}\t{r}/{}\t{:.1}%", f.pages, pct(r, f.pages))?;
+                        writeln!(out, "{p}\t{r}/{}\t{}", f.pages, pct(r, f.pages, 1))?;
                     }
                 }
                 Residency::Unknown { reason } => writeln!(out, "{p}\tunknown\t{reason}")?,
@@ -398,12 +410,12 @@ pub fn run_residency(a: ResidencyArgs) -> anyhow::Result<()> {
     writeln!(out, "           Files: {}", t.files)?;
     writeln!(
         out,
-        "  Resident Pages: {}/{}  {}/{}  {:.3}%",
+        "  Resident Pages: {}/{}  {}/{}  {}",
         t.resident_pages,
         t.known_pages,
         human(t.resident_pages * ps),
         human(t.known_pages * ps),
-        pct(t.resident_pages, t.known_pages)
+        pct(t.resident_pages, t.known_pages, 3)
     )?;
     if t.unknown_files > 0 {
         writeln!(
@@ -420,7 +432,8 @@ pub fn run_residency(a: ResidencyArgs) -> anyhow::Result<()> {
         )?;
     }
     writeln!(out, "         Elapsed: {elapsed:.3} s")?;
-    Ok(())
+    out.flush()?;
+    fail_on_walk_errors(&rep.errors)
 }
 
 pub fn run(c: ReadaheadCmd) -> anyhow::Result<()> {
@@ -446,7 +459,12 @@ pub fn run(c: ReadaheadCmd) -> anyhow::Result<()> {
             let (rep, errors) = replay::warm_tree(&a.walk.paths, &w, &opts, Some(&progress));
             bar.finish();
             print_walk_errors(&errors);
-            report_replay(&rep, &a.opts)
+            report_replay(&rep, &a.opts, &errors)?;
+            fail_on_walk_errors(&errors)?;
+            if rep.entries_failed > 0 {
+                bail!("{} files could not be read", rep.entries_failed);
+            }
+            Ok(())
         }
         ReadaheadCmd::Evict(a) => run_evict(a),
     }
@@ -690,14 +708,20 @@ fn run_replay(entries: Vec<ListEntry>, o: &ReplayOpts) -> anyhow::Result<()> {
     let progress = |d: u64, _t: u64| bar.set(d);
     let rep = replay::replay(&entries, &opts, Some(&progress));
     bar.finish();
-    report_replay(&rep, o)
+    report_replay(&rep, o, &[])
 }
 
-fn report_replay(rep: &ReplayReport, o: &ReplayOpts) -> anyhow::Result<()> {
+/// Prints the report (`walk_errors`: paths a `warm` could not walk, also put in the JSON).
+fn report_replay(
+    rep: &ReplayReport,
+    o: &ReplayOpts,
+    walk_errors: &[WalkError],
+) -> anyhow::Result<()> {
     if o.json {
         let mut v = serde_json::to_value(rep)?;
         if let Some(m) = v.as_object_mut() {
             m.insert("schema".into(), "snapblk.replay.v1".into());
+            m.insert("walk_errors".into(), walk_errors_json(walk_errors).into());
         }
         println!("{v}");
     } else {
@@ -808,6 +832,7 @@ fn run_evict(a: EvictArgs) -> anyhow::Result<()> {
                 "files": rep.files,
                 "pages": rep.pages,
                 "remaining_pages": rep.remaining_pages(),
+                "unknown_files": rep.unknown_files(),
                 "remaining": remaining,
                 "errors": walk_errors_json(&rep.errors),
                 "elapsed_secs": elapsed,
@@ -830,11 +855,21 @@ fn run_evict(a: EvictArgs) -> anyhow::Result<()> {
             }
         }
         print_walk_errors(&rep.errors);
+        let unknown = rep.unknown_files();
         println!(
-            "evicted {} files ({} pages); {} pages remain resident; {:.3} s",
+            "evicted {} files ({} pages); {} pages remain resident{}; {:.3} s",
             rep.files,
             rep.pages,
             rep.remaining_pages(),
+            if unknown > 0 {
+                format!(
+                    " in the {} files that could be checked, {unknown} files unknown \
+                     (residency cannot be measured)",
+                    rep.files.saturating_sub(unknown)
+                )
+            } else {
+                String::new()
+            },
             elapsed
         );
     }

@@ -60,6 +60,7 @@ fn evict(paths: &[&Path]) {
     a.extend(paths.iter().map(|p| p.to_str().unwrap()));
     let v = json(&run(&[a, vec!["--json"]].concat()));
     assert_eq!(v["remaining_pages"], 0, "eviction left pages resident: {v}");
+    assert_eq!(v["unknown_files"], 0, "eviction could not be checked: {v}");
 }
 
 /// Resident bytes of a whole file according to util-linux fincore (mincore based).
@@ -477,6 +478,18 @@ fn unprivileged_caller_gets_unknown_not_a_false_100_percent() {
     let v = json(&run(&["residency", "--json", f.to_str().unwrap()]));
     assert_eq!(v["files"][0]["residency"]["state"], "known");
     assert_eq!(v["files"][0]["residency"]["resident_pages"], 0);
+    // Evicting as nobody cannot check the result: the summary says so instead of claiming
+    // that 0 pages remain resident.
+    let o = as_nobody(BIN, &["readahead", "evict"]);
+    let out = text(&o.stdout);
+    assert!(
+        out.contains(
+            "0 pages remain resident in the 0 files that could be checked, 1 files unknown"
+        ),
+        "{out}"
+    );
+    let o = as_nobody(BIN, &["readahead", "evict", "--json"]);
+    assert_eq!(json(&o)["unknown_files"], 1);
     // A warm-up whose result cannot be verified does not meet a requirement.
     let o = as_nobody(BIN, &["readahead", "warm", "--require", "99.5", "--json"]);
     assert!(!o.status.success(), "unverifiable warm-up passed --require");
@@ -900,5 +913,89 @@ fn bad_numeric_options_are_one_line_errors_not_panics() {
         );
     }
     assert!(!out.exists());
+    std::fs::remove_dir_all(&d).unwrap();
+}
+
+#[test]
+fn unreadable_paths_fail_and_totals_without_data_say_n_a() {
+    let d = scratch("exit");
+    let f = d.join("f");
+    write_file(&f, 20 << 10, 1);
+    let fs = f.to_str().unwrap();
+    let nosuch = d.join("nosuch");
+    let ns = nosuch.to_str().unwrap();
+
+    // residency: exit 1, the error on stderr, the total n/a rather than 100 %.
+    let o = run_any(&["residency", ns]);
+    assert_eq!(o.status.code(), Some(1), "{o:?}");
+    let out = text(&o.stdout);
+    assert!(out.contains("Resident Pages: 0/0  0 B/0 B  n/a"), "{out}");
+    assert!(!out.contains("100.000%"), "{out}");
+    assert!(
+        text(&o.stderr).contains("1 path could not be read"),
+        "{o:?}"
+    );
+    let o = run_any(&["residency", "--json", ns]);
+    assert_eq!(o.status.code(), Some(1));
+    let v = json(&o);
+    assert_eq!(v["total"]["resident_fraction"], Value::Null, "{v}");
+    assert_eq!(v["errors"][0]["path"], ns, "{v}");
+    // A readable file next to it is still reported; the exit status still says failure.
+    let o = run_any(&["residency", "--json", fs, ns]);
+    assert_eq!(o.status.code(), Some(1));
+    let v = json(&o);
+    assert_eq!(v["total"]["files"], 1);
+    assert_eq!(v["total"]["resident_fraction"], 1.0, "{v}");
+    // An empty file: nothing to measure, n/a too.
+    let empty = d.join("empty");
+    std::fs::write(&empty, "").unwrap();
+    let o = run(&["residency", empty.to_str().unwrap()]);
+    assert!(text(&o.stdout).contains("0/0\tn/a"), "{o:?}");
+
+    // warm: exit 1, walk errors in --json.
+    let o = run_any(&["readahead", "warm", "--json", fs, ns]);
+    assert_eq!(o.status.code(), Some(1), "{o:?}");
+    let v = json(&o);
+    assert_eq!(v["walk_errors"][0]["path"], ns, "{v}");
+    assert!(
+        v["walk_errors"][0]["error"]
+            .as_str()
+            .unwrap()
+            .contains("No such file"),
+        "{v}"
+    );
+    assert_eq!(v["files_replayed"], 1);
+    let o = run_any(&["readahead", "warm", ns]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(text(&o.stdout).contains("resident (n/a)"), "{o:?}");
+    assert!(text(&o.stderr).contains("no files found"), "{o:?}");
+    // evict agrees.
+    assert_eq!(run_any(&["readahead", "evict", ns]).status.code(), Some(1));
+    std::fs::remove_dir_all(&d).unwrap();
+}
+
+#[test]
+fn duplicate_list_entries_are_requested_once() {
+    let d = scratch("dups");
+    let f = d.join("lib.so");
+    write_file(&f, 37_000, 1);
+    let lp = d.join("list");
+    let line = format!("{}\n", f.display());
+    std::fs::write(&lp, line.repeat(3) + &format!("{} 0:4096\n", f.display())).unwrap();
+    evict(&[&f]);
+    let v = json(&run(&[
+        "readahead",
+        "replay",
+        lp.to_str().unwrap(),
+        "--json",
+        "--require",
+        "99.5",
+    ]));
+    assert_eq!(v["entries"], 4, "{v}");
+    assert_eq!(v["entries_duplicate"], 3, "{v}");
+    assert_eq!(v["files_replayed"], 1, "{v}");
+    // Once, clipped to the file size (listed 4 times, 148 KB or more before merging).
+    assert_eq!(v["bytes_requested"], 37_000, "{v}");
+    assert_eq!(v["warnings"], serde_json::json!([]), "{v}");
     std::fs::remove_dir_all(&d).unwrap();
 }

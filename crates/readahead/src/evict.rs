@@ -26,11 +26,22 @@ pub struct EvictReport {
 }
 
 impl EvictReport {
+    /// Pages still resident in the files whose residency could be checked; see
+    /// [`EvictReport::unknown_files`] for those that could not.
     pub fn remaining_pages(&self) -> u64 {
         self.remaining
             .iter()
             .filter_map(|r| r.residency.resident_pages())
             .sum()
+    }
+
+    /// Evicted files whose residency afterwards cannot be measured (e.g. an unprivileged
+    /// caller): [`EvictReport::remaining_pages`] says nothing about them.
+    pub fn unknown_files(&self) -> u64 {
+        self.remaining
+            .iter()
+            .filter(|r| r.residency.resident_pages().is_none())
+            .count() as u64
     }
 }
 

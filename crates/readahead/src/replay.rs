@@ -726,14 +726,54 @@ fn lag_files(threads: usize) -> usize {
     (soft.saturating_sub(256) / (2 * threads.max(1) as u64)).min(1024) as usize
 }
 
-/// Replays `entries` and returns the verified report.
+/// Merges entries that name the same path into one (union of their ranges; a whole-file
+/// entry absorbs ranges), keeping the order of first appearance, so repeated lines are
+/// requested, issued and counted once. Entries of one path with *different* identities are
+/// kept apart (at most one of them can match the file). Returns the merged list and how many
+/// entries were folded into an earlier one.
+pub fn merge_duplicates(entries: &[ListEntry]) -> (Vec<ListEntry>, u64) {
+    let mut out: Vec<ListEntry> = Vec::with_capacity(entries.len());
+    let mut by_path: std::collections::HashMap<&Path, Vec<usize>> = Default::default();
+    let mut merged = 0;
+    'entries: for e in entries {
+        if let Some(seen) = by_path.get(e.path.as_path()) {
+            for &i in seen {
+                let Some(o) = out.get_mut(i) else { continue };
+                if o.identity.is_some() && e.identity.is_some() && o.identity != e.identity {
+                    continue;
+                }
+                o.identity = o.identity.or(e.identity);
+                o.extent = match (&o.extent, &e.extent) {
+                    (Extent::Ranges(a), Extent::Ranges(b)) => {
+                        Extent::Ranges(RangeSet::from_ranges(
+                            a.ranges().iter().chain(b.ranges()).copied().collect(),
+                        ))
+                    }
+                    _ => Extent::Whole,
+                };
+                merged += 1;
+                continue 'entries;
+            }
+        }
+        by_path.entry(e.path.as_path()).or_default().push(out.len());
+        out.push(e.clone());
+    }
+    (out, merged)
+}
+
+/// Replays `entries` (duplicates merged first, see [`merge_duplicates`]) and returns the
+/// verified report.
 pub fn replay(
     entries: &[ListEntry],
     opts: &ReplayOptions,
     progress: Option<Progress<'_>>,
 ) -> ReplayReport {
+    let listed = entries.len() as u64;
+    let (entries, merged) = merge_duplicates(entries);
+    let entries = &entries;
     let total = entries.len() as u64;
     run(opts, false, lag_files(opts.submitters()), |shared| {
+        shared.duplicates.fetch_add(merged, Relaxed);
         parallel_for(
             entries.len(),
             shared.opts.submitters(),
@@ -741,7 +781,7 @@ pub fn replay(
             |i, ctx| shared.pass1(&entries[i], ctx, progress, total),
             |ctx| shared.drain(ctx),
         );
-        (total, Vec::new())
+        (listed, Vec::new())
     })
 }
 
@@ -1354,6 +1394,62 @@ mod tests {
 
         // A complete replay has no warnings and passes.
         let rep = replay(&[entry(dir.join("big"), None)], &quiet(), None);
+        assert!(rep.warnings.is_empty(), "{:?}", rep.warnings);
+        assert!(rep.check_require(99.5).is_ok());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn duplicate_entries_are_merged_and_counted_once() {
+        let r = |o, l| Range::new(o, l).unwrap();
+        let ranges = |v: Vec<Range>| Extent::Ranges(RangeSet::from_ranges(v));
+        let id = |size| FileIdentity {
+            dev_major: 1,
+            dev_minor: 2,
+            ino: 3,
+            size,
+            mtime_sec: 4,
+            mtime_nsec: 5,
+        };
+        let e = |p: &str, identity, extent| ListEntry {
+            path: PathBuf::from(p),
+            identity,
+            extent,
+        };
+        let list = vec![
+            e("/a", None, ranges(vec![r(0, 4096)])),
+            e("/b", Some(id(10)), ranges(vec![r(0, 10)])),
+            e(
+                "/a",
+                Some(id(7)),
+                ranges(vec![r(2048, 8192), r(65536, 4096)]),
+            ),
+            e("/b", Some(id(11)), ranges(vec![r(0, 11)])), // another identity: kept apart
+            e("/a", None, ranges(vec![r(0, 4096)])),
+            e("/c", None, Extent::Whole),
+            e("/c", None, ranges(vec![r(0, 1)])),
+        ];
+        let (m, merged) = merge_duplicates(&list);
+        assert_eq!(merged, 3);
+        assert_eq!(
+            m,
+            vec![
+                e("/a", Some(id(7)), ranges(vec![r(0, 10240), r(65536, 4096)])),
+                e("/b", Some(id(10)), ranges(vec![r(0, 10)])),
+                e("/b", Some(id(11)), ranges(vec![r(0, 11)])),
+                e("/c", None, Extent::Whole),
+            ]
+        );
+
+        // Replaying a file listed three times requests its bytes once.
+        let dir = make_tree("dup");
+        let two = dir.join("a/b/two");
+        let list = vec![entry(two.clone(), None); 3];
+        let rep = replay(&list, &quiet(), None);
+        assert_eq!(rep.entries, 3);
+        assert_eq!(rep.entries_duplicate, 2);
+        assert_eq!(rep.files_replayed, 1);
+        assert_eq!(rep.bytes_requested, 70_000);
         assert!(rep.warnings.is_empty(), "{:?}", rep.warnings);
         assert!(rep.check_require(99.5).is_ok());
         std::fs::remove_dir_all(&dir).unwrap();

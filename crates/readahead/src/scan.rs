@@ -41,6 +41,8 @@ pub struct Totals {
     pub writeback_pages: u64,
     pub recently_evicted_pages: u64,
     pub errors: u64,
+    /// `resident_pages / known_pages`; `None` (JSON null) when no page could be measured.
+    pub resident_fraction: Option<f64>,
 }
 
 /// A residency report.
@@ -81,6 +83,8 @@ impl Report {
                 }
             }
         }
+        t.resident_fraction =
+            (t.known_pages > 0).then(|| t.resident_pages as f64 / t.known_pages as f64);
         t
     }
 }

@@ -54,6 +54,8 @@ pub struct Cell {
     pub ops: u64,
     pub op_mean_us: f64,
     pub op_p99_us: f64,
+    /// The time includes an fsync of the file (write tests with `fsync`).
+    pub fsync: bool,
 }
 
 /// The file-test results.
@@ -134,7 +136,7 @@ pub fn invalidate(path: &Path, regions: &[(u64, u64)]) {
     }
 }
 
-fn cell(fs: u64, rs: u64, test: &str, bytes: u64, secs: f64, h: &LatHist) -> Cell {
+fn cell(fs: u64, rs: u64, test: &str, bytes: u64, secs: f64, h: &LatHist, fsync: bool) -> Cell {
     Cell {
         file_size: fs,
         record_size: rs,
@@ -149,6 +151,7 @@ fn cell(fs: u64, rs: u64, test: &str, bytes: u64, secs: f64, h: &LatHist) -> Cel
         ops: h.count(),
         op_mean_us: h.mean() / 1e3,
         op_p99_us: h.percentile(99.0) as f64 / 1e3,
+        fsync,
     }
 }
 
@@ -188,11 +191,12 @@ fn run_test(
         }
         h.record(s.elapsed().as_nanos() as u64);
     }
-    if write && spec.fsync {
+    let fsync = write && spec.fsync;
+    if fsync {
         f.sync_all()?;
     }
     let secs = t0.elapsed().as_secs_f64();
-    Ok(cell(fs, rs, test, n * rs, secs, &h))
+    Ok(cell(fs, rs, test, n * rs, secs, &h, fsync))
 }
 
 /// Run the sweep. The test file is created in `spec.dir` and removed afterwards.
@@ -278,7 +282,12 @@ pub fn file_table(r: &FileTestReport) -> String {
         }
         rows.push(row);
     }
-    format!("MiB/s\n{}", text_table(&rows))
+    let mode = if r.spec.fsync {
+        "write tests include fsync"
+    } else {
+        "no fsync"
+    };
+    format!("MiB/s ({mode})\n{}", text_table(&rows))
 }
 
 /// The ext2-over-flash micro-benchmark result.
@@ -381,7 +390,23 @@ mod tests {
             .unwrap();
         assert_eq!(c.ops, 64);
         assert_eq!(c.bytes, 256 << 10);
-        assert!(file_table(&r).contains("randwrite"));
+        let t = file_table(&r);
+        assert!(t.contains("randwrite"));
+        // The fsync mode is marked in the table and on every cell: write tests only.
+        assert!(t.starts_with("MiB/s (write tests include fsync)\n"), "{t}");
+        for c in &r.cells {
+            let w = matches!(c.test.as_str(), "write" | "rewrite" | "randwrite");
+            assert_eq!(c.fsync, w, "{c:?}");
+        }
+        let nosync = FileTestSpec {
+            fsync: false,
+            file_sizes: vec![64 << 10],
+            record_sizes: vec![4096],
+            ..spec.clone()
+        };
+        let r = run_file_tests(&nosync, |_| {}).unwrap();
+        assert!(r.cells.iter().all(|c| !c.fsync));
+        assert!(file_table(&r).starts_with("MiB/s (no fsync)\n"));
         let o = overwrite_test(&dir, 64 << 10, 1024, true).unwrap();
         assert_eq!(o.overwrite_ops, 64);
         assert!(o.overwrite_mib_s > 0.0);

@@ -244,8 +244,11 @@ fn fmt_lat(v: f64) -> String {
 fn fmt_num(v: f64) -> String {
     fmt_count(v)
 }
+/// A tick value as a short decimal: ticks are computed in floating point (`0.2 * 3` is
+/// `0.6000000000000001`), so round to 6 decimals before printing.
 fn fmt_int(v: f64) -> String {
-    format!("{v}")
+    let r = (v * 1e6).round() / 1e6;
+    format!("{}", if r == 0.0 { 0.0 } else { r })
 }
 
 /// Latency CDF of every configuration (all repetitions merged).
@@ -379,6 +382,19 @@ mod tests {
             nice_ticks(1.0, 1000.0, true),
             vec![1.0, 10.0, 100.0, 1000.0]
         );
+    }
+
+    #[test]
+    fn tick_labels_are_round() {
+        assert_eq!(fmt_int(0.6000000000000001), "0.6");
+        assert_eq!(fmt_int(0.1 + 0.2), "0.3");
+        assert_eq!(fmt_int(32.0), "32");
+        assert_eq!(fmt_int(-0.0), "0");
+        // Every tick of a sub-second time axis prints short.
+        for v in nice_ticks(0.0, 1.2, false) {
+            let s = fmt_int(v);
+            assert!(s.len() <= 4, "{v} printed as {s}");
+        }
     }
 
     #[test]

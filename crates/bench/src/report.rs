@@ -453,7 +453,12 @@ pub fn workload_table(results: &[ConfigReport]) -> String {
             r.label.clone(),
             r.runs.len().to_string(),
             fmt_count(s.iops.mean),
-            format!("{:.1}%", s.iops.cv * 100.0),
+            // One repetition has no spread: `-`, not a misleading 0.0%.
+            if r.runs.len() > 1 {
+                format!("{:.1}%", s.iops.cv * 100.0)
+            } else {
+                "-".into()
+            },
             format!("{:.1}", s.bw_bytes.mean / 1048576.0),
             fmt_ns(s.lat_ns.mean),
             p(50.0),
@@ -580,6 +585,19 @@ mod tests {
                 "CPU pressure at start: some avg10 = 25.0%"
             ]
         );
+    }
+
+    #[test]
+    fn cv_column_is_a_dash_for_one_repetition() {
+        let one = ConfigReport::of(&JobSpec::default(), &[one_second(1000)]);
+        let two = ConfigReport::of(&JobSpec::default(), &[one_second(900), one_second(1100)]);
+        let t = workload_table(&[one, two]);
+        let cv: Vec<&str> = t
+            .lines()
+            .skip(2)
+            .map(|l| l.split_whitespace().nth(6).unwrap())
+            .collect();
+        assert_eq!(cv, ["-", "14.1%"], "{t}");
     }
 
     #[test]

@@ -321,10 +321,16 @@ fn run_foreground(
     }
 }
 
+/// The median; of an even count, the midpoint of the two middle values.
 fn median(v: &[f64]) -> f64 {
     let mut s = v.to_vec();
     s.sort_by(|a, b| a.total_cmp(b));
-    if s.is_empty() { 0.0 } else { s[s.len() / 2] }
+    let n = s.len();
+    match n {
+        0 => 0.0,
+        _ if n % 2 == 1 => s[n / 2],
+        _ => (s[n / 2 - 1] + s[n / 2]) / 2.0,
+    }
 }
 
 fn run_cell(
@@ -470,4 +476,18 @@ pub fn fgbg_table(r: &FgBgReport) -> String {
         ]);
     }
     text_table(&rows)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::median;
+
+    #[test]
+    fn median_of_odd_and_even_counts() {
+        assert_eq!(median(&[]), 0.0);
+        assert_eq!(median(&[3.0]), 3.0);
+        assert_eq!(median(&[3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(median(&[4.0, 1.0]), 2.5);
+        assert_eq!(median(&[1.0, 10.0, 2.0, 3.0]), 2.5);
+    }
 }

@@ -345,16 +345,8 @@ fn fail_on_walk_errors(errors: &[WalkError]) -> anyhow::Result<()> {
     }
 }
 
-fn bar(buckets: &[u8]) -> String {
-    buckets
-        .iter()
-        .map(|&p| match p {
-            100 => 'O',
-            0 => ' ',
-            _ => 'o',
-        })
-        .collect()
-}
+/// Columns of a residency bar (like vmtouch -v).
+const BAR_WIDTH: usize = 40;
 
 pub fn run_residency(a: ResidencyArgs) -> anyhow::Result<()> {
     let t0 = Instant::now();
@@ -363,7 +355,7 @@ pub fn run_residency(a: ResidencyArgs) -> anyhow::Result<()> {
     let rep = scan::scan(
         &a.walk.paths,
         &a.walk.walk_opts(a.threads),
-        if bars { 40 } else { 0 },
+        if bars { BAR_WIDTH as u64 } else { 0 },
     );
     spin.finish();
     let elapsed = t0.elapsed().as_secs_f64();
@@ -392,8 +384,8 @@ pub fn run_residency(a: ResidencyArgs) -> anyhow::Result<()> {
                     if bars {
                         writeln!(
                             out,
-                            "{p}\n[{:<40}] {r}/{}  {}",
-                            bar(&f.buckets),
+                            "{p}\n[{}] {r}/{}  {}",
+                            scan::render_bar(&f.buckets, BAR_WIDTH),
                             f.pages,
                             pct(r, f.pages, 1)
                         )?;

@@ -946,6 +946,10 @@ fn unreadable_paths_fail_and_totals_without_data_say_n_a() {
     let v = json(&o);
     assert_eq!(v["total"]["files"], 1);
     assert_eq!(v["total"]["resident_fraction"], 1.0, "{v}");
+    // -v bars span 40 columns even for a 5-page file.
+    let o = run(&["residency", "-v", fs]);
+    let want = format!("[{}] 5/5  100.0%", "O".repeat(40));
+    assert!(text(&o.stdout).contains(&want), "{o:?}");
     // An empty file: nothing to measure, n/a too.
     let empty = d.join("empty");
     std::fs::write(&empty, "").unwrap();

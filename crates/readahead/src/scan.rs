@@ -89,29 +89,57 @@ impl Report {
     }
 }
 
-/// Residency in percent of `n` equal slices of the file (one cachestat each); empty when
-/// residency is unknown.
+/// Residency of `n` slices spanning the whole file (one cachestat each), as a percentage
+/// that is 0 only when no page of the slice is resident and 100 only when all are (so one
+/// resident page in a large slice still shows). A file with fewer than `n` pages gets `n`
+/// slices too, each page covering several, so a bar always spans the full width. Empty when
+/// residency is unknown or the file is empty.
 pub fn buckets(f: &std::fs::File, path: &Path, meta: &std::fs::Metadata, n: u64) -> Vec<u8> {
     let ps = sys::page_size();
     let pages = meta.len().div_ceil(ps);
     if pages == 0 || n == 0 {
         return Vec::new();
     }
-    let n = n.min(pages);
     let mut out = Vec::with_capacity(n as usize);
     for i in 0..n {
-        let (a, b) = (i * pages / n, (i + 1) * pages / n);
+        let a = (i * pages / n).min(pages - 1);
+        let b = ((i + 1) * pages / n).clamp(a + 1, pages);
         let Some(r) = crate::ranges::Range::new(a * ps, (b - a) * ps) else {
-            continue;
+            return Vec::new();
         };
         match residency::measure(f, path, meta, Some(r)) {
             Residency::Known { resident_pages, .. } => {
-                out.push((resident_pages.min(b - a) * 100 / (b - a)) as u8)
+                out.push(slice_percent(resident_pages, b - a))
             }
             Residency::Unknown { .. } => return Vec::new(),
         }
     }
     out
+}
+
+/// `resident` of `len` pages in percent, rounded into 1..=99 unless none or all are resident.
+fn slice_percent(resident: u64, len: u64) -> u8 {
+    match resident.min(len) {
+        0 => 0,
+        r if r >= len => 100,
+        r => (r * 100 / len).clamp(1, 99) as u8,
+    }
+}
+
+/// A residency bar of exactly `width` columns from [`buckets`] (like `vmtouch -v`): `O` fully
+/// resident, `o` partly (at least one page), blank none. Buckets are stretched or sampled to
+/// the width, so the bar never ends early.
+pub fn render_bar(buckets: &[u8], width: usize) -> String {
+    if buckets.is_empty() {
+        return " ".repeat(width);
+    }
+    (0..width)
+        .map(|i| match buckets.get(i * buckets.len() / width).copied() {
+            Some(100) => 'O',
+            Some(0) | None => ' ',
+            Some(_) => 'o',
+        })
+        .collect()
 }
 
 /// Measures every regular file under `roots`. Files are sorted by path. With `bar_buckets > 0`
@@ -163,5 +191,59 @@ pub fn scan(roots: &[PathBuf], opts: &WalkOptions, bar_buckets: u64) -> Report {
         page_size: ps,
         files,
         errors,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::fd::AsFd;
+    use std::os::unix::fs::FileExt;
+
+    #[test]
+    fn bars_span_the_width_and_show_any_resident_page() {
+        assert_eq!(render_bar(&[100; 40], 40), "O".repeat(40));
+        // Fewer buckets than columns (an older caller, or a tiny file): stretched, not padded.
+        assert_eq!(render_bar(&[100; 28], 40), "O".repeat(40));
+        assert_eq!(render_bar(&[0, 1, 100, 0], 8), "  ooOO  ");
+        assert_eq!(render_bar(&[], 5), "     ");
+        assert_eq!(render_bar(&[0; 80], 40), " ".repeat(40));
+        assert_eq!(slice_percent(1, 192), 1);
+        assert_eq!(slice_percent(191, 192), 99);
+        assert_eq!(slice_percent(192, 192), 100);
+        assert_eq!(slice_percent(0, 192), 0);
+    }
+
+    #[test]
+    fn buckets_of_real_files() {
+        let dir = crate::test_support::disk_dir();
+        let ps = sys::page_size();
+        // A fully resident 28-page file: 40 full slices, not 28 and a blank tail.
+        let small = dir.join(format!("snapblk-ra-bar-small-{}", std::process::id()));
+        std::fs::write(&small, vec![1u8; 28 * ps as usize]).unwrap();
+        let f = std::fs::File::open(&small).unwrap();
+        let b = buckets(&f, &small, &f.metadata().unwrap(), 40);
+        assert_eq!(b, vec![100; 40]);
+        assert_eq!(render_bar(&b, 40), "O".repeat(40));
+        std::fs::remove_file(&small).unwrap();
+
+        // A sparse 5120-page file (128 pages per slice) with one page read at 10 MiB: that
+        // slice shows `o` (it was rounded down to 0 % and drawn blank before).
+        let big = dir.join(format!("snapblk-ra-bar-big-{}", std::process::id()));
+        let f = std::fs::File::create(&big).unwrap();
+        f.set_len(5120 * ps).unwrap();
+        drop(f);
+        let f = std::fs::File::open(&big).unwrap();
+        sys::fadvise(f.as_fd(), 0, 0, libc::POSIX_FADV_DONTNEED).unwrap();
+        sys::fadvise(f.as_fd(), 0, 0, libc::POSIX_FADV_RANDOM).unwrap();
+        let mut page = vec![0u8; ps as usize];
+        f.read_exact_at(&mut page, 10 << 20).unwrap();
+        let b = buckets(&f, &big, &f.metadata().unwrap(), 40);
+        assert_eq!(b.len(), 40);
+        let col = ((10 << 20) / ps / 128) as usize;
+        let bar = render_bar(&b, 40);
+        let expect: String = (0..40).map(|i| if i == col { 'o' } else { ' ' }).collect();
+        assert_eq!(bar, expect, "{b:?}");
+        std::fs::remove_file(&big).unwrap();
     }
 }

@@ -287,7 +287,8 @@ pub fn iops_vs_qd(results: &[ConfigReport]) -> String {
     for r in results {
         let c = &r.config;
         let key = format!(
-            "{} bs={} jobs={}",
+            "{}{} bs={} jobs={}",
+            c.name_prefix(),
             c.rw,
             crate::spec::fmt_size(c.bs),
             c.numjobs

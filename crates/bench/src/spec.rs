@@ -67,6 +67,9 @@ impl fmt::Display for RwMode {
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct JobSpec {
     pub name: String,
+    /// `name` was given (a job file's `name` key): tables, plots and labels show it.
+    #[serde(skip)]
+    pub named: bool,
     pub rw: RwMode,
     /// Percentage of reads in `rw`/`randrw`.
     pub rwmixread: u32,
@@ -167,6 +170,7 @@ impl Default for JobSpec {
     fn default() -> Self {
         JobSpec {
             name: "job".into(),
+            named: false,
             rw: RwMode::Read,
             rwmixread: 50,
             bs: 4096,
@@ -223,15 +227,26 @@ impl JobSpec {
         Ok(())
     }
 
-    /// Short label used in tables and plots, e.g. `randread bs=4k qd=32 jobs=1`.
+    /// Short label used in tables and plots, e.g. `randread bs=4k qd=32 jobs=1`, after the
+    /// job's name if it has one (`seq: read bs=1M qd=1 jobs=1`).
     pub fn label(&self) -> String {
         format!(
-            "{} bs={} qd={} jobs={}",
+            "{}{} bs={} qd={} jobs={}",
+            self.name_prefix(),
             self.rw,
             fmt_size(self.bs),
             self.iodepth,
             self.numjobs
         )
+    }
+
+    /// `"name: "` for a named job, else empty.
+    pub fn name_prefix(&self) -> String {
+        if self.named {
+            format!("{}: ", self.name)
+        } else {
+            String::new()
+        }
     }
 
     /// The per-job regions `(start, len)` for a target of `capacity` bytes: the covered region
@@ -460,7 +475,10 @@ fn apply_table(t: &toml::Table, spec: &mut JobSpec, sweep: &mut Sweep) -> Result
             }
         };
         match k.as_str() {
-            "name" => spec.name = one()?.clone(),
+            "name" => {
+                spec.name = one()?.clone();
+                spec.named = true;
+            }
             "rw" | "readwrite" => {
                 sweep.rw = vals
                     .iter()
@@ -583,6 +601,11 @@ rw = "write"
                 .all(|j| j.direct && j.size == Some(1 << 20) && j.runtime == Some(2.0))
         );
         assert_eq!(jobs[4].rw, RwMode::Write);
+        // A job's name leads its label; unnamed jobs keep the plain label.
+        assert_eq!(jobs[0].label(), "a: randread bs=4k qd=1 jobs=1");
+        assert_eq!(jobs[3].label(), "a: randread bs=64k qd=8 jobs=1");
+        assert_eq!(jobs[4].label(), "write bs=4k qd=1 jobs=1");
+        assert_eq!(jobs[4].name, "job1");
         assert!(parse_job_file("[[job]]\nfoo = 1", &JobSpec::default()).is_err());
         assert!(parse_job_file("[[job]]\nsize = [\"1M\", \"2M\"]", &JobSpec::default()).is_err());
         assert!(parse_job_file("x = 1", &JobSpec::default()).is_err());

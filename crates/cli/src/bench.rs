@@ -339,6 +339,7 @@ fn lists(w: &WorkloadArgs) -> anyhow::Result<(JobSpec, Sweep)> {
     };
     let base = JobSpec {
         name: "cli".into(),
+        named: false,
         rw: *sweep.rw.first().unwrap_or(&RwMode::RandRead),
         rwmixread: w.rwmixread,
         bs: *sweep.bs.first().unwrap_or(&4096),

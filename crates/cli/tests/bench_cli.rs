@@ -136,6 +136,17 @@ fn job_file_sweep() {
     let v = json(&o);
     assert_eq!(v["results"].as_array().unwrap().len(), 6);
     assert_eq!(v["results"][5]["config"]["rw"], "write");
+    // The job names of the file lead the labels, in the JSON and in the table.
+    let label = |i: usize| v["results"][i]["label"].as_str().unwrap().to_string();
+    assert!(label(0).starts_with("random-4k: "), "{}", label(0));
+    assert!(label(5).starts_with("seq-1m: "), "{}", label(5));
+    let o = snapblk(&["null:size=1G", "--job-file", jf.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let table = String::from_utf8(o.stdout).unwrap();
+    assert!(
+        table.contains("random-4k: ") && table.contains("seq-1m: "),
+        "{table}"
+    );
     std::fs::remove_dir_all(&d).unwrap();
 }
 

@@ -684,6 +684,7 @@ fn replay_options(o: &ReplayOpts) -> ReplayOptions {
         ioprio: o.ioprio.0,
         nice: o.nice.0,
         psi_threshold: (o.psi_threshold > 0.0).then_some(o.psi_threshold / 100.0),
+        psi_path: PathBuf::from(snapblk_readahead::sysstat::PSI_IO),
         // Bounded by parse_settle; the clamp also maps a NaN that bypassed it to 0 rather
         // than letting from_secs_f64 panic.
         settle_timeout: Duration::try_from_secs_f64(o.settle_timeout.clamp(0.0, 3600.0))

@@ -61,6 +61,9 @@ pub struct ReplayOptions {
     pub nice: Option<i32>,
     /// Pause while the "some" I/O stall fraction exceeds this (0..1); `None` disables.
     pub psi_threshold: Option<f64>,
+    /// The pressure file sampled for `psi_threshold` (default /proc/pressure/io; tests use a
+    /// fake one).
+    pub psi_path: PathBuf,
     /// Longest wait for in-flight reads to drain before verifying.
     pub settle_timeout: Duration,
     /// Passes re-issuing ranges found missing at verification.
@@ -83,6 +86,7 @@ impl Default for ReplayOptions {
             ioprio: Some(IoPrio::Idle),
             nice: Some(10),
             psi_threshold: Some(0.6),
+            psi_path: PathBuf::from(sysstat::PSI_IO),
             settle_timeout: Duration::from_secs(10),
             retries: 2,
             allow_stale: false,
@@ -886,7 +890,7 @@ fn run(
     std::thread::scope(|s| {
         // Pressure monitor: flips `paused` every 50 ms.
         if let Some(th) = opts.psi_threshold
-            && let Some(mut psi) = PsiSampler::new()
+            && let Some(mut psi) = PsiSampler::open(&opts.psi_path)
         {
             let shared = &shared;
             let stop = &stop_monitor;
@@ -899,6 +903,11 @@ fn run(
                 }
                 shared.paused.store(false, Relaxed);
             });
+        } else if opts.psi_threshold.is_some() {
+            notes.push(format!(
+                "I/O pressure unavailable ({} unreadable): no back-off",
+                opts.psi_path.display()
+            ));
         }
         let (total, feed_notes) = feed(&shared);
         notes.extend(feed_notes);
@@ -1011,6 +1020,21 @@ fn run(
                 (drained_at.saturating_sub(issue_end)).as_secs_f64()
             );
         }
+        let diskstats_delta = match (disk_before, disk_after) {
+            (Some(b), Some(a)) => {
+                let d = sysstat::diskstats_delta(&b, &a, &devs);
+                for (ma, mi) in &devs {
+                    if !d.iter().any(|s| (s.major, s.minor) == (*ma, *mi)) {
+                        notes.push(format!(
+                            "diskstats: device {ma}:{mi} has no /proc/diskstats line \
+                             (e.g. btrfs, overlayfs, tmpfs): its reads are not shown"
+                        ));
+                    }
+                }
+                Some(d)
+            }
+            _ => None,
+        };
         let stale = std::mem::take(&mut *shared.stale.lock().unwrap_or_else(|e| e.into_inner()));
         let errors = std::mem::take(&mut *shared.errors.lock().unwrap_or_else(|e| e.into_inner()));
         let replayed = prepared.len() as u64;
@@ -1050,10 +1074,7 @@ fn run(
             final_checked,
             reissued_inline: shared.reissued_inline.load(Relaxed),
             total_secs: t0.elapsed().as_secs_f64(),
-            diskstats_delta: match (disk_before, disk_after) {
-                (Some(b), Some(a)) => Some(sysstat::diskstats_delta(&b, &a, &devs)),
-                _ => None,
-            },
+            diskstats_delta,
         };
         rep.warnings = shortfalls(&rep, tree, opts.allow_stale);
         rep
@@ -1452,6 +1473,180 @@ mod tests {
         assert_eq!(rep.bytes_requested, 70_000);
         assert!(rep.warnings.is_empty(), "{:?}", rep.warnings);
         assert!(rep.check_require(99.5).is_ok());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// Runs `replay` on a fresh thread (priorities are per thread and inherited, so the test
+    /// harness thread is left alone) and returns the report.
+    fn replay_on_new_thread(
+        list: Vec<ListEntry>,
+        opts: ReplayOptions,
+        progress: impl Fn(u64, u64) + Sync + Send + 'static,
+    ) -> ReplayReport {
+        std::thread::spawn(move || replay(&list, &opts, Some(&progress)))
+            .join()
+            .unwrap()
+    }
+
+    #[test]
+    fn submitters_run_at_idle_ioprio_and_nice_10_by_default() {
+        let dir = make_tree("prio");
+        let list: Vec<ListEntry> = ["a/one", "a/b/two", "big"]
+            .iter()
+            .map(|n| entry(dir.join(n), None))
+            .collect();
+        let seen = std::sync::Arc::new(Mutex::new(Vec::new()));
+        let record = |seen: std::sync::Arc<Mutex<Vec<(i32, i32)>>>| {
+            move |_: u64, _: u64| {
+                // Called on the submitter thread right after it handled an entry.
+                let p = (sys::get_ioprio().unwrap(), sys::get_nice().unwrap());
+                seen.lock().unwrap().push(p);
+            }
+        };
+        let opts = ReplayOptions {
+            skip_resident: false,
+            ..quiet()
+        };
+        let rep = replay_on_new_thread(list.clone(), opts.clone(), record(seen.clone()));
+        assert_eq!(rep.files_replayed, 3);
+        let got = std::mem::take(&mut *seen.lock().unwrap());
+        assert_eq!(got, vec![(IoPrio::Idle.raw(), 10); 3]);
+
+        // Explicit settings are applied as given; `None` leaves the inherited values.
+        let opts = ReplayOptions {
+            ioprio: Some(IoPrio::BestEffort(2)),
+            nice: None,
+            ..opts
+        };
+        let inherited = std::thread::spawn(|| sys::get_nice().unwrap())
+            .join()
+            .unwrap();
+        replay_on_new_thread(list, opts, record(seen.clone()));
+        let got = std::mem::take(&mut *seen.lock().unwrap());
+        assert_eq!(got, vec![(IoPrio::BestEffort(2).raw(), inherited); 3]);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn thread_count_follows_queue_depth_and_threads() {
+        let dir = make_tree("threads");
+        // Distinct paths (copies of a/one), so the list is not merged.
+        let list: Vec<ListEntry> = (0..8)
+            .map(|i| {
+                let p = dir.join(format!("copy{i}"));
+                std::fs::copy(dir.join("a/one"), &p).unwrap();
+                entry(p, None)
+            })
+            .collect();
+        for (queue_depth, threads, want) in [(3, None, 3usize), (5, Some(2), 2), (1, None, 1)] {
+            let ids = std::sync::Arc::new(Mutex::new(std::collections::HashSet::new()));
+            let seen = ids.clone();
+            let progress = move |_: u64, _: u64| {
+                seen.lock().unwrap().insert(std::thread::current().id());
+                // Hold this entry until `want` submitters are busy at once (bounded), so a
+                // fast thread cannot take every entry and hide the others.
+                let t = Instant::now();
+                while seen.lock().unwrap().len() < want && t.elapsed() < Duration::from_secs(5) {
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+            };
+            let opts = ReplayOptions {
+                queue_depth,
+                threads,
+                skip_resident: false,
+                ..quiet()
+            };
+            let rep = replay_on_new_thread(list.clone(), opts, progress);
+            assert_eq!(rep.threads, want);
+            assert_eq!(
+                ids.lock().unwrap().len(),
+                want,
+                "q {queue_depth} threads {threads:?}"
+            );
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn replay_pauses_while_io_pressure_is_high() {
+        let dir = make_tree("psi");
+        let psi = dir.join("fake-pressure-io");
+        // A fake /proc/pressure/io: "some total" (µs stalled) grows with wall time while
+        // `stall_until` is in the future, i.e. 100 % stall, then stops growing.
+        let stall_until = std::sync::Arc::new(Mutex::new(None::<Instant>));
+        let stop = std::sync::Arc::new(AtomicBool::new(false));
+        let write = |path: &Path, total: u64| {
+            let tmp = path.with_extension("tmp");
+            std::fs::write(
+                &tmp,
+                format!(
+                    "some avg10=0.00 avg60=0.00 avg300=0.00 total={total}\n\
+                     full avg10=0.00 avg60=0.00 avg300=0.00 total=0\n"
+                ),
+            )
+            .unwrap();
+            std::fs::rename(&tmp, path).unwrap();
+        };
+        write(&psi, 1000);
+        let writer = {
+            let (psi, stall_until, stop) = (psi.clone(), stall_until.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let (mut total, mut last) = (1000u64, Instant::now());
+                while !stop.load(Relaxed) {
+                    std::thread::sleep(Duration::from_millis(5));
+                    let now = Instant::now();
+                    if stall_until.lock().unwrap().is_some_and(|u| now < u) {
+                        total += now.duration_since(last).as_micros() as u64;
+                    }
+                    last = now;
+                    write(&psi, total);
+                }
+            })
+        };
+        let list: Vec<ListEntry> = ["a/one", "a/b/two", "big"]
+            .iter()
+            .map(|n| entry(dir.join(n), None))
+            .collect();
+        let run_with = |threshold: Option<f64>| {
+            let stall = stall_until.clone();
+            // After the first entry: the "foreground" stalls for 600 ms; stay on this entry
+            // for 300 ms so the monitor (50 ms samples) sees it before the next entry issues.
+            let progress = move |done: u64, _: u64| {
+                if done == 1 {
+                    *stall.lock().unwrap() = Some(Instant::now() + Duration::from_millis(600));
+                    std::thread::sleep(Duration::from_millis(300));
+                }
+            };
+            let opts = ReplayOptions {
+                threads: Some(1),
+                skip_resident: false,
+                psi_threshold: threshold,
+                psi_path: psi.clone(),
+                ..Default::default()
+            };
+            replay_on_new_thread(list.clone(), opts, progress)
+        };
+        let paused = run_with(Some(0.6));
+        let ungated = run_with(None);
+        stop.store(true, Relaxed);
+        writer.join().unwrap();
+        assert!(paused.psi_pauses >= 1, "{paused:?}");
+        assert!(paused.psi_paused_secs > 0.0, "{paused:?}");
+        assert_eq!(paused.files_replayed, 3);
+        assert_eq!(ungated.psi_pauses, 0, "{ungated:?}");
+        // A pressure file that cannot be read is reported, not silently ignored.
+        let opts = ReplayOptions {
+            psi_path: dir.join("nosuch"),
+            ..Default::default()
+        };
+        let rep = replay_on_new_thread(list, opts, |_, _| {});
+        assert!(
+            rep.notes
+                .iter()
+                .any(|n| n.contains("I/O pressure unavailable")),
+            "{:?}",
+            rep.notes
+        );
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -240,7 +240,8 @@ pub enum IoPrio {
 }
 
 impl IoPrio {
-    fn raw(self) -> libc::c_int {
+    /// The ioprio_set(2)/ioprio_get(2) encoding: class << 13 | level.
+    pub fn raw(self) -> libc::c_int {
         const SHIFT: libc::c_int = 13;
         match self {
             IoPrio::RealTime(l) => (1 << SHIFT) | (l.min(7) as libc::c_int),
@@ -260,6 +261,35 @@ pub fn set_ioprio(p: IoPrio) -> io::Result<()> {
         Err(io::Error::last_os_error())
     } else {
         Ok(())
+    }
+}
+
+/// ioprio_get(IOPRIO_WHO_PROCESS, 0): the calling thread's raw I/O priority (see
+/// [`IoPrio::raw`]).
+pub fn get_ioprio() -> io::Result<libc::c_int> {
+    const IOPRIO_WHO_PROCESS: libc::c_int = 1;
+    // SAFETY: no pointers.
+    let r = unsafe { libc::syscall(libc::SYS_ioprio_get, IOPRIO_WHO_PROCESS, 0) };
+    if r < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(r as libc::c_int)
+    }
+}
+
+/// getpriority(PRIO_PROCESS, 0): the calling thread's nice value on Linux.
+pub fn get_nice() -> io::Result<i32> {
+    // -1 is a valid nice value, so errors are told apart by errno.
+    // SAFETY: __errno_location returns this thread's errno; getpriority has no pointers.
+    let r = unsafe {
+        *libc::__errno_location() = 0;
+        libc::getpriority(libc::PRIO_PROCESS, 0)
+    };
+    let err = io::Error::last_os_error();
+    if r == -1 && err.raw_os_error().is_some_and(|e| e != 0) {
+        Err(err)
+    } else {
+        Ok(r)
     }
 }
 

@@ -2,16 +2,21 @@
 //! per-device in-flight counters in sysfs.
 
 use serde::Serialize;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
+
+/// Where the kernel publishes I/O pressure (CONFIG_PSI).
+pub const PSI_IO: &str = "/proc/pressure/io";
 
 /// Samples the cumulative "some" I/O stall time and turns it into a stall fraction between
 /// samples. avg10 is too slow to react to a foreground burst, so the raw counter is used.
 pub struct PsiSampler {
+    path: PathBuf,
     last: Option<(u64, Instant)>,
 }
 
-fn read_psi_some_total() -> Option<u64> {
-    let s = std::fs::read_to_string("/proc/pressure/io").ok()?;
+fn read_psi_some_total(path: &Path) -> Option<u64> {
+    let s = std::fs::read_to_string(path).ok()?;
     let line = s.lines().find(|l| l.starts_with("some "))?;
     line.split(' ')
         .find_map(|kv| kv.strip_prefix("total="))?
@@ -22,15 +27,22 @@ fn read_psi_some_total() -> Option<u64> {
 impl PsiSampler {
     /// `None` if PSI is not available (kernel without CONFIG_PSI or psi=0).
     pub fn new() -> Option<PsiSampler> {
-        let t = read_psi_some_total()?;
+        Self::open(Path::new(PSI_IO))
+    }
+
+    /// Samples a pressure file in the /proc/pressure format at `path` (tests use a fake one);
+    /// `None` if it cannot be read or has no "some" total.
+    pub fn open(path: &Path) -> Option<PsiSampler> {
+        let t = read_psi_some_total(path)?;
         Some(PsiSampler {
+            path: path.to_path_buf(),
             last: Some((t, Instant::now())),
         })
     }
 
     /// Fraction of wall time (0..=1) during which some task stalled on I/O since the last call.
     pub fn sample(&mut self) -> Option<f64> {
-        let now_total = read_psi_some_total()?;
+        let now_total = read_psi_some_total(&self.path)?;
         let now = Instant::now();
         let frac = self.last.and_then(|(t, at)| {
             let us = now.duration_since(at).as_micros() as f64;

@@ -1003,3 +1003,114 @@ fn duplicate_list_entries_are_requested_once() {
     assert_eq!(v["warnings"], serde_json::json!([]), "{v}");
     std::fs::remove_dir_all(&d).unwrap();
 }
+
+/// Resident pages of a file by cachestat-free means (fincore), in pages.
+fn fincore_pages(p: &Path) -> u64 {
+    fincore_bytes(p) / PAGE
+}
+
+#[test]
+fn replay_options_show_in_the_report() {
+    let d = scratch("opts");
+    let f = d.join("data");
+    write_file(&f, 3 << 20, 5);
+    let lp = d.join("list");
+    std::fs::write(&lp, format!("{}\n", f.display())).unwrap();
+    let ls = lp.to_str().unwrap();
+
+    // --diskstats: per-device deltas of a cold replay, in JSON and text.
+    evict(&[&f]);
+    let v = json(&run(&["readahead", "replay", ls, "--json", "--diskstats"]));
+    let deltas = v["diskstats_delta"].as_array().expect("diskstats_delta");
+    assert!(
+        !deltas.is_empty(),
+        "no diskstats for the scratch device: {v}"
+    );
+    assert!(
+        deltas
+            .iter()
+            .any(|s| s["sectors_read"].as_u64().unwrap() > 0),
+        "a cold replay read nothing from disk? {v}"
+    );
+    evict(&[&f]);
+    let o = run(&["readahead", "replay", ls, "--diskstats"]);
+    let out = text(&o.stdout);
+    let name = deltas[0]["name"].as_str().unwrap();
+    assert!(out.contains(&format!("diskstats {name}: ")), "{out}");
+    // Without the option: no diskstats.
+    let v = json(&run(&["readahead", "replay", ls, "--json"]));
+    assert_eq!(v["diskstats_delta"], Value::Null);
+
+    // -q and --threads set the submitter count.
+    for (args, depth, threads) in [
+        (vec!["-q", "3"], 3, 3),
+        (vec!["-q", "5", "--threads", "2"], 5, 2),
+        (vec!["--method", "uring", "-q", "8"], 8, 2),
+        (vec![], 4, 4),
+    ] {
+        let v = json(&run(&[
+            vec!["readahead", "replay", ls, "--json"],
+            args.clone(),
+        ]
+        .concat()));
+        assert_eq!(v["queue_depth"], depth, "{args:?}: {v}");
+        assert_eq!(v["threads"], threads, "{args:?}: {v}");
+    }
+
+    // The file is resident now: skipped by default, issued with --no-skip-resident.
+    assert_eq!(fincore_pages(&f), 768);
+    let v = json(&run(&["readahead", "replay", ls, "--json"]));
+    assert_eq!(v["bytes_issued"], 0, "{v}");
+    assert_eq!(v["bytes_resident_before"], 3 << 20);
+    let v = json(&run(&[
+        "readahead",
+        "replay",
+        ls,
+        "--json",
+        "--no-skip-resident",
+    ]));
+    assert_eq!(v["bytes_issued"], 3 << 20, "{v}");
+    assert_eq!(v["requests_issued"], 2, "{v}"); // two 2 MiB chunks (the last one short)
+    assert_eq!(v["resident_fraction"], 1.0);
+    std::fs::remove_dir_all(&d).unwrap();
+}
+
+#[test]
+fn record_duration_captures_reads_by_another_process_in_the_window() {
+    let d = scratch("window");
+    let (canary, target, other) = (d.join("canary"), d.join("target"), d.join("other"));
+    write_file(&canary, 16 << 10, 1);
+    write_file(&target, 96 << 10, 2);
+    write_file(&other, 32 << 10, 3);
+    assert!(fincore_pages(&canary) > 0);
+    let lp = d.join("window.list");
+    let rec = Command::new(BIN)
+        .args(["readahead", "record", "-o", lp.to_str().unwrap()])
+        .args(["--scope", d.to_str().unwrap(), "--evict-first", "--json"])
+        .args(["--duration", "3"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The canary going cold means the eviction is done; the "before" snapshot of this small
+    // tree follows within milliseconds, so read the target a little later, from another
+    // process, well inside the 3 s window.
+    let t = std::time::Instant::now();
+    while fincore_pages(&canary) > 0 {
+        assert!(t.elapsed().as_secs() < 20, "record never evicted its scope");
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let cat = Command::new("cat").arg(&target).output().unwrap();
+    assert_eq!(cat.stdout.len(), 96 << 10);
+    let o = rec.wait_with_output().unwrap();
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let v = json(&o);
+    assert_eq!(v["files"], 1, "{v}");
+    assert_eq!(v["exit_status"], Value::Null);
+    let entries = list_entries(&lp);
+    assert_eq!(entries.len(), 1, "{entries:?}");
+    assert_eq!(entries[0].path, target);
+    assert_eq!(ranges_of(&entries[0]), vec![(0, 96 << 10)]);
+    std::fs::remove_dir_all(&d).unwrap();
+}

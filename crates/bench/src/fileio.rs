@@ -102,7 +102,17 @@ fn open(path: &Path, create: bool, direct: bool) -> Result<File> {
     if direct {
         o.custom_flags(libc::O_DIRECT);
     }
-    Ok(o.open(path)?)
+    o.open(path)
+        .map_err(|e| Error::Other(format!("{}: {e}", path.display())))
+}
+
+/// The directory the tests write in must exist: say so with its name before anything runs.
+fn check_dir(dir: &Path) -> Result<()> {
+    match std::fs::metadata(dir) {
+        Ok(m) if m.is_dir() => Ok(()),
+        Ok(_) => Err(Error::Spec(format!("{}: not a directory", dir.display()))),
+        Err(e) => Err(Error::Other(format!("directory {}: {e}", dir.display()))),
+    }
 }
 
 /// Drop a file's clean pages from the page cache.
@@ -213,8 +223,21 @@ pub fn run_file_tests(
         }
     }
     let maxrec = spec.record_sizes.iter().copied().max().unwrap_or(0);
-    if maxrec == 0 || spec.file_sizes.is_empty() {
+    if spec.record_sizes.is_empty() || spec.file_sizes.is_empty() {
         return Err(Error::Spec("need file sizes and record sizes".into()));
+    }
+    if spec.file_sizes.contains(&0) || spec.record_sizes.contains(&0) {
+        return Err(Error::Spec("file and record sizes must be above 0".into()));
+    }
+    let minrec = spec.record_sizes.iter().copied().min().unwrap_or(0);
+    let maxfile = spec.file_sizes.iter().copied().max().unwrap_or(0);
+    if minrec > maxfile {
+        return Err(Error::Spec(format!(
+            "nothing to run: every record size is larger than every file size (largest file {}, \
+             smallest record {})",
+            fmt_size(maxfile),
+            fmt_size(minrec)
+        )));
     }
     if maxrec > 64 << 20 {
         return Err(Error::Spec("record size above 64 MiB".into()));
@@ -224,6 +247,7 @@ pub fn run_file_tests(
             "O_DIRECT needs record sizes that are multiples of 512".into(),
         ));
     }
+    check_dir(&spec.dir)?;
     let path = spec
         .dir
         .join(format!("snapblk-bench-file.{}.tmp", std::process::id()));
@@ -311,6 +335,7 @@ pub fn overwrite_test(dir: &Path, size: u64, unit: u64, fsync: bool) -> Result<O
             "overwrite: size must be at least one unit".into(),
         ));
     }
+    check_dir(dir)?;
     let path = dir.join(format!(
         "snapblk-bench-overwrite.{}.tmp",
         std::process::id()
@@ -412,8 +437,37 @@ mod tests {
         assert!(o.overwrite_mib_s > 0.0);
         let bad = FileTestSpec {
             tests: vec!["nope".into()],
-            ..spec
+            ..spec.clone()
         };
         assert!(run_file_tests(&bad, |_| {}).is_err());
+        // Sweeps that would run nothing, or divide by zero, are rejected with a reason.
+        let err = |s: FileTestSpec| run_file_tests(&s, |_| {}).unwrap_err().to_string();
+        let e = err(FileTestSpec {
+            file_sizes: vec![1 << 20],
+            record_sizes: vec![2 << 20],
+            ..spec.clone()
+        });
+        assert!(e.contains("every record size is larger"), "{e}");
+        for (fs, rs) in [(0, 4096), (1 << 20, 0)] {
+            let e = err(FileTestSpec {
+                file_sizes: vec![fs],
+                record_sizes: vec![rs, 4096],
+                ..spec.clone()
+            });
+            assert!(e.contains("must be above 0"), "{e}");
+        }
+        // A missing directory is named, once.
+        let e = err(FileTestSpec {
+            dir: "/nonexistent/snapblk-dir".into(),
+            ..spec
+        });
+        assert_eq!(
+            e,
+            "directory /nonexistent/snapblk-dir: No such file or directory (os error 2)"
+        );
+        let e = overwrite_test(Path::new("/nonexistent/snapblk-dir"), 4096, 1024, false)
+            .unwrap_err()
+            .to_string();
+        assert!(e.starts_with("directory /nonexistent/snapblk-dir: "), "{e}");
     }
 }

@@ -37,14 +37,17 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 /// Errors of the benchmark engine.
+///
+/// `Io` and `Dev` carry their cause in the message and not as a `source`: a one-line report
+/// (`{:#}`) would otherwise print the cause twice.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     #[error("invalid job: {0}")]
     Spec(String),
     #[error("I/O error: {0}")]
-    Io(#[from] std::io::Error),
+    Io(std::io::Error),
     #[error("device error: {0}")]
-    Dev(#[from] snapblk_core::Error),
+    Dev(snapblk_core::Error),
     #[error("{0}")]
     Verify(String),
     #[error("job file: {0}")]
@@ -53,6 +56,18 @@ pub enum Error {
     Lib(String),
     #[error("{0}")]
     Other(String),
+}
+
+impl From<std::io::Error> for Error {
+    fn from(e: std::io::Error) -> Error {
+        Error::Io(e)
+    }
+}
+
+impl From<snapblk_core::Error> for Error {
+    fn from(e: snapblk_core::Error) -> Error {
+        Error::Dev(e)
+    }
 }
 
 /// Result alias.

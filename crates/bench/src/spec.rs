@@ -252,6 +252,12 @@ impl JobSpec {
     /// The per-job regions `(start, len)` for a target of `capacity` bytes: the covered region
     /// split evenly, each rounded down to whole blocks.
     pub fn regions(&self, capacity: u64) -> Result<Vec<(u64, u64)>> {
+        if self.offset >= capacity {
+            return Err(Error::Spec(format!(
+                "offset {} is past the end of the target (capacity {capacity})",
+                self.offset
+            )));
+        }
         let avail = capacity.saturating_sub(self.offset);
         let size = self.size.unwrap_or(avail);
         if size > avail {
@@ -577,6 +583,15 @@ mod tests {
                 .all(|&(s, l)| s % 4096 == 0 && l % 4096 == 0 && l > 0)
         );
         assert!(j.regions(512 << 10).is_err());
+        let past = JobSpec {
+            offset: 2 << 20,
+            ..j
+        };
+        let e = past.regions(2 << 20).unwrap_err().to_string();
+        assert_eq!(
+            e,
+            "invalid job: offset 2097152 is past the end of the target (capacity 2097152)"
+        );
     }
 
     #[test]

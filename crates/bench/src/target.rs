@@ -135,8 +135,31 @@ impl SpecTarget {
     }
 }
 
+/// The driver name of `spec` if it is clearly meant as a device spec (`name:key=value…`, the
+/// name a plain word) but names no driver snapblk knows, and no such path exists; paths that
+/// merely contain a colon keep working.
+fn unknown_driver(spec: &str) -> Option<&str> {
+    let (drv, rest) = spec.split_once(':')?;
+    let word = !drv.is_empty()
+        && drv
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
+    (word
+        && rest.contains('=')
+        && !snapblk::DRIVERS.contains(&drv)
+        && !std::path::Path::new(spec).exists())
+    .then_some(drv)
+}
+
 impl Target for SpecTarget {
     fn open(&mut self, num_queues: usize, direct: bool) -> Result<Box<dyn Device>> {
+        if let Some(d) = unknown_driver(&self.spec) {
+            return Err(Error::Other(format!(
+                "unknown driver {d:?} in device spec {:?} (known: {})",
+                self.spec,
+                snapblk::DRIVERS.join(", ")
+            )));
+        }
         let spec = self.effective_spec(direct);
         let n = i32::try_from(num_queues).map_err(|_| Error::Spec("too many queues".into()))?;
         let b = snapblk::open(&spec, n).map_err(|e| Error::Other(format!("open {spec}: {e}")))?;
@@ -156,5 +179,36 @@ impl Target for SpecTarget {
             .into_iter()
             .find(|(k, _)| k == "path" || k == "base")
             .map(|(_, v)| PathBuf::from(v))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unknown_drivers_are_named_and_paths_with_colons_still_open() {
+        let e = SpecTarget::new("nosuchdriver:x=1")
+            .open(1, false)
+            .err()
+            .expect("opened an unknown driver")
+            .to_string();
+        assert_eq!(
+            e,
+            "unknown driver \"nosuchdriver\" in device spec \"nosuchdriver:x=1\" \
+             (known: io_uring, sync, null, snapshot)"
+        );
+        assert_eq!(unknown_driver("/tmp/a:b=c"), None);
+        assert_eq!(unknown_driver("img:1"), None);
+        assert_eq!(unknown_driver("null:size=1M"), None);
+        // A path whose file name looks like a spec is still a path.
+        let dir = std::env::temp_dir().join(format!("snapblk-bench-colon-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let f = dir.join("disk:a=b");
+        std::fs::write(&f, vec![0u8; 1 << 20]).unwrap();
+        let dev = SpecTarget::new(f.to_str().unwrap()).open(1, false).unwrap();
+        assert_eq!(dev.capacity(), 1 << 20);
+        drop(dev);
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -59,10 +59,10 @@ struct WorkloadArgs {
     #[arg(long, value_name = "PATH.so", requires = "driver")]
     libblkio: Option<PathBuf>,
     /// libblkio driver name (with --libblkio), e.g. io_uring.
-    #[arg(long)]
+    #[arg(long, requires = "libblkio")]
     driver: Option<String>,
-    /// Extra libblkio property KEY=VALUE set before connect (repeatable).
-    #[arg(long = "prop", value_name = "KEY=VALUE")]
+    /// Extra libblkio property KEY=VALUE set before connect (repeatable; with --libblkio).
+    #[arg(long = "prop", value_name = "KEY=VALUE", requires = "libblkio")]
     props: Vec<String>,
     /// TOML job file ([global] + [[job]] tables; lists mean sweeps). Flags give the defaults.
     #[arg(long = "job-file", alias = "jobfile", value_name = "FILE")]
@@ -157,7 +157,7 @@ struct WorkloadArgs {
     #[arg(long, default_value = "1", action = clap::ArgAction::Set, value_parser = parse_flag)]
     invalidate: bool,
     /// Run every configuration N times, interleaved, and report the spread.
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
     repeat: u32,
     /// Write SVG charts (latency CDF, IOPS vs iodepth, time series) into DIR.
     #[arg(long, value_name = "DIR")]
@@ -280,6 +280,22 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
         Some(BenchCmd::File(f)) => run_file(f),
         Some(BenchCmd::Overwrite(o)) => run_overwrite(o),
         Some(BenchCmd::Fgbg(f)) => run_fgbg(*f),
+    }
+}
+
+impl OutArgs {
+    /// Fail before running when `--output` cannot be written (not after a long run). The file
+    /// is created (not truncated) here and written when the run ends.
+    fn check(&self) -> anyhow::Result<()> {
+        if let Some(p) = &self.output {
+            std::fs::OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .open(p)
+                .with_context(|| format!("--output {}", p.display()))?;
+        }
+        Ok(())
     }
 }
 
@@ -446,6 +462,7 @@ impl Interrupts {
 }
 
 fn run_workload(w: WorkloadArgs) -> anyhow::Result<()> {
+    w.out.check()?;
     let intr = Interrupts::catch()?;
     let target = open_target(&w);
     let (desc, path) = match &target {
@@ -518,6 +535,7 @@ fn run_workload(w: WorkloadArgs) -> anyhow::Result<()> {
 }
 
 fn run_file(f: FileArgs) -> anyhow::Result<()> {
+    f.out.check()?;
     let ctx = context::capture(Some(&f.dir));
     let mut doc = Document::new("file", ctx, None);
     let res = (|| -> anyhow::Result<Option<String>> {
@@ -559,6 +577,7 @@ fn run_file(f: FileArgs) -> anyhow::Result<()> {
 }
 
 fn run_overwrite(o: OverwriteArgs) -> anyhow::Result<()> {
+    o.out.check()?;
     let ctx = context::capture(Some(&o.dir));
     let mut doc = Document::new("file", ctx, None);
     let res = (|| -> anyhow::Result<Option<String>> {
@@ -605,6 +624,7 @@ fn run_overwrite(o: OverwriteArgs) -> anyhow::Result<()> {
 }
 
 fn run_fgbg(f: FgBgArgs) -> anyhow::Result<()> {
+    f.out.check()?;
     let ctx = context::capture(f.device.as_deref().or(f.bg_read.first().map(Path::new)));
     let mut doc = Document::new("fgbg", ctx, None);
     let res = (|| -> anyhow::Result<Option<String>> {

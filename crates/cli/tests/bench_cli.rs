@@ -362,3 +362,60 @@ fn snapshot_spec_target() {
     assert_eq!(std::fs::read(&old_p).unwrap(), base, "the base was written");
     std::fs::remove_dir_all(&d).unwrap();
 }
+
+#[test]
+fn bad_input_gets_a_clear_one_line_error() {
+    let d = tmp("errors");
+    let dir = d.to_str().unwrap();
+    let missing = d.join("missing");
+    let out_missing = d.join("no/such/dir/x.json");
+    let cases: Vec<(Vec<&str>, &str)> = vec![
+        (
+            vec!["file", missing.to_str().unwrap()],
+            "directory /", // the path, once
+        ),
+        (
+            vec!["file", dir, "-s", "1m", "-r", "2m"],
+            "every record size is larger than every file size",
+        ),
+        (vec!["file", dir, "-s", "0"], "must be above 0"),
+        (
+            vec!["null:size=1G", "--offset", "2G"],
+            "offset 2147483648 is past the end of the target",
+        ),
+        (
+            vec!["nosuchdriver:x=1"],
+            "unknown driver \"nosuchdriver\" in device spec \"nosuchdriver:x=1\" (known: io_uring",
+        ),
+        (vec!["null:size=1G", "--driver", "null"], "--libblkio"),
+        (vec!["null:size=1G", "--repeat", "0"], "--repeat"),
+        (
+            // Fails before the 30 s run, not after it.
+            vec![
+                "null:size=1G",
+                "--runtime",
+                "30",
+                "--output",
+                out_missing.to_str().unwrap(),
+            ],
+            "--output ",
+        ),
+    ];
+    for (args, want) in cases {
+        let t0 = std::time::Instant::now();
+        let o = snapblk(&args);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success(), "{args:?} succeeded");
+        assert!(err.contains(want), "{args:?}: {err}");
+        assert!(t0.elapsed().as_secs() < 15, "{args:?} ran before failing");
+        if err.starts_with("snapblk: ") {
+            assert_eq!(err.lines().count(), 1, "{args:?}: {err}");
+        }
+    }
+    let o = snapblk(&["file", missing.to_str().unwrap()]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    let path = missing.to_str().unwrap();
+    assert_eq!(err.matches(path).count(), 1, "{err}");
+    assert_eq!(err.matches("No such file").count(), 1, "{err}");
+    std::fs::remove_dir_all(&d).unwrap();
+}

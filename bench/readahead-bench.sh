@@ -43,6 +43,8 @@ secs() { awk -v a="$1" -v b="$2" 'BEGIN{printf "%.3f", b-a}'; }
 vm_pct() { vmtouch "$1" 2>/dev/null | awk '/Resident Pages/{print $NF}'; }
 evict_tree() { "$SB" readahead evict -r "$1" --json > "$OUT/evict.json" || true; }
 jget() { python3 -c "import json,sys; d=json.load(open('$1')); print(d$2)"; }
+# The resident percentage of a replay/warm report ("n/a" when nothing could be measured).
+jpct() { python3 -c "import json; f=json.load(open('$1'))['resident_fraction']; print('n/a' if f is None else f*100)"; }
 
 FG=(-c "import json, email.parser, http.client, decimal, asyncio, sqlite3, xml.dom.minidom, unittest")
 log "# snapblk readahead bench $(date -Is) kernel $(uname -r), $(nproc) CPUs"
@@ -67,12 +69,13 @@ cold_run() {
   local label=$1; shift
   evict_tree "$TREE"
   local left; left=$(jget "$OUT/evict.json" "['remaining_pages']")
-  local b0 b1 t0 t1; b0=$(disk_read_bytes); t0=$(now); "$@" > "$OUT/run.out" 2>&1; t1=$(now); b1=$(disk_read_bytes)
+  local b0 b1 t0 t1; b0=$(disk_read_bytes); t0=$(now); local rc=0; "$@" > "$OUT/run.out" 2> "$OUT/run.err" || rc=$?; t1=$(now); b1=$(disk_read_bytes)
   RUN_SECS=$(secs "$t0" "$t1"); RUN_DISK=$((b1 - b0))
   local tool=""
   if head -c1 "$OUT/run.out" | grep -q '{'; then
-    tool="tool: $(jget "$OUT/run.out" "['resident_fraction']*100")% resident, issue $(jget "$OUT/run.out" "['issue_secs']") s, settle $(jget "$OUT/run.out" "['settle_secs']") s, passes $(jget "$OUT/run.out" "['passes']"), checked inline $(jget "$OUT/run.out" "['verified_inline']") / at the end $(jget "$OUT/run.out" "['final_checked']") files, psi pauses $(jget "$OUT/run.out" "['psi_pauses']")"
+    tool="tool: $(jpct "$OUT/run.out")% resident, issue $(jget "$OUT/run.out" "['issue_secs']") s, settle $(jget "$OUT/run.out" "['settle_secs']") s, passes $(jget "$OUT/run.out" "['passes']"), checked inline $(jget "$OUT/run.out" "['verified_inline']") / at the end $(jget "$OUT/run.out" "['final_checked']") files, psi pauses $(jget "$OUT/run.out" "['psi_pauses']")"
   fi
+  [ "$rc" = 0 ] || tool="$tool (exit $rc: $(head -c 300 "$OUT/run.err" | tr '\n' ' '))"
   log "$label: $RUN_SECS s; vmtouch check after: $(vm_pct "$TREE") resident; (pages left after evict: $left) $tool"
 }
 
@@ -129,7 +132,7 @@ vmtouch -t -q "$TREE" 2>/dev/null
 for i in $(seq "$REPEATS"); do
   t0=$(now); vmtouch -t -q "$TREE" 2>/dev/null; t1=$(now)
   "$SB" readahead warm -r "$TREE" --json > "$OUT/hot.json"; t2=$(now)
-  log "run $i: vmtouch -t $(secs "$t0" "$t1")  snapblk warm $(secs "$t1" "$t2") (issued $(jget "$OUT/hot.json" "['bytes_issued']") bytes, $(jget "$OUT/hot.json" "['resident_fraction']*100")% resident)"
+  log "run $i: vmtouch -t $(secs "$t0" "$t1")  snapblk warm $(secs "$t1" "$t2") (issued $(jget "$OUT/hot.json" "['bytes_issued']") bytes, $(jpct "$OUT/hot.json")% resident)"
 done
 fi
 
@@ -152,7 +155,7 @@ for i in $(seq "$REPEATS"); do
   wait $vpid
   log "run $i: idle $idle s; under snapblk warm --background $sb s ($(awk -v a="$sb" -v b="$idle" 'BEGIN{printf "%.2fx", a/b}')); under vmtouch -t $vm s ($(awk -v a="$vm" -v b="$idle" 'BEGIN{printf "%.2fx", a/b}'))"
 done
-log "last background report: $(tail -1 "$OUT/bg.log" | python3 -c 'import json,sys; d=json.loads(sys.stdin.read()); print("%.3f%% resident, total %.2f s, pressure pauses %d (%.2f s)" % (d["resident_fraction"]*100, d["total_secs"], d["psi_pauses"], d["psi_paused_secs"]))')"
+log "last background report: $(tail -1 "$OUT/bg.log" | python3 -c 'import json,sys; d=json.loads(sys.stdin.read()); f=d["resident_fraction"]; print("%s resident, total %.2f s, pressure pauses %d (%.2f s)" % ("n/a" if f is None else "%.3f%%" % (f*100), d["total_secs"], d["psi_pauses"], d["psi_paused_secs"]))')"
 fi
 
 if want 5; then
@@ -162,7 +165,7 @@ log "## 5. record -> replay round trip of the foreground start (scope $PYROOT)"
 log "recorded: $(cat "$OUT/rec.json")"
 "$SB" readahead evict -r "$PYROOT" > /dev/null
 "$SB" readahead replay "$OUT/py.list" --json > "$OUT/rep.json"
-log "replay: $(jget "$OUT/rep.json" "['resident_fraction']*100")% of $(jget "$OUT/rep.json" "['bytes_requested']") bytes resident, $(jget "$OUT/rep.json" "['total_secs']") s"
+log "replay: $(jpct "$OUT/rep.json")% of $(jget "$OUT/rep.json" "['bytes_requested']") bytes resident, $(jget "$OUT/rep.json" "['total_secs']") s"
 t0=$(now); "$PY" "${FG[@]}"; t1=$(now)
 log "foreground start after replay: $(secs "$t0" "$t1") s (cold idle start above)"
 fi

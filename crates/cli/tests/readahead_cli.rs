@@ -677,6 +677,20 @@ fn list_that_replays_nothing_is_not_reported_as_success() {
 }
 
 /// Waits for the JSON report a background replay writes to its log.
+/// Runs `cmd` with `input` on its stdin and collects its output.
+fn with_stdin(cmd: &mut Command, input: &[u8]) -> Output {
+    use std::io::Write;
+    use std::process::Stdio;
+    let mut child = cmd
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(input).unwrap();
+    child.wait_with_output().unwrap()
+}
+
 fn wait_for_log_report(log: &Path, pid: u32) -> Value {
     for _ in 0..1500 {
         std::thread::sleep(std::time::Duration::from_millis(20));
@@ -694,7 +708,6 @@ fn wait_for_log_report(log: &Path, pid: u32) -> Value {
 
 #[test]
 fn background_replay_of_a_list_on_stdin_warms_it() {
-    use std::io::Write;
     let d = scratch("bgstdin");
     let tmp = d.join("tmp");
     std::fs::create_dir(&tmp).unwrap();
@@ -708,29 +721,20 @@ fn background_replay_of_a_list_on_stdin_warms_it() {
     evict(&[&d]);
     let list: String = files.iter().map(|p| format!("{}\n", p.display())).collect();
     let log = d.join("bg.log");
-    let mut child = Command::new(BIN)
-        .args([
-            "readahead",
-            "replay",
-            "-",
-            "--background",
-            "--json",
-            "--log",
-        ])
-        .arg(&log)
-        .env("TMPDIR", &tmp)
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(list.as_bytes())
-        .unwrap();
-    let o = child.wait_with_output().unwrap();
+    let o = with_stdin(
+        Command::new(BIN)
+            .args([
+                "readahead",
+                "replay",
+                "-",
+                "--background",
+                "--json",
+                "--log",
+            ])
+            .arg(&log)
+            .env("TMPDIR", &tmp),
+        list.as_bytes(),
+    );
     assert!(o.status.success(), "{}", text(&o.stderr));
     let pid: u32 = text(&o.stdout).trim().parse().expect("pid");
     let v = wait_for_log_report(&log, pid);
@@ -751,21 +755,12 @@ fn background_replay_of_a_list_on_stdin_warms_it() {
     assert!(left.is_empty(), "temporary list left behind: {left:?}");
 
     // A malformed list on stdin is an error now, not in the log.
-    let mut child = Command::new(BIN)
-        .args(["readahead", "replay", "-", "--background"])
-        .env("TMPDIR", &tmp)
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(b"/x\t-\t0:0\n")
-        .unwrap();
-    let o = child.wait_with_output().unwrap();
+    let o = with_stdin(
+        Command::new(BIN)
+            .args(["readahead", "replay", "-", "--background"])
+            .env("TMPDIR", &tmp),
+        b"/x\t-\t0:0\n",
+    );
     assert!(!o.status.success());
     assert!(text(&o.stderr).contains("line 1"), "{}", text(&o.stderr));
     assert_eq!(std::fs::read_dir(&tmp).unwrap().count(), 0);

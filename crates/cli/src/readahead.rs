@@ -611,27 +611,17 @@ fn spawn_replay_background(a: &ReplayArgs) -> anyhow::Result<()> {
     spawned
 }
 
-/// Creates a new file only this user can read in the temp directory.
+/// Creates a new file only this user can read in the temp directory (tempfile: 0600,
+/// O_EXCL), kept on disk for the background child.
 fn private_temp_file(prefix: &str, ext: &str) -> anyhow::Result<(PathBuf, std::fs::File)> {
-    use std::os::unix::fs::OpenOptionsExt;
     let dir = std::env::temp_dir();
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.subsec_nanos());
-    for i in 0..100u32 {
-        let p = dir.join(format!("{prefix}-{}-{nanos}-{i}.{ext}", std::process::id()));
-        match std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(&p)
-        {
-            Ok(f) => return Ok((p, f)),
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
-            Err(e) => return Err(e).with_context(|| format!("{}", p.display())),
-        }
-    }
-    bail!("cannot create a temporary file in {}", dir.display())
+    let t = tempfile::Builder::new()
+        .prefix(&format!("{prefix}-"))
+        .suffix(&format!(".{ext}"))
+        .tempfile_in(&dir)
+        .with_context(|| format!("cannot create a temporary file in {}", dir.display()))?;
+    let (f, path) = t.keep().context("keeping the temporary list")?;
+    Ok((path, f))
 }
 
 /// Re-executes this command detached (new process group, stdio to the log) and returns.

@@ -1109,3 +1109,63 @@ fn record_duration_captures_reads_by_another_process_in_the_window() {
     assert_eq!(ranges_of(&entries[0]), vec![(0, 96 << 10)]);
     std::fs::remove_dir_all(&d).unwrap();
 }
+
+#[test]
+fn classic_list_typos_fail_the_replay_naming_line_and_token() {
+    let d = scratch("classic");
+    // Names with spaces and a colon: the classic form must keep them as names.
+    let (a, b) = (d.join("lib a.so"), d.join("Track 1:Intro"));
+    write_file(&a, 256 << 10, 1);
+    write_file(&b, 40 << 10, 2);
+    let good = format!(
+        "{} 0:4096,131072:65536\n{}\n{}  4096:8192 \n",
+        a.display(),
+        b.display(),
+        b.display()
+    );
+    let lp = d.join("classic.list");
+    std::fs::write(&lp, &good).unwrap();
+    evict(&[&d]);
+    let v = json(&run(&[
+        "readahead",
+        "replay",
+        lp.to_str().unwrap(),
+        "--json",
+        "--require",
+        "99.5",
+    ]));
+    assert_eq!(v["entries_missing"], 0, "{v}");
+    assert_eq!(v["files_replayed"], 2, "{v}");
+    // a: two ranges; b: the whole file (its ranged line is a duplicate of the same file).
+    assert_eq!(v["bytes_requested"], 4096 + 65536 + (40 << 10), "{v}");
+    assert_eq!(vmtouch_pages(&a, 0, 4096), 1);
+    assert_eq!(vmtouch_pages(&a, 131072, 65536), 16);
+    assert_eq!(fincore_bytes(&b), 40 << 10);
+
+    // A typo in a range list is an error naming the line and the token, not a "missing" file.
+    for (typo, token) in [
+        (
+            format!("{} 0:4096,40g96:8192", a.display()),
+            "0:4096,40g96:8192",
+        ),
+        (format!("{} 0:4096,", a.display()), "0:4096,"),
+        (format!("{} 12:", b.display()), "12:"),
+    ] {
+        let bad = d.join("bad.list");
+        std::fs::write(&bad, format!("{good}# a comment\n{typo}\n")).unwrap();
+        for extra in [&[][..], &["--require", "50"][..], &["--json"][..]] {
+            let o = run_any(&[&["readahead", "replay", bad.to_str().unwrap()], extra].concat());
+            assert!(!o.status.success(), "{typo:?} {extra:?} passed: {o:?}");
+            let err = text(&o.stderr);
+            assert!(err.contains("line 5: bad range list"), "{typo:?}: {err}");
+            assert!(err.contains(&format!("{token:?}")), "{typo:?}: {err}");
+            assert_eq!(err.lines().count(), 1, "{err}");
+            assert!(o.stdout.is_empty(), "a report was printed: {o:?}");
+        }
+        // A background replay refuses the list before detaching.
+        let o = run_any(&["readahead", "replay", bad.to_str().unwrap(), "--background"]);
+        assert!(!o.status.success());
+        assert!(text(&o.stderr).contains("line 5: bad range list"), "{o:?}");
+    }
+    std::fs::remove_dir_all(&d).unwrap();
+}

@@ -9,9 +9,13 @@
 //!   or `{`), so any Linux path fits on one line.
 //! * **JSON Lines**, one object per line (a line starting with `{`):
 //!   `{"path":"<escaped as above>","identity":{...}|null,"ranges":"*"|[[off,len],...]}`.
-//! * **classic block list**: `filename offset:length,offset:length` (no TAB); the last
-//!   space-separated token is the range list if it parses as one, otherwise the whole line is a
-//!   file name meaning "the whole file". File names are taken verbatim (no escapes).
+//! * **classic block list**: `filename offset:length,offset:length` (no TAB). File names are
+//!   taken verbatim (no escapes) and may contain spaces, so the last space-separated token is
+//!   the range list when it *looks like one* (see [`looks_like_range_list`]: it contains `:`
+//!   and only digits, `:`, `,` and letters inside numbers such as `40g96`). Such a token must
+//!   then parse, or the line is an error naming the token; a typo must not turn into a file
+//!   name that is silently reported as missing. Any other line is a file name meaning "the
+//!   whole file".
 //!
 //! Blank lines and lines starting with `#` are ignored. Offsets and lengths are decimal bytes;
 //! ranges may be unsorted or overlap (they are normalised). The parser is meant for untrusted
@@ -186,6 +190,11 @@ pub enum ParseErrorKind {
     BadEscape(String),
     #[error("bad range {0:?} (expected OFFSET:LENGTH in decimal bytes)")]
     BadRange(String),
+    #[error("bad range list {token:?} in a classic `FILE OFFSET:LENGTH,...` line: {error}")]
+    BadRangeList {
+        token: String,
+        error: Box<ParseErrorKind>,
+    },
     #[error("empty range (length 0)")]
     EmptyRange,
     #[error("range end overflows 64 bits")]
@@ -391,26 +400,51 @@ fn parse_line(line: &[u8]) -> Result<Option<ListEntry>, ParseErrorKind> {
             extent,
         }));
     }
-    // Classic `filename offset:length,...`, file names verbatim.
-    if let Some(sp) = line.iter().rposition(|&c| c == b' ') {
-        let (name, tok) = (&line[..sp], &line[sp + 1..]);
-        if let Some(Ok(rs)) = std::str::from_utf8(tok).ok().map(parse_ranges) {
-            let name = name.strip_suffix(b" ").map_or(name, |n| {
-                let end = n.iter().rposition(|&c| c != b' ').map_or(0, |e| e + 1);
-                &n[..end]
-            });
-            return Ok(Some(ListEntry {
-                path: check_path(name.to_vec())?,
-                identity: None,
-                extent: Extent::Ranges(rs),
-            }));
-        }
+    // Classic `filename offset:length,...`, file names verbatim. Spaces after the range list
+    // are tolerated; a name without a range list keeps its trailing spaces.
+    let trimmed = trim_end_spaces(line);
+    if let Some(sp) = trimmed.iter().rposition(|&c| c == b' ')
+        && looks_like_range_list(&trimmed[sp + 1..])
+    {
+        let tok = String::from_utf8_lossy(&trimmed[sp + 1..]);
+        let rs = parse_ranges(&tok).map_err(|e| ParseErrorKind::BadRangeList {
+            token: short(&tok),
+            error: Box::new(e),
+        })?;
+        return Ok(Some(ListEntry {
+            path: check_path(trim_end_spaces(&trimmed[..sp]).to_vec())?,
+            identity: None,
+            extent: Extent::Ranges(rs),
+        }));
     }
     Ok(Some(ListEntry {
         path: check_path(line.to_vec())?,
         identity: None,
         extent: Extent::Whole,
     }))
+}
+
+fn trim_end_spaces(b: &[u8]) -> &[u8] {
+    &b[..b.iter().rposition(|&c| c != b' ').map_or(0, |e| e + 1)]
+}
+
+/// Whether the last token of a classic line is an attempted range list (and so must parse):
+/// it contains `:` and a digit, and consists of digits, `:`, `,` and letters that follow a
+/// digit (typos and unit suffixes inside numbers: `40g96:8192`, `4k:8k`). A file name ending
+/// in `Track 1:Intro` or `a:b` does not qualify, since its letters do not follow a digit.
+pub fn looks_like_range_list(tok: &[u8]) -> bool {
+    tok.contains(&b':')
+        && tok.iter().any(u8::is_ascii_digit)
+        && tok.iter().enumerate().all(|(i, &c)| match c {
+            b'0'..=b'9' | b':' | b',' => true,
+            // The letter run must start right after a digit.
+            c if c.is_ascii_alphabetic() => tok[..i]
+                .iter()
+                .rev()
+                .find(|p| !p.is_ascii_alphabetic())
+                .is_some_and(u8::is_ascii_digit),
+            _ => false,
+        })
 }
 
 /// Parses a list from a reader, with bounds.
@@ -550,6 +584,90 @@ mod tests {
     }
 
     #[test]
+    fn classic_range_typos_are_line_errors_naming_the_token() {
+        let bad = |text: &str, line: u64, token: &str| {
+            let e = parse(text).unwrap_err();
+            assert_eq!(e.line, line, "{text:?}: {e}");
+            match &e.kind {
+                ParseErrorKind::BadRangeList { token: t, .. } => assert_eq!(t, token, "{e}"),
+                k => panic!("{text:?}: expected BadRangeList, got {k:?}"),
+            }
+            let msg = e.to_string();
+            assert!(msg.starts_with(&format!("line {line}: ")), "{msg}");
+            assert!(msg.contains(&format!("{token:?}")), "{msg}");
+        };
+        bad(
+            "/usr/lib/a.so 0:4096\n/usr/lib/x.so 0:4096,40g96:8192\n",
+            2,
+            "0:4096,40g96:8192",
+        );
+        bad("x 0:4096,\n", 1, "0:4096,");
+        bad("# c\n\nx 12:\n", 3, "12:");
+        bad("/x/big 0:4096,8192\n", 1, "0:4096,8192");
+        bad("/x/big 4k:8k\n", 1, "4k:8k");
+        bad("/x/big :4096\n", 1, ":4096");
+        bad("/x/big 0:0\n", 1, "0:0");
+        bad("/x/big 0:4096,  \n", 1, "0:4096,"); // trailing blanks do not hide the token
+        bad("/x/big 0:4096 12:\n", 1, "12:");
+        let e = parse("x 0:4096,40g96:8192\n").unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "line 1: bad range list \"0:4096,40g96:8192\" in a classic `FILE OFFSET:LENGTH,...` \
+             line: bad range \"40g96:8192\" (expected OFFSET:LENGTH in decimal bytes)"
+        );
+        let e = parse("x 18446744073709551615:2\n").unwrap_err();
+        assert!(
+            matches!(&e.kind, ParseErrorKind::BadRangeList { error, .. }
+                if **error == ParseErrorKind::RangeOverflow),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn classic_names_with_spaces_and_colons_stay_names() {
+        for name in [
+            "/music/Track 1:Intro",
+            "/data/a:b",
+            "/data/backup 2024-01-01",
+            "/srv/file 8192",
+            "/srv/x 0x",
+            "/plain",
+            "/trailing blank ",
+            "/tab-free:name 12:x",
+        ] {
+            let v = parse(&format!("{name}\n")).unwrap();
+            assert_eq!(v[0].path, Path::new(name), "{name:?}");
+            assert_eq!(v[0].extent, Extent::Whole, "{name:?}");
+        }
+        let v = parse("/my dir/a file  0:10 \n").unwrap();
+        assert_eq!(v[0].path, Path::new("/my dir/a file"));
+        assert_eq!(
+            v[0].extent,
+            Extent::Ranges(RangeSet::from_ranges(vec![Range { offset: 0, len: 10 }]))
+        );
+    }
+
+    #[test]
+    fn range_list_detection() {
+        for yes in [
+            "0:1",
+            "12:",
+            ":4",
+            "40g96:8192",
+            "0:4096,",
+            "1,2:3",
+            "0x10:4",
+        ] {
+            assert!(looks_like_range_list(yes.as_bytes()), "{yes}");
+        }
+        for no in [
+            "", "8192", "a:b", "1:Intro", "x1:2", "0:4096;", "0-1:2", "1.5:2", "é1:2",
+        ] {
+            assert!(!looks_like_range_list(no.as_bytes()), "{no}");
+        }
+    }
+
+    #[test]
     fn errors_carry_line_numbers() {
         let e = parse("# hdr\n/a\t-\t0:0\n").unwrap_err();
         assert_eq!(
@@ -634,7 +752,91 @@ mod tests {
             })
     }
 
+    /// A classic-form file name: no NUL, newline, CR or TAB (a TAB makes a text v1 line), not
+    /// starting with `#` or `{` (comment, JSON), with a non-blank last byte (blanks before the
+    /// range list are separators).
+    fn arb_classic_name() -> impl Strategy<Value = Vec<u8>> {
+        proptest::collection::vec(
+            prop_oneof![
+                Just(b' '),
+                Just(b':'),
+                Just(b','),
+                Just(b'1'),
+                any::<u8>().prop_filter("no line breaks, TAB or NUL", |b| {
+                    !matches!(*b, 0 | b'\n' | b'\r' | b'\t')
+                })
+            ],
+            1..40,
+        )
+        .prop_filter("a usable classic name", |n| {
+            !matches!(n.first(), Some(b'#' | b'{'))
+                && n.last().is_some_and(|&c| c != b' ')
+                && !n.iter().all(u8::is_ascii_whitespace)
+        })
+    }
+
     proptest! {
+        #[test]
+        fn classic_lines_round_trip(
+            name in arb_classic_name(),
+            ranges in proptest::collection::vec((0u64..1 << 40, 1u64..1 << 30), 1..6),
+            sep in 1usize..3,
+        ) {
+            let mut line = name.clone();
+            line.extend(std::iter::repeat_n(b' ', sep));
+            let toks: Vec<String> = ranges.iter().map(|(o, l)| format!("{o}:{l}")).collect();
+            line.extend(toks.join(",").as_bytes());
+            line.push(b'\n');
+            let want = ListEntry {
+                path: PathBuf::from(OsString::from_vec(name)),
+                identity: None,
+                extent: Extent::Ranges(RangeSet::from_ranges(
+                    ranges.iter().map(|&(offset, len)| Range { offset, len }).collect(),
+                )),
+            };
+            prop_assert_eq!(parse_bytes(&line, Limits::default()).unwrap(), vec![want.clone()]);
+            // And on through the native forms.
+            let mut t = Vec::new();
+            write_text(&mut t, std::slice::from_ref(&want)).unwrap();
+            prop_assert_eq!(parse_bytes(&t, Limits::default()).unwrap(), vec![want]);
+        }
+
+        #[test]
+        fn classic_whole_file_names_round_trip(name in arb_classic_name()) {
+            let last = name.rsplit(|&c| c == b' ').next().unwrap_or(&[]);
+            prop_assume!(!name.contains(&b' ') || !looks_like_range_list(last));
+            let mut line = name.clone();
+            line.push(b'\n');
+            let v = parse_bytes(&line, Limits::default()).unwrap();
+            prop_assert_eq!(v, vec![ListEntry {
+                path: PathBuf::from(OsString::from_vec(name)),
+                identity: None,
+                extent: Extent::Whole,
+            }]);
+        }
+
+        /// A last token that looks like a range list is never folded into a file name: the
+        /// line is a range entry or an error that names the token.
+        #[test]
+        fn attempted_range_lists_never_become_names(
+            name in arb_classic_name(),
+            tok in "[0-9:,]{0,5}[0-9][a-z]{0,2}[0-9:,]{0,5}:[0-9,]{0,4}",
+        ) {
+            prop_assume!(looks_like_range_list(tok.as_bytes()));
+            let mut line = name;
+            line.push(b' ');
+            line.extend(tok.as_bytes());
+            line.push(b'\n');
+            match parse_bytes(&line, Limits::default()) {
+                Ok(v) => prop_assert!(matches!(v[0].extent, Extent::Ranges(_)), "{:?}", v),
+                Err(e) => prop_assert!(
+                    matches!(&e.kind, ParseErrorKind::BadRangeList { token, .. } if *token == tok)
+                        || e.kind == ParseErrorKind::EmptyPath,
+                    "{}", e
+                ),
+            }
+        }
+
         #[test]
         fn text_round_trip(entries in proptest::collection::vec(arb_entry(), 0..8)) {
             let mut buf = Vec::new();

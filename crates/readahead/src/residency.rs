@@ -54,6 +54,18 @@ const EPERM_REASON: &str = "cachestat: EPERM (caller neither owns nor may write 
 const UNTRUSTED_REASON: &str = "cachestat unavailable and mincore untrusted (caller neither \
                                 owns nor may write the file; Linux >= 5.2 reports every page resident)";
 
+/// Which system call measures residency.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Backend {
+    /// cachestat(2), falling back to a trusted mincore(2) only where cachestat is missing
+    /// (ENOSYS) or unsupported (EOPNOTSUPP). What every command uses.
+    #[default]
+    Auto,
+    /// Behave as on a kernel without cachestat (< 6.5): the mincore fallback with its trust
+    /// check. For tests, which cannot otherwise reach that path on a new kernel.
+    NoCachestat,
+}
+
 /// Whether mincore's answer can be trusted for this file by this process.
 fn mincore_trusted(path: &Path, meta: &std::fs::Metadata) -> bool {
     let euid = sys::euid();
@@ -67,8 +79,23 @@ pub fn measure(
     meta: &std::fs::Metadata,
     range: Option<Range>,
 ) -> Residency {
+    measure_with(Backend::Auto, file, path, meta, range)
+}
+
+/// [`measure`] with an explicit [`Backend`].
+pub fn measure_with(
+    backend: Backend,
+    file: &File,
+    path: &Path,
+    meta: &std::fs::Metadata,
+    range: Option<Range>,
+) -> Residency {
     let (off, len) = range.map(|r| (r.offset, r.len)).unwrap_or((0, 0));
-    match sys::cachestat(file.as_fd(), off, len) {
+    let cs = match backend {
+        Backend::Auto => sys::cachestat(file.as_fd(), off, len),
+        Backend::NoCachestat => Err(std::io::Error::from_raw_os_error(libc::ENOSYS)),
+    };
+    match cs {
         Ok(cs) => Residency::Known {
             source: Source::Cachestat,
             resident_pages: cs.cache,
@@ -129,6 +156,16 @@ pub fn resident_ranges(
     path: &Path,
     meta: &std::fs::Metadata,
 ) -> Result<RangeSet, String> {
+    resident_ranges_with(Backend::Auto, file, path, meta)
+}
+
+/// [`resident_ranges`] with an explicit [`Backend`].
+pub fn resident_ranges_with(
+    backend: Backend,
+    file: &File,
+    path: &Path,
+    meta: &std::fs::Metadata,
+) -> Result<RangeSet, String> {
     let size = meta.len();
     let ps = sys::page_size();
     let pages = size.div_ceil(ps);
@@ -136,7 +173,7 @@ pub fn resident_ranges(
         return Ok(RangeSet::new());
     }
     // Fast paths from the counts; they also settle whether the caller may see residency at all.
-    match measure(file, path, meta, None) {
+    match measure_with(backend, file, path, meta, None) {
         Residency::Unknown { reason } => return Err(reason),
         Residency::Known {
             resident_pages: 0, ..
@@ -183,6 +220,158 @@ pub fn open_quiet(path: &Path) -> std::io::Result<File> {
 mod tests {
     use super::*;
     use std::io::Write;
+
+    /// Set when this test binary is re-executed as `nobody` by
+    /// `mincore_fallback_is_unknown_for_an_untrusted_caller`: the file to measure.
+    const UNTRUSTED_ENV: &str = "SNAPBLK_RA_TEST_UNTRUSTED_FILE";
+    /// Printed by the unprivileged helper once all its checks passed.
+    const UNTRUSTED_OK: &str = "untrusted-helper: ok";
+
+    fn write_synced(p: &Path, len: u64) {
+        let mut f = File::create(p).unwrap();
+        f.write_all(&vec![3u8; len as usize]).unwrap();
+        f.sync_all().unwrap();
+    }
+
+    fn dontneed(f: &File, off: u64, len: u64) {
+        sys::fadvise(f.as_fd(), off, len, libc::POSIX_FADV_DONTNEED).unwrap();
+    }
+
+    fn known(r: &Residency, want: Source) -> u64 {
+        match r {
+            Residency::Known {
+                source,
+                resident_pages,
+                ..
+            } if *source == want => *resident_pages,
+            r => panic!("expected a {want:?} figure, got {r:?}"),
+        }
+    }
+
+    #[test]
+    fn mincore_fallback_agrees_with_cachestat_when_trusted() {
+        let p = crate::test_support::disk_dir()
+            .join(format!("snapblk-ra-fallback-{}", std::process::id()));
+        let ps = sys::page_size();
+        let size = 8 << 20;
+        write_synced(&p, size);
+        let f = open_quiet(&p).unwrap();
+        let meta = f.metadata().unwrap();
+        // Read it all back cold, then drop the second half. Large folios are naturally aligned
+        // and at most 2 MiB, so none straddles the 4 MiB boundary and the DONTNEED is exact.
+        dontneed(&f, 0, 0);
+        std::io::copy(&mut &f, &mut std::io::sink()).unwrap();
+        dontneed(&f, size / 2, size / 2);
+        let pages = size / ps;
+        let cs = known(&measure(&f, &p, &meta, None), Source::Cachestat);
+        assert!(cs > 0 && cs < pages, "not partially resident: {cs}/{pages}");
+        let mc = known(
+            &measure_with(Backend::NoCachestat, &f, &p, &meta, None),
+            Source::Mincore,
+        );
+        assert_eq!(mc, cs, "whole file");
+        for (off, len) in [
+            (0, size / 2),
+            (size / 2, size / 2),
+            (3 << 20, 2 << 20),
+            (ps + 100, 5 * ps),
+            ((size / 2) - 1, 2),
+            (size - 1, 1 << 30), // past EOF
+        ] {
+            let r = Some(Range { offset: off, len });
+            let cs = known(&measure(&f, &p, &meta, r), Source::Cachestat);
+            let mc = known(
+                &measure_with(Backend::NoCachestat, &f, &p, &meta, r),
+                Source::Mincore,
+            );
+            assert_eq!(mc, cs, "range {off}+{len}");
+        }
+        let a = resident_ranges(&f, &p, &meta).unwrap();
+        let b = resident_ranges_with(Backend::NoCachestat, &f, &p, &meta).unwrap();
+        assert_eq!(a, b);
+        assert_eq!(a.total_bytes(), cs * ps);
+        std::fs::remove_file(&p).unwrap();
+    }
+
+    /// The checks run as `nobody` on a root-owned 0644 file that was evicted: the fallback must
+    /// say "unknown" (mincore itself claims every page is resident there).
+    fn untrusted_checks(p: &Path) {
+        assert_ne!(sys::euid(), 0, "the helper must run unprivileged");
+        let f = open_quiet(p).unwrap();
+        let meta = f.metadata().unwrap();
+        let pages = meta.len().div_ceil(sys::page_size());
+        // The lie this guards against, seen directly.
+        let mut lie = 0;
+        sys::mincore_pages(f.as_fd(), meta.len(), |_, r| lie += r as u64).unwrap();
+        assert_eq!(
+            lie, pages,
+            "mincore no longer lies to unprivileged callers?"
+        );
+        let whole = Some(Range {
+            offset: 0,
+            len: meta.len(),
+        });
+        for range in [None, whole] {
+            match measure_with(Backend::NoCachestat, &f, p, &meta, range) {
+                Residency::Unknown { reason } => assert_eq!(reason, UNTRUSTED_REASON),
+                r => panic!("untrusted mincore fallback gave a figure: {r:?}"),
+            }
+            // With cachestat (this kernel): unknown too, for the EPERM reason.
+            match measure(&f, p, &meta, range) {
+                Residency::Unknown { reason } => assert_eq!(reason, EPERM_REASON),
+                r => panic!("cachestat gave a figure to an untrusted caller: {r:?}"),
+            }
+        }
+        assert_eq!(
+            resident_ranges_with(Backend::NoCachestat, &f, p, &meta),
+            Err(UNTRUSTED_REASON.to_string())
+        );
+        println!("{UNTRUSTED_OK}");
+    }
+
+    #[test]
+    fn mincore_fallback_is_unknown_for_an_untrusted_caller() {
+        if let Some(p) = std::env::var_os(UNTRUSTED_ENV) {
+            return untrusted_checks(Path::new(&p));
+        }
+        use std::os::unix::fs::PermissionsExt;
+        use std::os::unix::process::CommandExt;
+        assert_eq!(
+            sys::euid(),
+            0,
+            "this test drops privileges and must run as root"
+        );
+        let p = crate::test_support::disk_dir()
+            .join(format!("snapblk-ra-untrusted-{}", std::process::id()));
+        write_synced(&p, 1 << 20);
+        // Root-owned, 0644: nobody neither owns nor may write it (the mincore lie condition).
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let f = open_quiet(&p).unwrap();
+        let meta = f.metadata().unwrap();
+        dontneed(&f, 0, 0);
+        // As root the fallback is trusted and truthful: nothing resident.
+        let mc = measure_with(Backend::NoCachestat, &f, &p, &meta, None);
+        assert_eq!(known(&mc, Source::Mincore), 0);
+        let o = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "residency::tests::mincore_fallback_is_unknown_for_an_untrusted_caller",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env(UNTRUSTED_ENV, &p)
+            .uid(65534)
+            .gid(65534)
+            .output()
+            .unwrap();
+        let out = String::from_utf8_lossy(&o.stdout);
+        assert!(
+            o.status.success() && out.contains(UNTRUSTED_OK),
+            "unprivileged helper failed: {out}\n{}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        std::fs::remove_file(&p).unwrap();
+    }
 
     #[test]
     fn resident_ranges_of_partially_evicted_file() {

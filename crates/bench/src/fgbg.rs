@@ -16,9 +16,76 @@ use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+
+/// Process groups of the commands running now (background and foreground), so that an
+/// emergency exit can still kill them ([`kill_children`]).
+static LIVE_GROUPS: Mutex<Vec<i32>> = Mutex::new(Vec::new());
+
+/// Kill every command process group this module started and has not reaped yet. For a caller
+/// about to exit without unwinding (e.g. on a second SIGINT); normal and interrupted runs kill
+/// and reap their commands themselves.
+pub fn kill_children() {
+    let groups = LIVE_GROUPS.lock().map(|g| g.clone()).unwrap_or_default();
+    for g in groups {
+        // SAFETY: signalling a process group we created (pgid = the child's pid).
+        unsafe { libc::kill(-g, libc::SIGKILL) };
+    }
+}
+
+/// `sh -c cmd` started in its own process group and registered in [`LIVE_GROUPS`].
+fn spawn_cmd(cmd: &str) -> Result<Child> {
+    let mut live = LIVE_GROUPS
+        .lock()
+        .map_err(|_| Error::Other("command registry poisoned".into()))?;
+    let c = shell(cmd)
+        .spawn()
+        .map_err(|e| Error::Other(format!("start `{cmd}`: {e}")))?;
+    live.push(c.id() as i32);
+    Ok(c)
+}
+
+/// Kill the whole process group of `c` and reap the child.
+fn kill_cmd(c: &mut Child) {
+    let pgid = c.id() as i32;
+    // SAFETY: signalling the process group we created for this child; it is not reaped yet, so
+    // the id cannot have been reused.
+    unsafe { libc::kill(-pgid, libc::SIGKILL) };
+    let _ = c.wait();
+    if let Ok(mut live) = LIVE_GROUPS.lock() {
+        live.retain(|&g| g != pgid);
+    }
+}
+
+/// A child that exited on its own (already reaped by `try_wait`): its group leaves the
+/// registry. It is not signalled: once reaped, its id may belong to someone else.
+fn forget_cmd(c: &Child) {
+    let pgid = c.id() as i32;
+    if let Ok(mut live) = LIVE_GROUPS.lock() {
+        live.retain(|&g| g != pgid);
+    }
+}
+
+fn is_stopped(stop: Option<&AtomicBool>) -> bool {
+    stop.is_some_and(|s| s.load(Ordering::Relaxed))
+}
+
+/// Sleep `secs`, waking early when `stop` is set; returns whether it was.
+fn sleep_or_stop(secs: f64, stop: Option<&AtomicBool>) -> bool {
+    let end = Instant::now() + Duration::from_secs_f64(secs.max(0.0));
+    loop {
+        if is_stopped(stop) {
+            return true;
+        }
+        let now = Instant::now();
+        if now >= end {
+            return false;
+        }
+        std::thread::sleep((end - now).min(Duration::from_millis(10)));
+    }
+}
 
 /// A background stream.
 #[derive(Debug, Clone, Serialize)]
@@ -100,16 +167,32 @@ struct BgRunning {
     start: Instant,
 }
 
+/// Start every background stream; on failure, whatever was started is stopped again.
 fn start_background(spec: &FgBgSpec) -> Result<BgRunning> {
-    let stop = Arc::new(AtomicBool::new(false));
-    let bytes = Arc::new(AtomicU64::new(0));
-    let mut threads = Vec::new();
-    let mut children = Vec::new();
+    let mut bg = BgRunning {
+        stop: Arc::new(AtomicBool::new(false)),
+        bytes: Arc::new(AtomicU64::new(0)),
+        threads: Vec::new(),
+        children: Vec::new(),
+        start: Instant::now(),
+    };
+    match start_streams(spec, &mut bg) {
+        Ok(()) => {
+            bg.start = Instant::now();
+            Ok(bg)
+        }
+        Err(e) => {
+            let _ = stop_background(bg);
+            Err(e)
+        }
+    }
+}
+
+fn start_streams(spec: &FgBgSpec, bg: &mut BgRunning) -> Result<()> {
     for b in &spec.background {
         match b {
             Background::Cmd { cmd } => {
-                let child = shell(cmd).spawn()?;
-                children.push(child);
+                bg.children.push(spawn_cmd(cmd)?);
             }
             Background::Read { path } | Background::Write { path, .. } => {
                 let write = matches!(b, Background::Write { .. });
@@ -136,20 +219,14 @@ fn start_background(spec: &FgBgSpec) -> Result<BgRunning> {
                         path.display()
                     )));
                 }
-                let (stop, bytes) = (stop.clone(), bytes.clone());
-                threads.push(std::thread::spawn(move || {
+                let (stop, bytes) = (bg.stop.clone(), bg.bytes.clone());
+                bg.threads.push(std::thread::spawn(move || {
                     stream(f, len, write, &stop, &bytes)
                 }));
             }
         }
     }
-    Ok(BgRunning {
-        stop,
-        bytes,
-        threads,
-        children,
-        start: Instant::now(),
-    })
+    Ok(())
 }
 
 /// `sh -c cmd` in its own process group (so the whole group can be killed), with its stdout
@@ -208,10 +285,7 @@ fn stop_background(mut bg: BgRunning) -> Result<Option<f64>> {
     bg.stop.store(true, Ordering::Relaxed);
     let secs = bg.start.elapsed().as_secs_f64();
     for c in &mut bg.children {
-        // Kill the whole process group the command started.
-        // SAFETY: signalling a process group we created.
-        unsafe { libc::kill(-(c.id() as i32), libc::SIGKILL) };
-        let _ = c.wait();
+        kill_cmd(c);
     }
     let mut err = None;
     let had_streams = !bg.threads.is_empty();
@@ -235,8 +309,9 @@ fn drop_caches() -> Result<()> {
         .map_err(|e| Error::Other(format!("drop_caches (needs root): {e}")))
 }
 
-/// Replay a readahead list as plain reads; returns per-read latencies.
-fn replay_list(list: &Path, h: &mut LatHist) -> Result<()> {
+/// Replay a readahead list as plain reads, recording per-read latencies; returns false when
+/// `stop` cut it short.
+fn replay_list(list: &Path, h: &mut LatHist, stop: Option<&AtomicBool>) -> Result<bool> {
     let text = std::fs::read(list)?;
     let entries = snapblk_readahead::list::parse_bytes(&text, Default::default())
         .map_err(|e| Error::Other(format!("{}: {e}", list.display())))?;
@@ -248,6 +323,9 @@ fn replay_list(list: &Path, h: &mut LatHist) -> Result<()> {
             let mut off = r.offset;
             let end = r.offset + r.len;
             while off < end {
+                if is_stopped(stop) {
+                    return Ok(false);
+                }
                 let l = ((end - off) as usize).min(buf.len());
                 let s = Instant::now();
                 let n = f.read_at(&mut buf[..l], off)?;
@@ -259,7 +337,7 @@ fn replay_list(list: &Path, h: &mut LatHist) -> Result<()> {
             }
         }
     }
-    Ok(())
+    Ok(true)
 }
 
 fn evict_list(list: &Path) -> Result<()> {
@@ -274,49 +352,71 @@ fn evict_list(list: &Path) -> Result<()> {
     Ok(())
 }
 
-/// Run the foreground once: (seconds, latency histogram if any).
+/// Run the foreground once: (seconds, latency histogram if any), or None when `stop` cut it
+/// short (a foreground command is then killed and reaped).
 fn run_foreground(
     spec: &FgBgSpec,
     target: &mut Option<&mut dyn Target>,
-) -> Result<(f64, Option<LatHist>)> {
+    stop: Option<&Arc<AtomicBool>>,
+) -> Result<Option<(f64, Option<LatHist>)>> {
     if spec.drop_caches {
         drop_caches()?;
     }
+    let stopped = || is_stopped(stop.map(|s| &**s));
     match &spec.foreground {
         Foreground::Cmd { cmd } => {
             let t0 = Instant::now();
-            let mut c = shell(cmd).spawn()?;
+            let mut c = spawn_cmd(cmd)?;
             loop {
-                if let Some(st) = c.try_wait()? {
+                let st = match c.try_wait() {
+                    Ok(st) => st,
+                    Err(e) => {
+                        kill_cmd(&mut c);
+                        return Err(e.into());
+                    }
+                };
+                if let Some(st) = st {
+                    forget_cmd(&c);
                     if !st.success() {
                         return Err(Error::Other(format!("foreground command failed: {st}")));
                     }
                     break;
                 }
+                if stopped() {
+                    kill_cmd(&mut c);
+                    return Ok(None);
+                }
                 if t0.elapsed().as_secs_f64() > spec.fg_timeout {
-                    // SAFETY: signalling the process group we created.
-                    unsafe { libc::kill(-(c.id() as i32), libc::SIGKILL) };
-                    let _ = c.wait();
-                    return Ok((spec.fg_timeout, None));
+                    kill_cmd(&mut c);
+                    return Ok(Some((spec.fg_timeout, None)));
                 }
                 std::thread::sleep(Duration::from_millis(2));
             }
-            Ok((t0.elapsed().as_secs_f64(), None))
+            Ok(Some((t0.elapsed().as_secs_f64(), None)))
         }
         Foreground::ReadList { list } => {
             evict_list(list)?;
             let mut h = LatHist::default();
             let t0 = Instant::now();
-            replay_list(list, &mut h)?;
-            Ok((t0.elapsed().as_secs_f64(), Some(h)))
+            if !replay_list(list, &mut h, stop.map(|s| &**s))? {
+                return Ok(None);
+            }
+            Ok(Some((t0.elapsed().as_secs_f64(), Some(h))))
         }
         Foreground::Workload { job } => {
             let t = target
                 .as_deref_mut()
                 .ok_or_else(|| Error::Spec("foreground workload needs a target".into()))?;
             let t0 = Instant::now();
-            let r = run_workload(t, job, &RunOpts::default())?;
-            Ok((t0.elapsed().as_secs_f64(), Some(r.lat())))
+            let opts = RunOpts {
+                stop: stop.cloned(),
+                ..RunOpts::default()
+            };
+            let r = run_workload(t, job, &opts)?;
+            if stopped() {
+                return Ok(None);
+            }
+            Ok(Some((t0.elapsed().as_secs_f64(), Some(r.lat()))))
         }
     }
 }
@@ -333,16 +433,18 @@ fn median(v: &[f64]) -> f64 {
     }
 }
 
+/// One cell. When `stop` is set it ends early with the foreground runs completed so far (the
+/// background is stopped and its commands reaped either way).
 fn run_cell(
     spec: &FgBgSpec,
     sched: Option<&String>,
     loaded: bool,
     target: &mut Option<&mut dyn Target>,
+    stop: Option<&Arc<AtomicBool>>,
 ) -> Result<FgBgCell> {
+    let stop_flag = stop.map(|s| &**s);
     let bg = if loaded {
-        let bg = start_background(spec)?;
-        std::thread::sleep(Duration::from_secs_f64(spec.warmup));
-        Some(bg)
+        Some(start_background(spec)?)
     } else {
         None
     };
@@ -350,11 +452,17 @@ fn run_cell(
     let mut lat: Option<LatHist> = None;
     let mut res = Ok(());
     for i in 0..spec.iterations {
-        if i > 0 {
-            std::thread::sleep(Duration::from_secs_f64(spec.pause));
+        let wait = if i == 0 {
+            if loaded { spec.warmup } else { 0.0 }
+        } else {
+            spec.pause
+        };
+        if sleep_or_stop(wait, stop_flag) {
+            break;
         }
-        match run_foreground(spec, target) {
-            Ok((s, h)) => {
+        match run_foreground(spec, target, stop) {
+            Ok(None) => break,
+            Ok(Some((s, h))) => {
                 secs.push(s);
                 if let Some(h) = h {
                     lat.get_or_insert_with(LatHist::default).merge(&h);
@@ -367,10 +475,11 @@ fn run_cell(
         }
     }
     let bg_rate = match bg {
-        Some(b) => stop_background(b)?,
-        None => None,
+        Some(b) => stop_background(b),
+        None => Ok(None),
     };
     res?;
+    let bg_rate = bg_rate?;
     Ok(FgBgCell {
         scheduler: sched.cloned(),
         load: if loaded { "loaded" } else { "idle" }.into(),
@@ -387,9 +496,15 @@ fn run_cell(
 
 /// Run every (scheduler × {idle, loaded}) cell, interleaved per scheduler. The original
 /// scheduler is restored afterwards.
+///
+/// Setting `stop` (e.g. on SIGINT) ends the test early: the running foreground command and
+/// every background stream and command are killed and reaped, the scheduler is restored, and
+/// the cells measured so far are returned (the one in progress only if it completed at least
+/// one foreground run).
 pub fn run_fgbg(
     spec: &FgBgSpec,
     mut target: Option<&mut dyn Target>,
+    stop: Option<Arc<AtomicBool>>,
     mut log: impl FnMut(&str),
 ) -> Result<FgBgReport> {
     if spec.iterations == 0 {
@@ -409,29 +524,39 @@ pub fn run_fgbg(
     } else {
         spec.schedulers.iter().map(Some).collect()
     };
-    let mut cells = Vec::new();
+    let stopped = || is_stopped(stop.as_deref());
+    let mut cells: Vec<FgBgCell> = Vec::new();
     let res = (|| -> Result<()> {
         for s in scheds {
+            if stopped() {
+                break;
+            }
             if let (Some(d), Some(name)) = (&dir, s) {
                 context::set_scheduler(d, name)
                     .map_err(|e| Error::Other(format!("set scheduler {name}: {e}")))?;
             }
-            let mut idle = run_cell(spec, s, false, &mut target)?;
-            idle.slowdown = Some(1.0);
-            log(&format!(
-                "{} idle: {:.3}s",
-                s.map_or("-", |v| v),
-                idle.fg_median
-            ));
-            let mut loaded = run_cell(spec, s, true, &mut target)?;
-            loaded.slowdown = (idle.fg_median > 0.0).then(|| loaded.fg_median / idle.fg_median);
-            log(&format!(
-                "{} loaded: {:.3}s",
-                s.map_or("-", |v| v),
-                loaded.fg_median
-            ));
-            cells.push(idle);
-            cells.push(loaded);
+            let mut idle_median = None;
+            for loaded in [false, true] {
+                let mut c = run_cell(spec, s, loaded, &mut target, stop.as_ref())?;
+                if c.fg_seconds.is_empty() {
+                    break; // stopped before one foreground run completed
+                }
+                c.slowdown = match idle_median {
+                    None => Some(1.0),
+                    Some(i) => (i > 0.0).then(|| c.fg_median / i),
+                };
+                idle_median.get_or_insert(c.fg_median);
+                log(&format!(
+                    "{} {}: {:.3}s",
+                    s.map_or("-", |v| v),
+                    c.load,
+                    c.fg_median
+                ));
+                cells.push(c);
+                if stopped() {
+                    break;
+                }
+            }
         }
         Ok(())
     })();

@@ -14,7 +14,15 @@ use std::fs::{File, OpenOptions};
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
+
+/// A test cut short by the caller's stop flag (e.g. SIGINT); never leaves this module.
+struct Stopped;
+
+fn stopped(stop: Option<&AtomicBool>) -> bool {
+    stop.is_some_and(|s| s.load(Ordering::Relaxed))
+}
 
 /// IOzone's test names (`-i 0` write/rewrite, `-i 1` read/reread, `-i 2` random read/write).
 pub const TESTS: [&str; 6] = [
@@ -173,7 +181,8 @@ fn run_test(
     rs: u64,
     test: &str,
     buf: &mut AlignedBuf,
-) -> Result<Cell> {
+    stop: Option<&AtomicBool>,
+) -> Result<std::result::Result<Cell, Stopped>> {
     let n = fs / rs;
     let write = matches!(test, "write" | "rewrite" | "randwrite");
     let random = test.starts_with("rand");
@@ -186,6 +195,9 @@ fn run_test(
     let mut h = LatHist::default();
     let t0 = Instant::now();
     for i in 0..n {
+        if stopped(stop) {
+            return Ok(Err(Stopped));
+        }
         let rec = if random {
             perm.next_index().unwrap_or(i)
         } else {
@@ -206,12 +218,17 @@ fn run_test(
         f.sync_all()?;
     }
     let secs = t0.elapsed().as_secs_f64();
-    Ok(cell(fs, rs, test, n * rs, secs, &h, fsync))
+    Ok(Ok(cell(fs, rs, test, n * rs, secs, &h, fsync)))
 }
 
 /// Run the sweep. The test file is created in `spec.dir` and removed afterwards.
+///
+/// Setting `stop` (e.g. on SIGINT) ends the sweep early: the cells completed so far are
+/// returned (the one in progress is dropped, it measured only part of its file), and the test
+/// file is removed as usual.
 pub fn run_file_tests(
     spec: &FileTestSpec,
+    stop: Option<&AtomicBool>,
     mut progress: impl FnMut(&Cell),
 ) -> Result<FileTestReport> {
     for t in &spec.tests {
@@ -260,11 +277,15 @@ pub fn run_file_tests(
                     continue;
                 }
                 // Reads need the file: write it first if the sweep does not include "write".
-                if !spec.tests.iter().any(|t| t == "write") {
-                    run_test(spec, &path, fs, rs, "write", &mut buf)?;
+                if !spec.tests.iter().any(|t| t == "write")
+                    && run_test(spec, &path, fs, rs, "write", &mut buf, stop)?.is_err()
+                {
+                    return Ok(());
                 }
                 for t in &spec.tests {
-                    let c = run_test(spec, &path, fs, rs, t, &mut buf)?;
+                    let Ok(c) = run_test(spec, &path, fs, rs, t, &mut buf, stop)? else {
+                        return Ok(());
+                    };
                     progress(&c);
                     cells.push(c);
                 }
@@ -329,7 +350,16 @@ pub struct OverwriteReport {
 
 /// Create a `size`-byte file in `dir`, then overwrite it sequentially in `unit`-byte writes;
 /// with `fsync`, every write is followed by fsync (as a synchronous writer would).
-pub fn overwrite_test(dir: &Path, size: u64, unit: u64, fsync: bool) -> Result<OverwriteReport> {
+///
+/// Setting `stop` ends the test early with `Ok(None)` (a partial pass is no measurement); the
+/// file is removed either way.
+pub fn overwrite_test(
+    dir: &Path,
+    size: u64,
+    unit: u64,
+    fsync: bool,
+    stop: Option<&AtomicBool>,
+) -> Result<Option<OverwriteReport>> {
     if unit == 0 || size < unit {
         return Err(Error::Spec(
             "overwrite: size must be at least one unit".into(),
@@ -340,13 +370,16 @@ pub fn overwrite_test(dir: &Path, size: u64, unit: u64, fsync: bool) -> Result<O
         "snapblk-bench-overwrite.{}.tmp",
         std::process::id()
     ));
-    let res = (|| -> Result<OverwriteReport> {
+    let res = (|| -> Result<Option<OverwriteReport>> {
         let chunk = (1u64 << 20).min(size) as usize;
         let mut big = AlignedBuf::new(chunk, 7)?;
         let f = open(&path, true, false)?;
         let t0 = Instant::now();
         let mut off = 0;
         while off < size {
+            if stopped(stop) {
+                return Ok(None);
+            }
             let l = chunk.min((size - off) as usize);
             f.write_all_at(big.get(l), off)?;
             off += l as u64;
@@ -358,6 +391,9 @@ pub fn overwrite_test(dir: &Path, size: u64, unit: u64, fsync: bool) -> Result<O
         let n = size / unit;
         let t1 = Instant::now();
         for i in 0..n {
+            if stopped(stop) {
+                return Ok(None);
+            }
             let s = Instant::now();
             f.write_all_at(small.get(unit as usize), i * unit)?;
             if fsync {
@@ -374,7 +410,7 @@ pub fn overwrite_test(dir: &Path, size: u64, unit: u64, fsync: bool) -> Result<O
                 0.0
             }
         };
-        Ok(OverwriteReport {
+        Ok(Some(OverwriteReport {
             size,
             unit,
             fsync,
@@ -383,7 +419,7 @@ pub fn overwrite_test(dir: &Path, size: u64, unit: u64, fsync: bool) -> Result<O
             overwrite_ops: n,
             op_mean_us: h.mean() / 1e3,
             op_p99_us: h.percentile(99.0) as f64 / 1e3,
-        })
+        }))
     })();
     let _ = std::fs::remove_file(&path);
     res
@@ -406,7 +442,7 @@ mod tests {
             drop_cache: true,
             seed: 1,
         };
-        let r = run_file_tests(&spec, |_| {}).unwrap();
+        let r = run_file_tests(&spec, None, |_| {}).unwrap();
         assert_eq!(r.cells.len(), 2 * 2 * 6);
         let c = r
             .cells
@@ -429,19 +465,21 @@ mod tests {
             record_sizes: vec![4096],
             ..spec.clone()
         };
-        let r = run_file_tests(&nosync, |_| {}).unwrap();
+        let r = run_file_tests(&nosync, None, |_| {}).unwrap();
         assert!(r.cells.iter().all(|c| !c.fsync));
         assert!(file_table(&r).starts_with("MiB/s (no fsync)\n"));
-        let o = overwrite_test(&dir, 64 << 10, 1024, true).unwrap();
+        let o = overwrite_test(&dir, 64 << 10, 1024, true, None)
+            .unwrap()
+            .unwrap();
         assert_eq!(o.overwrite_ops, 64);
         assert!(o.overwrite_mib_s > 0.0);
         let bad = FileTestSpec {
             tests: vec!["nope".into()],
             ..spec.clone()
         };
-        assert!(run_file_tests(&bad, |_| {}).is_err());
+        assert!(run_file_tests(&bad, None, |_| {}).is_err());
         // Sweeps that would run nothing, or divide by zero, are rejected with a reason.
-        let err = |s: FileTestSpec| run_file_tests(&s, |_| {}).unwrap_err().to_string();
+        let err = |s: FileTestSpec| run_file_tests(&s, None, |_| {}).unwrap_err().to_string();
         let e = err(FileTestSpec {
             file_sizes: vec![1 << 20],
             record_sizes: vec![2 << 20],
@@ -465,9 +503,45 @@ mod tests {
             e,
             "directory /nonexistent/snapblk-dir: No such file or directory (os error 2)"
         );
-        let e = overwrite_test(Path::new("/nonexistent/snapblk-dir"), 4096, 1024, false)
-            .unwrap_err()
-            .to_string();
+        let e = overwrite_test(
+            Path::new("/nonexistent/snapblk-dir"),
+            4096,
+            1024,
+            false,
+            None,
+        )
+        .unwrap_err()
+        .to_string();
         assert!(e.starts_with("directory /nonexistent/snapblk-dir: "), "{e}");
+    }
+
+    #[test]
+    fn stop_flag_ends_the_tests_and_removes_their_files() {
+        let dir = std::env::temp_dir().join(format!("snapblk-fileio-stop-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let spec = FileTestSpec {
+            dir: dir.clone(),
+            file_sizes: vec![64 << 10],
+            record_sizes: vec![4096],
+            tests: TESTS.iter().map(|s| s.to_string()).collect(),
+            fsync: false,
+            direct: false,
+            drop_cache: false,
+            seed: 1,
+        };
+        // Stopped after the first cell: that cell is kept, nothing after it runs.
+        let stop = AtomicBool::new(false);
+        let r =
+            run_file_tests(&spec, Some(&stop), |_| stop.store(true, Ordering::Relaxed)).unwrap();
+        assert_eq!(r.cells.len(), 1);
+        assert_eq!(r.cells[0].test, "write");
+        assert_eq!(r.cells[0].ops, 16);
+        // Stopped before anything: no cells, no error.
+        let r = run_file_tests(&spec, Some(&stop), |_| {}).unwrap();
+        assert!(r.cells.is_empty());
+        let o = overwrite_test(&dir, 64 << 10, 1024, true, Some(&stop)).unwrap();
+        assert!(o.is_none());
+        assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0, "files left");
+        std::fs::remove_dir(&dir).unwrap();
     }
 }

@@ -174,7 +174,7 @@ fn fgbg_document_validates() {
         fg_timeout: 10.0,
     };
     let t0 = std::time::Instant::now();
-    let r = run_fgbg(&spec, None, |_| {}).unwrap();
+    let r = run_fgbg(&spec, None, None, |_| {}).unwrap();
     assert!(
         t0.elapsed().as_secs() < 20,
         "background command was not stopped"
@@ -192,7 +192,7 @@ fn fgbg_document_validates() {
         schedulers: vec!["none".into()],
         ..spec
     };
-    assert!(run_fgbg(&bad, None, |_| {}).is_err());
+    assert!(run_fgbg(&bad, None, None, |_| {}).is_err());
     for p in [bg, data, list] {
         std::fs::remove_file(p).unwrap();
     }
@@ -250,12 +250,14 @@ fn file_documents_validate_and_wrong_ones_are_rejected() {
         drop_cache: false,
         seed: 1,
     };
-    let r = run_file_tests(&spec, |_| {}).unwrap();
+    let r = run_file_tests(&spec, None, |_| {}).unwrap();
     let mut doc = Document::new("file", context::capture(Some(&dir)), None);
     doc.file_tests = Some(serde_json::to_value(&r).unwrap());
     let file = to_value(&doc);
     validate(&file).unwrap();
-    let o = overwrite_test(&dir, 64 << 10, 1024, false).unwrap();
+    let o = overwrite_test(&dir, 64 << 10, 1024, false, None)
+        .unwrap()
+        .unwrap();
     doc.file_tests = Some(serde_json::json!({ "overwrite": [o] }));
     let over = to_value(&doc);
     validate(&over).unwrap();

@@ -420,9 +420,11 @@ fn open_target(w: &WorkloadArgs) -> anyhow::Result<Box<dyn Target>> {
     Ok(Box::new(SpecTarget::new(t.clone())))
 }
 
-/// SIGINT/SIGTERM during a workload run: the first one stops the job threads through the
-/// engine's stop flag (in-flight I/Os complete, what was measured is reported); a second one
-/// exits at once, in case a device hangs.
+/// SIGINT/SIGTERM during any bench mode: the first one raises the stop flag (workload job
+/// threads finish their in-flight I/Os, file tests stop and remove their file, fgbg kills and
+/// reaps its commands and streams and restores the scheduler) and what was measured is
+/// reported; a second one exits at once, in case a device hangs (fgbg's commands are still
+/// killed first).
 struct Interrupts {
     stop: Arc<AtomicBool>,
     signal: Arc<AtomicI32>,
@@ -444,6 +446,7 @@ impl Interrupts {
                 };
                 if sg.swap(s, Ordering::SeqCst) != 0 {
                     eprintln!("snapblk: {}: giving up at once", signal_name(s));
+                    fgbg::kill_children();
                     std::process::exit(128 + s);
                 }
                 eprintln!(
@@ -458,6 +461,31 @@ impl Interrupts {
 
     fn signal(&self) -> Option<i32> {
         Some(self.signal.load(Ordering::SeqCst)).filter(|&s| s != 0)
+    }
+
+    /// Like [`finish`], but after an interrupt: the partial results (table, or a complete,
+    /// valid document marked `interrupted`), then exit 128 + the signal number. `parts`
+    /// describes what the partial results hold, e.g. "3 runs".
+    fn conclude(
+        &self,
+        out: &OutArgs,
+        mut doc: Document,
+        res: anyhow::Result<Option<String>>,
+        parts: &str,
+    ) -> anyhow::Result<()> {
+        let Some(sig) = self.signal() else {
+            return finish(out, doc, res);
+        };
+        let name = signal_name(sig);
+        let msg = format!("interrupted by {name}: partial results ({parts})");
+        doc.interrupted = Some(name.into());
+        doc.error = Some(match &res {
+            Ok(_) => msg.clone(),
+            Err(e) => format!("{msg}; {e:#}"),
+        });
+        emit(out, &doc, res.ok().flatten())?;
+        eprintln!("snapblk: {msg}");
+        std::process::exit(128 + sig);
     }
 }
 
@@ -517,25 +545,13 @@ fn run_workload(w: WorkloadArgs) -> anyhow::Result<()> {
     let mut doc = doc;
     doc.warnings = noise_warnings(&results, &doc.context);
     doc.results = results;
-    if let Some(sig) = intr.signal() {
-        // Partial results are still results: the table or a complete, valid document, marked.
-        let name = signal_name(sig);
-        let runs: usize = doc.results.iter().map(|r| r.runs.len()).sum();
-        let msg = format!("interrupted by {name}: partial results ({runs} runs)");
-        doc.interrupted = Some(name.into());
-        doc.error = Some(match &res {
-            Ok(_) => msg.clone(),
-            Err(e) => format!("{msg}; {e:#}"),
-        });
-        emit(&w.out, &doc, res.ok().flatten())?;
-        eprintln!("snapblk: {msg}");
-        std::process::exit(128 + sig);
-    }
-    finish(&w.out, doc, res)
+    let runs: usize = doc.results.iter().map(|r| r.runs.len()).sum();
+    intr.conclude(&w.out, doc, res, &format!("{runs} runs"))
 }
 
 fn run_file(f: FileArgs) -> anyhow::Result<()> {
     f.out.check()?;
+    let intr = Interrupts::catch()?;
     let ctx = context::capture(Some(&f.dir));
     let mut doc = Document::new("file", ctx, None);
     let res = (|| -> anyhow::Result<Option<String>> {
@@ -554,7 +570,7 @@ fn run_file(f: FileArgs) -> anyhow::Result<()> {
             drop_cache: f.drop_cache,
             seed: 1,
         };
-        let r = fileio::run_file_tests(&spec, |c| {
+        let r = fileio::run_file_tests(&spec, Some(&intr.stop), |c| {
             if !std::io::stderr().is_terminal() {
                 return;
             }
@@ -573,11 +589,17 @@ fn run_file(f: FileArgs) -> anyhow::Result<()> {
         doc.file_tests = Some(serde_json::to_value(&r)?);
         Ok(Some(t))
     })();
-    finish(&f.out, doc, res)
+    let cells = doc
+        .file_tests
+        .as_ref()
+        .and_then(|v| v["cells"].as_array())
+        .map_or(0, Vec::len);
+    intr.conclude(&f.out, doc, res, &format!("{cells} cells"))
 }
 
 fn run_overwrite(o: OverwriteArgs) -> anyhow::Result<()> {
     o.out.check()?;
+    let intr = Interrupts::catch()?;
     let ctx = context::capture(Some(&o.dir));
     let mut doc = Document::new("file", ctx, None);
     let res = (|| -> anyhow::Result<Option<String>> {
@@ -605,7 +627,10 @@ fn run_overwrite(o: OverwriteArgs) -> anyhow::Result<()> {
             .collect::<Vec<_>>(),
         ];
         for fs in variants {
-            let r = fileio::overwrite_test(&o.dir, o.mb << 20, unit, fs)?;
+            let Some(r) = fileio::overwrite_test(&o.dir, o.mb << 20, unit, fs, Some(&intr.stop))?
+            else {
+                break; // interrupted: the variant in progress measured only part of the file
+            };
             rows.push(vec![
                 spec::fmt_size(r.size),
                 spec::fmt_size(r.unit),
@@ -617,14 +642,23 @@ fn run_overwrite(o: OverwriteArgs) -> anyhow::Result<()> {
             ]);
             reps.push(r);
         }
-        doc.file_tests = Some(serde_json::json!({ "overwrite": reps }));
+        // The schema wants at least one variant; an interrupt before the first leaves none.
+        if !reps.is_empty() {
+            doc.file_tests = Some(serde_json::json!({ "overwrite": reps }));
+        }
         Ok(Some(snapblk_bench::report::text_table(&rows)))
     })();
-    finish(&o.out, doc, res)
+    let variants = doc
+        .file_tests
+        .as_ref()
+        .and_then(|v| v["overwrite"].as_array())
+        .map_or(0, Vec::len);
+    intr.conclude(&o.out, doc, res, &format!("{variants} variants"))
 }
 
 fn run_fgbg(f: FgBgArgs) -> anyhow::Result<()> {
     f.out.check()?;
+    let intr = Interrupts::catch()?;
     let ctx = context::capture(f.device.as_deref().or(f.bg_read.first().map(Path::new)));
     let mut doc = Document::new("fgbg", ctx, None);
     let res = (|| -> anyhow::Result<Option<String>> {
@@ -690,10 +724,15 @@ fn run_fgbg(f: FgBgArgs) -> anyhow::Result<()> {
             Some(b) => Some(&mut **b),
             None => None,
         };
-        let r = fgbg::run_fgbg(&spec, t, |m| eprintln!("{m}"))?;
+        let r = fgbg::run_fgbg(&spec, t, Some(intr.stop.clone()), |m| eprintln!("{m}"))?;
         let table = fgbg::fgbg_table(&r);
         doc.fgbg = Some(serde_json::to_value(&r)?);
         Ok(Some(table))
     })();
-    finish(&f.out, doc, res)
+    let cells = doc
+        .fgbg
+        .as_ref()
+        .and_then(|v| v["cells"].as_array())
+        .map_or(0, Vec::len);
+    intr.conclude(&f.out, doc, res, &format!("{cells} cells"))
 }

@@ -419,3 +419,252 @@ fn bad_input_gets_a_clear_one_line_error() {
     assert_eq!(err.matches("No such file").count(), 1, "{err}");
     std::fs::remove_dir_all(&d).unwrap();
 }
+
+/// A scratch directory on tmpfs when there is one (fast, no disk wear), else the temp dir.
+fn shm_tmp(name: &str) -> PathBuf {
+    let shm = std::path::Path::new("/dev/shm");
+    if !shm.is_dir() {
+        return tmp(name);
+    }
+    let d = shm.join(format!("snapblk-bench-cli-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// Every process descended from `root`, by scanning /proc (pid, start time).
+fn descendants(root: u32) -> Vec<(u32, u64)> {
+    let mut parent = std::collections::HashMap::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+            continue;
+        };
+        if let Some((ppid, start)) = stat_of(pid) {
+            parent.insert(pid, (ppid, start));
+        }
+    }
+    let mut out = Vec::new();
+    for (&pid, &(_, start)) in &parent {
+        let mut p = pid;
+        while let Some(&(pp, _)) = parent.get(&p) {
+            if pp == root {
+                out.push((pid, start));
+                break;
+            }
+            if pp <= 1 {
+                break;
+            }
+            p = pp;
+        }
+    }
+    out
+}
+
+/// (parent pid, start time) of a live, non-zombie process.
+fn stat_of(pid: u32) -> Option<(u32, u64)> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name may hold spaces and parentheses: fields follow the last ')'.
+    let rest = &s[s.rfind(')')? + 2..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    if f.first() == Some(&"Z") {
+        return None;
+    }
+    Some((f.get(1)?.parse().ok()?, f.get(19)?.parse().ok()?))
+}
+
+/// Processes whose command line contains `marker`.
+fn with_marker(marker: &str) -> Vec<u32> {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline"))
+                .is_ok_and(|c| String::from_utf8_lossy(&c).contains(marker))
+                && stat_of(*pid).is_some()
+        })
+        .collect()
+}
+
+/// Run `snapblk bench ARGS`, wait until `ready()` holds (at most 20 s) and then about 0.5 s
+/// more, send `sig`, and return its output, how long it took to exit after the signal, and the
+/// processes it had started (seen just before the signal).
+fn interrupt_mode(
+    args: &[&str],
+    sig: &str,
+    ready: impl Fn(u32) -> bool,
+) -> (Output, std::time::Duration, Vec<(u32, u64)>) {
+    use std::time::{Duration, Instant};
+    let child = Command::new(env!("CARGO_BIN_EXE_snapblk"))
+        .arg("bench")
+        .args(args)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run snapblk");
+    let pid = child.id();
+    let t0 = Instant::now();
+    while !ready(pid) {
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "{args:?} never got going"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    let kids = descendants(pid);
+    let st = Command::new("kill")
+        .args([&format!("-{sig}"), &pid.to_string()])
+        .status()
+        .expect("kill(1)");
+    assert!(st.success());
+    let sent = Instant::now();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(child.wait_with_output());
+    });
+    // Generous: this checks that it stops at all, not how fast.
+    let o = match rx.recv_timeout(Duration::from_secs(20)) {
+        Ok(o) => o.unwrap(),
+        Err(_) => {
+            let _ = Command::new("kill")
+                .args(["-KILL", &pid.to_string()])
+                .status();
+            panic!("{args:?} still running 20 s after SIG{sig}");
+        }
+    };
+    (o, sent.elapsed(), kids)
+}
+
+/// The exit status, a valid document marked interrupted by `sig`, and its error text.
+fn assert_interrupted(o: &Output, sig: &str, code: i32) -> serde_json::Value {
+    assert_eq!(
+        o.status.code(),
+        Some(code),
+        "SIG{sig}: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let v = json(o);
+    assert_eq!(v["interrupted"], format!("SIG{sig}"), "{v}");
+    assert!(
+        v["error"].as_str().unwrap().contains("partial results"),
+        "{v}"
+    );
+    v
+}
+
+#[test]
+fn interrupted_file_tests_write_a_partial_document_and_remove_their_file() {
+    let d = shm_tmp("file-int");
+    let dir = d.to_str().unwrap().to_string();
+    // Long: 6 passes over 256 MiB in 512-byte records (several seconds even on tmpfs); the
+    // signal comes once the scratch file exists.
+    let (o, _, _) = interrupt_mode(
+        &["file", &dir, "-s", "256m", "-r", "512", "--json"],
+        "INT",
+        |_| std::fs::read_dir(&d).unwrap().count() > 0,
+    );
+    let v = assert_interrupted(&o, "INT", 130);
+    assert_eq!(v["kind"], "file");
+    // Whatever completed is reported; the cell in progress is not.
+    let cells = v["file_tests"]["cells"].as_array().unwrap();
+    assert!(cells.len() < 6, "the sweep ran to its end: {v}");
+    assert!(cells.iter().all(|c| c["ops"] == 524288), "{v}");
+    assert_eq!(
+        std::fs::read_dir(&d).unwrap().count(),
+        0,
+        "test file left behind"
+    );
+    std::fs::remove_dir_all(&d).unwrap();
+}
+
+#[test]
+fn interrupted_overwrite_writes_a_valid_document_and_removes_its_file() {
+    let d = shm_tmp("overwrite-int");
+    let dir = d.to_str().unwrap().to_string();
+    // 1 GiB in 1 KiB overwrites with fdatasync after each: far longer than the test waits.
+    let (o, _, _) = interrupt_mode(
+        &["overwrite", &dir, "--mb", "1024", "--fsync", "--json"],
+        "TERM",
+        |_| std::fs::read_dir(&d).unwrap().count() > 0,
+    );
+    let v = assert_interrupted(&o, "TERM", 143);
+    assert_eq!(v["kind"], "file");
+    // The only variant was cut short: no measurement to report.
+    assert!(v["file_tests"].is_null(), "{v}");
+    assert_eq!(
+        std::fs::read_dir(&d).unwrap().count(),
+        0,
+        "test file left behind"
+    );
+    std::fs::remove_dir_all(&d).unwrap();
+}
+
+#[test]
+fn interrupted_fgbg_kills_and_reaps_everything_it_started() {
+    let d = shm_tmp("fgbg-int");
+    let bg = d.join("bg");
+    std::fs::write(&bg, vec![3u8; 4 << 20]).unwrap();
+    let w = d.join("w");
+    let flag = d.join("loaded");
+    let marker = format!("snapblk-fgbg-int-{}", std::process::id());
+    // The background command marks the load as started; from then on the foreground hangs, so
+    // the signal lands with the loaded cell's foreground and background all running.
+    let bg_cmd = format!("touch {} && sleep 1000 && echo {marker}-bg", flag.display());
+    let fg_cmd = format!(
+        "test -e {} && sleep 1000 && echo {marker}-fg || true",
+        flag.display()
+    );
+    for (sig, code) in [("INT", 130), ("TERM", 143)] {
+        let _ = std::fs::remove_file(&flag);
+        let (o, _, kids) = interrupt_mode(
+            &[
+                "fgbg",
+                "--bg-read",
+                bg.to_str().unwrap(),
+                "--bg-write",
+                w.to_str().unwrap(),
+                "--bg-size",
+                "2M",
+                "--bg-cmd",
+                &bg_cmd,
+                "--fg-cmd",
+                &fg_cmd,
+                "--iterations",
+                "2",
+                "--warmup",
+                "0.1",
+                "--pause",
+                "0",
+                "--json",
+            ],
+            sig,
+            // Both commands of the loaded cell run (children of the CLI, not the CLI itself,
+            // whose own command line holds the markers too).
+            |pid| {
+                let kids: Vec<u32> = descendants(pid).iter().map(|k| k.0).collect();
+                let running = |m: &str| with_marker(m).iter().any(|p| kids.contains(p));
+                running(&format!("{marker}-bg")) && running(&format!("{marker}-fg"))
+            },
+        );
+        let v = assert_interrupted(&o, sig, code);
+        assert_eq!(v["kind"], "fgbg");
+        // The idle cell completed; the loaded one had no foreground run done: left out.
+        let cells = v["fgbg"]["cells"].as_array().unwrap();
+        assert_eq!(cells.len(), 1, "{v}");
+        assert_eq!(cells[0]["load"], "idle");
+        assert_eq!(cells[0]["fg_seconds"].as_array().unwrap().len(), 2);
+        assert!(
+            kids.len() >= 4,
+            "expected two shells and two sleeps: {kids:?}"
+        );
+        let alive: Vec<_> = kids
+            .iter()
+            .filter(|(pid, start)| stat_of(*pid).is_some_and(|(_, s)| s == *start))
+            .collect();
+        assert!(alive.is_empty(), "SIG{sig}: children survived: {alive:?}");
+        let marked = with_marker(&format!("{marker}-"));
+        assert!(marked.is_empty(), "SIG{sig}: commands survived: {marked:?}");
+    }
+    std::fs::remove_dir_all(&d).unwrap();
+}

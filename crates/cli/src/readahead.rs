@@ -154,7 +154,8 @@ pub struct ReplayOpts {
     /// Also replay entries whose file identity changed (they are reported either way).
     #[arg(long)]
     allow_stale: bool,
-    /// Show /proc/diskstats deltas of the devices involved.
+    /// Show /proc/diskstats of the devices holding the files, before and after the replay,
+    /// and the difference (reads, sectors read, read ms, in flight, writes).
     #[arg(long)]
     diskstats: bool,
     /// Exit non-zero unless at least this percentage (0-100) of the requested bytes ends up
@@ -784,18 +785,49 @@ fn print_replay(r: &ReplayReport) {
         r.psi_pauses,
         r.psi_paused_secs
     );
-    if let Some(d) = &r.diskstats_delta {
-        for s in d {
-            println!(
-                "diskstats {}: {} reads, {} read, {} ms reading, {} writes",
-                s.name,
-                s.reads,
-                human(s.sectors_read * 512),
-                s.read_ms,
-                s.writes
-            );
-        }
+    for c in r.diskstats.iter().flatten() {
+        print!("{}", diskstats_table(c));
     }
+}
+
+/// `--diskstats` for one device: the counters before and after the replay and the difference.
+fn diskstats_table(c: &snapblk_readahead::sysstat::DiskStatsChange) -> String {
+    let (b, a, d) = (&c.before, &c.after, &c.delta);
+    let rows: [(&str, u64, u64, String); 6] = [
+        ("reads", b.reads, a.reads, format!("+{}", d.reads)),
+        (
+            "sectors read",
+            b.sectors_read,
+            a.sectors_read,
+            format!(
+                "+{} ({})",
+                d.sectors_read,
+                human(d.sectors_read.saturating_mul(512))
+            ),
+        ),
+        ("read ms", b.read_ms, a.read_ms, format!("+{}", d.read_ms)),
+        (
+            "in flight",
+            b.in_flight,
+            a.in_flight,
+            format!("{:+}", d.in_flight),
+        ),
+        ("writes", b.writes, a.writes, format!("+{}", d.writes)),
+        (
+            "sectors written",
+            b.sectors_written,
+            a.sectors_written,
+            format!("+{}", d.sectors_written),
+        ),
+    ];
+    let mut out = format!(
+        "diskstats {} ({}:{}):\n  {:<16} {:>14} {:>14}  delta\n",
+        c.name, c.major, c.minor, "", "before", "after"
+    );
+    for (what, before, after, delta) in rows {
+        out.push_str(&format!("  {what:<16} {before:>14} {after:>14}  {delta}\n"));
+    }
+    out
 }
 
 fn run_evict(a: EvictArgs) -> anyhow::Result<()> {
@@ -884,6 +916,52 @@ mod tests {
         assert!(parse_ioprio("be:9").is_err());
         assert!(parse_nice("none").unwrap().0.is_none());
         assert!(parse_nice("25").is_err());
+    }
+
+    #[test]
+    fn diskstats_table_shows_before_after_and_delta() {
+        use snapblk_readahead::sysstat::{DiskCounters, DiskDelta, DiskStatsChange};
+        let c = DiskStatsChange {
+            name: "vda".into(),
+            major: 254,
+            minor: 0,
+            before: DiskCounters {
+                reads: 100,
+                sectors_read: 800,
+                read_ms: 50,
+                writes: 10,
+                sectors_written: 80,
+                in_flight: 2,
+            },
+            after: DiskCounters {
+                reads: 131,
+                sectors_read: 2848,
+                read_ms: 292,
+                writes: 10,
+                sectors_written: 80,
+                in_flight: 0,
+            },
+            delta: DiskDelta {
+                reads: 31,
+                sectors_read: 2048,
+                read_ms: 242,
+                writes: 0,
+                sectors_written: 0,
+                in_flight: -2,
+            },
+        };
+        let t = diskstats_table(&c);
+        let lines: Vec<Vec<&str>> = t.lines().map(|l| l.split_whitespace().collect()).collect();
+        assert_eq!(lines[0], ["diskstats", "vda", "(254:0):"]);
+        assert_eq!(lines[1], ["before", "after", "delta"]);
+        assert_eq!(lines[2], ["reads", "100", "131", "+31"]);
+        assert_eq!(
+            lines[3],
+            ["sectors", "read", "800", "2848", "+2048", "(1.00", "MiB)"]
+        );
+        assert_eq!(lines[4], ["read", "ms", "50", "292", "+242"]);
+        assert_eq!(lines[5], ["in", "flight", "2", "0", "-2"]);
+        assert_eq!(lines.len(), 8);
     }
 
     #[test]

@@ -1004,6 +1004,29 @@ fn fincore_pages(p: &Path) -> u64 {
     fincore_bytes(p) / PAGE
 }
 
+/// (major, minor) of the device holding `p` (glibc's dev_t encoding).
+fn dev_of(p: &Path) -> (u64, u64) {
+    use std::os::unix::fs::MetadataExt;
+    let dev = p.metadata().unwrap().dev();
+    (
+        ((dev >> 8) & 0xfff) | ((dev >> 32) & !0xfff),
+        (dev & 0xff) | ((dev >> 12) & !0xff),
+    )
+}
+
+/// The counters of one device in /proc/diskstats, from field 4 on: reads, reads merged,
+/// sectors read, read ms, ...
+fn proc_diskstats(major: u64, minor: u64) -> Vec<u64> {
+    let s = std::fs::read_to_string("/proc/diskstats").unwrap();
+    s.lines()
+        .map(|l| l.split_whitespace().collect::<Vec<_>>())
+        .find(|f| f.len() > 11 && f[0] == major.to_string() && f[1] == minor.to_string())
+        .unwrap_or_else(|| panic!("{major}:{minor} not in /proc/diskstats"))[3..]
+        .iter()
+        .map(|v| v.parse().unwrap())
+        .collect()
+}
+
 #[test]
 fn replay_options_show_in_the_report() {
     let d = scratch("opts");
@@ -1013,27 +1036,88 @@ fn replay_options_show_in_the_report() {
     std::fs::write(&lp, format!("{}\n", f.display())).unwrap();
     let ls = lp.to_str().unwrap();
 
-    // --diskstats: per-device deltas of a cold replay, in JSON and text.
+    // --diskstats: the device holding the scratch dir, before and after a cold replay and the
+    // difference, in JSON and text; bracketed by this test's own reads of /proc/diskstats.
+    let (major, minor) = dev_of(&f);
     evict(&[&f]);
+    let outer_before = proc_diskstats(major, minor);
     let v = json(&run(&["readahead", "replay", ls, "--json", "--diskstats"]));
-    let deltas = v["diskstats_delta"].as_array().expect("diskstats_delta");
-    assert!(
-        !deltas.is_empty(),
-        "no diskstats for the scratch device: {v}"
+    let outer_after = proc_diskstats(major, minor);
+    let devs = v["diskstats"].as_array().expect("diskstats");
+    let dev = devs
+        .iter()
+        .find(|s| (s["major"].as_u64(), s["minor"].as_u64()) == (Some(major), Some(minor)))
+        .unwrap_or_else(|| panic!("no diskstats for {major}:{minor}: {v}"));
+    let (before, after, delta) = (&dev["before"], &dev["after"], &dev["delta"]);
+    let n = |x: &Value, k: &str| x[k].as_u64().unwrap_or_else(|| panic!("{k}: {x}"));
+    for (k, col) in [("reads", 0), ("sectors_read", 2), ("read_ms", 3)] {
+        assert!(outer_before[col] <= n(before, k), "{k}: {v}");
+        assert!(n(before, k) <= n(after, k), "{k}: {v}");
+        assert!(n(after, k) <= outer_after[col], "{k}: {v}");
+    }
+    for k in [
+        "reads",
+        "sectors_read",
+        "read_ms",
+        "writes",
+        "sectors_written",
+    ] {
+        assert_eq!(n(delta, k), n(after, k) - n(before, k), "{k}: {v}");
+    }
+    assert_eq!(
+        delta["in_flight"].as_i64().unwrap(),
+        n(after, "in_flight") as i64 - n(before, "in_flight") as i64
     );
-    assert!(
-        deltas
-            .iter()
-            .any(|s| s["sectors_read"].as_u64().unwrap() > 0),
-        "a cold replay read nothing from disk? {v}"
-    );
+    // The cold replay read the whole 3 MiB file from this device.
+    assert!(n(delta, "sectors_read") >= (3 << 20) / 512, "{v}");
+    assert!(n(delta, "reads") > 0, "{v}");
+    // The plain delta list is still there for earlier readers.
+    let old = v["diskstats_delta"].as_array().expect("diskstats_delta");
+    let od = old
+        .iter()
+        .find(|s| s["minor"] == minor && s["major"] == major);
+    assert_eq!(od.unwrap()["sectors_read"], delta["sectors_read"], "{v}");
+
     evict(&[&f]);
+    let outer_before = proc_diskstats(major, minor);
     let o = run(&["readahead", "replay", ls, "--diskstats"]);
+    let outer_after = proc_diskstats(major, minor);
     let out = text(&o.stdout);
-    let name = deltas[0]["name"].as_str().unwrap();
-    assert!(out.contains(&format!("diskstats {name}: ")), "{out}");
+    let name = dev["name"].as_str().unwrap();
+    let head = format!("diskstats {name} ({major}:{minor}):");
+    let table: Vec<&str> = out.lines().skip_while(|l| *l != head).take(8).collect();
+    assert_eq!(table.len(), 8, "{out}");
+    assert_eq!(
+        table[1].split_whitespace().collect::<Vec<_>>(),
+        ["before", "after", "delta"]
+    );
+    let row = |label: &str| -> (u64, u64, String) {
+        let l = table
+            .iter()
+            .find_map(|l| l.trim_start().strip_prefix(label))
+            .unwrap_or_else(|| panic!("no {label} row: {out}"));
+        let f: Vec<&str> = l.split_whitespace().collect();
+        (
+            f[0].parse().unwrap(),
+            f[1].parse().unwrap(),
+            f[2].to_string(),
+        )
+    };
+    for (label, col) in [("reads ", 0), ("sectors read ", 2), ("read ms ", 3)] {
+        let (b, a, d) = row(label);
+        assert!(
+            outer_before[col] <= b && b <= a && a <= outer_after[col],
+            "{label}: {out}"
+        );
+        assert_eq!(d, format!("+{}", a - b), "{label}: {out}");
+    }
+    let (b, a, _) = row("sectors read ");
+    assert!(a - b >= (3 << 20) / 512, "{out}");
+    let (b, a, change) = row("in flight ");
+    assert_eq!(change, format!("{:+}", a as i64 - b as i64), "{out}");
     // Without the option: no diskstats.
     let v = json(&run(&["readahead", "replay", ls, "--json"]));
+    assert_eq!(v["diskstats"], Value::Null);
     assert_eq!(v["diskstats_delta"], Value::Null);
 
     // -q and --threads set the submitter count.

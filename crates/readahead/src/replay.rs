@@ -17,7 +17,7 @@ use crate::list::{Extent, FileIdentity, ListEntry};
 use crate::ranges::{Range, RangeSet};
 use crate::residency::{self, Residency};
 use crate::sys::{self, IoPrio};
-use crate::sysstat::{self, DiskStat, PsiSampler};
+use crate::sysstat::{self, DiskStat, DiskStatsChange, PsiSampler};
 use crate::walk::{self, LinkDedup, WalkError, WalkOptions};
 use serde::Serialize;
 use std::fs::File;
@@ -162,6 +162,11 @@ pub struct ReplayReport {
     /// rather than in a later pass.
     pub reissued_inline: u64,
     pub total_secs: f64,
+    /// With `diskstats`: per device holding a replayed file, /proc/diskstats before and after
+    /// the replay and the difference.
+    pub diskstats: Option<Vec<DiskStatsChange>>,
+    /// With `diskstats`: the differences alone (as in `diskstats[].delta`, except that
+    /// `in_flight` here is the value after the replay); kept for readers of earlier reports.
     pub diskstats_delta: Option<Vec<DiskStat>>,
     pub threads: usize,
     pub notes: Vec<String>,
@@ -1020,9 +1025,10 @@ fn run(
                 (drained_at.saturating_sub(issue_end)).as_secs_f64()
             );
         }
-        let diskstats_delta = match (disk_before, disk_after) {
+        let (diskstats, diskstats_delta) = match (disk_before, disk_after) {
             (Some(b), Some(a)) => {
                 let d = sysstat::diskstats_delta(&b, &a, &devs);
+                let change = sysstat::diskstats_change(&b, &a, &devs);
                 for (ma, mi) in &devs {
                     if !d.iter().any(|s| (s.major, s.minor) == (*ma, *mi)) {
                         notes.push(format!(
@@ -1031,9 +1037,9 @@ fn run(
                         ));
                     }
                 }
-                Some(d)
+                (Some(change), Some(d))
             }
-            _ => None,
+            _ => (None, None),
         };
         let stale = std::mem::take(&mut *shared.stale.lock().unwrap_or_else(|e| e.into_inner()));
         let errors = std::mem::take(&mut *shared.errors.lock().unwrap_or_else(|e| e.into_inner()));
@@ -1074,6 +1080,7 @@ fn run(
             final_checked,
             reissued_inline: shared.reissued_inline.load(Relaxed),
             total_secs: t0.elapsed().as_secs_f64(),
+            diskstats,
             diskstats_delta,
         };
         rep.warnings = shortfalls(&rep, tree, opts.allow_stale);

@@ -123,6 +123,90 @@ pub fn diskstats_delta(
         .collect()
 }
 
+/// A device's counters at one moment (a [`DiskStat`] without its name).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct DiskCounters {
+    pub reads: u64,
+    pub sectors_read: u64,
+    pub read_ms: u64,
+    pub writes: u64,
+    pub sectors_written: u64,
+    /// I/Os in flight (a gauge, not a counter).
+    pub in_flight: u64,
+}
+
+impl From<&DiskStat> for DiskCounters {
+    fn from(s: &DiskStat) -> Self {
+        DiskCounters {
+            reads: s.reads,
+            sectors_read: s.sectors_read,
+            read_ms: s.read_ms,
+            writes: s.writes,
+            sectors_written: s.sectors_written,
+            in_flight: s.in_flight,
+        }
+    }
+}
+
+/// `after - before` of [`DiskCounters`]; `in_flight` is signed since it is a gauge.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct DiskDelta {
+    pub reads: u64,
+    pub sectors_read: u64,
+    pub read_ms: u64,
+    pub writes: u64,
+    pub sectors_written: u64,
+    pub in_flight: i64,
+}
+
+/// One device's /proc/diskstats before and after an operation, and the difference.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct DiskStatsChange {
+    pub name: String,
+    pub major: u32,
+    pub minor: u32,
+    pub before: DiskCounters,
+    pub after: DiskCounters,
+    pub delta: DiskDelta,
+}
+
+/// Before, after and `after - before` for the devices in `devs` (major, minor) that have a
+/// line in both snapshots. Counters that went backwards (a device re-created in between) give
+/// a delta of 0.
+pub fn diskstats_change(
+    before: &[DiskStat],
+    after: &[DiskStat],
+    devs: &[(u32, u32)],
+) -> Vec<DiskStatsChange> {
+    after
+        .iter()
+        .filter(|a| devs.contains(&(a.major, a.minor)))
+        .filter_map(|a| {
+            let b = before
+                .iter()
+                .find(|b| (b.major, b.minor) == (a.major, a.minor))?;
+            let in_flight = i64::try_from(a.in_flight)
+                .unwrap_or(i64::MAX)
+                .saturating_sub(i64::try_from(b.in_flight).unwrap_or(i64::MAX));
+            Some(DiskStatsChange {
+                name: a.name.clone(),
+                major: a.major,
+                minor: a.minor,
+                before: b.into(),
+                after: a.into(),
+                delta: DiskDelta {
+                    reads: a.reads.saturating_sub(b.reads),
+                    sectors_read: a.sectors_read.saturating_sub(b.sectors_read),
+                    read_ms: a.read_ms.saturating_sub(b.read_ms),
+                    writes: a.writes.saturating_sub(b.writes),
+                    sectors_written: a.sectors_written.saturating_sub(b.sectors_written),
+                    in_flight,
+                },
+            })
+        })
+        .collect()
+}
+
 /// Reads in flight on a block device (sysfs `inflight`), `None` if the device has no such file
 /// (e.g. the anonymous devices of btrfs or overlayfs).
 pub fn reads_in_flight(major: u32, minor: u32) -> Option<u64> {
@@ -145,5 +229,49 @@ mod tests {
         assert_eq!(d[0].reads, 50);
         assert_eq!(d[0].sectors_read, 1000);
         assert!(diskstats_delta(&pa, &parse_diskstats(b), &[(8, 0)]).is_empty());
+    }
+
+    #[test]
+    fn diskstats_before_after_and_delta() {
+        let a = " 254 0 vda 100 0 800 50 10 0 80 5 2 60 70 0 0 0 0\n\
+                   254 1 vda1 9 0 9 9 9 0 9 9 0 9 9 0 0 0 0\n";
+        let b = " 254 0 vda 150 0 1800 70 12 0 96 5 1 60 70 0 0 0 0\n\
+                   254 1 vda1 5 0 9 9 9 0 9 9 0 9 9 0 0 0 0\n\
+                   7 0 loop0 1 0 8 1 0 0 0 0 0 1 1 0 0 0 0\n";
+        let c = diskstats_change(
+            &parse_diskstats(a),
+            &parse_diskstats(b),
+            &[(254, 0), (254, 1), (7, 0)],
+        );
+        // loop0 has no "before" line, so it is left out.
+        assert_eq!(c.len(), 2);
+        let vda = &c[0];
+        assert_eq!((vda.name.as_str(), vda.major, vda.minor), ("vda", 254, 0));
+        assert_eq!(
+            vda.before,
+            DiskCounters {
+                reads: 100,
+                sectors_read: 800,
+                read_ms: 50,
+                writes: 10,
+                sectors_written: 80,
+                in_flight: 2
+            }
+        );
+        assert_eq!(vda.after.reads, 150);
+        assert_eq!(vda.after.in_flight, 1);
+        assert_eq!(
+            vda.delta,
+            DiskDelta {
+                reads: 50,
+                sectors_read: 1000,
+                read_ms: 20,
+                writes: 2,
+                sectors_written: 16,
+                in_flight: -1
+            }
+        );
+        // A counter that went backwards gives 0, not a wrapped number.
+        assert_eq!(c[1].delta.reads, 0);
     }
 }

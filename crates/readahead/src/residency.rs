@@ -352,7 +352,8 @@ mod tests {
         // As root the fallback is trusted and truthful: nothing resident.
         let mc = measure_with(Backend::NoCachestat, &f, &p, &meta, None);
         assert_eq!(known(&mc, Source::Mincore), 0);
-        let o = std::process::Command::new(std::env::current_exe().unwrap())
+        let exe = std::env::current_exe().unwrap();
+        let o = std::process::Command::new(&exe)
             .args([
                 "--exact",
                 "residency::tests::mincore_fallback_is_unknown_for_an_untrusted_caller",
@@ -363,7 +364,8 @@ mod tests {
             .uid(65534)
             .gid(65534)
             .output()
-            .unwrap();
+            // (A test binary rebuilt while it runs shows up here as "... (deleted)".)
+            .unwrap_or_else(|e| panic!("cannot run {} as nobody: {e}", exe.display()));
         let out = String::from_utf8_lossy(&o.stdout);
         assert!(
             o.status.success() && out.contains(UNTRUSTED_OK),

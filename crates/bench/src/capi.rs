@@ -2,7 +2,7 @@
 //! NAME`): the real libblkio and snapblk's libblkio.so expose the same C ABI, so both can be
 //! measured by the same engine in one run. This module is the only FFI in the crate.
 
-use crate::target::{Device, Target};
+use crate::target::{Alignment, Device, Target};
 use crate::{Error, Result};
 use snapblk_core::{Completion, MemRegion, Op, Queue, Request};
 use std::ffi::{CStr, CString, c_char, c_int, c_void};
@@ -23,6 +23,7 @@ struct Lib {
     destroy: unsafe extern "C" fn(*mut *mut Blk),
     set_str: unsafe extern "C" fn(*mut Blk, *const c_char, *const c_char) -> c_int,
     get_uint64: unsafe extern "C" fn(*mut Blk, *const c_char, *mut u64) -> c_int,
+    get_int: unsafe extern "C" fn(*mut Blk, *const c_char, *mut c_int) -> c_int,
     get_queue: unsafe extern "C" fn(*mut Blk, c_int) -> *mut Blkq,
     read: unsafe extern "C" fn(*mut Blkq, u64, *mut c_void, usize, *mut c_void, u32),
     write: unsafe extern "C" fn(*mut Blkq, u64, *const c_void, usize, *mut c_void, u32),
@@ -63,6 +64,7 @@ impl Lib {
             destroy: sym!("blkio_destroy"),
             set_str: sym!("blkio_set_str"),
             get_uint64: sym!("blkio_get_uint64"),
+            get_int: sym!("blkio_get_int"),
             get_queue: sym!("blkio_get_queue"),
             read: sym!("blkioq_read"),
             write: sym!("blkioq_write"),
@@ -127,6 +129,7 @@ struct LibDevice {
     lib: Arc<Lib>,
     b: *mut Blk,
     capacity: u64,
+    alignment: Alignment,
     nq: usize,
     regions: Vec<MemRegion>,
 }
@@ -152,6 +155,14 @@ impl LibDevice {
             Ok(())
         }
     }
+    fn get_int(&self, k: &str) -> Result<c_int> {
+        let kc = cstr(k)?;
+        let mut v: c_int = 0;
+        // SAFETY: valid instance, NUL-terminated name and out-pointer.
+        let r = unsafe { (self.lib.get_int)(self.b, kc.as_ptr(), &mut v) };
+        self.check(&format!("get {k}"), r)?;
+        Ok(v)
+    }
 }
 
 impl Drop for LibDevice {
@@ -172,6 +183,9 @@ impl Device for LibDevice {
     fn capacity(&self) -> u64 {
         self.capacity
     }
+    fn alignment(&self) -> Alignment {
+        self.alignment
+    }
     fn take_queues(&mut self) -> Vec<Box<dyn Queue>> {
         (0..self.nq)
             .filter_map(|i| {
@@ -189,7 +203,8 @@ impl Device for LibDevice {
             .collect()
     }
     fn alloc_buf(&mut self, len: usize) -> Result<MemRegion> {
-        let len = len.div_ceil(4096) * 4096;
+        let a = self.alignment.buf.max(4096) as usize;
+        let len = len.div_ceil(a) * a;
         let mut r = MemRegion {
             addr: std::ptr::null_mut(),
             len: 0,
@@ -209,6 +224,12 @@ impl Device for LibDevice {
             return Err(self.lib.err("map_mem_region", ret));
         }
         self.regions.push(r);
+        if !(r.addr as u64).is_multiple_of(self.alignment.buf) {
+            return Err(Error::Lib(format!(
+                "mem region at {:p} violates buf-alignment {}",
+                r.addr, self.alignment.buf
+            )));
+        }
         Ok(r)
     }
 }
@@ -226,6 +247,7 @@ impl Target for LibblkioTarget {
             lib: self.lib.clone(),
             b,
             capacity: 0,
+            alignment: Alignment::default(),
             nq: num_queues,
             regions: Vec::new(),
         };
@@ -248,6 +270,10 @@ impl Target for LibblkioTarget {
         let r = unsafe { (d.lib.get_uint64)(d.b, name.as_ptr(), &mut cap) };
         d.check("get capacity", r)?;
         d.capacity = cap;
+        d.alignment = Alignment::of(
+            d.get_int("request-alignment")?.into(),
+            d.get_int("buf-alignment")?.into(),
+        );
         Ok(Box::new(d))
     }
     fn describe(&self) -> String {

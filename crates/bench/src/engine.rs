@@ -109,6 +109,10 @@ pub fn run_workload(target: &mut dyn Target, spec: &JobSpec, opts: &RunOpts) -> 
     spec.validate()?;
     let n = spec.numjobs as usize;
     let mut dev = target.open(n, spec.direct)?;
+    let align = dev.alignment();
+    spec.check_alignment(&align)?;
+    // Each request's buffer starts on a `buf-alignment` boundary.
+    let stride = spec.bs.next_multiple_of(align.buf) as usize;
     let capacity = dev.capacity();
     let regions = spec.regions(capacity)?;
     if spec.invalidate
@@ -126,7 +130,14 @@ pub fn run_workload(target: &mut dyn Target, spec: &JobSpec, opts: &RunOpts) -> 
     }
     let mut bufs = Vec::with_capacity(n);
     for _ in 0..n {
-        bufs.push(dev.alloc_buf(spec.bs as usize * spec.iodepth as usize)?);
+        // Regions are only page aligned (mem-region-alignment): room to move the first slot
+        // up to a larger buf-alignment.
+        let slack = if align.buf > 4096 {
+            align.buf as usize
+        } else {
+            0
+        };
+        bufs.push(dev.alloc_buf(stride * spec.iodepth as usize + slack)?);
     }
     let barrier = Arc::new(Barrier::new(n));
     let failed = Arc::new(AtomicBool::new(false));
@@ -142,6 +153,8 @@ pub fn run_workload(target: &mut dyn Target, spec: &JobSpec, opts: &RunOpts) -> 
                     job: j as u32,
                     region,
                     buf,
+                    stride,
+                    buf_align: align.buf as usize,
                     barrier: barrier.clone(),
                     progress: opts.progress.clone(),
                     stop: opts.stop.clone(),
@@ -219,6 +232,10 @@ struct JobCtx<'a> {
     job: u32,
     region: (u64, u64),
     buf: MemRegion,
+    /// Bytes between the buffers of consecutive slots (`bs` rounded up to `buf-alignment`).
+    stride: usize,
+    /// `buf-alignment`: where the first slot starts in `buf`.
+    buf_align: usize,
     barrier: Arc<Barrier>,
     progress: Option<Arc<AtomicU64>>,
     stop: Option<Arc<AtomicBool>>,
@@ -311,6 +328,8 @@ struct Job<'a> {
     start: u64,
     bs: u64,
     buf: *mut u8,
+    /// See [`JobCtx::stride`].
+    stride: usize,
     slots: Vec<Slot>,
     free: Vec<usize>,
     comps: Vec<Completion>,
@@ -345,8 +364,8 @@ impl Job<'_> {
     }
 
     fn slot_buf(&self, i: usize) -> *mut u8 {
-        // SAFETY: `i < iodepth` and the buffer holds iodepth * bs bytes.
-        unsafe { self.buf.add(i * self.bs as usize) }
+        // SAFETY: `i < iodepth` and the buffer holds iodepth * stride bytes.
+        unsafe { self.buf.add(i * self.stride) }
     }
 
     /// Issue one I/O. In verify mode waits first until no I/O is in flight on the block, so the
@@ -506,7 +525,7 @@ impl Job<'_> {
                         // SAFETY: the read completed; nobody else touches this slot's bytes.
                         let s = unsafe {
                             std::slice::from_raw_parts(
-                                self.buf.add(i * self.bs as usize),
+                                self.buf.add(i * self.stride),
                                 self.bs as usize,
                             )
                         };
@@ -616,7 +635,10 @@ fn run_job(q: &mut dyn Queue, ctx: JobCtx<'_>) -> Result<JobResult> {
         q,
         start: ctx.region.0,
         bs: spec.bs,
-        buf: ctx.buf.addr,
+        buf: ctx.buf.addr.wrapping_add(
+            (ctx.buf.addr as usize).next_multiple_of(ctx.buf_align) - ctx.buf.addr as usize,
+        ),
+        stride: ctx.stride,
         slots: vec![
             Slot {
                 dir: Dir::Read,
@@ -647,9 +669,9 @@ fn run_job(q: &mut dyn Queue, ctx: JobCtx<'_>) -> Result<JobResult> {
     };
     if job.verify.is_none() {
         // Random write data, filled once (fio's default); refilled or scrambled per write.
-        // SAFETY: no I/O is in flight; the buffer holds iodepth * bs bytes.
-        let all = unsafe { std::slice::from_raw_parts_mut(ctx.buf.addr, qd * spec.bs as usize) };
-        for b in all.chunks_mut(spec.bs as usize) {
+        for i in 0..qd {
+            // SAFETY: no I/O is in flight; slot `i`'s bs bytes lie inside the buffer.
+            let b = unsafe { std::slice::from_raw_parts_mut(job.slot_buf(i), spec.bs as usize) };
             crate::buffer::fill(b, &mut job.data.rng, spec.buffers.compress_percentage);
         }
     }

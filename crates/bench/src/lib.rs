@@ -73,6 +73,20 @@ impl From<snapblk_core::Error> for Error {
 /// Result alias.
 pub type Result<T> = std::result::Result<T, Error>;
 
+/// Before any I/O of a sweep: open the target once with O_DIRECT (if any job asks for it) and
+/// check every direct job's `bs`, `offset` and `size` against the alignment it reports, so a
+/// bad value late in a sweep does not fail it halfway. (Every run checks its own job again
+/// when it opens the target.)
+pub fn check_direct_alignment(target: &mut dyn target::Target, jobs: &[JobSpec]) -> Result<()> {
+    if !jobs.iter().any(|j| j.direct) {
+        return Ok(());
+    }
+    let align = target.open(1, true)?.alignment();
+    jobs.iter()
+        .filter(|j| j.direct)
+        .try_for_each(|j| j.check_alignment(&align))
+}
+
 /// Run every configuration `repeat` times, interleaved (rep 1 of all configs, then rep 2, …) so
 /// slow drifts of the machine spread over all configurations instead of biasing one; `on_run` is
 /// called after each run (for progress/diagnostics).
@@ -87,6 +101,7 @@ pub fn run_matrix(
     stop: Option<Arc<AtomicBool>>,
     mut on_run: impl FnMut(u32, &JobSpec, &RunResult),
 ) -> Result<Vec<report::ConfigReport>> {
+    check_direct_alignment(target, jobs)?;
     let stopped = || stop.as_ref().is_some_and(|s| s.load(Ordering::Relaxed));
     let mut runs: Vec<Vec<RunResult>> = jobs.iter().map(|_| Vec::new()).collect();
     'reps: for rep in 0..repeat.max(1) {

@@ -227,6 +227,34 @@ impl JobSpec {
         Ok(())
     }
 
+    /// Check `bs`, `offset` and `size` (when given) against the alignment the opened target
+    /// requires, so that a misaligned job fails before any I/O with a message naming the
+    /// option, not mid-run with EINVAL. The regions jobs cover are then aligned as well (they
+    /// start at `offset` and are cut to multiples of `bs`).
+    pub fn check_alignment(&self, a: &crate::target::Alignment) -> Result<()> {
+        let what = if self.direct {
+            "direct I/O alignment"
+        } else {
+            "I/O alignment"
+        };
+        let opts = [
+            ("bs", Some(self.bs)),
+            ("offset", Some(self.offset)),
+            ("size", self.size),
+        ];
+        for (name, v) in opts {
+            if let Some(v) = v
+                && !v.is_multiple_of(a.request)
+            {
+                return Err(Error::Spec(format!(
+                    "--{name} {v} is not a multiple of the target's {}-byte {what}",
+                    a.request
+                )));
+            }
+        }
+        Ok(())
+    }
+
     /// Short label used in tables and plots, e.g. `randread bs=4k qd=32 jobs=1`, after the
     /// job's name if it has one (`seq: read bs=1M qd=1 jobs=1`).
     pub fn label(&self) -> String {

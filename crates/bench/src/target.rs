@@ -9,13 +9,41 @@ use crate::{Error, Result};
 use snapblk_core::{Blkio, MemRegion, Queue};
 use std::path::PathBuf;
 
+/// What a device requires of requests (libblkio's `request-alignment`: offsets and lengths)
+/// and of buffer addresses (`buf-alignment`), in bytes; 1 means none.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Alignment {
+    pub request: u64,
+    pub buf: u64,
+}
+
+impl Default for Alignment {
+    fn default() -> Self {
+        Alignment { request: 1, buf: 1 }
+    }
+}
+
+impl Alignment {
+    /// From the two libblkio properties (non-positive values mean no requirement).
+    pub fn of(request: i64, buf: i64) -> Alignment {
+        Alignment {
+            request: request.max(1) as u64,
+            buf: buf.max(1) as u64,
+        }
+    }
+}
+
 /// An opened device: its queues, capacity and I/O buffers. Dropping it closes everything;
 /// buffers stay valid until then.
 pub trait Device: Send {
     fn capacity(&self) -> u64;
+    /// The alignment the opened device requires (with O_DIRECT, typically its logical block
+    /// size); checked before any I/O, see [`crate::spec::JobSpec::check_alignment`].
+    fn alignment(&self) -> Alignment;
     /// Move the queues out (one per job).
     fn take_queues(&mut self) -> Vec<Box<dyn Queue>>;
-    /// A page-aligned buffer usable for I/O on this device, valid until the device is dropped.
+    /// A buffer usable for I/O on this device (aligned to a page and to `buf-alignment`),
+    /// valid until the device is dropped.
     fn alloc_buf(&mut self, len: usize) -> Result<MemRegion>;
 }
 
@@ -36,19 +64,31 @@ pub trait Target: Send {
 pub struct BlkioDevice {
     blkio: Blkio,
     capacity: u64,
+    alignment: Alignment,
 }
 
 impl BlkioDevice {
     /// Wrap a started instance.
     pub fn new(blkio: Blkio) -> Result<BlkioDevice> {
         let capacity = blkio.get_u64("capacity")?;
-        Ok(BlkioDevice { blkio, capacity })
+        let alignment = Alignment::of(
+            blkio.get_int("request-alignment")?.into(),
+            blkio.get_int("buf-alignment")?.into(),
+        );
+        Ok(BlkioDevice {
+            blkio,
+            capacity,
+            alignment,
+        })
     }
 }
 
 impl Device for BlkioDevice {
     fn capacity(&self) -> u64 {
         self.capacity
+    }
+    fn alignment(&self) -> Alignment {
+        self.alignment
     }
     fn take_queues(&mut self) -> Vec<Box<dyn Queue>> {
         let n = self.blkio.get_int("num-queues").unwrap_or(0).max(0) as usize;
@@ -61,6 +101,7 @@ impl Device for BlkioDevice {
             .blkio
             .get_u64("mem-region-alignment")
             .unwrap_or(1)
+            .max(self.alignment.buf)
             .max(4096) as usize;
         let len = len.div_ceil(align) * align;
         let r = self.blkio.alloc_mem_region(len)?;

@@ -37,6 +37,11 @@ pub struct Shared {
     pub calls: Vec<DoIo>,
     /// The `direct` argument of every open of the target, in order.
     pub opened_direct: Vec<bool>,
+    /// `request-alignment` and `buf-alignment` the device reports (0: the default, 1).
+    pub request_alignment: i32,
+    pub buf_alignment: i32,
+    /// Requests whose buffer address was not a multiple of `buf_alignment`.
+    pub misaligned_bufs: usize,
     next_queue: usize,
 }
 
@@ -62,7 +67,12 @@ impl Driver for RecDriver {
         Err(snapblk_core::Error::new(libc::ENOENT, "no such property"))
     }
     fn connect(&mut self, _: bool) -> snapblk_core::Result<DeviceInfo> {
-        Ok(DeviceInfo::default())
+        let s = self.shared.lock().unwrap();
+        Ok(DeviceInfo {
+            request_alignment: s.request_alignment.max(1),
+            buf_alignment: s.buf_alignment.max(1),
+            ..DeviceInfo::default()
+        })
     }
     fn capacity(&self) -> snapblk_core::Result<u64> {
         Ok(self.shared.lock().unwrap().data.len() as u64)
@@ -101,6 +111,17 @@ impl Queue for RecQueue {
         }
         let mut s = self.shared.lock().unwrap();
         let submitted = self.pending.len();
+        let balign = s.buf_alignment.max(1) as usize;
+        for r in &self.pending {
+            let addr = match r.op {
+                Op::Read { buf, .. } => buf as usize,
+                Op::Write { buf, .. } => buf as usize,
+                _ => 0,
+            };
+            if addr % balign != 0 {
+                s.misaligned_bufs += 1;
+            }
+        }
         for r in self.pending.drain(..) {
             match r.op {
                 Op::Read { offset, buf, len } => {

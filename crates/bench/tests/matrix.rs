@@ -84,7 +84,95 @@ fn direct_reaches_the_target_open() {
         ..jobs[0].clone()
     });
     snapblk_bench::run_matrix(&mut t, &jobs, 1, false, None, |_, _, _| {}).unwrap();
-    assert_eq!(sh.lock().unwrap().opened_direct, [false, true]);
+    // The first open is the up-front alignment check of the direct job.
+    assert_eq!(sh.lock().unwrap().opened_direct, [true, false, true]);
+}
+
+#[test]
+fn misaligned_direct_jobs_fail_before_any_io() {
+    let (mut t, sh) = recording_target(MB);
+    sh.lock().unwrap().request_alignment = 512;
+    let direct = |bs: u64, offset: u64, size: Option<u64>| JobSpec {
+        rw: RwMode::Write,
+        bs,
+        offset,
+        size,
+        direct: true,
+        ..Default::default()
+    };
+    let cases = [
+        (
+            vec![direct(1000, 0, None)],
+            "--bs 1000 is not a multiple of the target's 512-byte direct I/O alignment",
+        ),
+        (
+            vec![direct(4096, 1000, None)],
+            "--offset 1000 is not a multiple of the target's 512-byte direct I/O alignment",
+        ),
+        (
+            vec![direct(4096, 0, Some(100_000))],
+            "--size 100000 is not a multiple of the target's 512-byte direct I/O alignment",
+        ),
+        // A sweep whose second block size is bad: caught before the first one runs.
+        (
+            vec![direct(4096, 0, None), direct(1000, 0, None)],
+            "--bs 1000 is not",
+        ),
+    ];
+    for (jobs, want) in cases {
+        let mut runs = 0;
+        let e = snapblk_bench::run_matrix(&mut t, &jobs, 1, false, None, |_, _, _| runs += 1)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains(want), "{e}");
+        assert_eq!(runs, 0, "{want}: a configuration ran");
+        let s = sh.lock().unwrap();
+        assert!(
+            s.log.is_empty() && s.calls.is_empty(),
+            "{want}: I/O was done"
+        );
+    }
+    // The same checks guard a single run (e.g. fgbg's foreground), also without O_DIRECT when
+    // the device demands alignment anyway.
+    let job = JobSpec {
+        direct: false,
+        ..direct(1000, 0, None)
+    };
+    let e = snapblk_bench::run_workload(&mut t, &job, &Default::default())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("--bs 1000 is not a multiple of the target's 512-byte I/O alignment"),
+        "{e}"
+    );
+    // Aligned values pass.
+    let r = snapblk_bench::run_matrix(
+        &mut t,
+        &[direct(512, 1024, Some(8192))],
+        1,
+        false,
+        None,
+        |_, _, _| {},
+    )
+    .unwrap();
+    assert_eq!(r[0].runs[0].write.ios, 16);
+}
+
+#[test]
+fn request_buffers_start_on_buf_alignment() {
+    // bs 4096 with an 8 KiB buf-alignment: slots must not simply be bs apart.
+    let (mut t, sh) = recording_target(MB);
+    sh.lock().unwrap().buf_alignment = 8192;
+    let job = JobSpec {
+        rw: RwMode::RandWrite,
+        bs: 4096,
+        iodepth: 8,
+        size: Some(256 << 10),
+        ..Default::default()
+    };
+    let r = snapblk_bench::run_workload(&mut t, &job, &Default::default()).unwrap();
+    assert_eq!(r.write.ios, 64);
+    assert_eq!(sh.lock().unwrap().misaligned_bufs, 0);
 }
 
 /// The open-file flags (octal `flags:` of /proc/self/fdinfo) of every descriptor of this

@@ -668,3 +668,58 @@ fn interrupted_fgbg_kills_and_reaps_everything_it_started() {
     }
     std::fs::remove_dir_all(&d).unwrap();
 }
+
+#[test]
+fn misaligned_direct_options_fail_up_front() {
+    let d = tmp("align");
+    let img = d.join("img");
+    std::fs::write(&img, vec![0u8; 8 << 20]).unwrap();
+    let before = std::fs::metadata(&img).unwrap().modified().unwrap();
+    let t = img.to_str().unwrap();
+    // Each would fail only mid-run with EINVAL if not checked first; the 30 s sweep shows the
+    // good first configuration never ran.
+    let cases: [(&[&str], &str); 4] = [
+        (
+            &["--bs", "1000"],
+            "--bs 1000 is not a multiple of the target's ",
+        ),
+        (
+            &["--offset", "1000"],
+            "--offset 1000 is not a multiple of the target's ",
+        ),
+        (
+            &["--size", "1000000"],
+            "--size 1000000 is not a multiple of the target's ",
+        ),
+        (
+            &["--bs", "4k,1000", "--runtime", "30", "--rw", "randwrite"],
+            "--bs 1000 is not a multiple of the target's ",
+        ),
+    ];
+    for (extra, want) in cases {
+        let mut args = vec![t, "--direct", "--json"];
+        args.extend_from_slice(extra);
+        let t0 = std::time::Instant::now();
+        let o = snapblk(&args);
+        assert!(!o.status.success(), "{args:?} succeeded");
+        // One line, apart from warnings about a busy host.
+        let err = String::from_utf8_lossy(&o.stderr);
+        let lines: Vec<&str> = err
+            .lines()
+            .filter(|l| !l.starts_with("warning: "))
+            .collect();
+        assert_eq!(lines.len(), 1, "{args:?}: {err}");
+        assert!(lines[0].contains(want), "{args:?}: {err}");
+        assert!(lines[0].ends_with("-byte direct I/O alignment"), "{err}");
+        assert!(t0.elapsed().as_secs() < 15, "{args:?} ran before failing");
+        // The error document: no configuration ran.
+        let v = json(&o);
+        assert_eq!(v["results"].as_array().unwrap().len(), 0, "{v}");
+    }
+    assert_eq!(std::fs::metadata(&img).unwrap().modified().unwrap(), before);
+    // Without --direct the file driver has no alignment to demand: the same bs runs.
+    let o = snapblk(&[t, "--bs", "1000", "--size", "1000000", "--json"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(json(&o)["results"][0]["runs"][0]["read"]["ios"], 1000);
+    std::fs::remove_dir_all(&d).unwrap();
+}

@@ -90,3 +90,30 @@ fn libblkio_null_and_verified_io_uring_file() {
     let data = std::fs::read(&img).unwrap();
     assert_eq!(&data[0..8], &0x5642_4b4c_4250_414eu64.to_le_bytes());
 }
+
+#[test]
+fn libblkio_direct_alignment_comes_from_the_library() {
+    let so = libblkio();
+    let d = TempDir::new("bench-lib-align");
+    let img = d.join("img");
+    std::fs::write(&img, vec![0u8; 4 << 20]).unwrap();
+    let run = |bs: &str| {
+        Command::new(env!("CARGO_BIN_EXE_snapblk"))
+            .args(["bench", path_str(&img), "--libblkio", path_str(&so)])
+            .args(["--driver", "io_uring", "--direct", "--bs", bs])
+            .output()
+            .unwrap()
+    };
+    // The loaded library's request-alignment (the file system's logical block size with
+    // O_DIRECT) rejects 1000 before any I/O; 4k runs.
+    let o = run("1000");
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("--bs 1000 is not a multiple of the target's ")
+            && err.contains("-byte direct I/O alignment"),
+        "{err}"
+    );
+    let o = run("4k");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+}

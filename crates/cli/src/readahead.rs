@@ -141,8 +141,9 @@ pub struct ReplayOpts {
     /// Nice value for the replay threads, or "none".
     #[arg(long, default_value = "10", value_parser = parse_nice)]
     nice: NiceArg,
-    /// Pause issuing while the system-wide "some" I/O stall exceeds this percentage
-    /// (/proc/pressure/io, sampled every 50 ms); 0 disables.
+    /// Pause issuing while other tasks' I/O stall exceeds this percentage: the system-wide
+    /// "some" stall (/proc/pressure/io, sampled every 50 ms) minus the replay threads' own;
+    /// 0 disables.
     #[arg(long, default_value_t = 60.0, value_parser = parse_pct)]
     psi_threshold: f64,
     /// Longest wait for in-flight reads to finish before verifying, in seconds (at most 3600).

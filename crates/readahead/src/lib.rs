@@ -14,6 +14,7 @@
 pub mod blocks;
 pub mod evict;
 pub mod list;
+pub mod ownstall;
 pub mod ranges;
 pub mod record;
 pub mod replay;

@@ -5,7 +5,8 @@
 //! whole-file call leaves big files partly cold. Chunks already resident (cachestat) are skipped.
 //! `queue_depth` submitter threads issue the chunks, so metadata reads (opens, extent lookups)
 //! of different files overlap. The threads run at idle I/O priority and nice 10 by default and
-//! pause while the system's I/O stall fraction (PSI) is above a threshold. Each submitter keeps
+//! pause while other tasks' I/O stall fraction (PSI minus their own, see [`crate::ownstall`]) is
+//! above a threshold. Each submitter keeps
 //! the files it issued open and verifies them (mincore, cachestat where incomplete) once more
 //! I/O is queued behind them, re-issuing pages found absent at once; at the end it waits for its
 //! last files on their fds. Only files that could not be checked that way are reopened and
@@ -14,6 +15,7 @@
 //! while walking.
 
 use crate::list::{Extent, FileIdentity, ListEntry};
+use crate::ownstall::{self, OwnStall};
 use crate::ranges::{Range, RangeSet};
 use crate::residency::{self, Residency};
 use crate::sys::{self, IoPrio};
@@ -286,6 +288,8 @@ struct Issued {
 struct Shared<'a> {
     opts: &'a ReplayOptions,
     paused: AtomicBool,
+    /// The submitters, whose own I/O stalls the pressure back-off discounts.
+    own: OwnStall,
     psi_pauses: AtomicU64,
     psi_paused_us: AtomicU64,
     issued_bytes: AtomicU64,
@@ -322,7 +326,7 @@ impl Shared<'_> {
         self.psi_pauses.fetch_add(1, Relaxed);
         // Bounded so a permanently busy system still gets its warm-up eventually.
         while self.paused.load(Relaxed) && t.elapsed() < Duration::from_secs(5) {
-            std::thread::sleep(Duration::from_millis(10));
+            ownstall::nap(Duration::from_millis(10));
         }
         self.psi_paused_us
             .fetch_add(t.elapsed().as_micros() as u64, Relaxed);
@@ -381,6 +385,7 @@ impl Shared<'_> {
         ranges: &RangeSet,
         buf: &mut Ctx,
     ) -> std::io::Result<(Option<u64>, bool)> {
+        self.own.enroll();
         // Measure everything first, then issue: a read of one chunk may trigger kernel
         // readahead into the next, which must not count as "resident before".
         let ps = sys::page_size();
@@ -445,6 +450,7 @@ impl Shared<'_> {
     /// Pass 1 for one entry: identity check, measure, issue, and queue the file for deferred
     /// verification.
     fn pass1(&self, e: &ListEntry, ctx: &mut Ctx, progress: Option<Progress<'_>>, total: u64) {
+        self.own.enroll();
         if let Err(err) = self.pass1_inner(e, ctx) {
             self.record_problem(&e.path, err);
         }
@@ -614,7 +620,7 @@ impl Shared<'_> {
                         break;
                     }
                     Some(_) if t.elapsed() < self.opts.settle_timeout => {
-                        std::thread::sleep(Duration::from_millis(2))
+                        ownstall::nap(Duration::from_millis(2))
                     }
                     _ => break,
                 }
@@ -659,7 +665,7 @@ impl Ctx {
         let t = Instant::now();
         while t.elapsed() < Duration::from_secs(2) {
             match sys::mincore_count(f.as_fd(), r.offset, r.len) {
-                Ok(n) if n < want => std::thread::sleep(Duration::from_micros(500)),
+                Ok(n) if n < want => ownstall::nap(Duration::from_micros(500)),
                 _ => break,
             }
         }
@@ -865,6 +871,7 @@ fn run(
     let shared = Shared {
         opts,
         paused: AtomicBool::new(false),
+        own: OwnStall::default(),
         psi_pauses: AtomicU64::new(0),
         psi_paused_us: AtomicU64::new(0),
         issued_bytes: AtomicU64::new(0),
@@ -889,6 +896,8 @@ fn run(
         t0,
         issue_end_us: AtomicU64::new(0),
     };
+    // The calling thread mostly waits for the submitters; its waits are not I/O stalls.
+    shared.own.ignore_current();
     let disk_before = opts.diskstats.then(sysstat::diskstats);
     let stop_monitor = AtomicBool::new(false);
 
@@ -900,10 +909,14 @@ fn run(
             let shared = &shared;
             let stop = &stop_monitor;
             s.spawn(move || {
+                // The submitters' own stalls are discounted (see `ownstall`): a cold warm-up
+                // stalls on its own metadata reads and must not back off from itself.
+                let mut own = ownstall::Sampler::default();
                 while !stop.load(Relaxed) {
                     std::thread::sleep(Duration::from_millis(50));
+                    let mine = own.sample(&shared.own);
                     if let Some(f) = psi.sample() {
-                        shared.paused.store(f > th, Relaxed);
+                        shared.paused.store(ownstall::others(f, mine) > th, Relaxed);
                     }
                 }
                 shared.paused.store(false, Relaxed);
@@ -1614,14 +1627,21 @@ mod tests {
             .iter()
             .map(|n| entry(dir.join(n), None))
             .collect();
-        let run_with = |threshold: Option<f64>| {
+        // `own_stall`: whether the submitter itself is blocked while the system stalls (as a
+        // cold warm-up is on its metadata reads) or idle (the stall is someone else's).
+        let run_with = |threshold: Option<f64>, own_stall: bool| {
             let stall = stall_until.clone();
-            // After the first entry: the "foreground" stalls for 600 ms; stay on this entry
-            // for 300 ms so the monitor (50 ms samples) sees it before the next entry issues.
+            // After the first entry: the system stalls for 600 ms; stay on this entry for
+            // 300 ms so the monitor (50 ms samples) sees it before the next entry issues.
             let progress = move |done: u64, _: u64| {
                 if done == 1 {
                     *stall.lock().unwrap() = Some(Instant::now() + Duration::from_millis(600));
-                    std::thread::sleep(Duration::from_millis(300));
+                    if own_stall {
+                        // Blocked without saying so: to the sampler, like a stalled syscall.
+                        std::thread::sleep(Duration::from_millis(300));
+                    } else {
+                        crate::ownstall::nap(Duration::from_millis(300));
+                    }
                 }
             };
             let opts = ReplayOptions {
@@ -1633,14 +1653,18 @@ mod tests {
             };
             replay_on_new_thread(list.clone(), opts, progress)
         };
-        let paused = run_with(Some(0.6));
-        let ungated = run_with(None);
+        let paused = run_with(Some(0.6), false);
+        let ungated = run_with(None, false);
+        let self_inflicted = run_with(Some(0.6), true);
         stop.store(true, Relaxed);
         writer.join().unwrap();
         assert!(paused.psi_pauses >= 1, "{paused:?}");
         assert!(paused.psi_paused_secs > 0.0, "{paused:?}");
         assert_eq!(paused.files_replayed, 3);
         assert_eq!(ungated.psi_pauses, 0, "{ungated:?}");
+        // The stall was the submitter's own: no back-off from itself.
+        assert_eq!(self_inflicted.psi_pauses, 0, "{self_inflicted:?}");
+        assert_eq!(self_inflicted.files_replayed, 3);
         // A pressure file that cannot be read is reported, not silently ignored.
         let opts = ReplayOptions {
             psi_path: dir.join("nosuch"),

@@ -167,10 +167,13 @@ where
                                 finish(state);
                                 return;
                             }
+                            // Waiting for work is idle time, not an I/O stall (see ownstall).
+                            let idle = crate::ownstall::idle();
                             q = match cv.wait(q) {
                                 Ok(q) => q,
                                 Err(_) => return,
                             };
+                            drop(idle);
                         }
                     };
                     let mut subdirs = Vec::new();

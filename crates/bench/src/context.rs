@@ -208,16 +208,7 @@ pub fn target_context(path: &Path) -> TargetContext {
             .and_then(|d| read_trim(d.join("queue").join(n)))
     };
     let (scheduler, _) = dir.as_deref().map(scheduler).unwrap_or((None, Vec::new()));
-    let mut scheduler_tunables = BTreeMap::new();
-    if let Some(d) = &dir
-        && let Ok(rd) = fs::read_dir(d.join("queue/iosched"))
-    {
-        for e in rd.flatten() {
-            if let Some(v) = read_trim(e.path()) {
-                scheduler_tunables.insert(e.file_name().to_string_lossy().into_owned(), v);
-            }
-        }
-    }
+    let scheduler_tunables = dir.as_deref().map(scheduler_tunables).unwrap_or_default();
     TargetContext {
         path: path.display().to_string(),
         kind: kind.into(),
@@ -240,6 +231,21 @@ pub fn target_context(path: &Path) -> TargetContext {
     }
 }
 
+/// The tunables of the active scheduler of `/sys/block/X`: every readable file in
+/// `queue/iosched/` with its trimmed content. Empty when the scheduler has none (`none` has no
+/// `iosched` directory).
+pub fn scheduler_tunables(dir: &Path) -> BTreeMap<String, String> {
+    let mut t = BTreeMap::new();
+    if let Ok(rd) = fs::read_dir(dir.join("queue/iosched")) {
+        for e in rd.flatten() {
+            if let Some(v) = read_trim(e.path()) {
+                t.insert(e.file_name().to_string_lossy().into_owned(), v);
+            }
+        }
+    }
+    t
+}
+
 /// Set the scheduler of `/sys/block/X` (root only).
 pub fn set_scheduler(dir: &Path, name: &str) -> std::io::Result<()> {
     fs::write(dir.join("queue/scheduler"), name)
@@ -256,5 +262,30 @@ mod tests {
         assert!(c.cpus >= 1);
         let t = c.target.unwrap();
         assert_eq!(t.kind, "file");
+    }
+
+    #[test]
+    fn tunables_come_from_the_iosched_directory() {
+        let d = std::env::temp_dir().join(format!("snapblk-fake-sysfs-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&d);
+        let iosched = d.join("queue/iosched");
+        fs::create_dir_all(&iosched).unwrap();
+        fs::write(d.join("queue/scheduler"), "none [mq-deadline] kyber bfq\n").unwrap();
+        fs::write(iosched.join("fifo_batch"), "16\n").unwrap();
+        fs::write(iosched.join("read_expire"), "500\n").unwrap();
+        assert_eq!(scheduler(&d).0.as_deref(), Some("mq-deadline"));
+        let t = scheduler_tunables(&d);
+        assert_eq!(
+            t.into_iter().collect::<Vec<_>>(),
+            [
+                ("fifo_batch".to_string(), "16".to_string()),
+                ("read_expire".to_string(), "500".to_string())
+            ]
+        );
+        // `none`: no iosched directory, no tunables (an empty map, not an error).
+        fs::remove_dir_all(&iosched).unwrap();
+        fs::write(d.join("queue/scheduler"), "[none] mq-deadline\n").unwrap();
+        assert!(scheduler_tunables(&d).is_empty());
+        fs::remove_dir_all(&d).unwrap();
     }
 }

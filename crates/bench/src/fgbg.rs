@@ -137,7 +137,11 @@ pub struct FgBgSpec {
 /// One (scheduler, load) cell.
 #[derive(Debug, Clone, Serialize)]
 pub struct FgBgCell {
+    /// The scheduler active during the cell (read back from sysfs when a device is known).
     pub scheduler: Option<String>,
+    /// That scheduler's tunables (`queue/iosched/*`) as read while the cell ran; empty for a
+    /// scheduler without any (`none`), null without a device.
+    pub scheduler_tunables: Option<std::collections::BTreeMap<String, String>>,
     /// "idle" or "loaded".
     pub load: String,
     pub fg_seconds: Vec<f64>,
@@ -437,6 +441,7 @@ fn median(v: &[f64]) -> f64 {
 /// background is stopped and its commands reaped either way).
 fn run_cell(
     spec: &FgBgSpec,
+    dir: Option<&Path>,
     sched: Option<&String>,
     loaded: bool,
     target: &mut Option<&mut dyn Target>,
@@ -447,6 +452,14 @@ fn run_cell(
         Some(start_background(spec)?)
     } else {
         None
+    };
+    // What the device runs with now, not what was asked for.
+    let (active, tunables) = match dir {
+        Some(d) => (
+            context::scheduler(d).0,
+            Some(context::scheduler_tunables(d)),
+        ),
+        None => (None, None),
     };
     let mut secs = Vec::new();
     let mut lat: Option<LatHist> = None;
@@ -481,7 +494,8 @@ fn run_cell(
     res?;
     let bg_rate = bg_rate?;
     Ok(FgBgCell {
-        scheduler: sched.cloned(),
+        scheduler: active.or_else(|| sched.cloned()),
+        scheduler_tunables: tunables,
         load: if loaded { "loaded" } else { "idle" }.into(),
         fg_median: median(&secs),
         fg_min: secs.iter().cloned().fold(f64::INFINITY, f64::min),
@@ -510,8 +524,10 @@ pub fn run_fgbg(
     if spec.iterations == 0 {
         return Err(Error::Spec("iterations must be >= 1".into()));
     }
+    // Without --schedulers a device is optional: it only tells which scheduler the cells ran.
     let dir = match (&spec.device, spec.schedulers.is_empty()) {
-        (_, true) => None,
+        (Some(d), true) => context::block_dir_for(d),
+        (None, true) => None,
         (Some(d), false) => Some(
             context::block_dir_for(d)
                 .ok_or_else(|| Error::Spec(format!("{}: no block device queue", d.display())))?,
@@ -537,7 +553,7 @@ pub fn run_fgbg(
             }
             let mut idle_median = None;
             for loaded in [false, true] {
-                let mut c = run_cell(spec, s, loaded, &mut target, stop.as_ref())?;
+                let mut c = run_cell(spec, dir.as_deref(), s, loaded, &mut target, stop.as_ref())?;
                 if c.fg_seconds.is_empty() {
                     break; // stopped before one foreground run completed
                 }
@@ -560,7 +576,7 @@ pub fn run_fgbg(
         }
         Ok(())
     })();
-    if let (Some(d), Some(o)) = (&dir, &original) {
+    if let (Some(d), Some(o), false) = (&dir, &original, spec.schedulers.is_empty()) {
         let _ = context::set_scheduler(d, o);
     }
     res?;

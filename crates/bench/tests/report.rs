@@ -186,7 +186,22 @@ fn fgbg_document_validates() {
     assert_eq!(r.cells[1].fg_seconds.len(), 2);
     let mut doc = Document::new("fgbg", context::capture(Some(&bg)), None);
     doc.fgbg = Some(serde_json::to_value(&r).unwrap());
-    validate(&to_value(&doc)).unwrap();
+    let good = to_value(&doc);
+    validate(&good).unwrap();
+    // Without a device there are no tunables to report: null. The field itself is required,
+    // and when present it maps names to strings.
+    assert!(good["fgbg"]["cells"][0]["scheduler_tunables"].is_null());
+    let mut v = good.clone();
+    v["fgbg"]["cells"][0]
+        .as_object_mut()
+        .unwrap()
+        .remove("scheduler_tunables");
+    assert!(validate(&v).is_err(), "cell without scheduler_tunables");
+    let mut v = good.clone();
+    v["fgbg"]["cells"][1]["scheduler_tunables"] = serde_json::json!({ "fifo_batch": 16 });
+    assert!(validate(&v).is_err(), "non-string tunable");
+    v["fgbg"]["cells"][1]["scheduler_tunables"] = serde_json::json!({ "fifo_batch": "16" });
+    validate(&v).unwrap();
     // Scheduler switching needs a device.
     let bad = FgBgSpec {
         schedulers: vec!["none".into()],

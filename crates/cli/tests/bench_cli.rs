@@ -723,3 +723,144 @@ fn misaligned_direct_options_fail_up_front() {
     assert_eq!(json(&o)["results"][0]["runs"][0]["read"]["ios"], 1000);
     std::fs::remove_dir_all(&d).unwrap();
 }
+
+/// A loop device over a tmpfs file, detached on drop (needs root, as the tests run here).
+struct LoopDev {
+    dev: String,
+    dir: PathBuf,
+}
+
+impl LoopDev {
+    fn new(name: &str) -> LoopDev {
+        let dir = shm_tmp(name);
+        let img = dir.join("img");
+        std::fs::write(&img, vec![0u8; 16 << 20]).unwrap();
+        let o = Command::new("losetup")
+            .args(["-f", "--show"])
+            .arg(&img)
+            .output()
+            .expect("losetup (util-linux) must be installed");
+        assert!(
+            o.status.success(),
+            "losetup failed (root needed): {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        let dev = String::from_utf8(o.stdout).unwrap().trim().to_string();
+        LoopDev { dev, dir }
+    }
+    fn sysfs(&self) -> PathBuf {
+        PathBuf::from("/sys/block").join(self.dev.trim_start_matches("/dev/"))
+    }
+    fn scheduler(&self) -> String {
+        let s = std::fs::read_to_string(self.sysfs().join("queue/scheduler")).unwrap();
+        let a = s.split_whitespace().find(|w| w.starts_with('[')).unwrap();
+        a.trim_matches(|c| c == '[' || c == ']').to_string()
+    }
+    fn set_scheduler(&self, s: &str) {
+        std::fs::write(self.sysfs().join("queue/scheduler"), s).unwrap();
+        assert_eq!(self.scheduler(), s);
+    }
+}
+
+impl Drop for LoopDev {
+    fn drop(&mut self) {
+        let _ = Command::new("losetup").args(["-d", &self.dev]).status();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+#[test]
+fn fgbg_cells_carry_their_schedulers_tunables_and_the_scheduler_is_restored() {
+    let lo = LoopDev::new("sched");
+    // Start from mq-deadline, so that restoring it after ending on `none` is visible.
+    lo.set_scheduler("mq-deadline");
+    let expect_keys: Vec<String> = std::fs::read_dir(lo.sysfs().join("queue/iosched"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    assert!(
+        expect_keys.iter().any(|k| k == "fifo_batch"),
+        "{expect_keys:?}"
+    );
+    let o = snapblk(&[
+        "fgbg",
+        "--device",
+        &lo.dev,
+        "--schedulers",
+        "mq-deadline,none",
+        "--bg-read",
+        &lo.dev,
+        "--fg-cmd",
+        "true",
+        "--iterations",
+        "1",
+        "--warmup",
+        "0.1",
+        "--pause",
+        "0",
+        "--json",
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let v = json(&o);
+    let cells = v["fgbg"]["cells"].as_array().unwrap();
+    let got: Vec<(&str, &str)> = cells
+        .iter()
+        .map(|c| {
+            (
+                c["scheduler"].as_str().unwrap(),
+                c["load"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        got,
+        [
+            ("mq-deadline", "idle"),
+            ("mq-deadline", "loaded"),
+            ("none", "idle"),
+            ("none", "loaded")
+        ]
+    );
+    for c in &cells[..2] {
+        let t = c["scheduler_tunables"].as_object().unwrap();
+        let mut keys: Vec<&String> = t.keys().collect();
+        keys.sort();
+        let mut want: Vec<&String> = expect_keys.iter().collect();
+        want.sort();
+        assert_eq!(keys, want, "{c}");
+        assert!(t.values().all(|v| !v.as_str().unwrap().is_empty()), "{c}");
+    }
+    for c in &cells[2..] {
+        // `none` has no tunables: an empty object, not a missing or null field.
+        assert_eq!(c["scheduler_tunables"], serde_json::json!({}), "{c}");
+    }
+    assert_eq!(lo.scheduler(), "mq-deadline", "scheduler not restored");
+
+    // Interrupted while `none` is switched in: the original comes back all the same.
+    let flag = lo.dir.join("loaded");
+    let (o, _, _) = interrupt_mode(
+        &[
+            "fgbg",
+            "--device",
+            &lo.dev,
+            "--schedulers",
+            "none",
+            "--bg-read",
+            &lo.dev,
+            "--bg-cmd",
+            &format!("touch {} && sleep 1000", flag.display()),
+            "--fg-cmd",
+            &format!("test -e {} && sleep 1000 || true", flag.display()),
+            "--iterations",
+            "1",
+            "--warmup",
+            "0.1",
+            "--json",
+        ],
+        "INT",
+        |_| flag.exists(),
+    );
+    let v = assert_interrupted(&o, "INT", 130);
+    assert_eq!(v["fgbg"]["cells"][0]["scheduler"], "none");
+    assert_eq!(lo.scheduler(), "mq-deadline", "scheduler not restored");
+}

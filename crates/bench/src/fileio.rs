@@ -123,6 +123,17 @@ fn check_dir(dir: &Path) -> Result<()> {
     }
 }
 
+/// The O_DIRECT alignment of files in `dir`, derived as snapblk's file driver does: the
+/// logical block size of the block device under it, else (tmpfs, …) the page size.
+pub fn direct_alignment(dir: &Path) -> u64 {
+    crate::context::block_dir_for(dir)
+        .and_then(|d| std::fs::read_to_string(d.join("queue/logical_block_size")).ok())
+        .and_then(|s| s.trim().parse::<u64>().ok())
+        .filter(|&v| v > 0)
+        // SAFETY: sysconf has no memory effects.
+        .unwrap_or_else(|| unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(512) as u64)
+}
+
 /// Drop a file's clean pages from the page cache.
 pub fn evict(f: &File) {
     // SAFETY: valid fd; fadvise only gives advice.
@@ -259,12 +270,16 @@ pub fn run_file_tests(
     if maxrec > 64 << 20 {
         return Err(Error::Spec("record size above 64 MiB".into()));
     }
-    if spec.direct && spec.record_sizes.iter().any(|r| r % 512 != 0) {
-        return Err(Error::Spec(
-            "O_DIRECT needs record sizes that are multiples of 512".into(),
-        ));
-    }
     check_dir(&spec.dir)?;
+    if spec.direct {
+        let a = direct_alignment(&spec.dir);
+        if let Some(r) = spec.record_sizes.iter().find(|r| !r.is_multiple_of(a)) {
+            return Err(Error::Spec(format!(
+                "--record-size {r} is not a multiple of {}'s {a}-byte direct I/O alignment",
+                spec.dir.display()
+            )));
+        }
+    }
     let path = spec
         .dir
         .join(format!("snapblk-bench-file.{}.tmp", std::process::id()));
@@ -494,6 +509,22 @@ mod tests {
             });
             assert!(e.contains("must be above 0"), "{e}");
         }
+        // O_DIRECT record sizes must suit the file system (checked before anything runs).
+        let a = direct_alignment(&dir);
+        let e = err(FileTestSpec {
+            direct: true,
+            record_sizes: vec![4096, a + 100],
+            ..spec.clone()
+        });
+        assert_eq!(
+            e,
+            format!(
+                "invalid job: --record-size {} is not a multiple of {}'s {a}-byte direct I/O \
+                 alignment",
+                a + 100,
+                dir.display()
+            )
+        );
         // A missing directory is named, once.
         let e = err(FileTestSpec {
             dir: "/nonexistent/snapblk-dir".into(),

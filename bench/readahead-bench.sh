@@ -3,6 +3,10 @@
 #   (each main run of 2 is followed by a reference O_DIRECT read of the same disk with fio)
 #   1. residency report of /usr (warm metadata)             goal A1: <= 0.6 s
 #   2. cold warm-up of /usr/lib, verified >= 99.5% resident goal A3: <= 4.5 s
+#      in two cache states: "data" (file pages evicted, dentries/inodes kept) and "cold"
+#      (sync; drop_caches=3, the anchors' definition), next to the anchors' methods run in
+#      the same round: vmtouch -t, 4 parallel vmtouch -t (xargs -P4), and rachunk
+#      (bench/c/rachunk.c: readahead(2) per 2 MiB chunk, 1 thread, the 3.9-4.3 s anchor)
 #   3. warm-up of an already-resident /usr/lib              goal A4: <= 0.3 s
 #   4. foreground cold start (python imports) while /usr/lib is warmed in the background
 #                                                           goal A6: <= 1.5x the idle start
@@ -10,7 +14,8 @@
 # Evicting /usr/lib slows everything else on the machine for a few seconds: run it once.
 # Usage: bench/readahead-bench.sh [REPEATS] [SECTION...]   (default: all sections 1-5)
 #   e.g. bench/readahead-bench.sh 3 2 4   (cold warm-up and foreground impact only)
-#   VARIANTS=0 skips the single-run variants of section 2.
+#   VARIANTS=0 skips the single-run variants of section 2; STATES="data cold" picks the
+#   section-2 cache states.
 # Results: target/readahead-bench/results.txt (overwritten; copy it first to keep it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -19,6 +24,7 @@ shift || true
 SECTIONS=" ${*:-1 2 3 4 5} "
 want() { [[ $SECTIONS == *" $1 "* ]]; }
 VARIANTS=${VARIANTS:-1}
+STATES=${STATES:-data cold}
 TREE=${TREE:-/usr/lib}
 RESTREE=${RESTREE:-/usr}
 PYVER=${PYVER:-3.12.1}
@@ -35,6 +41,8 @@ command -v fio >/dev/null || { echo "fio missing: scripts/install-deps.sh" >&2; 
 [ -x "$PY" ] || { echo "foreground program $PY missing (set PYVER)" >&2; exit 1; }
 cargo build --release -q -p snapblk-cli
 SB=$PWD/target/release/snapblk
+RACHUNK=$PWD/$OUT/rachunk
+cc -O2 -o "$RACHUNK" bench/c/rachunk.c
 
 log() { echo "$*" | tee -a "$RES"; }
 now() { date +%s.%N; }
@@ -63,11 +71,14 @@ log "vmtouch: $(grep 'Resident Pages' "$OUT/vm-res.txt" | xargs)"
 log "snapblk: $(grep 'Resident Pages' "$OUT/sb-res.txt" | xargs)"
 fi
 
-# cold_run LABEL CMD...: evict the tree, run CMD, log its time; sets RUN_SECS and RUN_DISK (bytes
-# the device holding the tree read while CMD ran).
+# cold_run LABEL CMD...: evict the tree (and with STATE=cold drop every clean cache, dentries
+# and inodes included), run CMD, log its time; sets RUN_SECS and RUN_DISK (bytes the device
+# holding the tree read while CMD ran).
+STATE=data
 cold_run() {
   local label=$1; shift
   evict_tree "$TREE"
+  if [ "$STATE" = cold ]; then sync; echo 3 > /proc/sys/vm/drop_caches; fi
   local left; left=$(jget "$OUT/evict.json" "['remaining_pages']")
   local b0 b1 t0 t1; b0=$(disk_read_bytes); t0=$(now); local rc=0; "$@" > "$OUT/run.out" 2> "$OUT/run.err" || rc=$?; t1=$(now); b1=$(disk_read_bytes)
   RUN_SECS=$(secs "$t0" "$t1"); RUN_DISK=$((b1 - b0))
@@ -76,7 +87,9 @@ cold_run() {
     tool="tool: $(jpct "$OUT/run.out")% resident, issue $(jget "$OUT/run.out" "['issue_secs']") s, settle $(jget "$OUT/run.out" "['settle_secs']") s, passes $(jget "$OUT/run.out" "['passes']"), checked inline $(jget "$OUT/run.out" "['verified_inline']") / at the end $(jget "$OUT/run.out" "['final_checked']") files, psi pauses $(jget "$OUT/run.out" "['psi_pauses']")"
   fi
   [ "$rc" = 0 ] || tool="$tool (exit $rc: $(head -c 300 "$OUT/run.err" | tr '\n' ' '))"
-  log "$label: $RUN_SECS s; vmtouch check after: $(vm_pct "$TREE") resident; (pages left after evict: $left) $tool"
+  [ "$label" != "${label#run }" ] && echo "$STATE	${label#run [0-9]* }	$RUN_SECS	$RUN_DISK" >> "$OUT/sec2.tsv"
+  [ -s "$OUT/run.out" ] && ! head -c1 "$OUT/run.out" | grep -q '{' && tool="$tool $(head -c 300 "$OUT/run.out")"
+  log "$label [$STATE]: $RUN_SECS s; vmtouch check after: $(vm_pct "$TREE") resident; (pages left after evict: $left) $tool"
 }
 
 # Is a cold warm-up device-bound? Each main run is followed by a reference read from the same
@@ -91,6 +104,7 @@ ref_files() {
 }
 ref_bw() { # MB/s (10^6 bytes) of a sequential O_DIRECT read of the reference files
   local list; list=$(ref_files | paste -sd:)
+  [ -n "$list" ] || { echo "n/a"; return; }
   fio --name=reference --readonly --direct=1 --rw=read --bs=1M --iodepth=8 --ioengine=io_uring \
     --file_service_type=sequential --filename="$list" --output-format=json 2>/dev/null |
     python3 -c 'import json,sys; j=json.load(sys.stdin)["jobs"][0]["read"]; print("%.0f" % (j["io_bytes"]/j["runtime"]/1000))'
@@ -103,17 +117,43 @@ disk_read_bytes() { # bytes read so far by the device holding TREE (/proc/diskst
 ref_run() {
   cold_run "$@"
   local bw; bw=$(ref_bw)
-  log "  device: $(awk -v b="$RUN_DISK" 'BEGIN{printf "%.2f GiB", b/2^30}') read in the run, $(awk -v b="$RUN_DISK" -v t="$RUN_SECS" 'BEGIN{printf "%.0f", b/t/1e6}') MB/s; fio O_DIRECT sequential read right after: $bw MB/s; run rate / fio rate $(awk -v b="$RUN_DISK" -v t="$RUN_SECS" -v w="$bw" 'BEGIN{printf "%.2f", b/t/1e6/w}')"
+  log "  device: $(awk -v b="$RUN_DISK" 'BEGIN{printf "%.2f GiB", b/2^30}') read in the run, $(awk -v b="$RUN_DISK" -v t="$RUN_SECS" 'BEGIN{printf "%.0f", b/t/1e6}') MB/s; fio O_DIRECT sequential read right after: $bw MB/s; run rate / fio rate $(awk -v b="$RUN_DISK" -v t="$RUN_SECS" -v w="$bw" 'BEGIN{if (w+0 > 0) printf "%.2f", b/t/1e6/w; else printf "n/a"}')"
 }
 
 if want 2; then
 log ""
 log "## 2. cold warm-up of $TREE ($(du -sh "$TREE" | cut -f1), $(find "$TREE" -xdev -type f | wc -l) files)"
 log "reference: fio O_DIRECT sequential read (1M, qd8) of the $(ref_files | wc -l) largest files ($(ref_files | tr '\n' '\0' | du -ch --files0-from=- | tail -1 | cut -f1))"
+: > "$OUT/sec2.tsv"
 for i in $(seq "$REPEATS"); do
-  ref_run "run $i vmtouch -t" vmtouch -t -q "$TREE"
-  ref_run "run $i snapblk warm (readahead, 2M, qd4, idle)" "$SB" readahead warm -r "$TREE" --json
+  for STATE in $STATES; do
+    ref_run "run $i vmtouch -t" vmtouch -t -q "$TREE"
+    ref_run "run $i vmtouch -t x4 (xargs -P4)" sh -c "find '$TREE' -xdev -type f -print0 | xargs -0 -n 500 -P 4 vmtouch -t -q"
+    ref_run "run $i rachunk (readahead 2M, 1 thread)" "$RACHUNK" "$TREE"
+    ref_run "run $i snapblk warm (readahead, 2M, qd4, idle)" "$SB" readahead warm -r "$TREE" --json
+  done
 done
+STATE=data
+log ""
+log "section 2 medians (s) per cache state; ratio = snapblk / method"
+python3 - "$OUT/sec2.tsv" <<'PY' | tee -a "$RES"
+import sys, statistics as st
+from collections import defaultdict
+d = defaultdict(list)
+for line in open(sys.argv[1]):
+    state, method, secs, _ = line.rstrip("\n").split("\t")
+    d[(state, method)].append(float(secs))
+states = sorted({s for s, _ in d}, key=lambda s: s != "data")
+methods = list(dict.fromkeys(m for _, m in d))
+sb = next((m for m in methods if m.startswith("snapblk")), None)
+for s in states:
+    base = st.median(d[(s, sb)]) if (s, sb) in d else None
+    for m in methods:
+        if (s, m) in d:
+            med = st.median(d[(s, m)])
+            r = f"  ratio {base / med:.2f}" if base and m != sb else ""
+            print(f"  [{s}] {m}: median {med:.2f} s [{min(d[(s, m)]):.2f}-{max(d[(s, m)]):.2f}]{r}")
+PY
 if [ "$VARIANTS" = 1 ]; then
 cold_run "variant snapblk warm qd1" "$SB" readahead warm -r "$TREE" --json -q 1
 cold_run "variant snapblk warm qd8" "$SB" readahead warm -r "$TREE" --json -q 8

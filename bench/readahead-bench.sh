@@ -39,8 +39,8 @@ RES=$OUT/results.txt
 command -v vmtouch >/dev/null || { echo "vmtouch missing: scripts/install-deps.sh" >&2; exit 1; }
 command -v fio >/dev/null || { echo "fio missing: scripts/install-deps.sh" >&2; exit 1; }
 [ -x "$PY" ] || { echo "foreground program $PY missing (set PYVER)" >&2; exit 1; }
-cargo build --release -q -p snapblk-cli
-SB=$PWD/target/release/snapblk
+[ -n "${SB:-}" ] || cargo build --release -q -p snapblk-cli
+SB=${SB:-$PWD/target/release/snapblk}  # SB=PATH compares another build
 RACHUNK=$PWD/$OUT/rachunk
 cc -O2 -o "$RACHUNK" bench/c/rachunk.c
 

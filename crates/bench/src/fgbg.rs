@@ -24,14 +24,33 @@ use std::time::{Duration, Instant};
 /// emergency exit can still kill them ([`kill_children`]).
 static LIVE_GROUPS: Mutex<Vec<i32>> = Mutex::new(Vec::new());
 
-/// Kill every command process group this module started and has not reaped yet. For a caller
-/// about to exit without unwinding (e.g. on a second SIGINT); normal and interrupted runs kill
-/// and reap their commands themselves.
+/// The scheduler to put back on a device while [`run_fgbg`] has switched it: (sysfs block
+/// directory, original scheduler), for [`emergency_cleanup`].
+static RESTORE_SCHED: Mutex<Option<(PathBuf, String)>> = Mutex::new(None);
+
+/// Kill every command process group this module started and has not reaped yet, and reap the
+/// group leaders (our children). For a caller about to exit without unwinding (e.g. on a
+/// second SIGINT); normal and interrupted runs kill and reap their commands themselves.
 pub fn kill_children() {
     let groups = LIVE_GROUPS.lock().map(|g| g.clone()).unwrap_or_default();
-    for g in groups {
+    for &g in &groups {
         // SAFETY: signalling a process group we created (pgid = the child's pid).
         unsafe { libc::kill(-g, libc::SIGKILL) };
+    }
+    for g in groups {
+        // SAFETY: waiting for our own child; a null status pointer is allowed. If the main
+        // thread reaped it meanwhile, this fails with ECHILD, which is fine.
+        unsafe { libc::waitpid(g, std::ptr::null_mut(), 0) };
+    }
+}
+
+/// Everything a process exiting mid-test must undo: kill and reap the commands
+/// ([`kill_children`]) and restore the scheduler [`run_fgbg`] switched, if any.
+pub fn emergency_cleanup() {
+    kill_children();
+    let restore = RESTORE_SCHED.lock().ok().and_then(|r| r.clone());
+    if let Some((dir, name)) = restore {
+        let _ = context::set_scheduler(&dir, &name);
     }
 }
 
@@ -535,6 +554,12 @@ pub fn run_fgbg(
         (None, false) => return Err(Error::Spec("--schedulers needs --device".into())),
     };
     let original = dir.as_deref().and_then(|d| context::scheduler(d).0);
+    let switching = !spec.schedulers.is_empty();
+    if let (true, Some(d), Some(o)) = (switching, &dir, &original)
+        && let Ok(mut r) = RESTORE_SCHED.lock()
+    {
+        *r = Some((d.clone(), o.clone()));
+    }
     let scheds: Vec<Option<&String>> = if spec.schedulers.is_empty() {
         vec![None]
     } else {
@@ -576,8 +601,11 @@ pub fn run_fgbg(
         }
         Ok(())
     })();
-    if let (Some(d), Some(o), false) = (&dir, &original, spec.schedulers.is_empty()) {
+    if let (Some(d), Some(o), true) = (&dir, &original, switching) {
         let _ = context::set_scheduler(d, o);
+        if let Ok(mut r) = RESTORE_SCHED.lock() {
+            *r = None;
+        }
     }
     res?;
     Ok(FgBgReport {

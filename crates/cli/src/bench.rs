@@ -420,11 +420,16 @@ fn open_target(w: &WorkloadArgs) -> anyhow::Result<Box<dyn Target>> {
     Ok(Box::new(SpecTarget::new(t.clone())))
 }
 
+/// A repeated SIGINT/SIGTERM sooner than this after the first is the same interrupt delivered
+/// twice (e.g. by `timeout`), not a request to quit at once.
+const QUIT_AFTER: Duration = Duration::from_secs(1);
+
 /// SIGINT/SIGTERM during any bench mode: the first one raises the stop flag (workload job
 /// threads finish their in-flight I/Os, file tests stop and remove their file, fgbg kills and
 /// reaps its commands and streams and restores the scheduler) and what was measured is
-/// reported; a second one exits at once, in case a device hangs (fgbg's commands are still
-/// killed first).
+/// reported; another one at least [`QUIT_AFTER`] later exits at once, in case a device hangs
+/// (fgbg's commands are still killed and reaped and its scheduler restored first). The exit
+/// status is 128 + the first signal.
 struct Interrupts {
     stop: Arc<AtomicBool>,
     signal: Arc<AtomicI32>,
@@ -440,20 +445,34 @@ impl Interrupts {
         let signal = Arc::new(AtomicI32::new(0));
         let (st, sg) = (stop.clone(), signal.clone());
         std::thread::spawn(move || {
+            let mut first: Option<std::time::Instant> = None;
             loop {
                 let Some(s) = sigs.wait(Duration::from_secs(3600)) else {
                     continue;
                 };
-                if sg.swap(s, Ordering::SeqCst) != 0 {
-                    eprintln!("snapblk: {}: giving up at once", signal_name(s));
-                    fgbg::kill_children();
-                    std::process::exit(128 + s);
+                match first {
+                    None => {
+                        first = Some(std::time::Instant::now());
+                        sg.store(s, Ordering::SeqCst);
+                        eprintln!(
+                            "snapblk: {}: stopping, partial results follow (again to quit at once)",
+                            signal_name(s)
+                        );
+                        st.store(true, Ordering::SeqCst);
+                    }
+                    // One logical interrupt often arrives twice: GNU timeout signals its child
+                    // and then its whole process group, a terminal's Ctrl-C reaches every
+                    // process of the foreground group. Only a repeat a person could have
+                    // sent deliberately means "quit now".
+                    Some(t) if t.elapsed() < QUIT_AFTER => {}
+                    Some(_) => {
+                        eprintln!("snapblk: {}: giving up at once", signal_name(s));
+                        // Children killed and reaped, the scheduler put back: an impatient
+                        // user must not be left with a changed device or stray commands.
+                        fgbg::emergency_cleanup();
+                        std::process::exit(128 + sg.load(Ordering::SeqCst));
+                    }
                 }
-                eprintln!(
-                    "snapblk: {}: stopping, partial results follow (again to quit at once)",
-                    signal_name(s)
-                );
-                st.store(true, Ordering::SeqCst);
             }
         });
         Ok(Interrupts { stop, signal })

@@ -864,3 +864,128 @@ fn fgbg_cells_carry_their_schedulers_tunables_and_the_scheduler_is_restored() {
     assert_eq!(v["fgbg"]["cells"][0]["scheduler"], "none");
     assert_eq!(lo.scheduler(), "mq-deadline", "scheduler not restored");
 }
+
+/// Wait for `child` at most 20 s (then kill it and fail).
+fn wait_output(child: std::process::Child, what: &str) -> Output {
+    let pid = child.id();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(child.wait_with_output());
+    });
+    match rx.recv_timeout(std::time::Duration::from_secs(20)) {
+        Ok(o) => o.unwrap(),
+        Err(_) => {
+            let _ = Command::new("kill")
+                .args(["-KILL", &pid.to_string()])
+                .status();
+            panic!("{what}: still running after 20 s");
+        }
+    }
+}
+
+#[test]
+fn a_signal_delivered_twice_at_once_still_reports_the_partial_results() {
+    // GNU timeout signals its child and then its whole process group: the same interrupt
+    // arrives twice within microseconds. That is not "quit at once": the results must come.
+    for round in 0..3 {
+        for (sig, code) in [("INT", 130), ("TERM", 143)] {
+            let child = Command::new(env!("CARGO_BIN_EXE_snapblk"))
+                .args(["bench", "null:size=256M", "--runtime", "30", "--json"])
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .expect("run snapblk");
+            std::thread::sleep(std::time::Duration::from_millis(300));
+            let pid = child.id().to_string();
+            // kill(1) sends to each pid in turn: two signals back to back.
+            let st = Command::new("kill")
+                .args(["-s", sig, &pid, &pid])
+                .status()
+                .expect("kill(1)");
+            assert!(st.success());
+            let o = wait_output(child, &format!("round {round} SIG{sig} twice"));
+            let v = assert_interrupted(&o, sig, code);
+            assert_eq!(v["results"].as_array().unwrap().len(), 1, "{v}");
+        }
+        for (sig, code) in [("TERM", 143), ("INT", 130)] {
+            let child = Command::new("timeout")
+                .args(["--preserve-status", "-s", sig, "0.7"])
+                .arg(env!("CARGO_BIN_EXE_snapblk"))
+                .args(["bench", "null:size=256M", "--runtime", "30", "--json"])
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .expect("timeout (coreutils) must be installed");
+            let o = wait_output(child, &format!("round {round} timeout -s {sig}"));
+            let v = assert_interrupted(&o, sig, code);
+            let run = &v["results"][0]["runs"][0];
+            assert!(run["read"]["ios"].as_u64().unwrap() > 0, "{v}");
+        }
+    }
+}
+
+#[test]
+fn a_second_interrupt_a_second_later_quits_at_once_but_cleans_up() {
+    // The loaded cell hangs for good in the foreground (opening a FIFO nobody writes, which
+    // no stop flag can end); a user's second Ctrl-C then quits at once, and must still kill
+    // and reap the background command and put the device's scheduler back.
+    let lo = LoopDev::new("quitnow");
+    lo.set_scheduler("mq-deadline");
+    let real = lo.dir.join("real");
+    std::fs::write(&real, vec![7u8; 64 << 10]).unwrap();
+    let fifo = lo.dir.join("fifo");
+    let list = lo.dir.join("list");
+    std::fs::write(&list, format!("{}\n{}\n", real.display(), fifo.display())).unwrap();
+    let marker = format!("snapblk-quitnow-{}", std::process::id());
+    // The FIFO appears only with the load, so the idle cell completes (reading `real`).
+    let bg_cmd = format!("mkfifo {} && sleep 1000 && echo {marker}", fifo.display());
+    let child = Command::new(env!("CARGO_BIN_EXE_snapblk"))
+        .args(["bench", "fgbg", "--device", &lo.dev, "--schedulers", "none"])
+        .args(["--bg-cmd", &bg_cmd, "--fg-list", list.to_str().unwrap()])
+        .args(["--iterations", "1", "--warmup", "0.2", "--json"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run snapblk");
+    let pid = child.id();
+    let t0 = std::time::Instant::now();
+    while !fifo.exists() || with_marker(&marker).is_empty() {
+        assert!(t0.elapsed().as_secs() < 20, "the loaded cell never started");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    assert_eq!(lo.scheduler(), "none");
+    let kids = descendants(pid);
+    let int = || {
+        let st = Command::new("kill")
+            .args(["-INT", &pid.to_string()])
+            .status()
+            .expect("kill(1)");
+        assert!(st.success());
+    };
+    int();
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    // The first interrupt could not end the hung foreground.
+    assert!(stat_of(pid).is_some(), "exited on the first signal");
+    int();
+    let o = wait_output(child, "second SIGINT");
+    assert_eq!(
+        o.status.code(),
+        Some(130),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("giving up at once"),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(!kids.is_empty());
+    let alive: Vec<_> = kids
+        .iter()
+        .filter(|(p, start)| stat_of(*p).is_some_and(|(_, s)| s == *start))
+        .collect();
+    assert!(alive.is_empty(), "children survived: {alive:?}");
+    assert!(with_marker(&marker).is_empty(), "the command survived");
+    assert_eq!(lo.scheduler(), "mq-deadline", "scheduler not restored");
+}

@@ -185,9 +185,49 @@ pub struct FgBgReport {
 struct BgRunning {
     stop: Arc<AtomicBool>,
     bytes: Arc<AtomicU64>,
-    threads: Vec<std::thread::JoinHandle<Result<()>>>,
-    children: Vec<Child>,
+    /// Stream threads and the path each works on.
+    threads: Vec<(PathBuf, std::thread::JoinHandle<Result<()>>)>,
+    /// Commands and the command line each runs.
+    children: Vec<(String, Child)>,
     start: Instant,
+}
+
+impl BgRunning {
+    /// Fail when a background stream or command has ended: the loaded cell would otherwise
+    /// measure an idle device and report a plausible slowdown. Streams only end on an error;
+    /// commands are meant to run for the whole cell, so any exit, even status 0, is an error.
+    fn check(&mut self) -> Result<()> {
+        let secs = self.start.elapsed().as_secs_f64();
+        for i in 0..self.children.len() {
+            let (cmd, c) = &mut self.children[i];
+            let st = match c.try_wait() {
+                Ok(None) => continue,
+                Ok(Some(st)) => st,
+                Err(e) => return Err(Error::Other(format!("background command `{cmd}`: {e}"))),
+            };
+            forget_cmd(c);
+            let cmd = cmd.clone();
+            // Reaped: not to be killed (its id may be reused) when the rest are stopped.
+            self.children.remove(i);
+            return Err(Error::Other(format!(
+                "background command `{cmd}` ended during the loaded cell ({st}, after {secs:.2} s): \
+                 the foreground would have run without that load"
+            )));
+        }
+        if let Some(i) = self.threads.iter().position(|(_, t)| t.is_finished()) {
+            let (path, t) = self.threads.remove(i);
+            let why = match t.join() {
+                Ok(Err(e)) => e.to_string(),
+                Ok(Ok(())) => "stopped".into(),
+                Err(_) => "panicked".into(),
+            };
+            return Err(Error::Other(format!(
+                "background stream on {} ended during the loaded cell (after {secs:.2} s): {why}",
+                path.display()
+            )));
+        }
+        Ok(())
+    }
 }
 
 /// Start every background stream; on failure, whatever was started is stopped again.
@@ -215,7 +255,7 @@ fn start_streams(spec: &FgBgSpec, bg: &mut BgRunning) -> Result<()> {
     for b in &spec.background {
         match b {
             Background::Cmd { cmd } => {
-                bg.children.push(spawn_cmd(cmd)?);
+                bg.children.push((cmd.clone(), spawn_cmd(cmd)?));
             }
             Background::Read { path } | Background::Write { path, .. } => {
                 let write = matches!(b, Background::Write { .. });
@@ -243,9 +283,10 @@ fn start_streams(spec: &FgBgSpec, bg: &mut BgRunning) -> Result<()> {
                     )));
                 }
                 let (stop, bytes) = (bg.stop.clone(), bg.bytes.clone());
-                bg.threads.push(std::thread::spawn(move || {
-                    stream(f, len, write, &stop, &bytes)
-                }));
+                bg.threads.push((
+                    path.clone(),
+                    std::thread::spawn(move || stream(f, len, write, &stop, &bytes)),
+                ));
             }
         }
     }
@@ -307,12 +348,12 @@ fn stream(f: File, len: u64, write: bool, stop: &AtomicBool, bytes: &AtomicU64) 
 fn stop_background(mut bg: BgRunning) -> Result<Option<f64>> {
     bg.stop.store(true, Ordering::Relaxed);
     let secs = bg.start.elapsed().as_secs_f64();
-    for c in &mut bg.children {
+    for (_, c) in &mut bg.children {
         kill_cmd(c);
     }
     let mut err = None;
     let had_streams = !bg.threads.is_empty();
-    for t in bg.threads {
+    for (_, t) in bg.threads {
         match t.join() {
             Ok(Ok(())) => {}
             Ok(Err(e)) => err = Some(e),
@@ -467,7 +508,7 @@ fn run_cell(
     stop: Option<&Arc<AtomicBool>>,
 ) -> Result<FgBgCell> {
     let stop_flag = stop.map(|s| &**s);
-    let bg = if loaded {
+    let mut bg = if loaded {
         Some(start_background(spec)?)
     } else {
         None
@@ -492,7 +533,17 @@ fn run_cell(
         if sleep_or_stop(wait, stop_flag) {
             break;
         }
-        match run_foreground(spec, target, stop) {
+        // Before and after every foreground run: the load must have been there all along.
+        if let Some(Err(e)) = bg.as_mut().map(BgRunning::check) {
+            res = Err(e);
+            break;
+        }
+        let run = run_foreground(spec, target, stop);
+        if let (Ok(Some(_)), Some(Err(e))) = (&run, bg.as_mut().map(BgRunning::check)) {
+            res = Err(e);
+            break;
+        }
+        match run {
             Ok(None) => break,
             Ok(Some((s, h))) => {
                 secs.push(s);

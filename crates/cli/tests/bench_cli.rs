@@ -989,3 +989,59 @@ fn a_second_interrupt_a_second_later_quits_at_once_but_cleans_up() {
     assert!(with_marker(&marker).is_empty(), "the command survived");
     assert_eq!(lo.scheduler(), "mq-deadline", "scheduler not restored");
 }
+
+#[test]
+fn fgbg_fails_when_the_background_ends_early() {
+    let d = shm_tmp("bg-ends");
+    let bin = env!("CARGO_BIN_EXE_snapblk");
+    let fgbg = |bg: &[&str], fg_cmd: &str| {
+        let mut a = vec!["fgbg"];
+        a.extend_from_slice(bg);
+        a.extend([
+            "--fg-cmd",
+            fg_cmd,
+            "--iterations",
+            "2",
+            "--warmup",
+            "0.3",
+            "--pause",
+            "0",
+            "--json",
+        ]);
+        snapblk(&a)
+    };
+    let failed = |o: &Output, want: &[&str]| {
+        let err = String::from_utf8_lossy(&o.stderr).to_string();
+        assert_eq!(o.status.code(), Some(1), "{err}");
+        let v = json(o);
+        let e = v["error"].as_str().unwrap();
+        for w in want {
+            assert!(e.contains(w), "{w:?} not in {e:?}");
+            assert!(err.contains(w), "{w:?} not in {err:?}");
+        }
+        assert!(v["fgbg"].is_null(), "{v}");
+    };
+    // Exits before the first loaded foreground run (during the warm-up).
+    let o = fgbg(&["--bg-cmd", "exit 3", "--bg-cmd", "sleep 60"], "true");
+    failed(&o, &["background command `exit 3`", "exit status: 3"]);
+    // A background merge that fails at once.
+    let merge = format!(
+        "{bin} merge --base {0}/missing.img {0}/missing.cow",
+        d.display()
+    );
+    let o = fgbg(&["--bg-cmd", &merge], "true");
+    failed(&o, &["background command", "missing.cow", "exit status: "]);
+    // Ends with status 0 while the first loaded foreground run is going on.
+    let o = fgbg(&["--bg-cmd", "sleep 0.5"], "sleep 0.9");
+    failed(&o, &["ended during the loaded cell", "exit status: 0"]);
+    // A background reader whose file is cut short meanwhile: its read fails.
+    let f = d.join("shrinks");
+    std::fs::write(&f, vec![1u8; 8 << 20]).unwrap();
+    let cut = format!("sleep 0.1; truncate -s 0 {}; sleep 60", f.display());
+    let o = fgbg(
+        &["--bg-read", f.to_str().unwrap(), "--bg-cmd", &cut],
+        "true",
+    );
+    failed(&o, &["background stream on", "shrinks"]);
+    std::fs::remove_dir_all(&d).unwrap();
+}

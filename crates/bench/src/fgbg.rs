@@ -180,6 +180,10 @@ pub struct FgBgCell {
 pub struct FgBgReport {
     pub spec: FgBgSpec,
     pub cells: Vec<FgBgCell>,
+    /// Problems with the inputs that did not stop the test (e.g. missing files of a read
+    /// list); the caller reports them (the document's `warnings`).
+    #[serde(skip)]
+    pub warnings: Vec<String>,
 }
 
 struct BgRunning {
@@ -373,42 +377,92 @@ fn drop_caches() -> Result<()> {
         .map_err(|e| Error::Other(format!("drop_caches (needs root): {e}")))
 }
 
-/// Replay a readahead list as plain reads, recording per-read latencies; returns false when
-/// `stop` cut it short.
-fn replay_list(list: &Path, h: &mut LatHist, stop: Option<&AtomicBool>) -> Result<bool> {
-    let text = std::fs::read(list)?;
-    let entries = snapblk_readahead::list::parse_bytes(&text, Default::default())
-        .map_err(|e| Error::Other(format!("{}: {e}", list.display())))?;
+/// The entries of a readahead list; errors name the list.
+fn load_list(list: &Path) -> Result<Vec<snapblk_readahead::list::ListEntry>> {
+    let text = std::fs::read(list)
+        .map_err(|e| Error::Other(format!("--fg-list {}: {e}", list.display())))?;
+    snapblk_readahead::list::parse_bytes(&text, Default::default())
+        .map_err(|e| Error::Other(format!("--fg-list {}: {e}", list.display())))
+}
+
+/// Check a foreground read list before any cell runs: one warning per file that cannot be
+/// opened (it is skipped), and an error when nothing in it can be read at all.
+fn check_list(list: &Path) -> Result<Vec<String>> {
+    let entries = load_list(list)?;
+    let mut warnings = Vec::new();
+    let mut readable = 0usize;
+    for e in &entries {
+        match File::open(&e.path).and_then(|f| f.metadata()) {
+            Ok(m) if m.len() > 0 => readable += 1,
+            Ok(_) => warnings.push(format!(
+                "--fg-list {}: {} is empty (nothing to read)",
+                list.display(),
+                e.path.display()
+            )),
+            Err(err) => warnings.push(format!(
+                "--fg-list {}: {}: {err} (skipped)",
+                list.display(),
+                e.path.display()
+            )),
+        }
+    }
+    if readable == 0 {
+        return Err(Error::Spec(format!(
+            "--fg-list {}: nothing to replay: none of its {} files can be read",
+            list.display(),
+            entries.len()
+        )));
+    }
+    Ok(warnings)
+}
+
+/// Replay a readahead list as plain reads, recording per-read latencies; returns the bytes
+/// read, or None when `stop` cut it short. Files that cannot be opened are skipped
+/// ([`check_list`] warned about them), but a replay that reads nothing fails: its time would
+/// be a measurement of nothing.
+fn replay_list(list: &Path, h: &mut LatHist, stop: Option<&AtomicBool>) -> Result<Option<u64>> {
+    let entries = load_list(list)?;
     let mut buf = vec![0u8; 128 << 10];
+    let mut total = 0u64;
     for e in &entries {
         let Ok(f) = File::open(&e.path) else { continue };
-        let size = f.metadata()?.len();
+        let size = f
+            .metadata()
+            .map_err(|err| Error::Other(format!("{}: {err}", e.path.display())))?
+            .len();
         for r in e.extent.resolve(size).ranges() {
             let mut off = r.offset;
             let end = r.offset + r.len;
             while off < end {
                 if is_stopped(stop) {
-                    return Ok(false);
+                    return Ok(None);
                 }
                 let l = ((end - off) as usize).min(buf.len());
                 let s = Instant::now();
-                let n = f.read_at(&mut buf[..l], off)?;
+                let n = f
+                    .read_at(&mut buf[..l], off)
+                    .map_err(|err| Error::Other(format!("read {}: {err}", e.path.display())))?;
                 h.record(s.elapsed().as_nanos() as u64);
                 if n == 0 {
                     break;
                 }
                 off += n as u64;
+                total += n as u64;
             }
         }
     }
-    Ok(true)
+    if total == 0 {
+        return Err(Error::Other(format!(
+            "--fg-list {}: the replay read 0 bytes (its files are missing, empty or shorter \
+             than its ranges)",
+            list.display()
+        )));
+    }
+    Ok(Some(total))
 }
 
 fn evict_list(list: &Path) -> Result<()> {
-    let text = std::fs::read(list)?;
-    let entries = snapblk_readahead::list::parse_bytes(&text, Default::default())
-        .map_err(|e| Error::Other(format!("{}: {e}", list.display())))?;
-    for e in entries {
+    for e in load_list(list)? {
         if let Ok(f) = File::open(&e.path) {
             crate::fileio::evict(&f);
         }
@@ -462,7 +516,7 @@ fn run_foreground(
             evict_list(list)?;
             let mut h = LatHist::default();
             let t0 = Instant::now();
-            if !replay_list(list, &mut h, stop.map(|s| &**s))? {
+            if replay_list(list, &mut h, stop.map(|s| &**s))?.is_none() {
                 return Ok(None);
             }
             Ok(Some((t0.elapsed().as_secs_f64(), Some(h))))
@@ -594,6 +648,10 @@ pub fn run_fgbg(
     if spec.iterations == 0 {
         return Err(Error::Spec("iterations must be >= 1".into()));
     }
+    let warnings = match &spec.foreground {
+        Foreground::ReadList { list } => check_list(list)?,
+        _ => Vec::new(),
+    };
     // Without --schedulers a device is optional: it only tells which scheduler the cells ran.
     let dir = match (&spec.device, spec.schedulers.is_empty()) {
         (Some(d), true) => context::block_dir_for(d),
@@ -662,6 +720,7 @@ pub fn run_fgbg(
     Ok(FgBgReport {
         spec: spec.clone(),
         cells,
+        warnings,
     })
 }
 

@@ -746,6 +746,7 @@ fn run_fgbg(f: FgBgArgs) -> anyhow::Result<()> {
         let r = fgbg::run_fgbg(&spec, t, Some(intr.stop.clone()), |m| eprintln!("{m}"))?;
         let table = fgbg::fgbg_table(&r);
         doc.fgbg = Some(serde_json::to_value(&r)?);
+        doc.warnings.extend(r.warnings);
         Ok(Some(table))
     })();
     let cells = doc

@@ -1045,3 +1045,82 @@ fn fgbg_fails_when_the_background_ends_early() {
     failed(&o, &["background stream on", "shrinks"]);
     std::fs::remove_dir_all(&d).unwrap();
 }
+
+#[test]
+fn fgbg_read_list_problems_are_named_and_nothing_is_never_measured() {
+    let d = shm_tmp("fglist");
+    let fgbg = |list: &std::path::Path| {
+        snapblk(&[
+            "fgbg",
+            "--bg-cmd",
+            "sleep 60",
+            "--fg-list",
+            list.to_str().unwrap(),
+            "--iterations",
+            "1",
+            "--warmup",
+            "0",
+            "--json",
+        ])
+    };
+    let failed = |o: &Output, want: &[&str]| {
+        let err = String::from_utf8_lossy(&o.stderr).to_string();
+        assert_eq!(o.status.code(), Some(1), "{err}");
+        let e = json(o)["error"].as_str().unwrap().to_string();
+        for w in want {
+            assert!(e.contains(w), "{w:?} not in {e:?}");
+        }
+    };
+    // A missing list file: its path is in the error.
+    let missing = d.join("no-such.list");
+    failed(
+        &fgbg(&missing),
+        &["--fg-list", "no-such.list", "No such file"],
+    );
+    // Only missing files: nothing to replay.
+    let list = d.join("garbage.list");
+    std::fs::write(&list, "garbage\n").unwrap();
+    failed(&fgbg(&list), &["garbage.list", "nothing to replay"]);
+    // A file present but shorter than the list's only range: the replay reads 0 bytes.
+    let short = d.join("short");
+    std::fs::write(&short, b"x").unwrap();
+    let list = d.join("short.list");
+    std::fs::write(&list, format!("{} 4096:4096\n", short.display())).unwrap();
+    let o = fgbg(&list);
+    if o.status.success() {
+        panic!(
+            "a replay of nothing measured: {}",
+            String::from_utf8_lossy(&o.stdout)
+        );
+    }
+    failed(&o, &["short.list", "read 0 bytes"]);
+    // One missing file next to a real one: measured, with a warning naming both paths.
+    let real = d.join("real");
+    std::fs::write(&real, vec![5u8; 256 << 10]).unwrap();
+    let list = d.join("mixed.list");
+    std::fs::write(&list, format!("{}\n{}/gone\n", real.display(), d.display())).unwrap();
+    let o = fgbg(&list);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let v = json(&o);
+    let w: Vec<&str> = v["warnings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|w| w.as_str().unwrap())
+        .collect();
+    assert!(
+        w.iter()
+            .any(|w| w.contains("mixed.list") && w.contains("/gone") && w.contains("skipped")),
+        "{w:?}"
+    );
+    assert!(String::from_utf8_lossy(&o.stderr).contains("/gone"));
+    let cells = v["fgbg"]["cells"].as_array().unwrap();
+    assert_eq!(cells.len(), 2);
+    assert!(
+        cells
+            .iter()
+            .all(|c| c["fg_lat_p50_ns"].as_u64().unwrap() > 0),
+        "{v}"
+    );
+    std::fs::remove_dir_all(&d).unwrap();
+}

@@ -101,7 +101,56 @@ impl Drop for AlignedBuf {
     }
 }
 
-fn open(path: &Path, create: bool, direct: bool) -> Result<File> {
+/// The operations the file tests and the overwrite test make on their file. [`RealIo`] does
+/// them on the file itself; a test substitutes a recording layer to check the I/O pattern
+/// (offsets, order, syncs, evictions) of every test.
+pub trait TestFile {
+    /// Read exactly `buf.len()` bytes at `off`.
+    fn read_exact_at(&mut self, buf: &mut [u8], off: u64) -> std::io::Result<()>;
+    /// Write all of `buf` at `off`.
+    fn write_all_at(&mut self, buf: &[u8], off: u64) -> std::io::Result<()>;
+    /// fsync(2).
+    fn sync_all(&mut self) -> std::io::Result<()>;
+    /// fdatasync(2).
+    fn sync_data(&mut self) -> std::io::Result<()>;
+    /// Drop the file's clean pages from the page cache.
+    fn evict(&mut self);
+}
+
+/// Opens the test file: `create` creates or truncates it, `direct` means O_DIRECT.
+pub trait FileIo {
+    fn open(&self, path: &Path, create: bool, direct: bool) -> Result<Box<dyn TestFile>>;
+}
+
+/// The real thing: a read-write [`File`].
+pub struct RealIo;
+
+impl TestFile for File {
+    fn read_exact_at(&mut self, buf: &mut [u8], off: u64) -> std::io::Result<()> {
+        FileExt::read_exact_at(self, buf, off)
+    }
+    fn write_all_at(&mut self, buf: &[u8], off: u64) -> std::io::Result<()> {
+        FileExt::write_all_at(self, buf, off)
+    }
+    fn sync_all(&mut self) -> std::io::Result<()> {
+        File::sync_all(self)
+    }
+    fn sync_data(&mut self) -> std::io::Result<()> {
+        File::sync_data(self)
+    }
+    fn evict(&mut self) {
+        evict(self)
+    }
+}
+
+impl FileIo for RealIo {
+    fn open(&self, path: &Path, create: bool, direct: bool) -> Result<Box<dyn TestFile>> {
+        Ok(Box::new(open(path, create, direct)?))
+    }
+}
+
+/// Open the test file read-write (created or truncated with `create`).
+pub fn open(path: &Path, create: bool, direct: bool) -> Result<File> {
     let mut o = OpenOptions::new();
     o.read(true).write(true);
     if create {
@@ -185,8 +234,10 @@ fn cell(fs: u64, rs: u64, test: &str, bytes: u64, secs: f64, h: &LatHist, fsync:
 }
 
 /// Run one test over a file of `fs` bytes with records of `rs` bytes.
+#[allow(clippy::too_many_arguments)]
 fn run_test(
     spec: &FileTestSpec,
+    io: &dyn FileIo,
     path: &Path,
     fs: u64,
     rs: u64,
@@ -197,10 +248,11 @@ fn run_test(
     let n = fs / rs;
     let write = matches!(test, "write" | "rewrite" | "randwrite");
     let random = test.starts_with("rand");
-    let f = open(path, test == "write", spec.direct)?;
+    let mut f = io.open(path, test == "write", spec.direct)?;
     if spec.drop_cache && matches!(test, "read" | "randread") {
+        // Dirty pages cannot be dropped: write them back first.
         f.sync_all()?;
-        evict(&f);
+        f.evict();
     }
     let mut perm = Permutation::new(n, spec.seed);
     let mut h = LatHist::default();
@@ -239,6 +291,17 @@ fn run_test(
 /// file is removed as usual.
 pub fn run_file_tests(
     spec: &FileTestSpec,
+    stop: Option<&AtomicBool>,
+    progress: impl FnMut(&Cell),
+) -> Result<FileTestReport> {
+    run_file_tests_with(spec, &RealIo, stop, progress)
+}
+
+/// [`run_file_tests`] with the file operations done through `io`. `progress` is called after
+/// each cell, before the next one makes any I/O.
+pub fn run_file_tests_with(
+    spec: &FileTestSpec,
+    io: &dyn FileIo,
     stop: Option<&AtomicBool>,
     mut progress: impl FnMut(&Cell),
 ) -> Result<FileTestReport> {
@@ -293,12 +356,12 @@ pub fn run_file_tests(
                 }
                 // Reads need the file: write it first if the sweep does not include "write".
                 if !spec.tests.iter().any(|t| t == "write")
-                    && run_test(spec, &path, fs, rs, "write", &mut buf, stop)?.is_err()
+                    && run_test(spec, io, &path, fs, rs, "write", &mut buf, stop)?.is_err()
                 {
                     return Ok(());
                 }
                 for t in &spec.tests {
-                    let Ok(c) = run_test(spec, &path, fs, rs, t, &mut buf, stop)? else {
+                    let Ok(c) = run_test(spec, io, &path, fs, rs, t, &mut buf, stop)? else {
                         return Ok(());
                     };
                     progress(&c);
@@ -375,6 +438,18 @@ pub fn overwrite_test(
     fsync: bool,
     stop: Option<&AtomicBool>,
 ) -> Result<Option<OverwriteReport>> {
+    overwrite_test_with(dir, &RealIo, size, unit, fsync, stop)
+}
+
+/// [`overwrite_test`] with the file operations done through `io`.
+pub fn overwrite_test_with(
+    dir: &Path,
+    io: &dyn FileIo,
+    size: u64,
+    unit: u64,
+    fsync: bool,
+    stop: Option<&AtomicBool>,
+) -> Result<Option<OverwriteReport>> {
     if unit == 0 || size < unit {
         return Err(Error::Spec(
             "overwrite: size must be at least one unit".into(),
@@ -388,7 +463,7 @@ pub fn overwrite_test(
     let res = (|| -> Result<Option<OverwriteReport>> {
         let chunk = (1u64 << 20).min(size) as usize;
         let mut big = AlignedBuf::new(chunk, 7)?;
-        let f = open(&path, true, false)?;
+        let mut f = io.open(&path, true, false)?;
         let t0 = Instant::now();
         let mut off = 0;
         while off < size {

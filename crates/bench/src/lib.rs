@@ -73,6 +73,23 @@ impl From<snapblk_core::Error> for Error {
 /// Result alias.
 pub type Result<T> = std::result::Result<T, Error>;
 
+/// `direct` on a target that cannot honour it ([`target::Target::direct_supported`] false, e.g.
+/// `null:` or `snapshot:` specs): the jobs run without O_DIRECT, so they are recorded with
+/// `direct: false`, and the returned warning says why. None when nothing changed.
+pub fn effective_direct(target: &dyn target::Target, jobs: &mut [JobSpec]) -> Option<String> {
+    if target.direct_supported() || !jobs.iter().any(|j| j.direct) {
+        return None;
+    }
+    for j in jobs.iter_mut() {
+        j.direct = false;
+    }
+    Some(format!(
+        "--direct ignored: {} has no file of its own to open with O_DIRECT (only targets with \
+         a path do); results are recorded as direct: false",
+        target.describe()
+    ))
+}
+
 /// Before any I/O of a sweep: open the target once with O_DIRECT (if any job asks for it) and
 /// check every direct job's `bs`, `offset` and `size` against the alignment it reports, so a
 /// bad value late in a sweep does not fail it halfway. (Every run checks its own job again

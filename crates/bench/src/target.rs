@@ -58,6 +58,12 @@ pub trait Target: Send {
     fn path(&self) -> Option<PathBuf> {
         None
     }
+    /// Whether `open(…, direct = true)` really gives O_DIRECT I/O. False for device specs
+    /// without a `path` (`null:`, `snapshot:`), whose drivers have no such switch: a job's
+    /// `direct` is then ignored, see [`crate::effective_direct`].
+    fn direct_supported(&self) -> bool {
+        true
+    }
 }
 
 /// A started [`Blkio`] as a [`Device`].
@@ -214,6 +220,10 @@ impl Target for SpecTarget {
             .map(|s| s.driver)
             .unwrap_or_default()
     }
+    fn direct_supported(&self) -> bool {
+        // Only a `path` gets `direct=true` added (effective_spec).
+        snapblk::parse_spec(&self.spec).is_ok_and(|s| s.props.iter().any(|(k, _)| k == "path"))
+    }
     fn path(&self) -> Option<PathBuf> {
         let s = snapblk::parse_spec(&self.spec).ok()?;
         s.props
@@ -242,6 +252,11 @@ mod tests {
         assert_eq!(unknown_driver("/tmp/a:b=c"), None);
         assert_eq!(unknown_driver("img:1"), None);
         assert_eq!(unknown_driver("null:size=1M"), None);
+        // Only targets with a path can be opened O_DIRECT.
+        assert!(SpecTarget::new("/some/file").direct_supported());
+        assert!(SpecTarget::new("sync:path=/f").direct_supported());
+        assert!(!SpecTarget::new("null:size=1M").direct_supported());
+        assert!(!SpecTarget::new("snapshot:base=/a,cow=/b").direct_supported());
         // A path whose file name looks like a spec is still a path.
         let dir = std::env::temp_dir().join(format!("snapblk-bench-colon-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();

@@ -525,10 +525,11 @@ fn run_workload(w: WorkloadArgs) -> anyhow::Result<()> {
     let ctx = context::capture(path.as_deref());
     let doc = Document::new("workload", ctx, desc);
     let mut results: Vec<ConfigReport> = Vec::new();
+    let mut warnings: Vec<String> = Vec::new();
     let res = (|| -> anyhow::Result<Option<String>> {
         let mut target = target?;
         let (base, sweep) = lists(&w)?;
-        let jobs = match &w.job_file {
+        let mut jobs = match &w.job_file {
             Some(p) => {
                 let text =
                     std::fs::read_to_string(p).with_context(|| format!("read {}", p.display()))?;
@@ -539,6 +540,7 @@ fn run_workload(w: WorkloadArgs) -> anyhow::Result<()> {
                 sweep.expand(&base)
             }
         };
+        warnings.extend(snapblk_bench::effective_direct(&*target, &mut jobs));
         let tty = std::io::stderr().is_terminal();
         results = snapblk_bench::run_matrix(
             &mut *target,
@@ -562,7 +564,8 @@ fn run_workload(w: WorkloadArgs) -> anyhow::Result<()> {
         Ok(Some(workload_table(&results)))
     })();
     let mut doc = doc;
-    doc.warnings = noise_warnings(&results, &doc.context);
+    warnings.extend(noise_warnings(&results, &doc.context));
+    doc.warnings = warnings;
     doc.results = results;
     let runs: usize = doc.results.iter().map(|r| r.runs.len()).sum();
     intr.conclude(&w.out, doc, res, &format!("{runs} runs"))
@@ -705,8 +708,8 @@ fn run_fgbg(f: FgBgArgs) -> anyhow::Result<()> {
         } else if let Some(l) = &f.fg_list {
             fgbg::Foreground::ReadList { list: l.clone() }
         } else if let Some(t) = &f.fg_target {
-            target = Some(Box::new(SpecTarget::new(t.clone())));
-            let job = JobSpec {
+            let tgt = SpecTarget::new(t.clone());
+            let mut job = JobSpec {
                 name: "foreground".into(),
                 rw: RwMode::parse(&f.rw)?,
                 bs: parse_size(&f.bs)?,
@@ -718,6 +721,11 @@ fn run_fgbg(f: FgBgArgs) -> anyhow::Result<()> {
                 ..Default::default()
             };
             job.validate()?;
+            doc.warnings.extend(snapblk_bench::effective_direct(
+                &tgt,
+                std::slice::from_mut(&mut job),
+            ));
+            target = Some(Box::new(tgt));
             fgbg::Foreground::Workload { job }
         } else {
             bail!("fgbg: give --fg-cmd, --fg-list or --fg-target");

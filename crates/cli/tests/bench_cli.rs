@@ -1124,3 +1124,55 @@ fn fgbg_read_list_problems_are_named_and_nothing_is_never_measured() {
     );
     std::fs::remove_dir_all(&d).unwrap();
 }
+
+#[test]
+fn direct_on_a_target_without_a_file_is_warned_about_and_recorded_as_off() {
+    let warned = |v: &serde_json::Value| {
+        v["warnings"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|w| w.as_str().unwrap().starts_with("--direct ignored: "))
+    };
+    let o = snapblk(&["null:size=64M", "--direct", "--runtime", "0.1", "--json"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let v = json(&o);
+    assert!(warned(&v), "{v}");
+    assert_eq!(v["results"][0]["config"]["direct"], false, "{v}");
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("warning: --direct ignored: null:size=64M")
+    );
+    // The fgbg foreground workload too.
+    let o = snapblk(&[
+        "fgbg",
+        "--bg-cmd",
+        "sleep 60",
+        "--fg-target",
+        "null:size=64M",
+        "--size",
+        "1M",
+        "--direct",
+        "--iterations",
+        "1",
+        "--warmup",
+        "0",
+        "--json",
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let v = json(&o);
+    assert!(warned(&v), "{v}");
+    assert_eq!(
+        v["fgbg"]["spec"]["foreground"]["job"]["direct"], false,
+        "{v}"
+    );
+    // A file target is opened O_DIRECT: no warning, direct stays on.
+    let d = shm_tmp("direct-file");
+    let img = d.join("img");
+    std::fs::write(&img, vec![0u8; 1 << 20]).unwrap();
+    let o = snapblk(&[img.to_str().unwrap(), "--direct", "--json"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let v = json(&o);
+    assert!(!warned(&v), "{v}");
+    assert_eq!(v["results"][0]["config"]["direct"], true);
+    std::fs::remove_dir_all(&d).unwrap();
+}

@@ -107,6 +107,8 @@ pub struct LibblkioTarget {
     driver: String,
     /// Properties set before connect, in order (e.g. `path`).
     props: Vec<(String, String)>,
+    /// Set `read-only=true` on file targets ([`Target::set_read_only`]).
+    read_only: bool,
 }
 
 impl LibblkioTarget {
@@ -121,6 +123,7 @@ impl LibblkioTarget {
             lib_path: lib_path.into(),
             driver: driver.into(),
             props,
+            read_only: false,
         })
     }
 }
@@ -254,8 +257,14 @@ impl Target for LibblkioTarget {
         for (k, v) in &self.props {
             d.set(k, v)?;
         }
-        if direct && !self.props.iter().any(|(k, _)| k == "direct") {
+        let has = |key: &str| self.props.iter().any(|(k, _)| k == key);
+        if direct && !has("direct") {
             d.set("direct", "true")?;
+        }
+        // Only for targets with a file: `read-only` matters there, and drivers without files
+        // need not know it.
+        if self.read_only && has("path") && !has("read-only") {
+            d.set("read-only", "true")?;
         }
         // SAFETY: valid instance.
         let r = unsafe { (d.lib.connect)(d.b) };
@@ -285,6 +294,9 @@ impl Target for LibblkioTarget {
     }
     fn driver(&self) -> String {
         self.driver.clone()
+    }
+    fn set_read_only(&mut self, read_only: bool) {
+        self.read_only = read_only;
     }
     fn path(&self) -> Option<PathBuf> {
         self.props

@@ -73,6 +73,13 @@ impl From<snapblk_core::Error> for Error {
 /// Result alias.
 pub type Result<T> = std::result::Result<T, Error>;
 
+/// Whether every job only reads: no write mode, and no verify (whose read jobs write the
+/// region first). Such a run can open its target read-only.
+pub fn jobs_read_only(jobs: &[JobSpec]) -> bool {
+    jobs.iter()
+        .all(|j| j.rw.read_pct(j.rwmixread) == 100 && !j.verify)
+}
+
 /// `direct` on a target that cannot honour it ([`target::Target::direct_supported`] false, e.g.
 /// `null:` or `snapshot:` specs): the jobs run without O_DIRECT, so they are recorded with
 /// `direct: false`, and the returned warning says why. None when nothing changed.

@@ -64,6 +64,9 @@ pub trait Target: Send {
     fn direct_supported(&self) -> bool {
         true
     }
+    /// Every job will only read: targets with a file open it read-only from now on, so a user
+    /// with read access alone can benchmark reads. See [`crate::jobs_read_only`].
+    fn set_read_only(&mut self, _read_only: bool) {}
 }
 
 /// A started [`Blkio`] as a [`Device`].
@@ -151,34 +154,48 @@ impl Target for BlkioTarget {
 }
 
 /// A snapblk device spec (`null:size=1G`, `sync:path=F`, …) or a plain path (io_uring driver),
-/// opened through the `snapblk` registry. `direct` adds `direct=true` for path targets.
+/// opened through the `snapblk` registry. `direct` adds `direct=true` for path targets, and
+/// read-only jobs add `read-only=true` ([`Target::set_read_only`]).
 pub struct SpecTarget {
     spec: String,
+    read_only: bool,
 }
 
 impl SpecTarget {
     pub fn new(spec: impl Into<String>) -> SpecTarget {
-        SpecTarget { spec: spec.into() }
+        SpecTarget {
+            spec: spec.into(),
+            read_only: false,
+        }
     }
 
-    /// The spec actually opened: `direct=true` is added when asked and the spec has a `path`.
+    /// The spec actually opened: when the spec has a `path`, `direct=true` is added when asked,
+    /// and `read-only=true` after [`Target::set_read_only`] (unless the spec sets them).
     pub fn effective_spec(&self, direct: bool) -> String {
-        match snapblk::parse_spec(&self.spec) {
-            Ok(s)
-                if direct
-                    && s.props.iter().any(|(k, _)| k == "path")
-                    && !s.props.iter().any(|(k, _)| k == "direct") =>
-            {
-                let props: Vec<String> = s
-                    .props
-                    .iter()
-                    .map(|(k, v)| format!("{k}={v}"))
-                    .chain(["direct=true".to_string()])
-                    .collect();
-                format!("{}:{}", s.driver, props.join(","))
-            }
-            _ => self.spec.clone(),
+        let Ok(s) = snapblk::parse_spec(&self.spec) else {
+            return self.spec.clone();
+        };
+        let has = |key: &str| s.props.iter().any(|(k, _)| k == key);
+        if !has("path") {
+            return self.spec.clone();
         }
+        let extra: Vec<&str> = [
+            (direct && !has("direct")).then_some("direct=true"),
+            (self.read_only && !has("read-only")).then_some("read-only=true"),
+        ]
+        .into_iter()
+        .flatten()
+        .collect();
+        if extra.is_empty() {
+            return self.spec.clone();
+        }
+        let props: Vec<String> = s
+            .props
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .chain(extra.into_iter().map(String::from))
+            .collect();
+        format!("{}:{}", s.driver, props.join(","))
     }
 }
 
@@ -220,6 +237,9 @@ impl Target for SpecTarget {
             .map(|s| s.driver)
             .unwrap_or_default()
     }
+    fn set_read_only(&mut self, read_only: bool) {
+        self.read_only = read_only;
+    }
     fn direct_supported(&self) -> bool {
         // Only a `path` gets `direct=true` added (effective_spec).
         snapblk::parse_spec(&self.spec).is_ok_and(|s| s.props.iter().any(|(k, _)| k == "path"))
@@ -257,6 +277,21 @@ mod tests {
         assert!(SpecTarget::new("sync:path=/f").direct_supported());
         assert!(!SpecTarget::new("null:size=1M").direct_supported());
         assert!(!SpecTarget::new("snapshot:base=/a,cow=/b").direct_supported());
+        // Read-only jobs open files read-only; specs without a file are left alone.
+        let mut t = SpecTarget::new("/f");
+        assert_eq!(t.effective_spec(true), "io_uring:path=/f,direct=true");
+        t.set_read_only(true);
+        assert_eq!(
+            t.effective_spec(true),
+            "io_uring:path=/f,direct=true,read-only=true"
+        );
+        assert_eq!(t.effective_spec(false), "io_uring:path=/f,read-only=true");
+        let mut t = SpecTarget::new("sync:path=/f,read-only=false");
+        t.set_read_only(true);
+        assert_eq!(t.effective_spec(false), "sync:path=/f,read-only=false");
+        let mut t = SpecTarget::new("null:size=1M");
+        t.set_read_only(true);
+        assert_eq!(t.effective_spec(true), "null:size=1M");
         // A path whose file name looks like a spec is still a path.
         let dir = std::env::temp_dir().join(format!("snapblk-bench-colon-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();

@@ -541,6 +541,7 @@ fn run_workload(w: WorkloadArgs) -> anyhow::Result<()> {
             }
         };
         warnings.extend(snapblk_bench::effective_direct(&*target, &mut jobs));
+        target.set_read_only(snapblk_bench::jobs_read_only(&jobs));
         let tty = std::io::stderr().is_terminal();
         results = snapblk_bench::run_matrix(
             &mut *target,
@@ -708,7 +709,7 @@ fn run_fgbg(f: FgBgArgs) -> anyhow::Result<()> {
         } else if let Some(l) = &f.fg_list {
             fgbg::Foreground::ReadList { list: l.clone() }
         } else if let Some(t) = &f.fg_target {
-            let tgt = SpecTarget::new(t.clone());
+            let mut tgt = SpecTarget::new(t.clone());
             let mut job = JobSpec {
                 name: "foreground".into(),
                 rw: RwMode::parse(&f.rw)?,
@@ -725,6 +726,7 @@ fn run_fgbg(f: FgBgArgs) -> anyhow::Result<()> {
                 &tgt,
                 std::slice::from_mut(&mut job),
             ));
+            tgt.set_read_only(snapblk_bench::jobs_read_only(std::slice::from_ref(&job)));
             target = Some(Box::new(tgt));
             fgbg::Foreground::Workload { job }
         } else {

@@ -1176,3 +1176,52 @@ fn direct_on_a_target_without_a_file_is_warned_about_and_recorded_as_off() {
     assert_eq!(v["results"][0]["config"]["direct"], true);
     std::fs::remove_dir_all(&d).unwrap();
 }
+
+#[test]
+fn read_only_jobs_work_with_read_access_alone() {
+    use std::os::unix::fs::PermissionsExt;
+    let d = shm_tmp("readonly");
+    std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let f = d.join("ro.img");
+    std::fs::write(&f, vec![9u8; 4 << 20]).unwrap();
+    std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o444)).unwrap();
+    let t = f.to_str().unwrap();
+    // As nobody: may read the root-owned file, may not write it.
+    let as_nobody = |args: &[&str]| {
+        Command::new("setpriv")
+            .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+            .arg(env!("CARGO_BIN_EXE_snapblk"))
+            .arg("bench")
+            .args(args)
+            .output()
+            .expect("setpriv (util-linux) must be installed")
+    };
+    for args in [
+        &[t, "--rw", "randread", "--json"][..],
+        &[t, "--rw", "read,randread", "--bs", "4k,64k", "--json"],
+        &[t, "--rw", "rw", "--rwmixread", "100", "--json"],
+    ] {
+        let o = as_nobody(args);
+        assert!(
+            o.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        let v = json(&o);
+        for r in v["results"].as_array().unwrap() {
+            assert!(r["runs"][0]["read"]["ios"].as_u64().unwrap() > 0, "{r}");
+        }
+    }
+    // Anything that writes still needs write access, and says so.
+    for args in [
+        &[t, "--rw", "randwrite"][..],
+        &[t, "--rw", "read", "--verify"],
+        &[t, "--rw", "read,write"],
+    ] {
+        let o = as_nobody(args);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(1), "{args:?}: {err}");
+        assert!(err.contains("Permission denied"), "{args:?}: {err}");
+    }
+    std::fs::remove_dir_all(&d).unwrap();
+}

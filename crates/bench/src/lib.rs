@@ -123,13 +123,67 @@ pub fn run_matrix(
     repeat: u32,
     show_progress: bool,
     stop: Option<Arc<AtomicBool>>,
+    on_run: impl FnMut(u32, &JobSpec, &RunResult),
+) -> Result<Vec<report::ConfigReport>> {
+    let mut t = [Labelled {
+        label: None,
+        target,
+    }];
+    run_matrix_on(&mut t, jobs, repeat, show_progress, stop, on_run)
+}
+
+/// One of several targets compared in one run, e.g. two libblkio implementations.
+pub struct Labelled<'a> {
+    /// Leads the labels of its configurations (`"LABEL: randread bs=4k …"`); None for a single
+    /// unlabelled target.
+    pub label: Option<String>,
+    pub target: &'a mut dyn target::Target,
+}
+
+/// The job as run on a labelled target: its label (and name) led by the target's.
+fn labelled_job(label: Option<&str>, job: &JobSpec) -> JobSpec {
+    let Some(l) = label else { return job.clone() };
+    JobSpec {
+        name: if job.named {
+            format!("{l}: {}", job.name)
+        } else {
+            l.to_string()
+        },
+        named: true,
+        ..job.clone()
+    }
+}
+
+/// [`run_matrix`] over several targets: every configuration runs on every target, all
+/// interleaved (rep 1 of config 1 on each target, then config 2 on each, …, then rep 2), so
+/// the targets are compared under the same machine conditions. Results come per
+/// configuration, one per target, labelled by the target's label.
+pub fn run_matrix_on(
+    targets: &mut [Labelled<'_>],
+    jobs: &[JobSpec],
+    repeat: u32,
+    show_progress: bool,
+    stop: Option<Arc<AtomicBool>>,
     mut on_run: impl FnMut(u32, &JobSpec, &RunResult),
 ) -> Result<Vec<report::ConfigReport>> {
-    check_direct_alignment(target, jobs)?;
+    for t in targets.iter_mut() {
+        check_direct_alignment(&mut *t.target, jobs)?;
+    }
     let stopped = || stop.as_ref().is_some_and(|s| s.load(Ordering::Relaxed));
-    let mut runs: Vec<Vec<RunResult>> = jobs.iter().map(|_| Vec::new()).collect();
+    // (target index, job as run there), grouped by configuration.
+    let cells: Vec<(usize, JobSpec)> = jobs
+        .iter()
+        .flat_map(|j| {
+            targets
+                .iter()
+                .enumerate()
+                .map(move |(ti, t)| (ti, labelled_job(t.label.as_deref(), j)))
+        })
+        .collect();
+    let mut runs: Vec<Vec<RunResult>> = cells.iter().map(|_| Vec::new()).collect();
     'reps: for rep in 0..repeat.max(1) {
-        for (i, job) in jobs.iter().enumerate() {
+        for (i, (ti, job)) in cells.iter().enumerate() {
+            let target = &mut *targets[*ti].target;
             if stopped() {
                 break 'reps;
             }
@@ -151,10 +205,21 @@ pub fn run_matrix(
             runs[i].push(r);
         }
     }
-    Ok(jobs
+    Ok(cells
         .iter()
         .zip(&runs)
         .filter(|(_, r)| !r.is_empty())
-        .map(|(j, r)| report::ConfigReport::of(j, r))
+        .map(|((ti, j), r)| {
+            let mut c = report::ConfigReport::of(j, r);
+            let t = &targets[*ti];
+            if let Some(l) = &t.label {
+                c.library = Some(l.clone());
+                c.target = Some(report::TargetDesc {
+                    spec: t.target.describe(),
+                    driver: t.target.driver(),
+                });
+            }
+            c
+        })
         .collect())
 }

@@ -296,6 +296,13 @@ pub struct Summary {
 #[derive(Debug, Clone, Serialize)]
 pub struct ConfigReport {
     pub label: String,
+    /// With several targets in one run (repeated `--libblkio`): which one, by its label; the
+    /// label also leads `label`. Absent with a single target.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub library: Option<String>,
+    /// That target's description, with several targets.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub target: Option<TargetDesc>,
     pub config: JobSpec,
     pub capacity: u64,
     pub runs: Vec<RunReport>,
@@ -330,6 +337,8 @@ impl ConfigReport {
         };
         ConfigReport {
             label: spec.label(),
+            library: None,
+            target: None,
             config: spec.clone(),
             capacity: runs.first().map(|r| r.capacity).unwrap_or(0),
             runs: reports,

@@ -56,8 +56,10 @@ struct WorkloadArgs {
     /// (e.g. `null:size=1G`, `sync:path=F`). With --libblkio: the value of its `path` property.
     target: Option<String>,
     /// Load this libblkio implementation (shared library) instead of snapblk's drivers.
-    #[arg(long, value_name = "PATH.so", requires = "driver")]
-    libblkio: Option<PathBuf>,
+    /// Repeat to compare implementations in one interleaved run: every configuration runs on
+    /// each, and results are labelled LABEL (from `LABEL=PATH.so`, else the path).
+    #[arg(long, value_name = "[LABEL=]PATH.so", requires = "driver")]
+    libblkio: Vec<String>,
     /// libblkio driver name (with --libblkio), e.g. io_uring.
     #[arg(long, requires = "libblkio")]
     driver: Option<String>,
@@ -397,8 +399,40 @@ fn num_err(what: &str, s: &str) -> snapblk_bench::Error {
     snapblk_bench::Error::Spec(format!("{what}: bad number {s:?}"))
 }
 
-fn open_target(w: &WorkloadArgs) -> anyhow::Result<Box<dyn Target>> {
-    if let Some(lib) = &w.libblkio {
+/// `[LABEL=]PATH.so` of `--libblkio`: a label is a leading word without `/` before `=`.
+fn lib_arg(s: &str) -> (Option<&str>, &str) {
+    match s.split_once('=') {
+        Some((l, p)) if !l.is_empty() && !l.contains('/') => (Some(l), p),
+        _ => (None, s),
+    }
+}
+
+/// A benchmark target and its label (with several targets).
+type LabelledTarget = (Option<String>, Box<dyn Target>);
+
+/// The benchmark targets, labelled when there are several (repeated `--libblkio`).
+fn open_targets(w: &WorkloadArgs) -> anyhow::Result<Vec<LabelledTarget>> {
+    if w.libblkio.len() <= 1 {
+        return Ok(vec![(
+            None,
+            open_target(w, w.libblkio.first().map(|s| lib_arg(s).1))?,
+        )]);
+    }
+    let mut out: Vec<LabelledTarget> = Vec::new();
+    for a in &w.libblkio {
+        let (label, path) = lib_arg(a);
+        let label = label.unwrap_or(path).to_string();
+        if out.iter().any(|(l, _)| l.as_deref() == Some(&label)) {
+            bail!("--libblkio {label:?} given twice: label them, e.g. --libblkio mine={path}");
+        }
+        out.push((Some(label), open_target(w, Some(path))?));
+    }
+    Ok(out)
+}
+
+fn open_target(w: &WorkloadArgs, lib: Option<&str>) -> anyhow::Result<Box<dyn Target>> {
+    if let Some(lib) = lib {
+        let lib = Path::new(lib);
         let driver = w.driver.as_deref().unwrap_or_default();
         let mut props = Vec::new();
         for p in &w.props {
@@ -511,23 +545,29 @@ impl Interrupts {
 fn run_workload(w: WorkloadArgs) -> anyhow::Result<()> {
     w.out.check()?;
     let intr = Interrupts::catch()?;
-    let target = open_target(&w);
-    let (desc, path) = match &target {
-        Ok(t) => (
+    let targets = open_targets(&w);
+    let (desc, path) = match targets.as_deref() {
+        Ok([(_, t), ..]) => (
             Some(TargetDesc {
-                spec: t.describe(),
+                // Several libraries: all of them (each result names its own).
+                spec: targets
+                    .iter()
+                    .flatten()
+                    .map(|(_, t)| t.describe())
+                    .collect::<Vec<_>>()
+                    .join("; "),
                 driver: t.driver(),
             }),
             t.path(),
         ),
-        Err(_) => (None, None),
+        _ => (None, None),
     };
     let ctx = context::capture(path.as_deref());
     let doc = Document::new("workload", ctx, desc);
     let mut results: Vec<ConfigReport> = Vec::new();
     let mut warnings: Vec<String> = Vec::new();
     let res = (|| -> anyhow::Result<Option<String>> {
-        let mut target = target?;
+        let mut targets = targets?;
         let (base, sweep) = lists(&w)?;
         let mut jobs = match &w.job_file {
             Some(p) => {
@@ -540,17 +580,27 @@ fn run_workload(w: WorkloadArgs) -> anyhow::Result<()> {
                 sweep.expand(&base)
             }
         };
-        warnings.extend(snapblk_bench::effective_direct(&*target, &mut jobs));
-        target.set_read_only(snapblk_bench::jobs_read_only(&jobs));
+        for (_, t) in &mut targets {
+            warnings.extend(snapblk_bench::effective_direct(&**t, &mut jobs));
+            t.set_read_only(snapblk_bench::jobs_read_only(&jobs));
+        }
+        let mut labelled: Vec<snapblk_bench::Labelled> = targets
+            .iter_mut()
+            .map(|(l, t)| snapblk_bench::Labelled {
+                label: l.clone(),
+                target: &mut **t,
+            })
+            .collect();
         let tty = std::io::stderr().is_terminal();
-        results = snapblk_bench::run_matrix(
-            &mut *target,
+        let n_targets = labelled.len();
+        results = snapblk_bench::run_matrix_on(
+            &mut labelled,
             &jobs,
             w.repeat,
             tty,
             Some(intr.stop.clone()),
             |rep, job, r| {
-                if !tty && (jobs.len() > 1 || w.repeat > 1) {
+                if !tty && (jobs.len() * n_targets > 1 || w.repeat > 1) {
                     eprintln!("rep {} {}: {:.0} IOPS", rep + 1, job.label(), r.iops());
                 }
             },

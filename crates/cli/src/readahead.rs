@@ -12,6 +12,7 @@ use snapblk_readahead::ui::Progress;
 use snapblk_readahead::walk::{WalkError, WalkOptions};
 use snapblk_readahead::{evict, scan};
 use std::io::{IsTerminal, Write};
+use std::os::fd::AsFd;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
@@ -98,7 +99,8 @@ pub struct RecordArgs {
     /// Record a time window instead of a command.
     #[arg(long, value_name = "SECS", conflicts_with = "cmd", value_parser = parse_duration)]
     duration: Option<f64>,
-    /// Print a JSON summary on stdout.
+    /// Print a JSON summary on stdout; the command's own stdout then goes to stderr, so
+    /// stdout is exactly one JSON document.
     #[arg(long)]
     json: bool,
     /// The command to run (after --).
@@ -512,6 +514,15 @@ fn run_record(a: RecordArgs) -> anyhow::Result<()> {
         (None, Some((prog, args))) => {
             cmd = std::process::Command::new(prog);
             cmd.args(args);
+            if a.json {
+                // stdout is exactly one JSON document: the command's output goes to stderr
+                // (like time(1) keeps its own report apart from the command's).
+                let err = std::io::stderr()
+                    .as_fd()
+                    .try_clone_to_owned()
+                    .context("duplicating stderr for the command's output")?;
+                cmd.stdout(err);
+            }
             Trigger::Command(&mut cmd)
         }
         (None, None) => bail!("give a command (after --) or --duration SECS"),

@@ -1253,3 +1253,46 @@ fn classic_list_typos_fail_the_replay_naming_line_and_token() {
     }
     std::fs::remove_dir_all(&d).unwrap();
 }
+
+#[test]
+fn record_json_keeps_the_commands_stdout_off_stdout() {
+    let d = scratch("recjson");
+    let f = d.join("data.bin");
+    write_file(&f, 40 << 10, 9);
+    let list = d.join("l.txt");
+    let script = format!("echo hello; cat '{}'", f.display());
+    let record = |json: bool| {
+        let mut c = Command::new(BIN);
+        c.args(["readahead", "record", "-o"])
+            .arg(&list)
+            .arg("--scope")
+            .arg(&d)
+            .arg("--evict-first");
+        if json {
+            c.arg("--json");
+        }
+        let o = c.args(["--", "sh", "-c", &script]).output().unwrap();
+        assert!(o.status.success(), "{}", text(&o.stderr));
+        o
+    };
+    // --json: stdout is exactly one JSON document (the file's binary bytes included in the
+    // command's output would otherwise break any JSON reader); the output went to stderr.
+    let o = record(true);
+    let v = json(&o);
+    assert_eq!(v["schema"], "snapblk.record.v1", "{v}");
+    assert_eq!(v["files"], 1, "{v}");
+    assert!(
+        text(&o.stderr).starts_with("hello\n"),
+        "{}",
+        text(&o.stderr)
+    );
+    assert_eq!(o.stderr.len(), "hello\n".len() + (40 << 10));
+    // Without --json the command's stdout stays on stdout, before the summary (like time).
+    let o = record(false);
+    let out = text(&o.stdout);
+    assert!(out.starts_with("hello\n"), "{out}");
+    assert!(out.contains("recorded 1 files"), "{out}");
+    assert!(!text(&o.stderr).contains("hello"), "{}", text(&o.stderr));
+    assert_eq!(list_entries(&list).len(), 1);
+    std::fs::remove_dir_all(&d).unwrap();
+}

@@ -297,6 +297,42 @@ fn start_streams(spec: &FgBgSpec, bg: &mut BgRunning) -> Result<()> {
     Ok(())
 }
 
+/// Before the idle cell: every background reader's file can be opened and is large enough,
+/// and every writer's directory exists, so a typo fails at once rather than after the idle
+/// cell was measured.
+fn check_background_inputs(spec: &FgBgSpec) -> Result<()> {
+    for b in &spec.background {
+        match b {
+            Background::Read { path } => {
+                let f = File::open(path)
+                    .map_err(|e| Error::Other(format!("background {}: {e}", path.display())))?;
+                if file_len(&f)? < 1 << 20 {
+                    return Err(Error::Spec(format!(
+                        "background {}: needs at least 1 MiB",
+                        path.display()
+                    )));
+                }
+            }
+            Background::Write { path, size } => {
+                let dir = match path.parent() {
+                    Some(p) if !p.as_os_str().is_empty() => p,
+                    _ => Path::new("."),
+                };
+                std::fs::metadata(dir)
+                    .map_err(|e| Error::Other(format!("background {}: {e}", path.display())))?;
+                if *size < 1 << 20 {
+                    return Err(Error::Spec(format!(
+                        "background {}: needs at least 1 MiB",
+                        path.display()
+                    )));
+                }
+            }
+            Background::Cmd { .. } => {}
+        }
+    }
+    Ok(())
+}
+
 /// `sh -c cmd` in its own process group (so the whole group can be killed), with its stdout
 /// sent to our stderr: our stdout carries only the table or the JSON document, and commands
 /// such as `snapblk merge` print progress there.
@@ -652,6 +688,7 @@ pub fn run_fgbg(
         Foreground::ReadList { list } => check_list(list)?,
         _ => Vec::new(),
     };
+    check_background_inputs(spec)?;
     // Without --schedulers a device is optional: it only tells which scheduler the cells ran.
     let dir = match (&spec.device, spec.schedulers.is_empty()) {
         (Some(d), true) => context::block_dir_for(d),

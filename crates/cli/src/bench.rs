@@ -580,6 +580,10 @@ fn run_workload(w: WorkloadArgs) -> anyhow::Result<()> {
                 sweep.expand(&base)
             }
         };
+        // Before the run, not after it: a long run must not end in "cannot write the plots".
+        if let Some(dir) = &w.plot {
+            std::fs::create_dir_all(dir).with_context(|| format!("--plot {}", dir.display()))?;
+        }
         for (_, t) in &mut targets {
             warnings.extend(snapblk_bench::effective_direct(&**t, &mut jobs));
             t.set_read_only(snapblk_bench::jobs_read_only(&jobs));
@@ -606,10 +610,12 @@ fn run_workload(w: WorkloadArgs) -> anyhow::Result<()> {
             },
         )?;
         if let Some(dir) = &w.plot {
-            let files = plot::write_all(dir, &results)
-                .with_context(|| format!("plots in {}", dir.display()))?;
-            for f in files {
-                eprintln!("wrote {}", f.display());
+            // The measurements stand without their charts: a failure here is a warning.
+            match plot::write_all(dir, &results) {
+                Ok(files) => files
+                    .iter()
+                    .for_each(|f| eprintln!("wrote {}", f.display())),
+                Err(e) => warnings.push(format!("plots in {}: {e}", dir.display())),
             }
         }
         Ok(Some(workload_table(&results)))

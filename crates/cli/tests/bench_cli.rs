@@ -1225,3 +1225,64 @@ fn read_only_jobs_work_with_read_access_alone() {
     }
     std::fs::remove_dir_all(&d).unwrap();
 }
+
+#[test]
+fn bad_plot_dirs_and_background_paths_fail_before_anything_runs() {
+    // A 30 s run that never starts: no results in the error document.
+    let o = snapblk(&[
+        "null:size=64M",
+        "--runtime",
+        "30",
+        "--plot",
+        "/proc/snapblk-no",
+        "--json",
+    ]);
+    assert_eq!(o.status.code(), Some(1));
+    let v = json(&o);
+    assert!(
+        v["error"]
+            .as_str()
+            .unwrap()
+            .starts_with("--plot /proc/snapblk-no"),
+        "{v}"
+    );
+    assert_eq!(v["results"], serde_json::json!([]), "{v}");
+    // The idle cell's foreground would leave a mark: it must never run.
+    let d = shm_tmp("bg-check");
+    let mark = d.join("fg-ran");
+    let fg = format!("touch {}", mark.display());
+    let small = d.join("small");
+    std::fs::write(&small, b"tiny").unwrap();
+    for (bg, want) in [
+        (
+            &["--bg-read", "/nonexistent/snapblk-bg"][..],
+            "background /nonexistent/snapblk-bg: No such file",
+        ),
+        (
+            &["--bg-read", small.to_str().unwrap()],
+            "needs at least 1 MiB",
+        ),
+        (
+            &["--bg-write", "/nonexistent/dir/w"],
+            "background /nonexistent/dir/w: No such file",
+        ),
+    ] {
+        let mut a = vec!["fgbg"];
+        a.extend_from_slice(bg);
+        a.extend([
+            "--fg-cmd",
+            &fg,
+            "--iterations",
+            "1",
+            "--warmup",
+            "0",
+            "--json",
+        ]);
+        let o = snapblk(&a);
+        assert_eq!(o.status.code(), Some(1), "{bg:?}");
+        let e = json(&o)["error"].as_str().unwrap().to_string();
+        assert!(e.contains(want), "{bg:?}: {e}");
+        assert!(!mark.exists(), "{bg:?}: the idle cell ran first");
+    }
+    std::fs::remove_dir_all(&d).unwrap();
+}

@@ -45,14 +45,7 @@ fn nice_ticks(lo: f64, hi: f64, log: bool) -> Vec<f64> {
             .filter(|v| *v >= lo * 0.999 && *v <= hi * 1.001)
             .collect();
     }
-    let span = (hi - lo).max(f64::MIN_POSITIVE);
-    let raw = span / 5.0;
-    let mag = 10f64.powf(raw.log10().floor());
-    let step = [1.0, 2.0, 2.5, 5.0, 10.0]
-        .iter()
-        .map(|m| m * mag)
-        .find(|s| span / s <= 6.0)
-        .unwrap_or(mag * 10.0);
+    let step = nice_step(hi - lo);
     let mut v = (lo / step).ceil() * step;
     let mut out = Vec::new();
     while v <= hi + step * 1e-9 {
@@ -60,6 +53,33 @@ fn nice_ticks(lo: f64, hi: f64, log: bool) -> Vec<f64> {
         v += step;
     }
     out
+}
+
+/// The tick step of a linear axis spanning `span`: 1, 2, 2.5 or 5 times a power of ten, at
+/// most 6 steps.
+fn nice_step(span: f64) -> f64 {
+    let span = span.max(f64::MIN_POSITIVE);
+    let mag = 10f64.powf((span / 5.0).log10().floor());
+    [1.0, 2.0, 2.5, 5.0, 10.0]
+        .iter()
+        .map(|m| m * mag)
+        .find(|s| span / s <= 6.0)
+        .unwrap_or(mag * 10.0)
+}
+
+/// The top of a linear axis whose data reach `hi`: at least 5 % above it (the highest point
+/// stays off the frame) and on a tick (the top tick is drawn and labelled).
+fn headroom_top(lo: f64, hi: f64) -> f64 {
+    let mut top = lo + (hi - lo) * 1.05;
+    for _ in 0..4 {
+        let step = nice_step(top - lo);
+        let t = lo + ((top - lo) / step - 1e-9).ceil() * step;
+        if (t - top).abs() <= step * 1e-9 {
+            return t;
+        }
+        top = t;
+    }
+    top
 }
 
 /// Render a line chart.
@@ -92,6 +112,9 @@ pub fn line_chart(title: &str, x: Axis, y: Axis, series: &[Series]) -> String {
     }
     if !y.log {
         y0 = y0.min(0.0);
+        if y1 > y0 {
+            y1 = headroom_top(y0, y1);
+        }
     }
     if x.log {
         x0 = 10f64.powf(x0.log10().floor());
@@ -372,6 +395,23 @@ pub fn write_all(dir: &Path, results: &[ConfigReport]) -> std::io::Result<Vec<Pa
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn linear_y_axes_end_on_a_tick_above_the_data() {
+        for hi in [800_000.0, 1.0, 0.93, 7.2e6, 42.0, 100.0, 3.0] {
+            let top = headroom_top(0.0, hi);
+            assert!(top >= hi * 1.05 - 1e-9, "{hi} -> {top}");
+            let t = nice_ticks(0.0, top, false);
+            let last = *t.last().unwrap();
+            assert!(
+                (last - top).abs() <= top * 1e-9,
+                "{hi}: top {top} is no tick: {t:?}"
+            );
+            assert!(t.len() >= 3 && t.len() <= 8, "{hi}: {t:?}");
+        }
+        // The old frame ended at the data: 800k had no tick of its own at the top.
+        assert_eq!(headroom_top(0.0, 800_000.0), 1_000_000.0);
+    }
 
     #[test]
     fn ticks() {

@@ -490,6 +490,11 @@ fn read_list(p: &PathBuf) -> anyhow::Result<Vec<ListEntry>> {
     list::parse_reader(r, Limits::default()).with_context(|| format!("{}", p.display()))
 }
 
+/// Written files named in `record`'s text summary and in its JSON `written` array (the
+/// count, `written_files`, is always complete).
+const WRITTEN_SHOWN_TEXT: usize = 10;
+const WRITTEN_SHOWN_JSON: usize = 100;
+
 fn run_record(a: RecordArgs) -> anyhow::Result<()> {
     let scopes = if a.scopes.is_empty() {
         if a.evict_first {
@@ -568,6 +573,11 @@ fn run_record(a: RecordArgs) -> anyhow::Result<()> {
             "bytes": bytes,
             "files_scanned": rec.files_scanned,
             "unknown_files": rec.unknown.len(),
+            "written_files": rec.written.len(),
+            "written": rec.written.iter().take(WRITTEN_SHOWN_JSON).map(|w| serde_json::json!({
+                "path": escape_path(&w.path),
+                "reason": w.reason,
+            })).collect::<Vec<_>>(),
             "exit_status": rec.status.and_then(|s| s.code()),
             "evict_remaining_pages": rec.evicted_remaining_pages,
             "elapsed_secs": rec.elapsed.as_secs_f64(),
@@ -582,6 +592,22 @@ fn run_record(a: RecordArgs) -> anyhow::Result<()> {
             rec.files_scanned,
             a.output.display()
         );
+        if !rec.written.is_empty() {
+            println!(
+                "left out {} files written during the recording (their entries would be \
+                 stale at the next replay):",
+                rec.written.len()
+            );
+            for w in rec.written.iter().take(WRITTEN_SHOWN_TEXT) {
+                println!("written: {}: {}", escape_path(&w.path), w.reason);
+            }
+            if rec.written.len() > WRITTEN_SHOWN_TEXT {
+                println!(
+                    "written: ... and {} more (--json lists up to {WRITTEN_SHOWN_JSON})",
+                    rec.written.len() - WRITTEN_SHOWN_TEXT
+                );
+            }
+        }
         if !rec.unknown.is_empty() {
             println!(
                 "{} files with unknown residency were not recorded, e.g. {}: {}",

@@ -1296,3 +1296,83 @@ fn record_json_keeps_the_commands_stdout_off_stdout() {
     assert_eq!(list_entries(&list).len(), 1);
     std::fs::remove_dir_all(&d).unwrap();
 }
+
+#[test]
+fn record_leaves_out_files_the_command_wrote_and_reports_them() {
+    let d = scratch("recwrite");
+    let (a, b, log) = (d.join("a.bin"), d.join("b.out"), d.join("app.log"));
+    write_file(&a, 48 << 10, 1);
+    write_file(&log, 20 << 10, 2);
+    let list = d.join("l.txt");
+    // Reads a, creates b, and reads then appends to the log.
+    let script = format!(
+        "cat '{}' '{}' >/dev/null; head -c 100000 /dev/zero > '{}'; echo more >> '{}'",
+        a.display(),
+        log.display(),
+        b.display(),
+        log.display()
+    );
+    let o = Command::new(BIN)
+        .args(["readahead", "record", "-o"])
+        .arg(&list)
+        .arg("--scope")
+        .arg(&d)
+        .args(["--evict-first", "--json", "--", "sh", "-c", &script])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let v = json(&o);
+    let entries = list_entries(&list);
+    assert_eq!(entries.len(), 1, "{entries:?}");
+    assert_eq!(entries[0].path, a);
+    assert_eq!(ranges_of(&entries[0]), vec![(0, 48 << 10)]);
+    assert_eq!(v["files"], 1, "{v}");
+    assert_eq!(v["written_files"], 2, "{v}");
+    let written: Vec<(&str, &str)> = v["written"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|w| (w["path"].as_str().unwrap(), w["reason"].as_str().unwrap()))
+        .collect();
+    assert_eq!(written.len(), 2, "{v}");
+    assert_eq!(written[0].0, log.to_str().unwrap());
+    assert!(written[0].1.starts_with("changed: size, mtime"), "{v}");
+    assert_eq!(written[1].0, b.to_str().unwrap());
+    assert!(written[1].1.starts_with("created"), "{v}");
+    // The list replays cleanly next time: nothing in it is stale.
+    evict(&[&a]);
+    let r = json(&run(&[
+        "readahead",
+        "replay",
+        list.to_str().unwrap(),
+        "--json",
+        "--require",
+        "99.5",
+    ]));
+    assert_eq!(r["entries_stale"], 0, "{r}");
+    // The text summary counts and names them.
+    let o = Command::new(BIN)
+        .args(["readahead", "record", "-o"])
+        .arg(&list)
+        .arg("--scope")
+        .arg(&d)
+        .args(["--", "sh", "-c"])
+        .arg(format!(
+            "cat '{}' >/dev/null; echo x > '{}'",
+            a.display(),
+            b.display()
+        ))
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let out = text(&o.stdout);
+    assert!(
+        out.contains("left out 1 files written during the recording"),
+        "{out}"
+    );
+    assert!(
+        out.contains(&format!("written: {}: changed: ", b.display())),
+        "{out}"
+    );
+    std::fs::remove_dir_all(&d).unwrap();
+}

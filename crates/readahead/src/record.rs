@@ -2,7 +2,9 @@
 //! window); pages that became resident in between form the readahead list. No tracing and no
 //! kernel patches are needed. Pages that were already resident before cannot be seen being
 //! used, which is why `evict_first` exists; kernel readahead done on behalf of the command is
-//! recorded too, because it is what the command caused to be read.
+//! recorded too, because it is what the command caused to be read. Files written during the
+//! window (created, changed identity, dirty at the end) are left out and reported apart: their
+//! pages came from the writes, and their entries would be stale at the next replay.
 
 use crate::evict;
 use crate::list::{Extent, FileIdentity, ListEntry};
@@ -14,10 +16,20 @@ use std::path::PathBuf;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+/// One file of a [`Snapshot`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FileState {
+    pub identity: FileIdentity,
+    pub resident: RangeSet,
+    /// Pages dirty or under writeback (cachestat; 0 where only mincore could measure).
+    pub dirty_pages: u64,
+    pub writeback_pages: u64,
+}
+
 /// Resident ranges of every file under some trees at one moment.
 #[derive(Debug, Default)]
 pub struct Snapshot {
-    pub files: HashMap<PathBuf, (FileIdentity, RangeSet)>,
+    pub files: HashMap<PathBuf, FileState>,
     /// Files whose residency could not be known, with the reason.
     pub unknown: Vec<(PathBuf, String)>,
 }
@@ -34,12 +46,19 @@ pub fn snapshot(roots: &[PathBuf], opts: &WalkOptions) -> Snapshot {
         if !meta.is_file() || !dedup.first_visit(&meta) {
             return;
         }
-        let r = residency::resident_ranges(&f, p, &meta);
+        let r = residency::resident_state(&f, p, &meta);
         if let Ok(mut s) = snap.lock() {
             match r {
-                Ok(rs) => {
-                    s.files
-                        .insert(p.to_path_buf(), (FileIdentity::of(&meta), rs));
+                Ok(st) => {
+                    s.files.insert(
+                        p.to_path_buf(),
+                        FileState {
+                            identity: FileIdentity::of(&meta),
+                            resident: st.ranges,
+                            dirty_pages: st.dirty_pages,
+                            writeback_pages: st.writeback_pages,
+                        },
+                    );
                 }
                 Err(reason) => s.unknown.push((p.to_path_buf(), reason)),
             }
@@ -48,25 +67,80 @@ pub fn snapshot(roots: &[PathBuf], opts: &WalkOptions) -> Snapshot {
     snap.into_inner().unwrap_or_default()
 }
 
-/// Pages resident in `after` but not in `before`, as list entries sorted by path. A file whose
-/// identity changed in between counts as entirely new.
-pub fn diff(before: &Snapshot, after: &Snapshot) -> Vec<ListEntry> {
-    let mut out: Vec<ListEntry> = after
-        .files
-        .iter()
-        .filter_map(|(path, (id, rs))| {
-            let new = match before.files.get(path) {
-                Some((bid, brs)) if bid == id => rs.difference(brs),
-                _ => rs.clone(),
-            };
-            (!new.is_empty()).then(|| ListEntry {
+/// A file left out of a recording because it was written during it.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct WrittenFile {
+    pub path: PathBuf,
+    /// "created", "changed: size, mtime", "dirty: 3 pages", ... (joined with "; ").
+    pub reason: String,
+}
+
+/// What a recording found: the list, and the files left out of it.
+#[derive(Debug, Default)]
+pub struct Diff {
+    /// Pages resident in `after` but not in `before`, sorted by path.
+    pub entries: Vec<ListEntry>,
+    /// Files written during the window, sorted by path.
+    pub written: Vec<WrittenFile>,
+}
+
+/// Why a file that is in `after` must be left out as written, if it must: created (not in
+/// `before`), identity changed (size, mtime, inode, device), or pages dirty or under writeback
+/// at the end. A file that was already dirty before, kept its identity and gained no resident
+/// pages is not reported: there is nothing of it to leave out, and nothing shows that it was
+/// written during the window.
+fn written_reason(before: Option<&FileState>, after: &FileState, gained: bool) -> Option<String> {
+    let mut why = Vec::new();
+    match before {
+        None => why.push("created".to_string()),
+        Some(b) => {
+            let d = b.identity.diff(&after.identity);
+            if !d.is_empty() {
+                why.push(format!("changed: {}", d.join(", ")));
+            }
+        }
+    }
+    let dirty_before = before.is_some_and(|b| b.dirty_pages + b.writeback_pages > 0);
+    if why.is_empty() && !gained && dirty_before {
+        return None;
+    }
+    if after.dirty_pages > 0 {
+        why.push(format!("dirty: {} pages", after.dirty_pages));
+    }
+    if after.writeback_pages > 0 {
+        why.push(format!("writeback: {} pages", after.writeback_pages));
+    }
+    (!why.is_empty()).then(|| why.join("; "))
+}
+
+/// The recording of a window from the snapshots before and after it: pages that became
+/// resident form the list. Files written during the window are left out entirely and
+/// reported instead, even if they were also read (a log the command reads and appends to):
+/// their pages came from the writes, not from the disk, and the entry's identity (size,
+/// mtime) would be stale at the next replay, failing that replay's `--require`.
+pub fn diff(before: &Snapshot, after: &Snapshot) -> Diff {
+    let mut out = Diff::default();
+    for (path, st) in &after.files {
+        let prev = before.files.get(path);
+        let new = match prev {
+            Some(b) => st.resident.difference(&b.resident),
+            None => st.resident.clone(),
+        };
+        if let Some(reason) = written_reason(prev, st, !new.is_empty()) {
+            out.written.push(WrittenFile {
                 path: path.clone(),
-                identity: Some(*id),
+                reason,
+            });
+        } else if !new.is_empty() {
+            out.entries.push(ListEntry {
+                path: path.clone(),
+                identity: Some(st.identity),
                 extent: Extent::Ranges(new),
-            })
-        })
-        .collect();
-    out.sort_by(|a, b| a.path.cmp(&b.path));
+            });
+        }
+    }
+    out.entries.sort_by(|a, b| a.path.cmp(&b.path));
+    out.written.sort();
     out
 }
 
@@ -82,6 +156,9 @@ pub enum Trigger<'a> {
 #[derive(Debug)]
 pub struct Recording {
     pub entries: Vec<ListEntry>,
+    /// Files written during the window (created, changed, or dirty at the end), left out of
+    /// `entries`; sorted by path.
+    pub written: Vec<WrittenFile>,
     /// Exit status of the command, if one was run.
     pub status: Option<std::process::ExitStatus>,
     pub unknown: Vec<(PathBuf, String)>,
@@ -142,8 +219,10 @@ pub fn record(
     let after = snapshot(roots, opts);
     let mut unknown = after.unknown.clone();
     unknown.sort();
+    let d = diff(&before, &after);
     Ok(Recording {
-        entries: diff(&before, &after),
+        entries: d.entries,
+        written: d.written,
         status,
         unknown,
         files_scanned: after.files.len(),
@@ -155,6 +234,92 @@ pub fn record(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ranges::Range;
+    use std::path::Path;
+
+    fn state(ino: u64, size: u64, pages: &[(u64, u64)], dirty: u64, wb: u64) -> FileState {
+        FileState {
+            identity: FileIdentity {
+                dev_major: 8,
+                dev_minor: 1,
+                ino,
+                size,
+                mtime_sec: 1000,
+                mtime_nsec: 5,
+            },
+            resident: RangeSet::from_ranges(
+                pages
+                    .iter()
+                    .map(|&(offset, len)| Range { offset, len })
+                    .collect(),
+            ),
+            dirty_pages: dirty,
+            writeback_pages: wb,
+        }
+    }
+
+    fn snap(files: Vec<(&str, FileState)>) -> Snapshot {
+        Snapshot {
+            files: files
+                .into_iter()
+                .map(|(p, s)| (PathBuf::from(p), s))
+                .collect(),
+            unknown: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn written_files_are_left_out_and_reported() {
+        let mut appended = state(2, 9000, &[(0, 9000)], 0, 0);
+        appended.identity.mtime_nsec = 6;
+        let before = snap(vec![
+            ("/t/read", state(1, 8192, &[(0, 4096)], 0, 0)),
+            ("/t/log", state(2, 8000, &[], 0, 0)),
+            ("/t/inplace", state(3, 4096, &[], 0, 0)),
+            ("/t/old-dirty", state(5, 4096, &[(0, 4096)], 1, 0)),
+            ("/t/dirty-read", state(6, 8192, &[(0, 4096)], 1, 0)),
+            ("/t/untouched", state(7, 4096, &[], 0, 0)),
+        ]);
+        let after = snap(vec![
+            // Read: the new page is the entry.
+            ("/t/read", state(1, 8192, &[(0, 8192)], 0, 0)),
+            // Read and appended to (a log): left out although it was read.
+            ("/t/log", appended),
+            // Created by the command.
+            ("/t/new", state(10, 100000, &[(0, 100000)], 0, 25)),
+            // Rewritten in place within one mtime tick: only the dirty pages tell.
+            ("/t/inplace", state(3, 4096, &[(0, 4096)], 1, 0)),
+            // Dirty from before the window, untouched: nothing to leave out, not reported.
+            ("/t/old-dirty", state(5, 4096, &[(0, 4096)], 1, 0)),
+            // Dirty from before, and more of it became resident: left out.
+            ("/t/dirty-read", state(6, 8192, &[(0, 8192)], 0, 2)),
+            ("/t/untouched", state(7, 4096, &[], 0, 0)),
+        ]);
+        let d = diff(&before, &after);
+        assert_eq!(d.entries.len(), 1, "{:?}", d.entries);
+        assert_eq!(d.entries[0].path, Path::new("/t/read"));
+        assert_eq!(
+            d.entries[0].extent,
+            Extent::Ranges(RangeSet::from_ranges(vec![Range {
+                offset: 4096,
+                len: 4096
+            }]))
+        );
+        let w: Vec<(&str, &str)> = d
+            .written
+            .iter()
+            .map(|w| (w.path.to_str().unwrap(), w.reason.as_str()))
+            .collect();
+        assert_eq!(
+            w,
+            [
+                ("/t/dirty-read", "writeback: 2 pages"),
+                ("/t/inplace", "dirty: 1 pages"),
+                ("/t/log", "changed: size, mtime"),
+                ("/t/new", "created; writeback: 25 pages"),
+            ]
+        );
+    }
 
     #[test]
     fn scopes_are_made_absolute_and_missing_ones_refused() {

@@ -166,25 +166,66 @@ pub fn resident_ranges_with(
     path: &Path,
     meta: &std::fs::Metadata,
 ) -> Result<RangeSet, String> {
+    resident_state_with(backend, file, path, meta).map(|s| s.ranges)
+}
+
+/// The resident ranges of a file and how many of its pages are being written.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ResidentState {
+    /// As [`resident_ranges`].
+    pub ranges: RangeSet,
+    /// Dirty pages (cachestat; 0 when measured with mincore, which cannot tell).
+    pub dirty_pages: u64,
+    /// Pages under writeback (cachestat; 0 with mincore).
+    pub writeback_pages: u64,
+}
+
+/// [`resident_ranges`] plus the dirty and writeback page counts from the same measurement.
+pub fn resident_state(
+    file: &File,
+    path: &Path,
+    meta: &std::fs::Metadata,
+) -> Result<ResidentState, String> {
+    resident_state_with(Backend::Auto, file, path, meta)
+}
+
+/// [`resident_state`] with an explicit [`Backend`].
+pub fn resident_state_with(
+    backend: Backend,
+    file: &File,
+    path: &Path,
+    meta: &std::fs::Metadata,
+) -> Result<ResidentState, String> {
     let size = meta.len();
     let ps = sys::page_size();
     let pages = size.div_ceil(ps);
     if pages == 0 {
-        return Ok(RangeSet::new());
+        return Ok(ResidentState::default());
     }
     // Fast paths from the counts; they also settle whether the caller may see residency at all.
-    match measure_with(backend, file, path, meta, None) {
-        Residency::Unknown { reason } => return Err(reason),
-        Residency::Known {
-            resident_pages: 0, ..
-        } => return Ok(RangeSet::new()),
-        Residency::Known { resident_pages, .. } if resident_pages >= pages => {
-            return Ok(RangeSet::from_ranges(vec![Range {
-                offset: 0,
-                len: size,
-            }]));
-        }
-        Residency::Known { .. } => {}
+    let (resident, dirty_pages, writeback_pages) =
+        match measure_with(backend, file, path, meta, None) {
+            Residency::Unknown { reason } => return Err(reason),
+            Residency::Known {
+                resident_pages,
+                dirty_pages,
+                writeback_pages,
+                ..
+            } => (resident_pages, dirty_pages, writeback_pages),
+        };
+    let state = |ranges| ResidentState {
+        ranges,
+        dirty_pages,
+        writeback_pages,
+    };
+    if resident == 0 {
+        return Ok(state(RangeSet::new()));
+    }
+    if resident >= pages {
+        return Ok(state(RangeSet::from_ranges(vec![Range {
+            offset: 0,
+            len: size,
+        }])));
     }
     // Partial: a page bitmap is needed. Trust was established above (cachestat succeeded, or
     // mincore_trusted held), so mincore tells the truth here.
@@ -199,7 +240,7 @@ pub fn resident_ranges_with(
         }
     })
     .map_err(|e| format!("mincore: {e}"))?;
-    Ok(set)
+    Ok(state(set))
 }
 
 /// Opens a file for residency work: read-only, without updating atime where permitted.
@@ -372,6 +413,25 @@ mod tests {
             "unprivileged helper failed: {out}\n{}",
             String::from_utf8_lossy(&o.stderr)
         );
+        std::fs::remove_file(&p).unwrap();
+    }
+
+    #[test]
+    fn resident_state_counts_dirty_pages_until_written_back() {
+        let p = crate::test_support::disk_dir()
+            .join(format!("snapblk-ra-dirty-{}", std::process::id()));
+        let ps = sys::page_size();
+        let mut f = File::create(&p).unwrap();
+        f.write_all(&vec![7u8; (4 * ps) as usize]).unwrap();
+        let meta = f.metadata().unwrap();
+        let st = resident_state(&f, &p, &meta).unwrap();
+        assert_eq!(st.ranges.total_bytes(), 4 * ps, "{st:?}");
+        // Just written, not synced: dirty (or already under writeback).
+        assert!(st.dirty_pages + st.writeback_pages > 0, "{st:?}");
+        f.sync_all().unwrap();
+        let st = resident_state(&f, &p, &meta).unwrap();
+        assert_eq!((st.dirty_pages, st.writeback_pages), (0, 0), "{st:?}");
+        assert_eq!(st.ranges, resident_ranges(&f, &p, &meta).unwrap());
         std::fs::remove_file(&p).unwrap();
     }
 

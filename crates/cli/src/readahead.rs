@@ -495,7 +495,59 @@ fn read_list(p: &PathBuf) -> anyhow::Result<Vec<ListEntry>> {
 const WRITTEN_SHOWN_TEXT: usize = 10;
 const WRITTEN_SHOWN_JSON: usize = 100;
 
+/// The temporary file a list is written to before it is renamed to `output`: same directory,
+/// the whole file name (list.txt and list.jsonl must not share one) plus the pid.
+fn list_temp_path(output: &std::path::Path) -> anyhow::Result<PathBuf> {
+    let Some(name) = output.file_name() else {
+        bail!(
+            "cannot write the list {}: not a file name",
+            output.display()
+        );
+    };
+    if output.is_dir() {
+        bail!("cannot write the list {}: Is a directory", output.display());
+    }
+    let mut tmp_name = name.to_os_string();
+    tmp_name.push(format!(".{}.tmp~", std::process::id()));
+    Ok(output.with_file_name(tmp_name))
+}
+
+/// Fails now, before anything is evicted or recorded, if the list could not be written: the
+/// temporary file is created and removed again (before the first snapshot, so it is not seen
+/// as a file written during the recording). Errors name the output path, not the temporary.
+fn check_list_writable(output: &std::path::Path) -> anyhow::Result<()> {
+    let tmp = list_temp_path(output)?;
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&tmp)
+        .with_context(|| format!("cannot write the list {}", output.display()))?;
+    let _ = std::fs::remove_file(&tmp);
+    Ok(())
+}
+
+/// Writes the list atomically (temporary file, then rename), so a replay never sees a
+/// half-written list; on failure the temporary file is removed and the error names `output`.
+fn write_list(output: &std::path::Path, entries: &[ListEntry], jsonl: bool) -> anyhow::Result<()> {
+    let tmp = list_temp_path(output)?;
+    let written = (|| -> std::io::Result<()> {
+        let mut w = std::io::BufWriter::new(std::fs::File::create(&tmp)?);
+        if jsonl {
+            list::write_jsonl(&mut w, entries)?;
+        } else {
+            list::write_text(&mut w, entries)?;
+        }
+        w.flush()?;
+        std::fs::rename(&tmp, output)
+    })();
+    if written.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    written.with_context(|| format!("cannot write the list {}", output.display()))
+}
+
 fn run_record(a: RecordArgs) -> anyhow::Result<()> {
+    check_list_writable(&a.output)?;
     let scopes = if a.scopes.is_empty() {
         if a.evict_first {
             bail!(
@@ -541,22 +593,7 @@ fn run_record(a: RecordArgs) -> anyhow::Result<()> {
             .extension()
             .is_some_and(|e| e == "jsonl" || e == "json"),
     };
-    // Write atomically so a replay never sees a half-written list. The temporary name keeps
-    // the whole file name (list.txt and list.jsonl must not share one) plus the pid.
-    let mut tmp_name = a.output.file_name().unwrap_or_default().to_os_string();
-    tmp_name.push(format!(".{}.tmp~", std::process::id()));
-    let tmp = a.output.with_file_name(tmp_name);
-    {
-        let f = std::fs::File::create(&tmp).with_context(|| format!("{}", tmp.display()))?;
-        let mut w = std::io::BufWriter::new(f);
-        if jsonl {
-            list::write_jsonl(&mut w, &rec.entries)?;
-        } else {
-            list::write_text(&mut w, &rec.entries)?;
-        }
-        w.flush()?;
-    }
-    std::fs::rename(&tmp, &a.output).with_context(|| format!("{}", a.output.display()))?;
+    write_list(&a.output, &rec.entries, jsonl)?;
     let bytes: u64 = rec
         .entries
         .iter()

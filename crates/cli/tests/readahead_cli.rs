@@ -1376,3 +1376,58 @@ fn record_leaves_out_files_the_command_wrote_and_reports_them() {
     );
     std::fs::remove_dir_all(&d).unwrap();
 }
+
+#[test]
+fn a_bad_output_path_fails_before_recording_and_names_that_path() {
+    let d = scratch("badout");
+    let marker = d.join("ran");
+    let touch = format!("touch '{}'", marker.display());
+    let bad = d.join("nosuch/dir/x.txt");
+    for (out, why) in [
+        (bad.as_path(), "No such file or directory"),
+        (d.as_path(), "Is a directory"),
+    ] {
+        let o = Command::new(BIN)
+            .args(["readahead", "record", "-o"])
+            .arg(out)
+            .arg("--scope")
+            .arg(&d)
+            .args(["--", "sh", "-c", &touch])
+            .output()
+            .unwrap();
+        assert!(!o.status.success());
+        let err = text(&o.stderr);
+        assert_eq!(err.trim().lines().count(), 1, "{err}");
+        assert!(
+            err.contains(&format!("cannot write the list {}", out.display())) && err.contains(why),
+            "{err}"
+        );
+        assert!(!err.contains("tmp~"), "{err}");
+        // Checked before the command ran (not after a long recording).
+        assert!(!marker.exists(), "the command ran despite the bad -o {err}");
+    }
+    // The probe leaves nothing behind in a writable directory.
+    let good = d.join("ok.txt");
+    let o = run(&[
+        "readahead",
+        "record",
+        "-o",
+        good.to_str().unwrap(),
+        "--scope",
+        d.to_str().unwrap(),
+        "--json",
+        "--duration",
+        "0",
+    ]);
+    assert_eq!(
+        json(&o)["written_files"],
+        0,
+        "the probe was seen as written"
+    );
+    let names: Vec<String> = std::fs::read_dir(&d)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(names, ["ok.txt"], "{names:?}");
+    std::fs::remove_dir_all(&d).unwrap();
+}

@@ -1431,3 +1431,40 @@ fn a_bad_output_path_fails_before_recording_and_names_that_path() {
     assert_eq!(names, ["ok.txt"], "{names:?}");
     std::fs::remove_dir_all(&d).unwrap();
 }
+
+#[test]
+fn require_failure_as_nobody_names_unknown_residency_not_the_first_warning() {
+    use std::os::unix::process::CommandExt;
+    let d = scratch("reqwhy");
+    let f = d.join("lib.so");
+    write_file(&f, 64 << 10, 6);
+    std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o644)).unwrap();
+    // One entry that exists (residency unknown to nobody), one that is missing.
+    let lp = d.join("mix.lst");
+    std::fs::write(
+        &lp,
+        format!("{}\n{}\n", f.display(), d.join("gone").display()),
+    )
+    .unwrap();
+    std::fs::set_permissions(&lp, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let o = Command::new(BIN)
+        .args(["readahead", "replay", "--require", "50"])
+        .arg(&lp)
+        .uid(65534)
+        .gid(65534)
+        .output()
+        .unwrap();
+    assert!(!o.status.success(), "unverifiable replay passed --require");
+    let err = text(&o.stderr);
+    let last = err.trim().lines().last().unwrap_or_default();
+    let unknown = last.find("residency of all 65536 requested bytes is unknown");
+    let missing = last.find("1 of 2 entries were not replayed (1 missing)");
+    assert!(
+        last.contains("nothing could be verified")
+            && unknown.is_some()
+            && missing.is_some()
+            && unknown < missing,
+        "{err}"
+    );
+    std::fs::remove_dir_all(&d).unwrap();
+}

@@ -186,11 +186,24 @@ impl ReplayReport {
     /// or missing must not look like a successful warm-up.
     pub fn check_require(&self, pct: f64) -> Result<(), String> {
         let Some(f) = self.resident_fraction else {
+            // Name every shortfall, the cause first: with bytes requested, that is their
+            // unknown residency (an unprivileged caller), not entries that were not replayed;
+            // with none, it is the entries (the warnings' own order).
+            let mut why: Vec<String> = Vec::new();
+            if self.bytes_requested > 0 {
+                why.push(unknown_residency(self.bytes_requested));
+            }
+            for w in &self.warnings {
+                if !why.contains(w) {
+                    why.push(w.clone());
+                }
+            }
+            if why.is_empty() {
+                why.push("no requested byte is measurable".into());
+            }
             return Err(format!(
                 "required {pct}% resident, but nothing could be verified: {}",
-                self.warnings
-                    .first()
-                    .map_or("no requested byte is measurable", |w| w.as_str())
+                why.join("; ")
             ));
         };
         if f * 100.0 < pct {
@@ -251,13 +264,18 @@ fn shortfalls(r: &ReplayReport, tree: bool, allow_stale: bool) -> Vec<String> {
         w.push(if r.bytes_requested == 0 {
             "0 bytes requested: nothing to verify".to_string()
         } else {
-            format!(
-                "residency of all {} requested bytes is unknown (cannot be verified)",
-                r.bytes_requested
-            )
+            unknown_residency(r.bytes_requested)
         });
     }
     w
+}
+
+/// The shortfall of a replay none of whose `requested` bytes could be measured.
+fn unknown_residency(requested: u64) -> String {
+    format!(
+        "residency of all {requested} requested bytes is unknown (cannot be verified; \
+         e.g. an unprivileged caller that neither owns nor may write the files)"
+    )
 }
 
 struct Prepared {
@@ -1444,6 +1462,60 @@ mod tests {
         assert!(rep.warnings.is_empty(), "{:?}", rep.warnings);
         assert!(rep.check_require(99.5).is_ok());
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn require_failure_names_the_real_shortfalls_cause_first() {
+        // As an unprivileged caller: one entry missing, the other replayed but its residency
+        // unknown. The failure is about the unknown residency; the missing entry comes second.
+        let mut r = ReplayReport {
+            entries: 2,
+            files_replayed: 1,
+            entries_missing: 1,
+            entries_not_replayed: 1,
+            bytes_requested: 8192,
+            bytes_unverifiable: 8192,
+            resident_fraction: None,
+            ..Default::default()
+        };
+        r.warnings = shortfalls(&r, false, false);
+        assert_eq!(r.warnings.len(), 2, "{:?}", r.warnings);
+        assert!(r.warnings[0].contains("1 of 2 entries were not replayed"));
+        let err = r.check_require(50.0).unwrap_err();
+        let unknown = err.find("residency of all 8192 requested bytes is unknown");
+        let missing = err.find("1 of 2 entries were not replayed (1 missing)");
+        assert!(
+            unknown.is_some() && missing.is_some() && unknown < missing,
+            "{err}"
+        );
+        // Everything replayed, residency unknown: that alone is named.
+        let mut r = ReplayReport {
+            entries: 1,
+            files_replayed: 1,
+            bytes_requested: 4096,
+            bytes_unverifiable: 4096,
+            ..Default::default()
+        };
+        r.warnings = shortfalls(&r, false, false);
+        let err = r.check_require(99.5).unwrap_err();
+        assert!(err.contains("residency of all 4096"), "{err}");
+        assert!(!err.contains("not replayed"), "{err}");
+        // Nothing requested because nothing was replayed: the entries are the cause.
+        let mut r = ReplayReport {
+            entries: 3,
+            entries_missing: 2,
+            entries_stale: 1,
+            entries_not_replayed: 3,
+            ..Default::default()
+        };
+        r.warnings = shortfalls(&r, false, false);
+        let err = r.check_require(99.5).unwrap_err();
+        let entries = err.find("all 3 of 3 entries were not replayed (1 stale, 2 missing)");
+        let nothing = err.find("0 bytes requested");
+        assert!(
+            entries.is_some() && nothing.is_some() && entries < nothing,
+            "{err}"
+        );
     }
 
     #[test]

@@ -751,6 +751,8 @@ fn replay_options(o: &ReplayOpts) -> ReplayOptions {
         nice: o.nice.0,
         psi_threshold: (o.psi_threshold > 0.0).then_some(o.psi_threshold / 100.0),
         psi_path: PathBuf::from(snapblk_readahead::sysstat::PSI_IO),
+        diskstats_path: PathBuf::from("/proc/diskstats"),
+        self_io_path: PathBuf::from("/proc/self/io"),
         // Bounded by parse_settle; the clamp also maps a NaN that bypassed it to 0 rather
         // than letting from_secs_f64 panic.
         settle_timeout: Duration::try_from_secs_f64(o.settle_timeout.clamp(0.0, 3600.0))

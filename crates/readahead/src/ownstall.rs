@@ -9,14 +9,22 @@
 //! Each submitter thread enrolls itself; the sampler reads, per interval, how long each was
 //! neither running, nor waiting for a CPU, nor idle on purpose (sleeps and work-queue waits it
 //! reports through [`idle`] / [`nap`]): that is the time it was blocked in the kernel, mostly
-//! on I/O. The threads' stalls overlap in unknown ways, so their union is estimated as if they
-//! were independent, `1 - Π(1 - bᵢ)`, which lies between the largest single share and the
-//! sum. Foreground stalls that coincide with the replay's own are invisible this way; the
-//! replay's idle I/O priority is what protects the foreground then.
+//! on I/O. Measured on a cold /usr/lib warm-up, the threads block together (each one's share
+//! is close to the system's figure, often above it: lock waits count too), so the replay's own
+//! share is taken as the largest single one.
+//!
+//! Subtracting that share cannot see a foreground that stalls *while* the replay does: with
+//! the replay's threads 95 % blocked, a system figure of 99 % may be the replay alone or the
+//! replay plus someone else. The second signal tells them apart: reads on the devices holding
+//! the replayed files that this process did not cause ([`ForeignReads`]: the devices' read
+//! sectors minus this process's `read_bytes`, which counts data and metadata reads alike).
+//! When someone else reads from those devices, the whole system figure is taken as theirs.
+//! See [`others`].
 
 use crate::sys;
 use std::cell::RefCell;
 use std::collections::HashMap;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicI32, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -146,10 +154,10 @@ impl Sampler {
     /// Estimated fraction (0..=1) of the time since the previous call during which at least
     /// one enrolled thread was stalled. Threads seen for the first time only set a baseline.
     /// `None` if no enrolled thread could be measured (e.g. schedstat unavailable).
-    pub fn sample(&mut self, own: &OwnStall) -> Option<f64> {
+    pub fn sample(&mut self, own: &OwnStall) -> Option<Vec<f64>> {
         let slots: Vec<Arc<Slot>> = own.slots.lock().ok()?.clone();
         let now = Instant::now();
-        let mut free = 1.0f64;
+        let mut shares = Vec::new();
         let mut measured = false;
         let mut gone = Vec::new();
         for s in &slots {
@@ -169,7 +177,7 @@ impl Sampler {
                 let wall = now.duration_since(t0).as_nanos() as f64;
                 if wall > 0.0 {
                     let off = busy.saturating_sub(b0) as f64 + idle.saturating_sub(i0) as f64;
-                    free *= 1.0 - stall_share(wall, off);
+                    shares.push(stall_share(wall, off));
                 }
             }
         }
@@ -181,7 +189,7 @@ impl Sampler {
                 v.retain(|s| !gone.contains(&s.tid));
             }
         }
-        measured.then_some(1.0 - free)
+        measured.then_some(shares)
     }
 }
 
@@ -192,10 +200,102 @@ fn stall_share(wall: f64, off: f64) -> f64 {
     ((wall - off) / wall).clamp(0.0, 1.0)
 }
 
-/// The pressure the replay should react to: system-wide `psi` minus the replay's own `own`
-/// share (both fractions of wall time), never below zero.
-pub fn others(psi: f64, own: Option<f64>) -> f64 {
-    (psi - own.unwrap_or(0.0)).max(0.0)
+/// Reads by others below this many bytes per sample are noise (skew between the counters).
+pub const FOREIGN_MIN: u64 = 1 << 20;
+
+/// The pressure the replay should react to, from the system-wide stall fraction `psi`, the
+/// replay threads' own stall shares (`own`, see [`Sampler`]) and the bytes others read from the
+/// replay's devices in the same interval (`foreign`, see [`ForeignReads`]):
+/// * others read at least [`FOREIGN_MIN`]: all of `psi` — their stall cannot be told apart
+///   from the replay's, and backing off is what they need;
+/// * otherwise `psi` minus the largest own share, never below zero: the stall is the replay's
+///   own (a cold warm-up blocks on its metadata reads nearly all the time) or on other devices.
+pub fn others(psi: f64, own: Option<&[f64]>, foreign: Option<u64>) -> f64 {
+    if foreign.is_some_and(|b| b >= FOREIGN_MIN) {
+        return psi;
+    }
+    let own = own.map_or(0.0, |v| v.iter().copied().fold(0.0, f64::max));
+    (psi - own).max(0.0)
+}
+
+/// Bytes read from given devices by anyone but this process, between calls.
+///
+/// This process's reads are counted when submitted, the devices' when completed, and a 2 MiB
+/// readahead may wait behind hundreds of others: per interval the two counters differ by
+/// tens of MB either way (measured). So the balance `device reads - own reads` since the
+/// baseline is tracked instead: without other readers it stays at or below zero (minus the
+/// replay's bytes in flight); reads by others raise it, and only a rise above its previous
+/// peak counts, so the replay's own backlog completing is never mistaken for them.
+pub struct ForeignReads {
+    diskstats: PathBuf,
+    self_io: PathBuf,
+    base: Option<Baseline>,
+    /// The balance's peak since the baseline.
+    peak: i128,
+}
+
+/// Counters when the set of devices last changed.
+struct Baseline {
+    device_bytes: u64,
+    own_bytes: u64,
+    devs: Vec<(u32, u32)>,
+}
+
+/// Sum of sectors read (in bytes) of the `devs` lines of a /proc/diskstats file.
+fn device_read_bytes(path: &Path, devs: &[(u32, u32)]) -> Option<u64> {
+    let s = std::fs::read_to_string(path).ok()?;
+    Some(
+        crate::sysstat::parse_diskstats(&s)
+            .iter()
+            .filter(|d| devs.contains(&(d.major, d.minor)))
+            .map(|d| d.sectors_read.saturating_mul(512))
+            .sum(),
+    )
+}
+
+/// `read_bytes` of a /proc/PID/io file: bytes this process caused to be read from storage.
+fn self_read_bytes(path: &Path) -> Option<u64> {
+    let s = std::fs::read_to_string(path).ok()?;
+    s.lines()
+        .find_map(|l| l.strip_prefix("read_bytes:"))?
+        .trim()
+        .parse()
+        .ok()
+}
+
+impl ForeignReads {
+    /// Reads /proc/diskstats and /proc/self/io, or the given stand-ins (tests).
+    pub fn new(diskstats: &Path, self_io: &Path) -> Self {
+        ForeignReads {
+            diskstats: diskstats.to_path_buf(),
+            self_io: self_io.to_path_buf(),
+            base: None,
+            peak: 0,
+        }
+    }
+
+    /// Bytes others read from `devs` since the previous call (the first call, and the first
+    /// after `devs` changed, only set a baseline); `None` if a file cannot be read.
+    pub fn sample(&mut self, devs: &[(u32, u32)]) -> Option<u64> {
+        let dev = device_read_bytes(&self.diskstats, devs)?;
+        let mine = self_read_bytes(&self.self_io)?;
+        let b = match &self.base {
+            Some(b) if b.devs == devs => b,
+            _ => {
+                self.base = Some(Baseline {
+                    device_bytes: dev,
+                    own_bytes: mine,
+                    devs: devs.to_vec(),
+                });
+                self.peak = 0;
+                return None;
+            }
+        };
+        let balance = (dev as i128 - b.device_bytes as i128) - (mine as i128 - b.own_bytes as i128);
+        let rise = (balance - self.peak).max(0);
+        self.peak = self.peak.max(balance);
+        Some(rise as u64)
+    }
 }
 
 #[cfg(test)]
@@ -208,9 +308,16 @@ mod tests {
     fn arithmetic() {
         assert_eq!(stall_share(100.0, 25.0), 0.75);
         assert_eq!(stall_share(100.0, 130.0), 0.0);
-        assert_eq!(others(0.9, Some(0.85)), 0.9 - 0.85);
-        assert_eq!(others(0.3, Some(0.8)), 0.0);
-        assert_eq!(others(0.7, None), 0.7);
+        // The replay's own stall (the largest thread share) is discounted...
+        assert_eq!(others(0.9, Some(&[0.5, 0.85]), Some(0)), 0.9 - 0.85);
+        assert_eq!(others(0.3, Some(&[0.8]), None), 0.0);
+        assert_eq!(others(0.7, None, None), 0.7);
+        // ... unless others read from the same devices meanwhile.
+        assert_eq!(others(0.97, Some(&[0.9]), Some(FOREIGN_MIN)), 0.97);
+        assert_eq!(
+            others(0.97, Some(&[0.9]), Some(FOREIGN_MIN - 1)),
+            0.97 - 0.9
+        );
     }
 
     /// Runs `work` on an enrolled thread for ~300 ms and returns the sampled own-stall share.
@@ -232,7 +339,9 @@ mod tests {
             std::thread::sleep(Duration::from_millis(300));
             let share = sampler
                 .sample(&own)
-                .expect("an enrolled live thread is measured");
+                .expect("an enrolled live thread is measured")
+                .into_iter()
+                .fold(0.0, f64::max);
             stop.store(true, Relaxed);
             share
         })
@@ -267,6 +376,54 @@ mod tests {
         // One long sleep counts while it lasts (the sample falls in the middle of it).
         let long_nap = measure(|_| nap(Duration::from_millis(500)));
         assert!(long_nap < 0.2, "one long nap: {long_nap}");
+    }
+
+    #[test]
+    fn foreign_reads_are_device_reads_minus_this_process_reads() {
+        let dir = std::env::temp_dir().join(format!("snapblk-foreign-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (ds, io) = (dir.join("diskstats"), dir.join("io"));
+        let write = |sda: u64, sdb: u64, mine: u64| {
+            std::fs::write(
+                &ds,
+                format!(
+                    "   8 0 sda 10 0 {sda} 5 0 0 0 0 0 0 0\n   8 16 sdb 10 0 {sdb} 5 0 0 0 0 0 0 0\n"
+                ),
+            )
+            .unwrap();
+            std::fs::write(
+                &io,
+                format!("rchar: 1\nread_bytes: {mine}\nwrite_bytes: 0\n"),
+            )
+            .unwrap();
+        };
+        let mut f = ForeignReads::new(&ds, &io);
+        let sda = [(8, 0)];
+        write(1000, 0, 0);
+        assert_eq!(f.sample(&sda), None, "baseline");
+        const MIB: u64 = 2048; // sectors
+        // sda read 4 MiB, 3 MiB of it ours; sdb's reads do not count.
+        write(1000 + 4 * MIB, 99_999, 3 << 20);
+        assert_eq!(f.sample(&sda), Some(1 << 20));
+        // Only our own reads: nothing foreign.
+        write(1000 + 8 * MIB, 99_999, 7 << 20);
+        assert_eq!(f.sample(&sda), Some(0));
+        // We submit 10 MiB that the device has not completed yet, then it completes them:
+        // our backlog, not someone else's reads.
+        write(1000 + 8 * MIB, 99_999, 17 << 20);
+        assert_eq!(f.sample(&sda), Some(0));
+        write(1000 + 18 * MIB, 99_999, 17 << 20);
+        assert_eq!(f.sample(&sda), Some(0));
+        // Someone else reads 5 MiB.
+        write(1000 + 23 * MIB, 99_999, 17 << 20);
+        assert_eq!(f.sample(&sda), Some(5 << 20));
+        // A device joins the set: a new baseline, not its whole history as foreign reads.
+        assert_eq!(f.sample(&[(8, 0), (8, 16)]), None);
+        assert_eq!(f.sample(&[(8, 0), (8, 16)]), Some(0));
+        // Unreadable files: no answer.
+        std::fs::remove_file(&io).unwrap();
+        assert_eq!(f.sample(&sda), None);
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

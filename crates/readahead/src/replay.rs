@@ -66,6 +66,11 @@ pub struct ReplayOptions {
     /// The pressure file sampled for `psi_threshold` (default /proc/pressure/io; tests use a
     /// fake one).
     pub psi_path: PathBuf,
+    /// Where the back-off reads device and own read counters to tell others' I/O from the
+    /// replay's (default /proc/diskstats and /proc/self/io; tests use fakes). See
+    /// [`crate::ownstall::others`].
+    pub diskstats_path: PathBuf,
+    pub self_io_path: PathBuf,
     /// Longest wait for in-flight reads to drain before verifying.
     pub settle_timeout: Duration,
     /// Passes re-issuing ranges found missing at verification.
@@ -89,6 +94,8 @@ impl Default for ReplayOptions {
             nice: Some(10),
             psi_threshold: Some(0.6),
             psi_path: PathBuf::from(sysstat::PSI_IO),
+            diskstats_path: PathBuf::from("/proc/diskstats"),
+            self_io_path: PathBuf::from("/proc/self/io"),
             settle_timeout: Duration::from_secs(10),
             retries: 2,
             allow_stale: false,
@@ -308,6 +315,10 @@ struct Shared<'a> {
     paused: AtomicBool,
     /// The submitters, whose own I/O stalls the pressure back-off discounts.
     own: OwnStall,
+    /// Devices (major, minor) holding the files issued so far, for the back-off's view of
+    /// other readers; `last_dev` skips the lock while the device does not change.
+    devs: Mutex<Vec<(u32, u32)>>,
+    last_dev: AtomicU64,
     psi_pauses: AtomicU64,
     psi_paused_us: AtomicU64,
     issued_bytes: AtomicU64,
@@ -404,6 +415,15 @@ impl Shared<'_> {
         buf: &mut Ctx,
     ) -> std::io::Result<(Option<u64>, bool)> {
         self.own.enroll();
+        let dev = meta.dev();
+        if self.last_dev.swap(dev, Relaxed) != dev
+            && let Ok(mut v) = self.devs.lock()
+        {
+            let d = (libc::major(dev), libc::minor(dev));
+            if !v.contains(&d) {
+                v.push(d);
+            }
+        }
         // Measure everything first, then issue: a read of one chunk may trigger kernel
         // readahead into the next, which must not count as "resident before".
         let ps = sys::page_size();
@@ -890,6 +910,8 @@ fn run(
         opts,
         paused: AtomicBool::new(false),
         own: OwnStall::default(),
+        devs: Mutex::new(Vec::new()),
+        last_dev: AtomicU64::new(u64::MAX),
         psi_pauses: AtomicU64::new(0),
         psi_paused_us: AtomicU64::new(0),
         issued_bytes: AtomicU64::new(0),
@@ -931,13 +953,23 @@ fn run(
                 // The submitters' own stalls are discounted (see `ownstall`): a cold warm-up
                 // stalls on its own metadata reads and must not back off from itself.
                 let mut own = ownstall::Sampler::default();
+                let mut foreign =
+                    ownstall::ForeignReads::new(&opts.diskstats_path, &opts.self_io_path);
                 while !stop.load(Relaxed) {
                     // Parked, not asleep: the end of the replay wakes it at once instead of
                     // waiting out the period (up to 50 ms added to every run).
                     std::thread::park_timeout(Duration::from_millis(50));
                     let mine = own.sample(&shared.own);
+                    let devs = shared.devs.lock().map(|v| v.clone()).unwrap_or_default();
+                    let theirs = foreign.sample(&devs);
                     if let Some(f) = psi.sample() {
-                        shared.paused.store(ownstall::others(f, mine) > th, Relaxed);
+                        let o = ownstall::others(f, mine.as_deref(), theirs);
+                        if debug_enabled() {
+                            eprintln!(
+                                "pressure {f:.3} own {mine:.3?} foreign {theirs:?} -> {o:.3}"
+                            );
+                        }
+                        shared.paused.store(o > th, Relaxed);
                     }
                 }
                 shared.paused.store(false, Relaxed);
@@ -1686,10 +1718,26 @@ mod tests {
             std::fs::rename(&tmp, path).unwrap();
         };
         write(&psi, 1000);
+        // Fake /proc/diskstats and /proc/self/io: the device holding the tree reads 1 MiB per
+        // 5 ms that this process did not cause while `foreign` is set (someone else reading
+        // the same disk), nothing otherwise.
+        let (diskstats, self_io) = (dir.join("fake-diskstats"), dir.join("fake-io"));
+        std::fs::write(&self_io, "rchar: 0\nread_bytes: 4096\n").unwrap();
+        let dev = std::fs::metadata(dir.join("big")).unwrap().dev();
+        let dev_line = move |sectors: u64| {
+            format!(
+                "{} {} fake 100 0 {sectors} 10 0 0 0 0 0 0 0\n",
+                libc::major(dev),
+                libc::minor(dev)
+            )
+        };
+        std::fs::write(&diskstats, dev_line(0)).unwrap();
+        let foreign = std::sync::Arc::new(AtomicBool::new(false));
         let writer = {
             let (psi, stall_until, stop) = (psi.clone(), stall_until.clone(), stop.clone());
+            let (diskstats, foreign) = (diskstats.clone(), foreign.clone());
             std::thread::spawn(move || {
-                let (mut total, mut last) = (1000u64, Instant::now());
+                let (mut total, mut last, mut sectors) = (1000u64, Instant::now(), 0u64);
                 while !stop.load(Relaxed) {
                     std::thread::sleep(Duration::from_millis(5));
                     let now = Instant::now();
@@ -1698,6 +1746,12 @@ mod tests {
                     }
                     last = now;
                     write(&psi, total);
+                    if foreign.load(Relaxed) {
+                        sectors += 2048;
+                        let tmp = diskstats.with_extension("tmp");
+                        std::fs::write(&tmp, dev_line(sectors)).unwrap();
+                        std::fs::rename(&tmp, &diskstats).unwrap();
+                    }
                 }
             })
         };
@@ -1707,7 +1761,9 @@ mod tests {
             .collect();
         // `own_stall`: whether the submitter itself is blocked while the system stalls (as a
         // cold warm-up is on its metadata reads) or idle (the stall is someone else's).
-        let run_with = |threshold: Option<f64>, own_stall: bool| {
+        // `others_read`: whether someone else reads the tree's disk meanwhile.
+        let run_with = |threshold: Option<f64>, own_stall: bool, others_read: bool| {
+            foreign.store(others_read, Relaxed);
             let stall = stall_until.clone();
             // After the first entry: the system stalls for 600 ms; stay on this entry for
             // 300 ms so the monitor (50 ms samples) sees it before the next entry issues.
@@ -1727,13 +1783,16 @@ mod tests {
                 skip_resident: false,
                 psi_threshold: threshold,
                 psi_path: psi.clone(),
+                diskstats_path: diskstats.clone(),
+                self_io_path: self_io.clone(),
                 ..Default::default()
             };
             replay_on_new_thread(list.clone(), opts, progress)
         };
-        let paused = run_with(Some(0.6), false);
-        let ungated = run_with(None, false);
-        let self_inflicted = run_with(Some(0.6), true);
+        let paused = run_with(Some(0.6), false, false);
+        let ungated = run_with(None, false, false);
+        let self_inflicted = run_with(Some(0.6), true, false);
+        let shared_disk = run_with(Some(0.6), true, true);
         stop.store(true, Relaxed);
         writer.join().unwrap();
         assert!(paused.psi_pauses >= 1, "{paused:?}");
@@ -1743,6 +1802,10 @@ mod tests {
         // The stall was the submitter's own: no back-off from itself.
         assert_eq!(self_inflicted.psi_pauses, 0, "{self_inflicted:?}");
         assert_eq!(self_inflicted.files_replayed, 3);
+        // The submitter is blocked too, but someone else reads the same disk: their stall
+        // cannot be told from ours, so the replay backs off.
+        assert!(shared_disk.psi_pauses >= 1, "{shared_disk:?}");
+        assert_eq!(shared_disk.files_replayed, 3);
         // A pressure file that cannot be read is reported, not silently ignored.
         let opts = ReplayOptions {
             psi_path: dir.join("nosuch"),

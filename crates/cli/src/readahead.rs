@@ -5,7 +5,7 @@ use anyhow::{Context, bail};
 use clap::{Args, Subcommand, ValueEnum};
 use snapblk_readahead::list::{self, Extent, Limits, ListEntry, escape_path};
 use snapblk_readahead::record::{self, Trigger};
-use snapblk_readahead::replay::{self, Method, ReplayOptions, ReplayReport};
+use snapblk_readahead::replay::{self, BackOff, Method, ReplayOptions, ReplayReport};
 use snapblk_readahead::residency::Residency;
 use snapblk_readahead::sys::IoPrio;
 use snapblk_readahead::ui::Progress;
@@ -145,7 +145,10 @@ pub struct ReplayOpts {
     nice: NiceArg,
     /// Pause issuing while other tasks' I/O stall exceeds this percentage: the system-wide
     /// "some" stall (/proc/pressure/io, sampled every 50 ms) minus the replay threads' own;
-    /// 0 disables.
+    /// 0 disables. A pause lasts until the stall drops, at most 5 s; then each submitter
+    /// issues one request and checks again, so under sustained pressure the replay crawls
+    /// (about one request per thread every 5 s). The progress bar and the report say how
+    /// often and how long it paused.
     #[arg(long, default_value_t = 60.0, value_parser = parse_pct)]
     psi_threshold: f64,
     /// Longest wait for in-flight reads to finish before verifying, in seconds (at most 3600).
@@ -452,7 +455,10 @@ pub fn run(c: ReadaheadCmd) -> anyhow::Result<()> {
             let opts = replay_options(&a.opts);
             let bar = Progress::spinner("warm");
             let progress = |d: u64, _t: u64| bar.set(d);
-            let (rep, errors) = replay::warm_tree(&a.walk.paths, &w, &opts, Some(&progress));
+            let watch = |b: BackOff| bar.message(backoff_message("warm", b));
+            let watch = bar.visible().then_some(&watch as replay::BackOffWatch<'_>);
+            let (rep, errors) =
+                replay::warm_tree_watched(&a.walk.paths, &w, &opts, Some(&progress), watch);
             bar.finish();
             print_walk_errors(&errors);
             report_replay(&rep, &a.opts, &errors)?;
@@ -767,9 +773,44 @@ fn run_replay(entries: Vec<ListEntry>, o: &ReplayOpts) -> anyhow::Result<()> {
     let opts = replay_options(o);
     let bar = Progress::new(entries.len() as u64, "replay");
     let progress = |d: u64, _t: u64| bar.set(d);
-    let rep = replay::replay(&entries, &opts, Some(&progress));
+    let watch = |b: BackOff| bar.message(backoff_message("replay", b));
+    let watch = bar.visible().then_some(&watch as replay::BackOffWatch<'_>);
+    let rep = replay::replay_watched(&entries, &opts, Some(&progress), watch);
     bar.finish();
     report_replay(&rep, o, &[])
+}
+
+/// The progress bar's label while the pressure back-off holds the replay: under sustained
+/// outside I/O pressure it crawls (one request per thread per 5 s pause), and a bar that just
+/// stops would look hung.
+fn backoff_message(what: &str, b: BackOff) -> String {
+    if b.paused {
+        format!(
+            "{what}: paused for other tasks' I/O pressure ({} pauses, {:.1} s so far)",
+            b.pauses, b.paused_secs
+        )
+    } else if b.pauses > 0 {
+        format!(
+            "{what} (paused {} times, {:.1} s, for I/O pressure)",
+            b.pauses, b.paused_secs
+        )
+    } else {
+        what.to_string()
+    }
+}
+
+/// The report's account of the pressure back-off.
+fn pressure_text(r: &ReplayReport, psi_threshold: f64) -> String {
+    if r.psi_pauses > 0 {
+        format!(
+            "paused {} times ({:.3} s) for other tasks' I/O pressure above {psi_threshold}%",
+            r.psi_pauses, r.psi_paused_secs
+        )
+    } else if psi_threshold > 0.0 {
+        "no pauses for I/O pressure".to_string()
+    } else {
+        "I/O pressure back-off disabled".to_string()
+    }
 }
 
 /// Prints the report (`walk_errors`: paths a `warm` could not walk, also put in the JSON).
@@ -786,7 +827,7 @@ fn report_replay(
         }
         println!("{v}");
     } else {
-        print_replay(rep);
+        print_replay(rep, o.psi_threshold);
     }
     for w in &rep.warnings {
         eprintln!("snapblk: warning: {w}");
@@ -799,7 +840,7 @@ fn report_replay(
     Ok(())
 }
 
-fn print_replay(r: &ReplayReport) {
+fn print_replay(r: &ReplayReport, psi_threshold: f64) {
     for n in &r.notes {
         println!("note: {n}");
     }
@@ -850,7 +891,7 @@ fn print_replay(r: &ReplayReport) {
         r.passes
     );
     println!(
-        "time: issue {:.3} s, settle {:.3} s{}, total {:.3} s; pressure pauses {} ({:.3} s)",
+        "time: issue {:.3} s, settle {:.3} s{}, total {:.3} s; {}",
         r.issue_secs,
         r.settle_secs,
         if r.settled {
@@ -859,8 +900,7 @@ fn print_replay(r: &ReplayReport) {
             " (reads still in flight at timeout)"
         },
         r.total_secs,
-        r.psi_pauses,
-        r.psi_paused_secs
+        pressure_text(r, psi_threshold)
     );
     for c in r.diskstats.iter().flatten() {
         print!("{}", diskstats_table(c));
@@ -1039,6 +1079,36 @@ mod tests {
         assert_eq!(lines[4], ["read", "ms", "50", "292", "+242"]);
         assert_eq!(lines[5], ["in", "flight", "2", "0", "-2"]);
         assert_eq!(lines.len(), 8);
+    }
+
+    #[test]
+    fn back_off_shows_on_the_bar_and_in_the_report() {
+        let b = |paused, pauses, paused_secs| BackOff {
+            paused,
+            pauses,
+            paused_secs,
+        };
+        assert_eq!(backoff_message("replay", b(false, 0, 0.0)), "replay");
+        assert_eq!(
+            backoff_message("replay", b(true, 3, 10.04)),
+            "replay: paused for other tasks' I/O pressure (3 pauses, 10.0 s so far)"
+        );
+        assert_eq!(
+            backoff_message("warm", b(false, 3, 12.5)),
+            "warm (paused 3 times, 12.5 s, for I/O pressure)"
+        );
+        let mut r = ReplayReport {
+            psi_pauses: 84,
+            psi_paused_secs: 417.25,
+            ..Default::default()
+        };
+        assert_eq!(
+            pressure_text(&r, 60.0),
+            "paused 84 times (417.250 s) for other tasks' I/O pressure above 60%"
+        );
+        r.psi_pauses = 0;
+        assert_eq!(pressure_text(&r, 60.0), "no pauses for I/O pressure");
+        assert_eq!(pressure_text(&r, 0.0), "I/O pressure back-off disabled");
     }
 
     #[test]

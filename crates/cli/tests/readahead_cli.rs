@@ -1468,3 +1468,38 @@ fn require_failure_as_nobody_names_unknown_residency_not_the_first_warning() {
     );
     std::fs::remove_dir_all(&d).unwrap();
 }
+
+#[test]
+fn the_report_and_help_say_how_the_pressure_back_off_throttled() {
+    let d = scratch("backoff");
+    let f = d.join("data");
+    write_file(&f, 64 << 10, 8);
+    let fs = f.to_str().unwrap();
+    let time_line = |extra: &[&str]| {
+        let o = run(&[&["readahead", "warm", fs][..], extra].concat());
+        let out = text(&o.stdout);
+        out.lines()
+            .find(|l| l.starts_with("time: "))
+            .unwrap_or_else(|| panic!("no time line: {out}"))
+            .to_string()
+    };
+    let off = time_line(&["--psi-threshold", "0"]);
+    assert!(off.ends_with("; I/O pressure back-off disabled"), "{off}");
+    // This machine's real pressure decides whether the replay paused; either way the line
+    // says so in words.
+    let on = time_line(&[]);
+    let paused = on.contains(" for other tasks' I/O pressure above 60%")
+        && on.contains("; paused ")
+        && on.contains(" times (");
+    assert!(
+        on.ends_with("; no pauses for I/O pressure") || paused,
+        "{on}"
+    );
+    let help = text(&run(&["readahead", "replay", "--help"]).stdout);
+    let help = help.split_whitespace().collect::<Vec<_>>().join(" ");
+    assert!(
+        help.contains("about one request per thread every 5 s"),
+        "{help}"
+    );
+    std::fs::remove_dir_all(&d).unwrap();
+}

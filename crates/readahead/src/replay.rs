@@ -821,21 +821,92 @@ pub fn replay(
     opts: &ReplayOptions,
     progress: Option<Progress<'_>>,
 ) -> ReplayReport {
+    replay_watched(entries, opts, progress, None)
+}
+
+/// [`replay`], reporting the pressure back-off to `watch` while issuing (see [`BackOff`]).
+pub fn replay_watched(
+    entries: &[ListEntry],
+    opts: &ReplayOptions,
+    progress: Option<Progress<'_>>,
+    watch: Option<BackOffWatch<'_>>,
+) -> ReplayReport {
     let listed = entries.len() as u64;
     let (entries, merged) = merge_duplicates(entries);
     let entries = &entries;
     let total = entries.len() as u64;
     run(opts, false, lag_files(opts.submitters()), |shared| {
         shared.duplicates.fetch_add(merged, Relaxed);
-        parallel_for(
-            entries.len(),
-            shared.opts.submitters(),
-            shared.opts,
-            |i, ctx| shared.pass1(&entries[i], ctx, progress, total),
-            |ctx| shared.drain(ctx),
-        );
+        shared.watching(watch, || {
+            parallel_for(
+                entries.len(),
+                shared.opts.submitters(),
+                shared.opts,
+                |i, ctx| shared.pass1(&entries[i], ctx, progress, total),
+                |ctx| shared.drain(ctx),
+            )
+        });
         (listed, Vec::new())
     })
+}
+
+/// The pressure back-off of a running replay, as reported to a [`BackOffWatch`].
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct BackOff {
+    /// Other tasks' I/O stall is above the threshold now: submitters are pausing (each pause
+    /// lasts until it drops, at most 5 s, then one request goes out before the next check).
+    pub paused: bool,
+    /// Pauses begun so far.
+    pub pauses: u64,
+    /// Time spent in pauses that have ended.
+    pub paused_secs: f64,
+}
+
+/// Called with the [`BackOff`] state whenever it changes (checked every 50 ms while issuing;
+/// a last call with `paused: false` when issuing ends). For progress displays: under
+/// sustained outside pressure a replay crawls, and this is how a terminal can say why.
+pub type BackOffWatch<'a> = &'a (dyn Fn(BackOff) + Sync);
+
+impl Shared<'_> {
+    /// Runs `issue` while a helper thread reports the back-off state to `watch` (no thread
+    /// without a watch or with the back-off disabled).
+    fn watching<R>(&self, watch: Option<BackOffWatch<'_>>, issue: impl FnOnce() -> R) -> R {
+        let Some(watch) = watch.filter(|_| self.opts.psi_threshold.is_some()) else {
+            return issue();
+        };
+        let stop = AtomicBool::new(false);
+        std::thread::scope(|s| {
+            let watcher = s.spawn(|| {
+                let mut last = None;
+                loop {
+                    let done = stop.load(Relaxed);
+                    let st = BackOff {
+                        paused: !done && self.paused.load(Relaxed),
+                        pauses: self.psi_pauses.load(Relaxed),
+                        paused_secs: self.psi_paused_us.load(Relaxed) as f64 / 1e6,
+                    };
+                    if last != Some(st) {
+                        watch(st);
+                        last = Some(st);
+                    }
+                    if done {
+                        break;
+                    }
+                    std::thread::park_timeout(Duration::from_millis(50));
+                }
+            });
+            // Stops the watcher even if `issue` panics (the scope would otherwise wait on it).
+            struct Stop<'a>(&'a AtomicBool, &'a std::thread::Thread);
+            impl Drop for Stop<'_> {
+                fn drop(&mut self) {
+                    self.0.store(true, Relaxed);
+                    self.1.unpark();
+                }
+            }
+            let _stop = Stop(&stop, watcher.thread());
+            issue()
+        })
+    }
 }
 
 /// Warms every regular file under `roots` (whole files) while walking them: the walker threads
@@ -848,29 +919,42 @@ pub fn warm_tree(
     opts: &ReplayOptions,
     progress: Option<Progress<'_>>,
 ) -> (ReplayReport, Vec<WalkError>) {
+    warm_tree_watched(roots, walk_opts, opts, progress, None)
+}
+
+/// [`warm_tree`], reporting the pressure back-off to `watch` while issuing.
+pub fn warm_tree_watched(
+    roots: &[PathBuf],
+    walk_opts: &WalkOptions,
+    opts: &ReplayOptions,
+    progress: Option<Progress<'_>>,
+    watch: Option<BackOffWatch<'_>>,
+) -> (ReplayReport, Vec<WalkError>) {
     let mut walk_errors = Vec::new();
     let report = run(opts, true, lag_files(opts.submitters()), |shared| {
         let w = WalkOptions {
             threads: shared.opts.submitters().clamp(1, 256),
             ..walk_opts.clone()
         };
-        walk_errors = walk::walk_with(
-            roots,
-            &w,
-            || {
-                apply_priority(shared.opts);
-                Ctx::new(shared.opts)
-            },
-            |p, ctx| {
-                let e = ListEntry {
-                    path: p.to_path_buf(),
-                    identity: None,
-                    extent: Extent::Whole,
-                };
-                shared.pass1(&e, ctx, progress, 0);
-            },
-            |mut ctx| shared.drain(&mut ctx),
-        );
+        walk_errors = shared.watching(watch, || {
+            walk::walk_with(
+                roots,
+                &w,
+                || {
+                    apply_priority(shared.opts);
+                    Ctx::new(shared.opts)
+                },
+                |p, ctx| {
+                    let e = ListEntry {
+                        path: p.to_path_buf(),
+                        identity: None,
+                        extent: Extent::Whole,
+                    };
+                    shared.pass1(&e, ctx, progress, 0);
+                },
+                |mut ctx| shared.drain(&mut ctx),
+            )
+        });
         (shared.done.load(Relaxed), Vec::new())
     });
     (report, walk_errors)
@@ -1493,6 +1577,97 @@ mod tests {
         let rep = replay(&[entry(dir.join("big"), None)], &quiet(), None);
         assert!(rep.warnings.is_empty(), "{:?}", rep.warnings);
         assert!(rep.check_require(99.5).is_ok());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn back_off_is_reported_to_the_watch_while_issuing() {
+        let dir = make_tree("watch");
+        let psi = dir.join("fake-pressure-io");
+        let write = |total: u64| {
+            let tmp = psi.with_extension("tmp");
+            std::fs::write(
+                &tmp,
+                format!("some avg10=0.00 avg60=0.00 avg300=0.00 total={total}\n"),
+            )
+            .unwrap();
+            std::fs::rename(&tmp, &psi).unwrap();
+        };
+        write(0);
+        // Once the first entry is done, other tasks stall 100 % of the time for 600 ms.
+        let stall_from = std::sync::Arc::new(Mutex::new(None::<Instant>));
+        let stop = std::sync::Arc::new(AtomicBool::new(false));
+        let writer = {
+            let (psi, stall_from, stop) = (psi.clone(), stall_from.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let (mut total, mut last) = (0u64, Instant::now());
+                while !stop.load(Relaxed) {
+                    std::thread::sleep(Duration::from_millis(5));
+                    let now = Instant::now();
+                    if stall_from
+                        .lock()
+                        .unwrap()
+                        .is_some_and(|t| now >= t && now < t + Duration::from_millis(600))
+                    {
+                        total += now.duration_since(last).as_micros() as u64;
+                    }
+                    last = now;
+                    let tmp = psi.with_extension("tmp");
+                    std::fs::write(
+                        &tmp,
+                        format!("some avg10=0.00 avg60=0.00 avg300=0.00 total={total}\n"),
+                    )
+                    .unwrap();
+                    std::fs::rename(&tmp, &psi).unwrap();
+                }
+            })
+        };
+        let list: Vec<ListEntry> = ["a/one", "a/b/two", "big"]
+            .iter()
+            .map(|n| entry(dir.join(n), None))
+            .collect();
+        let opts = ReplayOptions {
+            threads: Some(1),
+            skip_resident: false,
+            psi_threshold: Some(0.6),
+            psi_path: psi.clone(),
+            ..Default::default()
+        };
+        let seen = Mutex::new(Vec::<BackOff>::new());
+        let watch = |b: BackOff| seen.lock().unwrap().push(b);
+        let progress = |done: u64, _: u64| {
+            if done == 1 {
+                *stall_from.lock().unwrap() = Some(Instant::now());
+                // Idle (not an own stall) while the monitor sees the pressure.
+                crate::ownstall::nap(Duration::from_millis(300));
+            }
+        };
+        let rep = replay_watched(&list, &opts, Some(&progress), Some(&watch));
+        stop.store(true, Relaxed);
+        writer.join().unwrap();
+        let seen = seen.into_inner().unwrap();
+        assert!(rep.psi_pauses >= 1, "{rep:?}");
+        assert!(
+            seen.iter().any(|b| b.paused),
+            "never reported paused: {seen:?}"
+        );
+        let last = seen.last().copied().unwrap_or_default();
+        assert!(!last.paused, "{seen:?}");
+        assert!(
+            last.pauses >= 1 && last.pauses <= rep.psi_pauses,
+            "{seen:?} {rep:?}"
+        );
+        assert!(last.paused_secs > 0.0, "{seen:?}");
+        // Consecutive reports differ (sent on change only).
+        assert!(seen.windows(2).all(|w| w[0] != w[1]), "{seen:?}");
+        // No watch thread and no calls with the back-off disabled.
+        let calls = AtomicU64::new(0);
+        let count = |_: BackOff| {
+            calls.fetch_add(1, Relaxed);
+        };
+        let quiet_rep = replay_watched(&list, &quiet(), None, Some(&count));
+        assert_eq!(quiet_rep.files_replayed, 3);
+        assert_eq!(calls.load(Relaxed), 0);
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

@@ -32,6 +32,18 @@ impl Progress {
         Progress(Some(pb))
     }
 
+    /// Whether anything is shown (stderr is a terminal).
+    pub fn visible(&self) -> bool {
+        self.0.is_some()
+    }
+
+    /// Replaces the text before the bar (e.g. to say why it stopped moving).
+    pub fn message(&self, msg: String) {
+        if let Some(p) = &self.0 {
+            p.set_message(msg);
+        }
+    }
+
     pub fn set(&self, pos: u64) {
         if let Some(p) = &self.0 {
             p.set_position(pos);

@@ -144,8 +144,8 @@ pub struct ReplayOpts {
     #[arg(long, default_value = "10", value_parser = parse_nice)]
     nice: NiceArg,
     /// Pause issuing while other tasks' I/O stall exceeds this percentage: the system-wide
-    /// "some" stall (/proc/pressure/io, sampled every 50 ms) minus the replay threads' own;
-    /// 0 disables. A pause lasts until the stall drops, at most 5 s; then each submitter
+    /// "some" stall (/proc/pressure/io, sampled every 50 ms), all of it when others read from
+    /// the replayed files' disks meanwhile, else minus the replay threads' own; 0 disables. A pause lasts until the stall drops, at most 5 s; then each submitter
     /// issues one request and checks again, so under sustained pressure the replay crawls
     /// (about one request per thread every 5 s). The progress bar and the report say how
     /// often and how long it paused.

@@ -222,10 +222,12 @@ pub fn others(psi: f64, own: Option<&[f64]>, foreign: Option<u64>) -> f64 {
 ///
 /// This process's reads are counted when submitted, the devices' when completed, and a 2 MiB
 /// readahead may wait behind hundreds of others: per interval the two counters differ by
-/// tens of MB either way (measured). So the balance `device reads - own reads` since the
-/// baseline is tracked instead: without other readers it stays at or below zero (minus the
-/// replay's bytes in flight); reads by others raise it, and only a rise above its previous
-/// peak counts, so the replay's own backlog completing is never mistaken for them.
+/// tens of MB either way (measured). So the balance `device reads - own reads` since a
+/// baseline taken *before the replay issues anything* is tracked instead: without other
+/// readers it stays at or below zero (minus the replay's bytes in flight); reads by others
+/// raise it, and only a rise above its previous peak counts, so the replay's own backlog
+/// completing is never mistaken for them. (A baseline taken mid-run would count reads already
+/// in flight then as others': measured, one false pause per run.)
 pub struct ForeignReads {
     diskstats: PathBuf,
     self_io: PathBuf,
@@ -234,22 +236,20 @@ pub struct ForeignReads {
     peak: i128,
 }
 
-/// Counters when the set of devices last changed.
+/// Every device's read bytes and this process's, when sampling began.
 struct Baseline {
-    device_bytes: u64,
+    devices: Vec<((u32, u32), u64)>,
     own_bytes: u64,
-    devs: Vec<(u32, u32)>,
 }
 
-/// Sum of sectors read (in bytes) of the `devs` lines of a /proc/diskstats file.
-fn device_read_bytes(path: &Path, devs: &[(u32, u32)]) -> Option<u64> {
+/// Read bytes (sectors × 512) of every device in a /proc/diskstats file.
+fn device_read_bytes(path: &Path) -> Option<Vec<((u32, u32), u64)>> {
     let s = std::fs::read_to_string(path).ok()?;
     Some(
         crate::sysstat::parse_diskstats(&s)
             .iter()
-            .filter(|d| devs.contains(&(d.major, d.minor)))
-            .map(|d| d.sectors_read.saturating_mul(512))
-            .sum(),
+            .map(|d| ((d.major, d.minor), d.sectors_read.saturating_mul(512)))
+            .collect(),
     )
 }
 
@@ -264,34 +264,49 @@ fn self_read_bytes(path: &Path) -> Option<u64> {
 }
 
 impl ForeignReads {
-    /// Reads /proc/diskstats and /proc/self/io, or the given stand-ins (tests).
+    /// Takes the baseline now, from /proc/diskstats and /proc/self/io or the given stand-ins
+    /// (tests): call it before issuing anything.
     pub fn new(diskstats: &Path, self_io: &Path) -> Self {
-        ForeignReads {
+        let mut f = ForeignReads {
             diskstats: diskstats.to_path_buf(),
             self_io: self_io.to_path_buf(),
             base: None,
             peak: 0,
-        }
+        };
+        f.base = f.read_base();
+        f
     }
 
-    /// Bytes others read from `devs` since the previous call (the first call, and the first
-    /// after `devs` changed, only set a baseline); `None` if a file cannot be read.
+    fn read_base(&self) -> Option<Baseline> {
+        Some(Baseline {
+            devices: device_read_bytes(&self.diskstats)?,
+            own_bytes: self_read_bytes(&self.self_io)?,
+        })
+    }
+
+    /// Bytes others read from `devs` since the previous call (a device that joins `devs`
+    /// brings its reads since the baseline); `None` if a file cannot be read (then the
+    /// baseline is retried on the next call).
     pub fn sample(&mut self, devs: &[(u32, u32)]) -> Option<u64> {
-        let dev = device_read_bytes(&self.diskstats, devs)?;
-        let mine = self_read_bytes(&self.self_io)?;
-        let b = match &self.base {
-            Some(b) if b.devs == devs => b,
-            _ => {
-                self.base = Some(Baseline {
-                    device_bytes: dev,
-                    own_bytes: mine,
-                    devs: devs.to_vec(),
-                });
-                self.peak = 0;
-                return None;
-            }
+        let Some(base) = &self.base else {
+            self.base = self.read_base();
+            return None;
         };
-        let balance = (dev as i128 - b.device_bytes as i128) - (mine as i128 - b.own_bytes as i128);
+        let now = device_read_bytes(&self.diskstats)?;
+        let mine = self_read_bytes(&self.self_io)?;
+        let dev: i128 = now
+            .iter()
+            .filter(|(d, _)| devs.contains(d))
+            .map(|(d, b)| {
+                let b0 = base
+                    .devices
+                    .iter()
+                    .find(|(d0, _)| d0 == d)
+                    .map_or(0, |x| x.1);
+                *b as i128 - b0 as i128
+            })
+            .sum();
+        let balance = dev - (mine as i128 - base.own_bytes as i128);
         let rise = (balance - self.peak).max(0);
         self.peak = self.peak.max(balance);
         Some(rise as u64)
@@ -397,32 +412,39 @@ mod tests {
             )
             .unwrap();
         };
-        let mut f = ForeignReads::new(&ds, &io);
-        let sda = [(8, 0)];
-        write(1000, 0, 0);
-        assert_eq!(f.sample(&sda), None, "baseline");
         const MIB: u64 = 2048; // sectors
+        let sda = [(8, 0)];
+        write(1000, 500, 0);
+        // The baseline is taken here, before the replay issues anything.
+        let mut f = ForeignReads::new(&ds, &io);
         // sda read 4 MiB, 3 MiB of it ours; sdb's reads do not count.
-        write(1000 + 4 * MIB, 99_999, 3 << 20);
+        write(1000 + 4 * MIB, 500 + MIB, 3 << 20);
         assert_eq!(f.sample(&sda), Some(1 << 20));
         // Only our own reads: nothing foreign.
-        write(1000 + 8 * MIB, 99_999, 7 << 20);
+        write(1000 + 8 * MIB, 500 + MIB, 7 << 20);
         assert_eq!(f.sample(&sda), Some(0));
         // We submit 10 MiB that the device has not completed yet, then it completes them:
         // our backlog, not someone else's reads.
-        write(1000 + 8 * MIB, 99_999, 17 << 20);
+        write(1000 + 8 * MIB, 500 + MIB, 17 << 20);
         assert_eq!(f.sample(&sda), Some(0));
-        write(1000 + 18 * MIB, 99_999, 17 << 20);
+        write(1000 + 18 * MIB, 500 + MIB, 17 << 20);
         assert_eq!(f.sample(&sda), Some(0));
         // Someone else reads 5 MiB.
-        write(1000 + 23 * MIB, 99_999, 17 << 20);
+        write(1000 + 23 * MIB, 500 + MIB, 17 << 20);
         assert_eq!(f.sample(&sda), Some(5 << 20));
-        // A device joins the set: a new baseline, not its whole history as foreign reads.
-        assert_eq!(f.sample(&[(8, 0), (8, 16)]), None);
+        // A device joins the set: its reads since the baseline are others'.
+        assert_eq!(f.sample(&[(8, 0), (8, 16)]), Some(1 << 20));
         assert_eq!(f.sample(&[(8, 0), (8, 16)]), Some(0));
         // Unreadable files: no answer.
         std::fs::remove_file(&io).unwrap();
         assert_eq!(f.sample(&sda), None);
+        // Unreadable at the start: the first call that can read them takes the baseline.
+        let mut late = ForeignReads::new(&ds, &io);
+        assert_eq!(late.sample(&sda), None);
+        write(1000 + 23 * MIB, 500 + MIB, 17 << 20);
+        assert_eq!(late.sample(&sda), None, "baseline");
+        write(1000 + 24 * MIB, 500 + MIB, 17 << 20);
+        assert_eq!(late.sample(&sda), Some(1 << 20));
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

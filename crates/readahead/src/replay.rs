@@ -1033,12 +1033,15 @@ fn run(
         {
             let shared = &shared;
             let stop = &stop_monitor;
+            // Baseline before anything is issued (see ForeignReads).
+            let mut foreign = ownstall::ForeignReads::new(&opts.diskstats_path, &opts.self_io_path);
             monitor = Some(s.spawn(move || {
                 // The submitters' own stalls are discounted (see `ownstall`): a cold warm-up
                 // stalls on its own metadata reads and must not back off from itself.
                 let mut own = ownstall::Sampler::default();
-                let mut foreign =
-                    ownstall::ForeignReads::new(&opts.diskstats_path, &opts.self_io_path);
+                // The first period only sets the samplers' baselines: deciding on it would
+                // take the whole figure as others' (one needless pause per thread at start).
+                let mut primed = false;
                 while !stop.load(Relaxed) {
                     // Parked, not asleep: the end of the replay wakes it at once instead of
                     // waiting out the period (up to 50 ms added to every run).
@@ -1053,7 +1056,10 @@ fn run(
                                 "pressure {f:.3} own {mine:.3?} foreign {theirs:?} -> {o:.3}"
                             );
                         }
-                        shared.paused.store(o > th, Relaxed);
+                        if primed {
+                            shared.paused.store(o > th, Relaxed);
+                        }
+                        primed = true;
                     }
                 }
                 shared.paused.store(false, Relaxed);

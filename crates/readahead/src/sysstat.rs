@@ -95,30 +95,25 @@ pub fn diskstats() -> Vec<DiskStat> {
         .unwrap_or_default()
 }
 
-/// Per-device difference `after - before` for the devices in `devs` (major, minor).
+/// Per-device difference `after - before` for the devices in `devs` (major, minor), in the
+/// older flat shape (`in_flight` is the level after): [`diskstats_change`] projected.
 pub fn diskstats_delta(
     before: &[DiskStat],
     after: &[DiskStat],
     devs: &[(u32, u32)],
 ) -> Vec<DiskStat> {
-    after
-        .iter()
-        .filter(|a| devs.contains(&(a.major, a.minor)))
-        .filter_map(|a| {
-            let b = before
-                .iter()
-                .find(|b| (b.major, b.minor) == (a.major, a.minor))?;
-            Some(DiskStat {
-                name: a.name.clone(),
-                major: a.major,
-                minor: a.minor,
-                reads: a.reads.saturating_sub(b.reads),
-                sectors_read: a.sectors_read.saturating_sub(b.sectors_read),
-                read_ms: a.read_ms.saturating_sub(b.read_ms),
-                writes: a.writes.saturating_sub(b.writes),
-                sectors_written: a.sectors_written.saturating_sub(b.sectors_written),
-                in_flight: a.in_flight,
-            })
+    diskstats_change(before, after, devs)
+        .into_iter()
+        .map(|c| DiskStat {
+            name: c.name,
+            major: c.major,
+            minor: c.minor,
+            reads: c.delta.reads,
+            sectors_read: c.delta.sectors_read,
+            read_ms: c.delta.read_ms,
+            writes: c.delta.writes,
+            sectors_written: c.delta.sectors_written,
+            in_flight: c.after.in_flight,
         })
         .collect()
 }

@@ -167,14 +167,17 @@ fn check_comparison(v: &serde_json::Value, err: &str, a: &str, b: &str) {
     assert_eq!(order, want, "{err}");
 }
 
-#[test]
-fn two_libraries_are_compared_in_one_interleaved_run() {
-    let so = libblkio();
-    let d = TempDir::new("bench-lib-two");
+/// A 4 MiB zeroed image in `d` for the library comparisons.
+fn small_image(d: &TempDir) -> PathBuf {
     let img = d.join("img");
     std::fs::write(&img, vec![0u8; 4 << 20]).unwrap();
-    let args = [
-        path_str(&img),
+    img
+}
+
+/// The comparison runs' options: QD1 and QD8, two interleaved repetitions, JSON.
+fn comparison_args(img: &std::path::Path) -> [&str; 10] {
+    [
+        path_str(img),
         "--driver",
         "io_uring",
         "--iodepth",
@@ -184,7 +187,15 @@ fn two_libraries_are_compared_in_one_interleaved_run() {
         "--repeat",
         "2",
         "--json",
-    ];
+    ]
+}
+
+#[test]
+fn two_libraries_are_compared_in_one_interleaved_run() {
+    let so = libblkio();
+    let d = TempDir::new("bench-lib-two");
+    let img = small_image(&d);
+    let args = comparison_args(&img);
     let (v, err) = compare(&[("mine", &so), ("again", &so)], &args);
     check_comparison(&v, &err, "mine", "again");
     assert!(
@@ -224,20 +235,8 @@ fn real_libblkio_and_snapblk_compared_in_one_run() {
     );
     let so = libblkio();
     let d = TempDir::new("bench-lib-real");
-    let img = d.join("img");
-    std::fs::write(&img, vec![0u8; 4 << 20]).unwrap();
-    let args = [
-        path_str(&img),
-        "--driver",
-        "io_uring",
-        "--iodepth",
-        "1,8",
-        "--runtime",
-        "0.1",
-        "--repeat",
-        "2",
-        "--json",
-    ];
+    let img = small_image(&d);
+    let args = comparison_args(&img);
     let (v, err) = compare(&[("real", &real), ("snapblk", &so)], &args);
     check_comparison(&v, &err, "real", "snapblk");
 }

@@ -313,6 +313,8 @@ struct Issued {
 struct Shared<'a> {
     opts: &'a ReplayOptions,
     paused: AtomicBool,
+    /// Where the pressure monitor reports the back-off (see [`Shared::report_backoff`]).
+    watch: Mutex<Watch<'a>>,
     /// The submitters, whose own I/O stalls the pressure back-off discounts.
     own: OwnStall,
     /// Devices (major, minor) holding the files issued so far, for the back-off's view of
@@ -835,17 +837,15 @@ pub fn replay_watched(
     let (entries, merged) = merge_duplicates(entries);
     let entries = &entries;
     let total = entries.len() as u64;
-    run(opts, false, lag_files(opts.submitters()), |shared| {
+    run(opts, false, lag_files(opts.submitters()), watch, |shared| {
         shared.duplicates.fetch_add(merged, Relaxed);
-        shared.watching(watch, || {
-            parallel_for(
-                entries.len(),
-                shared.opts.submitters(),
-                shared.opts,
-                |i, ctx| shared.pass1(&entries[i], ctx, progress, total),
-                |ctx| shared.drain(ctx),
-            )
-        });
+        parallel_for(
+            entries.len(),
+            shared.opts.submitters(),
+            shared.opts,
+            |i, ctx| shared.pass1(&entries[i], ctx, progress, total),
+            |ctx| shared.drain(ctx),
+        );
         (listed, Vec::new())
     })
 }
@@ -862,50 +862,43 @@ pub struct BackOff {
     pub paused_secs: f64,
 }
 
-/// Called with the [`BackOff`] state whenever it changes (checked every 50 ms while issuing;
-/// a last call with `paused: false` when issuing ends). For progress displays: under
-/// sustained outside pressure a replay crawls, and this is how a terminal can say why.
+/// Called with the [`BackOff`] state whenever it changes, by the pressure monitor at its 50 ms
+/// samples while issuing, plus a last call with `paused: false` when issuing ends (if that is a
+/// change). Never called when the back-off is disabled or I/O pressure is unavailable. For
+/// progress displays: under sustained outside pressure a replay crawls, and this is how a
+/// terminal can say why.
 pub type BackOffWatch<'a> = &'a (dyn Fn(BackOff) + Sync);
 
+/// The watch of a running replay and the state it was last told; `to` is `None` without a
+/// watch and once issuing has ended.
+struct Watch<'a> {
+    to: Option<BackOffWatch<'a>>,
+    last: Option<BackOff>,
+}
+
 impl Shared<'_> {
-    /// Runs `issue` while a helper thread reports the back-off state to `watch` (no thread
-    /// without a watch or with the back-off disabled).
-    fn watching<R>(&self, watch: Option<BackOffWatch<'_>>, issue: impl FnOnce() -> R) -> R {
-        let Some(watch) = watch.filter(|_| self.opts.psi_threshold.is_some()) else {
-            return issue();
+    /// Tells the watch the back-off state if it changed since the last call. `end`: issuing
+    /// has ended, so this is the last call (`paused: false`; later verification passes are
+    /// not reported). The lock keeps the calls in order and none after the last.
+    fn report_backoff(&self, end: bool) {
+        let Ok(mut w) = self.watch.lock() else {
+            return;
         };
-        let stop = AtomicBool::new(false);
-        std::thread::scope(|s| {
-            let watcher = s.spawn(|| {
-                let mut last = None;
-                loop {
-                    let done = stop.load(Relaxed);
-                    let st = BackOff {
-                        paused: !done && self.paused.load(Relaxed),
-                        pauses: self.psi_pauses.load(Relaxed),
-                        paused_secs: self.psi_paused_us.load(Relaxed) as f64 / 1e6,
-                    };
-                    if last != Some(st) {
-                        watch(st);
-                        last = Some(st);
-                    }
-                    if done {
-                        break;
-                    }
-                    std::thread::park_timeout(Duration::from_millis(50));
-                }
-            });
-            // Stops the watcher even if `issue` panics (the scope would otherwise wait on it).
-            struct Stop<'a>(&'a AtomicBool, &'a std::thread::Thread);
-            impl Drop for Stop<'_> {
-                fn drop(&mut self) {
-                    self.0.store(true, Relaxed);
-                    self.1.unpark();
-                }
-            }
-            let _stop = Stop(&stop, watcher.thread());
-            issue()
-        })
+        let Some(to) = w.to else {
+            return;
+        };
+        let st = BackOff {
+            paused: !end && self.paused.load(Relaxed),
+            pauses: self.psi_pauses.load(Relaxed),
+            paused_secs: self.psi_paused_us.load(Relaxed) as f64 / 1e6,
+        };
+        if w.last != Some(st) {
+            to(st);
+            w.last = Some(st);
+        }
+        if end {
+            w.to = None;
+        }
     }
 }
 
@@ -931,30 +924,28 @@ pub fn warm_tree_watched(
     watch: Option<BackOffWatch<'_>>,
 ) -> (ReplayReport, Vec<WalkError>) {
     let mut walk_errors = Vec::new();
-    let report = run(opts, true, lag_files(opts.submitters()), |shared| {
+    let report = run(opts, true, lag_files(opts.submitters()), watch, |shared| {
         let w = WalkOptions {
             threads: shared.opts.submitters().clamp(1, 256),
             ..walk_opts.clone()
         };
-        walk_errors = shared.watching(watch, || {
-            walk::walk_with(
-                roots,
-                &w,
-                || {
-                    apply_priority(shared.opts);
-                    Ctx::new(shared.opts)
-                },
-                |p, ctx| {
-                    let e = ListEntry {
-                        path: p.to_path_buf(),
-                        identity: None,
-                        extent: Extent::Whole,
-                    };
-                    shared.pass1(&e, ctx, progress, 0);
-                },
-                |mut ctx| shared.drain(&mut ctx),
-            )
-        });
+        walk_errors = walk::walk_with(
+            roots,
+            &w,
+            || {
+                apply_priority(shared.opts);
+                Ctx::new(shared.opts)
+            },
+            |p, ctx| {
+                let e = ListEntry {
+                    path: p.to_path_buf(),
+                    identity: None,
+                    extent: Extent::Whole,
+                };
+                shared.pass1(&e, ctx, progress, 0);
+            },
+            |mut ctx| shared.drain(&mut ctx),
+        );
         (shared.done.load(Relaxed), Vec::new())
     });
     (report, walk_errors)
@@ -964,10 +955,12 @@ pub fn warm_tree_watched(
 /// verification) and returns the number of entries; then whatever is unverified is checked
 /// (waiting for reads in flight), absent ranges are re-issued up to `retries` times, and the
 /// report is assembled.
+/// The back-off's state changes go to `watch` while `feed` runs (see [`BackOffWatch`]).
 fn run(
     opts: &ReplayOptions,
     tree: bool,
     lag_files: usize,
+    watch: Option<BackOffWatch<'_>>,
     feed: impl FnOnce(&Shared<'_>) -> (u64, Vec<String>),
 ) -> ReplayReport {
     let t0 = Instant::now();
@@ -990,9 +983,22 @@ fn run(
     };
     apply_priority(opts);
     let ps = sys::page_size();
+    let psi = opts
+        .psi_threshold
+        .and_then(|th| Some((th, PsiSampler::open(&opts.psi_path)?)));
+    if psi.is_none() && opts.psi_threshold.is_some() {
+        notes.push(format!(
+            "I/O pressure unavailable ({} unreadable): no back-off",
+            opts.psi_path.display()
+        ));
+    }
     let shared = Shared {
         opts,
         paused: AtomicBool::new(false),
+        watch: Mutex::new(Watch {
+            to: watch.filter(|_| psi.is_some()),
+            last: None,
+        }),
         own: OwnStall::default(),
         devs: Mutex::new(Vec::new()),
         last_dev: AtomicU64::new(u64::MAX),
@@ -1026,51 +1032,59 @@ fn run(
     let stop_monitor = AtomicBool::new(false);
 
     std::thread::scope(|s| {
-        // Pressure monitor: flips `paused` every 50 ms.
-        let mut monitor = None;
-        if let Some(th) = opts.psi_threshold
-            && let Some(mut psi) = PsiSampler::open(&opts.psi_path)
-        {
+        // Pressure monitor: flips `paused` every 50 ms and tells the watch. Stopped by
+        // `stop_guard`, also if anything below panics (the scope would wait for it forever).
+        let mut stop_guard = StopMonitor(&stop_monitor, None);
+        if let Some((th, mut psi)) = psi {
             let shared = &shared;
             let stop = &stop_monitor;
             // Baseline before anything is issued (see ForeignReads).
             let mut foreign = ownstall::ForeignReads::new(&opts.diskstats_path, &opts.self_io_path);
-            monitor = Some(s.spawn(move || {
-                // The submitters' own stalls are discounted (see `ownstall`): a cold warm-up
-                // stalls on its own metadata reads and must not back off from itself.
-                let mut own = ownstall::Sampler::default();
-                // The first period only sets the samplers' baselines: deciding on it would
-                // take the whole figure as others' (one needless pause per thread at start).
-                let mut primed = false;
-                while !stop.load(Relaxed) {
-                    // Parked, not asleep: the end of the replay wakes it at once instead of
-                    // waiting out the period (up to 50 ms added to every run).
-                    std::thread::park_timeout(Duration::from_millis(50));
-                    let mine = own.sample(&shared.own);
-                    let devs = shared.devs.lock().map(|v| v.clone()).unwrap_or_default();
-                    let theirs = foreign.sample(&devs);
-                    if let Some(f) = psi.sample() {
-                        let o = ownstall::others(f, mine.as_deref(), theirs);
-                        if debug_enabled() {
-                            eprintln!(
-                                "pressure {f:.3} own {mine:.3?} foreign {theirs:?} -> {o:.3}"
-                            );
+            let monitor = std::thread::Builder::new()
+                .name(MONITOR_THREAD.into())
+                .spawn_scoped(s, move || {
+                    // The submitters' own stalls are discounted (see `ownstall`): a cold warm-up
+                    // stalls on its own metadata reads and must not back off from itself.
+                    let mut own = ownstall::Sampler::default();
+                    // The first period only sets the samplers' baselines: deciding on it would
+                    // take the whole figure as others' (one needless pause per thread at start).
+                    let mut primed = false;
+                    while !stop.load(Relaxed) {
+                        // Parked, not asleep: the end of the replay wakes it at once instead of
+                        // waiting out the period (up to 50 ms added to every run).
+                        std::thread::park_timeout(Duration::from_millis(50));
+                        let mine = own.sample(&shared.own);
+                        let devs = shared.devs.lock().map(|v| v.clone()).unwrap_or_default();
+                        let theirs = foreign.sample(&devs);
+                        if let Some(f) = psi.sample() {
+                            let o = ownstall::others(f, mine.as_deref(), theirs);
+                            if debug_enabled() {
+                                eprintln!(
+                                    "pressure {f:.3} own {mine:.3?} foreign {theirs:?} -> {o:.3}"
+                                );
+                            }
+                            if primed {
+                                shared.paused.store(o > th, Relaxed);
+                            }
+                            primed = true;
                         }
-                        if primed {
-                            shared.paused.store(o > th, Relaxed);
-                        }
-                        primed = true;
+                        shared.report_backoff(false);
                     }
+                    shared.paused.store(false, Relaxed);
+                });
+            match monitor {
+                Ok(m) => stop_guard.1 = Some(m.thread().clone()),
+                Err(e) => {
+                    if let Ok(mut w) = shared.watch.lock() {
+                        w.to = None;
+                    }
+                    notes.push(format!("pressure monitor not started ({e}): no back-off"));
                 }
-                shared.paused.store(false, Relaxed);
-            }));
-        } else if opts.psi_threshold.is_some() {
-            notes.push(format!(
-                "I/O pressure unavailable ({} unreadable): no back-off",
-                opts.psi_path.display()
-            ));
+            }
         }
         let (total, feed_notes) = feed(&shared);
+        // Issuing has ended: the watch hears `paused: false` and nothing more.
+        shared.report_backoff(true);
         notes.extend(feed_notes);
         let issue_end = Duration::from_micros(shared.issue_end_us.load(Relaxed)).min(t0.elapsed());
         let issue_secs = issue_end.as_secs_f64();
@@ -1166,10 +1180,7 @@ fn run(
                 _ => unverifiable += prepared[i].ranges.total_bytes(),
             }
         }
-        stop_monitor.store(true, Relaxed);
-        if let Some(m) = &monitor {
-            m.thread().unpark();
-        }
+        drop(stop_guard);
 
         let disk_after = opts.diskstats.then(sysstat::diskstats);
         let req = shared.requested.load(Relaxed);
@@ -1245,6 +1256,22 @@ fn run(
         rep.warnings = shortfalls(&rep, tree, opts.allow_stale);
         rep
     })
+}
+
+/// Name of the pressure monitor thread (the one that calls a [`BackOffWatch`] while issuing).
+const MONITOR_THREAD: &str = "ra-pressure";
+
+/// Stops the pressure monitor (if started) when dropped.
+struct StopMonitor<'a>(&'a AtomicBool, Option<std::thread::Thread>);
+
+impl Drop for StopMonitor<'_> {
+    fn drop(&mut self) {
+        self.0.store(true, Relaxed);
+        if let Some(t) = &self.1 {
+            // Wakes it from its 50 ms park at once.
+            t.unpark();
+        }
+    }
 }
 
 /// Verification of a file on its open fd (trust in mincore was settled when pass 1 measured
@@ -1491,7 +1518,7 @@ mod tests {
             psi_threshold: None,
             ..Default::default()
         };
-        let rep = run(&opts, false, 0, |shared| {
+        let rep = run(&opts, false, 0, None, |shared| {
             parallel_for(
                 entries.len(),
                 1,
@@ -1586,94 +1613,192 @@ mod tests {
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
-    #[test]
-    fn back_off_is_reported_to_the_watch_while_issuing() {
-        let dir = make_tree("watch");
-        let psi = dir.join("fake-pressure-io");
-        let write = |total: u64| {
-            let tmp = psi.with_extension("tmp");
-            std::fs::write(
-                &tmp,
-                format!("some avg10=0.00 avg60=0.00 avg300=0.00 total={total}\n"),
-            )
-            .unwrap();
-            std::fs::rename(&tmp, &psi).unwrap();
-        };
-        write(0);
-        // Once the first entry is done, other tasks stall 100 % of the time for 600 ms.
-        let stall_from = std::sync::Arc::new(Mutex::new(None::<Instant>));
-        let stop = std::sync::Arc::new(AtomicBool::new(false));
-        let writer = {
-            let (psi, stall_from, stop) = (psi.clone(), stall_from.clone(), stop.clone());
-            std::thread::spawn(move || {
-                let (mut total, mut last) = (0u64, Instant::now());
+    /// Fake /proc/pressure/io, /proc/diskstats and /proc/self/io for the back-off, rewritten
+    /// every 5 ms by a thread: the "some" total (µs stalled) grows with wall time, i.e. 100 %
+    /// stall, until the instant set by [`FakePressure::stall_for`]; while `foreign` is set, the
+    /// device `dev` reads 1 MiB per 5 ms that this process did not cause (someone else reading
+    /// the same disk).
+    struct FakePressure {
+        psi: PathBuf,
+        diskstats: PathBuf,
+        self_io: PathBuf,
+        stall_until: std::sync::Arc<Mutex<Option<Instant>>>,
+        foreign: std::sync::Arc<AtomicBool>,
+        stop: std::sync::Arc<AtomicBool>,
+        writer: Option<std::thread::JoinHandle<()>>,
+    }
+
+    /// Writes `text` to `path` atomically (readers never see a half-written file).
+    fn replace_file(path: &Path, text: &str) {
+        let tmp = path.with_extension("tmp");
+        std::fs::write(&tmp, text).unwrap();
+        std::fs::rename(&tmp, path).unwrap();
+    }
+
+    impl FakePressure {
+        fn start(dir: &Path, dev: u64) -> FakePressure {
+            let psi_text = |total: u64| {
+                format!(
+                    "some avg10=0.00 avg60=0.00 avg300=0.00 total={total}\n\
+                     full avg10=0.00 avg60=0.00 avg300=0.00 total=0\n"
+                )
+            };
+            let dev_line = move |sectors: u64| {
+                format!(
+                    "{} {} fake 100 0 {sectors} 10 0 0 0 0 0 0 0\n",
+                    libc::major(dev),
+                    libc::minor(dev)
+                )
+            };
+            let mut f = FakePressure {
+                psi: dir.join("fake-pressure-io"),
+                diskstats: dir.join("fake-diskstats"),
+                self_io: dir.join("fake-io"),
+                stall_until: Default::default(),
+                foreign: Default::default(),
+                stop: Default::default(),
+                writer: None,
+            };
+            replace_file(&f.psi, &psi_text(1000));
+            replace_file(&f.diskstats, &dev_line(0));
+            replace_file(&f.self_io, "rchar: 0\nread_bytes: 4096\n");
+            let (psi, diskstats) = (f.psi.clone(), f.diskstats.clone());
+            let (stall_until, foreign, stop) =
+                (f.stall_until.clone(), f.foreign.clone(), f.stop.clone());
+            f.writer = Some(std::thread::spawn(move || {
+                let (mut total, mut last, mut sectors) = (1000u64, Instant::now(), 0u64);
                 while !stop.load(Relaxed) {
                     std::thread::sleep(Duration::from_millis(5));
                     let now = Instant::now();
-                    if stall_from
-                        .lock()
-                        .unwrap()
-                        .is_some_and(|t| now >= t && now < t + Duration::from_millis(600))
-                    {
+                    if stall_until.lock().unwrap().is_some_and(|u| now < u) {
                         total += now.duration_since(last).as_micros() as u64;
                     }
                     last = now;
-                    let tmp = psi.with_extension("tmp");
-                    std::fs::write(
-                        &tmp,
-                        format!("some avg10=0.00 avg60=0.00 avg300=0.00 total={total}\n"),
-                    )
-                    .unwrap();
-                    std::fs::rename(&tmp, &psi).unwrap();
+                    replace_file(&psi, &psi_text(total));
+                    if foreign.load(Relaxed) {
+                        sectors += 2048;
+                        replace_file(&diskstats, &dev_line(sectors));
+                    }
                 }
-            })
-        };
-        let list: Vec<ListEntry> = ["a/one", "a/b/two", "big"]
+            }));
+            f
+        }
+
+        /// Callable from a progress callback: the system stalls from now for `d`.
+        fn staller(&self) -> impl Fn(Duration) + Send + Sync + 'static {
+            let until = self.stall_until.clone();
+            move |d| *until.lock().unwrap() = Some(Instant::now() + d)
+        }
+
+        /// One submitter, no skipping, and the back-off at `threshold` reading the fakes.
+        fn options(&self, threshold: Option<f64>) -> ReplayOptions {
+            ReplayOptions {
+                threads: Some(1),
+                skip_resident: false,
+                psi_threshold: threshold,
+                psi_path: self.psi.clone(),
+                diskstats_path: self.diskstats.clone(),
+                self_io_path: self.self_io.clone(),
+                ..Default::default()
+            }
+        }
+    }
+
+    impl Drop for FakePressure {
+        fn drop(&mut self) {
+            self.stop.store(true, Relaxed);
+            if let Some(w) = self.writer.take() {
+                let _ = w.join();
+            }
+        }
+    }
+
+    /// The three non-empty files of [`make_tree`] as a whole-file list.
+    fn tree_list(dir: &Path) -> Vec<ListEntry> {
+        ["a/one", "a/b/two", "big"]
             .iter()
             .map(|n| entry(dir.join(n), None))
-            .collect();
-        let opts = ReplayOptions {
-            threads: Some(1),
-            skip_resident: false,
-            psi_threshold: Some(0.6),
-            psi_path: psi.clone(),
-            ..Default::default()
+            .collect()
+    }
+
+    #[test]
+    fn back_off_is_reported_to_the_watch_by_the_pressure_monitor() {
+        let dir = make_tree("watch");
+        let fake = FakePressure::start(&dir, std::fs::metadata(dir.join("big")).unwrap().dev());
+        let list = tree_list(&dir);
+        // Each call with the name of the thread that made it.
+        let seen = Mutex::new(Vec::<(BackOff, Option<String>)>::new());
+        let watch = |b: BackOff| {
+            let name = std::thread::current().name().map(String::from);
+            seen.lock().unwrap().push((b, name));
         };
-        let seen = Mutex::new(Vec::<BackOff>::new());
-        let watch = |b: BackOff| seen.lock().unwrap().push(b);
+        let stall = fake.staller();
         let progress = |done: u64, _: u64| {
             if done == 1 {
-                *stall_from.lock().unwrap() = Some(Instant::now());
-                // Idle (not an own stall) while the monitor sees the pressure.
+                // Other tasks stall 100 % of the time for 600 ms; idle (not an own stall)
+                // for 300 ms so the monitor sees it before the next entry is issued.
+                stall(Duration::from_millis(600));
                 crate::ownstall::nap(Duration::from_millis(300));
             }
         };
-        let rep = replay_watched(&list, &opts, Some(&progress), Some(&watch));
-        stop.store(true, Relaxed);
-        writer.join().unwrap();
+        let caller = std::thread::current().name().map(String::from);
+        let rep = replay_watched(
+            &list,
+            &fake.options(Some(0.6)),
+            Some(&progress),
+            Some(&watch),
+        );
         let seen = seen.into_inner().unwrap();
+        assert_eq!(rep.files_replayed, 3);
         assert!(rep.psi_pauses >= 1, "{rep:?}");
-        assert!(
-            seen.iter().any(|b| b.paused),
-            "never reported paused: {seen:?}"
-        );
-        let last = seen.last().copied().unwrap_or_default();
+        let first_paused = seen.iter().position(|(b, _)| b.paused);
+        assert!(first_paused.is_some(), "never reported paused: {seen:?}");
+        // paused: true first, paused: false last, with the report's pause count and time
+        // (all pauses happen while issuing unless a re-issue pass was needed).
+        let (last, last_thread) = seen.last().cloned().unwrap_or_default();
+        assert!(first_paused < Some(seen.len() - 1), "{seen:?}");
         assert!(!last.paused, "{seen:?}");
-        assert!(
-            last.pauses >= 1 && last.pauses <= rep.psi_pauses,
-            "{seen:?} {rep:?}"
-        );
+        if rep.passes == 1 {
+            assert_eq!(last.pauses, rep.psi_pauses, "{seen:?} {rep:?}");
+            assert_eq!(last.paused_secs, rep.psi_paused_secs, "{seen:?} {rep:?}");
+        } else {
+            assert!(
+                last.pauses >= 1 && last.pauses <= rep.psi_pauses,
+                "{seen:?}"
+            );
+        }
         assert!(last.paused_secs > 0.0, "{seen:?}");
         // Consecutive reports differ (sent on change only).
-        assert!(seen.windows(2).all(|w| w[0] != w[1]), "{seen:?}");
-        // No watch thread and no calls with the back-off disabled.
+        assert!(seen.windows(2).all(|w| w[0].0 != w[1].0), "{seen:?}");
+        // One polling thread: every call comes from the pressure monitor, except possibly
+        // the final one, made by the replay's caller when issuing ends.
+        let (body, _) = seen.split_at(seen.len() - 1);
+        assert!(
+            body.iter()
+                .all(|(_, t)| t.as_deref() == Some(MONITOR_THREAD)),
+            "{seen:?}"
+        );
+        assert!(
+            last_thread.as_deref() == Some(MONITOR_THREAD) || last_thread == caller,
+            "{last_thread:?} {seen:?}"
+        );
+        // No calls with the back-off disabled, or when the pressure file cannot be read.
         let calls = AtomicU64::new(0);
         let count = |_: BackOff| {
             calls.fetch_add(1, Relaxed);
         };
         let quiet_rep = replay_watched(&list, &quiet(), None, Some(&count));
         assert_eq!(quiet_rep.files_replayed, 3);
+        let no_psi = ReplayOptions {
+            psi_path: dir.join("nosuch"),
+            ..fake.options(Some(0.6))
+        };
+        assert_eq!(
+            replay_watched(&list, &no_psi, None, Some(&count)).files_replayed,
+            3
+        );
         assert_eq!(calls.load(Relaxed), 0);
+        drop(fake);
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
@@ -1881,76 +2006,19 @@ mod tests {
     #[test]
     fn replay_pauses_while_io_pressure_is_high() {
         let dir = make_tree("psi");
-        let psi = dir.join("fake-pressure-io");
-        // A fake /proc/pressure/io: "some total" (µs stalled) grows with wall time while
-        // `stall_until` is in the future, i.e. 100 % stall, then stops growing.
-        let stall_until = std::sync::Arc::new(Mutex::new(None::<Instant>));
-        let stop = std::sync::Arc::new(AtomicBool::new(false));
-        let write = |path: &Path, total: u64| {
-            let tmp = path.with_extension("tmp");
-            std::fs::write(
-                &tmp,
-                format!(
-                    "some avg10=0.00 avg60=0.00 avg300=0.00 total={total}\n\
-                     full avg10=0.00 avg60=0.00 avg300=0.00 total=0\n"
-                ),
-            )
-            .unwrap();
-            std::fs::rename(&tmp, path).unwrap();
-        };
-        write(&psi, 1000);
-        // Fake /proc/diskstats and /proc/self/io: the device holding the tree reads 1 MiB per
-        // 5 ms that this process did not cause while `foreign` is set (someone else reading
-        // the same disk), nothing otherwise.
-        let (diskstats, self_io) = (dir.join("fake-diskstats"), dir.join("fake-io"));
-        std::fs::write(&self_io, "rchar: 0\nread_bytes: 4096\n").unwrap();
-        let dev = std::fs::metadata(dir.join("big")).unwrap().dev();
-        let dev_line = move |sectors: u64| {
-            format!(
-                "{} {} fake 100 0 {sectors} 10 0 0 0 0 0 0 0\n",
-                libc::major(dev),
-                libc::minor(dev)
-            )
-        };
-        std::fs::write(&diskstats, dev_line(0)).unwrap();
-        let foreign = std::sync::Arc::new(AtomicBool::new(false));
-        let writer = {
-            let (psi, stall_until, stop) = (psi.clone(), stall_until.clone(), stop.clone());
-            let (diskstats, foreign) = (diskstats.clone(), foreign.clone());
-            std::thread::spawn(move || {
-                let (mut total, mut last, mut sectors) = (1000u64, Instant::now(), 0u64);
-                while !stop.load(Relaxed) {
-                    std::thread::sleep(Duration::from_millis(5));
-                    let now = Instant::now();
-                    if stall_until.lock().unwrap().is_some_and(|u| now < u) {
-                        total += now.duration_since(last).as_micros() as u64;
-                    }
-                    last = now;
-                    write(&psi, total);
-                    if foreign.load(Relaxed) {
-                        sectors += 2048;
-                        let tmp = diskstats.with_extension("tmp");
-                        std::fs::write(&tmp, dev_line(sectors)).unwrap();
-                        std::fs::rename(&tmp, &diskstats).unwrap();
-                    }
-                }
-            })
-        };
-        let list: Vec<ListEntry> = ["a/one", "a/b/two", "big"]
-            .iter()
-            .map(|n| entry(dir.join(n), None))
-            .collect();
+        let fake = FakePressure::start(&dir, std::fs::metadata(dir.join("big")).unwrap().dev());
+        let list = tree_list(&dir);
         // `own_stall`: whether the submitter itself is blocked while the system stalls (as a
         // cold warm-up is on its metadata reads) or idle (the stall is someone else's).
         // `others_read`: whether someone else reads the tree's disk meanwhile.
         let run_with = |threshold: Option<f64>, own_stall: bool, others_read: bool| {
-            foreign.store(others_read, Relaxed);
-            let stall = stall_until.clone();
+            fake.foreign.store(others_read, Relaxed);
+            let stall = fake.staller();
             // After the first entry: the system stalls for 600 ms; stay on this entry for
             // 300 ms so the monitor (50 ms samples) sees it before the next entry issues.
             let progress = move |done: u64, _: u64| {
                 if done == 1 {
-                    *stall.lock().unwrap() = Some(Instant::now() + Duration::from_millis(600));
+                    stall(Duration::from_millis(600));
                     if own_stall {
                         // Blocked without saying so: to the sampler, like a stalled syscall.
                         std::thread::sleep(Duration::from_millis(300));
@@ -1959,23 +2027,13 @@ mod tests {
                     }
                 }
             };
-            let opts = ReplayOptions {
-                threads: Some(1),
-                skip_resident: false,
-                psi_threshold: threshold,
-                psi_path: psi.clone(),
-                diskstats_path: diskstats.clone(),
-                self_io_path: self_io.clone(),
-                ..Default::default()
-            };
-            replay_on_new_thread(list.clone(), opts, progress)
+            replay_on_new_thread(list.clone(), fake.options(threshold), progress)
         };
         let paused = run_with(Some(0.6), false, false);
         let ungated = run_with(None, false, false);
         let self_inflicted = run_with(Some(0.6), true, false);
         let shared_disk = run_with(Some(0.6), true, true);
-        stop.store(true, Relaxed);
-        writer.join().unwrap();
+        drop(fake);
         assert!(paused.psi_pauses >= 1, "{paused:?}");
         assert!(paused.psi_paused_secs > 0.0, "{paused:?}");
         assert_eq!(paused.files_replayed, 3);

@@ -28,6 +28,20 @@ pub struct Axis {
 pub struct Series {
     pub name: String,
     pub points: Vec<(f64, f64)>,
+    /// Vertical bars `(x, low, high)` drawn in the line's colour, e.g. the min–max spread of
+    /// the repetitions behind each point; empty for none.
+    pub bars: Vec<(f64, f64, f64)>,
+}
+
+impl Series {
+    /// A line without bars.
+    pub fn line(name: String, points: Vec<(f64, f64)>) -> Series {
+        Series {
+            name,
+            points,
+            bars: Vec::new(),
+        }
+    }
 }
 
 fn esc(s: &str) -> String {
@@ -84,19 +98,26 @@ fn headroom_top(lo: f64, hi: f64) -> f64 {
 
 /// Render a line chart.
 pub fn line_chart(title: &str, x: Axis, y: Axis, series: &[Series]) -> String {
+    let drawable = |a: f64, b: f64| {
+        a.is_finite() && b.is_finite() && (!x.log || a > 0.0) && (!y.log || b > 0.0)
+    };
+    // The frame holds the bars' ends as well as the points.
     let pts = series
         .iter()
-        .flat_map(|s| s.points.iter())
-        .filter(|(a, b)| {
-            a.is_finite() && b.is_finite() && (!x.log || *a > 0.0) && (!y.log || *b > 0.0)
-        });
+        .flat_map(|s| {
+            s.points
+                .iter()
+                .copied()
+                .chain(s.bars.iter().flat_map(|&(a, lo, hi)| [(a, lo), (a, hi)]))
+        })
+        .filter(|&(a, b)| drawable(a, b));
     let (mut x0, mut x1, mut y0, mut y1) = (
         f64::INFINITY,
         f64::NEG_INFINITY,
         f64::INFINITY,
         f64::NEG_INFINITY,
     );
-    for &(a, b) in pts {
+    for (a, b) in pts {
         x0 = x0.min(a);
         x1 = x1.max(a);
         y0 = y0.min(b);
@@ -222,12 +243,25 @@ pub fn line_chart(title: &str, x: Axis, y: Axis, series: &[Series]) -> String {
     );
     for (i, se) in series.iter().enumerate() {
         let c = COLORS[i % COLORS.len()];
+        for &(a, lo, hi) in &se.bars {
+            if !(drawable(a, lo) && drawable(a, hi)) {
+                continue;
+            }
+            let (px, top, bot) = (tx(a), ty(hi), ty(lo));
+            let _ = writeln!(
+                s,
+                r#"<g class="spread" data-name="{}" stroke="{c}" stroke-width="1.5"><line class="bar" x1="{px:.1}" y1="{top:.1}" x2="{px:.1}" y2="{bot:.1}"/><line x1="{:.1}" y1="{top:.1}" x2="{:.1}" y2="{top:.1}"/><line x1="{:.1}" y1="{bot:.1}" x2="{:.1}" y2="{bot:.1}"/></g>"#,
+                esc(&se.name),
+                px - 4.0,
+                px + 4.0,
+                px - 4.0,
+                px + 4.0
+            );
+        }
         let p: Vec<String> = se
             .points
             .iter()
-            .filter(|(a, b)| {
-                a.is_finite() && b.is_finite() && (!x.log || *a > 0.0) && (!y.log || *b > 0.0)
-            })
+            .filter(|&&(a, b)| drawable(a, b))
             .map(|&(a, b)| format!("{:.1},{:.1}", tx(a), ty(b)))
             .collect();
         let _ = writeln!(
@@ -278,14 +312,14 @@ fn fmt_int(v: f64) -> String {
 pub fn latency_cdf(results: &[ConfigReport]) -> String {
     let series: Vec<Series> = results
         .iter()
-        .map(|r| Series {
-            name: r.label.clone(),
-            points: r
+        .map(|r| {
+            let points = r
                 .merged_hist()
                 .cdf()
                 .into_iter()
                 .map(|(v, f)| (v as f64, f))
-                .collect(),
+                .collect();
+            Series::line(r.label.clone(), points)
         })
         .collect();
     line_chart(
@@ -304,9 +338,25 @@ pub fn latency_cdf(results: &[ConfigReport]) -> String {
     )
 }
 
-/// Mean IOPS against queue depth, one line per (rw, bs, numjobs).
+/// The median of `v` (the mean of the middle two for an even count); None when empty.
+fn median(v: &[f64]) -> Option<f64> {
+    let mut v = v.to_vec();
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    match n {
+        0 => None,
+        _ if n % 2 == 1 => Some(v[n / 2]),
+        _ => Some((v[n / 2 - 1] + v[n / 2]) / 2.0),
+    }
+}
+
+/// IOPS against queue depth, one line per (rw, bs, numjobs). Each point is the median IOPS of
+/// the configuration's repetitions; with more than one, a bar spans their min–max (the spread
+/// behind the table's ±CV), so a noisy point is visibly noisy.
 pub fn iops_vs_qd(results: &[ConfigReport]) -> String {
-    let mut groups: BTreeMap<String, Vec<(f64, f64)>> = BTreeMap::new();
+    type Point = (f64, f64, Option<(f64, f64)>);
+    let mut groups: BTreeMap<String, Vec<Point>> = BTreeMap::new();
+    let mut repeated = false;
     for r in results {
         let c = &r.config;
         let key = format!(
@@ -316,20 +366,40 @@ pub fn iops_vs_qd(results: &[ConfigReport]) -> String {
             crate::spec::fmt_size(c.bs),
             c.numjobs
         );
+        let reps: Vec<f64> = r.runs.iter().map(|x| x.iops).collect();
+        let mid = median(&reps).unwrap_or(r.summary.iops.mean);
+        let bar = (reps.len() > 1).then(|| {
+            let lo = reps.iter().copied().fold(f64::INFINITY, f64::min);
+            let hi = reps.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            (lo, hi)
+        });
+        repeated |= bar.is_some();
         groups
             .entry(key)
             .or_default()
-            .push((f64::from(c.iodepth), r.summary.iops.mean));
+            .push((f64::from(c.iodepth), mid, bar));
     }
     let series: Vec<Series> = groups
         .into_iter()
-        .map(|(name, mut points)| {
-            points.sort_by(|a, b| a.0.total_cmp(&b.0));
-            Series { name, points }
+        .map(|(name, mut pts)| {
+            pts.sort_by(|a, b| a.0.total_cmp(&b.0));
+            Series {
+                name,
+                points: pts.iter().map(|&(x, y, _)| (x, y)).collect(),
+                bars: pts
+                    .iter()
+                    .filter_map(|&(x, _, b)| b.map(|(lo, hi)| (x, lo, hi)))
+                    .collect(),
+            }
         })
         .collect();
+    let title = if repeated {
+        "IOPS vs queue depth (median of repetitions, bars min–max)"
+    } else {
+        "IOPS vs queue depth"
+    };
     line_chart(
-        "IOPS vs queue depth",
+        title,
         Axis {
             label: "iodepth",
             log: true,
@@ -350,14 +420,12 @@ pub fn time_series(results: &[ConfigReport]) -> String {
         .iter()
         .filter_map(|r| {
             let run = r.runs.first()?;
-            Some(Series {
-                name: r.label.clone(),
-                points: run
-                    .series
-                    .iter()
-                    .map(|s| (s.t as f64, s.iops as f64))
-                    .collect(),
-            })
+            let points = run
+                .series
+                .iter()
+                .map(|s| (s.t as f64, s.iops as f64))
+                .collect();
+            Some(Series::line(r.label.clone(), points))
         })
         .collect();
     line_chart(
@@ -395,6 +463,146 @@ pub fn write_all(dir: &Path, results: &[ConfigReport]) -> std::io::Result<Vec<Pa
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::engine::{DirStats, RunResult};
+    use crate::spec::JobSpec;
+
+    /// A one-second run of `ios` reads: `ios` IOPS.
+    fn one_second(ios: u64) -> RunResult {
+        RunResult {
+            spec: JobSpec::default(),
+            capacity: 1 << 30,
+            jobs: Vec::new(),
+            read: DirStats {
+                ios,
+                bytes: ios * 4096,
+                ..Default::default()
+            },
+            write: DirStats::default(),
+            seconds: 1.0,
+            series: Vec::new(),
+        }
+    }
+
+    /// A tick label as a number (`500`, `1.5k`, `2.00M`, `0.5`).
+    fn tick_value(t: &str) -> f64 {
+        let (num, mul) = match t.strip_suffix('k') {
+            Some(n) => (n, 1e3),
+            None => match t.strip_suffix('M') {
+                Some(n) => (n, 1e6),
+                None => (t, 1.0),
+            },
+        };
+        num.parse::<f64>().unwrap() * mul
+    }
+
+    /// Pixel to value on a linear axis of a rendered chart (`"xtick"` or `"ytick"`), read
+    /// back from the positions and labels of its first and last ticks, so the checks do not
+    /// rely on the code under test's own scale.
+    fn axis(doc: &roxmltree::Document, class: &str) -> impl Fn(f64) -> f64 + use<> {
+        let ticks: Vec<(f64, f64)> = doc
+            .descendants()
+            .filter(|n| n.attribute("class") == Some(class))
+            .map(|n| {
+                let px: f64 = if class == "xtick" {
+                    n.attribute("x").unwrap().parse().unwrap()
+                } else {
+                    // Labels sit 4 px below their tick line.
+                    n.attribute("y").unwrap().parse::<f64>().unwrap() - 4.0
+                };
+                (px, tick_value(n.text().unwrap()))
+            })
+            .collect();
+        assert!(ticks.len() >= 3, "{class}: {ticks:?}");
+        let ((p0, v0), (p1, v1)) = (ticks[0], ticks[ticks.len() - 1]);
+        move |px| v0 + (px - p0) * (v1 - v0) / (p1 - p0)
+    }
+
+    fn num(n: roxmltree::Node, a: &str) -> f64 {
+        n.attribute(a).unwrap().parse().unwrap()
+    }
+
+    #[test]
+    fn iops_vs_qd_points_are_medians_with_min_max_bars() {
+        let job = |bs: u64, iodepth: u32| JobSpec {
+            bs,
+            iodepth,
+            ..Default::default()
+        };
+        let reps = |v: &[u64]| v.iter().map(|&n| one_second(n)).collect::<Vec<_>>();
+        let results = [
+            // Means 1066.7 and 2233.3: the points must sit at the medians instead.
+            ConfigReport::of(&job(4096, 1), &reps(&[900, 1300, 1000])),
+            ConfigReport::of(&job(4096, 8), &reps(&[2600, 2000, 2100])),
+            // One repetition: a point, no bar.
+            ConfigReport::of(&job(65536, 1), &reps(&[500])),
+            ConfigReport::of(&job(65536, 8), &reps(&[700])),
+        ];
+        let svg = iops_vs_qd(&results);
+        let doc = roxmltree::Document::parse(&svg).unwrap();
+        let y = axis(&doc, "ytick");
+        let close = |got: f64, want: f64| (got - want).abs() <= 2.0;
+        // (series, x pixel, low, high) of every bar.
+        let bars: Vec<(String, f64, f64, f64)> = doc
+            .descendants()
+            .filter(|n| n.attribute("class") == Some("spread"))
+            .map(|g| {
+                let b = g
+                    .children()
+                    .find(|c| c.attribute("class") == Some("bar"))
+                    .unwrap();
+                assert_eq!(num(b, "x1"), num(b, "x2"), "a bar is vertical");
+                let name = g.attribute("data-name").unwrap().to_string();
+                (name, num(b, "x1"), y(num(b, "y2")), y(num(b, "y1")))
+            })
+            .collect();
+        assert_eq!(bars.len(), 2, "{bars:?}");
+        for ((name, _, lo, hi), (want_lo, want_hi)) in
+            bars.iter().zip([(900.0, 1300.0), (2000.0, 2600.0)])
+        {
+            assert_eq!(name, "read bs=4k jobs=1");
+            assert!(close(*lo, want_lo) && close(*hi, want_hi), "{bars:?}");
+        }
+        // The line of each series goes through the medians, and each bar stands on its point.
+        let lines: Vec<(String, Vec<(f64, f64)>)> = doc
+            .descendants()
+            .filter(|n| n.has_tag_name("polyline"))
+            .map(|l| {
+                let pts = l
+                    .attribute("points")
+                    .unwrap()
+                    .split(' ')
+                    .map(|p| {
+                        let (a, b) = p.split_once(',').unwrap();
+                        (a.parse().unwrap(), b.parse::<f64>().unwrap())
+                    })
+                    .collect();
+                (l.attribute("data-name").unwrap().to_string(), pts)
+            })
+            .collect();
+        let medians = |name: &str| -> Vec<(f64, f64)> {
+            lines.iter().find(|l| l.0 == name).unwrap().1.clone()
+        };
+        let with_bars = medians("read bs=4k jobs=1");
+        assert_eq!(with_bars.len(), 2);
+        for ((px, py), (want, bar)) in with_bars
+            .iter()
+            .zip([(1000.0, &bars[0]), (2100.0, &bars[1])])
+        {
+            assert!(close(y(*py), want), "median {want}: {with_bars:?}");
+            assert_eq!(*px, bar.1, "bar off its point");
+        }
+        let single = medians("read bs=64k jobs=1");
+        assert!(close(y(single[0].1), 500.0) && close(y(single[1].1), 700.0));
+        assert!(svg.contains("median of repetitions, bars min–max"));
+        // Without repetitions: no bars, and the title claims none.
+        let svg = iops_vs_qd(&results[2..]);
+        assert!(
+            !svg.contains("class=\"spread\"") && !svg.contains("median"),
+            "{svg}"
+        );
+        assert_eq!(median(&[3.0, 1.0, 2.0, 10.0]), Some(2.5));
+        assert_eq!(median(&[]), None);
+    }
 
     #[test]
     fn linear_y_axes_end_on_a_tick_above_the_data() {

@@ -131,6 +131,10 @@ pub fn line_chart(title: &str, x: Axis, y: Axis, series: &[Series]) -> String {
             1.0,
         );
     }
+    // Linear axes start at 0 (time from the start of the run, IOPS from none).
+    if !x.log {
+        x0 = x0.min(0.0);
+    }
     if !y.log {
         y0 = y0.min(0.0);
         if y1 > y0 {
@@ -414,7 +418,9 @@ pub fn iops_vs_qd(results: &[ConfigReport]) -> String {
     )
 }
 
-/// Per-second IOPS of the first repetition of every configuration.
+/// Per-second IOPS of the first repetition of every configuration. Each bucket's rate is
+/// drawn at the middle of the time it covers, `[t, t + seconds)`: t + 0.5 for whole seconds,
+/// and the middle of the shorter last bucket (2.25 s for the last 0.5 s of a 2.5 s run).
 pub fn time_series(results: &[ConfigReport]) -> String {
     let series: Vec<Series> = results
         .iter()
@@ -423,7 +429,7 @@ pub fn time_series(results: &[ConfigReport]) -> String {
             let points = run
                 .series
                 .iter()
-                .map(|s| (s.t as f64, s.iops as f64))
+                .map(|s| (s.t as f64 + s.seconds / 2.0, s.iops as f64))
                 .collect();
             Some(Series::line(r.label.clone(), points))
         })
@@ -602,6 +608,49 @@ mod tests {
         );
         assert_eq!(median(&[3.0, 1.0, 2.0, 10.0]), Some(2.5));
         assert_eq!(median(&[]), None);
+    }
+
+    #[test]
+    fn time_series_points_sit_at_the_middle_of_their_buckets() {
+        use crate::engine::Second;
+        let sec = |n: u64| Second {
+            read_ios: n,
+            read_bytes: n * 4096,
+            ..Default::default()
+        };
+        // 2.5 s at 1000 IOPS: buckets [0,1), [1,2) and the partial [2,2.5).
+        let run = RunResult {
+            seconds: 2.5,
+            series: vec![sec(1000), sec(1000), sec(500)],
+            ..one_second(2500)
+        };
+        let svg = time_series(&[ConfigReport::of(&JobSpec::default(), &[run])]);
+        let doc = roxmltree::Document::parse(&svg).unwrap();
+        let (x, y) = (axis(&doc, "xtick"), axis(&doc, "ytick"));
+        let line = doc
+            .descendants()
+            .find(|n| n.has_tag_name("polyline"))
+            .unwrap();
+        let pts: Vec<(f64, f64)> = line
+            .attribute("points")
+            .unwrap()
+            .split(' ')
+            .map(|p| {
+                let (a, b) = p.split_once(',').unwrap();
+                (x(a.parse().unwrap()), y(b.parse().unwrap()))
+            })
+            .collect();
+        assert_eq!(pts.len(), 3);
+        for ((t, iops), want) in pts.iter().zip([0.5, 1.5, 2.25]) {
+            assert!((t - want).abs() < 0.01, "{pts:?}");
+            assert!((iops - 1000.0).abs() < 5.0, "{pts:?}");
+        }
+        // The time axis starts at the start of the run, not at the first point.
+        let first = doc
+            .descendants()
+            .find(|n| n.attribute("class") == Some("xtick"))
+            .unwrap();
+        assert_eq!(first.text(), Some("0"));
     }
 
     #[test]

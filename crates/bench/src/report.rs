@@ -483,28 +483,27 @@ pub fn workload_table(results: &[ConfigReport]) -> String {
 mod tests {
     use super::*;
 
-    #[test]
-    fn last_partial_second_is_scaled_to_a_rate() {
-        use crate::engine::{RunResult, Second};
-        let sec = |n: u64| Second {
+    /// A per-second bucket of `n` 4 KiB reads.
+    fn sec(n: u64) -> crate::engine::Second {
+        crate::engine::Second {
             read_ios: n,
             read_bytes: n * 4096,
             ..Default::default()
-        };
-        let read = DirStats {
-            ios: 2500,
-            bytes: 2500 * 4096,
-            ..Default::default()
-        };
-        let r = RunResult {
-            spec: JobSpec::default(),
-            capacity: 1 << 30,
-            jobs: Vec::new(),
-            read,
-            write: DirStats::default(),
+        }
+    }
+
+    /// 2.5 s of reads at 1000 IOPS: per-second buckets of 1000, 1000 and (half a second) 500.
+    fn two_and_a_half_seconds() -> RunResult {
+        RunResult {
             seconds: 2.5,
             series: vec![sec(1000), sec(1000), sec(500)],
-        };
+            ..one_second(2500)
+        }
+    }
+
+    #[test]
+    fn last_partial_second_is_scaled_to_a_rate() {
+        let r = two_and_a_half_seconds();
         let rep = RunReport::of(0, &r);
         let got: Vec<(u64, f64, u64, u64)> = rep
             .series
@@ -544,6 +543,32 @@ mod tests {
             write: DirStats::default(),
             seconds: 1.0,
             series: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn series_buckets_carry_their_start_and_length_and_the_schema_requires_both() {
+        let mut doc = Document::new("workload", quiet_host(0.1, None), None);
+        doc.results = vec![ConfigReport::of(
+            &JobSpec::default(),
+            &[two_and_a_half_seconds()],
+        )];
+        let v: serde_json::Value = serde_json::from_str(&doc.to_json()).unwrap();
+        crate::schema::validate(&v).unwrap();
+        let series = v["results"][0]["runs"][0]["series"].as_array().unwrap();
+        let spans: Vec<(u64, f64)> = series
+            .iter()
+            .map(|s| (s["t"].as_u64().unwrap(), s["seconds"].as_f64().unwrap()))
+            .collect();
+        assert_eq!(spans, [(0, 1.0), (1, 1.0), (2, 0.5)]);
+        // A consumer may rely on both: a bucket without either is not a valid document.
+        for key in ["t", "seconds", "ios"] {
+            let mut bad = v.clone();
+            bad["results"][0]["runs"][0]["series"][2]
+                .as_object_mut()
+                .unwrap()
+                .remove(key);
+            assert!(crate::schema::validate(&bad).is_err(), "{key} optional");
         }
     }
 

@@ -177,6 +177,17 @@ pub struct ReplayOpts {
     /// Print the report as JSON.
     #[arg(long)]
     json: bool,
+    // Hidden, for tests: stand-ins for the kernel files the pressure back-off reads, so an
+    // end-to-end test can show the back-off a fake stall without loading the machine.
+    /// For tests: a file in /proc/pressure/io format, read instead of it.
+    #[arg(long, hide = true, value_name = "PATH")]
+    psi_file: Option<PathBuf>,
+    /// For tests: a file in /proc/diskstats format, read by the back-off instead of it.
+    #[arg(long, hide = true, value_name = "PATH")]
+    diskstats_file: Option<PathBuf>,
+    /// For tests: a file in /proc/self/io format, read by the back-off instead of it.
+    #[arg(long, hide = true, value_name = "PATH")]
+    self_io_file: Option<PathBuf>,
 }
 
 #[derive(Args)]
@@ -756,9 +767,18 @@ fn replay_options(o: &ReplayOpts) -> ReplayOptions {
         ioprio: o.ioprio.0,
         nice: o.nice.0,
         psi_threshold: (o.psi_threshold > 0.0).then_some(o.psi_threshold / 100.0),
-        psi_path: PathBuf::from(snapblk_readahead::sysstat::PSI_IO),
-        diskstats_path: PathBuf::from("/proc/diskstats"),
-        self_io_path: PathBuf::from("/proc/self/io"),
+        psi_path: o
+            .psi_file
+            .clone()
+            .unwrap_or_else(|| PathBuf::from(snapblk_readahead::sysstat::PSI_IO)),
+        diskstats_path: o
+            .diskstats_file
+            .clone()
+            .unwrap_or_else(|| PathBuf::from("/proc/diskstats")),
+        self_io_path: o
+            .self_io_file
+            .clone()
+            .unwrap_or_else(|| PathBuf::from("/proc/self/io")),
         // Bounded by parse_settle; the clamp also maps a NaN that bypassed it to 0 rather
         // than letting from_secs_f64 panic.
         settle_timeout: Duration::try_from_secs_f64(o.settle_timeout.clamp(0.0, 3600.0))

@@ -450,6 +450,46 @@ pub fn overwrite_test_with(
     fsync: bool,
     stop: Option<&AtomicBool>,
 ) -> Result<Option<OverwriteReport>> {
+    overwrite_test_observed(dir, io, size, unit, fsync, stop, &mut |_, _, _| {})
+}
+
+/// The two passes of the overwrite test, as reported to a progress display.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OverwritePhase {
+    /// Writing the file in 1 MiB chunks (and syncing it).
+    Create,
+    /// Overwriting it in `unit`-byte writes.
+    Overwrite,
+}
+
+impl std::fmt::Display for OverwritePhase {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            OverwritePhase::Create => "create",
+            OverwritePhase::Overwrite => "overwrite",
+        })
+    }
+}
+
+/// Bytes between two progress reports of the overwrite test: often enough for a display
+/// (1 KiB units with fdatasync can take minutes for a large file), rare enough that reporting
+/// costs nothing next to 64 writes.
+pub const OVERWRITE_PROGRESS_STEP: u64 = 64 << 10;
+
+/// [`overwrite_test_with`] that reports its progress: `progress(phase, done, total)` bytes,
+/// with `done` = 0 when a phase starts, then after every [`OVERWRITE_PROGRESS_STEP`] bytes
+/// written (a write in progress is not counted), and `done == total` once the phase's bytes
+/// are all written (before the closing sync). Reports are made between writes, outside the
+/// per-write latencies.
+pub fn overwrite_test_observed(
+    dir: &Path,
+    io: &dyn FileIo,
+    size: u64,
+    unit: u64,
+    fsync: bool,
+    stop: Option<&AtomicBool>,
+    progress: &mut dyn FnMut(OverwritePhase, u64, u64),
+) -> Result<Option<OverwriteReport>> {
     if unit == 0 || size < unit {
         return Err(Error::Spec(
             "overwrite: size must be at least one unit".into(),
@@ -466,6 +506,7 @@ pub fn overwrite_test_with(
         let mut f = io.open(&path, true, false)?;
         let t0 = Instant::now();
         let mut off = 0;
+        progress(OverwritePhase::Create, 0, size);
         while off < size {
             if stopped(stop) {
                 return Ok(None);
@@ -473,13 +514,18 @@ pub fn overwrite_test_with(
             let l = chunk.min((size - off) as usize);
             f.write_all_at(big.get(l), off)?;
             off += l as u64;
+            // 1 MiB chunks: each is at least a step.
+            progress(OverwritePhase::Create, off, size);
         }
         f.sync_all()?;
         let create = t0.elapsed().as_secs_f64();
         let mut small = AlignedBuf::new(unit as usize, 9)?;
         let mut h = LatHist::default();
         let n = size / unit;
+        let total = n * unit;
+        let mut reported = 0;
         let t1 = Instant::now();
+        progress(OverwritePhase::Overwrite, 0, total);
         for i in 0..n {
             if stopped(stop) {
                 return Ok(None);
@@ -490,6 +536,11 @@ pub fn overwrite_test_with(
                 f.sync_data()?;
             }
             h.record(s.elapsed().as_nanos() as u64);
+            let done = (i + 1) * unit;
+            if done - reported >= OVERWRITE_PROGRESS_STEP || done == total {
+                progress(OverwritePhase::Overwrite, done, total);
+                reported = done;
+            }
         }
         f.sync_all()?;
         let over = t1.elapsed().as_secs_f64();
@@ -619,6 +670,148 @@ mod tests {
         .unwrap_err()
         .to_string();
         assert!(e.starts_with("directory /nonexistent/snapblk-dir: "), "{e}");
+    }
+
+    /// What the in-memory layer saw, with the progress reports in between.
+    #[derive(Debug, Clone, PartialEq)]
+    enum Seen {
+        Write(u64),
+        Sync,
+        Progress(OverwritePhase, u64, u64),
+    }
+
+    type Log = std::sync::Arc<std::sync::Mutex<Vec<Seen>>>;
+
+    /// A file layer that keeps nothing and logs the length of every write and each sync.
+    struct MemIo(Log);
+
+    struct MemFile(Log);
+
+    impl TestFile for MemFile {
+        fn read_exact_at(&mut self, buf: &mut [u8], _: u64) -> std::io::Result<()> {
+            buf.fill(0);
+            Ok(())
+        }
+        fn write_all_at(&mut self, buf: &[u8], _: u64) -> std::io::Result<()> {
+            self.0.lock().unwrap().push(Seen::Write(buf.len() as u64));
+            Ok(())
+        }
+        fn sync_all(&mut self) -> std::io::Result<()> {
+            self.0.lock().unwrap().push(Seen::Sync);
+            Ok(())
+        }
+        fn sync_data(&mut self) -> std::io::Result<()> {
+            self.sync_all()
+        }
+        fn evict(&mut self) {}
+    }
+
+    impl FileIo for MemIo {
+        fn open(&self, _: &Path, _: bool, _: bool) -> Result<Box<dyn TestFile>> {
+            Ok(Box::new(MemFile(self.0.clone())))
+        }
+    }
+
+    /// Run the overwrite test on the in-memory layer; `stop_after` sets the stop flag at that
+    /// many progress reports.
+    fn observed_overwrite(
+        size: u64,
+        unit: u64,
+        stop_after: Option<usize>,
+    ) -> (Option<OverwriteReport>, Vec<Seen>) {
+        let log: Log = Default::default();
+        let stop = AtomicBool::new(false);
+        let mut reports = 0;
+        let r = overwrite_test_observed(
+            &std::env::temp_dir(),
+            &MemIo(log.clone()),
+            size,
+            unit,
+            true,
+            Some(&stop),
+            &mut |phase, done, total| {
+                log.lock().unwrap().push(Seen::Progress(phase, done, total));
+                reports += 1;
+                if Some(reports) == stop_after {
+                    stop.store(true, Ordering::Relaxed);
+                }
+            },
+        )
+        .unwrap();
+        let seen = log.lock().unwrap().clone();
+        (r, seen)
+    }
+
+    #[test]
+    fn overwrite_progress_counts_written_bytes_up_to_the_total() {
+        // 1 MiB + 512 bytes: two create chunks; 1024 whole 1 KiB units to overwrite.
+        let size = (1 << 20) + 512;
+        let (r, seen) = observed_overwrite(size, 1024, None);
+        assert_eq!(r.unwrap().overwrite_ops, 1024);
+        for (phase, total) in [
+            (OverwritePhase::Create, size),
+            (OverwritePhase::Overwrite, 1 << 20),
+        ] {
+            // The reports of this phase, each with the bytes written in the phase before it.
+            let mut written = None;
+            let mut got = Vec::new();
+            for s in &seen {
+                match *s {
+                    Seen::Progress(p, done, t) if p == phase => {
+                        assert_eq!(t, total, "{phase}");
+                        if done == 0 && written.is_none() {
+                            written = Some(0);
+                        }
+                        assert_eq!(Some(done), written, "{phase}: report ahead of the writes");
+                        got.push(done);
+                    }
+                    Seen::Progress(..) => written = None,
+                    Seen::Write(n) => {
+                        if let Some(w) = written.as_mut() {
+                            *w += n;
+                        }
+                    }
+                    Seen::Sync => {}
+                }
+            }
+            assert_eq!(got.first(), Some(&0), "{phase}: {got:?}");
+            assert_eq!(got.last(), Some(&total), "{phase}: {got:?}");
+            assert!(got.windows(2).all(|w| w[0] < w[1]), "{phase}: {got:?}");
+            if phase == OverwritePhase::Overwrite {
+                // Every 64 KiB of 1 KiB writes: 16 reports after the first.
+                let want: Vec<u64> = (0..=16).map(|i| i * OVERWRITE_PROGRESS_STEP).collect();
+                assert_eq!(got, want);
+            } else {
+                assert_eq!(got, [0, 1 << 20, size]);
+            }
+        }
+        // The overwrite pass is reported after the file was created and synced.
+        let first_over = seen
+            .iter()
+            .position(|s| matches!(s, Seen::Progress(OverwritePhase::Overwrite, ..)))
+            .unwrap();
+        assert_eq!(seen[first_over - 1], Seen::Sync);
+    }
+
+    #[test]
+    fn overwrite_progress_stops_short_of_the_total_when_stopped() {
+        // Stopped at the 4th report (the first 64 KiB of the overwrite pass): no more reports,
+        // and nothing claims the pass complete.
+        let (r, seen) = observed_overwrite(1 << 20, 1024, Some(4));
+        assert!(r.is_none());
+        let reports: Vec<&Seen> = seen
+            .iter()
+            .filter(|s| matches!(s, Seen::Progress(..)))
+            .collect();
+        assert_eq!(
+            reports.last(),
+            Some(&&Seen::Progress(
+                OverwritePhase::Overwrite,
+                OVERWRITE_PROGRESS_STEP,
+                1 << 20
+            ))
+        );
+        assert_eq!(reports.len(), 4);
     }
 
     #[test]

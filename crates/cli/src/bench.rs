@@ -706,8 +706,21 @@ fn run_overwrite(o: OverwriteArgs) -> anyhow::Result<()> {
             .collect::<Vec<_>>(),
         ];
         for fs in variants {
-            let Some(r) = fileio::overwrite_test(&o.dir, o.mb << 20, unit, fs, Some(&intr.stop))?
-            else {
+            // 1 KiB writes with fdatasync over a large file take minutes: show how far it is
+            // (drawn only on a terminal, cleared before the table).
+            let mut bar = snapblk_bench::progress::BytesProgress::start();
+            let fsync = if fs { "with fsync" } else { "no fsync" };
+            let r = fileio::overwrite_test_observed(
+                &o.dir,
+                &fileio::RealIo,
+                o.mb << 20,
+                unit,
+                fs,
+                Some(&intr.stop),
+                &mut |phase, done, total| bar.set(&format!("{phase} ({fsync})"), done, total),
+            )?;
+            drop(bar);
+            let Some(r) = r else {
                 break; // interrupted: the variant in progress measured only part of the file
             };
             rows.push(vec![

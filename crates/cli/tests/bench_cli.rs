@@ -1286,3 +1286,39 @@ fn bad_plot_dirs_and_background_paths_fail_before_anything_runs() {
     }
     std::fs::remove_dir_all(&d).unwrap();
 }
+
+#[test]
+fn overwrite_shows_byte_progress_on_a_terminal_only() {
+    let d = shm_tmp("overwrite-progress");
+    let dir = d.to_str().unwrap();
+    let cmd = format!(
+        "{} bench overwrite {dir} --mb 8 --fsync",
+        env!("CARGO_BIN_EXE_snapblk")
+    );
+    // script(1) runs it on a pseudo-terminal and copies what it draws (stdout and stderr).
+    let o = Command::new("script")
+        .args(["-qefc", &cmd, "/dev/null"])
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("script (bsdutils) must be installed");
+    let tty = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "{tty}");
+    // Each pass gets its bar, labelled, with the file's size as total and a rate.
+    for pass in ["create (with fsync) ", "overwrite (with fsync) "] {
+        let frame = tty
+            .split(['\r', '\n'])
+            .find(|l| l.contains(pass))
+            .unwrap_or_else(|| panic!("no {pass:?} bar: {tty:?}"));
+        assert!(
+            frame.contains("/8.00 MiB ") && frame.contains("B/s"),
+            "{frame:?}"
+        );
+    }
+    assert!(tty.contains("overwrite MiB/s"), "no table: {tty:?}");
+    // Without a terminal: the table alone, no progress on stderr.
+    let o = snapblk(&["overwrite", dir, "--mb", "8", "--fsync"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!err.contains("MiB"), "progress without a terminal: {err:?}");
+    std::fs::remove_dir_all(&d).unwrap();
+}

@@ -929,7 +929,7 @@ fn print_replay(r: &ReplayReport, psi_threshold: f64) {
 
 /// `--diskstats` for one device: the counters before and after the replay and the difference.
 fn diskstats_table(c: &snapblk_readahead::sysstat::DiskStatsChange) -> String {
-    let (b, a, d) = (&c.before, &c.after, &c.delta);
+    let (b, a, d) = (&c.before.totals, &c.after.totals, &c.delta.totals);
     let rows: [(&str, u64, u64, String); 6] = [
         ("reads", b.reads, a.reads, format!("+{}", d.reads)),
         (
@@ -945,9 +945,9 @@ fn diskstats_table(c: &snapblk_readahead::sysstat::DiskStatsChange) -> String {
         ("read ms", b.read_ms, a.read_ms, format!("+{}", d.read_ms)),
         (
             "in flight",
-            b.in_flight,
-            a.in_flight,
-            format!("{:+}", d.in_flight),
+            c.before.in_flight,
+            c.after.in_flight,
+            format!("{:+}", c.delta.in_flight),
         ),
         ("writes", b.writes, a.writes, format!("+{}", d.writes)),
         (
@@ -1057,36 +1057,10 @@ mod tests {
 
     #[test]
     fn diskstats_table_shows_before_after_and_delta() {
-        use snapblk_readahead::sysstat::{DiskCounters, DiskDelta, DiskStatsChange};
-        let c = DiskStatsChange {
-            name: "vda".into(),
-            major: 254,
-            minor: 0,
-            before: DiskCounters {
-                reads: 100,
-                sectors_read: 800,
-                read_ms: 50,
-                writes: 10,
-                sectors_written: 80,
-                in_flight: 2,
-            },
-            after: DiskCounters {
-                reads: 131,
-                sectors_read: 2848,
-                read_ms: 292,
-                writes: 10,
-                sectors_written: 80,
-                in_flight: 0,
-            },
-            delta: DiskDelta {
-                reads: 31,
-                sectors_read: 2048,
-                read_ms: 242,
-                writes: 0,
-                sectors_written: 0,
-                in_flight: -2,
-            },
-        };
+        use snapblk_readahead::sysstat::{diskstats_change, parse_diskstats};
+        let before = parse_diskstats(" 254 0 vda 100 0 800 50 10 0 80 5 2 60 70 0 0 0 0\n");
+        let after = parse_diskstats(" 254 0 vda 131 0 2848 292 10 0 80 5 0 60 70 0 0 0 0\n");
+        let c = diskstats_change(&before, &after, &[(254, 0)]).remove(0);
         let t = diskstats_table(&c);
         let lines: Vec<Vec<&str>> = t.lines().map(|l| l.split_whitespace().collect()).collect();
         assert_eq!(lines[0], ["diskstats", "vda", "(254:0):"]);

@@ -248,7 +248,12 @@ fn device_read_bytes(path: &Path) -> Option<Vec<((u32, u32), u64)>> {
     Some(
         crate::sysstat::parse_diskstats(&s)
             .iter()
-            .map(|d| ((d.major, d.minor), d.sectors_read.saturating_mul(512)))
+            .map(|d| {
+                (
+                    (d.major, d.minor),
+                    d.counters.totals.sectors_read.saturating_mul(512),
+                )
+            })
             .collect(),
     )
 }

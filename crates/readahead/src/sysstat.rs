@@ -53,18 +53,56 @@ impl PsiSampler {
     }
 }
 
-/// One line of /proc/diskstats (the fields used here).
+/// One line of /proc/diskstats (the fields used here): the device and its counters. In JSON
+/// the counters are fields of the line itself.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct DiskStat {
     pub name: String,
     pub major: u32,
     pub minor: u32,
+    #[serde(flatten)]
+    pub counters: DiskCounters,
+}
+
+/// A device's cumulative I/O totals (everything in a [`DiskCounters`] but the in-flight gauge).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct IoTotals {
     pub reads: u64,
     pub sectors_read: u64,
     pub read_ms: u64,
     pub writes: u64,
     pub sectors_written: u64,
+}
+
+impl IoTotals {
+    /// `self - before`, per field; a total that went backwards (a device re-created in
+    /// between) gives 0.
+    pub fn since(&self, before: &IoTotals) -> IoTotals {
+        IoTotals {
+            reads: self.reads.saturating_sub(before.reads),
+            sectors_read: self.sectors_read.saturating_sub(before.sectors_read),
+            read_ms: self.read_ms.saturating_sub(before.read_ms),
+            writes: self.writes.saturating_sub(before.writes),
+            sectors_written: self.sectors_written.saturating_sub(before.sectors_written),
+        }
+    }
+}
+
+/// A device's counters at one moment ([`DiskStat::counters`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct DiskCounters {
+    #[serde(flatten)]
+    pub totals: IoTotals,
+    /// I/Os in flight (a gauge, not a counter).
     pub in_flight: u64,
+}
+
+/// `after - before` of [`DiskCounters`]; `in_flight` is signed since it is a gauge.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct DiskDelta {
+    #[serde(flatten)]
+    pub totals: IoTotals,
+    pub in_flight: i64,
 }
 
 /// Parses /proc/diskstats text; malformed lines are skipped.
@@ -77,12 +115,16 @@ pub fn parse_diskstats(s: &str) -> Vec<DiskStat> {
                 major: f.first()?.parse().ok()?,
                 minor: f.get(1)?.parse().ok()?,
                 name: f.get(2)?.to_string(),
-                reads: n(3)?,
-                sectors_read: n(5)?,
-                read_ms: n(6)?,
-                writes: n(7)?,
-                sectors_written: n(9)?,
-                in_flight: n(11)?,
+                counters: DiskCounters {
+                    totals: IoTotals {
+                        reads: n(3)?,
+                        sectors_read: n(5)?,
+                        read_ms: n(6)?,
+                        writes: n(7)?,
+                        sectors_written: n(9)?,
+                    },
+                    in_flight: n(11)?,
+                },
             })
         })
         .collect()
@@ -108,50 +150,12 @@ pub fn diskstats_delta(
             name: c.name,
             major: c.major,
             minor: c.minor,
-            reads: c.delta.reads,
-            sectors_read: c.delta.sectors_read,
-            read_ms: c.delta.read_ms,
-            writes: c.delta.writes,
-            sectors_written: c.delta.sectors_written,
-            in_flight: c.after.in_flight,
+            counters: DiskCounters {
+                totals: c.delta.totals,
+                in_flight: c.after.in_flight,
+            },
         })
         .collect()
-}
-
-/// A device's counters at one moment (a [`DiskStat`] without its name).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
-pub struct DiskCounters {
-    pub reads: u64,
-    pub sectors_read: u64,
-    pub read_ms: u64,
-    pub writes: u64,
-    pub sectors_written: u64,
-    /// I/Os in flight (a gauge, not a counter).
-    pub in_flight: u64,
-}
-
-impl From<&DiskStat> for DiskCounters {
-    fn from(s: &DiskStat) -> Self {
-        DiskCounters {
-            reads: s.reads,
-            sectors_read: s.sectors_read,
-            read_ms: s.read_ms,
-            writes: s.writes,
-            sectors_written: s.sectors_written,
-            in_flight: s.in_flight,
-        }
-    }
-}
-
-/// `after - before` of [`DiskCounters`]; `in_flight` is signed since it is a gauge.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
-pub struct DiskDelta {
-    pub reads: u64,
-    pub sectors_read: u64,
-    pub read_ms: u64,
-    pub writes: u64,
-    pub sectors_written: u64,
-    pub in_flight: i64,
 }
 
 /// One device's /proc/diskstats before and after an operation, and the difference.
@@ -180,21 +184,18 @@ pub fn diskstats_change(
             let b = before
                 .iter()
                 .find(|b| (b.major, b.minor) == (a.major, a.minor))?;
-            let in_flight = i64::try_from(a.in_flight)
+            let (was, now) = (b.counters, a.counters);
+            let in_flight = i64::try_from(now.in_flight)
                 .unwrap_or(i64::MAX)
-                .saturating_sub(i64::try_from(b.in_flight).unwrap_or(i64::MAX));
+                .saturating_sub(i64::try_from(was.in_flight).unwrap_or(i64::MAX));
             Some(DiskStatsChange {
                 name: a.name.clone(),
                 major: a.major,
                 minor: a.minor,
-                before: b.into(),
-                after: a.into(),
+                before: was,
+                after: now,
                 delta: DiskDelta {
-                    reads: a.reads.saturating_sub(b.reads),
-                    sectors_read: a.sectors_read.saturating_sub(b.sectors_read),
-                    read_ms: a.read_ms.saturating_sub(b.read_ms),
-                    writes: a.writes.saturating_sub(b.writes),
-                    sectors_written: a.sectors_written.saturating_sub(b.sectors_written),
+                    totals: now.totals.since(&was.totals),
                     in_flight,
                 },
             })
@@ -219,10 +220,10 @@ mod tests {
         let b = " 254       0 vda 150 0 1800 70 10 0 80 5 0 60 70 0 0 0 0\n";
         let pa = parse_diskstats(a);
         assert_eq!(pa.len(), 1);
-        assert_eq!(pa[0].in_flight, 2);
+        assert_eq!(pa[0].counters.in_flight, 2);
         let d = diskstats_delta(&pa, &parse_diskstats(b), &[(254, 0)]);
-        assert_eq!(d[0].reads, 50);
-        assert_eq!(d[0].sectors_read, 1000);
+        assert_eq!(d[0].counters.totals.reads, 50);
+        assert_eq!(d[0].counters.totals.sectors_read, 1000);
         assert!(diskstats_delta(&pa, &parse_diskstats(b), &[(8, 0)]).is_empty());
     }
 
@@ -245,28 +246,58 @@ mod tests {
         assert_eq!(
             vda.before,
             DiskCounters {
-                reads: 100,
-                sectors_read: 800,
-                read_ms: 50,
-                writes: 10,
-                sectors_written: 80,
+                totals: IoTotals {
+                    reads: 100,
+                    sectors_read: 800,
+                    read_ms: 50,
+                    writes: 10,
+                    sectors_written: 80,
+                },
                 in_flight: 2
             }
         );
-        assert_eq!(vda.after.reads, 150);
+        assert_eq!(vda.after.totals.reads, 150);
         assert_eq!(vda.after.in_flight, 1);
         assert_eq!(
             vda.delta,
             DiskDelta {
-                reads: 50,
-                sectors_read: 1000,
-                read_ms: 20,
-                writes: 2,
-                sectors_written: 16,
+                totals: IoTotals {
+                    reads: 50,
+                    sectors_read: 1000,
+                    read_ms: 20,
+                    writes: 2,
+                    sectors_written: 16,
+                },
                 in_flight: -1
             }
         );
         // A counter that went backwards gives 0, not a wrapped number.
-        assert_eq!(c[1].delta.reads, 0);
+        assert_eq!(c[1].delta.totals.reads, 0);
+    }
+
+    #[test]
+    fn json_shapes_of_both_diskstats_fields_are_stable() {
+        // The --diskstats JSON (`diskstats` and the older flat `diskstats_delta`), field for
+        // field and in order, as scripts read it.
+        let a = parse_diskstats(" 254 0 vda 100 0 800 50 10 0 80 5 2 60 70 0 0 0 0\n");
+        let b = parse_diskstats(" 254 0 vda 150 0 1800 70 12 0 96 5 1 60 70 0 0 0 0\n");
+        let change = serde_json::to_string(&diskstats_change(&a, &b, &[(254, 0)])).unwrap();
+        assert_eq!(
+            change,
+            r#"[{"name":"vda","major":254,"minor":0,"#.to_owned()
+                + r#""before":{"reads":100,"sectors_read":800,"read_ms":50,"writes":10,"sectors_written":80,"in_flight":2},"#
+                + r#""after":{"reads":150,"sectors_read":1800,"read_ms":70,"writes":12,"sectors_written":96,"in_flight":1},"#
+                + r#""delta":{"reads":50,"sectors_read":1000,"read_ms":20,"writes":2,"sectors_written":16,"in_flight":-1}}]"#
+        );
+        let delta = serde_json::to_string(&diskstats_delta(&a, &b, &[(254, 0)])).unwrap();
+        assert_eq!(
+            delta,
+            r#"[{"name":"vda","major":254,"minor":0,"reads":50,"sectors_read":1000,"#.to_owned()
+                + r#""read_ms":20,"writes":2,"sectors_written":16,"in_flight":1}]"#
+        );
+        // Through serde_json::Value, as the CLI prints a report, too.
+        let v = serde_json::to_value(diskstats_delta(&a, &b, &[(254, 0)])).unwrap();
+        assert_eq!(v[0]["in_flight"], 1);
+        assert_eq!(v[0]["name"], "vda");
     }
 }

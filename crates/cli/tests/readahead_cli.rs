@@ -1504,92 +1504,6 @@ fn the_report_and_help_say_how_the_pressure_back_off_throttled() {
     std::fs::remove_dir_all(&d).unwrap();
 }
 
-/// Fake /proc/pressure/io, /proc/diskstats and /proc/self/io for the back-off of a `snapblk
-/// readahead` run (the hidden --psi-file, --diskstats-file and --self-io-file), rewritten every
-/// 5 ms by a thread until dropped: for `stall` from the start, other tasks stall 100 % of the
-/// time (the "some" total grows with wall time) and read 1 MiB per 5 ms from the disk holding
-/// `on` (so the stall counts as theirs however blocked the replay is); then all is calm.
-struct FakePressure {
-    psi: PathBuf,
-    diskstats: PathBuf,
-    self_io: PathBuf,
-    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
-    writer: Option<std::thread::JoinHandle<()>>,
-}
-
-/// Writes `text` to `path` atomically (readers never see a half-written file).
-fn replace_file(path: &Path, text: &str) {
-    let tmp = path.with_extension("tmp");
-    std::fs::write(&tmp, text).unwrap();
-    std::fs::rename(&tmp, path).unwrap();
-}
-
-impl FakePressure {
-    fn start(dir: &Path, on: &Path, stall: std::time::Duration) -> FakePressure {
-        use std::os::unix::fs::MetadataExt;
-        use std::sync::atomic::Ordering::Relaxed;
-        let dev = on.metadata().unwrap().dev();
-        // glibc's major()/minor() of a dev_t.
-        let (major, minor) = (
-            ((dev >> 8) & 0xfff) | ((dev >> 32) & !0xfff),
-            (dev & 0xff) | ((dev >> 12) & !0xff),
-        );
-        let psi_text = |total: u128| {
-            format!(
-                "some avg10=0.00 avg60=0.00 avg300=0.00 total={total}\n\
-                 full avg10=0.00 avg60=0.00 avg300=0.00 total=0\n"
-            )
-        };
-        let disk_text =
-            move |sectors: u64| format!("{major} {minor} fake 100 0 {sectors} 10 0 0 0 0 0 0 0\n");
-        let mut f = FakePressure {
-            psi: dir.join("fake-pressure-io"),
-            diskstats: dir.join("fake-diskstats"),
-            self_io: dir.join("fake-self-io"),
-            stop: Default::default(),
-            writer: None,
-        };
-        replace_file(&f.psi, &psi_text(0));
-        replace_file(&f.diskstats, &disk_text(0));
-        replace_file(&f.self_io, "rchar: 0\nread_bytes: 0\n");
-        let (psi, diskstats, stop) = (f.psi.clone(), f.diskstats.clone(), f.stop.clone());
-        let t0 = std::time::Instant::now();
-        f.writer = Some(std::thread::spawn(move || {
-            let mut sectors = 0;
-            while !stop.load(Relaxed) {
-                std::thread::sleep(std::time::Duration::from_millis(5));
-                let stalled = t0.elapsed().min(stall);
-                replace_file(&psi, &psi_text(stalled.as_micros()));
-                if stalled < stall {
-                    sectors += 2048;
-                    replace_file(&diskstats, &disk_text(sectors));
-                }
-            }
-        }));
-        f
-    }
-
-    fn args(&self) -> Vec<String> {
-        [
-            ("--psi-file", &self.psi),
-            ("--diskstats-file", &self.diskstats),
-            ("--self-io-file", &self.self_io),
-        ]
-        .iter()
-        .flat_map(|(o, p)| [o.to_string(), p.display().to_string()])
-        .collect()
-    }
-}
-
-impl Drop for FakePressure {
-    fn drop(&mut self) {
-        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
-        if let Some(w) = self.writer.take() {
-            let _ = w.join();
-        }
-    }
-}
-
 /// Runs `cmd` to completion, collecting its output; kills it and fails after `limit`.
 fn output_within(cmd: &mut Command, limit: std::time::Duration) -> Output {
     use std::process::Stdio;
@@ -1614,6 +1528,8 @@ fn output_within(cmd: &mut Command, limit: std::time::Duration) -> Output {
 
 #[test]
 fn replay_under_outside_pressure_backs_off_and_says_so() {
+    use snapblk_readahead::fake::FakePressure;
+    use std::os::unix::fs::MetadataExt;
     let d = scratch("pressure");
     let f = d.join("data");
     write_file(&f, 4 << 20, 5);
@@ -1621,12 +1537,15 @@ fn replay_under_outside_pressure_backs_off_and_says_so() {
     std::fs::write(&lp, format!("{}\n", f.display())).unwrap();
     // A cold file in 1024 chunks, each waited for before the next (at least 0.5 ms apiece):
     // issuing outlasts the monitor's first decision (two 50 ms samples). Others stall for
-    // 700 ms, so the one pause ends then, well before its 5 s cap.
+    // 700 ms while reading the file's disk (so the stall counts as theirs however blocked the
+    // replay is); the pause ends then, well before its 5 s cap.
     // `on_tty`: run under script(1), which gives the command a terminal (so it draws its
     // progress bar) and copies what it writes there to stdout.
     let replay = |on_tty: bool, extra: &[&str]| {
         evict(&[&f]);
-        let fake = FakePressure::start(&d, &f, std::time::Duration::from_millis(700));
+        let fake = FakePressure::start(&d, f.metadata().unwrap().dev()).unwrap();
+        fake.set_foreign(true);
+        fake.stall_for(std::time::Duration::from_millis(700));
         let mut args: Vec<String> = [
             BIN,
             "readahead",
@@ -1645,7 +1564,7 @@ fn replay_under_outside_pressure_backs_off_and_says_so() {
         .chain(extra)
         .map(|s| s.to_string())
         .collect();
-        args.extend(fake.args());
+        args.extend(fake.cli_args());
         let mut cmd = if on_tty {
             // One shell string; the typescript itself is not wanted.
             let line: Vec<String> = args.iter().map(|a| format!("'{a}'")).collect();

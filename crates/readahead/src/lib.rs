@@ -10,9 +10,11 @@
 //!   pressure, and verifies the result; [`evict`] drops files from the cache.
 //! * [`blocks`] is the block-device flavour (record served ranges, replay into a device).
 //! * [`scan`] and [`walk`] produce residency reports of whole trees in parallel.
+//! * [`fake`] stands in for the kernel files the pressure back-off reads, for tests.
 
 pub mod blocks;
 pub mod evict;
+pub mod fake;
 pub mod list;
 pub mod ownstall;
 pub mod ranges;

@@ -1424,6 +1424,7 @@ fn check_files(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::fake::FakePressure;
     use std::io::Write;
 
     fn make_tree(tag: &str) -> PathBuf {
@@ -1613,104 +1614,19 @@ mod tests {
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
-    /// Fake /proc/pressure/io, /proc/diskstats and /proc/self/io for the back-off, rewritten
-    /// every 5 ms by a thread: the "some" total (µs stalled) grows with wall time, i.e. 100 %
-    /// stall, until the instant set by [`FakePressure::stall_for`]; while `foreign` is set, the
-    /// device `dev` reads 1 MiB per 5 ms that this process did not cause (someone else reading
-    /// the same disk).
-    struct FakePressure {
-        psi: PathBuf,
-        diskstats: PathBuf,
-        self_io: PathBuf,
-        stall_until: std::sync::Arc<Mutex<Option<Instant>>>,
-        foreign: std::sync::Arc<AtomicBool>,
-        stop: std::sync::Arc<AtomicBool>,
-        writer: Option<std::thread::JoinHandle<()>>,
+    /// Fake pressure inputs (see [`crate::fake`]) for the device holding `dir`'s files.
+    fn fake_pressure(dir: &Path) -> FakePressure {
+        FakePressure::start(dir, std::fs::metadata(dir.join("big")).unwrap().dev()).unwrap()
     }
 
-    /// Writes `text` to `path` atomically (readers never see a half-written file).
-    fn replace_file(path: &Path, text: &str) {
-        let tmp = path.with_extension("tmp");
-        std::fs::write(&tmp, text).unwrap();
-        std::fs::rename(&tmp, path).unwrap();
-    }
-
-    impl FakePressure {
-        fn start(dir: &Path, dev: u64) -> FakePressure {
-            let psi_text = |total: u64| {
-                format!(
-                    "some avg10=0.00 avg60=0.00 avg300=0.00 total={total}\n\
-                     full avg10=0.00 avg60=0.00 avg300=0.00 total=0\n"
-                )
-            };
-            let dev_line = move |sectors: u64| {
-                format!(
-                    "{} {} fake 100 0 {sectors} 10 0 0 0 0 0 0 0\n",
-                    libc::major(dev),
-                    libc::minor(dev)
-                )
-            };
-            let mut f = FakePressure {
-                psi: dir.join("fake-pressure-io"),
-                diskstats: dir.join("fake-diskstats"),
-                self_io: dir.join("fake-io"),
-                stall_until: Default::default(),
-                foreign: Default::default(),
-                stop: Default::default(),
-                writer: None,
-            };
-            replace_file(&f.psi, &psi_text(1000));
-            replace_file(&f.diskstats, &dev_line(0));
-            replace_file(&f.self_io, "rchar: 0\nread_bytes: 4096\n");
-            let (psi, diskstats) = (f.psi.clone(), f.diskstats.clone());
-            let (stall_until, foreign, stop) =
-                (f.stall_until.clone(), f.foreign.clone(), f.stop.clone());
-            f.writer = Some(std::thread::spawn(move || {
-                let (mut total, mut last, mut sectors) = (1000u64, Instant::now(), 0u64);
-                while !stop.load(Relaxed) {
-                    std::thread::sleep(Duration::from_millis(5));
-                    let now = Instant::now();
-                    if stall_until.lock().unwrap().is_some_and(|u| now < u) {
-                        total += now.duration_since(last).as_micros() as u64;
-                    }
-                    last = now;
-                    replace_file(&psi, &psi_text(total));
-                    if foreign.load(Relaxed) {
-                        sectors += 2048;
-                        replace_file(&diskstats, &dev_line(sectors));
-                    }
-                }
-            }));
-            f
-        }
-
-        /// Callable from a progress callback: the system stalls from now for `d`.
-        fn staller(&self) -> impl Fn(Duration) + Send + Sync + 'static {
-            let until = self.stall_until.clone();
-            move |d| *until.lock().unwrap() = Some(Instant::now() + d)
-        }
-
-        /// One submitter, no skipping, and the back-off at `threshold` reading the fakes.
-        fn options(&self, threshold: Option<f64>) -> ReplayOptions {
-            ReplayOptions {
-                threads: Some(1),
-                skip_resident: false,
-                psi_threshold: threshold,
-                psi_path: self.psi.clone(),
-                diskstats_path: self.diskstats.clone(),
-                self_io_path: self.self_io.clone(),
-                ..Default::default()
-            }
-        }
-    }
-
-    impl Drop for FakePressure {
-        fn drop(&mut self) {
-            self.stop.store(true, Relaxed);
-            if let Some(w) = self.writer.take() {
-                let _ = w.join();
-            }
-        }
+    /// One submitter, no skipping, and the back-off at `threshold` reading `fake`.
+    fn fake_options(fake: &FakePressure, threshold: Option<f64>) -> ReplayOptions {
+        fake.options(ReplayOptions {
+            threads: Some(1),
+            skip_resident: false,
+            psi_threshold: threshold,
+            ..Default::default()
+        })
     }
 
     /// The three non-empty files of [`make_tree`] as a whole-file list.
@@ -1724,7 +1640,7 @@ mod tests {
     #[test]
     fn back_off_is_reported_to_the_watch_by_the_pressure_monitor() {
         let dir = make_tree("watch");
-        let fake = FakePressure::start(&dir, std::fs::metadata(dir.join("big")).unwrap().dev());
+        let fake = fake_pressure(&dir);
         let list = tree_list(&dir);
         // Each call with the name of the thread that made it.
         let seen = Mutex::new(Vec::<(BackOff, Option<String>)>::new());
@@ -1744,7 +1660,7 @@ mod tests {
         let caller = std::thread::current().name().map(String::from);
         let rep = replay_watched(
             &list,
-            &fake.options(Some(0.6)),
+            &fake_options(&fake, Some(0.6)),
             Some(&progress),
             Some(&watch),
         );
@@ -1791,7 +1707,7 @@ mod tests {
         assert_eq!(quiet_rep.files_replayed, 3);
         let no_psi = ReplayOptions {
             psi_path: dir.join("nosuch"),
-            ..fake.options(Some(0.6))
+            ..fake_options(&fake, Some(0.6))
         };
         assert_eq!(
             replay_watched(&list, &no_psi, None, Some(&count)).files_replayed,
@@ -2006,13 +1922,13 @@ mod tests {
     #[test]
     fn replay_pauses_while_io_pressure_is_high() {
         let dir = make_tree("psi");
-        let fake = FakePressure::start(&dir, std::fs::metadata(dir.join("big")).unwrap().dev());
+        let fake = fake_pressure(&dir);
         let list = tree_list(&dir);
         // `own_stall`: whether the submitter itself is blocked while the system stalls (as a
         // cold warm-up is on its metadata reads) or idle (the stall is someone else's).
         // `others_read`: whether someone else reads the tree's disk meanwhile.
         let run_with = |threshold: Option<f64>, own_stall: bool, others_read: bool| {
-            fake.foreign.store(others_read, Relaxed);
+            fake.set_foreign(others_read);
             let stall = fake.staller();
             // After the first entry: the system stalls for 600 ms; stay on this entry for
             // 300 ms so the monitor (50 ms samples) sees it before the next entry issues.
@@ -2027,7 +1943,7 @@ mod tests {
                     }
                 }
             };
-            replay_on_new_thread(list.clone(), fake.options(threshold), progress)
+            replay_on_new_thread(list.clone(), fake_options(&fake, threshold), progress)
         };
         let paused = run_with(Some(0.6), false, false);
         let ungated = run_with(None, false, false);

@@ -2,8 +2,8 @@
 //! against bench/schema.json), plots, file tests, errors reported as JSON.
 
 use snapblk_bench::schema::validate;
-use std::path::PathBuf;
-use std::process::{Command, Output};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
 
 fn snapblk(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_snapblk"))
@@ -13,11 +13,93 @@ fn snapblk(args: &[&str]) -> Output {
         .expect("run snapblk")
 }
 
-fn tmp(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("snapblk-bench-cli-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
+/// `snapblk bench ARGS` started with its output piped, for tests that signal it.
+fn spawn(args: &[&str]) -> Child {
+    Command::new(env!("CARGO_BIN_EXE_snapblk"))
+        .arg("bench")
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run snapblk")
+}
+
+/// kill(1) `-SIG` to `pids`, which must all exist.
+fn kill(sig: &str, pids: &[u32]) {
+    let st = Command::new("kill")
+        .arg(format!("-{sig}"))
+        .args(pids.iter().map(u32::to_string))
+        .status()
+        .expect("kill(1)");
+    assert!(st.success(), "kill -{sig} {pids:?}");
+}
+
+/// A scratch directory for one test, removed when dropped (on failure too).
+struct Scratch(PathBuf);
+
+impl Scratch {
+    /// In the temp dir.
+    fn new(name: &str) -> Scratch {
+        Scratch::under(&std::env::temp_dir(), name)
+    }
+
+    /// On tmpfs when there is one (fast, no disk wear), else in the temp dir.
+    fn shm(name: &str) -> Scratch {
+        let shm = Path::new("/dev/shm");
+        if shm.is_dir() {
+            Scratch::under(shm, name)
+        } else {
+            Scratch::new(name)
+        }
+    }
+
+    fn under(parent: &Path, name: &str) -> Scratch {
+        let d = parent.join(format!("snapblk-bench-cli-{}-{name}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        Scratch(d)
+    }
+
+    /// A file `name` in it holding `len` bytes of `byte`.
+    fn file(&self, name: &str, len: usize, byte: u8) -> PathBuf {
+        let f = self.0.join(name);
+        std::fs::write(&f, vec![byte; len]).unwrap();
+        f
+    }
+
+    /// How many entries it holds.
+    fn count(&self) -> usize {
+        std::fs::read_dir(&self.0).unwrap().count()
+    }
+
+    /// The tests' scratch files were all removed.
+    fn assert_empty(&self) {
+        assert_eq!(
+            self.count(),
+            0,
+            "test files left behind in {}",
+            self.0.display()
+        );
+    }
+}
+
+impl std::ops::Deref for Scratch {
+    type Target = Path;
+    fn deref(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl AsRef<Path> for Scratch {
+    fn as_ref(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
 }
 
 fn json(o: &Output) -> serde_json::Value {
@@ -31,9 +113,48 @@ fn json(o: &Output) -> serde_json::Value {
     v
 }
 
+/// The run succeeded (else fail with its stderr).
+fn assert_ok(o: &Output) {
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+}
+
+/// The run succeeded and wrote a valid document on stdout.
+fn ok_json(o: &Output) -> serde_json::Value {
+    assert_ok(o);
+    json(o)
+}
+
+/// The run failed with status 1 and a valid document whose error holds every `want`.
+fn failed_json(o: &Output, want: &[&str]) -> serde_json::Value {
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    let v = json(o);
+    let e = v["error"].as_str().unwrap();
+    for w in want {
+        assert!(e.contains(w), "{w:?} not in {e:?}");
+    }
+    v
+}
+
+/// `fgbg` arguments: `extra`, then `--iterations N --warmup W --pause 0 --json`.
+fn fgbg_args<'a>(extra: &[&'a str], iterations: &'a str, warmup: &'a str) -> Vec<&'a str> {
+    let mut a = vec!["fgbg"];
+    a.extend_from_slice(extra);
+    a.extend([
+        "--iterations",
+        iterations,
+        "--warmup",
+        warmup,
+        "--pause",
+        "0",
+        "--json",
+    ]);
+    a
+}
+
 #[test]
 fn sweep_to_json_with_plots() {
-    let d = tmp("sweep");
+    let d = Scratch::new("sweep");
     let plots = d.join("plots");
     let o = snapblk(&[
         "null:size=64M",
@@ -51,8 +172,7 @@ fn sweep_to_json_with_plots() {
         "--plot",
         plots.to_str().unwrap(),
     ]);
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let v = json(&o);
+    let v = ok_json(&o);
     let labels: Vec<&str> = v["results"]
         .as_array()
         .unwrap()
@@ -77,14 +197,12 @@ fn sweep_to_json_with_plots() {
             "{f}"
         );
     }
-    std::fs::remove_dir_all(&d).unwrap();
 }
 
 #[test]
 fn table_on_stdout_json_in_file_and_verify_on_a_file() {
-    let d = tmp("file");
-    let img = d.join("img");
-    std::fs::write(&img, vec![0u8; 8 << 20]).unwrap();
+    let d = Scratch::new("file");
+    let img = d.file("img", 8 << 20, 0);
     let out = d.join("out.json");
     let o = snapblk(&[
         img.to_str().unwrap(),
@@ -101,7 +219,7 @@ fn table_on_stdout_json_in_file_and_verify_on_a_file() {
         "--output",
         out.to_str().unwrap(),
     ]);
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_ok(&o);
     let table = String::from_utf8(o.stdout).unwrap();
     assert!(table.starts_with("config"), "{table}");
     assert!(table.contains("randrw bs=4k qd=8 jobs=2"));
@@ -116,13 +234,12 @@ fn table_on_stdout_json_in_file_and_verify_on_a_file() {
             .unwrap()
             >= 2048
     );
-    std::fs::remove_dir_all(&d).unwrap();
 }
 
 #[test]
 fn job_file_sweep() {
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../bench/jobs/sample.toml");
-    let d = tmp("jobs");
+    let d = Scratch::new("jobs");
     // Shorter than the sample's own runtime: flags give defaults, the job file overrides them,
     // so copy the file with a small runtime.
     let text = std::fs::read_to_string(root)
@@ -132,8 +249,7 @@ fn job_file_sweep() {
     let jf = d.join("j.toml");
     std::fs::write(&jf, text).unwrap();
     let o = snapblk(&["null:size=1G", "--job-file", jf.to_str().unwrap(), "--json"]);
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let v = json(&o);
+    let v = ok_json(&o);
     assert_eq!(v["results"].as_array().unwrap().len(), 6);
     assert_eq!(v["results"][5]["config"]["rw"], "write");
     // The job names of the file lead the labels, in the JSON and in the table.
@@ -141,13 +257,12 @@ fn job_file_sweep() {
     assert!(label(0).starts_with("random-4k: "), "{}", label(0));
     assert!(label(5).starts_with("seq-1m: "), "{}", label(5));
     let o = snapblk(&["null:size=1G", "--job-file", jf.to_str().unwrap()]);
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_ok(&o);
     let table = String::from_utf8(o.stdout).unwrap();
     assert!(
         table.contains("random-4k: ") && table.contains("seq-1m: "),
         "{table}"
     );
-    std::fs::remove_dir_all(&d).unwrap();
 }
 
 #[test]
@@ -163,7 +278,7 @@ fn errors_still_produce_a_valid_document() {
 
 #[test]
 fn file_tests_and_overwrite() {
-    let d = tmp("iozone");
+    let d = Scratch::new("iozone");
     let o = snapblk(&[
         "file",
         d.to_str().unwrap(),
@@ -174,77 +289,59 @@ fn file_tests_and_overwrite() {
         "--fsync",
         "--json",
     ]);
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let v = json(&o);
+    let v = ok_json(&o);
     assert_eq!(v["kind"], "file");
     assert_eq!(v["file_tests"]["cells"].as_array().unwrap().len(), 12);
     let o = snapblk(&["overwrite", d.to_str().unwrap(), "--mb", "1"]);
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_ok(&o);
     let t = String::from_utf8(o.stdout).unwrap();
     assert!(
         t.contains("overwrite MiB/s") && t.lines().count() == 4,
         "{t}"
     );
-    assert_eq!(
-        std::fs::read_dir(&d).unwrap().count(),
-        0,
-        "test files left behind"
-    );
-    std::fs::remove_dir_all(&d).unwrap();
+    d.assert_empty();
 }
 
 #[test]
 fn foreground_under_background_command() {
-    let d = tmp("fgbg");
-    let bg = d.join("bg");
-    std::fs::write(&bg, vec![3u8; 2 << 20]).unwrap();
-    let o = snapblk(&[
-        "fgbg",
-        "--bg-read",
-        bg.to_str().unwrap(),
-        "--bg-cmd",
-        "sleep 60",
-        "--fg-cmd",
-        "true",
-        "--iterations",
+    let d = Scratch::new("fgbg");
+    let bg = d.file("bg", 2 << 20, 3);
+    let o = snapblk(&fgbg_args(
+        &[
+            "--bg-read",
+            bg.to_str().unwrap(),
+            "--bg-cmd",
+            "sleep 60",
+            "--fg-cmd",
+            "true",
+        ],
         "2",
-        "--warmup",
         "0.1",
-        "--pause",
-        "0",
-        "--json",
-    ]);
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let v = json(&o);
+    ));
+    let v = ok_json(&o);
     let cells = v["fgbg"]["cells"].as_array().unwrap();
     assert_eq!(cells.len(), 2);
     assert_eq!(cells[0]["load"], "idle");
     assert_eq!(cells[1]["load"], "loaded");
     assert!(cells[1]["bg_bytes_per_s"].as_f64().unwrap() > 0.0);
     assert!(cells[1]["slowdown"].as_f64().is_some());
-    std::fs::remove_dir_all(&d).unwrap();
 }
 
 #[test]
 fn fgbg_json_stays_valid_when_commands_print() {
     // Foreground and background commands print; their stdout must go to our stderr, not into
     // the JSON document on our stdout.
-    let o = snapblk(&[
-        "fgbg",
-        "--bg-cmd",
-        "echo BG-POLLUTES; sleep 30",
-        "--fg-cmd",
-        "echo FG-POLLUTES",
-        "--iterations",
+    let o = snapblk(&fgbg_args(
+        &[
+            "--bg-cmd",
+            "echo BG-POLLUTES; sleep 30",
+            "--fg-cmd",
+            "echo FG-POLLUTES",
+        ],
         "2",
-        "--warmup",
         "0.2",
-        "--pause",
-        "0",
-        "--json",
-    ]);
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let v = json(&o);
+    ));
+    let v = ok_json(&o);
     assert_eq!(v["fgbg"]["cells"].as_array().unwrap().len(), 2);
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(
@@ -253,12 +350,12 @@ fn fgbg_json_stays_valid_when_commands_print() {
     );
 }
 
-/// Start a `--json` workload run, send `sig` (kill(1) name) after about 0.5 s and return what
-/// it wrote.
-fn interrupted_run(sig: &str) -> Output {
-    let child = Command::new(env!("CARGO_BIN_EXE_snapblk"))
-        .args([
-            "bench",
+#[test]
+fn interrupted_json_run_still_writes_a_valid_document() {
+    for (sig, code) in [("INT", 130), ("TERM", 143)] {
+        let t0 = std::time::Instant::now();
+        // Signalled about 0.5 s into the first of 2 x 2 runs of 30 s.
+        let args = [
             "null:size=256M",
             "--iodepth",
             "1,8",
@@ -267,25 +364,8 @@ fn interrupted_run(sig: &str) -> Output {
             "--repeat",
             "2",
             "--json",
-        ])
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("run snapblk");
-    std::thread::sleep(std::time::Duration::from_millis(500));
-    let st = Command::new("kill")
-        .args([&format!("-{sig}"), &child.id().to_string()])
-        .status()
-        .expect("kill(1)");
-    assert!(st.success());
-    child.wait_with_output().unwrap()
-}
-
-#[test]
-fn interrupted_json_run_still_writes_a_valid_document() {
-    for (sig, code) in [("INT", 130), ("TERM", 143)] {
-        let t0 = std::time::Instant::now();
-        let o = interrupted_run(sig);
+        ];
+        let (o, _, _) = interrupt_mode(&args, sig, |_| true);
         assert_eq!(
             o.status.code(),
             Some(code),
@@ -311,7 +391,7 @@ fn interrupted_json_run_still_writes_a_valid_document() {
 
 #[test]
 fn snapshot_spec_target() {
-    let d = tmp("snapshot");
+    let d = Scratch::new("snapshot");
     // A 4 MiB base and a new image with its second MiB changed, as a COW.
     let base: Vec<u8> = (0..4u32 << 20).map(|i| (i % 251) as u8).collect();
     let mut new = base.clone();
@@ -328,7 +408,7 @@ fn snapshot_spec_target() {
         .arg(&cow)
         .output()
         .unwrap();
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_ok(&o);
     let spec = format!("snapshot:base={},cow={}", old_p.display(), cow.display());
     // One sequential pass over the snapshot device: 64 reads of 64 KiB.
     let o = snapblk(&[
@@ -341,8 +421,7 @@ fn snapshot_spec_target() {
         "4",
         "--json",
     ]);
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let v = json(&o);
+    let v = ok_json(&o);
     assert_eq!(v["target"]["driver"], "snapshot");
     assert_eq!(v["results"][0]["capacity"], 4 << 20);
     assert_eq!(v["results"][0]["runs"][0]["read"]["ios"], 64);
@@ -356,16 +435,14 @@ fn snapshot_spec_target() {
         "--verify",
         "--json",
     ]);
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let v = json(&o);
+    let v = ok_json(&o);
     assert_eq!(v["results"][0]["runs"][0]["verified_blocks"], 1024);
     assert_eq!(std::fs::read(&old_p).unwrap(), base, "the base was written");
-    std::fs::remove_dir_all(&d).unwrap();
 }
 
 #[test]
 fn bad_input_gets_a_clear_one_line_error() {
-    let d = tmp("errors");
+    let d = Scratch::new("errors");
     let dir = d.to_str().unwrap();
     let missing = d.join("missing");
     let out_missing = d.join("no/such/dir/x.json");
@@ -417,19 +494,6 @@ fn bad_input_gets_a_clear_one_line_error() {
     let path = missing.to_str().unwrap();
     assert_eq!(err.matches(path).count(), 1, "{err}");
     assert_eq!(err.matches("No such file").count(), 1, "{err}");
-    std::fs::remove_dir_all(&d).unwrap();
-}
-
-/// A scratch directory on tmpfs when there is one (fast, no disk wear), else the temp dir.
-fn shm_tmp(name: &str) -> PathBuf {
-    let shm = std::path::Path::new("/dev/shm");
-    if !shm.is_dir() {
-        return tmp(name);
-    }
-    let d = shm.join(format!("snapblk-bench-cli-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
 }
 
 /// Every process descended from `root`, by scanning /proc (pid, start time).
@@ -495,13 +559,7 @@ fn interrupt_mode(
     ready: impl Fn(u32) -> bool,
 ) -> (Output, std::time::Duration, Vec<(u32, u64)>) {
     use std::time::{Duration, Instant};
-    let child = Command::new(env!("CARGO_BIN_EXE_snapblk"))
-        .arg("bench")
-        .args(args)
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("run snapblk");
+    let child = spawn(args);
     let pid = child.id();
     let t0 = Instant::now();
     while !ready(pid) {
@@ -513,26 +571,10 @@ fn interrupt_mode(
     }
     std::thread::sleep(Duration::from_millis(500));
     let kids = descendants(pid);
-    let st = Command::new("kill")
-        .args([&format!("-{sig}"), &pid.to_string()])
-        .status()
-        .expect("kill(1)");
-    assert!(st.success());
+    kill(sig, &[pid]);
     let sent = Instant::now();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let _ = tx.send(child.wait_with_output());
-    });
     // Generous: this checks that it stops at all, not how fast.
-    let o = match rx.recv_timeout(Duration::from_secs(20)) {
-        Ok(o) => o.unwrap(),
-        Err(_) => {
-            let _ = Command::new("kill")
-                .args(["-KILL", &pid.to_string()])
-                .status();
-            panic!("{args:?} still running 20 s after SIG{sig}");
-        }
-    };
+    let o = wait_output(child, &format!("{args:?} after SIG{sig}"));
     (o, sent.elapsed(), kids)
 }
 
@@ -555,14 +597,14 @@ fn assert_interrupted(o: &Output, sig: &str, code: i32) -> serde_json::Value {
 
 #[test]
 fn interrupted_file_tests_write_a_partial_document_and_remove_their_file() {
-    let d = shm_tmp("file-int");
+    let d = Scratch::shm("file-int");
     let dir = d.to_str().unwrap().to_string();
     // Long: 6 passes over 256 MiB in 512-byte records (several seconds even on tmpfs); the
     // signal comes once the scratch file exists.
     let (o, _, _) = interrupt_mode(
         &["file", &dir, "-s", "256m", "-r", "512", "--json"],
         "INT",
-        |_| std::fs::read_dir(&d).unwrap().count() > 0,
+        |_| d.count() > 0,
     );
     let v = assert_interrupted(&o, "INT", 130);
     assert_eq!(v["kind"], "file");
@@ -570,41 +612,30 @@ fn interrupted_file_tests_write_a_partial_document_and_remove_their_file() {
     let cells = v["file_tests"]["cells"].as_array().unwrap();
     assert!(cells.len() < 6, "the sweep ran to its end: {v}");
     assert!(cells.iter().all(|c| c["ops"] == 524288), "{v}");
-    assert_eq!(
-        std::fs::read_dir(&d).unwrap().count(),
-        0,
-        "test file left behind"
-    );
-    std::fs::remove_dir_all(&d).unwrap();
+    d.assert_empty();
 }
 
 #[test]
 fn interrupted_overwrite_writes_a_valid_document_and_removes_its_file() {
-    let d = shm_tmp("overwrite-int");
+    let d = Scratch::shm("overwrite-int");
     let dir = d.to_str().unwrap().to_string();
     // 1 GiB in 1 KiB overwrites with fdatasync after each: far longer than the test waits.
     let (o, _, _) = interrupt_mode(
         &["overwrite", &dir, "--mb", "1024", "--fsync", "--json"],
         "TERM",
-        |_| std::fs::read_dir(&d).unwrap().count() > 0,
+        |_| d.count() > 0,
     );
     let v = assert_interrupted(&o, "TERM", 143);
     assert_eq!(v["kind"], "file");
     // The only variant was cut short: no measurement to report.
     assert!(v["file_tests"].is_null(), "{v}");
-    assert_eq!(
-        std::fs::read_dir(&d).unwrap().count(),
-        0,
-        "test file left behind"
-    );
-    std::fs::remove_dir_all(&d).unwrap();
+    d.assert_empty();
 }
 
 #[test]
 fn interrupted_fgbg_kills_and_reaps_everything_it_started() {
-    let d = shm_tmp("fgbg-int");
-    let bg = d.join("bg");
-    std::fs::write(&bg, vec![3u8; 4 << 20]).unwrap();
+    let d = Scratch::shm("fgbg-int");
+    let bg = d.file("bg", 4 << 20, 3);
     let w = d.join("w");
     let flag = d.join("loaded");
     let marker = format!("snapblk-fgbg-int-{}", std::process::id());
@@ -618,26 +649,22 @@ fn interrupted_fgbg_kills_and_reaps_everything_it_started() {
     for (sig, code) in [("INT", 130), ("TERM", 143)] {
         let _ = std::fs::remove_file(&flag);
         let (o, _, kids) = interrupt_mode(
-            &[
-                "fgbg",
-                "--bg-read",
-                bg.to_str().unwrap(),
-                "--bg-write",
-                w.to_str().unwrap(),
-                "--bg-size",
-                "2M",
-                "--bg-cmd",
-                &bg_cmd,
-                "--fg-cmd",
-                &fg_cmd,
-                "--iterations",
+            &fgbg_args(
+                &[
+                    "--bg-read",
+                    bg.to_str().unwrap(),
+                    "--bg-write",
+                    w.to_str().unwrap(),
+                    "--bg-size",
+                    "2M",
+                    "--bg-cmd",
+                    &bg_cmd,
+                    "--fg-cmd",
+                    &fg_cmd,
+                ],
                 "2",
-                "--warmup",
                 "0.1",
-                "--pause",
-                "0",
-                "--json",
-            ],
+            ),
             sig,
             // Both commands of the loaded cell run (children of the CLI, not the CLI itself,
             // whose own command line holds the markers too).
@@ -666,14 +693,12 @@ fn interrupted_fgbg_kills_and_reaps_everything_it_started() {
         let marked = with_marker(&format!("{marker}-"));
         assert!(marked.is_empty(), "SIG{sig}: commands survived: {marked:?}");
     }
-    std::fs::remove_dir_all(&d).unwrap();
 }
 
 #[test]
 fn misaligned_direct_options_fail_up_front() {
-    let d = tmp("align");
-    let img = d.join("img");
-    std::fs::write(&img, vec![0u8; 8 << 20]).unwrap();
+    let d = Scratch::new("align");
+    let img = d.file("img", 8 << 20, 0);
     let before = std::fs::metadata(&img).unwrap().modified().unwrap();
     let t = img.to_str().unwrap();
     // Each would fail only mid-run with EINVAL if not checked first; the 30 s sweep shows the
@@ -719,22 +744,20 @@ fn misaligned_direct_options_fail_up_front() {
     assert_eq!(std::fs::metadata(&img).unwrap().modified().unwrap(), before);
     // Without --direct the file driver has no alignment to demand: the same bs runs.
     let o = snapblk(&[t, "--bs", "1000", "--size", "1000000", "--json"]);
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_ok(&o);
     assert_eq!(json(&o)["results"][0]["runs"][0]["read"]["ios"], 1000);
-    std::fs::remove_dir_all(&d).unwrap();
 }
 
 /// A loop device over a tmpfs file, detached on drop (needs root, as the tests run here).
 struct LoopDev {
     dev: String,
-    dir: PathBuf,
+    dir: Scratch,
 }
 
 impl LoopDev {
     fn new(name: &str) -> LoopDev {
-        let dir = shm_tmp(name);
-        let img = dir.join("img");
-        std::fs::write(&img, vec![0u8; 16 << 20]).unwrap();
+        let dir = Scratch::shm(name);
+        let img = dir.file("img", 16 << 20, 0);
         let o = Command::new("losetup")
             .args(["-f", "--show"])
             .arg(&img)
@@ -764,8 +787,8 @@ impl LoopDev {
 
 impl Drop for LoopDev {
     fn drop(&mut self) {
+        // Before `dir` (and the image in it) goes.
         let _ = Command::new("losetup").args(["-d", &self.dev]).status();
-        let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
 
@@ -782,26 +805,21 @@ fn fgbg_cells_carry_their_schedulers_tunables_and_the_scheduler_is_restored() {
         expect_keys.iter().any(|k| k == "fifo_batch"),
         "{expect_keys:?}"
     );
-    let o = snapblk(&[
-        "fgbg",
-        "--device",
-        &lo.dev,
-        "--schedulers",
-        "mq-deadline,none",
-        "--bg-read",
-        &lo.dev,
-        "--fg-cmd",
-        "true",
-        "--iterations",
+    let o = snapblk(&fgbg_args(
+        &[
+            "--device",
+            &lo.dev,
+            "--schedulers",
+            "mq-deadline,none",
+            "--bg-read",
+            &lo.dev,
+            "--fg-cmd",
+            "true",
+        ],
         "1",
-        "--warmup",
         "0.1",
-        "--pause",
-        "0",
-        "--json",
-    ]);
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let v = json(&o);
+    ));
+    let v = ok_json(&o);
     let cells = v["fgbg"]["cells"].as_array().unwrap();
     let got: Vec<(&str, &str)> = cells
         .iter()
@@ -839,24 +857,22 @@ fn fgbg_cells_carry_their_schedulers_tunables_and_the_scheduler_is_restored() {
     // Interrupted while `none` is switched in: the original comes back all the same.
     let flag = lo.dir.join("loaded");
     let (o, _, _) = interrupt_mode(
-        &[
-            "fgbg",
-            "--device",
-            &lo.dev,
-            "--schedulers",
-            "none",
-            "--bg-read",
-            &lo.dev,
-            "--bg-cmd",
-            &format!("touch {} && sleep 1000", flag.display()),
-            "--fg-cmd",
-            &format!("test -e {} && sleep 1000 || true", flag.display()),
-            "--iterations",
+        &fgbg_args(
+            &[
+                "--device",
+                &lo.dev,
+                "--schedulers",
+                "none",
+                "--bg-read",
+                &lo.dev,
+                "--bg-cmd",
+                &format!("touch {} && sleep 1000", flag.display()),
+                "--fg-cmd",
+                &format!("test -e {} && sleep 1000 || true", flag.display()),
+            ],
             "1",
-            "--warmup",
             "0.1",
-            "--json",
-        ],
+        ),
         "INT",
         |_| flag.exists(),
     );
@@ -866,7 +882,7 @@ fn fgbg_cells_carry_their_schedulers_tunables_and_the_scheduler_is_restored() {
 }
 
 /// Wait for `child` at most 20 s (then kill it and fail).
-fn wait_output(child: std::process::Child, what: &str) -> Output {
+fn wait_output(child: Child, what: &str) -> Output {
     let pid = child.id();
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
@@ -889,20 +905,10 @@ fn a_signal_delivered_twice_at_once_still_reports_the_partial_results() {
     // arrives twice within microseconds. That is not "quit at once": the results must come.
     for round in 0..3 {
         for (sig, code) in [("INT", 130), ("TERM", 143)] {
-            let child = Command::new(env!("CARGO_BIN_EXE_snapblk"))
-                .args(["bench", "null:size=256M", "--runtime", "30", "--json"])
-                .stdout(std::process::Stdio::piped())
-                .stderr(std::process::Stdio::piped())
-                .spawn()
-                .expect("run snapblk");
+            let child = spawn(&["null:size=256M", "--runtime", "30", "--json"]);
             std::thread::sleep(std::time::Duration::from_millis(300));
-            let pid = child.id().to_string();
             // kill(1) sends to each pid in turn: two signals back to back.
-            let st = Command::new("kill")
-                .args(["-s", sig, &pid, &pid])
-                .status()
-                .expect("kill(1)");
-            assert!(st.success());
+            kill(sig, &[child.id(), child.id()]);
             let o = wait_output(child, &format!("round {round} SIG{sig} twice"));
             let v = assert_interrupted(&o, sig, code);
             assert_eq!(v["results"].as_array().unwrap().len(), 1, "{v}");
@@ -912,8 +918,8 @@ fn a_signal_delivered_twice_at_once_still_reports_the_partial_results() {
                 .args(["--preserve-status", "-s", sig, "0.7"])
                 .arg(env!("CARGO_BIN_EXE_snapblk"))
                 .args(["bench", "null:size=256M", "--runtime", "30", "--json"])
-                .stdout(std::process::Stdio::piped())
-                .stderr(std::process::Stdio::piped())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
                 .spawn()
                 .expect("timeout (coreutils) must be installed");
             let o = wait_output(child, &format!("round {round} timeout -s {sig}"));
@@ -931,22 +937,27 @@ fn a_second_interrupt_a_second_later_quits_at_once_but_cleans_up() {
     // and reap the background command and put the device's scheduler back.
     let lo = LoopDev::new("quitnow");
     lo.set_scheduler("mq-deadline");
-    let real = lo.dir.join("real");
-    std::fs::write(&real, vec![7u8; 64 << 10]).unwrap();
+    let real = lo.dir.file("real", 64 << 10, 7);
     let fifo = lo.dir.join("fifo");
     let list = lo.dir.join("list");
     std::fs::write(&list, format!("{}\n{}\n", real.display(), fifo.display())).unwrap();
     let marker = format!("snapblk-quitnow-{}", std::process::id());
     // The FIFO appears only with the load, so the idle cell completes (reading `real`).
     let bg_cmd = format!("mkfifo {} && sleep 1000 && echo {marker}", fifo.display());
-    let child = Command::new(env!("CARGO_BIN_EXE_snapblk"))
-        .args(["bench", "fgbg", "--device", &lo.dev, "--schedulers", "none"])
-        .args(["--bg-cmd", &bg_cmd, "--fg-list", list.to_str().unwrap()])
-        .args(["--iterations", "1", "--warmup", "0.2", "--json"])
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("run snapblk");
+    let child = spawn(&fgbg_args(
+        &[
+            "--device",
+            &lo.dev,
+            "--schedulers",
+            "none",
+            "--bg-cmd",
+            &bg_cmd,
+            "--fg-list",
+            list.to_str().unwrap(),
+        ],
+        "1",
+        "0.2",
+    ));
     let pid = child.id();
     let t0 = std::time::Instant::now();
     while !fifo.exists() || with_marker(&marker).is_empty() {
@@ -956,18 +967,11 @@ fn a_second_interrupt_a_second_later_quits_at_once_but_cleans_up() {
     std::thread::sleep(std::time::Duration::from_millis(500));
     assert_eq!(lo.scheduler(), "none");
     let kids = descendants(pid);
-    let int = || {
-        let st = Command::new("kill")
-            .args(["-INT", &pid.to_string()])
-            .status()
-            .expect("kill(1)");
-        assert!(st.success());
-    };
-    int();
+    kill("INT", &[pid]);
     std::thread::sleep(std::time::Duration::from_millis(1500));
     // The first interrupt could not end the hung foreground.
     assert!(stat_of(pid).is_some(), "exited on the first signal");
-    int();
+    kill("INT", &[pid]);
     let o = wait_output(child, "second SIGINT");
     assert_eq!(
         o.status.code(),
@@ -992,31 +996,18 @@ fn a_second_interrupt_a_second_later_quits_at_once_but_cleans_up() {
 
 #[test]
 fn fgbg_fails_when_the_background_ends_early() {
-    let d = shm_tmp("bg-ends");
+    let d = Scratch::shm("bg-ends");
     let bin = env!("CARGO_BIN_EXE_snapblk");
     let fgbg = |bg: &[&str], fg_cmd: &str| {
-        let mut a = vec!["fgbg"];
-        a.extend_from_slice(bg);
-        a.extend([
-            "--fg-cmd",
-            fg_cmd,
-            "--iterations",
-            "2",
-            "--warmup",
-            "0.3",
-            "--pause",
-            "0",
-            "--json",
-        ]);
-        snapblk(&a)
+        let mut a = bg.to_vec();
+        a.extend(["--fg-cmd", fg_cmd]);
+        snapblk(&fgbg_args(&a, "2", "0.3"))
     };
+    // Said on stderr too, and no cells reported.
     let failed = |o: &Output, want: &[&str]| {
-        let err = String::from_utf8_lossy(&o.stderr).to_string();
-        assert_eq!(o.status.code(), Some(1), "{err}");
-        let v = json(o);
-        let e = v["error"].as_str().unwrap();
+        let v = failed_json(o, want);
+        let err = String::from_utf8_lossy(&o.stderr);
         for w in want {
-            assert!(e.contains(w), "{w:?} not in {e:?}");
             assert!(err.contains(w), "{w:?} not in {err:?}");
         }
         assert!(v["fgbg"].is_null(), "{v}");
@@ -1035,41 +1026,28 @@ fn fgbg_fails_when_the_background_ends_early() {
     let o = fgbg(&["--bg-cmd", "sleep 0.5"], "sleep 0.9");
     failed(&o, &["ended during the loaded cell", "exit status: 0"]);
     // A background reader whose file is cut short meanwhile: its read fails.
-    let f = d.join("shrinks");
-    std::fs::write(&f, vec![1u8; 8 << 20]).unwrap();
+    let f = d.file("shrinks", 8 << 20, 1);
     let cut = format!("sleep 0.1; truncate -s 0 {}; sleep 60", f.display());
     let o = fgbg(
         &["--bg-read", f.to_str().unwrap(), "--bg-cmd", &cut],
         "true",
     );
     failed(&o, &["background stream on", "shrinks"]);
-    std::fs::remove_dir_all(&d).unwrap();
 }
 
 #[test]
 fn fgbg_read_list_problems_are_named_and_nothing_is_never_measured() {
-    let d = shm_tmp("fglist");
-    let fgbg = |list: &std::path::Path| {
-        snapblk(&[
-            "fgbg",
-            "--bg-cmd",
-            "sleep 60",
-            "--fg-list",
-            list.to_str().unwrap(),
-            "--iterations",
+    let d = Scratch::shm("fglist");
+    let fgbg = |list: &Path| {
+        let list = list.to_str().unwrap();
+        snapblk(&fgbg_args(
+            &["--bg-cmd", "sleep 60", "--fg-list", list],
             "1",
-            "--warmup",
             "0",
-            "--json",
-        ])
+        ))
     };
     let failed = |o: &Output, want: &[&str]| {
-        let err = String::from_utf8_lossy(&o.stderr).to_string();
-        assert_eq!(o.status.code(), Some(1), "{err}");
-        let e = json(o)["error"].as_str().unwrap().to_string();
-        for w in want {
-            assert!(e.contains(w), "{w:?} not in {e:?}");
-        }
+        failed_json(o, want);
     };
     // A missing list file: its path is in the error.
     let missing = d.join("no-such.list");
@@ -1095,13 +1073,11 @@ fn fgbg_read_list_problems_are_named_and_nothing_is_never_measured() {
     }
     failed(&o, &["short.list", "read 0 bytes"]);
     // One missing file next to a real one: measured, with a warning naming both paths.
-    let real = d.join("real");
-    std::fs::write(&real, vec![5u8; 256 << 10]).unwrap();
+    let real = d.file("real", 256 << 10, 5);
     let list = d.join("mixed.list");
     std::fs::write(&list, format!("{}\n{}/gone\n", real.display(), d.display())).unwrap();
     let o = fgbg(&list);
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let v = json(&o);
+    let v = ok_json(&o);
     let w: Vec<&str> = v["warnings"]
         .as_array()
         .unwrap()
@@ -1122,7 +1098,6 @@ fn fgbg_read_list_problems_are_named_and_nothing_is_never_measured() {
             .all(|c| c["fg_lat_p50_ns"].as_u64().unwrap() > 0),
         "{v}"
     );
-    std::fs::remove_dir_all(&d).unwrap();
 }
 
 #[test]
@@ -1135,55 +1110,47 @@ fn direct_on_a_target_without_a_file_is_warned_about_and_recorded_as_off() {
             .any(|w| w.as_str().unwrap().starts_with("--direct ignored: "))
     };
     let o = snapblk(&["null:size=64M", "--direct", "--runtime", "0.1", "--json"]);
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let v = json(&o);
+    let v = ok_json(&o);
     assert!(warned(&v), "{v}");
     assert_eq!(v["results"][0]["config"]["direct"], false, "{v}");
     assert!(
         String::from_utf8_lossy(&o.stderr).contains("warning: --direct ignored: null:size=64M")
     );
     // The fgbg foreground workload too.
-    let o = snapblk(&[
-        "fgbg",
-        "--bg-cmd",
-        "sleep 60",
-        "--fg-target",
-        "null:size=64M",
-        "--size",
-        "1M",
-        "--direct",
-        "--iterations",
+    let o = snapblk(&fgbg_args(
+        &[
+            "--bg-cmd",
+            "sleep 60",
+            "--fg-target",
+            "null:size=64M",
+            "--size",
+            "1M",
+            "--direct",
+        ],
         "1",
-        "--warmup",
         "0",
-        "--json",
-    ]);
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let v = json(&o);
+    ));
+    let v = ok_json(&o);
     assert!(warned(&v), "{v}");
     assert_eq!(
         v["fgbg"]["spec"]["foreground"]["job"]["direct"], false,
         "{v}"
     );
     // A file target is opened O_DIRECT: no warning, direct stays on.
-    let d = shm_tmp("direct-file");
-    let img = d.join("img");
-    std::fs::write(&img, vec![0u8; 1 << 20]).unwrap();
+    let d = Scratch::shm("direct-file");
+    let img = d.file("img", 1 << 20, 0);
     let o = snapblk(&[img.to_str().unwrap(), "--direct", "--json"]);
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let v = json(&o);
+    let v = ok_json(&o);
     assert!(!warned(&v), "{v}");
     assert_eq!(v["results"][0]["config"]["direct"], true);
-    std::fs::remove_dir_all(&d).unwrap();
 }
 
 #[test]
 fn read_only_jobs_work_with_read_access_alone() {
     use std::os::unix::fs::PermissionsExt;
-    let d = shm_tmp("readonly");
+    let d = Scratch::shm("readonly");
     std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o755)).unwrap();
-    let f = d.join("ro.img");
-    std::fs::write(&f, vec![9u8; 4 << 20]).unwrap();
+    let f = d.file("ro.img", 4 << 20, 9);
     std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o444)).unwrap();
     let t = f.to_str().unwrap();
     // As nobody: may read the root-owned file, may not write it.
@@ -1223,7 +1190,6 @@ fn read_only_jobs_work_with_read_access_alone() {
         assert_eq!(o.status.code(), Some(1), "{args:?}: {err}");
         assert!(err.contains("Permission denied"), "{args:?}: {err}");
     }
-    std::fs::remove_dir_all(&d).unwrap();
 }
 
 #[test]
@@ -1248,7 +1214,7 @@ fn bad_plot_dirs_and_background_paths_fail_before_anything_runs() {
     );
     assert_eq!(v["results"], serde_json::json!([]), "{v}");
     // The idle cell's foreground would leave a mark: it must never run.
-    let d = shm_tmp("bg-check");
+    let d = Scratch::shm("bg-check");
     let mark = d.join("fg-ran");
     let fg = format!("touch {}", mark.display());
     let small = d.join("small");
@@ -1267,29 +1233,19 @@ fn bad_plot_dirs_and_background_paths_fail_before_anything_runs() {
             "background /nonexistent/dir/w: No such file",
         ),
     ] {
-        let mut a = vec!["fgbg"];
-        a.extend_from_slice(bg);
-        a.extend([
-            "--fg-cmd",
-            &fg,
-            "--iterations",
-            "1",
-            "--warmup",
-            "0",
-            "--json",
-        ]);
-        let o = snapblk(&a);
+        let mut a = bg.to_vec();
+        a.extend(["--fg-cmd", &fg]);
+        let o = snapblk(&fgbg_args(&a, "1", "0"));
         assert_eq!(o.status.code(), Some(1), "{bg:?}");
         let e = json(&o)["error"].as_str().unwrap().to_string();
         assert!(e.contains(want), "{bg:?}: {e}");
         assert!(!mark.exists(), "{bg:?}: the idle cell ran first");
     }
-    std::fs::remove_dir_all(&d).unwrap();
 }
 
 #[test]
 fn overwrite_shows_byte_progress_on_a_terminal_only() {
-    let d = shm_tmp("overwrite-progress");
+    let d = Scratch::shm("overwrite-progress");
     let dir = d.to_str().unwrap();
     let cmd = format!(
         "{} bench overwrite {dir} --mb 8 --fsync",
@@ -1317,8 +1273,7 @@ fn overwrite_shows_byte_progress_on_a_terminal_only() {
     assert!(tty.contains("overwrite MiB/s"), "no table: {tty:?}");
     // Without a terminal: the table alone, no progress on stderr.
     let o = snapblk(&["overwrite", dir, "--mb", "8", "--fsync"]);
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_ok(&o);
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(!err.contains("MiB"), "progress without a terminal: {err:?}");
-    std::fs::remove_dir_all(&d).unwrap();
 }

@@ -469,25 +469,8 @@ pub fn write_all(dir: &Path, results: &[ConfigReport]) -> std::io::Result<Vec<Pa
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::{DirStats, RunResult};
+    use crate::report::tests::{one_second, two_and_a_half_seconds};
     use crate::spec::JobSpec;
-
-    /// A one-second run of `ios` reads: `ios` IOPS.
-    fn one_second(ios: u64) -> RunResult {
-        RunResult {
-            spec: JobSpec::default(),
-            capacity: 1 << 30,
-            jobs: Vec::new(),
-            read: DirStats {
-                ios,
-                bytes: ios * 4096,
-                ..Default::default()
-            },
-            write: DirStats::default(),
-            seconds: 1.0,
-            series: Vec::new(),
-        }
-    }
 
     /// A tick label as a number (`500`, `1.5k`, `2.00M`, `0.5`).
     fn tick_value(t: &str) -> f64 {
@@ -612,18 +595,8 @@ mod tests {
 
     #[test]
     fn time_series_points_sit_at_the_middle_of_their_buckets() {
-        use crate::engine::Second;
-        let sec = |n: u64| Second {
-            read_ios: n,
-            read_bytes: n * 4096,
-            ..Default::default()
-        };
         // 2.5 s at 1000 IOPS: buckets [0,1), [1,2) and the partial [2,2.5).
-        let run = RunResult {
-            seconds: 2.5,
-            series: vec![sec(1000), sec(1000), sec(500)],
-            ..one_second(2500)
-        };
+        let run = two_and_a_half_seconds();
         let svg = time_series(&[ConfigReport::of(&JobSpec::default(), &[run])]);
         let doc = roxmltree::Document::parse(&svg).unwrap();
         let (x, y) = (axis(&doc, "xtick"), axis(&doc, "ytick"));

@@ -479,12 +479,13 @@ pub fn workload_table(results: &[ConfigReport]) -> String {
     text_table(&rows)
 }
 
+/// Synthetic results for the unit tests here and in [`crate::plot`].
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     /// A per-second bucket of `n` 4 KiB reads.
-    fn sec(n: u64) -> crate::engine::Second {
+    pub(crate) fn sec(n: u64) -> crate::engine::Second {
         crate::engine::Second {
             read_ios: n,
             read_bytes: n * 4096,
@@ -493,7 +494,7 @@ mod tests {
     }
 
     /// 2.5 s of reads at 1000 IOPS: per-second buckets of 1000, 1000 and (half a second) 500.
-    fn two_and_a_half_seconds() -> RunResult {
+    pub(crate) fn two_and_a_half_seconds() -> RunResult {
         RunResult {
             seconds: 2.5,
             series: vec![sec(1000), sec(1000), sec(500)],
@@ -530,7 +531,7 @@ mod tests {
     }
 
     /// A run of `ios` reads in one second.
-    fn one_second(ios: u64) -> RunResult {
+    pub(crate) fn one_second(ios: u64) -> RunResult {
         RunResult {
             spec: JobSpec::default(),
             capacity: 1 << 30,

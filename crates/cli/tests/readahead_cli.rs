@@ -55,6 +55,52 @@ fn json(o: &Output) -> Value {
         .unwrap_or_else(|e| panic!("bad JSON ({e}): {}", String::from_utf8_lossy(&o.stdout)))
 }
 
+/// Runs `cmd`, which must succeed.
+fn ok(cmd: &mut Command) -> Output {
+    let o = cmd.output().unwrap();
+    assert!(
+        o.status.success(),
+        "{cmd:?} failed: {}\n{}",
+        text(&o.stderr),
+        text(&o.stdout)
+    );
+    o
+}
+
+/// `snapblk readahead record -o LIST --scope SCOPE`, for more options and `-- CMD...`.
+fn record_cmd(list: &Path, scope: &Path) -> Command {
+    let mut c = Command::new(BIN);
+    c.args(["readahead", "record", "-o"])
+        .arg(list)
+        .arg("--scope")
+        .arg(scope);
+    c
+}
+
+/// Records into `list` what `cat FILES` reads from an evicted `scope`; the list's entries.
+fn record_cat(list: &Path, scope: &Path, files: &[&Path]) -> Vec<snapblk_readahead::ListEntry> {
+    ok(record_cmd(list, scope)
+        .args(["--evict-first", "--", "cat"])
+        .args(files));
+    list_entries(list)
+}
+
+/// `snapblk readahead replay LIST --json EXTRA...`, which must succeed: the report.
+fn replay_json(list: &Path, extra: &[&str]) -> Value {
+    let list = list.to_str().unwrap();
+    json(&run(
+        &[&["readahead", "replay", list, "--json"], extra].concat()
+    ))
+}
+
+/// A file `name` of `len` bytes in `d` and a list naming it (`d/list`).
+fn file_and_list(d: &Path, name: &str, len: u64, seed: u8) -> (PathBuf, PathBuf) {
+    let (f, list) = (d.join(name), d.join("list"));
+    write_file(&f, len, seed);
+    std::fs::write(&list, format!("{}\n", f.display())).unwrap();
+    (f, list)
+}
+
 fn evict(paths: &[&Path]) {
     let mut a = vec!["readahead", "evict", "-r"];
     a.extend(paths.iter().map(|p| p.to_str().unwrap()));
@@ -187,27 +233,10 @@ fn record_of_known_reads_yields_exactly_those_ranges() {
         b.display()
     );
     let list = d.join("list.txt");
-    let mut args = vec![
-        "readahead",
-        "record",
-        "-o",
-        list.to_str().unwrap(),
-        "--scope",
-        d.to_str().unwrap(),
-        "--evict-first",
-        "--json",
-        "--",
-    ]
-    .into_iter()
-    .map(String::from)
-    .collect::<Vec<_>>();
-    args.extend(reader_command());
-    let o = Command::new(BIN)
-        .args(&args)
-        .env(READER_ENV, &spec)
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    ok(record_cmd(&list, &d)
+        .args(["--evict-first", "--json", "--"])
+        .args(reader_command())
+        .env(READER_ENV, &spec));
     let text = std::fs::read_to_string(&list).unwrap();
     assert!(text.starts_with("# snapblk-readahead-list v1"), "{text}");
     let v = list_entries(&list);
@@ -225,25 +254,9 @@ fn record_of_known_reads_yields_exactly_those_ranges() {
 
     // A whole-file read (cat) records the whole file, in JSON Lines when asked.
     let jl = d.join("list.jsonl");
-    let o = Command::new(BIN)
-        .args([
-            "readahead",
-            "record",
-            "-o",
-            jl.to_str().unwrap(),
-            "--scope",
-            d.to_str().unwrap(),
-            "--evict-first",
-            "--",
-            "cat",
-        ])
-        .arg(&b)
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let v = record_cat(&jl, &d, &[&b]);
     let first = std::fs::read_to_string(&jl).unwrap();
     assert!(first.starts_with('{'), "{first}");
-    let v = list_entries(&jl);
     assert_eq!(v.len(), 1, "{first}");
     assert_eq!(ranges_of(&v[0]), vec![(0, 256 << 10)]);
     std::fs::remove_dir_all(&d).unwrap();
@@ -298,18 +311,10 @@ fn replay_after_evict_makes_listed_pages_resident() {
     ] {
         evict(&[&d]);
         assert_eq!(fincore_bytes(&big), 0);
-        let v = json(&run(&[
-            "readahead",
-            "replay",
-            lp.to_str().unwrap(),
-            "--json",
-            "--method",
-            method,
-            "--max-inflight",
-            inflight,
-            "--queue-depth",
-            "2",
-        ]));
+        let v = replay_json(
+            &lp,
+            &["--method", method, "--max-inflight", inflight, "-q", "2"],
+        );
 
         assert_eq!(v["bytes_requested"], requested, "{v}");
         assert_eq!(v["bytes_resident_before"], 0, "{v}");
@@ -344,12 +349,7 @@ fn replay_after_evict_makes_listed_pages_resident() {
     }
 
     // A second replay finds everything resident and issues nothing.
-    let v = json(&run(&[
-        "readahead",
-        "replay",
-        lp.to_str().unwrap(),
-        "--json",
-    ]));
+    let v = replay_json(&lp, &[]);
     assert_eq!(v["bytes_issued"], 0, "{v}");
     assert_eq!(v["bytes_resident_before"], requested, "{v}");
     std::fs::remove_dir_all(&d).unwrap();
@@ -364,23 +364,7 @@ fn stale_and_missing_entries_are_reported() {
     write_file(&gone, 8192, 3);
     // Record a list with identities (cat reads both files).
     let lp = d.join("list");
-    let o = Command::new(BIN)
-        .args([
-            "readahead",
-            "record",
-            "-o",
-            lp.to_str().unwrap(),
-            "--scope",
-            d.to_str().unwrap(),
-            "--evict-first",
-            "--",
-            "cat",
-        ])
-        .args([&a, &b, &gone])
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    assert_eq!(list_entries(&lp).len(), 3);
+    assert_eq!(record_cat(&lp, &d, &[&a, &b, &gone]).len(), 3);
     // Change b, delete gone.
     std::thread::sleep(std::time::Duration::from_millis(20));
     std::fs::OpenOptions::new()
@@ -390,12 +374,7 @@ fn stale_and_missing_entries_are_reported() {
         .unwrap();
     std::fs::remove_file(&gone).unwrap();
     evict(&[&d]);
-    let v = json(&run(&[
-        "readahead",
-        "replay",
-        lp.to_str().unwrap(),
-        "--json",
-    ]));
+    let v = replay_json(&lp, &[]);
     let stale: Vec<(String, String)> = v["stale"]
         .as_array()
         .unwrap()
@@ -588,14 +567,7 @@ fn list_that_replays_nothing_is_not_reported_as_success() {
     write_file(&a, 64 << 10, 1);
     write_file(&b, 64 << 10, 2);
     let lp = d.join("list");
-    let o = Command::new(BIN)
-        .args(["readahead", "record", "-o", lp.to_str().unwrap()])
-        .args(["--scope", d.to_str().unwrap(), "--evict-first", "--", "cat"])
-        .args([&a, &b])
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{}", text(&o.stderr));
-    assert_eq!(list_entries(&lp).len(), 2);
+    assert_eq!(record_cat(&lp, &d, &[&a, &b]).len(), 2);
     // The "OTA": a is replaced by a new file, b is gone.
     std::fs::remove_file(&a).unwrap();
     write_file(&a, 64 << 10, 9);
@@ -982,14 +954,7 @@ fn duplicate_list_entries_are_requested_once() {
     let line = format!("{}\n", f.display());
     std::fs::write(&lp, line.repeat(3) + &format!("{} 0:4096\n", f.display())).unwrap();
     evict(&[&f]);
-    let v = json(&run(&[
-        "readahead",
-        "replay",
-        lp.to_str().unwrap(),
-        "--json",
-        "--require",
-        "99.5",
-    ]));
+    let v = replay_json(&lp, &["--require", "99.5"]);
     assert_eq!(v["entries"], 4, "{v}");
     assert_eq!(v["entries_duplicate"], 3, "{v}");
     assert_eq!(v["files_replayed"], 1, "{v}");
@@ -1030,10 +995,7 @@ fn proc_diskstats(major: u64, minor: u64) -> Vec<u64> {
 #[test]
 fn replay_options_show_in_the_report() {
     let d = scratch("opts");
-    let f = d.join("data");
-    write_file(&f, 3 << 20, 5);
-    let lp = d.join("list");
-    std::fs::write(&lp, format!("{}\n", f.display())).unwrap();
+    let (f, lp) = file_and_list(&d, "data", 3 << 20, 5);
     let ls = lp.to_str().unwrap();
 
     // --diskstats: the device holding the scratch dir, before and after a cold replay and the
@@ -1041,7 +1003,7 @@ fn replay_options_show_in_the_report() {
     let (major, minor) = dev_of(&f);
     evict(&[&f]);
     let outer_before = proc_diskstats(major, minor);
-    let v = json(&run(&["readahead", "replay", ls, "--json", "--diskstats"]));
+    let v = replay_json(&lp, &["--diskstats"]);
     let outer_after = proc_diskstats(major, minor);
     let devs = v["diskstats"].as_array().expect("diskstats");
     let dev = devs
@@ -1116,7 +1078,7 @@ fn replay_options_show_in_the_report() {
     let (b, a, change) = row("in flight ");
     assert_eq!(change, format!("{:+}", a as i64 - b as i64), "{out}");
     // Without the option: no diskstats.
-    let v = json(&run(&["readahead", "replay", ls, "--json"]));
+    let v = replay_json(&lp, &[]);
     assert_eq!(v["diskstats"], Value::Null);
     assert_eq!(v["diskstats_delta"], Value::Null);
 
@@ -1127,27 +1089,17 @@ fn replay_options_show_in_the_report() {
         (vec!["--method", "uring", "-q", "8"], 8, 2),
         (vec![], 4, 4),
     ] {
-        let v = json(&run(&[
-            vec!["readahead", "replay", ls, "--json"],
-            args.clone(),
-        ]
-        .concat()));
+        let v = replay_json(&lp, &args);
         assert_eq!(v["queue_depth"], depth, "{args:?}: {v}");
         assert_eq!(v["threads"], threads, "{args:?}: {v}");
     }
 
     // The file is resident now: skipped by default, issued with --no-skip-resident.
     assert_eq!(fincore_pages(&f), 768);
-    let v = json(&run(&["readahead", "replay", ls, "--json"]));
+    let v = replay_json(&lp, &[]);
     assert_eq!(v["bytes_issued"], 0, "{v}");
     assert_eq!(v["bytes_resident_before"], 3 << 20);
-    let v = json(&run(&[
-        "readahead",
-        "replay",
-        ls,
-        "--json",
-        "--no-skip-resident",
-    ]));
+    let v = replay_json(&lp, &["--no-skip-resident"]);
     assert_eq!(v["bytes_issued"], 3 << 20, "{v}");
     assert_eq!(v["requests_issued"], 2, "{v}"); // two 2 MiB chunks (the last one short)
     assert_eq!(v["resident_fraction"], 1.0);
@@ -1210,14 +1162,7 @@ fn classic_list_typos_fail_the_replay_naming_line_and_token() {
     let lp = d.join("classic.list");
     std::fs::write(&lp, &good).unwrap();
     evict(&[&d]);
-    let v = json(&run(&[
-        "readahead",
-        "replay",
-        lp.to_str().unwrap(),
-        "--json",
-        "--require",
-        "99.5",
-    ]));
+    let v = replay_json(&lp, &["--require", "99.5"]);
     assert_eq!(v["entries_missing"], 0, "{v}");
     assert_eq!(v["files_replayed"], 2, "{v}");
     // a: two ranges; b: the whole file (its ranged line is a duplicate of the same file).
@@ -1262,18 +1207,12 @@ fn record_json_keeps_the_commands_stdout_off_stdout() {
     let list = d.join("l.txt");
     let script = format!("echo hello; cat '{}'", f.display());
     let record = |json: bool| {
-        let mut c = Command::new(BIN);
-        c.args(["readahead", "record", "-o"])
-            .arg(&list)
-            .arg("--scope")
-            .arg(&d)
-            .arg("--evict-first");
+        let mut c = record_cmd(&list, &d);
+        c.arg("--evict-first");
         if json {
             c.arg("--json");
         }
-        let o = c.args(["--", "sh", "-c", &script]).output().unwrap();
-        assert!(o.status.success(), "{}", text(&o.stderr));
-        o
+        ok(c.args(["--", "sh", "-c", &script]))
     };
     // --json: stdout is exactly one JSON document (the file's binary bytes included in the
     // command's output would otherwise break any JSON reader); the output went to stderr.
@@ -1312,16 +1251,14 @@ fn record_leaves_out_files_the_command_wrote_and_reports_them() {
         b.display(),
         log.display()
     );
-    let o = Command::new(BIN)
-        .args(["readahead", "record", "-o"])
-        .arg(&list)
-        .arg("--scope")
-        .arg(&d)
-        .args(["--evict-first", "--json", "--", "sh", "-c", &script])
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{}", text(&o.stderr));
-    let v = json(&o);
+    let v = json(&ok(record_cmd(&list, &d).args([
+        "--evict-first",
+        "--json",
+        "--",
+        "sh",
+        "-c",
+        &script,
+    ])));
     let entries = list_entries(&list);
     assert_eq!(entries.len(), 1, "{entries:?}");
     assert_eq!(entries[0].path, a);
@@ -1341,30 +1278,14 @@ fn record_leaves_out_files_the_command_wrote_and_reports_them() {
     assert!(written[1].1.starts_with("created"), "{v}");
     // The list replays cleanly next time: nothing in it is stale.
     evict(&[&a]);
-    let r = json(&run(&[
-        "readahead",
-        "replay",
-        list.to_str().unwrap(),
-        "--json",
-        "--require",
-        "99.5",
-    ]));
+    let r = replay_json(&list, &["--require", "99.5"]);
     assert_eq!(r["entries_stale"], 0, "{r}");
     // The text summary counts and names them.
-    let o = Command::new(BIN)
-        .args(["readahead", "record", "-o"])
-        .arg(&list)
-        .arg("--scope")
-        .arg(&d)
-        .args(["--", "sh", "-c"])
-        .arg(format!(
-            "cat '{}' >/dev/null; echo x > '{}'",
-            a.display(),
-            b.display()
-        ))
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{}", text(&o.stderr));
+    let o = ok(record_cmd(&list, &d).args(["--", "sh", "-c"]).arg(format!(
+        "cat '{}' >/dev/null; echo x > '{}'",
+        a.display(),
+        b.display()
+    )));
     let out = text(&o.stdout);
     assert!(
         out.contains("left out 1 files written during the recording"),
@@ -1531,10 +1452,7 @@ fn replay_under_outside_pressure_backs_off_and_says_so() {
     use snapblk_readahead::fake::FakePressure;
     use std::os::unix::fs::MetadataExt;
     let d = scratch("pressure");
-    let f = d.join("data");
-    write_file(&f, 4 << 20, 5);
-    let lp = d.join("list");
-    std::fs::write(&lp, format!("{}\n", f.display())).unwrap();
+    let (f, lp) = file_and_list(&d, "data", 4 << 20, 5);
     // A cold file in 1024 chunks, each waited for before the next (at least 0.5 ms apiece):
     // issuing outlasts the monitor's first decision (two 50 ms samples). Others stall for
     // 700 ms while reading the file's disk (so the stall counts as theirs however blocked the

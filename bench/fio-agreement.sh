@@ -30,6 +30,13 @@
 #   SIZE=1G SNAPBLK=target/release/snapblk ZRAM_WAIT=600 OUT=fio-agreement.md BUF_OPTS= PSYNC=1
 #   ONLY="tmpfs:randwrite-4k-qd32 ..." to rerun chosen cells; TARGETS="tmpfs zram null";
 #   RAW=FILE keeps the per-run figures; WRAP="taskset -c 1" runs both tools under a prefix)
+#
+# Verdict per cell, from the paired ratios (snapblk / fio of the same round, the two runs back to
+# back): the distribution-free ~90% confidence interval of their median (order statistics) for
+# IOPS and for mean latency. "agree": both intervals inside [0.95, 1.05]; "differ": either lies
+# wholly outside; "noisy": neither, i.e. run-to-run noise on this machine is wider than the ±5%
+# being asked about, so more (shorter) rounds are needed before saying either. With 5 rounds the
+# interval is [min, max] of the pairs; ROUNDS=10 RUNTIME=2 narrows it on a noisy host.
 # Needs: fio (Debian package), python3. zram0 is configured only if its disksize is 0 (and reset
 # afterwards); if another job holds it, the script waits up to ZRAM_WAIT seconds, then skips zram.
 set -euo pipefail
@@ -219,6 +226,7 @@ done
 report() {
 python3 - "$results" "$ROUNDS" "$RUNTIME" "$(uname -r)" "$(cat /proc/loadavg)" <<'PY'
 import sys, statistics as st
+from math import comb
 from collections import defaultdict
 rows = [l.rstrip("\n").split("\t") for l in open(sys.argv[1]) if l.strip()]
 d = defaultdict(lambda: {"iops": [], "lat": []})
@@ -229,13 +237,41 @@ for t, p, tool, r, iops, lat in rows:
         order.append((t, p))
     d[(t, p, tool)]["iops"].append(float(iops))
     d[(t, p, tool)]["lat"].append(float(lat))
-    byround[(t, p, r)][tool] = float(iops)
-def paired(t, p):
+    byround[(t, p, r)][tool] = (float(iops), float(lat))
+def pairs(t, p, k):
     # snapblk / fio of the same round (the two ran back to back): robust to load that drifts
-    # between rounds, which the ratio of medians is not.
-    v = sorted(x["snapblk"] / x["fio"] for (tt, pp, _), x in byround.items()
-               if (tt, pp) == (t, p) and x.get("fio") and "snapblk" in x)
+    # between rounds, which the ratio of medians is not. k: 0 = IOPS, 1 = mean latency.
+    return sorted(x["snapblk"][k] / x["fio"][k] for (tt, pp, _), x in byround.items()
+                  if (tt, pp) == (t, p) and "fio" in x and "snapblk" in x and x["fio"][k])
+def paired(t, p):
+    v = pairs(t, p, 0)
     return f"{st.median(v):.3f} [{v[0]:.2f}–{v[-1]:.2f}]" if v else "-"
+def median_ci(v, level=0.9):
+    # Distribution-free interval for the median: [v(j), v(n-1-j)] holds it with probability
+    # 1 - 2 P(Binomial(n, 1/2) <= j); the widest j keeping at least `level` (j = 0: min..max).
+    n = len(v)
+    def cover(j):
+        return 1 - 2 * sum(comb(n, i) for i in range(j + 1)) / 2 ** n
+    j = 0
+    while j + 1 < n - 1 - (j + 1) and cover(j + 1) >= level:
+        j += 1
+    return v[j], v[n - 1 - j], cover(j)
+def verdict(t, p):
+    out = []
+    for k in (0, 1):
+        v = pairs(t, p, k)
+        if len(v) < 2:
+            return "-", ""
+        lo, hi, _ = median_ci(v)
+        if 0.95 <= lo and hi <= 1.05:
+            out.append("agree")
+        elif hi < 0.95 or lo > 1.05:
+            out.append("differ")
+        else:
+            out.append("noisy")
+        out.append(f"{lo:.2f}–{hi:.2f}")
+    word = "differ" if "differ" in out[0::2] else "agree" if out[0::2] == ["agree", "agree"] else "noisy"
+    return word, f"IOPS {out[1]}, lat {out[3]}"
 def cv(v):
     return (st.stdev(v) / st.mean(v) * 100) if len(v) > 1 and st.mean(v) else 0.0
 print(f"fio agreement: {sys.argv[2]} interleaved rounds x {sys.argv[3]} s per run, kernel {sys.argv[4]}, loadavg at end {sys.argv[5].split()[0]}")
@@ -246,8 +282,8 @@ def table(cells, title):
         return 0, 0
     print(title)
     print()
-    print("| target | pattern | fio IOPS (CV) | snapblk IOPS (CV) | IOPS ratio | paired ratio median [min–max] | fio mean lat | snapblk mean lat | lat ratio |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("| target | pattern | fio IOPS (CV) | snapblk IOPS (CV) | IOPS ratio | paired ratio median [min–max] | fio mean lat | snapblk mean lat | lat ratio | verdict (~90% CI of paired ratios) |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     within = 0
     for t, p in cells:
         f, s = d[(t, p, "fio")], d[(t, p, "snapblk")]
@@ -257,14 +293,23 @@ def table(cells, title):
         fl, sl = st.median(f["lat"]), st.median(s["lat"])
         ri, rl = si / fi if fi else 0, sl / fl if fl else 0
         within += abs(ri - 1) <= 0.05 and abs(rl - 1) <= 0.05
-        print(f"| {t} | {p} | {fi:,.0f} ({cv(f['iops']):.0f}%) | {si:,.0f} ({cv(s['iops']):.0f}%) | {ri:.3f} | {paired(t, p)} | {fl/1000:.1f} µs | {sl/1000:.1f} µs | {rl:.3f} |")
+        word, ci = verdict(t, p)
+        verdicts[word] = verdicts.get(word, 0) + 1
+        print(f"| {t} | {p} | {fi:,.0f} ({cv(f['iops']):.0f}%) | {si:,.0f} ({cv(s['iops']):.0f}%) | {ri:.3f} | {paired(t, p)} | {fl/1000:.1f} µs | {sl/1000:.1f} µs | {rl:.3f} | {word} ({ci}) |")
     print()
     return within, len(cells)
 ring = [c for c in order if c[0] != "null" and not c[0].endswith("-inline")]
+verdicts = {}
 w, n = table(ring, "Same data path (io_uring, O_DIRECT; snapblk inline-qd1=false):")
 if n:
-    print(f"{w} of {n} device cells within ±5% on both IOPS and mean latency")
+    print(f"{w} of {n} device cells within ±5% on both IOPS and mean latency (medians)")
+    print("paired verdicts: " + ", ".join(f"{verdicts.get(k, 0)} {k}" for k in ("agree", "noisy", "differ")))
+    noise = st.median(cv(d[(t, p, tool)]["iops"]) for t, p in ring for tool in ("fio", "snapblk")
+                      if d[(t, p, tool)]["iops"])
+    if noise > 5:
+        print(f"WARNING: noisy machine: median run-to-run CV of IOPS {noise:.0f}% (wider than the ±5% tested)")
     print()
+verdicts = {}
 table([c for c in order if c[0].endswith("-inline")], "Default synchronous QD1 paths (snapblk io_uring inline, --submit_with_wait; fio psync), O_DIRECT:")
 table([c for c in order if c[0] == "null"], "Tool overhead (snapblk null driver, fio null engine):")
 PY

@@ -22,6 +22,9 @@ pub struct Axis {
     pub label: &'static str,
     pub log: bool,
     pub fmt: fn(f64) -> String,
+    /// The axis reaches at least this value even where no point does (e.g. the end of a run
+    /// whose last sample sits at the middle of its bucket).
+    pub end: Option<f64>,
 }
 
 /// One line.
@@ -122,6 +125,11 @@ pub fn line_chart(title: &str, x: Axis, y: Axis, series: &[Series]) -> String {
         x1 = x1.max(a);
         y0 = y0.min(b);
         y1 = y1.max(b);
+    }
+    if let Some(e) = x.end.filter(|e| e.is_finite() && (!x.log || *e > 0.0))
+        && x0.is_finite()
+    {
+        x1 = x1.max(e);
     }
     if !x0.is_finite() {
         (x0, x1, y0, y1) = (
@@ -332,11 +340,13 @@ pub fn latency_cdf(results: &[ConfigReport]) -> String {
             label: "latency",
             log: true,
             fmt: fmt_lat,
+            end: None,
         },
         Axis {
             label: "fraction of I/Os",
             log: false,
             fmt: fmt_pct,
+            end: None,
         },
         &series,
     )
@@ -408,11 +418,13 @@ pub fn iops_vs_qd(results: &[ConfigReport]) -> String {
             label: "iodepth",
             log: true,
             fmt: fmt_int,
+            end: None,
         },
         Axis {
             label: "IOPS",
             log: false,
             fmt: fmt_num,
+            end: None,
         },
         &series,
     )
@@ -434,17 +446,30 @@ pub fn time_series(results: &[ConfigReport]) -> String {
             Some(Series::line(r.label.clone(), points))
         })
         .collect();
+    // The axis runs to the end of the longest run, past its last bucket's middle.
+    let end = results
+        .iter()
+        .filter_map(|r| {
+            r.runs
+                .first()?
+                .series
+                .last()
+                .map(|s| s.t as f64 + s.seconds)
+        })
+        .fold(None, |m: Option<f64>, e| Some(m.map_or(e, |m| m.max(e))));
     line_chart(
         "IOPS per second",
         Axis {
             label: "time (s)",
             log: false,
             fmt: fmt_int,
+            end,
         },
         Axis {
             label: "IOPS",
             log: false,
             fmt: fmt_num,
+            end: None,
         },
         &series,
     )
@@ -624,6 +649,13 @@ mod tests {
             .find(|n| n.attribute("class") == Some("xtick"))
             .unwrap();
         assert_eq!(first.text(), Some("0"));
+        // ... and reaches its end (2.5 s), not just the last bucket's middle (2.25 s).
+        let last = doc
+            .descendants()
+            .filter(|n| n.attribute("class") == Some("xtick"))
+            .filter_map(|n| n.text()?.parse::<f64>().ok())
+            .fold(f64::NEG_INFINITY, f64::max);
+        assert!(last >= 2.5, "last x tick {last}");
     }
 
     #[test]
@@ -676,11 +708,13 @@ mod tests {
                 label: "x",
                 log: true,
                 fmt: fmt_int,
+                end: None,
             },
             Axis {
                 label: "y",
                 log: false,
                 fmt: fmt_int,
+                end: None,
             },
             &[],
         );

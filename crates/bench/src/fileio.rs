@@ -438,19 +438,7 @@ pub fn overwrite_test(
     fsync: bool,
     stop: Option<&AtomicBool>,
 ) -> Result<Option<OverwriteReport>> {
-    overwrite_test_with(dir, &RealIo, size, unit, fsync, stop)
-}
-
-/// [`overwrite_test`] with the file operations done through `io`.
-pub fn overwrite_test_with(
-    dir: &Path,
-    io: &dyn FileIo,
-    size: u64,
-    unit: u64,
-    fsync: bool,
-    stop: Option<&AtomicBool>,
-) -> Result<Option<OverwriteReport>> {
-    overwrite_test_observed(dir, io, size, unit, fsync, stop, &mut |_, _, _| {})
+    overwrite_test_with(dir, &RealIo, size, unit, fsync, stop, &mut |_, _, _| {})
 }
 
 /// The two passes of the overwrite test, as reported to a progress display.
@@ -476,12 +464,13 @@ impl std::fmt::Display for OverwritePhase {
 /// costs nothing next to 64 writes.
 pub const OVERWRITE_PROGRESS_STEP: u64 = 64 << 10;
 
-/// [`overwrite_test_with`] that reports its progress: `progress(phase, done, total)` bytes,
+/// [`overwrite_test`] with the file operations done through `io`, reporting its progress:
+/// `progress(phase, done, total)` bytes,
 /// with `done` = 0 when a phase starts, then after every [`OVERWRITE_PROGRESS_STEP`] bytes
 /// written (a write in progress is not counted), and `done == total` once the phase's bytes
 /// are all written (before the closing sync). Reports are made between writes, outside the
 /// per-write latencies.
-pub fn overwrite_test_observed(
+pub fn overwrite_test_with(
     dir: &Path,
     io: &dyn FileIo,
     size: u64,
@@ -722,7 +711,7 @@ mod tests {
         let log: Log = Default::default();
         let stop = AtomicBool::new(false);
         let mut reports = 0;
-        let r = overwrite_test_observed(
+        let r = overwrite_test_with(
             &std::env::temp_dir(),
             &MemIo(log.clone()),
             size,

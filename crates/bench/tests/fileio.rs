@@ -269,10 +269,17 @@ fn overwrite_is_sequential_units_with_fdatasync_after_each_when_asked() {
     let d = disk_dir("overwrite");
     for fsync in [false, true] {
         let log: Log = Arc::default();
-        let r =
-            fileio::overwrite_test_with(&d, &Recorder(log.clone()), 64 << 10, 1024, fsync, None)
-                .unwrap()
-                .unwrap();
+        let r = fileio::overwrite_test_with(
+            &d,
+            &Recorder(log.clone()),
+            64 << 10,
+            1024,
+            fsync,
+            None,
+            &mut |_, _, _| {},
+        )
+        .unwrap()
+        .unwrap();
         assert_eq!(r.overwrite_ops, 64);
         let ops = log.lock().unwrap().clone();
         assert_eq!(ops[0], Op::Open { create: true });
@@ -300,7 +307,7 @@ fn overwrite_is_sequential_units_with_fdatasync_after_each_when_asked() {
     }
     // The real layer leaves nothing behind.
     assert!(
-        fileio::overwrite_test_with(&d, &RealIo, 4096, 1024, true, None)
+        fileio::overwrite_test_with(&d, &RealIo, 4096, 1024, true, None, &mut |_, _, _| {})
             .unwrap()
             .is_some()
     );

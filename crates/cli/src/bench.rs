@@ -710,7 +710,7 @@ fn run_overwrite(o: OverwriteArgs) -> anyhow::Result<()> {
             // (drawn only on a terminal, cleared before the table).
             let mut bar = snapblk_bench::progress::BytesProgress::start();
             let fsync = if fs { "with fsync" } else { "no fsync" };
-            let r = fileio::overwrite_test_observed(
+            let r = fileio::overwrite_test_with(
                 &o.dir,
                 &fileio::RealIo,
                 o.mb << 20,

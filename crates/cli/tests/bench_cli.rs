@@ -881,22 +881,9 @@ fn fgbg_cells_carry_their_schedulers_tunables_and_the_scheduler_is_restored() {
     assert_eq!(lo.scheduler(), "mq-deadline", "scheduler not restored");
 }
 
-/// Wait for `child` at most 20 s (then kill it and fail).
+/// Waits for `child`, failing after 20 s.
 fn wait_output(child: Child, what: &str) -> Output {
-    let pid = child.id();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let _ = tx.send(child.wait_with_output());
-    });
-    match rx.recv_timeout(std::time::Duration::from_secs(20)) {
-        Ok(o) => o.unwrap(),
-        Err(_) => {
-            let _ = Command::new("kill")
-                .args(["-KILL", &pid.to_string()])
-                .status();
-            panic!("{what}: still running after 20 s");
-        }
-    }
+    snapblk_testsupport::output_within(child, std::time::Duration::from_secs(20), what)
 }
 
 #[test]

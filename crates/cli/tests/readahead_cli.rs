@@ -1433,18 +1433,7 @@ fn output_within(cmd: &mut Command, limit: std::time::Duration) -> Output {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let pid = child.id();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || tx.send(child.wait_with_output()));
-    match rx.recv_timeout(limit) {
-        Ok(o) => o.unwrap(),
-        Err(_) => {
-            let _ = Command::new("kill")
-                .args(["-KILL", &pid.to_string()])
-                .status();
-            panic!("{cmd:?} did not finish within {limit:?}");
-        }
-    }
+    snapblk_testsupport::output_within(child, limit, &format!("{cmd:?}"))
 }
 
 #[test]

@@ -87,6 +87,25 @@ pub fn path_str(p: &Path) -> &str {
     p.to_str().expect("test paths are UTF-8")
 }
 
+/// Waits for `child` (spawned with piped stdout/stderr) and collects its output; kills it and
+/// fails the test, naming `what`, if it is still running after `limit`.
+pub fn output_within(child: Child, limit: Duration, what: &str) -> Output {
+    let pid = child.id();
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(child.wait_with_output());
+    });
+    match rx.recv_timeout(limit) {
+        Ok(o) => o.unwrap_or_else(|e| panic!("{what}: {e}")),
+        Err(_) => {
+            let _ = Command::new("kill")
+                .args(["-KILL", &pid.to_string()])
+                .status();
+            panic!("{what}: still running after {limit:?}");
+        }
+    }
+}
+
 /// Run an external tool; a missing tool is a test failure, not a skip.
 pub fn tool(cmd: &str, args: &[&str]) -> Output {
     Command::new(cmd)

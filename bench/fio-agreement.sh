@@ -29,7 +29,8 @@
 # Usage (root for zram): bash bench/fio-agreement.sh          (env: ROUNDS=3 RUNTIME=5 RAMP=1
 #   SIZE=1G SNAPBLK=target/release/snapblk ZRAM_WAIT=600 OUT=fio-agreement.md BUF_OPTS= PSYNC=1
 #   ONLY="tmpfs:randwrite-4k-qd32 ..." to rerun chosen cells; TARGETS="tmpfs zram null";
-#   RAW=FILE keeps the per-run figures; WRAP="taskset -c 1" runs both tools under a prefix)
+#   RAW=FILE keeps the per-run figures; WRAP="taskset -c 1" runs both tools under a prefix;
+#   NOHALT=1 keeps idle CPUs from halting during the run)
 #
 # Verdict per cell, from the paired ratios (snapblk / fio of the same round, the two runs back to
 # back): the distribution-free ~90% confidence interval of their median (order statistics) for
@@ -55,11 +56,23 @@ PSYNC=${PSYNC:-1}
 # worker on one CPU, or free to spread over two, tmpfs QD32 runs differ by ~1.4x, and which
 # case a run lands in is the scheduler's choice (for either tool).
 WRAP=${WRAP:-}
+# NOHALT=1 holds a CPU-latency QoS request of 0 µs (/dev/cpu_dma_latency) for the whole run, so
+# idle CPUs poll instead of halting. On this VM a halted vCPU takes tens of µs to wake, and every
+# QD1 request on tmpfs/zram is a wake-up of an io-wq worker and back: with halts both tools run
+# at ~20 k IOPS free-placed, without them at ~100 k (measured). Applies to both tools alike.
+NOHALT=${NOHALT:-0}
 ONLY=${ONLY:-}
 TARGETS=${TARGETS:-tmpfs zram null}
 command -v fio >/dev/null || { echo "fio missing (apt-get install fio)" >&2; exit 1; }
 command -v python3 >/dev/null || { echo "python3 missing" >&2; exit 1; }
 [ -x "$SNAPBLK" ] || cargo build --release -p snapblk-cli >&2
+
+if [ "$NOHALT" = 1 ]; then
+  # The request lasts while the file stays open (fd 9, inherited by nothing that outlives us).
+  exec 9>/dev/cpu_dma_latency || { echo "NOHALT=1: cannot open /dev/cpu_dma_latency" >&2; exit 1; }
+  printf '0\n' >&9
+  echo "NOHALT=1: CPU latency QoS held at 0 µs (idle CPUs poll instead of halting)" >&2
+fi
 
 work=$(mktemp -d)
 shm=/dev/shm/snapblk-fio-agree.$$.img

@@ -575,18 +575,6 @@ fn run_foreground(
     }
 }
 
-/// The median; of an even count, the midpoint of the two middle values.
-fn median(v: &[f64]) -> f64 {
-    let mut s = v.to_vec();
-    s.sort_by(|a, b| a.total_cmp(b));
-    let n = s.len();
-    match n {
-        0 => 0.0,
-        _ if n % 2 == 1 => s[n / 2],
-        _ => (s[n / 2 - 1] + s[n / 2]) / 2.0,
-    }
-}
-
 /// One cell. When `stop` is set it ends early with the foreground runs completed so far (the
 /// background is stopped and its commands reaped either way).
 fn run_cell(
@@ -657,7 +645,7 @@ fn run_cell(
         scheduler: active.or_else(|| sched.cloned()),
         scheduler_tunables: tunables,
         load: if loaded { "loaded" } else { "idle" }.into(),
-        fg_median: median(&secs),
+        fg_median: crate::report::median(&secs).unwrap_or(0.0),
         fg_min: secs.iter().cloned().fold(f64::INFINITY, f64::min),
         fg_max: secs.iter().cloned().fold(0.0, f64::max),
         fg_seconds: secs,
@@ -792,18 +780,4 @@ pub fn fgbg_table(r: &FgBgReport) -> String {
         ]);
     }
     text_table(&rows)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::median;
-
-    #[test]
-    fn median_of_odd_and_even_counts() {
-        assert_eq!(median(&[]), 0.0);
-        assert_eq!(median(&[3.0]), 3.0);
-        assert_eq!(median(&[3.0, 1.0, 2.0]), 2.0);
-        assert_eq!(median(&[4.0, 1.0]), 2.5);
-        assert_eq!(median(&[1.0, 10.0, 2.0, 3.0]), 2.5);
-    }
 }

@@ -352,18 +352,6 @@ pub fn latency_cdf(results: &[ConfigReport]) -> String {
     )
 }
 
-/// The median of `v` (the mean of the middle two for an even count); None when empty.
-fn median(v: &[f64]) -> Option<f64> {
-    let mut v = v.to_vec();
-    v.sort_by(f64::total_cmp);
-    let n = v.len();
-    match n {
-        0 => None,
-        _ if n % 2 == 1 => Some(v[n / 2]),
-        _ => Some((v[n / 2 - 1] + v[n / 2]) / 2.0),
-    }
-}
-
 /// IOPS against queue depth, one line per (rw, bs, numjobs). Each point is the median IOPS of
 /// the configuration's repetitions; with more than one, a bar spans their min–max (the spread
 /// behind the table's ±CV), so a noisy point is visibly noisy.
@@ -381,12 +369,10 @@ pub fn iops_vs_qd(results: &[ConfigReport]) -> String {
             c.numjobs
         );
         let reps: Vec<f64> = r.runs.iter().map(|x| x.iops).collect();
-        let mid = median(&reps).unwrap_or(r.summary.iops.mean);
-        let bar = (reps.len() > 1).then(|| {
-            let lo = reps.iter().copied().fold(f64::INFINITY, f64::min);
-            let hi = reps.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-            (lo, hi)
-        });
+        let mid = crate::report::median(&reps).unwrap_or(r.summary.iops.mean);
+        // The summary's spread is over the same repetitions.
+        let iops = &r.summary.iops;
+        let bar = (reps.len() > 1).then_some((iops.min, iops.max));
         repeated |= bar.is_some();
         groups
             .entry(key)
@@ -614,8 +600,6 @@ mod tests {
             !svg.contains("class=\"spread\"") && !svg.contains("median"),
             "{svg}"
         );
-        assert_eq!(median(&[3.0, 1.0, 2.0, 10.0]), Some(2.5));
-        assert_eq!(median(&[]), None);
     }
 
     #[test]

@@ -280,6 +280,18 @@ impl Spread {
     }
 }
 
+/// The median of `v` (of an even count, the midpoint of the two middle values); None when empty.
+pub fn median(v: &[f64]) -> Option<f64> {
+    let mut s = v.to_vec();
+    s.sort_by(f64::total_cmp);
+    let n = s.len();
+    match n {
+        0 => None,
+        _ if n % 2 == 1 => Some(s[n / 2]),
+        _ => Some((s[n / 2 - 1] + s[n / 2]) / 2.0),
+    }
+}
+
 /// Summary over repetitions: spreads, and both directions with all repetitions' histograms merged.
 #[derive(Debug, Clone, Serialize)]
 pub struct Summary {
@@ -500,6 +512,15 @@ pub(crate) mod tests {
             series: vec![sec(1000), sec(1000), sec(500)],
             ..one_second(2500)
         }
+    }
+
+    #[test]
+    fn median_of_odd_and_even_counts() {
+        assert_eq!(median(&[]), None);
+        assert_eq!(median(&[3.0]), Some(3.0));
+        assert_eq!(median(&[3.0, 1.0, 2.0]), Some(2.0));
+        assert_eq!(median(&[4.0, 1.0]), Some(2.5));
+        assert_eq!(median(&[1.0, 10.0, 2.0, 3.0]), Some(2.5));
     }
 
     #[test]

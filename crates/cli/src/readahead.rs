@@ -634,6 +634,7 @@ fn run_record(a: RecordArgs) -> anyhow::Result<()> {
             })).collect::<Vec<_>>(),
             "exit_status": rec.status.and_then(|s| s.code()),
             "evict_remaining_pages": rec.evicted_remaining_pages,
+            "reclaimed_bytes": rec.reclaimed_bytes,
             "elapsed_secs": rec.elapsed.as_secs_f64(),
         });
         println!("{doc}");
@@ -646,6 +647,13 @@ fn run_record(a: RecordArgs) -> anyhow::Result<()> {
             rec.files_scanned,
             a.output.display()
         );
+        if rec.reclaimed_bytes > 0 {
+            println!(
+                "{} of it was read and then reclaimed by the kernel during the recording \
+                 (found as shadow entries; listed all the same)",
+                human(rec.reclaimed_bytes)
+            );
+        }
         if !rec.written.is_empty() {
             println!(
                 "left out {} files written during the recording (their entries would be \

@@ -45,8 +45,11 @@ impl EvictReport {
     }
 }
 
+/// How often a file with pages left after DONTNEED is tried again (after 4, 8, 16 ms).
+const EVICT_RETRIES: u32 = 3;
+
 /// Writes back dirty pages (fdatasync) and drops every file's cached pages
-/// (POSIX_FADV_DONTNEED), then re-measures.
+/// (POSIX_FADV_DONTNEED), then re-measures, trying again a few times where pages stayed.
 pub fn evict(roots: &[PathBuf], opts: &WalkOptions) -> EvictReport {
     let ps = sys::page_size();
     let rep = Mutex::new(EvictReport::default());
@@ -59,15 +62,27 @@ pub fn evict(roots: &[PathBuf], opts: &WalkOptions) -> EvictReport {
             if !dedup.first_visit(&meta) {
                 return Ok(None);
             }
-            // DONTNEED skips dirty pages, so write them back first.
-            sys::fdatasync(f.as_fd())?;
-            sys::fadvise(f.as_fd(), 0, 0, libc::POSIX_FADV_DONTNEED)?;
             let pages = meta.len().div_ceil(ps);
             if let Ok(mut r) = rep.lock() {
                 r.files += 1;
                 r.pages += pages;
             }
-            let after = residency::measure(&f, p, &meta, None);
+            let mut after;
+            let mut attempt = 0;
+            loop {
+                // DONTNEED skips dirty pages, so write them back first.
+                sys::fdatasync(f.as_fd())?;
+                sys::fadvise(f.as_fd(), 0, 0, libc::POSIX_FADV_DONTNEED)?;
+                after = residency::measure(&f, p, &meta, None);
+                // A page the kernel holds for a moment (isolated by reclaim, e.g. a DAMON
+                // pageout pass, or locked for a read) is skipped by DONTNEED; it is free again
+                // a few milliseconds later. Pages that stay (mapped, mlocked) are reported.
+                if attempt == EVICT_RETRIES || matches!(after.resident_pages(), Some(0) | None) {
+                    break;
+                }
+                attempt += 1;
+                std::thread::sleep(std::time::Duration::from_millis(2 << attempt));
+            }
             Ok(match after.resident_pages() {
                 Some(0) => None,
                 _ => Some(Remaining {

@@ -24,6 +24,9 @@ pub struct FileState {
     /// Pages dirty or under writeback (cachestat; 0 where only mincore could measure).
     pub dirty_pages: u64,
     pub writeback_pages: u64,
+    /// Pages cached and then reclaimed (shadow entries; empty where only mincore could
+    /// measure, or where finding them failed).
+    pub shadows: RangeSet,
 }
 
 /// Resident ranges of every file under some trees at one moment.
@@ -46,10 +49,18 @@ pub fn snapshot(roots: &[PathBuf], opts: &WalkOptions) -> Snapshot {
         if !meta.is_file() || !dedup.first_visit(&meta) {
             return;
         }
-        let r = residency::resident_state(&f, p, &meta);
+        // Only files that have shadows pay for locating them (outside the lock).
+        let r = residency::resident_state(&f, p, &meta).map(|st| {
+            let shadows = if st.evicted_pages > 0 {
+                residency::shadow_ranges(&f, meta.len()).unwrap_or_default()
+            } else {
+                RangeSet::new()
+            };
+            (st, shadows)
+        });
         if let Ok(mut s) = snap.lock() {
             match r {
-                Ok(st) => {
+                Ok((st, shadows)) => {
                     s.files.insert(
                         p.to_path_buf(),
                         FileState {
@@ -57,6 +68,7 @@ pub fn snapshot(roots: &[PathBuf], opts: &WalkOptions) -> Snapshot {
                             resident: st.ranges,
                             dirty_pages: st.dirty_pages,
                             writeback_pages: st.writeback_pages,
+                            shadows,
                         },
                     );
                 }
@@ -82,6 +94,9 @@ pub struct Diff {
     pub entries: Vec<ListEntry>,
     /// Files written during the window, sorted by path.
     pub written: Vec<WrittenFile>,
+    /// Bytes of `entries` found as new shadow entries, not resident: read during the window
+    /// and reclaimed before its end.
+    pub reclaimed_bytes: u64,
 }
 
 /// Why a file that is in `after` must be left out as written, if it must: created (not in
@@ -114,7 +129,10 @@ fn written_reason(before: Option<&FileState>, after: &FileState, gained: bool) -
 }
 
 /// The recording of a window from the snapshots before and after it: pages that became
-/// resident form the list. Files written during the window are left out entirely and
+/// resident form the list, and so do pages that became shadow entries (read during the window,
+/// then reclaimed by memory pressure before its end: without them a recording on a busy or
+/// small-memory device silently loses pages). A page that was a shadow before, was read and was
+/// reclaimed again cannot be told from one left alone, and is missed. Files written during the window are left out entirely and
 /// reported instead, even if they were also read (a log the command reads and appends to):
 /// their pages came from the writes, not from the disk, and the entry's identity (size,
 /// mtime) would be stale at the next replay, failing that replay's `--require`.
@@ -122,9 +140,18 @@ pub fn diff(before: &Snapshot, after: &Snapshot) -> Diff {
     let mut out = Diff::default();
     for (path, st) in &after.files {
         let prev = before.files.get(path);
-        let new = match prev {
-            Some(b) => st.resident.difference(&b.resident),
-            None => st.resident.clone(),
+        let (resident, shadows) = match prev {
+            Some(b) => (
+                st.resident.difference(&b.resident),
+                st.shadows.difference(&b.shadows).difference(&b.resident),
+            ),
+            None => (st.resident.clone(), st.shadows.clone()),
+        };
+        let reclaimed = shadows.difference(&resident).total_bytes();
+        let new = if shadows.is_empty() {
+            resident
+        } else {
+            RangeSet::from_ranges([resident.into_vec(), shadows.into_vec()].concat())
         };
         if let Some(reason) = written_reason(prev, st, !new.is_empty()) {
             out.written.push(WrittenFile {
@@ -132,6 +159,7 @@ pub fn diff(before: &Snapshot, after: &Snapshot) -> Diff {
                 reason,
             });
         } else if !new.is_empty() {
+            out.reclaimed_bytes += reclaimed;
             out.entries.push(ListEntry {
                 path: path.clone(),
                 identity: Some(st.identity),
@@ -164,6 +192,9 @@ pub struct Recording {
     pub unknown: Vec<(PathBuf, String)>,
     pub files_scanned: usize,
     pub evicted_remaining_pages: u64,
+    /// Bytes of `entries` that were read and then reclaimed during the window (found as
+    /// shadow entries, see [`diff`]).
+    pub reclaimed_bytes: u64,
     pub elapsed: Duration,
 }
 
@@ -227,6 +258,7 @@ pub fn record(
         unknown,
         files_scanned: after.files.len(),
         evicted_remaining_pages,
+        reclaimed_bytes: d.reclaimed_bytes,
         elapsed,
     })
 }
@@ -255,7 +287,59 @@ mod tests {
             ),
             dirty_pages: dirty,
             writeback_pages: wb,
+            shadows: RangeSet::new(),
         }
+    }
+
+    fn set(pages: &[(u64, u64)]) -> RangeSet {
+        RangeSet::from_ranges(
+            pages
+                .iter()
+                .map(|&(offset, len)| Range { offset, len })
+                .collect(),
+        )
+    }
+
+    #[test]
+    fn pages_read_and_reclaimed_in_the_window_are_listed_from_their_shadows() {
+        let with_shadows = |mut st: FileState, sh: &[(u64, u64)]| {
+            st.shadows = set(sh);
+            st
+        };
+        const SIZE: u64 = 6 * 4096 - 100;
+        let before = snap(vec![
+            // Page 0 resident, page 2 an old shadow.
+            (
+                "/t/a",
+                with_shadows(state(1, SIZE, &[(0, 4096)], 0, 0), &[(8192, 4096)]),
+            ),
+            ("/t/b", state(2, 8192, &[], 0, 0)),
+        ]);
+        let after = snap(vec![
+            // Page 0 reclaimed (resident before: not read in the window), page 1 read, page 2
+            // still the old shadow, pages 3-4 read and reclaimed, page 5 (partial) read.
+            (
+                "/t/a",
+                with_shadows(
+                    state(1, SIZE, &[(4096, 4096), (5 * 4096, 3996)], 0, 0),
+                    &[(0, 4096), (8192, 3 * 4096)],
+                ),
+            ),
+            // Only reclaimed pages: still an entry.
+            (
+                "/t/b",
+                with_shadows(state(2, 8192, &[], 0, 0), &[(0, 8192)]),
+            ),
+        ]);
+        let d = diff(&before, &after);
+        assert!(d.written.is_empty(), "{:?}", d.written);
+        assert_eq!(d.entries.len(), 2);
+        assert_eq!(
+            d.entries[0].extent,
+            Extent::Ranges(set(&[(4096, 4096), (3 * 4096, 2 * 4096 + 3996)]))
+        );
+        assert_eq!(d.entries[1].extent, Extent::Ranges(set(&[(0, 8192)])));
+        assert_eq!(d.reclaimed_bytes, 2 * 4096 + 8192);
     }
 
     fn snap(files: Vec<(&str, FileState)>) -> Snapshot {

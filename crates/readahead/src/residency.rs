@@ -178,6 +178,9 @@ pub struct ResidentState {
     pub dirty_pages: u64,
     /// Pages under writeback (cachestat; 0 with mincore).
     pub writeback_pages: u64,
+    /// Shadow entries: pages that were cached and then reclaimed (cachestat; 0 with mincore).
+    /// Eviction by DONTNEED or drop_caches leaves none.
+    pub evicted_pages: u64,
 }
 
 /// [`resident_ranges`] plus the dirty and writeback page counts from the same measurement.
@@ -203,20 +206,22 @@ pub fn resident_state_with(
         return Ok(ResidentState::default());
     }
     // Fast paths from the counts; they also settle whether the caller may see residency at all.
-    let (resident, dirty_pages, writeback_pages) =
+    let (resident, dirty_pages, writeback_pages, evicted_pages) =
         match measure_with(backend, file, path, meta, None) {
             Residency::Unknown { reason } => return Err(reason),
             Residency::Known {
                 resident_pages,
                 dirty_pages,
                 writeback_pages,
+                evicted_pages,
                 ..
-            } => (resident_pages, dirty_pages, writeback_pages),
+            } => (resident_pages, dirty_pages, writeback_pages, evicted_pages),
         };
     let state = |ranges| ResidentState {
         ranges,
         dirty_pages,
         writeback_pages,
+        evicted_pages,
     };
     if resident == 0 {
         return Ok(state(RangeSet::new()));
@@ -241,6 +246,39 @@ pub fn resident_state_with(
     })
     .map_err(|e| format!("mincore: {e}"))?;
     Ok(state(set))
+}
+
+/// The pages of a file that were cached and then reclaimed (shadow entries), as byte ranges
+/// clipped to `size`. cachestat counts shadows per range exactly (a large folio's entry is
+/// clipped to the range), so halving the ranges that hold some finds them in O(runs x log
+/// pages) calls; a range that is all shadows is taken whole. Needs cachestat (Linux >= 6.5).
+pub fn shadow_ranges(file: &File, size: u64) -> std::io::Result<RangeSet> {
+    let ps = sys::page_size();
+    let mut set = RangeSet::new();
+    // Depth-first from the left, so ranges come out sorted.
+    let mut stack = vec![(0u64, size.div_ceil(ps))];
+    while let Some((first, last)) = stack.pop() {
+        let n = last - first;
+        if n == 0 {
+            continue; // (a length of 0 would ask cachestat for the whole file)
+        }
+        let ev = sys::cachestat(file.as_fd(), first * ps, n * ps)?.evicted;
+        if ev == 0 {
+            continue;
+        }
+        if ev >= n {
+            let off = first * ps;
+            set.push_sorted(Range {
+                offset: off,
+                len: (n * ps).min(size - off),
+            });
+            continue;
+        }
+        let mid = first + n / 2;
+        stack.push((mid, last));
+        stack.push((first, mid));
+    }
+    Ok(set)
 }
 
 /// Opens a file for residency work: read-only, without updating atime where permitted.
@@ -432,6 +470,72 @@ mod tests {
         let st = resident_state(&f, &p, &meta).unwrap();
         assert_eq!((st.dirty_pages, st.writeback_pages), (0, 0), "{st:?}");
         assert_eq!(st.ranges, resident_ranges(&f, &p, &meta).unwrap());
+        std::fs::remove_file(&p).unwrap();
+    }
+
+    #[test]
+    fn shadow_ranges_find_exactly_the_reclaimed_pages() {
+        let p = crate::test_support::disk_dir()
+            .join(format!("snapblk-ra-shadow-{}", std::process::id()));
+        let ps = sys::page_size();
+        let size = 64 * ps + 100;
+        write_synced(&p, size);
+        let f = open_quiet(&p).unwrap();
+        let meta = f.metadata().unwrap();
+        dontneed(&f, 0, 0);
+        // Page by page with readahead off, so every page is its own folio: reclaim takes part
+        // of a large folio only if it can split it, and then not always.
+        sys::fadvise(f.as_fd(), 0, 0, libc::POSIX_FADV_RANDOM).unwrap();
+        for page in 0..size.div_ceil(ps) {
+            use std::os::unix::fs::FileExt;
+            f.read_at(&mut [0u8; 1], page * ps).unwrap();
+        }
+        assert!(shadow_ranges(&f, size).unwrap().is_empty());
+        // Reclaimed as memory pressure would: pages 3-4, 20 and the partial last page.
+        for (first, n) in [(3, 2), (20, 1), (64, 1)] {
+            sys::pageout(f.as_fd(), first * ps, n * ps).unwrap();
+        }
+        let want = RangeSet::from_ranges(vec![
+            Range::new(3 * ps, 2 * ps).unwrap(),
+            Range::new(20 * ps, ps).unwrap(),
+            Range::new(64 * ps, 100).unwrap(),
+        ]);
+        // The host's own reclaim (DAMON pageout here) may take more pages at any moment, so
+        // the bisection is compared with a page-by-page scan, and both with the counts, in a
+        // quiet moment: the same answer before and after the scan.
+        let pages_of =
+            |set: &RangeSet| set.ranges().iter().map(|r| r.len.div_ceil(ps)).sum::<u64>();
+        let consistent = (0..5).find_map(|_| {
+            let got = shadow_ranges(&f, size).unwrap();
+            let mut scan = RangeSet::new();
+            for page in 0..size.div_ceil(ps) {
+                if sys::cachestat(f.as_fd(), page * ps, ps).unwrap().evicted > 0 {
+                    let off = page * ps;
+                    scan.push_sorted(Range::new(off, ps.min(size - off)).unwrap());
+                }
+            }
+            let st = resident_state(&f, &p, &meta).unwrap();
+            let again = shadow_ranges(&f, size).unwrap();
+            (got == scan && got == again).then_some((got, st))
+        });
+        let (got, st) = consistent.expect("page cache never quiet for 5 tries");
+        assert!(
+            want.difference(&got).is_empty(),
+            "{got:?} misses some of {want:?}"
+        );
+        assert_eq!(st.evicted_pages, pages_of(&got));
+        // Resident and shadow pages partition the file.
+        assert_eq!(
+            RangeSet::from_ranges([st.ranges.into_vec(), got.into_vec()].concat()),
+            RangeSet::from_ranges(vec![Range::new(0, size).unwrap()])
+        );
+        // Reading the pages back replaces their shadows.
+        std::io::copy(&mut &f, &mut std::io::sink()).unwrap();
+        assert!(shadow_ranges(&f, size).unwrap().is_empty());
+        assert_eq!(
+            resident_state(&f, &p, &meta).unwrap().ranges,
+            RangeSet::from_ranges(vec![Range::new(0, size).unwrap()])
+        );
         std::fs::remove_file(&p).unwrap();
     }
 

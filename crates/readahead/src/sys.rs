@@ -165,6 +165,51 @@ pub fn mincore_count(fd: BorrowedFd<'_>, off: u64, len: u64) -> io::Result<u64> 
     Ok(n)
 }
 
+/// Reclaims the pages of `[off, off+len)` the way memory pressure does (MADV_PAGEOUT): each
+/// page is faulted in through a private read-only mapping (read first if it is absent), then
+/// handed to reclaim, which leaves a shadow entry that cachestat counts as evicted. It lets
+/// tests reproduce "read, then reclaimed" exactly; pages mapped elsewhere may stay. The range
+/// is clipped to the file's size.
+pub fn pageout(fd: BorrowedFd<'_>, off: u64, len: u64) -> io::Result<()> {
+    let ps = page_size();
+    let first = off / ps;
+    // Clipped to the file: touching a page wholly past EOF would raise SIGBUS.
+    let size = std::fs::File::from(fd.try_clone_to_owned()?)
+        .metadata()?
+        .len();
+    let last = off.saturating_add(len).min(size).div_ceil(ps);
+    if last <= first {
+        return Ok(());
+    }
+    let maplen = ((last - first) * ps) as usize;
+    // SAFETY: a fresh read-only private mapping chosen by the kernel (addr NULL), read only
+    // below through volatile loads of whole pages inside it, and unmapped before returning.
+    let addr = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            maplen,
+            libc::PROT_READ,
+            libc::MAP_PRIVATE,
+            fd.as_raw_fd(),
+            (first * ps) as libc::off_t,
+        )
+    };
+    if addr == libc::MAP_FAILED {
+        return Err(io::Error::last_os_error());
+    }
+    for i in 0..(last - first) as usize {
+        // SAFETY: the byte at page i lies inside the mapping above and inside the file (clipped
+        // above; a file truncated meanwhile would raise SIGBUS, as for any mapping).
+        unsafe { std::ptr::read_volatile((addr as *const u8).add(i * ps as usize)) };
+    }
+    // SAFETY: addr/maplen describe the mapping above; madvise only changes its pages' fate.
+    let r = unsafe { libc::madvise(addr, maplen, libc::MADV_PAGEOUT) };
+    let err = io::Error::last_os_error();
+    // SAFETY: unmapping exactly the region mapped above.
+    unsafe { libc::munmap(addr, maplen) };
+    if r != 0 { Err(err) } else { Ok(()) }
+}
+
 /// Soft RLIMIT_NOFILE (open files), `None` if unlimited or unknown.
 pub fn nofile_limit() -> Option<u64> {
     let mut rl = libc::rlimit {

@@ -26,8 +26,9 @@ enum Op {
     Fsync,
     Fdatasync,
     Evict,
-    /// Pages of the file in the page cache just before the first read after an open.
-    ResidentBeforeRead(u64),
+    /// Pages of the file in the page cache just before the first read after an open, and
+    /// pages reclaimed from it (shadow entries).
+    ResidentBeforeRead(u64, u64),
 }
 
 type Log = Arc<Mutex<Vec<Op>>>;
@@ -53,10 +54,15 @@ impl TestFile for RecFile {
             self.read_yet = true;
             let meta = self.f.metadata()?;
             let r = snapblk_readahead::residency::measure(&self.f, &self.path, &meta, None);
-            let pages = r
-                .resident_pages()
-                .expect("residency measurable as root/owner");
-            self.push(Op::ResidentBeforeRead(pages));
+            let snapblk_readahead::Residency::Known {
+                resident_pages,
+                evicted_pages,
+                ..
+            } = r
+            else {
+                panic!("residency not measurable as root/owner: {r:?}");
+            };
+            self.push(Op::ResidentBeforeRead(resident_pages, evicted_pages));
         }
         self.push(Op::Read {
             off,
@@ -239,7 +245,7 @@ fn drop_cache_evicts_the_file_before_each_cold_read_test() {
         for (c, ops) in recorded(&spec(&d, false, drop_cache)) {
             let cold = drop_cache && matches!(c.test.as_str(), "read" | "randread");
             let resident = ops.iter().find_map(|o| match o {
-                Op::ResidentBeforeRead(p) => Some(*p),
+                Op::ResidentBeforeRead(p, e) => Some((*p, *e)),
                 _ => None,
             });
             if cold {
@@ -250,13 +256,21 @@ fn drop_cache_evicts_the_file_before_each_cold_read_test() {
                     "{}",
                     c.test
                 );
-                assert_eq!(resident, Some(0), "{}: pages left in the cache", c.test);
+                assert_eq!(
+                    resident.map(|r| r.0),
+                    Some(0),
+                    "{}: pages left in the cache",
+                    c.test
+                );
             } else {
                 assert!(!ops.contains(&Op::Evict), "{}: {ops:?}", c.test);
                 if c.test.contains("read") {
-                    // The file was just written: without eviction it is all cached, so the
-                    // check above measures something.
-                    assert_eq!(resident, Some(pages), "{} (drop {drop_cache})", c.test);
+                    // The file was just written: without eviction it is all cached (or, for
+                    // a page or two, already taken by the host's proactive reclaim, which
+                    // leaves a shadow entry), so the check above measures something.
+                    let (r, e) = resident.expect("measured before the first read");
+                    assert_eq!(r + e, pages, "{} (drop {drop_cache})", c.test);
+                    assert!(r > pages / 2, "{} (drop {drop_cache}): {r}", c.test);
                 }
             }
         }

@@ -15,6 +15,9 @@ pub struct FakePressure {
     pub psi: PathBuf,
     pub diskstats: PathBuf,
     pub self_io: PathBuf,
+    /// A private directory on tmpfs holding the files, removed on drop (None: they are in the
+    /// caller's directory).
+    shm_dir: Option<PathBuf>,
     state: Arc<Mutex<State>>,
     stop: Arc<AtomicBool>,
     writer: Option<JoinHandle<()>>,
@@ -48,14 +51,28 @@ impl FakePressure {
     /// "some" total grows with wall time, i.e. 100 % stall; while foreign reads are on
     /// ([`Self::set_foreign`]) the device `dev` (an `st_dev`, e.g. of a file to replay) reads
     /// 1 MiB per 5 ms that this process did not cause.
+    ///
+    /// The files go to a private directory on /dev/shm when there is one, else to `dir`: a
+    /// rename on a disk file system can wait hundreds of milliseconds for the journal while
+    /// other tests fsync, and a stale file reads as a shorter stall (that made these tests
+    /// fail in about 1 run of 6 of the full unit-test binary).
     pub fn start(dir: &Path, dev: u64) -> std::io::Result<FakePressure> {
+        static SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
         let (major, minor) = (libc::major(dev), libc::minor(dev));
         let disk_text =
             move |sectors: u64| format!("{major} {minor} fake 100 0 {sectors} 10 0 0 0 0 0 0 0\n");
+        let shm_dir = Path::new("/dev/shm").join(format!(
+            "snapblk-fake-pressure-{}-{}",
+            std::process::id(),
+            SEQ.fetch_add(1, Relaxed)
+        ));
+        let shm_dir = std::fs::create_dir(&shm_dir).is_ok().then_some(shm_dir);
+        let at = shm_dir.as_deref().unwrap_or(dir);
         let mut f = FakePressure {
-            psi: dir.join("fake-pressure-io"),
-            diskstats: dir.join("fake-diskstats"),
-            self_io: dir.join("fake-self-io"),
+            psi: at.join("fake-pressure-io"),
+            diskstats: at.join("fake-diskstats"),
+            self_io: at.join("fake-self-io"),
+            shm_dir,
             state: Default::default(),
             stop: Default::default(),
             writer: None,
@@ -141,6 +158,9 @@ impl Drop for FakePressure {
         self.stop.store(true, Relaxed);
         if let Some(w) = self.writer.take() {
             let _ = w.join();
+        }
+        if let Some(d) = &self.shm_dir {
+            let _ = std::fs::remove_dir_all(d);
         }
     }
 }

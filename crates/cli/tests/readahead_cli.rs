@@ -112,28 +112,20 @@ fn evict(paths: &[&Path]) {
     assert_eq!(v["unknown_files"], 0, "eviction could not be checked: {v}");
     // The reclaim-aware checks below count shadow entries as "was read": none may be left
     // from before. DONTNEED drops them on this kernel; older ones keep them.
-    for p in paths {
-        for f in files_under(p) {
-            assert_eq!(reclaimed_pages(&f, 0, 0), 0, "{} kept shadows", f.display());
-        }
+    let roots: Vec<PathBuf> = paths.iter().map(|p| p.to_path_buf()).collect();
+    let opts = snapblk_readahead::walk::WalkOptions {
+        recursive: true,
+        ..Default::default()
+    };
+    // Checked after the walk: a panic in its callback would leave its other threads waiting.
+    let files = std::sync::Mutex::new(Vec::new());
+    let errors = snapblk_readahead::walk::walk(&roots, &opts, |f| {
+        files.lock().unwrap().push(f.to_path_buf())
+    });
+    assert!(errors.is_empty(), "{errors:?}");
+    for f in files.into_inner().unwrap() {
+        assert_eq!(reclaimed_pages(&f, 0, 0), 0, "{} kept shadows", f.display());
     }
-}
-
-fn files_under(p: &Path) -> Vec<PathBuf> {
-    if !p.is_dir() {
-        return vec![p.to_owned()];
-    }
-    let mut v = Vec::new();
-    for e in std::fs::read_dir(p).unwrap() {
-        let e = e.unwrap();
-        let t = e.file_type().unwrap();
-        if t.is_dir() {
-            v.extend(files_under(&e.path()));
-        } else if t.is_file() {
-            v.push(e.path());
-        }
-    }
-    v
 }
 
 /// Pages of `[off, off+len)` (`len` 0: to the end) that were cached and then reclaimed:

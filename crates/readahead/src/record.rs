@@ -132,8 +132,8 @@ fn written_reason(before: Option<&FileState>, after: &FileState, gained: bool) -
 /// resident form the list, and so do pages that became shadow entries (read during the window,
 /// then reclaimed by memory pressure before its end: without them a recording on a busy or
 /// small-memory device silently loses pages). A page that was a shadow before, was read and was
-/// reclaimed again cannot be told from one left alone, and is missed. Files written during the window are left out entirely and
-/// reported instead, even if they were also read (a log the command reads and appends to):
+/// reclaimed again cannot be told from one left alone, and is missed. Files written during the
+/// window are left out entirely and reported instead, even if they were also read (a log the command reads and appends to):
 /// their pages came from the writes, not from the disk, and the entry's identity (size,
 /// mtime) would be stale at the next replay, failing that replay's `--require`.
 pub fn diff(before: &Snapshot, after: &Snapshot) -> Diff {
@@ -279,12 +279,7 @@ mod tests {
                 mtime_sec: 1000,
                 mtime_nsec: 5,
             },
-            resident: RangeSet::from_ranges(
-                pages
-                    .iter()
-                    .map(|&(offset, len)| Range { offset, len })
-                    .collect(),
-            ),
+            resident: set(pages),
             dirty_pages: dirty,
             writeback_pages: wb,
             shadows: RangeSet::new(),

@@ -5,18 +5,25 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export CARGO_TERM_COLOR=never
+# One build from a clean clone gains nothing from incremental caches, which would double the
+# size of target/ (CI disks can be nearly full).
+export CARGO_INCREMENTAL=${CARGO_INCREMENTAL:-0}
 
 bash scripts/install-deps.sh || { echo "dependency installation failed"; exit 1; }
 
 fail=0
 step() { echo; echo "=== $*"; }
+# Free space where target/ lives: a build that dies with a linker bus error usually means a full disk.
+free_space() { df -h --output=avail . | tail -1 | tr -d ' '; }
+build_failed() { echo "build failed (free disk space here: $(free_space))"; exit 1; }
+echo "free disk space before the build: $(free_space)"
 
 step "cargo fmt --check"
 cargo fmt --all -- --check || fail=1
 
 step "cargo build (debug and release binaries used by the suites)"
-cargo build --workspace --all-targets || exit 1
-cargo build --release -p snapblk-cli -p snapblk-capi || exit 1
+cargo build --workspace --all-targets || build_failed
+cargo build --release -p snapblk-cli -p snapblk-capi || build_failed
 
 step "cargo clippy"
 cargo clippy --workspace --all-targets -- -D warnings || fail=1
@@ -33,5 +40,6 @@ for s in tests/suites/*.sh; do
 done
 echo
 echo "suites: $passed passed, $failed failed"
+echo "target/ size: $(du -sh target | cut -f1), free disk space: $(free_space)"
 [ "$failed" -eq 0 ] || fail=1
 exit $fail

@@ -71,46 +71,98 @@ pub fn page_size() -> u64 {
     })
 }
 
-/// Calls `f(page_index, resident)` for every page of `[0, size)` using mmap + mincore, in bounded
-/// windows so a huge file never needs a huge vector. Only meaningful when the caller may trust
-/// mincore for this file (see `residency`).
-pub fn mincore_pages(
-    fd: BorrowedFd<'_>,
-    size: u64,
-    mut f: impl FnMut(u64, bool),
-) -> io::Result<()> {
-    const WINDOW_PAGES: u64 = 1 << 16; // 256 MiB of file per mapping, 64 KiB of vector
-    let ps = page_size();
-    let total_pages = size.div_ceil(ps);
-    let mut vec = vec![0u8; WINDOW_PAGES as usize];
-    let mut page = 0u64;
-    while page < total_pages {
-        let n = (total_pages - page).min(WINDOW_PAGES);
-        let len = (n * ps) as usize;
-        let off = (page * ps) as libc::off_t;
-        // SAFETY: a fresh read-only shared mapping chosen by the kernel (addr NULL); we never
-        // dereference it, only pass it to mincore, and unmap it before returning.
+/// A read-only mapping of whole pages of a file, unmapped when dropped (so no error path can
+/// leak it). Only used to ask the kernel about the file's pages (mincore, madvise), never to
+/// hand out references into the file.
+struct Mapping {
+    addr: *mut libc::c_void,
+    len: usize,
+}
+
+impl Mapping {
+    /// Maps `pages` pages from page `first`. `flags` is `MAP_SHARED` or `MAP_PRIVATE`.
+    fn new(fd: BorrowedFd<'_>, first: u64, pages: u64, flags: libc::c_int) -> io::Result<Self> {
+        let ps = page_size();
+        let len = (pages * ps) as usize;
+        // SAFETY: a fresh read-only mapping placed by the kernel (addr NULL), so it cannot
+        // overlap memory Rust owns; Drop unmaps it.
         let addr = unsafe {
             libc::mmap(
                 std::ptr::null_mut(),
                 len,
                 libc::PROT_READ,
-                libc::MAP_SHARED,
+                flags,
                 fd.as_raw_fd(),
-                off,
+                (first * ps) as libc::off_t,
             )
         };
         if addr == libc::MAP_FAILED {
             return Err(io::Error::last_os_error());
         }
-        // SAFETY: addr/len describe the mapping created above; vec has at least n bytes.
-        let r = unsafe { libc::mincore(addr, len, vec.as_mut_ptr()) };
-        let err = io::Error::last_os_error();
-        // SAFETY: unmapping exactly the region mapped above.
-        unsafe { libc::munmap(addr, len) };
+        Ok(Mapping { addr, len })
+    }
+
+    /// mincore over the whole mapping: one byte per page into `vec`.
+    fn mincore(&self, vec: &mut [u8]) -> io::Result<()> {
+        assert!(vec.len() as u64 >= (self.len as u64).div_ceil(page_size()));
+        // SAFETY: addr/len describe this mapping; vec holds a byte per page (asserted above).
+        let r = unsafe { libc::mincore(self.addr, self.len, vec.as_mut_ptr()) };
         if r != 0 {
-            return Err(err);
+            Err(io::Error::last_os_error())
+        } else {
+            Ok(())
         }
+    }
+
+    /// Faults in every page by reading its first byte. The caller must have mapped only pages
+    /// inside the file: touching a page wholly past EOF raises SIGBUS.
+    fn touch_pages(&self) {
+        let ps = page_size() as usize;
+        for off in (0..self.len).step_by(ps) {
+            // SAFETY: off < len, so the byte lies inside this readable mapping; the file's
+            // size was checked by the caller (a file truncated meanwhile would raise SIGBUS,
+            // as for any mapping).
+            unsafe { std::ptr::read_volatile((self.addr as *const u8).add(off)) };
+        }
+    }
+
+    fn madvise(&self, advice: libc::c_int) -> io::Result<()> {
+        // SAFETY: addr/len describe this mapping; madvise only changes its pages' fate.
+        let r = unsafe { libc::madvise(self.addr, self.len, advice) };
+        if r != 0 {
+            Err(io::Error::last_os_error())
+        } else {
+            Ok(())
+        }
+    }
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // SAFETY: unmapping exactly the region mapped in `new`, once.
+        unsafe { libc::munmap(self.addr, self.len) };
+    }
+}
+
+/// Calls `f(page_index, resident)` for every page touching `[off, off+len)` using mmap +
+/// mincore, in bounded windows so a huge file never needs a huge vector. mincore (unlike
+/// cachestat) only reports pages that are up to date, so pages still being read count as
+/// absent. Only meaningful when the caller may trust mincore for this file (see `residency`).
+fn mincore_range(
+    fd: BorrowedFd<'_>,
+    off: u64,
+    len: u64,
+    mut f: impl FnMut(u64, bool),
+) -> io::Result<()> {
+    const WINDOW_PAGES: u64 = 1 << 16; // 256 MiB of file per mapping, 64 KiB of vector
+    let ps = page_size();
+    let first = off / ps;
+    let last = off.saturating_add(len).div_ceil(ps);
+    let mut vec = vec![0u8; WINDOW_PAGES.min(last.saturating_sub(first)).max(1) as usize];
+    let mut page = first;
+    while page < last {
+        let n = (last - page).min(WINDOW_PAGES);
+        Mapping::new(fd, page, n, libc::MAP_SHARED)?.mincore(&mut vec)?;
         for (i, b) in vec.iter().take(n as usize).enumerate() {
             f(page + i as u64, b & 1 != 0);
         }
@@ -119,49 +171,15 @@ pub fn mincore_pages(
     Ok(())
 }
 
-/// Number of pages of `[off, off+len)` that mincore reports resident. mincore (unlike
-/// cachestat) only counts pages that are up to date, so pages still being read are not counted.
+/// Calls `f(page_index, resident)` for every page of `[0, size)` (see [`mincore_range`]).
+pub fn mincore_pages(fd: BorrowedFd<'_>, size: u64, f: impl FnMut(u64, bool)) -> io::Result<()> {
+    mincore_range(fd, 0, size, f)
+}
+
+/// Number of pages of `[off, off+len)` that mincore reports resident (see [`mincore_range`]).
 pub fn mincore_count(fd: BorrowedFd<'_>, off: u64, len: u64) -> io::Result<u64> {
-    const WINDOW_PAGES: u64 = 1 << 16;
-    let ps = page_size();
-    let first = off / ps;
-    let last = off.saturating_add(len).div_ceil(ps);
-    let mut vec = vec![0u8; WINDOW_PAGES.min(last.saturating_sub(first)).max(1) as usize];
     let mut n = 0;
-    let mut page = first;
-    while page < last {
-        let cnt = (last - page).min(WINDOW_PAGES);
-        let maplen = (cnt * ps) as usize;
-        // SAFETY: a fresh read-only shared mapping chosen by the kernel; it is only passed to
-        // mincore and unmapped before returning. Pages past EOF are never touched.
-        let addr = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                maplen,
-                libc::PROT_READ,
-                libc::MAP_SHARED,
-                fd.as_raw_fd(),
-                (page * ps) as libc::off_t,
-            )
-        };
-        if addr == libc::MAP_FAILED {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: addr/maplen describe the mapping above; vec holds at least cnt bytes.
-        let r = unsafe { libc::mincore(addr, maplen, vec.as_mut_ptr()) };
-        let err = io::Error::last_os_error();
-        // SAFETY: unmapping exactly the region mapped above.
-        unsafe { libc::munmap(addr, maplen) };
-        if r != 0 {
-            return Err(err);
-        }
-        n += vec
-            .iter()
-            .take(cnt as usize)
-            .filter(|b| *b & 1 != 0)
-            .count() as u64;
-        page += cnt;
-    }
+    mincore_range(fd, off, len, |_, resident| n += u64::from(resident))?;
     Ok(n)
 }
 
@@ -181,33 +199,9 @@ pub fn pageout(fd: BorrowedFd<'_>, off: u64, len: u64) -> io::Result<()> {
     if last <= first {
         return Ok(());
     }
-    let maplen = ((last - first) * ps) as usize;
-    // SAFETY: a fresh read-only private mapping chosen by the kernel (addr NULL), read only
-    // below through volatile loads of whole pages inside it, and unmapped before returning.
-    let addr = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            maplen,
-            libc::PROT_READ,
-            libc::MAP_PRIVATE,
-            fd.as_raw_fd(),
-            (first * ps) as libc::off_t,
-        )
-    };
-    if addr == libc::MAP_FAILED {
-        return Err(io::Error::last_os_error());
-    }
-    for i in 0..(last - first) as usize {
-        // SAFETY: the byte at page i lies inside the mapping above and inside the file (clipped
-        // above; a file truncated meanwhile would raise SIGBUS, as for any mapping).
-        unsafe { std::ptr::read_volatile((addr as *const u8).add(i * ps as usize)) };
-    }
-    // SAFETY: addr/maplen describe the mapping above; madvise only changes its pages' fate.
-    let r = unsafe { libc::madvise(addr, maplen, libc::MADV_PAGEOUT) };
-    let err = io::Error::last_os_error();
-    // SAFETY: unmapping exactly the region mapped above.
-    unsafe { libc::munmap(addr, maplen) };
-    if r != 0 { Err(err) } else { Ok(()) }
+    let map = Mapping::new(fd, first, last - first, libc::MAP_PRIVATE)?;
+    map.touch_pages();
+    map.madvise(libc::MADV_PAGEOUT)
 }
 
 /// Soft RLIMIT_NOFILE (open files), `None` if unlimited or unknown.

@@ -86,6 +86,26 @@ struct Queue {
     active: usize,
 }
 
+/// One directory being read by a walker. Dropping it hands the subdirectories found to the
+/// queue and wakes the waiting walkers, also when `on_file` panics: the other walkers then
+/// finish and `thread::scope` passes the panic on, instead of everyone waiting forever for a
+/// directory that will never be done.
+struct InProgress<'a> {
+    queue: &'a Mutex<Queue>,
+    cv: &'a Condvar,
+    subdirs: Vec<(PathBuf, u64)>,
+}
+
+impl Drop for InProgress<'_> {
+    fn drop(&mut self) {
+        if let Ok(mut q) = self.queue.lock() {
+            q.dirs.append(&mut self.subdirs);
+            q.active -= 1;
+        }
+        self.cv.notify_all();
+    }
+}
+
 /// Walks `roots`, calling `on_file(path)` for every regular file (from several threads, in no
 /// particular order). Callers de-duplicate hard links with [`LinkDedup`] after their own fstat.
 pub fn walk<F>(roots: &[PathBuf], opts: &WalkOptions, on_file: F) -> Vec<WalkError>
@@ -176,7 +196,11 @@ where
                             drop(idle);
                         }
                     };
-                    let mut subdirs = Vec::new();
+                    let mut busy = InProgress {
+                        queue: &queue,
+                        cv: &cv,
+                        subdirs: Vec::new(),
+                    };
                     match std::fs::read_dir(&dir) {
                         Err(e) => err(&dir, e.to_string()),
                         Ok(rd) => {
@@ -201,7 +225,7 @@ where
                                             {
                                                 continue;
                                             }
-                                            subdirs.push((p, dev));
+                                            busy.subdirs.push((p, dev));
                                         }
                                         Err(e) => err(&p, e.to_string()),
                                     }
@@ -209,14 +233,79 @@ where
                             }
                         }
                     }
-                    if let Ok(mut q) = queue.lock() {
-                        q.dirs.extend(subdirs);
-                        q.active -= 1;
-                    }
-                    cv.notify_all();
+                    drop(busy);
                 }
             });
         }
     });
     errors.into_inner().unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeSet;
+    use std::time::Duration;
+
+    /// `root/d{0..4}/e{0..4}/f{0..3}`: 64 files in 20 directories below the root.
+    fn tree(tag: &str) -> snapblk_testsupport::TempDir {
+        let d = snapblk_testsupport::TempDir::new(tag);
+        for i in 0..4 {
+            for j in 0..4 {
+                let dir = d.join(&format!("d{i}/e{j}"));
+                std::fs::create_dir_all(&dir).unwrap();
+                for k in 0..4 {
+                    std::fs::write(dir.join(format!("f{k}")), b"x").unwrap();
+                }
+            }
+        }
+        d
+    }
+
+    fn opts(threads: usize) -> WalkOptions {
+        WalkOptions {
+            recursive: true,
+            one_file_system: false,
+            threads,
+        }
+    }
+
+    #[test]
+    fn every_file_once_with_any_number_of_threads() {
+        let d = tree("walk-all");
+        for threads in [1, 2, 7] {
+            let seen = Mutex::new(Vec::new());
+            let errors = walk(&[d.path().to_path_buf()], &opts(threads), |p| {
+                seen.lock().unwrap().push(p.to_path_buf())
+            });
+            assert!(errors.is_empty(), "{errors:?}");
+            let seen = seen.into_inner().unwrap();
+            let set: BTreeSet<_> = seen.iter().collect();
+            assert_eq!((seen.len(), set.len()), (64, 64), "threads {threads}");
+        }
+    }
+
+    /// A panicking callback reaches the caller; the other walkers do not wait forever for the
+    /// directory the panicking one was reading.
+    #[test]
+    fn a_panic_in_the_callback_reaches_the_caller() {
+        let d = tree("walk-panic");
+        let root = d.path().to_path_buf();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let r = std::panic::catch_unwind(|| {
+                walk(&[root], &opts(4), |p| {
+                    if p.ends_with("d2/e1/f3") {
+                        panic!("callback failed on {}", p.display());
+                    }
+                })
+            });
+            let _ = tx.send(r.is_err());
+        });
+        // Generous: the walk itself takes milliseconds; without the fix it never returns.
+        let panicked = rx
+            .recv_timeout(Duration::from_secs(120))
+            .expect("walk hung after its callback panicked");
+        assert!(panicked, "the callback's panic was swallowed");
+    }
 }

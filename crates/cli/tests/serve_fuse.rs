@@ -30,6 +30,46 @@ fn serve_fuse(device_args: &[&str], mnt: &Path) -> Serve {
     Serve::start(&args)
 }
 
+/// Lazily unmounts its mount points on drop if they are still mounted. A failing test kills its
+/// server (SIGKILL), which would leave a dead FUSE mount ("Transport endpoint is not connected")
+/// that keeps the temp dir, its images and the mount itself around after the run. Create it
+/// after the `TempDir` so it drops first.
+struct Unmount(Vec<PathBuf>);
+
+impl Unmount {
+    fn new(mounts: &[&Path]) -> Unmount {
+        Unmount(mounts.iter().map(|m| m.to_path_buf()).collect())
+    }
+}
+
+impl Drop for Unmount {
+    fn drop(&mut self) {
+        // Loop mounts first: they sit on the FUSE file.
+        for m in self.0.iter().rev() {
+            if is_mounted(m) {
+                let _ = std::process::Command::new("umount")
+                    .arg("-l")
+                    .arg(m)
+                    .status();
+            }
+        }
+    }
+}
+
+/// Detaches a loop device if the test panics while it is attached (on success the test
+/// detaches it itself; detaching again could hit a device another test attached meanwhile).
+struct DetachOnPanic<'a>(&'a str);
+
+impl Drop for DetachOnPanic<'_> {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            let _ = std::process::Command::new("losetup")
+                .args(["-d", self.0])
+                .status();
+        }
+    }
+}
+
 fn is_mounted(dir: &Path) -> bool {
     let canon = dir.canonicalize().unwrap_or(dir.to_owned());
     std::fs::read_to_string("/proc/self/mountinfo")
@@ -96,6 +136,8 @@ fn loop_mount_check(file: &str, tree: &Path, mnt: &Path, write: bool) {
     la.push(file);
     let dev = tool_ok("losetup", &la).trim().to_owned();
     assert!(dev.starts_with("/dev/loop"), "{dev}");
+    let _detach = DetachOnPanic(&dev);
+    let _unmount = Unmount::new(&[mnt]);
     let opts = if write { "rw" } else { "ro,noload" };
     let m = tool(
         "mount",
@@ -141,6 +183,7 @@ fn loop_mount_check(file: &str, tree: &Path, mnt: &Path, write: bool) {
 #[test]
 fn dd_and_cmp_through_the_file() {
     let (d, img, mut expect, mnt) = image_and_mountpoint("fuse-dd", 5 << 20, 5);
+    let _unmount = Unmount::new(&[&mnt]);
     let s = serve_fuse(&[path_str(&img)], &mnt);
     assert_eq!(s.ready["export"], "fuse");
     let f = file_of(&s);
@@ -205,6 +248,7 @@ fn dd_and_cmp_through_the_file() {
 #[test]
 fn read_only_device_gives_read_only_file() {
     let (_d, img, _, mnt) = image_and_mountpoint("fuse-ro", 1 << 20, 7);
+    let _unmount = Unmount::new(&[&mnt]);
     let s = serve_fuse(&[path_str(&img), "--read-only"], &mnt);
     assert_eq!(s.ready["read_only"], true);
     let f = file_of(&s);
@@ -237,6 +281,7 @@ fn ext4_plain_file_loop_mount_and_fsck() {
     let (mnt, lmnt) = (d.join("mnt"), d.join("lmnt"));
     std::fs::create_dir(&mnt).unwrap();
     std::fs::create_dir(&lmnt).unwrap();
+    let _unmount = Unmount::new(&[&mnt, &lmnt]);
     let s = serve_fuse(&[path_str(&img)], &mnt);
     let f = file_of(&s);
     loop_mount_check(&f, &tree, &lmnt, false);
@@ -273,6 +318,7 @@ fn ext4_snapshot_loop_mount_and_fsck() {
     let (mnt, lmnt) = (d.join("mnt"), d.join("lmnt"));
     std::fs::create_dir(&mnt).unwrap();
     std::fs::create_dir(&lmnt).unwrap();
+    let _unmount = Unmount::new(&[&mnt, &lmnt]);
     let old_bytes = std::fs::read(&old).unwrap();
 
     // Read-only snapshot: the file is exactly new.img, and mounts as the new tree.
@@ -297,6 +343,7 @@ fn ext4_snapshot_loop_mount_and_fsck() {
 #[test]
 fn sigterm_waits_while_a_loop_device_holds_the_file() {
     let (_d, img, _, mnt) = image_and_mountpoint("fuse-busy", 2 << 20, 8);
+    let _unmount = Unmount::new(&[&mnt]);
     let mut s = serve_fuse(&[path_str(&img)], &mnt);
     let f = file_of(&s);
     let dev = tool_ok("losetup", &["-f", "--show", &f]).trim().to_owned();

@@ -1515,6 +1515,11 @@ mod tests {
             again.bytes_resident_before == again.bytes_requested
         );
         assert_eq!(again.resident_fraction, Some(1.0));
+        // Files found resident are counted, not kept for the final check, and still reported.
+        assert_eq!(again.files_replayed, 4);
+        assert_eq!(again.bytes_requested, rep.bytes_requested);
+        assert_eq!(again.bytes_resident_after, again.bytes_requested);
+        assert_eq!(again.final_checked, 0);
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

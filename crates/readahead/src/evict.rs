@@ -55,9 +55,10 @@ pub fn evict(roots: &[PathBuf], opts: &WalkOptions) -> EvictReport {
     let rep = Mutex::new(EvictReport::default());
     let extra = Mutex::new(Vec::new());
     let dedup = LinkDedup::default();
-    let errors = walk::walk(roots, opts, |p| {
+    let errors = walk::walk(roots, opts, |found| {
+        let p = found.path();
         let res = (|| -> std::io::Result<Option<Remaining>> {
-            let f = residency::open_quiet(p)?;
+            let f = found.open_quiet()?;
             let meta = f.metadata()?;
             if !dedup.first_visit(&meta) {
                 return Ok(None);

@@ -41,8 +41,9 @@ pub struct Snapshot {
 pub fn snapshot(roots: &[PathBuf], opts: &WalkOptions) -> Snapshot {
     let snap = Mutex::new(Snapshot::default());
     let dedup = LinkDedup::default();
-    walk::walk(roots, opts, |p| {
-        let Ok(f) = residency::open_quiet(p) else {
+    walk::walk(roots, opts, |found| {
+        let p = found.path();
+        let Ok(f) = found.open_quiet() else {
             return;
         };
         let Ok(meta) = f.metadata() else { return };

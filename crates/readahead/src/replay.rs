@@ -20,7 +20,7 @@ use crate::ranges::{Range, RangeSet};
 use crate::residency::{self, Residency};
 use crate::sys::{self, IoPrio};
 use crate::sysstat::{self, DiskStat, DiskStatsChange, PsiSampler};
-use crate::walk::{self, LinkDedup, WalkError, WalkOptions};
+use crate::walk::{self, Found, LinkDedup, WalkError, WalkOptions};
 use serde::Serialize;
 use std::fs::File;
 use std::os::fd::AsFd;
@@ -496,8 +496,21 @@ impl Shared<'_> {
     /// Pass 1 for one entry: identity check, measure, issue, and queue the file for deferred
     /// verification.
     fn pass1(&self, e: &ListEntry, ctx: &mut Ctx, progress: Option<Progress<'_>>, total: u64) {
+        self.pass1_found(e, &Found::by_path(&e.path), ctx, progress, total);
+    }
+
+    /// [`Shared::pass1`] for a file a walk found: opened through `found` (relative to its
+    /// directory when the walk has that open).
+    fn pass1_found(
+        &self,
+        e: &ListEntry,
+        found: &Found<'_>,
+        ctx: &mut Ctx,
+        progress: Option<Progress<'_>>,
+        total: u64,
+    ) {
         self.own.enroll();
-        if let Err(err) = self.pass1_inner(e, ctx) {
+        if let Err(err) = self.pass1_inner(e, found, ctx) {
             self.record_problem(&e.path, err);
         }
         let d = self.done.fetch_add(1, Relaxed) + 1;
@@ -506,8 +519,8 @@ impl Shared<'_> {
         }
     }
 
-    fn pass1_inner(&self, e: &ListEntry, ctx: &mut Ctx) -> std::io::Result<()> {
-        let f = residency::open_quiet(&e.path)?;
+    fn pass1_inner(&self, e: &ListEntry, found: &Found<'_>, ctx: &mut Ctx) -> std::io::Result<()> {
+        let f = found.open_quiet()?;
         let meta = f.metadata()?;
         if !meta.is_file() {
             return Err(std::io::Error::other("not a regular file"));
@@ -947,13 +960,13 @@ pub fn warm_tree_watched(
                 apply_priority(shared.opts);
                 Ctx::new(shared.opts)
             },
-            |p, ctx| {
+            |found, ctx| {
                 let e = ListEntry {
-                    path: p.to_path_buf(),
+                    path: found.path().to_path_buf(),
                     identity: None,
                     extent: Extent::Whole,
                 };
-                shared.pass1(&e, ctx, progress, 0);
+                shared.pass1_found(&e, found, ctx, progress, 0);
             },
             |mut ctx| shared.drain(&mut ctx),
         );
@@ -1462,8 +1475,8 @@ mod tests {
             recursive: true,
             ..Default::default()
         };
-        walk::walk(&[dir.to_path_buf()], &w, |p| {
-            if let Ok(f) = File::open(p) {
+        walk::walk(&[dir.to_path_buf()], &w, |found| {
+            if let Ok(f) = found.open_quiet() {
                 let _ = sys::fadvise(f.as_fd(), 0, 0, libc::POSIX_FADV_DONTNEED);
             }
         });

@@ -149,8 +149,9 @@ pub fn scan(roots: &[PathBuf], opts: &WalkOptions, bar_buckets: u64) -> Report {
     let files = Mutex::new(Vec::new());
     let extra_errors = Mutex::new(Vec::new());
     let dedup = LinkDedup::default();
-    let errors = walk::walk(roots, opts, |p| {
-        let f = match residency::open_quiet(p) {
+    let errors = walk::walk(roots, opts, |found| {
+        let p = found.path();
+        let f = match found.open_quiet() {
             Ok(f) => f,
             Err(e) => {
                 if let Ok(mut v) = extra_errors.lock() {

@@ -3,10 +3,49 @@
 //! (proc, sysfs, tmpfs, ...) are skipped when crossed, since their pages cannot be evicted or
 //! read ahead.
 
+use rustix::fs::{AtFlags, Dir, FileType, Mode, OFlags};
 use std::collections::HashSet;
+use std::ffi::{CStr, OsStr};
+use std::fs::File;
+use std::os::fd::BorrowedFd;
+use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Condvar, Mutex};
+
+/// A regular file found by a walk: its path (for reports) and, when the walk found it inside
+/// a directory it is reading, that directory's fd and the file's name in it.
+pub struct Found<'a> {
+    path: &'a Path,
+    at: Option<(BorrowedFd<'a>, &'a CStr)>,
+}
+
+impl<'a> Found<'a> {
+    /// A file named by its path alone (a command-line root, a list entry).
+    pub fn by_path(path: &'a Path) -> Found<'a> {
+        Found { path, at: None }
+    }
+
+    pub fn path(&self) -> &'a Path {
+        self.path
+    }
+
+    /// Opens the file as [`crate::residency::open_quiet`] does, relative to its directory when
+    /// the walk has that open: the kernel then looks up one name instead of the whole path
+    /// (path lookup was the largest cost left in re-warming a resident tree).
+    pub fn open_quiet(&self) -> std::io::Result<File> {
+        let Some((dir, name)) = self.at else {
+            return crate::residency::open_quiet(self.path);
+        };
+        let flags = OFlags::RDONLY | OFlags::CLOEXEC;
+        let fd = match rustix::fs::openat(dir, name, flags | OFlags::NOATIME, Mode::empty()) {
+            // O_NOATIME needs ownership or CAP_FOWNER; retry plainly.
+            Err(rustix::io::Errno::PERM) => rustix::fs::openat(dir, name, flags, Mode::empty()),
+            r => r,
+        }?;
+        Ok(File::from(fd))
+    }
+}
 
 /// Options of a walk.
 #[derive(Debug, Clone)]
@@ -72,6 +111,17 @@ impl LinkDedup {
     }
 }
 
+/// Opens a directory for reading its entries. Its fd (`Dir::fd`) stays open while the
+/// entries are handled, so files and subdirectories are opened and stat'ed relative to it.
+fn read_dir_at(dir: &Path) -> std::io::Result<Dir> {
+    let fd = rustix::fs::open(
+        dir,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )?;
+    Ok(Dir::new(fd)?)
+}
+
 fn is_pseudo(path: &Path) -> bool {
     match std::fs::File::open(path) {
         Ok(f) => crate::sys::fs_type(std::os::fd::AsFd::as_fd(&f))
@@ -106,13 +156,13 @@ impl Drop for InProgress<'_> {
     }
 }
 
-/// Walks `roots`, calling `on_file(path)` for every regular file (from several threads, in no
+/// Walks `roots`, calling `on_file(found)` for every regular file (from several threads, in no
 /// particular order). Callers de-duplicate hard links with [`LinkDedup`] after their own fstat.
 pub fn walk<F>(roots: &[PathBuf], opts: &WalkOptions, on_file: F) -> Vec<WalkError>
 where
-    F: Fn(&Path) + Sync,
+    F: Fn(&Found<'_>) + Sync,
 {
-    walk_with(roots, opts, || (), |p, _| on_file(p), |_| ())
+    walk_with(roots, opts, || (), |f, _| on_file(f), |_| ())
 }
 
 /// [`walk`] with per-thread state: each walker thread calls `init` once, passes its state to
@@ -129,7 +179,7 @@ pub fn walk_with<S, I, F, D>(
 ) -> Vec<WalkError>
 where
     I: Fn() -> S + Sync,
-    F: Fn(&Path, &mut S) + Sync,
+    F: Fn(&Found<'_>, &mut S) + Sync,
     D: Fn(S) + Sync,
 {
     let errors = Mutex::new(Vec::new());
@@ -150,7 +200,9 @@ where
     let mut root_state = None;
     for root in roots {
         match std::fs::metadata(root) {
-            Ok(m) if m.is_file() => on_file(root, root_state.get_or_insert_with(&init)),
+            Ok(m) if m.is_file() => {
+                on_file(&Found::by_path(root), root_state.get_or_insert_with(&init))
+            }
             Ok(m) if m.is_dir() => {
                 if opts.recursive {
                     if let Ok(mut q) = queue.lock() {
@@ -201,25 +253,58 @@ where
                         cv: &cv,
                         subdirs: Vec::new(),
                     };
-                    match std::fs::read_dir(&dir) {
+                    match read_dir_at(&dir) {
                         Err(e) => err(&dir, e.to_string()),
-                        Ok(rd) => {
-                            for ent in rd {
-                                let ent = match ent {
-                                    Ok(e) => e,
-                                    Err(e) => {
-                                        err(&dir, e.to_string());
-                                        continue;
+                        Ok(mut rd) => {
+                            while let Some(ent) = rd.read() {
+                                let (ent, dirfd) = match (ent, rd.fd()) {
+                                    (Ok(e), Ok(fd)) => (e, fd),
+                                    (Err(e), _) | (_, Err(e)) => {
+                                        err(&dir, std::io::Error::from(e).to_string());
+                                        break;
                                     }
                                 };
-                                let Ok(ft) = ent.file_type() else { continue };
-                                let p = ent.path();
-                                if ft.is_file() {
-                                    on_file(&p, &mut state);
-                                } else if ft.is_dir() {
-                                    match std::fs::symlink_metadata(&p) {
-                                        Ok(m) => {
-                                            let dev = m.dev();
+                                let name = ent.file_name();
+                                if name == c"." || name == c".." {
+                                    continue;
+                                }
+                                let p = dir.join(OsStr::from_bytes(name.to_bytes()));
+                                // d_type, or a stat where the filesystem does not fill it in.
+                                let mut stat = None;
+                                let mut ft = ent.file_type();
+                                if ft == FileType::Unknown {
+                                    match rustix::fs::statat(dirfd, name, AtFlags::SYMLINK_NOFOLLOW)
+                                    {
+                                        Ok(st) => {
+                                            ft = FileType::from_raw_mode(st.st_mode);
+                                            stat = Some(st);
+                                        }
+                                        Err(e) => {
+                                            err(&p, std::io::Error::from(e).to_string());
+                                            continue;
+                                        }
+                                    }
+                                }
+                                if ft == FileType::RegularFile {
+                                    let found = Found {
+                                        path: &p,
+                                        at: Some((dirfd, name)),
+                                    };
+                                    on_file(&found, &mut state);
+                                } else if ft == FileType::Directory {
+                                    let st = match stat {
+                                        Some(st) => Ok(st),
+                                        None => rustix::fs::statat(
+                                            dirfd,
+                                            name,
+                                            AtFlags::SYMLINK_NOFOLLOW,
+                                        ),
+                                    };
+                                    match st {
+                                        Ok(st) => {
+                                            #[allow(clippy::unnecessary_cast)]
+                                            // u32 on some targets
+                                            let dev = st.st_dev as u64;
                                             if dev != root_dev
                                                 && (opts.one_file_system || is_pseudo(&p))
                                             {
@@ -227,7 +312,7 @@ where
                                             }
                                             busy.subdirs.push((p, dev));
                                         }
-                                        Err(e) => err(&p, e.to_string()),
+                                        Err(e) => err(&p, std::io::Error::from(e).to_string()),
                                     }
                                 }
                             }
@@ -275,8 +360,8 @@ mod tests {
         let d = tree("walk-all");
         for threads in [1, 2, 7] {
             let seen = Mutex::new(Vec::new());
-            let errors = walk(&[d.path().to_path_buf()], &opts(threads), |p| {
-                seen.lock().unwrap().push(p.to_path_buf())
+            let errors = walk(&[d.path().to_path_buf()], &opts(threads), |f| {
+                seen.lock().unwrap().push(f.path().to_path_buf())
             });
             assert!(errors.is_empty(), "{errors:?}");
             let seen = seen.into_inner().unwrap();
@@ -294,9 +379,9 @@ mod tests {
         let (tx, rx) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
             let r = std::panic::catch_unwind(|| {
-                walk(&[root], &opts(4), |p| {
-                    if p.ends_with("d2/e1/f3") {
-                        panic!("callback failed on {}", p.display());
+                walk(&[root], &opts(4), |f| {
+                    if f.path().ends_with("d2/e1/f3") {
+                        panic!("callback failed on {}", f.path().display());
                     }
                 })
             });

@@ -98,7 +98,7 @@ fn walk_stats_entries_whose_type_the_filesystem_does_not_report() {
         one_file_system: false,
         threads: 3,
     };
-    let errors = walk(&[mnt.clone()], &opts, |f| {
+    let errors = walk(std::slice::from_ref(&mnt), &opts, |f| {
         let mut data = Vec::new();
         f.open_quiet()
             .and_then(|mut file| file.read_to_end(&mut data))

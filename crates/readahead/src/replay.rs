@@ -289,9 +289,9 @@ struct Prepared {
     path: PathBuf,
     identity: FileIdentity,
     ranges: RangeSet,
-    /// Verification result so far: set at once when pass 1 found every range resident and
-    /// issued nothing (that measurement is the verification, the file is not reopened), or by
-    /// the issuing thread on the still-open fd once the file's reads have completed.
+    /// Verification result so far: set by the issuing thread on the still-open fd once the
+    /// file's reads have completed, else by the final check. (Files that pass 1 found wholly
+    /// resident are not kept at all: see `Shared::settled_files`.)
     check: Option<FileCheck>,
 }
 
@@ -555,17 +555,14 @@ impl Shared<'_> {
         if let Some(b) = before {
             self.resident_before.fetch_add(b, Relaxed);
         }
+        // Nothing issued because every range was found resident: that measurement is the
+        // verification. Anything else is checked once its reads are done (inline on the open
+        // fd, or in the final check).
         if !issued && before.is_some_and(|b| b >= bytes) {
             self.settled_files.fetch_add(1, Relaxed);
             self.settled_bytes.fetch_add(bytes, Relaxed);
             return Ok(());
         }
-        let check = before.filter(|_| !issued).map(|b| FileCheck {
-            uptodate: b,
-            present: b,
-            total: bytes,
-            known: true,
-        });
         // Deferred verification needs a measurable file (cachestat worked, so mincore is
         // trusted) and room for one more open fd.
         let defer = issued && before.is_some() && self.lag_files > 0;
@@ -578,7 +575,7 @@ impl Shared<'_> {
                 path: e.path.clone(),
                 identity: now,
                 ranges,
-                check,
+                check: None,
             });
             v.len() - 1
         };

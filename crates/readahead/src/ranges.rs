@@ -126,6 +126,14 @@ impl RangeSet {
         self.ranges.iter().map(|r| r.len).sum()
     }
 
+    /// `self ∪ other`, normalised.
+    pub fn union(self, other: RangeSet) -> RangeSet {
+        if other.is_empty() {
+            return self;
+        }
+        RangeSet::from_ranges([self.ranges, other.ranges].concat())
+    }
+
     /// `self \ other`.
     pub fn difference(&self, other: &RangeSet) -> RangeSet {
         let mut out = RangeSet::new();
@@ -184,6 +192,8 @@ mod tests {
             a.difference(&b).ranges(),
             &[r(0, 2), r(3, 4), r(10, 2), r(32, 3)]
         );
+        assert_eq!(a.clone().union(b).ranges(), &[r(0, 7), r(10, 25)]);
+        assert_eq!(a.clone().union(RangeSet::new()), a);
     }
 
     #[test]

@@ -134,9 +134,10 @@ fn written_reason(before: Option<&FileState>, after: &FileState, gained: bool) -
 /// then reclaimed by memory pressure before its end: without them a recording on a busy or
 /// small-memory device silently loses pages). A page that was a shadow before, was read and was
 /// reclaimed again cannot be told from one left alone, and is missed. Files written during the
-/// window are left out entirely and reported instead, even if they were also read (a log the command reads and appends to):
-/// their pages came from the writes, not from the disk, and the entry's identity (size,
-/// mtime) would be stale at the next replay, failing that replay's `--require`.
+/// window are left out entirely and reported instead, even if they were also read (a log the
+/// command reads and appends to): their pages came from the writes, not from the disk, and the
+/// entry's identity (size, mtime) would be stale at the next replay, failing that replay's
+/// `--require`.
 pub fn diff(before: &Snapshot, after: &Snapshot) -> Diff {
     let mut out = Diff::default();
     for (path, st) in &after.files {
@@ -149,11 +150,7 @@ pub fn diff(before: &Snapshot, after: &Snapshot) -> Diff {
             None => (st.resident.clone(), st.shadows.clone()),
         };
         let reclaimed = shadows.difference(&resident).total_bytes();
-        let new = if shadows.is_empty() {
-            resident
-        } else {
-            RangeSet::from_ranges([resident.into_vec(), shadows.into_vec()].concat())
-        };
+        let new = resident.union(shadows);
         if let Some(reason) = written_reason(prev, st, !new.is_empty()) {
             out.written.push(WrittenFile {
                 path: path.clone(),

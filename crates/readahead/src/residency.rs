@@ -526,7 +526,7 @@ mod tests {
         assert_eq!(st.evicted_pages, pages_of(&got));
         // Resident and shadow pages partition the file.
         assert_eq!(
-            RangeSet::from_ranges([st.ranges.into_vec(), got.into_vec()].concat()),
+            st.ranges.union(got),
             RangeSet::from_ranges(vec![Range::new(0, size).unwrap()])
         );
         // Reading the pages back replaces their shadows.

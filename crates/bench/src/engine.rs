@@ -1,6 +1,10 @@
 //! The workload engine: one thread and one queue per job, `iodepth` requests kept in flight with
-//! `enqueue` + `do_io`, latencies (enqueue to reap) recorded in HDR histograms and per-second
-//! buckets.
+//! `enqueue` + `do_io`, latencies recorded in HDR histograms and per-second buckets.
+//!
+//! Three latencies per I/O, as fio defines them: `lat` from the moment the request is made
+//! (offset chosen, before it is queued) to the reap that handles its completion; `slat`
+//! (submission) from then until the call that submitted it returned; `clat` (completion) from
+//! there to the reap. `slat + clat = lat` for every request.
 
 use crate::hist::LatHist;
 use crate::pattern::{Dir, OffsetGen};
@@ -21,7 +25,12 @@ const MAX_VERIFY_BLOCKS: u64 = 1 << 28;
 pub struct DirStats {
     pub ios: u64,
     pub bytes: u64,
+    /// Total latency (fio's `lat`).
     pub lat: LatHist,
+    /// Submission latency (fio's `slat`).
+    pub slat: LatHist,
+    /// Completion latency (fio's `clat`).
+    pub clat: LatHist,
 }
 
 impl DirStats {
@@ -29,6 +38,8 @@ impl DirStats {
         self.ios += o.ios;
         self.bytes += o.bytes;
         self.lat.merge(&o.lat);
+        self.slat.merge(&o.slat);
+        self.clat.merge(&o.clat);
     }
 }
 
@@ -247,7 +258,10 @@ struct Slot {
     dir: Dir,
     offset: u64,
     generation: u32,
+    /// When the request was made (start of `lat` and `slat`).
     submitted: Instant,
+    /// When the call that submitted it returned (end of `slat`, start of `clat`).
+    issued: Instant,
     measure: bool,
 }
 
@@ -282,7 +296,12 @@ impl Collector {
         self.cur = LatHist::with_sigfig(2);
     }
     #[inline]
-    fn record(&mut self, now: Instant, dir: Dir, lat_ns: u64, bytes: u64) {
+    fn record(&mut self, now: Instant, slot: &Slot, bytes: u64) {
+        let ns = |d: Duration| d.as_nanos() as u64;
+        let lat_ns = ns(now.saturating_duration_since(slot.submitted));
+        let slat_ns = ns(slot.issued.saturating_duration_since(slot.submitted));
+        let clat_ns = ns(now.saturating_duration_since(slot.issued));
+        let dir = slot.dir;
         let idx = now.saturating_duration_since(self.start).as_secs() as usize;
         if idx != self.cur_idx {
             self.flush_second();
@@ -307,6 +326,8 @@ impl Collector {
         d.ios += 1;
         d.bytes += bytes;
         d.lat.record(lat_ns);
+        d.slat.record(slat_ns);
+        d.clat.record(clat_ns);
         self.cur.record(lat_ns);
         self.last = Some(now);
     }
@@ -335,8 +356,8 @@ struct Job<'a> {
     comps: Vec<Completion>,
     /// Completions returned by the driver but not handled yet (see `reap_upto`).
     ready: std::collections::VecDeque<Completion>,
-    /// Requests enqueued since the last `do_io` (not submitted yet).
-    unsubmitted: usize,
+    /// Slots of the requests enqueued since the last `do_io` (not submitted yet).
+    queued: Vec<usize>,
     /// Submit only with a wait (see [`crate::spec::BatchOpts::submit_with_wait`]).
     submit_with_wait: bool,
     inflight: usize,
@@ -423,6 +444,7 @@ impl Job<'_> {
             offset,
             generation,
             submitted,
+            issued: submitted,
             measure,
         };
         let op = match dir {
@@ -441,20 +463,29 @@ impl Job<'_> {
         // only returned to `free` in `reap`), and the buffer outlives the queue.
         unsafe { self.q.enqueue(Request::new(op, i, ReqFlags::NONE)) };
         self.inflight += 1;
-        self.unsubmitted += 1;
+        self.queued.push(i);
         Ok(())
     }
 
     /// Submit what is queued without reaping (fio's `commit`): one `do_io` with no room for
     /// completions, which the driver keeps for the next reap.
     fn commit(&mut self) -> Result<()> {
-        self.unsubmitted = 0;
         loop {
             match self.q.do_io(&mut [], 0, None, None) {
-                Ok(_) => return Ok(()),
+                Ok(_) => break,
                 Err(e) if e.errno == libc::EINTR => continue,
                 Err(e) => return Err(e.into()),
             }
+        }
+        // One clock read for the whole batch, as fio's io_uring engine does after its enter.
+        self.mark_issued(Instant::now());
+        Ok(())
+    }
+
+    /// The queued requests were submitted at `t`.
+    fn mark_issued(&mut self, t: Instant) {
+        for i in self.queued.drain(..) {
+            self.slots[i].issued = t;
         }
     }
 
@@ -473,7 +504,12 @@ impl Job<'_> {
             return Ok(());
         }
         if self.ready.len() < min.max(1) {
-            self.unsubmitted = 0;
+            // Submission and wait are one call here (`submit_with_wait`, or a batch left
+            // queued): the requests count as issued when the call starts, so the wait is
+            // completion time, not submission time.
+            if !self.queued.is_empty() {
+                self.mark_issued(Instant::now());
+            }
             let want = min.saturating_sub(self.ready.len());
             let n = loop {
                 match self.q.do_io(&mut self.comps, want, None, None) {
@@ -483,7 +519,7 @@ impl Job<'_> {
                 }
             };
             self.ready.extend(&self.comps[..n]);
-        } else if self.unsubmitted > 0 && !self.submit_with_wait {
+        } else if !self.queued.is_empty() && !self.submit_with_wait {
             // fio commits what is queued before every reap, even one served from the ring.
             self.commit()?;
         }
@@ -545,8 +581,7 @@ impl Job<'_> {
                 && now >= col.start
                 && self.measure_end.is_none_or(|e| now <= e)
             {
-                let lat = now.saturating_duration_since(slot.submitted).as_nanos() as u64;
-                col.record(now, slot.dir, lat, self.bs);
+                col.record(now, &slot, self.bs);
             }
         }
         if let Some(p) = &self.progress {
@@ -631,6 +666,7 @@ fn run_job(q: &mut dyn Queue, ctx: JobCtx<'_>) -> Result<JobResult> {
     } else {
         None
     };
+    let t0_slots = Instant::now();
     let mut job = Job {
         q,
         start: ctx.region.0,
@@ -644,7 +680,8 @@ fn run_job(q: &mut dyn Queue, ctx: JobCtx<'_>) -> Result<JobResult> {
                 dir: Dir::Read,
                 offset: 0,
                 generation: 0,
-                submitted: Instant::now(),
+                submitted: t0_slots,
+                issued: t0_slots,
                 measure: false
             };
             qd
@@ -652,7 +689,7 @@ fn run_job(q: &mut dyn Queue, ctx: JobCtx<'_>) -> Result<JobResult> {
         free: (0..qd).rev().collect(),
         comps: vec![Completion::default(); qd],
         ready: std::collections::VecDeque::with_capacity(qd),
-        unsubmitted: 0,
+        queued: Vec::with_capacity(qd),
         submit_with_wait: spec.batch.submit_with_wait,
         inflight: 0,
         verify,
@@ -718,7 +755,7 @@ fn run_job(q: &mut dyn Queue, ctx: JobCtx<'_>) -> Result<JobResult> {
                         break;
                     }
                 }
-                if job.unsubmitted >= submit_batch {
+                if job.queued.len() >= submit_batch {
                     job.commit()?;
                 }
             }

@@ -140,7 +140,12 @@ pub struct DirReport {
     pub bytes: u64,
     pub iops: f64,
     pub bw_bytes: f64,
+    /// Total latency: from the request being made to its completion being handled (fio's `lat`).
     pub lat_ns: LatReport,
+    /// Submission latency: until the call that submitted the request returned (fio's `slat`).
+    pub slat_ns: LatReport,
+    /// Completion latency: from then to the completion being handled (fio's `clat`).
+    pub clat_ns: LatReport,
 }
 
 impl DirReport {
@@ -158,6 +163,8 @@ impl DirReport {
             iops: per(d.ios),
             bw_bytes: per(d.bytes),
             lat_ns: LatReport::of(&d.lat),
+            slat_ns: LatReport::of(&d.slat),
+            clat_ns: LatReport::of(&d.clat),
         }
     }
 }

@@ -42,6 +42,12 @@ pub struct Shared {
     pub buf_alignment: i32,
     /// Requests whose buffer address was not a multiple of `buf_alignment`.
     pub misaligned_bufs: usize,
+    /// Slept by every `enqueue`.
+    pub enqueue_delay: std::time::Duration,
+    /// Slept by every `do_io` that submits requests, before it submits them.
+    pub submit_delay: std::time::Duration,
+    /// Slept by every `do_io` that waits (`min > 0`), after it submitted.
+    pub wait_delay: std::time::Duration,
     next_queue: usize,
 }
 
@@ -93,6 +99,8 @@ impl Driver for RecDriver {
 
 impl Queue for RecQueue {
     unsafe fn enqueue(&mut self, req: Request) {
+        let delay = self.shared.lock().unwrap().enqueue_delay;
+        std::thread::sleep(delay);
         self.pending.push(req);
         let out = self.outstanding();
         let mut s = self.shared.lock().unwrap();
@@ -108,6 +116,13 @@ impl Queue for RecQueue {
     ) -> snapblk_core::Result<usize> {
         if min > out.len() || min > self.outstanding() {
             return Err(snapblk_core::Error::inval("bad min"));
+        }
+        let (submit_delay, wait_delay) = {
+            let s = self.shared.lock().unwrap();
+            (s.submit_delay, s.wait_delay)
+        };
+        if !self.pending.is_empty() {
+            std::thread::sleep(submit_delay);
         }
         let mut s = self.shared.lock().unwrap();
         let submitted = self.pending.len();
@@ -157,6 +172,11 @@ impl Queue for RecQueue {
                 _ => {}
             }
             self.ready.push(Completion::ok(r.user_data));
+        }
+        if min > 0 {
+            drop(s);
+            std::thread::sleep(wait_delay);
+            s = self.shared.lock().unwrap();
         }
         let n = self.ready.len().min(out.len());
         for (i, c) in self.ready.drain(..n).enumerate() {

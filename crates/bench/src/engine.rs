@@ -15,7 +15,8 @@ use crate::{Error, Result};
 use snapblk_core::{Completion, MemRegion, Op, Queue, ReqFlags, Request};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Barrier};
-use std::time::{Duration, Instant};
+use quanta::Instant;
+use std::time::Duration;
 
 /// Largest region (in blocks) a verify job tracks (2 bytes of state per block).
 const MAX_VERIFY_BLOCKS: u64 = 1 << 28;

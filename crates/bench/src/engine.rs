@@ -12,10 +12,10 @@ use crate::spec::JobSpec;
 use crate::target::Target;
 use crate::verify;
 use crate::{Error, Result};
+use quanta::Instant;
 use snapblk_core::{Completion, MemRegion, Op, Queue, ReqFlags, Request};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Barrier};
-use quanta::Instant;
 use std::time::Duration;
 
 /// Largest region (in blocks) a verify job tracks (2 bytes of state per block).

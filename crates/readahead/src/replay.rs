@@ -496,14 +496,14 @@ impl Shared<'_> {
     /// Pass 1 for one entry: identity check, measure, issue, and queue the file for deferred
     /// verification.
     fn pass1(&self, e: &ListEntry, ctx: &mut Ctx, progress: Option<Progress<'_>>, total: u64) {
-        self.pass1_found(e, &Found::by_path(&e.path), ctx, progress, total);
+        self.pass1_found(e.into(), &Found::by_path(&e.path), ctx, progress, total);
     }
 
     /// [`Shared::pass1`] for a file a walk found: opened through `found` (relative to its
     /// directory when the walk has that open).
     fn pass1_found(
         &self,
-        e: &ListEntry,
+        e: EntryRef<'_>,
         found: &Found<'_>,
         ctx: &mut Ctx,
         progress: Option<Progress<'_>>,
@@ -511,7 +511,7 @@ impl Shared<'_> {
     ) {
         self.own.enroll();
         if let Err(err) = self.pass1_inner(e, found, ctx) {
-            self.record_problem(&e.path, err);
+            self.record_problem(e.path, err);
         }
         let d = self.done.fetch_add(1, Relaxed) + 1;
         if let Some(p) = progress {
@@ -519,7 +519,12 @@ impl Shared<'_> {
         }
     }
 
-    fn pass1_inner(&self, e: &ListEntry, found: &Found<'_>, ctx: &mut Ctx) -> std::io::Result<()> {
+    fn pass1_inner(
+        &self,
+        e: EntryRef<'_>,
+        found: &Found<'_>,
+        ctx: &mut Ctx,
+    ) -> std::io::Result<()> {
         let f = found.open_quiet()?;
         let meta = f.metadata()?;
         if !meta.is_file() {
@@ -533,13 +538,13 @@ impl Shared<'_> {
             return Ok(());
         }
         let now = FileIdentity::of(&meta);
-        if let Some(id) = &e.identity {
+        if let Some(id) = e.identity {
             let d = id.diff(&now);
             if !d.is_empty() {
                 self.changed.fetch_add(1, Relaxed);
                 if let Ok(mut v) = self.stale.lock() {
                     v.push(StaleEntry {
-                        path: e.path.clone(),
+                        path: e.path.to_path_buf(),
                         reason: format!("changed: {}", d.join(", ")),
                     });
                 }
@@ -551,7 +556,7 @@ impl Shared<'_> {
         let ranges = page_ranges(&e.extent.resolve(meta.len()), meta.len()).clip(meta.len());
         let bytes = ranges.total_bytes();
         self.requested.fetch_add(bytes, Relaxed);
-        let (before, issued) = self.warm(&f, &e.path, &meta, &ranges, ctx)?;
+        let (before, issued) = self.warm(&f, e.path, &meta, &ranges, ctx)?;
         if let Some(b) = before {
             self.resident_before.fetch_add(b, Relaxed);
         }
@@ -572,7 +577,7 @@ impl Shared<'_> {
                 return Ok(());
             };
             v.push(Prepared {
-                path: e.path.clone(),
+                path: e.path.to_path_buf(),
                 identity: now,
                 ranges,
                 check: None,
@@ -958,18 +963,38 @@ pub fn warm_tree_watched(
                 Ctx::new(shared.opts)
             },
             |found, ctx| {
-                let e = ListEntry {
-                    path: found.path().to_path_buf(),
+                // Borrowed: most files of a resident tree are only counted, and need no copy
+                // of their path.
+                let e = EntryRef {
+                    path: found.path(),
                     identity: None,
-                    extent: Extent::Whole,
+                    extent: &Extent::Whole,
                 };
-                shared.pass1_found(&e, found, ctx, progress, 0);
+                shared.pass1_found(e, found, ctx, progress, 0);
             },
             |mut ctx| shared.drain(&mut ctx),
         );
         (shared.done.load(Relaxed), Vec::new())
     });
     (report, walk_errors)
+}
+
+/// What pass 1 needs of a list entry, borrowed: a tree walk's files have no entry of their own.
+#[derive(Clone, Copy)]
+struct EntryRef<'a> {
+    path: &'a Path,
+    identity: Option<&'a FileIdentity>,
+    extent: &'a Extent,
+}
+
+impl<'a> From<&'a ListEntry> for EntryRef<'a> {
+    fn from(e: &'a ListEntry) -> Self {
+        EntryRef {
+            path: &e.path,
+            identity: e.identity.as_ref(),
+            extent: &e.extent,
+        }
+    }
 }
 
 /// The engine shared by [`replay`] and [`warm_tree`]: `feed` runs pass 1 (issue + deferred

@@ -66,7 +66,21 @@ fn workload_document_validates_and_carries_histograms() {
             .is_some_and(|s| !s.is_empty())
     );
     assert!(workload_table(&doc.results).contains("randread bs=4k qd=8 jobs=1"));
+    // fio's three latencies, each over every I/O of the direction.
+    for run in r0["runs"].as_array().unwrap() {
+        let d = &run["read"];
+        let n = d["ios"].as_u64().unwrap();
+        for k in ["lat_ns", "slat_ns", "clat_ns"] {
+            assert_eq!(d[k]["samples"].as_u64(), Some(n), "{k}");
+        }
+    }
     // A broken document is rejected (the validator is not a no-op).
+    let mut no_clat = v.clone();
+    no_clat["results"][0]["runs"][0]["read"]
+        .as_object_mut()
+        .unwrap()
+        .remove("clat_ns");
+    assert!(validate(&no_clat).is_err());
     let mut bad = v.clone();
     bad["results"][0]["summary"]["lat_ns"]["percentiles"]
         .as_object_mut()

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # fio agreement: six standard patterns run by `snapblk bench` and by fio (io_uring engine) on the
 # same targets (a tmpfs file and /dev/zram0, both O_DIRECT), interleaved round by round with the
-# tool order alternating; prints median IOPS and mean latency of both tools and their ratios.
+# tool order alternating; prints median IOPS and mean latency of both tools and their ratios,
+# and where the mean latency goes in each (fio's slat and clat, which snapblk bench reports too).
 # Then the tools' own overhead: snapblk's `null` driver vs fio's null engine (at QD32 both with
 # iodepth_batch_submit=32 and iodepth_batch_complete_max=32: with fio's defaults its null engine
 # refuses a second request until the first is reaped, i.e. runs at depth 1 whatever iodepth says).
@@ -162,8 +163,10 @@ d = json.load(open(sys.argv[1]))
 j = d["jobs"][0]
 ios = j["read"]["total_ios"] + j["write"]["total_ios"]
 iops = j["read"]["iops"] + j["write"]["iops"]
-lat = ((j["read"]["lat_ns"]["mean"] * j["read"]["total_ios"] + j["write"]["lat_ns"]["mean"] * j["write"]["total_ios"]) / ios) if ios else 0
-print(f"{sys.argv[2]}\t{sys.argv[3]}\tfio\t{sys.argv[4]}\t{iops:.1f}\t{lat:.1f}")
+def mean(k):
+    # ios-weighted over both directions (fio's `lat`, `slat`, `clat`)
+    return ((j["read"][k]["mean"] * j["read"]["total_ios"] + j["write"][k]["mean"] * j["write"]["total_ios"]) / ios) if ios else 0
+print(f"{sys.argv[2]}\t{sys.argv[3]}\tfio\t{sys.argv[4]}\t{iops:.1f}\t{mean('lat_ns'):.1f}\t{mean('slat_ns'):.1f}\t{mean('clat_ns'):.1f}")
 PY
 }
 
@@ -183,7 +186,11 @@ run_snapblk() {
 import json, sys
 d = json.load(open(sys.argv[1]))
 s = d["results"][0]["summary"]
-print(f"{sys.argv[2]}\t{sys.argv[3]}\tsnapblk\t{sys.argv[4]}\t{s['iops']['mean']:.1f}\t{s['lat_ns']['mean']:.1f}")
+r, w = s["read"], s["write"]
+ios = r["ios"] + w["ios"]
+def mean(k):
+    return ((r[k]["mean"] * r["ios"] + w[k]["mean"] * w["ios"]) / ios) if ios else 0
+print(f"{sys.argv[2]}\t{sys.argv[3]}\tsnapblk\t{sys.argv[4]}\t{s['iops']['mean']:.1f}\t{s['lat_ns']['mean']:.1f}\t{mean('slat_ns'):.1f}\t{mean('clat_ns'):.1f}")
 PY
 }
 
@@ -242,14 +249,18 @@ import sys, statistics as st
 from math import comb
 from collections import defaultdict
 rows = [l.rstrip("\n").split("\t") for l in open(sys.argv[1]) if l.strip()]
-d = defaultdict(lambda: {"iops": [], "lat": []})
+d = defaultdict(lambda: {"iops": [], "lat": [], "slat": [], "clat": []})
 byround = defaultdict(dict)
 order = []
-for t, p, tool, r, iops, lat in rows:
+# Rows: target, pattern, tool, round, IOPS, mean lat, then (newer runs) mean slat and clat.
+for t, p, tool, r, iops, lat, *parts in rows:
     if (t, p) not in order:
         order.append((t, p))
     d[(t, p, tool)]["iops"].append(float(iops))
     d[(t, p, tool)]["lat"].append(float(lat))
+    if len(parts) == 2:
+        d[(t, p, tool)]["slat"].append(float(parts[0]))
+        d[(t, p, tool)]["clat"].append(float(parts[1]))
     byround[(t, p, r)][tool] = (float(iops), float(lat))
 def pairs(t, p, k):
     # snapblk / fio of the same round (the two ran back to back): robust to load that drifts
@@ -322,11 +333,27 @@ if n:
     if noise > 5:
         print(f"WARNING: noisy machine: median run-to-run CV of IOPS {noise:.0f}% (wider than the ±5% tested)")
     print()
+def split(cells):
+    # Where each tool's mean latency goes: submission (slat) and completion (clat), medians.
+    cells = [c for c in cells if d[(*c, "fio")]["clat"] and d[(*c, "snapblk")]["clat"]]
+    if not cells:
+        return
+    print("Mean latency split as fio defines it (lat = slat + clat), medians:")
+    print()
+    print("| target | pattern | fio slat | snapblk slat | fio clat | snapblk clat | clat ratio |")
+    print("|---|---|---|---|---|---|---|")
+    for t, p in cells:
+        f, s = d[(t, p, "fio")], d[(t, p, "snapblk")]
+        fs, ss, fc, sc = (st.median(x) / 1000 for x in (f["slat"], s["slat"], f["clat"], s["clat"]))
+        print(f"| {t} | {p} | {fs:.2f} µs | {ss:.2f} µs | {fc:.1f} µs | {sc:.1f} µs | {sc / fc if fc else 0:.3f} |")
+    print()
+split(ring)
 verdicts = {}
 table([c for c in order if c[0].endswith("-inline")], "Default synchronous QD1 paths (snapblk io_uring inline, --submit_with_wait; fio psync), O_DIRECT:")
 table([c for c in order if c[0] == "null"], "Tool overhead (snapblk null driver, fio null engine):")
 PY
 }
 if [ -n "$OUT" ]; then report | tee "$OUT"; else report; fi
-# RAW=FILE keeps every run's figures (target, pattern, tool, round, IOPS, mean latency in ns).
+# RAW=FILE keeps every run's figures (target, pattern, tool, round, IOPS, mean lat, slat and clat
+# in ns).
 if [ -n "${RAW:-}" ]; then cp "$results" "$RAW"; fi

@@ -46,7 +46,7 @@ LOG=tests/vm/cache/last-run.log
 p=$(grep -ac '^PASS:' "$LOG" 2>/dev/null); p=${p:-0}
 f=$(grep -ac '^FAIL:' "$LOG" 2>/dev/null); f=${f:-0}
 echo
-grep -a -E '^(FAIL:|NOTRUN:|DMESG:)' "$LOG" || true
+grep -a -E '^(FAIL:|NOTRUN:|DMESG:|KNOWN:)' "$LOG" || true
 case $rc in
     0) [ "$p" -gt 0 ] || { echo "guest reported success but ran no test"; f=$((f + 1)); } ;;
     124) echo "VM timed out"; f=$((f + 1)) ;;

@@ -62,6 +62,7 @@ bash tests/vm/vm.sh setup || die "VM setup failed (kernel download or initramfs)
 IMG=$SHM/nvme.img
 truncate -s 128M "$IMG"
 cp tests/vm/guest/poll-tests.sh "$P/run.sh"
+cp tests/vm/guest/kernel-reports.sh "$P/"
 chmod +x "$P/run.sh"
 LOG=$ROOT/tests/vm/cache/poll-vm.log
 t0=$(date +%s)
@@ -73,7 +74,7 @@ echo "VM stage: $(( $(date +%s) - t0 )) s"
 p=$(grep -ac '^PASS:' "$LOG" 2>/dev/null); p=${p:-0}
 f=$(grep -ac '^FAIL:' "$LOG" 2>/dev/null); f=${f:-0}
 echo
-grep -a -E '^(FAIL:|INFO:)' "$LOG" || true
+grep -a -E '^(FAIL:|INFO:|DMESG:|KNOWN:)' "$LOG" || true
 case $rc in
     0) [ "$p" -gt 0 ] || { echo "guest reported success but ran no test"; f=$((f + 1)); } ;;
     124) echo "VM timed out"; f=$((f + 1)) ;;

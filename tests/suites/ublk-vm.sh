@@ -38,6 +38,7 @@ target/release/snapblk cow create --old "$P/ext4/A.img" --new "$P/ext4/B.img" -o
     die "snapblk cow create (ext4 snapshot) failed"
 rm -rf "$P/ext4/a" "$P/ext4/B.img"
 cp tests/vm/guest/ublk-tests.sh "$P/run.sh"
+cp tests/vm/guest/kernel-reports.sh "$P/"
 chmod +x "$P/run.sh"
 
 VM_TIMEOUT=${VM_TIMEOUT:-900} bash tests/vm/vm.sh run "$P"

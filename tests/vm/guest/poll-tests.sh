@@ -7,6 +7,8 @@ export LD_LIBRARY_PATH=/test/lib
 rc=0
 pass() { echo "PASS: $*"; }
 fail() { echo "FAIL: $*"; rc=1; }
+. "$(dirname "$0")/kernel-reports.sh"
+kernel_reports_begin
 
 d=/dev/nvme0n1
 if [ ! -b "$d" ]; then
@@ -49,5 +51,8 @@ if losetup /dev/loop0 /tmp/loop.img; then
 else
     fail "losetup /dev/loop0 failed"
 fi
+kernel_reports_check
+[ "$KERNEL_REPORTS" -eq 0 ] && pass "no kernel bug, warning or sanitizer report during the tests" ||
+    fail "$KERNEL_REPORTS kernel report(s) during the tests (DMESG: lines)"
 echo "guest poll stage done rc=$rc"
 exit $rc

@@ -9,8 +9,8 @@ ok() { echo "PASS: $*"; pass=$((pass + 1)); }
 bad() { echo "FAIL: $*"; fail=$((fail + 1)); }
 check() { d=$1; shift; if "$@"; then ok "$d"; else bad "$d"; fi; }
 n=0
-# Kernel reports from here on are the tests' (boot messages are not): empty the ring buffer.
-dmesg -c > /dev/null 2>&1
+. "$(dirname "$0")/kernel-reports.sh"
+kernel_reports_begin
 
 # start_server LOGNAME ARGS... : snapblk serve ARGS --ublk --json in the background; sets PID, DEV
 start_server() {
@@ -236,19 +236,9 @@ for mode in $MODES; do
     fi
 done
 
-# Any kernel bug, warning or sanitizer report during the tests fails the run: a ublk server can
-# trip the driver's WARN_ONs. One report is a known kernel issue, listed as KNOWN instead: on
-# 7.2.x, registering a request buffer (zero copy) fills a __counted_by array before setting its
-# count (io_uring/rsrc.c), which UBSAN flags once per boot; 7.3 reorders it.
-dmesg | grep -E 'BUG:|Oops|WARNING:|UBSAN:|KASAN:|general protection|hung_task|blocked for more than' > /tmp/kernel.reports
-unexpected=0
-while IFS= read -r line; do
-    case "$(uname -r) $line" in
-        7.2.*"UBSAN: array-index-out-of-bounds in "*io_uring/rsrc.c:*) echo "KNOWN: $line" ;;
-        *) echo "DMESG: $line"; unexpected=$((unexpected + 1)) ;;
-    esac
-done < /tmp/kernel.reports
-check "no kernel bug, warning or sanitizer report during the tests ($unexpected)" [ "$unexpected" -eq 0 ]
+# A ublk server can trip the driver's WARN_ONs: any kernel report during the tests fails the run.
+kernel_reports_check
+check "no kernel bug, warning or sanitizer report during the tests ($KERNEL_REPORTS)" [ "$KERNEL_REPORTS" -eq 0 ]
 echo "not run: $notrun"
 echo "$pass passed, $fail failed"
 exit $fail

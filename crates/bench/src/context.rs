@@ -22,6 +22,9 @@ pub struct Context {
     pub cpu_pressure_avg10: Option<f64>,
     /// `/proc/pressure/io` "some avg10".
     pub io_pressure_avg10: Option<f64>,
+    /// The kernel's current clocksource (`tsc`, `kvm-clock`, …). The bench times I/O with the
+    /// TSC; a kernel that does not use it may have found it unreliable here.
+    pub clocksource: Option<String>,
     pub target: Option<TargetContext>,
 }
 
@@ -97,6 +100,7 @@ pub fn capture(target: Option<&Path>) -> Context {
         loadavg: loadavg(),
         cpu_pressure_avg10: psi("cpu"),
         io_pressure_avg10: psi("io"),
+        clocksource: read_trim("/sys/devices/system/clocksource/clocksource0/current_clocksource"),
         target: target.map(target_context),
     }
 }

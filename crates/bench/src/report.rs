@@ -396,6 +396,14 @@ pub fn noise_warnings(results: &[ConfigReport], ctx: &Context) -> Vec<String> {
     {
         w.push(format!("CPU pressure at start: some avg10 = {p:.1}%"));
     }
+    if let Some(cs) = ctx.clocksource.as_deref()
+        && cs != "tsc"
+    {
+        w.push(format!(
+            "the kernel's clocksource is {cs}, not tsc: latencies are timed with the CPU's time \
+             stamp counter, which this kernel does not use as its clock"
+        ));
+    }
     w
 }
 
@@ -612,6 +620,7 @@ pub(crate) mod tests {
             loadavg: [loadavg, 0.0, 0.0],
             cpu_pressure_avg10: cpu_pressure,
             io_pressure_avg10: None,
+            clocksource: Some("tsc".into()),
             target: None,
         }
     }
@@ -642,12 +651,24 @@ pub(crate) mod tests {
             noise_warnings(std::slice::from_ref(&steady), &quiet_host(0.1, Some(1.0))).is_empty()
         );
         assert_eq!(
-            noise_warnings(&[steady], &quiet_host(1.5, Some(25.0))),
+            noise_warnings(std::slice::from_ref(&steady), &quiet_host(1.5, Some(25.0))),
             [
                 "host busy at start: load average 1.50 on 2 CPUs",
                 "CPU pressure at start: some avg10 = 25.0%"
             ]
         );
+        // A kernel that does not use the TSC as its clock is named; an unknown one is not.
+        let mut kvm = quiet_host(0.1, None);
+        kvm.clocksource = Some("kvm-clock".into());
+        assert_eq!(
+            noise_warnings(std::slice::from_ref(&steady), &kvm),
+            [
+                "the kernel's clocksource is kvm-clock, not tsc: latencies are timed with the CPU's \
+              time stamp counter, which this kernel does not use as its clock"
+            ]
+        );
+        kvm.clocksource = None;
+        assert!(noise_warnings(std::slice::from_ref(&steady), &kvm).is_empty());
     }
 
     #[test]

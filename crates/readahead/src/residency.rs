@@ -10,7 +10,7 @@ use crate::ranges::{Range, RangeSet};
 use crate::sys;
 use serde::Serialize;
 use std::fs::File;
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, BorrowedFd};
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 
@@ -283,16 +283,23 @@ pub fn shadow_ranges(file: &File, size: u64) -> std::io::Result<RangeSet> {
 
 /// Opens a file for residency work: read-only, without updating atime where permitted.
 pub fn open_quiet(path: &Path) -> std::io::Result<File> {
-    use std::os::unix::fs::OpenOptionsExt;
-    let r = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOATIME | libc::O_CLOEXEC)
-        .open(path);
-    match r {
+    open_quiet_at(rustix::fs::CWD, path)
+}
+
+/// [`open_quiet`] for `name` relative to the directory `dir` (a walk's open directory: the
+/// kernel then looks up one name instead of a whole path).
+pub fn open_quiet_at<P: rustix::path::Arg + Copy>(
+    dir: BorrowedFd<'_>,
+    name: P,
+) -> std::io::Result<File> {
+    use rustix::fs::{Mode, OFlags};
+    let flags = OFlags::RDONLY | OFlags::CLOEXEC;
+    let fd = match rustix::fs::openat(dir, name, flags | OFlags::NOATIME, Mode::empty()) {
         // O_NOATIME needs ownership or CAP_FOWNER; retry plainly.
-        Err(e) if e.raw_os_error() == Some(libc::EPERM) => std::fs::File::open(path),
+        Err(rustix::io::Errno::PERM) => rustix::fs::openat(dir, name, flags, Mode::empty()),
         r => r,
-    }
+    }?;
+    Ok(File::from(fd))
 }
 
 #[cfg(test)]

@@ -34,16 +34,10 @@ impl<'a> Found<'a> {
     /// the walk has that open: the kernel then looks up one name instead of the whole path
     /// (path lookup was the largest cost left in re-warming a resident tree).
     pub fn open_quiet(&self) -> std::io::Result<File> {
-        let Some((dir, name)) = self.at else {
-            return crate::residency::open_quiet(self.path);
-        };
-        let flags = OFlags::RDONLY | OFlags::CLOEXEC;
-        let fd = match rustix::fs::openat(dir, name, flags | OFlags::NOATIME, Mode::empty()) {
-            // O_NOATIME needs ownership or CAP_FOWNER; retry plainly.
-            Err(rustix::io::Errno::PERM) => rustix::fs::openat(dir, name, flags, Mode::empty()),
-            r => r,
-        }?;
-        Ok(File::from(fd))
+        match self.at {
+            Some((dir, name)) => crate::residency::open_quiet_at(dir, name),
+            None => crate::residency::open_quiet(self.path),
+        }
     }
 }
 

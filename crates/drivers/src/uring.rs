@@ -20,7 +20,7 @@
 //! 8-byte sigmask size, the completion-fd enable flag is honoured, and the poll-queue probe
 //! issues a real read so that devices without poll support report `supports-poll-queues=false`.
 
-use crate::file::{FILE_PROPS, FileConfig, Target, advance, connected, zero_iov};
+use crate::file::{FILE_PROPS, FileConfig, Target, advance, connected, prw, zero_iov};
 use io_uring::{IoUring, opcode, squeue, types};
 use snapblk_core::props::{Access, PropSpec, PropType, PropValue};
 use snapblk_core::queue::{Engine, QueueCore};
@@ -641,11 +641,11 @@ impl UringEngine {
                 (_, Stage::FuaFlush) | (Op::Flush, _) => libc::fdatasync(fd) as isize,
                 (Op::Read { offset, buf, len }, _) => {
                     let v = one(buf.add(done), len - done);
-                    libc::preadv2(fd, &v, 1, (offset + done as u64) as i64, 0)
+                    prw(fd, &v, 1, (offset + done as u64) as i64, false, 0)
                 }
                 (Op::Write { offset, buf, len }, _) => {
                     let v = one(buf.cast_mut().add(done), len - done);
-                    libc::pwritev2(fd, &v, 1, (offset + done as u64) as i64, fua)
+                    prw(fd, &v, 1, (offset + done as u64) as i64, true, fua)
                 }
                 (
                     Op::Readv {
@@ -656,7 +656,7 @@ impl UringEngine {
                     _,
                 ) => {
                     let (p, n) = self.cur_iov(i, iov, iovcnt);
-                    libc::preadv2(fd, p, n as i32, (offset + done as u64) as i64, 0)
+                    prw(fd, p, n as i32, (offset + done as u64) as i64, false, 0)
                 }
                 (
                     Op::Writev {
@@ -667,7 +667,7 @@ impl UringEngine {
                     _,
                 ) => {
                     let (p, n) = self.cur_iov(i, iov, iovcnt);
-                    libc::pwritev2(fd, p, n as i32, (offset + done as u64) as i64, fua)
+                    prw(fd, p, n as i32, (offset + done as u64) as i64, true, fua)
                 }
                 (Op::WriteZeroes { offset, len }, _) => {
                     let mode = self.t.write_zeroes_mode(req.flags).unwrap_or(0);

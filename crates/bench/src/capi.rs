@@ -2,7 +2,8 @@
 //! NAME`): the real libblkio and snapblk's libblkio.so expose the same C ABI, so both can be
 //! measured by the same engine in one run. This module is the only FFI in the crate.
 
-use crate::target::{Alignment, Device, Target};
+use crate::spec::Iomem;
+use crate::target::{Alignment, Device, PrivateBufs, Target};
 use crate::{Error, Result};
 use snapblk_core::{Completion, MemRegion, Op, Queue, Request};
 use std::ffi::{CStr, CString, c_char, c_int, c_void};
@@ -24,6 +25,7 @@ struct Lib {
     set_str: unsafe extern "C" fn(*mut Blk, *const c_char, *const c_char) -> c_int,
     get_uint64: unsafe extern "C" fn(*mut Blk, *const c_char, *mut u64) -> c_int,
     get_int: unsafe extern "C" fn(*mut Blk, *const c_char, *mut c_int) -> c_int,
+    get_bool: unsafe extern "C" fn(*mut Blk, *const c_char, *mut bool) -> c_int,
     get_queue: unsafe extern "C" fn(*mut Blk, c_int) -> *mut Blkq,
     read: unsafe extern "C" fn(*mut Blkq, u64, *mut c_void, usize, *mut c_void, u32),
     write: unsafe extern "C" fn(*mut Blkq, u64, *const c_void, usize, *mut c_void, u32),
@@ -65,6 +67,7 @@ impl Lib {
             set_str: sym!("blkio_set_str"),
             get_uint64: sym!("blkio_get_uint64"),
             get_int: sym!("blkio_get_int"),
+            get_bool: sym!("blkio_get_bool"),
             get_queue: sym!("blkio_get_queue"),
             read: sym!("blkioq_read"),
             write: sym!("blkioq_write"),
@@ -134,7 +137,10 @@ struct LibDevice {
     capacity: u64,
     alignment: Alignment,
     nq: usize,
-    regions: Vec<MemRegion>,
+    /// Mapped on the instance; `private` false: allocated by it as well.
+    regions: Vec<(MemRegion, bool)>,
+    /// After the instance is destroyed (in `drop`): its private buffers.
+    private: PrivateBufs,
 }
 
 // SAFETY: a libblkio instance may be used from any thread, one at a time (we never share it).
@@ -166,19 +172,31 @@ impl LibDevice {
         self.check(&format!("get {k}"), r)?;
         Ok(v)
     }
+    fn get_bool(&self, k: &str) -> Result<bool> {
+        let kc = cstr(k)?;
+        let mut v = false;
+        // SAFETY: valid instance, NUL-terminated name and out-pointer (C `bool`).
+        let r = unsafe { (self.lib.get_bool)(self.b, kc.as_ptr(), &mut v) };
+        self.check(&format!("get {k}"), r)?;
+        Ok(v)
+    }
 }
 
 impl Drop for LibDevice {
     fn drop(&mut self) {
-        for r in std::mem::take(&mut self.regions) {
-            // SAFETY: regions were allocated and mapped on this instance; queues are gone.
+        for (r, allocated) in std::mem::take(&mut self.regions) {
+            // SAFETY: regions were mapped (and, if `allocated`, allocated) on this instance;
+            // queues are gone.
             unsafe {
                 (self.lib.unmap_mem_region)(self.b, &r);
-                (self.lib.free_mem_region)(self.b, &r);
+                if allocated {
+                    (self.lib.free_mem_region)(self.b, &r);
+                }
             }
         }
         // SAFETY: `b` is the live instance; destroy also frees its queues.
         unsafe { (self.lib.destroy)(&mut self.b) };
+        // The private buffers (the `private` field) are unmapped after this.
     }
 }
 
@@ -205,28 +223,41 @@ impl Device for LibDevice {
             })
             .collect()
     }
-    fn alloc_buf(&mut self, len: usize) -> Result<MemRegion> {
+    fn alloc_buf(&mut self, len: usize, iomem: Iomem) -> Result<MemRegion> {
         let a = self.alignment.buf.max(4096) as usize;
         let len = len.div_ceil(a) * a;
-        let mut r = MemRegion {
-            addr: std::ptr::null_mut(),
-            len: 0,
-            iova: 0,
-            fd_offset: 0,
-            fd: -1,
-            flags: 0,
+        let r = match iomem {
+            Iomem::Memfd => {
+                let mut r = MemRegion {
+                    addr: std::ptr::null_mut(),
+                    len: 0,
+                    iova: 0,
+                    fd_offset: 0,
+                    fd: -1,
+                    flags: 0,
+                };
+                // SAFETY: `r` is a valid out-pointer laid out as struct blkio_mem_region.
+                let ret = unsafe { (self.lib.alloc_mem_region)(self.b, &mut r, len) };
+                self.check("alloc_mem_region", ret)?;
+                r
+            }
+            Iomem::Malloc => {
+                let needs_fd = self.get_bool("needs-mem-region-fd")?;
+                self.private.alloc(len, needs_fd)?
+            }
         };
-        // SAFETY: `r` is a valid out-pointer laid out as struct blkio_mem_region.
-        let ret = unsafe { (self.lib.alloc_mem_region)(self.b, &mut r, len) };
-        self.check("alloc_mem_region", ret)?;
-        // SAFETY: `r` was just allocated by this instance.
+        let allocated = iomem == Iomem::Memfd;
+        // SAFETY: `r` is live memory of `len` bytes (allocated by this instance or private to
+        // this device, which outlives the instance).
         let ret = unsafe { (self.lib.map_mem_region)(self.b, &r) };
         if ret < 0 {
-            // SAFETY: allocated above, not mapped.
-            unsafe { (self.lib.free_mem_region)(self.b, &r) };
+            if allocated {
+                // SAFETY: allocated above, not mapped.
+                unsafe { (self.lib.free_mem_region)(self.b, &r) };
+            }
             return Err(self.lib.err("map_mem_region", ret));
         }
-        self.regions.push(r);
+        self.regions.push((r, allocated));
         if !(r.addr as u64).is_multiple_of(self.alignment.buf) {
             return Err(Error::Lib(format!(
                 "mem region at {:p} violates buf-alignment {}",
@@ -253,6 +284,7 @@ impl Target for LibblkioTarget {
             alignment: Alignment::default(),
             nq: num_queues,
             regions: Vec::new(),
+            private: PrivateBufs::default(),
         };
         for (k, v) in &self.props {
             d.set(k, v)?;

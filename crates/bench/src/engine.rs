@@ -149,7 +149,7 @@ pub fn run_workload(target: &mut dyn Target, spec: &JobSpec, opts: &RunOpts) -> 
         } else {
             0
         };
-        bufs.push(dev.alloc_buf(stride * spec.iodepth as usize + slack)?);
+        bufs.push(dev.alloc_buf(stride * spec.iodepth as usize + slack, spec.iomem)?);
     }
     let barrier = Arc::new(Barrier::new(n));
     let failed = Arc::new(AtomicBool::new(false));

@@ -354,7 +354,7 @@ fn file_len(f: &File) -> Result<u64> {
 
 fn stream(f: File, len: u64, write: bool, stop: &AtomicBool, bytes: &AtomicU64) -> Result<()> {
     const CHUNK: usize = 1 << 20;
-    let region = snapblk_core::MemRegion::alloc(CHUNK)?;
+    let region = snapblk_core::MemRegion::alloc_private(CHUNK)?;
     // SAFETY: freshly allocated region used only by this thread.
     let buf = unsafe { region.as_mut_slice() };
     buf.fill(0x5a);

@@ -77,7 +77,7 @@ struct AlignedBuf(MemRegion);
 
 impl AlignedBuf {
     fn new(len: usize, seed: u64) -> Result<AlignedBuf> {
-        let r = MemRegion::alloc(len.div_ceil(4096) * 4096)?;
+        let r = MemRegion::alloc_private(len.div_ceil(4096) * 4096)?;
         // SAFETY: freshly allocated, exclusively ours.
         let s = unsafe { r.as_mut_slice() };
         let mut rng = crate::rng::Rng::new(seed);
@@ -96,7 +96,7 @@ impl AlignedBuf {
 
 impl Drop for AlignedBuf {
     fn drop(&mut self) {
-        // SAFETY: allocated by MemRegion::alloc, freed once, no I/O outstanding.
+        // SAFETY: allocated by MemRegion::alloc_private, freed once, no I/O outstanding.
         unsafe { self.0.free() };
     }
 }

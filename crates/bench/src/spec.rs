@@ -63,6 +63,30 @@ impl fmt::Display for RwMode {
     }
 }
 
+/// Where I/O buffers come from (fio's `iomem`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Iomem {
+    /// Private anonymous memory, as `malloc` gives (fio's default). Registered with the
+    /// driver all the same, so io_uring still uses fixed buffers.
+    #[default]
+    Malloc,
+    /// Shared memfd memory from the device's `alloc_mem_region`, as libblkio applications
+    /// (fio's libblkio engine, QEMU with vhost-user) use. Pinning its pages costs more on every
+    /// O_DIRECT system call that is not served from registered buffers.
+    Memfd,
+}
+
+impl Iomem {
+    pub fn parse(s: &str) -> Result<Iomem> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "malloc" => Ok(Iomem::Malloc),
+            "memfd" => Ok(Iomem::Memfd),
+            o => Err(Error::Spec(format!("unknown iomem {o:?} (malloc, memfd)"))),
+        }
+    }
+}
+
 /// One workload configuration (one cell of a sweep).
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct JobSpec {
@@ -105,6 +129,8 @@ pub struct JobSpec {
     /// Drop the target file's page cache for the covered region before the run (fio's
     /// `invalidate`, default on; block devices: `BLKFLSBUF`, as fio).
     pub invalidate: bool,
+    /// Where the I/O buffers come from (fio's `iomem`).
+    pub iomem: Iomem,
 }
 
 /// Submission and completion batching, with fio's names, meanings and defaults. They decide how
@@ -186,6 +212,7 @@ impl Default for JobSpec {
             buffers: crate::buffer::BufferOpts::default(),
             batch: BatchOpts::default(),
             invalidate: true,
+            iomem: Iomem::Malloc,
         }
     }
 }
@@ -552,6 +579,7 @@ fn apply_table(t: &toml::Table, spec: &mut JobSpec, sweep: &mut Sweep) -> Result
             "iodepth_batch_complete_max" => spec.batch.iodepth_batch_complete_max = num(k, one()?)?,
             "submit_with_wait" => spec.batch.submit_with_wait = boolean(k, one()?)?,
             "invalidate" => spec.invalidate = boolean(k, one()?)?,
+            "iomem" | "mem" => spec.iomem = Iomem::parse(one()?)?,
             "time_based" => {}
             other => return Err(Error::JobFile(format!("unknown key {other:?}"))),
         }
@@ -699,5 +727,18 @@ rw = "write"
         }
         assert_eq!(v["iodepth_batch_submit"], 4);
         assert_eq!(v["scramble_buffers"], true);
+    }
+
+    #[test]
+    fn iomem_defaults_to_malloc_and_is_read_from_job_files() {
+        let d = JobSpec::default();
+        assert_eq!(d.iomem, Iomem::Malloc);
+        let text = "[global]\niomem = \"memfd\"\n[[job]]\n[[job]]\nmem = \"malloc\"\n";
+        let jobs = parse_job_file(text, &d).unwrap();
+        assert_eq!(jobs[0].iomem, Iomem::Memfd);
+        assert_eq!(jobs[1].iomem, Iomem::Malloc);
+        assert_eq!(serde_json::to_value(&jobs[0]).unwrap()["iomem"], "memfd");
+        let e = parse_job_file("[[job]]\niomem = \"shm\"\n", &d).unwrap_err();
+        assert!(e.to_string().contains("malloc, memfd"), "{e}");
     }
 }

@@ -5,6 +5,7 @@
 //! the `snapblk` registry), [`crate::capi::LibblkioTarget`] (any libblkio shared library), and
 //! [`BlkioTarget`] (a caller-supplied constructor, used by tests with recording drivers).
 
+use crate::spec::Iomem;
 use crate::{Error, Result};
 use snapblk_core::{Blkio, MemRegion, Queue};
 use std::path::PathBuf;
@@ -43,8 +44,41 @@ pub trait Device: Send {
     /// Move the queues out (one per job).
     fn take_queues(&mut self) -> Vec<Box<dyn Queue>>;
     /// A buffer usable for I/O on this device (aligned to a page and to `buf-alignment`),
+    /// of the kind `iomem` asks for, registered with the driver when it takes registrations;
     /// valid until the device is dropped.
-    fn alloc_buf(&mut self, len: usize) -> Result<MemRegion>;
+    fn alloc_buf(&mut self, len: usize, iomem: Iomem) -> Result<MemRegion>;
+}
+
+/// Private buffers ([`MemRegion::alloc_private`]) of a device, unmapped when dropped. A device
+/// declares this field after its instance, so the instance (which unregisters them and owns
+/// the queues that may use them) goes first.
+#[derive(Default)]
+pub(crate) struct PrivateBufs(Vec<MemRegion>);
+
+impl PrivateBufs {
+    /// A new private region of `len` bytes, unless the driver needs regions with an fd.
+    pub(crate) fn alloc(&mut self, len: usize, needs_fd: bool) -> Result<MemRegion> {
+        if needs_fd {
+            return Err(Error::Spec(
+                "--iomem malloc: this driver needs memory regions with a file descriptor \
+                 (needs-mem-region-fd); use --iomem memfd"
+                    .into(),
+            ));
+        }
+        let r = MemRegion::alloc_private(len)?;
+        self.0.push(r);
+        Ok(r)
+    }
+}
+
+impl Drop for PrivateBufs {
+    fn drop(&mut self) {
+        for r in self.0.drain(..) {
+            // SAFETY: allocated by `alloc_private` in `alloc`, freed once; the owning device's
+            // instance and queues are gone (field order), so no request uses it.
+            unsafe { r.free() };
+        }
+    }
 }
 
 /// Something that can be opened with `num_queues` queues.
@@ -74,6 +108,8 @@ pub struct BlkioDevice {
     blkio: Blkio,
     capacity: u64,
     alignment: Alignment,
+    /// After `blkio`: dropped once it is gone.
+    private: PrivateBufs,
 }
 
 impl BlkioDevice {
@@ -88,6 +124,7 @@ impl BlkioDevice {
             blkio,
             capacity,
             alignment,
+            private: PrivateBufs::default(),
         })
     }
 }
@@ -105,7 +142,7 @@ impl Device for BlkioDevice {
             .filter_map(|i| self.blkio.take_queue(i, false))
             .collect()
     }
-    fn alloc_buf(&mut self, len: usize) -> Result<MemRegion> {
+    fn alloc_buf(&mut self, len: usize, iomem: Iomem) -> Result<MemRegion> {
         let align = self
             .blkio
             .get_u64("mem-region-alignment")
@@ -113,7 +150,13 @@ impl Device for BlkioDevice {
             .max(self.alignment.buf)
             .max(4096) as usize;
         let len = len.div_ceil(align) * align;
-        let r = self.blkio.alloc_mem_region(len)?;
+        let r = match iomem {
+            Iomem::Memfd => self.blkio.alloc_mem_region(len)?,
+            Iomem::Malloc => {
+                let needs_fd = self.blkio.get_bool("needs-mem-region-fd").unwrap_or(false);
+                self.private.alloc(len, needs_fd)?
+            }
+        };
         // Registering lets drivers use fixed buffers; a driver that cannot is still usable.
         let _ = self.blkio.map_mem_region(&r);
         Ok(r)
@@ -301,5 +344,15 @@ mod tests {
         assert_eq!(dev.capacity(), 1 << 20);
         drop(dev);
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn private_buffers_are_refused_to_drivers_that_need_an_fd() {
+        let mut p = PrivateBufs::default();
+        let e = p.alloc(4096, true).unwrap_err().to_string();
+        assert!(e.contains("--iomem memfd"), "{e}");
+        let r = p.alloc(4096, false).unwrap();
+        assert_eq!(r.fd, -1);
+        assert_eq!(p.0.len(), 1);
     }
 }

@@ -4,7 +4,7 @@ mod common;
 
 use common::recording_target;
 use snapblk_bench::engine::{RunOpts, run_workload};
-use snapblk_bench::spec::{BatchOpts, JobSpec, RwMode};
+use snapblk_bench::spec::{BatchOpts, Iomem, JobSpec, RwMode};
 use std::collections::HashSet;
 
 const MB: usize = 1 << 20;
@@ -412,4 +412,25 @@ fn reap_range_is_fios() {
         ..d
     };
     assert_eq!(w.submit_batch(1), usize::MAX);
+}
+
+#[test]
+fn iomem_chooses_private_or_shared_memfd_buffers() {
+    // fio's default (malloc): private anonymous memory; memfd: the device's shared
+    // alloc_mem_region memory. Checked on the mapping the driver's requests point into.
+    for (iomem, want) in [
+        (Iomem::Malloc, "rw-p "),
+        (Iomem::Memfd, "rw-s /memfd:libblkio-buf (deleted)"),
+    ] {
+        let (mut t, sh) = recording_target(MB);
+        sh.lock().unwrap().map_bufs = true;
+        let spec = JobSpec {
+            iomem,
+            ..job(RwMode::RandWrite, 4096, 4, 2, MB as u64)
+        };
+        run_workload(&mut t, &spec, &RunOpts::default()).unwrap();
+        let maps = sh.lock().unwrap().buf_maps.clone();
+        assert!(!maps.is_empty());
+        assert!(maps.iter().all(|m| m == want), "{iomem:?}: {maps:?}");
+    }
 }

@@ -158,6 +158,11 @@ struct WorkloadArgs {
     /// default 1; files: fadvise DONTNEED, block devices: BLKFLSBUF).
     #[arg(long, default_value = "1", action = clap::ArgAction::Set, value_parser = parse_flag)]
     invalidate: bool,
+    /// Where I/O buffers come from (fio's iomem): malloc = private anonymous memory (fio's
+    /// default); memfd = the device's shared alloc_mem_region memory, as libblkio applications
+    /// use (its pages cost more to pin per O_DIRECT system call).
+    #[arg(long, alias = "mem", default_value = "malloc", value_parser = parse_iomem)]
+    iomem: snapblk_bench::spec::Iomem,
     /// Run every configuration N times, interleaved, and report the spread.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
     repeat: u32,
@@ -382,8 +387,13 @@ fn lists(w: &WorkloadArgs) -> anyhow::Result<(JobSpec, Sweep)> {
             submit_with_wait: w.submit_with_wait,
         },
         invalidate: w.invalidate,
+        iomem: w.iomem,
     };
     Ok((base, sweep))
+}
+
+fn parse_iomem(s: &str) -> Result<snapblk_bench::spec::Iomem, String> {
+    snapblk_bench::spec::Iomem::parse(s).map_err(|e| e.to_string())
 }
 
 /// fio-style boolean option values: 1/0, true/false, yes/no, on/off.

@@ -228,6 +228,7 @@ fn table_on_stdout_json_in_file_and_verify_on_a_file() {
     validate(&v).unwrap();
     assert_eq!(v["context"]["target"]["kind"], "file");
     assert_eq!(v["results"][0]["config"]["direct"], true);
+    assert_eq!(v["results"][0]["config"]["iomem"], "malloc");
     assert!(
         v["results"][0]["runs"][0]["verified_blocks"]
             .as_u64()
@@ -466,6 +467,10 @@ fn bad_input_gets_a_clear_one_line_error() {
         ),
         (vec!["null:size=1G", "--driver", "null"], "--libblkio"),
         (vec!["null:size=1G", "--repeat", "0"], "--repeat"),
+        (
+            vec!["null:size=1G", "--iomem", "shm"],
+            "unknown iomem \"shm\" (malloc, memfd)",
+        ),
         (
             // Fails before the 30 s run, not after it.
             vec![

@@ -89,6 +89,30 @@ fn libblkio_null_and_verified_io_uring_file() {
     // The pattern really reached the file: block 0 starts with the verify header magic.
     let data = std::fs::read(&img).unwrap();
     assert_eq!(&data[0..8], &0x5642_4b4c_4250_414eu64.to_le_bytes());
+    // The same through buffers from blkio_alloc_mem_region (the default is private memory
+    // the bench maps with blkio_map_mem_region).
+    std::fs::write(&img, vec![0u8; 4 << 20]).unwrap();
+    let out = bench(&[
+        path_str(&img),
+        "--libblkio",
+        path_str(&so),
+        "--driver",
+        "io_uring",
+        "--rw",
+        "randwrite",
+        "--bs",
+        "4k",
+        "--iodepth",
+        "16",
+        "--verify",
+        "--iomem",
+        "memfd",
+        "--json",
+    ]);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["results"][0]["config"]["iomem"], "memfd");
+    let data = std::fs::read(&img).unwrap();
+    assert_eq!(&data[0..8], &0x5642_4b4c_4250_414eu64.to_le_bytes());
 }
 
 #[test]

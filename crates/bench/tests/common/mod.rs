@@ -42,6 +42,11 @@ pub struct Shared {
     pub buf_alignment: i32,
     /// Requests whose buffer address was not a multiple of `buf_alignment`.
     pub misaligned_bufs: usize,
+    /// Record, per `do_io` with requests, the mapping of its first request's buffer
+    /// (`map_bufs` on): /proc/self/maps' permissions and path, e.g. "rw-p " for private
+    /// anonymous memory.
+    pub map_bufs: bool,
+    pub buf_maps: Vec<String>,
     /// Slept by every `enqueue`.
     pub enqueue_delay: std::time::Duration,
     /// Slept by every `do_io` that submits requests, before it submits them.
@@ -137,6 +142,15 @@ impl Queue for RecQueue {
                 s.misaligned_bufs += 1;
             }
         }
+        if s.map_bufs && !self.pending.is_empty() {
+            let addr = match self.pending[0].op {
+                Op::Read { buf, .. } => buf as usize,
+                Op::Write { buf, .. } => buf as usize,
+                _ => 0,
+            };
+            let m = mapping_of(addr);
+            s.buf_maps.push(m);
+        }
         for r in self.pending.drain(..) {
             match r.op {
                 Op::Read { offset, buf, len } => {
@@ -197,6 +211,27 @@ impl Queue for RecQueue {
     fn outstanding(&self) -> usize {
         self.pending.len() + self.ready.len()
     }
+}
+
+/// The mapping holding `addr` as "PERMS PATH" from /proc/self/maps ("" if none).
+pub fn mapping_of(addr: usize) -> String {
+    let maps = std::fs::read_to_string("/proc/self/maps").unwrap_or_default();
+    for l in maps.lines() {
+        let mut f = l.split_whitespace();
+        let Some((lo, hi)) = f.next().and_then(|r| r.split_once('-')) else {
+            continue;
+        };
+        let (Ok(lo), Ok(hi)) = (usize::from_str_radix(lo, 16), usize::from_str_radix(hi, 16))
+        else {
+            continue;
+        };
+        if (lo..hi).contains(&addr) {
+            let perms = f.next().unwrap_or("");
+            let path: Vec<&str> = f.skip(3).collect();
+            return format!("{perms} {}", path.join(" "));
+        }
+    }
+    String::new()
 }
 
 /// A target over a fresh recording device of `size` bytes; returns the shared state too.

@@ -96,6 +96,12 @@ pub struct RecordArgs {
     /// explicit --scope (it would otherwise evict every disk filesystem).
     #[arg(long)]
     evict_first: bool,
+    /// Also trace the kernel's page-cache insertions during the window (tracefs event
+    /// filemap:mm_filemap_add_to_page_cache, as Android's prefetch and iorap do; needs root):
+    /// lists pages the residency diff cannot see, e.g. read and reclaimed again where a
+    /// shadow entry already was.
+    #[arg(long)]
+    trace: bool,
     /// Record a time window instead of a command.
     #[arg(long, value_name = "SECS", conflicts_with = "cmd", value_parser = parse_duration)]
     duration: Option<f64>,
@@ -601,7 +607,7 @@ fn run_record(a: RecordArgs) -> anyhow::Result<()> {
         }
         (None, None) => bail!("give a command (after --) or --duration SECS"),
     };
-    let rec = record::record(&scopes, &w, a.evict_first, trigger)?;
+    let rec = record::record(&scopes, &w, a.evict_first, a.trace, trigger)?;
     let jsonl = match a.format {
         Some(ListFormat::Jsonl) => true,
         Some(ListFormat::Text) => false,
@@ -635,6 +641,11 @@ fn run_record(a: RecordArgs) -> anyhow::Result<()> {
             "exit_status": rec.status.and_then(|s| s.code()),
             "evict_remaining_pages": rec.evicted_remaining_pages,
             "reclaimed_bytes": rec.reclaimed_bytes,
+            "trace": rec.trace.map(|t| serde_json::json!({
+                "events": t.events,
+                "lost_events": t.lost_events,
+                "traced_only_bytes": t.traced_only_bytes,
+            })),
             "elapsed_secs": rec.elapsed.as_secs_f64(),
         });
         println!("{doc}");
@@ -652,6 +663,13 @@ fn run_record(a: RecordArgs) -> anyhow::Result<()> {
                 "{} of it was read and then reclaimed by the kernel during the recording \
                  (found as shadow entries; listed all the same)",
                 human(rec.reclaimed_bytes)
+            );
+        }
+        if let Some(t) = rec.trace {
+            println!(
+                "trace: {} page-cache insertions seen; {} of the list found only by the trace",
+                t.events,
+                human(t.traced_only_bytes)
             );
         }
         if !rec.written.is_empty() {
@@ -678,6 +696,16 @@ fn run_record(a: RecordArgs) -> anyhow::Result<()> {
                 rec.unknown[0].1
             );
         }
+    }
+    if let Some(t) = rec.trace
+        && t.lost_events > 0
+    {
+        eprintln!(
+            "snapblk: warning: the kernel dropped {} page-cache trace events (its trace \
+             buffer filled faster than it was read): the trace part of the list may be \
+             incomplete",
+            t.lost_events
+        );
     }
     if let Some(st) = rec.status
         && !st.success()

@@ -5,7 +5,8 @@
 //!   mincore reports every page of a file the caller neither owns nor may write as resident.
 //! * [`list`] is the readahead list format (text, JSON Lines, classic block lists) with file
 //!   identities so stale entries are detected; the parser is hardened for untrusted input.
-//! * [`record`] diffs residency snapshots taken before and after a command or time window.
+//! * [`record`] diffs residency snapshots taken before and after a command or time window;
+//!   [`trace`] adds the page-cache insertions the kernel's filemap tracepoint saw in it.
 //! * [`replay`] brings a list into the cache in chunks at idle priority, backs off under I/O
 //!   pressure, and verifies the result; [`evict`] drops files from the cache.
 //! * [`blocks`] is the block-device flavour (record served ranges, replay into a device).
@@ -24,6 +25,7 @@ pub mod residency;
 pub mod scan;
 pub mod sys;
 pub mod sysstat;
+pub mod trace;
 pub mod ui;
 pub mod uring;
 pub mod walk;

@@ -1,6 +1,7 @@
 //! Recording: residency snapshots of a set of trees before and after a command (or a time
 //! window); pages that became resident in between form the readahead list. No tracing and no
-//! kernel patches are needed. Pages that were already resident before cannot be seen being
+//! kernel patches are needed (`--trace` adds the kernel's page-cache tracepoint where it is
+//! available, for the pages a diff cannot see, see [`diff`]). Pages that were already resident before cannot be seen being
 //! used, which is why `evict_first` exists; kernel readahead done on behalf of the command is
 //! recorded too, because it is what the command caused to be read. Files written during the
 //! window (created, changed identity, dirty at the end) are left out and reported apart: their
@@ -91,6 +92,9 @@ pub struct WrittenFile {
 /// What a recording found: the list, and the files left out of it.
 #[derive(Debug, Default)]
 pub struct Diff {
+    /// Bytes of `entries` that only the page-cache trace saw (neither resident nor a new
+    /// shadow at the end): read in the window, then reclaimed where a shadow already was.
+    pub traced_only_bytes: u64,
     /// Pages resident in `after` but not in `before`, sorted by path.
     pub entries: Vec<ListEntry>,
     /// Files written during the window, sorted by path.
@@ -138,7 +142,14 @@ fn written_reason(before: Option<&FileState>, after: &FileState, gained: bool) -
 /// command reads and appends to): their pages came from the writes, not from the disk, and the
 /// entry's identity (size, mtime) would be stale at the next replay, failing that replay's
 /// `--require`.
-pub fn diff(before: &Snapshot, after: &Snapshot) -> Diff {
+///
+/// `traced`: pages the kernel added to each file's page cache during the window
+/// ([`crate::trace`]), which close that gap: they are listed whatever became of them.
+pub fn diff(
+    before: &Snapshot,
+    after: &Snapshot,
+    traced: Option<&HashMap<crate::trace::FileKey, RangeSet>>,
+) -> Diff {
     let mut out = Diff::default();
     for (path, st) in &after.files {
         let prev = before.files.get(path);
@@ -150,7 +161,15 @@ pub fn diff(before: &Snapshot, after: &Snapshot) -> Diff {
             None => (st.resident.clone(), st.shadows.clone()),
         };
         let reclaimed = shadows.difference(&resident).total_bytes();
-        let new = resident.union(shadows);
+        let mut new = resident.union(shadows);
+        let id = &st.identity;
+        let mut traced_only = 0;
+        if let Some(t) = traced.and_then(|t| t.get(&(id.dev_major, id.dev_minor, id.ino))) {
+            // Page granular events: the last page is clipped to the file, as residency is.
+            let t = t.clip(id.size);
+            traced_only = t.difference(&new).total_bytes();
+            new = new.union(t);
+        }
         if let Some(reason) = written_reason(prev, st, !new.is_empty()) {
             out.written.push(WrittenFile {
                 path: path.clone(),
@@ -158,6 +177,7 @@ pub fn diff(before: &Snapshot, after: &Snapshot) -> Diff {
             });
         } else if !new.is_empty() {
             out.reclaimed_bytes += reclaimed;
+            out.traced_only_bytes += traced_only;
             out.entries.push(ListEntry {
                 path: path.clone(),
                 identity: Some(st.identity),
@@ -193,7 +213,20 @@ pub struct Recording {
     /// Bytes of `entries` that were read and then reclaimed during the window (found as
     /// shadow entries, see [`diff`]).
     pub reclaimed_bytes: u64,
+    /// The page-cache trace, when asked for (see [`crate::trace`]).
+    pub trace: Option<TraceSummary>,
     pub elapsed: Duration,
+}
+
+/// What the page-cache trace of a recording contributed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TraceSummary {
+    /// Page-cache insertions seen (all files, in scope or not).
+    pub events: u64,
+    /// Insertions the kernel dropped (reader behind): the trace is then incomplete.
+    pub lost_events: u64,
+    /// Bytes of the list only the trace saw.
+    pub traced_only_bytes: u64,
 }
 
 /// Errors of a recording.
@@ -205,6 +238,8 @@ pub enum RecordError {
     /// nothing.
     #[error("scope {}: {err}", crate::list::escape_path(.path))]
     Scope { path: PathBuf, err: std::io::Error },
+    #[error("--trace: {0}")]
+    Trace(#[from] crate::trace::TraceError),
 }
 
 /// Makes every root absolute and free of symlinks and `..`, so the list does not depend on
@@ -222,12 +257,14 @@ pub fn canonical_roots(roots: &[PathBuf]) -> Result<Vec<PathBuf>, RecordError> {
         .collect()
 }
 
-/// Optionally evicts `roots`, snapshots, runs the trigger, snapshots again and diffs. The
-/// roots are made absolute first ([`canonical_roots`]); a missing root is an error.
+/// Optionally evicts `roots`, snapshots, runs the trigger (traced with [`crate::trace`] when
+/// `trace`), snapshots again and diffs. The roots are made absolute first
+/// ([`canonical_roots`]); a missing root is an error, and so is a trace that cannot start.
 pub fn record(
     roots: &[PathBuf],
     opts: &WalkOptions,
     evict_first: bool,
+    trace: bool,
     trigger: Trigger<'_>,
 ) -> Result<Recording, RecordError> {
     let roots = &canonical_roots(roots)?;
@@ -236,6 +273,8 @@ pub fn record(
         evicted_remaining_pages = evict::evict(roots, opts).remaining_pages();
     }
     let before = snapshot(roots, opts);
+    // Only the window is traced: the snapshots add no file pages, but need not be seen.
+    let tracer = trace.then(crate::trace::PageTrace::start).transpose()?;
     let t0 = Instant::now();
     let status = match trigger {
         Trigger::Command(c) => Some(c.status().map_err(RecordError::Spawn)?),
@@ -245,10 +284,16 @@ pub fn record(
         }
     };
     let elapsed = t0.elapsed();
+    let traced = tracer.map(|t| t.stop()).transpose()?;
     let after = snapshot(roots, opts);
     let mut unknown = after.unknown.clone();
     unknown.sort();
-    let d = diff(&before, &after);
+    let d = diff(&before, &after, traced.as_ref().map(|t| &t.pages));
+    let trace = traced.map(|t| TraceSummary {
+        events: t.events,
+        lost_events: t.lost_events,
+        traced_only_bytes: d.traced_only_bytes,
+    });
     Ok(Recording {
         entries: d.entries,
         written: d.written,
@@ -257,6 +302,7 @@ pub fn record(
         files_scanned: after.files.len(),
         evicted_remaining_pages,
         reclaimed_bytes: d.reclaimed_bytes,
+        trace,
         elapsed,
     })
 }
@@ -324,7 +370,7 @@ mod tests {
                 with_shadows(state(2, 8192, &[], 0, 0), &[(0, 8192)]),
             ),
         ]);
-        let d = diff(&before, &after);
+        let d = diff(&before, &after, None);
         assert!(d.written.is_empty(), "{:?}", d.written);
         assert_eq!(d.entries.len(), 2);
         assert_eq!(
@@ -332,6 +378,21 @@ mod tests {
             Extent::Ranges(set(&[(4096, 4096), (3 * 4096, 2 * 4096 + 3996)]))
         );
         assert_eq!(d.entries[1].extent, Extent::Ranges(set(&[(0, 8192)])));
+        assert_eq!(d.reclaimed_bytes, 2 * 4096 + 8192);
+
+        // Page 2 (an old shadow, still one) was read and reclaimed again: only the trace
+        // shows it. Traced pages of other files and past the end are not listed.
+        let mut traced = HashMap::new();
+        // state() puts files on device 8:1.
+        traced.insert((8, 1, 1), set(&[(4096, 3 * 4096), (5 * 4096, 4096)]));
+        traced.insert((8, 1, 99), set(&[(0, 4096)]));
+        let d = diff(&before, &after, Some(&traced));
+        assert_eq!(
+            d.entries[0].extent,
+            Extent::Ranges(set(&[(4096, 4 * 4096 + 3996)]))
+        );
+        assert_eq!(d.traced_only_bytes, 4096);
+        assert_eq!(d.entries.len(), 2);
         assert_eq!(d.reclaimed_bytes, 2 * 4096 + 8192);
     }
 
@@ -372,7 +433,7 @@ mod tests {
             ("/t/dirty-read", state(6, 8192, &[(0, 8192)], 0, 2)),
             ("/t/untouched", state(7, 4096, &[], 0, 0)),
         ]);
-        let d = diff(&before, &after);
+        let d = diff(&before, &after, None);
         assert_eq!(d.entries.len(), 1, "{:?}", d.entries);
         assert_eq!(d.entries[0].path, Path::new("/t/read"));
         assert_eq!(
@@ -411,6 +472,7 @@ mod tests {
         let err = record(
             &[dir.clone(), missing.clone()],
             &WalkOptions::default(),
+            false,
             false,
             Trigger::Duration(Duration::ZERO),
         )

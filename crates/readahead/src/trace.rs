@@ -116,6 +116,7 @@ impl PageTrace {
         if !root.join(EVENT).is_dir() {
             return Err(TraceError::NoEvent);
         }
+        remove_stale_instances(&root.join("instances"));
         let n = INSTANCE.fetch_add(1, Ordering::Relaxed);
         let dir = root
             .join("instances")
@@ -172,6 +173,28 @@ impl Drop for PageTrace {
         }
         // The pipe is closed (the reader owned it), so the instance can go.
         let _ = std::fs::remove_dir(&self.dir);
+    }
+}
+
+/// Removes the instances of recorders that died without cleaning up (killed mid-window):
+/// a leftover instance keeps tracing into its buffer for nothing.
+fn remove_stale_instances(instances: &Path) {
+    let Ok(dir) = std::fs::read_dir(instances) else {
+        return;
+    };
+    for e in dir.flatten() {
+        let name = e.file_name();
+        let Some(pid) = name
+            .to_str()
+            .and_then(|n| n.strip_prefix("snapblk-record-"))
+            .and_then(|r| r.split('-').next())
+            .and_then(|p| p.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if !Path::new("/proc").join(pid.to_string()).exists() {
+            let _ = std::fs::remove_dir(e.path());
+        }
     }
 }
 
@@ -307,6 +330,19 @@ mod tests {
         let dir = t.dir.clone();
         drop(t);
         assert!(!dir.exists(), "instance {} left behind", dir.display());
+        // An instance left by a recorder that died (a pid with no process) is removed by the
+        // next start; a live one is not.
+        let instances = dir.parent().unwrap().to_path_buf();
+        let dead = (1u32 << 22..).find(|p| !Path::new(&format!("/proc/{p}")).exists());
+        let stale = instances.join(format!("snapblk-record-{}-0", dead.unwrap()));
+        std::fs::create_dir(&stale).unwrap();
+        let live = instances.join(format!("snapblk-record-{}-999", std::process::id()));
+        std::fs::create_dir(&live).unwrap();
+        let t = PageTrace::start().unwrap();
+        assert!(!stale.exists(), "{} not removed", stale.display());
+        assert!(live.exists());
+        drop(t);
+        std::fs::remove_dir(&live).unwrap();
         std::fs::remove_dir_all(&d).unwrap();
     }
 }

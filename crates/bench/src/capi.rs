@@ -137,7 +137,8 @@ struct LibDevice {
     capacity: u64,
     alignment: Alignment,
     nq: usize,
-    /// Mapped on the instance; `private` false: allocated by it as well.
+    /// Regions mapped on the instance, each with whether the instance also allocated it
+    /// (false: one of `private`).
     regions: Vec<(MemRegion, bool)>,
     /// After the instance is destroyed (in `drop`): its private buffers.
     private: PrivateBufs,

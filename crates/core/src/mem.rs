@@ -171,27 +171,6 @@ mod tests {
         assert_eq!(MemRegion::alloc(0).unwrap_err().errno, libc::EINVAL);
     }
 
-    /// The mapping of `addr` as /proc/self/maps shows it: (permissions, path).
-    fn mapping_of(addr: *mut u8) -> (String, String) {
-        let a = addr as usize;
-        let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
-        for l in maps.lines() {
-            let mut f = l.split_whitespace();
-            let range = f.next().unwrap();
-            let (lo, hi) = range.split_once('-').unwrap();
-            let (lo, hi) = (
-                usize::from_str_radix(lo, 16).unwrap(),
-                usize::from_str_radix(hi, 16).unwrap(),
-            );
-            if (lo..hi).contains(&a) {
-                let perms = f.next().unwrap().to_owned();
-                let path = f.nth(3).unwrap_or("").to_owned();
-                return (perms, path);
-            }
-        }
-        panic!("{addr:p} is not mapped");
-    }
-
     #[test]
     fn private_regions_are_anonymous_private_and_shared_ones_memfd() {
         let p = MemRegion::alloc_private(8192).unwrap();
@@ -201,12 +180,11 @@ mod tests {
         unsafe { p.as_mut_slice()[8191] = 9 };
         // SAFETY: as above.
         assert_eq!(unsafe { p.as_slice()[8191] }, 9);
-        let (perms, path) = mapping_of(p.addr);
-        assert_eq!((perms.as_str(), path.as_str()), ("rw-p", ""));
+        use snapblk_testsupport::mapping_of;
+        assert_eq!(mapping_of(p.addr as usize), "rw-p ");
         let s = MemRegion::alloc(8192).unwrap();
-        let (perms, path) = mapping_of(s.addr);
-        assert_eq!(perms, "rw-s");
-        assert!(path.starts_with("/memfd:libblkio-buf"), "{path}");
+        let m = mapping_of(s.addr as usize);
+        assert!(m.starts_with("rw-s /memfd:libblkio-buf"), "{m}");
         // SAFETY: allocated above, unused.
         unsafe { p.free() };
         // SAFETY: as above.

@@ -1,11 +1,12 @@
 //! Recording: residency snapshots of a set of trees before and after a command (or a time
 //! window); pages that became resident in between form the readahead list. No tracing and no
 //! kernel patches are needed (`--trace` adds the kernel's page-cache tracepoint where it is
-//! available, for the pages a diff cannot see, see [`diff`]). Pages that were already resident before cannot be seen being
-//! used, which is why `evict_first` exists; kernel readahead done on behalf of the command is
-//! recorded too, because it is what the command caused to be read. Files written during the
-//! window (created, changed identity, dirty at the end) are left out and reported apart: their
-//! pages came from the writes, and their entries would be stale at the next replay.
+//! available, for the pages a diff cannot see, see [`diff`]). Pages that were already
+//! resident before cannot be seen being used, which is why `evict_first` exists; kernel
+//! readahead done on behalf of the command is recorded too, because it is what the command
+//! caused to be read. Files written during the window (created, changed identity, dirty at the
+//! end) are left out and reported apart: their pages came from the writes, and their entries
+//! would be stale at the next replay.
 
 use crate::evict;
 use crate::list::{Extent, FileIdentity, ListEntry};

@@ -1,7 +1,8 @@
 //! Helpers shared by snapblk's integration tests (a dev-dependency only, never published):
 //! temporary directories, deterministic test images, external tools that fail the test when
 //! missing, a server child process that announces readiness with a JSON line (killed on drop),
-//! NBD client tools ([`nbd`]) and the AOSP golden COW cases with their README facts ([`golden`]).
+//! NBD client tools ([`nbd`]), the AOSP golden COW cases with their README facts ([`golden`]),
+//! and which mapping holds an address ([`mapping_of`]).
 //!
 //! Everything here panics on failure: it runs inside tests, where a panic is the failure report.
 
@@ -13,6 +14,29 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdout, Command, ExitStatus, Output, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
+
+/// The mapping of this process holding `addr`, as /proc/self/maps shows it: "PERMS PATH",
+/// e.g. "rw-p " for private anonymous memory or "rw-s /memfd:NAME (deleted)"; panics if
+/// `addr` is not mapped.
+pub fn mapping_of(addr: usize) -> String {
+    let maps = std::fs::read_to_string("/proc/self/maps").expect("read /proc/self/maps");
+    for l in maps.lines() {
+        let mut f = l.split_whitespace();
+        let Some((lo, hi)) = f.next().and_then(|r| r.split_once('-')) else {
+            continue;
+        };
+        let (Ok(lo), Ok(hi)) = (usize::from_str_radix(lo, 16), usize::from_str_radix(hi, 16))
+        else {
+            continue;
+        };
+        if (lo..hi).contains(&addr) {
+            let perms = f.next().unwrap_or("");
+            let path: Vec<&str> = f.skip(3).collect();
+            return format!("{perms} {}", path.join(" "));
+        }
+    }
+    panic!("{addr:#x} is not mapped");
+}
 
 /// A temporary directory removed on drop.
 pub struct TempDir(pub PathBuf);

@@ -148,7 +148,7 @@ impl Queue for RecQueue {
                 Op::Write { buf, .. } => buf as usize,
                 _ => 0,
             };
-            let m = mapping_of(addr);
+            let m = snapblk_testsupport::mapping_of(addr);
             s.buf_maps.push(m);
         }
         for r in self.pending.drain(..) {
@@ -211,27 +211,6 @@ impl Queue for RecQueue {
     fn outstanding(&self) -> usize {
         self.pending.len() + self.ready.len()
     }
-}
-
-/// The mapping holding `addr` as "PERMS PATH" from /proc/self/maps ("" if none).
-pub fn mapping_of(addr: usize) -> String {
-    let maps = std::fs::read_to_string("/proc/self/maps").unwrap_or_default();
-    for l in maps.lines() {
-        let mut f = l.split_whitespace();
-        let Some((lo, hi)) = f.next().and_then(|r| r.split_once('-')) else {
-            continue;
-        };
-        let (Ok(lo), Ok(hi)) = (usize::from_str_radix(lo, 16), usize::from_str_radix(hi, 16))
-        else {
-            continue;
-        };
-        if (lo..hi).contains(&addr) {
-            let perms = f.next().unwrap_or("");
-            let path: Vec<&str> = f.skip(3).collect();
-            return format!("{perms} {}", path.join(" "));
-        }
-    }
-    String::new()
 }
 
 /// A target over a fresh recording device of `size` bytes; returns the shared state too.

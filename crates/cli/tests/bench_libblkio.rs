@@ -66,53 +66,38 @@ fn libblkio_null_and_verified_io_uring_file() {
     assert!(v["target"]["spec"].as_str().unwrap().contains("libblkio"));
     assert!(v["results"][1]["summary"]["iops"]["mean"].as_f64().unwrap() > 0.0);
 
-    // Data path through the C ABI: write a verify pattern with io_uring, read it back.
+    // Data path through the C ABI: write a verify pattern with io_uring, read it back, with
+    // private buffers the bench maps with blkio_map_mem_region (the default) and with buffers
+    // from blkio_alloc_mem_region.
     let d = TempDir::new("bench-lib");
     let img = d.join("img");
-    std::fs::write(&img, vec![0u8; 4 << 20]).unwrap();
-    bench(&[
-        path_str(&img),
-        "--libblkio",
-        path_str(&so),
-        "--driver",
-        "io_uring",
-        "--rw",
-        "randwrite",
-        "--bs",
-        "4k",
-        "--iodepth",
-        "16",
-        "--numjobs",
-        "2",
-        "--verify",
-    ]);
-    // The pattern really reached the file: block 0 starts with the verify header magic.
-    let data = std::fs::read(&img).unwrap();
-    assert_eq!(&data[0..8], &0x5642_4b4c_4250_414eu64.to_le_bytes());
-    // The same through buffers from blkio_alloc_mem_region (the default is private memory
-    // the bench maps with blkio_map_mem_region).
-    std::fs::write(&img, vec![0u8; 4 << 20]).unwrap();
-    let out = bench(&[
-        path_str(&img),
-        "--libblkio",
-        path_str(&so),
-        "--driver",
-        "io_uring",
-        "--rw",
-        "randwrite",
-        "--bs",
-        "4k",
-        "--iodepth",
-        "16",
-        "--verify",
-        "--iomem",
-        "memfd",
-        "--json",
-    ]);
-    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
-    assert_eq!(v["results"][0]["config"]["iomem"], "memfd");
-    let data = std::fs::read(&img).unwrap();
-    assert_eq!(&data[0..8], &0x5642_4b4c_4250_414eu64.to_le_bytes());
+    for iomem in ["malloc", "memfd"] {
+        std::fs::write(&img, vec![0u8; 4 << 20]).unwrap();
+        let out = bench(&[
+            path_str(&img),
+            "--libblkio",
+            path_str(&so),
+            "--driver",
+            "io_uring",
+            "--rw",
+            "randwrite",
+            "--bs",
+            "4k",
+            "--iodepth",
+            "16",
+            "--numjobs",
+            "2",
+            "--verify",
+            "--iomem",
+            iomem,
+            "--json",
+        ]);
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+        assert_eq!(v["results"][0]["config"]["iomem"], iomem);
+        // The pattern really reached the file: block 0 starts with the verify header magic.
+        let data = std::fs::read(&img).unwrap();
+        assert_eq!(&data[0..8], &0x5642_4b4c_4250_414eu64.to_le_bytes());
+    }
 }
 
 #[test]

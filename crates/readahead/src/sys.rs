@@ -365,7 +365,8 @@ pub fn gettid() -> i32 {
 
 /// CPU time, in nanoseconds, of thread `tid` of this process, exact up to now (unlike the
 /// scheduler statistics in /proc, which lag a running thread by up to a tick). `None` once the
-/// thread has exited.
+/// thread is gone — which can be a moment after `join` returns: the joiner is woken when the
+/// thread releases its memory, before the kernel removes the task.
 pub fn thread_cpu_ns(tid: i32) -> Option<u64> {
     // The kernel's per-thread CPU clock id: !tid << 3 | CPUCLOCK_PERTHREAD (4) | CPUCLOCK_SCHED
     // (2), as glibc's pthread_getcpuclockid builds it. The kernel refuses (EINVAL) ids of
@@ -411,6 +412,11 @@ mod tests {
         }
         assert!(thread_cpu_ns(me).unwrap() > a, "{x}");
         let other = std::thread::spawn(gettid).join().unwrap();
+        // Gone within moments of the join (a CI run once saw it still there right after).
+        let t0 = std::time::Instant::now();
+        while thread_cpu_ns(other).is_some() && t0.elapsed() < std::time::Duration::from_secs(5) {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
         assert_eq!(thread_cpu_ns(other), None, "an exited thread has no clock");
         assert_eq!(thread_cpu_ns(1), None, "init is not one of our threads");
     }

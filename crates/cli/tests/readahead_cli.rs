@@ -359,8 +359,9 @@ fn trace_lists_pages_read_and_reclaimed_where_shadows_already_were() {
         let reclaim = format!("{}@40960:8192", a.display());
         evict(&[&d]);
         // Before the window: the pages are read and reclaimed once, leaving shadows.
-        ok(Command::new(&reader_command()[0])
-            .args(&reader_command()[1..])
+        let rc = reader_command();
+        ok(Command::new(&rc[0])
+            .args(&rc[1..])
             .env(READER_ENV, format!("{}@40960:8192", a.display()))
             .env(READER_PAGEOUT_ENV, &reclaim));
         assert_eq!(reclaimed_pages(&a, 40960, 8192), 2);

@@ -146,11 +146,11 @@ impl PageTrace {
 
     /// Disables the event, drains what is buffered and removes the instance.
     pub fn stop(mut self) -> Result<Traced, TraceError> {
+        let (disabled, joined) = self.halt();
         let enable = self.dir.join(EVENT).join("enable");
-        std::fs::write(&enable, "0").map_err(io_err(&enable))?;
-        self.stop.store(true, Ordering::Release);
+        disabled.map_err(io_err(&enable))?;
         let pipe = self.dir.join("trace_pipe");
-        let mut traced = match self.reader.take().map(|h| h.join()) {
+        let mut traced = match joined {
             Some(Ok(r)) => r.map_err(io_err(&pipe))?,
             Some(Err(_)) | None => {
                 return Err(TraceError::Io {
@@ -162,14 +162,26 @@ impl PageTrace {
         traced.lost_events = overruns(&self.dir);
         Ok(traced)
     }
+
+    /// Disables the event, tells the reader to finish once the pipe is empty and joins it: the
+    /// result of disabling and the reader's outcome (`None` if it was joined already).
+    fn halt(
+        &mut self,
+    ) -> (
+        io::Result<()>,
+        Option<std::thread::Result<io::Result<Traced>>>,
+    ) {
+        let disabled = std::fs::write(self.dir.join(EVENT).join("enable"), "0");
+        self.stop.store(true, Ordering::Release);
+        (disabled, self.reader.take().map(|h| h.join()))
+    }
 }
 
 impl Drop for PageTrace {
     fn drop(&mut self) {
-        let _ = std::fs::write(self.dir.join(EVENT).join("enable"), "0");
-        self.stop.store(true, Ordering::Release);
-        if let Some(h) = self.reader.take() {
-            let _ = h.join();
+        // Not stopped (an error path): halt it first.
+        if self.reader.is_some() {
+            let _ = self.halt();
         }
         // The pipe is closed (the reader owned it), so the instance can go.
         let _ = std::fs::remove_dir(&self.dir);

@@ -31,7 +31,7 @@
 #   SIZE=1G SNAPBLK=target/release/snapblk ZRAM_WAIT=600 OUT=fio-agreement.md BUF_OPTS= PSYNC=1
 #   ONLY="tmpfs:randwrite-4k-qd32 ..." to rerun chosen cells; TARGETS="tmpfs zram null";
 #   RAW=FILE keeps the per-run figures; WRAP="taskset -c 1" runs both tools under a prefix;
-#   NOHALT=1 keeps idle CPUs from halting during the run)
+#   NOHALT=1 keeps idle CPUs from halting during the run; PLACE=split fixes the placement)
 #
 # Verdict per cell, from the paired ratios (snapblk / fio of the same round, the two runs back to
 # back): the distribution-free ~90% confidence interval of their median (order statistics) for
@@ -62,11 +62,20 @@ WRAP=${WRAP:-}
 # QD1 request on tmpfs/zram is a wake-up of an io-wq worker and back: with halts both tools run
 # at ~20 k IOPS free-placed, without them at ~100 k (measured). Applies to both tools alike.
 NOHALT=${NOHALT:-0}
+# PLACE=split runs every tool's own threads on CPU 0 and its io-wq workers (iou-wrk-*) on CPU 1
+# (bench/pin-split.py, applied to both tools alike) instead of wherever the scheduler puts them:
+# free placement lands a run on one CPU or on two by chance, a 1.4x difference at QD32.
+PLACE=${PLACE:-free}
 ONLY=${ONLY:-}
 TARGETS=${TARGETS:-tmpfs zram null}
 command -v fio >/dev/null || { echo "fio missing (apt-get install fio)" >&2; exit 1; }
 command -v python3 >/dev/null || { echo "python3 missing" >&2; exit 1; }
 [ -x "$SNAPBLK" ] || cargo build --release -p snapblk-cli >&2
+case $PLACE in
+  free) ;;
+  split) [ "$(nproc)" -ge 2 ] || { echo "PLACE=split needs 2 CPUs" >&2; exit 1; } ;;
+  *) echo "PLACE must be free or split, not $PLACE" >&2; exit 1 ;;
+esac
 
 if [ "$NOHALT" = 1 ]; then
   # The request lasts while the file stays open (fd 9, inherited by nothing that outlives us).
@@ -143,6 +152,23 @@ else
 fi
 ring_spec() { if [ "$inline_prop" = 1 ]; then echo "io_uring:path=$1,inline-qd1=false"; else echo "$1"; fi; }
 
+# tool CMD...: run one tool's command under WRAP, and with PLACE=split pin its threads while it runs.
+tool() {
+  if [ "$PLACE" = split ]; then
+    # shellcheck disable=SC2086 # WRAP is a command prefix, split on purpose
+    $WRAP "$@" &
+    local pid=$!
+    python3 bench/pin-split.py "$pid" 0 1 &
+    local pinner=$!
+    local rc=0
+    wait "$pid" || rc=$?
+    wait "$pinner" || true
+    return "$rc"
+  fi
+  # shellcheck disable=SC2086 # WRAP is a command prefix, split on purpose
+  $WRAP "$@"
+}
+
 # run_fio TARGETNAME PATTERN FILE RW BS QD ENGINE ROUND [fio options...]
 run_fio() {
   local tname=$1 pname=$2 file=$3 rw=$4 bs=$5 qd=$6 engine=$7 round=$8
@@ -153,8 +179,7 @@ run_fio() {
   [ "$engine" = null ] && extra=()
   # shellcheck disable=SC2206 # word splitting of the option list is intended
   extra+=($BUF_OPTS "$@")
-  # shellcheck disable=SC2086 # WRAP is a command prefix, split on purpose
-  $WRAP fio --name=agree --rw="$rw" --bs="$bs" --iodepth="$qd" --numjobs=1 --ioengine="$engine" \
+  tool fio --name=agree --rw="$rw" --bs="$bs" --iodepth="$qd" --numjobs=1 --ioengine="$engine" \
       --size="$SIZE" --time_based --runtime="$RUNTIME" --ramp_time="$RAMP" --group_reporting \
       --randrepeat=0 --output-format=json "${extra[@]}" > "$work/fio.json"
   python3 - "$work/fio.json" "$tname" "$pname" "$round" >> "$results" <<'PY'
@@ -178,8 +203,7 @@ run_snapblk() {
   [ "$direct" = 1 ] && extra=(--direct)
   # shellcheck disable=SC2206 # word splitting of the option list is intended
   extra+=($BUF_OPTS "$@")
-  # shellcheck disable=SC2086 # WRAP is a command prefix, split on purpose
-  $WRAP "$SNAPBLK" bench "$spec" --rw "$rw" --bs "$bs" --iodepth "$qd" --numjobs 1 --size "$SIZE" \
+  tool "$SNAPBLK" bench "$spec" --rw "$rw" --bs "$bs" --iodepth "$qd" --numjobs 1 --size "$SIZE" \
       --runtime "$RUNTIME" --ramp_time "$RAMP" --json --output "$work/snap.json" "${extra[@]}" > /dev/null 2>"$work/snap.err" \
       || { cat "$work/snap.err" >&2; exit 1; }
   python3 - "$work/snap.json" "$tname" "$pname" "$round" >> "$results" <<'PY'
@@ -244,7 +268,7 @@ for round in $(seq 1 "$ROUNDS"); do
 done
 
 report() {
-python3 - "$results" "$ROUNDS" "$RUNTIME" "$(uname -r)" "$(cat /proc/loadavg)" <<'PY'
+python3 - "$results" "$ROUNDS" "$RUNTIME" "$(uname -r)" "$(cat /proc/loadavg)" "placement $PLACE${WRAP:+ under $WRAP}, NOHALT=$NOHALT" <<'PY'
 import sys, statistics as st
 from math import comb
 from collections import defaultdict
@@ -298,7 +322,7 @@ def verdict(t, p):
     return word, f"IOPS {out[1]}, lat {out[3]}"
 def cv(v):
     return (st.stdev(v) / st.mean(v) * 100) if len(v) > 1 and st.mean(v) else 0.0
-print(f"fio agreement: {sys.argv[2]} interleaved rounds x {sys.argv[3]} s per run, kernel {sys.argv[4]}, loadavg at end {sys.argv[5].split()[0]}")
+print(f"fio agreement: {sys.argv[2]} interleaved rounds x {sys.argv[3]} s per run, kernel {sys.argv[4]}, loadavg at end {sys.argv[5].split()[0]}, {sys.argv[6]}")
 print("medians over rounds; CV = spread of the rounds; ratio = snapblk / fio")
 print()
 def table(cells, title):

@@ -48,5 +48,15 @@ if diff <(sed -E 's/^(PASS|FAIL) //; s/ \(line [0-9]+\).*//' "$work/real.txt") \
 else
   echo "FAIL the runs executed different checks"; failed=$((failed+1))
 fi
+# `snapblk bench --libblkio` loading both libraries in one run (the cargo test that needs the real
+# library, ignored in the plain `cargo test` for want of it; the library is here now).
+if cargo test -q -p snapblk-cli --test bench_libblkio -- --ignored --exact \
+     real_libblkio_and_snapblk_compared_in_one_run > "$work/bench.txt" 2>&1 \
+   && grep -q '^test result: ok. 1 passed' "$work/bench.txt"; then
+  echo "PASS snapblk bench compares the real libblkio and snapblk's in one run"; passed=$((passed+1))
+else
+  sed 's/^/  /' "$work/bench.txt" | tail -30
+  echo "FAIL snapblk bench comparing the real libblkio and snapblk's"; failed=$((failed+1))
+fi
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]

@@ -228,7 +228,8 @@ fn two_libraries_are_compared_in_one_interleaved_run() {
 
 /// The real libblkio next to snapblk's. It is not a Debian package this suite installs:
 /// bench/real-libblkio.sh extracts it into /var/tmp/snapblk-real-libblkio, so this test is
-/// ignored (shown as such, never as a pass) and run with `--ignored` where it is present.
+/// ignored here (shown as such, never as a pass); tests/suites/capi-compat.sh fetches the library
+/// and runs it with `--ignored`.
 #[test]
 #[ignore = "needs the real libblkio from bench/real-libblkio.sh"]
 fn real_libblkio_and_snapblk_compared_in_one_run() {

@@ -645,6 +645,7 @@ fn run_record(a: RecordArgs) -> anyhow::Result<()> {
                 "events": t.events,
                 "lost_events": t.lost_events,
                 "traced_only_bytes": t.traced_only_bytes,
+                "untraceable_files": t.untraceable_files,
             })),
             "elapsed_secs": rec.elapsed.as_secs_f64(),
         });
@@ -705,6 +706,16 @@ fn run_record(a: RecordArgs) -> anyhow::Result<()> {
              buffer filled faster than it was read): the trace part of the list may be \
              incomplete",
             t.lost_events
+        );
+    }
+    if let Some(t) = rec.trace
+        && t.untraceable_files > 0
+    {
+        eprintln!(
+            "snapblk: warning: {} files are on btrfs or overlayfs, whose files the page-cache \
+             trace cannot name (its device and inode are not the ones stat reports): their \
+             entries come from the residency diff alone",
+            t.untraceable_files
         );
     }
     if let Some(st) = rec.status

@@ -387,12 +387,74 @@ fn trace_lists_pages_read_and_reclaimed_where_shadows_already_were() {
             assert_eq!(rec["trace"]["traced_only_bytes"], 2 * PAGE, "{rec}");
             assert!(rec["trace"]["events"].as_u64().unwrap() >= 4, "{rec}");
             assert_eq!(rec["trace"]["lost_events"], 0, "{rec}");
+            assert_eq!(rec["trace"]["untraceable_files"], 0, "{rec}");
         } else {
             // The blind spot this test is about (if it ever disappears, so can this part).
             assert_eq!(ranges(&a), Some(vec![(32 * PAGE, PAGE)]));
             assert!(rec["trace"].is_null(), "{rec}");
         }
     }
+    std::fs::remove_dir_all(&d).unwrap();
+}
+
+/// overlayfs caches a file's pages in the underlying file's inode. cachestat on the overlay's
+/// file counted the overlay inode's own, empty, cache: residency said 0 % of a cached file and
+/// `record` listed nothing. Residency now goes through mincore there, and `--trace`, which names
+/// the underlying inode, says it cannot be used for such files instead of silently adding nothing.
+#[test]
+fn overlayfs_residency_record_and_trace_warning() {
+    let d = scratch("overlay");
+    for s in ["lower", "upper", "work", "merged"] {
+        std::fs::create_dir(d.join(s)).unwrap();
+    }
+    write_file(&d.join("lower/f.bin"), 64 << 10, 9);
+    let m = d.join("merged");
+    ok(Command::new("mount")
+        .args(["-t", "overlay", "overlay", "-o"])
+        .arg(format!(
+            "lowerdir={},upperdir={},workdir={}",
+            d.join("lower").display(),
+            d.join("upper").display(),
+            d.join("work").display()
+        ))
+        .arg(&m));
+    struct Umount(PathBuf);
+    impl Drop for Umount {
+        fn drop(&mut self) {
+            let _ = Command::new("umount").arg(&self.0).status();
+        }
+    }
+    let mounted = Umount(m.clone());
+    let f = m.join("f.bin");
+    assert_eq!(std::fs::read(&f).unwrap().len(), 64 << 10);
+    assert_eq!(fincore_bytes(&f), 64 << 10);
+    let res = json(&run(&["residency", "--json", f.to_str().unwrap()]));
+    assert_eq!(res["total"]["resident_pages"], 16, "{res}");
+    assert_eq!(res["files"][0]["residency"]["source"], "mincore", "{res}");
+    evict(&[&f]);
+    assert_eq!(fincore_bytes(&f), 0, "evict through the overlay");
+    let list = d.join("list.txt");
+    let o = ok(record_cmd(&list, &m)
+        .args([
+            "--trace",
+            "--json",
+            "--",
+            "sh",
+            "-c",
+            "cat \"$0\" > /dev/null",
+        ])
+        .arg(&f));
+    let rec = json(&o);
+    assert_eq!(rec["trace"]["untraceable_files"], 1, "{rec}");
+    assert!(
+        text(&o.stderr).contains("1 files are on btrfs or overlayfs"),
+        "{}",
+        text(&o.stderr)
+    );
+    let v = list_entries(&list);
+    assert_eq!(v.len(), 1, "{v:?}");
+    assert_eq!(ranges_of(&v[0]), vec![(0, 64 << 10)]);
+    drop(mounted);
     std::fs::remove_dir_all(&d).unwrap();
 }
 

@@ -228,6 +228,9 @@ pub struct TraceSummary {
     pub lost_events: u64,
     /// Bytes of the list only the trace saw.
     pub traced_only_bytes: u64,
+    /// Files in scope on a file system the trace cannot match (btrfs, overlayfs: see
+    /// [`crate::trace::blind_to`]); their entries come from the residency diff alone.
+    pub untraceable_files: u64,
 }
 
 /// Errors of a recording.
@@ -294,6 +297,12 @@ pub fn record(
         events: t.events,
         lost_events: t.lost_events,
         traced_only_bytes: d.traced_only_bytes,
+        untraceable_files: crate::trace::untraceable_files(
+            after
+                .files
+                .iter()
+                .map(|(p, st)| (p.as_path(), (st.identity.dev_major, st.identity.dev_minor))),
+        ),
     });
     Ok(Recording {
         entries: d.entries,

@@ -92,6 +92,9 @@ pub fn measure_with(
 ) -> Residency {
     let (off, len) = range.map(|r| (r.offset, r.len)).unwrap_or((0, 0));
     let cs = match backend {
+        Backend::Auto if !sys::cachestat_truthful(file.as_fd()) => {
+            Err(std::io::Error::from_raw_os_error(libc::EOPNOTSUPP))
+        }
         Backend::Auto => sys::cachestat(file.as_fd(), off, len),
         Backend::NoCachestat => Err(std::io::Error::from_raw_os_error(libc::ENOSYS)),
     };
@@ -253,6 +256,9 @@ pub fn resident_state_with(
 /// clipped to the range), so halving the ranges that hold some finds them in O(runs x log
 /// pages) calls; a range that is all shadows is taken whole. Needs cachestat (Linux >= 6.5).
 pub fn shadow_ranges(file: &File, size: u64) -> std::io::Result<RangeSet> {
+    if !sys::cachestat_truthful(file.as_fd()) {
+        return Err(std::io::Error::from_raw_os_error(libc::EOPNOTSUPP));
+    }
     let ps = sys::page_size();
     let mut set = RangeSet::new();
     // Depth-first from the left, so ranges come out sorted.

@@ -381,6 +381,38 @@ pub fn thread_cpu_ns(tid: i32) -> Option<u64> {
     (r == 0).then(|| ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64)
 }
 
+/// overlayfs (`OVERLAYFS_SUPER_MAGIC`).
+pub const OVERLAYFS_MAGIC: u64 = 0x794c_7630;
+
+/// Whether cachestat(2) tells the truth about this open file. Not on overlayfs: its pages are
+/// cached in the underlying file's inode, and cachestat on the overlay's file counts the
+/// overlay inode's own (empty) cache, a false 0 %; mincore through a mapping, which maps the
+/// underlying file, sees them. Callers treat `false` as cachestat being unsupported.
+pub fn cachestat_truthful(fd: BorrowedFd<'_>) -> bool {
+    let mut st = std::mem::MaybeUninit::<libc::statfs>::uninit();
+    // SAFETY: st is writable storage for one struct statfs, which the kernel fills completely
+    // on success (read only then); the fd is valid for the call.
+    let r = unsafe { libc::fstatfs(fd.as_raw_fd(), st.as_mut_ptr()) };
+    // SAFETY: fstatfs returned 0, so st is initialised.
+    r != 0 || unsafe { st.assume_init() }.f_type as u64 != OVERLAYFS_MAGIC
+}
+
+/// The file system type (`f_type`, a `*_SUPER_MAGIC`) that `path` lives on, from statfs(2).
+pub fn fs_magic(path: &std::path::Path) -> io::Result<u64> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "path has a NUL byte"))?;
+    let mut st = std::mem::MaybeUninit::<libc::statfs>::uninit();
+    // SAFETY: c is a NUL-terminated path; st is writable storage for one struct statfs, which
+    // the kernel fills completely on success (read only then).
+    let r = unsafe { libc::statfs(c.as_ptr(), st.as_mut_ptr()) };
+    if r != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: statfs returned 0, so st is initialised.
+    Ok(unsafe { st.assume_init() }.f_type as u64)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

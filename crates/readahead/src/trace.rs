@@ -45,6 +45,30 @@ fn io_err(path: &Path) -> impl FnOnce(io::Error) -> TraceError + '_ {
     }
 }
 
+/// File systems whose files the trace cannot name by their `stat` device and inode: btrfs
+/// reports each subvolume's own device in `st_dev` (the event has the superblock's, and inode
+/// numbers repeat across subvolumes, so a translation could pick another subvolume's file);
+/// overlayfs caches pages in the underlying file's inode, on another device. Their lists come
+/// from the residency diff alone.
+pub fn blind_to(fs_magic: u64) -> bool {
+    const BTRFS_SUPER_MAGIC: u64 = 0x9123_683e;
+    matches!(fs_magic, BTRFS_SUPER_MAGIC | crate::sys::OVERLAYFS_MAGIC)
+}
+
+/// Of `files` (path, `st_dev` as major and minor), how many live on a file system the trace is
+/// [`blind_to`]. One statfs per device; a device whose statfs fails counts as traceable.
+pub fn untraceable_files<'a>(files: impl Iterator<Item = (&'a Path, (u32, u32))>) -> u64 {
+    let mut blind: HashMap<(u32, u32), bool> = HashMap::new();
+    let mut n = 0;
+    for (path, dev) in files {
+        let b = *blind
+            .entry(dev)
+            .or_insert_with(|| crate::sys::fs_magic(path).is_ok_and(blind_to));
+        n += u64::from(b);
+    }
+    n
+}
+
 /// What a trace saw.
 #[derive(Debug, Default)]
 pub struct Traced {
@@ -299,6 +323,24 @@ mod tests {
         ] {
             assert_eq!(parse_line(bad, 4096), None, "{bad}");
         }
+    }
+
+    #[test]
+    fn btrfs_and_overlayfs_are_the_blind_spots() {
+        assert!(blind_to(0x9123_683e)); // btrfs
+        assert!(blind_to(0x794c_7630)); // overlayfs
+        assert!(!blind_to(0xef53)); // ext4
+        assert!(!blind_to(0x0102_1994)); // tmpfs
+        // A file on an ordinary file system is traceable; the count is per file, one statfs
+        // per device.
+        let d = crate::test_support::disk_dir();
+        let dev = |p: &Path| {
+            let m = std::fs::metadata(p).unwrap();
+            let id = crate::list::FileIdentity::of(&m);
+            (id.dev_major, id.dev_minor)
+        };
+        let files = [d.as_path(), d.as_path()];
+        assert_eq!(untraceable_files(files.iter().map(|p| (*p, dev(p)))), 0);
     }
 
     /// Runs as root with tracefs, like the suite (CI is root): a missing tracefs fails here.

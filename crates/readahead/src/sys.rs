@@ -389,12 +389,9 @@ pub const OVERLAYFS_MAGIC: u64 = 0x794c_7630;
 /// overlay inode's own (empty) cache, a false 0 %; mincore through a mapping, which maps the
 /// underlying file, sees them. Callers treat `false` as cachestat being unsupported.
 pub fn cachestat_truthful(fd: BorrowedFd<'_>) -> bool {
-    let mut st = std::mem::MaybeUninit::<libc::statfs>::uninit();
-    // SAFETY: st is writable storage for one struct statfs, which the kernel fills completely
-    // on success (read only then); the fd is valid for the call.
-    let r = unsafe { libc::fstatfs(fd.as_raw_fd(), st.as_mut_ptr()) };
-    // SAFETY: fstatfs returned 0, so st is initialised.
-    r != 0 || unsafe { st.assume_init() }.f_type as u64 != OVERLAYFS_MAGIC
+    // SAFETY: the fd is valid for the call; `st` is as `f_type` promises.
+    let magic = f_type(|st| unsafe { libc::fstatfs(fd.as_raw_fd(), st) });
+    magic.map_or(true, |m| m != OVERLAYFS_MAGIC)
 }
 
 /// The file system type (`f_type`, a `*_SUPER_MAGIC`) that `path` lives on, from statfs(2).
@@ -402,14 +399,18 @@ pub fn fs_magic(path: &std::path::Path) -> io::Result<u64> {
     use std::os::unix::ffi::OsStrExt;
     let c = std::ffi::CString::new(path.as_os_str().as_bytes())
         .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "path has a NUL byte"))?;
+    // SAFETY: c is a NUL-terminated path; `st` is as `f_type` promises.
+    f_type(|st| unsafe { libc::statfs(c.as_ptr(), st) })
+}
+
+/// `f_type` from a statfs-family call, which is given writable storage for one struct statfs
+/// and must return 0 only after filling it (as statfs and fstatfs do).
+fn f_type(call: impl FnOnce(*mut libc::statfs) -> libc::c_int) -> io::Result<u64> {
     let mut st = std::mem::MaybeUninit::<libc::statfs>::uninit();
-    // SAFETY: c is a NUL-terminated path; st is writable storage for one struct statfs, which
-    // the kernel fills completely on success (read only then).
-    let r = unsafe { libc::statfs(c.as_ptr(), st.as_mut_ptr()) };
-    if r != 0 {
+    if call(st.as_mut_ptr()) != 0 {
         return Err(io::Error::last_os_error());
     }
-    // SAFETY: statfs returned 0, so st is initialised.
+    // SAFETY: the call returned 0, so it filled st.
     Ok(unsafe { st.assume_init() }.f_type as u64)
 }
 

@@ -14,9 +14,17 @@ pub enum DeviceError {
     #[error("device property {0}: {1}")]
     Prop(&'static str, snapblk_core::Error),
     #[error("device error: {0}")]
-    Io(#[from] snapblk_core::Error),
+    Io(snapblk_core::Error),
     #[error("server is shutting down")]
     Shutdown,
+}
+
+// By hand, not `#[from]`: the message already includes the inner error, and a `source` would
+// print it twice in a one-line report of the chain.
+impl From<snapblk_core::Error> for DeviceError {
+    fn from(e: snapblk_core::Error) -> Self {
+        DeviceError::Io(e)
+    }
 }
 
 /// Facts about the device that the exports advertise, read once at creation.

@@ -243,7 +243,15 @@ pub enum RecordError {
     #[error("scope {}: {err}", crate::list::escape_path(.path))]
     Scope { path: PathBuf, err: std::io::Error },
     #[error("--trace: {0}")]
-    Trace(#[from] crate::trace::TraceError),
+    Trace(crate::trace::TraceError),
+}
+
+// By hand, not `#[from]`: the message already includes the inner error, and a `source` would
+// print it twice in a one-line report of the chain.
+impl From<crate::trace::TraceError> for RecordError {
+    fn from(e: crate::trace::TraceError) -> Self {
+        RecordError::Trace(e)
+    }
 }
 
 /// Makes every root absolute and free of symlinks and `..`, so the list does not depend on
@@ -322,6 +330,22 @@ mod tests {
     use super::*;
     use crate::ranges::Range;
     use std::path::Path;
+
+    #[test]
+    fn a_trace_error_reads_once_in_a_report_of_the_whole_chain() {
+        // What `anyhow`'s `{:#}` prints: each error of the chain, joined by ": ".
+        let e = RecordError::from(crate::trace::TraceError::NoEvent);
+        let mut line = e.to_string();
+        let mut src = std::error::Error::source(&e);
+        while let Some(s) = src {
+            line = format!("{line}: {s}");
+            src = s.source();
+        }
+        assert_eq!(
+            line,
+            "--trace: this kernel has no filemap:mm_filemap_add_to_page_cache trace event"
+        );
+    }
 
     fn state(ino: u64, size: u64, pages: &[(u64, u64)], dirty: u64, wb: u64) -> FileState {
         FileState {

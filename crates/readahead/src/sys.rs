@@ -264,6 +264,28 @@ pub fn may_write(path: &std::path::Path) -> bool {
     unsafe { libc::faccessat(libc::AT_FDCWD, c.as_ptr(), libc::W_OK, libc::AT_EACCESS) == 0 }
 }
 
+/// Mount tracefs at `dir` (`mount -t tracefs nodev DIR`). Needs CAP_SYS_ADMIN.
+pub fn mount_tracefs(dir: &std::path::Path) -> io::Result<()> {
+    use std::os::unix::ffi::OsStrExt;
+    let target = std::ffi::CString::new(dir.as_os_str().as_bytes())
+        .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+    // SAFETY: every pointer is a valid NUL-terminated string that outlives the call; tracefs
+    // takes no mount data (NULL).
+    let r = unsafe {
+        libc::mount(
+            c"nodev".as_ptr(),
+            target.as_ptr(),
+            c"tracefs".as_ptr(),
+            libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
+            std::ptr::null(),
+        )
+    };
+    if r != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 /// Effective user id of this process.
 pub fn euid() -> u32 {
     // SAFETY: geteuid cannot fail and has no preconditions.

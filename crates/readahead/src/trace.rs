@@ -28,8 +28,8 @@ pub type FileKey = (u32, u32, u64);
 #[derive(Debug, thiserror::Error)]
 pub enum TraceError {
     #[error(
-        "no tracefs found at /sys/kernel/tracing or /sys/kernel/debug/tracing (mount it with \
-         `mount -t tracefs nodev /sys/kernel/tracing`)"
+        "no tracefs found at /sys/kernel/tracing or /sys/kernel/debug/tracing, and mounting it \
+         there failed (as root: `mount -t tracefs nodev /sys/kernel/tracing`)"
     )]
     NoTracefs,
     #[error("this kernel has no filemap:mm_filemap_add_to_page_cache trace event")]
@@ -109,12 +109,27 @@ pub fn parse_line(line: &str, page_size: u64) -> Option<(FileKey, u64, u64)> {
     Some(((major, minor, ino), ofs?, len))
 }
 
-/// The tracefs mount, if any.
+/// The tracefs mount. When there is none but the kernel has tracefs (its mount point
+/// `/sys/kernel/tracing` exists), mount it there, as perf and trace-cmd do: systemd mounts it at
+/// boot, but minimal systems (containers, initramfs environments, fresh VMs) often have not.
+/// Tried once per process; without the right to mount, there is no tracefs.
 fn tracefs_root() -> Option<PathBuf> {
-    ["/sys/kernel/tracing", "/sys/kernel/debug/tracing"]
-        .into_iter()
-        .map(PathBuf::from)
-        .find(|p| p.join("instances").is_dir())
+    static MOUNTED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let find = || {
+        ["/sys/kernel/tracing", "/sys/kernel/debug/tracing"]
+            .into_iter()
+            .map(PathBuf::from)
+            .find(|p| p.join("instances").is_dir())
+    };
+    if let Some(r) = find() {
+        return Some(r);
+    }
+    let dir = Path::new("/sys/kernel/tracing");
+    if *MOUNTED.get_or_init(|| dir.is_dir() && crate::sys::mount_tracefs(dir).is_ok()) {
+        find()
+    } else {
+        None
+    }
 }
 
 /// Whether `record --trace` can work here (tracefs with the event, and the right to create an

@@ -125,12 +125,20 @@ pub enum Error {
     #[error("invalid ublk configuration: {0}")]
     Config(String),
     #[error("device: {0}")]
-    Device(#[from] snapblk_core::Error),
+    Device(snapblk_core::Error),
     #[error("{what}: {err}")]
     Io {
         what: &'static str,
         err: std::io::Error,
     },
+}
+
+// By hand, not `#[from]`: the message already includes the inner error, and a `source` would
+// print it twice in a one-line report of the chain.
+impl From<snapblk_core::Error> for Error {
+    fn from(e: snapblk_core::Error) -> Self {
+        Error::Device(e)
+    }
 }
 
 fn ublk_err(what: &'static str) -> impl FnOnce(UblkError) -> Error {

@@ -416,9 +416,11 @@ fn serve_fuse(
     }
     rec.watch_replay();
     let mut signalled = 0;
+    let mut detached = false;
     loop {
         if m.is_finished() {
-            // Unmounted from outside (`umount DIR`): nothing left to serve.
+            // Unmounted from outside (`umount DIR`), or the last user of a lazily detached
+            // mount let go: nothing left to serve.
             m.try_unmount()?;
             break;
         }
@@ -426,15 +428,28 @@ fn serve_fuse(
             continue;
         }
         signalled += 1;
+        if detached {
+            // Third signal: the users left behind lose the export now.
+            eprintln!(
+                "snapblk: aborting the FUSE connection: writes acknowledged so far are flushed; \
+                 the remaining users' I/O fails from now on"
+            );
+            m.abandon()?;
+            break;
+        }
         match m.try_unmount() {
             Ok(()) => break,
             Err(snapblk_fuse::FuseError::Busy(p)) if signalled >= 2 => {
+                // Not `unmount_lazy`: waiting for the users here would leave the signals
+                // unanswered for as long as a loop device stays attached.
+                m.detach_lazy();
+                detached = true;
                 eprintln!(
-                    "snapblk: {} still busy at the second signal: detaching it lazily",
+                    "snapblk: {} still busy at the second signal: detached it lazily; still serving \
+                     its remaining users (loop devices, open files) and exiting when they let go; \
+                     signal again to abort them",
                     p.display()
                 );
-                m.unmount_lazy()?;
-                break;
             }
             Err(snapblk_fuse::FuseError::Busy(p)) => {
                 eprintln!(

@@ -368,3 +368,112 @@ fn sigterm_waits_while_a_loop_device_holds_the_file() {
     assert!(st.success(), "{err}");
     assert!(!is_mounted(&mnt));
 }
+
+/// The second signal while a loop device holds the file detaches the mount lazily but keeps
+/// serving that user (and answering signals); detaching the loop device ends the process.
+#[test]
+fn second_signal_detaches_and_serves_the_loop_device_until_it_goes() {
+    let (_d, img, _, mnt) = image_and_mountpoint("fuse-lazy", 2 << 20, 9);
+    let _unmount = Unmount::new(&[&mnt]);
+    let mut s = serve_fuse(&[path_str(&img)], &mnt);
+    let f = file_of(&s);
+    let dev = tool_ok("losetup", &["-f", "--show", &f]).trim().to_owned();
+    s.signal("TERM");
+    assert!(s.running_after(Duration::from_secs(1)));
+    s.signal("TERM");
+    let still = s.running_after(Duration::from_secs(2));
+    let detached_mount = !is_mounted(&mnt);
+    // The loop device still reads the image through us.
+    let r = tool("cmp", &[&dev, img.to_str().unwrap()]);
+    tool_ok("losetup", &["-d", &dev]);
+    assert!(
+        still,
+        "must keep serving the loop device after the lazy detach"
+    );
+    assert!(detached_mount, "the mount point is still attached");
+    assert!(
+        r.status.success(),
+        "loop device reads failed after the lazy detach"
+    );
+    // No further signal: the process ends once the loop device has let go.
+    let mut exited = false;
+    for _ in 0..40 {
+        if !s.running_after(Duration::from_millis(500)) {
+            exited = true;
+            break;
+        }
+    }
+    assert!(exited, "did not exit after the last user let go");
+    let (st, _, err) = s.wait();
+    assert!(st.success(), "{err}");
+    assert!(err.contains("detached it lazily"), "{err}");
+}
+
+/// A third signal abandons the remaining users: the process exits at once, writes
+/// acknowledged before it are in the image, and the loop device's I/O fails afterwards.
+#[test]
+fn third_signal_aborts_the_remaining_users_after_flushing() {
+    let (_d, img, data, mnt) = image_and_mountpoint("fuse-abort", 2 << 20, 10);
+    let _unmount = Unmount::new(&[&mnt]);
+    let mut s = serve_fuse(&[path_str(&img)], &mnt);
+    let f = file_of(&s);
+    let dev = tool_ok("losetup", &["-f", "--show", &f]).trim().to_owned();
+    // A write through the loop device, synced (so acknowledged by the export).
+    let patch = vec![0x5au8; 4096];
+    let pf = _d.path().join("patch");
+    std::fs::write(&pf, &patch).unwrap();
+    tool_ok(
+        "dd",
+        &[
+            &format!("if={}", pf.display()),
+            &format!("of={dev}"),
+            "bs=4096",
+            "seek=3",
+            "conv=fsync,notrunc",
+            "oflag=direct",
+            "status=none",
+        ],
+    );
+    for _ in 0..3 {
+        s.signal("TERM");
+        std::thread::sleep(Duration::from_millis(700));
+    }
+    let mut exited = false;
+    for _ in 0..20 {
+        if !s.running_after(Duration::from_millis(250)) {
+            exited = true;
+            break;
+        }
+    }
+    let after = tool(
+        "dd",
+        &[
+            &format!("if={dev}"),
+            "of=/dev/null",
+            "bs=4096",
+            "count=1",
+            "skip=100",
+            "iflag=direct",
+            "status=none",
+        ],
+    );
+    tool_ok("losetup", &["-d", &dev]);
+    assert!(
+        exited,
+        "a third signal must end the process with users left"
+    );
+    let (st, _, err) = s.wait();
+    assert!(st.success(), "{err}");
+    assert!(err.contains("aborting the FUSE connection"), "{err}");
+    assert!(
+        !after.status.success(),
+        "the loop device still read after the export was gone"
+    );
+    let now = std::fs::read(&img).unwrap();
+    assert_eq!(
+        &now[3 * 4096..4 * 4096],
+        &patch[..],
+        "acknowledged write lost"
+    );
+    assert_eq!(&now[..3 * 4096], &data[..3 * 4096]);
+}

@@ -3,7 +3,7 @@
 //! not aligned to the device's request alignment.
 
 use snapblk_core::{Blkio, Queue, QueueExt};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Condvar, Mutex, MutexGuard, RwLock};
 
 /// Why an I/O failed: the errno for the FUSE reply, and the device's message.
@@ -69,7 +69,14 @@ pub struct Device {
     max_transfer: usize,
     /// Unaligned writes (read-modify-write) exclude every other write.
     rmw: RwLock<()>,
-    dirty: AtomicBool,
+    /// Writes (and zeroings) finished so far, counted when their I/O has returned.
+    writes_done: AtomicU64,
+    /// `writes_done` as it was when the last successful flush was issued: every write counted
+    /// up to there is durable. The lock also serialises flushes, so an fsync that finds one in
+    /// progress waits for it instead of returning before the data it covers is durable.
+    flushed: Mutex<u64>,
+    /// Set by [`Device::refuse_writes`]: the export is going away with users left.
+    closing: AtomicBool,
 }
 
 impl Device {
@@ -100,7 +107,9 @@ impl Device {
             buf_align,
             max_transfer,
             rmw: RwLock::new(()),
-            dirty: AtomicBool::new(false),
+            writes_done: AtomicU64::new(0),
+            flushed: Mutex::new(0),
+            closing: AtomicBool::new(false),
         })
     }
 
@@ -194,10 +203,19 @@ impl Device {
         if n == 0 {
             return Ok(0);
         }
+        // Counted once the I/O has returned, failed or not (a failed write may have changed
+        // some blocks): a flush issued after that covers it.
+        let r = self.write_in(off, data);
+        self.writes_done.fetch_add(1, Ordering::AcqRel);
+        r
+    }
+
+    fn write_in(&self, off: u64, data: &[u8]) -> Result<usize, IoError> {
+        let n = data.len();
         let a = self.align;
-        self.dirty.store(true, Ordering::Release);
         if off.is_multiple_of(a) && (n as u64).is_multiple_of(a) {
             let _shared = self.rmw.read().unwrap_or_else(|p| p.into_inner());
+            self.check_open()?;
             if self.buf_align <= 1 || (data.as_ptr() as usize).is_multiple_of(self.buf_align) {
                 self.with_queue(|q| self.write_aligned(q, off, data))?;
             } else {
@@ -208,10 +226,15 @@ impl Device {
             return Ok(n);
         }
         let _excl = self.rmw.write().unwrap_or_else(|p| p.into_inner());
+        self.check_open()?;
         let end = off + n as u64;
         let (astart, aend) = (off / a * a, end.div_ceil(a) * a);
-        if aend > self.size.div_ceil(a) * a {
-            return Err(einval("device size is not a multiple of its alignment"));
+        // The last block of a device whose size is not a multiple of its alignment cannot be
+        // read-modify-written: the aligned write would run past the end (and grow a file).
+        if aend > self.size {
+            return Err(einval(
+                "the device's last block is partial (size not a multiple of its alignment)",
+            ));
         }
         let mut b = AlignedBuf::new((aend - astart) as usize, self.buf_align);
         self.with_queue(|q| {
@@ -257,14 +280,16 @@ impl Device {
         if iend < end {
             self.write(iend, &vec![0u8; (end - iend) as usize])?;
         }
-        self.dirty.store(true, Ordering::Release);
         let _shared = self.rmw.read().unwrap_or_else(|p| p.into_inner());
+        self.check_open()?;
         let flags = if punch {
             snapblk_core::ReqFlags::NONE
         } else {
             snapblk_core::ReqFlags::NO_UNMAP
         };
-        match self.with_queue(|q| Ok(q.write_zeroes(istart, iend - istart, flags)?)) {
+        let r = self.with_queue(|q| Ok(q.write_zeroes(istart, iend - istart, flags)?));
+        self.writes_done.fetch_add(1, Ordering::AcqRel);
+        match r {
             Err(e) if e.errno == libc::ENOTSUP || e.errno == libc::EOPNOTSUPP => {
                 drop(_shared);
                 // The driver cannot zero natively: write zero buffers.
@@ -281,15 +306,36 @@ impl Device {
         }
     }
 
-    /// Make completed writes durable (skipped when nothing was written since the last flush).
+    /// From now on every write fails (EIO); returns once no write is in progress, so a flush
+    /// after it covers every write that was ever acknowledged.
+    pub fn refuse_writes(&self) {
+        // Every write holds `rmw` (shared or exclusive) while it runs.
+        let _all = self.rmw.write().unwrap_or_else(|p| p.into_inner());
+        self.closing.store(true, Ordering::Release);
+    }
+
+    fn check_open(&self) -> Result<(), IoError> {
+        if self.closing.load(Ordering::Acquire) {
+            return Err(IoError {
+                errno: libc::EIO,
+                msg: "the export is shutting down".into(),
+            });
+        }
+        Ok(())
+    }
+
+    /// Make every write that finished before this call durable. Skipped when a flush issued
+    /// after the last of them has already succeeded; waits for a flush in progress.
     pub fn flush(&self) -> Result<(), IoError> {
-        if !self.dirty.swap(false, Ordering::AcqRel) {
+        let target = self.writes_done.load(Ordering::Acquire);
+        let mut flushed = self.flushed.lock().unwrap_or_else(|p| p.into_inner());
+        if *flushed >= target {
             return Ok(());
         }
-        let r = self.with_queue(|q| Ok(q.flush()?));
-        if r.is_err() {
-            self.dirty.store(true, Ordering::Release);
-        }
-        r
+        // Writes finishing from here on may or may not be covered: count only those before.
+        let covers = self.writes_done.load(Ordering::Acquire);
+        self.with_queue(|q| Ok(q.flush()?))?;
+        *flushed = covers;
+        Ok(())
     }
 }

@@ -33,7 +33,7 @@ use std::time::{Duration, SystemTime};
 #[derive(Debug, thiserror::Error)]
 pub enum FuseError {
     #[error("device: {0}")]
-    Device(#[from] IoError),
+    Device(IoError),
     #[error("mount point {0}: {1}")]
     MountPoint(PathBuf, std::io::Error),
     #[error("mounting FUSE on {0}: {1}")]
@@ -46,6 +46,14 @@ pub enum FuseError {
     Unmount(PathBuf, std::io::Error),
     #[error("FUSE session: {0}")]
     Session(std::io::Error),
+}
+
+// By hand, not `#[from]`: the message already includes the inner error, and a `source` would
+// print it twice in a one-line report of the chain.
+impl From<IoError> for FuseError {
+    fn from(e: IoError) -> Self {
+        FuseError::Device(e)
+    }
 }
 
 /// Export options.
@@ -449,12 +457,30 @@ impl Mounted {
         self.finish()
     }
 
-    /// Detach the mount even if busy (`umount -l`): existing users see I/O errors after we exit.
+    /// Detach the mount even if busy (`umount -l`) and wait until the session ends, i.e. until
+    /// the file system's last user (e.g. a loop device) lets go.
     pub fn unmount_lazy(&mut self) -> Result<(), FuseError> {
+        self.detach_lazy();
+        self.finish()
+    }
+
+    /// Detach the mount point (`umount -l`) without waiting: the file system goes on serving
+    /// the users it still has (a loop device, open files) until they let go, and then the
+    /// session ends ([`Mounted::is_finished`]).
+    pub fn detach_lazy(&mut self) {
         if !self.is_finished() {
             let _ = sys::umount(&self.mountpoint, true);
         }
-        self.finish()
+    }
+
+    /// Stop serving with users left: new writes fail (EIO), every write acknowledged so far
+    /// is flushed, and the session is left to end with this process, when the kernel aborts
+    /// the connection and the remaining users' I/O fails.
+    pub fn abandon(&mut self) -> Result<(), FuseError> {
+        self.dev.refuse_writes();
+        // Dropping the handle detaches the session thread; joining it would wait for users.
+        drop(self.session.take());
+        Ok(self.dev.flush()?)
     }
 
     fn finish(&mut self) -> Result<(), FuseError> {
@@ -475,8 +501,19 @@ impl Mounted {
 
 impl Drop for Mounted {
     fn drop(&mut self) {
-        if self.session.is_some() {
-            let _ = self.unmount_lazy();
+        if self.session.is_none() {
+            return;
         }
+        self.detach_lazy();
+        // Without users the session ends at once; with users left (a loop device), waiting
+        // would block for as long as they stay, so flush and leave it to end with the process.
+        for _ in 0..100 {
+            if self.is_finished() {
+                let _ = self.finish();
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.abandon();
     }
 }

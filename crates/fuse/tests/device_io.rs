@@ -7,7 +7,8 @@
 use snapblk_core::props::PropValue;
 use snapblk_core::{Blkio, Completion, DeviceInfo, Driver, Error, Op, Queue, Request, State};
 use snapblk_fuse::Device;
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
 const ALIGN: usize = 4096;
@@ -16,11 +17,55 @@ const MAX_T: usize = 8192;
 struct Strict {
     mem: Arc<Mutex<Vec<u8>>>,
     read_only: bool,
+    hooks: Arc<Hooks>,
 }
 
 struct StrictQ {
     mem: Arc<Mutex<Vec<u8>>>,
     done: Vec<Completion>,
+    hooks: Arc<Hooks>,
+}
+
+/// Holds requests of one kind inside the driver while closed (the calling thread blocks).
+#[derive(Default)]
+struct Gate {
+    /// (closed, threads inside)
+    s: Mutex<(bool, usize)>,
+    cv: Condvar,
+}
+
+impl Gate {
+    fn close(&self) {
+        self.s.lock().unwrap().0 = true;
+    }
+    fn open(&self) {
+        self.s.lock().unwrap().0 = false;
+        self.cv.notify_all();
+    }
+    fn pass(&self) {
+        let mut s = self.s.lock().unwrap();
+        s.1 += 1;
+        self.cv.notify_all();
+        while s.0 {
+            s = self.cv.wait(s).unwrap();
+        }
+        s.1 -= 1;
+    }
+    /// Wait until a request is held at the gate.
+    fn wait_held(&self) {
+        let mut s = self.s.lock().unwrap();
+        while s.1 == 0 {
+            s = self.cv.wait(s).unwrap();
+        }
+    }
+}
+
+#[derive(Default)]
+struct Hooks {
+    writes: Gate,
+    flushes: Gate,
+    /// Flushes that reached the driver.
+    flushed: AtomicUsize,
 }
 
 fn aligned(off: u64, len: usize, ptr: usize) -> bool {
@@ -32,6 +77,14 @@ fn aligned(off: u64, len: usize, ptr: usize) -> bool {
 
 impl Queue for StrictQ {
     unsafe fn enqueue(&mut self, req: Request) {
+        match req.op {
+            Op::Write { .. } => self.hooks.writes.pass(),
+            Op::Flush => {
+                self.hooks.flushes.pass();
+                self.hooks.flushed.fetch_add(1, Ordering::SeqCst);
+            }
+            _ => {}
+        }
         let mut m = self.mem.lock().unwrap();
         let ok = match req.op {
             Op::Read { offset, buf, len }
@@ -114,21 +167,29 @@ impl Driver for Strict {
         Ok(Box::new(StrictQ {
             mem: self.mem.clone(),
             done: Vec::new(),
+            hooks: self.hooks.clone(),
         }))
     }
 }
 
 fn device(size: usize, read_only: bool) -> (Device, Arc<Mutex<Vec<u8>>>) {
+    let (d, mem, _) = device_with_hooks(size, read_only);
+    (d, mem)
+}
+
+fn device_with_hooks(size: usize, read_only: bool) -> (Device, Arc<Mutex<Vec<u8>>>, Arc<Hooks>) {
     let mem = Arc::new(Mutex::new(
         (0..size).map(|i| (i * 7 % 251) as u8).collect::<Vec<u8>>(),
     ));
+    let hooks = Arc::new(Hooks::default());
     let mut b = Blkio::new(Box::new(Strict {
         mem: mem.clone(),
         read_only,
+        hooks: hooks.clone(),
     }));
     b.connect().unwrap();
     b.start().unwrap();
-    (Device::new(b).unwrap(), mem)
+    (Device::new(b).unwrap(), mem, hooks)
 }
 
 struct Rng(u64);
@@ -227,4 +288,90 @@ fn read_only_device_refuses_writes() {
     let mut b = Vec::new();
     dev.read(100, 50, &mut b).unwrap();
     assert_eq!(b.len(), 50);
+}
+
+#[test]
+fn a_write_that_finishes_during_a_flush_is_flushed_by_the_next_fsync() {
+    let (dev, _, h) = device_with_hooks(64 << 10, false);
+    let dev = Arc::new(dev);
+    h.writes.close();
+    let w = {
+        let dev = dev.clone();
+        std::thread::spawn(move || dev.write(0, &[1; 4096]).unwrap())
+    };
+    h.writes.wait_held();
+    // An fsync (or a close's FLUSH) while the write is in flight does not cover it.
+    dev.flush().unwrap();
+    let before = h.flushed.load(Ordering::SeqCst);
+    h.writes.open();
+    w.join().unwrap();
+    dev.flush().unwrap();
+    assert_eq!(
+        h.flushed.load(Ordering::SeqCst),
+        before + 1,
+        "fsync after a completed write did not flush"
+    );
+    // Nothing written since: the next one has nothing to do.
+    dev.flush().unwrap();
+    assert_eq!(h.flushed.load(Ordering::SeqCst), before + 1);
+}
+
+#[test]
+fn an_fsync_waits_for_the_flush_in_progress_that_covers_its_write() {
+    let (dev, _, h) = device_with_hooks(64 << 10, false);
+    let dev = Arc::new(dev);
+    dev.write(0, &[1; 4096]).unwrap();
+    h.flushes.close();
+    let a = {
+        let dev = dev.clone();
+        std::thread::spawn(move || dev.flush().unwrap())
+    };
+    h.flushes.wait_held();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let b = {
+        let dev = dev.clone();
+        std::thread::spawn(move || {
+            dev.flush().unwrap();
+            tx.send(()).unwrap();
+        })
+    };
+    // While the flush covering the write is held in the driver, the second fsync must not
+    // report the write durable.
+    assert!(
+        rx.recv_timeout(Duration::from_millis(300)).is_err(),
+        "fsync returned while the flush covering its write was still in progress"
+    );
+    h.flushes.open();
+    a.join().unwrap();
+    rx.recv().unwrap();
+    b.join().unwrap();
+    // The waiting fsync was covered by the flush it waited for: one flush in all.
+    assert_eq!(h.flushed.load(Ordering::SeqCst), 1);
+}
+
+/// An O_DIRECT file whose size is not a multiple of the logical block size: its last partial
+/// block cannot be written with aligned I/O without growing the file, so such a write fails
+/// (EINVAL) and the file keeps its size and contents.
+#[test]
+fn a_write_into_a_partial_last_block_fails_instead_of_growing_the_file() {
+    let dir = std::env::temp_dir().join(format!("fuse-tail-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let f = dir.join("odd.img");
+    let size = (64 << 10) + 1000;
+    let orig: Vec<u8> = (0..size).map(|i| (i % 253) as u8).collect();
+    std::fs::write(&f, &orig).unwrap();
+    let spec = format!("io_uring:path={},direct=true", f.display());
+    let dev = Device::new(snapblk::open(&spec, 1).unwrap()).unwrap();
+    assert_eq!(dev.size, size as u64);
+    let e = dev.write(size as u64 - 100, &[9; 100]).unwrap_err();
+    assert_eq!(e.errno, libc::EINVAL, "{}", e.msg);
+    // Aligned blocks before the tail still work.
+    dev.write(4096, &[7; 512]).unwrap();
+    dev.flush().unwrap();
+    drop(dev);
+    let now = std::fs::read(&f).unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
+    assert_eq!(now.len(), size, "the file grew");
+    assert_eq!(&now[4096..4608], &[7; 512][..]);
+    assert_eq!(now[size - 100..], orig[size - 100..]);
 }

@@ -164,7 +164,7 @@ pub(crate) fn transmit(stream: Stream, ex: &Export, cfg: &ServerConfig, stop: &A
             slots: (0..cfg.max_inflight).map(|_| None).collect(),
             free: (0..cfg.max_inflight).rev().collect(),
             dead: false,
-            dirty: false,
+            durable: Durability::default(),
         };
         io.run(&rx);
         // Unblock the reader wherever it waits: on the socket, the channel or the budget.
@@ -311,6 +311,32 @@ struct Slot {
     credit: usize,
     /// Send a flush once the parts are done (FUA on a TRIM).
     flush_after: bool,
+    /// A write, trim or write-zeroes: counted in [`Durability`] when it completes.
+    modifies: bool,
+    /// A flush: the [`Durability::done`] count it was issued at.
+    flush_covers: Option<u64>,
+}
+
+/// Which completed writes a successful flush has made durable. A flush covers only the writes
+/// that had completed when it was issued (a pipelined client may send WRITE then FLUSH without
+/// waiting, and the write may finish after the flush), so a per-connection "dirty" flag cleared
+/// when a flush is queued would skip the final flush for such a write.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+struct Durability {
+    /// Modifying requests completed (successfully or not: a failed one may have changed blocks).
+    done: u64,
+    /// The highest `done` count a successful flush was issued at.
+    flushed: u64,
+}
+
+impl Durability {
+    fn flush_completed(&mut self, covers: u64) {
+        self.flushed = self.flushed.max(covers);
+    }
+    /// Some completed write is not known to be durable.
+    fn needs_flush(&self) -> bool {
+        self.done > self.flushed
+    }
 }
 
 struct IoLoop<'a> {
@@ -323,8 +349,7 @@ struct IoLoop<'a> {
     free: Vec<usize>,
     /// The client can no longer be written to; keep draining the device only.
     dead: bool,
-    /// Writes completed since the last flush.
-    dirty: bool,
+    durable: Durability,
 }
 
 impl IoLoop<'_> {
@@ -378,7 +403,7 @@ impl IoLoop<'_> {
             }
         }
         self.flush_out();
-        if self.dirty {
+        if self.durable.needs_flush() {
             // No I/O lost on disconnect or shutdown: make completed writes durable.
             let _ = snapblk_core::QueueExt::flush(self.q);
         }
@@ -425,6 +450,8 @@ impl IoLoop<'_> {
                 .collect()
         };
         let mut flush_after = false;
+        let mut modifies = false;
+        let mut flush_covers = None;
         let mut read_len = 0;
         match h.cmd {
             CMD_READ | CMD_WRITE => {
@@ -460,12 +487,12 @@ impl IoLoop<'_> {
                 if h.cmd == CMD_READ {
                     read_len = h.len as usize;
                 } else {
-                    self.dirty = true;
+                    modifies = true;
                 }
             }
             CMD_FLUSH => {
                 reqs.push(Request::new(Op::Flush, idx, ReqFlags::NONE));
-                self.dirty = false;
+                flush_covers = Some(self.durable.done);
             }
             CMD_TRIM => {
                 for (o, l) in chunks(self.geo.max_discard) {
@@ -479,7 +506,7 @@ impl IoLoop<'_> {
                     ));
                 }
                 flush_after = fua;
-                self.dirty = true;
+                modifies = true;
             }
             CMD_WRITE_ZEROES => {
                 let mut f = ReqFlags::NONE;
@@ -502,7 +529,7 @@ impl IoLoop<'_> {
                         f,
                     ));
                 }
-                self.dirty = true;
+                modifies = true;
             }
             _ => {}
         }
@@ -520,6 +547,8 @@ impl IoLoop<'_> {
             error: 0,
             credit,
             flush_after,
+            modifies,
+            flush_covers,
         });
         for r in reqs {
             // SAFETY: data pointers point into the slot's buffer, a heap allocation that stays in
@@ -552,6 +581,12 @@ impl IoLoop<'_> {
             return;
         };
         self.free.push(idx);
+        if slot.modifies {
+            self.durable.done += 1;
+        }
+        if let (Some(c), 0) = (slot.flush_covers, slot.error) {
+            self.durable.flush_completed(c);
+        }
         let data = match (&slot.buf, slot.error) {
             (Some(b), 0) => b.slice(slot.read_len),
             _ => &[][..],
@@ -600,6 +635,30 @@ mod tests {
             offset,
             len,
         }
+    }
+
+    #[test]
+    fn a_flush_covers_only_writes_completed_before_it_was_issued() {
+        let mut d = Durability::default();
+        assert!(!d.needs_flush());
+        // WRITE and FLUSH pipelined: the flush is issued before the write completes.
+        let covers = d.done;
+        d.done += 1;
+        d.flush_completed(covers);
+        assert!(
+            d.needs_flush(),
+            "the write finished after the flush was issued"
+        );
+        // A flush issued after the write completed covers it.
+        let covers = d.done;
+        d.flush_completed(covers);
+        assert!(!d.needs_flush());
+        // An older flush completing late does not undo a newer one.
+        d.done += 1;
+        let newer = d.done;
+        d.flush_completed(newer);
+        d.flush_completed(covers);
+        assert!(!d.needs_flush());
     }
 
     #[test]

@@ -53,6 +53,16 @@ impl TestServer {
 
     pub fn start_cfg(spec: &str, read_only: bool, bind: &str, cfg: ServerConfig) -> TestServer {
         let dev = snapblk::open(spec, 1).unwrap_or_else(|e| panic!("open {spec}: {e}"));
+        Self::start_device(dev, read_only, bind, cfg)
+    }
+
+    /// Serve a started device (e.g. one over a test driver) as export `disk`.
+    pub fn start_device(
+        dev: snapblk_core::Blkio,
+        read_only: bool,
+        bind: &str,
+        cfg: ServerConfig,
+    ) -> TestServer {
         let dev = Arc::new(SharedDevice::new(dev).unwrap());
         let ex = Export {
             name: "disk".into(),

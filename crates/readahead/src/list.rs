@@ -371,6 +371,14 @@ fn parse_line(line: &[u8]) -> Result<Option<ListEntry>, ParseErrorKind> {
                 Extent::Ranges(RangeSet::from_ranges(rs))
             }
         };
+        // The same bound as the text form's, so every list read can be written back.
+        if let Some(id) = &j.identity
+            && id.mtime_nsec > 999_999_999
+        {
+            return Err(ParseErrorKind::BadIdentity(
+                "mtime nanoseconds out of range".into(),
+            ));
+        }
         return Ok(Some(ListEntry {
             path: unescape_path(&j.path)?,
             identity: j.identity,
@@ -581,6 +589,27 @@ mod tests {
         assert_eq!(v[1].path, Path::new("/my file"));
         assert_eq!(v[2].path, Path::new("/plain name"));
         assert_eq!(v[2].extent, Extent::Whole);
+    }
+
+    #[test]
+    fn json_identity_nanoseconds_are_bounded_as_in_the_text_form() {
+        let line = |nsec: u32| {
+            format!(
+                "{{\"path\":\"/a\",\"identity\":{{\"dev_major\":8,\"dev_minor\":1,\"ino\":2,\
+                 \"size\":3,\"mtime_sec\":4,\"mtime_nsec\":{nsec}}},\"ranges\":\"*\"}}\n"
+            )
+        };
+        let ok = parse(&line(999_999_999)).unwrap();
+        // What is read can be written and read back.
+        let mut text = Vec::new();
+        write_text(&mut text, &ok).unwrap();
+        assert_eq!(parse_bytes(&text, Limits::default()).unwrap(), ok);
+        let e = parse(&line(1_000_000_000)).unwrap_err();
+        assert_eq!(e.line, 1);
+        assert!(
+            e.to_string().contains("mtime nanoseconds out of range"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -69,6 +69,32 @@ pub enum CowError {
     },
     #[error("op {index}: payload of {len} bytes is larger than its {limit}-byte unit")]
     PayloadTooLarge { index: u64, len: u64, limit: u64 },
+    #[error("op {index}: uncompressed payload of {len} bytes is shorter than its {unit}-byte unit")]
+    RawPayloadTooShort { index: u64, len: u64, unit: u64 },
+    #[error("op {index}: payload [{offset}, +{len}) lies outside the data region [{start}, {end})")]
+    PayloadOutsideData {
+        index: u64,
+        offset: u64,
+        len: u64,
+        start: u64,
+        end: u64,
+    },
+    #[error(
+        "op {index}: sequence data reaches {entries} entries, more than the {limit} data ops the rest of the file can hold"
+    )]
+    SequenceTooLong {
+        index: u64,
+        entries: u64,
+        limit: u64,
+    },
+    #[error(
+        "op {index}: SEQUENCE payload at offset {offset} overlaps the previous one (ends at {prev_end})"
+    )]
+    SequenceOverlap {
+        index: u64,
+        offset: u64,
+        prev_end: u64,
+    },
     #[error("op {index} (payload at offset {offset}): {codec:?} payload is corrupt: {reason}")]
     Corrupt {
         index: u64,

@@ -363,8 +363,11 @@ impl ScratchLayout {
     pub fn window_blocks(&self) -> u64 {
         // metadata capacity is size*16/block_size bytes; one 16-byte entry per block, minus the
         // terminator, and the data region must also hold them.
-        let meta_cap = self.size.saturating_mul(16) / self.block_size.max(1) / 16;
-        let data_cap = self.size.saturating_sub(8192) / self.block_size.max(1);
+        // snapuserd maps only 2 MiB of scratch whatever `buffer_size` says (format §10), so a
+        // larger (or hostile) size does not make windows larger.
+        let size = self.size.min(DEFAULT_SCRATCH_SIZE.into());
+        let meta_cap = size.saturating_mul(16) / self.block_size.max(1) / 16;
+        let data_cap = size.saturating_sub(8192) / self.block_size.max(1);
         meta_cap.saturating_sub(2).min(data_cap)
     }
 }
@@ -516,5 +519,8 @@ mod tests {
         let s = h.scratch().unwrap();
         assert_eq!(s.window_blocks(), 510);
         assert_eq!(s.data_offset(), 38 + 8192);
+        // A hostile buffer_size does not grow the window past Android's.
+        let h = Header::new_v2(4096, 1024, u32::MAX);
+        assert_eq!(h.scratch().unwrap().window_blocks(), 510);
     }
 }

@@ -344,6 +344,11 @@ impl<R: ReadAt> CowReader<R> {
         let mut file_algo: Option<Compression> = None;
         let mut win = Window::new(&self.src, self.file_len);
         let mut found_label = false;
+        // End of the previous SEQUENCE payload (they must not overlap: memory stays bounded by
+        // the file size).
+        let mut seq_end = 0u64;
+        // (end, index, offset, len) of the payload reaching furthest; the footer must follow it.
+        let mut last_payload: Option<(u64, u64, u64, u64)> = None;
         loop {
             if op_pos.checked_add(20).is_none_or(|e| e > self.file_len) {
                 if opts.label.is_some() {
@@ -373,6 +378,19 @@ impl<R: ReadAt> CowReader<R> {
                 if fr.data_length != 64 {
                     return Err(bad("footer data_length must be 64"));
                 }
+                // Payloads precede the footer: one past it would lie where an appender (the
+                // snapshot's overlay journal) writes.
+                if let Some((end, i, off, plen)) = last_payload
+                    && end > op_pos
+                {
+                    return Err(CowError::PayloadOutsideData {
+                        index: i,
+                        offset: off,
+                        len: plen,
+                        start: ops_start,
+                        end: op_pos,
+                    });
+                }
                 let (num_ops, ops_size) = (fr.source, fr.new_block);
                 if num_ops != index {
                     return Err(CowError::FooterMismatch {
@@ -395,7 +413,7 @@ impl<R: ReadAt> CowReader<R> {
                     num_ops,
                     ops_size,
                 });
-                self.data_end = op_pos + u64::from(FOOTER_V2_SIZE);
+                self.data_end = self.data_end.max(op_pos + u64::from(FOOTER_V2_SIZE));
                 break;
             }
             let len = u64::from(raw.data_length);
@@ -480,6 +498,33 @@ impl<R: ReadAt> CowReader<R> {
                     if len % 4 != 0 {
                         return Err(bad("SEQUENCE payload length is not a multiple of 4"));
                     }
+                    // Format §11: at most 2 blocks of entries per SEQUENCE op.
+                    if len > 2 * bs {
+                        return Err(CowError::PayloadTooLarge {
+                            index,
+                            len,
+                            limit: 2 * bs,
+                        });
+                    }
+                    if raw.source < seq_end {
+                        return Err(CowError::SequenceOverlap {
+                            index,
+                            offset: raw.source,
+                            prev_end: seq_end,
+                        });
+                    }
+                    // Every entry must name a distinct data op, and those records (20 bytes
+                    // each) all follow this one: more entries than that cannot be valid.
+                    let entries = self.sequence.len() as u64 + len / 4;
+                    let limit = self.file_len.saturating_sub(op_pos + 20) / 20;
+                    if entries > limit {
+                        return Err(CowError::SequenceTooLong {
+                            index,
+                            entries,
+                            limit,
+                        });
+                    }
+                    seq_end = raw.source.saturating_add(len);
                     OpKind::Sequence {
                         payload: payload_at(raw.source, Compression::None),
                     }
@@ -506,11 +551,26 @@ impl<R: ReadAt> CowReader<R> {
                 kind,
             };
             if let Some(p) = op.payload() {
-                self.payload_in_file(index, p.offset, p.len.into())?;
+                let plen = u64::from(p.len);
+                self.payload_in_file(index, p.offset, plen)?;
+                // Not in the header or the scratch area (the merge overwrites scratch).
+                if p.offset < ops_start {
+                    return Err(CowError::PayloadOutsideData {
+                        index,
+                        offset: p.offset,
+                        len: plen,
+                        start: ops_start,
+                        end: self.file_len,
+                    });
+                }
                 if op.is_data() && p.len == 0 {
                     return Err(bad("data payload is empty"));
                 }
-                self.data_end = self.data_end.max(p.offset + u64::from(p.len));
+                let end = p.offset + plen;
+                if last_payload.is_none_or(|l| end > l.0) {
+                    last_payload = Some((end, index, p.offset, plen));
+                }
+                self.data_end = self.data_end.max(end);
             }
             if op.is_data() {
                 seen_data = true;
@@ -583,11 +643,18 @@ impl<R: ReadAt> CowReader<R> {
             } else {
                 fa
             };
-            if p.codec == Compression::None && u64::from(p.len) != bs {
+            if p.codec == Compression::None && u64::from(p.len) > bs {
                 return Err(CowError::PayloadTooLarge {
                     index: op.index,
                     len: p.len.into(),
                     limit: bs,
+                });
+            }
+            if p.codec == Compression::None && u64::from(p.len) < bs {
+                return Err(CowError::RawPayloadTooShort {
+                    index: op.index,
+                    len: p.len.into(),
+                    unit: bs,
                 });
             }
         }
@@ -767,6 +834,11 @@ impl<R: ReadAt> CowReader<R> {
                         len,
                         limit: unit,
                     });
+                }
+                // A raw payload is served as-is by block reads: a short one would expose the
+                // bytes after it.
+                if p.codec == Compression::None && len < unit {
+                    return Err(CowError::RawPayloadTooShort { index, len, unit });
                 }
                 self.payload_in_file(index, data_pos, len)?;
                 data_pos += len;

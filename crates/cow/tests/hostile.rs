@@ -481,6 +481,162 @@ fn h22_mixed_v2_codecs() {
     ));
 }
 
+/// A clustered v2 file (no scratch, block size `bs`): the given op records from offset 38, a
+/// footer after them, then `tail` (payload bytes the records may point at).
+fn v2_clustered(bs: u32, records: &[[u8; 20]], tail: &[u8]) -> (Vec<u8>, u64) {
+    use snapblk_cow::format::encode_footer_v2;
+    let mut b = snapblk_cow::Header::new_v2(bs, 1024, 0).encode();
+    for r in records {
+        b.extend_from_slice(r);
+    }
+    b.extend_from_slice(&encode_footer_v2(records.len() as u64));
+    let tail_at = b.len() as u64;
+    b.extend_from_slice(tail);
+    (b, tail_at)
+}
+
+fn seq_record(len: u16, source: u64) -> [u8; 20] {
+    snapblk_cow::format::encode_op_v2(7, 0, len, 0, source)
+}
+
+#[test]
+fn h23_sequence_payloads_are_bounded() {
+    // The DoS shape: thousands of SEQUENCE records sharing one 65532-byte payload (32 KiB blocks,
+    // so 2 × block_size allows it). Unchecked, 2000 × 16383 entries (~130 MB) were collected
+    // before anything looked at them; now the first record already claims more entries than the
+    // rest of the file has room for data ops, and nothing is read.
+    let n = 2000u64;
+    let payload_at = 38 + 20 * n + 84;
+    let recs = vec![seq_record(65532, payload_at); n as usize];
+    let (b, at) = v2_clustered(32768, &recs, &vec![0u8; 65532]);
+    assert_eq!(at, payload_at);
+    assert!(b.len() < 120_000);
+    let e = open(&b).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            CowError::SequenceTooLong {
+                index: 0,
+                entries: 16383,
+                limit,
+            } if limit < 16383
+        ),
+        "{e:?}"
+    );
+    // Payloads small enough for the cap but shared: the second record is refused before its
+    // payload is read (total memory stays bounded by the file size).
+    let payload_at = 38 + 20 * 2 + 84;
+    let (b, _) = v2_clustered(4096, &[seq_record(400, payload_at); 2], &[0u8; 4096]);
+    let e = open(&b).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            CowError::SequenceOverlap {
+                index: 1,
+                offset,
+                prev_end,
+            } if offset == payload_at && prev_end == payload_at + 400
+        ),
+        "{e:?}"
+    );
+    // One op's payload is at most 2 blocks of entries (format §11).
+    let (b, at) = v2_clustered(4096, &[seq_record(8196, 0)], &[0u8; 8196]);
+    let mut b = b;
+    put(&mut b, 38 + 12, &at.to_le_bytes());
+    assert!(matches!(
+        open(&b),
+        Err(CowError::PayloadTooLarge {
+            index: 0,
+            len: 8196,
+            limit: 8192
+        })
+    ));
+    // Distinct, non-overlapping payloads, but more entries than the file has room for data ops.
+    let recs: Vec<[u8; 20]> = (0..4u64)
+        .map(|i| seq_record(8192, 38 + 20 * 4 + 84 + i * 8192))
+        .collect();
+    let (b, _) = v2_clustered(4096, &recs, &vec![0u8; 4 * 8192]);
+    let e = open(&b).unwrap_err();
+    assert!(
+        matches!(e, CowError::SequenceTooLong { index: 0, entries: 2048, limit } if limit < 2048),
+        "{e:?}"
+    );
+}
+
+#[test]
+fn h24_payload_outside_data_region() {
+    // REPLACE payload inside the header.
+    let mut b = golden("v2_tiny_noscratch");
+    put(&mut b, V2_OP2 + 12, &10u64.to_le_bytes());
+    assert!(matches!(
+        open(&b),
+        Err(CowError::PayloadOutsideData {
+            index: 2,
+            offset: 10,
+            start: 38,
+            ..
+        })
+    ));
+    // REPLACE payload inside the scratch area (which the merge overwrites).
+    let sink = MemFile::default();
+    let mut w = CowWriter::new(
+        &sink,
+        WriterOptions {
+            version: 2,
+            cluster_ops: 0,
+            scratch_size: 65536,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    w.add_raw_blocks(1, &[7u8; 4096]).unwrap();
+    w.finalize().unwrap();
+    let mut b = sink.into_inner();
+    let ops_start = 38 + 65536;
+    open(&b).unwrap();
+    put(&mut b, ops_start + 12, &100u64.to_le_bytes());
+    assert!(matches!(
+        open(&b),
+        Err(CowError::PayloadOutsideData {
+            index: 0,
+            offset: 100,
+            start,
+            ..
+        }) if start == ops_start as u64
+    ));
+    // REPLACE payload after the footer: it would lie where the overlay journal goes
+    // (align_up(data_end)); data_end used to be the footer's end regardless.
+    let mut b = golden("v2_tiny_noscratch");
+    let len = b.len() as u64;
+    b.extend_from_slice(&[9u8; 4096]);
+    put(&mut b, V2_OP2 + 12, &len.to_le_bytes());
+    let e = open(&b).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            CowError::PayloadOutsideData { index: 2, offset, len: 4096, end, .. }
+                if offset == len && end == V2_FOOTER as u64
+        ),
+        "{e:?}"
+    );
+}
+
+#[test]
+fn h25_v3_raw_payload_shorter_than_its_unit() {
+    // Uncompressed file: a REPLACE storing 100 bytes for a 4 KiB block would be served as those
+    // 100 bytes plus whatever follows them.
+    let mut b = golden("v3_tiny_noscratch");
+    put(&mut b, V3_OP2, &100u32.to_le_bytes());
+    assert!(matches!(
+        open(&b),
+        Err(CowError::RawPayloadTooShort {
+            index: 2,
+            len: 100,
+            unit: 4096
+        })
+    ));
+}
+
 /// Deterministic mutation fuzzing of every golden file through the fuzz entry point.
 #[test]
 fn fuzz_smoke_mutated_golden_files() {

@@ -231,6 +231,22 @@ impl SnapshotMap {
                     "op {i} reads base block {s} beyond the device"
                 )));
             }
+            // Raw payloads are served straight from the COW by offset: one shorter than its
+            // unit would hand out whatever bytes follow it.
+            let raw = match op.kind {
+                OpKind::Replace { payload, .. } | OpKind::Xor { payload, .. } => {
+                    Some(payload).filter(|p| p.codec == Codec::None)
+                }
+                _ => None,
+            };
+            if let Some(p) = raw
+                && p.stored_len != p.unit_len
+            {
+                return Err(SnapError::Format(format!(
+                    "op {i}: raw payload of {} bytes for a {}-byte unit",
+                    p.stored_len, p.unit_len
+                )));
+            }
             for b in op.new_block..op.new_block + op.blocks() {
                 cover.push((b, op.file_rank, i as u32));
             }
@@ -519,6 +535,44 @@ mod tests {
             codec: Codec::None,
             unit_len: 4096,
         }
+    }
+
+    #[test]
+    fn raw_payload_must_fill_its_unit() {
+        let replace = |stored_len, unit_len, blocks| MapOp {
+            new_block: 2,
+            file_rank: 0,
+            kind: OpKind::Replace {
+                payload: Payload {
+                    offset: 100,
+                    stored_len,
+                    codec: Codec::None,
+                    unit_len,
+                },
+                blocks,
+            },
+        };
+        let new = |op| SnapshotMap::new(4096, 16 * 4096, vec![op]);
+        assert!(new(replace(4096, 4096, 1)).is_ok());
+        assert!(new(replace(8192, 8192, 2)).is_ok());
+        assert!(matches!(
+            new(replace(100, 4096, 1)),
+            Err(SnapError::Format(_))
+        ));
+        let mut xor = replace(100, 4096, 1);
+        xor.kind = OpKind::Xor {
+            src_byte: 0,
+            payload: raw(100),
+        };
+        assert!(new(xor).is_ok());
+        xor.kind = OpKind::Xor {
+            src_byte: 0,
+            payload: Payload {
+                stored_len: 100,
+                ..raw(100)
+            },
+        };
+        assert!(matches!(new(xor), Err(SnapError::Format(_))));
     }
 
     #[test]

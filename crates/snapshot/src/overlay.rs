@@ -13,12 +13,16 @@
 //! | 24 | 4 | number of blocks (≤ 1024) |
 //! | 28 | 4 | CRC-32 of the data blocks |
 //! | 32 | 4 | CRC-32 of the previous record's header (0 for the first) |
-//! | 36 | 4 | CRC-32 of bytes 0..36 |
+//! | 36 | 4 | header CRC: CRC-32 of bytes 0..36, continued over bytes 40..48 if those are not zero |
+//! | 40 | 8 | nonce of the open that wrote the record (random, non-zero; 0 in older journals) |
 //!
 //! The journal is the durable index: opening replays records while magic, sequence, chain and
 //! both CRCs check out, and stops at the first that does not (a torn or never-flushed tail). The
 //! chain makes a stale record left behind by an earlier, longer tail unreachable once new records
-//! are written over the torn part. Writes are durable after FLUSH (or with FUA).
+//! are written over the torn part. The nonce makes that hold even when a new record repeats the
+//! torn one byte for byte (same block, same data, same sequence number and predecessor): without
+//! it the rewrite would have the torn record's header CRC and re-link the stale records after it.
+//! Writes are durable after FLUSH (or with FUA).
 
 use crate::error::{Result, SnapError};
 use crate::io::{Dev, Io};
@@ -32,6 +36,27 @@ const HDR: u64 = 4096;
 /// Largest record, in blocks.
 pub const MAX_RECORD_BLOCKS: u64 = 1024;
 
+/// The header CRC of a record header (`h` holds at least 48 bytes). Journals written before the
+/// nonce have zeros at 40..48 and a CRC of bytes 0..36 only, which this still matches.
+pub(crate) fn header_crc(h: &[u8]) -> u32 {
+    let mut c = crc32fast::Hasher::new();
+    c.update(&h[..36]);
+    if h[40..48].iter().any(|&b| b != 0) {
+        c.update(&h[40..48]);
+    }
+    c.finalize()
+}
+
+/// A nonce no earlier open is expected to have used: `RandomState` keys come from the OS and
+/// never repeat within a process; time and pid only add to that.
+fn session_nonce() -> u64 {
+    use std::hash::{BuildHasher, RandomState};
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    RandomState::new().hash_one((t, std::process::id())).max(1)
+}
+
 struct Tail {
     pos: u64,
     seq: u64,
@@ -42,6 +67,8 @@ struct Tail {
 pub struct Overlay {
     start: u64,
     block_size: u64,
+    /// Written into every record this open appends (see the module docs).
+    nonce: u64,
     tail: Mutex<Tail>,
     index: RwLock<HashMap<u64, u64>>,
     nonempty: AtomicBool,
@@ -75,7 +102,7 @@ impl Overlay {
         let mut data = Vec::new();
         while pos + HDR <= cow_len {
             io.read(IoClass::Foreground, Dev::Cow, pos, &mut hdr)?;
-            if &hdr[..8] != MAGIC || le32(&hdr, 36) != crc32fast::hash(&hdr[..36]) {
+            if &hdr[..8] != MAGIC || le32(&hdr, 36) != header_crc(&hdr) {
                 break;
             }
             let (rseq, first, n) = (le64(&hdr, 8), le64(&hdr, 16), le32(&hdr, 24) as u64);
@@ -104,6 +131,7 @@ impl Overlay {
         Ok(Overlay {
             start,
             block_size,
+            nonce: session_nonce(),
             tail: Mutex::new(Tail { pos, seq, prev_crc }),
             index: RwLock::new(index),
             nonempty,
@@ -164,7 +192,8 @@ impl Overlay {
             rec[24..28].copy_from_slice(&(n as u32).to_le_bytes());
             rec[28..32].copy_from_slice(&crc32fast::hash(chunk).to_le_bytes());
             rec[32..36].copy_from_slice(&t.prev_crc.to_le_bytes());
-            let hcrc = crc32fast::hash(&rec[..36]);
+            rec[40..48].copy_from_slice(&self.nonce.to_le_bytes());
+            let hcrc = header_crc(&rec);
             rec[36..40].copy_from_slice(&hcrc.to_le_bytes());
             rec[HDR as usize..].copy_from_slice(chunk);
             io.write(IoClass::Foreground, Dev::Cow, t.pos, &rec)?;

@@ -11,6 +11,10 @@ use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard};
 /// Offset of `num_merge_ops` (u64) in every COW header version.
 pub const NUM_MERGE_OPS_OFFSET: u64 = 26;
 
+/// Largest scratch area used: snapuserd maps `header_size + 2 MiB` whatever `buffer_size` says
+/// (format §10), i.e. windows of at most 510 blocks.
+pub const MAX_SCRATCH_SIZE: u64 = 2 << 20;
+
 /// Decodes compressed payloads (supplied by the COW format layer).
 pub trait Decoder: Send + Sync {
     /// Decode `src` (encoded with `codec`) into exactly `out.len()` bytes.
@@ -34,16 +38,20 @@ pub struct CowLayout {
 pub struct Scratch {
     /// File offset of the state byte (= header_size).
     pub base: u64,
-    /// Bytes reserved for metadata (`buffer_size * 16 / 4096`); data starts at `base + meta_len`.
+    /// Bytes reserved for metadata (`len * 16 / 4096`); data starts at `base + meta_len`.
     pub meta_len: u64,
     /// Blocks one window can stage.
     pub slots: usize,
+    /// Bytes of the area in use: `buffer_size`, at most [`MAX_SCRATCH_SIZE`].
+    pub len: u64,
 }
 
 impl CowLayout {
     /// The scratch geometry, if the file has a usable scratch area.
     pub fn scratch(&self) -> Option<Scratch> {
-        let size = self.scratch_size as u64;
+        // `buffer_size` comes from the file: beyond Android's 2 MiB it would only make windows
+        // (and the memory staging them) as large as a hostile header asks.
+        let size = u64::from(self.scratch_size).min(MAX_SCRATCH_SIZE);
         let bs = self.block_size as u64;
         let meta_len = size * 16 / 4096;
         // Entries start at base + 1 and need a terminator, all before the data at base + meta_len
@@ -54,6 +62,7 @@ impl CowLayout {
             base: self.header_size as u64,
             meta_len,
             slots: slots as usize,
+            len: size,
         })
     }
 }
@@ -309,7 +318,7 @@ impl Snapshot {
         }
         let ops = self.map.ops();
         let data_lo = sc.base + sc.meta_len;
-        let data_hi = sc.base + self.layout.scratch_size as u64;
+        let data_hi = sc.base + sc.len;
         // Every entry is checked before the window's memory is allocated: its size comes from
         // the file (entries, buffer_size), so it is only trusted once it matches the merge order
         // and lies inside the COW.

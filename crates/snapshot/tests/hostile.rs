@@ -93,3 +93,87 @@ fn fuzz_smoke_mutated_merge_states() {
         fuzz_merge_state(&b);
     }
 }
+
+/// `buffer_size` comes from the COW header. A hostile one (≈ 4 GiB) used to size merge windows
+/// (≈ 1 M blocks, staged in memory in one allocation); windows now keep Android's geometry
+/// (2 MiB scratch, 510 ops), and a window staged under that geometry loads back after a crash.
+#[test]
+fn hostile_buffer_size_keeps_android_windows() {
+    use snapblk_snapshot::fault::FaultWorld;
+    use snapblk_snapshot::snapshot::{CowLayout, MAX_SCRATCH_SIZE, Scratch};
+    use snapblk_snapshot::synth::{RawOnly, SynthSpec, generate};
+    use snapblk_snapshot::{MergeOptions, MergeStep, Snapshot, SnapshotConfig, SnapshotParts};
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::{Arc, Mutex};
+
+    let hostile = CowLayout {
+        block_size: 4096,
+        header_size: 78,
+        scratch_size: u32::MAX,
+        data_end: 0,
+    };
+    let android = Scratch {
+        base: 78,
+        meta_len: 8192,
+        slots: 510,
+        len: MAX_SCRATCH_SIZE,
+    };
+    assert_eq!(hostile.scratch(), Some(android));
+
+    let mut case = generate(
+        &SynthSpec {
+            blocks: 4096,
+            scratch_size: 2 << 20,
+            chain_len: 600,
+            chains: 3,
+            random_ordered: 600,
+            ..SynthSpec::default()
+        },
+        11,
+    );
+    let ordered = case.ops.iter().filter(|o| o.is_ordered()).count();
+    assert!(ordered > 1020, "{ordered} ordered ops");
+    case.layout.scratch_size = 0xffff_f000;
+    let open = |w: &Arc<FaultWorld>| {
+        Snapshot::open(SnapshotParts {
+            base: Arc::new(w.disk(0)),
+            cow: Arc::new(w.disk(1)),
+            map: case.map(),
+            layout: case.layout,
+            decoder: Arc::new(RawOnly),
+            config: SnapshotConfig::default(),
+        })
+    };
+    // First run: power is cut right after the first window is staged (scratch flushed, state
+    // byte 2), before any of its destinations is written.
+    let world = FaultWorld::new(vec![case.base.clone(), case.cow.clone()]);
+    let s = open(&world).unwrap();
+    let cut = AtomicBool::new(false);
+    let windows = Mutex::new(Vec::new());
+    let hook = |step: MergeStep| {
+        if let MergeStep::Staged { start, end } = step {
+            windows.lock().unwrap().push(end - start);
+            if !cut.swap(true, Ordering::SeqCst) {
+                world.cut_after(0);
+            }
+        }
+    };
+    let opts = MergeOptions {
+        hook: Some(&hook),
+        ..Default::default()
+    };
+    assert!(snapblk_snapshot::merge(&s, opts).is_err());
+    drop(s);
+    // Restart: the staged window loads from scratch and the merge finishes.
+    let w2 = FaultWorld::new(world.recover(3));
+    let s = open(&w2).unwrap();
+    let rep = snapblk_snapshot::merge(&s, opts).unwrap();
+    assert!(rep.resumed_from_scratch);
+    let windows = windows.into_inner().unwrap();
+    assert!(windows.iter().all(|&n| n <= 510), "{windows:?}");
+    assert!(windows.contains(&510), "{windows:?}");
+    assert!(
+        w2.current()[0] == case.target,
+        "merged base is the target image"
+    );
+}

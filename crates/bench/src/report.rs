@@ -309,6 +309,10 @@ pub struct Summary {
     pub write: DirReport,
     /// Both directions merged.
     pub lat_ns: LatReport,
+    /// Completion latency, both directions merged (what fio's text output shows percentiles of).
+    pub clat_ns: LatReport,
+    /// Submission latency, both directions merged.
+    pub slat_ns: LatReport,
 }
 
 /// All repetitions of one configuration.
@@ -344,15 +348,20 @@ impl ConfigReport {
             write.merge(&r.write);
             secs += r.seconds;
         }
-        let mut all = read.lat.clone();
-        all.merge(&write.lat);
+        let both = |r: &LatHist, w: &LatHist| {
+            let mut h = r.clone();
+            h.merge(w);
+            LatReport::of(&h)
+        };
         let summary = Summary {
             iops: Spread::of(&runs.iter().map(|r| r.iops()).collect::<Vec<_>>()),
             bw_bytes: Spread::of(&runs.iter().map(|r| r.bw_bytes()).collect::<Vec<_>>()),
             lat_mean_ns: Spread::of(&runs.iter().map(|r| r.lat().mean()).collect::<Vec<_>>()),
             read: DirReport::of(&read, secs),
             write: DirReport::of(&write, secs),
-            lat_ns: LatReport::of(&all),
+            lat_ns: both(&read.lat, &write.lat),
+            clat_ns: both(&read.clat, &write.clat),
+            slat_ns: both(&read.slat, &write.slat),
         };
         ConfigReport {
             label: spec.label(),
@@ -472,20 +481,56 @@ pub fn text_table(rows: &[Vec<String>]) -> String {
     out
 }
 
-/// The workload results table.
-pub fn workload_table(results: &[ConfigReport]) -> String {
-    let mut rows = vec![
-        [
-            "config", "reps", "IOPS", "±CV", "MiB/s", "lat mean", "p50", "p99", "p99.9", "p99.99",
-        ]
+/// Which latency the table shows percentiles of (fio's `clat_percentiles`, `lat_percentiles`,
+/// `slat_percentiles`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LatKind {
+    /// Completion latency: fio's default (`clat_percentiles=1`).
+    Clat,
+    /// Total latency, request made to completion handled.
+    Lat,
+    /// Submission latency.
+    Slat,
+}
+
+impl LatKind {
+    fn name(self) -> &'static str {
+        match self {
+            LatKind::Clat => "clat",
+            LatKind::Lat => "lat",
+            LatKind::Slat => "slat",
+        }
+    }
+
+    fn of(self, s: &Summary) -> &LatReport {
+        match self {
+            LatKind::Clat => &s.clat_ns,
+            LatKind::Lat => &s.lat_ns,
+            LatKind::Slat => &s.slat_ns,
+        }
+    }
+}
+
+/// Percentiles shown in the table, per latency kind.
+const TABLE_PERCENTILES: [f64; 4] = [50.0, 99.0, 99.9, 99.99];
+
+/// The workload results table: throughput, mean total latency, and percentiles of each latency
+/// in `pcts` (fio's text output shows `clat` percentiles unless told otherwise: pass
+/// `&[LatKind::Clat]` for the same view). Percentile columns are named for their latency.
+pub fn workload_table(results: &[ConfigReport], pcts: &[LatKind]) -> String {
+    let mut header: Vec<String> = ["config", "reps", "IOPS", "±CV", "MiB/s", "lat mean"]
         .iter()
         .map(|s| s.to_string())
-        .collect::<Vec<_>>(),
-    ];
+        .collect();
+    for k in pcts {
+        for p in TABLE_PERCENTILES {
+            header.push(format!("{} p{p}", k.name()));
+        }
+    }
+    let mut rows = vec![header];
     for r in results {
         let s = &r.summary;
-        let p = |k: f64| fmt_ns(s.lat_ns.percentiles.get(&pct_key(k)).copied().unwrap_or(0) as f64);
-        rows.push(vec![
+        let mut row = vec![
             r.label.clone(),
             r.runs.len().to_string(),
             fmt_count(s.iops.mean),
@@ -497,11 +542,16 @@ pub fn workload_table(results: &[ConfigReport]) -> String {
             },
             format!("{:.1}", s.bw_bytes.mean / 1048576.0),
             fmt_ns(s.lat_ns.mean),
-            p(50.0),
-            p(99.0),
-            p(99.9),
-            p(99.99),
-        ]);
+        ];
+        for k in pcts {
+            let l = k.of(s);
+            for p in TABLE_PERCENTILES {
+                row.push(fmt_ns(
+                    l.percentiles.get(&pct_key(p)).copied().unwrap_or(0) as f64
+                ));
+            }
+        }
+        rows.push(row);
     }
     text_table(&rows)
 }
@@ -675,13 +725,64 @@ pub(crate) mod tests {
     fn cv_column_is_a_dash_for_one_repetition() {
         let one = ConfigReport::of(&JobSpec::default(), &[one_second(1000)]);
         let two = ConfigReport::of(&JobSpec::default(), &[one_second(900), one_second(1100)]);
-        let t = workload_table(&[one, two]);
+        let t = workload_table(&[one, two], &[LatKind::Clat]);
         let cv: Vec<&str> = t
             .lines()
             .skip(2)
             .map(|l| l.split_whitespace().nth(6).unwrap())
             .collect();
         assert_eq!(cv, ["-", "14.1%"], "{t}");
+    }
+
+    #[test]
+    fn table_shows_percentiles_of_the_latencies_asked_for_and_names_them() {
+        // Reads with slat 1 µs, clat 10 µs, lat 11 µs; writes with clat 30 µs: the merged
+        // clat percentiles span both directions.
+        let mut r = one_second(3);
+        for _ in 0..3 {
+            r.read.slat.record(1_000);
+            r.read.clat.record(10_000);
+            r.read.lat.record(11_000);
+        }
+        r.write.ios = 1;
+        r.write.clat.record(30_000);
+        r.write.slat.record(1_000);
+        r.write.lat.record(31_000);
+        let c = ConfigReport::of(&JobSpec::default(), &[r]);
+        let cells = |t: &str, line: usize| -> Vec<String> {
+            t.lines()
+                .nth(line)
+                .unwrap()
+                .split("  ")
+                .map(str::trim)
+                .filter(|s| !s.is_empty())
+                .map(String::from)
+                .collect()
+        };
+        let t = workload_table(std::slice::from_ref(&c), &[LatKind::Clat]);
+        let h = cells(&t, 0);
+        assert_eq!(
+            h[5..],
+            [
+                "lat mean",
+                "clat p50",
+                "clat p99",
+                "clat p99.9",
+                "clat p99.99"
+            ],
+            "{t}"
+        );
+        let v = cells(&t, 2);
+        assert_eq!(v[6..], ["10.0µs", "30.0µs", "30.0µs", "30.0µs"], "{t}");
+        let t = workload_table(std::slice::from_ref(&c), &[LatKind::Lat, LatKind::Slat]);
+        assert_eq!(cells(&t, 0)[6], "lat p50", "{t}");
+        assert_eq!(cells(&t, 0)[10], "slat p50", "{t}");
+        let v = cells(&t, 2);
+        assert_eq!(v[6..8], ["11.0µs", "31.0µs"], "{t}");
+        assert_eq!(v[10..], ["1.0µs"; 4], "{t}");
+        // No percentiles asked for: no percentile columns.
+        let t = workload_table(std::slice::from_ref(&c), &[]);
+        assert_eq!(cells(&t, 0).len(), 6, "{t}");
     }
 
     #[test]

@@ -5,7 +5,7 @@ use snapblk_bench::context;
 use snapblk_bench::fgbg::{Background, FgBgSpec, Foreground, run_fgbg};
 use snapblk_bench::hist::LatHist;
 use snapblk_bench::plot;
-use snapblk_bench::report::{Document, TargetDesc, noise_warnings, workload_table};
+use snapblk_bench::report::{Document, LatKind, TargetDesc, noise_warnings, workload_table};
 use snapblk_bench::schema::validate;
 use snapblk_bench::spec::{JobSpec, RwMode, Sweep};
 use snapblk_bench::target::{SpecTarget, Target};
@@ -65,7 +65,7 @@ fn workload_document_validates_and_carries_histograms() {
             .as_array()
             .is_some_and(|s| !s.is_empty())
     );
-    assert!(workload_table(&doc.results).contains("randread bs=4k qd=8 jobs=1"));
+    assert!(workload_table(&doc.results, &[LatKind::Clat]).contains("randread bs=4k qd=8 jobs=1"));
     // fio's three latencies, each over every I/O of the direction.
     for run in r0["runs"].as_array().unwrap() {
         let d = &run["read"];

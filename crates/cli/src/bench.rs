@@ -7,7 +7,7 @@ use anyhow::{Context as _, bail};
 use clap::{Args, Subcommand};
 use snapblk_bench::capi::LibblkioTarget;
 use snapblk_bench::report::{
-    ConfigReport, Document, TargetDesc, noise_warnings, signal_name, workload_table,
+    ConfigReport, Document, LatKind, TargetDesc, noise_warnings, signal_name, workload_table,
 };
 use snapblk_bench::spec::{self, JobSpec, RwMode, Sweep, parse_list, parse_secs, parse_size};
 use snapblk_bench::target::{SpecTarget, Target};
@@ -163,6 +163,18 @@ struct WorkloadArgs {
     /// use (its pages cost more to pin per O_DIRECT system call).
     #[arg(long, alias = "mem", default_value = "malloc", value_parser = parse_iomem)]
     iomem: snapblk_bench::spec::Iomem,
+    /// Show completion-latency percentiles in the table (fio's clat_percentiles, default 1).
+    #[arg(long = "clat_percentiles", alias = "clat-percentiles", default_value = "1",
+        action = clap::ArgAction::Set, value_parser = parse_flag)]
+    clat_percentiles: bool,
+    /// Show total-latency percentiles in the table (fio's lat_percentiles, default 0).
+    #[arg(long = "lat_percentiles", alias = "lat-percentiles", default_value = "0",
+        action = clap::ArgAction::Set, value_parser = parse_flag)]
+    lat_percentiles: bool,
+    /// Show submission-latency percentiles in the table (fio's slat_percentiles, default 0).
+    #[arg(long = "slat_percentiles", alias = "slat-percentiles", default_value = "0",
+        action = clap::ArgAction::Set, value_parser = parse_flag)]
+    slat_percentiles: bool,
     /// Run every configuration N times, interleaved, and report the spread.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
     repeat: u32,
@@ -628,7 +640,16 @@ fn run_workload(w: WorkloadArgs) -> anyhow::Result<()> {
                 Err(e) => warnings.push(format!("plots in {}: {e}", dir.display())),
             }
         }
-        Ok(Some(workload_table(&results)))
+        // fio's order: slat, clat, lat.
+        let pcts: Vec<LatKind> = [
+            (w.slat_percentiles, LatKind::Slat),
+            (w.clat_percentiles, LatKind::Clat),
+            (w.lat_percentiles, LatKind::Lat),
+        ]
+        .into_iter()
+        .filter_map(|(on, k)| on.then_some(k))
+        .collect();
+        Ok(Some(workload_table(&results, &pcts)))
     })();
     let mut doc = doc;
     warnings.extend(noise_warnings(&results, &doc.context));

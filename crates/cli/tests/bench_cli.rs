@@ -223,9 +223,24 @@ fn table_on_stdout_json_in_file_and_verify_on_a_file() {
     let table = String::from_utf8(o.stdout).unwrap();
     assert!(table.starts_with("config"), "{table}");
     assert!(table.contains("randrw bs=4k qd=8 jobs=2"));
+    // fio's default view: completion-latency percentiles, named as such.
+    assert_eq!(
+        header_cells(&table)[6..],
+        ["clat p50", "clat p99", "clat p99.9", "clat p99.99"],
+        "{table}"
+    );
     let v: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
     validate(&v).unwrap();
+    let clat = &v["results"][0]["summary"]["clat_ns"];
+    assert!(clat["samples"].as_u64().unwrap() >= 2048, "{clat}");
+    assert!(
+        clat["mean"].as_f64().unwrap()
+            < v["results"][0]["summary"]["lat_ns"]["mean"]
+                .as_f64()
+                .unwrap(),
+        "clat is part of lat"
+    );
     assert_eq!(v["context"]["target"]["kind"], "file");
     assert_eq!(v["results"][0]["config"]["direct"], true);
     assert_eq!(v["results"][0]["config"]["iomem"], "malloc");
@@ -235,6 +250,43 @@ fn table_on_stdout_json_in_file_and_verify_on_a_file() {
             .unwrap()
             >= 2048
     );
+}
+
+/// The column names of a `snapblk bench` table (cells are separated by two or more spaces).
+fn header_cells(table: &str) -> Vec<String> {
+    table
+        .lines()
+        .next()
+        .unwrap_or("")
+        .split("  ")
+        .map(str::trim)
+        .filter(|c| !c.is_empty())
+        .map(String::from)
+        .collect()
+}
+
+#[test]
+fn table_percentiles_follow_fios_percentile_options() {
+    let base = ["null:size=64M", "--rw", "randread", "--runtime", "0.2"];
+    let cols = |extra: &[&str]| {
+        let o = snapblk(&[&base[..], extra].concat());
+        assert_ok(&o);
+        header_cells(&String::from_utf8(o.stdout).unwrap())[6..].to_vec()
+    };
+    let four = |k: &str| ["p50", "p99", "p99.9", "p99.99"].map(|p| format!("{k} {p}"));
+    assert_eq!(
+        cols(&["--lat_percentiles", "1", "--clat_percentiles", "0"]),
+        four("lat")
+    );
+    // Several kinds appear in fio's order: slat, clat, lat.
+    assert_eq!(
+        cols(&["--lat_percentiles", "1", "--slat_percentiles", "1"]),
+        [four("slat"), four("clat"), four("lat")].concat()
+    );
+    assert!(cols(&["--clat_percentiles", "0"]).is_empty());
+    let o = snapblk(&[&base[..], &["--lat_percentiles", "maybe"]].concat());
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("expected 0 or 1"));
 }
 
 #[test]

@@ -143,15 +143,21 @@ impl Driver for Held {
     }
 }
 
-#[test]
-fn a_write_completing_after_a_pipelined_flush_is_flushed_at_disconnect() {
+/// A 1 MiB held-writes device served as export `disk`, and a client connected to it.
+fn serve_held() -> (Arc<Shared>, TestServer, Client) {
     let sh = Arc::new(Shared::default());
     sh.st.lock().unwrap().mem = vec![0; 1 << 20];
     let mut dev = Blkio::new(Box::new(Held(sh.clone())));
     dev.connect().unwrap();
     dev.start().unwrap();
     let srv = TestServer::start_device(dev, false, "127.0.0.1:0", ServerConfig::default());
-    let mut c = Client::connect(&srv.addr, "disk");
+    let c = Client::connect(&srv.addr, "disk");
+    (sh, srv, c)
+}
+
+#[test]
+fn a_write_completing_after_a_pipelined_flush_is_flushed_at_disconnect() {
+    let (sh, srv, mut c) = serve_held();
 
     sh.st.lock().unwrap().hold_writes = true;
     c.send(CMD_WRITE, 0, 1, 4096, 4096, &[0xab; 4096]);
@@ -180,13 +186,7 @@ fn a_write_completing_after_a_pipelined_flush_is_flushed_at_disconnect() {
 
 #[test]
 fn no_final_flush_when_every_completed_write_was_flushed() {
-    let sh = Arc::new(Shared::default());
-    sh.st.lock().unwrap().mem = vec![0; 1 << 20];
-    let mut dev = Blkio::new(Box::new(Held(sh.clone())));
-    dev.connect().unwrap();
-    dev.start().unwrap();
-    let srv = TestServer::start_device(dev, false, "127.0.0.1:0", ServerConfig::default());
-    let mut c = Client::connect(&srv.addr, "disk");
+    let (sh, srv, mut c) = serve_held();
     assert_eq!(c.simple(CMD_WRITE, 0, 0, 512, &[1; 512]), 0);
     assert_eq!(c.simple(CMD_FLUSH, 0, 0, 0, &[]), 0);
     assert_eq!(c.read(0, 512).unwrap(), [1; 512]);

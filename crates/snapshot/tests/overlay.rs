@@ -5,7 +5,7 @@ use snapblk_core::{Blkio, QueueExt};
 use snapblk_snapshot::cowsrc::{OpenMode, open_files};
 use snapblk_snapshot::fault::FaultWorld;
 use snapblk_snapshot::rng::Rng;
-use snapblk_snapshot::synth::{RawOnly, SynthSpec, generate};
+use snapblk_snapshot::synth::{RawOnly, SynthCase, SynthSpec, generate};
 use snapblk_snapshot::{
     MergeOptions, Snapshot, SnapshotConfig, SnapshotDriver, SnapshotParts, merge,
 };
@@ -25,6 +25,22 @@ fn copy_case(name: &str, dir: &Path) -> (String, String, Vec<u8>) {
         cow.display().to_string(),
         std::fs::read(src.join("target.img")).unwrap(),
     )
+}
+
+/// A writable snapshot of `case` on the fault world's disks (0: base, 1: COW).
+fn open_writable(case: &SynthCase, w: &Arc<FaultWorld>) -> Snapshot {
+    Snapshot::open(SnapshotParts {
+        base: Arc::new(w.disk(0)),
+        cow: Arc::new(w.disk(1)),
+        map: case.map(),
+        layout: case.layout,
+        decoder: Arc::new(RawOnly),
+        config: SnapshotConfig {
+            writable: true,
+            ..Default::default()
+        },
+    })
+    .unwrap()
 }
 
 fn open_driver(base: &str, cow: &str, writable: bool) -> Blkio {
@@ -119,20 +135,7 @@ fn power_cut_keeps_flushed_writes_and_whole_records_only() {
     let bs = 4096usize;
     for seed in 0..200u64 {
         let world = FaultWorld::new(vec![case.base.clone(), case.cow.clone()]);
-        let open = |w: &Arc<FaultWorld>| {
-            Snapshot::open(SnapshotParts {
-                base: Arc::new(w.disk(0)),
-                cow: Arc::new(w.disk(1)),
-                map: case.map(),
-                layout: case.layout,
-                decoder: Arc::new(RawOnly),
-                config: SnapshotConfig {
-                    writable: true,
-                    ..Default::default()
-                },
-            })
-            .unwrap()
-        };
+        let open = |w: &Arc<FaultWorld>| open_writable(&case, w);
         let s = open(&world);
         let mut rng = Rng::new(seed);
         let mut flushed = case.target.clone();
@@ -196,20 +199,7 @@ fn rewriting_a_torn_record_identically_does_not_revive_later_records() {
         4,
     );
     let bs = 4096usize;
-    let open = |w: &Arc<FaultWorld>| {
-        Snapshot::open(SnapshotParts {
-            base: Arc::new(w.disk(0)),
-            cow: Arc::new(w.disk(1)),
-            map: case.map(),
-            layout: case.layout,
-            decoder: Arc::new(RawOnly),
-            config: SnapshotConfig {
-                writable: true,
-                ..Default::default()
-            },
-        })
-        .unwrap()
-    };
+    let open = |w: &Arc<FaultWorld>| open_writable(&case, w);
     let read_block = |s: &Snapshot, b: usize| {
         let mut v = vec![0u8; bs];
         s.read((b * bs) as u64, &mut v).unwrap();

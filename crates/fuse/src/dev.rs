@@ -57,6 +57,18 @@ struct Inner {
     dev: Blkio,
 }
 
+/// Counts a write in `writes_done` when dropped. Made right after taking `rmw`, so it drops
+/// before the lock guard: a write is counted (failed or not: it may have changed blocks) before
+/// [`Device::refuse_writes`] can get between it and its reply, and a flush issued after the
+/// count covers it.
+struct CountWrite<'a>(&'a AtomicU64);
+
+impl Drop for CountWrite<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_add(1, Ordering::AcqRel);
+    }
+}
+
 /// A started device used by many threads.
 pub struct Device {
     inner: Mutex<Inner>,
@@ -203,18 +215,10 @@ impl Device {
         if n == 0 {
             return Ok(0);
         }
-        // Counted once the I/O has returned, failed or not (a failed write may have changed
-        // some blocks): a flush issued after that covers it.
-        let r = self.write_in(off, data);
-        self.writes_done.fetch_add(1, Ordering::AcqRel);
-        r
-    }
-
-    fn write_in(&self, off: u64, data: &[u8]) -> Result<usize, IoError> {
-        let n = data.len();
         let a = self.align;
         if off.is_multiple_of(a) && (n as u64).is_multiple_of(a) {
             let _shared = self.rmw.read().unwrap_or_else(|p| p.into_inner());
+            let _counted = CountWrite(&self.writes_done);
             self.check_open()?;
             if self.buf_align <= 1 || (data.as_ptr() as usize).is_multiple_of(self.buf_align) {
                 self.with_queue(|q| self.write_aligned(q, off, data))?;
@@ -226,6 +230,7 @@ impl Device {
             return Ok(n);
         }
         let _excl = self.rmw.write().unwrap_or_else(|p| p.into_inner());
+        let _counted = CountWrite(&self.writes_done);
         self.check_open()?;
         let end = off + n as u64;
         let (astart, aend) = (off / a * a, end.div_ceil(a) * a);
@@ -280,18 +285,18 @@ impl Device {
         if iend < end {
             self.write(iend, &vec![0u8; (end - iend) as usize])?;
         }
-        let _shared = self.rmw.read().unwrap_or_else(|p| p.into_inner());
+        let shared = self.rmw.read().unwrap_or_else(|p| p.into_inner());
+        let counted = CountWrite(&self.writes_done);
         self.check_open()?;
         let flags = if punch {
             snapblk_core::ReqFlags::NONE
         } else {
             snapblk_core::ReqFlags::NO_UNMAP
         };
-        let r = self.with_queue(|q| Ok(q.write_zeroes(istart, iend - istart, flags)?));
-        self.writes_done.fetch_add(1, Ordering::AcqRel);
-        match r {
+        match self.with_queue(|q| Ok(q.write_zeroes(istart, iend - istart, flags)?)) {
             Err(e) if e.errno == libc::ENOTSUP || e.errno == libc::EOPNOTSUPP => {
-                drop(_shared);
+                drop(counted);
+                drop(shared);
                 // The driver cannot zero natively: write zero buffers.
                 let chunk = vec![0u8; (1 << 20).min((iend - istart) as usize)];
                 let mut o = istart;

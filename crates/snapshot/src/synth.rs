@@ -7,10 +7,12 @@
 //! which is what the COW parser produces too. This keeps the merge engine's tests independent of
 //! the format crate; golden files exercise the combination.
 
+use crate::fault::FaultWorld;
 use crate::map::{Codec, MapOp, OpKind, Payload, SnapshotMap};
 use crate::rng::Rng;
-use crate::snapshot::{CowLayout, Decoder};
+use crate::snapshot::{CowLayout, Decoder, Snapshot, SnapshotConfig, SnapshotParts};
 use std::collections::HashSet;
+use std::sync::Arc;
 
 /// Header size used by synthetic COWs (v3's).
 pub const HEADER_SIZE: u32 = 78;
@@ -68,6 +70,23 @@ impl SynthCase {
             self.ops.clone(),
         )
         .unwrap_or_else(|e| unreachable!("generated ops are valid: {e}"))
+    }
+
+    /// A snapshot of this case on `world`'s disks (0: base, 1: COW), raw payloads only: what the
+    /// power-cut, overlay and hostile-input tests open again after every simulated crash.
+    pub fn open_on(
+        &self,
+        world: &Arc<FaultWorld>,
+        config: SnapshotConfig,
+    ) -> crate::Result<Snapshot> {
+        Snapshot::open(SnapshotParts {
+            base: Arc::new(world.disk(0)),
+            cow: Arc::new(world.disk(1)),
+            map: self.map(),
+            layout: self.layout,
+            decoder: Arc::new(RawOnly),
+            config,
+        })
     }
 }
 

@@ -101,8 +101,8 @@ fn fuzz_smoke_mutated_merge_states() {
 fn hostile_buffer_size_keeps_android_windows() {
     use snapblk_snapshot::fault::FaultWorld;
     use snapblk_snapshot::snapshot::{CowLayout, MAX_SCRATCH_SIZE, Scratch};
-    use snapblk_snapshot::synth::{RawOnly, SynthSpec, generate};
-    use snapblk_snapshot::{MergeOptions, MergeStep, Snapshot, SnapshotConfig, SnapshotParts};
+    use snapblk_snapshot::synth::{SynthSpec, generate};
+    use snapblk_snapshot::{MergeOptions, MergeStep, SnapshotConfig};
     use std::sync::atomic::{AtomicBool, Ordering};
     use std::sync::{Arc, Mutex};
 
@@ -134,16 +134,7 @@ fn hostile_buffer_size_keeps_android_windows() {
     let ordered = case.ops.iter().filter(|o| o.is_ordered()).count();
     assert!(ordered > 1020, "{ordered} ordered ops");
     case.layout.scratch_size = 0xffff_f000;
-    let open = |w: &Arc<FaultWorld>| {
-        Snapshot::open(SnapshotParts {
-            base: Arc::new(w.disk(0)),
-            cow: Arc::new(w.disk(1)),
-            map: case.map(),
-            layout: case.layout,
-            decoder: Arc::new(RawOnly),
-            config: SnapshotConfig::default(),
-        })
-    };
+    let open = |w: &Arc<FaultWorld>| case.open_on(w, SnapshotConfig::default());
     // First run: power is cut right after the first window is staged (scratch flushed, state
     // byte 2), before any of its destinations is written.
     let world = FaultWorld::new(vec![case.base.clone(), case.cow.clone()]);

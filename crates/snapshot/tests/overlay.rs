@@ -5,10 +5,8 @@ use snapblk_core::{Blkio, QueueExt};
 use snapblk_snapshot::cowsrc::{OpenMode, open_files};
 use snapblk_snapshot::fault::FaultWorld;
 use snapblk_snapshot::rng::Rng;
-use snapblk_snapshot::synth::{RawOnly, SynthCase, SynthSpec, generate};
-use snapblk_snapshot::{
-    MergeOptions, Snapshot, SnapshotConfig, SnapshotDriver, SnapshotParts, merge,
-};
+use snapblk_snapshot::synth::{SynthCase, SynthSpec, generate};
+use snapblk_snapshot::{MergeOptions, Snapshot, SnapshotConfig, SnapshotDriver, merge};
 use std::path::Path;
 use std::sync::Arc;
 
@@ -29,17 +27,13 @@ fn copy_case(name: &str, dir: &Path) -> (String, String, Vec<u8>) {
 
 /// A writable snapshot of `case` on the fault world's disks (0: base, 1: COW).
 fn open_writable(case: &SynthCase, w: &Arc<FaultWorld>) -> Snapshot {
-    Snapshot::open(SnapshotParts {
-        base: Arc::new(w.disk(0)),
-        cow: Arc::new(w.disk(1)),
-        map: case.map(),
-        layout: case.layout,
-        decoder: Arc::new(RawOnly),
-        config: SnapshotConfig {
+    case.open_on(
+        w,
+        SnapshotConfig {
             writable: true,
             ..Default::default()
         },
-    })
+    )
     .unwrap()
 }
 

@@ -27,7 +27,7 @@ fn open_with(
 }
 
 fn open(case: &SynthCase, world: &Arc<FaultWorld>) -> snapblk_snapshot::Result<Snapshot> {
-    open_with(case, world, &|| Arc::new(RawOnly))
+    case.open_on(world, SnapshotConfig::default())
 }
 
 fn read_all(s: &Snapshot) -> Vec<u8> {
@@ -338,13 +338,8 @@ fn power_cuts_on_real_cow_files() {
         case.layout = layout;
         case.ops = map.ops().to_vec();
         let world = FaultWorld::new(vec![case.base.clone(), case.cow.clone()]);
-        let s = Snapshot::open(SnapshotParts {
-            base: Arc::new(world.disk(0)),
-            cow: Arc::new(world.disk(1)),
-            map: case.map(),
-            layout: case.layout,
-            decoder: Arc::new(snapblk_snapshot::cowsrc::CowDecoder),
-            config: SnapshotConfig::default(),
+        let s = open_with(&case, &world, &|| {
+            Arc::new(snapblk_snapshot::cowsrc::CowDecoder)
         })
         .unwrap();
         assert_eq!(read_all(&s), case.target, "real COW v{version} reads");

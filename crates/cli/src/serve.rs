@@ -440,8 +440,8 @@ fn serve_fuse(
         match m.try_unmount() {
             Ok(()) => break,
             Err(snapblk_fuse::FuseError::Busy(p)) if signalled >= 2 => {
-                // Not `unmount_lazy`: waiting for the users here would leave the signals
-                // unanswered for as long as a loop device stays attached.
+                // No waiting for the users here: that would leave the signals unanswered for
+                // as long as a loop device stays attached.
                 m.detach_lazy();
                 detached = true;
                 eprintln!(

@@ -457,13 +457,6 @@ impl Mounted {
         self.finish()
     }
 
-    /// Detach the mount even if busy (`umount -l`) and wait until the session ends, i.e. until
-    /// the file system's last user (e.g. a loop device) lets go.
-    pub fn unmount_lazy(&mut self) -> Result<(), FuseError> {
-        self.detach_lazy();
-        self.finish()
-    }
-
     /// Detach the mount point (`umount -l`) without waiting: the file system goes on serving
     /// the users it still has (a loop device, open files) until they let go, and then the
     /// session ends ([`Mounted::is_finished`]).

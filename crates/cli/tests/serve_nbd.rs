@@ -141,6 +141,67 @@ fn writable_snapshot_writes_read_back_and_persist() {
 }
 
 #[test]
+fn merge_refuses_to_run_under_a_served_snapshot() {
+    // A merge overwrites the base under a server that maps blocks from the old base: its
+    // clients would read garbage. Both sides hold the files (flock), so the merge is refused,
+    // in one clear line, with nothing written; once the server stops it runs to the end.
+    let case = golden::case("v3_replace_zstd");
+    let d = TempDir::new("nbd-merge-busy");
+    let (base, cow) = case.copy_inputs(d.path());
+    let base_before = std::fs::read(&base).unwrap();
+    let cow_before = std::fs::read(&cow).unwrap();
+    let merge = || {
+        std::process::Command::new(bin())
+            .args(["merge", path_str(&cow), "--base", path_str(&base)])
+            .output()
+            .unwrap()
+    };
+    let s = serve_snapshot(&base, &cow, &[]);
+    // A second read-only server of the same files is fine.
+    let s2 = serve_snapshot(&base, &cow, &[]);
+    let o = merge();
+    assert!(!o.status.success(), "merge ran under a server");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(err.trim().lines().count(), 1, "one-line error: {err}");
+    assert!(err.contains("in use by another process"), "{err}");
+    assert_file_eq(&base, &base_before, "a refused merge wrote the base");
+    assert_file_eq(&cow, &cow_before, "a refused merge wrote the COW");
+    // Clients still read the new image.
+    let out = d.join("copy.img");
+    nbd::copy(&s.ready_str("uri"), path_str(&out));
+    assert_file_eq(
+        &out,
+        &case.read("target.img"),
+        "reads beside a refused merge",
+    );
+    for s in [s, s2] {
+        let (st, _, err) = s.stop();
+        assert!(st.success(), "{err}");
+    }
+    let o = merge();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_file_eq(&base, &case.read("target.img"), "base after the merge");
+    // And a writable server keeps a read-only one out (it would miss the overlay's writes).
+    std::fs::create_dir(d.join("w")).unwrap();
+    let (base, cow) = case.copy_inputs(&d.join("w"));
+    let w = serve_snapshot(&base, &cow, &["--writable"]);
+    let r = Serve::try_start(&[
+        "--base",
+        path_str(&base),
+        "--cow",
+        path_str(&cow),
+        "--nbd",
+        "0",
+    ]);
+    assert!(
+        matches!(&r, Err(e) if e.contains("in use by another process")),
+        "{:?}",
+        r.err()
+    );
+    w.stop();
+}
+
+#[test]
 fn sixteen_concurrent_nbdcopy_clients_verify() {
     let case = golden::case("v3_multiblock_lz4_64k");
     let d = TempDir::new("nbd-16");

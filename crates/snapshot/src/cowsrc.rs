@@ -1,6 +1,6 @@
 //! Building a [`Snapshot`] from an Android COW file parsed by snapblk-cow.
 
-use crate::dev::{BlockDev, FileDev};
+use crate::dev::{BlockDev, FileDev, Hold};
 use crate::error::{Result, SnapError};
 use crate::map::{Codec, MapOp, OpKind, Payload, SnapshotMap};
 use crate::snapshot::{CowLayout, Decoder, Snapshot, SnapshotConfig, SnapshotParts};
@@ -117,15 +117,30 @@ pub struct OpenMode {
 
 /// Open a snapshot of `base` + `cow` files. The device size is the base size (rounded down to
 /// the block size), as the COW does not record it.
+///
+/// Each file is held ([`Hold`]) for as long as the snapshot is open: shared when it is only
+/// read, exclusive when it is written (the base by a merge, the COW by a merge or the writable
+/// overlay). So a `snapblk merge` refuses to start under a running `snapblk serve` of the same
+/// files, which would otherwise go on serving blocks the merge has overwritten, and the
+/// other way round; read-only servers of one snapshot run side by side. A conflict fails at
+/// once with EBUSY.
 pub fn open_files(
     base: &Path,
     cow: &Path,
     cfg: SnapshotConfig,
     mode: OpenMode,
 ) -> Result<Snapshot> {
-    let base_dev =
-        FileDev::open(base, mode.base_writable).map_err(SnapError::io("opening base"))?;
-    let cow_dev = FileDev::open(cow, mode.cow_writable || cfg.writable)
+    let hold = |writes| {
+        if writes {
+            Hold::Exclusive
+        } else {
+            Hold::Shared
+        }
+    };
+    let base_dev = FileDev::open_held(base, mode.base_writable, hold(mode.base_writable))
+        .map_err(SnapError::io("opening base"))?;
+    let cow_writes = mode.cow_writable || cfg.writable;
+    let cow_dev = FileDev::open_held(cow, cow_writes, hold(cow_writes))
         .map_err(SnapError::io("opening COW"))?;
     open_devs(Arc::new(base_dev), Arc::new(cow_dev), cfg)
 }

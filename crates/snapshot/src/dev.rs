@@ -55,7 +55,63 @@ impl FileDev {
     }
 }
 
+/// How an opened [`FileDev`] shares its file with other openers, through a BSD `flock` on it.
+/// The lock goes with the open file: closing it, or the process dying (SIGKILL, a crash), drops
+/// it, so there is never a stale lock to clean up. Advisory: it keeps snapblk processes (and
+/// tools that follow the same convention for block devices, as udev and mkfs do) apart, not
+/// other writers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Hold {
+    /// Others may read alongside (a served snapshot's base and COW).
+    Shared,
+    /// Nobody else may have it open through a `Hold` (a merge's base and COW, a writable
+    /// snapshot's COW).
+    Exclusive,
+}
+
 impl FileDev {
+    /// Open `path` like [`FileDev::open`] and take `hold` on it without waiting. A file held
+    /// in a conflicting way fails with EBUSY and says why; a file system without `flock`
+    /// (ENOLCK, EOPNOTSUPP) is opened without the lock rather than refused.
+    pub fn open_held(
+        path: &std::path::Path,
+        writable: bool,
+        hold: Hold,
+    ) -> snapblk_core::Result<Self> {
+        let dev = Self::open(path, writable)?;
+        let r = match hold {
+            Hold::Shared => dev.file.try_lock_shared(),
+            Hold::Exclusive => dev.file.try_lock(),
+        };
+        match r {
+            Ok(()) => Ok(dev),
+            Err(std::fs::TryLockError::WouldBlock) => Err(Error::new(
+                libc::EBUSY,
+                match hold {
+                    Hold::Exclusive => format!(
+                        "{}: in use by another process (a snapblk serving or merging it); \
+                         a merge or a writable snapshot needs it to itself",
+                        path.display()
+                    ),
+                    Hold::Shared => format!(
+                        "{}: in use by another process that is writing it (a snapblk merge \
+                         or writable snapshot of it)",
+                        path.display()
+                    ),
+                },
+            )),
+            Err(std::fs::TryLockError::Error(e))
+                if matches!(e.raw_os_error(), Some(libc::ENOLCK | libc::EOPNOTSUPP)) =>
+            {
+                Ok(dev)
+            }
+            Err(std::fs::TryLockError::Error(e)) => Err(Error::new(
+                e.raw_os_error().unwrap_or(libc::EIO),
+                format!("{}: locking: {e}", path.display()),
+            )),
+        }
+    }
+
     /// The general read: retries short reads and EINTR until `buf` is full or end of file.
     #[cold]
     #[inline(never)]

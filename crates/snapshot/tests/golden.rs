@@ -150,7 +150,9 @@ fn merge_every_valid_case_and_match_aosp_state() {
             std::fs::read(&w.base).unwrap() == w.target,
             "{name}: merged base != target.img"
         );
-        // Reopen: everything merged, still reads the new image.
+        // Reopen (after closing: a merge holds its files to itself): everything merged, still
+        // reads the new image.
+        drop(s);
         let s2 = open_rw(&w);
         assert_eq!(s2.merge_progress(), (total, total), "{name}");
         check_reads(&s2, &w.target, &format!("{name} reopened"), 5);

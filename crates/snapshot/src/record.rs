@@ -10,8 +10,9 @@
 //! directory — so a reader sees either no list or a complete one.
 //!
 //! *Replay*: at connect, a background thread reads the listed ranges in chunks of
-//! [`REPLAY_CHUNK`] bytes through [`Snapshot::read_class`] with [`IoClass::Readahead`], so the
-//! scheduler keeps it behind client I/O. That warms the base's page cache for COPY and unchanged
+//! [`REPLAY_CHUNK`] bytes through [`Snapshot::read_background`] with [`IoClass::Readahead`], so
+//! the scheduler keeps it behind client I/O (and it never waits for its budget while holding the
+//! merge view). That warms the base's page cache for COPY and unchanged
 //! blocks, the COW's for raw payloads, and the decoded-unit cache for compressed ones.
 //!
 //! *Binding*: a recorded list carries `#@ capacity=`, `#@ block-size=` and `#@ cow-id=` metadata
@@ -497,7 +498,8 @@ impl Activity {
                     state = ReplayState::Stopped;
                     break 'all;
                 }
-                let res = snap.read_class(IoClass::Readahead, c.offset, &mut buf[..c.len as usize]);
+                let res =
+                    snap.read_background(IoClass::Readahead, c.offset, &mut buf[..c.len as usize]);
                 let mut s = lock(&self.replay);
                 s.chunks += 1;
                 s.bytes += c.len;
@@ -752,6 +754,39 @@ mod tests {
         let f = load_list(&list).unwrap();
         assert_eq!(f.list.ranges, ranges(&[(8 * BS, BS)]));
         assert_eq!(f.get("window-ms"), Some("1000"));
+    }
+
+    #[test]
+    fn a_throttled_background_read_waits_with_the_merge_view_free() {
+        // Background I/O over budget (a merge holding 4 MiB in flight) throttles readahead. It
+        // must wait for its budget without the view read lock: a merge commit waits for the
+        // write lock, and client reads queue behind the commit (the lock prefers writers).
+        let c = Case::new(100);
+        let mut d = c.driver(&[]);
+        d.connect(false).unwrap();
+        let snap = d.snapshot().unwrap();
+        let mut expect = vec![0u8; 256 << 10];
+        snap.read(0, &mut expect).unwrap();
+        let merge_io = snap.io.sched.admit(IoClass::Merge, 4 << 20);
+        std::thread::scope(|sc| {
+            let reader = sc.spawn(|| {
+                let mut buf = vec![0u8; 256 << 10];
+                snap.read_background(IoClass::Readahead, 0, &mut buf)
+                    .map(|()| buf)
+            });
+            for _ in 0..100 {
+                std::thread::sleep(Duration::from_millis(2));
+                assert!(
+                    snap.view.try_write().is_ok(),
+                    "a throttled readahead holds the merge view"
+                );
+            }
+            assert!(!reader.is_finished(), "readahead ran over the budget");
+            drop(merge_io);
+            assert!(reader.join().unwrap().unwrap() == expect);
+        });
+        let ra = snap.sched_stats().readahead;
+        assert!(ra.throttled >= 1 && ra.wait_ns > 0, "{ra:?}");
     }
 
     #[test]

@@ -73,7 +73,8 @@ pub struct ClassStats {
     /// Total time spent waiting for admission.
     pub wait_ns: u64,
     pub max_wait_ns: u64,
-    /// Requests that could not be admitted at once.
+    /// Requests that could not be admitted at once (a background read's wait for room before
+    /// it takes the merge view counts too).
     pub throttled: u64,
 }
 
@@ -200,13 +201,18 @@ impl SchedCore {
         self.fg_seen = started;
     }
 
+    /// Whether `bytes` of background I/O would be admitted at `now` (nothing is taken).
+    pub fn bg_fits(&self, now: u64, bytes: u64) -> bool {
+        self.bg_inflight == 0 || self.bg_inflight.saturating_add(bytes) <= self.budget(now)
+    }
+
     /// Try to admit `bytes` of background I/O at `now`.
     pub fn bg_try_admit(&mut self, now: u64, bytes: u64) -> bool {
-        let b = self.budget(now);
         if self.cfg.enabled {
+            let b = self.budget(now);
             self.note_budget(b);
         }
-        if self.bg_inflight == 0 || self.bg_inflight.saturating_add(bytes) <= b {
+        if self.bg_fits(now, bytes) {
             self.bg_inflight += bytes;
             true
         } else {
@@ -227,6 +233,15 @@ impl SchedCore {
         s.wait_ns += wait_ns;
         s.max_wait_ns = s.max_wait_ns.max(wait_ns);
         s.throttled += throttled as u64;
+    }
+
+    /// A wait of `wait_ns` for room in the budget before `class`'s admission (see
+    /// [`Scheduler::wait_room`]): counted as throttling, the request itself at admission.
+    pub fn note_wait(&mut self, class: IoClass, wait_ns: u64) {
+        let s = self.stats.class_mut(class);
+        s.wait_ns += wait_ns;
+        s.max_wait_ns = s.max_wait_ns.max(wait_ns);
+        s.throttled += 1;
     }
 
     /// Counters so far.
@@ -330,22 +345,53 @@ impl Scheduler {
 
     #[inline(never)]
     fn admit_bg(&self, class: IoClass, bytes: u64) -> Ticket<'_> {
-        let mut c = self.lock();
         let start = self.now();
         let mut throttled = false;
+        let mut c = self.wait_until(|c, now| {
+            let ok = c.bg_try_admit(now, bytes);
+            throttled |= !ok;
+            ok
+        });
+        c.account(class, bytes, self.now() - start, throttled);
+        Ticket {
+            sched: self,
+            class,
+            bytes,
+        }
+    }
+
+    /// Wait until `bytes` of background I/O would be admitted, without admitting them. A
+    /// background reader calls this before it takes a lock that writers wait for (the
+    /// snapshot's merge view), so that it waits for its budget with the lock free and holds
+    /// the lock only for its I/O. Admission afterwards is normally immediate; it may wait
+    /// again if foreground I/O began in between.
+    /// A wait here counts for `class` as a throttled admission would.
+    pub fn wait_room(&self, class: IoClass, bytes: u64) {
+        let start = self.now();
+        let mut waited = false;
+        let mut c = self.wait_until(|c, now| {
+            let ok = c.bg_fits(now, bytes);
+            waited |= !ok;
+            ok
+        });
+        if waited {
+            c.note_wait(class, self.now() - start);
+        }
+    }
+
+    /// Evaluate `ready` on the core (foreground counters synced) until it returns true; the
+    /// core stays locked for the caller.
+    fn wait_until(
+        &self,
+        mut ready: impl FnMut(&mut SchedCore, u64) -> bool,
+    ) -> MutexGuard<'_, SchedCore> {
+        let mut c = self.lock();
         loop {
             let now = self.now();
             self.sync_fg(&mut c, now);
-            if c.bg_try_admit(now, bytes) {
-                let wait = now - start;
-                c.account(class, bytes, wait, throttled);
-                return Ticket {
-                    sched: self,
-                    class,
-                    bytes,
-                };
+            if ready(&mut c, now) {
+                return c;
             }
-            throttled = true;
             // Woken by background completions; the timeout re-evaluates budget growth (and
             // notices foreground activity, which does not signal the condition variable).
             let tick = Duration::from_nanos((c.config().idle_ns / 4).clamp(50_000, 5_000_000));

@@ -414,6 +414,21 @@ impl Snapshot {
         self.read_planned(class, &view, offset, buf)
     }
 
+    /// A background read (readahead) of any length: in pieces no larger than the scheduler's
+    /// current budget, each one waiting for room in the budget *before* it takes the merge
+    /// view. So a merge commit waiting for the view waits at most for one piece's I/O, never
+    /// for a throttled background read, and the client reads queued behind that commit with it.
+    pub fn read_background(&self, class: IoClass, offset: u64, buf: &mut [u8]) -> Result<()> {
+        let mut pos = 0usize;
+        while pos < buf.len() {
+            let n = (self.io.sched.chunk() as usize).min(buf.len() - pos);
+            self.io.sched.wait_room(class, n as u64);
+            self.read_class(class, offset + pos as u64, &mut buf[pos..pos + n])?;
+            pos += n;
+        }
+        Ok(())
+    }
+
     /// Reads spanning blocks: build a plan, then execute it.
     #[inline(never)]
     fn read_planned(

@@ -2,17 +2,19 @@
 //!
 //! For the snapshot device, `--record LIST` records the block ranges served during the first
 //! `--record-secs` seconds and `--readahead LIST` replays such a list inside the device at start
-//! (see snapblk_snapshot::record); their counters go into the JSON lines.
+//! (see snapblk_snapshot::record), and `--merge` merges the COW into the base while serving
+//! (snapblk_snapshot::merge_task); their counters go into the JSON lines.
 
 use crate::serve_ublk;
 use anyhow::{Context, bail};
 use clap::{ArgGroup, Args};
 use snapblk_nbd::signals::TermSignals;
+use snapblk_snapshot::merge_task::MergeState;
 use snapblk_snapshot::record::{Activity, ReplayState};
 use std::io::Write;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 #[derive(Args)]
 #[command(group(ArgGroup::new("export").required(true).multiple(false).args(["ublk", "fuse", "nbd"])))]
@@ -30,6 +32,11 @@ pub struct ServeArgs {
     /// Make the snapshot writable (writes go to an overlay, the base is never modified).
     #[arg(long, requires = "base")]
     writable: bool,
+    /// Snapshot device: merge the COW into the base while serving, as snapuserd does after an
+    /// update's first boot. Clients keep reading the new image (read-only); stopping the server
+    /// stops the merge at a durable step, and the next --merge (or `snapblk merge`) resumes it.
+    #[arg(long, conflicts_with = "writable")]
+    merge: bool,
     /// Open the device read-only and export it read-only.
     #[arg(long)]
     read_only: bool,
@@ -92,7 +99,7 @@ pub struct ServeArgs {
     ublk_args: serve_ublk::UblkArgs,
 }
 
-/// `,record=...,readahead=...` for the snapshot spec, from --record/--readahead.
+/// `,record=...,readahead=...,merge=true` for the snapshot spec, from --record/--readahead/--merge.
 fn record_props(a: &ServeArgs) -> anyhow::Result<String> {
     let mut s = String::new();
     let path = |p: &PathBuf, flag: &str| {
@@ -112,17 +119,20 @@ fn record_props(a: &ServeArgs) -> anyhow::Result<String> {
     if let Some(r) = &a.readahead {
         s.push_str(&format!(",readahead={}", path(r, "--readahead")?));
     }
+    if a.merge {
+        s.push_str(",merge=true");
+    }
     Ok(s)
 }
 
 /// The device spec to open, from DEVICE or --base/--cow.
 fn spec(a: &ServeArgs) -> anyhow::Result<String> {
-    let wants_record = a.record.is_some() || a.readahead.is_some();
+    let wants_record = a.record.is_some() || a.readahead.is_some() || a.merge;
     if wants_record && let Some(d) = &a.device {
         let parsed = snapblk::parse_spec(d).map_err(|e| anyhow::anyhow!("{e}"))?;
         if parsed.driver != "snapshot" || !d.starts_with("snapshot:") {
             bail!(
-                "--record/--readahead work on the snapshot device only (--base/--cow or a snapshot: spec), not the {} driver",
+                "--record/--readahead/--merge work on the snapshot device only (--base/--cow or a snapshot: spec), not the {} driver",
                 parsed.driver
             );
         }
@@ -171,7 +181,8 @@ fn emit(json: bool, v: serde_json::Value) {
     }
 }
 
-/// Record/replay reporting of a snapshot device served with --record/--readahead.
+/// Record/replay/merge reporting of a snapshot device served with --record/--readahead/--merge.
+#[derive(Clone)]
 struct Recording {
     act: Option<Arc<Activity>>,
     json: bool,
@@ -181,7 +192,7 @@ struct Recording {
 
 impl Recording {
     fn new(dev: &snapblk::Blkio, a: &ServeArgs) -> Recording {
-        let act = (a.record.is_some() || a.readahead.is_some())
+        let act = (a.record.is_some() || a.readahead.is_some() || a.merge)
             .then(|| Activity::of(dev))
             .flatten();
         if let Some(st) = act.as_ref().map(|a| a.readahead_stats())
@@ -199,7 +210,13 @@ impl Recording {
         }
     }
 
-    /// After the "ready" line: report the replay when it finishes (one JSON line, or stderr).
+    /// After the "ready" line: report the replay and the merge (JSON lines, or stderr).
+    fn watch(&self) {
+        self.watch_replay();
+        self.watch_merge();
+    }
+
+    /// The replay, when it finishes: one JSON line, or a line on stderr.
     fn watch_replay(&self) {
         let Some(act) = self.act.clone() else { return };
         if act.readahead_stats().state == ReplayState::Off {
@@ -241,12 +258,81 @@ impl Recording {
             });
     }
 
-    /// Ends the recording (writes the list now if the window is still open) and returns the
-    /// fields for the "stopped" line. No replay line is printed after this.
+    /// The merge: a `merge-progress` JSON line when its first step is durable and then at most
+    /// once a second while it moves, and one `merge` line when it ends (or a line on stderr).
+    fn watch_merge(&self) {
+        let Some(act) = self.act.clone() else { return };
+        if act.merge().stats().state == MergeState::Off {
+            return;
+        }
+        let (json, closed) = (self.json, self.closed.clone());
+        let _ = std::thread::Builder::new()
+            .name("merge-watch".into())
+            .spawn(move || {
+                let task = act.merge();
+                let mut shown = task.stats().merged;
+                let mut last_line: Option<Instant> = None;
+                loop {
+                    if let Some(t) = last_line {
+                        // Rate limit; the end is reported at most this late.
+                        std::thread::sleep(Duration::from_secs(1).saturating_sub(t.elapsed()));
+                    }
+                    let st = task.wait_progress(shown, Duration::from_secs(3600));
+                    let closed = closed.lock().unwrap_or_else(|e| e.into_inner());
+                    if *closed {
+                        return;
+                    }
+                    if st.state == MergeState::Running {
+                        if json && st.merged != shown {
+                            emit(
+                                true,
+                                serde_json::json!({"event": "merge-progress",
+                                    "merged": st.merged, "total": st.total}),
+                            );
+                            last_line = Some(Instant::now());
+                        }
+                        shown = st.merged;
+                        continue;
+                    }
+                    if json {
+                        emit(true, serde_json::json!({"event": "merge", "merge": st}));
+                    } else {
+                        match &st.error {
+                            None => eprintln!(
+                                "snapblk: merge {}: {} of {} ops in {} ms",
+                                serde_json::json!(st.state).as_str().unwrap_or("?"),
+                                st.merged,
+                                st.total,
+                                st.elapsed_us / 1000
+                            ),
+                            Some(e) => eprintln!("snapblk: merge failed: {e}"),
+                        }
+                    }
+                    return;
+                }
+            });
+    }
+
+    /// Ends the recording (writes the list now if the window is still open), stops a merge at
+    /// its next durable step, and returns the fields for the "stopped" line. No replay or merge
+    /// line is printed after this.
     fn finish(&self) -> serde_json::Map<String, serde_json::Value> {
         let mut m = serde_json::Map::new();
         *self.closed.lock().unwrap_or_else(|e| e.into_inner()) = true;
         let Some(act) = &self.act else { return m };
+        let task = act.merge();
+        if task.stats().state != MergeState::Off {
+            task.stop();
+            // Bounded by one merge window's I/O.
+            let st = task.wait(Duration::from_secs(3600));
+            if st.state == MergeState::Stopped && !self.json {
+                eprintln!(
+                    "snapblk: merge stopped at {} of {} ops (run --merge again to resume)",
+                    st.merged, st.total
+                );
+            }
+            m.insert("merge".into(), serde_json::json!(st));
+        }
         let rec = act.finish_record();
         if !rec.path.is_empty() {
             if let Some(e) = &rec.error {
@@ -273,6 +359,8 @@ impl Recording {
 pub fn run(mut a: ServeArgs) -> anyhow::Result<()> {
     let spec = spec(&a)?;
     if a.ublk {
+        // Before the device's threads exist (as for NBD and FUSE below).
+        let stop = snapblk_ublk::block_stop_signals()?;
         let dev = snapblk::open(&spec, a.queues.max(1))
             .map_err(|e| anyhow::anyhow!("opening {spec}: {e}"))?;
         let rec = Recording::new(&dev, &a);
@@ -281,15 +369,12 @@ pub fn run(mut a: ServeArgs) -> anyhow::Result<()> {
             // its reads would not be recorded.
             a.ublk_args.ublk_no_plan = true;
         }
-        let r = serve_ublk::run(dev, &a.ublk_args, a.json);
-        let extra = rec.finish();
-        if !extra.is_empty() {
-            let mut m = serde_json::Map::new();
-            m.insert("event".into(), "record".into());
-            m.extend(extra);
-            emit(a.json, serde_json::Value::Object(m));
-        }
-        return r;
+        let watcher = rec.clone();
+        let r = serve_ublk::run(dev, &a.ublk_args, a.json, stop, move || watcher.watch());
+        let stopped = rec.stopped("ublk");
+        r?;
+        emit(a.json, stopped);
+        return Ok(());
     }
     // Before any thread exists, so every thread inherits the mask and only we see the signals.
     let sigs = TermSignals::block().context("blocking SIGINT/SIGTERM")?;
@@ -365,7 +450,7 @@ fn serve_nbd(
             listener.uri(&a.nbd_name)
         );
     }
-    rec.watch_replay();
+    rec.watch();
     let r = server.run(&listener);
     done.store(true, std::sync::atomic::Ordering::Relaxed);
     let _ = watcher.join();
@@ -414,7 +499,7 @@ fn serve_fuse(
             m.file().display()
         );
     }
-    rec.watch_replay();
+    rec.watch();
     let mut signalled = 0;
     let mut detached = false;
     loop {

@@ -42,9 +42,17 @@ pub struct UblkArgs {
 }
 
 /// Serve `dev` as /dev/ublkbN until SIGINT/SIGTERM.
-pub fn run(dev: snapblk_core::Blkio, args: &UblkArgs, json: bool) -> anyhow::Result<()> {
-    // Before the queue threads exist, so only the waiter below sees the signals.
-    let stop = snapblk_ublk::block_stop_signals()?;
+/// `stop` returns when the server should stop: the waiter of
+/// [`snapblk_ublk::block_stop_signals`], called before the device was opened so that no thread
+/// of the device (readahead, merge) takes SIGINT/SIGTERM with its default action. `after_ready`
+/// runs once the device is up and the "ready" line is out. The caller prints the "stopped" line.
+pub fn run(
+    dev: snapblk_core::Blkio,
+    args: &UblkArgs,
+    json: bool,
+    stop: impl FnOnce() + Send + Sync + 'static,
+    after_ready: impl FnOnce() + Send + Sync + 'static,
+) -> anyhow::Result<()> {
     let queues = match args.ublk_queues {
         Some(n) => n,
         None => u16::try_from(dev.get_int("num-queues").unwrap_or(1).max(1)).unwrap_or(1),
@@ -103,14 +111,9 @@ pub fn run(dev: snapblk_core::Blkio, args: &UblkArgs, json: bool) -> anyhow::Res
                     if r.recovered { ", recovered" } else { "" }
                 );
             }
+            after_ready();
         },
         stop,
     )?;
-    if json {
-        println!(
-            "{}",
-            serde_json::json!({"event": "stopped", "export": "ublk"})
-        );
-    }
     Ok(())
 }

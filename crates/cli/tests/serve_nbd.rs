@@ -201,6 +201,124 @@ fn merge_refuses_to_run_under_a_served_snapshot() {
     w.stop();
 }
 
+/// A generated snapshot large enough that its merge takes a while: base.img, snapshot.cow, and
+/// the new image.
+fn big_snapshot(dir: &Path) -> (std::path::PathBuf, std::path::PathBuf, Vec<u8>) {
+    use snapblk_snapshot::synth::{SynthSpec, generate, write_cow};
+    let spec = SynthSpec {
+        blocks: 16384,
+        scratch_size: 2 << 20,
+        chain_len: 2048,
+        chains: 4,
+        random_ordered: 4096,
+        replaces: 2048,
+        zeros: 16,
+        ..SynthSpec::default()
+    };
+    let case = generate(&spec, 5);
+    let (base, cow) = (dir.join("base.img"), dir.join("snapshot.cow"));
+    std::fs::write(&base, &case.base).unwrap();
+    std::fs::write(&cow, write_cow(&case, Default::default()).unwrap()).unwrap();
+    (base, cow, case.target)
+}
+
+#[test]
+fn serve_merge_merges_in_place_while_clients_read_the_new_image() {
+    let d = TempDir::new("nbd-serve-merge");
+    let (base, cow, target) = big_snapshot(d.path());
+    let mut s = serve_snapshot(&base, &cow, &["--merge"]);
+    assert_eq!(
+        s.ready["read_only"], true,
+        "a merging snapshot serves read-only"
+    );
+    let u = s.ready_str("uri");
+    // Copies while the merge runs (whichever part of it they overlap) and after it.
+    let out = d.join("during.img");
+    nbd::copy(&u, path_str(&out));
+    assert_file_eq(&out, &target, "read during the merge");
+    let (done, before) = s
+        .wait_event("merge", std::time::Duration::from_secs(300))
+        .unwrap();
+    let m = &done["merge"];
+    assert_eq!(m["state"], "done", "{done}");
+    assert_eq!(m["merged"], m["total"]);
+    assert!(m["total"].as_u64().unwrap() > 1000, "{done}");
+    for l in &before {
+        let v: serde_json::Value = serde_json::from_str(l).unwrap();
+        assert_eq!(v["event"], "merge-progress", "{l}");
+    }
+    let out = d.join("after.img");
+    nbd::copy(&u, path_str(&out));
+    assert_file_eq(&out, &target, "read after the merge");
+    let (st, rest, err) = s.stop();
+    assert!(st.success(), "{err}");
+    let stopped: serde_json::Value = serde_json::from_str(rest.last().unwrap()).unwrap();
+    assert_eq!(stopped["event"], "stopped");
+    assert_eq!(stopped["merge"]["state"], "done");
+    assert_file_eq(&base, &target, "the base holds the new image");
+    // A second --merge finds nothing left to do.
+    let s = serve_snapshot(&base, &cow, &["--merge"]);
+    let (_, rest, _) = s.stop();
+    let stopped: serde_json::Value = serde_json::from_str(rest.last().unwrap()).unwrap();
+    assert_eq!(stopped["merge"]["resumed_at"], stopped["merge"]["total"]);
+}
+
+#[test]
+fn stopping_a_merging_server_leaves_a_resumable_merge() {
+    let d = TempDir::new("nbd-serve-merge-stop");
+    let (base, cow, target) = big_snapshot(d.path());
+    let mut s = serve_snapshot(&base, &cow, &["--merge"]);
+    // Stop once the merge has made durable progress.
+    let (p, _) = s
+        .wait_event("merge-progress", std::time::Duration::from_secs(120))
+        .unwrap();
+    assert!(p["merged"].as_u64().unwrap() < p["total"].as_u64().unwrap());
+    let (st, rest, err) = s.stop();
+    assert!(st.success(), "{err}");
+    let stopped: serde_json::Value = serde_json::from_str(rest.last().unwrap()).unwrap();
+    let m = &stopped["merge"];
+    assert!(m["state"] == "stopped" || m["state"] == "done", "{stopped}");
+    eprintln!("server stopped with merge {m}");
+    // Whatever it reached, the files still read as the new image, and `snapblk merge` ends it.
+    let check = std::process::Command::new(bin())
+        .args(["merge", path_str(&cow), "--base", path_str(&base), "--json"])
+        .output()
+        .unwrap();
+    assert!(
+        check.status.success(),
+        "{}",
+        String::from_utf8_lossy(&check.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&check.stdout).unwrap();
+    assert_eq!(
+        v["report"]["resumed_at"], m["merged"],
+        "resumed where the server stopped"
+    );
+    assert_file_eq(&base, &target, "base after resuming");
+    // --merge needs a snapshot and is no writable snapshot.
+    let run = |args: &[&str]| {
+        std::process::Command::new(bin())
+            .arg("serve")
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let o = run(&[path_str(&base), "--merge", "--nbd", "0"]);
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("snapshot device only"));
+    let o = run(&[
+        "--base",
+        path_str(&base),
+        "--cow",
+        path_str(&cow),
+        "--merge",
+        "--writable",
+        "--nbd",
+        "0",
+    ]);
+    assert!(!o.status.success());
+}
+
 #[test]
 fn sixteen_concurrent_nbdcopy_clients_verify() {
     let case = golden::case("v3_multiblock_lz4_64k");

@@ -5,9 +5,11 @@
 //! compressed units, default 32 MiB), `scheduler` (default true), and block-level readahead
 //! ([`crate::record`]): `record` (path of a block list to record the reads served into),
 //! `record-secs` (recording window from connect, default 30; 0 = until close), `readahead` (path
-//! of a block list to replay in the background at connect). Read-only, once connected:
-//! `record-stats` and `readahead-stats` (JSON), `activity-id` (for [`Activity::find`]). Spec
-//! example: `snapshot:base=system.img,cow=system.cow,writable=true,record=boot.blocks`.
+//! of a block list to replay in the background at connect), `merge` (merge the COW into the
+//! base on a background thread while serving: [`crate::merge_task`]; opens both files for
+//! writing, not with `writable`). Read-only, once connected: `record-stats`, `readahead-stats`
+//! and `merge-stats` (JSON), `activity-id` (for [`Activity::find`]). Spec example:
+//! `snapshot:base=system.img,cow=system.cow,writable=true,record=boot.blocks`.
 
 use crate::cowsrc::{OpenMode, open_files};
 use crate::queue::{Backend, SyncQueue};
@@ -29,6 +31,8 @@ const PROPS: &[PropSpec] = &[
     PropSpec::new("record", PropType::Str, Access::RwCreated, false),
     PropSpec::new("record-secs", PropType::U64, Access::RwCreated, false),
     PropSpec::new("readahead", PropType::Str, Access::RwCreated, false),
+    PropSpec::new("merge", PropType::Bool, Access::RwCreated, false),
+    PropSpec::new("merge-stats", PropType::Str, Access::ReadOnly, true),
     PropSpec::new("record-stats", PropType::Str, Access::ReadOnly, true),
     PropSpec::new("readahead-stats", PropType::Str, Access::ReadOnly, true),
     PropSpec::new("activity-id", PropType::U64, Access::ReadOnly, true),
@@ -43,6 +47,7 @@ pub struct SnapshotDriver {
     record: Option<PathBuf>,
     record_secs: u64,
     readahead: Option<PathBuf>,
+    merge: bool,
     activity: Arc<Activity>,
     threads: Vec<JoinHandle<()>>,
 }
@@ -57,6 +62,7 @@ impl Default for SnapshotDriver {
             record: None,
             record_secs: DEFAULT_RECORD_SECS,
             readahead: None,
+            merge: false,
             activity: Activity::new(),
             threads: Vec::new(),
         }
@@ -133,6 +139,8 @@ impl Driver for SnapshotDriver {
             "readahead" => path(&self.readahead),
             "record-stats" => json(&self.activity.record_stats()),
             "readahead-stats" => json(&self.activity.readahead_stats()),
+            "merge" => PropValue::Bool(self.merge),
+            "merge-stats" => json(&self.activity.merge().stats()),
             "activity-id" => PropValue::U64(self.activity.id()),
             _ => return Err(Error::new(libc::ENOENT, "Unknown property name")),
         })
@@ -152,6 +160,7 @@ impl Driver for SnapshotDriver {
             ("record", PropValue::Str(s)) => self.record = (!s.is_empty()).then(|| s.into()),
             ("record-secs", PropValue::U64(n)) => self.record_secs = n,
             ("readahead", PropValue::Str(s)) => self.readahead = (!s.is_empty()).then(|| s.into()),
+            ("merge", PropValue::Bool(b)) => self.merge = b,
             _ => return Err(Error::new(libc::ENOENT, "Unknown property name")),
         }
         Ok(())
@@ -164,7 +173,22 @@ impl Driver for SnapshotDriver {
         };
         let mut cfg = self.cfg;
         cfg.writable &= !read_only;
-        let snap = Arc::new(open_files(base, cow, cfg, OpenMode::default())?);
+        if self.merge && cfg.writable {
+            // Client writes go to the overlay journal, which the merge folds into the base
+            // once, at its end: writes after that would be lost to the base.
+            return Err(Error::inval(
+                "snapshot: merge and writable cannot be combined (merge serves read-only)",
+            ));
+        }
+        let mode = OpenMode {
+            base_writable: self.merge,
+            cow_writable: self.merge,
+        };
+        let snap = Arc::new(open_files(base, cow, cfg, mode)?);
+        if self.merge {
+            // An unmergeable COW fails connect before anything starts or is written.
+            crate::merge::validate_order(&snap)?;
+        }
         let writable = snap.writable();
         // The list is parsed (and a malformed one refused) before recording starts, so a failed
         // connect leaves no recording behind.
@@ -180,6 +204,18 @@ impl Driver for SnapshotDriver {
                 .start_record(p, window, &Binding::of(snap.map()))?
             {
                 self.threads.push(t);
+            }
+        }
+        if self.merge {
+            match self.activity.merge().start(snap.clone()) {
+                Ok(t) => self.threads.push(t),
+                Err(e) => {
+                    self.activity.stop();
+                    for t in self.threads.drain(..) {
+                        let _ = t.join();
+                    }
+                    return Err(e.into());
+                }
             }
         }
         self.snap = Some(snap);

@@ -30,6 +30,7 @@ pub use error::{Result, SnapError};
 pub mod io;
 pub mod map;
 pub mod merge;
+pub mod merge_task;
 pub mod overlay;
 pub mod progress;
 pub mod snapshot;

@@ -28,6 +28,7 @@
 //! so their reads are not recorded; `snapblk serve --record` turns that planner off.
 
 use crate::map::{Codec, OpKind, SnapshotMap};
+use crate::merge_task::MergeTask;
 use crate::sched::IoClass;
 use crate::snapshot::Snapshot;
 use serde::Serialize;
@@ -256,8 +257,8 @@ struct RecState {
     stats: RecordStats,
 }
 
-/// Record and replay state of one snapshot device, shared by the driver, its queues, its worker
-/// threads and in-process observers (which find it with [`Activity::of`]).
+/// Record, replay and background-merge state of one snapshot device, shared by the driver, its
+/// queues, its worker threads and in-process observers (which find it with [`Activity::of`]).
 pub struct Activity {
     id: u64,
     recording: AtomicBool,
@@ -266,6 +267,7 @@ pub struct Activity {
     replay_cv: Condvar,
     stopped: Mutex<bool>,
     stop_cv: Condvar,
+    merge: Arc<MergeTask>,
 }
 
 static REGISTRY: Mutex<Vec<Weak<Activity>>> = Mutex::new(Vec::new());
@@ -292,6 +294,7 @@ impl Activity {
             replay_cv: Condvar::new(),
             stopped: Mutex::new(false),
             stop_cv: Condvar::new(),
+            merge: Arc::default(),
         });
         let mut r = lock(&REGISTRY);
         r.retain(|w| w.strong_count() > 0);
@@ -535,11 +538,18 @@ impl Activity {
         g.clone()
     }
 
+    /// The device's background merge (state `off` unless the driver's `merge` property was set).
+    pub fn merge(&self) -> &Arc<MergeTask> {
+        &self.merge
+    }
+
     /// Ask the worker threads to stop (the replay stops between chunks, the timer ends the
-    /// window early). Does not write the list: see [`Activity::finish_record`].
+    /// window early, a merge at its next durable step). Does not write the list: see
+    /// [`Activity::finish_record`].
     pub fn stop(&self) {
         *lock(&self.stopped) = true;
         self.stop_cv.notify_all();
+        self.merge.stop();
     }
 }
 

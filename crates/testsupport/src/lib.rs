@@ -220,6 +220,32 @@ impl ReadyProcess {
         self.child.as_ref().map(|c| c.id()).unwrap_or(0)
     }
 
+    /// Read stdout lines until a JSON line with `"event": event` (at most `timeout`): returns it
+    /// and the lines before it. The lines read are gone from what [`ReadyProcess::wait`]
+    /// returns.
+    pub fn wait_event(
+        &mut self,
+        event: &str,
+        timeout: Duration,
+    ) -> Result<(serde_json::Value, Vec<String>), String> {
+        let end = Instant::now() + timeout;
+        let mut before = Vec::new();
+        loop {
+            let left = end.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(l) => {
+                    if let Ok(v) = serde_json::from_str::<serde_json::Value>(&l)
+                        && v["event"] == event
+                    {
+                        return Ok((v, before));
+                    }
+                    before.push(l);
+                }
+                Err(e) => return Err(format!("no {event:?} line ({e}); before it: {before:?}")),
+            }
+        }
+    }
+
     /// Send a signal by name (`TERM`, `INT`, …) with kill(1).
     pub fn signal(&self, sig: &str) {
         tool_ok("kill", &[&format!("-{sig}"), &self.pid().to_string()]);

@@ -315,7 +315,9 @@ impl QueueCore {
             let left = match limit {
                 Some(l) => match l.checked_sub(elapsed()) {
                     Some(d) => Some(d),
-                    None if n >= min => Some(Duration::ZERO),
+                    // The first pass submits even when the time is up (a zero timeout): the
+                    // timeout bounds the wait, and submission is what do_io guarantees.
+                    None if n >= min || first => Some(Duration::ZERO),
                     None => break Err(Error::from_errno(libc::ETIME)),
                 },
                 None => None,

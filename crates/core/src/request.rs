@@ -108,6 +108,18 @@ impl Request {
                 _ => c"BLKIO_REQ_NO_FALLBACK is invalid for this request type",
             });
         }
+        if let Op::Read { offset, .. }
+        | Op::Write { offset, .. }
+        | Op::Readv { offset, .. }
+        | Op::Writev { offset, .. }
+        | Op::Discard { offset, .. }
+        | Op::WriteZeroes { offset, .. } = self.op
+            && offset > i64::MAX as u64
+        {
+            // The kernel's offsets are signed: io_uring takes -1 (2^64 - 1) as "the file
+            // position", which would read or write wherever that is (usually offset 0).
+            return Err(c"offset must fit in a signed 64-bit integer");
+        }
         if let Op::Readv { iovcnt, .. } | Op::Writev { iovcnt, .. } = self.op
             && iovcnt < 0
         {

@@ -369,6 +369,9 @@ struct UringEngine {
     ring: IoUring,
     t: Arc<Target>,
     fixed_file: bool,
+    /// This ring holds every mapped region in the shared fixed-buffer table (see [`make_ring`]);
+    /// when it could not (e.g. RLIMIT_MEMLOCK, charged per ring), it uses none of them.
+    fixed_bufs: bool,
     poll: bool,
     /// The target lacks NOWAIT and `inline-qd1` is on: while nothing is in the kernel, new
     /// requests are held in `waiting` (not pushed to the SQ) so that `submit` can still choose
@@ -425,6 +428,9 @@ impl UringEngine {
     /// The registered buffer holding `addr..addr+len`, if any.
     #[inline(always)]
     fn fixed_index(&mut self, addr: usize, len: usize) -> Option<u16> {
+        if !self.fixed_bufs {
+            return None;
+        }
         // Requests of one client nearly always come from the same region: try the last hit
         // (valid while the table has not changed) before anything else.
         let (lo, hi, bi) = self.last_hit;
@@ -460,8 +466,13 @@ impl UringEngine {
             Op::Write { offset, buf, len } => (true, offset, buf.cast_mut(), len),
             _ => return false,
         };
-        // No flags is valid for both (so `validate` has nothing to say).
-        if req.flags != ReqFlags::NONE || len == 0 || len > u32::MAX as usize {
+        // No flags and an offset the kernel takes as one are valid for both (so `validate`
+        // has nothing to say).
+        if req.flags != ReqFlags::NONE
+            || len == 0
+            || len > u32::MAX as usize
+            || offset > i64::MAX as u64
+        {
             return false;
         }
         if self.inline && self.in_kernel == 0 {
@@ -839,9 +850,9 @@ impl UringEngine {
             if self.owner == me {
                 return Ok(());
             }
-            return Err(libc::EBUSY);
+            return Err(IN_OTHER_THREADS_RING);
         }
-        let (ring, defer, fixed_file) = make_ring(
+        let (ring, defer, fixed_file, fixed_bufs) = make_ring(
             &self.t,
             &self.bufs,
             self.efd,
@@ -866,6 +877,7 @@ impl UringEngine {
         drop(old);
         self.defer = defer;
         self.fixed_file = fixed_file;
+        self.fixed_bufs = fixed_bufs;
         self.cq_cap = self.ring.params().cq_entries() as usize;
         if self.efd_on.get() {
             self.ring.completion().enable_eventfd();
@@ -967,6 +979,10 @@ unsafe fn zero_rest(slot: &Slot) {
     }
 }
 
+/// `claim`'s refusal to move a queue whose requests are in another thread's ring (negative, so
+/// it cannot be mistaken for the kernel's EBUSY, which means "reap, then retry").
+const IN_OTHER_THREADS_RING: i32 = -libc::EBUSY;
+
 impl Engine for UringEngine {
     fn in_flight(&self) -> usize {
         self.live + self.inline_done.len()
@@ -1011,6 +1027,12 @@ impl Engine for UringEngine {
         };
         match res {
             Ok(_) => Ok(()),
+            // Not an errno: only the thread that owns the ring can collect those completions,
+            // so waiting here would spin until the timeout (or forever).
+            Err(IN_OTHER_THREADS_RING) => Err(Error::new(
+                libc::EBUSY,
+                "requests of this queue are in flight in another thread's ring: reap them from that thread first",
+            )),
             // CQ full / out of memory for now: reaping makes progress.
             Err(libc::EBUSY) | Err(libc::EAGAIN) => Ok(()),
             Err(e) => Err(Error::from_errno(e)),
@@ -1123,7 +1145,7 @@ fn make_ring(
     entries: u32,
     poll: bool,
     defer_ok: bool,
-) -> Result<(IoUring, bool, bool)> {
+) -> Result<(IoUring, bool, bool, bool)> {
     let mut defer = !poll && defer_ok;
     let mut ring = None;
     if defer {
@@ -1153,22 +1175,31 @@ fn make_ring(
     }
     let fixed_file = sub.register_files(&[t.raw()]).is_ok();
     // Buffers: a sparse table, filled with the regions mapped so far. Registration is an
-    // optimisation only, so failures leave the ring without fixed buffers.
+    // optimisation only, so failures leave the ring without fixed buffers — all of them: the
+    // table's indexes are shared by every ring, so a ring missing one of its entries would
+    // fail I/O into that region with EFAULT. The kernel charges pinned pages to RLIMIT_MEMLOCK
+    // per ring, so a second ring can fail where the first succeeded.
+    let mut fixed_bufs = false;
     if sub.register_buffers_sparse(BUF_SLOTS).is_ok()
         && let Ok(mut g) = bufs.inner.lock()
     {
-        for (i, s) in g.slots.iter().enumerate() {
-            if let Some((a, l)) = *s {
+        fixed_bufs = g.slots.iter().enumerate().all(|(i, s)| match *s {
+            Some((a, l)) => {
                 let iov = libc::iovec {
                     iov_base: a as *mut libc::c_void,
                     iov_len: l,
                 };
-                let _ = update_buffer(ring.as_raw_fd(), i as u32, &iov);
+                update_buffer(ring.as_raw_fd(), i as u32, &iov).is_ok()
             }
+            None => true,
+        });
+        // Only rings with the whole table follow later changes (a region mapped later is
+        // registered in all of them or in none).
+        if fixed_bufs {
+            g.rings.push(ring.as_raw_fd());
         }
-        g.rings.push(ring.as_raw_fd());
     }
-    Ok((ring, defer, fixed_file))
+    Ok((ring, defer, fixed_file, fixed_bufs))
 }
 
 /// Identifies the calling thread cheaply (the address of a thread-local), to notice when a
@@ -1188,7 +1219,7 @@ impl UringQueue {
     ) -> Result<UringQueue> {
         let core = QueueCore::new(poll)?;
         let efd = core.eventfd().map(|e| e.raw());
-        let (ring, defer, fixed_file) = make_ring(&t, &bufs, efd, entries, poll, true)?;
+        let (ring, defer, fixed_file, fixed_bufs) = make_ring(&t, &bufs, efd, entries, poll, true)?;
         let cq_cap = ring.params().cq_entries() as usize;
         Ok(UringQueue {
             core,
@@ -1197,6 +1228,7 @@ impl UringQueue {
                 ring,
                 t,
                 fixed_file,
+                fixed_bufs,
                 poll,
                 inline,
                 inline_done: VecDeque::new(),

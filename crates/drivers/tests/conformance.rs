@@ -632,3 +632,169 @@ fn uring_region_mapped_after_another_thread_started_the_queue() {
     b.unmap_mem_region(&mem);
     b.free_mem_region(&mem).unwrap();
 }
+
+/// One request on `q`, reading or writing `len` bytes of `buf` at `offset`.
+fn rw(write: bool, offset: u64, buf: *mut u8, len: usize, ud: usize) -> Request {
+    let op = if write {
+        Op::Write { offset, buf, len }
+    } else {
+        Op::Read { offset, buf, len }
+    };
+    Request::new(op, ud, ReqFlags::NONE)
+}
+
+#[test]
+fn offsets_past_the_kernels_off_t_fail_with_einval_and_write_nothing() {
+    // io_uring takes offset -1 (2^64 - 1) as "the file's current position": passed through,
+    // such a write would land at offset 0 and succeed.
+    let d = TempDir::new("/tmp", "offsets");
+    for drv in ["sync", "io_uring", "null"] {
+        let f = make_file(&d.0, 1 << 20);
+        let mut b = if drv == "null" {
+            let mut b = Blkio::new(driver(drv));
+            b.set_u64("size", 1 << 20).unwrap();
+            b.connect().unwrap();
+            b.start().unwrap();
+            b
+        } else {
+            open(drv, &f, false, 1)
+        };
+        let mut q = b.take_queue(0, false).unwrap();
+        let mut buf = vec![0x55u8; 4096];
+        for (i, off) in [u64::MAX, 1 << 63, u64::MAX - 4095].into_iter().enumerate() {
+            for write in [true, false] {
+                let c = run_one(&mut *q, rw(write, off, buf.as_mut_ptr(), 4096, i));
+                assert_eq!(c.ret, -libc::EINVAL, "{drv} write={write} offset {off}");
+            }
+        }
+        drop(q);
+        assert_eq!(
+            std::fs::read(&f).unwrap(),
+            pattern(1 << 20, 3),
+            "{drv}: the file changed"
+        );
+    }
+}
+
+#[test]
+fn polling_with_a_zero_timeout_still_submits() {
+    // do_io guarantees submission; the timeout only bounds the wait. A caller that polls with
+    // a zero timeout must see its request complete eventually.
+    let d = TempDir::new("/tmp", "zerot");
+    for drv in ["sync", "io_uring"] {
+        let f = make_file(&d.0, 1 << 20);
+        let mut b = open(drv, &f, false, 1);
+        let mut q = b.take_queue(0, false).unwrap();
+        let mut buf = vec![0u8; 4096];
+        // SAFETY: buf outlives the loop below, which reaps the completion.
+        unsafe { q.enqueue(rw(false, 8192, buf.as_mut_ptr(), 4096, 7)) };
+        let mut c = [Completion::default()];
+        let mut polls = 0;
+        loop {
+            polls += 1;
+            assert!(polls < 10_000, "{drv}: never completed");
+            let mut t = Duration::ZERO;
+            match q.do_io(&mut c, 1, Some(&mut t), None) {
+                Ok(1) => break,
+                Err(e) if e.errno == libc::ETIME => std::thread::sleep(Duration::from_millis(1)),
+                r => panic!("{drv}: {r:?}"),
+            }
+        }
+        assert_eq!((c[0].user_data, c[0].ret), (7, 0), "{drv}");
+        assert_eq!(buf, pattern(1 << 20, 3)[8192..12288], "{drv}");
+    }
+}
+
+#[test]
+fn uring_queue_with_requests_in_another_threads_ring_fails_with_ebusy() {
+    // With SINGLE_ISSUER and DEFER_TASKRUN, only the thread whose ring holds the requests can
+    // collect their completions: another thread's do_io must say so, not spin until its
+    // timeout (or forever).
+    let d = TempDir::new("/var/tmp", "ebusy");
+    let f = make_file(&d.0, 1 << 20);
+    let mut b = open("io_uring", &f, true, 1);
+    let mem = b.alloc_mem_region(4096).unwrap();
+    b.map_mem_region(&mem).unwrap();
+    let addr = mem.addr as usize;
+    let mut q = b.take_queue(0, false).unwrap();
+    // SAFETY: the region outlives the request, which is reaped below.
+    unsafe { q.enqueue(rw(false, 4096, addr as *mut u8, 4096, 9)) };
+    let mut c = [Completion::default()];
+    // Submitted here; its completion is posted only when this thread enters the kernel again.
+    assert_eq!(q.do_io(&mut c, 0, None, None).unwrap(), 0);
+    let (q2, err) = std::thread::spawn(move || {
+        let mut c = [Completion::default()];
+        let mut t = Duration::from_secs(2);
+        let r = q.do_io(&mut c, 1, Some(&mut t), None);
+        (q, r.err())
+    })
+    .join()
+    .unwrap();
+    q = q2;
+    let e = err.expect("do_io in another thread succeeded");
+    assert_eq!(e.errno, libc::EBUSY, "{e}");
+    // Back on the owning thread, the completion is there.
+    assert_eq!(q.do_io(&mut c, 1, None, None).unwrap(), 1);
+    assert_eq!((c[0].user_data, c[0].ret), (9, 0));
+    // SAFETY: the read completed; the region is live.
+    let got = unsafe { std::slice::from_raw_parts(addr as *const u8, 4096) };
+    assert_eq!(got, &pattern(1 << 20, 3)[4096..8192]);
+    drop(q);
+    b.unmap_mem_region(&mem);
+    b.free_mem_region(&mem).unwrap();
+}
+
+#[test]
+fn uring_region_that_a_later_ring_cannot_register_still_works() {
+    // The kernel charges a ring's registered buffers to RLIMIT_MEMLOCK per ring (without
+    // CAP_IPC_LOCK). A 6 MiB region under an 8 MiB limit registers in the first queue's ring
+    // but not in a second one, nor in the ring a queue switches to when its completion fd is
+    // asked for; those rings must do the region's I/O unregistered, not fail it with EFAULT.
+    // The scenario runs in a child without CAP_IPC_LOCK and with an 8 MiB limit.
+    const CHILD: &str = "SNAPBLK_MEMLOCK_CHILD";
+    if std::env::var_os(CHILD).is_none() {
+        let me = std::env::current_exe().unwrap();
+        let out = Command::new("setpriv")
+            .args(["--bounding-set", "-ipc_lock", "--inh-caps", "-ipc_lock"])
+            .args(["prlimit", "--memlock=8388608:8388608"])
+            .arg(&me)
+            .args([
+                "--exact",
+                "uring_region_that_a_later_ring_cannot_register_still_works",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env(CHILD, "1")
+            .output()
+            .expect("setpriv and prlimit (util-linux)");
+        let text = String::from_utf8_lossy(&out.stdout).into_owned()
+            + &String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{text}");
+        assert!(text.contains("1 passed"), "the child ran nothing: {text}");
+        return;
+    }
+    let d = TempDir::new("/tmp", "memlock");
+    let f = make_file(&d.0, 1 << 20);
+    let mut b = open("io_uring", &f, false, 1);
+    let mem = b.alloc_mem_region(6 << 20).unwrap();
+    b.map_mem_region(&mem).unwrap();
+    let second = b.add_queue(false).unwrap();
+    for (qi, off) in [(0, 0usize), (second, 4096)] {
+        let q = b.queue(qi, false).unwrap();
+        // SAFETY: the region is mapped and outlives the read.
+        let buf = unsafe { std::slice::from_raw_parts_mut(mem.addr, 4096) };
+        q.read_at(off as u64, buf)
+            .unwrap_or_else(|e| panic!("queue {qi}: {e}"));
+        assert_eq!(buf, &pattern(1 << 20, 3)[off..off + 4096], "queue {qi}");
+    }
+    // The first queue moves to a plain ring once its completion fd is handed out.
+    let q = b.queue(0, false).unwrap();
+    let _fd = q.completion_fd();
+    // SAFETY: as above.
+    let buf = unsafe { std::slice::from_raw_parts_mut(mem.addr, 4096) };
+    q.read_at(8192, buf)
+        .unwrap_or_else(|e| panic!("after completion_fd: {e}"));
+    assert_eq!(buf, &pattern(1 << 20, 3)[8192..12288]);
+    b.unmap_mem_region(&mem);
+    b.free_mem_region(&mem).unwrap();
+}

@@ -640,14 +640,17 @@ fn run_job(q: &mut dyn Queue, ctx: JobCtx<'_>) -> Result<JobResult> {
     // The engine waits in do_io and never polls the completion fd: spare drivers the eventfd
     // write per completion batch.
     q.set_completion_fd_enabled(false);
-    let mut offsets = OffsetGen::new(
-        spec.rw,
-        spec.rwmixread,
-        ctx.region,
-        spec.bs,
-        spec.seed,
-        ctx.job,
-    );
+    let new_offsets = || {
+        OffsetGen::new(
+            spec.rw,
+            spec.rwmixread,
+            ctx.region,
+            spec.bs,
+            spec.seed,
+            ctx.job,
+        )
+    };
+    let mut offsets = new_offsets();
     let blocks = offsets.blocks();
     let verify = if spec.verify {
         if blocks > MAX_VERIFY_BLOCKS {
@@ -657,7 +660,7 @@ fn run_job(q: &mut dyn Queue, ctx: JobCtx<'_>) -> Result<JobResult> {
             )));
         }
         Some(VerifyState {
-            seed: spec.seed,
+            seed: verify::run_stamp(spec.seed),
             generation: vec![0; blocks as usize],
             busy: vec![0; blocks as usize],
             checked: 0,
@@ -734,6 +737,9 @@ fn run_job(q: &mut dyn Queue, ctx: JobCtx<'_>) -> Result<JobResult> {
     // queued; when the queue is full, reap between `iodepth_batch_complete_min` and `_max`
     // (which also submits what is still queued).
     let submit_batch = spec.batch.submit_batch(spec.iodepth);
+    // A size-based run with a ramp does as fio does: loop over the region during the ramp, then
+    // one full, measured pass from its start (otherwise the ramp could use up the only pass).
+    let mut ramping = !time_based && spec.ramp_time > 0.0;
     let result = (|| -> Result<()> {
         loop {
             let mut done = false;
@@ -749,7 +755,11 @@ fn run_job(q: &mut dyn Queue, ctx: JobCtx<'_>) -> Result<JobResult> {
                     done = true;
                     break;
                 }
-                match offsets.next(time_based) {
+                if ramping && now >= measure_start {
+                    ramping = false;
+                    offsets = new_offsets();
+                }
+                match offsets.next(time_based || ramping) {
                     Some((dir, off)) => job.issue(dir, off, true, Some(now))?,
                     None => {
                         done = true;

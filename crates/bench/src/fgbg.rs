@@ -24,9 +24,41 @@ use std::time::{Duration, Instant};
 /// emergency exit can still kill them ([`kill_children`]).
 static LIVE_GROUPS: Mutex<Vec<i32>> = Mutex::new(Vec::new());
 
-/// The scheduler to put back on a device while [`run_fgbg`] has switched it: (sysfs block
-/// directory, original scheduler), for [`emergency_cleanup`].
-static RESTORE_SCHED: Mutex<Option<(PathBuf, String)>> = Mutex::new(None);
+/// What to put back on a device while [`run_fgbg`] has switched its scheduler, for
+/// [`emergency_cleanup`] too.
+static RESTORE_SCHED: Mutex<Option<SchedState>> = Mutex::new(None);
+
+/// A device's scheduler as found: switching schedulers resets the tunables to the new one's
+/// defaults, and switching back does not bring the old values back, so they are kept too.
+#[derive(Debug, Clone)]
+struct SchedState {
+    /// The sysfs block directory.
+    dir: PathBuf,
+    name: String,
+    tunables: std::collections::BTreeMap<String, String>,
+}
+
+impl SchedState {
+    fn capture(dir: &Path) -> Option<SchedState> {
+        Some(SchedState {
+            dir: dir.to_owned(),
+            name: context::scheduler(dir).0?,
+            tunables: context::scheduler_tunables(dir),
+        })
+    }
+
+    /// Put the scheduler and every tunable back (best effort: some are read-only).
+    fn restore(&self) -> std::io::Result<()> {
+        context::set_scheduler(&self.dir, &self.name)?;
+        let now = context::scheduler_tunables(&self.dir);
+        for (k, v) in &self.tunables {
+            if now.get(k) != Some(v) {
+                let _ = std::fs::write(self.dir.join("queue/iosched").join(k), v);
+            }
+        }
+        Ok(())
+    }
+}
 
 /// Kill every command process group this module started and has not reaped yet, and reap the
 /// group leaders (our children). For a caller about to exit without unwinding (e.g. on a
@@ -49,8 +81,8 @@ pub fn kill_children() {
 pub fn emergency_cleanup() {
     kill_children();
     let restore = RESTORE_SCHED.lock().ok().and_then(|r| r.clone());
-    if let Some((dir, name)) = restore {
-        let _ = context::set_scheduler(&dir, &name);
+    if let Some(st) = restore {
+        let _ = st.restore();
     }
 }
 
@@ -93,7 +125,9 @@ fn is_stopped(stop: Option<&AtomicBool>) -> bool {
 
 /// Sleep `secs`, waking early when `stop` is set; returns whether it was.
 fn sleep_or_stop(secs: f64, stop: Option<&AtomicBool>) -> bool {
-    let end = Instant::now() + Duration::from_secs_f64(secs.max(0.0));
+    // Saturating: a huge (finite) pause is "until stopped", not a panic.
+    let end =
+        Instant::now() + Duration::try_from_secs_f64(secs.max(0.0)).unwrap_or(Duration::MAX / 4);
     loop {
         if is_stopped(stop) {
             return true;
@@ -149,7 +183,8 @@ pub struct FgBgSpec {
     pub schedulers: Vec<String>,
     /// The block device whose scheduler is switched.
     pub device: Option<PathBuf>,
-    /// Give up on a foreground run after this many seconds.
+    /// Give up on a foreground command after this many seconds: the run fails (a killed
+    /// command's time is no sample). Workload and read-list foregrounds are not bounded.
     pub fg_timeout: f64,
 }
 
@@ -542,7 +577,11 @@ fn run_foreground(
                 }
                 if t0.elapsed().as_secs_f64() > spec.fg_timeout {
                     kill_cmd(&mut c);
-                    return Ok(Some((spec.fg_timeout, None)));
+                    // Not a sample: its time would only be the timeout.
+                    return Err(Error::Other(format!(
+                        "foreground command `{cmd}` did not finish within --fg-timeout {} s",
+                        spec.fg_timeout
+                    )));
                 }
                 std::thread::sleep(Duration::from_millis(2));
             }
@@ -687,12 +726,15 @@ pub fn run_fgbg(
         ),
         (None, false) => return Err(Error::Spec("--schedulers needs --device".into())),
     };
-    let original = dir.as_deref().and_then(|d| context::scheduler(d).0);
     let switching = !spec.schedulers.is_empty();
-    if let (true, Some(d), Some(o)) = (switching, &dir, &original)
+    let original = dir
+        .as_deref()
+        .filter(|_| switching)
+        .and_then(SchedState::capture);
+    if let Some(o) = &original
         && let Ok(mut r) = RESTORE_SCHED.lock()
     {
-        *r = Some((d.clone(), o.clone()));
+        *r = Some(o.clone());
     }
     let scheds: Vec<Option<&String>> = if spec.schedulers.is_empty() {
         vec![None]
@@ -735,8 +777,8 @@ pub fn run_fgbg(
         }
         Ok(())
     })();
-    if let (Some(d), Some(o), true) = (&dir, &original, switching) {
-        let _ = context::set_scheduler(d, o);
+    if let Some(o) = &original {
+        let _ = o.restore();
         if let Ok(mut r) = RESTORE_SCHED.lock() {
             *r = None;
         }

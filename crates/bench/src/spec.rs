@@ -87,6 +87,10 @@ impl Iomem {
     }
 }
 
+/// Longest runtime or ramp accepted, in seconds (about 31 years: far beyond any real run, and
+/// far from where adding it to a clock reading could overflow).
+pub const MAX_SECS: f64 = 1e9;
+
 /// One workload configuration (one cell of a sweep).
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct JobSpec {
@@ -244,12 +248,16 @@ impl JobSpec {
             return Err(Error::Spec("rwmixread must be 0..=100".into()));
         }
         if let Some(r) = self.runtime
-            && (!r.is_finite() || r <= 0.0)
+            && (!r.is_finite() || r <= 0.0 || r > MAX_SECS)
         {
-            return Err(Error::Spec("runtime must be > 0".into()));
+            return Err(Error::Spec(format!(
+                "runtime must be > 0 and at most {MAX_SECS} seconds"
+            )));
         }
-        if !self.ramp_time.is_finite() || self.ramp_time < 0.0 {
-            return Err(Error::Spec("ramp_time must be >= 0".into()));
+        if !self.ramp_time.is_finite() || self.ramp_time < 0.0 || self.ramp_time > MAX_SECS {
+            return Err(Error::Spec(format!(
+                "ramp_time must be >= 0 and at most {MAX_SECS} seconds"
+            )));
         }
         Ok(())
     }
@@ -527,6 +535,9 @@ fn apply_table(t: &toml::Table, spec: &mut JobSpec, sweep: &mut Sweep) -> Result
     }
     for (k, v) in t {
         let vals = list(k, v)?;
+        if vals.is_empty() {
+            return Err(Error::JobFile(format!("{k}: an empty list")));
+        }
         let one = || -> Result<&String> {
             match vals.as_slice() {
                 [x] => Ok(x),
@@ -590,6 +601,19 @@ fn apply_table(t: &toml::Table, spec: &mut JobSpec, sweep: &mut Sweep) -> Result
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn empty_lists_and_endless_times_are_refused() {
+        let base = JobSpec::default();
+        for k in ["bs", "rw", "iodepth", "numjobs", "size"] {
+            let e = parse_job_file(&format!("[[job]]\n{k} = []\n"), &base).unwrap_err();
+            assert!(e.to_string().contains("an empty list"), "{k}: {e}");
+        }
+        for (k, v) in [("runtime", "1e308"), ("ramp_time", "2e9")] {
+            let e = parse_job_file(&format!("[[job]]\n{k} = {v}\n"), &base).unwrap_err();
+            assert!(e.to_string().contains("at most"), "{k}: {e}");
+        }
+    }
 
     #[test]
     fn sizes() {

@@ -1,8 +1,22 @@
-//! Verify patterns: every block carries a header (magic, its own offset, seed, generation) and
-//! seeded pseudo-random data derived from all three, so a corrupted, stale (lost write) or
-//! misplaced block is detected and described.
+//! Verify patterns: every block carries a header (magic, its own offset, run stamp, generation)
+//! and pseudo-random data derived from all three, so a corrupted, stale (lost write) or
+//! misplaced block is detected and described. The stamp is the seed mixed with a nonce of the
+//! run ([`run_stamp`]): a run whose writes are lost must not find an earlier run's identical
+//! blocks and take them for its own.
 
 use crate::rng::{Rng, mix};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// The verify stamp of a new run with `seed`: differs from every other run's, in this process
+/// (repetitions, sweep cells) and in others (the clock and the process id go in).
+pub fn run_stamp(seed: u64) -> u64 {
+    static RUNS: AtomicU64 = AtomicU64::new(0);
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    let n = RUNS.fetch_add(1, Ordering::Relaxed);
+    mix(seed ^ mix(now ^ (u64::from(std::process::id()) << 40) ^ mix(n)))
+}
 
 const MAGIC: u64 = 0x5642_4b4c_4250_414e; // "NAPBLKBV" little-endian: a snapblk verify block
 const HDR: usize = 32;
@@ -63,7 +77,7 @@ pub fn check(buf: &[u8], offset: u64, seed: u64, generation: u32) -> Result<(), 
         let s = u64_at(buf, 16).unwrap_or(0);
         if s != seed {
             return Err(format!(
-                "block at offset {offset}: written by another run (seed {s:#x}, expected {seed:#x})"
+                "block at offset {offset}: written by another run (stamp {s:#x}, expected {seed:#x}; a lost write?)"
             ));
         }
         let g = buf
@@ -107,6 +121,7 @@ mod tests {
         assert!(check(&b, 8192, 42, 1).unwrap_err().contains("misplaced"));
         assert!(check(&b, 4096, 42, 2).unwrap_err().contains("stale"));
         assert!(check(&b, 4096, 43, 1).unwrap_err().contains("another run"));
+        assert_ne!(run_stamp(42), run_stamp(42));
         assert!(
             check(&[0u8; 4096], 0, 42, 1)
                 .unwrap_err()

@@ -434,3 +434,25 @@ fn iomem_chooses_private_or_shared_memfd_buffers() {
         assert!(maps.iter().all(|m| m == want), "{iomem:?}: {maps:?}");
     }
 }
+
+#[test]
+fn a_size_based_run_with_a_ramp_measures_one_full_pass_after_it() {
+    // As fio without time_based: the ramp loops over the region, then a whole pass of `size`
+    // bytes is measured (before, the ramp could use up the only pass and 0 I/Os were measured).
+    let (mut t, sh) = recording_target(MB);
+    sh.lock().unwrap().submit_delay = std::time::Duration::from_micros(200);
+    let spec = JobSpec {
+        ramp_time: 0.3,
+        ..job(RwMode::Read, 4096, 4, 1, MB as u64)
+    };
+    let r = run_workload(&mut t, &spec, &RunOpts::default()).unwrap();
+    // The pass, plus at most the iodepth requests of the ramp still in flight when it ended
+    // (counted when they complete, as time-based runs and fio count them).
+    assert!(
+        (256..=260).contains(&r.read.ios),
+        "measured I/Os: {}",
+        r.read.ios
+    );
+    let total = sh.lock().unwrap().log.len();
+    assert!(total > 256, "the ramp did I/O too: {total} requests in all");
+}

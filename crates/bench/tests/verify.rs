@@ -52,6 +52,24 @@ fn corrupted_block_is_caught() {
 }
 
 #[test]
+fn writes_lost_after_an_identical_earlier_run_are_caught() {
+    // A second run with the same seed writes the same blocks: if its writes are lost, the first
+    // run's data is still there, and must not pass for the second run's.
+    for rw in [RwMode::Write, RwMode::RandRead] {
+        let (mut t, sh) = recording_target(1 << 20);
+        run_workload(&mut t, &vjob(rw), &RunOpts::default()).unwrap();
+        sh.lock().unwrap().drop_writes = true;
+        let e = run_workload(&mut t, &vjob(rw), &RunOpts::default())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("verify failed") && e.contains("written by another run"),
+            "{rw}: {e}"
+        );
+    }
+}
+
+#[test]
 fn misplaced_write_is_caught() {
     let (mut t, sh) = recording_target(1 << 20);
     // The write meant for 64 KiB lands on block 0, which was written earlier: block 0 now holds

@@ -286,7 +286,7 @@ struct FgBgArgs {
     /// Block device whose scheduler is switched (e.g. /dev/vda).
     #[arg(long)]
     device: Option<PathBuf>,
-    /// Give up on a foreground run after this many seconds.
+    /// Give up on a foreground command (--fg-cmd) after this many seconds; the run then fails.
     #[arg(long = "fg-timeout", default_value = "120")]
     fg_timeout: String,
     #[command(flatten)]
@@ -780,6 +780,13 @@ fn run_overwrite(o: OverwriteArgs) -> anyhow::Result<()> {
 }
 
 fn run_fgbg(f: FgBgArgs) -> anyhow::Result<()> {
+    // A panic anywhere must not leave the device's scheduler switched or background commands
+    // running (dropping a Child does not kill it).
+    let default_hook = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        fgbg::emergency_cleanup();
+        default_hook(info);
+    }));
     f.out.check()?;
     let intr = Interrupts::catch()?;
     let ctx = context::capture(f.device.as_deref().or(f.bg_read.first().map(Path::new)));

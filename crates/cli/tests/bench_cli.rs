@@ -852,8 +852,18 @@ impl Drop for LoopDev {
 #[test]
 fn fgbg_cells_carry_their_schedulers_tunables_and_the_scheduler_is_restored() {
     let lo = LoopDev::new("sched");
-    // Start from mq-deadline, so that restoring it after ending on `none` is visible.
+    // Start from mq-deadline, so that restoring it after ending on `none` is visible, with a
+    // tunable off its default: switching schedulers resets tunables, so it must be put back too.
     lo.set_scheduler("mq-deadline");
+    let read_expire = lo.sysfs().join("queue/iosched/read_expire");
+    std::fs::write(&read_expire, "124").unwrap();
+    let tunable = || {
+        std::fs::read_to_string(&read_expire)
+            .unwrap()
+            .trim()
+            .to_owned()
+    };
+    assert_eq!(tunable(), "124");
     let expect_keys: Vec<String> = std::fs::read_dir(lo.sysfs().join("queue/iosched"))
         .unwrap()
         .map(|e| e.unwrap().file_name().into_string().unwrap())
@@ -910,6 +920,7 @@ fn fgbg_cells_carry_their_schedulers_tunables_and_the_scheduler_is_restored() {
         assert_eq!(c["scheduler_tunables"], serde_json::json!({}), "{c}");
     }
     assert_eq!(lo.scheduler(), "mq-deadline", "scheduler not restored");
+    assert_eq!(tunable(), "124", "tunable not restored");
 
     // Interrupted while `none` is switched in: the original comes back all the same.
     let flag = lo.dir.join("loaded");
@@ -936,6 +947,7 @@ fn fgbg_cells_carry_their_schedulers_tunables_and_the_scheduler_is_restored() {
     let v = assert_interrupted(&o, "INT", 130);
     assert_eq!(v["fgbg"]["cells"][0]["scheduler"], "none");
     assert_eq!(lo.scheduler(), "mq-deadline", "scheduler not restored");
+    assert_eq!(tunable(), "124", "tunable not restored");
 }
 
 /// Waits for `child`, failing after 20 s.
@@ -1066,6 +1078,10 @@ fn fgbg_fails_when_the_background_ends_early() {
     );
     let o = fgbg(&["--bg-cmd", &merge], "true");
     failed(&o, &["background command", "missing.cow", "exit status: "]);
+    // A foreground command that outlives --fg-timeout is no sample: the run fails.
+    let mut a = fgbg_args(&["--bg-cmd", "sleep 60", "--fg-cmd", "sleep 5"], "2", "0.3");
+    a.extend(["--fg-timeout", "0.2"]);
+    failed(&snapblk(&a), &["did not finish within --fg-timeout 0.2 s"]);
     // Ends with status 0 while the first loaded foreground run is going on.
     let o = fgbg(&["--bg-cmd", "sleep 0.5"], "sleep 0.9");
     failed(&o, &["ended during the loaded cell", "exit status: 0"]);

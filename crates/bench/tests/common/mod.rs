@@ -30,6 +30,8 @@ pub struct Shared {
     pub corrupt_read_at: Option<u64>,
     /// Writes to `.0` land at `.1` instead.
     pub misdirect_write: Option<(u64, u64)>,
+    /// Writes complete successfully but change nothing (lost writes).
+    pub drop_writes: bool,
     /// Highest number of requests seen outstanding per queue.
     pub max_outstanding: Vec<usize>,
     /// Every `do_io` call: requests it submitted, `min`, room for completions (`out.len()`),
@@ -181,7 +183,9 @@ impl Queue for RecQueue {
                     } as usize;
                     // SAFETY: as above.
                     let src = unsafe { std::slice::from_raw_parts(buf, len) };
-                    s.data[dest..dest + len].copy_from_slice(src);
+                    if !s.drop_writes {
+                        s.data[dest..dest + len].copy_from_slice(src);
+                    }
                 }
                 _ => {}
             }

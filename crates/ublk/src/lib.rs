@@ -448,8 +448,13 @@ pub fn planner_for(dev: &Blkio) -> Option<Arc<dyn ReadPlanner>> {
                 FilePlanner::open(std::path::Path::new(&path)).ok()?,
             ))
         }
-        // Writable snapshots change their block map as they are written: generic path only.
-        "snapshot" if ro || !dev.get_bool("writable").unwrap_or(true) => {
+        // Writable snapshots change their block map as they are written, and merging ones as
+        // they merge (the planner's own open would keep the block map of its start, and its
+        // reads run after the plan): generic path only.
+        "snapshot"
+            if (ro || !dev.get_bool("writable").unwrap_or(true))
+                && !dev.get_bool("merge").unwrap_or(true) =>
+        {
             let base = dev.get_str("base").ok()?;
             let cow = dev.get_str("cow").ok()?;
             let p = plan::SnapshotPlanner::open(

@@ -93,6 +93,25 @@ for name in v2_basic_none v3_multiblock_lz4_64k v2_xor_seq_lz4; do
         bad "user-copy snapshot $name: server start"
     fi
 done
+# ---------------------------------------------------------------- merge while serving
+# serve --merge: the device reads as the new image while its COW is merged into the base in
+# place, and after; the zero-copy planner stays off (the block map moves under it).
+for mode in $MODES; do
+    name=v2_xor_seq_lz4; c=/test/data/$name; m=/tmp/merge.$mode
+    rm -rf $m; mkdir -p $m; cp "$c/base.img" "$c/snapshot.cow" $m/
+    if start_server "merge-$name" --base $m/base.img --cow $m/snapshot.cow --merge --ublk-mode "$mode"; then
+        check "$mode merge $name: reads equal target.img while merging" cmp "$DEV" "$c/target.img"
+        check "$mode merge $name: no zero-copy planner on a merging snapshot" grep -q '"planned_reads":false' "$OUT"
+        i=0; while ! grep -q '"event":"merge"' "$OUT" && [ $i -lt 600 ]; do sleep 0.1; i=$((i + 1)); done
+        check "$mode merge $name: merge done" grep -q '"event":"merge".*"state":"done"' "$OUT"
+        a=$(dd if="$DEV" bs=4096 iflag=direct 2>/dev/null | md5); b=$(md5 < "$c/target.img")
+        check "$mode merge $name: O_DIRECT reads equal target.img after the merge" [ "$a" = "$b" ]
+        check "$mode merge $name: clean stop" stop_server
+        check "$mode merge $name: the base is the new image" cmp $m/base.img "$c/target.img"
+    else
+        bad "$mode merge $name: server start"
+    fi
+done
 dd if=/dev/urandom of=/tmp/disc.img bs=1M count=4 2>/dev/null
 cp /tmp/disc.img /tmp/disc.orig
 for mode in $MODES; do

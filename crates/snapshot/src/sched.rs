@@ -203,16 +203,22 @@ impl SchedCore {
 
     /// Whether `bytes` of background I/O would be admitted at `now` (nothing is taken).
     pub fn bg_fits(&self, now: u64, bytes: u64) -> bool {
-        self.bg_inflight == 0 || self.bg_inflight.saturating_add(bytes) <= self.budget(now)
+        self.fits(self.budget(now), bytes)
+    }
+
+    /// Admission rule: within `budget`, or nothing background in flight (so an oversize
+    /// request cannot starve).
+    fn fits(&self, budget: u64, bytes: u64) -> bool {
+        self.bg_inflight == 0 || self.bg_inflight.saturating_add(bytes) <= budget
     }
 
     /// Try to admit `bytes` of background I/O at `now`.
     pub fn bg_try_admit(&mut self, now: u64, bytes: u64) -> bool {
+        let b = self.budget(now);
         if self.cfg.enabled {
-            let b = self.budget(now);
             self.note_budget(b);
         }
-        if self.bg_fits(now, bytes) {
+        if self.fits(b, bytes) {
             self.bg_inflight += bytes;
             true
         } else {

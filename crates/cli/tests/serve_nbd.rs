@@ -204,7 +204,7 @@ fn merge_refuses_to_run_under_a_served_snapshot() {
 /// A generated snapshot large enough that its merge takes a while: base.img, snapshot.cow, and
 /// the new image.
 fn big_snapshot(dir: &Path) -> (std::path::PathBuf, std::path::PathBuf, Vec<u8>) {
-    use snapblk_snapshot::synth::{SynthSpec, generate, write_cow};
+    use snapblk_snapshot::synth::{SynthSpec, generate};
     let spec = SynthSpec {
         blocks: 16384,
         scratch_size: 2 << 20,
@@ -216,9 +216,7 @@ fn big_snapshot(dir: &Path) -> (std::path::PathBuf, std::path::PathBuf, Vec<u8>)
         ..SynthSpec::default()
     };
     let case = generate(&spec, 5);
-    let (base, cow) = (dir.join("base.img"), dir.join("snapshot.cow"));
-    std::fs::write(&base, &case.base).unwrap();
-    std::fs::write(&cow, write_cow(&case, Default::default()).unwrap()).unwrap();
+    let (base, cow) = case.write_files(dir, Default::default()).unwrap();
     (base, cow, case.target)
 }
 

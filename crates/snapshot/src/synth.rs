@@ -305,6 +305,22 @@ pub fn merge_reference(case: &SynthCase) -> Vec<u8> {
     img
 }
 
+impl SynthCase {
+    /// Write the case as `dir`/base.img and `dir`/snapshot.cow (the COW made by [`write_cow`]
+    /// with `opts`), for tests that open, serve or merge real files. Returns the two paths.
+    pub fn write_files(
+        &self,
+        dir: &std::path::Path,
+        opts: snapblk_cow::WriterOptions,
+    ) -> Result<(std::path::PathBuf, std::path::PathBuf), String> {
+        let (base, cow) = (dir.join("base.img"), dir.join("snapshot.cow"));
+        std::fs::write(&base, &self.base).map_err(|e| format!("{}: {e}", base.display()))?;
+        std::fs::write(&cow, write_cow(self, opts)?)
+            .map_err(|e| format!("{}: {e}", cow.display()))?;
+        Ok((base, cow))
+    }
+}
+
 /// Write `case` as a real Android COW file with snapblk-cow's writer: sequence data listing the
 /// ordered ops in merge order, then the ops. `opts.op_count_max` is raised to fit.
 pub fn write_cow(

@@ -4,7 +4,7 @@
 //! free again as soon as the holder closes them.
 
 use snapblk_snapshot::cowsrc::{OpenMode, open_files};
-use snapblk_snapshot::synth::{SynthSpec, generate, write_cow};
+use snapblk_snapshot::synth::{SynthSpec, generate};
 use snapblk_snapshot::{MergeOptions, SnapError, Snapshot, SnapshotConfig, merge};
 use std::path::PathBuf;
 
@@ -26,11 +26,8 @@ struct Files {
 
 fn files() -> Files {
     let case = generate(&SynthSpec::default(), 7);
-    let cow_bytes = write_cow(&case, Default::default()).unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let (base, cow) = (dir.path().join("base.img"), dir.path().join("snapshot.cow"));
-    std::fs::write(&base, &case.base).unwrap();
-    std::fs::write(&cow, cow_bytes).unwrap();
+    let (base, cow) = case.write_files(dir.path(), Default::default()).unwrap();
     Files {
         _dir: dir,
         base,

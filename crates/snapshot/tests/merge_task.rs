@@ -7,7 +7,7 @@ use snapblk_core::props::PropValue;
 use snapblk_core::{Driver, QueueExt, State};
 use snapblk_snapshot::SnapshotDriver;
 use snapblk_snapshot::merge_task::MergeState;
-use snapblk_snapshot::synth::{SynthSpec, generate, write_cow};
+use snapblk_snapshot::synth::{SynthSpec, generate};
 use snapblk_testsupport::golden;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -33,11 +33,8 @@ fn files(blocks: u64) -> Files {
         ..SynthSpec::default()
     };
     let case = generate(&spec, 11);
-    let cow_bytes = write_cow(&case, Default::default()).unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let (base, cow) = (dir.path().join("base.img"), dir.path().join("snapshot.cow"));
-    std::fs::write(&base, &case.base).unwrap();
-    std::fs::write(&cow, cow_bytes).unwrap();
+    let (base, cow) = case.write_files(dir.path(), Default::default()).unwrap();
     Files {
         _dir: dir,
         base,

@@ -37,3 +37,17 @@ pub fn fuzz_cow(data: &[u8]) {
 pub fn fuzz_sparse(data: &[u8]) {
     let _ = crate::sparse::expand(data, 64 << 20);
 }
+
+/// Parse `data` as a COW record and use what it returns (digest lookups over every range).
+pub fn fuzz_record(data: &[u8]) {
+    let Ok(r) = crate::record::Record::decode(data) else {
+        return;
+    };
+    let ix = r.index();
+    for &(s, n) in r.read.iter().chain(&r.write).take(64) {
+        let _ = ix.base_digest(s + n - 1);
+        let _ = ix.target_digest(s);
+    }
+    let _ = r.target_blocks();
+    assert_eq!(crate::record::Record::decode(&r.encode()).ok(), Some(r));
+}

@@ -18,6 +18,7 @@ pub mod fuzzing;
 pub mod generate;
 pub mod io;
 pub mod reader;
+pub mod record;
 pub mod sparse;
 pub mod tools;
 pub mod writer;

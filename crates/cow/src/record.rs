@@ -1,0 +1,599 @@
+//! The *COW record*: a small sidecar file (`NAME.cow.snapblk` beside `NAME.cow`) that says what a
+//! COW expects and what it produces, so a wrong base or a corrupt COW is caught before a user's
+//! data changes. The COW itself stays byte-for-byte what Android's tools read and write.
+//!
+//! What it holds (format v1, all integers little-endian; see `docs/safety.md`):
+//!
+//! | field | bytes |
+//! |---|---|
+//! | magic `SBLKREC1` | 8 |
+//! | version (1), block size | 4 + 4 |
+//! | base size, target size (bytes) | 8 + 8 |
+//! | SHA-256 of the whole base, of the whole target | 32 + 32 |
+//! | read-range count R, write-range count W | 4 + 4 |
+//! | R read ranges, then W write ranges: `(first block u64, block count u64)` | 16 each |
+//! | one XXH3-128 digest per block of the read ranges, then per block of the write ranges | 16 each |
+//! | SHA-256 of every byte before it | 32 |
+//!
+//! *Read ranges* are the base blocks COPY and XOR ops read; *write ranges* are the target blocks
+//! the COW produces. Both are derived from the COW, so a record that does not describe the COW it
+//! sits beside is detected ([`RecordError::Stale`]). The per-block digests are a fast hash
+//! (corruption and identity against accidents); the whole-image SHA-256 values are the identity
+//! update_engine's `old_partition_info.hash` / `new_partition_info.hash` carry. The record grows
+//! with what the COW changes (16 bytes per changed or read block, 0.4 % of those blocks' bytes),
+//! not with the image.
+
+use std::path::{Path, PathBuf};
+
+use sha2::{Digest, Sha256};
+
+use crate::io::ReadAt;
+use crate::reader::CowReader;
+
+/// File-name suffix of a record: `update.cow` → `update.cow.snapblk`.
+pub const SUFFIX: &str = ".snapblk";
+const MAGIC: &[u8; 8] = b"SBLKREC1";
+const VERSION: u32 = 1;
+const FIXED: usize = 8 + 4 + 4 + 8 + 8 + 32 + 32 + 4 + 4;
+/// Largest record accepted: 2^26 digests (256 GiB of changed 4 KiB blocks), ~1 GiB of record.
+const MAX_BLOCKS: u64 = 1 << 26;
+/// Most ranges of one kind accepted (a COW's block map has at most one run per block).
+const MAX_RANGES: u64 = 1 << 26;
+
+/// A block digest: XXH3-128 of the block's bytes.
+pub type BlockDigest = u128;
+
+/// Digest of one block.
+pub fn block_digest(data: &[u8]) -> BlockDigest {
+    xxhash_rust::xxh3::xxh3_128(data)
+}
+
+/// Where the record of `cow` lives.
+pub fn sidecar_path(cow: &Path) -> PathBuf {
+    let mut s = cow.as_os_str().to_owned();
+    s.push(SUFFIX);
+    PathBuf::from(s)
+}
+
+/// Everything that can be wrong with a record or with what it is checked against.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum RecordError {
+    /// The record's bytes are not a valid record (damaged or not a record): never a COW problem.
+    #[error("record is damaged: {0}")]
+    Damaged(String),
+    #[error("record version {0} is not supported (this snapblk reads version 1)")]
+    Version(u32),
+    /// The record describes another COW (its block sets differ from this COW's).
+    #[error("record does not describe this COW ({0}); it belongs to another COW or is stale")]
+    Stale(String),
+    #[error("reading base block {block}")]
+    Io {
+        block: u64,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("reading {}", path.display())]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// A `(first block, count)` run of blocks.
+pub type Range = (u64, u64);
+
+/// A parsed (or freshly built) record.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Record {
+    pub block_size: u32,
+    pub base_size: u64,
+    pub target_size: u64,
+    pub base_sha256: [u8; 32],
+    pub target_sha256: [u8; 32],
+    pub read: Vec<Range>,
+    pub read_digests: Vec<BlockDigest>,
+    pub write: Vec<Range>,
+    pub write_digests: Vec<BlockDigest>,
+}
+
+/// Base blocks the COW's COPY and XOR ops read, as sorted, merged runs.
+pub fn read_set<R: ReadAt>(cow: &CowReader<R>) -> Vec<Range> {
+    let bs = u64::from(cow.block_size());
+    let mut v: Vec<Range> = cow
+        .data_ops()
+        .filter_map(|op| op.source_blocks(bs))
+        .collect();
+    v.sort_unstable();
+    merge_runs(v)
+}
+
+/// Target blocks the COW produces, as sorted, merged runs.
+pub fn write_set<R: ReadAt>(cow: &CowReader<R>) -> Vec<Range> {
+    merge_runs(cow.block_map().map(|(b, n, _)| (b, u64::from(n))).collect())
+}
+
+fn merge_runs(sorted: Vec<Range>) -> Vec<Range> {
+    let mut out: Vec<Range> = Vec::with_capacity(sorted.len().min(1 << 16));
+    for (s, n) in sorted {
+        match out.last_mut() {
+            Some((ps, pn)) if *ps + *pn >= s => {
+                let end = (*ps + *pn).max(s + n);
+                *pn = end - *ps;
+            }
+            _ => out.push((s, n)),
+        }
+    }
+    out
+}
+
+fn count(ranges: &[Range]) -> u64 {
+    ranges.iter().map(|r| r.1).sum()
+}
+
+/// Blocks of `ranges`, in order.
+pub fn blocks(ranges: &[Range]) -> impl Iterator<Item = u64> + '_ {
+    ranges.iter().flat_map(|&(s, n)| s..s + n)
+}
+
+/// Index of `block` among the blocks of `ranges` (sorted, disjoint), if it is one of them.
+fn index_in(ranges: &[Range], prefix: &[u64], block: u64) -> Option<usize> {
+    let i = ranges
+        .partition_point(|&(s, _)| s <= block)
+        .checked_sub(1)?;
+    let (s, n) = ranges[i];
+    (block < s + n).then(|| (prefix[i] + block - s) as usize)
+}
+
+fn prefix_sums(ranges: &[Range]) -> Vec<u64> {
+    let mut acc = 0;
+    ranges
+        .iter()
+        .map(|r| {
+            let p = acc;
+            acc += r.1;
+            p
+        })
+        .collect()
+}
+
+/// Fixed-size block `b` of `img`, zero-padded past its end.
+fn block_of<'a>(img: &'a [u8], b: u64, bs: usize, pad: &'a mut Vec<u8>) -> &'a [u8] {
+    let start = (b as usize).saturating_mul(bs);
+    if start.saturating_add(bs) <= img.len() {
+        return &img[start..start + bs];
+    }
+    pad.clear();
+    pad.resize(bs, 0);
+    if start < img.len() {
+        pad[..img.len() - start].copy_from_slice(&img[start..]);
+    }
+    pad
+}
+
+/// SHA-256 of `data`.
+pub fn sha256(data: &[u8]) -> [u8; 32] {
+    Sha256::digest(data).into()
+}
+
+/// Lower-case hex of a digest.
+pub fn hex(d: &[u8]) -> String {
+    d.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Parse a 64-digit hex SHA-256.
+pub fn parse_sha256(s: &str) -> Option<[u8; 32]> {
+    let s = s.trim();
+    if s.len() != 64 || !s.is_ascii() {
+        return None;
+    }
+    let mut out = [0u8; 32];
+    for (i, o) in out.iter_mut().enumerate() {
+        *o = u8::from_str_radix(&s[2 * i..2 * i + 2], 16).ok()?;
+    }
+    Some(out)
+}
+
+impl Record {
+    /// Build the record of `cow` made from `old` (the base) and `new` (the target), both in
+    /// memory as the generator holds them.
+    pub fn build<R: ReadAt>(cow: &CowReader<R>, old: &[u8], new: &[u8]) -> Record {
+        let bs = cow.block_size() as usize;
+        let read = read_set(cow);
+        let write = write_set(cow);
+        let mut pad = Vec::new();
+        let read_digests = blocks(&read)
+            .map(|b| block_digest(block_of(old, b, bs, &mut pad)))
+            .collect();
+        let write_digests = blocks(&write)
+            .map(|b| block_digest(block_of(new, b, bs, &mut pad)))
+            .collect();
+        let (base_sha256, target_sha256) = std::thread::scope(|s| {
+            let h = s.spawn(|| sha256(old));
+            let t = sha256(new);
+            (h.join().unwrap_or_else(|_| sha256(old)), t)
+        });
+        Record {
+            block_size: cow.block_size(),
+            base_size: old.len() as u64,
+            target_size: new.len() as u64,
+            base_sha256,
+            target_sha256,
+            read,
+            read_digests,
+            write,
+            write_digests,
+        }
+    }
+
+    /// The record's bytes.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut v = Vec::with_capacity(
+            FIXED
+                + 16 * (self.read.len() + self.write.len())
+                + 16 * (self.read_digests.len() + self.write_digests.len())
+                + 32,
+        );
+        v.extend_from_slice(MAGIC);
+        v.extend_from_slice(&VERSION.to_le_bytes());
+        v.extend_from_slice(&self.block_size.to_le_bytes());
+        v.extend_from_slice(&self.base_size.to_le_bytes());
+        v.extend_from_slice(&self.target_size.to_le_bytes());
+        v.extend_from_slice(&self.base_sha256);
+        v.extend_from_slice(&self.target_sha256);
+        v.extend_from_slice(&(self.read.len() as u32).to_le_bytes());
+        v.extend_from_slice(&(self.write.len() as u32).to_le_bytes());
+        for (s, n) in self.read.iter().chain(&self.write) {
+            v.extend_from_slice(&s.to_le_bytes());
+            v.extend_from_slice(&n.to_le_bytes());
+        }
+        for d in self.read_digests.iter().chain(&self.write_digests) {
+            v.extend_from_slice(&d.to_le_bytes());
+        }
+        let sum = sha256(&v);
+        v.extend_from_slice(&sum);
+        v
+    }
+
+    /// Parse a record. Every count is checked against the bytes present before anything is
+    /// allocated for it.
+    pub fn decode(data: &[u8]) -> Result<Record, RecordError> {
+        let dmg = |m: &str| RecordError::Damaged(m.to_owned());
+        if data.len() < 8 || &data[..8] != MAGIC {
+            return Err(dmg("not a snapblk COW record (bad magic)"));
+        }
+        if data.len() < FIXED + 32 {
+            return Err(dmg("truncated header"));
+        }
+        let (body, sum) = data.split_at(data.len() - 32);
+        let u32_at =
+            |o: usize| u32::from_le_bytes([body[o], body[o + 1], body[o + 2], body[o + 3]]);
+        let u64_at = |o: usize| {
+            let mut b = [0u8; 8];
+            b.copy_from_slice(&body[o..o + 8]);
+            u64::from_le_bytes(b)
+        };
+        let version = u32_at(8);
+        if version != VERSION {
+            return Err(RecordError::Version(version));
+        }
+        if sha256(body) != sum {
+            return Err(dmg("checksum mismatch"));
+        }
+        let block_size = u32_at(12);
+        if !block_size.is_power_of_two() || !(512..=1 << 20).contains(&block_size) {
+            return Err(dmg("bad block size"));
+        }
+        let base_size = u64_at(16);
+        let target_size = u64_at(24);
+        if base_size > i64::MAX as u64 || target_size > i64::MAX as u64 {
+            return Err(dmg("image size out of range"));
+        }
+        let mut base_sha256 = [0u8; 32];
+        base_sha256.copy_from_slice(&body[32..64]);
+        let mut target_sha256 = [0u8; 32];
+        target_sha256.copy_from_slice(&body[64..96]);
+        let nr = u64::from(u32_at(96));
+        let nw = u64::from(u32_at(100));
+        if nr > MAX_RANGES || nw > MAX_RANGES {
+            return Err(dmg("too many ranges"));
+        }
+        let ranges_end = FIXED as u64 + 16 * (nr + nw);
+        if ranges_end > body.len() as u64 {
+            return Err(dmg("truncated range list"));
+        }
+        let bs = u64::from(block_size);
+        let limit = |size: u64| size.div_ceil(bs);
+        let mut off = FIXED;
+        let mut parse = |n: u64, end_blocks: u64| -> Result<Vec<Range>, RecordError> {
+            let mut v = Vec::with_capacity(n as usize);
+            let mut prev_end = 0u64;
+            for k in 0..n {
+                let (s, c) = (u64_at(off), u64_at(off + 8));
+                off += 16;
+                let e = s.checked_add(c).ok_or_else(|| dmg("range overflows"))?;
+                if c == 0 || (k > 0 && s < prev_end) || e > end_blocks {
+                    return Err(dmg("ranges unsorted, empty or past the image"));
+                }
+                prev_end = e;
+                v.push((s, c));
+            }
+            Ok(v)
+        };
+        let read = parse(nr, limit(base_size))?;
+        let write = parse(nw, limit(target_size))?;
+        let (cr, cw) = (count(&read), count(&write));
+        if cr + cw > MAX_BLOCKS {
+            return Err(dmg("too many blocks"));
+        }
+        if ranges_end + 16 * (cr + cw) != body.len() as u64 {
+            return Err(dmg("digest list length does not match the ranges"));
+        }
+        let mut off = ranges_end as usize;
+        let mut digests = |n: u64| -> Vec<BlockDigest> {
+            (0..n)
+                .map(|_| {
+                    let mut b = [0u8; 16];
+                    b.copy_from_slice(&body[off..off + 16]);
+                    off += 16;
+                    u128::from_le_bytes(b)
+                })
+                .collect()
+        };
+        let read_digests = digests(cr);
+        let write_digests = digests(cw);
+        Ok(Record {
+            block_size,
+            base_size,
+            target_size,
+            base_sha256,
+            target_sha256,
+            read,
+            read_digests,
+            write,
+            write_digests,
+        })
+    }
+
+    /// Read and parse the record at `path`; `Ok(None)` when there is no file there.
+    pub fn load(path: &Path) -> Result<Option<Record>, RecordError> {
+        match std::fs::metadata(path) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Ok(m) if m.len() > 64 + 32 * (MAX_BLOCKS + MAX_RANGES) => {
+                return Err(RecordError::Damaged("file too large".into()));
+            }
+            _ => {}
+        }
+        let data = std::fs::read(path).map_err(|e| RecordError::Read {
+            path: path.to_owned(),
+            source: e,
+        })?;
+        Record::decode(&data).map(Some)
+    }
+
+    /// Check that the record describes `cow` (same block size, read set and write set).
+    pub fn check_binding<R: ReadAt>(&self, cow: &CowReader<R>) -> Result<(), RecordError> {
+        if self.block_size != cow.block_size() {
+            return Err(RecordError::Stale(format!(
+                "block size {} vs the COW's {}",
+                self.block_size,
+                cow.block_size()
+            )));
+        }
+        if self.write != write_set(cow) {
+            return Err(RecordError::Stale(
+                "the blocks it writes differ from the record's".into(),
+            ));
+        }
+        if self.read != read_set(cow) {
+            return Err(RecordError::Stale(
+                "the base blocks it reads differ from the record's".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// A lookup index over the record's digests.
+    pub fn index(&self) -> RecordIndex<'_> {
+        RecordIndex {
+            rec: self,
+            read_prefix: prefix_sums(&self.read),
+            write_prefix: prefix_sums(&self.write),
+        }
+    }
+
+    /// Blocks of the target image.
+    pub fn target_blocks(&self) -> u64 {
+        self.target_size.div_ceil(u64::from(self.block_size))
+    }
+}
+
+/// Digest lookups by block number.
+pub struct RecordIndex<'a> {
+    rec: &'a Record,
+    read_prefix: Vec<u64>,
+    write_prefix: Vec<u64>,
+}
+
+impl RecordIndex<'_> {
+    /// Expected digest of base block `b`, if the COW reads it.
+    pub fn base_digest(&self, b: u64) -> Option<BlockDigest> {
+        index_in(&self.rec.read, &self.read_prefix, b).map(|i| self.rec.read_digests[i])
+    }
+    /// Expected digest of target block `b`, if the COW writes it.
+    pub fn target_digest(&self, b: u64) -> Option<BlockDigest> {
+        index_in(&self.rec.write, &self.write_prefix, b).map(|i| self.rec.write_digests[i])
+    }
+}
+
+/// Outcome of checking a base and a COW against a record.
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct RecordCheck {
+    /// Base blocks the COW reads that differ from what it was made for.
+    pub base_mismatches: Vec<u64>,
+    /// Target blocks the COW produces whose content differs from the recorded digest.
+    pub corrupt_blocks: Vec<u64>,
+    /// Base blocks checked, target blocks checked.
+    pub base_blocks_checked: u64,
+    pub target_blocks_checked: u64,
+}
+
+impl RecordCheck {
+    pub fn ok(&self) -> bool {
+        self.base_mismatches.is_empty() && self.corrupt_blocks.is_empty()
+    }
+}
+
+/// Check every base block the COW reads against the record (fills `base_mismatches`).
+pub fn check_base<B: ReadAt + ?Sized>(
+    rec: &Record,
+    base: &B,
+    out: &mut RecordCheck,
+) -> Result<(), RecordError> {
+    let bs = rec.block_size as usize;
+    let mut buf = vec![0u8; bs];
+    let base_len = base.size().map_err(|e| RecordError::Io {
+        block: 0,
+        source: e,
+    })?;
+    // (a base whose size cannot be read fails at its first block)
+    for (b, want) in blocks(&rec.read).zip(&rec.read_digests) {
+        let pos = b * bs as u64;
+        buf.fill(0);
+        if pos < base_len {
+            let n = (base_len - pos).min(bs as u64) as usize;
+            base.read_exact_at(pos, &mut buf[..n])
+                .map_err(|e| RecordError::Io {
+                    block: b,
+                    source: e,
+                })?;
+        }
+        out.base_blocks_checked += 1;
+        if pos >= base_len || block_digest(&buf) != *want {
+            out.base_mismatches.push(b);
+        }
+    }
+    Ok(())
+}
+
+/// Compute every target block the COW produces from `base` and check it against the record
+/// (fills `corrupt_blocks`; a payload that does not decode counts as corrupt).
+pub fn check_target<R: ReadAt, B: ReadAt + ?Sized>(
+    rec: &Record,
+    cow: &CowReader<R>,
+    base: &B,
+    out: &mut RecordCheck,
+) {
+    let bs = rec.block_size as usize;
+    let mut buf = vec![0u8; bs];
+    for (b, want) in blocks(&rec.write).zip(&rec.write_digests) {
+        out.target_blocks_checked += 1;
+        match cow.read_block(b, base, &mut buf) {
+            Ok(()) if block_digest(&buf) == *want => {}
+            _ => out.corrupt_blocks.push(b),
+        }
+    }
+}
+
+/// Streaming SHA-256 (for whole images).
+#[derive(Clone, Default)]
+pub struct Sha256Stream(Sha256);
+
+impl Sha256Stream {
+    pub fn update(&mut self, data: &[u8]) {
+        self.0.update(data);
+    }
+    pub fn finish(self) -> [u8; 32] {
+        self.0.finalize().into()
+    }
+}
+
+/// SHA-256 of everything `r` holds.
+pub fn sha256_of<R: ReadAt + ?Sized>(r: &R) -> std::io::Result<[u8; 32]> {
+    let len = r.size()?;
+    let mut h = Sha256::new();
+    let mut buf = vec![0u8; 1 << 20];
+    let mut off = 0;
+    while off < len {
+        let n = (len - off).min(buf.len() as u64) as usize;
+        r.read_exact_at(off, &mut buf[..n])?;
+        h.update(&buf[..n]);
+        off += n as u64;
+    }
+    Ok(h.finalize().into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> Record {
+        Record {
+            block_size: 4096,
+            base_size: 10 * 4096,
+            target_size: 12 * 4096,
+            base_sha256: [1; 32],
+            target_sha256: [2; 32],
+            read: vec![(0, 2), (5, 1)],
+            read_digests: vec![1, 2, 3],
+            write: vec![(3, 4), (11, 1)],
+            write_digests: vec![4, 5, 6, 7, 8],
+        }
+    }
+
+    #[test]
+    fn round_trip() {
+        let r = sample();
+        assert_eq!(Record::decode(&r.encode()).unwrap(), r);
+    }
+
+    #[test]
+    fn every_single_bit_flip_is_detected() {
+        let bytes = sample().encode();
+        for i in 0..bytes.len() * 8 {
+            let mut b = bytes.clone();
+            b[i / 8] ^= 1 << (i % 8);
+            assert!(Record::decode(&b).is_err(), "flip of bit {i} accepted");
+        }
+    }
+
+    #[test]
+    fn every_truncation_is_detected() {
+        let bytes = sample().encode();
+        for n in 0..bytes.len() {
+            assert!(Record::decode(&bytes[..n]).is_err(), "cut at {n} accepted");
+        }
+    }
+
+    #[test]
+    fn index_finds_digests() {
+        let r = sample();
+        let ix = r.index();
+        assert_eq!(ix.base_digest(1), Some(2));
+        assert_eq!(ix.base_digest(5), Some(3));
+        assert_eq!(ix.base_digest(2), None);
+        assert_eq!(ix.target_digest(6), Some(7));
+        assert_eq!(ix.target_digest(11), Some(8));
+        assert_eq!(ix.target_digest(7), None);
+    }
+
+    #[test]
+    fn runs_merge_overlaps() {
+        assert_eq!(
+            merge_runs(vec![(0, 2), (1, 2), (3, 1), (7, 1)]),
+            vec![(0, 4), (7, 1)]
+        );
+    }
+
+    #[test]
+    fn sha256_hex_round_trip() {
+        let d = sha256(b"abc");
+        assert_eq!(
+            hex(&d),
+            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+        );
+        assert_eq!(parse_sha256(&hex(&d)), Some(d));
+        assert_eq!(parse_sha256("zz"), None);
+    }
+}

@@ -1,21 +1,29 @@
 //! `snapblk cow ...`: create, inspect, verify and apply Android COW files. Thin layer over
 //! `snapblk-cow`.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
-use clap::{Subcommand, ValueEnum};
+use clap::{Args, Subcommand, ValueEnum};
 use snapblk_cow::generate::{GenerateOptions, compute_ops, write_ops};
+use snapblk_cow::record::{self, Record, RecordCheck};
 use snapblk_cow::tools::{self, load_image, progress_bar};
 use snapblk_cow::{Codec, Compression, CowReader, OpenOptions, ReadAt, WriterOptions};
 
-/// Print a line to stdout; a closed pipe (e.g. `| head`) is not an error worth a panic.
+use crate::outfile::{AtomicFile, refuse_alias, refuse_same};
+
+/// Print a line to stdout; a write error (full disk, closed pipe) is the command's error.
 macro_rules! outln {
     ($($t:tt)*) => {{
         use std::io::Write as _;
-        let _ = writeln!(std::io::stdout().lock(), $($t)*);
+        writeln!(std::io::stdout().lock(), $($t)*).context("writing to standard output")?;
     }};
 }
+
+/// Schema of `cow verify --json` documents.
+const VERIFY_SCHEMA: &str = "snapblk.cow-verify.v1";
+/// Blocks named in a one-line message before "and N more".
+const NAMED_BLOCKS: usize = 8;
 
 /// Largest image (after sparse expansion) `create` loads into memory.
 const MAX_IMAGE: u64 = 1 << 40;
@@ -47,14 +55,35 @@ impl From<Algo> for Compression {
     }
 }
 
+/// Where the COW record comes from.
+#[derive(Args, Clone, Debug, Default)]
+pub struct RecordArgs {
+    /// The COW record to check against (default: COW.snapblk beside the COW, when present).
+    #[arg(long, value_name = "FILE", conflicts_with = "no_record")]
+    record: Option<PathBuf>,
+    /// Ignore the COW record: the base and the result cannot be verified.
+    #[arg(long)]
+    no_record: bool,
+    /// SHA-256 the whole base must have (as update_engine's old_partition_info.hash).
+    #[arg(long, value_name = "HEX")]
+    base_sha256: Option<String>,
+    /// SHA-256 the whole new image must have (as update_engine's new_partition_info.hash).
+    #[arg(long, value_name = "HEX")]
+    expect_sha256: Option<String>,
+}
+
 #[derive(Subcommand)]
 pub enum CowCmd {
-    /// Create a COW from an old and a new image (raw or Android sparse).
+    /// Create a COW from an old and a new image (raw or Android sparse), and its record
+    /// (OUT.snapblk: digests of the base blocks it reads and of the image it produces).
     Create {
+        /// The old image (the base the COW applies to).
         #[arg(long)]
         old: PathBuf,
+        /// The new image (what the COW produces).
         #[arg(long)]
         new: PathBuf,
+        /// The COW file to write (replaced atomically; never one of the inputs).
         #[arg(short = 'o', long = "output")]
         out: PathBuf,
         #[arg(long, value_enum, default_value = "v3")]
@@ -64,7 +93,7 @@ pub enum CowCmd {
         /// Compression level for every payload (default: AOSP's — gz 9, brotli 11, zstd 3 —
         /// except that sparse payloads, at most 1/8 non-zero bytes like most XOR payloads, get
         /// gz 4 / zstd -1, which compress them as small and 2.4x faster).
-        #[arg(long)]
+        #[arg(long, allow_hyphen_values = true)]
         level: Option<i32>,
         /// Do not emit XOR ops.
         #[arg(long)]
@@ -78,9 +107,12 @@ pub enum CowCmd {
         /// Do not write sequence data (ops are still written in a safe merge order).
         #[arg(long)]
         no_sequence: bool,
-        /// Worker threads (default: all cores).
-        #[arg(long, default_value_t = 0)]
-        threads: usize,
+        /// Do not write the record beside the COW (the base cannot be verified later).
+        #[arg(long)]
+        no_record: bool,
+        /// Worker threads, 1..=256 (default: all cores).
+        #[arg(long, value_parser = clap::value_parser!(u16).range(1..=256))]
+        threads: Option<u16>,
         /// Print statistics as JSON.
         #[arg(long)]
         json: bool,
@@ -90,42 +122,188 @@ pub enum CowCmd {
         #[arg(long)]
         time_writer: bool,
     },
-    /// Show header, op counts by type and codec, sizes and the merge order.
+    /// Show header, op counts by type and codec, sizes, the merge order and the record.
     Inspect {
+        /// The COW file.
         cow: PathBuf,
+        /// Print the summary as JSON.
         #[arg(long)]
         json: bool,
         /// Also list every op record.
         #[arg(long)]
         ops: bool,
     },
-    /// Check structure, payloads, merge-order safety and optionally the result.
+    /// Check structure, payloads, merge-order safety, the base and the result against the
+    /// record, and optionally the result against an expected image.
     Verify {
+        /// The COW file.
         cow: PathBuf,
+        /// The base image the COW applies to.
         #[arg(long)]
         base: PathBuf,
+        /// The image the result must equal, byte for byte.
         #[arg(long)]
         expect: Option<PathBuf>,
+        /// Size of the new image in bytes, for a COW without a record whose image is larger
+        /// than its base (default: the record's size, else the base's).
+        #[arg(long, value_name = "BYTES")]
+        size: Option<u64>,
+        #[command(flatten)]
+        rec: RecordArgs,
+        /// Print a JSON verdict on stdout (also when verification fails).
         #[arg(long)]
         json: bool,
     },
-    /// Materialise the new image (the base is not modified).
+    /// Materialise the new image into a new file (the base is not modified).
     Apply {
+        /// The COW file.
         cow: PathBuf,
+        /// The base image the COW applies to.
         #[arg(long)]
         base: PathBuf,
+        /// The image to write (replaced atomically; never the base, the COW or its record).
         #[arg(short = 'o', long = "output")]
         out: PathBuf,
+        /// Size of the new image in bytes, for a COW without a record whose image is larger
+        /// than its base (default: the record's size, else the base's).
+        #[arg(long, value_name = "BYTES")]
+        size: Option<u64>,
+        #[command(flatten)]
+        rec: RecordArgs,
     },
 }
 
-fn open_cow(path: &PathBuf, opts: OpenOptions) -> Result<CowReader<std::fs::File>> {
-    let f = std::fs::File::open(path).with_context(|| format!("open {}", path.display()))?;
+fn open_cow(path: &Path, opts: OpenOptions) -> Result<CowReader<std::fs::File>> {
+    let f = open_input(path, "COW")?;
     CowReader::open_with(f, opts).with_context(|| format!("{}: invalid COW", path.display()))
 }
 
-fn open_file(path: &PathBuf) -> Result<std::fs::File> {
-    std::fs::File::open(path).with_context(|| format!("open {}", path.display()))
+/// Open an input read-only; a directory or an empty file is named as such.
+fn open_input(path: &Path, what: &str) -> Result<std::fs::File> {
+    let f = std::fs::File::open(path).with_context(|| format!("open {}", path.display()))?;
+    let m = f
+        .metadata()
+        .with_context(|| format!("stat {}", path.display()))?;
+    if m.is_dir() {
+        bail!("{what} {} is a directory", path.display());
+    }
+    if m.is_file() && m.len() == 0 {
+        bail!("{what} {} is empty", path.display());
+    }
+    Ok(f)
+}
+
+fn parse_hex(flag: &str, v: &Option<String>) -> Result<Option<[u8; 32]>> {
+    v.as_deref()
+        .map(|s| {
+            record::parse_sha256(s)
+                .with_context(|| format!("{flag}: expected 64 hexadecimal digits, got {s:?}"))
+        })
+        .transpose()
+}
+
+/// The record to check against: `--record`, else the sidecar beside the COW if there is one.
+/// A damaged or stale record is an error that names the record, never the COW.
+fn load_record(
+    cow_path: &Path,
+    cow: &CowReader<std::fs::File>,
+    a: &RecordArgs,
+) -> Result<Option<(PathBuf, Record)>> {
+    if a.no_record {
+        return Ok(None);
+    }
+    let path = a
+        .record
+        .clone()
+        .unwrap_or_else(|| record::sidecar_path(cow_path));
+    let rec = match Record::load(&path) {
+        Ok(Some(r)) => r,
+        Ok(None) if a.record.is_some() => bail!("record {} does not exist", path.display()),
+        Ok(None) => return Ok(None),
+        Err(e) => {
+            return Err(anyhow::Error::new(e).context(format!(
+                "{} (remove it or pass --no-record to go on without checks)",
+                path.display()
+            )));
+        }
+    };
+    rec.check_binding(cow)
+        .with_context(|| format!("record {}", path.display()))?;
+    Ok(Some((path, rec)))
+}
+
+/// Warn once that nothing vouches for the base.
+fn warn_unverified(cow_path: &Path) {
+    eprintln!(
+        "snapblk: warning: no record for {} ({} absent or --no-record): the base cannot be verified; give --base-sha256 to check it",
+        cow_path.display(),
+        record::sidecar_path(cow_path).display()
+    );
+}
+
+fn name_blocks(v: &[u64]) -> String {
+    let mut s = v
+        .iter()
+        .take(NAMED_BLOCKS)
+        .map(|b| b.to_string())
+        .collect::<Vec<_>>()
+        .join(", ");
+    if v.len() > NAMED_BLOCKS {
+        s.push_str(&format!(" and {} more", v.len() - NAMED_BLOCKS));
+    }
+    s
+}
+
+/// Size of the new image and proof that the COW fits the base and that size, before anything
+/// is written: sources inside the base, writes inside the image.
+fn image_size(
+    cow: &CowReader<std::fs::File>,
+    base_path: &Path,
+    base_len: u64,
+    rec: Option<&Record>,
+    size: Option<u64>,
+) -> Result<u64> {
+    let len = match (rec, size) {
+        (Some(r), Some(s)) if r.target_size != s => bail!(
+            "--size {s} contradicts the record, which says the new image is {} bytes",
+            r.target_size
+        ),
+        (Some(r), _) => r.target_size,
+        (None, Some(s)) => s,
+        (None, None) => base_len,
+    };
+    if len > i64::MAX as u64 {
+        bail!("--size {len} is larger than 2^63-1 bytes");
+    }
+    if let Some(r) = rec
+        && r.base_size != base_len
+    {
+        bail!(
+            "base {} is {base_len} bytes; this COW was made for a base of {} bytes (wrong base?)",
+            base_path.display(),
+            r.base_size
+        );
+    }
+    let bs = u64::from(cow.block_size());
+    let e = tools::extent(cow);
+    if e.source_end > base_len {
+        bail!(
+            "base {} is {base_len} bytes, too short for this COW: op {} reads up to byte {} (block {})",
+            base_path.display(),
+            e.source_op.unwrap_or(0),
+            e.source_end,
+            (e.source_end - 1) / bs
+        );
+    }
+    if e.write_end_blocks > len.div_ceil(bs) {
+        let need = e.write_end_blocks * bs;
+        bail!(
+            "op {} writes block {}, past the end of the {len}-byte new image; if the new image is larger than the base, give its size with --size (at least {need})",
+            e.write_op.unwrap_or(0),
+            e.write_end_blocks - 1
+        );
+    }
+    Ok(len)
 }
 
 pub fn run(c: CowCmd) -> Result<()> {
@@ -141,10 +319,14 @@ pub fn run(c: CowCmd) -> Result<()> {
             unit,
             no_scratch,
             no_sequence,
+            no_record,
             threads,
             json,
             time_writer,
         } => {
+            let rec_path = record::sidecar_path(&out);
+            refuse_alias("-o", &out, &[("--old", &old), ("--new", &new)])?;
+            refuse_alias("-o", &rec_path, &[("--old", &old), ("--new", &new)])?;
             let t0 = std::time::Instant::now();
             let old_img =
                 load_image(&old, MAX_IMAGE).with_context(|| format!("read {}", old.display()))?;
@@ -170,27 +352,26 @@ pub fn run(c: CowCmd) -> Result<()> {
                 },
                 xor: !no_xor,
                 sequence: !no_sequence,
-                threads,
+                threads: threads.map_or(0, usize::from),
                 progress: true,
             };
-            let f = std::fs::OpenOptions::new()
-                .read(true)
-                .write(true)
-                .create(true)
-                .truncate(true)
-                .open(&out)
-                .with_context(|| format!("create {}", out.display()))?;
+            let out_file = AtomicFile::create(&out)?;
+            let rec_file = if no_record {
+                None
+            } else {
+                Some(AtomicFile::create(&rec_path)?)
+            };
+            let f = out_file.file();
             let t = std::time::Instant::now();
             let ops = compute_ops(&old_img, &new_img, &opts).context("create COW")?;
             let stats =
-                write_ops(&old_img, &new_img, &ops, &f, &opts, true).context("create COW")?;
+                write_ops(&old_img, &new_img, &ops, f, &opts, true).context("create COW")?;
             let secs = t.elapsed().as_secs_f64();
-            let total = t0.elapsed().as_secs_f64();
             let writer_only = if time_writer {
                 // Start from an empty file again, as the first run did.
                 f.set_len(0)
                     .with_context(|| format!("truncate {}", out.display()))?;
-                let again = write_ops(&old_img, &new_img, &ops, &f, &opts, false)
+                let again = write_ops(&old_img, &new_img, &ops, f, &opts, false)
                     .context("create COW (writer timing run)")?;
                 if again.cow_bytes != stats.cow_bytes {
                     bail!("internal: writer timing run wrote a different file size");
@@ -199,6 +380,25 @@ pub fn run(c: CowCmd) -> Result<()> {
             } else {
                 None
             };
+            let mut rec_bytes = None;
+            if let Some(rf) = rec_file {
+                let t_rec = std::time::Instant::now();
+                let reader = CowReader::open(f).context("reading back the new COW")?;
+                let rec = Record::build(&reader, &old_img, &new_img);
+                let bytes = rec.encode();
+                use std::io::Write as _;
+                rf.file()
+                    .write_all(&bytes)
+                    .with_context(|| format!("write {}", rec_path.display()))?;
+                rec_bytes = Some((bytes.len(), t_rec.elapsed().as_secs_f64()));
+                // The COW first: a record without its COW is harmless, and a COW that appears
+                // without its record is only unverifiable.
+                out_file.commit()?;
+                rf.commit()?;
+            } else {
+                out_file.commit()?;
+            }
+            let total = t0.elapsed().as_secs_f64();
             if json {
                 let mut v = serde_json::to_value(&stats)?;
                 v["seconds_generate"] = secs.into();
@@ -207,7 +407,12 @@ pub fn run(c: CowCmd) -> Result<()> {
                     v["cpu_seconds_writer_only"] = c.into();
                 }
                 v["seconds_total"] = total.into();
-                v["threads"] = snapblk_cow::generate::threads(threads).into();
+                v["threads"] = snapblk_cow::generate::threads(opts.threads).into();
+                v["record"] = match rec_bytes {
+                    Some((n, s)) => serde_json::json!({
+                        "path": rec_path, "bytes": n, "seconds": s }),
+                    None => serde_json::Value::Null,
+                };
                 outln!("{}", serde_json::to_string_pretty(&v)?);
             } else {
                 outln!(
@@ -224,138 +429,476 @@ pub fn run(c: CowCmd) -> Result<()> {
                     stats.cycle_breaks,
                     secs
                 );
-            }
-            Ok(())
-        }
-        CowCmd::Inspect { cow, json, ops } => {
-            let r = open_cow(&cow, OpenOptions::default())?;
-            let s = tools::summarize(&r);
-            if json {
-                let mut v = serde_json::to_value(&s)?;
-                if ops {
-                    v["ops"] = serde_json::to_value(r.ops())?;
-                }
-                outln!("{}", serde_json::to_string_pretty(&v)?);
-                return Ok(());
-            }
-            let h = &s.header;
-            outln!(
-                "Version: {}  header {} bytes  block size {}",
-                s.version,
-                h.header_size,
-                h.block_size
-            );
-            outln!(
-                "File: {} bytes  compression {}",
-                s.file_bytes,
-                s.compression
-            );
-            match s.scratch_offset {
-                Some(o) => outln!("Scratch: {} bytes at offset {o}", s.scratch_size),
-                None => outln!("Scratch: none"),
-            }
-            outln!(
-                "Merge progress: num_merge_ops = {} (u64 at offset {})",
-                h.num_merge_ops,
-                s.num_merge_ops_offset
-            );
-            if h.major >= 3 {
-                outln!(
-                    "v3: op_count {} / {}  sequence {}  resume points {:?}  max unit {}",
-                    h.op_count,
-                    h.op_count_max,
-                    s.sequence_len,
-                    s.resume_points,
-                    h.max_compression_size
-                );
-            } else {
-                outln!(
-                    "v2: cluster_ops {}  sequence {}  labels {:?}  footer {:?}",
-                    h.cluster_ops,
-                    s.sequence_len,
-                    s.labels,
-                    s.footer
-                );
-            }
-            outln!("Records: {}  data ops: {}", s.records, s.data_ops);
-            for (t, st) in &s.by_type {
-                outln!(
-                    "  {t:8} {:>10} ops {:>10} blocks {:>12} payload bytes",
-                    st.ops,
-                    st.blocks,
-                    st.payload_bytes
-                );
-            }
-            for (t, n) in &s.op_counts {
-                if !s.by_type.contains_key(t) {
-                    outln!("  {t:8} {n:>10} records");
-                }
-            }
-            for (c, n) in &s.payload_codecs {
-                outln!("  payloads decoded with {c}: {n}");
-            }
-            outln!(
-                "Merge order: {} ops ({}), ordered prefix {}, merged {}, first {:?}",
-                s.merge.total,
-                s.merge.source,
-                s.merge.ordered_prefix,
-                s.merge.merged,
-                s.merge.first
-            );
-            match &s.merge.error {
-                None => outln!("Merge order: consistent"),
-                Some(e) => outln!("Merge order: INVALID: {e}"),
-            }
-            if ops {
-                for op in r.ops() {
-                    outln!("{op:?}");
+                if let Some((n, _)) = rec_bytes {
+                    outln!("{}: {n} bytes (record)", rec_path.display());
                 }
             }
             Ok(())
         }
+        CowCmd::Inspect { cow, json, ops } => inspect(&cow, json, ops),
         CowCmd::Verify {
             cow,
             base,
             expect,
+            size,
+            rec,
             json,
         } => {
-            let base_f = open_file(&base)?;
-            // Sources past the base end are checked by tools::verify against the base size.
-            let r = open_cow(&cow, OpenOptions::default()).context("verify failed")?;
-            let exp = expect.as_ref().map(open_file).transpose()?;
-            let rep = tools::verify(&r, &base_f, exp.as_ref()).context("verify failed")?;
-            if json {
-                outln!("{}", serde_json::to_string_pretty(&rep)?);
-            } else {
-                outln!(
-                    "OK: {} blocks, {} payloads decoded, merge order safe{}",
-                    rep.blocks,
-                    rep.payloads_decoded,
-                    if rep.matches_expected == Some(true) {
-                        ", result equals the expected image"
-                    } else {
-                        ""
-                    }
+            let res = verify(&cow, &base, expect.as_deref(), size, &rec);
+            if !json {
+                let v = res.context("verify failed")?;
+                let mut line = format!(
+                    "OK: {} blocks, {} payloads decoded, merge order safe",
+                    v.report.blocks, v.report.payloads_decoded
                 );
+                match &v.record {
+                    Some(_) => line.push_str(&format!(
+                        ", base matches the record ({} blocks read, SHA-256 of the whole base), result matches the record ({} blocks)",
+                        v.check.base_blocks_checked, v.check.target_blocks_checked
+                    )),
+                    None => line.push_str(
+                        "; no record: the base and the payload contents are NOT verified",
+                    ),
+                }
+                if v.report.matches_expected == Some(true) {
+                    line.push_str(", result equals the expected image");
+                }
+                outln!("{line}");
+                return Ok(());
             }
-            Ok(())
+            let doc = match &res {
+                Ok(v) => serde_json::json!({
+                    "schema": VERIFY_SCHEMA, "ok": true, "error": null,
+                    "record": v.record, "report": v.report, "check": v.check,
+                }),
+                Err(e) => {
+                    let detail = e.downcast_ref::<VerifyFailure>();
+                    serde_json::json!({
+                        "schema": VERIFY_SCHEMA, "ok": false, "error": format!("{e:#}"),
+                        "check": detail.map(|d| &d.check),
+                    })
+                }
+            };
+            outln!("{}", serde_json::to_string_pretty(&doc)?);
+            res.map(|_| ()).context("verify failed")
         }
-        CowCmd::Apply { cow, base, out } => {
-            let r = open_cow(&cow, OpenOptions::default())?;
-            let base_f = open_file(&base)?;
-            let len = tools::device_blocks(&r, base_f.size()?) * u64::from(r.block_size());
-            if std::fs::canonicalize(&out).ok() == std::fs::canonicalize(&base).ok() {
-                bail!("output must not be the base image");
-            }
-            let f =
-                std::fs::File::create(&out).with_context(|| format!("create {}", out.display()))?;
-            let mut w = std::io::BufWriter::with_capacity(4 << 20, f);
-            let pb = progress_bar(len, "applying");
-            tools::apply(&r, &base_f, len, &mut w, &|n| pb.inc(n))?;
-            pb.finish_and_clear();
-            let f = w.into_inner().map_err(|e| e.into_error())?;
-            f.sync_all()?;
-            Ok(())
+        CowCmd::Apply {
+            cow,
+            base,
+            out,
+            size,
+            rec,
+        } => apply(&cow, &base, &out, size, &rec),
+    }
+}
+
+fn inspect(cow: &Path, json: bool, ops: bool) -> Result<()> {
+    let r = open_cow(cow, OpenOptions::default())?;
+    let s = tools::summarize(&r);
+    let rec_path = record::sidecar_path(cow);
+    let rec = Record::load(&rec_path);
+    let rec_state = match &rec {
+        Ok(None) => "absent".to_owned(),
+        Ok(Some(x)) => match x.check_binding(&r) {
+            Ok(()) => "present".to_owned(),
+            Err(e) => format!("stale: {e}"),
+        },
+        Err(e) => format!("{e}"),
+    };
+    if json {
+        let mut v = serde_json::to_value(&s)?;
+        v["record"] = match &rec {
+            Ok(Some(x)) => serde_json::json!({
+                "path": rec_path, "state": rec_state,
+                "base_size": x.base_size, "target_size": x.target_size,
+                "base_sha256": record::hex(&x.base_sha256),
+                "target_sha256": record::hex(&x.target_sha256),
+                "base_blocks": record::blocks(&x.read).count(),
+                "target_blocks": record::blocks(&x.write).count(),
+            }),
+            _ => serde_json::json!({ "path": rec_path, "state": rec_state }),
+        };
+        if ops {
+            v["ops"] = serde_json::to_value(r.ops())?;
+        }
+        outln!("{}", serde_json::to_string_pretty(&v)?);
+        return Ok(());
+    }
+    let h = &s.header;
+    outln!(
+        "Version: {}  header {} bytes  block size {}",
+        s.version,
+        h.header_size,
+        h.block_size
+    );
+    outln!(
+        "File: {} bytes  compression {}",
+        s.file_bytes,
+        s.compression
+    );
+    match s.scratch_offset {
+        Some(o) => outln!("Scratch: {} bytes at offset {o}", s.scratch_size),
+        None => outln!("Scratch: none"),
+    }
+    outln!(
+        "Merge progress: num_merge_ops = {} (u64 at offset {})",
+        h.num_merge_ops,
+        s.num_merge_ops_offset
+    );
+    if h.major >= 3 {
+        let points = s
+            .resume_points
+            .iter()
+            .map(|(l, n)| format!("{l}@{n}"))
+            .collect::<Vec<_>>()
+            .join(" ");
+        outln!(
+            "v3: op_count {} / {}  sequence {}  resume points [{points}]  max unit {}",
+            h.op_count,
+            h.op_count_max,
+            s.sequence_len,
+            h.max_compression_size
+        );
+    } else {
+        let labels = s
+            .labels
+            .iter()
+            .map(u64::to_string)
+            .collect::<Vec<_>>()
+            .join(" ");
+        let footer = match s.footer {
+            Some(f) => format!("at offset {}, {} ops", f.offset, f.num_ops),
+            None => "none".into(),
+        };
+        outln!(
+            "v2: cluster_ops {}  sequence {}  labels [{labels}]  footer {footer}",
+            h.cluster_ops,
+            s.sequence_len
+        );
+    }
+    outln!("Records: {}  data ops: {}", s.records, s.data_ops);
+    for (t, st) in &s.by_type {
+        outln!(
+            "  {t:8} {:>10} ops {:>10} blocks {:>12} payload bytes",
+            st.ops,
+            st.blocks,
+            st.payload_bytes
+        );
+    }
+    for (t, n) in &s.op_counts {
+        if !s.by_type.contains_key(t) {
+            outln!("  {t:8} {n:>10} records");
         }
     }
+    for (c, n) in &s.payload_codecs {
+        outln!("  payloads decoded with {c}: {n}");
+    }
+    let first = s
+        .merge
+        .first
+        .iter()
+        .map(u64::to_string)
+        .collect::<Vec<_>>()
+        .join(" ");
+    outln!(
+        "Merge order: {} ops ({}), ordered prefix {}, merged {}, first [{first}]",
+        s.merge.total,
+        s.merge.source,
+        s.merge.ordered_prefix,
+        s.merge.merged
+    );
+    match &s.merge.error {
+        None => outln!("Merge order: consistent"),
+        Some(e) => outln!("Merge order: INVALID: {e}"),
+    }
+    match &rec {
+        Ok(Some(x)) => {
+            outln!("Record: {} ({rec_state})", rec_path.display());
+            outln!(
+                "  base {} bytes  sha256 {}",
+                x.base_size,
+                record::hex(&x.base_sha256)
+            );
+            outln!(
+                "  new  {} bytes  sha256 {}",
+                x.target_size,
+                record::hex(&x.target_sha256)
+            );
+            outln!(
+                "  digests: {} base blocks read, {} new blocks written",
+                x.read_digests.len(),
+                x.write_digests.len()
+            );
+        }
+        _ => outln!("Record: {} ({rec_state})", rec_path.display()),
+    }
+    if ops {
+        for op in r.ops() {
+            outln!("{op:?}");
+        }
+    }
+    Ok(())
+}
+
+/// What `verify` found.
+struct Verified {
+    report: tools::VerifyReport,
+    record: Option<PathBuf>,
+    check: RecordCheck,
+}
+
+/// A verification that found mismatching or corrupt blocks (carried in the error so the JSON
+/// verdict can list them).
+#[derive(Debug, thiserror::Error)]
+#[error("{msg}")]
+struct VerifyFailure {
+    msg: String,
+    check: RecordCheck,
+}
+
+fn record_failure(rec_path: &Path, base: &Path, check: RecordCheck) -> anyhow::Error {
+    let msg = if !check.base_mismatches.is_empty() {
+        format!(
+            "base {} is not the image this COW was made for: {} of the {} blocks it reads differ from the record {} (blocks {})",
+            base.display(),
+            check.base_mismatches.len(),
+            check.base_blocks_checked,
+            rec_path.display(),
+            name_blocks(&check.base_mismatches)
+        )
+    } else {
+        format!(
+            "the COW is corrupt: {} of the {} blocks it produces differ from the record {} (blocks {})",
+            check.corrupt_blocks.len(),
+            check.target_blocks_checked,
+            rec_path.display(),
+            name_blocks(&check.corrupt_blocks)
+        )
+    };
+    VerifyFailure { msg, check }.into()
+}
+
+fn verify(
+    cow_path: &Path,
+    base_path: &Path,
+    expect: Option<&Path>,
+    size: Option<u64>,
+    ra: &RecordArgs,
+) -> Result<Verified> {
+    let base_sha = parse_hex("--base-sha256", &ra.base_sha256)?;
+    let expect_sha = parse_hex("--expect-sha256", &ra.expect_sha256)?;
+    let base_f = open_input(base_path, "base")?;
+    let r = open_cow(cow_path, OpenOptions::default())?;
+    let rec = load_record(cow_path, &r, ra)?;
+    if rec.is_none() && base_sha.is_none() {
+        warn_unverified(cow_path);
+    }
+    let base_len = base_f.size()?;
+    let len = image_size(&r, base_path, base_len, rec.as_ref().map(|x| &x.1), size)?;
+    let exp = expect
+        .map(|p| open_input(p, "expected image"))
+        .transpose()?;
+    if let Some(want) = base_sha {
+        let got = record::sha256_of(&base_f).context("hashing the base")?;
+        if got != want {
+            bail!(
+                "base {} has SHA-256 {}, not the --base-sha256 given",
+                base_path.display(),
+                record::hex(&got)
+            );
+        }
+    }
+    let mut check = RecordCheck::default();
+    if let Some((rp, x)) = &rec {
+        record::check_base(x, &base_f, &mut check)?;
+        if !check.base_mismatches.is_empty() {
+            return Err(record_failure(rp, base_path, check));
+        }
+        let got = record::sha256_of(&base_f).context("hashing the base")?;
+        if got != x.base_sha256 {
+            bail!(
+                "base {} is not the image this COW was made for: the blocks it reads match, but its SHA-256 {} differs from the record's {}",
+                base_path.display(),
+                record::hex(&got),
+                record::hex(&x.base_sha256)
+            );
+        }
+    }
+    let report = tools::verify(&r, &base_f, len, exp.as_ref())?;
+    if let Some((rp, x)) = &rec {
+        record::check_target(x, &r, &base_f, &mut check);
+        if !check.corrupt_blocks.is_empty() {
+            return Err(record_failure(rp, base_path, check));
+        }
+    }
+    let want_target = expect_sha.or(rec.as_ref().map(|x| x.1.target_sha256));
+    if let Some(want) = want_target {
+        let mut h = record::Sha256Stream::default();
+        tools::apply(&r, &base_f, len, &mut HashWriter(&mut h), &|_| {})?;
+        let got = h.finish();
+        if got != want {
+            bail!(
+                "the result has SHA-256 {}, not the expected {}",
+                record::hex(&got),
+                record::hex(&want)
+            );
+        }
+    }
+    Ok(Verified {
+        report,
+        record: rec.map(|x| x.0),
+        check,
+    })
+}
+
+/// An `io::Write` that only hashes.
+struct HashWriter<'a>(&'a mut record::Sha256Stream);
+
+impl std::io::Write for HashWriter<'_> {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        self.0.update(b);
+        Ok(b.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Writes the new image to the output while hashing it and checking every block the COW
+/// produces against the record.
+struct CheckedWriter<'a, W> {
+    inner: W,
+    hash: record::Sha256Stream,
+    index: Option<record::RecordIndex<'a>>,
+    block_size: usize,
+    pos: u64,
+    corrupt: Vec<u64>,
+}
+
+impl<W: std::io::Write> std::io::Write for CheckedWriter<'_, W> {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        // tools::apply writes whole 1 MiB chunks (block multiples except maybe the last).
+        if let Some(ix) = &self.index {
+            let bs = self.block_size;
+            for (k, chunk) in b.chunks(bs).enumerate() {
+                let blk = self.pos / bs as u64 + k as u64;
+                if let Some(want) = ix.target_digest(blk) {
+                    let d = if chunk.len() == bs {
+                        record::block_digest(chunk)
+                    } else {
+                        let mut pad = chunk.to_vec();
+                        pad.resize(bs, 0);
+                        record::block_digest(&pad)
+                    };
+                    if d != want {
+                        self.corrupt.push(blk);
+                    }
+                }
+            }
+        }
+        self.hash.update(b);
+        self.inner.write_all(b)?;
+        self.pos += b.len() as u64;
+        Ok(b.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.inner.flush()
+    }
+}
+
+fn apply(
+    cow_path: &Path,
+    base_path: &Path,
+    out: &Path,
+    size: Option<u64>,
+    ra: &RecordArgs,
+) -> Result<()> {
+    let base_sha = parse_hex("--base-sha256", &ra.base_sha256)?;
+    let expect_sha = parse_hex("--expect-sha256", &ra.expect_sha256)?;
+    let rec_path = ra
+        .record
+        .clone()
+        .unwrap_or_else(|| record::sidecar_path(cow_path));
+    refuse_alias(
+        "-o",
+        out,
+        &[
+            ("--base", base_path),
+            ("the COW", cow_path),
+            ("the record", &rec_path),
+        ],
+    )?;
+    refuse_same(("--base", base_path), ("the COW", cow_path))?;
+    let r = open_cow(cow_path, OpenOptions::default())?;
+    let base_f = open_input(base_path, "base")?;
+    let rec = load_record(cow_path, &r, ra)?;
+    if rec.is_none() && base_sha.is_none() {
+        warn_unverified(cow_path);
+    }
+    let base_len = base_f.size()?;
+    let len = image_size(&r, base_path, base_len, rec.as_ref().map(|x| &x.1), size)?;
+    if let Some(want) = base_sha {
+        let got = record::sha256_of(&base_f).context("hashing the base")?;
+        if got != want {
+            bail!(
+                "base {} has SHA-256 {}, not the --base-sha256 given",
+                base_path.display(),
+                record::hex(&got)
+            );
+        }
+    }
+    if let Some((rp, x)) = &rec {
+        let mut check = RecordCheck::default();
+        record::check_base(x, &base_f, &mut check)?;
+        if !check.base_mismatches.is_empty() {
+            return Err(record_failure(rp, base_path, check));
+        }
+    }
+    let target = AtomicFile::create(out)?;
+    let f = target
+        .file()
+        .try_clone()
+        .with_context(|| format!("create {}", out.display()))?;
+    let mut w = CheckedWriter {
+        inner: std::io::BufWriter::with_capacity(4 << 20, f),
+        hash: record::Sha256Stream::default(),
+        index: rec.as_ref().map(|x| x.1.index()),
+        block_size: r.block_size() as usize,
+        pos: 0,
+        corrupt: Vec::new(),
+    };
+    let pb = progress_bar(len, "applying");
+    tools::apply(&r, &base_f, len, &mut w, &|n| pb.inc(n))
+        .with_context(|| format!("writing {}", out.display()))?;
+    pb.finish_and_clear();
+    use std::io::Write as _;
+    w.flush()
+        .with_context(|| format!("writing {}", out.display()))?;
+    if let Some((rp, _)) = &rec
+        && !w.corrupt.is_empty()
+    {
+        let check = RecordCheck {
+            target_blocks_checked: record::blocks(rec.as_ref().map_or(&[][..], |x| &x.1.write[..]))
+                .count() as u64,
+            corrupt_blocks: std::mem::take(&mut w.corrupt),
+            ..Default::default()
+        };
+        return Err(record_failure(rp, base_path, check)
+            .context(format!("{} left unchanged", out.display())));
+    }
+    let got = w.hash.clone().finish();
+    let want = expect_sha.or(rec.as_ref().map(|x| x.1.target_sha256));
+    if let Some(want) = want
+        && got != want
+    {
+        bail!(
+            "the result has SHA-256 {}, not the expected {}; {} left unchanged",
+            record::hex(&got),
+            record::hex(&want),
+            out.display()
+        );
+    }
+    drop(w);
+    target.commit()?;
+    Ok(())
 }

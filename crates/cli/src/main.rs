@@ -7,6 +7,7 @@ mod bench;
 mod cow;
 mod info;
 mod merge;
+mod outfile;
 mod readahead;
 mod serve;
 mod serve_ublk;

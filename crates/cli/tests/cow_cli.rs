@@ -1,8 +1,8 @@
 //! `snapblk cow ...` through the real binary: the 16 golden cases (apply, inspect --json,
 //! verify) and create → verify → apply round trips (raw and Android sparse inputs).
 
-use snapblk_testsupport::{TempDir, assert_file_eq, golden, path_str};
-use std::path::{Path, PathBuf};
+use snapblk_testsupport::{TempDir, assert_file_eq, golden, image_pair, path_str};
+use std::path::Path;
 use std::process::{Command, Output};
 
 fn bin() -> Command {
@@ -100,36 +100,10 @@ fn golden_apply_inspect_verify() {
     assert!(String::from_utf8_lossy(&o.stderr).starts_with("snapblk: "));
 }
 
-fn make_pair(dir: &Path) -> (PathBuf, PathBuf) {
-    let bs = 4096;
-    let n = 256;
-    let mut old = vec![0u8; n * bs];
-    for (i, b) in old.iter_mut().enumerate() {
-        let blk = i / bs;
-        *b = if blk % 5 == 4 {
-            0
-        } else {
-            ((i * 7 + blk * 13) % 251) as u8 ^ (blk as u8)
-        };
-    }
-    let mut new = old.clone();
-    new.copy_within(10 * bs..60 * bs, 12 * bs); // shift up
-    new.copy_within(100 * bs..120 * bs, 98 * bs); // shift down
-    new[150 * bs + 3] ^= 0xff; // small edit -> XOR
-    new[200 * bs..205 * bs].fill(0);
-    for (i, b) in new[220 * bs..230 * bs].iter_mut().enumerate() {
-        *b = (i as u64).wrapping_mul(0x9e37_79b9) as u8;
-    }
-    let (o, nw) = (dir.join("old.img"), dir.join("new.img"));
-    std::fs::write(&o, &old).unwrap();
-    std::fs::write(&nw, &new).unwrap();
-    (o, nw)
-}
-
 #[test]
 fn create_verify_apply_roundtrip() {
     let tmp = TempDir::new("cow-cli-create");
-    let (old, new) = make_pair(tmp.path());
+    let (old, new) = image_pair(tmp.path(), 256);
     let want = std::fs::read(&new).unwrap();
     for (fmt, comp, extra) in [
         ("v2", "lz4", None),
@@ -165,7 +139,7 @@ fn create_verify_apply_roundtrip() {
 #[test]
 fn create_from_android_sparse_images() {
     let tmp = TempDir::new("cow-cli-sparse");
-    let (old, new) = make_pair(tmp.path());
+    let (old, new) = image_pair(tmp.path(), 256);
     let (old_s, new_s) = (tmp.join("old.simg"), tmp.join("new.simg"));
     for (a, b) in [(&old, &old_s), (&new, &new_s)] {
         // img2simg comes from android-sdk-libsparse-utils (scripts/install-deps.sh).

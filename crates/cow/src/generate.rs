@@ -104,12 +104,17 @@ impl Hasher for IdHasher {
 }
 type IdMap<V> = HashMap<u64, V, BuildHasherDefault<IdHasher>>;
 
-/// Worker count for a `threads` setting (0 = all cores).
+/// Most worker threads the generator starts, whatever it is asked for.
+pub const MAX_THREADS: usize = 256;
+
+/// Worker count for a `threads` setting (0 = all cores), at most [`MAX_THREADS`].
 pub fn threads(n: usize) -> usize {
     if n > 0 {
-        n
+        n.min(MAX_THREADS)
     } else {
-        std::thread::available_parallelism().map_or(1, |n| n.get())
+        std::thread::available_parallelism()
+            .map_or(1, |n| n.get())
+            .min(MAX_THREADS)
     }
 }
 

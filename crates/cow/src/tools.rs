@@ -118,6 +118,43 @@ pub fn summarize<R: ReadAt>(cow: &CowReader<R>) -> Summary {
     }
 }
 
+/// How far a COW reaches: the end (bytes) of the base bytes its COPY/XOR ops read and the end
+/// (blocks) of the new-image blocks it writes, each with the op that reaches furthest.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Extent {
+    pub source_end: u64,
+    pub source_op: Option<u64>,
+    pub write_end_blocks: u64,
+    pub write_op: Option<u64>,
+}
+
+/// See [`Extent`].
+pub fn extent<R: ReadAt>(cow: &CowReader<R>) -> Extent {
+    let bs = u64::from(cow.block_size());
+    let mut e = Extent::default();
+    for op in cow.data_ops() {
+        let src_end = match op.kind {
+            OpKind::Xor { source_offset, .. } => Some(source_offset.saturating_add(bs)),
+            OpKind::Copy { source_block } => {
+                Some(source_block.saturating_add(1).saturating_mul(bs))
+            }
+            _ => None,
+        };
+        if let Some(end) = src_end
+            && end > e.source_end
+        {
+            e.source_end = end;
+            e.source_op = Some(op.index);
+        }
+        let w = op.new_block.saturating_add(op.block_count());
+        if w > e.write_end_blocks {
+            e.write_end_blocks = w;
+            e.write_op = Some(op.index);
+        }
+    }
+    e
+}
+
 /// Size in blocks of the new image: the base size, or further if ops write past it.
 pub fn device_blocks<R: ReadAt>(cow: &CowReader<R>, base_len: u64) -> u64 {
     let bs = u64::from(cow.block_size());
@@ -192,10 +229,12 @@ pub struct VerifyReport {
 }
 
 /// Verify a COW: structure (already checked at open), every payload decodes, merge order is
-/// safe, sources are inside the base, and (optionally) the result equals `expect`.
+/// safe, sources are inside the base, writes inside the `image_len`-byte new image, and
+/// (optionally) the result equals `expect`.
 pub fn verify<R: ReadAt, B: ReadAt + ?Sized, E: ReadAt + ?Sized>(
     cow: &CowReader<R>,
     base: &B,
+    image_len: u64,
     expect: Option<&E>,
 ) -> Result<VerifyReport> {
     let bs = u64::from(cow.block_size());
@@ -216,6 +255,16 @@ pub fn verify<R: ReadAt, B: ReadAt + ?Sized, E: ReadAt + ?Sized>(
             }
         }
     }
+    let image_blocks = image_len.div_ceil(bs);
+    for op in cow.data_ops() {
+        if op.new_block.saturating_add(op.block_count()) > image_blocks {
+            return Err(CowError::OpPastDevice {
+                index: op.index,
+                block: op.new_block.saturating_add(op.block_count()) - 1,
+                device_blocks: image_blocks,
+            });
+        }
+    }
     cow.verify_merge_order()?;
     let mut decoded = 0;
     let mut unit = Vec::new();
@@ -226,11 +275,11 @@ pub fn verify<R: ReadAt, B: ReadAt + ?Sized, E: ReadAt + ?Sized>(
             decoded += 1;
         }
     }
-    let blocks = device_blocks(cow, base_len);
+    let blocks = image_blocks;
     let mut matches = None;
     if let Some(exp) = expect {
         let exp_len = exp.size().map_err(crate::error::io_at(0))?;
-        let len = blocks * bs;
+        let len = image_len;
         if exp_len != len {
             return Err(CowError::InvalidArgument(format!(
                 "expected image is {exp_len} bytes, the COW produces {len}"

@@ -307,6 +307,41 @@ impl Drop for ReadyProcess {
     }
 }
 
+/// An old/new image pair of `new_blocks` 4 KiB blocks (at least 256) written as `old.img` and
+/// `new.img` in `dir`, whose difference a COW expresses with every op type: shifted runs
+/// (COPY, in both directions), a one-byte edit (XOR), zeroed blocks (ZERO) and fresh data
+/// (REPLACE). The old image is 256 blocks; a different `new_blocks` makes a growing or
+/// shrinking update (blocks past 256 are fresh data).
+pub fn image_pair(dir: &Path, new_blocks: usize) -> (PathBuf, PathBuf) {
+    let bs = 4096;
+    let n = 256;
+    let mut old = vec![0u8; n * bs];
+    for (i, b) in old.iter_mut().enumerate() {
+        let blk = i / bs;
+        *b = if blk % 5 == 4 {
+            0
+        } else {
+            ((i * 7 + blk * 13) % 251) as u8 ^ (blk as u8)
+        };
+    }
+    let mut new = old.clone();
+    new.copy_within(10 * bs..60 * bs, 12 * bs); // shift up
+    new.copy_within(100 * bs..120 * bs, 98 * bs); // shift down
+    new[150 * bs + 3] ^= 0xff; // small edit -> XOR
+    new[200 * bs..205 * bs].fill(0);
+    for (i, b) in new[220 * bs..230 * bs].iter_mut().enumerate() {
+        *b = (i as u64).wrapping_mul(0x9e37_79b9) as u8;
+    }
+    new.resize(new_blocks.max(231) * bs, 0);
+    if new_blocks > n {
+        new[n * bs..].copy_from_slice(&pattern((new_blocks - n) * bs, 77));
+    }
+    let (o, nw) = (dir.join("old.img"), dir.join("new.img"));
+    std::fs::write(&o, &old).unwrap();
+    std::fs::write(&nw, &new).unwrap();
+    (o, nw)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

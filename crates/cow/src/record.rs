@@ -496,6 +496,213 @@ pub fn check_target<R: ReadAt, B: ReadAt + ?Sized>(
     }
 }
 
+/// Checks blocks of the new image against the record as they are served, remembering every
+/// block that passed (each is hashed once per open). Thread-safe.
+pub struct Verifier {
+    rec: Record,
+    write_prefix: Vec<u64>,
+    verified: Vec<std::sync::atomic::AtomicU64>,
+}
+
+impl Verifier {
+    pub fn new(rec: Record) -> Verifier {
+        let n = rec.write_digests.len().div_ceil(64);
+        Verifier {
+            write_prefix: prefix_sums(&rec.write),
+            verified: (0..n)
+                .map(|_| std::sync::atomic::AtomicU64::new(0))
+                .collect(),
+            rec,
+        }
+    }
+    /// The record.
+    pub fn record(&self) -> &Record {
+        &self.rec
+    }
+    /// Whether target block `b` has a digest and has not passed a check yet.
+    #[inline]
+    pub fn pending(&self, b: u64) -> bool {
+        match index_in(&self.rec.write, &self.write_prefix, b) {
+            Some(i) => {
+                self.verified[i / 64].load(std::sync::atomic::Ordering::Relaxed) & (1 << (i % 64))
+                    == 0
+            }
+            None => false,
+        }
+    }
+    /// Check `data` (one whole block) as target block `b`: true when it matches the record (or
+    /// the record has no digest for `b`). A match is remembered.
+    pub fn check(&self, b: u64, data: &[u8]) -> bool {
+        let Some(i) = index_in(&self.rec.write, &self.write_prefix, b) else {
+            return true;
+        };
+        let bit = 1u64 << (i % 64);
+        let word = &self.verified[i / 64];
+        if word.load(std::sync::atomic::Ordering::Relaxed) & bit != 0 {
+            return true;
+        }
+        if block_digest(data) != self.rec.write_digests[i] {
+            return false;
+        }
+        word.fetch_or(bit, std::sync::atomic::Ordering::Relaxed);
+        true
+    }
+}
+
+/// One op of a merge order, as [`check_merge_binding`] needs it.
+#[derive(Clone, Copy, Debug)]
+pub struct MergeOp {
+    pub new_block: u64,
+    pub blocks: u64,
+    /// Base blocks it reads `(first, count)`.
+    pub source: Option<Range>,
+}
+
+/// What the base is, for a merge of a COW with a record.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum MergeVerdict {
+    /// Nothing merged yet; every block the COW reads matches.
+    NotStarted,
+    /// Merged blocks hold the new data, blocks still to read hold the old.
+    InProgress,
+    /// Everything merged and every block the COW wrote holds the new data.
+    Complete,
+    /// The COW counts merged ops, but this base is untouched: the progress was made on another
+    /// file. `snapblk merge --reset-progress` starts over on this base.
+    ProgressOfAnotherFile,
+    /// Nothing merged, and this base already holds the new image.
+    AlreadyUpdated,
+    /// The base is neither the old image, nor the new, nor a merge in progress of this COW.
+    WrongBase,
+}
+
+/// Outcome of [`check_merge_binding`].
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct MergeBinding {
+    pub verdict: MergeVerdict,
+    /// Merged blocks that do not hold the new data.
+    pub merged_mismatches: Vec<u64>,
+    /// Blocks still to be read that do not hold the old data.
+    pub source_mismatches: Vec<u64>,
+    pub merged_blocks_checked: u64,
+    pub source_blocks_checked: u64,
+}
+
+/// Check that `base` is the file a merge of this COW (merge order `ops`, `merged` of them
+/// merged, ops before `sources_from` possibly staged in scratch) belongs to: the blocks
+/// already merged hold their new digests, the blocks still to read hold their old ones.
+/// `read_base(block, buf)` reads one base block.
+pub fn check_merge_binding(
+    rec: &Record,
+    ops: &[MergeOp],
+    merged: usize,
+    sources_from: usize,
+    read_base: &mut dyn FnMut(u64, &mut [u8]) -> std::io::Result<()>,
+) -> Result<MergeBinding, RecordError> {
+    let ix = rec.index();
+    let bs = rec.block_size as usize;
+    let mut buf = vec![0u8; bs];
+    let mut read = |b: u64, buf: &mut [u8]| {
+        read_base(b, buf).map_err(|e| RecordError::Io {
+            block: b,
+            source: e,
+        })
+    };
+    // The last op of the merge order to write each block decides what it holds when merged.
+    let mut last = std::collections::HashMap::new();
+    for (i, op) in ops.iter().enumerate() {
+        for b in op.new_block..op.new_block.saturating_add(op.blocks) {
+            last.insert(b, i);
+        }
+    }
+    let mut out = MergeBinding {
+        verdict: MergeVerdict::InProgress,
+        merged_mismatches: Vec::new(),
+        source_mismatches: Vec::new(),
+        merged_blocks_checked: 0,
+        source_blocks_checked: 0,
+    };
+    let mut done: Vec<u64> = last
+        .iter()
+        .filter(|&(_, &i)| i < merged)
+        .map(|(&b, _)| b)
+        .collect();
+    done.sort_unstable();
+    for b in done {
+        if let Some(want) = ix.target_digest(b) {
+            read(b, &mut buf)?;
+            out.merged_blocks_checked += 1;
+            if block_digest(&buf) != want {
+                out.merged_mismatches.push(b);
+            }
+        }
+    }
+    let mut sources = |from: usize, bad: &mut Vec<u64>, n: &mut u64| -> Result<(), RecordError> {
+        let mut v: Vec<u64> = ops[from.min(ops.len())..]
+            .iter()
+            .filter_map(|o| o.source)
+            .flat_map(|(s, c)| s..s + c)
+            .collect();
+        v.sort_unstable();
+        v.dedup();
+        for b in v {
+            if let Some(want) = ix.base_digest(b) {
+                read(b, &mut buf)?;
+                *n += 1;
+                if block_digest(&buf) != want {
+                    bad.push(b);
+                }
+            }
+        }
+        Ok(())
+    };
+    sources(
+        sources_from.max(merged),
+        &mut out.source_mismatches,
+        &mut out.source_blocks_checked,
+    )?;
+    out.verdict = if out.merged_mismatches.is_empty() && out.source_mismatches.is_empty() {
+        if merged == 0 {
+            MergeVerdict::NotStarted
+        } else if merged >= ops.len() {
+            MergeVerdict::Complete
+        } else {
+            MergeVerdict::InProgress
+        }
+    } else {
+        let (mut bad, mut n) = (Vec::new(), 0);
+        if merged > 0 {
+            sources(0, &mut bad, &mut n)?;
+        }
+        if merged > 0 && bad.is_empty() {
+            MergeVerdict::ProgressOfAnotherFile
+        } else if merged == 0 && all_written_match(rec, &mut read, &mut buf)? {
+            MergeVerdict::AlreadyUpdated
+        } else {
+            MergeVerdict::WrongBase
+        }
+    };
+    Ok(out)
+}
+
+/// Reads one base block.
+type BlockRead<'a> = dyn FnMut(u64, &mut [u8]) -> Result<(), RecordError> + 'a;
+
+fn all_written_match(
+    rec: &Record,
+    read: &mut BlockRead<'_>,
+    buf: &mut [u8],
+) -> Result<bool, RecordError> {
+    for (b, want) in blocks(&rec.write).zip(&rec.write_digests) {
+        read(b, buf)?;
+        if block_digest(buf) != *want {
+            return Ok(false);
+        }
+    }
+    Ok(true)
+}
+
 /// Streaming SHA-256 (for whole images).
 #[derive(Clone, Default)]
 pub struct Sha256Stream(Sha256);
@@ -540,6 +747,92 @@ mod tests {
             write: vec![(3, 4), (11, 1)],
             write_digests: vec![4, 5, 6, 7, 8],
         }
+    }
+
+    /// Old image of 8 blocks (block i filled with i+1); the COW copies old block 5 to block 1
+    /// and replaces block 6 with 0xEE.
+    fn merge_case() -> (Record, Vec<MergeOp>, Vec<u8>, Vec<u8>) {
+        let bs = 4096;
+        let old: Vec<u8> = (0..8 * bs).map(|i| (i / bs) as u8 + 1).collect();
+        let mut new = old.clone();
+        new.copy_within(5 * bs..6 * bs, bs);
+        new[6 * bs..7 * bs].fill(0xEE);
+        let blk = |img: &[u8], b: usize| block_digest(&img[b * bs..(b + 1) * bs]);
+        let rec = Record {
+            block_size: bs as u32,
+            base_size: old.len() as u64,
+            target_size: new.len() as u64,
+            base_sha256: sha256(&old),
+            target_sha256: sha256(&new),
+            read: vec![(5, 1)],
+            read_digests: vec![blk(&old, 5)],
+            write: vec![(1, 1), (6, 1)],
+            write_digests: vec![blk(&new, 1), blk(&new, 6)],
+        };
+        let ops = vec![
+            MergeOp {
+                new_block: 1,
+                blocks: 1,
+                source: Some((5, 1)),
+            },
+            MergeOp {
+                new_block: 6,
+                blocks: 1,
+                source: None,
+            },
+        ];
+        (rec, ops, old, new)
+    }
+
+    fn verdict(rec: &Record, ops: &[MergeOp], disk: &[u8], merged: usize) -> MergeVerdict {
+        let mut rd = |b: u64, buf: &mut [u8]| {
+            let o = b as usize * buf.len();
+            buf.copy_from_slice(&disk[o..o + buf.len()]);
+            Ok(())
+        };
+        check_merge_binding(rec, ops, merged, merged, &mut rd)
+            .unwrap()
+            .verdict
+    }
+
+    #[test]
+    fn merge_binding_verdicts() {
+        let (rec, ops, old, new) = merge_case();
+        let bs = 4096;
+        assert_eq!(verdict(&rec, &ops, &old, 0), MergeVerdict::NotStarted);
+        let mut half = old.clone();
+        half[bs..2 * bs].copy_from_slice(&new[bs..2 * bs]);
+        assert_eq!(verdict(&rec, &ops, &half, 1), MergeVerdict::InProgress);
+        assert_eq!(verdict(&rec, &ops, &new, 2), MergeVerdict::Complete);
+        // The COW says two ops are merged, but this base is the untouched old image.
+        assert_eq!(
+            verdict(&rec, &ops, &old, 2),
+            MergeVerdict::ProgressOfAnotherFile
+        );
+        // Another image entirely.
+        let other = vec![0x55u8; 8 * bs];
+        assert_eq!(verdict(&rec, &ops, &other, 0), MergeVerdict::WrongBase);
+        assert_eq!(verdict(&rec, &ops, &other, 1), MergeVerdict::WrongBase);
+        // A base that holds the new image except the block the COW reads.
+        let mut updated = new.clone();
+        updated[5 * bs] ^= 1;
+        assert_eq!(
+            verdict(&rec, &ops, &updated, 0),
+            MergeVerdict::AlreadyUpdated
+        );
+    }
+
+    #[test]
+    fn verifier_remembers_passes_only() {
+        let (rec, _, _, new) = merge_case();
+        let v = Verifier::new(rec);
+        let b1 = &new[4096..8192];
+        assert!(v.pending(1) && !v.pending(0));
+        assert!(!v.check(1, &new[..4096]), "wrong data fails");
+        assert!(v.pending(1), "a failure is not remembered");
+        assert!(v.check(1, b1));
+        assert!(!v.pending(1));
+        assert!(v.check(0, &new[..4096]), "blocks without a digest pass");
     }
 
     #[test]

@@ -154,6 +154,21 @@ pub enum CowCmd {
         #[arg(long)]
         json: bool,
     },
+    /// Write the record of an existing COW (one made by Android's tools, say) from the images
+    /// it was made from, after checking that it turns OLD into NEW.
+    Record {
+        /// The COW file.
+        cow: PathBuf,
+        /// The old image (the base the COW applies to).
+        #[arg(long)]
+        old: PathBuf,
+        /// The new image the COW must produce from OLD.
+        #[arg(long)]
+        new: PathBuf,
+        /// Where to write the record (default: COW.snapblk; replaced atomically).
+        #[arg(short = 'o', long = "output")]
+        out: Option<PathBuf>,
+    },
     /// Materialise the new image into a new file (the base is not modified).
     Apply {
         /// The COW file.
@@ -489,6 +504,7 @@ pub fn run(c: CowCmd) -> Result<()> {
             size,
             rec,
         } => apply(&cow, &base, &out, size, &rec),
+        CowCmd::Record { cow, old, new, out } => write_record(&cow, &old, &new, out),
     }
 }
 
@@ -900,5 +916,41 @@ fn apply(
     }
     drop(w);
     target.commit()?;
+    Ok(())
+}
+
+fn write_record(cow_path: &Path, old: &Path, new: &Path, out: Option<PathBuf>) -> Result<()> {
+    let out = out.unwrap_or_else(|| record::sidecar_path(cow_path));
+    refuse_alias(
+        "-o",
+        &out,
+        &[("the COW", cow_path), ("--old", old), ("--new", new)],
+    )?;
+    let r = open_cow(cow_path, OpenOptions::default())?;
+    let old_img = load_image(old, MAX_IMAGE).with_context(|| format!("read {}", old.display()))?;
+    let new_img = load_image(new, MAX_IMAGE).with_context(|| format!("read {}", new.display()))?;
+    let base_len = old_img.len() as u64;
+    let len = image_size(&r, old, base_len, None, Some(new_img.len() as u64))?;
+    tools::verify(&r, &old_img[..], len, Some(&new_img[..])).with_context(|| {
+        format!(
+            "{} does not turn {} into {}",
+            cow_path.display(),
+            old.display(),
+            new.display()
+        )
+    })?;
+    let rec = Record::build(&r, &old_img, &new_img);
+    let f = AtomicFile::create(&out)?;
+    use std::io::Write as _;
+    f.file()
+        .write_all(&rec.encode())
+        .with_context(|| format!("write {}", out.display()))?;
+    f.commit()?;
+    outln!(
+        "{}: record of {} base blocks read and {} new blocks written",
+        out.display(),
+        rec.read_digests.len(),
+        rec.write_digests.len()
+    );
     Ok(())
 }

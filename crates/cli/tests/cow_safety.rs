@@ -669,3 +669,52 @@ fn json_to_a_full_stdout_is_an_error() {
         assert!(!err.contains("panicked"), "{err}");
     }
 }
+
+#[test]
+fn cow_record_seals_a_cow_made_by_android_tools() {
+    let tmp = TempDir::new("safety-golden-record");
+    let case = snapblk_testsupport::golden::case("v2_xor_seq_lz4");
+    let cow = tmp.join("g.cow");
+    std::fs::copy(case.cow(), &cow).unwrap();
+    let (base, target) = (case.base(), case.target());
+    // A record is only written for images the COW really turns one into the other.
+    refused(
+        &[
+            "cow",
+            "record",
+            path_str(&cow),
+            "--old",
+            path_str(&target),
+            "--new",
+            path_str(&target),
+        ],
+        "does not turn",
+    );
+    assert!(!tmp.join("g.cow.snapblk").exists());
+    ok(&[
+        "cow",
+        "record",
+        path_str(&cow),
+        "--old",
+        path_str(&base),
+        "--new",
+        path_str(&target),
+    ]);
+    let s = ok(&["cow", "verify", path_str(&cow), "--base", path_str(&base)]);
+    assert!(s.contains("base matches the record"), "{s}");
+    refused(
+        &["cow", "verify", path_str(&cow), "--base", path_str(&target)],
+        "is not the image this COW was made for",
+    );
+    let out = tmp.join("out.img");
+    ok(&[
+        "cow",
+        "apply",
+        path_str(&cow),
+        "--base",
+        path_str(&base),
+        "-o",
+        path_str(&out),
+    ]);
+    assert_file_eq(&out, &read(&target), "golden apply with a record");
+}

@@ -7,7 +7,12 @@
 //! `record-secs` (recording window from connect, default 30; 0 = until close), `readahead` (path
 //! of a block list to replay in the background at connect), `merge` (merge the COW into the
 //! base on a background thread while serving: [`crate::merge_task`]; opens both files for
-//! writing, not with `writable`). Read-only, once connected: `record-stats`, `readahead-stats`
+//! writing, not with `writable`). The COW record ([`crate::cowrecord`]): `cow-record` (its path;
+//! default `COW.snapblk` when that file exists), `verify` (default true: check every block of
+//! the new image the record has a digest for before serving it, EIO when it differs; false
+//! ignores the record), `verify-base` (check the base against the record at connect: every
+//! block the COW reads and the SHA-256 of the whole base; default false, so serving starts at
+//! once). With `merge`, a base the record says the merge does not belong to fails connect. Read-only, once connected: `record-stats`, `readahead-stats`
 //! and `merge-stats` (JSON), `activity-id` (for [`Activity::find`]). Spec example:
 //! `snapshot:base=system.img,cow=system.cow,writable=true,record=boot.blocks`.
 
@@ -32,6 +37,9 @@ const PROPS: &[PropSpec] = &[
     PropSpec::new("record-secs", PropType::U64, Access::RwCreated, false),
     PropSpec::new("readahead", PropType::Str, Access::RwCreated, false),
     PropSpec::new("merge", PropType::Bool, Access::RwCreated, false),
+    PropSpec::new("cow-record", PropType::Str, Access::RwCreated, false),
+    PropSpec::new("verify", PropType::Bool, Access::RwCreated, false),
+    PropSpec::new("verify-base", PropType::Bool, Access::RwCreated, false),
     PropSpec::new("merge-stats", PropType::Str, Access::ReadOnly, true),
     PropSpec::new("record-stats", PropType::Str, Access::ReadOnly, true),
     PropSpec::new("readahead-stats", PropType::Str, Access::ReadOnly, true),
@@ -48,6 +56,9 @@ pub struct SnapshotDriver {
     record_secs: u64,
     readahead: Option<PathBuf>,
     merge: bool,
+    cow_record: Option<PathBuf>,
+    verify: bool,
+    verify_base: bool,
     activity: Arc<Activity>,
     threads: Vec<JoinHandle<()>>,
 }
@@ -63,6 +74,9 @@ impl Default for SnapshotDriver {
             record_secs: DEFAULT_RECORD_SECS,
             readahead: None,
             merge: false,
+            cow_record: None,
+            verify: true,
+            verify_base: false,
             activity: Activity::new(),
             threads: Vec::new(),
         }
@@ -140,6 +154,9 @@ impl Driver for SnapshotDriver {
             "record-stats" => json(&self.activity.record_stats()),
             "readahead-stats" => json(&self.activity.readahead_stats()),
             "merge" => PropValue::Bool(self.merge),
+            "cow-record" => path(&self.cow_record),
+            "verify" => PropValue::Bool(self.verify),
+            "verify-base" => PropValue::Bool(self.verify_base),
             "merge-stats" => json(&self.activity.merge().stats()),
             "activity-id" => PropValue::U64(self.activity.id()),
             _ => return Err(Error::new(libc::ENOENT, "Unknown property name")),
@@ -161,6 +178,11 @@ impl Driver for SnapshotDriver {
             ("record-secs", PropValue::U64(n)) => self.record_secs = n,
             ("readahead", PropValue::Str(s)) => self.readahead = (!s.is_empty()).then(|| s.into()),
             ("merge", PropValue::Bool(b)) => self.merge = b,
+            ("cow-record", PropValue::Str(s)) => {
+                self.cow_record = (!s.is_empty()).then(|| s.into())
+            }
+            ("verify", PropValue::Bool(b)) => self.verify = b,
+            ("verify-base", PropValue::Bool(b)) => self.verify_base = b,
             _ => return Err(Error::new(libc::ENOENT, "Unknown property name")),
         }
         Ok(())
@@ -184,10 +206,34 @@ impl Driver for SnapshotDriver {
             base_writable: self.merge,
             cow_writable: self.merge,
         };
+        if !self.verify && (self.cow_record.is_some() || self.verify_base) {
+            return Err(Error::inval(
+                "snapshot: cow-record and verify-base need verify=true",
+            ));
+        }
+        let verifier = if self.verify {
+            crate::cowrecord::load_verifier(
+                base,
+                cow,
+                self.cow_record.as_deref(),
+                self.verify_base,
+            )?
+        } else {
+            None
+        };
         let snap = Arc::new(open_files(base, cow, cfg, mode)?);
+        if let Some(v) = verifier {
+            snap.attach_verifier(v)?;
+        }
         if self.merge {
-            // An unmergeable COW fails connect before anything starts or is written.
+            // An unmergeable COW, or a base the merge does not belong to, fails connect before
+            // anything starts or is written.
             crate::merge::validate_order(&snap)?;
+            if let Some(b) = snap.check_merge_base()?
+                && let Some(e) = crate::cowrecord::merge_refusal(&b, snap.merge_progress().0)
+            {
+                return Err(e.into());
+            }
         }
         let writable = snap.writable();
         // The list is parsed (and a malformed one refused) before recording starts, so a failed

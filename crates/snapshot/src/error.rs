@@ -38,6 +38,22 @@ pub enum SnapError {
     /// Payload decoding failed.
     #[error("payload at COW offset {offset}: {msg}")]
     Decode { offset: u64, msg: String },
+    /// A block of the new image does not match the COW record's digest.
+    #[error(
+        "block {block} of the new image does not match the COW record (corrupt COW or wrong base)"
+    )]
+    Corrupt { block: u64 },
+    /// The base is not the one the COW record says the COW was made for (or that its merge
+    /// belongs to).
+    #[error("{0}")]
+    WrongBase(String),
+    /// The COW record could not be used (damaged, stale, unreadable).
+    #[error("COW record {}", path.display())]
+    Record {
+        path: std::path::PathBuf,
+        #[source]
+        source: snapblk_cow::record::RecordError,
+    },
     /// Bad configuration (device spec, properties).
     #[error("{0}")]
     Config(String),

@@ -14,6 +14,7 @@
 //! * [`record`] records the block ranges the device serves after start and replays such a list
 //!   as in-device readahead (driver properties `record`, `record-secs`, `readahead`).
 
+pub mod cowrecord;
 pub mod cowsrc;
 pub mod dev;
 pub mod driver;

@@ -6,7 +6,8 @@ use crate::io::{CacheStats, Dev, Io, UnitCache};
 use crate::map::{Codec, MergeView, Payload, Segment, SnapshotMap, StagedWindow};
 use crate::overlay::Overlay;
 use crate::sched::{IoClass, SchedConfig, SchedStats, Scheduler};
-use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard};
+use snapblk_cow::record::Verifier;
+use std::sync::{Arc, Mutex, OnceLock, RwLock, RwLockReadGuard};
 
 /// Offset of `num_merge_ops` (u64) in every COW header version.
 pub const NUM_MERGE_OPS_OFFSET: u64 = 26;
@@ -125,6 +126,9 @@ pub struct Snapshot {
     write_lock: Mutex<()>,
     /// Header bytes `[0, header_size + 1)` as last read or written (progress fields included).
     pub(crate) header: Mutex<Vec<u8>>,
+    /// The COW record's digests of the new image, when one is attached: every block with a
+    /// digest is checked once before it is served (a mismatch is [`SnapError::Corrupt`]).
+    verifier: OnceLock<Arc<Verifier>>,
 }
 
 impl Snapshot {
@@ -181,6 +185,7 @@ impl Snapshot {
             writable: p.config.writable,
             write_lock: Mutex::new(()),
             header: Mutex::new(header),
+            verifier: OnceLock::new(),
         };
         let pers = s.persisted();
         if pers.num_merge_ops > s.map.ops().len() as u64 {
@@ -219,6 +224,130 @@ impl Snapshot {
     pub fn layout(&self) -> CowLayout {
         self.layout
     }
+    /// Check every block the COW record has a digest for before serving it (once per block:
+    /// the verifier remembers passes, and may be shared with other opens of the same files).
+    /// Fails when the record is for another block size or a larger device, or one is attached.
+    pub fn attach_verifier(&self, v: Arc<Verifier>) -> Result<()> {
+        let rec = v.record();
+        let bs = self.map.block_size();
+        if u64::from(rec.block_size) != bs {
+            return Err(SnapError::Config(format!(
+                "the COW record is for {}-byte blocks, the COW has {bs}",
+                rec.block_size
+            )));
+        }
+        if rec.target_blocks() * bs > self.capacity() {
+            return Err(SnapError::Config(format!(
+                "the COW record's new image is {} bytes, the device {}",
+                rec.target_size,
+                self.capacity()
+            )));
+        }
+        self.verifier
+            .set(v)
+            .map_err(|_| SnapError::Config("a COW record is already attached".into()))
+    }
+
+    /// With a COW record attached: whether the base is the file this COW's merge belongs to
+    /// (blocks already merged hold their new digests, blocks still to read their old ones).
+    /// `None` without a record. Reads only the blocks named, through the merge I/O class.
+    pub fn check_merge_base(&self) -> Result<Option<snapblk_cow::record::MergeBinding>> {
+        use snapblk_cow::record::{MergeOp, check_merge_binding};
+        let Some(v) = self.verifier.get() else {
+            return Ok(None);
+        };
+        let (merged, sources_from) = {
+            let view = self.lock_view();
+            (
+                view.merged,
+                view.staged.as_ref().map_or(view.merged, |w| w.end),
+            )
+        };
+        let bs = self.map.block_size();
+        let ops: Vec<MergeOp> = self
+            .map
+            .ops()
+            .iter()
+            .enumerate()
+            .map(|(i, o)| MergeOp {
+                new_block: o.new_block,
+                // A shadowed duplicate does not decide what its block holds.
+                blocks: if self.map.is_winner(i) { o.blocks() } else { 0 },
+                source: o.source_blocks(bs),
+            })
+            .collect();
+        let mut rd = |b: u64, buf: &mut [u8]| -> std::io::Result<()> {
+            self.io
+                .read(IoClass::Merge, Dev::Base, b * bs, buf)
+                .map_err(|e| std::io::Error::other(e.to_string()))
+        };
+        check_merge_binding(v.record(), &ops, merged, sources_from, &mut rd)
+            .map(Some)
+            .map_err(|e| match e {
+                snapblk_cow::record::RecordError::Io { source, .. } => SnapError::Io {
+                    what: "reading the base for the COW record check",
+                    source: source.into(),
+                },
+                other => SnapError::Format(other.to_string()),
+            })
+    }
+
+    /// The attached verifier.
+    pub fn verifier(&self) -> Option<&Arc<Verifier>> {
+        self.verifier.get()
+    }
+
+    /// Whether a read of `[offset, offset + len)` would check a block against the COW record
+    /// first (exports that execute plans themselves, such as ublk zero copy, must then let the
+    /// snapshot serve it).
+    pub fn needs_verification(&self, offset: u64, len: u64) -> bool {
+        let Some(v) = self.verifier.get() else {
+            return false;
+        };
+        let bs = self.map.block_size();
+        let first = offset / bs;
+        let end = offset.saturating_add(len).div_ceil(bs);
+        let ov = self.overlay.as_ref().filter(|o| !o.is_empty());
+        (first..end).any(|b| v.pending(b) && ov.is_none_or(|o| o.lookup(b).is_none()))
+    }
+
+    /// Read, then check every block of the range that the COW record has an unchecked digest
+    /// for (partly covered blocks are read whole for that).
+    #[inline(never)]
+    fn read_checked(
+        &self,
+        class: IoClass,
+        view: &MergeView,
+        offset: u64,
+        buf: &mut [u8],
+    ) -> Result<()> {
+        self.read_planned(class, view, offset, buf)?;
+        let Some(v) = self.verifier.get() else {
+            return Ok(());
+        };
+        let bs = self.map.block_size();
+        let end = offset + buf.len() as u64;
+        let ov = self.overlay.as_ref().filter(|o| !o.is_empty());
+        let mut whole = Vec::new();
+        for b in offset / bs..end.div_ceil(bs) {
+            if !v.pending(b) || ov.is_some_and(|o| o.lookup(b).is_some()) {
+                continue;
+            }
+            let (bo, be) = (b * bs, (b + 1) * bs);
+            let ok = if bo >= offset && be <= end {
+                v.check(b, &buf[(bo - offset) as usize..(be - offset) as usize])
+            } else {
+                whole.resize(bs as usize, 0);
+                self.read_planned(class, view, bo, &mut whole)?;
+                v.check(b, &whole)
+            };
+            if !ok {
+                return Err(SnapError::Corrupt { block: b });
+            }
+        }
+        Ok(())
+    }
+
     /// Device size in bytes.
     pub fn capacity(&self) -> u64 {
         self.map.capacity()
@@ -382,6 +511,9 @@ impl Snapshot {
     pub fn read_class(&self, class: IoClass, offset: u64, buf: &mut [u8]) -> Result<()> {
         let view = self.lock_view();
         let len = buf.len() as u64;
+        if self.verifier.get().is_some() && self.needs_verification(offset, len) {
+            return self.read_checked(class, &view, offset, buf);
+        }
         let bs = self.map.block_size();
         let ov = self.overlay.as_ref().filter(|o| !o.is_empty());
         // Reads inside one block (the 4 KiB random-read case) have a one-segment plan: build it

@@ -1,0 +1,140 @@
+//! The COW record (`COW.snapblk`, see `snapblk_cow::record`) for a snapshot device: loading it
+//! beside the COW, checking that it describes this COW and this base, and turning a merge
+//! binding verdict into a refusal before a merge writes anything.
+
+use crate::error::{Result, SnapError};
+use snapblk_cow::record::{self, MergeBinding, MergeVerdict, Record, RecordCheck, Verifier};
+use snapblk_cow::{CowReader, OpenOptions, ReadAt};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// Blocks named in a message before "and N more".
+const NAMED: usize = 8;
+
+fn record_err(path: &Path) -> impl FnOnce(record::RecordError) -> SnapError + '_ {
+    move |source| SnapError::Record {
+        path: path.to_owned(),
+        source,
+    }
+}
+
+/// Load the record of `cow` (`record`, else `COW.snapblk` when it exists) and check that it
+/// describes this COW and a base of this size; with `eager`, also check every base block the
+/// COW reads and the SHA-256 of the whole base. `Ok(None)` when there is no record.
+pub fn load_verifier(
+    base: &Path,
+    cow: &Path,
+    record: Option<&Path>,
+    eager: bool,
+) -> Result<Option<Arc<Verifier>>> {
+    let path: PathBuf = record.map_or_else(|| record::sidecar_path(cow), Path::to_owned);
+    let rec = match Record::load(&path).map_err(record_err(&path))? {
+        Some(r) => r,
+        None if record.is_some() => {
+            return Err(SnapError::Config(format!(
+                "COW record {} does not exist",
+                path.display()
+            )));
+        }
+        None => return Ok(None),
+    };
+    let cow_f = std::fs::File::open(cow).map_err(|e| SnapError::Io {
+        what: "opening COW",
+        source: e.into(),
+    })?;
+    let reader = CowReader::open_with(cow_f, OpenOptions::default())
+        .map_err(|e| SnapError::Format(e.to_string()))?;
+    rec.check_binding(&reader).map_err(record_err(&path))?;
+    let base_f = std::fs::File::open(base).map_err(|e| SnapError::Io {
+        what: "opening base",
+        source: e.into(),
+    })?;
+    let base_len = base_f.size().map_err(|e| SnapError::Io {
+        what: "sizing base",
+        source: e.into(),
+    })?;
+    if base_len != rec.base_size {
+        return Err(SnapError::WrongBase(format!(
+            "base {} is {base_len} bytes; this COW was made for a base of {} bytes",
+            base.display(),
+            rec.base_size
+        )));
+    }
+    if eager {
+        let mut check = RecordCheck::default();
+        record::check_base(&rec, &base_f, &mut check).map_err(record_err(&path))?;
+        if !check.base_mismatches.is_empty() {
+            return Err(SnapError::WrongBase(format!(
+                "base {} is not the image this COW was made for: {} of the {} blocks it reads differ from the record (blocks {})",
+                base.display(),
+                check.base_mismatches.len(),
+                check.base_blocks_checked,
+                name_blocks(&check.base_mismatches)
+            )));
+        }
+        let got = record::sha256_of(&base_f).map_err(|e| SnapError::Io {
+            what: "hashing base",
+            source: e.into(),
+        })?;
+        if got != rec.base_sha256 {
+            return Err(SnapError::WrongBase(format!(
+                "base {} has SHA-256 {}, the COW record expects {}",
+                base.display(),
+                record::hex(&got),
+                record::hex(&rec.base_sha256)
+            )));
+        }
+    }
+    Ok(Some(Arc::new(Verifier::new(rec))))
+}
+
+/// `1, 2, 3 and 5 more`.
+pub fn name_blocks(v: &[u64]) -> String {
+    let mut s = v
+        .iter()
+        .take(NAMED)
+        .map(u64::to_string)
+        .collect::<Vec<_>>()
+        .join(", ");
+    if v.len() > NAMED {
+        s.push_str(&format!(" and {} more", v.len() - NAMED));
+    }
+    s
+}
+
+/// The refusal a merge owes the user for `b`, or `None` when the merge may go on.
+pub fn merge_refusal(b: &MergeBinding, merged: usize) -> Option<SnapError> {
+    let msg = match b.verdict {
+        MergeVerdict::NotStarted | MergeVerdict::InProgress | MergeVerdict::Complete => {
+            return None;
+        }
+        MergeVerdict::ProgressOfAnotherFile => format!(
+            "the COW counts {merged} merged ops, but this base is untouched (every block the COW reads matches the record): that progress was made on another file; nothing was written. To merge into this base, reset the COW's progress with `snapblk merge --reset-progress`"
+        ),
+        MergeVerdict::AlreadyUpdated => "this base already holds the new image (every block the COW writes matches the record); merging again would corrupt it, so nothing was written".to_owned(),
+        MergeVerdict::WrongBase => {
+            let mut m = String::from(
+                "base is not the file this COW's merge belongs to; nothing was written:",
+            );
+            if !b.source_mismatches.is_empty() {
+                m.push_str(&format!(
+                    " {} of the {} blocks still to be read differ from the record (blocks {})",
+                    b.source_mismatches.len(),
+                    b.source_blocks_checked,
+                    name_blocks(&b.source_mismatches)
+                ));
+            }
+            if !b.merged_mismatches.is_empty() {
+                m.push_str(&format!(
+                    "{} {} of the {} blocks already merged do not hold the new data (blocks {})",
+                    if b.source_mismatches.is_empty() { "" } else { ";" },
+                    b.merged_mismatches.len(),
+                    b.merged_blocks_checked,
+                    name_blocks(&b.merged_mismatches)
+                ));
+            }
+            m
+        }
+    };
+    Some(SnapError::WrongBase(msg))
+}

@@ -24,6 +24,14 @@ struct Files {
     target: Vec<u8>,
 }
 
+/// One test at a time: the test that forks a holder process would otherwise, between its fork
+/// and exec, briefly share the other tests' open (and locked) files, and their exclusive opens
+/// would fail with EBUSY (seen as a 1-in-5 flake under load).
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    LOCK.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 fn files() -> Files {
     let case = generate(&SynthSpec::default(), 7);
     let dir = tempfile::tempdir().unwrap();
@@ -59,6 +67,7 @@ fn assert_busy(r: Result<Snapshot, SnapError>, what: &str) {
 
 #[test]
 fn read_only_snapshots_share_their_files() {
+    let _serial = serial();
     let f = files();
     let a = open(&f, READ, false).unwrap();
     let b = open(&f, READ, false).unwrap();
@@ -71,6 +80,7 @@ fn read_only_snapshots_share_their_files() {
 
 #[test]
 fn a_merge_cannot_start_under_a_reader_nor_a_reader_under_a_merge() {
+    let _serial = serial();
     let f = files();
     let reader = open(&f, READ, false).unwrap();
     assert_busy(open(&f, MERGE, false), "base");
@@ -90,6 +100,7 @@ fn a_merge_cannot_start_under_a_reader_nor_a_reader_under_a_merge() {
 
 #[test]
 fn a_writable_snapshot_holds_its_cow_only() {
+    let _serial = serial();
     let f = files();
     let w = open(&f, READ, true).unwrap();
     assert!(w.writable());
@@ -112,6 +123,7 @@ fn a_writable_snapshot_holds_its_cow_only() {
 
 #[test]
 fn a_held_file_is_freed_when_its_holder_dies() {
+    let _serial = serial();
     // flock goes with the open file, so a process that dies (SIGKILL, crash) leaves no lock
     // behind: a child holds the COW exclusively, is killed, and the merge can start.
     let f = files();

@@ -42,7 +42,7 @@ pub fn load_verifier(
         what: "opening COW",
         source: e.into(),
     })?;
-    let reader = CowReader::open_with(cow_f, OpenOptions::default())
+    let reader = CowReader::open_with(&cow_f, OpenOptions::default())
         .map_err(|e| SnapError::Format(e.to_string()))?;
     rec.check_binding(&reader).map_err(record_err(&path))?;
     let base_f = std::fs::File::open(base).map_err(|e| SnapError::Io {
@@ -85,7 +85,41 @@ pub fn load_verifier(
             )));
         }
     }
-    Ok(Some(Arc::new(Verifier::new(rec))))
+    Ok(Some(shared(&cow_f, &path, rec)))
+}
+
+/// One verifier per (COW file, record file) in the process, so every open of the same snapshot
+/// (the driver's and an export's zero-copy planner's) shares what has been verified.
+fn shared(cow: &std::fs::File, rec_path: &Path, rec: Record) -> Arc<Verifier> {
+    use std::collections::HashMap;
+    use std::os::unix::fs::MetadataExt;
+    use std::sync::{Mutex, OnceLock, Weak};
+    type Key = (u64, u64, u64, u64, i64, i64);
+    static ALL: OnceLock<Mutex<HashMap<Key, Weak<Verifier>>>> = OnceLock::new();
+    let key = match (cow.metadata(), std::fs::metadata(rec_path)) {
+        (Ok(c), Ok(r)) => (
+            c.dev(),
+            c.ino(),
+            r.dev(),
+            r.ino(),
+            r.mtime(),
+            r.mtime_nsec(),
+        ),
+        _ => return Arc::new(Verifier::new(rec)),
+    };
+    let mut all = ALL
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|e| e.into_inner());
+    all.retain(|_, w| w.strong_count() > 0);
+    if let Some(v) = all.get(&key).and_then(Weak::upgrade)
+        && *v.record() == rec
+    {
+        return v;
+    }
+    let v = Arc::new(Verifier::new(rec));
+    all.insert(key, Arc::downgrade(&v));
+    v
 }
 
 /// `1, 2, 3 and 5 more`.

@@ -457,9 +457,12 @@ pub fn planner_for(dev: &Blkio) -> Option<Arc<dyn ReadPlanner>> {
         {
             let base = dev.get_str("base").ok()?;
             let cow = dev.get_str("cow").ok()?;
-            let p = plan::SnapshotPlanner::open(
+            let record = dev.get_str("cow-record").ok().filter(|s| !s.is_empty());
+            let p = plan::SnapshotPlanner::open_with(
                 std::path::Path::new(&base),
                 std::path::Path::new(&cow),
+                dev.get_bool("verify").unwrap_or(true),
+                record.as_deref().map(std::path::Path::new),
             )
             .ok()?;
             Some(Arc::new(p))

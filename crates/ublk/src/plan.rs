@@ -97,15 +97,38 @@ pub struct SnapshotPlanner {
 }
 
 impl SnapshotPlanner {
+    /// A planner for a snapshot that checks blocks against the COW record beside the COW.
     pub fn open(base: &Path, cow: &Path) -> snapblk_core::Result<Self> {
+        Self::open_with(base, cow, true, None)
+    }
+
+    /// A planner for a snapshot opened with the driver's `verify` and `cow-record` settings:
+    /// ranges with a block not yet checked against the record are left to the device (which
+    /// checks them), so zero copy serves only verified bytes.
+    pub fn open_with(
+        base: &Path,
+        cow: &Path,
+        verify: bool,
+        record: Option<&Path>,
+    ) -> snapblk_core::Result<Self> {
         use snapblk_snapshot::cowsrc::{OpenMode, open_files};
+        let err =
+            |e: snapblk_snapshot::SnapError| snapblk_core::Error::new(e.errno(), e.to_string());
+        let verifier = if verify {
+            snapblk_snapshot::cowrecord::load_verifier(base, cow, record, false).map_err(err)?
+        } else {
+            None
+        };
         let snap = open_files(
             base,
             cow,
             snapblk_snapshot::SnapshotConfig::default(),
             OpenMode::default(),
         )
-        .map_err(|e| snapblk_core::Error::new(e.errno(), e.to_string()))?;
+        .map_err(err)?;
+        if let Some(v) = verifier {
+            snap.attach_verifier(v).map_err(err)?;
+        }
         Ok(SnapshotPlanner {
             snap,
             base: File::open(base)?,
@@ -120,6 +143,10 @@ impl ReadPlanner for SnapshotPlanner {
     }
     fn plan(&self, offset: u64, len: u32, out: &mut Vec<Segment>) -> snapblk_core::Result<()> {
         use snapblk_snapshot::Segment as S;
+        if self.snap.needs_verification(offset, u64::from(len)) {
+            out.push(Segment::Device { offset, len });
+            return Ok(());
+        }
         let r = self.snap.with_plan(offset, u64::from(len), |segs, _view| {
             let mut pos = offset;
             for s in segs {

@@ -5,7 +5,9 @@ use anyhow::Context;
 use clap::Args;
 use snapblk_snapshot::cowsrc::{OpenMode, open_files};
 use snapblk_snapshot::progress::Progress;
-use snapblk_snapshot::{MergeOptions, MergeProgress, SnapshotConfig, merge};
+use snapblk_snapshot::{
+    MergeOptions, MergeProgress, PrecheckReport, SnapError, SnapshotConfig, merge, precheck,
+};
 use std::io::Write;
 use std::path::PathBuf;
 use std::time::Instant;
@@ -26,33 +28,32 @@ pub struct MergeArgs {
     /// Print I/O scheduler statistics.
     #[arg(long)]
     stats: bool,
-    /// Only check that the COW can be merged (merge order valid) and report progress so far.
+    /// Only run the pre-merge check (bounds of every op, every payload still to merge decoded,
+    /// merge order, windows without scratch) and report progress so far; writes nothing.
     #[arg(long)]
     check: bool,
 }
 
+/// The context of an open error.
+fn open_context(e: SnapError, a: &MergeArgs) -> anyhow::Error {
+    anyhow::Error::new(e).context(format!(
+        "opening {} with base {}",
+        a.cow.display(),
+        a.base.display()
+    ))
+}
+
 pub fn run(a: MergeArgs) -> anyhow::Result<()> {
+    if a.check {
+        return check(&a);
+    }
     let mode = OpenMode {
-        base_writable: !a.check,
-        cow_writable: !a.check,
+        base_writable: true,
+        cow_writable: true,
     };
     let snap = open_files(&a.base, &a.cow, SnapshotConfig::default(), mode)
-        .with_context(|| format!("opening {} with base {}", a.cow.display(), a.base.display()))?;
+        .map_err(|e| open_context(e, &a))?;
     let (done, total) = snap.merge_progress();
-    if a.check {
-        snapblk_snapshot::merge::validate_order(&snap)?;
-        let mut out = std::io::stdout().lock();
-        if a.json {
-            writeln!(
-                out,
-                "{}",
-                serde_json::json!({ "merged": done, "total": total, "mergeable": true })
-            )?;
-        } else {
-            writeln!(out, "mergeable: {done}/{total} ops merged")?;
-        }
-        return Ok(());
-    }
     let bar = Progress::new(total as u64, a.progress);
     bar.set(done as u64);
     let on_progress = |p: MergeProgress| bar.set(p.merged as u64);
@@ -101,8 +102,73 @@ pub fn run(a: MergeArgs) -> anyhow::Result<()> {
                 report.self_safe_windows,
                 report.replace_batches
             )?;
+            writeln!(out, "pre-merge check: {}", describe(&report.precheck))?;
             writeln!(out, "{}", serde_json::to_string_pretty(&sched)?)?;
         }
     }
     Ok(())
+}
+
+/// One line saying what the pre-merge check covered.
+fn describe(r: &PrecheckReport) -> String {
+    let windows = if r.scratch {
+        "scratch area present".to_owned()
+    } else {
+        format!(
+            "no scratch area: {} self-safe windows, no op reads its own destination",
+            r.self_safe_windows
+        )
+    };
+    format!(
+        "{} ops from op {} inside the device ({} blocks) and the base ({} bytes); {} payloads decoded ({} -> {} bytes), {} raw payloads in bounds; merge order valid (all COPY/XOR first, none reads a block an earlier op overwrites); {windows}; {:.3}s",
+        r.ops_checked,
+        r.from_op,
+        r.device_blocks,
+        r.base_bytes,
+        r.payloads_decoded,
+        r.payload_bytes,
+        r.decoded_bytes,
+        r.raw_payloads,
+        r.seconds
+    )
+}
+
+/// `--check`: the pre-merge check `merge` runs, read-only. A refusal prints the same message
+/// `merge` would, and with `--json` a verdict on stdout as well.
+fn check(a: &MergeArgs) -> anyhow::Result<()> {
+    let res = open_files(
+        &a.base,
+        &a.cow,
+        SnapshotConfig::default(),
+        OpenMode::default(),
+    )
+    .map_err(|e| open_context(e, a))
+    .and_then(|snap| {
+        let (done, total) = snap.merge_progress();
+        precheck(&snap, &MergeOptions::default())
+            .map(|r| (done, total, r))
+            .with_context(|| format!("merging {}", a.cow.display()))
+    });
+    let mut out = std::io::stdout().lock();
+    match res {
+        Ok((done, total, r)) => {
+            if a.json {
+                let v = serde_json::json!({
+                    "mergeable": true, "merged": done, "total": total, "checked": r,
+                });
+                writeln!(out, "{v}")?;
+            } else {
+                writeln!(out, "mergeable: {done}/{total} ops merged")?;
+                writeln!(out, "checked: {}", describe(&r))?;
+            }
+            Ok(())
+        }
+        Err(e) => {
+            if a.json {
+                let v = serde_json::json!({ "mergeable": false, "error": format!("{e:#}") });
+                writeln!(out, "{v}")?;
+            }
+            Err(e)
+        }
+    }
 }

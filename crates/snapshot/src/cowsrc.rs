@@ -33,7 +33,21 @@ fn codec(c: Compression) -> Codec {
 
 impl Decoder for CowDecoder {
     fn decode(&self, c: Codec, src: &[u8], out: &mut [u8]) -> std::result::Result<(), String> {
-        snapblk_cow::codec::decompress(compression(c), src, out).map_err(|e| format!("{e:?}"))
+        use snapblk_cow::codec::DecodeError;
+        let algo = compression(c);
+        snapblk_cow::codec::decompress(algo, src, out).map_err(|e| match e {
+            DecodeError::Corrupt(reason) => format!("{algo} payload is corrupt: {reason}"),
+            DecodeError::TooLong => {
+                format!(
+                    "{algo} payload decodes to more than its {}-byte unit",
+                    out.len()
+                )
+            }
+            DecodeError::TooShort(got) => format!(
+                "{algo} payload decodes to {got} bytes, expected {}",
+                out.len()
+            ),
+        })
     }
 }
 

@@ -57,6 +57,27 @@ pub enum SnapError {
     /// Bad configuration (device spec, properties).
     #[error("{0}")]
     Config(String),
+    /// The pre-merge check found a payload of an op still to merge that does not decode: the
+    /// merge is refused before its first write.
+    #[error(
+        "merge refused (nothing written): op {op} (new block {block}): payload at COW offset {offset} does not decode"
+    )]
+    UndecodablePayload {
+        op: usize,
+        block: u64,
+        offset: u64,
+        #[source]
+        source: crate::precheck::DecodeFailure,
+    },
+    /// The pre-merge check found an op the merge could not carry out (outside the device or
+    /// the base, a payload outside the COW or shorter than its blocks): refused before the
+    /// first write.
+    #[error("merge refused (nothing written): op {op} (new block {block}): {reason}")]
+    OpOutOfBounds {
+        op: usize,
+        block: u64,
+        reason: String,
+    },
 }
 
 impl SnapError {

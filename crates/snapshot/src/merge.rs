@@ -30,6 +30,7 @@
 use crate::error::{Result, SnapError};
 use crate::io::Dev;
 use crate::map::{MergeView, OpKind, StagedWindow};
+use crate::precheck::{PrecheckReport, precheck};
 use crate::sched::IoClass;
 use crate::snapshot::{NUM_MERGE_OPS_OFFSET, Snapshot, scratch_state};
 use serde::Serialize;
@@ -92,6 +93,8 @@ pub struct MergeReport {
     pub scratch_windows: usize,
     /// Ordered windows merged without scratch because they are self-safe.
     pub self_safe_windows: usize,
+    /// What the pre-merge check looked at, and its time.
+    pub precheck: PrecheckReport,
 }
 
 /// Check the merge order is one an in-place merge can follow (format §9.2 rules 1 and 2).
@@ -120,6 +123,51 @@ pub fn validate_order(snap: &Snapshot) -> Result<()> {
     Ok(())
 }
 
+/// End of the next ordered window starting at `n` (exclusive), at most `p`, for a merge with
+/// window cap `max_window`. Without scratch a window ends before an op whose destination is a
+/// source of the window or that reads a destination of it (a self-safe window); an op that reads
+/// its own destination cannot be made self-safe and is refused. The pre-merge check runs this
+/// over every window to come.
+pub(crate) fn window_end(
+    snap: &Snapshot,
+    max_window: Option<usize>,
+    n: usize,
+    p: usize,
+) -> Result<usize> {
+    let ops = snap.map.ops();
+    if let Some(sc) = snap.layout.scratch() {
+        let cap = max_window.unwrap_or(sc.slots).clamp(1, sc.slots);
+        return Ok(p.min(n + cap));
+    }
+    let cap = max_window.unwrap_or(NO_SCRATCH_WINDOW).max(1);
+    let bs = snap.map.block_size();
+    let mut srcs: HashSet<u64> = HashSet::new();
+    let mut dsts: HashSet<u64> = HashSet::new();
+    let mut j = n;
+    while j < p && j - n < cap {
+        let op = &ops[j];
+        let (s, c) = op.source_blocks(bs).unwrap_or((op.new_block, 0));
+        let d = op.new_block;
+        let reads_own =
+            (s..s + c).contains(&d) && !matches!(op.kind, OpKind::Copy { src } if src == d);
+        if reads_own {
+            if j == n {
+                return Err(SnapError::MergeOrder(format!(
+                    "op {j} (XOR into block {d}) reads its own destination; merging it crash-safely needs a scratch area, which this COW does not have"
+                )));
+            }
+            break;
+        }
+        if srcs.contains(&d) || (s..s + c).any(|b| dsts.contains(&b)) {
+            break;
+        }
+        srcs.extend(s..s + c);
+        dsts.insert(d);
+        j += 1;
+    }
+    Ok(j)
+}
+
 struct Merger<'a> {
     snap: &'a Snapshot,
     opts: MergeOptions<'a>,
@@ -130,8 +178,12 @@ struct Merger<'a> {
 }
 
 /// Merge `snap`'s COW into its base, resuming from the persisted progress.
+///
+/// Before its first write (of this run) it runs the pre-merge check ([`precheck`]) over the ops
+/// still to merge: bounds, every payload decoded, the merge order, the windows of a COW without
+/// scratch. A refusal leaves base and COW as they were.
 pub fn merge(snap: &Snapshot, opts: MergeOptions<'_>) -> Result<MergeReport> {
-    validate_order(snap)?;
+    let pre = precheck(snap, &opts)?;
     let (merged, staged) = {
         let v = snap.lock_view();
         (v.merged, v.staged.clone())
@@ -143,6 +195,7 @@ pub fn merge(snap: &Snapshot, opts: MergeOptions<'_>) -> Result<MergeReport> {
             total_ops: snap.map.ops().len(),
             resumed_at: merged,
             scratch: snap.layout.scratch().is_some(),
+            precheck: pre,
             ..Default::default()
         },
         spare: Vec::new(),
@@ -202,40 +255,8 @@ impl Merger<'_> {
         self.snap.map.block_size()
     }
 
-    /// End of the next ordered window starting at `n` (exclusive), at most `p`.
     fn window_end(&self, n: usize, p: usize) -> Result<usize> {
-        let ops = self.snap.map.ops();
-        if let Some(sc) = self.snap.layout.scratch() {
-            let cap = self.opts.max_window.unwrap_or(sc.slots).clamp(1, sc.slots);
-            return Ok(p.min(n + cap));
-        }
-        let cap = self.opts.max_window.unwrap_or(NO_SCRATCH_WINDOW).max(1);
-        let bs = self.bs();
-        let mut srcs: HashSet<u64> = HashSet::new();
-        let mut dsts: HashSet<u64> = HashSet::new();
-        let mut j = n;
-        while j < p && j - n < cap {
-            let op = &ops[j];
-            let (s, c) = op.source_blocks(bs).unwrap_or((op.new_block, 0));
-            let d = op.new_block;
-            let reads_own =
-                (s..s + c).contains(&d) && !matches!(op.kind, OpKind::Copy { src } if src == d);
-            if reads_own {
-                if j == n {
-                    return Err(SnapError::MergeOrder(format!(
-                        "op {j} (XOR into block {d}) reads its own destination; merging it crash-safely needs a scratch area"
-                    )));
-                }
-                break;
-            }
-            if srcs.contains(&d) || (s..s + c).any(|b| dsts.contains(&b)) {
-                break;
-            }
-            srcs.extend(s..s + c);
-            dsts.insert(d);
-            j += 1;
-        }
-        Ok(j)
+        window_end(self.snap, self.opts.max_window, n, p)
     }
 
     /// Whether no op of `[n, end)` writes a block that an op of `[n, end)` reads, so the window

@@ -120,7 +120,7 @@ pub struct Snapshot {
     pub(crate) layout: CowLayout,
     pub(crate) view: RwLock<MergeView>,
     cache: UnitCache,
-    decoder: Arc<dyn Decoder>,
+    pub(crate) decoder: Arc<dyn Decoder>,
     pub(crate) overlay: Option<Overlay>,
     writable: bool,
     write_lock: Mutex<()>,
@@ -778,14 +778,7 @@ impl Snapshot {
             }
             return self.io.read(class, Dev::Cow, p.offset, out);
         }
-        // stored_len is at most a u32; bound it by the largest unit a COW can have (256 KiB) plus
-        // compressor overhead before allocating.
-        if p.stored_len > (1 << 20) {
-            return Err(SnapError::Decode {
-                offset: p.offset,
-                msg: format!("payload of {} bytes", p.stored_len),
-            });
-        }
+        check_payload_len(p)?;
         with_scratch(p.stored_len as usize, |src| {
             self.io.read(class, Dev::Cow, p.offset, src)?;
             self.decoder
@@ -873,6 +866,18 @@ fn with_scratch<R>(len: usize, f: impl FnOnce(&mut [u8]) -> R) -> R {
         }
         _ => f(&mut vec![0u8; len]),
     })
+}
+
+/// A compressed payload's stored length is at most a u32; bound it by the largest unit a COW can
+/// have (256 KiB) plus compressor overhead before allocating for it.
+pub(crate) fn check_payload_len(p: &Payload) -> Result<()> {
+    if p.codec != Codec::None && p.stored_len > (1 << 20) {
+        return Err(SnapError::Decode {
+            offset: p.offset,
+            msg: format!("payload of {} bytes", p.stored_len),
+        });
+    }
+    Ok(())
 }
 
 fn short(p: &Payload) -> SnapError {

@@ -1,0 +1,207 @@
+//! The pre-merge check through the real `snapblk` binary (issue 19, D4 and item 4): a
+//! merge that cannot finish is refused before its first write, with base and COW left
+//! byte-identical, and `merge --check` refuses the same COWs with the same message.
+
+use snapblk_cow::{CowReader, OpKind};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+const BS: usize = 4096;
+const BLOCKS: usize = 2048;
+
+struct TempDir(PathBuf);
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn tempdir(tag: &str) -> TempDir {
+    let p = std::env::temp_dir().join(format!("snapblk-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&p);
+    std::fs::create_dir_all(&p).unwrap();
+    TempDir(p)
+}
+
+fn snapblk(args: &[&str], dir: &Path) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_snapblk"))
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .unwrap()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// Deterministic incompressible bytes.
+fn noise(seed: u64, len: usize) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x >> 24) as u8
+        })
+        .collect()
+}
+
+/// An old image, and a new one where blocks 100..300 are copies of 500..700 (COPY ops, merged
+/// first) and blocks 1000..1400 are compressible text (400 lz4 REPLACE ops, merged in batches
+/// of 256: a corrupt payload in the last one is found only after a batch was written).
+fn images() -> (Vec<u8>, Vec<u8>) {
+    let old = noise(1, BLOCKS * BS);
+    let mut new = old.clone();
+    new.copy_within(500 * BS..700 * BS, 100 * BS);
+    for b in 1000..1400 {
+        let mut t = Vec::new();
+        let mut k = 0;
+        while t.len() < BS {
+            t.extend_from_slice(format!("the quick brown fox {b} jumps over {k}\n").as_bytes());
+            k += 1;
+        }
+        new[b * BS..(b + 1) * BS].copy_from_slice(&t[..BS]);
+    }
+    (old, new)
+}
+
+/// Write old.img, new.img and (with `cow create` and `extra` flags) NAME.
+fn setup(dir: &Path, old: &[u8], new: &[u8], name: &str, extra: &[&str]) {
+    std::fs::write(dir.join("old.img"), old).unwrap();
+    std::fs::write(dir.join("new.img"), new).unwrap();
+    let mut args = vec![
+        "cow", "create", "--old", "old.img", "--new", "new.img", "-o", name,
+    ];
+    args.extend_from_slice(extra);
+    let o = snapblk(&args, dir);
+    assert!(o.status.success(), "cow create: {}", stderr(&o));
+}
+
+/// Run `merge` (or `merge --check`) and return (output, base bytes changed, COW bytes changed).
+fn merge_leaves(dir: &Path, cow: &str, base: &str, check: bool) -> (Output, bool, bool) {
+    let before = (
+        std::fs::read(dir.join(base)).unwrap(),
+        std::fs::read(dir.join(cow)).unwrap(),
+    );
+    let mut args = vec!["merge", cow, "--base", base];
+    if check {
+        args.push("--check");
+    }
+    let o = snapblk(&args, dir);
+    let after = (
+        std::fs::read(dir.join(base)).unwrap(),
+        std::fs::read(dir.join(cow)).unwrap(),
+    );
+    (o, before.0 != after.0, before.1 != after.1)
+}
+
+fn check_json(dir: &Path, cow: &str, base: &str) -> (serde_json::Value, bool) {
+    let o = snapblk(&["merge", cow, "--base", base, "--check", "--json"], dir);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout)
+        .unwrap_or_else(|e| panic!("--check --json stdout is not JSON ({e}): {o:?}"));
+    (v, o.status.success())
+}
+
+/// Assert both `merge` and `merge --check` refuse with the same one-line message containing
+/// `want`, leaving base and COW byte-identical; `--check --json` says why.
+fn assert_refused(dir: &Path, cow: &str, base: &str, want: &str) {
+    let (m, base_changed, cow_changed) = merge_leaves(dir, cow, base, false);
+    assert!(!m.status.success(), "merge accepted it");
+    assert!(
+        !base_changed,
+        "the refused merge changed the base: {}",
+        stderr(&m)
+    );
+    assert!(
+        !cow_changed,
+        "the refused merge changed the COW: {}",
+        stderr(&m)
+    );
+    let msg = stderr(&m);
+    assert!(msg.contains(want), "merge said: {msg}");
+    assert!(!msg.contains("invalid COW"), "merge said: {msg}");
+    assert_eq!(msg.trim_end().lines().count(), 1, "one line: {msg}");
+    let (c, base_changed, cow_changed) = merge_leaves(dir, cow, base, true);
+    assert!(!c.status.success(), "--check accepted it: {c:?}");
+    assert!(!base_changed && !cow_changed, "--check wrote");
+    assert_eq!(stderr(&c), msg, "--check and merge say the same");
+    let (v, ok) = check_json(dir, cow, base);
+    assert!(!ok);
+    assert_eq!(v["mergeable"], false, "{v}");
+    let err = v["error"].as_str().unwrap_or_default();
+    assert!(err.contains(want), "{v}");
+}
+
+#[test]
+fn undecodable_payload_is_refused_before_the_first_write() {
+    let dir = tempdir("precheck-payload");
+    let d = &dir.0;
+    let (old, new) = images();
+    setup(d, &old, &new, "bad.cow", &[]);
+    // Overwrite the payload of the last lz4 REPLACE op in merge order with 0xFF bytes (D4).
+    let mut bytes = std::fs::read(d.join("bad.cow")).unwrap();
+    let cow = CowReader::open(bytes.clone()).unwrap();
+    let p = cow
+        .merge_order()
+        .filter_map(|o| match o.kind {
+            OpKind::Replace { payload } if payload.codec == snapblk_cow::Compression::Lz4 => {
+                Some(payload)
+            }
+            _ => None,
+        })
+        .last()
+        .expect("an lz4 REPLACE op");
+    assert!(cow.merge_len() > 300, "several replace batches");
+    bytes[p.offset as usize..(p.offset + u64::from(p.len)) as usize].fill(0xFF);
+    std::fs::write(d.join("bad.cow"), &bytes).unwrap();
+    std::fs::write(d.join("dev.img"), &old).unwrap();
+    assert_refused(
+        d,
+        "bad.cow",
+        "dev.img",
+        &format!("payload at COW offset {} does not decode", p.offset),
+    );
+    // The message has no Rust debug text.
+    let (m, _, _) = merge_leaves(d, "bad.cow", "dev.img", false);
+    assert!(!stderr(&m).contains("Corrupt("), "{}", stderr(&m));
+    // The intact COW still merges into the untouched base.
+    setup(d, &old, &new, "good.cow", &[]);
+    let o = snapblk(&["merge", "good.cow", "--base", "dev.img"], d);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(std::fs::read(d.join("dev.img")).unwrap() == new);
+}
+
+#[test]
+fn no_scratch_xor_reading_its_own_destination_is_refused() {
+    let dir = tempdir("precheck-xor");
+    let d = &dir.0;
+    let (old, mut new) = images();
+    // Blocks 1600..1700 move down by 100 bytes: XOR ops whose sources span their own block.
+    new.copy_within(1600 * BS + 100..1700 * BS + 100, 1600 * BS);
+    setup(d, &old, &new, "x.cow", &["--no-scratch"]);
+    std::fs::write(d.join("dev.img"), &old).unwrap();
+    assert_refused(d, "x.cow", "dev.img", "reads its own destination");
+}
+
+#[test]
+fn check_says_what_it_checked() {
+    let dir = tempdir("precheck-ok");
+    let d = &dir.0;
+    let (old, new) = images();
+    setup(d, &old, &new, "a.cow", &[]);
+    std::fs::write(d.join("dev.img"), &old).unwrap();
+    let (o, base_changed, cow_changed) = merge_leaves(d, "a.cow", "dev.img", true);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(!base_changed && !cow_changed);
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(out.starts_with("mergeable: 0/600 ops merged\n"), "{out}");
+    assert!(out.contains("400 payloads decoded"), "{out}");
+    assert!(out.contains("merge order valid"), "{out}");
+    let (v, ok) = check_json(d, "a.cow", "dev.img");
+    assert!(ok);
+    assert_eq!(v["mergeable"], true);
+    assert_eq!(v["checked"]["payloads_decoded"], 400);
+    assert_eq!(v["checked"]["ops_checked"], 600);
+}

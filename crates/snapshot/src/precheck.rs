@@ -1,0 +1,289 @@
+//! The pre-merge check: everything a merge could fail on because of what the COW or the base
+//! holds, proven before the merge's first write (issue 19, item 4).
+//!
+//! [`merge`](crate::merge::merge) runs it itself, so `snapblk merge`, `serve --merge` and the
+//! driver's `merge=true` all get it; `snapblk merge --check` runs the same function. Over the ops
+//! the merge has still to carry out (all of them for a merge that has not started; for a resumed
+//! one, those after `num_merge_ops` and after a window staged in scratch, which is redone from
+//! its staged copy):
+//!
+//! * **bounds**: every op's destination lies inside the device, every COPY/XOR source inside the
+//!   base, every payload inside the COW, and every payload's unit covers its op's blocks;
+//! * **payloads**: every compressed payload is read and decoded (and discarded), on up to
+//!   [`MAX_THREADS`] threads; raw payloads need no decoding (their bounds are checked);
+//! * **order**: the merge order follows format §9.2 rules 1 and 2 ([`validate_order`]);
+//! * **windows**: for a COW without scratch, the windows the merge will use are computed exactly
+//!   as it will compute them; an XOR/COPY op that reads its own destination cannot be made part
+//!   of a self-safe window and is refused (a crash in the middle of its write would leave a
+//!   block that can be neither redone nor served).
+//!
+//! What it cannot prove: that the base is the right one, that a payload decodes to the *right*
+//! bytes (the COW format has no checksums), and that the devices take the writes (I/O errors).
+
+use crate::error::{Result, SnapError};
+use crate::io::Dev;
+use crate::map::{Codec, OpKind, Payload};
+use crate::merge::{MergeOptions, validate_order, window_end};
+use crate::sched::IoClass;
+use crate::snapshot::{Snapshot, check_payload_len};
+use serde::Serialize;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Instant;
+
+/// Most decoding threads the check uses.
+pub const MAX_THREADS: usize = 4;
+/// Payloads per unit of work handed to a decoding thread.
+const CHUNK: usize = 256;
+/// Largest single read of back-to-back payloads.
+const RUN_BYTES: u64 = 4 << 20;
+
+/// Why a payload failed to decode (the decoder's own words).
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct DecodeFailure(pub String);
+
+/// What the pre-merge check looked at.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct PrecheckReport {
+    /// First op of the merge order still to merge (ops before it are in the base already).
+    pub from_op: usize,
+    /// Ops of the merge order.
+    pub total_ops: usize,
+    /// Ops still to merge, each bounds-checked.
+    pub ops_checked: usize,
+    /// Device size in blocks (destinations are checked against it).
+    pub device_blocks: u64,
+    /// Base size in bytes (sources are checked against it).
+    pub base_bytes: u64,
+    /// Compressed payloads read and decoded.
+    pub payloads_decoded: u64,
+    /// Their stored bytes.
+    pub payload_bytes: u64,
+    /// Bytes they decoded to.
+    pub decoded_bytes: u64,
+    /// Raw payloads (bounds-checked; nothing to decode).
+    pub raw_payloads: u64,
+    /// Whether the merge order follows rules 1 and 2 (always true in a successful report).
+    pub order_valid: bool,
+    /// Whether the COW has a scratch area.
+    pub scratch: bool,
+    /// Ordered windows computed for a COW without scratch (0 with scratch).
+    pub self_safe_windows: usize,
+    /// Decoding threads used.
+    pub threads: usize,
+    /// Time the check took.
+    pub seconds: f64,
+}
+
+/// Run the pre-merge check for a merge of `snap` with `opts` (only `max_window` matters).
+pub fn precheck(snap: &Snapshot, opts: &MergeOptions<'_>) -> Result<PrecheckReport> {
+    let t0 = Instant::now();
+    let map = &snap.map;
+    let bs = map.block_size();
+    let total = map.ops().len();
+    let from = {
+        let v = snap.lock_view();
+        v.staged.as_ref().map_or(v.merged, |w| w.end.max(v.merged))
+    };
+    let base_bytes = snap.io.base.size().map_err(SnapError::io("sizing base"))?;
+    let cow_bytes = snap.io.cow.size().map_err(SnapError::io("sizing COW"))?;
+    let device_blocks = map.capacity() / bs;
+    let mut rep = PrecheckReport {
+        from_op: from.min(total),
+        total_ops: total,
+        device_blocks,
+        base_bytes,
+        scratch: snap.layout.scratch().is_some(),
+        ..Default::default()
+    };
+    // Rules 1 and 2 first: an order error is the most basic refusal.
+    validate_order(snap)?;
+    rep.order_valid = true;
+
+    // Bounds of every op still to merge; the compressed payloads are collected for decoding.
+    let base_blocks = base_bytes / bs;
+    let mut compressed: Vec<(usize, Payload)> = Vec::new();
+    for (i, op) in map.ops().iter().enumerate().skip(from) {
+        let oob = |reason: String| SnapError::OpOutOfBounds {
+            op: i,
+            block: op.new_block,
+            reason,
+        };
+        let end = op.new_block.checked_add(op.blocks());
+        if end.is_none_or(|e| e > device_blocks) {
+            return Err(oob(format!(
+                "writes past the device end ({device_blocks} blocks)"
+            )));
+        }
+        if let Some((s, c)) = op.source_blocks(bs)
+            && s.checked_add(c).is_none_or(|e| e > base_blocks)
+        {
+            return Err(oob(format!(
+                "reads base block {} past the base end ({base_blocks} blocks)",
+                s.saturating_add(c - 1)
+            )));
+        }
+        if let OpKind::Xor { src_byte, .. } = op.kind
+            && src_byte.checked_add(bs).is_none_or(|e| e > base_bytes)
+        {
+            return Err(oob(format!(
+                "reads base bytes at {src_byte} past the base end ({base_bytes} bytes)"
+            )));
+        }
+        let (payload, need) = match op.kind {
+            OpKind::Xor { payload, .. } => (payload, bs),
+            OpKind::Replace { payload, .. } => (payload, op.blocks() * bs),
+            _ => continue,
+        };
+        if u64::from(payload.unit_len) < need {
+            return Err(oob(format!(
+                "its payload decodes to {} bytes, the op needs {need}",
+                payload.unit_len
+            )));
+        }
+        if payload
+            .offset
+            .checked_add(u64::from(payload.stored_len))
+            .is_none_or(|e| e > cow_bytes)
+        {
+            return Err(oob(format!(
+                "payload at COW offset {} ({} bytes) runs past the COW end ({cow_bytes} bytes)",
+                payload.offset, payload.stored_len
+            )));
+        }
+        check_payload_len(&payload)?;
+        if payload.codec == Codec::None {
+            rep.raw_payloads += 1;
+        } else {
+            compressed.push((i, payload));
+        }
+    }
+    rep.ops_checked = total.saturating_sub(from);
+
+    // The windows a merge without scratch will use, exactly as it computes them.
+    if snap.layout.scratch().is_none() {
+        let p = map.ordered_len();
+        let mut n = from;
+        while n < p {
+            n = window_end(snap, opts.max_window, n, p)?;
+            rep.self_safe_windows += 1;
+        }
+    }
+
+    let (decoded, threads) = decode_all(snap, &compressed)?;
+    rep.payloads_decoded = compressed.len() as u64;
+    rep.payload_bytes = compressed.iter().map(|(_, p)| p.stored_len as u64).sum();
+    rep.decoded_bytes = decoded;
+    rep.threads = threads;
+    rep.seconds = t0.elapsed().as_secs_f64();
+    Ok(rep)
+}
+
+/// Decode every payload of `list` (op index, payload), in parallel; the error of the lowest op
+/// index wins. Returns (decoded bytes, threads used).
+fn decode_all(snap: &Snapshot, list: &[(usize, Payload)]) -> Result<(u64, usize)> {
+    if list.is_empty() {
+        return Ok((0, 0));
+    }
+    let chunks = list.len().div_ceil(CHUNK);
+    let threads = std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .clamp(1, MAX_THREADS)
+        .min(chunks);
+    let next = AtomicUsize::new(0);
+    // Chunk index of the first failure so far: later chunks need not be decoded.
+    let failed_at = AtomicUsize::new(usize::MAX);
+    let first_err: Mutex<Option<(usize, SnapError)>> = Mutex::new(None);
+    let decoded = AtomicUsize::new(0);
+    let work = || {
+        let mut run = Vec::new();
+        let mut unit = Vec::new();
+        loop {
+            let c = next.fetch_add(1, Ordering::Relaxed);
+            if c >= chunks || c > failed_at.load(Ordering::Relaxed) {
+                break;
+            }
+            let part = &list[c * CHUNK..((c + 1) * CHUNK).min(list.len())];
+            match decode_chunk(snap, part, &mut run, &mut unit) {
+                Ok(n) => {
+                    decoded.fetch_add(n, Ordering::Relaxed);
+                }
+                Err((op, e)) => {
+                    failed_at.fetch_min(c, Ordering::Relaxed);
+                    let mut g = first_err.lock().unwrap_or_else(|e| e.into_inner());
+                    if g.as_ref().is_none_or(|(o, _)| op < *o) {
+                        *g = Some((op, e));
+                    }
+                }
+            }
+        }
+    };
+    if threads == 1 {
+        work();
+    } else {
+        std::thread::scope(|s| {
+            for _ in 1..threads {
+                // A thread that cannot be started leaves its share to the others.
+                let _ = std::thread::Builder::new()
+                    .name("snap-precheck".into())
+                    .spawn_scoped(s, work);
+            }
+            work();
+        });
+    }
+    if let Some((_, e)) = first_err.into_inner().unwrap_or_else(|e| e.into_inner()) {
+        return Err(e);
+    }
+    Ok((decoded.into_inner() as u64, threads))
+}
+
+/// Decode the payloads of `part` (reading back-to-back payloads with one read). Returns the
+/// decoded bytes, or the op index and error of the first failure.
+fn decode_chunk(
+    snap: &Snapshot,
+    part: &[(usize, Payload)],
+    run: &mut Vec<u8>,
+    unit: &mut Vec<u8>,
+) -> std::result::Result<usize, (usize, SnapError)> {
+    let mut decoded = 0usize;
+    let mut k = 0;
+    while k < part.len() {
+        // A run of payloads stored back to back, at most RUN_BYTES (a single larger payload
+        // is read alone).
+        let start = part[k].1.offset;
+        let mut end = start + part[k].1.stored_len as u64;
+        let mut j = k + 1;
+        while j < part.len()
+            && part[j].1.offset == end
+            && end + part[j].1.stored_len as u64 - start <= RUN_BYTES
+        {
+            end += part[j].1.stored_len as u64;
+            j += 1;
+        }
+        run.resize((end - start) as usize, 0);
+        snap.io
+            .read(IoClass::Merge, Dev::Cow, start, run)
+            .map_err(|e| (part[k].0, e))?;
+        for &(op, p) in &part[k..j] {
+            let at = (p.offset - start) as usize;
+            let src = &run[at..at + p.stored_len as usize];
+            unit.resize(p.unit_len as usize, 0);
+            snap.decoder.decode(p.codec, src, unit).map_err(|msg| {
+                let block = snap.map.ops().get(op).map_or(0, |o| o.new_block);
+                (
+                    op,
+                    SnapError::UndecodablePayload {
+                        op,
+                        block,
+                        offset: p.offset,
+                        source: DecodeFailure(msg),
+                    },
+                )
+            })?;
+            decoded += unit.len();
+        }
+        k = j;
+    }
+    Ok(decoded)
+}

@@ -34,13 +34,18 @@ pub struct MergeArgs {
     check: bool,
 }
 
-/// The context of an open error.
+/// Open errors that name the base themselves need no "opening … with base …" in front.
 fn open_context(e: SnapError, a: &MergeArgs) -> anyhow::Error {
-    anyhow::Error::new(e).context(format!(
-        "opening {} with base {}",
-        a.cow.display(),
-        a.base.display()
-    ))
+    match e {
+        SnapError::BaseTooShort { .. }
+        | SnapError::BaseSmallerThanNewImage { .. }
+        | SnapError::IsDirectory { .. } => e.into(),
+        e => anyhow::Error::new(e).context(format!(
+            "opening {} with base {}",
+            a.cow.display(),
+            a.base.display()
+        )),
+    }
 }
 
 pub fn run(a: MergeArgs) -> anyhow::Result<()> {

@@ -1,4 +1,4 @@
-//! The pre-merge check through the real `snapblk` binary (issue 19, D4 and item 4): a
+//! The pre-merge check through the real `snapblk` binary (issue 19, D4, item 4, U2/U3/U11): a
 //! merge that cannot finish is refused before its first write, with base and COW left
 //! byte-identical, and `merge --check` refuses the same COWs with the same message.
 
@@ -183,6 +183,78 @@ fn no_scratch_xor_reading_its_own_destination_is_refused() {
     setup(d, &old, &new, "x.cow", &["--no-scratch"]);
     std::fs::write(d.join("dev.img"), &old).unwrap();
     assert_refused(d, "x.cow", "dev.img", "reads its own destination");
+}
+
+#[test]
+fn base_problems_name_the_base_and_both_sizes() {
+    let dir = tempdir("precheck-base");
+    let d = &dir.0;
+    let (old, new) = images();
+    setup(d, &old, &new, "a.cow", &[]);
+    // The COW reads block 699 (COPY source) and writes up to block 1399.
+    let needed = 1400 * BS;
+    std::fs::write(d.join("short.img"), &old[..BS * 256]).unwrap();
+    assert_refused(
+        d,
+        "a.cow",
+        "short.img",
+        &format!(
+            "base short.img is {} bytes; the COW reads/writes up to block 1399 (needs at least {needed} bytes)",
+            BS * 256
+        ),
+    );
+    std::fs::write(d.join("empty.img"), b"").unwrap();
+    assert_refused(
+        d,
+        "a.cow",
+        "empty.img",
+        &format!(
+            "base empty.img is 0 bytes; the COW reads/writes up to block 1399 (needs at least {needed} bytes)"
+        ),
+    );
+    std::fs::create_dir(d.join("dir.img")).unwrap();
+    for check in [true, false] {
+        let mut args = vec!["merge", "a.cow", "--base", "dir.img"];
+        if check {
+            args.push("--check");
+        }
+        let o = snapblk(&args, d);
+        assert!(!o.status.success());
+        assert_eq!(stderr(&o), "snapblk: base dir.img is a directory\n");
+    }
+    let (v, ok) = check_json(d, "a.cow", "dir.img");
+    assert!(!ok && v["mergeable"] == false && v["error"] == "base dir.img is a directory");
+}
+
+#[test]
+fn growing_update_says_to_grow_the_base_first() {
+    let dir = tempdir("precheck-grow");
+    let d = &dir.0;
+    let (old, mut new) = images();
+    new.extend_from_slice(&noise(9, 100 * BS));
+    setup(d, &old, &new, "grow.cow", &[]);
+    std::fs::write(d.join("dev.img"), &old).unwrap();
+    let n = new.len();
+    assert_refused(
+        d,
+        "grow.cow",
+        "dev.img",
+        &format!(
+            "the new image is larger than base dev.img ({} bytes): the COW writes up to block {}, so the base must be grown to at least {n} bytes first (truncate -s {n} dev.img)",
+            old.len(),
+            n / BS - 1
+        ),
+    );
+    // Following the advice works.
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(d.join("dev.img"))
+        .unwrap();
+    f.set_len(n as u64).unwrap();
+    drop(f);
+    let o = snapblk(&["merge", "grow.cow", "--base", "dev.img"], d);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(std::fs::read(d.join("dev.img")).unwrap() == new);
 }
 
 #[test]

@@ -75,14 +75,17 @@ pub fn load<R: ReadAt>(src: R, capacity: u64) -> Result<(SnapshotMap, CowLayout,
         )));
     }
     let blocks = capacity / probe;
+    // Parsed without bounds, so a base shorter than the COW's blocks is reported as a base
+    // problem (naming both sizes) rather than as an invalid COW; the map checks them again.
     let opts = OpenOptions {
-        device_blocks: Some(blocks),
-        base_blocks: Some(blocks),
+        device_blocks: None,
+        base_blocks: None,
         label: None,
         duplicates: DuplicatePolicy::FirstWins,
     };
     let cow = CowReader::open_with(src, opts).map_err(|e| SnapError::Format(e.to_string()))?;
     let bs = cow.block_size();
+    check_extent(&cow, blocks)?;
     let mut ops = Vec::with_capacity(cow.merge_len() as usize);
     for op in cow.merge_order() {
         let rank = u32::try_from(op.index)
@@ -120,6 +123,80 @@ pub fn load<R: ReadAt>(src: R, capacity: u64) -> Result<(SnapshotMap, CowLayout,
     Ok((map, layout, cow))
 }
 
+/// The highest blocks the COW's ops write and read, past `blocks` (the device size): a base too
+/// short for the blocks the COW reads (truncated, empty, the wrong file), or a new image larger
+/// than the base (only writes past its end). The errors name "the base"; [`open_files`] puts the
+/// path in.
+fn check_extent<R: ReadAt>(cow: &CowReader<R>, blocks: u64) -> Result<()> {
+    let bs = u64::from(cow.block_size());
+    let (mut write_end, mut read_end) = (0u64, 0u64);
+    for op in cow.merge_order() {
+        let n = match op.kind {
+            snapblk_cow::OpKind::Replace { payload } => u64::from(payload.unit_blocks.max(1)),
+            snapblk_cow::OpKind::Copy { .. }
+            | snapblk_cow::OpKind::Xor { .. }
+            | snapblk_cow::OpKind::Zero => 1,
+            _ => continue,
+        };
+        write_end = write_end.max(op.new_block.saturating_add(n));
+        if let Some((s, c)) = op.source_blocks(bs) {
+            read_end = read_end.max(s.saturating_add(c));
+        }
+    }
+    if write_end <= blocks && read_end <= blocks {
+        return Ok(());
+    }
+    let size = blocks * bs;
+    let last = write_end.max(read_end) - 1;
+    let needed = last.saturating_add(1).saturating_mul(bs);
+    if read_end > blocks {
+        return Err(SnapError::BaseTooShort {
+            base: "the base".into(),
+            size,
+            block: last,
+            needed,
+        });
+    }
+    Err(SnapError::BaseSmallerThanNewImage {
+        base: "the base".into(),
+        size,
+        block: last,
+        needed,
+        how: "grow the device or file first".into(),
+    })
+}
+
+/// Put the base's path (and, for a regular file, the command that grows it) into a base error.
+fn name_base(e: SnapError, path: &Path, actual: u64) -> SnapError {
+    let name = format!("base {}", path.display());
+    match e {
+        SnapError::BaseTooShort { block, needed, .. } => SnapError::BaseTooShort {
+            base: name,
+            size: actual,
+            block,
+            needed,
+        },
+        SnapError::BaseSmallerThanNewImage {
+            block, needed, how, ..
+        } => {
+            let regular = std::fs::metadata(path).is_ok_and(|m| m.is_file());
+            let how = if regular {
+                format!("truncate -s {needed} {}", path.display())
+            } else {
+                format!("{how}; snapblk never grows a block device")
+            };
+            SnapError::BaseSmallerThanNewImage {
+                base: name,
+                size: actual,
+                block,
+                needed,
+                how,
+            }
+        }
+        e => e,
+    }
+}
+
 /// How to open the backing files.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct OpenMode {
@@ -144,6 +221,14 @@ pub fn open_files(
     cfg: SnapshotConfig,
     mode: OpenMode,
 ) -> Result<Snapshot> {
+    for (what, p) in [("base", base), ("COW", cow)] {
+        if std::fs::metadata(p).is_ok_and(|m| m.is_dir()) {
+            return Err(SnapError::IsDirectory {
+                what,
+                path: p.to_owned(),
+            });
+        }
+    }
     let hold = |writes| {
         if writes {
             Hold::Exclusive
@@ -156,7 +241,8 @@ pub fn open_files(
     let cow_writes = mode.cow_writable || cfg.writable;
     let cow_dev = FileDev::open_held(cow, cow_writes, hold(cow_writes))
         .map_err(SnapError::io("opening COW"))?;
-    open_devs(Arc::new(base_dev), Arc::new(cow_dev), cfg)
+    let base_len = base_dev.size().map_err(SnapError::io("sizing base"))?;
+    open_devs(Arc::new(base_dev), Arc::new(cow_dev), cfg).map_err(|e| name_base(e, base, base_len))
 }
 
 /// Open a snapshot over arbitrary devices.

@@ -57,6 +57,36 @@ pub enum SnapError {
     /// Bad configuration (device spec, properties).
     #[error("{0}")]
     Config(String),
+    /// The base is shorter than the blocks the COW reads or writes (a truncated, empty or wrong
+    /// base). `base` names it ("base PATH", or "the base").
+    #[error(
+        "{base} is {size} bytes; the COW reads/writes up to block {block} (needs at least {needed} bytes)"
+    )]
+    BaseTooShort {
+        base: String,
+        size: u64,
+        block: u64,
+        needed: u64,
+    },
+    /// The COW writes past the base end while every block it reads lies inside the base: the new
+    /// image is larger than the base (a growing update), which must be grown first. `how` says
+    /// how (for a regular file, the `truncate` command).
+    #[error(
+        "the new image is larger than {base} ({size} bytes): the COW writes up to block {block}, so the base must be grown to at least {needed} bytes first ({how})"
+    )]
+    BaseSmallerThanNewImage {
+        base: String,
+        size: u64,
+        block: u64,
+        needed: u64,
+        how: String,
+    },
+    /// A directory where the base (or the COW) file was expected.
+    #[error("{what} {path} is a directory")]
+    IsDirectory {
+        what: &'static str,
+        path: std::path::PathBuf,
+    },
     /// The pre-merge check found a payload of an op still to merge that does not decode: the
     /// merge is refused before its first write.
     #[error(

@@ -151,10 +151,12 @@ impl Snapshot {
         }
         let base_len = io.base.size().map_err(SnapError::io("sizing base"))?;
         if base_len < p.map.capacity() {
-            return Err(SnapError::Format(format!(
-                "base has {base_len} bytes, snapshot needs {}",
-                p.map.capacity()
-            )));
+            return Err(SnapError::BaseTooShort {
+                base: "the base".into(),
+                size: base_len,
+                block: (p.map.capacity() / bs).saturating_sub(1),
+                needed: p.map.capacity(),
+            });
         }
         let mut header = vec![0u8; p.layout.header_size as usize + 1];
         let hlen = if p.layout.scratch().is_some() {

@@ -6,13 +6,15 @@
 #  * REPLACE-lz4 sequential 1 MiB reads vs in-memory lz4 decoding of the same units (goal >= 0.8x);
 #  * merge vs a sequential in-place copy (goal >= 0.8x), worst case (every block moves by one) and
 #    extent moves;
-#  * foreground 4 KiB p99 during a merge vs idle, with and without the scheduler (goal <= 2x).
+#  * foreground 4 KiB p99 during a merge vs idle, with and without the scheduler (goal <= 2x);
+#  * on request (SECTIONS=precheck): the pre-merge check's seconds next to the merge's own seconds
+#    for OTA-like none/lz4/gz COWs (goal: pre-check <= 0.5x the merge for none/lz4).
 # Variants run interleaved, ROUNDS rounds, medians and paired per-round ratios reported. Then
 # user-space instructions per read under callgrind (bench/snapshot/ir-per-read.sh), which is
 # free of the timing noise of a shared machine.
 # Files live on tmpfs (/dev/shm) unless DIR is given.
 # usage: bench/snapshot-bench.sh [DIR] [IMAGE_MiB] [ROUNDS] [SECTIONS]
-#        (SECTIONS: comma list of copy,lz4,merge,fg,ir; default all)
+#        (SECTIONS: comma list of copy,lz4,merge,fg,ir,precheck; default all but precheck)
 # results: bench/results/snapshot-<time>.json (timed) and snapshot-ir-<time>.json (callgrind)
 set -euo pipefail
 cd "$(dirname "$0")/.."

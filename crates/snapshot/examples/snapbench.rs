@@ -1,6 +1,7 @@
 //! Snapshot benchmarks (run by bench/snapshot-bench.sh; put the files on tmpfs or zram).
 //!
-//! usage: snapbench DIR [MiB] [ROUNDS] [SECTIONS]   (SECTIONS: copy,lz4,merge,fg = all)
+//! usage: snapbench DIR [MiB] [ROUNDS] [SECTIONS]   (SECTIONS: copy,lz4,merge,fg = all;
+//!        precheck on request)
 //!        snapbench --prepare DIR MiB          (write base.img + copy.cow + lz4.cow only)
 //!        snapbench --ir DIR VARIANT N         (N reads of a prepared DIR; for callgrind)
 //!
@@ -18,6 +19,11 @@
 //! * `merge`: merge throughput of a COPY-only COW (every block moves by one: the worst case, all
 //!   windows go through scratch) and of a COW that moves 4 MiB extents (windows are self-safe)
 //!   vs a plain sequential in-place copy (1 MiB read/write, fdatasync).
+//! * `precheck` (only when asked for): the pre-merge check's time next to the merge's own time
+//!   (its writes, the rest of `merge()`), for OTA-like COWs made by `snapblk_cow::generate` with
+//!   codecs none, lz4 and gz: half the image new compressible data (REPLACE), a quarter moved
+//!   extents (COPY), the rest unchanged. Goal (issue 19): pre-check <= 0.5x the merge for
+//!   none/lz4; gz is reported, its decoding dominates either way.
 //! * `fg_during_merge`: p50/p99 of foreground 4 KiB random reads idle vs while a merge runs, with
 //!   and without the scheduler.
 //!
@@ -321,6 +327,9 @@ fn main() {
     if want("fg") {
         report.insert("fg_during_merge".into(), bench_fg(&dir, blocks));
     }
+    if want("precheck") {
+        report.insert("precheck".into(), bench_precheck(&dir, &img, rounds));
+    }
     println!("{}", serde_json::to_string_pretty(&report).unwrap());
     for f in [
         "base.img",
@@ -331,6 +340,8 @@ fn main() {
         "copy.img",
         "fg-base.img",
         "fg.cow",
+        "pre-base.img",
+        "pre.cow",
     ] {
         let _ = std::fs::remove_file(dir.join(f));
     }
@@ -702,4 +713,102 @@ fn bench_fg(dir: &Path, blocks: u64) -> serde_json::Value {
         );
     }
     fg.into()
+}
+
+/// An OTA-like new image for `old`: blocks in the second quarter come from the fourth (an extent
+/// move: COPY ops), the second half is new compressible text (REPLACE), the rest unchanged.
+fn ota_new(old: &[u8]) -> Vec<u8> {
+    let blocks = old.len() / BS;
+    let mut new = old.to_vec();
+    let q = blocks / 4;
+    new.copy_within(3 * q * BS..4 * q * BS, q * BS);
+    for b in 2 * q..3 * q {
+        new[b * BS..(b + 1) * BS].copy_from_slice(&text_block(b as u64 * 7));
+    }
+    for b in (3 * q..4 * q).step_by(2) {
+        new[b * BS..(b + 1) * BS].copy_from_slice(&text_block(b as u64 * 3));
+    }
+    new
+}
+
+/// Pre-merge check vs the rest of the merge, per codec, interleaved rounds.
+fn bench_precheck(dir: &Path, img: &[u8], rounds: usize) -> serde_json::Value {
+    use snapblk_cow::Compression;
+    let new = ota_new(img);
+    let codecs = [Compression::None, Compression::Lz4, Compression::Gz];
+    let cows: Vec<PathBuf> = codecs
+        .iter()
+        .map(|&c| {
+            let path = dir.join(format!("pre-{c}.cow"));
+            let file = std::fs::File::create(&path).unwrap();
+            let g = snapblk_cow::GenerateOptions {
+                writer: snapblk_cow::WriterOptions {
+                    codec: snapblk_cow::Codec::new(c),
+                    ..Default::default()
+                },
+                ..Default::default()
+            };
+            snapblk_cow::generate(img, &new, &file, &g).unwrap();
+            path
+        })
+        .collect();
+    let work = dir.join("pre-base.img");
+    // (pre-check s, merge-without-pre-check s) per codec and round.
+    let mut pre: Vec<Vec<f64>> = vec![Vec::new(); codecs.len()];
+    let mut rest: Vec<Vec<f64>> = vec![Vec::new(); codecs.len()];
+    let mut info = vec![serde_json::Value::Null; codecs.len()];
+    for round in 0..rounds {
+        for j in 0..codecs.len() {
+            let k = (j + round) % codecs.len();
+            std::fs::write(&work, img).unwrap();
+            let cow = dir.join("pre.cow");
+            std::fs::copy(&cows[k], &cow).unwrap();
+            let s = open_files(
+                &work,
+                &cow,
+                SnapshotConfig::default(),
+                OpenMode {
+                    base_writable: true,
+                    cow_writable: true,
+                },
+            )
+            .unwrap();
+            let t0 = Instant::now();
+            let rep = merge(&s, MergeOptions::default()).unwrap();
+            let total = t0.elapsed().as_secs_f64();
+            drop(s);
+            assert!(std::fs::read(&work).unwrap() == new, "merge result");
+            pre[k].push(rep.precheck.seconds);
+            rest[k].push(total - rep.precheck.seconds);
+            info[k] = serde_json::json!({
+                "ops": rep.total_ops,
+                "payloads_decoded": rep.precheck.payloads_decoded,
+                "raw_payloads": rep.precheck.raw_payloads,
+                "payload_bytes": rep.precheck.payload_bytes,
+                "threads": rep.precheck.threads,
+                "cow_bytes": std::fs::metadata(&cows[k]).map(|m| m.len()).unwrap_or(0),
+            });
+        }
+    }
+    for c in &cows {
+        let _ = std::fs::remove_file(c);
+    }
+    let mut out = serde_json::Map::new();
+    out.insert(
+        "goal".into(),
+        "pre-check <= 0.5x the merge (none, lz4); gz reported".into(),
+    );
+    for (k, c) in codecs.iter().enumerate() {
+        let ratios: Vec<f64> = pre[k].iter().zip(&rest[k]).map(|(p, r)| p / r).collect();
+        out.insert(
+            c.to_string(),
+            serde_json::json!({
+                "precheck_s_rounds": pre[k], "precheck_s_median": median(&pre[k]),
+                "merge_s_rounds": rest[k], "merge_s_median": median(&rest[k]),
+                "precheck_vs_merge_median": median(&ratios),
+                "cow": info[k],
+            }),
+        );
+    }
+    serde_json::Value::Object(out)
 }

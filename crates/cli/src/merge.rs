@@ -3,10 +3,13 @@
 
 use anyhow::Context;
 use clap::Args;
-use snapblk_snapshot::cowsrc::{OpenMode, open_files};
+use snapblk_cow::record::MergeVerdict;
+use snapblk_snapshot::cowrecord::load_verifier;
+use snapblk_snapshot::cowsrc::{OpenMode, open_files_sized};
 use snapblk_snapshot::progress::Progress;
 use snapblk_snapshot::{
-    MergeOptions, MergeProgress, PrecheckReport, SnapError, SnapshotConfig, merge, precheck,
+    MergeOptions, MergeProgress, PrecheckReport, SnapError, Snapshot, SnapshotConfig, merge,
+    precheck,
 };
 use std::io::Write;
 use std::path::PathBuf;
@@ -29,9 +32,57 @@ pub struct MergeArgs {
     #[arg(long)]
     stats: bool,
     /// Only run the pre-merge check (bounds of every op, every payload still to merge decoded,
-    /// merge order, windows without scratch) and report progress so far; writes nothing.
-    #[arg(long)]
+    /// merge order, windows without scratch, and with a COW record the base and every new
+    /// block) and report progress so far; writes nothing.
+    #[arg(long, conflicts_with_all = ["status", "reset_progress"])]
     check: bool,
+    /// Show the merge state: ops merged, the COW record, and (with a record) what the base is
+    /// for this COW: not started, in progress, complete, progress of another file, already
+    /// updated, or the wrong base. Writes nothing.
+    #[arg(long, conflicts_with_all = ["reset_progress", "progress", "stats"])]
+    status: bool,
+    /// Set the COW's merge progress back to zero, when the COW record shows that the progress
+    /// was made on another file and this base is untouched. Writes only the COW's header.
+    #[arg(long, conflicts_with_all = ["progress", "stats"])]
+    reset_progress: bool,
+    /// The COW record (default: COW.snapblk beside the COW, when present).
+    #[arg(long, value_name = "FILE", conflicts_with = "no_record")]
+    record: Option<PathBuf>,
+    /// Ignore the COW record: the base cannot be verified.
+    #[arg(long)]
+    no_record: bool,
+    /// Also check the SHA-256 of the whole base against the record before a merge that has
+    /// not started (reads the whole base).
+    #[arg(long, conflicts_with = "no_record")]
+    verify_base: bool,
+}
+
+/// Open the snapshot with the record attached (or warn, once, that there is none).
+fn open_checked(a: &MergeArgs, mode: OpenMode) -> anyhow::Result<(Snapshot, bool)> {
+    let verifier = if a.no_record {
+        None
+    } else {
+        load_verifier(&a.base, &a.cow, a.record.as_deref(), a.verify_base)
+            .map_err(|e| open_context(e, a))?
+    };
+    let has = verifier.is_some();
+    let size = verifier.as_ref().map(|v| v.record().target_size);
+    let snap = open_files_sized(&a.base, &a.cow, SnapshotConfig::default(), mode, size)
+        .map_err(|e| open_context(e, a))?;
+    if let Some(v) = verifier {
+        snap.attach_verifier(v)?;
+    } else {
+        eprintln!(
+            "snapblk: warning: no COW record for {} ({}): the base cannot be verified; a merge into the wrong file is not detected",
+            a.cow.display(),
+            if a.no_record {
+                "--no-record"
+            } else {
+                "none beside it"
+            }
+        );
+    }
+    Ok((snap, has))
 }
 
 /// Open errors that name the base themselves need no "opening … with base …" in front.
@@ -39,7 +90,9 @@ fn open_context(e: SnapError, a: &MergeArgs) -> anyhow::Error {
     match e {
         SnapError::BaseTooShort { .. }
         | SnapError::BaseSmallerThanNewImage { .. }
-        | SnapError::IsDirectory { .. } => e.into(),
+        | SnapError::IsDirectory { .. }
+        | SnapError::WrongBase(_)
+        | SnapError::Record { .. } => e.into(),
         e => anyhow::Error::new(e).context(format!(
             "opening {} with base {}",
             a.cow.display(),
@@ -52,12 +105,17 @@ pub fn run(a: MergeArgs) -> anyhow::Result<()> {
     if a.check {
         return check(&a);
     }
+    if a.status {
+        return status(&a);
+    }
+    if a.reset_progress {
+        return reset_progress(&a);
+    }
     let mode = OpenMode {
         base_writable: true,
         cow_writable: true,
     };
-    let snap = open_files(&a.base, &a.cow, SnapshotConfig::default(), mode)
-        .map_err(|e| open_context(e, &a))?;
+    let (snap, _) = open_checked(&a, mode)?;
     let (done, total) = snap.merge_progress();
     let bar = Progress::new(total as u64, a.progress);
     bar.set(done as u64);
@@ -73,6 +131,7 @@ pub fn run(a: MergeArgs) -> anyhow::Result<()> {
     bar.finish();
     let report = report.with_context(|| format!("merging {}", a.cow.display()))?;
     let secs = t0.elapsed().as_secs_f64();
+    let shrunk = shrink_base(&a, &snap)?;
     let bytes = report.blocks_written * snap.map().block_size();
     let sched = snap.sched_stats();
     let mut out = std::io::stdout().lock();
@@ -85,6 +144,7 @@ pub fn run(a: MergeArgs) -> anyhow::Result<()> {
             "bytes_written": bytes,
             "mib_per_s": bytes as f64 / (1 << 20) as f64 / secs.max(1e-9),
             "scheduler": sched,
+            "base_truncated_to": shrunk,
         });
         writeln!(out, "{}", serde_json::to_string_pretty(&v)?)?;
     } else {
@@ -98,6 +158,13 @@ pub fn run(a: MergeArgs) -> anyhow::Result<()> {
             "merged {} ops ({resumed}), {} blocks written, {} overlay blocks, {secs:.3}s",
             report.total_ops, report.blocks_written, report.overlay_blocks
         )?;
+        if let Some(n) = shrunk {
+            writeln!(
+                out,
+                "base {} truncated to {n} bytes: the new image is smaller than the old",
+                a.base.display()
+            )?;
+        }
         if a.stats {
             writeln!(
                 out,
@@ -141,14 +208,7 @@ fn describe(r: &PrecheckReport) -> String {
 /// `--check`: the pre-merge check `merge` runs, read-only. A refusal prints the same message
 /// `merge` would, and with `--json` a verdict on stdout as well.
 fn check(a: &MergeArgs) -> anyhow::Result<()> {
-    let res = open_files(
-        &a.base,
-        &a.cow,
-        SnapshotConfig::default(),
-        OpenMode::default(),
-    )
-    .map_err(|e| open_context(e, a))
-    .and_then(|snap| {
+    let res = open_checked(a, OpenMode::default()).and_then(|(snap, _)| {
         let (done, total) = snap.merge_progress();
         precheck(&snap, &MergeOptions::default())
             .map(|r| (done, total, r))
@@ -176,4 +236,112 @@ fn check(a: &MergeArgs) -> anyhow::Result<()> {
             Err(e)
         }
     }
+}
+
+/// After a successful merge of a shrinking update (the record's new image is smaller than the
+/// base): truncate a regular-file base to the new size. A block device keeps its size.
+fn shrink_base(a: &MergeArgs, snap: &Snapshot) -> anyhow::Result<Option<u64>> {
+    let Some(v) = snap.verifier() else {
+        return Ok(None);
+    };
+    let want = v.record().target_size;
+    let m = std::fs::metadata(&a.base)?;
+    if !m.is_file() || m.len() <= want {
+        return Ok(None);
+    }
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&a.base)
+        .with_context(|| format!("open {}", a.base.display()))?;
+    f.set_len(want)
+        .and_then(|()| f.sync_all())
+        .with_context(|| format!("truncate {} to {want} bytes", a.base.display()))?;
+    Ok(Some(want))
+}
+
+/// `--status`: merge progress and, with a record, what the base is for this COW.
+fn status(a: &MergeArgs) -> anyhow::Result<()> {
+    let (snap, has_record) = open_checked(a, OpenMode::default())?;
+    let (done, total) = snap.merge_progress();
+    let binding = snap.check_merge_base()?;
+    let mut out = std::io::stdout().lock();
+    if a.json {
+        let v = serde_json::json!({
+            "schema": "snapblk.merge-status.v1",
+            "merged": done, "total": total, "record": has_record,
+            "base": binding.as_ref().map(|b| b.verdict),
+            "check": binding,
+        });
+        writeln!(out, "{}", serde_json::to_string_pretty(&v)?)?;
+        return Ok(());
+    }
+    writeln!(out, "merged: {done}/{total} ops")?;
+    match &binding {
+        None => writeln!(out, "base: unknown (no COW record)")?,
+        Some(b) => {
+            let what = match b.verdict {
+                MergeVerdict::NotStarted => "the old image: the merge has not started",
+                MergeVerdict::InProgress => "this merge's base, in progress",
+                MergeVerdict::Complete => "the new image: the merge is complete",
+                MergeVerdict::ProgressOfAnotherFile => {
+                    "untouched, but the COW's progress was made on another file (see --reset-progress)"
+                }
+                MergeVerdict::AlreadyUpdated => "already the new image, and the COW not merged",
+                MergeVerdict::WrongBase => "NOT this COW's base",
+            };
+            writeln!(
+                out,
+                "base: {what} ({} merged and {} old blocks checked, {} and {} differ)",
+                b.merged_blocks_checked,
+                b.source_blocks_checked,
+                b.merged_mismatches.len(),
+                b.source_mismatches.len()
+            )?;
+        }
+    }
+    Ok(())
+}
+
+/// `--reset-progress`: back to "not started", only when the record proves this base untouched.
+fn reset_progress(a: &MergeArgs) -> anyhow::Result<()> {
+    if a.no_record {
+        anyhow::bail!(
+            "--reset-progress needs the COW record to prove the base untouched (make one with `snapblk cow record`)"
+        );
+    }
+    let mode = OpenMode {
+        base_writable: false,
+        cow_writable: true,
+    };
+    let (snap, has_record) = open_checked(a, mode)?;
+    if !has_record {
+        anyhow::bail!(
+            "--reset-progress needs the COW record to prove the base untouched (make one with `snapblk cow record`)"
+        );
+    }
+    let (done, _) = snap.merge_progress();
+    let b = snap.check_merge_base()?.context("no COW record attached")?;
+    match b.verdict {
+        MergeVerdict::ProgressOfAnotherFile => {}
+        MergeVerdict::NotStarted => {
+            writeln!(
+                std::io::stdout().lock(),
+                "nothing to reset: the merge has not started"
+            )?;
+            return Ok(());
+        }
+        v => anyhow::bail!(
+            "refusing to reset the progress ({done} ops merged): the base is {}",
+            serde_json::to_value(v)?.as_str().unwrap_or("not untouched")
+        ),
+    }
+    snap.reset_merge_progress()
+        .with_context(|| format!("resetting {}", a.cow.display()))?;
+    writeln!(
+        std::io::stdout().lock(),
+        "reset the merge progress of {} ({done} ops counted on another file); the merge starts over on {}",
+        a.cow.display(),
+        a.base.display()
+    )?;
+    Ok(())
 }

@@ -53,7 +53,8 @@ pub fn load_verifier(
         what: "sizing base",
         source: e.into(),
     })?;
-    if base_len != rec.base_size {
+    // A shrinking update's finished merge leaves the base at the new image's size.
+    if base_len != rec.base_size && base_len != rec.target_size {
         return Err(SnapError::WrongBase(format!(
             "base {} is {base_len} bytes; this COW was made for a base of {} bytes",
             base.display(),

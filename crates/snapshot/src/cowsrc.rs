@@ -221,6 +221,18 @@ pub fn open_files(
     cfg: SnapshotConfig,
     mode: OpenMode,
 ) -> Result<Snapshot> {
+    open_files_sized(base, cow, cfg, mode, None)
+}
+
+/// [`open_files`] with the size of the new image when it is known (from the COW record) and no
+/// larger than the base: a shrinking update's device is exactly the new image.
+pub fn open_files_sized(
+    base: &Path,
+    cow: &Path,
+    cfg: SnapshotConfig,
+    mode: OpenMode,
+    size: Option<u64>,
+) -> Result<Snapshot> {
     for (what, p) in [("base", base), ("COW", cow)] {
         if std::fs::metadata(p).is_ok_and(|m| m.is_dir()) {
             return Err(SnapError::IsDirectory {
@@ -242,7 +254,8 @@ pub fn open_files(
     let cow_dev = FileDev::open_held(cow, cow_writes, hold(cow_writes))
         .map_err(SnapError::io("opening COW"))?;
     let base_len = base_dev.size().map_err(SnapError::io("sizing base"))?;
-    open_devs(Arc::new(base_dev), Arc::new(cow_dev), cfg).map_err(|e| name_base(e, base, base_len))
+    open_devs_sized(Arc::new(base_dev), Arc::new(cow_dev), cfg, size)
+        .map_err(|e| name_base(e, base, base_len))
 }
 
 /// Open a snapshot over arbitrary devices.
@@ -250,6 +263,16 @@ pub fn open_devs(
     base: Arc<dyn BlockDev>,
     cow: Arc<dyn BlockDev>,
     cfg: SnapshotConfig,
+) -> Result<Snapshot> {
+    open_devs_sized(base, cow, cfg, None)
+}
+
+/// [`open_devs`] with a known new-image size (see [`open_files_sized`]).
+pub fn open_devs_sized(
+    base: Arc<dyn BlockDev>,
+    cow: Arc<dyn BlockDev>,
+    cfg: SnapshotConfig,
+    size: Option<u64>,
 ) -> Result<Snapshot> {
     let base_len = base.size().map_err(SnapError::io("sizing base"))?;
     let src = DevReadAt(cow.clone());
@@ -259,7 +282,7 @@ pub fn open_devs(
             .map_err(SnapError::io("reading COW header"))?;
         u32::from_le_bytes([h[18], h[19], h[20], h[21]]).max(1) as u64
     };
-    let capacity = base_len / probe_bs * probe_bs;
+    let capacity = size.filter(|&n| n <= base_len).unwrap_or(base_len) / probe_bs * probe_bs;
     let (map, layout, _) = load(src, capacity)?;
     Snapshot::open(SnapshotParts {
         base,

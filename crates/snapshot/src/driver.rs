@@ -16,7 +16,7 @@
 //! and `merge-stats` (JSON), `activity-id` (for [`Activity::find`]). Spec example:
 //! `snapshot:base=system.img,cow=system.cow,writable=true,record=boot.blocks`.
 
-use crate::cowsrc::{OpenMode, open_files};
+use crate::cowsrc::{OpenMode, open_files_sized};
 use crate::queue::{Backend, SyncQueue};
 use crate::record::{Activity, Binding, DEFAULT_RECORD_SECS};
 use crate::snapshot::{Snapshot, SnapshotConfig};
@@ -221,7 +221,8 @@ impl Driver for SnapshotDriver {
         } else {
             None
         };
-        let snap = Arc::new(open_files(base, cow, cfg, mode)?);
+        let size = verifier.as_ref().map(|v| v.record().target_size);
+        let snap = Arc::new(open_files_sized(base, cow, cfg, mode, size)?);
         if let Some(v) = verifier {
             snap.attach_verifier(v)?;
         }

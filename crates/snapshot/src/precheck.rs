@@ -72,6 +72,12 @@ pub struct PrecheckReport {
     pub self_safe_windows: usize,
     /// Decoding threads used.
     pub threads: usize,
+    /// With a COW record: what the base is (see `snapblk_cow::record::MergeVerdict`).
+    pub record: Option<snapblk_cow::record::MergeVerdict>,
+    /// Base blocks checked against the record's digests.
+    pub record_base_blocks: u64,
+    /// Blocks of the new image still to merge, read and checked against the record.
+    pub record_new_blocks: u64,
     /// Time the check took.
     pub seconds: f64,
 }
@@ -176,8 +182,53 @@ pub fn precheck(snap: &Snapshot, opts: &MergeOptions<'_>) -> Result<PrecheckRepo
     rep.payload_bytes = compressed.iter().map(|(_, p)| p.stored_len as u64).sum();
     rep.decoded_bytes = decoded;
     rep.threads = threads;
+
+    // With a COW record: the base is the file this merge belongs to, and every block still to
+    // merge comes out exactly as the record says (a payload that decodes to the wrong bytes, a
+    // COPY source pointing at another block of the base).
+    if snap.verifier().is_some() {
+        let merged = snap.lock_view().merged;
+        if let Some(b) = snap.check_merge_base()? {
+            if let Some(e) = crate::cowrecord::merge_refusal(&b, merged) {
+                return Err(e);
+            }
+            rep.record = Some(b.verdict);
+            rep.record_base_blocks = b.source_blocks_checked + b.merged_blocks_checked;
+        }
+        rep.record_new_blocks = verify_new_blocks(snap, from)?;
+    }
     rep.seconds = t0.elapsed().as_secs_f64();
     Ok(rep)
+}
+
+/// Read every block the ops from `from` on write through the snapshot, which checks each against
+/// the COW record (a mismatch is [`SnapError::Corrupt`]). Returns the blocks read.
+fn verify_new_blocks(snap: &Snapshot, from: usize) -> Result<u64> {
+    let map = &snap.map;
+    let bs = map.block_size();
+    let mut blocks: Vec<u64> = map
+        .ops()
+        .iter()
+        .enumerate()
+        .skip(from)
+        .filter(|&(i, _)| map.is_winner(i))
+        .flat_map(|(_, op)| op.new_block..op.new_block.saturating_add(op.blocks()))
+        .collect();
+    blocks.sort_unstable();
+    blocks.dedup();
+    let mut buf = Vec::new();
+    let mut i = 0;
+    while i < blocks.len() {
+        // A run of consecutive blocks, at most 1 MiB.
+        let mut j = i + 1;
+        while j < blocks.len() && blocks[j] == blocks[j - 1] + 1 && (j - i) as u64 * bs < 1 << 20 {
+            j += 1;
+        }
+        buf.resize((j - i) * bs as usize, 0);
+        snap.read_class(IoClass::Merge, blocks[i] * bs, &mut buf)?;
+        i = j;
+    }
+    Ok(blocks.len() as u64)
 }
 
 /// Decode every payload of `list` (op index, payload), in parallel; the error of the lowest op

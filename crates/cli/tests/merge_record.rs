@@ -1,0 +1,243 @@
+//! `snapblk merge` with the COW record: a merge is bound to its base by content. It refuses,
+//! before writing anything, a wrong base, an already updated one, a COW whose progress was made
+//! on another file (D5), and a COW whose blocks do not come out as recorded (W1); `--status`
+//! shows what the base is, `--reset-progress` recovers a COW consumed on the wrong file, and a
+//! shrinking update leaves the base exactly the new image's size (W2).
+
+use snapblk_testsupport::{TempDir, assert_file_eq, image_pair, path_str};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn snapblk(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_snapblk"))
+        .args(args)
+        .output()
+        .expect("run snapblk")
+}
+
+fn ok(args: &[&str]) -> String {
+    let o = snapblk(args);
+    assert!(
+        o.status.success(),
+        "snapblk {args:?}: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    String::from_utf8(o.stdout).unwrap()
+}
+
+fn refused(args: &[&str], want: &str) -> String {
+    let o = snapblk(args);
+    let err = String::from_utf8_lossy(&o.stderr).into_owned();
+    assert_eq!(o.status.code(), Some(1), "{args:?}: {err}");
+    assert!(
+        err.lines().last().is_some_and(|l| l.contains(want)),
+        "{args:?}: {err}"
+    );
+    err
+}
+
+fn read(p: &Path) -> Vec<u8> {
+    std::fs::read(p).unwrap()
+}
+
+struct Case {
+    tmp: TempDir,
+    old: PathBuf,
+    new: PathBuf,
+    cow: PathBuf,
+}
+
+impl Case {
+    fn new(tag: &str, blocks: usize, extra: &[&str]) -> Case {
+        let tmp = TempDir::new(tag);
+        let (old, new) = image_pair(tmp.path(), blocks);
+        let cow = tmp.join("u.cow");
+        let mut args = vec![
+            "cow",
+            "create",
+            "--old",
+            path_str(&old),
+            "--new",
+            path_str(&new),
+        ];
+        args.extend(["-o", path_str(&cow)]);
+        args.extend(extra);
+        ok(&args);
+        Case { tmp, old, new, cow }
+    }
+    /// A copy of the COW and its record named `name`.
+    fn cow_copy(&self, name: &str) -> PathBuf {
+        let c = self.tmp.join(name);
+        std::fs::copy(&self.cow, &c).unwrap();
+        std::fs::copy(
+            format!("{}.snapblk", self.cow.display()),
+            format!("{}.snapblk", c.display()),
+        )
+        .unwrap();
+        c
+    }
+    fn file_copy(&self, src: &Path, name: &str) -> PathBuf {
+        let p = self.tmp.join(name);
+        std::fs::copy(src, &p).unwrap();
+        p
+    }
+}
+
+#[test]
+fn wrong_and_already_updated_bases_are_refused_with_nothing_written() {
+    let c = Case::new("mrec-wrong", 256, &[]);
+    let other = c.tmp.join("other.img");
+    std::fs::write(&other, snapblk_testsupport::pattern(256 * 4096, 9)).unwrap();
+    let updated = c.file_copy(&c.new, "updated.img");
+    for (base, want) in [
+        (&other, "not the file this COW's merge belongs to"),
+        (&updated, "already holds the new image"),
+    ] {
+        let cow = c.cow_copy("m.cow");
+        let before = [read(base), read(&cow)];
+        refused(&["merge", path_str(&cow), "--base", path_str(base)], want);
+        assert!([read(base), read(&cow)] == before, "{want}: a file changed");
+        // --check says the same, without writing either.
+        refused(
+            &["merge", "--check", path_str(&cow), "--base", path_str(base)],
+            want,
+        );
+    }
+}
+
+#[test]
+fn a_cow_consumed_on_another_file_is_refused_shown_and_recovered() {
+    let c = Case::new("mrec-d5", 256, &[]);
+    let cow = c.cow_copy("m.cow");
+    let copy = c.file_copy(&c.old, "copy.img");
+    let right = c.file_copy(&c.old, "right.img");
+    // Merged into a copy of the old image (another file with the same content)...
+    ok(&["merge", path_str(&cow), "--base", path_str(&copy)]);
+    assert_file_eq(&copy, &read(&c.new), "the copy is merged");
+    // ...so the COW is consumed: the merge into the right base is refused, not a silent no-op.
+    refused(
+        &["merge", path_str(&cow), "--base", path_str(&right)],
+        "that progress was made on another file",
+    );
+    assert_eq!(read(&right), read(&c.old));
+    let st: serde_json::Value = serde_json::from_str(&ok(&[
+        "merge",
+        "--status",
+        "--json",
+        path_str(&cow),
+        "--base",
+        path_str(&right),
+    ]))
+    .unwrap();
+    assert_eq!(st["base"], "progress-of-another-file", "{st}");
+    assert_eq!(st["merged"], st["total"]);
+    // The merged copy is "complete"; resetting there is refused.
+    let st2: serde_json::Value = serde_json::from_str(&ok(&[
+        "merge",
+        "--status",
+        "--json",
+        path_str(&cow),
+        "--base",
+        path_str(&copy),
+    ]))
+    .unwrap();
+    assert_eq!(st2["base"], "complete");
+    refused(
+        &[
+            "merge",
+            "--reset-progress",
+            path_str(&cow),
+            "--base",
+            path_str(&copy),
+        ],
+        "refusing to reset",
+    );
+    ok(&[
+        "merge",
+        "--reset-progress",
+        path_str(&cow),
+        "--base",
+        path_str(&right),
+    ]);
+    ok(&["merge", path_str(&cow), "--base", path_str(&right)]);
+    assert_file_eq(&right, &read(&c.new), "merged after the reset");
+}
+
+/// (record offset, payload offset) of every op of `kind`, from `inspect --ops --json`.
+fn ops_of(cow: &Path, kind: &str) -> Vec<serde_json::Value> {
+    let j: serde_json::Value =
+        serde_json::from_str(&ok(&["cow", "inspect", "--json", "--ops", path_str(cow)])).unwrap();
+    j["ops"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|o| o["kind"]["type"] == kind)
+        .cloned()
+        .collect()
+}
+
+#[test]
+fn blocks_that_do_not_come_out_as_recorded_are_refused_before_writing() {
+    let c = Case::new("mrec-w1", 256, &["--compression", "none"]);
+    // A REPLACE payload byte flipped: it still "decodes".
+    let bad = c.cow_copy("bad.cow");
+    let off = ops_of(&bad, "replace")[0]["kind"]["payload"]["offset"]
+        .as_u64()
+        .unwrap();
+    let mut d = read(&bad);
+    d[off as usize + 7] ^= 0x40;
+    std::fs::write(&bad, &d).unwrap();
+    let base = c.file_copy(&c.old, "b.img");
+    refused(
+        &["merge", path_str(&bad), "--base", path_str(&base)],
+        "does not match the COW record",
+    );
+    assert_eq!(read(&base), read(&c.old));
+    // Two neighbouring COPY ops (same run) with their sources swapped: the sets of blocks read and written are
+    // unchanged, so only the content check can see it.
+    let bad2 = c.cow_copy("bad2.cow");
+    let copies = ops_of(&bad2, "copy");
+    let (a, b) = (&copies[0], &copies[1]);
+    let src = |o: &serde_json::Value| o["kind"]["source_block"].as_u64().unwrap();
+    let (sa, sb) = (src(a), src(b));
+    assert_ne!(sa, sb);
+    let mut d = read(&bad2);
+    // v3 record: source_info (u64 at record offset 8) holds the source in bits 0..47.
+    for (op, to) in [(a, sb), (b, sa)] {
+        let ro = op["record_offset"].as_u64().unwrap() as usize + 8;
+        let cur = u64::from_le_bytes(d[ro..ro + 8].try_into().unwrap());
+        let v = (cur & !((1u64 << 48) - 1)) | to;
+        d[ro..ro + 8].copy_from_slice(&v.to_le_bytes());
+    }
+    std::fs::write(&bad2, &d).unwrap();
+    let j = ops_of(&bad2, "copy");
+    assert_eq!((src(&j[0]), src(&j[1])), (sb, sa), "patched");
+    refused(
+        &["merge", path_str(&bad2), "--base", path_str(&base)],
+        "does not match the COW record",
+    );
+    assert_eq!(read(&base), read(&c.old));
+}
+
+#[test]
+fn a_shrinking_update_merges_to_exactly_the_new_size() {
+    let c = Case::new("mrec-shrink", 240, &[]);
+    let base = c.file_copy(&c.old, "b.img");
+    let out = ok(&["merge", path_str(&c.cow), "--base", path_str(&base)]);
+    assert!(out.contains("truncated to 983040 bytes"), "{out}");
+    assert_file_eq(&base, &read(&c.new), "shrunk base");
+    // Run again: complete, nothing to do.
+    ok(&["merge", path_str(&c.cow), "--base", path_str(&base)]);
+    assert_file_eq(&base, &read(&c.new), "second run");
+}
+
+#[test]
+fn without_a_record_merge_warns_once() {
+    let c = Case::new("mrec-norecord", 256, &["--no-record"]);
+    let base = c.file_copy(&c.old, "b.img");
+    let o = snapblk(&["merge", path_str(&c.cow), "--base", path_str(&base)]);
+    assert!(o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(err.matches("cannot be verified").count(), 1, "{err}");
+    assert_file_eq(&base, &read(&c.new), "merged without a record");
+}

@@ -7,13 +7,14 @@
 
 use crate::buf::{AlignedBuf, BufPool};
 use crate::device::Geometry;
+use crate::events::ConnReason;
 use crate::net::Stream;
 use crate::proto::{self, *};
 use crate::server::{Export, ServerConfig};
 use snapblk_core::{Completion, Op, Queue, ReqFlags, Request};
 use std::io::{IoSlice, Read, Write};
 use std::net::Shutdown;
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Receiver, SyncSender, TryRecvError, sync_channel};
 use std::sync::{Condvar, Mutex};
 
@@ -122,20 +123,31 @@ pub(crate) fn judge(h: &RequestHeader, g: &Geometry, read_only: bool, max_reques
 
 /// Serve requests on an established connection until the client disconnects or the server
 /// stops; everything in flight is completed and answered before returning.
-pub(crate) fn transmit(stream: Stream, ex: &Export, cfg: &ServerConfig, stop: &AtomicBool) {
-    let Ok(mut lease) = ex.device.lease(stop) else {
-        return;
+/// Returns why the connection ended.
+pub(crate) fn transmit(
+    stream: Stream,
+    ex: &Export,
+    cfg: &ServerConfig,
+    stop: &AtomicBool,
+) -> ConnReason {
+    let mut lease = match ex.device.lease(stop) {
+        Ok(l) => l,
+        Err(e) => return ConnReason::Lease(e),
     };
-    let Ok(rstream) = stream.try_clone() else {
-        return;
+    let rstream = match stream.try_clone() {
+        Ok(s) => s,
+        Err(e) => return ConnReason::Io(e),
     };
-    let Ok(ctl) = stream.try_clone() else { return };
+    let ctl = match stream.try_clone() {
+        Ok(s) => s,
+        Err(e) => return ConnReason::Io(e),
+    };
     let geo = *ex.device.geometry();
     let read_only = ex.read_only || geo.read_only;
     let pool = BufPool::new(geo.buf_align.max(64), cfg.max_inflight_bytes);
     let credits = Credits::new(cfg.max_inflight_bytes);
     let (tx, rx) = sync_channel::<Msg>(cfg.max_inflight);
-    std::thread::scope(|s| {
+    let reason = std::thread::scope(|s| {
         let reader = std::thread::Builder::new()
             .name("nbd-read".into())
             .spawn_scoped(s, || {
@@ -147,11 +159,12 @@ pub(crate) fn transmit(stream: Stream, ex: &Export, cfg: &ServerConfig, stop: &A
                     cfg.max_request,
                     &pool,
                     &credits,
-                );
+                )
             });
-        if reader.is_err() {
-            return;
-        }
+        let reader = match reader {
+            Ok(r) => r,
+            Err(e) => return ConnReason::Spawn(e),
+        };
         let mut io = IoLoop {
             q: lease.queue(),
             out: ReplyWriter {
@@ -166,12 +179,32 @@ pub(crate) fn transmit(stream: Stream, ex: &Export, cfg: &ServerConfig, stop: &A
             dead: false,
             durable: Durability::default(),
         };
-        io.run(&rx);
+        let failed = io.run(&rx);
         // Unblock the reader wherever it waits: on the socket, the channel or the budget.
         credits.close();
         drop(rx);
         let _ = ctl.shutdown(Shutdown::Both);
+        let ended = reader.join().unwrap_or(ConnReason::ClientClosed);
+        failed.unwrap_or(ended)
     });
+    match reason {
+        // The server shut the socket down itself.
+        ConnReason::ClientClosed | ConnReason::Io(_) if stop.load(Ordering::SeqCst) => {
+            ConnReason::Stopped
+        }
+        r => r,
+    }
+}
+
+/// Why reading from the client ended: EOF and resets are the client leaving.
+fn read_failed(e: std::io::Error) -> ConnReason {
+    use std::io::ErrorKind::*;
+    match e.kind() {
+        UnexpectedEof | ConnectionReset | ConnectionAborted | BrokenPipe => {
+            ConnReason::ClientClosed
+        }
+        _ => ConnReason::Io(e),
+    }
 }
 
 fn read_loop(
@@ -182,26 +215,32 @@ fn read_loop(
     max_request: u32,
     pool: &BufPool,
     credits: &Credits,
-) {
+) -> ConnReason {
     let mut hb = [0u8; proto::REQUEST_LEN];
     loop {
-        if s.read_exact(&mut hb).is_err() {
-            return;
+        if let Err(e) = s.read_exact(&mut hb) {
+            return read_failed(e);
         }
-        let Ok(h) = RequestHeader::parse(&hb) else {
-            return;
+        let h = match RequestHeader::parse(&hb) {
+            Ok(h) => h,
+            Err(e) => return ConnReason::BadRequest(e),
         };
         if h.cmd == CMD_DISC {
-            return;
+            return ConnReason::Disc;
         }
         let verdict = judge(&h, g, read_only, max_request);
         let len = h.len as usize;
         let has_payload = h.cmd == CMD_WRITE;
         let msg = match verdict {
-            Verdict::Close => return,
+            Verdict::Close => {
+                return ConnReason::WriteTooBig {
+                    len: h.len,
+                    max: max_request,
+                };
+            }
             Verdict::Fail(e) => {
-                if has_payload && !skip(&mut s, len) {
-                    return;
+                if has_payload && let Err(e) = skip(&mut s, len) {
+                    return read_failed(e);
                 }
                 Msg::Reply {
                     cookie: h.cookie,
@@ -216,12 +255,13 @@ fn read_loop(
                 let data = matches!(h.cmd, CMD_READ | CMD_WRITE);
                 let credit = if data { len } else { 0 };
                 if !credits.acquire(credit) {
-                    return;
+                    // Only after the I/O side has ended (a failed device queue).
+                    return ConnReason::ClientClosed;
                 }
                 let buf = if data {
                     let mut b = pool.get(len);
-                    if has_payload && s.read_exact(b.slice_mut(len)).is_err() {
-                        return;
+                    if has_payload && let Err(e) = s.read_exact(b.slice_mut(len)) {
+                        return read_failed(e);
                     }
                     Some(b)
                 } else {
@@ -235,22 +275,20 @@ fn read_loop(
             }
         };
         if tx.send(msg).is_err() {
-            return;
+            return ConnReason::ClientClosed;
         }
     }
 }
 
 /// Read and drop `n` payload bytes (bounded by the caller's max request check).
-fn skip(s: &mut Stream, mut n: usize) -> bool {
+fn skip(s: &mut Stream, mut n: usize) -> std::io::Result<()> {
     let mut b = [0u8; 8192];
     while n > 0 {
         let k = n.min(b.len());
-        if s.read_exact(&mut b[..k]).is_err() {
-            return false;
-        }
+        s.read_exact(&mut b[..k])?;
         n -= k;
     }
-    true
+    Ok(())
 }
 
 /// Small replies are batched in a buffer; a large read reply goes out with whatever is buffered
@@ -357,7 +395,8 @@ impl IoLoop<'_> {
         self.slots.len() - self.free.len()
     }
 
-    fn run(&mut self, rx: &Receiver<Msg>) {
+    /// Returns the device's error if its queue failed.
+    fn run(&mut self, rx: &Receiver<Msg>) -> Option<ConnReason> {
         let mut ended = false;
         let mut comps = vec![Completion::default(); self.slots.len().max(1)];
         loop {
@@ -386,7 +425,7 @@ impl IoLoop<'_> {
             self.flush_out();
             let n = match self.q.do_io(&mut comps, 1, None, None) {
                 Ok(n) => n,
-                Err(_) => {
+                Err(e) => {
                     // The queue is broken and still owns our buffers' addresses: leak them rather
                     // than free memory the device might write to, and give up on this client.
                     for s in self.slots.iter_mut() {
@@ -395,7 +434,7 @@ impl IoLoop<'_> {
                         }
                     }
                     self.free.clear();
-                    return;
+                    return Some(ConnReason::Device(e));
                 }
             };
             for c in &comps[..n] {
@@ -407,6 +446,7 @@ impl IoLoop<'_> {
             // No I/O lost on disconnect or shutdown: make completed writes durable.
             let _ = snapblk_core::QueueExt::flush(self.q);
         }
+        None
     }
 
     fn flush_out(&mut self) {

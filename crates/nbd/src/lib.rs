@@ -10,16 +10,20 @@
 //!
 //! Hostile input is bounded everywhere: option data and request payloads have maximum sizes,
 //! a connection can pin only a fixed number of bytes, malformed headers close that connection
-//! only, and negotiation has a read timeout.
+//! only, and the whole negotiation has one deadline. A client over the connection limit gets a
+//! proper refusal. Every connection's fate (accepted, refused, dropped, closed, and why) goes to
+//! an event hook ([`Server::on_event`]); the library itself never prints.
 
 mod buf;
 mod conn;
 pub mod device;
+pub mod events;
 pub mod net;
 pub mod proto;
 pub mod server;
 pub mod signals;
 
 pub use device::{DeviceError, Geometry, SharedDevice};
+pub use events::{ConnAction, ConnEvent, ConnReason, EventHook};
 pub use net::{DEFAULT_PORT, Listener};
 pub use server::{Export, Server, ServerConfig, ServerError, StopHandle};

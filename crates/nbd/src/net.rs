@@ -36,6 +36,26 @@ impl Stream {
             Stream::Unix(s) => s.set_read_timeout(t),
         }
     }
+    pub fn set_write_timeout(&self, t: Option<Duration>) -> io::Result<()> {
+        match self {
+            Stream::Tcp(s) => s.set_write_timeout(t),
+            Stream::Unix(s) => s.set_write_timeout(t),
+        }
+    }
+    /// Who is on the other end, for logs: `HOST:PORT` for TCP, `unix:pid=N` for a unix socket
+    /// (the peer's pid from `SO_PEERCRED`, or plain `unix` when the kernel does not say).
+    pub fn peer(&self) -> String {
+        match self {
+            Stream::Tcp(s) => s
+                .peer_addr()
+                .map(|a| a.to_string())
+                .unwrap_or_else(|_| "tcp:unknown".into()),
+            Stream::Unix(s) => match peer_pid(s.as_raw_fd()) {
+                Some(pid) => format!("unix:pid={pid}"),
+                None => "unix".into(),
+            },
+        }
+    }
     fn prepare(&self) -> io::Result<()> {
         match self {
             Stream::Tcp(s) => {
@@ -73,6 +93,28 @@ impl Write for Stream {
     fn flush(&mut self) -> io::Result<()> {
         Ok(())
     }
+}
+
+/// The pid of a unix socket's peer (`SO_PEERCRED`), if the kernel reports one.
+fn peer_pid(fd: RawFd) -> Option<i32> {
+    let mut cred = libc::ucred {
+        pid: 0,
+        uid: 0,
+        gid: 0,
+    };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: `cred` is a valid, exclusively borrowed ucred and `len` holds its exact size, as
+    // SO_PEERCRED requires; `fd` is an open socket owned by the caller for the whole call.
+    let r = unsafe {
+        libc::getsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&mut cred as *mut libc::ucred).cast(),
+            &mut len,
+        )
+    };
+    (r == 0 && cred.pid > 0).then_some(cred.pid)
 }
 
 /// A listening socket.

@@ -3,9 +3,10 @@
 
 mod common;
 use common::*;
+use snapblk_nbd::ConnAction;
 use snapblk_nbd::ServerConfig;
 use snapblk_nbd::proto::*;
-use std::io::{Read, Write};
+use std::io::{ErrorKind, Read, Write};
 use std::net::TcpStream;
 use std::time::Duration;
 
@@ -267,6 +268,29 @@ fn random_garbage_never_kills_the_server() {
     srv.stop();
 }
 
+/// Greet and ask for export `disk` with OPT_GO: the client, or the error reply type and message.
+fn try_go(addr: &str) -> Result<Client, (u32, String)> {
+    let mut s = Client::greet(addr);
+    let go = GoRequest {
+        name: "disk".into(),
+        infos: vec![],
+    };
+    Client::send_opt(&mut s, OPT_GO, &go.encode());
+    let (mut size, mut flags) = (0, 0);
+    loop {
+        let (_, ty, d) = Client::read_opt_reply(&mut s);
+        match ty {
+            REP_ACK => return Ok(Client { s, size, flags }),
+            REP_INFO if u16::from_be_bytes([d[0], d[1]]) == INFO_EXPORT => {
+                size = u64::from_be_bytes(d[2..10].try_into().unwrap());
+                flags = u16::from_be_bytes([d[10], d[11]]);
+            }
+            REP_INFO => {}
+            err => return Err((err, String::from_utf8_lossy(&d).into_owned())),
+        }
+    }
+}
+
 #[test]
 fn idle_handshakes_time_out_and_connection_limit_holds() {
     let cfg = ServerConfig {
@@ -278,23 +302,15 @@ fn idle_handshakes_time_out_and_connection_limit_holds() {
     // A silent client is dropped after the timeout.
     let mut idle = Client::raw(Client::greet(&srv.addr));
     assert!(idle.closed());
-    // Fill the connection limit; the next one is closed without a greeting.
+    // Fill the connection limit; the next one is refused.
     let a = Client::connect(&srv.addr, "disk");
     let b = Client::connect(&srv.addr, "disk");
     let c = Client::connect(&srv.addr, "disk");
-    let mut s = TcpStream::connect(&srv.addr).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    let mut buf = [0u8; 18];
-    assert!(matches!(s.read(&mut buf), Ok(0) | Err(_)));
+    assert!(matches!(try_go(&srv.addr), Err((REP_ERR_SHUTDOWN, _))));
     drop((a, b, c));
     // Slots free up once those clients leave.
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    loop {
-        let mut s = TcpStream::connect(&srv.addr).unwrap();
-        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-        if matches!(s.read(&mut buf), Ok(n) if n > 0) {
-            break;
-        }
+    while try_go(&srv.addr).is_err() {
         assert!(
             std::time::Instant::now() < deadline,
             "connection slots never freed"
@@ -305,6 +321,242 @@ fn idle_handshakes_time_out_and_connection_limit_holds() {
     srv.stop();
 }
 
+/// H2: the negotiation has one deadline, not one per read. A client sending one byte every
+/// 100 ms never waits 0.5 s for a read, yet must be dropped about 0.5 s after connecting (the
+/// whole option takes over 6 s to trickle in).
+#[test]
+fn a_trickling_client_is_dropped_at_the_negotiation_deadline() {
+    let cfg = ServerConfig {
+        handshake_timeout: Some(Duration::from_millis(500)),
+        ..ServerConfig::default()
+    };
+    let dir = TempDir::new("nbd-trickle");
+    let (img, data) = write_image(dir.path(), "a.img", SIZE, 21);
+    let (srv, events) = TestServer::start_events(path_str(&img), true, cfg);
+    let t0 = std::time::Instant::now();
+    let mut s = Client::greet(&srv.addr);
+    let me = s.local_addr().unwrap().to_string();
+    let go = GoRequest {
+        name: "d".repeat(40),
+        infos: vec![],
+    }
+    .encode();
+    let mut msg = IHAVEOPT.to_be_bytes().to_vec();
+    msg.extend_from_slice(&OPT_GO.to_be_bytes());
+    msg.extend_from_slice(&(go.len() as u32).to_be_bytes());
+    msg.extend_from_slice(&go);
+    s.set_read_timeout(Some(Duration::from_millis(100)))
+        .unwrap();
+    let mut closed = false;
+    for b in &msg {
+        if s.write_all(&[*b]).is_err() {
+            closed = true;
+            break;
+        }
+        let mut r = [0u8; 64];
+        match s.read(&mut r) {
+            Ok(0) => {
+                closed = true;
+                break;
+            }
+            Ok(n) => panic!("the server answered a trickled option: {:?}", &r[..n]),
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {}
+            Err(_) => {
+                closed = true;
+                break;
+            }
+        }
+        // Generous bound (10 x the deadline); no lower bound is asserted.
+        assert!(
+            t0.elapsed() < Duration::from_secs(5),
+            "client trickling one byte per 100 ms still negotiating after {:?}",
+            t0.elapsed()
+        );
+    }
+    assert!(closed, "the whole option trickled in without a drop");
+    let e = next_event(&events, ConnAction::Dropped, Duration::from_secs(10));
+    assert_eq!(e.peer, me);
+    assert_eq!(
+        e.reason.as_deref(),
+        Some("negotiation not finished within the 0.5 s deadline")
+    );
+    healthy(&srv.addr, &data);
+    srv.stop();
+}
+
+/// A client over the connection limit gets the greeting, NBD_REP_ERR_SHUTDOWN with a message
+/// for its options and an ACK for NBD_OPT_ABORT, then the connection closes; a refused client
+/// that goes silent is closed at the deadline. Each is reported once, as are the accepted
+/// connection and its end.
+#[test]
+fn a_client_over_the_limit_is_refused_with_a_message() {
+    let cfg = ServerConfig {
+        handshake_timeout: Some(Duration::from_millis(500)),
+        max_connections: 1,
+        ..ServerConfig::default()
+    };
+    let dir = TempDir::new("nbd-refuse");
+    let (img, data) = write_image(dir.path(), "a.img", SIZE, 22);
+    let (srv, events) = TestServer::start_events(path_str(&img), true, cfg);
+    let mut a = Client::connect(&srv.addr, "disk");
+    let e = next_event(&events, ConnAction::Accepted, Duration::from_secs(10));
+    assert_eq!(e.peer, a.s.local_addr().unwrap().to_string());
+    assert_eq!(e.export.as_deref(), Some("disk"));
+    assert_eq!(e.reason, None);
+
+    let mut s = Client::greet(&srv.addr);
+    let me = s.local_addr().unwrap().to_string();
+    for (opt, data) in [
+        (OPT_STRUCTURED_REPLY, vec![]),
+        (
+            OPT_GO,
+            GoRequest {
+                name: "disk".into(),
+                infos: vec![],
+            }
+            .encode(),
+        ),
+    ] {
+        Client::send_opt(&mut s, opt, &data);
+        let (o, ty, msg) = Client::read_opt_reply(&mut s);
+        assert_eq!((o, ty), (opt, REP_ERR_SHUTDOWN));
+        assert_eq!(
+            String::from_utf8_lossy(&msg),
+            "server at its connection limit (1)"
+        );
+    }
+    Client::send_opt(&mut s, OPT_ABORT, &[]);
+    assert_eq!(Client::read_opt_reply(&mut s).1, REP_ACK);
+    assert!(Client::raw(s).closed());
+    let e = next_event(&events, ConnAction::Refused, Duration::from_secs(10));
+    assert_eq!(e.peer, me);
+    assert_eq!(
+        e.reason.as_deref(),
+        Some("server at its connection limit (1)")
+    );
+
+    // Silent after the greeting: closed at the deadline, still reported as refused.
+    let mut silent = Client::raw(Client::greet(&srv.addr));
+    assert!(silent.closed());
+    let e = next_event(&events, ConnAction::Refused, Duration::from_secs(10));
+    assert_eq!(e.peer, silent.s.local_addr().unwrap().to_string());
+
+    // The served client was never disturbed; its leaving is reported and frees the slot.
+    assert!(a.read(0, 4096).unwrap() == data[..4096]);
+    a.send(CMD_DISC, 0, 0, 0, 0, &[]);
+    assert!(a.closed());
+    let e = next_event(&events, ConnAction::Closed, Duration::from_secs(10));
+    assert_eq!(
+        e.reason.as_deref(),
+        Some("client disconnected (NBD_CMD_DISC)")
+    );
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while try_go(&srv.addr).is_err() {
+        assert!(std::time::Instant::now() < deadline, "slot never freed");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    srv.stop();
+}
+
+/// Refusals take a thread each for up to the deadline, so only `max_refusals` run at once; a
+/// client beyond that is closed at once, and that is reported too.
+#[test]
+fn refusals_in_progress_are_bounded() {
+    let cfg = ServerConfig {
+        handshake_timeout: Some(Duration::from_secs(5)),
+        max_connections: 1,
+        max_refusals: 1,
+        ..ServerConfig::default()
+    };
+    let dir = TempDir::new("nbd-refuse-bound");
+    let (img, _data) = write_image(dir.path(), "a.img", SIZE, 23);
+    let (srv, events) = TestServer::start_events(path_str(&img), true, cfg);
+    let _a = Client::connect(&srv.addr, "disk");
+    let _held = Client::greet(&srv.addr); // being refused, silent
+    let mut c = TcpStream::connect(&srv.addr).unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut buf = [0u8; 18];
+    assert!(matches!(c.read(&mut buf), Ok(0) | Err(_)), "no greeting");
+    let e = next_event(&events, ConnAction::Refused, Duration::from_secs(10));
+    assert_eq!(e.peer, c.local_addr().unwrap().to_string());
+    assert_eq!(
+        e.reason.as_deref(),
+        Some(
+            "server at its connection limit (1) and already refusing 1 clients: closed without \
+             a reply"
+        )
+    );
+    srv.stop();
+}
+
+/// Every way negotiation can fail is reported as "dropped" with its reason; NBD_OPT_ABORT is a
+/// normal "closed".
+#[test]
+fn negotiation_endings_are_reported_with_their_reason() {
+    let cfg = ServerConfig {
+        handshake_timeout: Some(Duration::from_secs(5)),
+        ..ServerConfig::default()
+    };
+    let dir = TempDir::new("nbd-neg-events");
+    let (img, _data) = write_image(dir.path(), "a.img", SIZE, 24);
+    let (srv, events) = TestServer::start_events(path_str(&img), true, cfg);
+    let next = |want: ConnAction| {
+        let e = next_event(&events, want, Duration::from_secs(10));
+        (e.peer, e.reason.unwrap_or_default())
+    };
+    let local = |s: &TcpStream| s.local_addr().unwrap().to_string();
+
+    let mut s = TcpStream::connect(&srv.addr).unwrap();
+    let mut hello = [0u8; 18];
+    s.read_exact(&mut hello).unwrap();
+    s.write_all(&0xffff_ffffu32.to_be_bytes()).unwrap();
+    let me = local(&s);
+    assert!(Client::raw(s).closed());
+    assert_eq!(
+        next(ConnAction::Dropped),
+        (me, "unknown client flags 0xffffffff".into())
+    );
+
+    let mut s = Client::greet(&srv.addr);
+    s.write_all(&[0x55; 16]).unwrap();
+    let me = local(&s);
+    assert!(Client::raw(s).closed());
+    assert_eq!(
+        next(ConnAction::Dropped),
+        (me, "protocol error during negotiation".into())
+    );
+
+    let s = Client::greet(&srv.addr);
+    let me = local(&s);
+    drop(s);
+    assert_eq!(
+        next(ConnAction::Dropped),
+        (me, "client disconnected during negotiation".into())
+    );
+
+    let mut s = Client::greet(&srv.addr);
+    Client::send_opt(&mut s, OPT_EXPORT_NAME, b"nope");
+    let me = local(&s);
+    assert!(Client::raw(s).closed());
+    assert_eq!(
+        next(ConnAction::Dropped),
+        (
+            me,
+            "NBD_OPT_EXPORT_NAME for an unknown export \"nope\"".into()
+        )
+    );
+
+    let mut s = Client::greet(&srv.addr);
+    Client::send_opt(&mut s, OPT_ABORT, &[]);
+    assert_eq!(Client::read_opt_reply(&mut s).1, REP_ACK);
+    let me = local(&s);
+    assert!(Client::raw(s).closed());
+    assert_eq!(
+        next(ConnAction::Closed),
+        (me, "client ended negotiation (NBD_OPT_ABORT)".into())
+    );
+    srv.stop();
+}
 #[test]
 fn sixteen_concurrent_clients_read_and_verify() {
     let (srv, _img, data, _dir) = serve_image(SIZE, 16, true);

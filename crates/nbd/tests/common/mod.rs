@@ -5,11 +5,15 @@
 #![allow(dead_code)]
 
 use snapblk_nbd::proto::*;
-use snapblk_nbd::{Export, Listener, Server, ServerConfig, SharedDevice, StopHandle};
+use snapblk_nbd::{
+    ConnAction, ConnEvent, EventHook, Export, Listener, Server, ServerConfig, SharedDevice,
+    StopHandle,
+};
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::sync::mpsc::{Receiver, channel};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -38,6 +42,29 @@ pub fn serve_image_cfg(
     (srv, img, data, dir)
 }
 
+/// A connection event as the server's hook reported it (the reason as its message).
+#[derive(Debug, Clone)]
+pub struct Event {
+    pub id: u64,
+    pub peer: String,
+    pub action: ConnAction,
+    pub export: Option<String>,
+    pub reason: Option<String>,
+}
+
+/// The next event with `action` (others are skipped), waiting at most `limit`.
+pub fn next_event(rx: &Receiver<Event>, action: ConnAction, limit: Duration) -> Event {
+    let end = std::time::Instant::now() + limit;
+    loop {
+        let left = end.saturating_duration_since(std::time::Instant::now());
+        match rx.recv_timeout(left) {
+            Ok(e) if e.action == action => return e,
+            Ok(_) => {}
+            Err(e) => panic!("no {action} event within {limit:?}: {e}"),
+        }
+    }
+}
+
 pub struct TestServer {
     pub addr: String,
     pub uri: String,
@@ -63,6 +90,37 @@ impl TestServer {
         bind: &str,
         cfg: ServerConfig,
     ) -> TestServer {
+        Self::start_hooked(dev, read_only, bind, cfg, None)
+    }
+
+    /// Like [`TestServer::start_cfg`], and every connection event arrives on the receiver.
+    pub fn start_events(
+        spec: &str,
+        read_only: bool,
+        cfg: ServerConfig,
+    ) -> (TestServer, Receiver<Event>) {
+        let dev = snapblk::open(spec, 1).unwrap_or_else(|e| panic!("open {spec}: {e}"));
+        let (tx, rx) = channel();
+        let hook: EventHook = Box::new(move |e: &ConnEvent| {
+            let _ = tx.send(Event {
+                id: e.id,
+                peer: e.peer.clone(),
+                action: e.action,
+                export: e.export.clone(),
+                reason: e.reason.as_ref().map(|r| r.to_string()),
+            });
+        });
+        let srv = Self::start_hooked(dev, read_only, "127.0.0.1:0", cfg, Some(hook));
+        (srv, rx)
+    }
+
+    fn start_hooked(
+        dev: snapblk_core::Blkio,
+        read_only: bool,
+        bind: &str,
+        cfg: ServerConfig,
+        hook: Option<EventHook>,
+    ) -> TestServer {
         let dev = Arc::new(SharedDevice::new(dev).unwrap());
         let ex = Export {
             name: "disk".into(),
@@ -71,7 +129,10 @@ impl TestServer {
             read_only,
             multi_conn: true,
         };
-        let server = Server::new(vec![ex], cfg).unwrap();
+        let mut server = Server::new(vec![ex], cfg).unwrap();
+        if let Some(h) = hook {
+            server = server.on_event(h);
+        }
         let listener = Listener::bind(bind).unwrap();
         let addr = listener.address();
         let uri = listener.uri("disk");

@@ -30,19 +30,21 @@ pub struct ServeArgs {
     #[arg(long, requires = "base", value_name = "C")]
     cow: Option<PathBuf>,
     /// Make the snapshot writable (writes go to an overlay, the base is never modified).
-    #[arg(long, requires = "base")]
+    #[arg(long, requires = "base", conflicts_with = "read_only")]
     writable: bool,
     /// Snapshot device: merge the COW into the base while serving, as snapuserd does after an
     /// update's first boot. Clients keep reading the new image (read-only); stopping the server
     /// stops the merge at a durable step, and the next --merge (or `snapblk merge`) resumes it.
-    #[arg(long, conflicts_with = "writable")]
+    /// It writes the base and the COW, so it cannot be combined with --read-only.
+    #[arg(long, conflicts_with_all = ["writable", "read_only"])]
     merge: bool,
     /// Open the device read-only and export it read-only.
     #[arg(long)]
     read_only: bool,
-    /// Queues opened with the device (more are added per NBD connection / FUSE thread when the
-    /// driver allows it).
-    #[arg(long, default_value_t = 1, value_name = "N")]
+    /// Queues opened with the device (at least 1; more are added per NBD connection / FUSE
+    /// thread when the driver allows it).
+    #[arg(long, default_value_t = 1, value_name = "N",
+          value_parser = clap::value_parser!(i32).range(1..))]
     queues: i32,
     /// Print one JSON line on stdout when clients may connect, and one when stopped.
     #[arg(long)]
@@ -71,32 +73,98 @@ pub struct ServeArgs {
     #[arg(long, value_name = "ADDR")]
     nbd: Option<String>,
 
-    /// NBD export name (the empty name always selects it too).
-    #[arg(long, default_value = "", value_name = "NAME")]
-    nbd_name: String,
-    /// NBD: maximum concurrent connections.
-    #[arg(long, default_value_t = 64, value_name = "N")]
-    nbd_max_connections: usize,
+    // The --nbd-*, --fuse-* and --ublk-* options are refused without their export (see
+    // `check_combinations`); their defaults are applied in code so that a given option can be
+    // told from a default one (clap's `requires` cannot point into the `export` group).
+    /// NBD export name (the empty name always selects it too) [default: ""].
+    #[arg(long, value_name = "NAME")]
+    nbd_name: Option<String>,
+    /// NBD: maximum concurrent connections, at least 1 [default: 64]. A client beyond it gets
+    /// an NBD error reply "server at its connection limit (N)" and is disconnected.
+    #[arg(long, value_name = "N", value_parser = at_least_one)]
+    nbd_max_connections: Option<usize>,
     /// NBD: never advertise multi-conn (by default it is advertised for read-only exports and
     /// for file, null and snapshot drivers, whose flush covers every connection).
     #[arg(long)]
     nbd_no_multi_conn: bool,
 
-    /// FUSE: name of the device file in DIR.
-    #[arg(long, default_value = "disk.img", value_name = "NAME")]
-    fuse_file: String,
+    /// FUSE: name of the device file in DIR [default: disk.img].
+    #[arg(long, value_name = "NAME")]
+    fuse_file: Option<String>,
     /// FUSE: bypass the page cache (direct_io) on every open.
     #[arg(long)]
     fuse_direct_io: bool,
-    /// FUSE: worker threads.
-    #[arg(long, default_value_t = 4, value_name = "N")]
-    fuse_threads: usize,
+    /// FUSE: worker threads, at least 1 [default: 4].
+    #[arg(long, value_name = "N", value_parser = at_least_one)]
+    fuse_threads: Option<usize>,
     /// FUSE: allow other users to access the file (allow_other).
     #[arg(long)]
     fuse_allow_other: bool,
 
     #[command(flatten)]
     ublk_args: serve_ublk::UblkArgs,
+}
+
+/// A count that must be at least 1 (0 used to become 1 silently).
+fn at_least_one(v: &str) -> Result<usize, String> {
+    match v.parse::<usize>() {
+        Ok(0) => Err("must be at least 1".into()),
+        Ok(n) => Ok(n),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+/// Options that would be accepted and then have no effect: refused, one line each, before
+/// anything is opened. (Contradictions clap can see, such as --merge with --read-only, are
+/// refused by clap itself.)
+fn check_combinations(a: &ServeArgs) -> anyhow::Result<()> {
+    let u = &a.ublk_args;
+    /// (export flag, whether it was given, its options and whether each was given)
+    type PerExport<'a> = (&'a str, bool, &'a [(&'a str, bool)]);
+    let per_export: [PerExport; 3] = [
+        (
+            "--nbd",
+            a.nbd.is_some(),
+            &[
+                ("--nbd-name", a.nbd_name.is_some()),
+                ("--nbd-max-connections", a.nbd_max_connections.is_some()),
+                ("--nbd-no-multi-conn", a.nbd_no_multi_conn),
+            ],
+        ),
+        (
+            "--fuse",
+            a.fuse.is_some(),
+            &[
+                ("--fuse-file", a.fuse_file.is_some()),
+                ("--fuse-direct-io", a.fuse_direct_io),
+                ("--fuse-threads", a.fuse_threads.is_some()),
+                ("--fuse-allow-other", a.fuse_allow_other),
+            ],
+        ),
+        (
+            "--ublk",
+            a.ublk,
+            &[
+                ("--ublk-queues", u.ublk_queues.is_some()),
+                ("--ublk-depth", u.ublk_depth.is_some()),
+                ("--ublk-mode", u.ublk_mode.is_some()),
+                ("--ublk-max-io-kib", u.ublk_max_io_kib.is_some()),
+                ("--ublk-id", u.ublk_id.is_some()),
+                ("--ublk-no-plan", u.ublk_no_plan),
+            ],
+        ),
+    ];
+    for (export, on, opts) in per_export {
+        if let Some((opt, _)) = opts.iter().find(|(_, given)| *given)
+            && !on
+        {
+            bail!("{opt} has no effect without {export}");
+        }
+    }
+    if u.ublk_no_plan && !matches!(u.mode(), serve_ublk::UblkMode::ZeroCopy) {
+        bail!("--ublk-no-plan has no effect without --ublk-mode zero-copy");
+    }
+    Ok(())
 }
 
 /// `,record=...,readahead=...,merge=true` for the snapshot spec, from --record/--readahead/--merge.
@@ -152,7 +220,7 @@ fn spec_base(a: &ServeArgs) -> anyhow::Result<String> {
             bail!("--base/--cow paths cannot contain ','");
         }
         let mut s = format!("snapshot:base={b},cow={c}");
-        if a.writable && !a.read_only {
+        if a.writable {
             s.push_str(",writable=true");
         }
         return Ok(s);
@@ -357,6 +425,7 @@ impl Recording {
 }
 
 pub fn run(mut a: ServeArgs) -> anyhow::Result<()> {
+    check_combinations(&a)?;
     let spec = spec(&a)?;
     if a.ublk {
         // Before the device's threads exist (as for NBD and FUSE below).
@@ -398,21 +467,23 @@ fn serve_nbd(
     rec: &Recording,
 ) -> anyhow::Result<()> {
     use snapblk_nbd::{Export, Listener, Server, ServerConfig, SharedDevice};
+    let nbd_name = a.nbd_name.as_deref().unwrap_or("");
     let driver = dev.driver_name().to_owned();
     let dev = Arc::new(SharedDevice::new(dev)?);
     let read_only = a.read_only || dev.geometry().read_only;
     // These drivers flush device-wide state (the file, or the snapshot shared by all queues).
     let flush_is_global = matches!(driver.as_str(), "io_uring" | "sync" | "null" | "snapshot");
     let export = Export {
-        name: a.nbd_name.clone(),
+        name: nbd_name.to_owned(),
         description: format!("snapblk {driver} device"),
         device: dev.clone(),
         read_only,
         multi_conn: !a.nbd_no_multi_conn && (read_only || flush_is_global),
     };
+    let defaults = ServerConfig::default();
     let cfg = ServerConfig {
-        max_connections: a.nbd_max_connections.max(1),
-        ..ServerConfig::default()
+        max_connections: a.nbd_max_connections.unwrap_or(defaults.max_connections),
+        ..defaults
     };
     let server = Server::new(vec![export], cfg)?;
     let listener = Listener::bind(addr).with_context(|| format!("binding NBD address {addr}"))?;
@@ -437,8 +508,8 @@ fn serve_nbd(
             "event": "ready",
             "export": "nbd",
             "address": listener.address(),
-            "uri": listener.uri(&a.nbd_name),
-            "name": a.nbd_name,
+            "uri": listener.uri(nbd_name),
+            "name": nbd_name,
             "size": dev.geometry().size,
             "read_only": read_only,
         }),
@@ -447,7 +518,7 @@ fn serve_nbd(
         eprintln!(
             "snapblk: serving {} bytes over NBD at {}",
             dev.geometry().size,
-            listener.uri(&a.nbd_name)
+            listener.uri(nbd_name)
         );
     }
     rec.watch();
@@ -474,10 +545,10 @@ fn serve_fuse(
     rec: &Recording,
 ) -> anyhow::Result<()> {
     let opts = snapblk_fuse::FuseOptions {
-        file_name: a.fuse_file.clone(),
+        file_name: a.fuse_file.clone().unwrap_or_else(|| "disk.img".into()),
         read_only: a.read_only,
         direct_io: a.fuse_direct_io,
-        threads: a.fuse_threads.max(1),
+        threads: a.fuse_threads.unwrap_or(4),
         allow_other: a.fuse_allow_other,
     };
     let mut m = snapblk_fuse::mount(dev, dir, &opts)?;

@@ -20,25 +20,40 @@ pub enum UblkMode {
 /// Options of the ublk export.
 #[derive(Args, Debug, Default)]
 pub struct UblkArgs {
+    // No clap defaults: `snapblk serve` refuses these options without --ublk, so it must see
+    // whether they were given (the defaults are the methods below).
     /// ublk: hardware queues (one server thread each); default: the device's queue count.
     #[arg(long, value_name = "N")]
     pub ublk_queues: Option<u16>,
-    /// ublk: requests in flight per queue.
-    #[arg(long, default_value_t = 64, value_name = "N")]
-    pub ublk_depth: u16,
-    /// ublk: data path.
-    #[arg(long, value_enum, default_value_t = UblkMode::Copy)]
-    pub ublk_mode: UblkMode,
-    /// ublk: largest request in KiB.
-    #[arg(long, default_value_t = 512, value_name = "KIB")]
-    pub ublk_max_io_kib: u32,
+    /// ublk: requests in flight per queue [default: 64].
+    #[arg(long, value_name = "N")]
+    pub ublk_depth: Option<u16>,
+    /// ublk: data path [default: copy].
+    #[arg(long, value_enum)]
+    pub ublk_mode: Option<UblkMode>,
+    /// ublk: largest request in KiB [default: 512].
+    #[arg(long, value_name = "KIB")]
+    pub ublk_max_io_kib: Option<u32>,
     /// ublk: device number. If /dev/ublkcN exists and its server died, reattach to it (user
     /// recovery: the block device and anything mounted on it stay); otherwise create it.
     #[arg(long, value_name = "N")]
     pub ublk_id: Option<u32>,
-    /// ublk: do not use the zero-copy read planner even in zero-copy mode (for comparisons).
+    /// ublk: do not use the zero-copy read planner even in zero-copy mode (for comparisons;
+    /// only with --ublk-mode zero-copy).
     #[arg(long)]
     pub ublk_no_plan: bool,
+}
+
+impl UblkArgs {
+    pub fn depth(&self) -> u16 {
+        self.ublk_depth.unwrap_or(64)
+    }
+    pub fn mode(&self) -> UblkMode {
+        self.ublk_mode.unwrap_or_default()
+    }
+    pub fn max_io_kib(&self) -> u32 {
+        self.ublk_max_io_kib.unwrap_or(512)
+    }
 }
 
 /// Serve `dev` as /dev/ublkbN until SIGINT/SIGTERM.
@@ -57,7 +72,7 @@ pub fn run(
         Some(n) => n,
         None => u16::try_from(dev.get_int("num-queues").unwrap_or(1).max(1)).unwrap_or(1),
     };
-    let path = match args.ublk_mode {
+    let path = match args.mode() {
         UblkMode::Copy => DataPath::Copy,
         UblkMode::UserCopy => DataPath::UserCopy,
         UblkMode::ZeroCopy => DataPath::ZeroCopy,
@@ -69,8 +84,8 @@ pub fn run(
     };
     let cfg = Config {
         queues,
-        depth: args.ublk_depth,
-        max_io_bytes: args.ublk_max_io_kib.saturating_mul(1024),
+        depth: args.depth(),
+        max_io_bytes: args.max_io_kib().saturating_mul(1024),
         path,
         id: args.ublk_id,
     };

@@ -6,6 +6,7 @@
 mod common;
 use common::*;
 use std::path::Path;
+use std::time::Duration;
 
 /// `snapblk serve --base BASE --cow COW EXTRA… --nbd 0`.
 fn serve_snapshot(base: &Path, cow: &Path, extra: &[&str]) -> Serve {
@@ -371,4 +372,199 @@ fn bad_command_lines_fail_with_one_line_errors() {
     let err = String::from_utf8_lossy(&o.stderr);
     assert_eq!(err.trim().lines().count(), 1, "one-line error: {err}");
     assert!(err.starts_with("snapblk: "), "{err}");
+}
+
+/// Runs `snapblk serve ARGS` (it must exit by itself within 30 s; a server that starts instead
+/// is killed by pid and fails the test).
+fn serve_refused(args: &[&str]) -> (Option<i32>, String) {
+    let child = std::process::Command::new(bin())
+        .arg("serve")
+        .args(args)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let o = output_within(child, Duration::from_secs(30), &format!("serve {args:?}"));
+    (
+        o.status.code(),
+        String::from_utf8_lossy(&o.stderr).into_owned(),
+    )
+}
+
+/// D3: `serve --merge --read-only` merged anyway (both files changed). Now it is refused by
+/// argument parsing, whichever order the flags come in, and both files stay byte-identical.
+#[test]
+fn merge_with_read_only_is_refused_and_changes_nothing() {
+    let case = golden::case("v3_replace_zstd");
+    let d = TempDir::new("nbd-merge-ro");
+    let (base, cow) = case.copy_inputs(d.path());
+    let base_before = std::fs::read(&base).unwrap();
+    let cow_before = std::fs::read(&cow).unwrap();
+    let (b, c) = (path_str(&base), path_str(&cow));
+    for args in [
+        [
+            "--base",
+            b,
+            "--cow",
+            c,
+            "--merge",
+            "--read-only",
+            "--nbd",
+            "0",
+        ],
+        [
+            "--base",
+            b,
+            "--cow",
+            c,
+            "--read-only",
+            "--merge",
+            "--nbd",
+            "0",
+        ],
+        [
+            "--read-only",
+            "--base",
+            b,
+            "--cow",
+            c,
+            "--merge",
+            "--nbd",
+            "0",
+        ],
+    ] {
+        let (code, err) = serve_refused(&args);
+        assert_eq!(code, Some(2), "{args:?}: {err}");
+        let first = err.lines().next().unwrap_or_default();
+        assert!(
+            first.starts_with("error: ")
+                && first.contains("--merge")
+                && first.contains("--read-only"),
+            "{args:?}: {err}"
+        );
+        assert_file_eq(
+            &base,
+            &base_before,
+            "base after a refused --merge --read-only",
+        );
+        assert_file_eq(&cow, &cow_before, "COW after a refused --merge --read-only");
+    }
+}
+
+/// Options that contradict each other or would have no effect are refused before anything is
+/// opened: clap's usage errors (exit 2, the reason on the first line) for contradictions and
+/// out-of-range counts, one `snapblk:` line (exit 1) for an option without its export.
+#[test]
+fn serve_options_without_effect_or_contradicting_are_refused() {
+    let case = golden::case("v3_replace_zstd");
+    let d = TempDir::new("nbd-serve-audit");
+    let (base, cow) = case.copy_inputs(d.path());
+    let base_before = std::fs::read(&base).unwrap();
+    let cow_before = std::fs::read(&cow).unwrap();
+    let (img, data) = write_image(d.path(), "a.img", 1 << 20, 9);
+    let (b, c, i) = (path_str(&base), path_str(&cow), path_str(&img));
+    // Never mounted: a server that wrongly started fails on the missing directory instead.
+    let nodir = d.join("no-such-dir");
+    let fuse = path_str(&nodir);
+
+    // (args, words the error must contain)
+    let usage: &[(&[&str], &[&str])] = &[
+        (
+            &[
+                "--base",
+                b,
+                "--cow",
+                c,
+                "--writable",
+                "--read-only",
+                "--nbd",
+                "0",
+            ],
+            &["--writable", "--read-only"],
+        ),
+        (&[i, "--nbd", "0", "--queues", "0"], &["--queues"]),
+        (
+            &[i, "--nbd", "0", "--nbd-max-connections", "0"],
+            &["--nbd-max-connections"],
+        ),
+        (
+            &[i, "--fuse", fuse, "--fuse-threads", "0"],
+            &["--fuse-threads"],
+        ),
+        (&[i, "--nbd", "0", "--record-secs", "5"], &["--record"]),
+    ];
+    for (args, words) in usage {
+        let (code, err) = serve_refused(args);
+        assert_eq!(code, Some(2), "{args:?}: {err}");
+        assert!(
+            err.starts_with("error: ") && words.iter().all(|w| err.contains(w)),
+            "{args:?}: {err}"
+        );
+    }
+    let one_line: &[(&[&str], &str)] = &[
+        (
+            &[i, "--nbd", "0", "--fuse-file", "x"],
+            "--fuse-file has no effect without --fuse",
+        ),
+        (
+            &[i, "--nbd", "0", "--fuse-threads", "2"],
+            "--fuse-threads has no effect without --fuse",
+        ),
+        (
+            &[i, "--nbd", "0", "--fuse-direct-io"],
+            "--fuse-direct-io has no effect without --fuse",
+        ),
+        (
+            &[i, "--nbd", "0", "--fuse-allow-other"],
+            "--fuse-allow-other has no effect without --fuse",
+        ),
+        (
+            &[i, "--fuse", fuse, "--nbd-name", "x"],
+            "--nbd-name has no effect without --nbd",
+        ),
+        (
+            &[i, "--fuse", fuse, "--nbd-max-connections", "2"],
+            "--nbd-max-connections has no effect without --nbd",
+        ),
+        (
+            &[i, "--fuse", fuse, "--nbd-no-multi-conn"],
+            "--nbd-no-multi-conn has no effect without --nbd",
+        ),
+        (
+            &[i, "--nbd", "0", "--ublk-queues", "1"],
+            "--ublk-queues has no effect without --ublk",
+        ),
+        (
+            &[i, "--nbd", "0", "--ublk-depth", "8"],
+            "--ublk-depth has no effect without --ublk",
+        ),
+        (
+            &[i, "--nbd", "0", "--ublk-mode", "copy"],
+            "--ublk-mode has no effect without --ublk",
+        ),
+        (
+            &[i, "--nbd", "0", "--ublk-max-io-kib", "64"],
+            "--ublk-max-io-kib has no effect without --ublk",
+        ),
+        (
+            &[i, "--nbd", "0", "--ublk-id", "3"],
+            "--ublk-id has no effect without --ublk",
+        ),
+        (
+            &[i, "--nbd", "0", "--ublk-no-plan"],
+            "--ublk-no-plan has no effect without --ublk",
+        ),
+        (
+            &[i, "--ublk", "--ublk-no-plan"],
+            "--ublk-no-plan has no effect without --ublk-mode zero-copy",
+        ),
+    ];
+    for (args, msg) in one_line {
+        let (code, err) = serve_refused(args);
+        assert_eq!(code, Some(1), "{args:?}: {err}");
+        assert_eq!(err, format!("snapblk: {msg}\n"), "{args:?}");
+    }
+    assert_file_eq(&base, &base_before, "base");
+    assert_file_eq(&cow, &cow_before, "COW");
+    assert_file_eq(&img, &data, "image");
 }

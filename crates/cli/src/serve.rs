@@ -83,6 +83,11 @@ pub struct ServeArgs {
     /// an NBD error reply "server at its connection limit (N)" and is disconnected.
     #[arg(long, value_name = "N", value_parser = at_least_one)]
     nbd_max_connections: Option<usize>,
+    /// NBD: seconds a client has for its whole negotiation, from connecting to choosing the
+    /// export; fractions allowed (0.5), more than 0, no "unlimited" [default: 10]. A client
+    /// still negotiating then is dropped.
+    #[arg(long, value_name = "SECS", value_parser = handshake_secs)]
+    nbd_handshake_timeout: Option<Duration>,
     /// NBD: never advertise multi-conn (by default it is advertised for read-only exports and
     /// for file, null and snapshot drivers, whose flush covers every connection).
     #[arg(long)]
@@ -114,6 +119,19 @@ fn at_least_one(v: &str) -> Result<usize, String> {
     }
 }
 
+/// Seconds, fractions allowed, more than 0 and at most a day (there is no "no limit": a
+/// negotiation that never ends would hold a connection slot forever).
+fn handshake_secs(v: &str) -> Result<Duration, String> {
+    let secs: f64 = v.parse().map_err(|e| format!("{e}"))?;
+    if secs.is_nan() || secs <= 0.0 {
+        return Err("must be more than 0 seconds".into());
+    }
+    if secs > 86400.0 {
+        return Err("must be at most 86400 seconds".into());
+    }
+    Duration::try_from_secs_f64(secs).map_err(|e| e.to_string())
+}
+
 /// Options that would be accepted and then have no effect: refused, one line each, before
 /// anything is opened. (Contradictions clap can see, such as --merge with --read-only, are
 /// refused by clap itself.)
@@ -128,6 +146,7 @@ fn check_combinations(a: &ServeArgs) -> anyhow::Result<()> {
             &[
                 ("--nbd-name", a.nbd_name.is_some()),
                 ("--nbd-max-connections", a.nbd_max_connections.is_some()),
+                ("--nbd-handshake-timeout", a.nbd_handshake_timeout.is_some()),
                 ("--nbd-no-multi-conn", a.nbd_no_multi_conn),
             ],
         ),
@@ -483,9 +502,11 @@ fn serve_nbd(
     let defaults = ServerConfig::default();
     let cfg = ServerConfig {
         max_connections: a.nbd_max_connections.unwrap_or(defaults.max_connections),
+        handshake_timeout: a.nbd_handshake_timeout.or(defaults.handshake_timeout),
         ..defaults
     };
-    let server = Server::new(vec![export], cfg)?;
+    let json = a.json;
+    let server = Server::new(vec![export], cfg)?.on_event(move |e| log_connection(json, e));
     let listener = Listener::bind(addr).with_context(|| format!("binding NBD address {addr}"))?;
     let stop = server.stop_handle();
     let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -535,6 +556,44 @@ fn serve_nbd(
     }
     emit(a.json, rec.stopped("nbd"));
     Ok(())
+}
+
+/// One line on stderr for every connection event, and with --json one JSON line on stdout:
+/// `snapblk: nbd: 127.0.0.1:40312 (connection 3) dropped: negotiation not finished within the 10 s
+/// deadline`, `{"event":"nbd-connection","action":"dropped","peer":"127.0.0.1:40312","id":3,...}`.
+fn log_connection(json: bool, e: &snapblk_nbd::ConnEvent) {
+    let reason = e.reason.as_ref().map(|r| {
+        let mut s = r.to_string();
+        let mut src = std::error::Error::source(r);
+        while let Some(c) = src {
+            s.push_str(&format!(": {c}"));
+            src = c.source();
+        }
+        s
+    });
+    let mut line = format!(
+        "snapblk: nbd: {} (connection {}) {}",
+        e.peer, e.id, e.action
+    );
+    if let Some(x) = &e.export {
+        line.push_str(&format!(" export {x:?}"));
+    }
+    if let Some(r) = &reason {
+        line.push_str(&format!(": {r}"));
+    }
+    // Never a panic on a closed stderr (eprintln! would): the log is best effort.
+    let _ = writeln!(std::io::stderr().lock(), "{line}");
+    emit(
+        json,
+        serde_json::json!({
+            "event": "nbd-connection",
+            "action": e.action.as_str(),
+            "peer": e.peer,
+            "id": e.id,
+            "export": e.export,
+            "reason": reason,
+        }),
+    );
 }
 
 fn serve_fuse(

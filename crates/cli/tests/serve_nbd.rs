@@ -5,8 +5,10 @@
 #[path = "serve_common.rs"]
 mod common;
 use common::*;
+use std::io::{ErrorKind, Read, Write};
+use std::net::TcpStream;
 use std::path::Path;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// `snapblk serve --base BASE --cow COW EXTRA… --nbd 0`.
 fn serve_snapshot(base: &Path, cow: &Path, extra: &[&str]) -> Serve {
@@ -244,7 +246,10 @@ fn serve_merge_merges_in_place_while_clients_read_the_new_image() {
     assert!(m["total"].as_u64().unwrap() > 1000, "{done}");
     for l in &before {
         let v: serde_json::Value = serde_json::from_str(l).unwrap();
-        assert_eq!(v["event"], "merge-progress", "{l}");
+        assert!(
+            v["event"] == "merge-progress" || v["event"] == "nbd-connection",
+            "{l}"
+        );
     }
     let out = d.join("after.img");
     nbd::copy(&u, path_str(&out));
@@ -374,6 +379,189 @@ fn bad_command_lines_fail_with_one_line_errors() {
     assert!(err.starts_with("snapblk: "), "{err}");
 }
 
+/// Big-endian NBD constants the raw clients below need.
+const IHAVEOPT: u64 = 0x4948_4156_454f_5054;
+const OPT_GO: u32 = 7;
+
+/// Connect, read the greeting and send the client flags (fixed newstyle, no zeroes).
+fn nbd_greet(addr: &str) -> TcpStream {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    let mut hello = [0u8; 18];
+    s.read_exact(&mut hello).unwrap();
+    assert_eq!(&hello[..8], b"NBDMAGIC");
+    s.write_all(&3u32.to_be_bytes()).unwrap();
+    s
+}
+
+/// An NBD_OPT_GO option for the default export.
+fn opt_go() -> Vec<u8> {
+    let mut m = IHAVEOPT.to_be_bytes().to_vec();
+    m.extend_from_slice(&OPT_GO.to_be_bytes());
+    m.extend_from_slice(&6u32.to_be_bytes());
+    m.extend_from_slice(&[0; 6]); // empty name, no info requests
+    m
+}
+
+/// A client that finished negotiating (holds a connection slot while it lives).
+fn nbd_connected(addr: &str) -> TcpStream {
+    let mut s = nbd_greet(addr);
+    s.write_all(&opt_go()).unwrap();
+    loop {
+        let mut h = [0u8; 20];
+        s.read_exact(&mut h).unwrap();
+        let ty = u32::from_be_bytes(h[12..16].try_into().unwrap());
+        let len = u32::from_be_bytes(h[16..20].try_into().unwrap());
+        let mut d = vec![0u8; len as usize];
+        s.read_exact(&mut d).unwrap();
+        match ty {
+            1 => return s, // ACK
+            3 => {}        // INFO
+            e => panic!("OPT_GO failed: {e:#x} {}", String::from_utf8_lossy(&d)),
+        }
+    }
+}
+
+/// The `nbd-connection` JSON events among stdout lines.
+fn connection_events(lines: &[String]) -> Vec<serde_json::Value> {
+    lines
+        .iter()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|v| v["event"] == "nbd-connection")
+        .collect()
+}
+
+/// H2: `--nbd-handshake-timeout` is one deadline for the whole negotiation: a client sending
+/// one byte every 100 ms is dropped about 0.5 s after connecting; a client over the limit gets
+/// an NBD error with the server's message (qemu-img shows it, nbdinfo fails cleanly); every
+/// connection is logged on stderr and as a JSON event.
+#[test]
+fn nbd_negotiation_deadline_refusal_and_connection_log() {
+    let d = TempDir::new("nbd-deadline");
+    let (img, data) = write_image(d.path(), "a.img", 1 << 20, 7);
+    let s = Serve::start(&[
+        path_str(&img),
+        "--nbd",
+        "0",
+        "--nbd-handshake-timeout",
+        "0.5",
+        "--nbd-max-connections",
+        "1",
+    ]);
+    let addr = s.ready_str("address");
+    let uri = s.ready_str("uri");
+
+    // A trickling client: every read is answered within 100 ms, the option would take 2.2 s.
+    let t0 = Instant::now();
+    let mut t = nbd_greet(&addr);
+    let trickler = t.local_addr().unwrap().to_string();
+    t.set_read_timeout(Some(Duration::from_millis(100)))
+        .unwrap();
+    let mut dropped = false;
+    for b in opt_go() {
+        let mut r = [0u8; 64];
+        let gone = match t.write_all(&[b]).and_then(|()| t.read(&mut r)) {
+            Ok(0) => true,
+            Ok(n) => panic!("the server answered a trickled option: {:?}", &r[..n]),
+            Err(e) => !matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut),
+        };
+        if gone {
+            dropped = true;
+            break;
+        }
+    }
+    assert!(
+        dropped,
+        "a client trickling one byte per 100 ms finished negotiating"
+    );
+    // Generous upper bound only (10 x the deadline).
+    assert!(
+        t0.elapsed() < Duration::from_secs(5),
+        "dropped after {:?}",
+        t0.elapsed()
+    );
+
+    // Over the limit: a proper refusal.
+    let held = nbd_connected(&addr);
+    let held_peer = held.local_addr().unwrap().to_string();
+    let q = tool("qemu-img", &["info", &uri]);
+    assert!(!q.status.success());
+    let qerr = String::from_utf8_lossy(&q.stderr);
+    assert!(
+        qerr.contains("server at its connection limit (1)"),
+        "{qerr}"
+    );
+    let i = tool("nbdinfo", &[&uri]);
+    assert!(!i.status.success(), "nbdinfo got in over the limit");
+    let ierr = String::from_utf8_lossy(&i.stderr);
+    assert!(
+        !ierr.contains("panicked") && ierr.contains("opt_go"),
+        "{ierr}"
+    );
+    drop(held);
+    // The slot frees: a real client reads the image.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !tool("nbdinfo", &[&uri]).status.success() {
+        assert!(Instant::now() < deadline, "connection slot never freed");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // One connection: the limit is 1.
+    tool_ok(
+        "nbdcopy",
+        &["--connections=1", &uri, path_str(&d.join("copy.img"))],
+    );
+    assert_file_eq(&d.join("copy.img"), &data, "read after the refusals");
+
+    let (st, rest, err) = s.stop();
+    assert!(st.success(), "{err}");
+    let ev = connection_events(&rest);
+    let find = |action: &str, peer: &str| {
+        ev.iter()
+            .find(|e| e["action"] == action && e["peer"] == peer)
+            .unwrap_or_else(|| panic!("no {action} event for {peer}: {ev:?}"))
+            .clone()
+    };
+    let e = find("dropped", &trickler);
+    assert_eq!(
+        e["reason"],
+        "negotiation not finished within the 0.5 s deadline"
+    );
+    assert_eq!(
+        find("accepted", &held_peer)["reason"],
+        serde_json::Value::Null
+    );
+    assert_eq!(
+        find("closed", &held_peer)["reason"],
+        "client closed the connection"
+    );
+    let refused: Vec<_> = ev.iter().filter(|e| e["action"] == "refused").collect();
+    assert!(
+        refused.len() >= 2,
+        "qemu-img and nbdinfo were refused: {ev:?}"
+    );
+    for e in &refused {
+        assert_eq!(e["reason"], "server at its connection limit (1)", "{e}");
+        assert!(e["peer"].as_str().unwrap().starts_with("127.0.0.1:"), "{e}");
+    }
+    // The same on stderr, one line each.
+    let lines: Vec<&str> = err
+        .lines()
+        .filter(|l| l.starts_with("snapblk: nbd: "))
+        .collect();
+    assert_eq!(lines.len(), ev.len(), "{err}");
+    assert!(
+        lines.iter().any(|l| l.contains(&trickler)
+            && l.ends_with("dropped: negotiation not finished within the 0.5 s deadline")),
+        "{err}"
+    );
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.ends_with("refused: server at its connection limit (1)")),
+        "{err}"
+    );
+}
+
 /// Runs `snapblk serve ARGS` (it must exit by itself within 30 s; a server that starts instead
 /// is killed by pid and fails the test).
 fn serve_refused(args: &[&str]) -> (Option<i32>, String) {
@@ -488,6 +676,14 @@ fn serve_options_without_effect_or_contradicting_are_refused() {
             &["--nbd-max-connections"],
         ),
         (
+            &[i, "--nbd", "0", "--nbd-handshake-timeout", "0"],
+            &["--nbd-handshake-timeout"],
+        ),
+        (
+            &[i, "--nbd", "0", "--nbd-handshake-timeout", "nan"],
+            &["--nbd-handshake-timeout"],
+        ),
+        (
             &[i, "--fuse", fuse, "--fuse-threads", "0"],
             &["--fuse-threads"],
         ),
@@ -525,6 +721,10 @@ fn serve_options_without_effect_or_contradicting_are_refused() {
         (
             &[i, "--fuse", fuse, "--nbd-max-connections", "2"],
             "--nbd-max-connections has no effect without --nbd",
+        ),
+        (
+            &[i, "--fuse", fuse, "--nbd-handshake-timeout", "1"],
+            "--nbd-handshake-timeout has no effect without --nbd",
         ),
         (
             &[i, "--fuse", fuse, "--nbd-no-multi-conn"],

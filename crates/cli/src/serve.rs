@@ -41,6 +41,23 @@ pub struct ServeArgs {
     /// Open the device read-only and export it read-only.
     #[arg(long)]
     read_only: bool,
+    /// Snapshot (--base/--cow): the COW record to check served blocks against (default:
+    /// COW.snapblk beside the COW, when present). A block that differs is an I/O error.
+    #[arg(
+        long,
+        requires = "base",
+        value_name = "FILE",
+        conflicts_with = "no_record"
+    )]
+    cow_record: Option<PathBuf>,
+    /// Snapshot (--base/--cow): ignore the COW record; blocks are served unchecked.
+    #[arg(long, requires = "base")]
+    no_record: bool,
+    /// Snapshot (--base/--cow): check the base against the COW record before serving (every
+    /// block the COW reads and the SHA-256 of the whole base); by default blocks are checked
+    /// lazily, as they are served, so serving starts at once.
+    #[arg(long, requires = "base", conflicts_with = "no_record")]
+    verify_base: bool,
     /// Queues opened with the device (at least 1; more are added per NBD connection / FUSE
     /// thread when the driver allows it).
     #[arg(long, default_value_t = 1, value_name = "N",
@@ -241,6 +258,19 @@ fn spec_base(a: &ServeArgs) -> anyhow::Result<String> {
         let mut s = format!("snapshot:base={b},cow={c}");
         if a.writable {
             s.push_str(",writable=true");
+        }
+        if let Some(r) = &a.cow_record {
+            let r = r.display().to_string();
+            if r.contains(',') || r.is_empty() {
+                bail!("--cow-record: the path cannot be empty or contain ','");
+            }
+            s.push_str(&format!(",cow-record={r}"));
+        }
+        if a.no_record {
+            s.push_str(",verify=false");
+        }
+        if a.verify_base {
+            s.push_str(",verify-base=true");
         }
         return Ok(s);
     }

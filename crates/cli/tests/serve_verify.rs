@@ -161,14 +161,17 @@ fn fuse_answers_a_corrupt_block_with_eio() {
 #[test]
 fn a_wrong_base_is_refused_at_start_with_verify_base_and_caught_lazily_without() {
     let c = case("verify-wrong-base");
-    let spec = format!(
-        "snapshot:base={},cow={},verify-base=true",
+    let e = Serve::try_start(&[
+        "--base",
         path_str(&c.new),
-        path_str(&c.cow)
-    );
-    let e = Serve::try_start(&[&spec, "--nbd", "0"])
-        .err()
-        .expect("refused");
+        "--cow",
+        path_str(&c.cow),
+        "--verify-base",
+        "--nbd",
+        "0",
+    ])
+    .err()
+    .expect("refused");
     assert!(e.contains("is not the image this COW was made for"), "{e}");
     // Lazily: the blocks the COW produces from the wrong base fail their check.
     let s = serve_nbd(&c.new, &c.cow, &[]);
@@ -199,6 +202,18 @@ fn a_merge_into_a_base_it_does_not_belong_to_is_refused_before_writing() {
         .err()
         .expect("refused");
     assert!(e.contains("already holds the new image"), "{e}");
+    let e = Serve::try_start(&[
+        "--base",
+        path_str(&c.new),
+        "--cow",
+        path_str(&c.cow),
+        "--merge",
+        "--nbd",
+        "0",
+    ])
+    .err()
+    .expect("refused");
+    assert!(e.contains("already holds the new image"), "{e}");
     let after = [
         std::fs::read(&c.new).unwrap(),
         std::fs::read(&c.cow).unwrap(),
@@ -209,17 +224,48 @@ fn a_merge_into_a_base_it_does_not_belong_to_is_refused_before_writing() {
 #[test]
 fn verify_false_serves_without_checks() {
     let c = case("verify-off");
-    let spec = format!(
-        "snapshot:base={},cow={},verify=false",
+    let s = Serve::start(&[
+        "--base",
         path_str(&c.old),
-        path_str(&c.bad)
-    );
-    let s = Serve::start(&[&spec, "--nbd", "0"]);
+        "--cow",
+        path_str(&c.bad),
+        "--no-record",
+        "--nbd",
+        "0",
+    ]);
     let copied = c.tmp.join("copy.img");
     nbd::copy(s.ready_str("uri").as_str(), path_str(&copied));
     assert_ne!(
         std::fs::read(&copied).unwrap(),
         std::fs::read(&c.new).unwrap()
+    );
+    s.stop();
+}
+
+#[test]
+fn a_shrinking_update_is_served_at_exactly_the_new_size() {
+    let tmp = TempDir::new("verify-shrink");
+    let (old, new) = image_pair(tmp.path(), 240);
+    let cow = tmp.join("s.cow");
+    snapblk_ok(&[
+        "cow",
+        "create",
+        "--old",
+        path_str(&old),
+        "--new",
+        path_str(&new),
+        "-o",
+        path_str(&cow),
+    ]);
+    let s = serve_nbd(&old, &cow, &[]);
+    assert_eq!(s.ready["size"], 240 * 4096);
+    let u = s.ready_str("uri");
+    nbd::assert_export_reads(
+        &u,
+        &new,
+        &std::fs::read(&new).unwrap(),
+        tmp.path(),
+        "shrunk",
     );
     s.stop();
 }

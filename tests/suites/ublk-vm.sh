@@ -36,6 +36,20 @@ mke2fs -q -F -t ext4 -b 4096 -d "$P/ext4/a" "$P/ext4/A.img" 32M || die "mke2fs A
 mke2fs -q -F -t ext4 -b 4096 -d "$P/ext4/tree" "$P/ext4/B.img" 32M || die "mke2fs B"
 target/release/snapblk cow create --old "$P/ext4/A.img" --new "$P/ext4/B.img" -o "$P/ext4/AB.cow" > /dev/null ||
     die "snapblk cow create (ext4 snapshot) failed"
+# The same COW with one REPLACE payload byte flipped (its record beside it): the guest checks
+# that the corrupt block is an I/O error through ublk, in copy and zero-copy modes.
+python3 - "$P/ext4" <<'PY' || die "corrupt COW for the record test"
+import json, shutil, subprocess, sys
+d = sys.argv[1]
+j = json.loads(subprocess.check_output(
+    ["target/release/snapblk", "cow", "inspect", "--json", "--ops", f"{d}/AB.cow"]))
+op = [o for o in j["ops"] if o["kind"]["type"] == "replace"][0]
+data = bytearray(open(f"{d}/AB.cow", "rb").read())
+data[op["kind"]["payload"]["offset"] + 5] ^= 0x20
+open(f"{d}/bad.cow", "wb").write(data)
+shutil.copy(f"{d}/AB.cow.snapblk", f"{d}/bad.cow.snapblk")
+open(f"{d}/bad_block", "w").write(str(op["new_block"]))
+PY
 rm -rf "$P/ext4/a" "$P/ext4/B.img"
 cp tests/vm/guest/ublk-tests.sh "$P/run.sh"
 cp tests/vm/guest/kernel-reports.sh "$P/"

@@ -173,6 +173,17 @@ for mode in $MODES; do
     else
         bad "$mode ext4 snapshot: server start"
     fi
+    # COW record (bad.cow.snapblk): the block whose payload is corrupt is an I/O error, never
+    # wrong bytes, whether the read is copied or planned for zero copy; other blocks read.
+    if start_server ext4-snapshot-corrupt --base $E/A.img --cow $E/bad.cow --ublk-mode "$mode"; then
+        bb=$(cat $E/bad_block)
+        check "$mode corrupt COW: the corrupt block is an I/O error" \
+            sh -c "! dd if=$DEV of=/dev/null bs=4096 skip=$bb count=1 iflag=direct 2>/dev/null"
+        check "$mode corrupt COW: block 0 reads" dd if="$DEV" of=/dev/null bs=4096 count=1 iflag=direct
+        check "$mode corrupt COW: clean stop" stop_server
+    else
+        bad "$mode corrupt COW: server start"
+    fi
     # writable snapshot: writes go to the COW overlay, the base stays untouched
     cp $E/A.img /tmp/A.img; cp $E/AB.cow /tmp/AB.cow
     if start_server ext4-snapshot-rw --base /tmp/A.img --cow /tmp/AB.cow --writable --ublk-mode "$mode"; then

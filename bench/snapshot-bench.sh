@@ -8,13 +8,16 @@
 #    extent moves;
 #  * foreground 4 KiB p99 during a merge vs idle, with and without the scheduler (goal <= 2x);
 #  * on request (SECTIONS=precheck): the pre-merge check's seconds next to the merge's own seconds
-#    for OTA-like none/lz4/gz COWs (goal: pre-check <= 0.5x the merge for none/lz4).
+#    for OTA-like none/lz4/gz COWs (goal: pre-check <= 0.5x the merge for none/lz4);
+#  * on request (SECTIONS=verify): 4 KiB QD1 reads with the COW record's checks on vs off, steady
+#    state and first touch (goal: steady state <= 1.05x unchecked).
 # Variants run interleaved, ROUNDS rounds, medians and paired per-round ratios reported. Then
 # user-space instructions per read under callgrind (bench/snapshot/ir-per-read.sh), which is
 # free of the timing noise of a shared machine.
 # Files live on tmpfs (/dev/shm) unless DIR is given.
 # usage: bench/snapshot-bench.sh [DIR] [IMAGE_MiB] [ROUNDS] [SECTIONS]
-#        (SECTIONS: comma list of copy,lz4,merge,fg,ir,precheck; default all but precheck)
+#        (SECTIONS: comma list of copy,lz4,merge,fg,ir,precheck,verify; default all but
+#        precheck and verify)
 # results: bench/results/snapshot-<time>.json (timed) and snapshot-ir-<time>.json (callgrind)
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -24,6 +24,12 @@
 //!   codecs none, lz4 and gz: half the image new compressible data (REPLACE), a quarter moved
 //!   extents (COPY), the rest unchanged. Goal (issue 19): pre-check <= 0.5x the merge for
 //!   none/lz4; gz is reported, its decoding dominates either way.
+//! * `verify` (only when asked for): the cost of checking served blocks against the COW record
+//!   (issue 19 item 6): 4 KiB QD1 random reads of the COPY-only COW through the snapshot driver
+//!   with its record beside it vs without, once every block has been checked (steady state: a
+//!   bitmap test per read) and on first touch (every read hashes its block), and vs `pread`.
+//!   Goal: steady state within noise of unchecked reads (p50 ratio <= 1.05); first touch is the
+//!   one-time XXH3-128 of each 4 KiB block.
 //! * `fg_during_merge`: p50/p99 of foreground 4 KiB random reads idle vs while a merge runs, with
 //!   and without the scheduler.
 //!
@@ -330,6 +336,9 @@ fn main() {
     if want("precheck") {
         report.insert("precheck".into(), bench_precheck(&dir, &img, rounds));
     }
+    if want("verify") {
+        report.insert("verify".into(), bench_verify(&dir, &img, blocks, rounds));
+    }
     println!("{}", serde_json::to_string_pretty(&report).unwrap());
     for f in [
         "base.img",
@@ -342,6 +351,8 @@ fn main() {
         "fg.cow",
         "pre-base.img",
         "pre.cow",
+        "verify.cow",
+        "verify.cow.snapblk",
     ] {
         let _ = std::fs::remove_file(dir.join(f));
     }
@@ -811,4 +822,101 @@ fn bench_precheck(dir: &Path, img: &[u8], rounds: usize) -> serde_json::Value {
         );
     }
     serde_json::Value::Object(out)
+}
+
+/// See the module docs (`verify`).
+fn bench_verify(dir: &Path, img: &[u8], blocks: u64, rounds: usize) -> serde_json::Value {
+    let base = dir.join("base.img");
+    let plain = dir.join("copy.cow");
+    let checked = dir.join("verify.cow");
+    std::fs::copy(&plain, &checked).unwrap();
+    // The COW's new image: block b is base block b + 1; the last block is unchanged.
+    let mut new = img.to_vec();
+    new.copy_within(BS.., 0);
+    new[(blocks as usize - 1) * BS..].copy_from_slice(&img[(blocks as usize - 1) * BS..]);
+    let bytes = std::fs::read(&checked).unwrap();
+    let r = snapblk_cow::CowReader::open(bytes.as_slice()).unwrap();
+    let rec = snapblk_cow::record::Record::build(&r, img, &new);
+    std::fs::write(snapblk_cow::record::sidecar_path(&checked), rec.encode()).unwrap();
+    let n = 100_000;
+    let offs = offsets(blocks, n, 11);
+    let mut readers: Vec<Reader> = vec![
+        reader("pread", &base, &plain),
+        reader("snapshot_driver", &base, &plain),
+        reader("snapshot_driver", &base, &checked),
+    ];
+    let names = ["pread", "unchecked", "checked"];
+    // Warm-up, which also checks every block the offsets touch.
+    for r in readers.iter_mut() {
+        mean_ns(r.as_mut(), &offs);
+    }
+    let k = readers.len();
+    let (mut mean, mut p50) = (vec![Vec::new(); k], vec![Vec::new(); k]);
+    // First touch: a fresh open per round, every block read once (in a shuffled order).
+    let mut order: Vec<u64> = (0..blocks - 1).map(|b| b * BS as u64).collect();
+    let mut rng = Rng::new(5);
+    for i in (1..order.len()).rev() {
+        order.swap(i, rng.below(i as u64 + 1) as usize);
+    }
+    let (mut first_plain, mut first_checked) = (Vec::new(), Vec::new());
+    for round in 0..rounds {
+        for j in 0..k {
+            let v = (j + round) % k;
+            mean[v].push(mean_ns(readers[v].as_mut(), &offs));
+            p50[v].push(latencies(readers[v].as_mut(), &offs).0 as f64);
+        }
+        // A fresh copy of the checked COW and its record: the verifier is shared by every open
+        // of the same files in a process, and the steady-state reader keeps its one alive.
+        let fresh_cow = dir.join(format!("verify-{round}.cow"));
+        std::fs::copy(&checked, &fresh_cow).unwrap();
+        std::fs::copy(
+            snapblk_cow::record::sidecar_path(&checked),
+            snapblk_cow::record::sidecar_path(&fresh_cow),
+        )
+        .unwrap();
+        let mut fresh = [
+            reader("snapshot_driver", &base, &plain),
+            reader("snapshot_driver", &base, &fresh_cow),
+        ];
+        let (a, b) = if round % 2 == 0 { (0, 1) } else { (1, 0) };
+        let ta = mean_ns(fresh[a].as_mut(), &order);
+        let tb = mean_ns(fresh[b].as_mut(), &order);
+        let (tp, tc) = if a == 0 { (ta, tb) } else { (tb, ta) };
+        first_plain.push(tp);
+        first_checked.push(tc);
+        drop(fresh);
+        let _ = std::fs::remove_file(snapblk_cow::record::sidecar_path(&fresh_cow));
+        let _ = std::fs::remove_file(&fresh_cow);
+    }
+    let paired = |m: &[Vec<f64>], a: usize, b: usize| -> f64 {
+        median(&(0..rounds).map(|r| m[a][r] / m[b][r]).collect::<Vec<_>>())
+    };
+    let mut o = serde_json::Map::new();
+    for (i, name) in names.iter().enumerate() {
+        o.insert(
+            (*name).into(),
+            serde_json::json!({
+                "p50_ns_median": median(&p50[i]), "mean_ns_median": median(&mean[i]),
+                "p50_ns_rounds": p50[i], "mean_ns_rounds": mean[i],
+            }),
+        );
+    }
+    o.insert(
+        "first_touch".into(),
+        serde_json::json!({
+            "unchecked_mean_ns_rounds": first_plain, "checked_mean_ns_rounds": first_checked,
+            "checked_vs_unchecked": median(&(0..rounds)
+                .map(|r| first_checked[r] / first_plain[r]).collect::<Vec<_>>()),
+        }),
+    );
+    o.insert(
+        "ratios".into(),
+        serde_json::json!({
+            "goal": "steady checked / unchecked p50 <= 1.05; checked / pread as the copy section's goal (<= 1.1)",
+            "checked_vs_unchecked": {"p50": paired(&p50, 2, 1), "mean": paired(&mean, 2, 1)},
+            "checked_vs_pread": {"p50": paired(&p50, 2, 0), "mean": paired(&mean, 2, 0)},
+            "unchecked_vs_pread": {"p50": paired(&p50, 1, 0), "mean": paired(&mean, 1, 0)},
+        }),
+    );
+    o.into()
 }

@@ -36,5 +36,36 @@ echo "$out"
 p=$(echo "$out" | grep -c '^PASS'); f=$(echo "$out" | grep -c '^FAIL')
 passed=$((passed+p)); failed=$((failed+f))
 if [ $rc -ne 0 ] && [ "$f" -eq 0 ]; then echo "FAIL capi_test exited $rc"; failed=$((failed+1)); fi
+# snapblk's snapshot driver through the C ABI: a COW record beside the COW turns a corrupt block
+# into -EIO (tests/c/snapshot_record_test.c).
+if gcc -std=gnu11 -Wall -Wextra -Werror -O2 -I include tests/c/snapshot_record_test.c -L "$work" -lblkio \
+    -o "$work/snapshot_record_test" && cargo build --release -q -p snapblk-cli; then
+  rec=$(python3 - "$shm" "$root/target/release/snapblk" <<'PY'
+import json, os, subprocess, sys
+d, snap = sys.argv[1], sys.argv[2]
+old = bytes((i // 4096 * 7 + i) % 251 for i in range(256 * 4096))
+new = bytearray(old)
+new[40 * 4096:60 * 4096] = os.urandom(20 * 4096)
+new[100 * 4096:120 * 4096] = old[102 * 4096:122 * 4096]
+open(f"{d}/old.img", "wb").write(old)
+open(f"{d}/new.img", "wb").write(new)
+subprocess.check_call([snap, "cow", "create", "--old", f"{d}/old.img", "--new", f"{d}/new.img",
+                       "-o", f"{d}/r.cow", "--compression", "none"], stdout=subprocess.DEVNULL)
+j = json.loads(subprocess.check_output([snap, "cow", "inspect", "--json", "--ops", f"{d}/r.cow"]))
+op = [o for o in j["ops"] if o["kind"]["type"] == "replace"][3]
+data = bytearray(open(f"{d}/r.cow", "rb").read())
+data[op["kind"]["payload"]["offset"] + 9] ^= 1
+open(f"{d}/r.cow", "wb").write(data)
+print(op["new_block"])
+PY
+)
+  out=$(LD_LIBRARY_PATH="$work" "$work/snapshot_record_test" "$shm/old.img" "$shm/r.cow" "$shm/new.img" "$rec" 2>&1)
+  echo "$out"
+  p=$(echo "$out" | grep -c '^PASS'); f=$(echo "$out" | grep -c '^FAIL')
+  passed=$((passed+p)); failed=$((failed+f))
+  [ "$p" -gt 0 ] || { echo "FAIL snapshot_record_test ran no check"; failed=$((failed+1)); }
+else
+  echo "FAIL build of tests/c/snapshot_record_test.c"; failed=$((failed+1))
+fi
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]

@@ -330,17 +330,15 @@ fn emit(out: &OutArgs, doc: &Document, table: Option<String>) -> anyhow::Result<
     if let Some(p) = &out.output {
         std::fs::write(p, format!("{json}\n")).with_context(|| format!("write {}", p.display()))?;
     }
-    // A closed stdout (e.g. `| head`) is not an error worth a panic.
-    use std::io::Write as _;
-    let mut so = std::io::stdout().lock();
+    // A stdout that cannot take the document (closed, full) fails the command: a caller
+    // reading the JSON must not see exit 0 with nothing or half a document.
     if out.json && out.output.is_none() {
-        let _ = writeln!(so, "{json}");
+        outln!("{json}")?;
     } else if let Some(t) = table {
-        let _ = write!(so, "{t}");
+        out!("{t}")?;
     }
-    let _ = so.flush();
     for w in &doc.warnings {
-        eprintln!("warning: {w}");
+        errln!("warning: {w}")?;
     }
     if let Some(e) = invalid {
         bail!("internal error: result document violates bench/schema.json: {e}");
@@ -510,7 +508,8 @@ impl Interrupts {
                     None => {
                         first = Some(std::time::Instant::now());
                         sg.store(s, Ordering::SeqCst);
-                        eprintln!(
+                        // Nobody to report a failure to in this thread.
+                        let _ = errln!(
                             "snapblk: {}: stopping, partial results follow (again to quit at once)",
                             signal_name(s)
                         );
@@ -522,7 +521,7 @@ impl Interrupts {
                     // sent deliberately means "quit now".
                     Some(t) if t.elapsed() < QUIT_AFTER => {}
                     Some(_) => {
-                        eprintln!("snapblk: {}: giving up at once", signal_name(s));
+                        let _ = errln!("snapblk: {}: giving up at once", signal_name(s));
                         // Children killed and reaped, the scheduler put back: an impatient
                         // user must not be left with a changed device or stray commands.
                         fgbg::emergency_cleanup();
@@ -559,7 +558,8 @@ impl Interrupts {
             Err(e) => format!("{msg}; {e:#}"),
         });
         emit(out, &doc, res.ok().flatten())?;
-        eprintln!("snapblk: {msg}");
+        // The exit status says it already if stderr is gone.
+        let _ = errln!("snapblk: {msg}");
         std::process::exit(128 + sig);
     }
 }
@@ -627,16 +627,23 @@ fn run_workload(w: WorkloadArgs) -> anyhow::Result<()> {
             Some(intr.stop.clone()),
             |rep, job, r| {
                 if !tty && (jobs.len() * n_targets > 1 || w.repeat > 1) {
-                    eprintln!("rep {} {}: {:.0} IOPS", rep + 1, job.label(), r.iops());
+                    crate::out::errln_deferred(format_args!(
+                        "rep {} {}: {:.0} IOPS",
+                        rep + 1,
+                        job.label(),
+                        r.iops()
+                    ));
                 }
             },
         )?;
         if let Some(dir) = &w.plot {
             // The measurements stand without their charts: a failure here is a warning.
             match plot::write_all(dir, &results) {
-                Ok(files) => files
-                    .iter()
-                    .for_each(|f| eprintln!("wrote {}", f.display())),
+                Ok(files) => {
+                    for f in files {
+                        errln!("wrote {}", f.display())?;
+                    }
+                }
                 Err(e) => warnings.push(format!("plots in {}: {e}", dir.display())),
             }
         }
@@ -684,16 +691,16 @@ fn run_file(f: FileArgs) -> anyhow::Result<()> {
             if !std::io::stderr().is_terminal() {
                 return;
             }
-            eprint!(
+            crate::out::err_deferred(format_args!(
                 "\r{} {} {}: {:.1} MiB/s   ",
                 spec::fmt_size(c.file_size),
                 spec::fmt_size(c.record_size),
                 c.test,
                 c.mib_s
-            );
+            ));
         })?;
         if std::io::stderr().is_terminal() {
-            eprintln!();
+            errln!()?;
         }
         let t = fileio::file_table(&r);
         doc.file_tests = Some(serde_json::to_value(&r)?);
@@ -860,7 +867,9 @@ fn run_fgbg(f: FgBgArgs) -> anyhow::Result<()> {
             Some(b) => Some(&mut **b),
             None => None,
         };
-        let r = fgbg::run_fgbg(&spec, t, Some(intr.stop.clone()), |m| eprintln!("{m}"))?;
+        let r = fgbg::run_fgbg(&spec, t, Some(intr.stop.clone()), |m| {
+            crate::out::errln_deferred(format_args!("{m}"))
+        })?;
         let table = fgbg::fgbg_table(&r);
         doc.fgbg = Some(serde_json::to_value(&r)?);
         doc.warnings.extend(r.warnings);

@@ -3,7 +3,6 @@
 
 use clap::Args;
 use std::fmt::Write as _;
-use std::io::Write as _;
 
 #[derive(Args)]
 pub struct InfoArgs {
@@ -43,9 +42,7 @@ pub fn run(a: InfoArgs) -> anyhow::Result<()> {
             }
         }
     }
-    // A closed pipe (`| head`) is not an error worth a panic.
-    match std::io::stdout().lock().write_all(out.as_bytes()) {
-        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(e.into()),
-        _ => Ok(()),
-    }
+    // A closed or full stdout fails the command (main: quiet 141 for a closed pipe).
+    out!("{out}")?;
+    Ok(())
 }

@@ -1,7 +1,16 @@
 //! `snapblk`: the command-line front end. Each subcommand lives in its own module and is a thin
 //! layer over the library crates; errors are reported in one line and a non-zero exit.
+//!
+//! Exit status: 0 on success; 1 for an error (`snapblk: <cause: cause: ...>` on stderr, once);
+//! 141 (128 + SIGPIPE), with nothing printed, when stdout or stderr is a closed pipe (`| head`);
+//! 2 for a usage error (clap); 128 + N after signal N (bench). Output goes through [`out`]
+//! (`outln!`, `errln!`, `out::stdout()`), whose write errors are errors.
 
 use clap::{Parser, Subcommand};
+
+// First: its macros (`outln!`, `errln!`, ...) are used by the modules below.
+#[macro_use]
+mod out;
 
 mod bench;
 mod cow;
@@ -54,8 +63,12 @@ fn main() {
         Cmd::Readahead(c) => readahead::run(c),
         Cmd::Bench(a) => bench::run(a),
     };
+    // A write to stderr that a callback could not report fails the command too.
+    let res = res.and_then(|()| match out::take_deferred() {
+        Some(e) => Err(e.into()),
+        None => Ok(()),
+    });
     if let Err(e) = res {
-        eprintln!("snapblk: {e:#}");
-        std::process::exit(1);
+        std::process::exit(out::exit_status(&e));
     }
 }

@@ -321,10 +321,11 @@ fn parse_nice(s: &str) -> Result<NiceArg, String> {
 }
 
 /// Files a walk could not read: one line each on stderr (the run goes on without them).
-fn print_walk_errors(errors: &[WalkError]) {
+fn print_walk_errors(errors: &[WalkError]) -> std::io::Result<()> {
     for e in errors {
-        eprintln!("snapblk: {}: {}", escape_path(&e.path), e.error);
+        errln!("snapblk: {}: {}", escape_path(&e.path), e.error)?;
     }
+    Ok(())
 }
 
 /// Files a walk could not read, for a JSON report.
@@ -384,7 +385,7 @@ pub fn run_residency(a: ResidencyArgs) -> anyhow::Result<()> {
     spin.finish();
     let elapsed = t0.elapsed().as_secs_f64();
     let t = rep.totals();
-    let mut out = std::io::BufWriter::new(std::io::stdout().lock());
+    let mut out = std::io::BufWriter::new(crate::out::stdout());
     if a.json {
         let doc = serde_json::json!({
             "schema": "snapblk.residency.v1",
@@ -421,7 +422,7 @@ pub fn run_residency(a: ResidencyArgs) -> anyhow::Result<()> {
             }
         }
     }
-    print_walk_errors(&rep.errors);
+    print_walk_errors(&rep.errors)?;
     let ps = rep.page_size;
     writeln!(out, "           Files: {}", t.files)?;
     writeln!(
@@ -477,7 +478,7 @@ pub fn run(c: ReadaheadCmd) -> anyhow::Result<()> {
             let (rep, errors) =
                 replay::warm_tree_watched(&a.walk.paths, &w, &opts, Some(&progress), watch);
             bar.finish();
-            print_walk_errors(&errors);
+            print_walk_errors(&errors)?;
             report_replay(&rep, &a.opts, &errors)?;
             fail_on_walk_errors(&errors)?;
             if rep.entries_failed > 0 {
@@ -649,74 +650,74 @@ fn run_record(a: RecordArgs) -> anyhow::Result<()> {
             })),
             "elapsed_secs": rec.elapsed.as_secs_f64(),
         });
-        println!("{doc}");
+        outln!("{doc}")?;
     } else {
-        println!(
+        outln!(
             "recorded {} files, {} in {:.3} s ({} files scanned) -> {}",
             rec.entries.len(),
             human(bytes),
             rec.elapsed.as_secs_f64(),
             rec.files_scanned,
             a.output.display()
-        );
+        )?;
         if rec.reclaimed_bytes > 0 {
-            println!(
+            outln!(
                 "{} of it was read and then reclaimed by the kernel during the recording \
                  (found as shadow entries; listed all the same)",
                 human(rec.reclaimed_bytes)
-            );
+            )?;
         }
         if let Some(t) = rec.trace {
-            println!(
+            outln!(
                 "trace: {} page-cache insertions seen; {} of the list found only by the trace",
                 t.events,
                 human(t.traced_only_bytes)
-            );
+            )?;
         }
         if !rec.written.is_empty() {
-            println!(
+            outln!(
                 "left out {} files written during the recording (their entries would be \
                  stale at the next replay):",
                 rec.written.len()
-            );
+            )?;
             for w in rec.written.iter().take(WRITTEN_SHOWN_TEXT) {
-                println!("written: {}: {}", escape_path(&w.path), w.reason);
+                outln!("written: {}: {}", escape_path(&w.path), w.reason)?;
             }
             if rec.written.len() > WRITTEN_SHOWN_TEXT {
-                println!(
+                outln!(
                     "written: ... and {} more (--json lists up to {WRITTEN_SHOWN_JSON})",
                     rec.written.len() - WRITTEN_SHOWN_TEXT
-                );
+                )?;
             }
         }
         if !rec.unknown.is_empty() {
-            println!(
+            outln!(
                 "{} files with unknown residency were not recorded, e.g. {}: {}",
                 rec.unknown.len(),
                 escape_path(&rec.unknown[0].0),
                 rec.unknown[0].1
-            );
+            )?;
         }
     }
     if let Some(t) = rec.trace
         && t.lost_events > 0
     {
-        eprintln!(
+        errln!(
             "snapblk: warning: the kernel dropped {} page-cache trace events (its trace \
              buffer filled faster than it was read): the trace part of the list may be \
              incomplete",
             t.lost_events
-        );
+        )?;
     }
     if let Some(t) = rec.trace
         && t.untraceable_files > 0
     {
-        eprintln!(
+        errln!(
             "snapblk: warning: {} files are on btrfs or overlayfs, whose files the page-cache \
              trace cannot name (its device and inode are not the ones stat reports): their \
              entries come from the residency diff alone",
             t.untraceable_files
-        );
+        )?;
     }
     if let Some(st) = rec.status
         && !st.success()
@@ -791,7 +792,7 @@ fn spawn_background(o: &ReplayOpts, stdin_copy: Option<&std::path::Path>) -> any
         .process_group(0)
         .spawn()
         .context("cannot start the background replay")?;
-    println!("{}", child.id());
+    outln!("{}", child.id())?;
     Ok(())
 }
 
@@ -892,12 +893,12 @@ fn report_replay(
             m.insert("schema".into(), "snapblk.replay.v1".into());
             m.insert("walk_errors".into(), walk_errors_json(walk_errors).into());
         }
-        println!("{v}");
+        outln!("{v}")?;
     } else {
-        print_replay(rep, o.psi_threshold);
+        print_replay(rep, o.psi_threshold)?;
     }
     for w in &rep.warnings {
-        eprintln!("snapblk: warning: {w}");
+        errln!("snapblk: warning: {w}")?;
     }
     if let Some(req) = o.require
         && let Err(e) = rep.check_require(req)
@@ -907,17 +908,17 @@ fn report_replay(
     Ok(())
 }
 
-fn print_replay(r: &ReplayReport, psi_threshold: f64) {
+fn print_replay(r: &ReplayReport, psi_threshold: f64) -> std::io::Result<()> {
     for n in &r.notes {
-        println!("note: {n}");
+        outln!("note: {n}")?;
     }
     for s in &r.stale {
-        println!("stale: {}: {}", escape_path(&s.path), s.reason);
+        outln!("stale: {}: {}", escape_path(&s.path), s.reason)?;
     }
     for s in &r.errors {
-        println!("error: {}: {}", escape_path(&s.path), s.reason);
+        outln!("error: {}: {}", escape_path(&s.path), s.reason)?;
     }
-    println!(
+    outln!(
         "entries {} (replayed {}, stale {}, missing {}, failed {}{}); method {} chunk {} depth {} threads {}",
         r.entries,
         r.files_replayed,
@@ -933,15 +934,15 @@ fn print_replay(r: &ReplayReport, psi_threshold: f64) {
         human(r.chunk),
         r.queue_depth,
         r.threads
-    );
-    println!(
+    )?;
+    outln!(
         "requested {}, resident before {}, issued {} in {} requests",
         human(r.bytes_requested),
         human(r.bytes_resident_before),
         human(r.bytes_issued),
         r.requests_issued
-    );
-    println!(
+    )?;
+    outln!(
         "verified: {} of {} resident ({}){} after {} pass(es)",
         human(r.bytes_resident_after),
         human(r.bytes_requested.saturating_sub(r.bytes_unverifiable)),
@@ -956,8 +957,8 @@ fn print_replay(r: &ReplayReport, psi_threshold: f64) {
             String::new()
         },
         r.passes
-    );
-    println!(
+    )?;
+    outln!(
         "time: issue {:.3} s, settle {:.3} s{}, total {:.3} s; {}",
         r.issue_secs,
         r.settle_secs,
@@ -968,10 +969,11 @@ fn print_replay(r: &ReplayReport, psi_threshold: f64) {
         },
         r.total_secs,
         pressure_text(r, psi_threshold)
-    );
+    )?;
     for c in r.diskstats.iter().flatten() {
-        print!("{}", diskstats_table(c));
+        out!("{}", diskstats_table(c))?;
     }
+    Ok(())
 }
 
 /// `--diskstats` for one device: the counters before and after the replay and the difference.
@@ -1024,7 +1026,7 @@ fn run_evict(a: EvictArgs) -> anyhow::Result<()> {
             .iter()
             .map(|r| serde_json::json!({"path": escape_path(&r.path), "pages": r.pages, "residency": r.residency}))
             .collect();
-        println!(
+        outln!(
             "{}",
             serde_json::json!({
                 "schema": "snapblk.evict.v1",
@@ -1036,26 +1038,24 @@ fn run_evict(a: EvictArgs) -> anyhow::Result<()> {
                 "errors": walk_errors_json(&rep.errors),
                 "elapsed_secs": elapsed,
             })
-        );
+        )?;
     } else {
         for r in &rep.remaining {
             match &r.residency {
-                Residency::Known { resident_pages, .. } => {
-                    println!(
-                        "still resident: {}: {}/{} pages",
-                        escape_path(&r.path),
-                        resident_pages,
-                        r.pages
-                    )
-                }
+                Residency::Known { resident_pages, .. } => outln!(
+                    "still resident: {}: {}/{} pages",
+                    escape_path(&r.path),
+                    resident_pages,
+                    r.pages
+                )?,
                 Residency::Unknown { reason } => {
-                    println!("unknown: {}: {reason}", escape_path(&r.path))
+                    outln!("unknown: {}: {reason}", escape_path(&r.path))?
                 }
             }
         }
-        print_walk_errors(&rep.errors);
+        print_walk_errors(&rep.errors)?;
         let unknown = rep.unknown_files();
-        println!(
+        outln!(
             "evicted {} files ({} pages); {} pages remain resident{}; {:.3} s",
             rep.files,
             rep.pages,
@@ -1070,7 +1070,7 @@ fn run_evict(a: EvictArgs) -> anyhow::Result<()> {
                 String::new()
             },
             elapsed
-        );
+        )?;
     }
     if !rep.errors.is_empty() {
         bail!("{} files could not be evicted", rep.errors.len());

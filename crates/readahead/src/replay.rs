@@ -1107,9 +1107,9 @@ fn run(
                         if let Some(f) = psi.sample() {
                             let o = ownstall::others(f, mine.as_deref(), theirs);
                             if debug_enabled() {
-                                eprintln!(
+                                debug_line(format_args!(
                                     "pressure {f:.3} own {mine:.3?} foreign {theirs:?} -> {o:.3}"
-                                );
+                                ));
                             }
                             if primed {
                                 shared.paused.store(o > th, Relaxed);
@@ -1182,12 +1182,12 @@ fn run(
             if debug_enabled() {
                 for &i in &absent {
                     if let Some(c) = state[i] {
-                        eprintln!(
+                        debug_line(format_args!(
                             "pass {passes}: {} of {} bytes absent: {}",
                             c.total - c.present,
                             c.total,
                             prepared[i].path.display()
-                        );
+                        ));
                     }
                 }
             }
@@ -1232,13 +1232,13 @@ fn run(
         let verifiable = req.saturating_sub(unverifiable);
         let verified_inline = shared.verified_inline.load(Relaxed);
         if debug_enabled() {
-            eprintln!(
+            debug_line(format_args!(
                 "verify: {verified_inline} files checked inline, {} re-queued while in flight, \
                  {final_checked} left for the final check; submitters drained {:.3} s after \
                  issuing ended",
                 shared.requeued.load(Relaxed),
                 (drained_at.saturating_sub(issue_end)).as_secs_f64()
-            );
+            ));
         }
         let (diskstats, diskstats_delta) = match (disk_before, disk_after) {
             (Some(b), Some(a)) => {
@@ -1365,18 +1365,24 @@ fn debug_absent(path: &Path, it: &Issued, c: &FileCheck) {
     });
     // Evicted (shadow) entries tell "read, then reclaimed" from "never read".
     let cs = sys::cachestat(it.file.as_fd(), 0, 0).unwrap_or_default();
-    eprintln!(
+    debug_line(format_args!(
         "inline: {} of {} bytes absent after reads completed: {} (size {size}, first absent \
          offsets {absent:?}, ranges {:?}, cachestat {cs:?})",
         c.total - c.present,
         c.total,
         path.display(),
         it.ranges.ranges()
-    );
+    ));
 }
 
 fn debug_enabled() -> bool {
     std::env::var_os("SNAPBLK_RA_DEBUG").is_some()
+}
+
+/// One `SNAPBLK_RA_DEBUG` line on stderr; a closed stderr loses it rather than panicking.
+fn debug_line(args: std::fmt::Arguments<'_>) {
+    use std::io::Write as _;
+    let _ = writeln!(std::io::stderr(), "{args}");
 }
 
 /// Verification state of one file, in bytes of its requested ranges.

@@ -12,11 +12,18 @@
 //! ```
 //!
 //! * A spec is `DRIVER:...` when the text before the first `:` is a registered driver name;
-//!   otherwise the whole spec is a path (so `./a:b` or `/x/io_uring:1` are paths).
+//!   otherwise the whole spec is a path (so `./a:b` or `/x/io_uring:1` are paths). A spec that
+//!   looks like `NAME:...` (`NAME` made of `[A-Za-z0-9_-]`) where `NAME` is no driver and no
+//!   file of that whole name exists is refused as `unknown driver 'NAME' (known: ...)` rather
+//!   than as a missing file.
 //! * `NAME` is a property name as in libblkio (`path`, `direct`, `read-only`, `size`, ...).
 //!   `VALUE` is parsed into the property's type with the strict libblkio parsers, except that
 //!   u64 properties also accept a size suffix `k`, `M`, `G`, `T` (binary: 1k = 1024) and bools
-//!   also accept `1`/`0`/`yes`/`no`. A value cannot contain `,`.
+//!   also accept `1`/`0`/`yes`/`no`. A value cannot contain `,`. A key given twice is refused.
+//! * Capacity properties ([`CAPACITY_PROPS`], e.g. `null:size`) must be a multiple of 512 and
+//!   at most 2^63-1 (an offset must fit in a signed 64-bit integer), checked here rather than
+//!   at the first I/O. These checks are the spec layer's: the C API's property setters keep
+//!   libblkio's behaviour.
 //! * Properties whose access is "connected" (`num-entries`, `num-queues`, ...) are set after
 //!   connect, in spec order; everything else before connect.
 //!
@@ -29,6 +36,13 @@ use snapblk_drivers::{NullDriver, SyncDriver, UringDriver};
 
 /// Driver names [`create`] knows.
 pub const DRIVERS: &[&str] = &["io_uring", "sync", "null", "snapshot"];
+
+/// Properties that give a device's capacity in bytes: checked by the spec parser (multiple of
+/// 512, at most 2^63-1).
+pub const CAPACITY_PROPS: &[&str] = &["size"];
+
+/// Largest capacity a spec accepts: every byte offset must fit in an `i64` (`off_t`).
+pub const MAX_CAPACITY: u64 = i64::MAX as u64;
 
 /// A new instance of driver `driver` in the created state (ENOENT `Unknown driver name` for an
 /// unknown name, like `blkio_create`).
@@ -67,23 +81,37 @@ pub fn parse_spec(spec: &str) -> Result<Spec> {
     if spec.is_empty() {
         return Err(Error::new(libc::EINVAL, "empty device spec"));
     }
-    if let Some((drv, rest)) = spec.split_once(':')
-        && DRIVERS.contains(&drv)
-    {
-        let mut props = Vec::new();
-        for kv in rest.split(',').filter(|s| !s.is_empty()) {
-            let Some((k, v)) = kv.split_once('=') else {
-                return Err(Error::new(
-                    libc::EINVAL,
-                    format!("device spec: expected key=value, got {kv:?}"),
-                ));
-            };
-            props.push((k.to_owned(), v.to_owned()));
+    if let Some((drv, rest)) = spec.split_once(':') {
+        if DRIVERS.contains(&drv) {
+            let mut props: Vec<(String, String)> = Vec::new();
+            for kv in rest.split(',').filter(|s| !s.is_empty()) {
+                let Some((k, v)) = kv.split_once('=') else {
+                    return Err(Error::new(
+                        libc::EINVAL,
+                        format!("device spec: expected key=value, got {kv:?}"),
+                    ));
+                };
+                if props.iter().any(|(seen, _)| seen == k) {
+                    return Err(Error::new(
+                        libc::EINVAL,
+                        format!("duplicate key '{k}' in device spec"),
+                    ));
+                }
+                props.push((k.to_owned(), v.to_owned()));
+            }
+            return Ok(Spec {
+                driver: drv.to_owned(),
+                props,
+            });
         }
-        return Ok(Spec {
-            driver: drv.to_owned(),
-            props,
-        });
+        let word = !drv.is_empty()
+            && drv
+                .bytes()
+                .all(|c| c.is_ascii_alphanumeric() || c == b'_' || c == b'-');
+        // symlink_metadata: a dangling symlink of that name is a path the user means.
+        if word && std::fs::symlink_metadata(spec).is_err() {
+            return Err(unknown_driver(drv));
+        }
     }
     Ok(Spec {
         driver: "io_uring".to_owned(),
@@ -91,12 +119,44 @@ pub fn parse_spec(spec: &str) -> Result<Spec> {
     })
 }
 
+/// ENOENT `unknown driver 'NAME' (known: a, b, ...)`, the known names sorted.
+fn unknown_driver(name: &str) -> Error {
+    let mut known = DRIVERS.to_vec();
+    known.sort_unstable();
+    Error::new(
+        libc::ENOENT,
+        format!("unknown driver '{name}' (known: {})", known.join(", ")),
+    )
+}
+
+/// Checks a capacity property's value ([`CAPACITY_PROPS`]).
+fn check_capacity(name: &str, n: u64) -> Result<()> {
+    if n > MAX_CAPACITY {
+        return Err(Error::new(
+            libc::EINVAL,
+            format!("{name}: {n} is more than the largest capacity, 2^63-1 bytes"),
+        ));
+    }
+    if !n.is_multiple_of(512) {
+        return Err(Error::new(
+            libc::EINVAL,
+            format!("{name}: {n} is not a multiple of 512 bytes"),
+        ));
+    }
+    Ok(())
+}
+
 /// Set one spec property, with the spec grammar's relaxed value syntax.
 fn set_spec_prop(b: &mut Blkio, name: &str, value: &str) -> Result<()> {
     let ty = b.prop_specs().find(|p| p.name == name).map(|p| p.ty);
     let v = match ty {
         Some(PropType::U64) => match parse_size(value) {
-            Some(n) => PropValue::U64(n),
+            Some(n) => {
+                if CAPACITY_PROPS.contains(&name) {
+                    check_capacity(name, n)?;
+                }
+                PropValue::U64(n)
+            }
             None => {
                 return Err(Error::new(
                     libc::EINVAL,
@@ -126,7 +186,18 @@ fn prefix(name: &str, e: Error) -> Error {
 /// Open a device spec: create, set properties, connect, set `num-queues` (and connected-state
 /// properties from the spec), start. `num_queues` must be >= 0.
 pub fn open(spec: &str, num_queues: i32) -> Result<Blkio> {
-    let s = parse_spec(spec)?;
+    open_spec(&parse_spec(spec)?, num_queues)
+}
+
+impl Spec {
+    /// True when the spec sets property `key`.
+    pub fn has(&self, key: &str) -> bool {
+        self.props.iter().any(|(k, _)| k == key)
+    }
+}
+
+/// [`open`] for an already parsed spec (e.g. one a caller added defaults to).
+pub fn open_spec(s: &Spec, num_queues: i32) -> Result<Blkio> {
     let mut b = create(&s.driver)?;
     let is_late = |b: &Blkio, name: &str| {
         b.prop_specs()
@@ -180,6 +251,77 @@ mod tests {
         assert!(parse_spec("null:size").is_err());
         assert!(parse_spec("").is_err());
         assert_eq!(parse_spec("null:").unwrap().props, vec![]);
+    }
+
+    #[test]
+    fn unknown_driver_in_a_spec_is_named() {
+        for (spec, name) in [
+            ("nosuch:size=1G", "nosuch"),
+            ("NULL:size=1G", "NULL"),
+            ("my_drv-2:", "my_drv-2"),
+        ] {
+            let e = parse_spec(spec).unwrap_err();
+            assert_eq!(e.errno, libc::ENOENT, "{spec}");
+            assert_eq!(
+                e.msg,
+                format!("unknown driver '{name}' (known: io_uring, null, snapshot, sync)")
+            );
+        }
+        // Not a driver-like name: still a path (open reports the missing file).
+        for spec in [":size=1G", "./nosuch:size=1G", "/x/io_uring:1", "a b:c"] {
+            let s = parse_spec(spec).unwrap();
+            assert_eq!(s.driver, "io_uring", "{spec}");
+        }
+        // An existing file whose name looks like a spec stays a path.
+        let dir = std::env::temp_dir().join(format!("snapblk-facade-drv-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let colon_file = dir.join("disk:1");
+        std::fs::write(&colon_file, b"").unwrap();
+        let spec = colon_file.display().to_string();
+        assert_eq!(parse_spec(&spec).unwrap().props[0].1, spec);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn duplicate_keys_are_refused() {
+        let e = parse_spec("null:size=1G,size=2G").unwrap_err();
+        assert_eq!(e.errno, libc::EINVAL);
+        assert_eq!(e.msg, "duplicate key 'size' in device spec");
+        let e = parse_spec("io_uring:path=/a,direct=true,path=/b").unwrap_err();
+        assert_eq!(e.msg, "duplicate key 'path' in device spec");
+        assert!(parse_spec("null:size=1G,").is_ok());
+    }
+
+    #[test]
+    fn capacities_are_checked_where_parsed() {
+        let msg = |spec: &str| open(spec, 1).err().map(|e| (e.errno, e.msg.into_owned()));
+        assert_eq!(
+            msg("null:size=513"),
+            Some((
+                libc::EINVAL,
+                "size: 513 is not a multiple of 512 bytes".into()
+            ))
+        );
+        assert_eq!(
+            msg("null:size=18446744073709551615"),
+            Some((
+                libc::EINVAL,
+                "size: 18446744073709551615 is more than the largest capacity, 2^63-1 bytes".into()
+            ))
+        );
+        assert_eq!(
+            msg("null:size=8T").map(|m| m.0),
+            None,
+            "8 TiB is a valid capacity"
+        );
+        // 2^63-1 itself is not a multiple of 512; the largest valid capacity is below it.
+        assert!(msg("null:size=9223372036854775807").is_some());
+        let top = MAX_CAPACITY / 512 * 512;
+        let b = open(&format!("null:size={top}"), 1).unwrap();
+        assert_eq!(b.get_u64("capacity").unwrap(), top);
+        assert!(open("null:size=0", 1).is_ok());
+        // Only capacities: other u64 properties keep their own rules.
+        assert!(!CAPACITY_PROPS.contains(&"cache-size"));
     }
 
     #[test]

@@ -1,5 +1,6 @@
 //! `snapblk info DEVICE [--json]`: open a device spec (see the `snapblk` crate docs) and print
-//! every property with its value, or the error that reading it gives.
+//! every property with its value, or the error that reading it gives. The device is opened
+//! read-only unless the spec sets `read-only` (or `writable`) itself.
 
 use clap::Args;
 use std::fmt::Write as _;
@@ -14,7 +15,13 @@ pub struct InfoArgs {
 }
 
 pub fn run(a: InfoArgs) -> anyhow::Result<()> {
-    let b = snapblk::open(&a.device, 1).map_err(|e| anyhow::anyhow!("{}: {}", a.device, e))?;
+    let fail = |e: snapblk::Error| anyhow::anyhow!("{}: {}", a.device, e);
+    let mut spec = snapblk::parse_spec(&a.device).map_err(fail)?;
+    // Only reads: open read-only (a 0444 file, a read-only mount) unless the spec says how.
+    if !spec.has("read-only") && !spec.has("writable") {
+        spec.props.push(("read-only".into(), "true".into()));
+    }
+    let b = snapblk::open_spec(&spec, 1).map_err(fail)?;
     let mut rows = Vec::new();
     for spec in b.prop_specs() {
         rows.push((spec.name, b.get(spec.name, None)));

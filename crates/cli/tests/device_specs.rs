@@ -1,5 +1,5 @@
 //! Device specs are checked where they are parsed, with one-line messages (issue 19, U1, W4,
-//! item 11). Drives the real binary.
+//! item 11), and `snapblk info` opens read-only (U9). Drives the real binary.
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::PathBuf;
@@ -98,4 +98,80 @@ fn duplicate_keys_are_refused() {
         &["info", "null:size=1G,size=2G"],
         "snapblk: null:size=1G,size=2G: duplicate key 'size' in device spec",
     );
+}
+
+/// `info` only reads: a 0444 file works for a user who may not write it.
+#[test]
+fn info_opens_read_only_for_an_unprivileged_user() {
+    let d = scratch("ro");
+    let f = d.join("ro444.img");
+    std::fs::write(&f, vec![0u8; 65536]).unwrap();
+    std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o444)).unwrap();
+    // SAFETY: geteuid has no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
+    let o = cmd_for(root).arg("info").arg(&f).output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "info on a 0444 file: {err}");
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        out.lines()
+            .any(|l| l.split_whitespace().eq(["read-only", "true"]))
+    );
+    assert!(
+        out.lines()
+            .any(|l| l.split_whitespace().eq(["capacity", "65536"]))
+    );
+    // The user's own choice still wins (and then needs write permission).
+    let spec = format!("io_uring:path={},read-only=false", f.display());
+    let o = cmd_for(root).args(["info", &spec]).output().unwrap();
+    assert_eq!(o.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("Permission denied"));
+    std::fs::remove_dir_all(&d).unwrap();
+}
+
+/// The binary, run as nobody when the test runs as root (root may write any file).
+fn cmd_for(root: bool) -> Command {
+    if root {
+        let mut c = Command::new("setpriv");
+        c.args([
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            "--",
+            BIN,
+        ]);
+        c
+    } else {
+        Command::new(BIN)
+    }
+}
+
+/// `info` on a read-only mount (root only: a read-only bind mount in a private mount
+/// namespace, so nothing outside the test sees it).
+#[test]
+fn info_works_on_a_read_only_mount() {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("skipped: needs root for a read-only mount");
+        return;
+    }
+    let d = scratch("romnt");
+    let f = d.join("ro.img");
+    std::fs::write(&f, vec![0u8; 4096]).unwrap();
+    let script = format!(
+        "mount --bind {d} {d} && mount -o remount,ro,bind {d} && exec {BIN} info {f}",
+        d = d.display(),
+        f = f.display()
+    );
+    let o = Command::new("unshare")
+        .args(["-m", "--propagation", "private", "sh", "-c", &script])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    if err.contains("mount:") || err.contains("unshare:") {
+        eprintln!("skipped: cannot make a read-only mount here: {err}");
+        return;
+    }
+    assert!(o.status.success(), "info on a read-only mount: {err}");
+    std::fs::remove_dir_all(&d).unwrap();
 }

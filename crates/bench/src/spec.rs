@@ -386,6 +386,13 @@ impl Sweep {
 /// Parse a fio-style size: `4096`, `4k`, `4K`, `4KiB`, `64m`, `1G`, `2t` (binary units).
 pub fn parse_size(s: &str) -> Result<u64> {
     let t = s.trim();
+    if let Some(abs) = t.strip_prefix('-')
+        && parse_size(abs).is_ok()
+    {
+        return Err(Error::Spec(format!(
+            "size {t} is out of range: it cannot be negative"
+        )));
+    }
     let lower = t.to_ascii_lowercase();
     let num_end = lower
         .find(|c: char| !c.is_ascii_digit())
@@ -404,6 +411,15 @@ pub fn parse_size(s: &str) -> Result<u64> {
     };
     n.checked_mul(mult)
         .ok_or_else(|| Error::Spec(format!("size {t:?} overflows")))
+}
+
+/// The error for a number that does not parse: a range error for a negative one (`-1` for a
+/// count), else "bad number".
+pub fn number_error(what: &str, s: &str) -> Error {
+    match s.trim().parse::<i64>() {
+        Ok(n) if n < 0 => Error::Spec(format!("{what} {n} is out of range: it cannot be negative")),
+        _ => Error::Spec(format!("{what}: bad number {s:?}")),
+    }
 }
 
 /// Format a byte count compactly with binary units (`4k`, `1M`, `1536`).
@@ -440,6 +456,12 @@ pub fn parse_secs(s: &str) -> Result<f64> {
         .trim()
         .parse()
         .map_err(|_| Error::Spec(format!("bad duration {s:?}")))?;
+    if v < 0.0 && v.is_finite() {
+        return Err(Error::Spec(format!(
+            "duration {} is out of range: it cannot be negative",
+            s.trim()
+        )));
+    }
     if !v.is_finite() || v < 0.0 {
         return Err(Error::Spec(format!("bad duration {s:?}")));
     }
@@ -601,6 +623,32 @@ fn apply_table(t: &toml::Table, spec: &mut JobSpec, sweep: &mut Sweep) -> Result
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn negative_values_are_range_errors() {
+        let msg = |r: Result<u64>| r.unwrap_err().to_string();
+        assert!(msg(parse_size("-1")).contains("size -1 is out of range"));
+        assert!(msg(parse_size("-4k")).contains("size -4k is out of range"));
+        assert!(msg(parse_size("-x")).contains("bad size"));
+        let e = parse_secs("-1").unwrap_err().to_string();
+        assert!(e.contains("duration -1 is out of range"), "{e}");
+        assert!(
+            parse_secs("nan")
+                .unwrap_err()
+                .to_string()
+                .contains("bad duration")
+        );
+        let e = number_error("iodepth", "-1").to_string();
+        assert!(
+            e.contains("iodepth -1 is out of range: it cannot be negative"),
+            "{e}"
+        );
+        assert!(
+            number_error("iodepth", "x")
+                .to_string()
+                .contains("bad number")
+        );
+    }
 
     #[test]
     fn empty_lists_and_endless_times_are_refused() {

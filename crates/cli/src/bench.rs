@@ -416,7 +416,7 @@ fn parse_flag(s: &str) -> Result<bool, String> {
 }
 
 fn num_err(what: &str, s: &str) -> snapblk_bench::Error {
-    snapblk_bench::Error::Spec(format!("{what}: bad number {s:?}"))
+    spec::number_error(what, s)
 }
 
 /// `[LABEL=]PATH.so` of `--libblkio`: a label is a leading word without `/` before `=`.

@@ -52,8 +52,25 @@ enum Cmd {
     Bench(bench::BenchArgs),
 }
 
+/// Every option that takes a value accepts a negative number as its value, in every
+/// subcommand: `--level -1` (a valid zstd level) works like `--level=-1`, and a negative value
+/// of an unsigned option is reported by that option's parser as out of range instead of as
+/// clap's "unexpected argument '-1'".
+fn allow_negative_numbers(cmd: clap::Command) -> clap::Command {
+    cmd.mut_args(|a| {
+        if a.get_action().takes_values() {
+            a.allow_negative_numbers(true)
+        } else {
+            a
+        }
+    })
+    .mut_subcommands(allow_negative_numbers)
+}
+
 fn main() {
-    let cli = Cli::parse();
+    use clap::{CommandFactory, FromArgMatches};
+    let matches = allow_negative_numbers(Cli::command()).get_matches();
+    let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
     let res = match cli.cmd {
         Cmd::Cow(c) => cow::run(c),
         Cmd::Info(a) => info::run(a),

@@ -9,7 +9,9 @@ use crate::codec::Compression;
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum CowError {
-    #[error("I/O error at offset {offset}: {source}")]
+    /// The cause is the `source`, not part of the message: a report of the chain
+    /// (`{:#}`) prints it once.
+    #[error("I/O error at offset {offset}")]
     Io {
         offset: u64,
         #[source]
@@ -154,4 +156,32 @@ pub type Result<T> = std::result::Result<T, CowError>;
 
 pub(crate) fn io_at(offset: u64) -> impl FnOnce(std::io::Error) -> CowError {
     move |source| CowError::Io { offset, source }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn io_error_chain_prints_the_cause_once() {
+        let e = io_at(0)(std::io::Error::from_raw_os_error(libc::ENOENT));
+        assert_eq!(e.to_string(), "I/O error at offset 0");
+        let chain = anyhow_like_chain(&e);
+        assert_eq!(
+            chain,
+            "I/O error at offset 0: No such file or directory (os error 2)"
+        );
+    }
+
+    /// What `format!("{:#}", anyhow::Error::from(e))` prints: each error in the chain once.
+    fn anyhow_like_chain(e: &dyn std::error::Error) -> String {
+        let mut s = e.to_string();
+        let mut cur = e.source();
+        while let Some(c) = cur {
+            s.push_str(": ");
+            s.push_str(&c.to_string());
+            cur = c.source();
+        }
+        s
+    }
 }

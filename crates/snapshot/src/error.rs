@@ -4,11 +4,14 @@
 #[derive(Debug, thiserror::Error)]
 pub enum SnapError {
     /// An I/O error from the base or COW device (errno preserved for the C ABI).
-    #[error("{what}: {source}")]
+    ///
+    /// The cause is part of the message and deliberately not a `source` (a field named
+    /// `source` would be one): a report of the chain (`{:#}`) printed it twice. It stays in the
+    /// message because the C ABI (`From` below) and merge status strings take `to_string()`.
+    #[error("{what}: {cause}")]
     Io {
         what: &'static str,
-        #[source]
-        source: snapblk_core::Error,
+        cause: snapblk_core::Error,
     },
     /// The COW file could not be parsed or is inconsistent with the base.
     #[error("invalid COW: {0}")]
@@ -113,13 +116,13 @@ pub enum SnapError {
 impl SnapError {
     /// Wrap a core I/O error with what was being done.
     pub fn io(what: &'static str) -> impl FnOnce(snapblk_core::Error) -> SnapError {
-        move |source| SnapError::Io { what, source }
+        move |cause| SnapError::Io { what, cause }
     }
 
     /// The errno a C caller should see.
     pub fn errno(&self) -> i32 {
         match self {
-            SnapError::Io { source, .. } => source.errno,
+            SnapError::Io { cause, .. } => cause.errno,
             SnapError::ReadOnly => libc::EROFS,
             SnapError::Range { .. } | SnapError::Config(_) => libc::EINVAL,
             SnapError::Interrupted => libc::EINTR,
@@ -136,3 +139,31 @@ impl From<SnapError> for snapblk_core::Error {
 
 /// Result alias.
 pub type Result<T> = std::result::Result<T, SnapError>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What `format!("{:#}", anyhow::Error::from(e))` prints: each error of the chain once.
+    fn chain(e: &dyn std::error::Error) -> String {
+        let mut s = e.to_string();
+        let mut cur = e.source();
+        while let Some(c) = cur {
+            s.push_str(": ");
+            s.push_str(&c.to_string());
+            cur = c.source();
+        }
+        s
+    }
+
+    #[test]
+    fn io_error_chain_prints_the_cause_once() {
+        let cause = snapblk_core::Error::new(libc::EIO, "short read at offset 0");
+        let e = SnapError::io("reading COW header")(cause);
+        assert_eq!(chain(&e), "reading COW header: short read at offset 0");
+        // The C ABI sees the same text and the cause's errno.
+        let c: snapblk_core::Error = e.into();
+        assert_eq!(c.errno, libc::EIO);
+        assert_eq!(c.msg, "reading COW header: short read at offset 0");
+    }
+}

@@ -1,4 +1,4 @@
-//! Each cause of an error is printed once, in one line (issue 19, U4, item 11): library
+//! Each cause of an error is printed once, in one line (issue 19, U4, U12, item 11): library
 //! errors carry their cause as `source` and leave it out of their own message. Drives the
 //! real binary.
 
@@ -69,6 +69,26 @@ fn snapshot_io_errors_print_the_cause_once() {
             "snapblk: opening {empty} with base {base}: reading COW header: short read at \
              offset 0"
         )
+    );
+    std::fs::remove_dir_all(&d).unwrap();
+}
+
+#[test]
+fn a_command_that_cannot_start_is_named() {
+    let d = scratch("rec");
+    assert_eq!(
+        one_line_error(&[
+            "readahead",
+            "record",
+            "-o",
+            &p(&d, "x.list"),
+            "--scope",
+            &d.display().to_string(),
+            "--",
+            "/nonexistent/cmd",
+        ]),
+        "snapblk: cannot run the command \"/nonexistent/cmd\": No such file or directory (os \
+         error 2)"
     );
     std::fs::remove_dir_all(&d).unwrap();
 }

@@ -236,8 +236,13 @@ pub struct TraceSummary {
 /// Errors of a recording.
 #[derive(Debug, thiserror::Error)]
 pub enum RecordError {
-    #[error("cannot run the command: {0}")]
-    Spawn(std::io::Error),
+    /// The recorded command could not be started (the cause is the `source`).
+    #[error("cannot run the command {program:?}")]
+    Spawn {
+        program: String,
+        #[source]
+        source: std::io::Error,
+    },
     /// A scope that does not exist or cannot be resolved: recording it would silently record
     /// nothing.
     #[error("scope {}: {err}", crate::list::escape_path(.path))]
@@ -289,7 +294,10 @@ pub fn record(
     let tracer = trace.then(crate::trace::PageTrace::start).transpose()?;
     let t0 = Instant::now();
     let status = match trigger {
-        Trigger::Command(c) => Some(c.status().map_err(RecordError::Spawn)?),
+        Trigger::Command(c) => Some(c.status().map_err(|source| RecordError::Spawn {
+            program: c.get_program().to_string_lossy().into_owned(),
+            source,
+        })?),
         Trigger::Duration(d) => {
             std::thread::sleep(d);
             None

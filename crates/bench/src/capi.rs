@@ -205,6 +205,9 @@ impl Device for LibDevice {
     fn capacity(&self) -> u64 {
         self.capacity
     }
+    fn read_only(&self) -> bool {
+        self.get_bool("read-only").unwrap_or(false)
+    }
     fn alignment(&self) -> Alignment {
         self.alignment
     }

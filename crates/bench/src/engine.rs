@@ -121,6 +121,7 @@ pub fn run_workload(target: &mut dyn Target, spec: &JobSpec, opts: &RunOpts) -> 
     spec.validate()?;
     let n = spec.numjobs as usize;
     let mut dev = target.open(n, spec.direct)?;
+    spec.check_writable(dev.read_only())?;
     let align = dev.alignment();
     spec.check_alignment(&align)?;
     // Each request's buffer starts on a `buf-alignment` boundary.

@@ -303,6 +303,26 @@ impl JobSpec {
         )
     }
 
+    /// A job that writes (a write mode, a read/write mix, or `verify`, which writes its region
+    /// first) on a target opened read-only: refused before the first I/O.
+    pub fn check_writable(&self, target_read_only: bool) -> Result<()> {
+        if !target_read_only {
+            return Ok(());
+        }
+        let what = if self.rw.read_pct(self.rwmixread) < 100 {
+            format!("--rw {} writes", self.rw.name())
+        } else if self.verify {
+            "--verify writes the region first".to_string()
+        } else {
+            return Ok(());
+        };
+        Err(Error::Spec(format!(
+            "{}{what}, but the target is read-only (read-only=true in its spec, or a snapshot \
+             without writable=true)",
+            self.name_prefix()
+        )))
+    }
+
     /// `"name: "` for a named job, else empty.
     pub fn name_prefix(&self) -> String {
         if self.named {
@@ -623,6 +643,32 @@ fn apply_table(t: &toml::Table, spec: &mut JobSpec, sweep: &mut Sweep) -> Result
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn writing_jobs_need_a_writable_target() {
+        let mut j = JobSpec {
+            rw: RwMode::RandWrite,
+            ..JobSpec::default()
+        };
+        assert!(j.check_writable(false).is_ok());
+        let e = j.check_writable(true).unwrap_err().to_string();
+        assert!(
+            e.contains("--rw randwrite writes, but the target is read-only"),
+            "{e}"
+        );
+        j.rw = RwMode::Read;
+        assert!(j.check_writable(true).is_ok());
+        j.verify = true;
+        let e = j.check_writable(true).unwrap_err().to_string();
+        assert!(e.contains("--verify writes the region first"), "{e}");
+        j.verify = false;
+        j.rw = RwMode::RandRw;
+        j.rwmixread = 100;
+        assert!(
+            j.check_writable(true).is_ok(),
+            "randrw with 100 % reads only reads"
+        );
+    }
 
     #[test]
     fn negative_values_are_range_errors() {

@@ -47,6 +47,11 @@ pub trait Device: Send {
     /// of the kind `iomem` asks for, registered with the driver when it takes registrations;
     /// valid until the device is dropped.
     fn alloc_buf(&mut self, len: usize, iomem: Iomem) -> Result<MemRegion>;
+    /// The device was opened read-only (its `read-only` property): a job that writes is
+    /// refused before any I/O instead of failing at its first write (EBADF on a file).
+    fn read_only(&self) -> bool {
+        false
+    }
 }
 
 /// Private buffers ([`MemRegion::alloc_private`]) of a device, unmapped when dropped. A device
@@ -132,6 +137,9 @@ impl BlkioDevice {
 impl Device for BlkioDevice {
     fn capacity(&self) -> u64 {
         self.capacity
+    }
+    fn read_only(&self) -> bool {
+        self.blkio.get_bool("read-only").unwrap_or(false)
     }
     fn alignment(&self) -> Alignment {
         self.alignment

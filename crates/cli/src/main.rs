@@ -89,3 +89,16 @@ fn main() {
         std::process::exit(out::exit_status(&e));
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    /// clap's own consistency checks over every subcommand, with negative numbers allowed
+    /// (an argument that takes no value must not get the setting).
+    #[test]
+    fn command_tree_is_consistent() {
+        allow_negative_numbers(Cli::command()).debug_assert();
+    }
+}

@@ -12,11 +12,11 @@ use snapblk_cow::{Codec, Compression, CowReader, OpenOptions, ReadAt, WriterOpti
 
 use crate::outfile::{AtomicFile, refuse_alias, refuse_same};
 
-/// Print a line to stdout; a write error (full disk, closed pipe) is the command's error.
-macro_rules! outln {
+/// Print a line to stdout; a write error (full disk, closed pipe) is the command's error
+/// (`crate::out` turns a closed pipe into the quiet exit status 141).
+macro_rules! say {
     ($($t:tt)*) => {{
-        use std::io::Write as _;
-        writeln!(std::io::stdout().lock(), $($t)*).context("writing to standard output")?;
+        $crate::out::write($crate::out::Stream::Stdout, format_args!($($t)*), true)?;
     }};
 }
 
@@ -249,11 +249,11 @@ fn load_record(
 
 /// Warn once that nothing vouches for the base.
 fn warn_unverified(cow_path: &Path) {
-    eprintln!(
+    crate::out::errln_deferred(format_args!(
         "snapblk: warning: no record for {} ({} absent or --no-record): the base cannot be verified; give --base-sha256 to check it",
         cow_path.display(),
         record::sidecar_path(cow_path).display()
-    );
+    ));
 }
 
 fn name_blocks(v: &[u64]) -> String {
@@ -428,9 +428,9 @@ pub fn run(c: CowCmd) -> Result<()> {
                         "path": rec_path, "bytes": n, "seconds": s }),
                     None => serde_json::Value::Null,
                 };
-                outln!("{}", serde_json::to_string_pretty(&v)?);
+                say!("{}", serde_json::to_string_pretty(&v)?);
             } else {
-                outln!(
+                say!(
                     "{}: {} bytes; {} blocks: {} unchanged, {} copy, {} xor, {} zero, {} replace ({} ops), {} cycle breaks; {:.2} s",
                     out.display(),
                     stats.cow_bytes,
@@ -445,7 +445,7 @@ pub fn run(c: CowCmd) -> Result<()> {
                     secs
                 );
                 if let Some((n, _)) = rec_bytes {
-                    outln!("{}: {n} bytes (record)", rec_path.display());
+                    say!("{}: {n} bytes (record)", rec_path.display());
                 }
             }
             Ok(())
@@ -478,7 +478,7 @@ pub fn run(c: CowCmd) -> Result<()> {
                 if v.report.matches_expected == Some(true) {
                     line.push_str(", result equals the expected image");
                 }
-                outln!("{line}");
+                say!("{line}");
                 return Ok(());
             }
             let doc = match &res {
@@ -494,7 +494,7 @@ pub fn run(c: CowCmd) -> Result<()> {
                     })
                 }
             };
-            outln!("{}", serde_json::to_string_pretty(&doc)?);
+            say!("{}", serde_json::to_string_pretty(&doc)?);
             res.map(|_| ()).context("verify failed")
         }
         CowCmd::Apply {
@@ -537,26 +537,26 @@ fn inspect(cow: &Path, json: bool, ops: bool) -> Result<()> {
         if ops {
             v["ops"] = serde_json::to_value(r.ops())?;
         }
-        outln!("{}", serde_json::to_string_pretty(&v)?);
+        say!("{}", serde_json::to_string_pretty(&v)?);
         return Ok(());
     }
     let h = &s.header;
-    outln!(
+    say!(
         "Version: {}  header {} bytes  block size {}",
         s.version,
         h.header_size,
         h.block_size
     );
-    outln!(
+    say!(
         "File: {} bytes  compression {}",
         s.file_bytes,
         s.compression
     );
     match s.scratch_offset {
-        Some(o) => outln!("Scratch: {} bytes at offset {o}", s.scratch_size),
-        None => outln!("Scratch: none"),
+        Some(o) => say!("Scratch: {} bytes at offset {o}", s.scratch_size),
+        None => say!("Scratch: none"),
     }
-    outln!(
+    say!(
         "Merge progress: num_merge_ops = {} (u64 at offset {})",
         h.num_merge_ops,
         s.num_merge_ops_offset
@@ -568,7 +568,7 @@ fn inspect(cow: &Path, json: bool, ops: bool) -> Result<()> {
             .map(|(l, n)| format!("{l}@{n}"))
             .collect::<Vec<_>>()
             .join(" ");
-        outln!(
+        say!(
             "v3: op_count {} / {}  sequence {}  resume points [{points}]  max unit {}",
             h.op_count,
             h.op_count_max,
@@ -586,15 +586,15 @@ fn inspect(cow: &Path, json: bool, ops: bool) -> Result<()> {
             Some(f) => format!("at offset {}, {} ops", f.offset, f.num_ops),
             None => "none".into(),
         };
-        outln!(
+        say!(
             "v2: cluster_ops {}  sequence {}  labels [{labels}]  footer {footer}",
             h.cluster_ops,
             s.sequence_len
         );
     }
-    outln!("Records: {}  data ops: {}", s.records, s.data_ops);
+    say!("Records: {}  data ops: {}", s.records, s.data_ops);
     for (t, st) in &s.by_type {
-        outln!(
+        say!(
             "  {t:8} {:>10} ops {:>10} blocks {:>12} payload bytes",
             st.ops,
             st.blocks,
@@ -603,11 +603,11 @@ fn inspect(cow: &Path, json: bool, ops: bool) -> Result<()> {
     }
     for (t, n) in &s.op_counts {
         if !s.by_type.contains_key(t) {
-            outln!("  {t:8} {n:>10} records");
+            say!("  {t:8} {n:>10} records");
         }
     }
     for (c, n) in &s.payload_codecs {
-        outln!("  payloads decoded with {c}: {n}");
+        say!("  payloads decoded with {c}: {n}");
     }
     let first = s
         .merge
@@ -616,7 +616,7 @@ fn inspect(cow: &Path, json: bool, ops: bool) -> Result<()> {
         .map(u64::to_string)
         .collect::<Vec<_>>()
         .join(" ");
-    outln!(
+    say!(
         "Merge order: {} ops ({}), ordered prefix {}, merged {}, first [{first}]",
         s.merge.total,
         s.merge.source,
@@ -624,33 +624,33 @@ fn inspect(cow: &Path, json: bool, ops: bool) -> Result<()> {
         s.merge.merged
     );
     match &s.merge.error {
-        None => outln!("Merge order: consistent"),
-        Some(e) => outln!("Merge order: INVALID: {e}"),
+        None => say!("Merge order: consistent"),
+        Some(e) => say!("Merge order: INVALID: {e}"),
     }
     match &rec {
         Ok(Some(x)) => {
-            outln!("Record: {} ({rec_state})", rec_path.display());
-            outln!(
+            say!("Record: {} ({rec_state})", rec_path.display());
+            say!(
                 "  base {} bytes  sha256 {}",
                 x.base_size,
                 record::hex(&x.base_sha256)
             );
-            outln!(
+            say!(
                 "  new  {} bytes  sha256 {}",
                 x.target_size,
                 record::hex(&x.target_sha256)
             );
-            outln!(
+            say!(
                 "  digests: {} base blocks read, {} new blocks written",
                 x.read_digests.len(),
                 x.write_digests.len()
             );
         }
-        _ => outln!("Record: {} ({rec_state})", rec_path.display()),
+        _ => say!("Record: {} ({rec_state})", rec_path.display()),
     }
     if ops {
         for op in r.ops() {
-            outln!("{op:?}");
+            say!("{op:?}");
         }
     }
     Ok(())
@@ -946,7 +946,7 @@ fn write_record(cow_path: &Path, old: &Path, new: &Path, out: Option<PathBuf>) -
         .write_all(&rec.encode())
         .with_context(|| format!("write {}", out.display()))?;
     f.commit()?;
-    outln!(
+    say!(
         "{}: record of {} base blocks read and {} new blocks written",
         out.display(),
         rec.read_digests.len(),

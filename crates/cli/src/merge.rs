@@ -72,7 +72,7 @@ fn open_checked(a: &MergeArgs, mode: OpenMode) -> anyhow::Result<(Snapshot, bool
     if let Some(v) = verifier {
         snap.attach_verifier(v)?;
     } else {
-        eprintln!(
+        crate::out::errln_deferred(format_args!(
             "snapblk: warning: no COW record for {} ({}): the base cannot be verified; a merge into the wrong file is not detected",
             a.cow.display(),
             if a.no_record {
@@ -80,7 +80,7 @@ fn open_checked(a: &MergeArgs, mode: OpenMode) -> anyhow::Result<(Snapshot, bool
             } else {
                 "none beside it"
             }
-        );
+        ));
     }
     Ok((snap, has))
 }
@@ -134,7 +134,7 @@ pub fn run(a: MergeArgs) -> anyhow::Result<()> {
     let shrunk = shrink_base(&a, &snap)?;
     let bytes = report.blocks_written * snap.map().block_size();
     let sched = snap.sched_stats();
-    let mut out = std::io::stdout().lock();
+    let mut out = crate::out::stdout();
     if a.json {
         let v = serde_json::json!({
             "merged": report.total_ops,
@@ -214,7 +214,7 @@ fn check(a: &MergeArgs) -> anyhow::Result<()> {
             .map(|r| (done, total, r))
             .with_context(|| format!("merging {}", a.cow.display()))
     });
-    let mut out = std::io::stdout().lock();
+    let mut out = crate::out::stdout();
     match res {
         Ok((done, total, r)) => {
             if a.json {
@@ -264,7 +264,7 @@ fn status(a: &MergeArgs) -> anyhow::Result<()> {
     let (snap, has_record) = open_checked(a, OpenMode::default())?;
     let (done, total) = snap.merge_progress();
     let binding = snap.check_merge_base()?;
-    let mut out = std::io::stdout().lock();
+    let mut out = crate::out::stdout();
     if a.json {
         let v = serde_json::json!({
             "schema": "snapblk.merge-status.v1",
@@ -325,7 +325,7 @@ fn reset_progress(a: &MergeArgs) -> anyhow::Result<()> {
         MergeVerdict::ProgressOfAnotherFile => {}
         MergeVerdict::NotStarted => {
             writeln!(
-                std::io::stdout().lock(),
+                crate::out::stdout(),
                 "nothing to reset: the merge has not started"
             )?;
             return Ok(());
@@ -338,7 +338,7 @@ fn reset_progress(a: &MergeArgs) -> anyhow::Result<()> {
     snap.reset_merge_progress()
         .with_context(|| format!("resetting {}", a.cow.display()))?;
     writeln!(
-        std::io::stdout().lock(),
+        crate::out::stdout(),
         "reset the merge progress of {} ({done} ops counted on another file); the merge starts over on {}",
         a.cow.display(),
         a.base.display()

@@ -117,6 +117,43 @@ fn commands(d: &Path) -> Vec<Vec<String>> {
         v(&["bench", "null:size=1M", "--runtime", "0.05"]),
         v(&["bench", "null:size=1M", "--runtime", "0.05", "--json"]),
     ]
+    .into_iter()
+    .chain(cow_commands(d))
+    .collect()
+}
+
+/// `cow` and `merge` commands over a small image pair (their own output paths).
+fn cow_commands(d: &Path) -> Vec<Vec<String>> {
+    let (old, new) = snapblk_testsupport::image_pair(d, 256);
+    let cow = d.join("u.cow");
+    let s = |p: &Path| p.display().to_string();
+    let o = Command::new(BIN)
+        .args([
+            "cow",
+            "create",
+            "--old",
+            &s(&old),
+            "--new",
+            &s(&new),
+            "-o",
+            &s(&cow),
+        ])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let (old, new, cow, c2) = (s(&old), s(&new), s(&cow), s(&d.join("c2.cow")));
+    let v = |a: &[&str]| a.iter().map(|x| x.to_string()).collect::<Vec<_>>();
+    vec![
+        v(&[
+            "cow", "create", "--old", &old, "--new", &new, "-o", &c2, "--json",
+        ]),
+        v(&["cow", "inspect", &cow]),
+        v(&["cow", "inspect", &cow, "--json"]),
+        v(&["cow", "verify", &cow, "--base", &old]),
+        v(&["cow", "verify", &cow, "--base", &old, "--json"]),
+        v(&["merge", "--status", &cow, "--base", &old]),
+        v(&["merge", "--check", &cow, "--base", &old, "--json"]),
+    ]
 }
 
 #[test]

@@ -288,7 +288,7 @@ impl Snapshot {
             .map_err(|e| match e {
                 snapblk_cow::record::RecordError::Io { source, .. } => SnapError::Io {
                     what: "reading the base for the COW record check",
-                    source: source.into(),
+                    cause: source.into(),
                 },
                 other => SnapError::Format(other.to_string()),
             })

@@ -31,6 +31,7 @@
 //! `sync:path=disk.img,read-only=true`, `snapshot:base=B,cow=C,writable=true`.
 
 use snapblk_core::props::{Access, PropType, PropValue};
+pub mod fuzzing;
 pub use snapblk_core::{Blkio, Error, Result};
 use snapblk_drivers::{NullDriver, SyncDriver, UringDriver};
 

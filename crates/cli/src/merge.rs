@@ -34,7 +34,7 @@ pub struct MergeArgs {
     /// Only run the pre-merge check (bounds of every op, every payload still to merge decoded,
     /// merge order, windows without scratch, and with a COW record the base and every new
     /// block) and report progress so far; writes nothing.
-    #[arg(long, conflicts_with_all = ["status", "reset_progress"])]
+    #[arg(long, conflicts_with_all = ["status", "reset_progress", "progress", "stats"])]
     check: bool,
     /// Show the merge state: ops merged, the COW record, and (with a record) what the base is
     /// for this COW: not started, in progress, complete, progress of another file, already
@@ -102,6 +102,7 @@ fn open_context(e: SnapError, a: &MergeArgs) -> anyhow::Error {
 }
 
 pub fn run(a: MergeArgs) -> anyhow::Result<()> {
+    crate::outfile::refuse_same(("--base", &a.base), ("the COW", &a.cow))?;
     if a.check {
         return check(&a);
     }

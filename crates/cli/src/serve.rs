@@ -251,6 +251,7 @@ fn spec(a: &ServeArgs) -> anyhow::Result<String> {
 
 fn spec_base(a: &ServeArgs) -> anyhow::Result<String> {
     if let (Some(b), Some(c)) = (&a.base, &a.cow) {
+        crate::outfile::refuse_same(("--base", b), ("--cow", c))?;
         let (b, c) = (b.display().to_string(), c.display().to_string());
         if b.contains(',') || c.contains(',') {
             bail!("--base/--cow paths cannot contain ','");

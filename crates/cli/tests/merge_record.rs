@@ -241,3 +241,32 @@ fn without_a_record_merge_warns_once() {
     assert_eq!(err.matches("cannot be verified").count(), 1, "{err}");
     assert_file_eq(&base, &read(&c.new), "merged without a record");
 }
+
+#[test]
+fn the_same_file_as_base_and_cow_is_named_as_such() {
+    let c = Case::new("mrec-same", 256, &[]);
+    let cow = path_str(&c.cow);
+    let link = c.tmp.join("link.cow");
+    std::fs::hard_link(&c.cow, &link).unwrap();
+    for base in [cow, path_str(&link)] {
+        refused(&["merge", cow, "--base", base], "are the same file");
+        refused(
+            &["merge", "--check", cow, "--base", base],
+            "are the same file",
+        );
+        refused(
+            &["serve", "--base", base, "--cow", cow, "--nbd", "0"],
+            "are the same file",
+        );
+    }
+    // Flags that would do nothing with --check are refused by the parser (exit 2).
+    let o = snapblk(&[
+        "merge",
+        "--check",
+        "--progress",
+        cow,
+        "--base",
+        path_str(&c.old),
+    ]);
+    assert_eq!(o.status.code(), Some(2));
+}

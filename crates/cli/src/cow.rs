@@ -321,7 +321,27 @@ fn image_size(
     Ok(len)
 }
 
+/// With `--json`, a command that fails still prints a JSON document on stdout:
+/// `{"ok": false, "error": "..."}` (the error also goes to stderr, as always).
+fn json_verdict_on_error(json: bool, r: Result<()>) -> Result<()> {
+    if let (true, Err(e)) = (json, &r) {
+        // An error writing to stdout itself is not repeated there.
+        if e.downcast_ref::<std::io::Error>().is_none() {
+            let doc = serde_json::json!({ "ok": false, "error": format!("{e:#}") });
+            say!("{}", serde_json::to_string_pretty(&doc)?);
+        }
+    }
+    r
+}
+
 pub fn run(c: CowCmd) -> Result<()> {
+    if let CowCmd::Create { json: true, .. } = &c {
+        return json_verdict_on_error(true, run_cmd(c));
+    }
+    run_cmd(c)
+}
+
+fn run_cmd(c: CowCmd) -> Result<()> {
     match c {
         CowCmd::Create {
             old,
@@ -450,7 +470,10 @@ pub fn run(c: CowCmd) -> Result<()> {
             }
             Ok(())
         }
-        CowCmd::Inspect { cow, json, ops } => inspect(&cow, json, ops),
+        CowCmd::Inspect { cow, json, ops } => {
+            let r = inspect(&cow, json, ops);
+            json_verdict_on_error(json, r)
+        }
         CowCmd::Verify {
             cow,
             base,

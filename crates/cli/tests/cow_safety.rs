@@ -718,3 +718,40 @@ fn cow_record_seals_a_cow_made_by_android_tools() {
     ]);
     assert_file_eq(&out, &read(&target), "golden apply with a record");
 }
+
+#[test]
+fn json_commands_print_a_verdict_when_they_fail() {
+    let c = Case::new("safety-json-fail", 256, &[]);
+    let junk = c.p("junk.cow");
+    std::fs::write(&junk, b"not a cow").unwrap();
+    let missing = c.p("missing.img");
+    for args in [
+        vec!["cow", "inspect", "--json", path_str(&junk)],
+        vec![
+            "cow",
+            "create",
+            "--json",
+            "--old",
+            path_str(&c.old),
+            "--new",
+            path_str(&missing),
+            "-o",
+            path_str(&c.p("x.cow")),
+        ],
+        vec![
+            "cow",
+            "verify",
+            "--json",
+            path_str(&c.cow),
+            "--base",
+            path_str(&missing),
+        ],
+    ] {
+        let o = snapblk(&args);
+        assert_eq!(o.status.code(), Some(1), "{args:?}");
+        let j: serde_json::Value = serde_json::from_slice(&o.stdout)
+            .unwrap_or_else(|e| panic!("{args:?}: stdout is not JSON ({e})"));
+        assert_eq!(j["ok"], false, "{args:?}: {j}");
+        assert!(j["error"].as_str().is_some_and(|e| !e.is_empty()), "{j}");
+    }
+}

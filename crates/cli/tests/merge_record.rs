@@ -194,7 +194,7 @@ fn blocks_that_do_not_come_out_as_recorded_are_refused_before_writing() {
     );
     assert_eq!(read(&base), read(&c.old));
     // Two neighbouring COPY ops (same run) with their sources swapped: the sets of blocks read and written are
-    // unchanged, so only the content check can see it.
+    // unchanged; the digest of the COW's ops in the record sees it.
     let bad2 = c.cow_copy("bad2.cow");
     let copies = ops_of(&bad2, "copy");
     let (a, b) = (&copies[0], &copies[1]);
@@ -214,7 +214,7 @@ fn blocks_that_do_not_come_out_as_recorded_are_refused_before_writing() {
     assert_eq!((src(&j[0]), src(&j[1])), (sb, sa), "patched");
     refused(
         &["merge", path_str(&bad2), "--base", path_str(&base)],
-        "does not match the COW record",
+        "does not describe this COW",
     );
     assert_eq!(read(&base), read(&c.old));
 }
@@ -269,4 +269,95 @@ fn the_same_file_as_base_and_cow_is_named_as_such() {
         path_str(&c.old),
     ]);
     assert_eq!(o.status.code(), Some(2));
+}
+
+#[test]
+fn a_shrinking_update_that_moves_the_old_tail_merges_and_serves() {
+    let tmp = TempDir::new("mrec-shrink-tail");
+    let old = snapblk_testsupport::pattern(256 * 4096, 21);
+    // The new image is 240 blocks and starts with the old image's last 8 blocks (sources past
+    // the new end).
+    let mut new = old[..240 * 4096].to_vec();
+    new[..8 * 4096].copy_from_slice(&old[248 * 4096..]);
+    let (o, n) = (tmp.join("old.img"), tmp.join("new.img"));
+    std::fs::write(&o, &old).unwrap();
+    std::fs::write(&n, &new).unwrap();
+    let cow = tmp.join("u.cow");
+    ok(&[
+        "cow",
+        "create",
+        "--old",
+        path_str(&o),
+        "--new",
+        path_str(&n),
+        "-o",
+        path_str(&cow),
+    ]);
+    let base = tmp.join("b.img");
+    std::fs::copy(&o, &base).unwrap();
+    let st: serde_json::Value = serde_json::from_str(&ok(&[
+        "merge",
+        "--status",
+        "--json",
+        path_str(&cow),
+        "--base",
+        path_str(&base),
+    ]))
+    .unwrap();
+    assert_eq!(st["base"], "not-started", "{st}");
+    ok(&["merge", path_str(&cow), "--base", path_str(&base)]);
+    assert_file_eq(&base, &new, "shrunk base, tail moved to the front");
+}
+
+#[test]
+fn verify_base_does_not_refuse_a_merge_that_has_started() {
+    let c = Case::new("mrec-verify-base", 256, &[]);
+    let cow = c.cow_copy("m.cow");
+    let base = c.file_copy(&c.old, "b.img");
+    ok(&[
+        "merge",
+        "--check",
+        "--verify-base",
+        path_str(&cow),
+        "--base",
+        path_str(&base),
+    ]);
+    ok(&["merge", path_str(&cow), "--base", path_str(&base)]);
+    // The base now holds the new image: its SHA-256 is no longer the old one's, and that is
+    // right for a merge that has written; the content binding says "complete".
+    let st: serde_json::Value = serde_json::from_str(&ok(&[
+        "merge",
+        "--status",
+        "--json",
+        "--verify-base",
+        path_str(&cow),
+        "--base",
+        path_str(&base),
+    ]))
+    .unwrap();
+    assert_eq!(st["base"], "complete", "{st}");
+    ok(&[
+        "merge",
+        "--verify-base",
+        path_str(&cow),
+        "--base",
+        path_str(&base),
+    ]);
+    // Before any merge, --verify-base still checks the whole base.
+    let near = c.file_copy(&c.old, "near.img");
+    let mut d = read(&near);
+    let last = d.len() - 1;
+    d[last] ^= 1;
+    std::fs::write(&near, d).unwrap();
+    let fresh = c.cow_copy("f.cow");
+    refused(
+        &[
+            "merge",
+            "--verify-base",
+            path_str(&fresh),
+            "--base",
+            path_str(&near),
+        ],
+        "SHA-256",
+    );
 }

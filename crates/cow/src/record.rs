@@ -10,6 +10,7 @@
 //! | version (1), block size | 4 + 4 |
 //! | base size, target size (bytes) | 8 + 8 |
 //! | SHA-256 of the whole base, of the whole target | 32 + 32 |
+//! | SHA-256 of the COW's data ops (type, block, source, payload place and codec, in file order) | 32 |
 //! | read-range count R, write-range count W | 4 + 4 |
 //! | R read ranges, then W write ranges: `(first block u64, block count u64)` | 16 each |
 //! | one XXH3-128 digest per block of the read ranges, then per block of the write ranges | 16 each |
@@ -34,7 +35,7 @@ use crate::reader::CowReader;
 pub const SUFFIX: &str = ".snapblk";
 const MAGIC: &[u8; 8] = b"SBLKREC1";
 const VERSION: u32 = 1;
-const FIXED: usize = 8 + 4 + 4 + 8 + 8 + 32 + 32 + 4 + 4;
+const FIXED: usize = 8 + 4 + 4 + 8 + 8 + 32 + 32 + 32 + 4 + 4;
 /// Largest record accepted: 2^26 digests (256 GiB of changed 4 KiB blocks), ~1 GiB of record.
 const MAX_BLOCKS: u64 = 1 << 26;
 /// Most ranges of one kind accepted (a COW's block map has at most one run per block).
@@ -92,6 +93,8 @@ pub struct Record {
     pub target_size: u64,
     pub base_sha256: [u8; 32],
     pub target_sha256: [u8; 32],
+    /// [`ops_digest`] of the COW the record describes.
+    pub cow_ops_sha256: [u8; 32],
     pub read: Vec<Range>,
     pub read_digests: Vec<BlockDigest>,
     pub write: Vec<Range>,
@@ -107,6 +110,33 @@ pub fn read_set<R: ReadAt>(cow: &CowReader<R>) -> Vec<Range> {
         .collect();
     v.sort_unstable();
     merge_runs(v)
+}
+
+/// SHA-256 of what the COW's data ops say (type, new block, source, payload offset, length,
+/// codec and unit, in file order): binds a record to one COW, whatever its block sets. Merge
+/// progress and the scratch area are not part of it (a merge changes them).
+pub fn ops_digest<R: ReadAt>(cow: &CowReader<R>) -> [u8; 32] {
+    use crate::reader::OpKind;
+    let mut h = Sha256::new();
+    for op in cow.data_ops() {
+        let (tag, src) = match op.kind {
+            OpKind::Copy { source_block } => (1u8, source_block),
+            OpKind::Replace { .. } => (2, 0),
+            OpKind::Zero => (3, 0),
+            OpKind::Xor { source_offset, .. } => (4, source_offset),
+            _ => (0, 0),
+        };
+        h.update([tag]);
+        h.update(op.new_block.to_le_bytes());
+        h.update(src.to_le_bytes());
+        if let Some(p) = op.payload() {
+            h.update(p.offset.to_le_bytes());
+            h.update(p.len.to_le_bytes());
+            h.update(p.unit_blocks.to_le_bytes());
+            h.update(p.codec.name().as_bytes());
+        }
+    }
+    h.finalize().into()
 }
 
 /// Target blocks the COW produces, as sorted, merged runs.
@@ -220,6 +250,7 @@ impl Record {
             target_size: new.len() as u64,
             base_sha256,
             target_sha256,
+            cow_ops_sha256: ops_digest(cow),
             read,
             read_digests,
             write,
@@ -242,6 +273,7 @@ impl Record {
         v.extend_from_slice(&self.target_size.to_le_bytes());
         v.extend_from_slice(&self.base_sha256);
         v.extend_from_slice(&self.target_sha256);
+        v.extend_from_slice(&self.cow_ops_sha256);
         v.extend_from_slice(&(self.read.len() as u32).to_le_bytes());
         v.extend_from_slice(&(self.write.len() as u32).to_le_bytes());
         for (s, n) in self.read.iter().chain(&self.write) {
@@ -294,8 +326,10 @@ impl Record {
         base_sha256.copy_from_slice(&body[32..64]);
         let mut target_sha256 = [0u8; 32];
         target_sha256.copy_from_slice(&body[64..96]);
-        let nr = u64::from(u32_at(96));
-        let nw = u64::from(u32_at(100));
+        let mut cow_ops_sha256 = [0u8; 32];
+        cow_ops_sha256.copy_from_slice(&body[96..128]);
+        let nr = u64::from(u32_at(128));
+        let nw = u64::from(u32_at(132));
         if nr > MAX_RANGES || nw > MAX_RANGES {
             return Err(dmg("too many ranges"));
         }
@@ -349,6 +383,7 @@ impl Record {
             target_size,
             base_sha256,
             target_sha256,
+            cow_ops_sha256,
             read,
             read_digests,
             write,
@@ -389,6 +424,11 @@ impl Record {
         if self.read != read_set(cow) {
             return Err(RecordError::Stale(
                 "the base blocks it reads differ from the record's".into(),
+            ));
+        }
+        if self.cow_ops_sha256 != ops_digest(cow) {
+            return Err(RecordError::Stale(
+                "its ops differ from the record's".into(),
             ));
         }
         Ok(())
@@ -625,37 +665,28 @@ pub fn check_merge_binding(
     };
     let mut done: Vec<u64> = last
         .iter()
-        .filter(|&(_, &i)| i < merged)
+        .filter(|&(&b, &i)| i < merged && ix.target_digest(b).is_some())
         .map(|(&b, _)| b)
         .collect();
     done.sort_unstable();
-    for b in done {
-        if let Some(want) = ix.target_digest(b) {
-            read(b, &mut buf)?;
-            out.merged_blocks_checked += 1;
-            if block_digest(&buf) != want {
-                out.merged_mismatches.push(b);
-            }
-        }
-    }
+    check_runs(
+        &done,
+        bs,
+        &|b| ix.target_digest(b),
+        &mut read,
+        &mut out.merged_mismatches,
+        &mut out.merged_blocks_checked,
+    )?;
     let mut sources = |from: usize, bad: &mut Vec<u64>, n: &mut u64| -> Result<(), RecordError> {
         let mut v: Vec<u64> = ops[from.min(ops.len())..]
             .iter()
             .filter_map(|o| o.source)
             .flat_map(|(s, c)| s..s + c)
+            .filter(|&b| ix.base_digest(b).is_some())
             .collect();
         v.sort_unstable();
         v.dedup();
-        for b in v {
-            if let Some(want) = ix.base_digest(b) {
-                read(b, &mut buf)?;
-                *n += 1;
-                if block_digest(&buf) != want {
-                    bad.push(b);
-                }
-            }
-        }
-        Ok(())
+        check_runs(&v, bs, &|b| ix.base_digest(b), &mut read, bad, n)
     };
     sources(
         sources_from.max(merged),
@@ -686,8 +717,42 @@ pub fn check_merge_binding(
     Ok(out)
 }
 
-/// Reads one base block.
+/// Reads base blocks from the first one into a buffer of whole blocks.
 type BlockRead<'a> = dyn FnMut(u64, &mut [u8]) -> Result<(), RecordError> + 'a;
+
+/// Most blocks read at once by [`check_runs`].
+const RUN_BLOCKS: usize = 256;
+
+/// Read the sorted, distinct `blocks` in runs of consecutive blocks (at most [`RUN_BLOCKS`]),
+/// compare each with `want(block)`, and collect the blocks that differ.
+fn check_runs(
+    blocks: &[u64],
+    bs: usize,
+    want: &dyn Fn(u64) -> Option<BlockDigest>,
+    read: &mut BlockRead<'_>,
+    bad: &mut Vec<u64>,
+    checked: &mut u64,
+) -> Result<(), RecordError> {
+    let mut buf = Vec::new();
+    let mut i = 0;
+    while i < blocks.len() {
+        let mut j = i + 1;
+        while j < blocks.len() && blocks[j] == blocks[j - 1] + 1 && j - i < RUN_BLOCKS {
+            j += 1;
+        }
+        buf.resize((j - i) * bs, 0);
+        read(blocks[i], &mut buf)?;
+        for (k, chunk) in buf.chunks_exact(bs).enumerate() {
+            let b = blocks[i + k];
+            *checked += 1;
+            if want(b) != Some(block_digest(chunk)) {
+                bad.push(b);
+            }
+        }
+        i = j;
+    }
+    Ok(())
+}
 
 fn all_written_match(
     rec: &Record,
@@ -742,6 +807,7 @@ mod tests {
             target_size: 12 * 4096,
             base_sha256: [1; 32],
             target_sha256: [2; 32],
+            cow_ops_sha256: [3; 32],
             read: vec![(0, 2), (5, 1)],
             read_digests: vec![1, 2, 3],
             write: vec![(3, 4), (11, 1)],
@@ -764,6 +830,7 @@ mod tests {
             target_size: new.len() as u64,
             base_sha256: sha256(&old),
             target_sha256: sha256(&new),
+            cow_ops_sha256: [0; 32],
             read: vec![(5, 1)],
             read_digests: vec![blk(&old, 5)],
             write: vec![(1, 1), (6, 1)],

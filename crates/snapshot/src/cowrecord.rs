@@ -61,7 +61,19 @@ pub fn load_verifier(
             rec.base_size
         )));
     }
-    if eager {
+    // The whole-base checks hold only before the merge has written anything: a merge in
+    // progress (counted ops, or a first window staged in scratch) is bound to its base by
+    // `Snapshot::check_merge_base` instead.
+    let h = reader.header();
+    let started = h.num_merge_ops > 0 || {
+        let mut state = [0u8; 1];
+        h.buffer_size > 0
+            && cow_f
+                .read_exact_at(u64::from(h.header_size), &mut state)
+                .is_ok()
+            && state[0] == crate::snapshot::scratch_state::DONE
+    };
+    if eager && !started {
         let mut check = RecordCheck::default();
         record::check_base(&rec, &base_f, &mut check).map_err(record_err(&path))?;
         if !check.base_mismatches.is_empty() {
@@ -86,26 +98,34 @@ pub fn load_verifier(
             )));
         }
     }
-    Ok(Some(shared(&cow_f, &path, rec)))
+    Ok(Some(shared(&cow_f, &base_f, &path, rec)))
 }
 
 /// One verifier per (COW file, record file) in the process, so every open of the same snapshot
 /// (the driver's and an export's zero-copy planner's) shares what has been verified.
-fn shared(cow: &std::fs::File, rec_path: &Path, rec: Record) -> Arc<Verifier> {
+/// The key includes the base: a block that passed over one base says nothing about another.
+fn shared(
+    cow: &std::fs::File,
+    base: &std::fs::File,
+    rec_path: &Path,
+    rec: Record,
+) -> Arc<Verifier> {
     use std::collections::HashMap;
     use std::os::unix::fs::MetadataExt;
     use std::sync::{Mutex, OnceLock, Weak};
-    type Key = (u64, u64, u64, u64, i64, i64);
+    type Key = [u64; 8];
     static ALL: OnceLock<Mutex<HashMap<Key, Weak<Verifier>>>> = OnceLock::new();
-    let key = match (cow.metadata(), std::fs::metadata(rec_path)) {
-        (Ok(c), Ok(r)) => (
+    let key = match (cow.metadata(), base.metadata(), std::fs::metadata(rec_path)) {
+        (Ok(c), Ok(b), Ok(r)) => [
             c.dev(),
             c.ino(),
+            b.dev(),
+            b.ino(),
             r.dev(),
             r.ino(),
-            r.mtime(),
-            r.mtime_nsec(),
-        ),
+            r.mtime() as u64,
+            r.mtime_nsec() as u64,
+        ],
         _ => return Arc::new(Verifier::new(rec)),
     };
     let mut all = ALL
@@ -144,7 +164,7 @@ pub fn merge_refusal(b: &MergeBinding, merged: usize) -> Option<SnapError> {
             return None;
         }
         MergeVerdict::ProgressOfAnotherFile => format!(
-            "the COW counts {merged} merged ops, but this base is untouched (every block the COW reads matches the record): that progress was made on another file; nothing was written. To merge into this base, reset the COW's progress with `snapblk merge --reset-progress`"
+            "the COW counts {merged} merged ops, but every block it reads here still holds its old data and the merged blocks do not hold the new: that progress was made on another file; nothing was written. To merge into this base, reset the COW's progress with `snapblk merge --reset-progress`"
         ),
         MergeVerdict::AlreadyUpdated => "this base already holds the new image (every block the COW writes matches the record); merging again would corrupt it, so nothing was written".to_owned(),
         MergeVerdict::WrongBase => {

@@ -282,16 +282,22 @@ pub fn open_devs_sized(
             .map_err(SnapError::io("reading COW header"))?;
         u32::from_le_bytes([h[18], h[19], h[20], h[21]]).max(1) as u64
     };
-    let capacity = size.filter(|&n| n <= base_len).unwrap_or(base_len) / probe_bs * probe_bs;
+    let capacity = base_len / probe_bs * probe_bs;
     let (map, layout, _) = load(src, capacity)?;
-    Snapshot::open(SnapshotParts {
+    let snap = Snapshot::open(SnapshotParts {
         base,
         cow,
         map,
         layout,
         decoder: Arc::new(CowDecoder),
         config: cfg,
-    })
+    })?;
+    // The map keeps the base's size (COPY/XOR sources may lie past the new end); the device is
+    // the new image's.
+    if let Some(n) = size.filter(|&n| n < capacity && n.is_multiple_of(probe_bs)) {
+        snap.limit_capacity(n)?;
+    }
+    Ok(snap)
 }
 
 /// A [`BlockDev`] as snapblk-cow's [`ReadAt`].

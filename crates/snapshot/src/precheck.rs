@@ -177,7 +177,13 @@ pub fn precheck(snap: &Snapshot, opts: &MergeOptions<'_>) -> Result<PrecheckRepo
         }
     }
 
-    let (decoded, threads) = decode_all(snap, &compressed)?;
+    // With a COW record, the content check below decodes every payload still to merge through
+    // the device (and checks what it decodes to): decoding them here too would double the work.
+    let (decoded, threads) = if snap.verifier().is_some() {
+        (0, 0)
+    } else {
+        decode_all(snap, &compressed)?
+    };
     rep.payloads_decoded = compressed.len() as u64;
     rep.payload_bytes = compressed.iter().map(|(_, p)| p.stored_len as u64).sum();
     rep.decoded_bytes = decoded;
@@ -187,22 +193,71 @@ pub fn precheck(snap: &Snapshot, opts: &MergeOptions<'_>) -> Result<PrecheckRepo
     // merge comes out exactly as the record says (a payload that decodes to the wrong bytes, a
     // COPY source pointing at another block of the base).
     if snap.verifier().is_some() {
-        let merged = snap.lock_view().merged;
-        if let Some(b) = snap.check_merge_base()? {
+        let (merged, staged) = {
+            let v = snap.lock_view();
+            (v.merged, v.staged.is_some())
+        };
+        // A merge that has not started: every block it will write comes out as recorded only
+        // if every base block it reads holds its old data, so the content check below proves
+        // the base too; the base is read block by block only to explain a failure. A merge in
+        // progress must first prove that the blocks it already wrote hold the new data.
+        let fresh = merged == 0 && !staged;
+        let explain = |e: SnapError| -> Result<SnapError> {
+            if let Some(b) = snap.check_merge_base()?
+                && let Some(refusal) = crate::cowrecord::merge_refusal(&b, merged)
+            {
+                return Ok(refusal);
+            }
+            Ok(e)
+        };
+        if !fresh && let Some(b) = snap.check_merge_base()? {
             if let Some(e) = crate::cowrecord::merge_refusal(&b, merged) {
                 return Err(e);
             }
             rep.record = Some(b.verdict);
             rep.record_base_blocks = b.source_blocks_checked + b.merged_blocks_checked;
         }
-        rep.record_new_blocks = verify_new_blocks(snap, from)?;
+        let checked = verify_staged(snap).and_then(|n| Ok(n + verify_new_blocks(snap, from)?));
+        rep.record_new_blocks = match checked {
+            Ok(n) => n,
+            Err(e @ SnapError::Corrupt { .. }) if fresh => return Err(explain(e)?),
+            Err(e) => return Err(e),
+        };
+        if fresh {
+            rep.record = Some(snapblk_cow::record::MergeVerdict::NotStarted);
+        }
     }
     rep.seconds = t0.elapsed().as_secs_f64();
     Ok(rep)
 }
 
-/// Read every block the ops from `from` on write through the snapshot, which checks each against
-/// the COW record (a mismatch is [`SnapError::Corrupt`]). Returns the blocks read.
+/// A window staged in scratch by an interrupted merge is written from its staged copy (its
+/// sources may be gone): check each staged block the merge will write against the record.
+fn verify_staged(snap: &Snapshot) -> Result<u64> {
+    let (Some(v), Some(w)) = (snap.verifier(), snap.lock_view().staged.clone()) else {
+        return Ok(0);
+    };
+    let map = &snap.map;
+    let bs = map.block_size() as usize;
+    let mut n = 0;
+    for k in w.start..w.end {
+        let b = map.ops()[k].new_block;
+        if map.lookup(b) != Some(k) {
+            continue;
+        }
+        let slot = (k - w.start) * bs;
+        let data = w.data.get(slot..slot + bs).ok_or(SnapError::MergeFailed)?;
+        n += 1;
+        if !v.check(b, data) {
+            return Err(SnapError::Corrupt { block: b });
+        }
+    }
+    Ok(n)
+}
+
+/// Read every block the ops from `from` on write (each block the op the map uses for it owns)
+/// through the snapshot, which checks each against the COW record (a mismatch is
+/// [`SnapError::Corrupt`]). Returns the blocks read.
 fn verify_new_blocks(snap: &Snapshot, from: usize) -> Result<u64> {
     let map = &snap.map;
     let bs = map.block_size();
@@ -211,22 +266,54 @@ fn verify_new_blocks(snap: &Snapshot, from: usize) -> Result<u64> {
         .iter()
         .enumerate()
         .skip(from)
-        .filter(|&(i, _)| map.is_winner(i))
-        .flat_map(|(_, op)| op.new_block..op.new_block.saturating_add(op.blocks()))
+        .flat_map(|(i, op)| {
+            (op.new_block..op.new_block.saturating_add(op.blocks()))
+                .filter(move |&b| map.lookup(b) == Some(i))
+        })
         .collect();
     blocks.sort_unstable();
     blocks.dedup();
-    let mut buf = Vec::new();
+    // Runs of consecutive blocks, at most 1 MiB each, read on up to MAX_THREADS threads.
+    let mut runs: Vec<(usize, usize)> = Vec::new();
     let mut i = 0;
     while i < blocks.len() {
-        // A run of consecutive blocks, at most 1 MiB.
         let mut j = i + 1;
         while j < blocks.len() && blocks[j] == blocks[j - 1] + 1 && (j - i) as u64 * bs < 1 << 20 {
             j += 1;
         }
-        buf.resize((j - i) * bs as usize, 0);
-        snap.read_class(IoClass::Merge, blocks[i] * bs, &mut buf)?;
+        runs.push((i, j));
         i = j;
+    }
+    let threads = std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .clamp(1, MAX_THREADS)
+        .min(runs.len().max(1));
+    let next = AtomicUsize::new(0);
+    let first_err: Mutex<Option<(usize, SnapError)>> = Mutex::new(None);
+    let work = || {
+        let mut buf = Vec::new();
+        loop {
+            let r = next.fetch_add(1, Ordering::Relaxed);
+            let Some(&(i, j)) = runs.get(r) else { break };
+            buf.resize((j - i) * bs as usize, 0);
+            if let Err(e) = snap.read_class(IoClass::Merge, blocks[i] * bs, &mut buf) {
+                let mut f = first_err.lock().unwrap_or_else(|e| e.into_inner());
+                if f.as_ref().is_none_or(|(at, _)| r < *at) {
+                    *f = Some((r, e));
+                }
+                // Later runs need not be read.
+                next.store(runs.len(), Ordering::Relaxed);
+            }
+        }
+    };
+    std::thread::scope(|sc| {
+        for _ in 1..threads {
+            sc.spawn(work);
+        }
+        work();
+    });
+    if let Some((_, e)) = first_err.into_inner().unwrap_or_else(|e| e.into_inner()) {
+        return Err(e);
     }
     Ok(blocks.len() as u64)
 }

@@ -129,6 +129,10 @@ pub struct Snapshot {
     /// The COW record's digests of the new image, when one is attached: every block with a
     /// digest is checked once before it is served (a mismatch is [`SnapError::Corrupt`]).
     verifier: OnceLock<Arc<Verifier>>,
+    /// The device size when it is smaller than the map's (a shrinking update, from the COW
+    /// record): reads and writes past it are out of range; COPY/XOR sources may still lie past it
+    /// in the base.
+    size_limit: OnceLock<u64>,
 }
 
 impl Snapshot {
@@ -188,6 +192,7 @@ impl Snapshot {
             write_lock: Mutex::new(()),
             header: Mutex::new(header),
             verifier: OnceLock::new(),
+            size_limit: OnceLock::new(),
         };
         let pers = s.persisted();
         if pers.num_merge_ops > s.map.ops().len() as u64 {
@@ -374,7 +379,25 @@ impl Snapshot {
 
     /// Device size in bytes.
     pub fn capacity(&self) -> u64 {
-        self.map.capacity()
+        match self.size_limit.get() {
+            Some(&n) => n,
+            None => self.map.capacity(),
+        }
+    }
+
+    /// Make the device `size` bytes (a multiple of the block size, no larger than the base): the
+    /// new image of a shrinking update. Once, before serving.
+    pub fn limit_capacity(&self, size: u64) -> Result<()> {
+        let bs = self.map.block_size();
+        if size > self.map.capacity() || !size.is_multiple_of(bs) {
+            return Err(SnapError::Config(format!(
+                "device size {size} must be a multiple of {bs} no larger than {}",
+                self.map.capacity()
+            )));
+        }
+        self.size_limit
+            .set(size)
+            .map_err(|_| SnapError::Config("the device size is already limited".into()))
     }
     /// Whether writes are accepted.
     pub fn writable(&self) -> bool {
@@ -535,6 +558,15 @@ impl Snapshot {
     pub fn read_class(&self, class: IoClass, offset: u64, buf: &mut [u8]) -> Result<()> {
         let view = self.lock_view();
         let len = buf.len() as u64;
+        if let Some(&cap) = self.size_limit.get()
+            && offset.checked_add(len).is_none_or(|e| e > cap)
+        {
+            return Err(SnapError::Range {
+                offset,
+                len,
+                capacity: cap,
+            });
+        }
         if self.verifier.get().is_some() && self.needs_verification(offset, len) {
             return self.read_checked(class, &view, offset, buf);
         }

@@ -247,6 +247,24 @@ fn load_record(
     Ok(Some((path, rec)))
 }
 
+/// Remove the record of the COW about to be replaced (and make that durable), so it never sits
+/// beside a COW it does not describe.
+fn remove_stale_record(rec_path: &Path) -> Result<()> {
+    match std::fs::remove_file(rec_path) {
+        Ok(()) => {
+            let dir = match rec_path.parent() {
+                Some(d) if !d.as_os_str().is_empty() => d.to_owned(),
+                _ => PathBuf::from("."),
+            };
+            std::fs::File::open(&dir)
+                .and_then(|d| d.sync_all())
+                .with_context(|| format!("sync directory {}", dir.display()))
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(e).with_context(|| format!("remove the old record {}", rec_path.display())),
+    }
+}
+
 /// Warn once that nothing vouches for the base.
 fn warn_unverified(cow_path: &Path) {
     crate::out::errln_deferred(format_args!(
@@ -426,11 +444,13 @@ fn run_cmd(c: CowCmd) -> Result<()> {
                     .write_all(&bytes)
                     .with_context(|| format!("write {}", rec_path.display()))?;
                 rec_bytes = Some((bytes.len(), t_rec.elapsed().as_secs_f64()));
-                // The COW first: a record without its COW is harmless, and a COW that appears
-                // without its record is only unverifiable.
+                // An old record goes first, then the new COW, then its record: a crash between
+                // the steps leaves a COW without a record (unverifiable, never misjudged).
+                remove_stale_record(&rec_path)?;
                 out_file.commit()?;
                 rf.commit()?;
             } else {
+                remove_stale_record(&rec_path)?;
                 out_file.commit()?;
             }
             let total = t0.elapsed().as_secs_f64();

@@ -755,3 +755,67 @@ fn json_commands_print_a_verdict_when_they_fail() {
         assert!(j["error"].as_str().is_some_and(|e| !e.is_empty()), "{j}");
     }
 }
+
+#[test]
+fn a_new_cow_never_sits_beside_an_old_record() {
+    let c = Case::new("safety-stale-record", 256, &[]);
+    let (old, new, cow) = (path_str(&c.old), path_str(&c.new), path_str(&c.cow));
+    // Another new image with the same blocks changed, different contents.
+    let mut other = read(&c.new);
+    other[150 * 4096 + 100] ^= 0x55;
+    let other_p = c.p("other.img");
+    std::fs::write(&other_p, &other).unwrap();
+    ok(&[
+        "cow",
+        "create",
+        "--old",
+        old,
+        "--new",
+        path_str(&other_p),
+        "-o",
+        cow,
+        "--no-record",
+    ]);
+    assert!(
+        !c.record().exists(),
+        "the old record is removed with --no-record"
+    );
+    let out = c.p("o.img");
+    ok(&[
+        "cow",
+        "apply",
+        cow,
+        "--base",
+        old,
+        "-o",
+        path_str(&out),
+        "--no-record",
+    ]);
+    assert_file_eq(&out, &other, "the new COW");
+    // A record of another COW with the same block sets is stale by its ops digest.
+    ok(&[
+        "cow",
+        "create",
+        "--old",
+        old,
+        "--new",
+        new,
+        "-o",
+        path_str(&c.p("a.cow")),
+    ]);
+    ok(&[
+        "cow",
+        "create",
+        "--old",
+        old,
+        "--new",
+        path_str(&other_p),
+        "-o",
+        path_str(&c.p("b.cow")),
+    ]);
+    std::fs::copy(c.p("a.cow.snapblk"), c.p("b.cow.snapblk")).unwrap();
+    refused(
+        &["cow", "verify", path_str(&c.p("b.cow")), "--base", old],
+        "does not describe this COW",
+    );
+}

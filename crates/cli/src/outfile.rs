@@ -59,13 +59,38 @@ pub struct AtomicFile {
     target: PathBuf,
     /// The named temporary file when `O_TMPFILE` is not available (removed on drop).
     named: Option<PathBuf>,
+    /// Mode to give the file: the replaced file's, or the default for a new one after the umask.
     mode: u32,
+    /// Owner of the replaced file, given back when we may (as root).
+    owner: Option<(u32, u32)>,
+}
+
+/// Follow `p` while it is a symlink (at most 40 links), so an output named by a link replaces the
+/// file it points to, not the link.
+fn resolve_links(p: &Path) -> Result<PathBuf> {
+    let mut p = p.to_owned();
+    for _ in 0..40 {
+        match std::fs::symlink_metadata(&p) {
+            Ok(m) if m.file_type().is_symlink() => {
+                let to =
+                    std::fs::read_link(&p).with_context(|| format!("read link {}", p.display()))?;
+                p = match p.parent() {
+                    Some(dir) if to.is_relative() => dir.join(to),
+                    _ => to,
+                };
+            }
+            _ => return Ok(p),
+        }
+    }
+    bail!("{}: too many levels of symbolic links", p.display())
 }
 
 impl AtomicFile {
     /// Start writing `target`. Refuses targets that are not regular files (block devices,
     /// FIFOs, `/dev/stdout`): they cannot be replaced atomically.
     pub fn create(target: &Path) -> Result<AtomicFile> {
+        let target = &resolve_links(target)?;
+        let mut owner = None;
         let mode = match std::fs::metadata(target) {
             Ok(m) if m.is_dir() => bail!("{} is a directory", target.display()),
             Ok(m) if !m.is_file() => {
@@ -81,19 +106,28 @@ impl AtomicFile {
                     target.display()
                 );
             }
-            Ok(m) => m.permissions().mode() & 0o7777,
-            Err(_) => 0o666,
+            Ok(m) => {
+                owner = Some((m.uid(), m.gid()));
+                m.permissions().mode() & 0o7777
+            }
+            Err(_) => 0o666 & !umask(),
         };
         let dir = match target.parent() {
             Some(d) if !d.as_os_str().is_empty() => d.to_owned(),
             _ => PathBuf::from("."),
         };
-        let tmp = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .mode(0o600)
-            .custom_flags(libc::O_TMPFILE)
-            .open(&dir);
+        // Naming an O_TMPFILE file goes through /proc/self/fd; without /proc (a chroot, a
+        // minimal container) use a named temporary file from the start.
+        let tmp = if Path::new("/proc/self/fd").is_dir() {
+            OpenOptions::new()
+                .read(true)
+                .write(true)
+                .mode(0o600)
+                .custom_flags(libc::O_TMPFILE)
+                .open(&dir)
+        } else {
+            Err(std::io::Error::from_raw_os_error(libc::EOPNOTSUPP))
+        };
         let (file, named) = match tmp {
             Ok(f) => (f, None),
             Err(e)
@@ -121,6 +155,7 @@ impl AtomicFile {
             target: target.to_owned(),
             named,
             mode,
+            owner,
         })
     }
 
@@ -132,8 +167,12 @@ impl AtomicFile {
     /// Sync the data, give it the target's mode, and put it in place of the target.
     pub fn commit(mut self) -> Result<()> {
         let t = self.target.display().to_string();
+        if let Some((uid, gid)) = self.owner {
+            // Only root may give a file away; anyone else keeps owning the new file.
+            let _ = std::os::unix::fs::fchown(&self.file, Some(uid), Some(gid));
+        }
         self.file
-            .set_permissions(std::fs::Permissions::from_mode(self.mode & !umask()))
+            .set_permissions(std::fs::Permissions::from_mode(self.mode))
             .with_context(|| format!("set the mode of {t}"))?;
         self.file.sync_all().with_context(|| format!("sync {t}"))?;
         let tmp = match self.named.take() {
@@ -240,6 +279,38 @@ mod tests {
             1,
             "no temp left"
         );
+    }
+
+    #[test]
+    fn commit_keeps_a_mode_the_umask_would_change() {
+        let d = tempfile::tempdir().unwrap();
+        let t = d.path().join("out.img");
+        std::fs::write(&t, b"old").unwrap();
+        std::fs::set_permissions(&t, std::fs::Permissions::from_mode(0o666)).unwrap();
+        let a = AtomicFile::create(&t).unwrap();
+        a.commit().unwrap();
+        let m = std::fs::metadata(&t).unwrap().permissions().mode() & 0o777;
+        assert_eq!(m, 0o666);
+    }
+
+    #[test]
+    fn a_symlinked_output_replaces_the_file_it_points_to() {
+        let d = tempfile::tempdir().unwrap();
+        std::fs::create_dir(d.path().join("real")).unwrap();
+        let real = d.path().join("real/target.img");
+        std::fs::write(&real, b"old").unwrap();
+        let link = d.path().join("link.img");
+        std::os::unix::fs::symlink("real/target.img", &link).unwrap();
+        let a = AtomicFile::create(&link).unwrap();
+        a.file().write_all(b"new").unwrap();
+        a.commit().unwrap();
+        assert!(
+            std::fs::symlink_metadata(&link)
+                .unwrap()
+                .file_type()
+                .is_symlink()
+        );
+        assert_eq!(std::fs::read(&real).unwrap(), b"new");
     }
 
     #[test]

@@ -247,6 +247,22 @@ fn load_record(
     Ok(Some((path, rec)))
 }
 
+/// `--base-sha256`: the whole base must have this digest.
+fn check_base_sha(base: &std::fs::File, path: &Path, want: Option<[u8; 32]>) -> Result<()> {
+    let Some(want) = want else {
+        return Ok(());
+    };
+    let got = record::sha256_of(base).context("hashing the base")?;
+    if got != want {
+        bail!(
+            "base {} has SHA-256 {}, not the --base-sha256 given",
+            path.display(),
+            record::hex(&got)
+        );
+    }
+    Ok(())
+}
+
 /// Remove the record of the COW about to be replaced (and make that durable), so it never sits
 /// beside a COW it does not describe.
 fn remove_stale_record(rec_path: &Path) -> Result<()> {
@@ -757,16 +773,7 @@ fn verify(
     let exp = expect
         .map(|p| open_input(p, "expected image"))
         .transpose()?;
-    if let Some(want) = base_sha {
-        let got = record::sha256_of(&base_f).context("hashing the base")?;
-        if got != want {
-            bail!(
-                "base {} has SHA-256 {}, not the --base-sha256 given",
-                base_path.display(),
-                record::hex(&got)
-            );
-        }
-    }
+    check_base_sha(&base_f, base_path, base_sha)?;
     let mut check = RecordCheck::default();
     if let Some((rp, x)) = &rec {
         record::check_base(x, &base_f, &mut check)?;
@@ -896,16 +903,7 @@ fn apply(
     }
     let base_len = base_f.size()?;
     let len = image_size(&r, base_path, base_len, rec.as_ref().map(|x| &x.1), size)?;
-    if let Some(want) = base_sha {
-        let got = record::sha256_of(&base_f).context("hashing the base")?;
-        if got != want {
-            bail!(
-                "base {} has SHA-256 {}, not the --base-sha256 given",
-                base_path.display(),
-                record::hex(&got)
-            );
-        }
-    }
+    check_base_sha(&base_f, base_path, base_sha)?;
     if let Some((rp, x)) = &rec {
         let mut check = RecordCheck::default();
         record::check_base(x, &base_f, &mut check)?;

@@ -7,43 +7,11 @@
 
 use snapblk_testsupport::{TempDir, assert_file_eq, image_pair, path_str};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Stdio};
 
-fn snapblk(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_snapblk"))
-        .args(args)
-        .stdin(Stdio::null())
-        .output()
-        .expect("run snapblk")
-}
-
-fn ok(args: &[&str]) -> String {
-    let o = snapblk(args);
-    assert!(
-        o.status.success(),
-        "snapblk {args:?} failed: {}",
-        String::from_utf8_lossy(&o.stderr)
-    );
-    String::from_utf8(o.stdout).unwrap()
-}
-
-/// Runs a command that must fail with one `snapblk:` line containing `want`; returns stderr.
-fn refused(args: &[&str], want: &str) -> String {
-    let o = snapblk(args);
-    let err = String::from_utf8_lossy(&o.stderr).into_owned();
-    assert_eq!(o.status.code(), Some(1), "snapblk {args:?}: {err}");
-    assert!(!err.contains("panicked"), "{err}");
-    let last = err.lines().last().unwrap_or("");
-    assert!(
-        last.starts_with("snapblk: ") && last.contains(want),
-        "{args:?}: {err}"
-    );
-    err
-}
-
-fn read(p: &Path) -> Vec<u8> {
-    std::fs::read(p).unwrap()
-}
+#[path = "cli_common.rs"]
+mod common;
+use common::{ok, read, refused, snapblk};
 
 /// Names of the entries of `dir`, sorted.
 fn entries(dir: &Path) -> Vec<String> {

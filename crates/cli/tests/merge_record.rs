@@ -6,39 +6,10 @@
 
 use snapblk_testsupport::{TempDir, assert_file_eq, image_pair, path_str};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
 
-fn snapblk(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_snapblk"))
-        .args(args)
-        .output()
-        .expect("run snapblk")
-}
-
-fn ok(args: &[&str]) -> String {
-    let o = snapblk(args);
-    assert!(
-        o.status.success(),
-        "snapblk {args:?}: {}",
-        String::from_utf8_lossy(&o.stderr)
-    );
-    String::from_utf8(o.stdout).unwrap()
-}
-
-fn refused(args: &[&str], want: &str) -> String {
-    let o = snapblk(args);
-    let err = String::from_utf8_lossy(&o.stderr).into_owned();
-    assert_eq!(o.status.code(), Some(1), "{args:?}: {err}");
-    assert!(
-        err.lines().last().is_some_and(|l| l.contains(want)),
-        "{args:?}: {err}"
-    );
-    err
-}
-
-fn read(p: &Path) -> Vec<u8> {
-    std::fs::read(p).unwrap()
-}
+#[path = "cli_common.rs"]
+mod common;
+use common::{ok, read, refused, snapblk};
 
 struct Case {
     tmp: TempDir,

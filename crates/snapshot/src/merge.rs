@@ -32,7 +32,7 @@ use crate::io::Dev;
 use crate::map::{MergeView, OpKind, StagedWindow};
 use crate::precheck::{PrecheckReport, precheck};
 use crate::sched::IoClass;
-use crate::snapshot::{NUM_MERGE_OPS_OFFSET, Snapshot, scratch_state};
+use crate::snapshot::{Snapshot, scratch_state};
 use serde::Serialize;
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -386,22 +386,7 @@ impl Merger<'_> {
 
     /// Persist `num_merge_ops = n` (and the state byte) with one write in the first 4 KiB.
     fn write_progress(&self, n: usize, state: Option<u8>) -> Result<()> {
-        let h = self.snap.layout.header_size as usize;
-        let bytes = {
-            let mut hdr = self.snap.header.lock().unwrap_or_else(|e| e.into_inner());
-            hdr[26..34].copy_from_slice(&(n as u64).to_le_bytes());
-            match (state, self.snap.layout.scratch()) {
-                (Some(s), Some(_)) => {
-                    hdr[h] = s;
-                    hdr[26..=h].to_vec()
-                }
-                _ => hdr[26..34].to_vec(),
-            }
-        };
-        self.snap
-            .io
-            .write(IoClass::Merge, Dev::Cow, NUM_MERGE_OPS_OFFSET, &bytes)?;
-        self.snap.io.flush(IoClass::Merge, Dev::Cow)
+        self.snap.write_merge_progress(n, state)
     }
 
     /// Step 4: commit and let readers use the base for ops `< merged`.

@@ -300,25 +300,32 @@ impl Snapshot {
     }
 
     /// Set the merge progress back to "not started" (num_merge_ops 0, scratch state byte 0),
-    /// durably. For a COW whose progress belongs to another file: the caller has proven this
-    /// base untouched ([`Snapshot::check_merge_base`]). Needs the COW open for writing.
+    /// durably. For a COW whose progress belongs to another file: the caller has proven it with
+    /// [`Snapshot::check_merge_base`]. Needs the COW open for writing.
     pub fn reset_merge_progress(&self) -> Result<()> {
+        self.write_merge_progress(0, Some(scratch_state::NOT_STARTED))?;
+        *self.view.write().unwrap_or_else(|e| e.into_inner()) = MergeView::default();
+        Ok(())
+    }
+
+    /// Persist `num_merge_ops = n` (and the scratch state byte, when the file has scratch) in one
+    /// write inside the COW's first page, then flush.
+    pub(crate) fn write_merge_progress(&self, n: usize, state: Option<u8>) -> Result<()> {
         let h = self.layout.header_size as usize;
         let bytes = {
             let mut hdr = self.header.lock().unwrap_or_else(|e| e.into_inner());
-            hdr[26..34].copy_from_slice(&0u64.to_le_bytes());
-            if self.layout.scratch().is_some() {
-                hdr[h] = scratch_state::NOT_STARTED;
-                hdr[26..=h].to_vec()
-            } else {
-                hdr[26..34].to_vec()
+            hdr[26..34].copy_from_slice(&(n as u64).to_le_bytes());
+            match (state, self.layout.scratch()) {
+                (Some(s), Some(_)) => {
+                    hdr[h] = s;
+                    hdr[26..=h].to_vec()
+                }
+                _ => hdr[26..34].to_vec(),
             }
         };
         self.io
             .write(IoClass::Merge, Dev::Cow, NUM_MERGE_OPS_OFFSET, &bytes)?;
-        self.io.flush(IoClass::Merge, Dev::Cow)?;
-        *self.view.write().unwrap_or_else(|e| e.into_inner()) = MergeView::default();
-        Ok(())
+        self.io.flush(IoClass::Merge, Dev::Cow)
     }
 
     /// The attached verifier.

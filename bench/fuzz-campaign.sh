@@ -44,8 +44,10 @@ PY
       for g in v2_xor_seq_lz4 v3_copy_chain_seq v2_basic_none; do
         local G=$ROOT/tests/data/aosp-cow/$g
         cp "$G/snapshot.cow" "$d/../$g.cow"
-        "$bin" cow record "$d/../$g.cow" --old "$G/base.img" --new "$G/target.img" -o "$d/$g" > /dev/null
-        rm -f "$d/../$g.cow"
+        "$bin" cow record "$d/../$g.cow" --old "$G/base.img" --new "$G/target.img" -o "$d/../$g.rec" > /dev/null
+        # The harness's flag byte (bit 0: repair the checksum), then the record.
+        { printf '\001'; cat "$d/../$g.rec"; } > "$d/$g"
+        rm -f "$d/../$g.cow" "$d/../$g.rec"
       done ;;
     cow/sparse)
       head -c 65536 /dev/urandom > "$d/../seed.img"

@@ -3,7 +3,8 @@
 
 #![allow(dead_code)]
 
-use std::path::Path;
+use snapblk_testsupport::{TempDir, image_pair, path_str};
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
 /// Run `snapblk ARGS` with no standard input.
@@ -44,4 +45,48 @@ pub fn refused(args: &[&str], want: &str) -> String {
 /// The bytes of a file.
 pub fn read(p: &Path) -> Vec<u8> {
     std::fs::read(p).unwrap()
+}
+
+/// An image pair (`snapblk_testsupport::image_pair`) and the COW `cow create` made of it, with
+/// its record, in a fresh directory.
+pub struct Case {
+    pub tmp: TempDir,
+    pub old: PathBuf,
+    pub new: PathBuf,
+    pub cow: PathBuf,
+}
+
+impl Case {
+    /// `new_blocks` 4 KiB blocks of new image; `extra` flags for `cow create`.
+    pub fn new(tag: &str, new_blocks: usize, extra: &[&str]) -> Case {
+        let tmp = TempDir::new(tag);
+        let (old, new) = image_pair(tmp.path(), new_blocks);
+        let cow = tmp.join("u.cow");
+        let mut args = vec!["cow", "create", "--old", path_str(&old), "--new"];
+        args.extend([path_str(&new), "-o", path_str(&cow)]);
+        args.extend(extra);
+        ok(&args);
+        Case { tmp, old, new, cow }
+    }
+    /// A path in the case's directory.
+    pub fn p(&self, name: &str) -> PathBuf {
+        self.tmp.join(name)
+    }
+    /// The COW's record.
+    pub fn record(&self) -> PathBuf {
+        PathBuf::from(format!("{}.snapblk", self.cow.display()))
+    }
+    /// A copy of the COW and its record named `name`.
+    pub fn cow_copy(&self, name: &str) -> PathBuf {
+        let c = self.p(name);
+        std::fs::copy(&self.cow, &c).unwrap();
+        std::fs::copy(self.record(), format!("{}.snapblk", c.display())).unwrap();
+        c
+    }
+    /// A copy of `src` named `name`.
+    pub fn file_copy(&self, src: &Path, name: &str) -> PathBuf {
+        let p = self.p(name);
+        std::fs::copy(src, &p).unwrap();
+        p
+    }
 }

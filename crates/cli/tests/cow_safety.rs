@@ -5,13 +5,13 @@
 //! real binary; the findings they reproduce are rows D1, D2, D6, C2, H1, W1, W2, W3 of the
 //! data-safety issue (docs/safety.md maps them).
 
-use snapblk_testsupport::{TempDir, assert_file_eq, image_pair, path_str};
-use std::path::{Path, PathBuf};
+use snapblk_testsupport::{TempDir, assert_file_eq, path_str};
+use std::path::Path;
 use std::process::{Command, Stdio};
 
 #[path = "cli_common.rs"]
 mod common;
-use common::{ok, read, refused, snapblk};
+use common::{Case, ok, read, refused, snapblk};
 
 /// Names of the entries of `dir`, sorted.
 fn entries(dir: &Path) -> Vec<String> {
@@ -21,32 +21,6 @@ fn entries(dir: &Path) -> Vec<String> {
         .collect();
     v.sort();
     v
-}
-
-struct Case {
-    tmp: TempDir,
-    old: PathBuf,
-    new: PathBuf,
-    cow: PathBuf,
-}
-
-impl Case {
-    fn new(tag: &str, new_blocks: usize, extra: &[&str]) -> Case {
-        let tmp = TempDir::new(tag);
-        let (old, new) = image_pair(tmp.path(), new_blocks);
-        let cow = tmp.join("u.cow");
-        let mut args = vec!["cow", "create", "--old", path_str(&old), "--new"];
-        args.extend([path_str(&new), "-o", path_str(&cow)]);
-        args.extend(extra);
-        ok(&args);
-        Case { tmp, old, new, cow }
-    }
-    fn p(&self, name: &str) -> PathBuf {
-        self.tmp.join(name)
-    }
-    fn record(&self) -> PathBuf {
-        PathBuf::from(format!("{}.snapblk", self.cow.display()))
-    }
 }
 
 #[test]

@@ -4,55 +4,12 @@
 //! shows what the base is, `--reset-progress` recovers a COW consumed on the wrong file, and a
 //! shrinking update leaves the base exactly the new image's size (W2).
 
-use snapblk_testsupport::{TempDir, assert_file_eq, image_pair, path_str};
-use std::path::{Path, PathBuf};
+use snapblk_testsupport::{TempDir, assert_file_eq, path_str};
+use std::path::Path;
 
 #[path = "cli_common.rs"]
 mod common;
-use common::{ok, read, refused, snapblk};
-
-struct Case {
-    tmp: TempDir,
-    old: PathBuf,
-    new: PathBuf,
-    cow: PathBuf,
-}
-
-impl Case {
-    fn new(tag: &str, blocks: usize, extra: &[&str]) -> Case {
-        let tmp = TempDir::new(tag);
-        let (old, new) = image_pair(tmp.path(), blocks);
-        let cow = tmp.join("u.cow");
-        let mut args = vec![
-            "cow",
-            "create",
-            "--old",
-            path_str(&old),
-            "--new",
-            path_str(&new),
-        ];
-        args.extend(["-o", path_str(&cow)]);
-        args.extend(extra);
-        ok(&args);
-        Case { tmp, old, new, cow }
-    }
-    /// A copy of the COW and its record named `name`.
-    fn cow_copy(&self, name: &str) -> PathBuf {
-        let c = self.tmp.join(name);
-        std::fs::copy(&self.cow, &c).unwrap();
-        std::fs::copy(
-            format!("{}.snapblk", self.cow.display()),
-            format!("{}.snapblk", c.display()),
-        )
-        .unwrap();
-        c
-    }
-    fn file_copy(&self, src: &Path, name: &str) -> PathBuf {
-        let p = self.tmp.join(name);
-        std::fs::copy(src, &p).unwrap();
-        p
-    }
-}
+use common::{Case, ok, read, refused, snapblk};
 
 #[test]
 fn wrong_and_already_updated_bases_are_refused_with_nothing_written() {

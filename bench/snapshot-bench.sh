@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Snapshot driver benchmarks (see crates/snapshot/examples/snapbench.rs for what each one does):
 #  * 4 KiB QD1 random reads of a COPY-only COW through the snapshot driver vs raw pread of the
-#    base — the goal (issue #4: <= 1.1x) — and vs the same queue API on the raw base (`sync` and
+#    base — the goal (<= 1.1x) — and vs the same queue API on the raw base (`sync` and
 #    `io_uring` drivers), which shows what the queue API alone costs;
 #  * REPLACE-lz4 sequential 1 MiB reads vs in-memory lz4 decoding of the same units (goal >= 0.8x);
 #  * merge vs a sequential in-place copy (goal >= 0.8x), worst case (every block moves by one) and
@@ -18,7 +18,7 @@
 # usage: bench/snapshot-bench.sh [DIR] [IMAGE_MiB] [ROUNDS] [SECTIONS]
 #        (SECTIONS: comma list of copy,lz4,merge,fg,ir,precheck,verify; default all but
 #        precheck and verify)
-# results: bench/results/snapshot-<time>.json (timed) and snapshot-ir-<time>.json (callgrind)
+# results: bench/results/scratch/snapshot-<time>.json (timed) and snapshot-ir-<time>.json (callgrind)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 dir=${1:-/dev/shm/snapblk-snapbench}
@@ -30,18 +30,18 @@ case "$(stat -f -c %T "$(dirname "$dir")" 2>/dev/null || echo unknown)" in
   *) echo "warning: $dir is not on tmpfs; figures will include the disk" >&2 ;;
 esac
 cargo build --release -p snapblk-snapshot --example snapbench >&2
-mkdir -p bench/results
+mkdir -p bench/results/scratch
 stamp=$(date +%Y%m%d-%H%M%S)
 timed=${sections//,ir/}
 timed=${timed//ir,/}
 if [ "$timed" != "ir" ] && [ -n "$timed" ]; then
-  out=bench/results/snapshot-$stamp.json
+  out=bench/results/scratch/snapshot-$stamp.json
   ./target/release/examples/snapbench "$dir" "$mib" "$rounds" "$timed" | tee "$out"
   rm -rf "$dir"
   echo "wrote $out" >&2
 fi
 if [[ ",$sections," == *",ir,"* ]]; then
-  out=bench/results/snapshot-ir-$stamp.json
+  out=bench/results/scratch/snapshot-ir-$stamp.json
   bench/snapshot/ir-per-read.sh "$dir-ir" 16 | tee "$out"
   echo "wrote $out" >&2
 fi

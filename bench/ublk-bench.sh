@@ -9,7 +9,7 @@
 #                   replace-lz4 (compressible new data, lz4), replace-none (uncompressed REPLACE)
 # Reports IOPS and the VM's busy CPU time per I/O (server + kernel + load generator) and ratios
 # against loop. Under TCG (software emulation) absolute numbers are meaningless; ratios are not.
-# Env: SIZE_MB (32), SECS (2 per run), ROUNDS (3), VM_SMP (1), VM_MEM. Output also saved in bench/results/.
+# Env: SIZE_MB (32), SECS (2 per run), ROUNDS (3), VM_SMP (1), VM_MEM. Output also saved in bench/results/scratch/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SIZE_MB=${SIZE_MB:-32}
@@ -50,8 +50,8 @@ ls -la "$I"
 VM_MEM=${VM_MEM:-2G} VM_TIMEOUT=${VM_TIMEOUT:-1800} \
     VM_APPEND="${VM_APPEND:-}" bash tests/vm/vm.sh run "$P" || { echo "guest benchmark failed"; exit 1; }
 
-mkdir -p bench/results
-out=bench/results/ublk-bench-$(date +%Y%m%d-%H%M%S).txt
+mkdir -p bench/results/scratch
+out=bench/results/scratch/ublk-bench-$(date +%Y%m%d-%H%M%S).txt
 grep -a '^BENCH ' tests/vm/cache/last-run.log | awk '
 function num(s, k,   m) { m = s; sub(".*\"" k "\":", "", m); sub("[,}].*", "", m); return m + 0 }
 function median(arr, key, cnt,   i, j, t, v) {   # median of arr[key, 1..cnt]

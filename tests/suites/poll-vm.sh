@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Poll queues (issue #3): the C test tests/c/poll_test.c against snapblk's libblkio.so.1.
+# Poll queues: the C test tests/c/poll_test.c against snapblk's libblkio.so.1.
 # Host: O_DIRECT tmpfs file, ext4 file and loop device have no polling -> supports-poll-queues
 # false and blkio_start with num-poll-queues=1 fails with EINVAL "Poll queues not supported".
 # VM (tests/vm/vm.sh, Debian's newest kernel): an emulated NVMe disk with nvme.poll_queues=1,

@@ -407,7 +407,7 @@ fn bench_copy_qd1(dir: &Path, blocks: u64, rounds: usize) -> serde_json::Value {
     let mut ratios = serde_json::Map::new();
     ratios.insert(
         "goal".into(),
-        "p50 snapshot_driver / p50 pread <= 1.1 (issue #4); vs sync_driver: the same queue API on the raw base".into(),
+        "p50 snapshot_driver / p50 pread <= 1.1 (the goal); vs sync_driver: the same queue API on the raw base".into(),
     );
     for (name, a, b) in [
         ("snapshot_driver_vs_sync_driver", snap, idx("sync_driver")),

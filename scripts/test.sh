@@ -21,12 +21,20 @@ echo "free disk space before the build: $(free_space)"
 step "cargo fmt --check"
 cargo fmt --all -- --check || fail=1
 
+step "source checks: file length, architecture guide, dated documents"
+bash scripts/check-file-length.sh || fail=1
+bash scripts/check-architecture.sh || fail=1
+bash scripts/check-docs.sh || fail=1
+
 step "cargo build (debug and release binaries used by the suites)"
 cargo build --workspace --all-targets || build_failed
 cargo build --release -p snapblk-cli -p snapblk-capi || build_failed
 
 step "cargo clippy"
 cargo clippy --workspace --all-targets -- -D warnings || fail=1
+
+step "cargo doc (warnings denied: broken intra-doc links fail)"
+RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps -q || fail=1
 
 step "cargo test"
 cargo test --workspace --no-fail-fast 2>&1 | tee target/cargo-test.log

@@ -34,6 +34,12 @@ pub struct DeviceInfo {
     pub supports_poll_queues: bool,
     pub flush_needed: bool,
     pub can_grow: bool,
+    /// `max-queues`: the most queues (regular plus poll) `start` may create.
+    pub max_queues: i32,
+    /// `needs-mem-regions`: request buffers must lie inside mapped memory regions.
+    pub needs_mem_regions: bool,
+    /// `needs-mem-region-fd`: memory regions must have a file descriptor.
+    pub needs_mem_region_fd: bool,
 }
 
 impl Default for DeviceInfo {
@@ -58,6 +64,9 @@ impl Default for DeviceInfo {
             supports_poll_queues: false,
             flush_needed: true,
             can_grow: false,
+            max_queues: i32::MAX,
+            needs_mem_regions: false,
+            needs_mem_region_fd: false,
         }
     }
 }
@@ -222,14 +231,14 @@ impl Blkio {
             "read-only" => PropValue::Bool(info.map_or(self.read_only, |i| i.read_only)),
             "can-add-queues" => PropValue::Bool(self.driver.can_add_queues()),
             "capacity" => PropValue::U64(self.driver.capacity()?),
-            "max-queues" => PropValue::Int(i32::MAX),
+            "max-queues" => PropValue::Int(i.max_queues),
             "num-queues" => PropValue::Int(self.num_queues),
             "num-poll-queues" => PropValue::Int(self.num_poll_queues),
             "supports-poll-queues" => PropValue::Bool(info.is_some_and(|i| i.supports_poll_queues)),
             "max-mem-regions" => PropValue::U64(u64::MAX),
-            "may-pin-mem-regions" | "needs-mem-regions" | "needs-mem-region-fd" => {
-                PropValue::Bool(false)
-            }
+            "may-pin-mem-regions" => PropValue::Bool(false),
+            "needs-mem-regions" => PropValue::Bool(i.needs_mem_regions),
+            "needs-mem-region-fd" => PropValue::Bool(i.needs_mem_region_fd),
             "mem-region-alignment" => PropValue::U64(i.mem_region_alignment),
             "optimal-io-alignment" => PropValue::Int(i.optimal_io_alignment),
             "optimal-io-size" => PropValue::Int(i.optimal_io_size),
@@ -382,6 +391,12 @@ impl Blkio {
         }
         if self.num_poll_queues > 0 && !self.info.as_ref().is_some_and(|i| i.supports_poll_queues) {
             return Err(Error::inval("Poll queues not supported"));
+        }
+        let max = self.info.as_ref().map_or(i32::MAX, |i| i.max_queues);
+        if i64::from(self.num_queues) + i64::from(self.num_poll_queues) > i64::from(max) {
+            return Err(Error::inval(format!(
+                "num_queues + num_poll_queues must not be greater than {max}"
+            )));
         }
         let mut queues = Vec::new();
         for _ in 0..self.num_queues {

@@ -388,3 +388,60 @@ fn queue_slots_and_regions() {
     assert!(b.free_mem_region(&r).is_err());
     let _leak = b.alloc_mem_region(4096).unwrap(); // freed by drop
 }
+
+/// A driver whose device limits its queues and needs memory regions (as virtio-blk does).
+struct Limited;
+
+impl Driver for Limited {
+    fn name(&self) -> &str {
+        "limited"
+    }
+    fn get_prop(&self, _: &str, _: State) -> Result<PropValue> {
+        Err(Error::new(libc::ENOENT, "Unknown property name"))
+    }
+    fn set_prop(&mut self, _: &str, _: PropValue, _: State) -> Result<()> {
+        Err(Error::new(libc::ENOENT, "Unknown property name"))
+    }
+    fn connect(&mut self, ro: bool) -> Result<DeviceInfo> {
+        Ok(DeviceInfo {
+            read_only: ro,
+            max_queues: 2,
+            needs_mem_regions: true,
+            needs_mem_region_fd: true,
+            ..DeviceInfo::default()
+        })
+    }
+    fn capacity(&self) -> Result<u64> {
+        Ok(1 << 20)
+    }
+    fn create_queue(&mut self, poll: bool) -> Result<Box<dyn Queue>> {
+        Ok(Box::new(fq(poll, true)))
+    }
+}
+
+#[test]
+fn device_limits_and_region_needs_come_from_the_driver() {
+    let mut b = dummy(false);
+    b.connect().unwrap();
+    assert_eq!(b.get_int("max-queues").unwrap(), i32::MAX);
+    assert!(!b.get_bool("needs-mem-regions").unwrap());
+    assert!(!b.get_bool("needs-mem-region-fd").unwrap());
+    let mut b = Blkio::new(Box::new(Limited));
+    b.connect().unwrap();
+    assert_eq!(b.get_int("max-queues").unwrap(), 2);
+    assert!(b.get_bool("needs-mem-regions").unwrap());
+    assert!(b.get_bool("needs-mem-region-fd").unwrap());
+    b.set_int("num-queues", 3).unwrap();
+    let e = b.start().unwrap_err();
+    assert_eq!(
+        (e.errno, &*e.msg),
+        (
+            libc::EINVAL,
+            "num_queues + num_poll_queues must not be greater than 2"
+        )
+    );
+    assert_eq!(b.state(), State::Connected);
+    b.set_int("num-queues", 2).unwrap();
+    b.start().unwrap();
+    assert!(b.queue(1, false).is_some());
+}

@@ -200,24 +200,35 @@ impl Spec {
 /// [`open`] for an already parsed spec (e.g. one a caller added defaults to).
 pub fn open_spec(s: &Spec, num_queues: i32) -> Result<Blkio> {
     let mut b = create(&s.driver)?;
-    let is_late = |b: &Blkio, name: &str| {
-        b.prop_specs()
-            .any(|p| p.name == name && p.access == Access::RwConnected)
-    };
-    for (k, v) in &s.props {
-        if !is_late(&b, k) {
-            set_spec_prop(&mut b, k, v)?;
-        }
-    }
+    set_spec_props(&mut b, s, false)?;
     b.connect()?;
     b.set_int("num-queues", num_queues)?;
-    for (k, v) in &s.props {
-        if is_late(&b, k) {
-            set_spec_prop(&mut b, k, v)?;
-        }
-    }
+    set_spec_props(&mut b, s, true)?;
     b.start()?;
     Ok(b)
+}
+
+/// Like [`open_spec`], but the instance is left connected (not started), for callers that pick
+/// `num-queues` from the device's properties; connected-state properties of the spec are set.
+pub fn connect_spec(s: &Spec) -> Result<Blkio> {
+    let mut b = create(&s.driver)?;
+    set_spec_props(&mut b, s, false)?;
+    b.connect()?;
+    set_spec_props(&mut b, s, true)?;
+    Ok(b)
+}
+
+/// Set the spec's properties whose access is "connected" (`late`) or all the others.
+fn set_spec_props(b: &mut Blkio, s: &Spec, late: bool) -> Result<()> {
+    for (k, v) in &s.props {
+        let is_late = b
+            .prop_specs()
+            .any(|p| p.name == k && p.access == Access::RwConnected);
+        if is_late == late {
+            set_spec_prop(b, k, v)?;
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -323,6 +334,17 @@ mod tests {
         assert!(open("null:size=0", 1).is_ok());
         // Only capacities: other u64 properties keep their own rules.
         assert!(!CAPACITY_PROPS.contains(&"cache-size"));
+    }
+
+    #[test]
+    fn connect_spec_leaves_the_instance_connected_with_late_props_set() {
+        let s = parse_spec("null:size=8M,num-queues=3").unwrap();
+        let mut b = connect_spec(&s).unwrap();
+        assert_eq!(b.state(), snapblk_core::State::Connected);
+        assert_eq!(b.get_int("num-queues").unwrap(), 3);
+        assert_eq!(b.get_u64("capacity").unwrap(), 8 << 20);
+        b.start().unwrap();
+        assert!(b.queue(2, false).is_some());
     }
 
     #[test]

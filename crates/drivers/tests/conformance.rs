@@ -1,7 +1,9 @@
-//! One conformance suite, run against every driver and target: a regular file (buffered and
-//! O_DIRECT on ext4), tmpfs with O_DIRECT (/dev/shm), and a loop block device (needs root and
-//! losetup; a skip is printed, and the test then fails unless SNAPBLK_ALLOW_SKIP=1).
+//! The driver conformance suite (`crates/conformance`), run against every driver and target: a
+//! regular file (buffered and O_DIRECT on ext4), tmpfs with O_DIRECT (/dev/shm), a loop block
+//! device (needs root and losetup; a skip is printed, and the test then fails unless
+//! SNAPBLK_ALLOW_SKIP=1) and the null driver; then driver-specific tests.
 
+use snapblk_conformance::{Expect, Options};
 use snapblk_core::queue::QueueExt;
 use snapblk_core::{Blkio, Completion, Driver, Op, Queue, ReqFlags, Request};
 use snapblk_drivers::{NullDriver, SyncDriver, UringDriver};
@@ -59,224 +61,40 @@ fn run_one(q: &mut dyn Queue, req: Request) -> Completion {
     c[0]
 }
 
-/// The checks every file-backed driver must pass. `cap` is the device size; `blk` whether it
-/// is a block device (EOF semantics differ).
+/// Run the driver conformance suite (`snapblk-conformance`) on a file-backed target. `blk`:
+/// the target is a block device (it cannot grow, and a discard need not read back as zeros).
+/// Every check must pass; `unaligned` is skipped only where `request-alignment` is 1 (buffered
+/// I/O) and `can-grow` only on block devices.
 fn conformance(drv: &str, path: &Path, direct: bool, blk: bool) {
-    let mut b = open(drv, path, direct, 2);
+    let b = open(drv, path, direct, 2);
     let cap = b.get_u64("capacity").unwrap();
     assert!(cap >= 1 << 20);
-    let align = b.get_u64("mem-region-alignment").unwrap().max(1) as usize;
-    assert_eq!(b.get_bool("direct").unwrap(), direct);
-    assert_eq!(b.get_bool("can-grow").unwrap(), !blk);
-    let region = b.alloc_mem_region(256 * 1024).unwrap();
-    b.map_mem_region(&region).unwrap();
-    // SAFETY: the region is live until free below and only used by one request at a time.
-    let mem = unsafe { region.as_mut_slice() };
-    let other = b.alloc_mem_region(64 * 1024).unwrap();
-    let q: &mut dyn Queue = &mut **b.queue(0, false).unwrap();
-
-    // write + read back (registered buffer), and a plain (unregistered) buffer
-    let data = pattern(16384, 1);
-    mem[..16384].copy_from_slice(&data);
-    q.write_at(8192, &mem[..16384], false).unwrap();
-    mem[..16384].fill(0);
-    q.read_at(8192, &mut mem[..16384]).unwrap();
-    assert_eq!(&mem[..16384], &data[..], "{drv} read back");
-    // SAFETY: `other` is live and unused by any request.
-    let o = unsafe { other.as_mut_slice() };
-    q.read_at(8192, &mut o[..16384]).unwrap();
-    assert_eq!(&o[..16384], &data[..]);
-
-    // writev with FUA over three iovecs, readv back
-    let d2 = pattern(3 * 4096, 9);
-    mem[..3 * 4096].copy_from_slice(&d2);
-    let iov: Vec<libc::iovec> = (0..3)
-        .map(|i| libc::iovec {
-            iov_base: mem[i * 4096..].as_mut_ptr().cast(),
-            iov_len: 4096,
-        })
-        .collect();
-    let c = run_one(
-        q,
-        Request::new(
-            Op::Writev {
-                offset: 65536,
-                iov: iov.as_ptr(),
-                iovcnt: 3,
-            },
-            7,
-            ReqFlags::FUA,
-        ),
-    );
-    assert_eq!((c.ret, c.user_data), (0, 7));
-    mem[..3 * 4096].fill(0);
-    let c = run_one(
-        q,
-        Request::new(
-            Op::Readv {
-                offset: 65536,
-                iov: iov.as_ptr(),
-                iovcnt: 3,
-            },
-            8,
-            ReqFlags::NONE,
-        ),
-    );
-    assert_eq!((c.ret, c.user_data), (0, 8));
-    assert_eq!(&mem[..3 * 4096], &d2[..]);
-
-    // write-zeroes and discard read back as zeros
-    q.write_zeroes(65536, 4096, ReqFlags::NONE).unwrap();
-    q.read_at(65536, &mut mem[..8192]).unwrap();
-    assert!(mem[..4096].iter().all(|&x| x == 0));
-    assert_eq!(&mem[4096..8192], &d2[4096..8192]);
-    q.write_zeroes(65536 + 4096, 4096, ReqFlags::FUA | ReqFlags::NO_FALLBACK)
-        .unwrap();
-    q.discard(8192, 16384).unwrap();
-    if !blk {
-        // Punch-hole discard reads back as zeros on files (block devices may keep data).
-        q.read_at(8192, &mut mem[..16384]).unwrap();
-        assert!(mem[..16384].iter().all(|&x| x == 0), "{drv} discard");
-    }
-    q.flush().unwrap();
-
-    // library-side request errors
-    let c = run_one(
-        q,
-        Request::new(
-            Op::Read {
-                offset: 0,
-                buf: mem.as_mut_ptr(),
-                len: 4096,
-            },
-            1,
-            ReqFlags::FUA,
-        ),
-    );
-    assert_eq!(c.ret, -libc::EINVAL);
-    assert_eq!(
-        c.error_msg().unwrap(),
-        c"BLKIO_REQ_FUA is invalid for this request type"
-    );
-    let c = run_one(q, Request::new(Op::Zone, 2, ReqFlags::NONE));
-    assert_eq!(c.ret, -libc::ENOTSUP);
-
-    // end of device: files zero-fill, block devices fail with EIO
-    let end = cap - (align.max(4096) as u64);
-    mem[..8192].fill(0xAA);
-    let c = run_one(
-        q,
-        Request::new(
-            Op::Read {
-                offset: end,
-                buf: mem.as_mut_ptr(),
-                len: 8192,
-            },
-            3,
-            ReqFlags::NONE,
-        ),
-    );
-    if blk {
-        assert_eq!(c.ret, -libc::EIO, "{drv} read past end of block device");
-    } else {
-        assert_eq!(c.ret, 0);
-        assert!(
-            mem[4096..8192].iter().all(|&x| x == 0),
-            "{drv} zero-fill past EOF"
-        );
-    }
-
-    // many requests on a small ring: the backlog absorbs them; user_data comes back
-    let n = 200;
-    for i in 0..n {
-        let off = ((i * 4096) % (128 * 1024)) as u64;
-        // SAFETY: distinct 4 KiB slices of the live region; reaped below.
-        unsafe {
-            q.enqueue(Request::new(
-                Op::Read {
-                    offset: off,
-                    buf: mem[(i % 64) * 4096..].as_mut_ptr(),
-                    len: 4096,
-                },
-                1000 + i,
-                ReqFlags::NONE,
-            ))
-        };
-    }
-    assert_eq!(q.outstanding(), n);
-    let mut cs = vec![Completion::default(); n];
-    let err = q.do_io(&mut cs, n + 1, None, None);
-    assert!(err.is_err(), "min > max must fail");
-    let mut got = 0;
-    while got < n {
-        got += q.do_io(&mut cs[got..], 1, None, None).unwrap();
-    }
-    let mut uds: Vec<usize> = cs.iter().map(|c| c.user_data).collect();
-    uds.sort();
-    assert_eq!(uds, (1000..1000 + n).collect::<Vec<_>>());
-    assert!(cs.iter().all(|c| c.ret == 0));
-    let e = q.do_io(&mut cs[..1], 1, None, None).unwrap_err();
-    assert_eq!(e.errno, libc::EINVAL);
-    assert_eq!(
-        e.msg,
-        "min_completions is larger than total outstanding requests"
-    );
-
-    // completion fd + timeout write-back + waiting with a signal mask (libblkio returned
-    // EINVAL whenever it had to sleep with a mask)
-    let fd = q.completion_fd().unwrap();
-    while read_eventfd(fd).is_some() {}
-    // SAFETY: live region; reaped below.
-    unsafe {
-        q.enqueue(Request::new(
-            Op::Read {
-                offset: 0,
-                buf: mem.as_mut_ptr(),
-                len: 4096,
-            },
-            5,
-            ReqFlags::NONE,
-        ))
+    let opts = Options {
+        expect: Expect {
+            capacity: Some(cap),
+            direct: Some(direct),
+            can_grow: Some(!blk),
+            read_only: Some(false),
+            discard_zeroes: !blk,
+            write_zeroes_no_fallback: true,
+        },
+        ..Options::default()
     };
-    assert_eq!(q.do_io(&mut [], 0, None, None).unwrap(), 0);
-    let mut pfd = libc::pollfd {
-        fd,
-        events: libc::POLLIN,
-        revents: 0,
-    };
-    // SAFETY: one valid pollfd.
-    assert_eq!(
-        unsafe { libc::poll(&mut pfd, 1, 5000) },
-        1,
-        "{drv} completion fd"
-    );
-    let mut t = Duration::from_secs(5);
-    // SAFETY: an empty, initialised signal set.
-    let mut mask: libc::sigset_t = unsafe { std::mem::zeroed() };
-    // SAFETY: valid pointer.
-    unsafe { libc::sigemptyset(&mut mask) };
-    let mut c = [Completion::default()];
-    assert_eq!(q.do_io(&mut c, 1, Some(&mut t), Some(&mask)).unwrap(), 1);
-    assert_eq!(c[0].user_data, 5);
+    let report = snapblk_conformance::run(b, &opts);
+    println!("{drv} {} direct={direct}:\n{report}", path.display());
     assert!(
-        t < Duration::from_secs(5) && t > Duration::from_secs(3),
-        "timeout written back: {t:?}"
+        report.passed(),
+        "{drv} failed {:?}:\n{report}",
+        report.failed()
     );
-
-    // second queue works independently, from another thread
-    let mut q1 = b.take_queue(1, false).unwrap();
-    let addr = other.addr as usize;
-    std::thread::scope(|s| {
-        s.spawn(move || {
-            // SAFETY: `other` outlives the scope; only this thread uses it.
-            let buf = unsafe { std::slice::from_raw_parts_mut(addr as *mut u8, 4096) };
-            q1.read_at(65536 + 8192, buf).unwrap();
-            assert_eq!(buf, &d2[8192..]);
-        });
-    });
-    b.unmap_mem_region(&region);
-    b.free_mem_region(&region).unwrap();
-    b.free_mem_region(&other).unwrap();
+    let mut skips = Vec::new();
+    if report.target.contains("request-alignment=1,") {
+        skips.push("unaligned");
+    }
+    if blk {
+        skips.push("can-grow");
+    }
+    assert_eq!(report.skipped(), skips, "{drv}:\n{report}");
 }
 
 fn read_eventfd(fd: i32) -> Option<u64> {
@@ -382,6 +200,22 @@ fn null_driver() {
     assert!(p.is_poll() && p.completion_fd().is_none());
     assert_eq!(p.flush().unwrap_err().errno, libc::ENOTSUP);
     p.read_at(0, &mut buf).unwrap();
+}
+
+#[test]
+fn null_driver_passes_the_suite() {
+    let mut b = Blkio::new(Box::new(NullDriver::new()));
+    b.set_u64("size", 64 << 20).unwrap();
+    b.connect().unwrap();
+    let report = snapblk_conformance::run(b, &Options::default());
+    println!("{report}");
+    assert!(report.passed(), "{report}");
+    // Byte-granular and fixed-size; it stores nothing, so reads are checked to return zeros.
+    assert_eq!(
+        report.skipped(),
+        ["expectations", "unaligned", "can-grow"],
+        "{report}"
+    );
 }
 
 #[test]

@@ -67,5 +67,29 @@ PY
 else
   echo "FAIL build of tests/c/snapshot_record_test.c"; failed=$((failed+1))
 fi
+# The driver conformance suite's binary (crates/conformance) against a tmpfs file with io_uring
+# (O_DIRECT and buffered) and against the null driver; a run without --allow-destructive must
+# leave its target unchanged.
+if cargo build --release -q -p snapblk-conformance; then
+  conf="${CARGO_TARGET_DIR:-$root/target}/release/snapblk-conformance"
+  head -c 8388608 /dev/urandom > "$shm/conf.img"
+  for spec in "io_uring:path=$shm/conf.img,direct=true" "io_uring:path=$shm/conf.img" "null:size=64M"; do
+    out=$("$conf" "$spec" --allow-destructive 2>&1); rc=$?
+    echo "snapblk-conformance $spec --allow-destructive:"; echo "$out"
+    p=$(echo "$out" | grep -c '^PASS'); f=$(echo "$out" | grep -c '^FAIL')
+    passed=$((passed+p)); failed=$((failed+f))
+    if [ $rc -ne 0 ] && [ "$f" -eq 0 ]; then echo "FAIL snapblk-conformance $spec exited $rc"; failed=$((failed+1)); fi
+    [ "$p" -gt 0 ] || { echo "FAIL snapblk-conformance $spec ran no check"; failed=$((failed+1)); }
+  done
+  before=$(sha256sum < "$shm/conf.img")
+  out=$("$conf" "io_uring:path=$shm/conf.img,direct=true" 2>&1); rc=$?
+  if [ $rc -eq 0 ] && echo "$out" | grep -q '^PASS write-refusal' && [ "$(sha256sum < "$shm/conf.img")" = "$before" ]; then
+    echo "PASS snapblk-conformance without --allow-destructive leaves its target unchanged"; passed=$((passed+1))
+  else
+    echo "$out"; echo "FAIL snapblk-conformance read-only run (exit $rc)"; failed=$((failed+1))
+  fi
+else
+  echo "FAIL cargo build -p snapblk-conformance"; failed=$((failed+1))
+fi
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]

@@ -274,8 +274,11 @@ fn unmapped_buffers(s: &mut Suite) -> Res {
         ("an unmapped region", Mem::Unmapped),
         ("plain memory", Mem::Plain),
     ] {
-        let c = s.rw(false, a, m, 0, len)?;
-        s.want_err(c, libc::EFAULT, &format!("read into {what}"), props)?;
+        let what = format!("read into {what}");
+        let c = s
+            .rw(false, a, m, 0, len)
+            .map_err(|e| s.ctx(e, &what, props))?;
+        s.want_err(c, libc::EFAULT, &what, props)?;
     }
     // One iovec inside the mapped region, one outside.
     let mut iov = s.iovecs(Mem::Mapped, &[0], u);

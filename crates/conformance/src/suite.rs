@@ -238,8 +238,7 @@ pub(crate) fn wait(
             Err(e) if e.errno == libc::EINTR => {}
             Err(e) if e.errno == libc::ETIME => {
                 return Err(Stop::Fatal(format!(
-                    "{} of {min} completions within {timeout:?}",
-                    n
+                    "only {n} of {min} requests completed within {timeout:?}"
                 )));
             }
             Err(e) => fail!("do_io failed: {e} (errno {})", e.errno),
@@ -421,6 +420,15 @@ impl Suite {
             self.p.show(props)
         );
         Ok(())
+    }
+
+    /// `e` with what was being done and the property values behind it.
+    pub(crate) fn ctx(&self, e: Stop, what: &str, props: &[&str]) -> Stop {
+        let add = |m: String| format!("{what}: {m} [{}]", self.p.show(props));
+        match e {
+            Stop::Fail(m) => Stop::Fail(add(m)),
+            Stop::Fatal(m) => Stop::Fatal(add(m)),
+        }
     }
 
     pub(crate) fn want_err(

@@ -59,6 +59,9 @@ pub enum Flaw {
     AcceptsUnmappedBuffers,
     /// Unaligned offsets are not refused but rounded down to a sector (the remainder dropped).
     RoundsUnalignedOffsets,
+    /// A request with a buffer outside the mapped regions never completes (what libblkio's
+    /// vhost-user driver does, with the backend stopping).
+    HangsOnUnmappedBuffers,
 }
 
 /// Mapped regions as `(start, end)` addresses.
@@ -162,6 +165,7 @@ impl Driver for ToyDriver {
                 flaw: self.flaw,
                 pending: VecDeque::new(),
                 ready: VecDeque::new(),
+                lost: 0,
             },
             regions: self.regions.clone(),
             size: self.size,
@@ -261,6 +265,9 @@ impl ToyQueue {
                     .any(|&(s, e)| b >= s && b.checked_add(l).is_some_and(|end| end <= e))
             };
             if !bufs.iter().all(inside) {
+                if self.flaw == Flaw::HangsOnUnmappedBuffers {
+                    return Err((0, c"lost"));
+                }
                 return Err((libc::EFAULT, c"buffer is not inside a mapped memory region"));
             }
         }
@@ -275,8 +282,14 @@ impl Queue for ToyQueue {
             return self.core.complete(Completion::err(ud, libc::EINVAL, m));
         }
         // SAFETY: the caller of `enqueue` guarantees the iovec array.
-        if let Err((errno, m)) = unsafe { self.check(&req) } {
-            return self.core.complete(Completion::err(ud, errno, m));
+        match unsafe { self.check(&req) } {
+            Ok(()) => {}
+            // Taken, and never completed.
+            Err((0, _)) => {
+                self.eng.lost += 1;
+                return;
+            }
+            Err((errno, m)) => return self.core.complete(Completion::err(ud, errno, m)),
         }
         if self.eng.pending.is_empty() {
             self.core.notify();
@@ -309,6 +322,8 @@ struct ToyEngine {
     flaw: Flaw,
     pending: VecDeque<Request>,
     ready: VecDeque<Completion>,
+    /// Requests taken that will never complete ([`Flaw::HangsOnUnmappedBuffers`]).
+    lost: usize,
 }
 
 impl ToyEngine {
@@ -392,15 +407,27 @@ impl ToyEngine {
 
 impl Engine for ToyEngine {
     fn in_flight(&self) -> usize {
-        self.pending.len() + self.ready.len()
+        self.pending.len() + self.ready.len() + self.lost
     }
-    fn submit(&mut self, _: usize, _: Option<Duration>, _: Option<&libc::sigset_t>) -> Result<()> {
+    fn submit(
+        &mut self,
+        wait: usize,
+        timeout: Option<Duration>,
+        _: Option<&libc::sigset_t>,
+    ) -> Result<()> {
         while let Some(req) = self.pending.pop_front() {
             // Memory is durable once written, so FUA and flush need nothing more.
             // SAFETY: the request came through `Queue::enqueue`, whose caller keeps its buffers
             // valid until the completion is reaped.
             unsafe { self.execute(&req) };
             self.ready.push_back(Completion::ok(req.user_data));
+        }
+        if wait > self.ready.len() {
+            // Only lost requests can be waited for: wait in vain.
+            std::thread::sleep(timeout.unwrap_or(Duration::from_secs(1)));
+            if timeout.is_some() {
+                return Err(Error::from_errno(libc::ETIME));
+            }
         }
         Ok(())
     }

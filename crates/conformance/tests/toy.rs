@@ -103,6 +103,36 @@ fn a_driver_that_rounds_unaligned_offsets_fails() {
 }
 
 #[test]
+fn a_request_that_never_completes_stops_the_suite_instead_of_hanging_it() {
+    let opts = Options {
+        timeout: std::time::Duration::from_millis(300),
+        ..Options::default()
+    };
+    let t = std::time::Instant::now();
+    let r = snapblk_conformance::run(toy(Flaw::HangsOnUnmappedBuffers, false), &opts);
+    println!("{r}");
+    assert!(t.elapsed() < std::time::Duration::from_secs(10), "{r}");
+    assert_eq!(r.failed(), ["unmapped-buffers"], "{r}");
+    match r.outcome("unmapped-buffers") {
+        Some(Outcome::Fail(m)) => assert!(m.contains("the suite stops here"), "{m}"),
+        o => panic!("{o:?}"),
+    }
+    // Everything after it is reported as not run, not as passed.
+    let i = r
+        .checks
+        .iter()
+        .position(|(n, _)| *n == "unmapped-buffers")
+        .unwrap();
+    assert!(r.checks.len() > i + 5);
+    for (n, o) in &r.checks[i + 1..] {
+        assert!(
+            matches!(o, Outcome::Skip(m) if m.starts_with("not run")),
+            "{n}: {o:?}"
+        );
+    }
+}
+
+#[test]
 fn the_toy_refuses_regions_without_fd_and_too_many_queues() {
     let mut b = toy(Flaw::None, false);
     b.set_int("num-queues", 3).unwrap();

@@ -17,10 +17,12 @@
 //! samples the foreground counters under its lock and feeds them to the core
 //! ([`SchedCore::observe_fg`]); a foreground burst that ended between two samples is dated at
 //! the later sample, which errs towards keeping the budget small a little longer.
+//! The clock is the monotonic one unless a [`Clock`] is given ([`Scheduler::with_clock`]): a
+//! simulation's virtual clock, so that budgets grow and shrink in simulated time.
 
 use serde::Serialize;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 /// Who issues an I/O.
@@ -261,11 +263,20 @@ impl SchedCore {
     }
 }
 
+/// A time source for [`Scheduler::with_clock`]: nanoseconds from an arbitrary origin, never
+/// going back.
+pub trait Clock: Send + Sync {
+    /// The time now.
+    fn now_ns(&self) -> u64;
+}
+
 /// The thread-safe scheduler.
 pub struct Scheduler {
     core: Mutex<SchedCore>,
     cv: Condvar,
     epoch: Instant,
+    /// Time source when not the monotonic clock (read on the background path only).
+    clock: Option<Arc<dyn Clock>>,
     /// Foreground requests in flight (low 24 bits) and started so far (high 40 bits): one
     /// atomic add per admission and one per completion.
     fg_state: AtomicU64,
@@ -307,8 +318,18 @@ impl Scheduler {
             core: Mutex::new(SchedCore::new(cfg)),
             cv: Condvar::new(),
             epoch: Instant::now(),
+            clock: None,
             fg_state: AtomicU64::new(0),
             fg_bytes: AtomicU64::new(0),
+        }
+    }
+
+    /// A scheduler with `cfg` that reads time from `clock` (a simulation's virtual clock).
+    /// Waits for budget still time out on the real clock, to re-evaluate the budget.
+    pub fn with_clock(cfg: SchedConfig, clock: Arc<dyn Clock>) -> Self {
+        Scheduler {
+            clock: Some(clock),
+            ..Scheduler::new(cfg)
         }
     }
 
@@ -317,7 +338,10 @@ impl Scheduler {
     }
 
     fn now(&self) -> u64 {
-        self.epoch.elapsed().as_nanos() as u64
+        match &self.clock {
+            Some(c) => c.now_ns(),
+            None => self.epoch.elapsed().as_nanos() as u64,
+        }
     }
 
     /// Feed the foreground counters to the core (called with the lock held).

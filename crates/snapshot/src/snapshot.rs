@@ -139,8 +139,14 @@ impl Snapshot {
     /// Open: read merge progress from the COW and, if a window was staged in scratch when the last
     /// run stopped, load it so reads of that window are served from it.
     pub fn open(p: SnapshotParts) -> Result<Self> {
-        let sched = Arc::new(Scheduler::new(p.config.sched));
-        let io = Io::new(p.base, p.cow, sched);
+        let sched = Scheduler::new(p.config.sched);
+        Self::open_with_scheduler(p, sched)
+    }
+
+    /// Like [`Snapshot::open`], with a scheduler the caller made (one on a simulation's virtual
+    /// clock, [`Scheduler::with_clock`]); `p.config.sched` is not used.
+    pub fn open_with_scheduler(p: SnapshotParts, sched: Scheduler) -> Result<Self> {
+        let io = Io::new(p.base, p.cow, Arc::new(sched));
         let bs = p.map.block_size();
         if p.layout.block_size as u64 != bs {
             return Err(SnapError::Format(

@@ -10,7 +10,8 @@
 //!   at any instant resumes correctly. Reads through the device stay correct during the merge.
 //! * [`sched`] is the I/O scheduler all base/COW I/O goes through (foreground / merge /
 //!   readahead classes with BFQ-like budgets).
-//! * [`fault`] is a fault-injection disk (and driver) that can lose power at any instant.
+//! * [`fault`] is a fault-injection disk (and driver): seeded read, write and flush errors,
+//!   latency on a virtual clock, and power loss at any instant.
 //! * [`record`] records the block ranges the device serves after start and replays such a list
 //!   as in-device readahead (driver properties `record`, `record-secs`, `readahead`).
 

@@ -14,6 +14,7 @@
 pub mod codec;
 pub mod error;
 pub mod format;
+#[cfg(feature = "test-utils")]
 pub mod fuzzing;
 pub mod generate;
 pub mod io;

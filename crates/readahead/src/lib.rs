@@ -11,10 +11,12 @@
 //!   pressure, and verifies the result; [`evict`] drops files from the cache.
 //! * [`blocks`] is the block-device flavour (record served ranges, replay into a device).
 //! * [`scan`] and [`walk`] produce residency reports of whole trees in parallel.
-//! * [`fake`] stands in for the kernel files the pressure back-off reads, for tests.
+//! * `fake` (with the `test-utils` feature) stands in for the kernel files the pressure back-off
+//!   reads, for tests.
 
 pub mod blocks;
 pub mod evict;
+#[cfg(any(test, feature = "test-utils"))]
 pub mod fake;
 pub mod list;
 pub mod ownstall;

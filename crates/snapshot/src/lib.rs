@@ -10,8 +10,9 @@
 //!   at any instant resumes correctly. Reads through the device stay correct during the merge.
 //! * [`sched`] is the I/O scheduler all base/COW I/O goes through (foreground / merge /
 //!   readahead classes with BFQ-like budgets).
-//! * [`fault`] is a fault-injection disk (and driver): seeded read, write and flush errors,
-//!   latency on a virtual clock, and power loss at any instant.
+//! * `fault` is a fault-injection disk (and driver): seeded read, write and flush errors,
+//!   latency on a virtual clock, and power loss at any instant. It, `synth` (synthetic
+//!   cases), `fuzzing` (fuzz entry points) and `rng` exist only with the `test-utils` feature.
 //! * [`record`] records the block ranges the device serves after start and replays such a list
 //!   as in-device readahead (driver properties `record`, `record-secs`, `readahead`).
 
@@ -20,11 +21,14 @@ pub mod cowsrc;
 pub mod dev;
 pub mod driver;
 pub mod error;
+#[cfg(feature = "test-utils")]
 pub mod fault;
 /// Fuzz entry points (cargo-fuzz targets and the mutation smoke test share them).
+#[cfg(feature = "test-utils")]
 pub mod fuzzing;
 pub mod queue;
 pub mod record;
+#[cfg(any(test, feature = "test-utils"))]
 pub mod rng;
 pub mod sched;
 
@@ -37,6 +41,7 @@ pub mod overlay;
 pub mod precheck;
 pub mod progress;
 pub mod snapshot;
+#[cfg(feature = "test-utils")]
 pub mod synth;
 
 pub use driver::SnapshotDriver;

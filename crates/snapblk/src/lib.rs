@@ -36,7 +36,11 @@ pub use snapblk_core::{Blkio, Error, Result};
 use snapblk_drivers::{NullDriver, SyncDriver, UringDriver};
 
 /// Driver names [`create`] knows.
+#[cfg(not(feature = "fault-injection"))]
 pub const DRIVERS: &[&str] = &["io_uring", "sync", "null", "snapshot"];
+/// Driver names [`create`] knows (with the test-only `fault` driver).
+#[cfg(feature = "fault-injection")]
+pub const DRIVERS: &[&str] = &["io_uring", "sync", "null", "snapshot", "fault"];
 
 /// Properties that give a device's capacity in bytes: checked by the spec parser (multiple of
 /// 512, at most 2^63-1).
@@ -53,6 +57,8 @@ pub fn create(driver: &str) -> Result<Blkio> {
         "sync" => Box::new(SyncDriver::new()),
         "null" => Box::new(NullDriver::new()),
         "snapshot" => Box::new(snapblk_snapshot::SnapshotDriver::new()),
+        #[cfg(feature = "fault-injection")]
+        "fault" => Box::new(snapblk_snapshot::fault::FaultDriver::configurable()),
         _ => return Err(Error::new(libc::ENOENT, "Unknown driver name")),
     };
     Ok(Blkio::new(d))
@@ -267,6 +273,10 @@ mod tests {
 
     #[test]
     fn unknown_driver_in_a_spec_is_named() {
+        #[cfg(not(feature = "fault-injection"))]
+        let known = "io_uring, null, snapshot, sync";
+        #[cfg(feature = "fault-injection")]
+        let known = "fault, io_uring, null, snapshot, sync";
         for (spec, name) in [
             ("nosuch:size=1G", "nosuch"),
             ("NULL:size=1G", "NULL"),
@@ -274,10 +284,7 @@ mod tests {
         ] {
             let e = parse_spec(spec).unwrap_err();
             assert_eq!(e.errno, libc::ENOENT, "{spec}");
-            assert_eq!(
-                e.msg,
-                format!("unknown driver '{name}' (known: io_uring, null, snapshot, sync)")
-            );
+            assert_eq!(e.msg, format!("unknown driver '{name}' (known: {known})"));
         }
         // Not a driver-like name: still a path (open reports the missing file).
         for spec in [":size=1G", "./nosuch:size=1G", "/x/io_uring:1", "a b:c"] {
@@ -334,6 +341,18 @@ mod tests {
         assert!(open("null:size=0", 1).is_ok());
         // Only capacities: other u64 properties keep their own rules.
         assert!(!CAPACITY_PROPS.contains(&"cache-size"));
+    }
+
+    #[cfg(feature = "fault-injection")]
+    #[test]
+    fn fault_driver_opens_from_a_spec_and_fails_its_bad_range() {
+        use snapblk_core::QueueExt;
+        let mut b = open("fault:size=1M,bad-offset=8192,bad-length=512", 1).unwrap();
+        assert_eq!(b.get_u64("capacity").unwrap(), 1 << 20);
+        let q = b.queue(0, false).unwrap();
+        let mut buf = [0u8; 4096];
+        q.read_at(4096, &mut buf).unwrap();
+        assert_eq!(q.read_at(8192, &mut buf).unwrap_err().errno, libc::EIO);
     }
 
     #[test]

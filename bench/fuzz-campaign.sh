@@ -2,17 +2,20 @@
 # Long fuzzing campaign over every cargo-fuzz target of the workspace (not part of the test
 # suite, which runs 20-second smokes): each target runs until RUNS executions (default 10
 # million) or MAX_SECS seconds (default 3600, one CPU-hour), whichever comes first, one target at
-# a time on one core. Records per target: executions, seconds, exec/s, edge coverage and
-# features at the end, corpus files before and after, crashes. Crash inputs stay in
+# a time on one core. MAX_SECS is wall time (libFuzzer's -max_total_time); the CPU seconds the
+# fuzzer got are recorded too, since on a shared machine they fall short of the wall time.
+# Records per target: executions, wall and CPU seconds, exec/s, edge coverage and features at
+# the end, corpus files before and after, crashes. Crash inputs stay in
 # crates/*/fuzz/artifacts/TARGET/ (add each as a regression test).
 # usage: bench/fuzz-campaign.sh [TARGET...]   (default: all; names as crate/target, e.g. cow/record)
-# env:   RUNS, MAX_SECS, OUT (default bench/results/fuzz-<time>.tsv)
+# env:   RUNS, MAX_SECS, OUT (default bench/results/scratch/fuzz-<time>.tsv)
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 RUNS=${RUNS:-10000000}
 MAX_SECS=${MAX_SECS:-3600}
-OUT=${OUT:-$ROOT/bench/results/fuzz-$(date -u +%Y%m%dT%H%M%SZ).tsv}
+OUT=${OUT:-$ROOT/bench/results/scratch/fuzz-$(date -u +%Y%m%dT%H%M%SZ).tsv}
 mkdir -p "$(dirname "$OUT")"
+OUT=$(cd "$(dirname "$OUT")" && pwd)/$(basename "$OUT")  # the loop below changes directory
 ALL=(cow/record cow/sparse cow/cow_reader nbd/proto nbd/session snapshot/overlay_journal
      snapshot/merge_state readahead/parse_list readahead/parse_block_list snapblk/spec)
 [ $# -gt 0 ] && ALL=("$@")
@@ -61,7 +64,7 @@ PY
   esac
 }
 
-printf 'target\texecs\tseconds\texec_per_s\tcov\tft\tcorpus_before\tcorpus_after\tcrashes\n' > "$OUT"
+printf 'target\texecs\tseconds\tcpu_seconds\texec_per_s\tcov\tft\tcorpus_before\tcorpus_after\tcrashes\n' > "$OUT"
 built=""
 for ct in "${ALL[@]}"; do
   c=${ct%%/*}; t=${ct#*/}
@@ -77,11 +80,12 @@ for ct in "${ALL[@]}"; do
   before=$(ls "corpus/$t" | wc -l)
   log="artifacts/$t.campaign.log"
   t0=$(date +%s)
-  "target/$TRIPLE/release/$t" "corpus/$t" -runs="$RUNS" -max_total_time="$MAX_SECS" \
+  /usr/bin/time -f "%U %S" -o "artifacts/$t.cpu" "target/$TRIPLE/release/$t" "corpus/$t" -runs="$RUNS" -max_total_time="$MAX_SECS" \
       -max_len=65536 -timeout=10 -rss_limit_mb=2048 -artifact_prefix="artifacts/$t/" \
       -print_final_stats=1 > "$log" 2>&1
   rc=$?
   secs=$(( $(date +%s) - t0 ))
+  cpu=$(awk '{printf "%d", $1 + $2}' "artifacts/$t.cpu" 2>/dev/null)
   execs=$(grep -o 'stat::number_of_executed_units: *[0-9]*' "$log" | awk '{print $2}')
   last=$(grep -E '^#[0-9]+' "$log" | tail -1)
   cov=$(echo "$last" | grep -o 'cov: [0-9]*' | awk '{print $2}')
@@ -89,7 +93,7 @@ for ct in "${ALL[@]}"; do
   after=$(ls "corpus/$t" | wc -l)
   crashes=$(ls "artifacts/$t" | wc -l)
   [ $rc -eq 0 ] || echo "$ct: libFuzzer exit $rc, see $dir/$log"
-  printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$ct" "${execs:-0}" "$secs" \
+  printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$ct" "${execs:-0}" "$secs" "${cpu:-?}" \
       "$(( ${execs:-0} / (secs > 0 ? secs : 1) ))" "${cov:-?}" "${ft:-?}" "$before" "$after" "$crashes" >> "$OUT"
   tail -1 "$OUT"
 done

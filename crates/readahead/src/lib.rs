@@ -9,7 +9,8 @@
 //!   [`trace`] adds the page-cache insertions the kernel's filemap tracepoint saw in it.
 //! * [`replay`] brings a list into the cache in chunks at idle priority, backs off under I/O
 //!   pressure, and verifies the result; [`evict`] drops files from the cache.
-//! * [`blocks`] is the block-device flavour (record served ranges, replay into a device).
+//! * [`blocks`] is the block-device flavour (record served ranges, replay into a device); its
+//!   format lives in `snapblk-blocklist`, which the snapshot driver uses without this crate.
 //! * [`scan`] and [`walk`] produce residency reports of whole trees in parallel.
 //! * `fake` (with the `test-utils` feature) stands in for the kernel files the pressure back-off
 //!   reads, for tests.
@@ -20,7 +21,6 @@ pub mod evict;
 pub mod fake;
 pub mod list;
 pub mod ownstall;
-pub mod ranges;
 pub mod record;
 pub mod replay;
 pub mod residency;
@@ -31,6 +31,9 @@ pub mod trace;
 pub mod ui;
 pub mod uring;
 pub mod walk;
+
+/// Byte ranges, from `snapblk-blocklist` (block lists and file lists share them).
+pub use snapblk_blocklist::ranges;
 
 pub use list::{Extent, FileIdentity, ListEntry};
 pub use ranges::{Range, RangeSet};

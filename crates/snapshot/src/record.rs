@@ -32,9 +32,9 @@ use crate::merge_task::MergeTask;
 use crate::sched::IoClass;
 use crate::snapshot::Snapshot;
 use serde::Serialize;
-use snapblk_readahead::blocks::{BlockFile, BlockRecorder};
-use snapblk_readahead::list::{Limits, ParseError};
-use snapblk_readahead::ranges::Range;
+use snapblk_blocklist::blocks::{BlockFile, BlockRecorder};
+use snapblk_blocklist::parse::{Limits, ParseError};
+use snapblk_blocklist::ranges::Range;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -604,11 +604,11 @@ fn write_atomic(path: &Path, file: &BlockFile) -> std::io::Result<()> {
 mod tests {
     use super::*;
     use crate::driver::SnapshotDriver;
+    use snapblk_blocklist::blocks::BlockList;
+    use snapblk_blocklist::ranges::RangeSet;
     use snapblk_core::props::PropValue;
     use snapblk_core::{Driver, QueueExt, State};
     use snapblk_cow::{Codec as CowCodec, Compression, CowWriter, WriterOptions};
-    use snapblk_readahead::blocks::BlockList;
-    use snapblk_readahead::ranges::RangeSet;
 
     const BS: u64 = 4096;
     /// Device: 256 blocks. Blocks 0..16 COPY from base 100..116; 32..64 compressed REPLACE

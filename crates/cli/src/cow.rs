@@ -7,7 +7,7 @@ use anyhow::{Context, Result, bail};
 use clap::{Args, Subcommand, ValueEnum};
 use snapblk_cow::generate::{GenerateOptions, compute_ops, write_ops};
 use snapblk_cow::record::{self, Record, RecordCheck};
-use snapblk_cow::tools::{self, load_image, progress_bar};
+use snapblk_cow::tools::{self, load_image};
 use snapblk_cow::{Codec, Compression, CowReader, OpenOptions, ReadAt, WriterOptions};
 
 use crate::outfile::{AtomicFile, refuse_alias, refuse_same};
@@ -401,6 +401,8 @@ fn run_cmd(c: CowCmd) -> Result<()> {
                 load_image(&old, MAX_IMAGE).with_context(|| format!("read {}", old.display()))?;
             let new_img =
                 load_image(&new, MAX_IMAGE).with_context(|| format!("read {}", new.display()))?;
+            let bars = crate::progress::GenerateBars::default();
+            let on_progress = |ev| bars.on(ev);
             let opts = GenerateOptions {
                 writer: WriterOptions {
                     version: match format {
@@ -422,7 +424,7 @@ fn run_cmd(c: CowCmd) -> Result<()> {
                 xor: !no_xor,
                 sequence: !no_sequence,
                 threads: threads.map_or(0, usize::from),
-                progress: true,
+                progress: Some(&on_progress),
             };
             let out_file = AtomicFile::create(&out)?;
             let rec_file = if no_record {
@@ -924,10 +926,10 @@ fn apply(
         pos: 0,
         corrupt: Vec::new(),
     };
-    let pb = progress_bar(len, "applying");
+    let pb = crate::progress::Progress::bytes(len, "applying");
     tools::apply(&r, &base_f, len, &mut w, &|n| pb.inc(n))
         .with_context(|| format!("writing {}", out.display()))?;
-    pb.finish_and_clear();
+    pb.finish();
     use std::io::Write as _;
     w.flush()
         .with_context(|| format!("writing {}", out.display()))?;

@@ -17,6 +17,7 @@ mod cow;
 mod info;
 mod merge;
 mod outfile;
+mod progress;
 mod readahead;
 mod serve;
 mod serve_ublk;

@@ -1,12 +1,12 @@
 //! `snapblk merge COW --base BASE`: merge a COW into its base in place. Resumable: run it again
 //! after an interruption (crash, kill, power loss) and it continues from the persisted progress.
 
+use crate::progress::Progress;
 use anyhow::Context;
 use clap::Args;
 use snapblk_cow::record::MergeVerdict;
 use snapblk_snapshot::cowrecord::load_verifier;
 use snapblk_snapshot::cowsrc::{OpenMode, open_files_sized};
-use snapblk_snapshot::progress::Progress;
 use snapblk_snapshot::{
     MergeOptions, MergeProgress, PrecheckReport, SnapError, Snapshot, SnapshotConfig, merge,
     precheck,
@@ -118,7 +118,7 @@ pub fn run(a: MergeArgs) -> anyhow::Result<()> {
     };
     let (snap, _) = open_checked(&a, mode)?;
     let (done, total) = snap.merge_progress();
-    let bar = Progress::new(total as u64, a.progress);
+    let bar = Progress::merge(total as u64, a.progress);
     bar.set(done as u64);
     let on_progress = |p: MergeProgress| bar.set(p.merged as u64);
     let t0 = Instant::now();

@@ -1,6 +1,7 @@
 //! `snapblk residency` and `snapblk readahead {record,replay,warm,evict}`: a thin layer over
 //! snapblk-readahead (argument parsing, human/JSON output, `--background`).
 
+use crate::progress::Progress;
 use anyhow::{Context, bail};
 use clap::{Args, Subcommand, ValueEnum};
 use snapblk_readahead::list::{self, Extent, Limits, ListEntry, escape_path};
@@ -8,7 +9,6 @@ use snapblk_readahead::record::{self, Trigger};
 use snapblk_readahead::replay::{self, BackOff, Method, ReplayOptions, ReplayReport};
 use snapblk_readahead::residency::Residency;
 use snapblk_readahead::sys::IoPrio;
-use snapblk_readahead::ui::Progress;
 use snapblk_readahead::walk::{WalkError, WalkOptions};
 use snapblk_readahead::{evict, scan};
 use std::io::{IsTerminal, Write};

@@ -18,9 +18,40 @@ use crate::codec::{Codec, Compression};
 use crate::error::{CowError, Result};
 use crate::writer::{BatchOp, CowSink, CowWriter, WriterOptions, encode_unit_into};
 
+/// A generator stage whose progress is reported (see [`GenerateOptions::progress`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stage {
+    /// Planning: comparing every new block with the old image (counts new-image bytes).
+    Diffing,
+    /// Encoding the REPLACE and XOR payloads (counts input bytes).
+    Compressing,
+}
+
+impl Stage {
+    /// A short lower-case name (`diffing`, `compressing`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Stage::Diffing => "diffing",
+            Stage::Compressing => "compressing",
+        }
+    }
+}
+
+/// One progress event of the generator. A stage sends `Start`, any number of `Advance` (from
+/// worker threads, in any order) and `Done`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GenerateProgress {
+    /// The stage starts; `total` bytes will be counted.
+    Start { stage: Stage, total: u64 },
+    /// `bytes` more bytes of the stage are done.
+    Advance { stage: Stage, bytes: u64 },
+    /// The stage is over.
+    Done { stage: Stage },
+}
+
 /// Generator settings.
-#[derive(Clone, Copy, Debug)]
-pub struct GenerateOptions {
+#[derive(Clone, Copy)]
+pub struct GenerateOptions<'a> {
     /// Writer settings (version, codec, scratch, units). `op_count_max` is filled in if 0.
     pub writer: WriterOptions,
     /// Try XOR ops.
@@ -29,18 +60,30 @@ pub struct GenerateOptions {
     pub sequence: bool,
     /// Worker threads (0 = all cores).
     pub threads: usize,
-    /// Show a progress bar on stderr when it is a terminal.
-    pub progress: bool,
+    /// Called with the progress of the long stages (the CLI draws it as bars).
+    pub progress: Option<&'a (dyn Fn(GenerateProgress) + Sync)>,
 }
 
-impl Default for GenerateOptions {
+impl std::fmt::Debug for GenerateOptions<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GenerateOptions")
+            .field("writer", &self.writer)
+            .field("xor", &self.xor)
+            .field("sequence", &self.sequence)
+            .field("threads", &self.threads)
+            .field("progress", &self.progress.is_some())
+            .finish()
+    }
+}
+
+impl Default for GenerateOptions<'_> {
     fn default() -> Self {
         GenerateOptions {
             writer: WriterOptions::default(),
             xor: true,
             sequence: true,
             threads: 0,
-            progress: false,
+            progress: None,
         }
     }
 }
@@ -571,12 +614,36 @@ pub fn order(plans: &mut [Plan], block_size: u32) -> (Vec<u32>, u64) {
     (seq, breaks)
 }
 
-/// The tools' byte-count bar when `opts.progress` asks for one, else a hidden bar.
-fn bar(opts: &GenerateOptions, len: u64, msg: &'static str) -> indicatif::ProgressBar {
-    if opts.progress {
-        crate::tools::progress_bar(len, msg)
-    } else {
-        indicatif::ProgressBar::hidden()
+/// Reports the progress of one stage to `opts.progress`, if any: `Start` when made, `Done`
+/// when dropped (so an error return ends the stage too).
+struct StageReport<'o, 'a> {
+    opts: &'o GenerateOptions<'a>,
+    stage: Stage,
+}
+
+impl<'o, 'a> StageReport<'o, 'a> {
+    fn start(opts: &'o GenerateOptions<'a>, stage: Stage, total: u64) -> Self {
+        if let Some(p) = opts.progress {
+            p(GenerateProgress::Start { stage, total });
+        }
+        StageReport { opts, stage }
+    }
+
+    fn advance(&self, bytes: u64) {
+        if let Some(p) = self.opts.progress {
+            p(GenerateProgress::Advance {
+                stage: self.stage,
+                bytes,
+            });
+        }
+    }
+}
+
+impl Drop for StageReport<'_, '_> {
+    fn drop(&mut self) {
+        if let Some(p) = self.opts.progress {
+            p(GenerateProgress::Done { stage: self.stage });
+        }
     }
 }
 
@@ -601,10 +668,10 @@ pub fn compute_ops(old: &[u8], new: &[u8], opts: &GenerateOptions) -> Result<OpL
     let bs = opts.writer.block_size as usize;
     let t0 = std::time::Instant::now();
     let c0 = crate::tools::process_cpu_seconds();
-    let pb = bar(opts, new.len() as u64, "diffing");
-    let tick = |n: u64| pb.inc(n * bs as u64);
+    let pb = StageReport::start(opts, Stage::Diffing, new.len() as u64);
+    let tick = |n: u64| pb.advance(n * bs as u64);
     let (mut plans, cache) = plan_cached(old, new, opts, &tick)?;
-    pb.finish_and_clear();
+    drop(pb);
     let t1 = std::time::Instant::now();
     let c1 = crate::tools::process_cpu_seconds();
     let (sequence, cycle_breaks) = order(&mut plans, opts.writer.block_size);
@@ -892,7 +959,7 @@ fn write_plans<W: CowSink>(
             _ => 0,
         })
         .sum();
-    let pb = bar(opts, to_compress, "compressing");
+    let pb = StageReport::start(opts, Stage::Compressing, to_compress);
 
     let codec: Codec = wopts.codec;
     let encode = |b: &mut Batch, k: usize| {
@@ -1001,13 +1068,13 @@ fn write_plans<W: CowSink>(
                 }
             });
         }
-        pb.inc(input);
+        pb.advance(input);
         w.add_batch(&ops, b.payloads.as_slice())
     })?;
     if !labelled {
         w.add_label(0)?;
     }
-    pb.finish_and_clear();
+    drop(pb);
     stats.cow_bytes = w.finalize()?;
     stats.compressed_input_bytes = (stats.replace_blocks + stats.xor) * bs as u64;
     Ok(stats)

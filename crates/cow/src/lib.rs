@@ -27,7 +27,7 @@ pub mod writer;
 pub use codec::{Codec, Compression, PayloadBuf};
 pub use error::{CowError, Result};
 pub use format::{Header, ScratchLayout};
-pub use generate::{GenerateOptions, GenerateStats, generate};
+pub use generate::{GenerateOptions, GenerateProgress, GenerateStats, Stage, generate};
 pub use io::{MemFile, ReadAt, WriteAt};
 pub use reader::{
     CowReader, DuplicatePolicy, Footer, Op, OpKind, OpenOptions, Payload, read_num_merge_ops,

@@ -373,24 +373,6 @@ pub fn simulate_merge<R: ReadAt>(cow: &CowReader<R>, disk: &mut [u8]) -> Result<
     Ok(())
 }
 
-/// A byte-count progress bar on stderr, hidden unless stderr is a terminal.
-pub fn progress_bar(len: u64, msg: &'static str) -> indicatif::ProgressBar {
-    use std::io::IsTerminal;
-    if !std::io::stderr().is_terminal() {
-        return indicatif::ProgressBar::hidden();
-    }
-    let b = indicatif::ProgressBar::new(len);
-    b.set_style(
-        indicatif::ProgressStyle::with_template(
-            "{msg:12} [{bar:40}] {bytes}/{total_bytes} {bytes_per_sec} {eta}",
-        )
-        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
-        .progress_chars("=> "),
-    );
-    b.set_message(msg);
-    b
-}
-
 /// An image loaded for the generator: memory-mapped (raw files) or expanded (sparse).
 pub enum Image {
     Mapped(memmap2::Mmap),

@@ -28,7 +28,6 @@ pub mod scan;
 pub mod sys;
 pub mod sysstat;
 pub mod trace;
-pub mod ui;
 pub mod uring;
 pub mod walk;
 

@@ -39,7 +39,6 @@ pub mod merge;
 pub mod merge_task;
 pub mod overlay;
 pub mod precheck;
-pub mod progress;
 pub mod snapshot;
 #[cfg(feature = "test-utils")]
 pub mod synth;

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # C ABI suite: builds snapblk's libblkio.so.1 and the C tests in tests/c/ with gcc against
-# include/blkio.h, runs them, and fails loudly if gcc, the build or any check fails.
+# include/blkio.h, runs them, and fails loudly if gcc, the build or any check fails. Then builds
+# the lean variant (`--no-default-features --features io_uring`: the io_uring driver alone, no
+# snapshot driver or COW codecs) into its own target dir and runs the io_uring tests against it.
 # Ends with "N passed, N failed".
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -11,9 +13,10 @@ work=$(mktemp -d /tmp/snapblk-capi.XXXXXX)
 shm=$(mktemp -d /dev/shm/snapblk-capi.XXXXXX)
 disk=$(mktemp -d /var/tmp/snapblk-capi.XXXXXX)
 trap 'rm -rf "$work" "$shm" "$disk"' EXIT
+tgt=${CARGO_TARGET_DIR:-$root/target}
 # The runtime name is the SONAME: libblkio.so.1
-ln -sf "$root/target/release/libblkio.so" "$work/libblkio.so.1"
-ln -sf "$root/target/release/libblkio.so" "$work/libblkio.so"
+ln -sf "$tgt/release/libblkio.so" "$work/libblkio.so.1"
+ln -sf "$tgt/release/libblkio.so" "$work/libblkio.so"
 passed=0; failed=0
 gcc -std=gnu11 -Wall -Wextra -Werror -O2 -I include tests/c/capi_test.c -L "$work" -lblkio -lpthread -o "$work/capi_test" \
   || { echo "FAIL: gcc tests/c/capi_test.c"; echo "0 passed, 1 failed"; exit 1; }
@@ -24,12 +27,12 @@ if gcc -Wall -Wextra -Werror -I include -c "$work/hdr.c" -o "$work/hdr.o"; then
 else
   echo "FAIL header compiles alone"; failed=$((failed+1))
 fi
-if readelf -d target/release/libblkio.so | grep -q 'SONAME.*\[libblkio.so.1\]'; then
+if readelf -d "$tgt/release/libblkio.so" | grep -q 'SONAME.*\[libblkio.so.1\]'; then
   echo "PASS SONAME libblkio.so.1"; passed=$((passed+1))
 else
   echo "FAIL SONAME"; failed=$((failed+1))
 fi
-nsyms=$(nm -D --defined-only target/release/libblkio.so | awk '$2=="T" && $3 ~ /^blkio/' | wc -l)
+nsyms=$(nm -D --defined-only "$tgt/release/libblkio.so" | awk '$2=="T" && $3 ~ /^blkio/' | wc -l)
 if [ "$nsyms" -eq 45 ]; then echo "PASS 45 exported blkio* functions"; passed=$((passed+1)); else echo "FAIL exported functions: $nsyms"; failed=$((failed+1)); fi
 out=$(LD_LIBRARY_PATH="$work" "$work/capi_test" "$shm" "$disk" 2>&1); rc=$?
 echo "$out"
@@ -40,7 +43,7 @@ if [ $rc -ne 0 ] && [ "$f" -eq 0 ]; then echo "FAIL capi_test exited $rc"; faile
 # into -EIO (tests/c/snapshot_record_test.c).
 if gcc -std=gnu11 -Wall -Wextra -Werror -O2 -I include tests/c/snapshot_record_test.c -L "$work" -lblkio \
     -o "$work/snapshot_record_test" && cargo build --release -q -p snapblk-cli; then
-  rec=$(python3 - "$shm" "$root/target/release/snapblk" <<'PY'
+  rec=$(python3 - "$shm" "$tgt/release/snapblk" <<'PY'
 import json, os, subprocess, sys
 d, snap = sys.argv[1], sys.argv[2]
 old = bytes((i // 4096 * 7 + i) % 251 for i in range(256 * 4096))
@@ -90,6 +93,52 @@ if cargo build --release -q -p snapblk-conformance; then
   fi
 else
   echo "FAIL cargo build -p snapblk-conformance"; failed=$((failed+1))
+fi
+
+# Which drivers each build ships: drivers are cargo features (crates/capi/Cargo.toml).
+if gcc -std=gnu11 -Wall -Wextra -Werror -O2 -I include tests/c/drivers_test.c -L "$work" -lblkio \
+    -o "$work/drivers_test"; then
+  out=$(LD_LIBRARY_PATH="$work" "$work/drivers_test" +io_uring +sync +null +snapshot -no-such-driver 2>&1)
+  echo "$out"
+  p=$(echo "$out" | grep -c '^PASS'); f=$(echo "$out" | grep -c '^FAIL')
+  passed=$((passed+p)); failed=$((failed+f))
+else
+  echo "FAIL build of tests/c/drivers_test.c"; failed=$((failed+1))
+fi
+
+# The lean variant: io_uring only, in its own target dir so the full library above stays as built.
+lean_tgt="$tgt/capi-io_uring"
+lean="$work/lean"; mkdir -p "$lean"
+if cargo build --release -p snapblk-capi --no-default-features --features io_uring --target-dir "$lean_tgt"; then
+  ln -sf "$lean_tgt/release/libblkio.so" "$lean/libblkio.so.1"
+  echo "lean libblkio.so: $(stat -c %s "$lean_tgt/release/libblkio.so") bytes (full: $(stat -c %s "$tgt/release/libblkio.so"))"
+  if readelf -d "$lean_tgt/release/libblkio.so" | grep -q 'SONAME.*\[libblkio.so.1\]'; then
+    echo "PASS lean: SONAME libblkio.so.1"; passed=$((passed+1))
+  else
+    echo "FAIL lean: SONAME"; failed=$((failed+1))
+  fi
+  nsyms=$(nm -D --defined-only "$lean_tgt/release/libblkio.so" | awk '$2=="T" && $3 ~ /^blkio/' | wc -l)
+  if [ "$nsyms" -eq 45 ]; then echo "PASS lean: 45 exported blkio* functions"; passed=$((passed+1)); else echo "FAIL lean: exported functions: $nsyms"; failed=$((failed+1)); fi
+  # No COW codec made it into the lean library (zstd's C symbols would show in the dynamic
+  # symbol table only if exported, so look at all symbols of the unstripped file).
+  if nm "$lean_tgt/release/libblkio.so" 2>/dev/null | grep -qiE 'zstd|brotli|snapblk_snapshot'; then
+    echo "FAIL lean: snapshot driver or COW codecs linked in"; failed=$((failed+1))
+  else
+    echo "PASS lean: no snapshot driver or COW codec symbols"; passed=$((passed+1))
+  fi
+  # Every check of capi_test.c uses the io_uring driver: all of them apply.
+  out=$(LD_LIBRARY_PATH="$lean" "$work/capi_test" "$shm" "$disk" 2>&1); rc=$?
+  echo "$out" | sed 's/^\(PASS\|FAIL\) /\1 lean: /'
+  p=$(echo "$out" | grep -c '^PASS'); f=$(echo "$out" | grep -c '^FAIL')
+  passed=$((passed+p)); failed=$((failed+f))
+  if [ $rc -ne 0 ] && [ "$f" -eq 0 ]; then echo "FAIL lean: capi_test exited $rc"; failed=$((failed+1)); fi
+  out=$(LD_LIBRARY_PATH="$lean" "$work/drivers_test" +io_uring -snapshot -sync -null 2>&1)
+  echo "$out" | sed 's/^\(PASS\|FAIL\) /\1 lean: /'
+  p=$(echo "$out" | grep -c '^PASS'); f=$(echo "$out" | grep -c '^FAIL')
+  passed=$((passed+p)); failed=$((failed+f))
+  [ "$p" -gt 0 ] || { echo "FAIL lean: drivers_test ran no check"; failed=$((failed+1)); }
+else
+  echo "FAIL cargo build -p snapblk-capi --no-default-features --features io_uring"; failed=$((failed+1))
 fi
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]

@@ -15,6 +15,7 @@ mod out;
 mod bench;
 mod cow;
 mod info;
+mod logger;
 mod merge;
 mod outfile;
 mod progress;
@@ -70,6 +71,7 @@ fn allow_negative_numbers(cmd: clap::Command) -> clap::Command {
 
 fn main() {
     use clap::{CommandFactory, FromArgMatches};
+    logger::init();
     let matches = allow_negative_numbers(Cli::command()).get_matches();
     let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
     let res = match cli.cmd {

@@ -1739,3 +1739,41 @@ fn replay_under_outside_pressure_backs_off_and_says_so() {
     assert!(!help.contains("--psi-file"), "{help}");
     std::fs::remove_dir_all(&d).unwrap();
 }
+
+#[test]
+fn library_debug_log_reaches_stderr_only_when_asked() {
+    // The replay library logs through `log`; the CLI's logger writes the records to stderr,
+    // filtered by RUST_LOG, and SNAPBLK_RA_DEBUG still turns replay's debug lines on.
+    let d = scratch("debuglog");
+    let (_, list) = file_and_list(&d, "f", 3 * PAGE, 7);
+    let replay = |env: &[(&str, &str)]| {
+        let mut c = Command::new(BIN);
+        c.args(["readahead", "replay", "--json"])
+            .arg(&list)
+            .env_remove("RUST_LOG")
+            .env_remove("SNAPBLK_RA_DEBUG");
+        for (k, v) in env {
+            c.env(k, v);
+        }
+        let o = c.output().unwrap();
+        assert!(o.status.success(), "{o:?}");
+        // stdout stays one JSON document whatever is logged.
+        let _: Value = serde_json::from_slice(&o.stdout).unwrap();
+        String::from_utf8_lossy(&o.stderr).into_owned()
+    };
+    let verify_line = "[debug snapblk_readahead::replay] verify: ";
+    let quiet = replay(&[]);
+    assert!(!quiet.contains("[debug "), "{quiet}");
+    for env in [
+        &[("SNAPBLK_RA_DEBUG", "1")][..],
+        &[("RUST_LOG", "snapblk_readahead=debug")][..],
+        &[("RUST_LOG", "debug")][..],
+    ] {
+        let err = replay(env);
+        assert!(err.contains(verify_line), "{env:?}: {err}");
+    }
+    // A more specific directive wins over the default level.
+    let err = replay(&[("RUST_LOG", "debug,snapblk_readahead::replay=info")]);
+    assert!(!err.contains(verify_line), "{err}");
+    std::fs::remove_dir_all(&d).unwrap();
+}

@@ -643,7 +643,7 @@ impl Shared<'_> {
         {
             p.check = Some(c);
             if c.present < c.total {
-                if debug_enabled() {
+                if log::log_enabled!(log::Level::Debug) {
                     debug_absent(&p.path, &it, &c);
                 }
                 path = Some(p.path.clone());
@@ -1106,11 +1106,9 @@ fn run(
                         let theirs = foreign.sample(&devs);
                         if let Some(f) = psi.sample() {
                             let o = ownstall::others(f, mine.as_deref(), theirs);
-                            if debug_enabled() {
-                                debug_line(format_args!(
-                                    "pressure {f:.3} own {mine:.3?} foreign {theirs:?} -> {o:.3}"
-                                ));
-                            }
+                            log::debug!(
+                                "pressure {f:.3} own {mine:.3?} foreign {theirs:?} -> {o:.3}"
+                            );
                             if primed {
                                 shared.paused.store(o > th, Relaxed);
                             }
@@ -1179,15 +1177,15 @@ fn run(
             let absent: Vec<usize> = (0..prepared.len())
                 .filter(|&i| state[i].is_some_and(|c| c.known && c.present < c.total))
                 .collect();
-            if debug_enabled() {
+            if log::log_enabled!(log::Level::Debug) {
                 for &i in &absent {
                     if let Some(c) = state[i] {
-                        debug_line(format_args!(
+                        log::debug!(
                             "pass {passes}: {} of {} bytes absent: {}",
                             c.total - c.present,
                             c.total,
                             prepared[i].path.display()
-                        ));
+                        );
                     }
                 }
             }
@@ -1231,15 +1229,13 @@ fn run(
         let req = shared.requested.load(Relaxed);
         let verifiable = req.saturating_sub(unverifiable);
         let verified_inline = shared.verified_inline.load(Relaxed);
-        if debug_enabled() {
-            debug_line(format_args!(
-                "verify: {verified_inline} files checked inline, {} re-queued while in flight, \
-                 {final_checked} left for the final check; submitters drained {:.3} s after \
-                 issuing ended",
-                shared.requeued.load(Relaxed),
-                (drained_at.saturating_sub(issue_end)).as_secs_f64()
-            ));
-        }
+        log::debug!(
+            "verify: {verified_inline} files checked inline, {} re-queued while in flight, \
+             {final_checked} left for the final check; submitters drained {:.3} s after \
+             issuing ended",
+            shared.requeued.load(Relaxed),
+            (drained_at.saturating_sub(issue_end)).as_secs_f64()
+        );
         let (diskstats, diskstats_delta) = match (disk_before, disk_after) {
             (Some(b), Some(a)) => {
                 let d = sysstat::diskstats_delta(&b, &a, &devs);
@@ -1353,7 +1349,8 @@ fn range_bytes(r: &Range, pages: u64, ps: u64) -> u64 {
     }
 }
 
-/// Debug output: which pages of a file were found absent after its reads completed.
+/// Debug log: which pages of a file were found absent after its reads completed (mincore and
+/// cachestat calls, so only when debug logging is on).
 fn debug_absent(path: &Path, it: &Issued, c: &FileCheck) {
     let ps = sys::page_size();
     let size = it.file.metadata().map(|m| m.len()).unwrap_or(0);
@@ -1365,24 +1362,14 @@ fn debug_absent(path: &Path, it: &Issued, c: &FileCheck) {
     });
     // Evicted (shadow) entries tell "read, then reclaimed" from "never read".
     let cs = sys::cachestat(it.file.as_fd(), 0, 0).unwrap_or_default();
-    debug_line(format_args!(
+    log::debug!(
         "inline: {} of {} bytes absent after reads completed: {} (size {size}, first absent \
          offsets {absent:?}, ranges {:?}, cachestat {cs:?})",
         c.total - c.present,
         c.total,
         path.display(),
         it.ranges.ranges()
-    ));
-}
-
-fn debug_enabled() -> bool {
-    std::env::var_os("SNAPBLK_RA_DEBUG").is_some()
-}
-
-/// One `SNAPBLK_RA_DEBUG` line on stderr; a closed stderr loses it rather than panicking.
-fn debug_line(args: std::fmt::Arguments<'_>) {
-    use std::io::Write as _;
-    let _ = writeln!(std::io::stderr(), "{args}");
+    );
 }
 
 /// Verification state of one file, in bytes of its requested ranges.

@@ -23,7 +23,6 @@ pub mod fileio;
 pub mod hist;
 pub mod pattern;
 pub mod plot;
-pub mod progress;
 pub mod report;
 pub mod rng;
 pub mod schema;
@@ -34,7 +33,7 @@ pub mod verify;
 pub use engine::{JobResult, RunResult, run_workload};
 pub use spec::{JobSpec, RwMode, Sweep};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 /// Errors of the benchmark engine.
 ///
@@ -112,8 +111,9 @@ pub fn check_direct_alignment(target: &mut dyn target::Target, jobs: &[JobSpec])
 }
 
 /// Run every configuration `repeat` times, interleaved (rep 1 of all configs, then rep 2, …) so
-/// slow drifts of the machine spread over all configurations instead of biasing one; `on_run` is
-/// called after each run (for progress/diagnostics).
+/// slow drifts of the machine spread over all configurations instead of biasing one; `progress`
+/// hears each run start and end ([`RunProgress`]), `on_run` is called after each run (for
+/// progress/diagnostics).
 ///
 /// Setting `stop` (e.g. on SIGINT) ends the current run early — its I/Os so far are counted —
 /// and runs nothing more; configurations that never ran are left out of the result.
@@ -121,7 +121,7 @@ pub fn run_matrix(
     target: &mut dyn target::Target,
     jobs: &[JobSpec],
     repeat: u32,
-    show_progress: bool,
+    progress: Option<&dyn Fn(RunProgress)>,
     stop: Option<Arc<AtomicBool>>,
     on_run: impl FnMut(u32, &JobSpec, &RunResult),
 ) -> Result<Vec<report::ConfigReport>> {
@@ -129,7 +129,20 @@ pub fn run_matrix(
         label: None,
         target,
     }];
-    run_matrix_on(&mut t, jobs, repeat, show_progress, stop, on_run)
+    run_matrix_on(&mut t, jobs, repeat, progress, stop, on_run)
+}
+
+/// A run of a matrix starting or ending, for a progress display (the caller draws it: the
+/// CLI shows a spinner with the live IOPS).
+pub enum RunProgress {
+    /// A run starts: `label` names it (`[rep/repeat] job`), `completed` counts its completed
+    /// I/Os while it runs.
+    Start {
+        label: String,
+        completed: Arc<AtomicU64>,
+    },
+    /// The run has ended (also when it failed).
+    End,
 }
 
 /// One of several targets compared in one run, e.g. two libblkio implementations.
@@ -162,7 +175,7 @@ pub fn run_matrix_on(
     targets: &mut [Labelled<'_>],
     jobs: &[JobSpec],
     repeat: u32,
-    show_progress: bool,
+    progress: Option<&dyn Fn(RunProgress)>,
     stop: Option<Arc<AtomicBool>>,
     mut on_run: impl FnMut(u32, &JobSpec, &RunResult),
 ) -> Result<Vec<report::ConfigReport>> {
@@ -187,20 +200,23 @@ pub fn run_matrix_on(
             if stopped() {
                 break 'reps;
             }
-            let p = show_progress.then(|| {
-                progress::Progress::start(format!(
-                    "[{}/{}] {}",
-                    rep + 1,
-                    repeat.max(1),
-                    job.label()
-                ))
+            let completed = progress.map(|p| {
+                let completed = Arc::new(AtomicU64::new(0));
+                p(RunProgress::Start {
+                    label: format!("[{}/{}] {}", rep + 1, repeat.max(1), job.label()),
+                    completed: completed.clone(),
+                });
+                completed
             });
             let opts = engine::RunOpts {
-                progress: p.as_ref().map(|p| p.counter.clone()),
+                progress: completed,
                 stop: stop.clone(),
             };
-            let r = run_workload(target, job, &opts)?;
-            drop(p);
+            let r = run_workload(target, job, &opts);
+            if let Some(p) = progress {
+                p(RunProgress::End);
+            }
+            let r = r?;
             on_run(rep, job, &r);
             runs[i].push(r);
         }

@@ -36,7 +36,7 @@ fn stop_ends_the_current_run_and_skips_the_rest() {
     });
     let mut calls = 0;
     let t0 = std::time::Instant::now();
-    let r = snapblk_bench::run_matrix(&mut t, &jobs, 2, false, Some(stop), |_, _, _| calls += 1)
+    let r = snapblk_bench::run_matrix(&mut t, &jobs, 2, None, Some(stop), |_, _, _| calls += 1)
         .unwrap();
     raiser.join().unwrap();
     assert!(t0.elapsed().as_secs() < 20, "stop was not honoured");
@@ -52,7 +52,7 @@ fn repetitions_are_interleaved_across_configurations() {
     let (mut t, _) = recording_target(MB);
     let jobs = qd_sweep(&[1, 4, 16], None);
     let mut order = Vec::new();
-    let r = snapblk_bench::run_matrix(&mut t, &jobs, 3, false, None, |rep, job, _| {
+    let r = snapblk_bench::run_matrix(&mut t, &jobs, 3, None, None, |rep, job, _| {
         order.push((rep, job.iodepth))
     })
     .unwrap();
@@ -83,7 +83,7 @@ fn direct_reaches_the_target_open() {
         direct: true,
         ..jobs[0].clone()
     });
-    snapblk_bench::run_matrix(&mut t, &jobs, 1, false, None, |_, _, _| {}).unwrap();
+    snapblk_bench::run_matrix(&mut t, &jobs, 1, None, None, |_, _, _| {}).unwrap();
     // The first open is the up-front alignment check of the direct job.
     assert_eq!(sh.lock().unwrap().opened_direct, [true, false, true]);
 }
@@ -121,7 +121,7 @@ fn misaligned_direct_jobs_fail_before_any_io() {
     ];
     for (jobs, want) in cases {
         let mut runs = 0;
-        let e = snapblk_bench::run_matrix(&mut t, &jobs, 1, false, None, |_, _, _| runs += 1)
+        let e = snapblk_bench::run_matrix(&mut t, &jobs, 1, None, None, |_, _, _| runs += 1)
             .unwrap_err()
             .to_string();
         assert!(e.contains(want), "{e}");
@@ -150,7 +150,7 @@ fn misaligned_direct_jobs_fail_before_any_io() {
         &mut t,
         &[direct(512, 1024, Some(8192))],
         1,
-        false,
+        None,
         None,
         |_, _, _| {},
     )

@@ -23,7 +23,7 @@ fn sweep_results() -> Vec<snapblk_bench::report::ConfigReport> {
         ..Default::default()
     };
     let jobs = sweep.expand(&base);
-    snapblk_bench::run_matrix(&mut t, &jobs, 2, false, None, |_, _, _| {}).unwrap()
+    snapblk_bench::run_matrix(&mut t, &jobs, 2, None, None, |_, _, _| {}).unwrap()
 }
 
 fn to_value(d: &Document) -> serde_json::Value {

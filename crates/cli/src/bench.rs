@@ -619,11 +619,20 @@ fn run_workload(w: WorkloadArgs) -> anyhow::Result<()> {
             .collect();
         let tty = std::io::stderr().is_terminal();
         let n_targets = labelled.len();
+        let spinner = std::cell::RefCell::new(None);
+        let on_progress = |ev: snapblk_bench::RunProgress| {
+            *spinner.borrow_mut() = match ev {
+                snapblk_bench::RunProgress::Start { label, completed } => {
+                    Some(crate::progress::RunSpinner::start(label, completed))
+                }
+                snapblk_bench::RunProgress::End => None,
+            };
+        };
         results = snapblk_bench::run_matrix_on(
             &mut labelled,
             &jobs,
             w.repeat,
-            tty,
+            tty.then_some(&on_progress as &dyn Fn(snapblk_bench::RunProgress)),
             Some(intr.stop.clone()),
             |rep, job, r| {
                 if !tty && (jobs.len() * n_targets > 1 || w.repeat > 1) {
@@ -746,7 +755,7 @@ fn run_overwrite(o: OverwriteArgs) -> anyhow::Result<()> {
         for fs in variants {
             // 1 KiB writes with fdatasync over a large file take minutes: show how far it is
             // (drawn only on a terminal, cleared before the table).
-            let mut bar = snapblk_bench::progress::BytesProgress::start();
+            let mut bar = crate::progress::BytesProgress::start();
             let fsync = if fs { "with fsync" } else { "no fsync" };
             let r = fileio::overwrite_test_with(
                 &o.dir,

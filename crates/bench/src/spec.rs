@@ -403,34 +403,10 @@ impl Sweep {
     }
 }
 
-/// Parse a fio-style size: `4096`, `4k`, `4K`, `4KiB`, `64m`, `1G`, `2t` (binary units).
+/// Parse a fio-style size: `4096`, `4k`, `4K`, `4KiB`, `64m`, `1G`, `2t` (binary units; the
+/// grammar is [`snapblk_core::size`], shared with device specs).
 pub fn parse_size(s: &str) -> Result<u64> {
-    let t = s.trim();
-    if let Some(abs) = t.strip_prefix('-')
-        && parse_size(abs).is_ok()
-    {
-        return Err(Error::Spec(format!(
-            "size {t} is out of range: it cannot be negative"
-        )));
-    }
-    let lower = t.to_ascii_lowercase();
-    let num_end = lower
-        .find(|c: char| !c.is_ascii_digit())
-        .unwrap_or(lower.len());
-    let (num, unit) = lower.split_at(num_end);
-    let n: u64 = num
-        .parse()
-        .map_err(|_| Error::Spec(format!("bad size {t:?}")))?;
-    let mult: u64 = match unit.trim_end_matches("ib").trim_end_matches('b') {
-        "" => 1,
-        "k" => 1 << 10,
-        "m" => 1 << 20,
-        "g" => 1 << 30,
-        "t" => 1 << 40,
-        _ => return Err(Error::Spec(format!("bad size unit in {t:?}"))),
-    };
-    n.checked_mul(mult)
-        .ok_or_else(|| Error::Spec(format!("size {t:?} overflows")))
+    snapblk_core::size::parse_size(s).map_err(|e| Error::Spec(e.to_string()))
 }
 
 /// The error for a number that does not parse: a range error for a negative one (`-1` for a

@@ -19,6 +19,7 @@ pub mod mem;
 pub mod props;
 pub mod queue;
 pub mod request;
+pub mod size;
 
 pub use device::{Blkio, DeviceInfo, Driver, State};
 pub use error::{Error, Result};

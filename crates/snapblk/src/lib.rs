@@ -21,7 +21,8 @@
 //!   than as a missing file.
 //! * `NAME` is a property name as in libblkio (`path`, `direct`, `read-only`, `size`, ...).
 //!   `VALUE` is parsed into the property's type with the strict libblkio parsers, except that
-//!   u64 properties also accept a size suffix `k`, `M`, `G`, `T` (binary: 1k = 1024) and bools
+//!   u64 properties also accept a size suffix `k`, `M`, `G`, `T`, `P`, optionally followed by
+//!   `iB` or `B` (binary: 1k = 1KiB = 1024; [`snapblk_core::size`]) and bools
 //!   also accept `1`/`0`/`yes`/`no`. A value cannot contain `,`. A key given twice is refused.
 //! * Capacity properties ([`CAPACITY_PROPS`], e.g. `null:size`) must be a multiple of 512 and
 //!   at most 2^63-1 (an offset must fit in a signed 64-bit integer), checked here rather than
@@ -34,6 +35,7 @@
 //! `sync:path=disk.img,read-only=true`, `snapshot:base=B,cow=C,writable=true`.
 
 use snapblk_core::props::{Access, PropType, PropValue};
+use snapblk_core::size::parse_size;
 pub mod fuzzing;
 pub use snapblk_core::{Blkio, Error, Result};
 
@@ -75,18 +77,6 @@ pub fn create(driver: &str) -> Result<Blkio> {
         _ => return Err(Error::new(libc::ENOENT, "Unknown driver name")),
     };
     Ok(Blkio::new(d))
-}
-
-/// Parse a size with an optional binary suffix (`4k`, `1M`, `2G`, `1T`; case-insensitive).
-pub fn parse_size(s: &str) -> Option<u64> {
-    let (num, mul) = match s.as_bytes().last()? {
-        b'k' | b'K' => (&s[..s.len() - 1], 1u64 << 10),
-        b'm' | b'M' => (&s[..s.len() - 1], 1 << 20),
-        b'g' | b'G' => (&s[..s.len() - 1], 1 << 30),
-        b't' | b'T' => (&s[..s.len() - 1], 1 << 40),
-        _ => (s, 1),
-    };
-    num.parse::<u64>().ok()?.checked_mul(mul)
 }
 
 /// A parsed device spec: driver name and `(property, value)` pairs in order.
@@ -171,13 +161,13 @@ fn set_spec_prop(b: &mut Blkio, name: &str, value: &str) -> Result<()> {
     let ty = b.prop_specs().find(|p| p.name == name).map(|p| p.ty);
     let v = match ty {
         Some(PropType::U64) => match parse_size(value) {
-            Some(n) => {
+            Ok(n) => {
                 if CAPACITY_PROPS.contains(&name) {
                     check_capacity(name, n)?;
                 }
                 PropValue::U64(n)
             }
-            None => {
+            Err(_) => {
                 return Err(Error::new(
                     libc::EINVAL,
                     format!("{name}: invalid size {value:?}"),
@@ -257,12 +247,12 @@ mod tests {
 
     #[test]
     fn sizes() {
-        assert_eq!(parse_size("4k"), Some(4096));
-        assert_eq!(parse_size("1G"), Some(1 << 30));
-        assert_eq!(parse_size("512"), Some(512));
-        assert_eq!(parse_size("x"), None);
-        assert_eq!(parse_size(""), None);
-        assert_eq!(parse_size("99999999999T"), None);
+        assert_eq!(parse_size("4k").ok(), Some(4096));
+        assert_eq!(parse_size("1G").ok(), Some(1 << 30));
+        assert_eq!(parse_size("512").ok(), Some(512));
+        assert_eq!(parse_size("x").ok(), None);
+        assert_eq!(parse_size("").ok(), None);
+        assert_eq!(parse_size("99999999999T").ok(), None);
     }
 
     #[test]
@@ -362,6 +352,13 @@ mod tests {
         let b = open(&format!("null:size={top}"), 1).unwrap();
         assert_eq!(b.get_u64("capacity").unwrap(), top);
         assert!(open("null:size=0", 1).is_ok());
+        // The size grammar is the bench's: `4KiB` in a spec means what `--bs 4KiB` means.
+        let b = open("null:size=4KiB", 1).unwrap();
+        assert_eq!(b.get_u64("capacity").unwrap(), 4096);
+        assert_eq!(
+            msg("null:size=4x"),
+            Some((libc::EINVAL, "size: invalid size \"4x\"".into()))
+        );
         // Only capacities: other u64 properties keep their own rules.
         assert!(!CAPACITY_PROPS.contains(&"cache-size"));
     }

@@ -9,7 +9,7 @@
 //! refills the whole buffer with fresh random data on every write instead;
 //! `buffer_compress_percentage` makes that share of every 512-byte segment zeros.
 
-use crate::rng::Rng;
+use snapblk_core::rng::Rng;
 use std::time::Duration;
 
 /// Sector granularity of scrambling and of the compressible share (fio's

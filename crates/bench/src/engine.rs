@@ -377,7 +377,7 @@ struct Job<'a> {
 /// Refills or scrambles write buffers per write (see [`crate::buffer`]).
 struct DataGen {
     opts: crate::buffer::BufferOpts,
-    rng: crate::rng::Rng,
+    rng: snapblk_core::rng::Rng,
     t0: Instant,
 }
 
@@ -704,7 +704,9 @@ fn run_job(q: &mut dyn Queue, ctx: JobCtx<'_>) -> Result<JobResult> {
         io_error: None,
         data: DataGen {
             opts: spec.buffers,
-            rng: crate::rng::Rng::new(spec.seed ^ crate::rng::mix(u64::from(ctx.job) + 1)),
+            rng: snapblk_core::rng::Rng::new(
+                spec.seed ^ snapblk_core::rng::mix(u64::from(ctx.job) + 1),
+            ),
             t0: Instant::now(),
         },
         stop: ctx.stop.clone(),

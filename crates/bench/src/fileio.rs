@@ -80,7 +80,7 @@ impl AlignedBuf {
         let r = MemRegion::alloc_private(len.div_ceil(4096) * 4096)?;
         // SAFETY: freshly allocated, exclusively ours.
         let s = unsafe { r.as_mut_slice() };
-        let mut rng = crate::rng::Rng::new(seed);
+        let mut rng = snapblk_core::rng::Rng::new(seed);
         for c in s.chunks_mut(8) {
             let v = rng.next_u64().to_le_bytes();
             let l = c.len();

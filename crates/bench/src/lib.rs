@@ -24,7 +24,6 @@ pub mod hist;
 pub mod pattern;
 pub mod plot;
 pub mod report;
-pub mod rng;
 pub mod schema;
 pub mod spec;
 pub mod target;

@@ -4,8 +4,8 @@
 //! pseudo-random order (fio's default `randommap` behaviour), using a bijective hash over the next
 //! power of two with cycle walking, so no per-block map is needed.
 
-use crate::rng::{Rng, mix};
 use crate::spec::RwMode;
+use snapblk_core::rng::{Rng, mix};
 
 /// Read or write.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -4,7 +4,7 @@
 //! run ([`run_stamp`]): a run whose writes are lost must not find an earlier run's identical
 //! blocks and take them for its own.
 
-use crate::rng::{Rng, mix};
+use snapblk_core::rng::{Rng, mix};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// The verify stamp of a new run with `seed`: differs from every other run's, in this process

@@ -19,6 +19,7 @@ pub mod mem;
 pub mod props;
 pub mod queue;
 pub mod request;
+pub mod rng;
 pub mod size;
 
 pub use device::{Blkio, DeviceInfo, Driver, State};

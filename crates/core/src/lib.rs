@@ -21,6 +21,7 @@ pub mod queue;
 pub mod request;
 pub mod rng;
 pub mod size;
+pub mod sync;
 
 pub use device::{Blkio, DeviceInfo, Driver, State};
 pub use error::{Error, Result};

@@ -7,6 +7,7 @@
 //! snapblk-core driver (io_uring, the fault-injection driver, an NBD client...) when a backend is
 //! not a plain file, at the price of a mutex around one queue.
 
+use snapblk_core::sync::lock;
 use snapblk_core::{Error, Queue, QueueExt};
 use std::fs::File;
 use std::os::unix::fs::FileExt;
@@ -181,11 +182,6 @@ impl MemDev {
     pub fn contents(&self) -> Vec<u8> {
         lock(&self.data).clone()
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    // A panic elsewhere must not make the device unusable; the data is plain bytes.
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl BlockDev for MemDev {

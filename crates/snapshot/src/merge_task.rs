@@ -9,8 +9,9 @@ use crate::error::SnapError;
 use crate::merge::{MergeOptions, MergeProgress, MergeReport, merge};
 use crate::snapshot::Snapshot;
 use serde::Serialize;
+use snapblk_core::sync::lock;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -52,11 +53,6 @@ pub struct MergeTask {
     stats: Mutex<MergeStats>,
     cv: Condvar,
     stop: AtomicBool,
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // Counters stay consistent even if a holder panicked.
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 impl MergeTask {

@@ -35,10 +35,11 @@ use serde::Serialize;
 use snapblk_blocklist::blocks::{BlockFile, BlockRecorder};
 use snapblk_blocklist::parse::{Limits, ParseError};
 use snapblk_blocklist::ranges::Range;
+use snapblk_core::sync::lock;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
+use std::sync::{Arc, Condvar, Mutex, Weak};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -272,11 +273,6 @@ pub struct Activity {
 
 static REGISTRY: Mutex<Vec<Weak<Activity>>> = Mutex::new(Vec::new());
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // Counters stay consistent even if a holder panicked.
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
 
 impl Activity {
     /// A new, idle activity, registered so that [`Activity::find`] sees it.

@@ -179,8 +179,7 @@ pub fn direct_alignment(dir: &Path) -> u64 {
         .and_then(|d| std::fs::read_to_string(d.join("queue/logical_block_size")).ok())
         .and_then(|s| s.trim().parse::<u64>().ok())
         .filter(|&v| v > 0)
-        // SAFETY: sysconf has no memory effects.
-        .unwrap_or_else(|| unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(512) as u64)
+        .unwrap_or_else(|| snapblk_core::sys::page_size().max(512) as u64)
 }
 
 /// Drop a file's clean pages from the page cache.

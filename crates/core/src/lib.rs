@@ -22,6 +22,7 @@ pub mod request;
 pub mod rng;
 pub mod size;
 pub mod sync;
+pub mod sys;
 
 pub use device::{Blkio, DeviceInfo, Driver, State};
 pub use error::{Error, Result};

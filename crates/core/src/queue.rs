@@ -1,6 +1,7 @@
 //! Queues: where requests go in and completions come out.
 
 use crate::request::{Completion, Op, ReqFlags, Request};
+pub use crate::sys::EventFd;
 use crate::{Error, Result};
 use std::os::fd::RawFd;
 use std::time::Duration;
@@ -135,43 +136,6 @@ pub fn check_do_io_args(max: usize, min: usize, outstanding_plus_ready: usize) -
         ));
     }
     Ok(())
-}
-
-/// A non-blocking, close-on-exec eventfd: the completion fd of a queue.
-#[derive(Debug)]
-pub struct EventFd(std::os::fd::OwnedFd);
-
-impl EventFd {
-    /// A new eventfd with counter 0.
-    pub fn new() -> Result<EventFd> {
-        use std::os::fd::FromRawFd;
-        // SAFETY: plain syscall; the result is checked.
-        let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
-        if fd < 0 {
-            return Err(Error::last_os_error());
-        }
-        // SAFETY: `fd` is a fresh descriptor we own.
-        Ok(EventFd(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) }))
-    }
-    /// The raw descriptor.
-    pub fn raw(&self) -> RawFd {
-        use std::os::fd::AsRawFd;
-        self.0.as_raw_fd()
-    }
-    /// Add 1 to the counter (makes the fd readable).
-    pub fn signal(&self) {
-        let one: u64 = 1;
-        // SAFETY: writes 8 bytes from a live u64 to our own eventfd. A full counter (EAGAIN)
-        // still leaves the fd readable, which is all a signal has to achieve.
-        unsafe { libc::write(self.raw(), (&one as *const u64).cast(), 8) };
-    }
-    /// Reset the counter to 0; returns the value read (0 if it was not signalled).
-    pub fn drain(&self) -> u64 {
-        let mut v: u64 = 0;
-        // SAFETY: reads 8 bytes into a live u64 from our own non-blocking eventfd.
-        let n = unsafe { libc::read(self.raw(), (&mut v as *mut u64).cast(), 8) };
-        if n == 8 { v } else { 0 }
-    }
 }
 
 /// The device-specific half of `do_io`, driven by [`QueueCore::do_io`] so that every driver has

@@ -9,7 +9,6 @@ use std::ffi::CString;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::Arc;
 
-const BLKGETSIZE64: libc::c_ulong = 0x8008_1272;
 const BLKDISCARD: libc::c_ulong = 0x1277;
 
 /// The properties of file-backed drivers.
@@ -38,12 +37,7 @@ impl Target {
     /// Size in bytes, evaluated now (files grow).
     pub fn capacity(&self) -> Result<u64> {
         if self.is_blk {
-            let mut sz: u64 = 0;
-            // SAFETY: BLKGETSIZE64 writes one u64 to the pointer we pass.
-            if unsafe { libc::ioctl(self.raw(), BLKGETSIZE64 as _, &mut sz as *mut u64) } < 0 {
-                return Err(Error::last_os_error());
-            }
-            Ok(sz)
+            snapblk_core::sys::blkgetsize64(self.raw())
         } else {
             let st = fstat(self.raw())?;
             Ok(st.st_size as u64)
@@ -270,12 +264,6 @@ fn inspect(raw: RawFd) -> Result<(bool, bool, bool, InfoFn)> {
     Ok((fmt == libc::S_IFBLK, direct, ro, device_info))
 }
 
-fn page_size() -> i32 {
-    // SAFETY: plain libc call.
-    let p = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
-    if p > 0 { p as i32 } else { 4096 }
-}
-
 /// `/sys/dev/block/MAJ:MIN/queue/<attr>` of the device itself (`own`, for block devices) or of
 /// the device holding the file; partitions keep `queue/` in their parent.
 fn sysfs_str(fd: &OwnedFd, own: bool, attr: &str) -> Option<String> {
@@ -310,7 +298,7 @@ fn clamp_i32(v: u64) -> i32 {
 
 /// Device facts, as libblkio's io_uring driver derives them.
 fn device_info(t: &Target) -> DeviceInfo {
-    let page = page_size();
+    let page = clamp_i32(snapblk_core::sys::page_size() as u64);
     let fd = t.raw();
     let mut info = DeviceInfo {
         read_only: t.read_only,

@@ -147,15 +147,8 @@ impl BlockDev for FileDev {
         let md = self.file.metadata().map_err(Error::from_io)?;
         if md.file_type().is_block_device() {
             // A block device reports size 0 in metadata; ask the kernel.
-            let mut size: u64 = 0;
             use std::os::fd::AsRawFd;
-            // SAFETY: BLKGETSIZE64 writes one u64 through the pointer we pass, which is valid.
-            let r =
-                unsafe { libc::ioctl(self.file.as_raw_fd(), 0x8008_1272, &mut size as *mut u64) };
-            if r < 0 {
-                return Err(Error::last_os_error());
-            }
-            Ok(size)
+            snapblk_core::sys::blkgetsize64(self.file.as_raw_fd())
         } else {
             Ok(md.len())
         }

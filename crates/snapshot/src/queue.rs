@@ -5,6 +5,7 @@
 //! so the backend's read is inlined into the request dispatch (no virtual call per request).
 
 use snapblk_core::queue::check_do_io_args;
+use snapblk_core::sys::EventFd;
 use snapblk_core::{Completion, Error, Op, Queue, Request};
 use std::collections::VecDeque;
 use std::os::fd::RawFd;
@@ -62,18 +63,14 @@ pub struct SyncQueue<B: Backend> {
     /// The previous batch's vector, reused so that steady-state `do_io` never allocates.
     spare: Vec<Request>,
     ready: VecDeque<Completion>,
-    efd: RawFd,
+    efd: EventFd,
     efd_enabled: bool,
 }
 
 impl<B: Backend> SyncQueue<B> {
     /// A queue over `backend`, with its own eventfd.
     pub fn new(backend: B) -> snapblk_core::Result<Self> {
-        // SAFETY: plain syscall; the result is checked.
-        let efd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
-        if efd < 0 {
-            return Err(Error::last_os_error());
-        }
+        let efd = EventFd::new()?;
         Ok(SyncQueue {
             backend,
             pending: Vec::new(),
@@ -158,9 +155,7 @@ impl<B: Backend> SyncQueue<B> {
 
     fn signal(&self) {
         if self.efd_enabled && !self.ready.is_empty() {
-            let one: u64 = 1;
-            // SAFETY: writing 8 bytes from a valid u64 to our own eventfd.
-            unsafe { libc::write(self.efd, &one as *const u64 as *const libc::c_void, 8) };
+            self.efd.signal();
         }
     }
 }
@@ -226,7 +221,7 @@ impl<B: Backend + 'static> Queue for SyncQueue<B> {
     }
 
     fn completion_fd(&self) -> Option<RawFd> {
-        Some(self.efd)
+        Some(self.efd.raw())
     }
 
     fn set_completion_fd_enabled(&mut self, enabled: bool) {
@@ -235,12 +230,5 @@ impl<B: Backend + 'static> Queue for SyncQueue<B> {
 
     fn outstanding(&self) -> usize {
         self.pending.len() + self.ready.len()
-    }
-}
-
-impl<B: Backend> Drop for SyncQueue<B> {
-    fn drop(&mut self) {
-        // SAFETY: closing the eventfd this queue created.
-        unsafe { libc::close(self.efd) };
     }
 }

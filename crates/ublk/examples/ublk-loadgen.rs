@@ -58,11 +58,10 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         .read(true)
         .custom_flags(libc::O_DIRECT)
         .open(&a[1])?;
-    let size = {
-        let mut sz = 0u64;
-        // SAFETY: BLKGETSIZE64 writes a u64; fall back to the file length for regular files.
-        let r = unsafe { libc::ioctl(f.as_raw_fd(), 0x8008_1272, &mut sz) };
-        if r != 0 { f.metadata()?.len() } else { sz }
+    // A block device's size; the file length for regular files.
+    let size = match snapblk_core::sys::blkgetsize64(f.as_raw_fd()) {
+        Ok(sz) => sz,
+        Err(_) => f.metadata()?.len(),
     };
     let blocks = size / bs as u64;
     if blocks == 0 {

@@ -8,13 +8,19 @@
 //! Generators that compress in parallel encode units with [`encode_unit`] and hand the result
 //! to [`add_encoded_replace`](CowWriter::add_encoded_replace) /
 //! [`add_encoded_xor`](CowWriter::add_encoded_xor).
+//!
+//! One [`CowWriter`] serves both format families: the calls, checks and op bookkeeping are
+//! shared (this file); how ops are laid out on disk is per family, in `writer/v2.rs` (records
+//! and payloads interleaved or clustered) and `writer/v3.rs` (data stream, records and resume
+//! points written at commit, append mode).
 
-use crate::ReadAt;
+mod v2;
+mod v3;
+
 use crate::codec::{self, Codec, Compression, PayloadBuf};
 use crate::error::{CowError, Result, io_at};
 use crate::format::*;
 use crate::io::WriteAt;
-use crate::reader::CowReader;
 
 /// A positional-write target that can also be truncated (files, [`crate::MemFile`]).
 pub trait CowSink: WriteAt {
@@ -303,63 +309,6 @@ impl<W: CowSink> CowWriter<W> {
         Ok(w)
     }
 
-    /// Reopen an existing v3 COW for appending (e.g. a writable overlay). New ops go after the
-    /// committed ones; nothing becomes visible to readers until [`commit`](Self::commit) (or
-    /// `finalize`) has written payloads and records, synced, and then updated `op_count` in the
-    /// header and synced again — so a crash leaves either the old or the new op set.
-    ///
-    /// Readers of a file with rewritten blocks must open it with
-    /// [`DuplicatePolicy::LastWins`](crate::DuplicatePolicy::LastWins).
-    pub fn append_v3<R: ReadAt>(sink: W, existing: &CowReader<R>, codec: Codec) -> Result<Self> {
-        let h = existing.header().clone();
-        if h.major != 3 {
-            return Err(inval(
-                "append is supported for v3 files only (v2 has no commit point other than the footer)",
-            ));
-        }
-        if codec.algo != existing.compression() {
-            return Err(inval("append must use the file's compression algorithm"));
-        }
-        let mut ops = Vec::with_capacity(existing.ops().len());
-        for op in existing.ops() {
-            let mut rec = [0u8; 16];
-            existing
-                .source()
-                .read_exact_at(op.record_offset, &mut rec)
-                .map_err(io_at(op.record_offset))?;
-            ops.push(rec);
-        }
-        let data_end = existing.data_end().max(h.v3_data_offset());
-        let opts = WriterOptions {
-            version: 3,
-            block_size: h.block_size,
-            codec,
-            cluster_ops: 1024,
-            scratch_size: h.buffer_size,
-            op_count_max: h.op_count_max,
-            max_compression_size: h.max_compression_size,
-            batch_size: 1024,
-        };
-        let n = ops.len();
-        Ok(CowWriter {
-            sink,
-            opts,
-            end: existing.file_len(),
-            header: h.clone(),
-            state: State::V3 {
-                ops,
-                ops_flushed: n,
-                data: Stream::new(data_end),
-                resume: existing.resume_points().to_vec(),
-                resume_count: h.resume_point_count,
-                sequence_written: true,
-                frozen: true,
-            },
-            seen_data: true,
-            finalized: false,
-        })
-    }
-
     fn write_header(&self) -> Result<()> {
         self.sink
             .write_all_at(0, &self.header.encode())
@@ -398,124 +347,8 @@ impl<W: CowSink> CowWriter<W> {
     // ---------------------------------------------------------------------------------------
     // v2 record emission
 
-    fn v2_emit(
-        &mut self,
-        rec_type: u8,
-        compression: u8,
-        new_block: u64,
-        source: u64,
-        payload: &[u8],
-    ) -> Result<()> {
-        let k = self.header.cluster_ops as usize;
-        let len = u16::try_from(payload.len())
-            .map_err(|_| inval("v2 payload larger than 65535 bytes"))?;
-        let State::V2 {
-            stream,
-            cluster_start,
-            cluster_ops,
-            cluster_data,
-            num_ops,
-        } = &mut self.state
-        else {
-            return Err(inval("not a v2 writer"));
-        };
-        let has_source_offset = matches!(rec_type, op_type::REPLACE | op_type::SEQUENCE);
-        if k == 0 {
-            let pos = stream.pos();
-            let src = if has_source_offset { pos + 20 } else { source };
-            let rec = encode_op_v2(rec_type, compression, len, new_block, src);
-            stream.push(&self.sink, &rec)?;
-            stream.push(&self.sink, payload)?;
-            *num_ops += 1;
-            return Ok(());
-        }
-        let data_at = *cluster_start + 20 * k as u64 + cluster_data.len() as u64;
-        let src = if has_source_offset { data_at } else { source };
-        cluster_ops.push(encode_op_v2(rec_type, compression, len, new_block, src));
-        cluster_data.extend_from_slice(payload);
-        *num_ops += 1;
-        if cluster_ops.len() == k - 1 {
-            // Close the cluster with a CLUSTER op that skips this cluster's payload.
-            let skip = cluster_data.len() as u64;
-            cluster_ops.push(encode_op_v2(op_type::CLUSTER, 0, 0, 0, skip));
-            *num_ops += 1;
-            Self::v2_flush_cluster(&self.sink, cluster_start, cluster_ops, cluster_data, k)?;
-        }
-        Ok(())
-    }
-
-    fn v2_flush_cluster(
-        sink: &W,
-        cluster_start: &mut u64,
-        ops: &mut Vec<[u8; 20]>,
-        data: &mut Vec<u8>,
-        k: usize,
-    ) -> Result<()> {
-        // Records (padded to the cluster's k slots), then the payloads right after them: two
-        // writes, so the payload bytes are not copied once more into a joint buffer.
-        let mut recs = Vec::with_capacity(20 * k);
-        for r in ops.iter() {
-            recs.extend_from_slice(r);
-        }
-        recs.resize(20 * k, 0);
-        sink.write_all_at(*cluster_start, &recs)
-            .map_err(io_at(*cluster_start))?;
-        let data_at = *cluster_start + recs.len() as u64;
-        if !data.is_empty() {
-            sink.write_all_at(data_at, data).map_err(io_at(data_at))?;
-        }
-        *cluster_start = data_at + data.len() as u64;
-        ops.clear();
-        data.clear();
-        Ok(())
-    }
-
     // ---------------------------------------------------------------------------------------
     // v3 record emission
-
-    fn v3_freeze(&mut self) {
-        let data_off = self.header.v3_data_offset();
-        if let State::V3 { frozen, data, .. } = &mut self.state
-            && !*frozen
-        {
-            *frozen = true;
-            *data = Stream::new(data_off);
-        }
-    }
-
-    fn v3_emit(
-        &mut self,
-        rec_type: u8,
-        bits: u8,
-        new_block: u64,
-        source: u64,
-        payload: &[u8],
-    ) -> Result<()> {
-        self.v3_freeze();
-        let max = self.header.op_count_max;
-        let nb = u32::try_from(new_block).map_err(|_| inval("v3 new_block must fit in 32 bits"))?;
-        let State::V3 { ops, data, .. } = &mut self.state else {
-            return Err(inval("not a v3 writer"));
-        };
-        if ops.len() as u64 >= max {
-            return Err(CowError::TooManyOps { max });
-        }
-        let pos = data.pos();
-        let src = if rec_type == op_type::REPLACE {
-            pos
-        } else {
-            source
-        };
-        if src > SOURCE_MASK {
-            return Err(inval("source does not fit in 48 bits"));
-        }
-        ops.push(encode_op_v3(rec_type, bits, payload.len() as u32, nb, src));
-        if !payload.is_empty() {
-            data.push(&self.sink, payload)?;
-            self.end = self.end.max(data.pos());
-        }
-        Ok(())
-    }
 
     fn emit(
         &mut self,
@@ -708,64 +541,6 @@ impl<W: CowSink> CowWriter<W> {
         Ok(())
     }
 
-    fn v3_batch(&mut self, batch: &[BatchOp], payloads: &[u8]) -> Result<()> {
-        self.v3_freeze();
-        let max = self.header.op_count_max;
-        let State::V3 { ops, data, .. } = &mut self.state else {
-            return Err(inval("not a v3 writer"));
-        };
-        if ops.len() as u64 + batch.len() as u64 > max {
-            return Err(CowError::TooManyOps { max });
-        }
-        // Records first (all validated before any is kept), then the payloads in one piece.
-        let first = ops.len();
-        let mut pos = data.pos();
-        for op in batch {
-            let (t, bits, len, nb, src) = match *op {
-                BatchOp::Copy {
-                    new_block,
-                    old_block,
-                } => (op_type::COPY, 0, 0, new_block, old_block),
-                BatchOp::Zero { new_block } => (op_type::ZERO, 0, 0, new_block, 0),
-                BatchOp::Replace {
-                    new_block,
-                    unit_blocks,
-                    len,
-                } => (
-                    op_type::REPLACE,
-                    unit_blocks.trailing_zeros() as u8,
-                    len,
-                    new_block,
-                    pos,
-                ),
-                BatchOp::Xor {
-                    new_block,
-                    source_offset,
-                    len,
-                } => (op_type::XOR, 0, len, new_block, source_offset),
-            };
-            let nb = match u32::try_from(nb) {
-                Ok(nb) if src <= SOURCE_MASK => nb,
-                _ => {
-                    ops.truncate(first);
-                    return Err(inval(
-                        "v3 new_block must fit in 32 bits and sources in 48 bits",
-                    ));
-                }
-            };
-            ops.push(encode_op_v3(t, bits, len, nb, src));
-            pos += u64::from(len);
-        }
-        if !batch.is_empty() {
-            self.seen_data = true;
-        }
-        if !payloads.is_empty() {
-            data.push_large(&self.sink, payloads)?;
-            self.end = self.end.max(data.pos());
-        }
-        Ok(())
-    }
-
     /// Store an already encoded single-block XOR payload; the base bytes start at
     /// `source_offset` (= old block × block size + byte offset).
     pub fn add_encoded_xor(
@@ -894,48 +669,6 @@ impl<W: CowSink> CowWriter<W> {
         self.v3_commit(false)
     }
 
-    fn v3_commit(&mut self, write_resume: bool) -> Result<()> {
-        let op_off = self.header.v3_op_offset();
-        let res_off = self.header.v3_resume_offset();
-        let State::V3 {
-            ops,
-            ops_flushed,
-            data,
-            resume,
-            resume_count,
-            ..
-        } = &mut self.state
-        else {
-            return Ok(());
-        };
-        data.flush(&self.sink)?;
-        if *ops_flushed < ops.len() {
-            let mut buf = Vec::with_capacity((ops.len() - *ops_flushed) * 16);
-            for r in &ops[*ops_flushed..] {
-                buf.extend_from_slice(r);
-            }
-            let off = op_off + *ops_flushed as u64 * 16;
-            self.sink.write_all_at(off, &buf).map_err(io_at(off))?;
-            self.end = self.end.max(off + buf.len() as u64);
-            *ops_flushed = ops.len();
-        }
-        if write_resume || !resume.is_empty() {
-            let mut buf = vec![0u8; self.header.resume_point_max as usize * 16];
-            for (i, (l, n)) in resume.iter().enumerate() {
-                buf[i * 16..i * 16 + 16].copy_from_slice(&encode_resume_point(*l, *n));
-            }
-            self.sink
-                .write_all_at(res_off, &buf)
-                .map_err(io_at(res_off))?;
-            self.end = self.end.max(res_off + buf.len() as u64);
-        }
-        self.sink.sync_data().map_err(io_at(0))?;
-        self.header.op_count = ops.len() as u64;
-        self.header.resume_point_count = *resume_count;
-        self.write_header()?;
-        self.sink.sync_data().map_err(io_at(0))
-    }
-
     /// Finish the file (v2: close the cluster and write the footer; v3: write op records and
     /// header), truncate it to its exact length and sync. Returns the file length.
     pub fn finalize(mut self) -> Result<u64> {
@@ -1000,179 +733,4 @@ impl<W: CowSink> CowWriter<W> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::io::MemFile;
-
-    /// A mixed op list, payloads encoded with `codec` as (op, payload bytes).
-    fn sample_ops(codec: Codec, version: u16, unit: u32) -> Vec<(BatchOp, Vec<u8>)> {
-        let mut v = Vec::new();
-        for i in 0..40u64 {
-            let data: Vec<u8> = (0..4096u32 * if i % 5 == 0 { 2 } else { 1 })
-                .map(|k| ((k as u64 * (i + 3)) % 7 + i % 3) as u8)
-                .collect();
-            let e = encode_unit(codec, version, 4096, unit, &data);
-            let len = e.bytes.len() as u32;
-            let op = match i % 4 {
-                0 => BatchOp::Copy {
-                    new_block: 100 + i,
-                    old_block: i,
-                },
-                1 => BatchOp::Zero { new_block: 100 + i },
-                2 => BatchOp::Xor {
-                    new_block: 100 + i,
-                    source_offset: i * 4096 + 17,
-                    len: if e.unit_blocks == 1 { len } else { 0 },
-                },
-                _ => BatchOp::Replace {
-                    new_block: 100 + i,
-                    unit_blocks: e.unit_blocks,
-                    len,
-                },
-            };
-            let bytes = match op {
-                BatchOp::Replace { .. } => e.bytes,
-                BatchOp::Xor { len, .. } if len > 0 => e.bytes,
-                _ => Vec::new(),
-            };
-            if let BatchOp::Xor { len: 0, .. } = op {
-                continue;
-            }
-            v.push((op, bytes));
-        }
-        v
-    }
-
-    fn one_by_one(w: &mut CowWriter<&MemFile>, ops: &[(BatchOp, Vec<u8>)]) {
-        for (op, bytes) in ops {
-            match *op {
-                BatchOp::Copy {
-                    new_block,
-                    old_block,
-                } => w.add_copy(new_block, old_block, 1).unwrap(),
-                BatchOp::Zero { new_block } => w.add_zero_blocks(new_block, 1).unwrap(),
-                BatchOp::Replace {
-                    new_block,
-                    unit_blocks,
-                    ..
-                } => w
-                    .add_encoded_replace(
-                        new_block,
-                        &EncodedUnit {
-                            bytes: bytes.clone(),
-                            unit_blocks,
-                        },
-                    )
-                    .unwrap(),
-                BatchOp::Xor {
-                    new_block,
-                    source_offset,
-                    ..
-                } => w
-                    .add_encoded_xor(
-                        new_block,
-                        source_offset,
-                        &EncodedUnit {
-                            bytes: bytes.clone(),
-                            unit_blocks: 1,
-                        },
-                    )
-                    .unwrap(),
-            }
-        }
-    }
-
-    #[test]
-    fn add_batch_writes_the_same_file_as_op_by_op_calls() {
-        for (version, cluster_ops, unit, algo) in [
-            (2u16, 1024u32, 4096u32, Compression::Lz4),
-            (2, 0, 4096, Compression::Zstd),
-            (2, 3, 4096, Compression::Gz),
-            (3, 1024, 8192, Compression::Lz4),
-            (3, 1024, 8192, Compression::None),
-        ] {
-            let opts = WriterOptions {
-                version,
-                cluster_ops,
-                codec: Codec::new(algo),
-                max_compression_size: unit,
-                op_count_max: 1000,
-                ..Default::default()
-            };
-            let mut ops = sample_ops(opts.codec, version, unit);
-            if version == 2 {
-                // v2 units are single blocks.
-                ops.retain(|(op, _)| {
-                    !matches!(op, BatchOp::Replace { unit_blocks, .. } if *unit_blocks != 1)
-                });
-            }
-            let a = MemFile::default();
-            let mut w = CowWriter::new(&a, opts).unwrap();
-            one_by_one(&mut w, &ops[..10]);
-            w.add_label(0).unwrap();
-            one_by_one(&mut w, &ops[10..]);
-            w.finalize().unwrap();
-
-            let b = MemFile::default();
-            let mut w = CowWriter::new(&b, opts).unwrap();
-            let batch = |w: &mut CowWriter<&MemFile>, part: &[(BatchOp, Vec<u8>)]| {
-                let list: Vec<BatchOp> = part.iter().map(|o| o.0).collect();
-                let bytes: Vec<u8> = part.iter().flat_map(|o| o.1.clone()).collect();
-                w.add_batch(&list, &bytes).unwrap();
-            };
-            batch(&mut w, &ops[..10]);
-            w.add_label(0).unwrap();
-            batch(&mut w, &ops[10..20]);
-            batch(&mut w, &ops[20..]);
-            w.finalize().unwrap();
-            assert_eq!(
-                a.into_inner(),
-                b.into_inner(),
-                "v{version} k={cluster_ops} {algo:?}"
-            );
-        }
-    }
-
-    #[test]
-    fn add_batch_rejects_bad_batches_without_storing_any_op() {
-        let opts = WriterOptions {
-            version: 3,
-            codec: Codec::new(Compression::None),
-            op_count_max: 4,
-            ..Default::default()
-        };
-        let f = MemFile::default();
-        let mut w = CowWriter::new(&f, opts).unwrap();
-        let rep = |new_block, len| BatchOp::Replace {
-            new_block,
-            unit_blocks: 1,
-            len,
-        };
-        // Payload bytes that do not match the ops.
-        assert!(w.add_batch(&[rep(0, 4096)], &[0u8; 100]).is_err());
-        // A unit larger than max_compression_size.
-        let big = BatchOp::Replace {
-            new_block: 0,
-            unit_blocks: 2,
-            len: 8192,
-        };
-        assert!(w.add_batch(&[big], &vec![0u8; 8192]).is_err());
-        // A block that does not fit in a v3 record, after a valid op: neither is kept.
-        let bad = [
-            BatchOp::Zero { new_block: 1 },
-            BatchOp::Zero { new_block: 1 << 33 },
-        ];
-        assert!(w.add_batch(&bad, &[]).is_err());
-        // More ops than op_count_max.
-        let many: Vec<BatchOp> = (0..5).map(|b| BatchOp::Zero { new_block: b }).collect();
-        assert!(matches!(
-            w.add_batch(&many, &[]),
-            Err(CowError::TooManyOps { max: 4 })
-        ));
-        w.add_batch(&[rep(7, 4096)], &[9u8; 4096]).unwrap();
-        let len = w.finalize().unwrap();
-        let r = CowReader::open(MemFile::new(f.into_inner())).unwrap();
-        assert_eq!(r.ops().len(), 1);
-        assert!(len > 4096);
-    }
-}
+mod tests;

@@ -52,6 +52,29 @@ impl Error {
     pub fn neg(&self) -> i32 {
         -self.errno
     }
+    /// An error for the C ABI from a typed error: `errno` and the message of `e`'s whole
+    /// [`Chain`] (the C caller has one message, not a chain to walk).
+    pub fn from_chain(errno: i32, e: &dyn std::error::Error) -> Self {
+        Self::new(errno, Chain(e).to_string())
+    }
+}
+
+/// Displays an error and each of its [`source`](std::error::Error::source)s, joined by `": "`,
+/// in one line: what `anyhow` prints for `{:#}`. Every snapblk error leaves its cause out of its
+/// own message, so each cause appears once.
+#[derive(Clone, Copy)]
+pub struct Chain<'a>(pub &'a (dyn std::error::Error + 'a));
+
+impl fmt::Display for Chain<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)?;
+        let mut cur = self.0.source();
+        while let Some(c) = cur {
+            write!(f, ": {c}")?;
+            cur = c.source();
+        }
+        Ok(())
+    }
 }
 
 impl From<std::io::Error> for Error {
@@ -66,5 +89,28 @@ impl From<Error> for std::io::Error {
             std::io::Error::from_raw_os_error(e.errno).kind(),
             e.msg.into_owned(),
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("outer")]
+    struct Outer(#[source] std::io::Error);
+
+    #[test]
+    fn chain_prints_each_error_once_in_one_line() {
+        let e = Outer(std::io::Error::from_raw_os_error(libc::ENOENT));
+        assert_eq!(
+            Chain(&e).to_string(),
+            "outer: No such file or directory (os error 2)"
+        );
+        let c = Error::from_chain(libc::ENOENT, &e);
+        assert_eq!(c.errno, libc::ENOENT);
+        assert_eq!(c.msg, "outer: No such file or directory (os error 2)");
+        // A leaf is its own message.
+        assert_eq!(Chain(&Error::inval("bad")).to_string(), "bad");
     }
 }

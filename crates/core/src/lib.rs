@@ -25,7 +25,7 @@ pub mod sync;
 pub mod sys;
 
 pub use device::{Blkio, DeviceInfo, Driver, State};
-pub use error::{Error, Result};
+pub use error::{Chain, Error, Result};
 pub use mem::MemRegion;
 pub use props::{Access, PropSpec, PropType, PropValue};
 pub use queue::{Queue, QueueExt};

@@ -40,18 +40,17 @@ pub fn load_verifier(
     };
     let cow_f = std::fs::File::open(cow).map_err(|e| SnapError::Io {
         what: "opening COW",
-        cause: e.into(),
+        source: e.into(),
     })?;
-    let reader = CowReader::open_with(&cow_f, OpenOptions::default())
-        .map_err(|e| SnapError::Format(e.to_string()))?;
+    let reader = CowReader::open_with(&cow_f, OpenOptions::default())?;
     rec.check_binding(&reader).map_err(record_err(&path))?;
     let base_f = std::fs::File::open(base).map_err(|e| SnapError::Io {
         what: "opening base",
-        cause: e.into(),
+        source: e.into(),
     })?;
     let base_len = base_f.size().map_err(|e| SnapError::Io {
         what: "sizing base",
-        cause: e.into(),
+        source: e.into(),
     })?;
     // A shrinking update's finished merge leaves the base at the new image's size.
     if base_len != rec.base_size && base_len != rec.target_size {
@@ -87,7 +86,7 @@ pub fn load_verifier(
         }
         let got = record::sha256_of(&base_f).map_err(|e| SnapError::Io {
             what: "hashing base",
-            cause: e.into(),
+            source: e.into(),
         })?;
         if got != rec.base_sha256 {
             return Err(SnapError::WrongBase(format!(

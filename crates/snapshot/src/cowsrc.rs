@@ -66,7 +66,7 @@ pub fn load<R: ReadAt>(src: R, capacity: u64) -> Result<(SnapshotMap, CowLayout,
     let probe = {
         let mut h = [0u8; 22];
         src.read_exact_at(0, &mut h)
-            .map_err(|e| SnapError::Format(format!("reading header: {e}")))?;
+            .map_err(|source| snapblk_cow::CowError::Io { offset: 0, source })?;
         u32::from_le_bytes([h[18], h[19], h[20], h[21]]) as u64
     };
     if probe == 0 || !capacity.is_multiple_of(probe) {
@@ -83,7 +83,7 @@ pub fn load<R: ReadAt>(src: R, capacity: u64) -> Result<(SnapshotMap, CowLayout,
         label: None,
         duplicates: DuplicatePolicy::FirstWins,
     };
-    let cow = CowReader::open_with(src, opts).map_err(|e| SnapError::Format(e.to_string()))?;
+    let cow = CowReader::open_with(src, opts)?;
     let bs = cow.block_size();
     check_extent(&cow, blocks)?;
     let mut ops = Vec::with_capacity(cow.merge_len() as usize);

@@ -4,18 +4,21 @@
 #[derive(Debug, thiserror::Error)]
 pub enum SnapError {
     /// An I/O error from the base or COW device (errno preserved for the C ABI).
-    ///
-    /// The cause is part of the message and deliberately not a `source` (a field named
-    /// `source` would be one): a report of the chain (`{:#}`) printed it twice. It stays in the
-    /// message because the C ABI (`From` below) and merge status strings take `to_string()`.
-    #[error("{what}: {cause}")]
+    #[error("{what}")]
     Io {
         what: &'static str,
-        cause: snapblk_core::Error,
+        #[source]
+        source: snapblk_core::Error,
     },
-    /// The COW file could not be parsed or is inconsistent with the base.
+    /// The COW file could not be parsed: the COW reader's error, with its op index and offset.
+    #[error("invalid COW")]
+    Cow(#[from] snapblk_cow::CowError),
+    /// The COW is inconsistent with the snapshot layer's own rules or with the device.
     #[error("invalid COW: {0}")]
     Format(String),
+    /// The background merge thread could not be started.
+    #[error("starting the merge thread")]
+    MergeThread(#[source] std::io::Error),
     /// The merge order violates the rules a safe in-place merge relies on (format §9.2).
     #[error("merge refused: {0}")]
     MergeOrder(String),
@@ -57,6 +60,9 @@ pub enum SnapError {
         #[source]
         source: snapblk_cow::record::RecordError,
     },
+    /// The check of a merge against the attached COW record failed.
+    #[error("checking the base against the COW record")]
+    RecordCheck(#[source] snapblk_cow::record::RecordError),
     /// Bad configuration (device spec, properties).
     #[error("{0}")]
     Config(String),
@@ -116,13 +122,14 @@ pub enum SnapError {
 impl SnapError {
     /// Wrap a core I/O error with what was being done.
     pub fn io(what: &'static str) -> impl FnOnce(snapblk_core::Error) -> SnapError {
-        move |cause| SnapError::Io { what, cause }
+        move |source| SnapError::Io { what, source }
     }
 
     /// The errno a C caller should see.
     pub fn errno(&self) -> i32 {
         match self {
-            SnapError::Io { cause, .. } => cause.errno,
+            SnapError::Io { source, .. } => source.errno,
+            SnapError::MergeThread(source) => source.raw_os_error().unwrap_or(libc::EAGAIN),
             SnapError::ReadOnly => libc::EROFS,
             SnapError::Range { .. } | SnapError::Config(_) => libc::EINVAL,
             SnapError::Interrupted => libc::EINTR,
@@ -131,9 +138,10 @@ impl SnapError {
     }
 }
 
+/// The C ABI has one message per error: the whole chain, each cause once.
 impl From<SnapError> for snapblk_core::Error {
     fn from(e: SnapError) -> Self {
-        snapblk_core::Error::new(e.errno(), e.to_string())
+        snapblk_core::Error::from_chain(e.errno(), &e)
     }
 }
 
@@ -143,27 +151,93 @@ pub type Result<T> = std::result::Result<T, SnapError>;
 #[cfg(test)]
 mod tests {
     use super::*;
+    use snapblk_core::Chain;
+    use snapblk_testsupport::errors::assert_cause_is_source;
+    use std::error::Error as _;
 
-    /// What `format!("{:#}", anyhow::Error::from(e))` prints: each error of the chain once.
-    fn chain(e: &dyn std::error::Error) -> String {
-        let mut s = e.to_string();
-        let mut cur = e.source();
-        while let Some(c) = cur {
-            s.push_str(": ");
-            s.push_str(&c.to_string());
-            cur = c.source();
+    #[test]
+    fn every_wrapping_variant_keeps_its_cause_as_source_only() {
+        let io = || std::io::Error::from_raw_os_error(libc::ENOENT);
+        let io_text = io().to_string();
+        let cases: Vec<(SnapError, String)> = vec![
+            (
+                SnapError::io("reading COW header")(snapblk_core::Error::new(
+                    libc::EIO,
+                    "short read at offset 0",
+                )),
+                "short read at offset 0".into(),
+            ),
+            (
+                SnapError::Cow(snapblk_cow::CowError::BadMagic { found: 7 }),
+                snapblk_cow::CowError::BadMagic { found: 7 }.to_string(),
+            ),
+            (SnapError::MergeThread(io()), io_text.clone()),
+            (
+                SnapError::Record {
+                    path: "x.snapblk".into(),
+                    source: snapblk_cow::record::RecordError::Version(9),
+                },
+                snapblk_cow::record::RecordError::Version(9).to_string(),
+            ),
+            (
+                SnapError::RecordCheck(snapblk_cow::record::RecordError::Version(9)),
+                snapblk_cow::record::RecordError::Version(9).to_string(),
+            ),
+            (
+                SnapError::UndecodablePayload {
+                    op: 1,
+                    block: 2,
+                    offset: 3,
+                    source: crate::precheck::DecodeFailure("zstd says no".into()),
+                },
+                "zstd says no".into(),
+            ),
+        ];
+        for (e, cause) in &cases {
+            assert_cause_is_source(e, Some(cause));
         }
-        s
+    }
+
+    #[test]
+    fn a_cow_error_keeps_its_op_index_and_offset() {
+        let e = SnapError::from(snapblk_cow::CowError::UnknownOpType {
+            index: 5,
+            offset: 4096,
+            op_type: 99,
+        });
+        let Some(snapblk_cow::CowError::UnknownOpType { index, offset, .. }) = e
+            .source()
+            .and_then(|s| s.downcast_ref::<snapblk_cow::CowError>())
+        else {
+            panic!("{e:?}");
+        };
+        assert_eq!((*index, *offset), (5, 4096));
+        assert_eq!(
+            Chain(&e).to_string(),
+            "invalid COW: op 5 at offset 4096: unknown op type 99"
+        );
     }
 
     #[test]
     fn io_error_chain_prints_the_cause_once() {
         let cause = snapblk_core::Error::new(libc::EIO, "short read at offset 0");
         let e = SnapError::io("reading COW header")(cause);
-        assert_eq!(chain(&e), "reading COW header: short read at offset 0");
-        // The C ABI sees the same text and the cause's errno.
+        assert_eq!(
+            Chain(&e).to_string(),
+            "reading COW header: short read at offset 0"
+        );
+        // The C ABI has one message: the whole chain, and the cause's errno.
         let c: snapblk_core::Error = e.into();
         assert_eq!(c.errno, libc::EIO);
         assert_eq!(c.msg, "reading COW header: short read at offset 0");
+        let c: snapblk_core::Error =
+            SnapError::MergeThread(std::io::Error::from_raw_os_error(libc::EAGAIN)).into();
+        assert_eq!(c.errno, libc::EAGAIN);
+        assert!(
+            c.msg
+                .starts_with("starting the merge thread: Resource temporarily"),
+            "{}",
+            c.msg
+        );
     }
 }

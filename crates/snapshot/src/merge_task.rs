@@ -73,7 +73,7 @@ impl MergeTask {
         std::thread::Builder::new()
             .name("snap-merge".into())
             .spawn(move || me.run(&snap))
-            .map_err(|e| SnapError::Config(format!("starting the merge thread: {e}")))
+            .map_err(SnapError::MergeThread)
     }
 
     fn run(&self, snap: &Snapshot) {
@@ -104,7 +104,7 @@ impl MergeTask {
             Err(SnapError::Interrupted) => s.state = MergeState::Stopped,
             Err(e) => {
                 s.state = MergeState::Failed;
-                s.error = Some(e.to_string());
+                s.error = Some(snapblk_core::Chain(&e).to_string());
             }
         }
         drop(s);

@@ -61,14 +61,14 @@ pub const LIST_LIMITS: Limits = Limits {
 #[derive(Debug, thiserror::Error)]
 pub enum RecordError {
     /// The readahead list could not be read.
-    #[error("readahead list {path}: {source}")]
+    #[error("readahead list {path}")]
     Read {
         path: PathBuf,
         #[source]
         source: std::io::Error,
     },
     /// The readahead list is malformed.
-    #[error("readahead list {path}: {source}")]
+    #[error("readahead list {path}")]
     Parse {
         path: PathBuf,
         #[source]
@@ -77,9 +77,17 @@ pub enum RecordError {
     /// The record list cannot be created where asked.
     #[error("record list {path}: {msg}")]
     Target { path: PathBuf, msg: String },
+    /// The directory of the record list cannot be looked at.
+    #[error("record list {path}: {dir}")]
+    TargetDir {
+        path: PathBuf,
+        dir: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
     /// A worker thread could not be started.
-    #[error("starting the {0} thread: {1}")]
-    Thread(&'static str, std::io::Error),
+    #[error("starting the {0} thread")]
+    Thread(&'static str, #[source] std::io::Error),
 }
 
 impl From<RecordError> for snapblk_core::Error {
@@ -87,9 +95,11 @@ impl From<RecordError> for snapblk_core::Error {
         let errno = match &e {
             RecordError::Read { source, .. } => source.raw_os_error().unwrap_or(libc::EIO),
             RecordError::Thread(_, source) => source.raw_os_error().unwrap_or(libc::EAGAIN),
-            RecordError::Parse { .. } | RecordError::Target { .. } => libc::EINVAL,
+            RecordError::Parse { .. }
+            | RecordError::Target { .. }
+            | RecordError::TargetDir { .. } => libc::EINVAL,
         };
-        snapblk_core::Error::new(errno, e.to_string())
+        snapblk_core::Error::from_chain(errno, &e)
     }
 }
 
@@ -338,7 +348,13 @@ impl Activity {
         match std::fs::metadata(dir) {
             Ok(m) if m.is_dir() => {}
             Ok(_) => return Err(target(format!("{} is not a directory", dir.display()))),
-            Err(e) => return Err(target(format!("{}: {e}", dir.display()))),
+            Err(source) => {
+                return Err(RecordError::TargetDir {
+                    path: path.to_owned(),
+                    dir: dir.to_owned(),
+                    source,
+                });
+            }
         }
         if std::fs::metadata(path).is_ok_and(|m| m.is_dir()) {
             return Err(target("is a directory".into()));
@@ -943,6 +959,36 @@ mod tests {
             load_list(&bad),
             Err(RecordError::Parse { source, .. }) if source.line == 3
         ));
+    }
+
+    #[test]
+    fn record_errors_keep_their_cause_as_source_only() {
+        let io = || std::io::Error::from_raw_os_error(libc::ENOENT);
+        let parse = ParseError {
+            line: 3,
+            kind: snapblk_blocklist::parse::ParseErrorKind::EmptyPath,
+        };
+        let cases = [
+            RecordError::Read {
+                path: "a.blocks".into(),
+                source: io(),
+            },
+            RecordError::Parse {
+                path: "a.blocks".into(),
+                source: parse,
+            },
+            RecordError::TargetDir {
+                path: "d/x.blocks".into(),
+                dir: "d".into(),
+                source: io(),
+            },
+            RecordError::Thread("readahead", io()),
+        ];
+        for e in cases {
+            let line = snapblk_testsupport::errors::assert_cause_is_source(&e, None);
+            // The C ABI's one message is the whole chain.
+            assert_eq!(snapblk_core::Error::from(e).msg, line);
+        }
     }
 
     #[test]

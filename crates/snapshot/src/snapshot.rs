@@ -292,16 +292,21 @@ impl Snapshot {
         let mut rd = |b: u64, buf: &mut [u8]| -> std::io::Result<()> {
             self.io
                 .read(IoClass::Merge, Dev::Base, b * bs, buf)
-                .map_err(|e| std::io::Error::other(e.to_string()))
+                // Carried whole through the record check and taken back out below.
+                .map_err(std::io::Error::other)
         };
         check_merge_binding(v.record(), &ops, merged, sources_from, &mut rd)
             .map(Some)
             .map_err(|e| match e {
                 snapblk_cow::record::RecordError::Io { source, .. } => SnapError::Io {
                     what: "reading the base for the COW record check",
-                    cause: source.into(),
+                    // The read's own error (and errno), with its chain, for the C ABI.
+                    source: match source.downcast::<SnapError>() {
+                        Ok(e) => e.into(),
+                        Err(io) => io.into(),
+                    },
                 },
-                other => SnapError::Format(other.to_string()),
+                other => SnapError::RecordCheck(other),
             })
     }
 

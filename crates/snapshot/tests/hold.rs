@@ -56,8 +56,8 @@ fn open(f: &Files, mode: OpenMode, writable: bool) -> Result<Snapshot, SnapError
 fn assert_busy(r: Result<Snapshot, SnapError>, what: &str) {
     match r {
         Err(e) => {
-            assert_eq!(e.errno(), libc::EBUSY, "{e}");
-            let msg = e.to_string();
+            let msg = snapblk_core::Chain(&e).to_string();
+            assert_eq!(e.errno(), libc::EBUSY, "{msg}");
             assert!(msg.contains(&format!("opening {what}")), "{msg}");
             assert!(msg.contains("in use by another process"), "{msg}");
         }

@@ -112,8 +112,7 @@ impl SnapshotPlanner {
         record: Option<&Path>,
     ) -> snapblk_core::Result<Self> {
         use snapblk_snapshot::cowsrc::{OpenMode, open_files};
-        let err =
-            |e: snapblk_snapshot::SnapError| snapblk_core::Error::new(e.errno(), e.to_string());
+        let err = snapblk_core::Error::from;
         let verifier = if verify {
             snapblk_snapshot::cowrecord::load_verifier(base, cow, record, false).map_err(err)?
         } else {
@@ -172,7 +171,7 @@ impl ReadPlanner for SnapshotPlanner {
                 pos += s.len();
             }
         });
-        r.map_err(|e| snapblk_core::Error::new(e.errno(), e.to_string()))
+        r.map_err(snapblk_core::Error::from)
     }
 }
 

@@ -6,25 +6,17 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::Duration;
 
-/// Errors of the shared device.
+/// Errors of the shared device. The device's error is the `source`, not part of the message.
 #[derive(Debug, thiserror::Error)]
 pub enum DeviceError {
     #[error("device is not started")]
     NotStarted,
-    #[error("device property {0}: {1}")]
-    Prop(&'static str, snapblk_core::Error),
-    #[error("device error: {0}")]
-    Io(snapblk_core::Error),
+    #[error("device property {0}")]
+    Prop(&'static str, #[source] snapblk_core::Error),
+    #[error("device error")]
+    Io(#[from] snapblk_core::Error),
     #[error("server is shutting down")]
     Shutdown,
-}
-
-// By hand, not `#[from]`: the message already includes the inner error, and a `source` would
-// print it twice in a one-line report of the chain.
-impl From<snapblk_core::Error> for DeviceError {
-    fn from(e: snapblk_core::Error) -> Self {
-        DeviceError::Io(e)
-    }
 }
 
 /// Facts about the device that the exports advertise, read once at creation.
@@ -193,5 +185,32 @@ impl Drop for QueueLease<'_> {
             self.dev.lock().pool.push(q);
             self.dev.returned.notify_one();
         }
+    }
+}
+
+#[cfg(test)]
+mod error_tests {
+    use super::DeviceError;
+    use crate::events::ConnReason;
+    use snapblk_core::Chain;
+    use std::error::Error as _;
+
+    #[test]
+    fn device_errors_keep_their_cause_as_source_only() {
+        let cause = || snapblk_core::Error::new(libc::EIO, "short read");
+        for e in [
+            DeviceError::Prop("capacity", cause()),
+            DeviceError::from(cause()),
+        ] {
+            let src = e.source().unwrap_or_else(|| panic!("{e:?} has no source"));
+            assert_eq!(src.to_string(), "short read");
+            assert!(!e.to_string().contains("short read"), "{e}");
+        }
+        // Through a connection's reason, each cause once.
+        let r = ConnReason::Lease(DeviceError::from(cause()));
+        assert_eq!(
+            Chain(&r).to_string(),
+            "no device queue for the connection: device error: short read"
+        );
     }
 }

@@ -29,31 +29,23 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, SystemTime};
 
-/// Errors of the FUSE export.
+/// Errors of the FUSE export. The cause of each is its `source`, not part of its message.
 #[derive(Debug, thiserror::Error)]
 pub enum FuseError {
-    #[error("device: {0}")]
-    Device(IoError),
-    #[error("mount point {0}: {1}")]
-    MountPoint(PathBuf, std::io::Error),
-    #[error("mounting FUSE on {0}: {1}")]
-    Mount(PathBuf, std::io::Error),
+    #[error("device")]
+    Device(#[from] IoError),
+    #[error("mount point {0}")]
+    MountPoint(PathBuf, #[source] std::io::Error),
+    #[error("mounting FUSE on {0}")]
+    Mount(PathBuf, #[source] std::io::Error),
     #[error("file name {0:?} must be a single non-empty path component")]
     BadName(String),
     #[error("{0} is busy (a loop device or an open file still uses it)")]
     Busy(PathBuf),
-    #[error("unmounting {0}: {1}")]
-    Unmount(PathBuf, std::io::Error),
-    #[error("FUSE session: {0}")]
-    Session(std::io::Error),
-}
-
-// By hand, not `#[from]`: the message already includes the inner error, and a `source` would
-// print it twice in a one-line report of the chain.
-impl From<IoError> for FuseError {
-    fn from(e: IoError) -> Self {
-        FuseError::Device(e)
-    }
+    #[error("unmounting {0}")]
+    Unmount(PathBuf, #[source] std::io::Error),
+    #[error("FUSE session")]
+    Session(#[source] std::io::Error),
 }
 
 /// Export options.
@@ -508,5 +500,42 @@ impl Drop for Mounted {
             std::thread::sleep(Duration::from_millis(20));
         }
         let _ = self.abandon();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::error::Error as _;
+
+    #[test]
+    fn errors_keep_their_cause_as_source_only() {
+        let io = || std::io::Error::from_raw_os_error(libc::ENOENT);
+        let dev = IoError {
+            errno: libc::EIO,
+            msg: "short read".into(),
+        };
+        let cases = [
+            FuseError::from(dev.clone()),
+            FuseError::MountPoint("/mnt".into(), io()),
+            FuseError::Mount("/mnt".into(), io()),
+            FuseError::Unmount("/mnt".into(), io()),
+            FuseError::Session(io()),
+        ];
+        for e in cases {
+            let cause = e
+                .source()
+                .unwrap_or_else(|| panic!("{e:?} has no source"))
+                .to_string();
+            assert!(
+                cause == dev.to_string() || cause == io().to_string(),
+                "{e:?}: {cause}"
+            );
+            assert!(!e.to_string().contains(&cause), "{e} repeats {cause}");
+        }
+        assert_eq!(
+            snapblk_core::Chain(&FuseError::MountPoint("/mnt".into(), io())).to_string(),
+            "mount point /mnt: No such file or directory (os error 2)"
+        );
     }
 }

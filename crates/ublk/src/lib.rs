@@ -113,44 +113,44 @@ pub struct Ready {
     pub planned_reads: bool,
 }
 
-/// Errors of the ublk export.
+/// Errors of the ublk export. The cause of each is its `source`, not part of its message.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error("ublk: {what}: {err}")]
-    Ublk { what: &'static str, err: String },
+    /// libublk failed. Its errors that carry an errno become that OS error (libublk's own
+    /// text, "other failure", says nothing more); the others are wrapped whole
+    /// (`source.get_ref()` downcasts to [`UblkError`]).
+    #[error("ublk: {what}")]
+    Ublk {
+        what: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("ublk is not available: {0}")]
     NoUblk(String),
     #[error("the kernel's ublk driver does not offer {0}")]
     Unsupported(&'static str),
     #[error("invalid ublk configuration: {0}")]
     Config(String),
-    #[error("device: {0}")]
-    Device(snapblk_core::Error),
-    #[error("{what}: {err}")]
+    #[error("device")]
+    Device(#[from] snapblk_core::Error),
+    #[error("{what}")]
     Io {
         what: &'static str,
-        err: std::io::Error,
+        #[source]
+        source: std::io::Error,
     },
-}
-
-// By hand, not `#[from]`: the message already includes the inner error, and a `source` would
-// print it twice in a one-line report of the chain.
-impl From<snapblk_core::Error> for Error {
-    fn from(e: snapblk_core::Error) -> Self {
-        Error::Device(e)
-    }
 }
 
 fn ublk_err(what: &'static str) -> impl FnOnce(UblkError) -> Error {
     move |e| {
-        let err = match e {
+        let source = match e {
             UblkError::OtherError(n) | UblkError::UringIOError(n) => {
-                format!("{e} ({})", std::io::Error::from_raw_os_error(n.abs()))
+                std::io::Error::from_raw_os_error(n.abs())
             }
-            UblkError::IOError(ref io) => format!("{io}"),
-            _ => e.to_string(),
+            UblkError::IOError(io) => io,
+            e => std::io::Error::other(e),
         };
-        Error::Ublk { what, err }
+        Error::Ublk { what, source }
     }
 }
 
@@ -331,9 +331,9 @@ pub fn serve(
     };
 
     // Files the kernel reads into request pages in zero-copy mode.
-    let zero = File::open("/dev/zero").map_err(|err| Error::Io {
+    let zero = File::open("/dev/zero").map_err(|source| Error::Io {
         what: "open /dev/zero",
-        err,
+        source,
     })?;
     let planner = if path == DataPath::ZeroCopy {
         planner
@@ -485,7 +485,7 @@ pub fn block_stop_signals() -> Result<impl FnOnce() + Send + Sync + 'static, Err
         if r != 0 {
             return Err(Error::Io {
                 what: "block SIGINT/SIGTERM",
-                err: std::io::Error::from_raw_os_error(r),
+                source: std::io::Error::from_raw_os_error(r),
             });
         }
         set
@@ -504,3 +504,55 @@ struct SigSet(libc::sigset_t);
 unsafe impl Send for SigSet {}
 // SAFETY: as above; only read.
 unsafe impl Sync for SigSet {}
+
+#[cfg(test)]
+mod error_tests {
+    use super::*;
+    use snapblk_core::Chain;
+    use std::error::Error as _;
+
+    #[test]
+    fn errors_keep_their_cause_as_source_only() {
+        let cases = [
+            ublk_err("add device")(UblkError::OtherError(-libc::EPERM)),
+            ublk_err("run device")(UblkError::IOError(std::io::Error::from_raw_os_error(
+                libc::ENOENT,
+            ))),
+            ublk_err("run device")(UblkError::QueueIsDown),
+            Error::from(snapblk_core::Error::new(libc::EIO, "short read")),
+            Error::Io {
+                what: "open /dev/zero",
+                source: std::io::Error::from_raw_os_error(libc::ENOENT),
+            },
+        ];
+        for e in &cases {
+            let cause = e
+                .source()
+                .unwrap_or_else(|| panic!("{e:?} has no source"))
+                .to_string();
+            assert!(!e.to_string().contains(&cause), "{e} repeats {cause}");
+            assert_eq!(Chain(e).to_string().matches(&cause).count(), 1);
+        }
+        // libublk's errno is the OS error, its raw value kept for callers.
+        assert_eq!(
+            Chain(&cases[0]).to_string(),
+            "ublk: add device: Operation not permitted (os error 1)"
+        );
+        let Error::Ublk { source, .. } = &cases[0] else {
+            panic!("{:?}", cases[0]);
+        };
+        assert_eq!(source.raw_os_error(), Some(libc::EPERM));
+        // Other libublk errors stay reachable as themselves.
+        let Error::Ublk { source, .. } = &cases[2] else {
+            panic!("{:?}", cases[2]);
+        };
+        assert!(matches!(
+            source.get_ref().and_then(|e| e.downcast_ref::<UblkError>()),
+            Some(UblkError::QueueIsDown)
+        ));
+        assert_eq!(
+            Chain(&cases[2]).to_string(),
+            "ublk: run device: queue down failure"
+        );
+    }
+}

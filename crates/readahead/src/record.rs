@@ -245,18 +245,14 @@ pub enum RecordError {
     },
     /// A scope that does not exist or cannot be resolved: recording it would silently record
     /// nothing.
-    #[error("scope {}: {err}", crate::list::escape_path(.path))]
-    Scope { path: PathBuf, err: std::io::Error },
-    #[error("--trace: {0}")]
-    Trace(crate::trace::TraceError),
-}
-
-// By hand, not `#[from]`: the message already includes the inner error, and a `source` would
-// print it twice in a one-line report of the chain.
-impl From<crate::trace::TraceError> for RecordError {
-    fn from(e: crate::trace::TraceError) -> Self {
-        RecordError::Trace(e)
-    }
+    #[error("scope {}", crate::list::escape_path(.path))]
+    Scope {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("--trace")]
+    Trace(#[from] crate::trace::TraceError),
 }
 
 /// Makes every root absolute and free of symlinks and `..`, so the list does not depend on
@@ -266,9 +262,9 @@ pub fn canonical_roots(roots: &[PathBuf]) -> Result<Vec<PathBuf>, RecordError> {
     roots
         .iter()
         .map(|r| {
-            std::fs::canonicalize(r).map_err(|err| RecordError::Scope {
+            std::fs::canonicalize(r).map_err(|source| RecordError::Scope {
                 path: r.clone(),
-                err,
+                source,
             })
         })
         .collect()
@@ -343,15 +339,17 @@ mod tests {
     fn a_trace_error_reads_once_in_a_report_of_the_whole_chain() {
         // What `anyhow`'s `{:#}` prints: each error of the chain, joined by ": ".
         let e = RecordError::from(crate::trace::TraceError::NoEvent);
-        let mut line = e.to_string();
-        let mut src = std::error::Error::source(&e);
-        while let Some(s) = src {
-            line = format!("{line}: {s}");
-            src = s.source();
-        }
         assert_eq!(
-            line,
+            snapblk_testsupport::errors::assert_cause_is_source(&e, None),
             "--trace: this kernel has no filemap:mm_filemap_add_to_page_cache trace event"
+        );
+        let e = RecordError::from(crate::trace::TraceError::Io {
+            path: "/sys/kernel/tracing/instances/x".into(),
+            source: std::io::Error::from_raw_os_error(libc::EACCES),
+        });
+        assert_eq!(
+            snapblk_testsupport::errors::chain(&e),
+            "--trace: tracefs /sys/kernel/tracing/instances/x: Permission denied (os error 13)"
         );
     }
 
@@ -523,7 +521,8 @@ mod tests {
             matches!(&err, RecordError::Scope { path, .. } if *path == missing),
             "{err}"
         );
-        assert!(err.to_string().contains("No such file"), "{err}");
+        let line = snapblk_testsupport::errors::assert_cause_is_source(&err, None);
+        assert!(line.contains("No such file"), "{line}");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -34,14 +34,18 @@ pub enum TraceError {
     NoTracefs,
     #[error("this kernel has no filemap:mm_filemap_add_to_page_cache trace event")]
     NoEvent,
-    #[error("tracefs {}: {err}", .path.display())]
-    Io { path: PathBuf, err: io::Error },
+    #[error("tracefs {}", .path.display())]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
 }
 
 fn io_err(path: &Path) -> impl FnOnce(io::Error) -> TraceError + '_ {
-    move |err| TraceError::Io {
+    move |source| TraceError::Io {
         path: path.to_owned(),
-        err,
+        source,
     }
 }
 
@@ -194,7 +198,7 @@ impl PageTrace {
             Some(Err(_)) | None => {
                 return Err(TraceError::Io {
                     path: pipe,
-                    err: io::Error::other("trace reader thread panicked"),
+                    source: io::Error::other("trace reader thread panicked"),
                 });
             }
         };

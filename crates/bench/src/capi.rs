@@ -48,14 +48,21 @@ impl Lib {
     fn load(path: &Path) -> Result<Lib> {
         // SAFETY: loading a shared library runs its initialisers; the user chose to run this
         // library (that is the point of the option).
-        let lib = unsafe { libloading::Library::new(path) }
-            .map_err(|e| Error::Lib(format!("{}: {e}", path.display())))?;
+        let lib = unsafe { libloading::Library::new(path) }.map_err(|source| Error::LibLoad {
+            path: path.to_owned(),
+            symbol: None,
+            source,
+        })?;
         macro_rules! sym {
             ($name:literal) => {
                 // SAFETY: the symbol is a libblkio 1.x function with exactly the signature of the
                 // field it is stored in; the Library is kept alive alongside the pointer.
-                *unsafe { lib.get(concat!($name, "\0").as_bytes()) }.map_err(|e| {
-                    Error::Lib(format!("{}: missing {}: {e}", path.display(), $name))
+                *unsafe { lib.get(concat!($name, "\0").as_bytes()) }.map_err(|source| {
+                    Error::LibLoad {
+                        path: path.to_owned(),
+                        symbol: Some($name),
+                        source,
+                    }
                 })?
             };
         }
@@ -92,10 +99,11 @@ impl Lib {
                 CStr::from_ptr(p).to_string_lossy().into_owned()
             }
         };
-        Error::Lib(format!(
-            "{what}: {msg} ({})",
-            std::io::Error::from_raw_os_error(-ret)
-        ))
+        Error::LibCall {
+            call: what.to_owned(),
+            msg,
+            source: std::io::Error::from_raw_os_error(-ret),
+        }
     }
 }
 

@@ -367,7 +367,8 @@ struct Job<'a> {
     collector: Option<Collector>,
     measure_end: Option<Instant>,
     progress: Option<Arc<AtomicU64>>,
-    io_error: Option<String>,
+    /// The first failed request: read or write, its offset, and the device's error.
+    io_error: Option<(&'static str, u64, snapblk_core::Error)>,
     /// Write-buffer handling outside verify mode.
     data: DataGen,
     /// Set by the caller to stop early (see [`RunOpts::stop`]).
@@ -541,16 +542,16 @@ impl Job<'_> {
             self.free.push(i);
             if c.ret < 0 {
                 if self.io_error.is_none() {
-                    let e = c.result().err().map(|e| e.to_string()).unwrap_or_default();
+                    let e = c
+                        .result()
+                        .err()
+                        .unwrap_or_else(|| snapblk_core::Error::from_errno(-c.ret));
                     let d = if slot.dir == Dir::Read {
                         "read"
                     } else {
                         "write"
                     };
-                    self.io_error = Some(format!(
-                        "{d} of {} bytes at offset {} failed: {e}",
-                        self.bs, slot.offset
-                    ));
+                    self.io_error = Some((d, slot.offset, e));
                 }
                 continue;
             }
@@ -601,7 +602,12 @@ impl Job<'_> {
 
     fn check_io_error(&self) -> Result<()> {
         match &self.io_error {
-            Some(e) => Err(Error::Other(e.clone())),
+            Some((op, offset, e)) => Err(Error::Request {
+                op,
+                len: self.bs,
+                offset: *offset,
+                source: e.clone(),
+            }),
             None => Ok(()),
         }
     }
@@ -816,13 +822,12 @@ fn run_job(q: &mut dyn Queue, ctx: JobCtx<'_>) -> Result<JobResult> {
         verified_blocks = v.checked;
         if v.bad > 0 {
             ctx.failed.store(true, Ordering::Relaxed);
-            return Err(Error::Verify(format!(
-                "verify failed: {} of {} blocks bad in job {}; {}",
-                v.bad,
-                v.checked,
-                ctx.job,
-                v.errors.join("; ")
-            )));
+            return Err(Error::Verify {
+                job: ctx.job,
+                bad: v.bad,
+                checked: v.checked,
+                errors: v.errors.clone(),
+            });
         }
     }
     Ok(JobResult {

@@ -91,9 +91,10 @@ fn spawn_cmd(cmd: &str) -> Result<Child> {
     let mut live = LIVE_GROUPS
         .lock()
         .map_err(|_| Error::Other("command registry poisoned".into()))?;
-    let c = shell(cmd)
-        .spawn()
-        .map_err(|e| Error::Other(format!("start `{cmd}`: {e}")))?;
+    let c = shell(cmd).spawn().map_err(|source| Error::IoOn {
+        what: format!("start `{cmd}`"),
+        source,
+    })?;
     live.push(c.id() as i32);
     Ok(c)
 }
@@ -242,7 +243,12 @@ impl BgRunning {
             let st = match c.try_wait() {
                 Ok(None) => continue,
                 Ok(Some(st)) => st,
-                Err(e) => return Err(Error::Other(format!("background command `{cmd}`: {e}"))),
+                Err(source) => {
+                    return Err(Error::IoOn {
+                        what: format!("background command `{cmd}`"),
+                        source,
+                    });
+                }
             };
             forget_cmd(c);
             let cmd = cmd.clone();
@@ -255,15 +261,17 @@ impl BgRunning {
         }
         if let Some(i) = self.threads.iter().position(|(_, t)| t.is_finished()) {
             let (path, t) = self.threads.remove(i);
-            let why = match t.join() {
-                Ok(Err(e)) => e.to_string(),
-                Ok(Ok(())) => "stopped".into(),
-                Err(_) => "panicked".into(),
+            let (how, source) = match t.join() {
+                Ok(Err(e)) => ("failed", Some(Box::new(e))),
+                Ok(Ok(())) => ("stopped", None),
+                Err(_) => ("panicked", None),
             };
-            return Err(Error::Other(format!(
-                "background stream on {} ended during the loaded cell (after {secs:.2} s): {why}",
-                path.display()
-            )));
+            return Err(Error::BackgroundEnded {
+                path,
+                after_secs: secs,
+                how,
+                source,
+            });
         }
         Ok(())
     }
@@ -311,9 +319,10 @@ fn start_streams(spec: &FgBgSpec, bg: &mut BgRunning) -> Result<()> {
                 if spec.bg_direct {
                     o.custom_flags(libc::O_DIRECT);
                 }
-                let f = o
-                    .open(path)
-                    .map_err(|e| Error::Other(format!("background {}: {e}", path.display())))?;
+                let f = o.open(path).map_err(|source| Error::IoOn {
+                    what: format!("background {}", path.display()),
+                    source,
+                })?;
                 let len = if write { size } else { file_len(&f)? };
                 if len < (1 << 20) {
                     return Err(Error::Spec(format!(
@@ -339,8 +348,10 @@ fn check_background_inputs(spec: &FgBgSpec) -> Result<()> {
     for b in &spec.background {
         match b {
             Background::Read { path } => {
-                let f = File::open(path)
-                    .map_err(|e| Error::Other(format!("background {}: {e}", path.display())))?;
+                let f = File::open(path).map_err(|source| Error::IoOn {
+                    what: format!("background {}", path.display()),
+                    source,
+                })?;
                 if file_len(&f)? < 1 << 20 {
                     return Err(Error::Spec(format!(
                         "background {}: needs at least 1 MiB",
@@ -353,8 +364,10 @@ fn check_background_inputs(spec: &FgBgSpec) -> Result<()> {
                     Some(p) if !p.as_os_str().is_empty() => p,
                     _ => Path::new("."),
                 };
-                std::fs::metadata(dir)
-                    .map_err(|e| Error::Other(format!("background {}: {e}", path.display())))?;
+                std::fs::metadata(dir).map_err(|source| Error::IoOn {
+                    what: format!("background {}", path.display()),
+                    source,
+                })?;
                 if *size < 1 << 20 {
                     return Err(Error::Spec(format!(
                         "background {}: needs at least 1 MiB",
@@ -444,16 +457,22 @@ fn stop_background(mut bg: BgRunning) -> Result<Option<f64>> {
 fn drop_caches() -> Result<()> {
     // SAFETY: sync(2) has no arguments.
     unsafe { libc::sync() };
-    std::fs::write("/proc/sys/vm/drop_caches", "3")
-        .map_err(|e| Error::Other(format!("drop_caches (needs root): {e}")))
+    std::fs::write("/proc/sys/vm/drop_caches", "3").map_err(|source| Error::IoOn {
+        what: "drop_caches (needs root)".into(),
+        source,
+    })
 }
 
 /// The entries of a readahead list; errors name the list.
 fn load_list(list: &Path) -> Result<Vec<snapblk_readahead::list::ListEntry>> {
-    let text = std::fs::read(list)
-        .map_err(|e| Error::Other(format!("--fg-list {}: {e}", list.display())))?;
-    snapblk_readahead::list::parse_bytes(&text, Default::default())
-        .map_err(|e| Error::Other(format!("--fg-list {}: {e}", list.display())))
+    let text = std::fs::read(list).map_err(|source| Error::IoOn {
+        what: format!("--fg-list {}", list.display()),
+        source,
+    })?;
+    snapblk_readahead::list::parse_bytes(&text, Default::default()).map_err(|source| Error::List {
+        path: list.to_owned(),
+        source,
+    })
 }
 
 /// Check a foreground read list before any cell runs: one warning per file that cannot be
@@ -499,7 +518,10 @@ fn replay_list(list: &Path, h: &mut LatHist, stop: Option<&AtomicBool>) -> Resul
         let Ok(f) = File::open(&e.path) else { continue };
         let size = f
             .metadata()
-            .map_err(|err| Error::Other(format!("{}: {err}", e.path.display())))?
+            .map_err(|source| Error::IoOn {
+                what: e.path.display().to_string(),
+                source,
+            })?
             .len();
         for r in e.extent.resolve(size).ranges() {
             let mut off = r.offset;
@@ -512,7 +534,10 @@ fn replay_list(list: &Path, h: &mut LatHist, stop: Option<&AtomicBool>) -> Resul
                 let s = Instant::now();
                 let n = f
                     .read_at(&mut buf[..l], off)
-                    .map_err(|err| Error::Other(format!("read {}: {err}", e.path.display())))?;
+                    .map_err(|source| Error::IoOn {
+                        what: format!("read {}", e.path.display()),
+                        source,
+                    })?;
                 h.record(s.elapsed().as_nanos() as u64);
                 if n == 0 {
                     break;
@@ -749,8 +774,10 @@ pub fn run_fgbg(
                 break;
             }
             if let (Some(d), Some(name)) = (&dir, s) {
-                context::set_scheduler(d, name)
-                    .map_err(|e| Error::Other(format!("set scheduler {name}: {e}")))?;
+                context::set_scheduler(d, name).map_err(|source| Error::IoOn {
+                    what: format!("set scheduler {name}"),
+                    source,
+                })?;
             }
             let mut idle_median = None;
             for loaded in [false, true] {

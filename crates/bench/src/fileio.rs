@@ -159,8 +159,10 @@ pub fn open(path: &Path, create: bool, direct: bool) -> Result<File> {
     if direct {
         o.custom_flags(libc::O_DIRECT);
     }
-    o.open(path)
-        .map_err(|e| Error::Other(format!("{}: {e}", path.display())))
+    o.open(path).map_err(|source| Error::IoOn {
+        what: path.display().to_string(),
+        source,
+    })
 }
 
 /// The directory the tests write in must exist: say so with its name before anything runs.
@@ -168,7 +170,10 @@ fn check_dir(dir: &Path) -> Result<()> {
     match std::fs::metadata(dir) {
         Ok(m) if m.is_dir() => Ok(()),
         Ok(_) => Err(Error::Spec(format!("{}: not a directory", dir.display()))),
-        Err(e) => Err(Error::Other(format!("directory {}: {e}", dir.display()))),
+        Err(source) => Err(Error::IoOn {
+            what: format!("directory {}", dir.display()),
+            source,
+        }),
     }
 }
 
@@ -557,6 +562,7 @@ pub fn overwrite_test_with(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use snapblk_testsupport::errors::{assert_cause_is_source, chain};
 
     #[test]
     fn sweep_produces_every_cell() {
@@ -608,7 +614,8 @@ mod tests {
         };
         assert!(run_file_tests(&bad, None, |_| {}).is_err());
         // Sweeps that would run nothing, or divide by zero, are rejected with a reason.
-        let err = |s: FileTestSpec| run_file_tests(&s, None, |_| {}).unwrap_err().to_string();
+        // The one-line report of the chain, as the CLI prints it.
+        let err = |s: FileTestSpec| chain(&run_file_tests(&s, None, |_| {}).unwrap_err());
         let e = err(FileTestSpec {
             file_sizes: vec![1 << 20],
             record_sizes: vec![2 << 20],
@@ -655,9 +662,12 @@ mod tests {
             false,
             None,
         )
-        .unwrap_err()
-        .to_string();
-        assert!(e.starts_with("directory /nonexistent/snapblk-dir: "), "{e}");
+        .unwrap_err();
+        let line = assert_cause_is_source(&e, None);
+        assert!(
+            line.starts_with("directory /nonexistent/snapblk-dir: "),
+            "{line}"
+        );
     }
 
     /// What the in-memory layer saw, with the progress reports in between.

@@ -36,36 +36,98 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 /// Errors of the benchmark engine.
 ///
-/// `Io` and `Dev` carry their cause in the message and not as a `source`: a one-line report
-/// (`{:#}`) would otherwise print the cause twice.
+/// The cause of an error is its `source`, never part of its message: a one-line report of the
+/// chain (`{:#}`) names each cause once. The `String` variants are the engine's own words
+/// (what is wrong with a job, why a run cannot go on), never another error's text.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
+    /// A job that cannot run: a bad flag, value or combination.
     #[error("invalid job: {0}")]
     Spec(String),
-    #[error("I/O error: {0}")]
-    Io(std::io::Error),
-    #[error("device error: {0}")]
-    Dev(snapblk_core::Error),
-    #[error("{0}")]
-    Verify(String),
+    #[error("I/O error")]
+    Io(#[from] std::io::Error),
+    /// An I/O error on something the run names: `what` is the file, directory or command.
+    #[error("{what}")]
+    IoOn {
+        what: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("device error")]
+    Dev(#[from] snapblk_core::Error),
+    /// The target could not be opened from its device spec.
+    #[error("open {spec}")]
+    Open {
+        spec: String,
+        #[source]
+        source: snapblk_core::Error,
+    },
+    /// A request the target completed with an error.
+    #[error("{op} of {len} bytes at offset {offset} failed")]
+    Request {
+        op: &'static str,
+        len: u64,
+        offset: u64,
+        #[source]
+        source: snapblk_core::Error,
+    },
+    /// Blocks read back are not what the run wrote; `errors` describes the first ones.
+    #[error("verify failed: {bad} of {checked} blocks bad in job {job}; {}", .errors.join("; "))]
+    Verify {
+        job: u32,
+        bad: u64,
+        checked: u64,
+        errors: Vec<String>,
+    },
+    /// A job file whose contents are wrong.
     #[error("job file: {0}")]
     JobFile(String),
+    /// A job file that is not TOML.
+    #[error("job file")]
+    JobFileSyntax(#[source] toml::de::Error),
+    /// A foreground read list that cannot be read.
+    #[error("--fg-list {}", .path.display())]
+    List {
+        path: std::path::PathBuf,
+        #[source]
+        source: snapblk_readahead::list::ParseError,
+    },
+    /// A background stream ended while the foreground ran loaded; `how` is "failed" (the error
+    /// is the source), "stopped" or "panicked".
+    #[error(
+        "background stream on {} ended during the loaded cell (after {after_secs:.2} s): {how}",
+        .path.display()
+    )]
+    BackgroundEnded {
+        path: std::path::PathBuf,
+        after_secs: f64,
+        how: &'static str,
+        #[source]
+        source: Option<Box<Error>>,
+    },
+    /// A libblkio library that does not do what the engine needs.
     #[error("libblkio: {0}")]
     Lib(String),
+    /// A libblkio library that cannot be loaded, or lacks `symbol`.
+    #[error("libblkio {}{}", .path.display(), .symbol.map(|s| format!(": missing {s}")).unwrap_or_default())]
+    LibLoad {
+        path: std::path::PathBuf,
+        symbol: Option<&'static str>,
+        #[source]
+        source: libloading::Error,
+    },
+    /// A libblkio call failed: `msg` is the library's `blkio_get_error_msg()`, the source the
+    /// errno it returned.
+    #[error("libblkio: {call}: {msg}")]
+    LibCall {
+        call: String,
+        msg: String,
+        #[source]
+        source: std::io::Error,
+    },
+    /// A run that cannot go on, in the engine's words.
     #[error("{0}")]
     Other(String),
-}
-
-impl From<std::io::Error> for Error {
-    fn from(e: std::io::Error) -> Error {
-        Error::Io(e)
-    }
-}
-
-impl From<snapblk_core::Error> for Error {
-    fn from(e: snapblk_core::Error) -> Error {
-        Error::Dev(e)
-    }
 }
 
 /// Result alias.
@@ -237,4 +299,89 @@ pub fn run_matrix_on(
             c
         })
         .collect())
+}
+
+#[cfg(test)]
+mod error_tests {
+    use super::Error;
+    use snapblk_testsupport::errors::{assert_cause_is_source, chain};
+
+    #[test]
+    fn every_wrapping_variant_keeps_its_cause_as_source_only() {
+        let io = || std::io::Error::from_raw_os_error(libc::ENOENT);
+        let dev = || snapblk_core::Error::new(libc::EIO, "short read");
+        let toml_err = "x = ".parse::<toml::Table>().unwrap_err();
+        let list_err =
+            snapblk_readahead::list::parse_bytes(b"\n{\n", Default::default()).unwrap_err();
+        // SAFETY: the path does not exist, so no library (and none of its initialisers) loads.
+        let lib_err = match unsafe { libloading::Library::new("/nonexistent/libblkio.so") } {
+            Err(e) => e,
+            Ok(_) => panic!("a missing library loaded"),
+        };
+        let cases = [
+            Error::from(io()),
+            Error::IoOn {
+                what: "directory /x".into(),
+                source: io(),
+            },
+            Error::from(dev()),
+            Error::Open {
+                spec: "null:size=1M".into(),
+                source: dev(),
+            },
+            Error::Request {
+                op: "read",
+                len: 4096,
+                offset: 8192,
+                source: dev(),
+            },
+            Error::JobFileSyntax(toml_err),
+            Error::List {
+                path: "a.list".into(),
+                source: list_err,
+            },
+            Error::BackgroundEnded {
+                path: "/dev/x".into(),
+                after_secs: 1.5,
+                how: "failed",
+                source: Some(Box::new(Error::from(io()))),
+            },
+            Error::LibLoad {
+                path: "/nonexistent/libblkio.so".into(),
+                symbol: None,
+                source: lib_err,
+            },
+            Error::LibCall {
+                call: "connect".into(),
+                msg: "no such device".into(),
+                source: io(),
+            },
+        ];
+        for e in &cases {
+            assert_cause_is_source(e, None);
+        }
+        assert_eq!(
+            chain(&cases[4]),
+            "read of 4096 bytes at offset 8192 failed: short read"
+        );
+        assert_eq!(
+            chain(&cases[7]),
+            "background stream on /dev/x ended during the loaded cell (after 1.50 s): failed: \
+             I/O error: No such file or directory (os error 2)"
+        );
+    }
+
+    #[test]
+    fn a_verify_failure_keeps_its_counts() {
+        let e = Error::Verify {
+            job: 2,
+            bad: 1,
+            checked: 64,
+            errors: vec!["block 3: stale".into()],
+        };
+        assert_eq!(
+            e.to_string(),
+            "verify failed: 1 of 64 blocks bad in job 2; block 3: stale"
+        );
+    }
 }

@@ -479,9 +479,7 @@ pub fn parse_secs(s: &str) -> Result<f64> {
 ///
 /// Each `[[job]]` table overrides `[global]`, which overrides `base`.
 pub fn parse_job_file(text: &str, base: &JobSpec) -> Result<Vec<JobSpec>> {
-    let doc: toml::Table = text
-        .parse()
-        .map_err(|e: toml::de::Error| Error::JobFile(e.to_string()))?;
+    let doc: toml::Table = text.parse().map_err(Error::JobFileSyntax)?;
     for k in doc.keys() {
         if k != "global" && k != "job" {
             return Err(Error::JobFile(format!(

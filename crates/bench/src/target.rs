@@ -277,7 +277,10 @@ impl Target for SpecTarget {
         }
         let spec = self.effective_spec(direct);
         let n = i32::try_from(num_queues).map_err(|_| Error::Spec("too many queues".into()))?;
-        let b = snapblk::open(&spec, n).map_err(|e| Error::Other(format!("open {spec}: {e}")))?;
+        let b = snapblk::open(&spec, n).map_err(|source| Error::Open {
+            spec: spec.clone(),
+            source,
+        })?;
         Ok(Box::new(BlkioDevice::new(b)?))
     }
     fn describe(&self) -> String {

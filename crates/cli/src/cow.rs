@@ -578,9 +578,9 @@ fn inspect(cow: &Path, json: bool, ops: bool) -> Result<()> {
         Ok(None) => "absent".to_owned(),
         Ok(Some(x)) => match x.check_binding(&r) {
             Ok(()) => "present".to_owned(),
-            Err(e) => format!("stale: {e}"),
+            Err(e) => format!("stale: {}", snapblk_core::Chain(&e)),
         },
-        Err(e) => format!("{e}"),
+        Err(e) => snapblk_core::Chain(e).to_string(),
     };
     if json {
         let mut v = serde_json::to_value(&s)?;

@@ -582,8 +582,7 @@ fn serve_nbd(
     // Connections flush on close; one more device-wide flush covers anything else.
     let never = std::sync::atomic::AtomicBool::new(false);
     if !read_only {
-        dev.flush(&never)
-            .map_err(|e| anyhow::anyhow!("final flush: {e}"))?;
+        dev.flush(&never).context("final flush")?;
     }
     emit(a.json, rec.stopped("nbd"));
     Ok(())
@@ -593,15 +592,10 @@ fn serve_nbd(
 /// `snapblk: nbd: 127.0.0.1:40312 (connection 3) dropped: negotiation not finished within the 10 s
 /// deadline`, `{"event":"nbd-connection","action":"dropped","peer":"127.0.0.1:40312","id":3,...}`.
 fn log_connection(json: bool, e: &snapblk_nbd::ConnEvent) {
-    let reason = e.reason.as_ref().map(|r| {
-        let mut s = r.to_string();
-        let mut src = std::error::Error::source(r);
-        while let Some(c) = src {
-            s.push_str(&format!(": {c}"));
-            src = c.source();
-        }
-        s
-    });
+    let reason = e
+        .reason
+        .as_ref()
+        .map(|r| snapblk_core::Chain(r).to_string());
     let mut line = format!(
         "snapblk: nbd: {} (connection {}) {}",
         e.peer, e.id, e.action

@@ -1,6 +1,6 @@
 //! Each cause of an error is printed once, in one line (issue 19, U4, U12, item 11): library
-//! errors carry their cause as `source` and leave it out of their own message. Drives the
-//! real binary.
+//! errors carry their cause as `source` and leave it out of their own message, and keep the
+//! structure of the errors they wrap across crates. Drives the real binary.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -89,6 +89,96 @@ fn a_command_that_cannot_start_is_named() {
         ]),
         "snapblk: cannot run the command \"/nonexistent/cmd\": No such file or directory (os \
          error 2)"
+    );
+    std::fs::remove_dir_all(&d).unwrap();
+}
+
+/// A COW error crosses from snapblk-cow through the snapshot layer whole: the report keeps
+/// what the COW reader knew (here the magic it found), once.
+#[test]
+fn a_cow_error_keeps_its_detail_through_the_snapshot_layer() {
+    let d = scratch("badcow");
+    let base = p(&d, "base.img");
+    std::fs::write(&base, vec![0u8; 8192]).unwrap();
+    let cow = p(&d, "garbage.cow");
+    std::fs::write(&cow, [0x5au8; 8192]).unwrap();
+    assert_eq!(
+        one_line_error(&["merge", &cow, "--base", &base]),
+        format!(
+            "snapblk: opening {cow} with base {base}: invalid COW: bad magic 0x5a5a5a5a5a5a5a5a \
+             at offset 0 (expected 0x436f77634f572121)"
+        )
+    );
+    std::fs::remove_dir_all(&d).unwrap();
+}
+
+#[test]
+fn readahead_fuse_and_bench_errors_print_the_cause_once() {
+    let d = scratch("exports");
+    let enoent = "No such file or directory (os error 2)";
+    let nosuch = p(&d, "nosuch");
+    assert_eq!(
+        one_line_error(&[
+            "readahead",
+            "record",
+            "-o",
+            &p(&d, "x.list"),
+            "--scope",
+            &nosuch,
+            "--duration",
+            "0",
+        ]),
+        format!("snapblk: scope {nosuch}: {enoent}")
+    );
+    // The mount point is checked before FUSE is needed.
+    assert_eq!(
+        one_line_error(&["serve", "--fuse", &nosuch, "null:size=1M"]),
+        format!("snapblk: mount point {nosuch}: {enoent}")
+    );
+    assert_eq!(
+        one_line_error(&[
+            "bench",
+            &format!("sync:path={nosuch}"),
+            "--runtime",
+            "0.1",
+            "--size",
+            "1M",
+        ]),
+        format!("snapblk: open sync:path={nosuch},read-only=true: {enoent}")
+    );
+    std::fs::remove_dir_all(&d).unwrap();
+}
+
+/// `cow inspect` reports a record it cannot read with the reason (the I/O error was left
+/// out when only the record error's own message was printed).
+#[test]
+fn an_unreadable_record_is_reported_with_its_cause() {
+    let d = scratch("rec-state");
+    let old: Vec<u8> = (0..65536u32).map(|i| (i * 7 + i / 251) as u8).collect();
+    let mut new = old.clone();
+    new[..3].copy_from_slice(b"abc");
+    std::fs::write(d.join("old.img"), &old).unwrap();
+    std::fs::write(d.join("new.img"), &new).unwrap();
+    let cow = p(&d, "x.cow");
+    let o = Command::new(BIN)
+        .args(["cow", "create", "--old", &p(&d, "old.img"), "--new"])
+        .args([&p(&d, "new.img"), "-o", &cow])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    // A directory where the record file should be: reading it fails with EISDIR.
+    let rec = format!("{cow}.snapblk");
+    let _ = std::fs::remove_file(&rec);
+    std::fs::create_dir(&rec).unwrap();
+    let o = Command::new(BIN)
+        .args(["cow", "inspect", &cow, "--json"])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(
+        v["record"]["state"],
+        format!("reading {rec}: Is a directory (os error 21)")
     );
     std::fs::remove_dir_all(&d).unwrap();
 }

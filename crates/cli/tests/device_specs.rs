@@ -175,3 +175,47 @@ fn info_works_on_a_read_only_mount() {
     assert!(o.status.success(), "info on a read-only mount: {err}");
     std::fs::remove_dir_all(&d).unwrap();
 }
+
+#[test]
+fn one_size_grammar_for_specs_bench_and_readahead() {
+    // `4KiB` (fio's spelling) means 4096 wherever a size is typed.
+    let info = snapblk(&["info", "null:size=4KiB", "--json"]);
+    assert!(info.status.success(), "{info:?}");
+    let v: serde_json::Value = serde_json::from_slice(&info.stdout).unwrap();
+    assert_eq!(v["capacity"], 4096, "{v}");
+    let bench = snapblk(&[
+        "bench",
+        "null:size=1MiB",
+        "--bs",
+        "4KiB",
+        "--size",
+        "64KiB",
+        "--runtime",
+        "1",
+        "--json",
+    ]);
+    assert!(bench.status.success(), "{bench:?}");
+    let dir = scratch("size-grammar");
+    let list = dir.join("empty.list");
+    std::fs::write(&list, "").unwrap();
+    let ra = snapblk(&[
+        "readahead",
+        "replay",
+        list.to_str().unwrap(),
+        "--chunk",
+        "4KiB",
+    ]);
+    assert!(ra.status.success(), "{ra:?}");
+    assert!(
+        String::from_utf8_lossy(&ra.stdout).contains("chunk 4.00 KiB"),
+        "{ra:?}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+    // And a bad unit is refused the same way everywhere.
+    assert_fails_with(
+        &["info", "null:size=4x"],
+        r#"snapblk: null:size=4x: size: invalid size "4x""#,
+    );
+    let ra = snapblk(&["readahead", "replay", "/dev/null", "--chunk", "4x"]);
+    assert_eq!(ra.status.code(), Some(2), "{ra:?}");
+}

@@ -227,18 +227,9 @@ pub(super) struct IoPrioArg(pub(super) Option<IoPrio>);
 #[derive(Clone, Copy)]
 pub(super) struct NiceArg(pub(super) Option<i32>);
 
+/// A size in the grammar every snapblk command shares (`snapblk_core::size`), at least 4 KiB.
 fn parse_size(s: &str) -> Result<u64, String> {
-    let t = s.trim().trim_end_matches("iB").trim_end_matches('B');
-    let (num, mul) = match t.char_indices().last() {
-        Some((i, 'K' | 'k')) => (&t[..i], 1u64 << 10),
-        Some((i, 'M' | 'm')) => (&t[..i], 1 << 20),
-        Some((i, 'G' | 'g')) => (&t[..i], 1 << 30),
-        _ => (t, 1),
-    };
-    let n: u64 = num.parse().map_err(|_| format!("bad size {s:?}"))?;
-    let v = n
-        .checked_mul(mul)
-        .ok_or_else(|| format!("size {s:?} too large"))?;
+    let v = snapblk_core::size::parse_size(s).map_err(|e| e.to_string())?;
     if v < 4096 {
         return Err("size must be at least 4K".into());
     }

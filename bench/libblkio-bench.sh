@@ -37,7 +37,7 @@ realinc=$(cd "$real/../../include" && pwd)
 [ "${SKIP_BUILD:-0}" = 1 ] || cargo build --release -p snapblk-capi >&2
 TARGETS=${TARGETS:-zram,tmpfs}
 want() { [[ ",$TARGETS," == *",$1,"* ]]; }
-work=$(mktemp -d /tmp/snapblk-bench.XXXXXX)
+work=$(mktemp -d /tmp/snapblk-loadgen.XXXXXX)
 zram_set=0
 loopdev=""
 cleanup() {
@@ -45,7 +45,7 @@ cleanup() {
     umount "$work/mnt" 2>/dev/null || true
     losetup -d "$loopdev" || true
   fi
-  rm -rf "$work" /dev/shm/snapblk-bench.img /dev/shm/snapblk-bench-ext4.img
+  rm -rf "$work" /dev/shm/snapblk-loadgen.img /dev/shm/snapblk-loadgen-ext4.img
   if [ "$zram_set" = 1 ]; then echo 1 > /sys/block/zram0/reset; fi
 }
 trap cleanup EXIT
@@ -71,12 +71,12 @@ else
   echo "SKIPPED zram: needs root and /dev/zram0" >&2
 fi
 if want tmpfs; then
-  dd if=/dev/urandom of=/dev/shm/snapblk-bench.img bs=1M count=1024 status=none
-  targets+=("tmpfs:/dev/shm/snapblk-bench.img:0")
+  dd if=/dev/urandom of=/dev/shm/snapblk-loadgen.img bs=1M count=1024 status=none
+  targets+=("tmpfs:/dev/shm/snapblk-loadgen.img:0")
 fi
 if want ext4loop; then
-  truncate -s 1200M /dev/shm/snapblk-bench-ext4.img
-  loopdev=$(losetup -f --show /dev/shm/snapblk-bench-ext4.img)
+  truncate -s 1200M /dev/shm/snapblk-loadgen-ext4.img
+  loopdev=$(losetup -f --show /dev/shm/snapblk-loadgen-ext4.img)
   mkfs.ext4 -q "$loopdev"
   mkdir -p "$work/mnt"
   mount "$loopdev" "$work/mnt"
@@ -179,7 +179,7 @@ if [ "${CALLGRIND:-1}" = 1 ] && want tmpfs; then
     for lib in "$real" "$work/snap"; do
       out=$(LD_LIBRARY_PATH="$lib" valgrind --tool=callgrind --toggle-collect=blkioq_do_io \
               --toggle-collect=blkioq_read --callgrind-out-file="$work/cg.out" \
-              "$work/bench" /dev/shm/snapblk-bench.img "$qd" 2 0 2>/dev/null)
+              "$work/bench" /dev/shm/snapblk-loadgen.img "$qd" 2 0 2>/dev/null)
       ios=${out#*ios=}; ios=${ios%% *}
       ir=$(callgrind_annotate "$work/cg.out" 2>/dev/null | awk '/PROGRAM TOTALS/ {gsub(",", "", $1); print $1}')
       row+=" $((ir / ios)) |"

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Snapshot driver benchmarks (see crates/snapshot/examples/snapbench.rs for what each one does):
+# Snapshot driver benchmarks (see crates/snapshot/examples/snapshot_perf.rs for what each one does):
 #  * 4 KiB QD1 random reads of a COPY-only COW through the snapshot driver vs raw pread of the
 #    base — the goal (<= 1.1x) — and vs the same queue API on the raw base (`sync` and
 #    `io_uring` drivers), which shows what the queue API alone costs;
@@ -21,7 +21,7 @@
 # results: bench/results/scratch/snapshot-<time>.json (timed) and snapshot-ir-<time>.json (callgrind)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-dir=${1:-/dev/shm/snapblk-snapbench}
+dir=${1:-/dev/shm/snapblk-snapshot-perf}
 mib=${2:-256}
 rounds=${3:-7}
 sections=${4:-copy,lz4,merge,fg,ir}
@@ -29,14 +29,14 @@ case "$(stat -f -c %T "$(dirname "$dir")" 2>/dev/null || echo unknown)" in
   tmpfs|ramfs) ;;
   *) echo "warning: $dir is not on tmpfs; figures will include the disk" >&2 ;;
 esac
-cargo build --release -p snapblk-snapshot --example snapbench >&2
+cargo build --release -p snapblk-snapshot --example snapshot_perf >&2
 mkdir -p bench/results/scratch
 stamp=$(date +%Y%m%d-%H%M%S)
 timed=${sections//,ir/}
 timed=${timed//ir,/}
 if [ "$timed" != "ir" ] && [ -n "$timed" ]; then
   out=bench/results/scratch/snapshot-$stamp.json
-  ./target/release/examples/snapbench "$dir" "$mib" "$rounds" "$timed" | tee "$out"
+  ./target/release/examples/snapshot_perf "$dir" "$mib" "$rounds" "$timed" | tee "$out"
   rm -rf "$dir"
   echo "wrote $out" >&2
 fi

@@ -11,8 +11,8 @@ cd "$(dirname "$0")/../.."
 dir=${1:-/dev/shm/snapblk-irbench}
 mib=${2:-16}
 command -v valgrind >/dev/null || { echo "valgrind is required" >&2; exit 1; }
-bin=./target/release/examples/snapbench
-[ -x "$bin" ] || cargo build --release -p snapblk-snapshot --example snapbench >&2
+bin=./target/release/examples/snapshot_perf
+[ -x "$bin" ] || cargo build --release -p snapblk-snapshot --example snapshot_perf >&2
 "$bin" --prepare "$dir" "$mib"
 n1=${N1:-5000}
 n2=${N2:-15000}

@@ -5,13 +5,13 @@
 
 use anyhow::{Context as _, bail};
 use clap::{Args, Subcommand};
-use snapblk_bench::capi::LibblkioTarget;
-use snapblk_bench::report::{
+use snapblk_loadgen::capi::LibblkioTarget;
+use snapblk_loadgen::report::{
     ConfigReport, Document, LatKind, TargetDesc, noise_warnings, signal_name, workload_table,
 };
-use snapblk_bench::spec::{self, JobSpec, RwMode, Sweep, parse_list, parse_secs, parse_size};
-use snapblk_bench::target::{SpecTarget, Target};
-use snapblk_bench::{context, fgbg, fileio, plot};
+use snapblk_loadgen::spec::{self, JobSpec, RwMode, Sweep, parse_list, parse_secs, parse_size};
+use snapblk_loadgen::target::{SpecTarget, Target};
+use snapblk_loadgen::{context, fgbg, fileio, plot};
 use snapblk_nbd::signals::TermSignals;
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
@@ -42,7 +42,7 @@ enum BenchCmd {
 
 #[derive(Args, Clone)]
 struct OutArgs {
-    /// Write a JSON document (schema: bench/schema.json) instead of the table.
+    /// Write a JSON document (schema: crates/loadgen/schema.json) instead of the table.
     #[arg(long)]
     json: bool,
     /// Write the JSON document to FILE (the table still goes to stdout).
@@ -162,7 +162,7 @@ struct WorkloadArgs {
     /// default); memfd = the device's shared alloc_mem_region memory, as libblkio applications
     /// use (its pages cost more to pin per O_DIRECT system call).
     #[arg(long, alias = "mem", default_value = "malloc", value_parser = parse_iomem)]
-    iomem: snapblk_bench::spec::Iomem,
+    iomem: snapblk_loadgen::spec::Iomem,
     /// Show completion-latency percentiles in the table (fio's clat_percentiles, default 1).
     #[arg(long = "clat_percentiles", alias = "clat-percentiles", default_value = "1",
         action = clap::ArgAction::Set, value_parser = parse_flag)]
@@ -325,7 +325,7 @@ fn emit(out: &OutArgs, doc: &Document, table: Option<String>) -> anyhow::Result<
     // Never hand out a document that breaks its own schema; say so loudly instead.
     let invalid = serde_json::from_str::<serde_json::Value>(&json)
         .map_err(|e| e.to_string())
-        .and_then(|v| snapblk_bench::schema::validate(&v))
+        .and_then(|v| snapblk_loadgen::schema::validate(&v))
         .err();
     if let Some(p) = &out.output {
         std::fs::write(p, format!("{json}\n")).with_context(|| format!("write {}", p.display()))?;
@@ -341,7 +341,7 @@ fn emit(out: &OutArgs, doc: &Document, table: Option<String>) -> anyhow::Result<
         errln!("warning: {w}")?;
     }
     if let Some(e) = invalid {
-        bail!("internal error: result document violates bench/schema.json: {e}");
+        bail!("internal error: result document violates crates/loadgen/schema.json: {e}");
     }
     Ok(())
 }
@@ -385,12 +385,12 @@ fn lists(w: &WorkloadArgs) -> anyhow::Result<(JobSpec, Sweep)> {
         direct: w.direct,
         verify: w.verify,
         seed: w.seed,
-        buffers: snapblk_bench::buffer::BufferOpts {
+        buffers: snapblk_loadgen::buffer::BufferOpts {
             compress_percentage: w.buffer_compress_percentage,
             refill: w.refill_buffers,
             scramble: w.scramble_buffers,
         },
-        batch: snapblk_bench::spec::BatchOpts {
+        batch: snapblk_loadgen::spec::BatchOpts {
             iodepth_batch_submit: w.iodepth_batch_submit,
             iodepth_batch_complete_min: w.iodepth_batch_complete_min,
             iodepth_batch_complete_max: w.iodepth_batch_complete_max,
@@ -402,8 +402,8 @@ fn lists(w: &WorkloadArgs) -> anyhow::Result<(JobSpec, Sweep)> {
     Ok((base, sweep))
 }
 
-fn parse_iomem(s: &str) -> Result<snapblk_bench::spec::Iomem, String> {
-    snapblk_bench::spec::Iomem::parse(s).map_err(|e| e.to_string())
+fn parse_iomem(s: &str) -> Result<snapblk_loadgen::spec::Iomem, String> {
+    snapblk_loadgen::spec::Iomem::parse(s).map_err(|e| e.to_string())
 }
 
 /// fio-style boolean option values: 1/0, true/false, yes/no, on/off.
@@ -415,7 +415,7 @@ fn parse_flag(s: &str) -> Result<bool, String> {
     }
 }
 
-fn num_err(what: &str, s: &str) -> snapblk_bench::Error {
+fn num_err(what: &str, s: &str) -> snapblk_loadgen::Error {
     spec::number_error(what, s)
 }
 
@@ -607,12 +607,12 @@ fn run_workload(w: WorkloadArgs) -> anyhow::Result<()> {
             std::fs::create_dir_all(dir).with_context(|| format!("--plot {}", dir.display()))?;
         }
         for (_, t) in &mut targets {
-            warnings.extend(snapblk_bench::effective_direct(&**t, &mut jobs));
-            t.set_read_only(snapblk_bench::jobs_read_only(&jobs));
+            warnings.extend(snapblk_loadgen::effective_direct(&**t, &mut jobs));
+            t.set_read_only(snapblk_loadgen::jobs_read_only(&jobs));
         }
-        let mut labelled: Vec<snapblk_bench::Labelled> = targets
+        let mut labelled: Vec<snapblk_loadgen::Labelled> = targets
             .iter_mut()
-            .map(|(l, t)| snapblk_bench::Labelled {
+            .map(|(l, t)| snapblk_loadgen::Labelled {
                 label: l.clone(),
                 target: &mut **t,
             })
@@ -620,19 +620,19 @@ fn run_workload(w: WorkloadArgs) -> anyhow::Result<()> {
         let tty = std::io::stderr().is_terminal();
         let n_targets = labelled.len();
         let spinner = std::cell::RefCell::new(None);
-        let on_progress = |ev: snapblk_bench::RunProgress| {
+        let on_progress = |ev: snapblk_loadgen::RunProgress| {
             *spinner.borrow_mut() = match ev {
-                snapblk_bench::RunProgress::Start { label, completed } => {
+                snapblk_loadgen::RunProgress::Start { label, completed } => {
                     Some(crate::progress::RunSpinner::start(label, completed))
                 }
-                snapblk_bench::RunProgress::End => None,
+                snapblk_loadgen::RunProgress::End => None,
             };
         };
-        results = snapblk_bench::run_matrix_on(
+        results = snapblk_loadgen::run_matrix_on(
             &mut labelled,
             &jobs,
             w.repeat,
-            tty.then_some(&on_progress as &dyn Fn(snapblk_bench::RunProgress)),
+            tty.then_some(&on_progress as &dyn Fn(snapblk_loadgen::RunProgress)),
             Some(intr.stop.clone()),
             |rep, job, r| {
                 if !tty && (jobs.len() * n_targets > 1 || w.repeat > 1) {
@@ -785,7 +785,7 @@ fn run_overwrite(o: OverwriteArgs) -> anyhow::Result<()> {
         if !reps.is_empty() {
             doc.file_tests = Some(serde_json::json!({ "overwrite": reps }));
         }
-        Ok(Some(snapblk_bench::report::text_table(&rows)))
+        Ok(Some(snapblk_loadgen::report::text_table(&rows)))
     })();
     let variants = doc
         .file_tests
@@ -845,11 +845,11 @@ fn run_fgbg(f: FgBgArgs) -> anyhow::Result<()> {
                 ..Default::default()
             };
             job.validate()?;
-            doc.warnings.extend(snapblk_bench::effective_direct(
+            doc.warnings.extend(snapblk_loadgen::effective_direct(
                 &tgt,
                 std::slice::from_mut(&mut job),
             ));
-            tgt.set_read_only(snapblk_bench::jobs_read_only(std::slice::from_ref(&job)));
+            tgt.set_read_only(snapblk_loadgen::jobs_read_only(std::slice::from_ref(&job)));
             target = Some(Box::new(tgt));
             fgbg::Foreground::Workload { job }
         } else {

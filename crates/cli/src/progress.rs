@@ -133,7 +133,7 @@ impl GenerateBars {
 }
 
 /// The load generator's live line for one run: a spinner with the run's label and its IOPS,
-/// fed by the engine's completion counter (`snapblk_bench::RunProgress::Start`); dropping it
+/// fed by the engine's completion counter (`snapblk_loadgen::RunProgress::Start`); dropping it
 /// clears the line. Drawn only when stderr is a terminal.
 pub struct RunSpinner {
     stop: Arc<AtomicBool>,
@@ -159,7 +159,7 @@ impl RunSpinner {
                     let dt = t.elapsed().as_secs_f64();
                     pb.set_message(format!(
                         "{label}: {} IOPS",
-                        snapblk_bench::report::fmt_count((now - last) as f64 / dt)
+                        snapblk_loadgen::report::fmt_count((now - last) as f64 / dt)
                     ));
                     pb.tick();
                     (last, t) = (now, Instant::now());

@@ -1,7 +1,7 @@
 //! `snapblk bench` end to end: flags, sweeps, job files, JSON on stdout or in a file (validated
-//! against bench/schema.json), plots, file tests, errors reported as JSON.
+//! against crates/loadgen/schema.json), plots, file tests, errors reported as JSON.
 
-use snapblk_bench::schema::validate;
+use snapblk_loadgen::schema::validate;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 
@@ -54,7 +54,7 @@ impl Scratch {
     }
 
     fn under(parent: &Path, name: &str) -> Scratch {
-        let d = parent.join(format!("snapblk-bench-cli-{}-{name}", std::process::id()));
+        let d = parent.join(format!("snapblk-loadgen-cli-{}-{name}", std::process::id()));
         let _ = std::fs::remove_dir_all(&d);
         std::fs::create_dir_all(&d).unwrap();
         Scratch(d)
@@ -320,7 +320,7 @@ fn job_file_sweep() {
 
 #[test]
 fn errors_still_produce_a_valid_document() {
-    let o = snapblk(&["/nonexistent/snapblk-bench-target", "--json"]);
+    let o = snapblk(&["/nonexistent/snapblk-loadgen-target", "--json"]);
     assert!(!o.status.success());
     let v = json(&o);
     assert!(v["error"].as_str().unwrap().contains("nonexistent"), "{v}");

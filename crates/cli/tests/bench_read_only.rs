@@ -8,7 +8,7 @@ const BIN: &str = env!("CARGO_BIN_EXE_snapblk");
 
 #[test]
 fn writing_jobs_on_a_read_only_target_are_refused_clearly() {
-    let d = std::env::temp_dir().join(format!("snapblk-bench-ro-{}", std::process::id()));
+    let d = std::env::temp_dir().join(format!("snapblk-loadgen-ro-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&d);
     std::fs::create_dir_all(&d).unwrap();
     let img = d.join("t.img");

@@ -1,4 +1,4 @@
-//! snapblk-bench: a fio/IOzone-class load generator over snapblk devices.
+//! snapblk-loadgen: a fio/IOzone-class load generator over snapblk devices.
 //!
 //! * [`spec`] describes workloads the way fio does (`rw`, `bs`, `iodepth`, `numjobs`, `size`,
 //!   `runtime`, `ramp_time`, `verify`), from flags or a TOML job file, and expands sweeps;

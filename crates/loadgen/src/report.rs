@@ -8,7 +8,7 @@ use crate::spec::JobSpec;
 use serde::Serialize;
 use std::collections::BTreeMap;
 
-/// Bumped on incompatible changes of the JSON layout (see bench/schema.json).
+/// Bumped on incompatible changes of the JSON layout (see crates/loadgen/schema.json).
 pub const SCHEMA_VERSION: u32 = 1;
 
 /// Coefficient of variation of IOPS across repetitions above which a run is called noisy.

@@ -1,16 +1,16 @@
-//! Result documents validate against bench/schema.json; charts are well-formed SVG with the
+//! Result documents validate against crates/loadgen/schema.json; charts are well-formed SVG with the
 //! expected elements; histograms in the document decode and merge.
 
-use snapblk_bench::context;
-use snapblk_bench::fgbg::{Background, FgBgSpec, Foreground, run_fgbg};
-use snapblk_bench::hist::LatHist;
-use snapblk_bench::plot;
-use snapblk_bench::report::{Document, LatKind, TargetDesc, noise_warnings, workload_table};
-use snapblk_bench::schema::validate;
-use snapblk_bench::spec::{JobSpec, RwMode, Sweep};
-use snapblk_bench::target::{SpecTarget, Target};
+use snapblk_loadgen::context;
+use snapblk_loadgen::fgbg::{Background, FgBgSpec, Foreground, run_fgbg};
+use snapblk_loadgen::hist::LatHist;
+use snapblk_loadgen::plot;
+use snapblk_loadgen::report::{Document, LatKind, TargetDesc, noise_warnings, workload_table};
+use snapblk_loadgen::schema::validate;
+use snapblk_loadgen::spec::{JobSpec, RwMode, Sweep};
+use snapblk_loadgen::target::{SpecTarget, Target};
 
-fn sweep_results() -> Vec<snapblk_bench::report::ConfigReport> {
+fn sweep_results() -> Vec<snapblk_loadgen::report::ConfigReport> {
     let mut t = SpecTarget::new("null:size=64M");
     let base = JobSpec {
         size: Some(16 << 20),
@@ -23,7 +23,7 @@ fn sweep_results() -> Vec<snapblk_bench::report::ConfigReport> {
         ..Default::default()
     };
     let jobs = sweep.expand(&base);
-    snapblk_bench::run_matrix(&mut t, &jobs, 2, None, None, |_, _, _| {}).unwrap()
+    snapblk_loadgen::run_matrix(&mut t, &jobs, 2, None, None, |_, _, _| {}).unwrap()
 }
 
 fn to_value(d: &Document) -> serde_json::Value {
@@ -102,7 +102,7 @@ fn error_document_validates() {
 #[test]
 fn charts_are_svg_with_expected_elements() {
     let results = sweep_results();
-    let dir = std::env::temp_dir().join(format!("snapblk-bench-plots-{}", std::process::id()));
+    let dir = std::env::temp_dir().join(format!("snapblk-loadgen-plots-{}", std::process::id()));
     let files = plot::write_all(&dir, &results).unwrap();
     assert_eq!(files.len(), 3);
     for f in &files {
@@ -157,11 +157,11 @@ fn charts_are_svg_with_expected_elements() {
 #[test]
 fn fgbg_document_validates() {
     let dir = std::env::temp_dir();
-    let bg = dir.join(format!("snapblk-bench-bg-{}", std::process::id()));
+    let bg = dir.join(format!("snapblk-loadgen-bg-{}", std::process::id()));
     std::fs::write(&bg, vec![1u8; 4 << 20]).unwrap();
-    let data = dir.join(format!("snapblk-bench-fg-{}", std::process::id()));
+    let data = dir.join(format!("snapblk-loadgen-fg-{}", std::process::id()));
     std::fs::write(&data, vec![2u8; 1 << 20]).unwrap();
-    let list = dir.join(format!("snapblk-bench-fg-{}.list", std::process::id()));
+    let list = dir.join(format!("snapblk-loadgen-fg-{}.list", std::process::id()));
     let entries = vec![snapblk_readahead::list::ListEntry {
         path: data.clone(),
         identity: None,
@@ -237,8 +237,8 @@ fn per_second_rates_match_the_run_including_the_partial_last_second() {
         runtime: Some(1.2),
         ..Default::default()
     };
-    let r = snapblk_bench::engine::run_workload(&mut t, &job, &Default::default()).unwrap();
-    let rep = snapblk_bench::report::RunReport::of(0, &r);
+    let r = snapblk_loadgen::engine::run_workload(&mut t, &job, &Default::default()).unwrap();
+    let rep = snapblk_loadgen::report::RunReport::of(0, &r);
     assert_eq!(rep.series.len(), 2, "{:?}", rep.series);
     let overall = rep.iops;
     for s in &rep.series {
@@ -266,8 +266,8 @@ fn per_second_rates_match_the_run_including_the_partial_last_second() {
 
 #[test]
 fn file_documents_validate_and_wrong_ones_are_rejected() {
-    use snapblk_bench::fileio::{FileTestSpec, TESTS, overwrite_test, run_file_tests};
-    let dir = std::env::temp_dir().join(format!("snapblk-bench-filedoc-{}", std::process::id()));
+    use snapblk_loadgen::fileio::{FileTestSpec, TESTS, overwrite_test, run_file_tests};
+    let dir = std::env::temp_dir().join(format!("snapblk-loadgen-filedoc-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let spec = FileTestSpec {
         dir: dir.clone(),

@@ -3,7 +3,7 @@
 //! where fsync/fdatasync and evictions happen, and whether `drop_cache` really leaves the file
 //! out of the page cache when a read test starts (measured with cachestat/mincore).
 
-use snapblk_bench::fileio::{
+use snapblk_loadgen::fileio::{
     self, Cell, FileIo, FileTestSpec, RealIo, TESTS, TestFile, run_file_tests_with,
 };
 use std::fs::File;
@@ -97,7 +97,7 @@ impl FileIo for Recorder {
         path: &Path,
         create: bool,
         direct: bool,
-    ) -> snapblk_bench::Result<Box<dyn TestFile>> {
+    ) -> snapblk_loadgen::Result<Box<dyn TestFile>> {
         self.0.lock().unwrap().push(Op::Open { create });
         Ok(Box::new(RecFile {
             f: fileio::open(path, create, direct)?,

@@ -1,9 +1,9 @@
 //! Snapshot benchmarks (run by bench/snapshot-bench.sh; put the files on tmpfs or zram).
 //!
-//! usage: snapbench DIR [MiB] [ROUNDS] [SECTIONS]   (SECTIONS: copy,lz4,merge,fg = all;
+//! usage: snapshot_perf DIR [MiB] [ROUNDS] [SECTIONS]   (SECTIONS: copy,lz4,merge,fg = all;
 //!        precheck on request)
-//!        snapbench --prepare DIR MiB          (write base.img + copy.cow + lz4.cow only)
-//!        snapbench --ir DIR VARIANT N         (N reads of a prepared DIR; for callgrind)
+//!        snapshot_perf --prepare DIR MiB          (write base.img + copy.cow + lz4.cow only)
+//!        snapshot_perf --ir DIR VARIANT N         (N reads of a prepared DIR; for callgrind)
 //!
 //! Every comparison runs its variants **interleaved** (round r runs each variant once, in an order
 //! rotated per round) and reports per-round figures and medians, so that load from other work on
@@ -303,7 +303,7 @@ fn main() {
     let dir = PathBuf::from(
         args.get(1)
             .map(String::as_str)
-            .unwrap_or("/dev/shm/snapbench"),
+            .unwrap_or("/dev/shm/snapblk-snapshot-perf"),
     );
     let mib: u64 = args.get(2).and_then(|s| s.parse().ok()).unwrap_or(256);
     let rounds: usize = args.get(3).and_then(|s| s.parse().ok()).unwrap_or(5).max(1);

@@ -1,8 +1,8 @@
-//! The JSON Schema of the result document (bench/schema.json, embedded), and validation against
-//! it: the CLI checks every document before writing it, so a schema drift is caught at once.
+//! The JSON Schema of the result document (`schema.json` beside this crate, embedded), and validation
+//! against it: the CLI checks every document before writing it, so a schema drift is caught at once.
 
 /// The schema text.
-pub const SCHEMA: &str = include_str!("../../../bench/schema.json");
+pub const SCHEMA: &str = include_str!("../schema.json");
 
 /// Validate a document; the error lists every violation with its JSON pointer.
 pub fn validate(doc: &serde_json::Value) -> Result<(), String> {

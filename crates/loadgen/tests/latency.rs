@@ -5,8 +5,8 @@
 mod common;
 
 use common::recording_target;
-use snapblk_bench::engine::{RunOpts, RunResult, run_workload};
-use snapblk_bench::spec::{BatchOpts, JobSpec, RwMode};
+use snapblk_loadgen::engine::{RunOpts, RunResult, run_workload};
+use snapblk_loadgen::spec::{BatchOpts, JobSpec, RwMode};
 use std::time::Duration;
 
 const DELAY: Duration = Duration::from_millis(3);

@@ -3,7 +3,7 @@
 mod common;
 
 use common::recording_target;
-use snapblk_bench::spec::{JobSpec, RwMode, Sweep};
+use snapblk_loadgen::spec::{JobSpec, RwMode, Sweep};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -36,7 +36,7 @@ fn stop_ends_the_current_run_and_skips_the_rest() {
     });
     let mut calls = 0;
     let t0 = std::time::Instant::now();
-    let r = snapblk_bench::run_matrix(&mut t, &jobs, 2, None, Some(stop), |_, _, _| calls += 1)
+    let r = snapblk_loadgen::run_matrix(&mut t, &jobs, 2, None, Some(stop), |_, _, _| calls += 1)
         .unwrap();
     raiser.join().unwrap();
     assert!(t0.elapsed().as_secs() < 20, "stop was not honoured");
@@ -52,7 +52,7 @@ fn repetitions_are_interleaved_across_configurations() {
     let (mut t, _) = recording_target(MB);
     let jobs = qd_sweep(&[1, 4, 16], None);
     let mut order = Vec::new();
-    let r = snapblk_bench::run_matrix(&mut t, &jobs, 3, None, None, |rep, job, _| {
+    let r = snapblk_loadgen::run_matrix(&mut t, &jobs, 3, None, None, |rep, job, _| {
         order.push((rep, job.iodepth))
     })
     .unwrap();
@@ -83,7 +83,7 @@ fn direct_reaches_the_target_open() {
         direct: true,
         ..jobs[0].clone()
     });
-    snapblk_bench::run_matrix(&mut t, &jobs, 1, None, None, |_, _, _| {}).unwrap();
+    snapblk_loadgen::run_matrix(&mut t, &jobs, 1, None, None, |_, _, _| {}).unwrap();
     // The first open is the up-front alignment check of the direct job.
     assert_eq!(sh.lock().unwrap().opened_direct, [true, false, true]);
 }
@@ -121,7 +121,7 @@ fn misaligned_direct_jobs_fail_before_any_io() {
     ];
     for (jobs, want) in cases {
         let mut runs = 0;
-        let e = snapblk_bench::run_matrix(&mut t, &jobs, 1, None, None, |_, _, _| runs += 1)
+        let e = snapblk_loadgen::run_matrix(&mut t, &jobs, 1, None, None, |_, _, _| runs += 1)
             .unwrap_err()
             .to_string();
         assert!(e.contains(want), "{e}");
@@ -138,7 +138,7 @@ fn misaligned_direct_jobs_fail_before_any_io() {
         direct: false,
         ..direct(1000, 0, None)
     };
-    let e = snapblk_bench::run_workload(&mut t, &job, &Default::default())
+    let e = snapblk_loadgen::run_workload(&mut t, &job, &Default::default())
         .unwrap_err()
         .to_string();
     assert!(
@@ -146,7 +146,7 @@ fn misaligned_direct_jobs_fail_before_any_io() {
         "{e}"
     );
     // Aligned values pass.
-    let r = snapblk_bench::run_matrix(
+    let r = snapblk_loadgen::run_matrix(
         &mut t,
         &[direct(512, 1024, Some(8192))],
         1,
@@ -170,7 +170,7 @@ fn request_buffers_start_on_buf_alignment() {
         size: Some(256 << 10),
         ..Default::default()
     };
-    let r = snapblk_bench::run_workload(&mut t, &job, &Default::default()).unwrap();
+    let r = snapblk_loadgen::run_workload(&mut t, &job, &Default::default()).unwrap();
     assert_eq!(r.write.ios, 64);
     assert_eq!(sh.lock().unwrap().misaligned_bufs, 0);
 }
@@ -197,10 +197,10 @@ fn open_flags_of(path: &std::path::Path) -> Vec<i32> {
 
 #[test]
 fn direct_opens_a_path_target_with_o_direct() {
-    use snapblk_bench::target::{SpecTarget, Target};
+    use snapblk_loadgen::target::{SpecTarget, Target};
     // The temp dir's filesystem must accept O_DIRECT (ext4, tmpfs since Linux 6.6); if it does
     // not, the open fails the test rather than skipping it.
-    let dir = std::env::temp_dir().join(format!("snapblk-bench-direct-{}", std::process::id()));
+    let dir = std::env::temp_dir().join(format!("snapblk-loadgen-direct-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let img = dir.join("img");
     std::fs::write(&img, vec![0u8; MB]).unwrap();

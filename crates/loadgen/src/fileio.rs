@@ -349,7 +349,7 @@ pub fn run_file_tests_with(
     }
     let path = spec
         .dir
-        .join(format!("snapblk-bench-file.{}.tmp", std::process::id()));
+        .join(format!("snapblk-loadgen-file.{}.tmp", std::process::id()));
     let mut buf = AlignedBuf::new(maxrec as usize, spec.seed)?;
     let mut cells = Vec::new();
     let res = (|| -> Result<()> {
@@ -490,7 +490,7 @@ pub fn overwrite_test_with(
     }
     check_dir(dir)?;
     let path = dir.join(format!(
-        "snapblk-bench-overwrite.{}.tmp",
+        "snapblk-loadgen-overwrite.{}.tmp",
         std::process::id()
     ));
     let res = (|| -> Result<Option<OverwriteReport>> {

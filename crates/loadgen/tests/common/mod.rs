@@ -2,8 +2,8 @@
 //! length), serves data from RAM, and can corrupt or misplace chosen blocks.
 #![allow(dead_code)]
 
-use snapblk_bench::target::BlkioTarget;
 use snapblk_core::{Blkio, Completion, DeviceInfo, Driver, Op, PropValue, Queue, Request, State};
+use snapblk_loadgen::target::BlkioTarget;
 use std::sync::{Arc, Mutex};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -3,8 +3,8 @@
 mod common;
 
 use common::recording_target;
-use snapblk_bench::engine::{RunOpts, run_workload};
-use snapblk_bench::spec::{JobSpec, RwMode};
+use snapblk_loadgen::engine::{RunOpts, run_workload};
+use snapblk_loadgen::spec::{JobSpec, RwMode};
 
 fn vjob(rw: RwMode) -> JobSpec {
     JobSpec {

@@ -3,7 +3,7 @@
 # parser (crates/snapblk/fuzz, target `spec`): builds the libFuzzer targets with the nightly
 # toolchain and coverage instrumentation, runs each for FUZZ_SECS seconds (default 20) from a few
 # valid seeds. Fails if the toolchain is missing or a target crashes. Ends with
-# "N passed, N failed". Long campaigns: bench/fuzz-campaign.sh.
+# "N passed, N failed". Long campaigns: scripts/fuzz-campaign.sh.
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 cargo build --release -q -p snapblk-cli || { echo "FAIL: build"; echo "0 passed, 1 failed"; exit 1; }

@@ -7,7 +7,7 @@
 # Records per target: executions, wall and CPU seconds, exec/s, edge coverage and features at
 # the end, corpus files before and after, crashes. Crash inputs stay in
 # crates/*/fuzz/artifacts/TARGET/ (add each as a regression test).
-# usage: bench/fuzz-campaign.sh [TARGET...]   (default: all; names as crate/target, e.g. cow/record)
+# usage: scripts/fuzz-campaign.sh [TARGET...]   (default: all; names as crate/target, e.g. cow/record)
 # env:   RUNS, MAX_SECS, OUT (default bench/results/scratch/fuzz-<time>.tsv)
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)

@@ -636,8 +636,8 @@ unsafe fn queue<'a>(q: *mut blkioq) -> Option<&'a mut blkioq> {
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn blkioq_get_completion_fd(q: *mut blkioq) -> c_int {
-    // SAFETY: pointers per the API.
     guard(-1, || {
+        // SAFETY: pointers per the API.
         unsafe { queue(q) }
             .and_then(|q| q.q.completion_fd())
             .unwrap_or(-1)

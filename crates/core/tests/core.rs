@@ -235,10 +235,8 @@ fn completion_fd_signals_on_backlog() {
     let mut out = [Completion::default(); 2];
     assert_eq!(q.do_io(&mut out, 2, None, None).unwrap(), 2);
     // SAFETY: as above.
-    assert_eq!(
-        unsafe { libc::read(fd, (&mut v as *mut u64).cast(), 8) },
-        -1
-    );
+    let n = unsafe { libc::read(fd, (&mut v as *mut u64).cast(), 8) };
+    assert_eq!(n, -1);
 }
 
 /// A driver with one created-state and one connected-state property.

@@ -303,11 +303,8 @@ fn uring_completion_fd_asked_for_late_still_signals() {
         revents: 0,
     };
     // SAFETY: one live pollfd.
-    assert_eq!(
-        unsafe { libc::poll(&mut p, 1, 1000) },
-        1,
-        "fd must be readable"
-    );
+    let ready = unsafe { libc::poll(&mut p, 1, 1000) };
+    assert_eq!(ready, 1, "fd must be readable");
     assert_eq!(q.do_io(&mut cs, 1, None, None).unwrap(), 1);
     assert_eq!((cs[0].user_data, cs[0].ret), (7, 0));
     while read_eventfd(fd).is_some() {}

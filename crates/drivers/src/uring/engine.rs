@@ -195,7 +195,7 @@ impl UringEngine {
             iov_base: p.cast(),
             iov_len: len,
         };
-        // SAFETY (all arms): plain system calls on our fd; the buffers and iovec arrays are the
+        // SAFETY: (all arms) plain system calls on our fd; the buffers and iovec arrays are the
         // request's (valid per the contract) or the slot's `iov_rest`; `done < len` while the
         // request is unfinished, so the pointer arithmetic stays inside the buffer.
         let r: isize = unsafe {

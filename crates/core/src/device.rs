@@ -8,31 +8,72 @@ use crate::{Error, Result};
 /// Lifecycle state; it only moves forward.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum State {
+    /// Fresh from [`Blkio::new`]: only `RwCreated` properties (e.g. `path`, `read-only`) may be
+    /// set, and nothing is opened yet.
     Created,
+    /// After [`Blkio::connect`]: the device is open, its [`DeviceInfo`] is known, queue counts
+    /// may be set.
     Connected,
+    /// After [`Blkio::start`]: queues exist and I/O may be submitted.
     Started,
 }
 
 /// What a driver learned about its device at connect time; backs the common read-only properties.
+///
+/// A driver returns it from [`Driver::connect`]; [`Blkio`] keeps it and answers the libblkio
+/// property named on each field from it (before connect, the properties that need a connection
+/// fail with `ENODEV`). All sizes, lengths and alignments are in bytes; alignments are powers of
+/// two, and 1 means "none". Start from [`DeviceInfo::default`] (a buffered regular file) and
+/// override what the device knows.
 #[derive(Debug, Clone)]
 pub struct DeviceInfo {
+    /// `read-only`: writes, discards and write-zeroes fail. True when the caller asked for a
+    /// read-only connect or the device cannot be written (e.g. a snapshot without `writable`).
     pub read_only: bool,
+    /// `request-alignment`: every request offset and length must be a multiple of this (the
+    /// logical block size under `O_DIRECT`, 1 for buffered files).
     pub request_alignment: i32,
+    /// `buf-alignment`: every request buffer address (and iovec base) must be a multiple of this.
     pub buf_alignment: i32,
+    /// `optimal-io-alignment`: offsets and lengths that are multiples of this avoid
+    /// read-modify-write in the device (e.g. the physical block size).
     pub optimal_io_alignment: i32,
+    /// `optimal-io-size`: the request length the device prefers (e.g. a RAID stripe), 0 if it
+    /// states none.
     pub optimal_io_size: i32,
+    /// `optimal-buf-alignment`: buffer address alignment that performs best (the page size for
+    /// the file drivers).
     pub optimal_buf_alignment: i32,
+    /// `mem-region-alignment`: address and length alignment required of memory regions
+    /// allocated or mapped on this device.
     pub mem_region_alignment: u64,
+    /// `max-transfer`: the largest read or write request in bytes, 0 for no limit.
     pub max_transfer: i32,
+    /// `max-segments`: the most iovecs one readv/writev request may carry.
     pub max_segments: i32,
+    /// `max-segment-len`: the longest single iovec in bytes, 0 for no limit.
     pub max_segment_len: i32,
+    /// `max-write-zeroes-len`: the longest write-zeroes request in bytes, 0 for no limit.
     pub max_write_zeroes_len: u64,
+    /// `max-discard-len`: the longest discard request in bytes, 0 for no limit.
     pub max_discard_len: u64,
+    /// `discard-alignment`: discards are effective only on ranges aligned to this (the
+    /// device's discard granularity).
     pub discard_alignment: i32,
+    /// `discard-alignment-offset`: the offset of the first discard-aligned byte from offset 0.
     pub discard_alignment_offset: i32,
+    /// `supports-fua-natively`: the device implements [`crate::ReqFlags::FUA`] itself (for the
+    /// file drivers, the sysfs `fua` attribute); otherwise a FUA write costs a cache flush,
+    /// issued by the kernel or the driver.
     pub supports_fua_natively: bool,
+    /// `supports-poll-queues`: `num-poll-queues` may be above 0 (the driver can busy-poll
+    /// completions instead of waiting for interrupts).
     pub supports_poll_queues: bool,
+    /// `flush-needed`: completed writes may sit in a volatile cache, so durability needs
+    /// [`crate::Op::Flush`] (or FUA). False only where a write is durable when it completes.
     pub flush_needed: bool,
+    /// `can-grow`: the capacity may increase while connected (a regular file that is extended);
+    /// `capacity` is re-read on every get.
     pub can_grow: bool,
     /// `max-queues`: the most queues (regular plus poll) `start` may create.
     pub max_queues: i32,
@@ -171,9 +212,11 @@ impl Blkio {
         }
     }
 
+    /// The current lifecycle state.
     pub fn state(&self) -> State {
         self.state
     }
+    /// The driver's name as given to `blkio_create` (the `driver` property).
     pub fn driver_name(&self) -> &str {
         self.driver.name()
     }
@@ -261,18 +304,21 @@ impl Blkio {
         })
     }
 
+    /// Get a bool property (`blkio_get_bool`); `ENOTTY` if the property has another type.
     pub fn get_bool(&self, name: &str) -> Result<bool> {
         match self.get(name, Some(Bool))? {
             PropValue::Bool(b) => Ok(b),
             _ => Err(Error::new(libc::ENOTTY, "Property is not a bool")),
         }
     }
+    /// Get an int property (`blkio_get_int`); `ENOTTY` if the property has another type.
     pub fn get_int(&self, name: &str) -> Result<i32> {
         match self.get(name, Some(Int))? {
             PropValue::Int(v) => Ok(v),
             _ => Err(Error::new(libc::ENOTTY, "Property is not an int")),
         }
     }
+    /// Get a u64 property (`blkio_get_uint64`); `ENOTTY` if the property has another type.
     pub fn get_u64(&self, name: &str) -> Result<u64> {
         match self.get(name, Some(U64))? {
             PropValue::U64(v) => Ok(v),
@@ -287,7 +333,9 @@ impl Blkio {
         self.get(name, None).map(|v| v.to_display_string())
     }
 
-    /// Set a property to a typed value (type must match exactly).
+    /// Set a property to a typed value (type must match exactly, else `ENOTTY`). The access
+    /// rule is checked against the state: read-only properties fail with `EACCES`, `RwCreated`
+    /// ones after connect with `EBUSY`, `RwConnected` ones outside the connected state.
     pub fn set(&mut self, name: &str, value: PropValue) -> Result<()> {
         let spec = self.spec(name)?;
         if spec.ty != value.ty() {
@@ -311,12 +359,15 @@ impl Blkio {
         self.set_checked(spec, v)
     }
 
+    /// Set a bool property (`blkio_set_bool`); see [`Blkio::set`] for the checks.
     pub fn set_bool(&mut self, name: &str, v: bool) -> Result<()> {
         self.set(name, PropValue::Bool(v))
     }
+    /// Set an int property (`blkio_set_int`); see [`Blkio::set`] for the checks.
     pub fn set_int(&mut self, name: &str, v: i32) -> Result<()> {
         self.set(name, PropValue::Int(v))
     }
+    /// Set a u64 property (`blkio_set_uint64`); see [`Blkio::set`] for the checks.
     pub fn set_u64(&mut self, name: &str, v: u64) -> Result<()> {
         self.set(name, PropValue::U64(v))
     }

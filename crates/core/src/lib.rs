@@ -13,6 +13,8 @@
 //! Errors carry a negative-errno-compatible code plus a message ([`Error`]), because that is what
 //! the C ABI must return, and Rust callers lose nothing by it.
 
+#![warn(missing_docs)]
+
 pub mod device;
 pub mod error;
 pub mod mem;

@@ -5,14 +5,19 @@
 use crate::{Error, Result};
 use std::os::fd::RawFd;
 
-/// Laid out exactly as `struct blkio_mem_region` (40 bytes).
+/// A mapped buffer that request buffers may point into; a plain description (copying it does
+/// not copy the memory), freed explicitly. Laid out exactly as `struct blkio_mem_region`
+/// (40 bytes).
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct MemRegion {
+    /// Start of the mapping (page aligned when allocated here).
     pub addr: *mut u8,
+    /// Length of the mapping in bytes.
     pub len: usize,
     /// Reserved, 0.
     pub iova: u64,
+    /// Offset in `fd` at which the mapping starts (0 for regions allocated here).
     pub fd_offset: i64,
     /// -1 if the memory has no fd.
     pub fd: RawFd,

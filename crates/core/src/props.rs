@@ -5,19 +5,26 @@ use crate::{Error, Result};
 /// The one type a property has.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PropType {
+    /// C `bool` (`blkio_get_bool`/`blkio_set_bool`).
     Bool,
     /// C `int` (32-bit).
     Int,
+    /// C `uint64_t` (`blkio_get_uint64`/`blkio_set_uint64`).
     U64,
+    /// NUL-terminated string (`blkio_get_str`/`blkio_set_str`).
     Str,
 }
 
-/// A property value.
+/// A property value; the variant is the value's [`PropType`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum PropValue {
+    /// A [`PropType::Bool`] value.
     Bool(bool),
+    /// A [`PropType::Int`] value.
     Int(i32),
+    /// A [`PropType::U64`] value.
     U64(u64),
+    /// A [`PropType::Str`] value.
     Str(String),
 }
 
@@ -75,14 +82,18 @@ pub enum Access {
 /// Static description of one property.
 #[derive(Debug, Clone, Copy)]
 pub struct PropSpec {
+    /// The libblkio property name, kebab-case (e.g. `request-alignment`, `num-entries`).
     pub name: &'static str,
+    /// The one type the property is read and written as.
     pub ty: PropType,
+    /// In which state the property may be written.
     pub access: Access,
     /// A get in the created state fails with ENODEV `Device must be connected`.
     pub needs_connect: bool,
 }
 
 impl PropSpec {
+    /// A spec from its parts, usable in a `const` table such as [`crate::Driver::props`].
     pub const fn new(
         name: &'static str,
         ty: PropType,

@@ -3,10 +3,14 @@
 use std::ffi::{CStr, c_char};
 
 /// Request flags (libblkio `BLKIO_REQ_*`).
+///
+/// The inner value is the raw bit mask as the C ABI passes it; bits outside the three named flags
+/// are rejected by [`Request::validate`], as are flags that do not apply to the request's [`Op`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct ReqFlags(pub u32);
 
 impl ReqFlags {
+    /// No flag set: the default for every request.
     pub const NONE: ReqFlags = ReqFlags(0);
     /// Force Unit Access: the write is durable when it completes.
     pub const FUA: ReqFlags = ReqFlags(1 << 0);
@@ -16,6 +20,7 @@ impl ReqFlags {
     pub const NO_FALLBACK: ReqFlags = ReqFlags(1 << 2);
     const ALL: u32 = 0b111;
 
+    /// Whether every bit of `f` is set in `self` (true for `f` = [`ReqFlags::NONE`]).
     pub fn contains(self, f: ReqFlags) -> bool {
         self.0 & f.0 == f.0
     }
@@ -31,47 +36,82 @@ impl std::ops::BitOr for ReqFlags {
 /// What a request does. Buffers are raw pointers because requests cross the C ABI and outlive the
 /// call that enqueued them; [`crate::Queue::enqueue`] is `unsafe` for that reason.
 #[derive(Debug, Clone, Copy)]
+///
+/// Offsets and lengths are in bytes from the start of the device and must be multiples of the
+/// device's `request-alignment` property (buffers: of `buf-alignment`); offsets above
+/// `i64::MAX` are rejected by [`Request::validate`].
 pub enum Op {
+    /// Read `len` bytes at `offset` into `buf` (libblkio `blkioq_read`).
     Read {
+        /// Byte offset on the device.
         offset: u64,
+        /// Destination, writable for `len` bytes until the completion is returned.
         buf: *mut u8,
+        /// Number of bytes to read.
         len: usize,
     },
+    /// Write `len` bytes from `buf` at `offset` (libblkio `blkioq_write`); honours
+    /// [`ReqFlags::FUA`].
     Write {
+        /// Byte offset on the device.
         offset: u64,
+        /// Source, readable for `len` bytes until the completion is returned.
         buf: *const u8,
+        /// Number of bytes to write.
         len: usize,
     },
-    /// `iov` must stay valid until completion, like the buffers it points to.
+    /// Scatter read into `iovcnt` buffers, filled in order from `offset` (libblkio
+    /// `blkioq_readv`). `iov` must stay valid until completion, like the buffers it points to.
     Readv {
+        /// Byte offset on the device of the first byte of `iov[0]`.
         offset: u64,
+        /// Array of `iovcnt` iovecs.
         iov: *const libc::iovec,
+        /// Number of iovecs; negative values fail validation.
         iovcnt: i32,
     },
+    /// Gather write from `iovcnt` buffers, written in order from `offset` (libblkio
+    /// `blkioq_writev`); honours [`ReqFlags::FUA`]. The same validity rule as [`Op::Readv`].
     Writev {
+        /// Byte offset on the device of the first byte of `iov[0]`.
         offset: u64,
+        /// Array of `iovcnt` iovecs.
         iov: *const libc::iovec,
+        /// Number of iovecs; negative values fail validation.
         iovcnt: i32,
     },
+    /// Make every write completed before it durable (libblkio `blkioq_flush`).
     Flush,
+    /// Tell the device that a range is no longer needed (libblkio `blkioq_discard`); its contents
+    /// are unspecified afterwards (on a regular file the file drivers punch a hole, so it reads
+    /// back as zeroes).
     Discard {
+        /// Byte offset of the range.
         offset: u64,
+        /// Length of the range in bytes.
         len: u64,
     },
+    /// Make a range read back as zeroes (libblkio `blkioq_write_zeroes`); honours
+    /// [`ReqFlags::FUA`], [`ReqFlags::NO_UNMAP`] and [`ReqFlags::NO_FALLBACK`].
     WriteZeroes {
+        /// Byte offset of the range.
         offset: u64,
+        /// Length of the range in bytes.
         len: u64,
     },
     /// Any zoned-storage request; no snapblk driver supports zoned devices.
     Zone,
 }
 
-/// One request.
+/// One request, as handed to [`crate::Queue::enqueue`]: an operation, the caller's tag and flags.
 #[derive(Debug, Clone, Copy)]
 pub struct Request {
+    /// What to do, with its buffers.
     pub op: Op,
-    /// Returned verbatim in the completion.
+    /// Opaque to the library: returned verbatim in the request's [`Completion::user_data`] so the
+    /// caller can match completions (which may arrive in any order) to requests.
     pub user_data: usize,
+    /// `BLKIO_REQ_*` flags; which are valid depends on `op` (see [`Request::validate`]).
     pub flags: ReqFlags,
 }
 
@@ -81,6 +121,7 @@ pub struct Request {
 unsafe impl Send for Request {}
 
 impl Request {
+    /// A request from its parts; nothing is checked until [`Request::validate`].
     pub fn new(op: Op, user_data: usize, flags: ReqFlags) -> Self {
         Request {
             op,
@@ -153,6 +194,7 @@ impl Request {
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
 pub struct Completion {
+    /// The [`Request::user_data`] of the request this completes.
     pub user_data: usize,
     error_msg: *const c_char,
     /// 0 on success, negative errno on failure.
@@ -172,6 +214,7 @@ impl Default for Completion {
 }
 
 impl Completion {
+    /// A success (`ret` 0) for the request tagged `user_data`.
     pub fn ok(user_data: usize) -> Self {
         Completion {
             user_data,

@@ -9,12 +9,16 @@ use std::time::Duration;
 /// Errors of the shared device. The device's error is the `source`, not part of the message.
 #[derive(Debug, thiserror::Error)]
 pub enum DeviceError {
+    /// The device given to [`SharedDevice::new`] is not in the started state.
     #[error("device is not started")]
     NotStarted,
+    /// Reading a device property (its name) failed.
     #[error("device property {0}")]
     Prop(&'static str, #[source] snapblk_core::Error),
+    /// The device failed: adding a queue or a flush.
     #[error("device error")]
     Io(#[from] snapblk_core::Error),
+    /// The server stopped while waiting for a queue to be returned.
     #[error("server is shutting down")]
     Shutdown,
 }
@@ -22,7 +26,9 @@ pub enum DeviceError {
 /// Facts about the device that the exports advertise, read once at creation.
 #[derive(Debug, Clone, Copy)]
 pub struct Geometry {
+    /// Device size in bytes (`capacity`), advertised as the export size.
     pub size: u64,
+    /// Whether the device is read-only (`read-only`); the export is then read-only too.
     pub read_only: bool,
     /// Smallest I/O unit (request-alignment), a power of two.
     pub min_block: u32,
@@ -102,6 +108,7 @@ impl SharedDevice {
         })
     }
 
+    /// The facts read at creation (they are not re-read: an export's size is fixed).
     pub fn geometry(&self) -> &Geometry {
         &self.geometry
     }
@@ -118,7 +125,7 @@ impl SharedDevice {
 
     /// Lease a queue: a pooled one, else a newly added one; if the driver cannot add queues,
     /// wait for one to be returned (until `stop` is set).
-    pub fn lease(&self, stop: &AtomicBool) -> Result<QueueLease<'_>, DeviceError> {
+    pub(crate) fn lease(&self, stop: &AtomicBool) -> Result<QueueLease<'_>, DeviceError> {
         let mut g = self.lock();
         loop {
             if let Some(q) = g.pool.pop() {
@@ -158,13 +165,14 @@ impl SharedDevice {
 }
 
 /// A queue leased from a [`SharedDevice`]; returned to the pool on drop.
-pub struct QueueLease<'a> {
+pub(crate) struct QueueLease<'a> {
     dev: &'a SharedDevice,
     q: Option<Box<dyn Queue>>,
 }
 
 impl QueueLease<'_> {
-    pub fn queue(&mut self) -> &mut dyn Queue {
+    /// The leased queue.
+    pub(crate) fn queue(&mut self) -> &mut dyn Queue {
         // Invariant: `q` is Some until drop.
         match self.q.as_mut() {
             Some(q) => &mut **q,

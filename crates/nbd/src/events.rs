@@ -29,6 +29,7 @@ pub enum ConnAction {
 }
 
 impl ConnAction {
+    /// The lower-case word used in logs and in `snapblk serve --json` (`accepted`, ...).
     pub fn as_str(self) -> &'static str {
         match self {
             ConnAction::Accepted => "accepted",
@@ -59,51 +60,89 @@ impl fmt::Display for Secs {
 #[derive(Debug, thiserror::Error)]
 pub enum ConnReason {
     // Negotiation.
+    /// Negotiation took longer than [`ServerConfig::handshake_timeout`](crate::ServerConfig::handshake_timeout)
+    /// (the deadline).
     #[error("negotiation not finished within the {} deadline", Secs(*.0))]
     NegotiationTimeout(Duration),
+    /// The client closed its socket before choosing an export.
     #[error("client disconnected during negotiation")]
     LeftDuringNegotiation,
+    /// The client sent `NBD_OPT_ABORT`.
     #[error("client ended negotiation (NBD_OPT_ABORT)")]
     Aborted,
+    /// An option header or option data was malformed.
     #[error("protocol error during negotiation")]
     Protocol(#[source] ProtoError),
+    /// The client's handshake flags contain bits the server does not know (the flags).
     #[error("unknown client flags {0:#x}")]
     ClientFlags(u32),
+    /// `NBD_OPT_EXPORT_NAME` named no export (the name); that option cannot carry an error
+    /// reply, so the connection is cut.
     #[error("NBD_OPT_EXPORT_NAME for an unknown export {0:?}")]
     UnknownExport(String),
+    /// The `NBD_OPT_EXPORT_NAME` data is not a valid name.
     #[error("NBD_OPT_EXPORT_NAME with an invalid name")]
     BadExportName(#[source] ProtoError),
+    /// The `NBD_OPT_EXPORT_NAME` data is longer than the protocol allows (its length).
     #[error("NBD_OPT_EXPORT_NAME with {0} bytes of data")]
     ExportNameTooLong(u32),
+    /// Reading or writing the socket failed during negotiation.
     #[error("socket error during negotiation")]
     NegotiationIo(#[source] io::Error),
     // Refusals.
+    /// [`ServerConfig::max_connections`](crate::ServerConfig::max_connections) clients are
+    /// already served (the limit); the client got an error reply.
     #[error("server at its connection limit ({0})")]
     ConnectionLimit(usize),
     #[error(
         "server at its connection limit ({limit}) and already refusing {refusing} clients: \
          closed without a reply"
     )]
-    RefusalsBusy { limit: usize, refusing: usize },
+    /// Over the connection limit while
+    /// [`ServerConfig::max_refusals`](crate::ServerConfig::max_refusals) refusals are already in
+    /// progress: closed without a reply.
+    RefusalsBusy {
+        /// The connection limit.
+        limit: usize,
+        /// Refusals in progress.
+        refusing: usize,
+    },
+    /// The server is stopping; the client got `NBD_REP_ERR_SHUTDOWN`.
     #[error("server is shutting down")]
     ShuttingDown,
+    /// No thread could be started to serve the connection (or to read its requests).
     #[error("could not start a thread for the connection")]
     Spawn(#[source] io::Error),
     // Transmission.
+    /// The client sent `NBD_CMD_DISC`.
     #[error("client disconnected (NBD_CMD_DISC)")]
     Disc,
+    /// The client closed its socket during transmission.
     #[error("client closed the connection")]
     ClientClosed,
+    /// The server was stopped ([`StopHandle::stop`](crate::StopHandle::stop)).
     #[error("server stopped")]
     Stopped,
+    /// A request header was malformed (e.g. bad magic); the stream cannot be resynchronised.
     #[error("malformed request")]
     BadRequest(#[source] ProtoError),
+    /// A write's payload is over [`ServerConfig::max_request`](crate::ServerConfig::max_request);
+    /// it cannot be skipped safely, so the connection is closed.
     #[error("write of {len} bytes is over the {max}-byte request limit")]
-    WriteTooBig { len: u32, max: u32 },
+    WriteTooBig {
+        /// The write's length in bytes.
+        len: u32,
+        /// The limit in bytes.
+        max: u32,
+    },
+    /// A socket operation failed outside negotiation: setting the socket up for a connection, or
+    /// reading or writing it during transmission.
     #[error("socket error")]
     Io(#[source] io::Error),
+    /// No device queue could be leased for the connection.
     #[error("no device queue for the connection")]
     Lease(#[source] DeviceError),
+    /// The device queue failed as a whole (not one request: those get error replies).
     #[error("device queue failed")]
     Device(#[source] snapblk_core::Error),
 }
@@ -131,6 +170,7 @@ pub struct ConnEvent {
     pub id: u64,
     /// `HOST:PORT`, or `unix:pid=N` / `unix` for unix sockets.
     pub peer: String,
+    /// What happened.
     pub action: ConnAction,
     /// The export name, once the client has chosen one.
     pub export: Option<String>,

@@ -14,6 +14,8 @@
 //! proper refusal. Every connection's fate (accepted, refused, dropped, closed, and why) goes to
 //! an event hook ([`Server::on_event`]); the library itself never prints.
 
+#![warn(missing_docs)]
+
 mod buf;
 mod conn;
 pub mod device;

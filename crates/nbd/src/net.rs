@@ -13,30 +13,36 @@ pub const DEFAULT_PORT: u16 = 10809;
 
 /// A connected client socket.
 pub enum Stream {
+    /// A TCP connection.
     Tcp(TcpStream),
+    /// A unix-socket connection (also one end of a socket pair, for tests and fuzzing).
     Unix(UnixStream),
 }
 
 impl Stream {
-    pub fn try_clone(&self) -> io::Result<Stream> {
+    /// A second handle on the same socket (one thread reads, another writes).
+    pub(crate) fn try_clone(&self) -> io::Result<Stream> {
         Ok(match self {
             Stream::Tcp(s) => Stream::Tcp(s.try_clone()?),
             Stream::Unix(s) => Stream::Unix(s.try_clone()?),
         })
     }
-    pub fn shutdown(&self, how: Shutdown) -> io::Result<()> {
+    /// Shut down one or both directions of the socket.
+    pub(crate) fn shutdown(&self, how: Shutdown) -> io::Result<()> {
         match self {
             Stream::Tcp(s) => s.shutdown(how),
             Stream::Unix(s) => s.shutdown(how),
         }
     }
-    pub fn set_read_timeout(&self, t: Option<Duration>) -> io::Result<()> {
+    /// Bound every blocking read (`None`: no bound).
+    pub(crate) fn set_read_timeout(&self, t: Option<Duration>) -> io::Result<()> {
         match self {
             Stream::Tcp(s) => s.set_read_timeout(t),
             Stream::Unix(s) => s.set_read_timeout(t),
         }
     }
-    pub fn set_write_timeout(&self, t: Option<Duration>) -> io::Result<()> {
+    /// Bound every blocking write (`None`: no bound).
+    pub(crate) fn set_write_timeout(&self, t: Option<Duration>) -> io::Result<()> {
         match self {
             Stream::Tcp(s) => s.set_write_timeout(t),
             Stream::Unix(s) => s.set_write_timeout(t),
@@ -119,9 +125,13 @@ fn peer_pid(fd: RawFd) -> Option<i32> {
 
 /// A listening socket.
 pub enum Listener {
+    /// Listening on a TCP address (non-blocking).
     Tcp(TcpListener),
+    /// Listening on a unix socket path; the socket file is removed on drop.
     Unix {
+        /// The bound socket (non-blocking).
         listener: UnixListener,
+        /// The socket file's path.
         path: PathBuf,
     },
 }
@@ -195,7 +205,8 @@ impl Listener {
         Ok(s)
     }
 
-    pub fn fd(&self) -> RawFd {
+    /// The listening socket, for `poll`.
+    pub(crate) fn fd(&self) -> RawFd {
         match self {
             Listener::Tcp(l) => l.as_raw_fd(),
             Listener::Unix { listener, .. } => listener.as_raw_fd(),

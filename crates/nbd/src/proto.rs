@@ -13,72 +13,126 @@ pub const REQUEST_MAGIC: u32 = 0x2560_9513;
 /// Prefix of every simple reply.
 pub const SIMPLE_REPLY_MAGIC: u32 = 0x6744_6698;
 
-/// Handshake flags (server → client).
+// Handshake flags (server → client).
+/// `NBD_FLAG_FIXED_NEWSTYLE`: the server speaks fixed newstyle (answers unknown options
+/// instead of disconnecting).
 pub const FLAG_FIXED_NEWSTYLE: u16 = 1 << 0;
+/// `NBD_FLAG_NO_ZEROES`: the server can omit the 124 zero bytes after `NBD_OPT_EXPORT_NAME`.
 pub const FLAG_NO_ZEROES: u16 = 1 << 1;
-/// Client flags (client → server).
+// Client flags (client → server).
+/// `NBD_FLAG_C_FIXED_NEWSTYLE`: the client accepts fixed newstyle.
 pub const FLAG_C_FIXED_NEWSTYLE: u32 = 1 << 0;
+/// `NBD_FLAG_C_NO_ZEROES`: the client asks the server to omit the 124 zero bytes.
 pub const FLAG_C_NO_ZEROES: u32 = 1 << 1;
 
-/// Transmission flags (per export).
+// Transmission flags (per export).
+/// `NBD_FLAG_HAS_FLAGS`: always set; the other transmission flags are meaningful.
 pub const TF_HAS_FLAGS: u16 = 1 << 0;
+/// `NBD_FLAG_READ_ONLY`: the export refuses writes, trims and write-zeroes (`EPERM`).
 pub const TF_READ_ONLY: u16 = 1 << 1;
+/// `NBD_FLAG_SEND_FLUSH`: the export accepts `NBD_CMD_FLUSH`.
 pub const TF_SEND_FLUSH: u16 = 1 << 2;
+/// `NBD_FLAG_SEND_FUA`: the export accepts `NBD_CMD_FLAG_FUA` on writes.
 pub const TF_SEND_FUA: u16 = 1 << 3;
+/// `NBD_FLAG_ROTATIONAL`: the export is a spinning disk (clients may schedule for seeks).
 pub const TF_ROTATIONAL: u16 = 1 << 4;
+/// `NBD_FLAG_SEND_TRIM`: the export accepts `NBD_CMD_TRIM`.
 pub const TF_SEND_TRIM: u16 = 1 << 5;
+/// `NBD_FLAG_SEND_WRITE_ZEROES`: the export accepts `NBD_CMD_WRITE_ZEROES`.
 pub const TF_SEND_WRITE_ZEROES: u16 = 1 << 6;
+/// `NBD_FLAG_CAN_MULTI_CONN`: a flush on one connection covers writes completed on all of
+/// them, so clients may open several connections to one export.
 pub const TF_CAN_MULTI_CONN: u16 = 1 << 8;
+/// `NBD_FLAG_SEND_FAST_ZERO`: the export accepts `NBD_CMD_FLAG_FAST_ZERO`.
 pub const TF_SEND_FAST_ZERO: u16 = 1 << 11;
 
-/// Options.
+// Options.
+/// `NBD_OPT_EXPORT_NAME`: select an export by name and enter transmission (no error reply
+/// possible: an unknown name closes the connection).
 pub const OPT_EXPORT_NAME: u32 = 1;
+/// `NBD_OPT_ABORT`: the client ends negotiation.
 pub const OPT_ABORT: u32 = 2;
+/// `NBD_OPT_LIST`: list the export names (one `NBD_REP_SERVER` each).
 pub const OPT_LIST: u32 = 3;
+/// `NBD_OPT_STARTTLS`: upgrade to TLS; not supported here.
 pub const OPT_STARTTLS: u32 = 5;
+/// `NBD_OPT_INFO`: describe an export (as [`OPT_GO`]) without entering transmission.
 pub const OPT_INFO: u32 = 6;
+/// `NBD_OPT_GO`: describe an export and enter transmission on it.
 pub const OPT_GO: u32 = 7;
+/// `NBD_OPT_STRUCTURED_REPLY`: ask for structured replies; refused here (simple replies only).
 pub const OPT_STRUCTURED_REPLY: u32 = 8;
 
-/// Option reply types.
+// Option reply types.
+/// `NBD_REP_ACK`: the option succeeded (ends the replies to it).
 pub const REP_ACK: u32 = 1;
+/// `NBD_REP_SERVER`: one export name, in reply to `NBD_OPT_LIST`.
 pub const REP_SERVER: u32 = 2;
+/// `NBD_REP_INFO`: one `NBD_INFO_*` item, in reply to `NBD_OPT_INFO`/`NBD_OPT_GO`.
 pub const REP_INFO: u32 = 3;
 const REP_ERR: u32 = 1 << 31;
+/// `NBD_REP_ERR_UNSUP`: the option is unknown or not supported.
 pub const REP_ERR_UNSUP: u32 = REP_ERR | 1;
+/// `NBD_REP_ERR_POLICY`: refused by server policy.
 pub const REP_ERR_POLICY: u32 = REP_ERR | 2;
+/// `NBD_REP_ERR_INVALID`: the option's data is malformed.
 pub const REP_ERR_INVALID: u32 = REP_ERR | 3;
+/// `NBD_REP_ERR_UNKNOWN`: no export of that name.
 pub const REP_ERR_UNKNOWN: u32 = REP_ERR | 6;
+/// `NBD_REP_ERR_SHUTDOWN`: the server is shutting down.
 pub const REP_ERR_SHUTDOWN: u32 = REP_ERR | 7;
+/// `NBD_REP_ERR_TOO_BIG`: the option's data is longer than the server accepts.
 pub const REP_ERR_TOO_BIG: u32 = REP_ERR | 9;
 
-/// Info types carried in `REP_INFO`.
+// Info types carried in `REP_INFO`.
+/// `NBD_INFO_EXPORT`: export size and transmission flags (always sent).
 pub const INFO_EXPORT: u16 = 0;
+/// `NBD_INFO_NAME`: the export's canonical name.
 pub const INFO_NAME: u16 = 1;
+/// `NBD_INFO_DESCRIPTION`: a human-readable description of the export.
 pub const INFO_DESCRIPTION: u16 = 2;
+/// `NBD_INFO_BLOCK_SIZE`: minimum, preferred and maximum block sizes.
 pub const INFO_BLOCK_SIZE: u16 = 3;
 
-/// Commands.
+// Commands.
+/// `NBD_CMD_READ`: read `len` bytes at `offset`.
 pub const CMD_READ: u16 = 0;
+/// `NBD_CMD_WRITE`: write the `len` bytes that follow the header at `offset`.
 pub const CMD_WRITE: u16 = 1;
+/// `NBD_CMD_DISC`: the client disconnects after its in-flight requests complete.
 pub const CMD_DISC: u16 = 2;
+/// `NBD_CMD_FLUSH`: make every completed write durable.
 pub const CMD_FLUSH: u16 = 3;
+/// `NBD_CMD_TRIM`: discard a range (a device discard).
 pub const CMD_TRIM: u16 = 4;
+/// `NBD_CMD_WRITE_ZEROES`: make a range read back as zeroes.
 pub const CMD_WRITE_ZEROES: u16 = 6;
 
-/// Command flags.
+// Command flags.
+/// `NBD_CMD_FLAG_FUA`: the write is durable when its reply is sent.
 pub const CMD_FLAG_FUA: u16 = 1 << 0;
+/// `NBD_CMD_FLAG_NO_HOLE`: write-zeroes must allocate, not punch a hole.
 pub const CMD_FLAG_NO_HOLE: u16 = 1 << 1;
+/// `NBD_CMD_FLAG_FAST_ZERO`: write-zeroes must fail (`ENOTSUP`) rather than write zero
+/// buffers slowly.
 pub const CMD_FLAG_FAST_ZERO: u16 = 1 << 4;
 
-/// Error values in replies (the protocol's own numbering, which happens to match Linux).
+// Error values in replies (the protocol's own numbering, which happens to match Linux).
+/// `NBD_EPERM`: operation not permitted (a write to a read-only export).
 pub const EPERM: u32 = 1;
+/// `NBD_EIO`: input/output error; what any device error without a closer match becomes.
 pub const EIO: u32 = 5;
+/// `NBD_ENOMEM`: out of memory.
 pub const ENOMEM: u32 = 12;
+/// `NBD_EINVAL`: invalid request (unknown command or flag, misaligned or out of range).
 pub const EINVAL: u32 = 22;
+/// `NBD_ENOSPC`: no space left (a write past the end of the export, or a full backing store).
 pub const ENOSPC: u32 = 28;
+/// `NBD_EOVERFLOW`: the request's length is too large.
 pub const EOVERFLOW: u32 = 75;
+/// `NBD_ENOTSUP`: not supported (e.g. `NBD_CMD_FLAG_FAST_ZERO` without a fast path).
 pub const ENOTSUP: u32 = 95;
+/// `NBD_ESHUTDOWN`: the server is shutting down; the client should disconnect.
 pub const ESHUTDOWN: u32 = 108;
 
 /// Longest export name (or other string) the protocol allows.
@@ -91,14 +145,20 @@ pub const SIMPLE_REPLY_LEN: usize = 16;
 /// Why a client message was rejected.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ProtoError {
+    /// The message does not start with the magic its phase requires (`IHAVEOPT` for options,
+    /// `NBD_REQUEST_MAGIC` for requests); the value found.
     #[error("bad magic {0:#x}")]
     BadMagic(u64),
+    /// The message is shorter than its fixed fields or its own length fields say.
     #[error("message truncated")]
     Truncated,
+    /// A name or string is longer than [`MAX_STRING`] bytes.
     #[error("string longer than {MAX_STRING} bytes")]
     StringTooLong,
+    /// A name or string is not UTF-8 or contains a NUL byte.
     #[error("string is not valid UTF-8 or contains NUL")]
     BadString,
+    /// Bytes are left over after the last field the option defines.
     #[error("trailing bytes after the option data")]
     Trailing,
 }
@@ -121,12 +181,16 @@ fn be_u64(b: &[u8], at: usize) -> Result<u64, ProtoError> {
 /// The 16-byte header of a client option (`IHAVEOPT`, option, data length).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct OptionHeader {
+    /// The option code (`OPT_*`).
     pub option: u32,
+    /// Length in bytes of the option data that follows the header.
     pub len: u32,
 }
 
 impl OptionHeader {
+    /// Size of the header on the wire.
     pub const LEN: usize = 16;
+    /// Parse the first [`OptionHeader::LEN`] bytes of `b` (extra bytes are ignored).
     pub fn parse(b: &[u8]) -> Result<OptionHeader, ProtoError> {
         let magic = be_u64(b, 0)?;
         if magic != IHAVEOPT {
@@ -157,12 +221,15 @@ pub fn parse_export_name(data: &[u8]) -> Result<String, ProtoError> {
 /// Data of `NBD_OPT_INFO` / `NBD_OPT_GO`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct GoRequest {
+    /// The export name (may be empty: the default export).
     pub name: String,
     /// Info types the client asked for.
     pub infos: Vec<u16>,
 }
 
 impl GoRequest {
+    /// Parse the whole option data `d`: name length, name, info count, info types; extra
+    /// bytes are an error.
     pub fn parse(d: &[u8]) -> Result<GoRequest, ProtoError> {
         let nlen = be_u32(d, 0)? as usize;
         if nlen > MAX_STRING {
@@ -199,14 +266,21 @@ impl GoRequest {
 /// A transmission-phase request header.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RequestHeader {
+    /// Command flags (`CMD_FLAG_*`).
     pub flags: u16,
+    /// The command (`CMD_*`).
     pub cmd: u16,
+    /// Opaque to the server: echoed in the reply so the client can match it (called
+    /// `handle` in older protocol texts).
     pub cookie: u64,
+    /// Byte offset on the export.
     pub offset: u64,
+    /// Length in bytes (of the payload that follows, for `CMD_WRITE`).
     pub len: u32,
 }
 
 impl RequestHeader {
+    /// Parse the first [`REQUEST_LEN`] bytes of `b` (extra bytes are ignored).
     pub fn parse(b: &[u8]) -> Result<RequestHeader, ProtoError> {
         let magic = be_u32(b, 0)?;
         if magic != REQUEST_MAGIC {
@@ -221,6 +295,7 @@ impl RequestHeader {
         })
     }
 
+    /// Encode as a client sends it (used by tests and fuzzers).
     pub fn encode(&self) -> [u8; REQUEST_LEN] {
         let mut b = [0u8; REQUEST_LEN];
         b[0..4].copy_from_slice(&REQUEST_MAGIC.to_be_bytes());

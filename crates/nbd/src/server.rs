@@ -18,7 +18,10 @@ use std::time::{Duration, Instant};
 pub struct Export {
     /// Name clients ask for; the empty name also selects the first export.
     pub name: String,
+    /// Free text sent with `NBD_OPT_LIST` and `NBD_INFO_DESCRIPTION` (at most
+    /// [`MAX_STRING`] bytes).
     pub description: String,
+    /// The started device served; several exports may share one.
     pub device: Arc<SharedDevice>,
     /// Refuse writes even if the device accepts them.
     pub read_only: bool,
@@ -71,14 +74,20 @@ impl Default for ServerConfig {
 /// Errors starting the server.
 #[derive(Debug, thiserror::Error)]
 pub enum ServerError {
+    /// [`Server::new`] got an empty export list.
     #[error("no exports configured")]
     NoExports,
+    /// Two exports have the same name (the name).
     #[error("duplicate export name {0:?}")]
     DuplicateExport(String),
+    /// An export name or description is longer than [`MAX_STRING`].
     #[error("export name longer than {} bytes", proto::MAX_STRING)]
     NameTooLong,
+    /// [`ServerConfig::max_request`] (first) is not a multiple of an export's device block
+    /// size (second), so a maximal request could not be aligned.
     #[error("max request {0} must be a multiple of the device block size {1}")]
     BadMaxRequest(u32, u32),
+    /// Creating the stop-wakeup socket pair failed.
     #[error(transparent)]
     Io(#[from] io::Error),
 }
@@ -94,10 +103,13 @@ pub(crate) struct StopState {
 pub struct StopHandle(Arc<StopState>);
 
 impl StopHandle {
+    /// Ask the server to stop: the accept loop wakes and returns, connections finish their
+    /// in-flight replies (within [`ServerConfig::stop_grace`]) and close.
     pub fn stop(&self) {
         self.0.flag.store(true, Ordering::SeqCst);
         let _ = (&self.0.wake_tx).write(&[1]);
     }
+    /// Whether [`StopHandle::stop`] has been called.
     pub fn is_stopped(&self) -> bool {
         self.0.flag.load(Ordering::SeqCst)
     }
@@ -155,6 +167,8 @@ impl Write for Deadlined<'_> {
 }
 
 impl Server {
+    /// A server over `exports`, checked (unique names, lengths, `max_request` alignment);
+    /// nothing is served until [`Server::run`] or [`Server::serve_connection`].
     pub fn new(exports: Vec<Export>, cfg: ServerConfig) -> Result<Server, ServerError> {
         if exports.is_empty() {
             return Err(ServerError::NoExports);
@@ -220,10 +234,12 @@ impl Server {
         self.event(id, peer, reason.action(), export, Some(reason));
     }
 
+    /// A handle that stops [`Server::run`] from another thread.
     pub fn stop_handle(&self) -> StopHandle {
         StopHandle(self.stop.clone())
     }
 
+    /// The exports, in the order given to [`Server::new`].
     pub fn exports(&self) -> &[Export] {
         &self.exports
     }

@@ -10,7 +10,9 @@ use std::sync::{Condvar, Mutex, MutexGuard, RwLock};
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{msg} (errno {errno})")]
 pub struct IoError {
+    /// Positive errno returned to the kernel in the FUSE reply (e.g. `EIO`, `EINVAL`).
     pub errno: i32,
+    /// What failed, for logs.
     pub msg: String,
 }
 
@@ -73,7 +75,9 @@ impl Drop for CountWrite<'_> {
 pub struct Device {
     inner: Mutex<Inner>,
     returned: Condvar,
+    /// Device size in bytes (`capacity` at creation).
     pub size: u64,
+    /// Whether the device is read-only (`read-only`): writes fail with `EROFS`.
     pub read_only: bool,
     /// Request alignment (power of two).
     align: u64,
@@ -92,6 +96,8 @@ pub struct Device {
 }
 
 impl Device {
+    /// Take over a started device; its existing queues become the initial pool, and more are
+    /// added on demand where the driver allows it.
     pub fn new(mut dev: Blkio) -> Result<Device, IoError> {
         let size = dev.get_u64("capacity")?;
         let read_only = dev.get_bool("read-only")?;

@@ -12,6 +12,8 @@
 //! can bypass it with [`FuseOptions::direct_io`]. Several FUSE worker threads serve requests in
 //! parallel, each on its own device queue.
 
+#![warn(missing_docs)]
+
 mod dev;
 mod sys;
 
@@ -32,18 +34,26 @@ use std::time::{Duration, SystemTime};
 /// Errors of the FUSE export. The cause of each is its `source`, not part of its message.
 #[derive(Debug, thiserror::Error)]
 pub enum FuseError {
+    /// Opening the device for the export failed (reading its properties).
     #[error("device")]
     Device(#[from] IoError),
+    /// The mount point (path) cannot be used: it does not exist or is not a directory.
     #[error("mount point {0}")]
     MountPoint(PathBuf, #[source] std::io::Error),
+    /// The kernel refused the FUSE mount on the path (no `/dev/fuse`, no permission, ...).
     #[error("mounting FUSE on {0}")]
     Mount(PathBuf, #[source] std::io::Error),
+    /// [`FuseOptions::file_name`] is empty, `.`, `..` or contains `/`.
     #[error("file name {0:?} must be a single non-empty path component")]
     BadName(String),
+    /// [`Mounted::try_unmount`]: the mount point (path) is still in use; the export goes on
+    /// serving.
     #[error("{0} is busy (a loop device or an open file still uses it)")]
     Busy(PathBuf),
+    /// `umount` of the path failed for another reason than being busy or already unmounted.
     #[error("unmounting {0}")]
     Unmount(PathBuf, #[source] std::io::Error),
+    /// The FUSE session thread could not be started, or ended with an error (or panicked).
     #[error("FUSE session")]
     Session(#[source] std::io::Error),
 }
@@ -312,7 +322,7 @@ impl Filesystem for DevFs {
     }
 }
 
-/// A mounted export. Dropping it without [`Mounted::unmount`] detaches the mount lazily.
+/// A mounted export. Dropping it without [`Mounted::try_unmount`] detaches the mount lazily.
 pub struct Mounted {
     mountpoint: PathBuf,
     file: PathBuf,
@@ -419,9 +429,11 @@ impl Mounted {
     pub fn file(&self) -> &Path {
         &self.file
     }
+    /// Size of the device file in bytes (the device's capacity at mount time).
     pub fn size(&self) -> u64 {
         self.size
     }
+    /// Whether the file is exported read-only (asked for, or the device is read-only).
     pub fn read_only(&self) -> bool {
         self.read_only
     }

@@ -22,6 +22,8 @@
 //! same [`Config::id`] reattaches (`START_USER_RECOVERY` … `END_USER_RECOVERY`) and the kernel
 //! re-issues the requests that were in flight.
 
+#![warn(missing_docs)]
+
 mod bridge;
 pub mod plan;
 mod server;
@@ -39,12 +41,20 @@ use std::sync::Arc;
 /// How request data moves between the kernel and the device.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DataPath {
+    /// The kernel copies data to and from a per-tag buffer of the server (no `UBLK_F_*` data
+    /// flag); works on every kernel with ublk.
     Copy,
+    /// `UBLK_F_USER_COPY`: the server copies with `pread`/`pwrite` on `/dev/ublkcN`; no buffer
+    /// is pinned per tag.
     UserCopy,
+    /// `UBLK_F_AUTO_BUF_REG`: reads a [`ReadPlanner`] can place go from file to request pages
+    /// by io_uring without passing through userspace; everything else as [`DataPath::UserCopy`].
     ZeroCopy,
 }
 
 impl DataPath {
+    /// The name used on the command line and in the device's target JSON (`copy`,
+    /// `user-copy`, `zero-copy`).
     pub fn name(self) -> &'static str {
         match self {
             DataPath::Copy => "copy",
@@ -77,10 +87,13 @@ impl DataPath {
 /// Export settings.
 #[derive(Debug, Clone)]
 pub struct Config {
+    /// Number of ublk queues, each served by its own thread with its own device queue.
     pub queues: u16,
+    /// Requests in flight per queue (the ublk queue depth, i.e. tags per queue).
     pub depth: u16,
     /// Largest request in bytes (block layer max_sectors).
     pub max_io_bytes: u32,
+    /// How request data moves; the kernel must offer the path's flags.
     pub path: DataPath,
     /// Device number: `None` lets the kernel pick. If device `id` exists and is quiesced (its
     /// server died), it is recovered instead of created.
@@ -102,12 +115,19 @@ impl Default for Config {
 /// What [`serve`] reports once the block device is live.
 #[derive(Debug, Clone)]
 pub struct Ready {
+    /// The ublk device number N.
     pub dev_id: u32,
+    /// The block device path, `/dev/ublkbN`.
     pub bdev: String,
+    /// The data path in use (for a recovered device: the one it was created with).
     pub path: DataPath,
+    /// Number of ublk queues, as the kernel reports them.
     pub queues: u16,
+    /// Queue depth, as the kernel reports it.
     pub depth: u16,
+    /// Device size in bytes.
     pub capacity: u64,
+    /// Whether an existing quiesced device was recovered rather than a new one added.
     pub recovered: bool,
     /// Whether reads use the planner (zero-copy hook).
     pub planned_reads: bool,
@@ -121,21 +141,30 @@ pub enum Error {
     /// (`source.get_ref()` downcasts to [`UblkError`]).
     #[error("ublk: {what}")]
     Ublk {
+        /// The control or queue step that failed (e.g. `run device`).
         what: &'static str,
+        /// libublk's error, as an OS error where it carries an errno.
         #[source]
         source: std::io::Error,
     },
+    /// ublk cannot be used on this host (why: no `/dev/ublk-control`, feature query failed).
     #[error("ublk is not available: {0}")]
     NoUblk(String),
+    /// The kernel's ublk driver lacks a feature the configuration needs (its name).
     #[error("the kernel's ublk driver does not offer {0}")]
     Unsupported(&'static str),
+    /// The [`Config`] or the device cannot be served as asked (what is wrong).
     #[error("invalid ublk configuration: {0}")]
     Config(String),
+    /// The snapblk device failed (connect, start, a property, a queue).
     #[error("device")]
     Device(#[from] snapblk_core::Error),
+    /// A system call outside libublk failed.
     #[error("{what}")]
     Io {
+        /// What was being done (e.g. opening `/dev/zero`).
         what: &'static str,
+        /// The OS error.
         #[source]
         source: std::io::Error,
     },

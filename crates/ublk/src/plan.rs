@@ -12,20 +12,37 @@ use std::path::Path;
 pub enum Segment {
     /// Bytes `[offset, offset+len)` of the planner's file number `file` (index into
     /// [`ReadPlanner::files`]).
-    File { file: u16, offset: u64, len: u32 },
+    File {
+        /// Index into [`ReadPlanner::files`].
+        file: u16,
+        /// Byte offset in that file.
+        offset: u64,
+        /// Length in bytes.
+        len: u32,
+    },
     /// Zeros.
-    Zero { len: u32 },
+    Zero {
+        /// Length in bytes.
+        len: u32,
+    },
     /// Read these bytes through the device queue (data that must be decoded in userspace, e.g.
     /// compressed REPLACE or XOR blocks of a snapshot). `offset` is the device offset.
-    Device { offset: u64, len: u32 },
+    Device {
+        /// Byte offset on the device.
+        offset: u64,
+        /// Length in bytes.
+        len: u32,
+    },
 }
 
 impl Segment {
+    /// Length of the segment in bytes.
     pub fn len(&self) -> u32 {
         match *self {
             Segment::File { len, .. } | Segment::Zero { len } | Segment::Device { len, .. } => len,
         }
     }
+    /// Whether the segment covers no bytes.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }

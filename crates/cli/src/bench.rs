@@ -66,7 +66,7 @@ struct WorkloadArgs {
     /// Extra libblkio property KEY=VALUE set before connect (repeatable; with --libblkio).
     #[arg(long = "prop", value_name = "KEY=VALUE", requires = "libblkio")]
     props: Vec<String>,
-    /// TOML job file ([global] + [[job]] tables; lists mean sweeps). Flags give the defaults.
+    /// TOML job file (`[global]` + `[[job]]` tables; lists mean sweeps). Flags give the defaults.
     #[arg(long = "job-file", alias = "jobfile", value_name = "FILE")]
     job_file: Option<PathBuf>,
     /// Access pattern(s): read, write, randread, randwrite, rw, randrw (comma list = sweep).

@@ -1,7 +1,7 @@
 //! Output to stdout and stderr that reports write errors instead of panicking (`println!`
 //! panics on a closed pipe) or swallowing them (`let _ = writeln!(...)`).
 //!
-//! * [`outln!`] / [`out!`] write to stdout, [`errln!`] / [`err!`] to stderr; each formats like
+//! * `outln!` / `out!` write to stdout, `errln!` / `err!` to stderr; each formats like
 //!   `println!`, writes and flushes at once, and returns `io::Result<()>`.
 //! * [`stdout()`] is a `Write` for code that streams (`serde_json::to_writer`, `BufWriter`).
 //! * [`errln_deferred`] is for callbacks that cannot return an error (progress lines): the first

@@ -122,9 +122,10 @@ fn pin_nonces(j: &mut [u8]) {
     }
 }
 
-/// The overlay journal: `data[0]` bit 0 asks for [`fix_journal`]; `data[1..]` is the journal
-/// (appended at the 4 KiB-aligned end of the COW data). Opens it writable, reads everything,
-/// writes a block, reopens (the write must read back), then merges.
+/// The overlay journal: `data[0]` bit 0 asks to fix up the records' magic, sequence, chain and
+/// CRCs (so the fuzzer gets past those checks to the bounds checks behind); `data[1..]` is the
+/// journal (appended at the 4 KiB-aligned end of the COW data). Opens it writable, reads
+/// everything, writes a block, reopens (the write must read back), then merges.
 pub fn fuzz_overlay(data: &[u8]) {
     let Some((&flags, journal)) = data.split_first() else {
         return;

@@ -1,11 +1,11 @@
 //! snapblk-snapshot: the snapshot device of snapblk — what Android's snapuserd does, as a library.
 //!
-//! * [`SnapshotDevice`] presents the *new* image computed from a base device and an Android COW
+//! * [`SnapshotDriver`] presents the *new* image computed from a base device and an Android COW
 //!   file, as a snapblk-core [`Driver`](snapblk_core::Driver) (so the C ABI, exports and bench can
 //!   open it). Each request becomes a plan of [`Segment`]s (base range, COW payload, zeros, XOR)
 //!   that is executed with as few copies as possible; compressed payloads go through a bounded
 //!   cache of decoded units. An optional writable overlay appends writes to the COW.
-//! * [`merge`] writes the new image into the base in place, in the COW's merge order, with the
+//! * [`merge()`] writes the new image into the base in place, in the COW's merge order, with the
 //!   scratch area and `num_merge_ops` counter exactly where Android keeps them, so an interruption
 //!   at any instant resumes correctly. Reads through the device stay correct during the merge.
 //! * [`sched`] is the I/O scheduler all base/COW I/O goes through (foreground / merge /
@@ -23,7 +23,7 @@ pub mod driver;
 pub mod error;
 #[cfg(feature = "test-utils")]
 pub mod fault;
-/// Fuzz entry points (cargo-fuzz targets and the mutation smoke test share them).
+// Fuzz entry points (cargo-fuzz targets and the mutation smoke test share them).
 #[cfg(feature = "test-utils")]
 pub mod fuzzing;
 pub mod queue;

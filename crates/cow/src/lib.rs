@@ -4,11 +4,11 @@
 //! (the base): COPY a base block, REPLACE with stored (optionally compressed) data, ZERO, or XOR
 //! stored data with base bytes. This crate reads every version Android has shipped
 //! ([`CowReader`]), writes v2 and v3 files Android accepts ([`CowWriter`]), and generates a
-//! COW from two images ([`generate`]). It does no I/O policy: callers pass anything that
+//! COW from two images ([`generate()`]). It does no I/O policy: callers pass anything that
 //! implements [`ReadAt`] (files, byte slices).
 //!
-//! Layout of the crate: [`format`] (on-disk structures), [`codec`] (payload compression),
-//! [`reader`], [`writer`], [`generate`], [`sparse`] (Android sparse images), [`tools`]
+//! Layout of the crate: [`format`](mod@format) (on-disk structures), [`codec`] (payload compression),
+//! [`reader`], [`writer`], [`generate`](mod@generate), [`sparse`] (Android sparse images), [`tools`]
 //! (apply/verify/inspect helpers used by the CLI).
 
 pub mod codec;

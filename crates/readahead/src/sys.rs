@@ -171,12 +171,15 @@ fn mincore_range(
     Ok(())
 }
 
-/// Calls `f(page_index, resident)` for every page of `[0, size)` (see [`mincore_range`]).
+/// Calls `f(page_index, resident)` for every page of `[0, size)`, from mincore: pages still
+/// being read count as absent; only meaningful where mincore can be trusted for the file (see
+/// `residency`).
 pub fn mincore_pages(fd: BorrowedFd<'_>, size: u64, f: impl FnMut(u64, bool)) -> io::Result<()> {
     mincore_range(fd, 0, size, f)
 }
 
-/// Number of pages of `[off, off+len)` that mincore reports resident (see [`mincore_range`]).
+/// Number of pages touching `[off, off+len)` that mincore reports resident (up to date; pages
+/// still being read are not counted).
 pub fn mincore_count(fd: BorrowedFd<'_>, off: u64, len: u64) -> io::Result<u64> {
     let mut n = 0;
     mincore_range(fd, off, len, |_, resident| n += u64::from(resident))?;

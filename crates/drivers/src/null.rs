@@ -27,6 +27,8 @@ pub struct NullDriver {
 }
 
 impl NullDriver {
+    /// A driver in the created state, [`DEFAULT_SIZE`] bytes until the `size` property is set;
+    /// hand it to [`snapblk_core::Blkio::new`].
     pub fn new() -> Self {
         NullDriver {
             size: DEFAULT_SIZE,

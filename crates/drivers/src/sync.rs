@@ -21,6 +21,8 @@ pub struct SyncDriver {
 }
 
 impl SyncDriver {
+    /// A driver in the created state; set `path` (or `fd`) before connect. Hand it to
+    /// [`snapblk_core::Blkio::new`].
     pub fn new() -> Self {
         SyncDriver {
             name: "sync",

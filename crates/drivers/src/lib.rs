@@ -7,6 +7,8 @@
 //! File-backed drivers share the `path`/`fd`/`direct` properties and libblkio's rules for
 //! deriving alignment and other device facts (see `file`).
 
+#![warn(missing_docs)]
+
 mod file;
 pub mod null;
 pub mod sync;

@@ -69,6 +69,8 @@ pub struct UringDriver {
 }
 
 impl UringDriver {
+    /// A driver in the created state (`num-entries` 128, `inline-qd1` on); set `path` (or `fd`)
+    /// before connect. Hand it to [`snapblk_core::Blkio::new`].
     pub fn new() -> Self {
         UringDriver {
             cfg: FileConfig::new(),

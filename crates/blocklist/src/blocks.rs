@@ -38,10 +38,12 @@ pub const BLOCK_HEADER: &str = "# snapblk-block-list v1";
 /// A normalised list of device byte ranges.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct BlockList {
+    /// The device byte ranges, normalised.
     pub ranges: RangeSet,
 }
 
 impl BlockList {
+    /// Writes the list in its text form: the header line, then one `OFFSET:LENGTH` per line.
     pub fn write<W: Write>(&self, mut w: W) -> std::io::Result<()> {
         writeln!(w, "{BLOCK_HEADER}")?;
         for r in self.ranges.ranges() {
@@ -68,6 +70,7 @@ pub const MAX_META: usize = 64;
 pub struct BlockFile {
     /// `(key, value)` pairs in file order. Keys are `[A-Za-z0-9_.-]+`; values are one line.
     pub meta: Vec<(String, String)>,
+    /// The ranges.
     pub list: BlockList,
 }
 
@@ -220,6 +223,7 @@ impl BlockRecorder {
         }
     }
 
+    /// The ranges gathered so far, compacted to the recorder's bound.
     pub fn finish(mut self) -> BlockList {
         self.compact();
         BlockList { ranges: self.set }
@@ -228,7 +232,9 @@ impl BlockRecorder {
 
 /// Something that can prefetch device byte ranges.
 pub trait BlockPrefetch {
+    /// Why a prefetch failed.
     type Error;
+    /// Starts reading `len` bytes at `offset` of the device into the cache.
     fn prefetch(&mut self, offset: u64, len: u64) -> Result<(), Self::Error>;
 }
 

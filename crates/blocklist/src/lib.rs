@@ -10,6 +10,7 @@
 //!
 //! This crate depends on no other snapblk crate, so a driver can read block lists without
 //! linking the readahead tool.
+#![warn(missing_docs)]
 
 pub mod blocks;
 pub mod parse;

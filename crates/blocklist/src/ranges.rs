@@ -5,7 +5,9 @@ use serde::{Deserialize, Serialize};
 /// A byte range `[offset, offset + len)`. `len > 0` and the end never overflows `u64`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub struct Range {
+    /// First byte of the range.
     pub offset: u64,
+    /// Length in bytes (never 0).
     pub len: u64,
 }
 
@@ -19,6 +21,7 @@ impl Range {
         Some(Range { offset, len })
     }
 
+    /// One past the last byte of the range.
     pub fn end(&self) -> u64 {
         self.offset + self.len
     }
@@ -79,6 +82,7 @@ pub struct RangeSet {
 }
 
 impl RangeSet {
+    /// An empty set.
     pub fn new() -> Self {
         Self::default()
     }
@@ -110,18 +114,22 @@ impl RangeSet {
         }
     }
 
+    /// The ranges, sorted, non-overlapping and non-adjacent.
     pub fn ranges(&self) -> &[Range] {
         &self.ranges
     }
 
+    /// The ranges, as [`ranges`](Self::ranges) orders them.
     pub fn into_vec(self) -> Vec<Range> {
         self.ranges
     }
 
+    /// Whether the set holds no byte.
     pub fn is_empty(&self) -> bool {
         self.ranges.is_empty()
     }
 
+    /// The number of bytes the set covers.
     pub fn total_bytes(&self) -> u64 {
         self.ranges.iter().map(|r| r.len).sum()
     }

@@ -31,6 +31,7 @@
 //! The suite writes: it destroys the data of the target. [`open_spec`] refuses a writable
 //! instance unless told otherwise; the `snapblk-conformance` binary is the command-line face of
 //! it. [`toy`] is an in-memory driver that requires memory regions, to test the suite itself.
+#![warn(missing_docs)]
 
 #[macro_use]
 mod suite;

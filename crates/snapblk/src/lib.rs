@@ -33,6 +33,7 @@
 //!
 //! Examples: `/dev/zram0`, `null:size=1G`, `io_uring:path=/dev/zram0,direct=true`,
 //! `sync:path=disk.img,read-only=true`, `snapshot:base=B,cow=C,writable=true`.
+#![warn(missing_docs)]
 
 use snapblk_core::props::{Access, PropType, PropValue};
 use snapblk_core::size::parse_size;
@@ -82,7 +83,9 @@ pub fn create(driver: &str) -> Result<Blkio> {
 /// A parsed device spec: driver name and `(property, value)` pairs in order.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Spec {
+    /// The driver name (`io_uring` for a bare path).
     pub driver: String,
+    /// `(property, value)` pairs in the order given; a bare path becomes `("path", PATH)`.
     pub props: Vec<(String, String)>,
 }
 

@@ -6,7 +6,9 @@ pub enum SnapError {
     /// An I/O error from the base or COW device (errno preserved for the C ABI).
     #[error("{what}")]
     Io {
+        /// What was being done, e.g. "reading base" (the whole display message).
         what: &'static str,
+        /// The device's error, carrying the errno the C ABI returns.
         #[source]
         source: snapblk_core::Error,
     },
@@ -31,8 +33,11 @@ pub enum SnapError {
     /// A request outside the device.
     #[error("request out of range: offset {offset} len {len} capacity {capacity}")]
     Range {
+        /// Byte offset of the request on the device.
         offset: u64,
+        /// Length of the request in bytes.
         len: u64,
+        /// Size of the snapshot device in bytes (the new image's size).
         capacity: u64,
     },
     /// The merge was stopped on request.
@@ -43,12 +48,20 @@ pub enum SnapError {
     MergeFailed,
     /// Payload decoding failed.
     #[error("payload at COW offset {offset}: {msg}")]
-    Decode { offset: u64, msg: String },
+    Decode {
+        /// Byte offset of the payload in the COW file.
+        offset: u64,
+        /// The decompressor's own message.
+        msg: String,
+    },
     /// A block of the new image does not match the COW record's digest.
     #[error(
         "block {block} of the new image does not match the COW record (corrupt COW or wrong base)"
     )]
-    Corrupt { block: u64 },
+    Corrupt {
+        /// The new-image block (in COW block-size units) whose data failed the digest check.
+        block: u64,
+    },
     /// The base is not the one the COW record says the COW was made for (or that its merge
     /// belongs to).
     #[error("{0}")]
@@ -56,7 +69,9 @@ pub enum SnapError {
     /// The COW record could not be used (damaged, stale, unreadable).
     #[error("COW record {}", path.display())]
     Record {
+        /// Path of the COW record file.
         path: std::path::PathBuf,
+        /// Why the record was rejected.
         #[source]
         source: snapblk_cow::record::RecordError,
     },
@@ -72,9 +87,13 @@ pub enum SnapError {
         "{base} is {size} bytes; the COW reads/writes up to block {block} (needs at least {needed} bytes)"
     )]
     BaseTooShort {
+        /// How the message names the base: "base PATH", or "the base" when no path is known.
         base: String,
+        /// The base's actual size in bytes.
         size: u64,
+        /// The highest block (COW block-size units) the COW reads from or writes to.
         block: u64,
+        /// The smallest base size in bytes that covers `block`.
         needed: u64,
     },
     /// The COW writes past the base end while every block it reads lies inside the base: the new
@@ -84,16 +103,24 @@ pub enum SnapError {
         "the new image is larger than {base} ({size} bytes): the COW writes up to block {block}, so the base must be grown to at least {needed} bytes first ({how})"
     )]
     BaseSmallerThanNewImage {
+        /// How the message names the base: "base PATH", or "the base" when no path is known.
         base: String,
+        /// The base's actual size in bytes.
         size: u64,
+        /// The highest block (COW block-size units) the COW writes.
         block: u64,
+        /// The base size in bytes the new image needs (covers `block`).
         needed: u64,
+        /// A hint for growing the base: a `truncate -s` command for a regular file, otherwise
+        /// generic advice.
         how: String,
     },
     /// A directory where the base (or the COW) file was expected.
     #[error("{what} {path} is a directory")]
     IsDirectory {
+        /// Which file it should have been: "base" or "COW".
         what: &'static str,
+        /// The path given for it.
         path: std::path::PathBuf,
     },
     /// The pre-merge check found a payload of an op still to merge that does not decode: the
@@ -102,9 +129,13 @@ pub enum SnapError {
         "merge refused (nothing written): op {op} (new block {block}): payload at COW offset {offset} does not decode"
     )]
     UndecodablePayload {
+        /// Index of the op in the COW's merge order (the map's op list).
         op: usize,
+        /// The op's first new-image block (COW block-size units).
         block: u64,
+        /// Byte offset of the payload in the COW file.
         offset: u64,
+        /// The decompressor's message.
         #[source]
         source: crate::precheck::DecodeFailure,
     },
@@ -113,8 +144,11 @@ pub enum SnapError {
     /// first write.
     #[error("merge refused (nothing written): op {op} (new block {block}): {reason}")]
     OpOutOfBounds {
+        /// Index of the op in the COW's merge order (the map's op list).
         op: usize,
+        /// The op's first new-image block (COW block-size units).
         block: u64,
+        /// Which bound it breaks, in words (e.g. "writes past the device end (N blocks)").
         reason: String,
     },
 }

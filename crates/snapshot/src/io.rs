@@ -12,15 +12,21 @@ use std::sync::{Arc, Mutex};
 /// Which backing device.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Dev {
+    /// The base device: the old image, which the merge overwrites in place.
     Base = 0,
+    /// The device holding the Android COW file (ops, payloads, scratch area, merge header).
     Cow = 1,
 }
 
 /// The base and COW devices behind the scheduler. Background I/O is split into pieces no larger
 /// than the scheduler's current budget.
 pub struct Io {
+    /// The base device (old image; merge target).
     pub base: Arc<dyn BlockDev>,
+    /// The COW device (ops, payloads, scratch area and merge state).
     pub cow: Arc<dyn BlockDev>,
+    /// The scheduler every base/COW request is admitted through (foreground, merge and
+    /// readahead classes).
     pub sched: Arc<Scheduler>,
     /// Duplicates of the devices' files when they are plain files: foreground reads `pread`
     /// them directly.
@@ -122,9 +128,13 @@ impl Io {
 /// Cache hit/miss counters.
 #[derive(Debug, Clone, Copy, Default, serde::Serialize)]
 pub struct CacheStats {
+    /// Lookups that found the decoded unit in the cache, since the cache was created.
     pub hits: u64,
+    /// Lookups that did not, so the payload had to be read and decoded.
     pub misses: u64,
+    /// Decoded bytes held in the cache now.
     pub bytes: u64,
+    /// The cache's byte limit (0: the cache is disabled).
     pub capacity: u64,
 }
 

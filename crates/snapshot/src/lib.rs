@@ -16,6 +16,8 @@
 //! * [`record`] records the block ranges the device serves after start and replays such a list
 //!   as in-device readahead (driver properties `record`, `record-secs`, `readahead`).
 
+#![warn(missing_docs)]
+
 pub mod cowrecord;
 pub mod cowsrc;
 pub mod dev;

@@ -41,11 +41,26 @@ pub struct Payload {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum OpKind {
     /// Base block `src`.
-    Copy { src: u64 },
+    Copy {
+        /// The base block (block-size units) copied to the op's new block (COPY op's source).
+        src: u64,
+    },
     /// `block_size` base bytes at byte offset `src_byte`, XOR-ed with the decoded payload.
-    Xor { src_byte: u64, payload: Payload },
+    Xor {
+        /// Byte offset in the base of the source data; need not be block-aligned, so it may
+        /// span two base blocks.
+        src_byte: u64,
+        /// The stored XOR delta (one block once decoded).
+        payload: Payload,
+    },
     /// The decoded payload; covers `blocks` blocks (v3 multi-block units).
-    Replace { payload: Payload, blocks: u32 },
+    Replace {
+        /// The stored new data.
+        payload: Payload,
+        /// New blocks the decoded unit covers, starting at the op's `new_block` (1 for v2 COWs;
+        /// 0 is read as 1).
+        blocks: u32,
+    },
     /// Zeros.
     Zero,
 }
@@ -57,6 +72,7 @@ pub struct MapOp {
     pub new_block: u64,
     /// Position in COW file order (duplicates: lowest wins).
     pub file_rank: u32,
+    /// How the new data is produced (COPY, XOR, REPLACE or ZERO, as in the COW op's type).
     pub kind: OpKind,
 }
 
@@ -90,26 +106,54 @@ impl MapOp {
 pub enum Segment {
     /// Read `len` bytes of the base at `base_offset` (unchanged blocks, COPY sources, merged
     /// blocks). An export with zero copy can have the kernel do this read into the request pages.
-    Base { base_offset: u64, len: u64 },
+    Base {
+        /// Byte offset in the base device.
+        base_offset: u64,
+        /// Bytes to read.
+        len: u64,
+    },
     /// Zero fill.
-    Zero { len: u64 },
+    Zero {
+        /// Bytes of zeros.
+        len: u64,
+    },
     /// Raw bytes stored in the COW (uncompressed payloads, overlay writes).
-    Cow { cow_offset: u64, len: u64 },
+    Cow {
+        /// Byte offset in the COW device.
+        cow_offset: u64,
+        /// Bytes to read.
+        len: u64,
+    },
     /// `len` bytes from `skip` of a compressed unit (decode, cached).
     Decoded {
+        /// The compressed payload; its decoded unit is looked up in the unit cache by offset.
         payload: Payload,
+        /// Bytes of the decoded unit to skip before the first byte served.
         skip: u32,
+        /// Bytes served.
         len: u32,
     },
     /// `len` bytes from `skip` of (the block-size base run at `base_offset`) XOR (payload).
     Xor {
+        /// Byte offset in the base of the block-size run the payload is XOR-ed with (the XOR
+        /// op's `src_byte`).
         base_offset: u64,
+        /// The XOR delta.
         payload: Payload,
+        /// Bytes of the XOR-ed block to skip before the first byte served.
         skip: u32,
+        /// Bytes served.
         len: u32,
     },
     /// `len` bytes from `skip` of block `slot` of the merge window being written (held in memory).
-    Staged { slot: u32, skip: u32, len: u32 },
+    Staged {
+        /// Block index in the window's data: op `start + slot` of the merge order.
+        slot: u32,
+        /// Bytes of that block to skip before the first byte served.
+        skip: u32,
+        /// Bytes served.
+        len: u32,
+    },
 }
 
 impl Segment {
@@ -176,8 +220,12 @@ pub struct MergeView {
 /// A merge window's results (one block per op, op `start + i` in slot `i`).
 #[derive(Debug, Default, Clone)]
 pub struct StagedWindow {
+    /// Merge index of the window's first op.
     pub start: usize,
+    /// Merge index one past the window's last op.
     pub end: usize,
+    /// The new blocks the window's ops produce, `end - start` blocks of the block size,
+    /// computed before any of them is written to the base.
     pub data: std::sync::Arc<Vec<u8>>,
 }
 

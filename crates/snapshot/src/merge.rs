@@ -48,17 +48,32 @@ const BATCH_BYTES: u64 = 1 << 20;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum MergeStep {
     /// Ops `[start, end)` are staged (in scratch when the file has one) and published to readers.
-    Staged { start: usize, end: usize },
+    Staged {
+        /// Merge index of the window's first op.
+        start: usize,
+        /// Merge index one past its last op.
+        end: usize,
+    },
     /// Destinations of `[start, end)` are written and flushed, not yet committed.
-    Written { start: usize, end: usize },
+    Written {
+        /// Merge index of the first op written.
+        start: usize,
+        /// Merge index one past the last op written.
+        end: usize,
+    },
     /// `num_merge_ops` is now `merged`.
-    Committed { merged: usize },
+    Committed {
+        /// The new `num_merge_ops` value in the COW header: ops `[0, merged)` are in the base.
+        merged: usize,
+    },
 }
 
 /// Progress report.
 #[derive(Debug, Clone, Copy, Serialize)]
 pub struct MergeProgress {
+    /// Ops committed so far (the COW header's `num_merge_ops`).
     pub merged: usize,
+    /// Ops in the merge order.
     pub total: usize,
 }
 
@@ -79,15 +94,21 @@ pub struct MergeOptions<'a> {
 /// What a merge run did.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct MergeReport {
+    /// Ops in the merge order.
     pub total_ops: usize,
     /// `num_merge_ops` found at start.
     pub resumed_at: usize,
     /// Whether a window staged in scratch by an interrupted run was redone from scratch.
     pub resumed_from_scratch: bool,
+    /// Windows of ordered (COPY/XOR) ops this run merged.
     pub ordered_windows: usize,
+    /// Batches of REPLACE/ZERO ops this run committed (up to 256 ops or 1 MiB each).
     pub replace_batches: usize,
+    /// New-image blocks this run wrote to the base for COW ops (overlay blocks not included).
     pub blocks_written: u64,
+    /// Blocks written through the writable overlay that this run folded into the base.
     pub overlay_blocks: u64,
+    /// Whether the COW file has a scratch area for staging ordered windows.
     pub scratch: bool,
     /// Ordered windows staged through the scratch area.
     pub scratch_windows: usize,

@@ -22,6 +22,7 @@ pub enum MergeState {
     /// No merge was asked for.
     #[default]
     Off,
+    /// The merge thread is working through the merge order.
     Running,
     /// Every op is in the base (the COW records it: a later open finds nothing to do).
     Done,
@@ -34,12 +35,16 @@ pub enum MergeState {
 /// Background merge counters.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct MergeStats {
+    /// Where the merge is now.
     pub state: MergeState,
-    /// Ops merged (durably) and ops in the merge order.
+    /// Ops merged durably so far, counted from the start of the merge order (as the COW's
+    /// `num_merge_ops` records them).
     pub merged: u64,
+    /// Ops in the COW's merge order: `merged` reaches this when the merge is done.
     pub total: u64,
     /// Ops already merged when this run started.
     pub resumed_at: u64,
+    /// The error that ended the merge, when `state` is [`MergeState::Failed`].
     pub error: Option<String>,
     /// The engine's report, once it finished.
     pub report: Option<MergeReport>,

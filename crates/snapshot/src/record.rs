@@ -63,25 +63,38 @@ pub enum RecordError {
     /// The readahead list could not be read.
     #[error("readahead list {path}")]
     Read {
+        /// The `readahead` list's path.
         path: PathBuf,
+        /// The OS error (its errno is what the C ABI returns).
         #[source]
         source: std::io::Error,
     },
     /// The readahead list is malformed.
     #[error("readahead list {path}")]
     Parse {
+        /// The `readahead` list's path.
         path: PathBuf,
+        /// What is wrong with it, with its line.
         #[source]
         source: ParseError,
     },
     /// The record list cannot be created where asked.
     #[error("record list {path}: {msg}")]
-    Target { path: PathBuf, msg: String },
+    Target {
+        /// The `record` path asked for.
+        path: PathBuf,
+        /// Why it cannot be created (not a file name, its directory is not a directory, it is a
+        /// directory).
+        msg: String,
+    },
     /// The directory of the record list cannot be looked at.
     #[error("record list {path}: {dir}")]
     TargetDir {
+        /// The `record` path asked for.
         path: PathBuf,
+        /// The directory it would be created in.
         dir: PathBuf,
+        /// Why that directory could not be looked at.
         #[source]
         source: std::io::Error,
     },
@@ -106,7 +119,9 @@ impl From<RecordError> for snapblk_core::Error {
 /// What a recorded list is bound to: the device it was recorded on.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Binding {
+    /// Device size in bytes.
     pub capacity: u64,
+    /// The COW's block size in bytes.
     pub block_size: u64,
     /// 16 hex digits: FNV-1a 64 of the COW's operations.
     pub cow_id: String,
@@ -214,8 +229,9 @@ pub struct RecordStats {
     pub recording: bool,
     /// Reads noted.
     pub reads: u64,
-    /// Ranges and bytes in the written list (after merging overlapping and adjacent reads).
+    /// Ranges in the written list (after merging overlapping and adjacent reads).
     pub ranges: u64,
+    /// Bytes those ranges cover.
     pub bytes: u64,
     /// The list has been written.
     pub written: bool,
@@ -230,7 +246,10 @@ pub enum ReplayState {
     /// No `readahead` list was given.
     #[default]
     Off,
+    /// The replay thread is reading the listed ranges.
     Running,
+    /// Every listed range was read (read errors are counted in [`ReadaheadStats::errors`], they
+    /// do not stop the replay).
     Done,
     /// The device was closed before the replay finished.
     Stopped,
@@ -241,21 +260,30 @@ pub enum ReplayState {
 /// Replay counters.
 #[derive(Debug, Clone, Default, Serialize, PartialEq, Eq)]
 pub struct ReadaheadStats {
+    /// The `readahead` list being replayed ("" when none).
     pub path: String,
+    /// Where the replay is.
     pub state: ReplayState,
+    /// Why the list was refused: how its binding (capacity, block size, COW id) differs from
+    /// this device's.
     pub refused: Option<String>,
-    /// Ranges and bytes in the list.
+    /// Ranges in the list.
     pub listed_ranges: u64,
+    /// Bytes the listed ranges cover.
     pub listed_bytes: u64,
-    /// Listed ranges (partly) past the end of the device, and the bytes dropped from them.
+    /// Listed ranges (partly) past the end of the device.
     pub clipped_ranges: u64,
+    /// Bytes dropped from those ranges.
     pub clipped_bytes: u64,
-    /// Ranges finished and bytes read (errors included).
+    /// Ranges finished (errors included).
     pub ranges: u64,
+    /// Bytes read so far (errors included).
     pub bytes: u64,
-    /// Read requests issued, and how many failed.
+    /// Read requests issued (a range is read in several chunks).
     pub chunks: u64,
+    /// Read requests that failed.
     pub errors: u64,
+    /// The first failed read's error; later ones are only counted.
     pub first_error: Option<String>,
     /// Time from connect to the end of the replay (or so far).
     pub elapsed_us: u64,

@@ -70,10 +70,13 @@ impl Default for SchedConfig {
 /// Per-class counters.
 #[derive(Debug, Clone, Copy, Default, Serialize)]
 pub struct ClassStats {
+    /// Requests admitted in this class.
     pub requests: u64,
+    /// Bytes those requests moved.
     pub bytes: u64,
     /// Total time spent waiting for admission.
     pub wait_ns: u64,
+    /// The longest single wait for admission, in nanoseconds.
     pub max_wait_ns: u64,
     /// Requests that could not be admitted at once (a background read's wait for room before
     /// it takes the merge view counts too).
@@ -83,8 +86,11 @@ pub struct ClassStats {
 /// Scheduler counters, as reported by `--stats` / JSON.
 #[derive(Debug, Clone, Copy, Default, Serialize)]
 pub struct SchedStats {
+    /// Reads and writes served for the device's users.
     pub foreground: ClassStats,
+    /// Base/COW I/O done by the merge.
     pub merge: ClassStats,
+    /// Prefetch I/O from a recorded readahead list.
     pub readahead: ClassStats,
     /// Times the background budget was cut because foreground became active.
     pub budget_shrinks: u64,

@@ -25,6 +25,7 @@ pub trait Decoder: Send + Sync {
 /// Where merge state lives in the COW file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CowLayout {
+    /// `block_size` from the COW header: bytes per block of the new image (a power of two).
     pub block_size: u32,
     /// `header_size` from the header (38 for v2, 78 for v3).
     pub header_size: u32,
@@ -70,8 +71,13 @@ impl CowLayout {
 
 /// Scratch state byte values (format §10.2).
 pub mod scratch_state {
+    /// No merge has begun (`num_merge_ops` is 0); written when merge progress is reset.
     pub const NOT_STARTED: u8 = 0;
+    /// The merge is under way and no window is staged: the last commit sets it, and a restart
+    /// redoes the window after `num_merge_ops` by reading its sources from the base.
     pub const IN_PROGRESS: u8 = 1;
+    /// A window is fully staged in scratch (entries and data flushed): a restart redoes it from
+    /// the scratch copy, not from the base.
     pub const DONE: u8 = 2;
 }
 
@@ -82,6 +88,7 @@ pub struct SnapshotConfig {
     pub cache_bytes: u64,
     /// Accept writes (into the overlay journal).
     pub writable: bool,
+    /// The I/O scheduler's settings (budgets, idle time, or off).
     pub sched: SchedConfig,
 }
 
@@ -97,17 +104,25 @@ impl Default for SnapshotConfig {
 
 /// Everything a [`Snapshot`] is made of.
 pub struct SnapshotParts {
+    /// The base device: the old image the COW applies to, and the merge's target.
     pub base: Arc<dyn BlockDev>,
+    /// The device holding the COW file.
     pub cow: Arc<dyn BlockDev>,
+    /// The COW's ops in merge order, indexed by new block.
     pub map: SnapshotMap,
+    /// Where the header, scratch area and data end lie in the COW file.
     pub layout: CowLayout,
+    /// Decompresses payloads (supplied by the caller, so this crate needs no codecs).
     pub decoder: Arc<dyn Decoder>,
+    /// Cache size, writability and scheduler settings.
     pub config: SnapshotConfig,
 }
 
 /// Merge progress as persisted in the COW.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Persisted {
+    /// `num_merge_ops` from the COW header: ops `[0, num_merge_ops)` of the merge order are in
+    /// the base.
     pub num_merge_ops: u64,
     /// The scratch state byte (`None` without scratch).
     pub state: Option<u8>,

@@ -20,16 +20,21 @@ pub const HEADER_SIZE: u32 = 78;
 /// Knobs.
 #[derive(Debug, Clone, Copy)]
 pub struct SynthSpec {
+    /// Size of the base and of the new image, in blocks.
     pub blocks: u64,
+    /// Bytes per block (a power of two).
     pub block_size: u32,
     /// Scratch bytes (0 = none; Android uses 2 MiB).
     pub scratch_size: u32,
     /// Long chains (shift up / shift down by one block), each of this many ops.
     pub chain_len: u64,
+    /// How many such chains.
     pub chains: u64,
     /// Extra random COPY/XOR ops (ordered by a topological sort, cycles broken into REPLACE).
     pub random_ordered: u64,
+    /// REPLACE ops with a raw payload of random data.
     pub replaces: u64,
+    /// ZERO ops.
     pub zeros: u64,
     /// Allow XOR sources at unaligned byte offsets (reads two blocks, may include its own
     /// destination: needs scratch for a crash-safe merge).
@@ -54,10 +59,15 @@ impl Default for SynthSpec {
 
 /// A generated case.
 pub struct SynthCase {
+    /// The base image (`blocks * block_size` bytes of random data).
     pub base: Vec<u8>,
+    /// The COW file image: header with `num_merge_ops`, scratch area, then raw payloads.
     pub cow: Vec<u8>,
+    /// The new image the ops produce from `base`: what reads and a merge must yield.
     pub target: Vec<u8>,
+    /// The ops in merge order (not encoded in `cow`; see the module docs).
     pub ops: Vec<MapOp>,
+    /// Block size, header size, scratch size and data end of `cow`.
     pub layout: CowLayout,
 }
 

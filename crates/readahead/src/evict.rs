@@ -10,18 +10,28 @@ use std::sync::Mutex;
 /// What stayed resident after eviction (mapped, locked or re-read pages), per file.
 #[derive(Debug, Clone)]
 pub struct Remaining {
+    /// The file that kept pages in the cache.
     pub path: PathBuf,
+    /// Pages (of the system page size) the file spans (its size rounded up); how many of them
+    /// stayed is in `residency`.
     pub pages: u64,
+    /// The residency re-measured after the last eviction attempt (cachestat(2) or mincore(2)):
+    /// pages that stayed (mapped, mlocked), or why it cannot be known.
     pub residency: Residency,
 }
 
 /// Result of an eviction run.
 #[derive(Debug, Clone, Default)]
 pub struct EvictReport {
+    /// Files opened for eviction (fdatasync, then posix_fadvise(2) `POSIX_FADV_DONTNEED`), hard
+    /// links counted once.
     pub files: u64,
+    /// Pages (of the system page size) those files span, i.e. what was asked to be dropped, not
+    /// what actually left the cache (see `remaining`).
     pub pages: u64,
     /// Files that still have resident pages (or unknown residency) after eviction.
     pub remaining: Vec<Remaining>,
+    /// Paths that could not be walked, opened, synced or advised, with the error text.
     pub errors: Vec<WalkError>,
 }
 

@@ -12,8 +12,11 @@ use std::time::{Duration, Instant};
 
 /// The three files, rewritten every 5 ms by a thread until dropped.
 pub struct FakePressure {
+    /// The fake PSI file in /proc/pressure/io format; point `ReplayOptions::psi_path` at it.
     pub psi: PathBuf,
+    /// The fake /proc/diskstats; point `ReplayOptions::diskstats_path` at it.
     pub diskstats: PathBuf,
+    /// The fake /proc/self/io (`read_bytes` etc.); point `ReplayOptions::self_io_path` at it.
     pub self_io: PathBuf,
     /// A private directory on tmpfs holding the files, removed on drop (None: they are in the
     /// caller's directory).

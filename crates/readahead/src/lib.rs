@@ -15,6 +15,8 @@
 //! * `fake` (with the `test-utils` feature) stands in for the kernel files the pressure back-off
 //!   reads, for tests.
 
+#![warn(missing_docs)]
+
 pub mod blocks;
 pub mod evict;
 #[cfg(any(test, feature = "test-utils"))]

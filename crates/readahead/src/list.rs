@@ -36,15 +36,23 @@ pub const TEXT_HEADER: &str = "# snapblk-readahead-list v1";
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct FileIdentity {
+    /// Major number of the device holding the file (`st_dev`), as stat(2) reports it.
     pub dev_major: u32,
+    /// Minor number of the device holding the file (`st_dev`).
     pub dev_minor: u32,
+    /// Inode number (`st_ino`); together with the device it names the file regardless of path.
     pub ino: u64,
+    /// File size in bytes (`st_size`) when recorded.
     pub size: u64,
+    /// Modification time (`st_mtime`), whole seconds since the Unix epoch.
     pub mtime_sec: i64,
+    /// Nanosecond part of the modification time, 0..1_000_000_000.
     pub mtime_nsec: u32,
 }
 
 impl FileIdentity {
+    /// The identity of a file from its metadata (stat(2) or `File::metadata`), to store in a list
+    /// entry and compare at replay.
     pub fn of(meta: &std::fs::Metadata) -> FileIdentity {
         let dev = meta.dev();
         FileIdentity {
@@ -125,7 +133,9 @@ impl FileIdentity {
 /// Which part of a file an entry covers.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Extent {
+    /// The whole file, whatever its size at replay (`*` in JSON Lines).
     Whole,
+    /// Only these byte ranges; at replay they are clipped to the file's current size.
     Ranges(RangeSet),
 }
 
@@ -145,8 +155,12 @@ impl Extent {
 /// One file of a readahead list.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ListEntry {
+    /// The file's path, absolute in recorded lists; escaped in text form by [`escape_path`].
     pub path: PathBuf,
+    /// The file's identity when recorded; `None` (classic lists, hand-written entries) disables the
+    /// staleness check.
     pub identity: Option<FileIdentity>,
+    /// Which bytes of the file to bring into the cache.
     pub extent: Extent,
 }
 

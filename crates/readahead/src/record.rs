@@ -21,10 +21,14 @@ use std::time::{Duration, Instant};
 /// One file of a [`Snapshot`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FileState {
+    /// The file's device, inode, size and mtime at the snapshot, to notice files changed between
+    /// two snapshots.
     pub identity: FileIdentity,
+    /// Byte ranges of the file resident in the page cache, at page granularity.
     pub resident: RangeSet,
     /// Pages dirty or under writeback (cachestat; 0 where only mincore could measure).
     pub dirty_pages: u64,
+    /// Pages under writeback (cachestat; 0 where only mincore could measure).
     pub writeback_pages: u64,
     /// Pages cached and then reclaimed (shadow entries; empty where only mincore could
     /// measure, or where finding them failed).
@@ -34,6 +38,7 @@ pub struct FileState {
 /// Resident ranges of every file under some trees at one moment.
 #[derive(Debug, Default)]
 pub struct Snapshot {
+    /// Every regular file measured under the roots, by absolute path.
     pub files: HashMap<PathBuf, FileState>,
     /// Files whose residency could not be known, with the reason.
     pub unknown: Vec<(PathBuf, String)>,
@@ -85,6 +90,7 @@ pub fn snapshot(roots: &[PathBuf], opts: &WalkOptions) -> Snapshot {
 /// A file left out of a recording because it was written during it.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 pub struct WrittenFile {
+    /// The file left out, as an absolute path.
     pub path: PathBuf,
     /// "created", "changed: size, mtime", "dirty: 3 pages", ... (joined with "; ").
     pub reason: String,
@@ -202,20 +208,29 @@ pub enum Trigger<'a> {
 /// Outcome of a recording.
 #[derive(Debug)]
 pub struct Recording {
+    /// The readahead list: files (and their byte ranges) that became resident during the window, or
+    /// that the trace saw inserted; sorted by path.
     pub entries: Vec<ListEntry>,
     /// Files written during the window (created, changed, or dirty at the end), left out of
     /// `entries`; sorted by path.
     pub written: Vec<WrittenFile>,
     /// Exit status of the command, if one was run.
     pub status: Option<std::process::ExitStatus>,
+    /// Files under the roots whose residency could not be known in the final snapshot, with the
+    /// reason; sorted by path.
     pub unknown: Vec<(PathBuf, String)>,
+    /// Files measured in the final snapshot.
     pub files_scanned: usize,
+    /// With eviction before the window: pages (of the system page size) that stayed resident
+    /// despite it (mapped, mlocked), which the recording therefore cannot see being read; 0 without
+    /// eviction.
     pub evicted_remaining_pages: u64,
     /// Bytes of `entries` that were read and then reclaimed during the window (found as
     /// shadow entries, see [`diff`]).
     pub reclaimed_bytes: u64,
     /// The page-cache trace, when asked for (see [`crate::trace`]).
     pub trace: Option<TraceSummary>,
+    /// Wall-clock length of the window: the command's run or the wait, not the snapshots.
     pub elapsed: Duration,
 }
 
@@ -239,7 +254,9 @@ pub enum RecordError {
     /// The recorded command could not be started (the cause is the `source`).
     #[error("cannot run the command {program:?}")]
     Spawn {
+        /// The program that could not be started, as given.
         program: String,
+        /// The error from spawning it (e.g. `NotFound`, `PermissionDenied`).
         #[source]
         source: std::io::Error,
     },
@@ -247,11 +264,14 @@ pub enum RecordError {
     /// nothing.
     #[error("scope {}", crate::list::escape_path(.path))]
     Scope {
+        /// The scope root as given.
         path: PathBuf,
+        /// Why it could not be resolved (canonicalize or stat failure).
         #[source]
         source: std::io::Error,
     },
     #[error("--trace")]
+    /// The page-cache trace (`--trace`) could not be set up or read.
     Trace(#[from] crate::trace::TraceError),
 }
 

@@ -61,6 +61,8 @@ pub enum Method {
 /// Replay options; `Default` gives the recommended background-friendly settings.
 #[derive(Debug, Clone)]
 pub struct ReplayOptions {
+    /// How chunks are brought into the cache (readahead(2), posix_fadvise(2), pread(2) or
+    /// io_uring).
     pub method: Method,
     /// Bytes per request; must stay below the kernel's readahead clip (8 MiB here).
     pub chunk: u64,
@@ -72,8 +74,13 @@ pub struct ReplayOptions {
     /// readahead/fadvise: at most this many chunks per thread may be outstanding (not yet up to
     /// date); `None` leaves it to the kernel (fastest, but floods the device queue).
     pub max_inflight: Option<usize>,
+    /// Skip ranges already resident (measured before issuing) instead of requesting them again;
+    /// default on.
     pub skip_resident: bool,
+    /// I/O priority the submitter threads set with ioprio_set(2); default idle, `None` leaves the
+    /// caller's.
     pub ioprio: Option<IoPrio>,
+    /// nice(2) value the submitter threads set (-20..19); default 10, `None` leaves the caller's.
     pub nice: Option<i32>,
     /// Pause while the "some" I/O stall fraction exceeds this (0..1); `None` disables.
     pub psi_threshold: Option<f64>,
@@ -84,6 +91,7 @@ pub struct ReplayOptions {
     /// replay's (default /proc/diskstats and /proc/self/io; tests use fakes). See
     /// [`crate::ownstall::others`].
     pub diskstats_path: PathBuf,
+    /// The /proc/self/io read counters used with `diskstats_path` (tests use a fake).
     pub self_io_path: PathBuf,
     /// Longest wait for in-flight reads to drain before verifying.
     pub settle_timeout: Duration,
@@ -121,8 +129,11 @@ impl Default for ReplayOptions {
 /// An entry that was not replayed (or replayed with `allow_stale`) because the file changed.
 #[derive(Debug, Clone, Serialize)]
 pub struct StaleEntry {
+    /// The entry's file, escaped like list paths in JSON.
     #[serde(serialize_with = "ser_path")]
     pub path: PathBuf,
+    /// Why it was left out or flagged: what changed since recording, "missing: file not found",
+    /// or the error text.
     pub reason: String,
 }
 
@@ -133,10 +144,15 @@ fn ser_path<S: serde::Serializer>(p: &Path, s: S) -> Result<S::Ok, S::Error> {
 /// The verified outcome of a replay.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct ReplayReport {
+    /// The method used, by name ("readahead", "fadvise", "pread", "uring").
     pub method: String,
+    /// Bytes per request, as in [`ReplayOptions::chunk`].
     pub chunk: u64,
+    /// Requests issued at once, as in [`ReplayOptions::queue_depth`].
     pub queue_depth: usize,
+    /// Entries in the list, including duplicates, stale and missing ones.
     pub entries: u64,
+    /// Files whose requested ranges were handled: issued, or found resident already.
     pub files_replayed: u64,
     /// Entries whose file identity changed since recording (replayed only with `allow_stale`).
     pub entries_stale: u64,
@@ -150,6 +166,7 @@ pub struct ReplayReport {
     pub entries_not_replayed: u64,
     /// Stale and missing entries (`reason` says which).
     pub stale: Vec<StaleEntry>,
+    /// Entries that failed for another reason, with the error text (see `entries_failed`).
     pub errors: Vec<StaleEntry>,
     /// Bytes the list asks for (ranges clipped to the files' sizes).
     pub bytes_requested: u64,
@@ -157,6 +174,7 @@ pub struct ReplayReport {
     pub bytes_resident_before: u64,
     /// Bytes for which a request was issued (all passes).
     pub bytes_issued: u64,
+    /// Requests (chunks of at most `chunk` bytes) issued over all passes.
     pub requests_issued: u64,
     /// Of the requested bytes, resident at the end (re-measured).
     pub bytes_resident_after: u64,
@@ -169,13 +187,20 @@ pub struct ReplayReport {
     /// Why this replay may not have done what was asked (empty list, entries not replayed,
     /// nothing verifiable); empty when it did.
     pub warnings: Vec<String>,
+    /// Passes over the files: 1, plus one per re-issue of pages found absent at verification.
     pub passes: u32,
+    /// Times the replay paused because I/O pressure from others (PSI "some" of `psi_path`, less the
+    /// replay's own share, see [`crate::ownstall`]) exceeded `psi_threshold`.
     pub psi_pauses: u64,
+    /// Seconds spent paused for I/O pressure.
     pub psi_paused_secs: f64,
+    /// Seconds from start to the end of issuing the first pass.
     pub issue_secs: f64,
     /// From the end of issuing (pass 1) to the end of verification, including waiting for the
     /// last reads to arrive and any re-issue passes.
     pub settle_secs: f64,
+    /// Every page present was up to date within `settle_timeout`, in every pass; `false` means
+    /// verification may have run before the last reads arrived.
     pub settled: bool,
     /// Files verified by their submitter on the still-open fd while later files were issued.
     pub verified_inline: u64,
@@ -184,6 +209,7 @@ pub struct ReplayReport {
     /// Files whose absent pages were re-issued right after their check (counted per re-issue),
     /// rather than in a later pass.
     pub reissued_inline: u64,
+    /// Seconds from start to the end of verification: the replay's whole wall-clock time.
     pub total_secs: f64,
     /// With `diskstats`: per device holding a replayed file, /proc/diskstats before and after
     /// the replay and the difference.
@@ -191,7 +217,10 @@ pub struct ReplayReport {
     /// With `diskstats`: the differences alone (as in `diskstats[].delta`, except that
     /// `in_flight` here is the value after the replay); kept for readers of earlier reports.
     pub diskstats_delta: Option<Vec<DiskStat>>,
+    /// Submitter threads actually used.
     pub threads: usize,
+    /// Informational messages about how the replay ran (pressure monitor not started, priority not
+    /// set, ...).
     pub notes: Vec<String>,
 }
 

@@ -18,7 +18,12 @@ use std::path::Path;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Source {
+    /// Measured with cachestat(2) (Linux 6.5+), which also counts dirty, writeback and evicted
+    /// pages.
     Cachestat,
+    /// Measured with mincore(2) on a mapping of the file: used only where its answer can be
+    /// trusted, since for a file the caller neither owns nor may write it reports every page
+    /// resident.
     Mincore,
 }
 
@@ -26,21 +31,33 @@ pub enum Source {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(tag = "state", rename_all = "lowercase")]
 pub enum Residency {
+    /// The residency was measured.
     Known {
+        /// Which system call measured it.
         source: Source,
+        /// Pages (of the system page size) of the range in the page cache.
         resident_pages: u64,
         /// cachestat extras (0 when measured with mincore).
         dirty_pages: u64,
+        /// Pages under writeback (cachestat; 0 with mincore).
         writeback_pages: u64,
+        /// Pages evicted from the range whose shadow entries remain (cachestat `nr_evicted`; 0 with
+        /// mincore).
         evicted_pages: u64,
+        /// Of the evicted pages, those evicted recently enough that reading them again counts as a
+        /// refault (cachestat `nr_recently_evicted`; 0 with mincore).
         recently_evicted_pages: u64,
     },
+    /// The residency could not be measured honestly: cachestat refused or failed, and mincore
+    /// was unavailable or untrustworthy.
     Unknown {
+        /// Why, for the user: cachestat's EPERM, mincore untrusted, or the failing call's error.
         reason: String,
     },
 }
 
 impl Residency {
+    /// The resident page count when known, `None` when the residency is unknown.
     pub fn resident_pages(&self) -> Option<u64> {
         match self {
             Residency::Known { resident_pages, .. } => Some(*resident_pages),

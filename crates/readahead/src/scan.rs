@@ -15,10 +15,14 @@ fn ser_path<S: Serializer>(p: &Path, s: S) -> Result<S::Ok, S::Error> {
 /// Residency of one file.
 #[derive(Debug, Clone, Serialize)]
 pub struct FileReport {
+    /// The file as given or found by the walk, escaped in JSON.
     #[serde(serialize_with = "ser_path")]
     pub path: PathBuf,
+    /// File size in bytes.
     pub size: u64,
+    /// Pages the file spans at the system page size (size rounded up).
     pub pages: u64,
+    /// How many of those pages are in the page cache, or why that is unknown.
     pub residency: Residency,
     /// Per-bucket residency in percent (for terminal bars), empty unless requested.
     #[serde(skip_serializing_if = "Vec::is_empty")]
@@ -28,18 +32,27 @@ pub struct FileReport {
 /// Totals over a report.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct Totals {
+    /// Files reported.
     pub files: u64,
+    /// Sum of their sizes in bytes.
     pub bytes: u64,
+    /// Sum of the pages they span (system page size).
     pub pages: u64,
     /// Resident pages among files whose residency is known.
     pub resident_pages: u64,
     /// Pages of files whose residency is known.
     pub known_pages: u64,
+    /// Files whose residency is unknown.
     pub unknown_files: u64,
+    /// Pages of those files.
     pub unknown_pages: u64,
+    /// Dirty pages among known files (cachestat only).
     pub dirty_pages: u64,
+    /// Pages under writeback among known files (cachestat only).
     pub writeback_pages: u64,
+    /// Recently evicted pages among known files (cachestat `nr_recently_evicted`).
     pub recently_evicted_pages: u64,
+    /// Paths that could not be walked or opened.
     pub errors: u64,
     /// `resident_pages / known_pages`; `None` (JSON null) when no page could be measured.
     pub resident_fraction: Option<f64>,
@@ -48,12 +61,16 @@ pub struct Totals {
 /// A residency report.
 #[derive(Debug, Clone, Default)]
 pub struct Report {
+    /// The system page size in bytes that page counts refer to (sysconf `_SC_PAGESIZE`).
     pub page_size: u64,
+    /// One report per file, sorted by path.
     pub files: Vec<FileReport>,
+    /// Paths that could not be walked or opened, with the reason.
     pub errors: Vec<WalkError>,
 }
 
 impl Report {
+    /// Sums the per-file figures into [`Totals`], computing the resident fraction over known pages.
     pub fn totals(&self) -> Totals {
         let mut t = Totals {
             errors: self.errors.len() as u64,

@@ -10,10 +10,16 @@ const SYS_CACHESTAT: libc::c_long = 451;
 /// Page counts returned by cachestat(2) for a byte range of a file.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct CacheStat {
+    /// Pages of the range in the page cache (`nr_cache`).
     pub cache: u64,
+    /// Cached pages that are dirty (`nr_dirty`).
     pub dirty: u64,
+    /// Cached pages under writeback (`nr_writeback`).
     pub writeback: u64,
+    /// Pages evicted from the range whose shadow entries remain (`nr_evicted`).
     pub evicted: u64,
+    /// Of those, pages evicted recently enough to count as refaults if read again
+    /// (`nr_recently_evicted`).
     pub recently_evicted: u64,
 }
 
@@ -298,8 +304,11 @@ pub fn euid() -> u32 {
 /// I/O priority classes for ioprio_set(2).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum IoPrio {
+    /// Real-time class (`IOPRIO_CLASS_RT`) with level 0 (highest) ..= 7; needs CAP_SYS_ADMIN.
     RealTime(u8),
+    /// Best-effort class (`IOPRIO_CLASS_BE`, the default) with level 0 (highest) ..= 7.
     BestEffort(u8),
+    /// Idle class (`IOPRIO_CLASS_IDLE`): served only when no other I/O wants the device.
     Idle,
 }
 

@@ -57,9 +57,13 @@ impl PsiSampler {
 /// the counters are fields of the line itself.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct DiskStat {
+    /// Device name as in /proc/diskstats (e.g. `nvme0n1`, `sda2`).
     pub name: String,
+    /// Device major number.
     pub major: u32,
+    /// Device minor number.
     pub minor: u32,
+    /// The device's counters from that line.
     #[serde(flatten)]
     pub counters: DiskCounters,
 }
@@ -67,10 +71,15 @@ pub struct DiskStat {
 /// A device's cumulative I/O totals (everything in a [`DiskCounters`] but the in-flight gauge).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
 pub struct IoTotals {
+    /// Reads completed (field 4 of /proc/diskstats).
     pub reads: u64,
+    /// 512-byte sectors read (field 6), whatever the device's block size.
     pub sectors_read: u64,
+    /// Milliseconds spent reading (field 7), summed over all reads.
     pub read_ms: u64,
+    /// Writes completed (field 8).
     pub writes: u64,
+    /// 512-byte sectors written (field 10).
     pub sectors_written: u64,
 }
 
@@ -91,6 +100,7 @@ impl IoTotals {
 /// A device's counters at one moment ([`DiskStat::counters`]).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
 pub struct DiskCounters {
+    /// The cumulative totals.
     #[serde(flatten)]
     pub totals: IoTotals,
     /// I/Os in flight (a gauge, not a counter).
@@ -100,8 +110,10 @@ pub struct DiskCounters {
 /// `after - before` of [`DiskCounters`]; `in_flight` is signed since it is a gauge.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
 pub struct DiskDelta {
+    /// Differences of the cumulative totals.
     #[serde(flatten)]
     pub totals: IoTotals,
+    /// Change of the in-flight gauge (may be negative).
     pub in_flight: i64,
 }
 
@@ -161,11 +173,17 @@ pub fn diskstats_delta(
 /// One device's /proc/diskstats before and after an operation, and the difference.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct DiskStatsChange {
+    /// Device name as in /proc/diskstats.
     pub name: String,
+    /// Device major number.
     pub major: u32,
+    /// Device minor number.
     pub minor: u32,
+    /// Counters before the operation.
     pub before: DiskCounters,
+    /// Counters after the operation.
     pub after: DiskCounters,
+    /// `after - before` (totals saturating at 0, see [`IoTotals::since`]).
     pub delta: DiskDelta,
 }
 

@@ -31,12 +31,17 @@ pub enum TraceError {
         "no tracefs found at /sys/kernel/tracing or /sys/kernel/debug/tracing, and mounting it \
          there failed (as root: `mount -t tracefs nodev /sys/kernel/tracing`)"
     )]
+    /// tracefs is not mounted and could not be mounted (needs root).
     NoTracefs,
     #[error("this kernel has no filemap:mm_filemap_add_to_page_cache trace event")]
+    /// The kernel lacks the `filemap:mm_filemap_add_to_page_cache` event the trace relies on.
     NoEvent,
     #[error("tracefs {}", .path.display())]
+    /// Reading or writing a tracefs control or data file failed.
     Io {
+        /// The tracefs file involved.
         path: PathBuf,
+        /// The error from it (e.g. `PermissionDenied` when not root).
         #[source]
         source: io::Error,
     },

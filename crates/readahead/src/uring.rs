@@ -21,10 +21,14 @@ pub struct Reader {
     slots: Vec<Slot>,
     free: Vec<usize>,
     in_flight: usize,
+    /// Reads that ended in an error (negative CQE result) since the ring was created; the error is
+    /// only counted, and the rest of that chunk stays unread.
     pub errors: u64,
 }
 
 impl Reader {
+    /// A ring of `depth` read slots (clamped to 1..=256) with `chunk`-byte buffers each; fails
+    /// where io_uring is unavailable or forbidden.
     pub fn new(depth: usize, chunk: u64) -> io::Result<Reader> {
         let depth = depth.clamp(1, 256);
         let ring = io_uring::IoUring::new(depth.next_power_of_two() as u32)?;

@@ -26,6 +26,7 @@ impl<'a> Found<'a> {
         Found { path, at: None }
     }
 
+    /// The file's path (under the root it was found from).
     pub fn path(&self) -> &'a Path {
         self.path
     }
@@ -44,9 +45,12 @@ impl<'a> Found<'a> {
 /// Options of a walk.
 #[derive(Debug, Clone)]
 pub struct WalkOptions {
+    /// Walk directories given as roots, all the way down; otherwise a directory root is reported
+    /// as an error ("is a directory (use -r)") and only file roots are visited.
     pub recursive: bool,
     /// Do not descend into other filesystems than the root's.
     pub one_file_system: bool,
+    /// Worker threads walking and measuring in parallel; default twice the CPUs, 2..=16.
     pub threads: usize,
 }
 
@@ -64,7 +68,9 @@ impl Default for WalkOptions {
 /// A path that could not be walked.
 #[derive(Debug, Clone)]
 pub struct WalkError {
+    /// The path that failed.
     pub path: PathBuf,
+    /// Why, as text: an I/O error, "is a directory (use -r)", "not a regular file or directory".
     pub error: String,
 }
 

@@ -19,13 +19,14 @@
 
 use snapblk_core::props::{Access, PropSpec, PropType, PropValue};
 use snapblk_core::queue::{Engine, QueueCore};
+use snapblk_core::sync::lock;
 use snapblk_core::{
     Completion, DeviceInfo, Driver, Error, MemRegion, Op, Queue, Request, Result, State,
 };
 use std::collections::VecDeque;
 use std::ffi::CStr;
 use std::os::fd::RawFd;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 /// The driver's name.
@@ -98,10 +99,6 @@ impl Default for ToyDriver {
     fn default() -> Self {
         Self::new()
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl Driver for ToyDriver {

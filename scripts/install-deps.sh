@@ -12,6 +12,7 @@ PKGS=(
   fuse3                             # fusermount3 for the FUSE export
   e2fsprogs                         # mke2fs -d / e2fsck: ext4 images in tests
   vmtouch                           # residency reference in bench/
+  time                              # /usr/bin/time: CPU seconds in scripts/fuzz-campaign.sh
   qemu-system-x86                   # the ublk VM (software emulation)
   cpio busybox-static kmod zstd xz-utils  # initramfs for the ublk VM
   android-sdk-libsparse-utils       # img2simg / simg2img: sparse-image tests

@@ -8,9 +8,10 @@
 use crate::serve_ublk;
 use anyhow::{Context, bail};
 use clap::{ArgGroup, Args};
+use snapblk_core::sync::lock;
 use snapblk_nbd::signals::TermSignals;
 use snapblk_snapshot::merge_task::MergeState;
-use snapblk_snapshot::record::{Activity, ReplayState};
+use snapblk_snapshot::record::{Activity, ReadaheadStats, ReplayState};
 use std::io::Write;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -304,8 +305,41 @@ fn emit(json: bool, v: serde_json::Value) {
 struct Recording {
     act: Option<Arc<Activity>>,
     json: bool,
-    /// Set (under the lock) once the "stopped" line is out: no replay line after it.
-    closed: Arc<std::sync::Mutex<bool>>,
+    /// What has been reported, under one lock: no replay or merge line after "stopped", and the
+    /// replay line exactly once, before it.
+    lines: Arc<std::sync::Mutex<Lines>>,
+}
+
+/// See [`Recording::lines`].
+#[derive(Default)]
+struct Lines {
+    /// The "stopped" line is being written: no replay or merge line after it.
+    closed: bool,
+    /// The replay's end has been reported (by its watcher, or by [`Recording::finish`] when the
+    /// replay ended before the watcher woke).
+    replay_reported: bool,
+}
+
+/// The replay's end: one JSON line, or a line on stderr.
+fn report_replay(json: bool, st: &ReadaheadStats) {
+    if json {
+        emit(
+            true,
+            serde_json::json!({"event": "readahead", "readahead": st}),
+        );
+    } else if st.state == ReplayState::Done {
+        eprintln!(
+            "snapblk: readahead: {} bytes of {} ranges in {} ms, {} errors{}",
+            st.bytes,
+            st.ranges,
+            st.elapsed_us / 1000,
+            st.errors,
+            st.first_error
+                .as_ref()
+                .map(|e| format!(" (first: {e})"))
+                .unwrap_or_default()
+        );
+    }
 }
 
 impl Recording {
@@ -324,7 +358,7 @@ impl Recording {
         Recording {
             act,
             json: a.json,
-            closed: Arc::default(),
+            lines: Arc::default(),
         }
     }
 
@@ -340,37 +374,21 @@ impl Recording {
         if act.readahead_stats().state == ReplayState::Off {
             return;
         }
-        let (json, closed) = (self.json, self.closed.clone());
+        let (json, lines) = (self.json, self.lines.clone());
         let _ = std::thread::Builder::new()
             .name("readahead-watch".into())
             .spawn(move || {
                 loop {
                     let st = act.wait_replay(Duration::from_millis(500));
-                    let closed = closed.lock().unwrap_or_else(|e| e.into_inner());
-                    if *closed {
+                    let mut lines = lock(&lines);
+                    if lines.closed || lines.replay_reported {
                         return;
                     }
                     if st.state == ReplayState::Running {
                         continue;
                     }
-                    if json {
-                        emit(
-                            true,
-                            serde_json::json!({"event": "readahead", "readahead": st}),
-                        );
-                    } else if st.state == ReplayState::Done {
-                        eprintln!(
-                            "snapblk: readahead: {} bytes of {} ranges in {} ms, {} errors{}",
-                            st.bytes,
-                            st.ranges,
-                            st.elapsed_us / 1000,
-                            st.errors,
-                            st.first_error
-                                .as_ref()
-                                .map(|e| format!(" (first: {e})"))
-                                .unwrap_or_default()
-                        );
-                    }
+                    report_replay(json, &st);
+                    lines.replay_reported = true;
                     return;
                 }
             });
@@ -383,7 +401,7 @@ impl Recording {
         if act.merge().stats().state == MergeState::Off {
             return;
         }
-        let (json, closed) = (self.json, self.closed.clone());
+        let (json, lines) = (self.json, self.lines.clone());
         let _ = std::thread::Builder::new()
             .name("merge-watch".into())
             .spawn(move || {
@@ -396,8 +414,8 @@ impl Recording {
                         std::thread::sleep(Duration::from_secs(1).saturating_sub(t.elapsed()));
                     }
                     let st = task.wait_progress(shown, Duration::from_secs(3600));
-                    let closed = closed.lock().unwrap_or_else(|e| e.into_inner());
-                    if *closed {
+                    let lines = lock(&lines);
+                    if lines.closed {
                         return;
                     }
                     if st.state == MergeState::Running {
@@ -436,8 +454,22 @@ impl Recording {
     /// line is printed after this.
     fn finish(&self) -> serde_json::Map<String, serde_json::Value> {
         let mut m = serde_json::Map::new();
-        *self.closed.lock().unwrap_or_else(|e| e.into_inner()) = true;
-        let Some(act) = &self.act else { return m };
+        let Some(act) = &self.act else {
+            lock(&self.lines).closed = true;
+            return m;
+        };
+        {
+            // A replay that ended before its watcher woke is reported here, before "stopped".
+            let mut lines = lock(&self.lines);
+            lines.closed = true;
+            let st = act.readahead_stats();
+            if !lines.replay_reported
+                && !matches!(st.state, ReplayState::Off | ReplayState::Running)
+            {
+                report_replay(self.json, &st);
+                lines.replay_reported = true;
+            }
+        }
         let task = act.merge();
         if task.stats().state != MergeState::Off {
             task.stop();
@@ -704,4 +736,75 @@ fn serve_fuse(
     drop(m);
     emit(a.json, rec.stopped("fuse"));
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use snapblk_cow::{CowWriter, WriterOptions};
+
+    /// A replay that ends before its watcher thread wakes (or with no watcher at all) is still
+    /// reported once, before the "stopped" line: `finish` reports it itself.
+    #[test]
+    fn finish_reports_a_replay_its_watcher_missed() {
+        let d = snapblk_testsupport::TempDir::new("serve-finish");
+        let base = d.join("base.img");
+        let cow = d.join("s.cow");
+        let list = d.join("l.blocks");
+        std::fs::write(&base, vec![7u8; 1 << 20]).unwrap();
+        let f = std::fs::File::create(&cow).unwrap();
+        let mut w = CowWriter::new(
+            &f,
+            WriterOptions {
+                op_count_max: 256,
+                ..WriterOptions::default()
+            },
+        )
+        .unwrap();
+        w.add_copy(0, 16, 4).unwrap();
+        w.finalize().unwrap();
+        std::fs::write(
+            &list,
+            format!(
+                "{}\n#@ capacity={}\n0:8192\n",
+                snapblk_readahead::blocks::BLOCK_HEADER,
+                1 << 20
+            ),
+        )
+        .unwrap();
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            a: ServeArgs,
+        }
+        let a = <Cli as clap::Parser>::parse_from([
+            "serve",
+            "--base",
+            base.to_str().unwrap(),
+            "--cow",
+            cow.to_str().unwrap(),
+            "--nbd",
+            "unix:/nonexistent",
+            "--readahead",
+            list.to_str().unwrap(),
+        ])
+        .a;
+        let dev = snapblk::open(&spec(&a).unwrap(), 1).unwrap();
+        let rec = Recording::new(&dev, &a);
+        let act = rec.act.clone().unwrap();
+        let t0 = Instant::now();
+        while act.readahead_stats().state == ReplayState::Running {
+            assert!(t0.elapsed() < Duration::from_secs(30), "replay never ended");
+            act.wait_replay(Duration::from_millis(50));
+        }
+        assert_eq!(act.readahead_stats().state, ReplayState::Done);
+        // No watcher was started: without `finish` reporting it, the replay would go unsaid.
+        assert!(!lock(&rec.lines).replay_reported);
+        let stopped = rec.stopped("nbd");
+        assert!(lock(&rec.lines).replay_reported);
+        assert!(lock(&rec.lines).closed);
+        assert_eq!(stopped["readahead"]["state"], "done");
+        // A watcher started now finds the line already out and says nothing more.
+        rec.watch_replay();
+    }
 }

@@ -7,13 +7,26 @@ use std::cell::RefCell;
 use std::io::{Read, Write};
 
 /// Compression algorithm ids as stored in the COW (v2 per op, v3 per file).
+///
+/// The discriminant is libsnapshot's `CowCompressionAlgorithm` value (format §6.1). Every
+/// payload decodes to exactly one unit; the stream carries no decoded length.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Compression {
+    /// `kCowCompressNone` (0): payloads are stored raw.
     None = 0,
+    /// `kCowCompressGz` (1): a zlib stream (RFC 1950: deflate with a 2-byte header and an
+    /// Adler-32 trailer), despite the name neither gzip nor raw deflate. AOSP encodes at
+    /// level 9.
     Gz = 1,
+    /// `kCowCompressBrotli` (2): a bare Brotli stream (RFC 7932). AOSP encodes at quality 11,
+    /// window 22.
     Brotli = 2,
+    /// `kCowCompressLz4` (3): the LZ4 *block* format, with no frame header and no size
+    /// prefix.
     Lz4 = 3,
+    /// `kCowCompressZstd` (4): a standard zstd frame. AOSP encodes at level 3 with a window
+    /// of the file's largest unit.
     Zstd = 4,
 }
 
@@ -185,7 +198,11 @@ fn read_exactly(mut r: impl Read, out: &mut [u8]) -> Result<(), DecodeError> {
 /// Encoder settings. `level: None` means AOSP's defaults (gz 9, brotli 11, zstd 3).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Codec {
+    /// The algorithm; written as the op's (v2) or the file's (v3) compression id.
     pub algo: Compression,
+    /// Encoder level in the algorithm's own scale, or `None` for AOSP's default: zlib 0..=9
+    /// and brotli quality 0..=11 (clamped), zstd up to 22 (negative levels trade size for
+    /// speed); lz4 has no level and ignores it.
     pub level: Option<i32>,
 }
 

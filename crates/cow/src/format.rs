@@ -36,38 +36,83 @@ pub const MAX_UNIT_BYTES: u64 = 256 * 1024;
 /// Largest v3 compression-bits value.
 pub const MAX_COMPRESSION_BITS: u8 = 6;
 
-/// Op type codes.
+/// Op type codes: byte 0 of a v2 record, bits 60..63 of a v3 record's `source_info` (format
+/// §4.3). The names in each item are libsnapshot's constants.
 pub mod op_type {
+    /// `kCowCopyOp`: the new block is base block `source`. No payload.
     pub const COPY: u8 = 1;
+    /// `kCowReplaceOp`: the new block (v3: the `2^compression bits` blocks from it) is the
+    /// decoded payload; `source` is the payload's absolute file offset.
     pub const REPLACE: u8 = 2;
+    /// `kCowZeroOp`: the new block is all zeros. No payload; `source` is 0.
     pub const ZERO: u8 = 3;
+    /// `kCowLabelOp` (v2 only): a metadata record marking a point a writer can resume from;
+    /// `source` is the label value. v3 keeps labels as resume points instead.
     pub const LABEL: u8 = 4;
+    /// `kCowClusterOp` (clustered v2 only): closes a cluster; `source` is the number of bytes
+    /// from the end of this record to the next cluster.
     pub const CLUSTER: u8 = 5;
+    /// `kCowXorOp`: the new block is the decoded payload XOR `block_size` base bytes starting
+    /// at byte offset `source` (any alignment). The payload position is not stored.
     pub const XOR: u8 = 6;
+    /// `kCowSequenceOp` (v2 only): the payload at file offset `source` is an array of u32 new
+    /// blocks giving the merge order of the COPY/XOR ops; these ops precede every data op.
     pub const SEQUENCE: u8 = 7;
+    /// `kCowFooterOp` (v2 only): the end-of-stream record, [`FOOTER_V2_SIZE`](super::FOOTER_V2_SIZE)
+    /// bytes with its trailer.
     pub const FOOTER: u8 = 255;
 }
 
 /// Parsed COW header (all versions; v3-only fields are zero for v1/v2).
+///
+/// Fields are in on-disk order, little-endian and byte-packed after the 8-byte magic; each
+/// names its byte offset in the file (format §3).
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
 pub struct Header {
+    /// `major_version` (offset 8): 1, 2 or 3.
     pub major: u16,
+    /// `minor_version` (offset 10): always 0.
     pub minor: u16,
+    /// Size of the header in bytes (offset 12): 34 for v1 (38 also accepted), 38 for v2, 78
+    /// for v3. The scratch area follows it.
     pub header_size: u16,
+    /// Size of the footer in bytes (offset 14): 84 for v1/v2 ([`FOOTER_V2_SIZE`]), 0 for v3,
+    /// which has none.
     pub footer_size: u16,
+    /// Size of one op record in bytes (offset 16): 20 for v1/v2, 16 for v3.
     pub op_size: u16,
+    /// Block size in bytes (offset 18): a power of two in 512..=32768 here; 4096 in every
+    /// file Android writes, and the only size snapuserd serves.
     pub block_size: u32,
+    /// v2 op records per cluster (offset 22): 0 for an unclustered stream (each record
+    /// followed by its payload), otherwise at least 2 (AOSP's default is 1024). Always 0 in
+    /// v3.
     pub cluster_ops: u32,
-    /// Merge progress: number of merge-order entries already merged (updated in place).
+    /// Merge progress (offset 26, [`NUM_MERGE_OPS_OFFSET`]): number of merge-order entries
+    /// already merged into the base; 0 when written, then updated in place by the merge.
     pub num_merge_ops: u64,
-    /// Scratch area size; the area starts at `header_size`.
+    /// Size in bytes of the scratch area (offset 34, v2/v3; 0 for v1), which starts at
+    /// `header_size`: 2 MiB ([`DEFAULT_SCRATCH_SIZE`]) on devices, 0 for none.
     pub buffer_size: u32,
+    /// v3 (offset 38): number of u32 entries in the sequence area, the merge order of the
+    /// COPY/XOR ops; 0 when the file has no sequence.
     pub sequence_data_count: u64,
+    /// v3 (offset 46): number of labels written. libsnapshot never lowers it when it evicts
+    /// a resume point, so it can exceed `resume_point_max`; only
+    /// `min(resume_point_count, resume_point_max)` points are valid.
     pub resume_point_count: u32,
+    /// v3 (offset 50): number of 16-byte resume-point slots reserved after the sequence area
+    /// ([`RESUME_POINT_MAX`], 4, in files AOSP writes).
     pub resume_point_max: u32,
+    /// v3 (offset 54): number of valid records at the start of the op array.
     pub op_count: u64,
+    /// v3 (offset 62): number of 16-byte op slots reserved when the file was created;
+    /// payloads start after them. AOSP usually sizes it to the device's block count.
     pub op_count_max: u64,
+    /// v3 (offset 70): the file-wide [`Compression`] id (0..=4) of every payload.
     pub compression_algorithm: u32,
+    /// v3 (offset 74): the largest unit a REPLACE payload decodes to, in bytes: a power of two
+    /// from `block_size` to 256 KiB ([`MAX_UNIT_BYTES`]).
     pub max_compression_size: u32,
 }
 
@@ -336,13 +381,21 @@ pub struct ScratchLayout {
     pub offset: u64,
     /// Size in bytes (= buffer_size).
     pub size: u64,
+    /// The file's block size in bytes: the size of each staged data block.
     pub block_size: u64,
 }
 
-/// Scratch state byte values.
+/// Values of the read-ahead state byte, the first byte of the scratch area
+/// ([`ScratchLayout::state_offset`]), which the merge writes (format §10.2–10.3). libsnapshot
+/// calls them `kCowReadAheadNotStarted`, `kCowReadAheadInProgress` and `kCowReadAheadDone`.
 pub mod scratch_state {
+    /// 0: no window has been staged since the merge (re)started.
     pub const NOT_STARTED: u8 = 0;
+    /// 1: the merge is under way and the last staged window has been committed, so a restart
+    /// reads the next window's sources from the base again.
     pub const IN_PROGRESS: u8 = 1;
+    /// 2: a window is fully staged in scratch (entries and data synced); a restart redoes it
+    /// from that copy, because its sources in the base may already be overwritten.
     pub const DONE: u8 = 2;
 }
 
@@ -372,7 +425,9 @@ impl ScratchLayout {
     }
 }
 
-/// Encode a v2 op record.
+/// Encode a v2 op record (format §4.1): `op_type` is one of [`op_type`](mod@op_type),
+/// `compression` a [`Compression`] id (0 for ops without payload), `data_length` the payload's
+/// stored bytes, `new_block` and `source` as the type defines them.
 pub fn encode_op_v2(
     op_type: u8,
     compression: u8,
@@ -391,7 +446,7 @@ pub fn encode_op_v2(
 
 /// Raw fields of a v2 record.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct RawOpV2 {
+pub(crate) struct RawOpV2 {
     pub op_type: u8,
     pub compression: u8,
     pub data_length: u16,
@@ -400,7 +455,7 @@ pub struct RawOpV2 {
 }
 
 /// Decode a v2 record.
-pub fn decode_op_v2(r: &[u8; 20]) -> RawOpV2 {
+pub(crate) fn decode_op_v2(r: &[u8; 20]) -> RawOpV2 {
     RawOpV2 {
         op_type: r[0],
         compression: r[1],
@@ -412,7 +467,7 @@ pub fn decode_op_v2(r: &[u8; 20]) -> RawOpV2 {
 
 /// Raw fields of a v3 record.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct RawOpV3 {
+pub(crate) struct RawOpV3 {
     pub data_length: u32,
     pub new_block: u32,
     pub source_info: u64,
@@ -440,7 +495,8 @@ impl RawOpV3 {
 /// Mask of the 48-bit source field.
 pub const SOURCE_MASK: u64 = (1 << 48) - 1;
 
-/// Encode a v3 record.
+/// Encode a v3 record (format §4.2): `compression_bits` (0..=6, only REPLACE uses more than
+/// 0) and `op_type` are packed above the 48-bit `source` into `source_info`.
 pub fn encode_op_v3(
     op_type: u8,
     compression_bits: u8,
@@ -459,7 +515,7 @@ pub fn encode_op_v3(
 }
 
 /// Decode a v3 record.
-pub fn decode_op_v3(r: &[u8; 16]) -> RawOpV3 {
+pub(crate) fn decode_op_v3(r: &[u8; 16]) -> RawOpV3 {
     RawOpV3 {
         data_length: le_u32(r, 0),
         new_block: le_u32(r, 4),

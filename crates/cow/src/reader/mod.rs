@@ -36,22 +36,42 @@ pub struct Payload {
 #[serde(tag = "type", rename_all = "lowercase")]
 pub enum OpKind {
     /// New block = base block `source_block`.
-    Copy { source_block: u64 },
+    Copy {
+        /// Block number in the base (pre-merge old image), in blocks of `block_size`.
+        source_block: u64,
+    },
     /// New block(s) = decoded payload (one unit, `payload.unit_blocks` blocks).
-    Replace { payload: Payload },
+    Replace {
+        /// Where the new data is stored and how to decode it.
+        payload: Payload,
+    },
     /// New block = zeros.
     Zero,
     /// New block = decoded payload XOR `block_size` base bytes at byte offset `source_offset`.
     Xor {
+        /// Byte offset in the base: old block × `block_size` + an offset below `block_size`.
+        /// When not block-aligned the bytes span two base blocks.
         source_offset: u64,
+        /// The stored XOR difference (always a single-block unit).
         payload: Payload,
     },
     /// v2 in-stream label (v3 labels are resume points, see [`CowReader::resume_points`]).
-    Label { label: u64 },
+    Label {
+        /// The label value the writer chose (update_engine: the number of install operations
+        /// complete).
+        label: u64,
+    },
     /// v2 SEQUENCE op: payload is an array of u32 new blocks.
-    Sequence { payload: Payload },
+    Sequence {
+        /// The uncompressed array of little-endian u32 new blocks (at most two blocks' worth).
+        payload: Payload,
+    },
     /// v2 CLUSTER op: bytes skipped to the next cluster.
-    Cluster { skip: u64 },
+    Cluster {
+        /// Bytes from the end of this record to the next cluster: unused record slots after
+        /// it plus the cluster's payload bytes.
+        skip: u64,
+    },
 }
 
 /// One op record, in file order.
@@ -63,6 +83,7 @@ pub struct Op {
     pub record_offset: u64,
     /// Target block (first block of the unit for multi-block REPLACE; 0 for metadata ops).
     pub new_block: u64,
+    /// The op's type with its source and payload.
     pub kind: OpKind,
 }
 
@@ -145,14 +166,19 @@ pub struct OpenOptions {
     pub base_blocks: Option<u64>,
     /// Open "at label": keep only ops written before this label (v2 LABEL op / v3 resume point).
     pub label: Option<u64>,
+    /// What to do when two data ops write the same new block (default: reject the file).
     pub duplicates: DuplicatePolicy,
 }
 
-/// Parsed footer of a v2 file.
+/// Parsed footer of a v2 file (format §5.3): an 84-byte record after the last op record and
+/// payload. The reader checks both counts against the stream it walked.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
 pub struct Footer {
+    /// Absolute file offset of the footer; a finalized file ends 84 bytes later.
     pub offset: u64,
+    /// Number of op records before the footer, LABEL, CLUSTER and SEQUENCE records included.
     pub num_ops: u64,
+    /// Bytes of those records: `num_ops × 20`.
     pub ops_size: u64,
 }
 

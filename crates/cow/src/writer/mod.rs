@@ -52,9 +52,12 @@ impl<T: CowSink + ?Sized> CowSink for &T {
 /// 2 MiB scratch, no compression, 4 KiB units, batch 1024.
 #[derive(Clone, Copy, Debug)]
 pub struct WriterOptions {
-    /// 2 or 3.
+    /// Major version of the file written: 2 or 3.
     pub version: u16,
+    /// Block size in bytes: a power of two in 512..=32768 (Android's files use 4096).
     pub block_size: u32,
+    /// Compression of REPLACE and XOR payloads. v3 records its algorithm once in the header,
+    /// v2 in each payload op.
     pub codec: Codec,
     /// v2: ops per cluster (0 = unclustered, else ≥ 2; AOSP default 1024). v3: 0 makes every
     /// REPLACE single-block (AOSP quirk, format §6.4); any other value is ignored.
@@ -87,6 +90,8 @@ impl Default for WriterOptions {
 /// A payload ready to store: either compressed bytes or the raw unit.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct EncodedUnit {
+    /// The payload as stored in the file: the compressed stream, or the unit itself when
+    /// compression did not shrink it (see [`encode_unit`]).
     pub bytes: Vec<u8>,
     /// Number of blocks the unit covers.
     pub unit_blocks: u32,
@@ -140,23 +145,35 @@ pub fn encode_unit_into(
 /// the batch's payload buffer, in op order.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum BatchOp {
+    /// A COPY op (as [`CowWriter::add_copy`] writes for one block).
     Copy {
+        /// Block of the new image it produces.
         new_block: u64,
+        /// Base block it copies.
         old_block: u64,
     },
+    /// A ZERO op.
     Zero {
+        /// Block of the new image it zeroes.
         new_block: u64,
     },
     /// An encoded REPLACE unit (as [`encode_unit`] makes it with this writer's codec).
     Replace {
+        /// First block of the new image the unit covers.
         new_block: u64,
+        /// Blocks the unit covers: a power of two, 1 in v2, at most
+        /// `max_compression_size / block_size` in v3.
         unit_blocks: u32,
+        /// Stored payload bytes taken from the batch's payload buffer.
         len: u32,
     },
     /// An encoded single-block XOR payload; base bytes start at `source_offset`.
     Xor {
+        /// Block of the new image it produces.
         new_block: u64,
+        /// Byte offset in the base of the `block_size` bytes the payload is XOR-ed with.
         source_offset: u64,
+        /// Stored payload bytes taken from the batch's payload buffer.
         len: u32,
     },
 }

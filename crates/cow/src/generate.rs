@@ -42,11 +42,24 @@ impl Stage {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum GenerateProgress {
     /// The stage starts; `total` bytes will be counted.
-    Start { stage: Stage, total: u64 },
+    Start {
+        /// The stage starting.
+        stage: Stage,
+        /// Bytes the stage will count in all (see [`Stage`] for which bytes).
+        total: u64,
+    },
     /// `bytes` more bytes of the stage are done.
-    Advance { stage: Stage, bytes: u64 },
+    Advance {
+        /// The stage advancing.
+        stage: Stage,
+        /// Bytes done since the previous event of this stage.
+        bytes: u64,
+    },
     /// The stage is over.
-    Done { stage: Stage },
+    Done {
+        /// The stage that ended.
+        stage: Stage,
+    },
 }
 
 /// Generator settings.
@@ -91,41 +104,59 @@ impl Default for GenerateOptions<'_> {
 /// What the generator decided for one new block.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Plan {
+    /// Same bytes as the old image's block at the same offset: no op.
     Unchanged,
+    /// All zeros: a ZERO op.
     Zero,
+    /// Same bytes as this old block (checked byte by byte): a COPY op.
     Copy(u64),
     /// XOR against the old image's bytes from this byte offset (any alignment: data that moved
     /// by a non-block amount reads two old blocks); payload encoded later.
     Xor(u64),
+    /// The block's data is stored: part of a REPLACE unit.
     Replace,
 }
 
 /// Counts and sizes of what was generated, and where the time went.
 #[derive(Clone, Debug, Default, PartialEq, serde::Serialize)]
 pub struct GenerateStats {
+    /// Blocks of the new image (its length divided by the block size).
     pub new_blocks: u64,
+    /// New blocks equal to the old image's block at the same offset: no op.
     pub unchanged: u64,
+    /// COPY ops written (one per block).
     pub copy: u64,
+    /// ZERO ops written (one per block).
     pub zero: u64,
+    /// XOR ops written (one per block).
     pub xor: u64,
+    /// New blocks stored by REPLACE ops.
     pub replace_blocks: u64,
+    /// REPLACE ops written; fewer than `replace_blocks` when v3 multi-block units are used.
     pub replace_ops: u64,
     /// XOR/COPY ops turned into REPLACE to break merge-order cycles.
     pub cycle_breaks: u64,
+    /// Stored bytes of all XOR payloads.
     pub xor_payload_bytes: u64,
+    /// Stored bytes of all REPLACE payloads.
     pub replace_payload_bytes: u64,
     /// Bytes handed to the compressor: (REPLACE + XOR blocks) × block size.
     pub compressed_input_bytes: u64,
+    /// Length in bytes of the finished COW file.
     pub cow_bytes: u64,
-    /// Hashing the old image, classifying new blocks, choosing XOR sources.
+    /// Wall-clock seconds planning: hashing the old image, classifying new blocks, choosing
+    /// XOR sources.
     pub seconds_plan: f64,
-    /// Merge ordering and cycle breaking.
+    /// Wall-clock seconds ordering: merge order and cycle breaking.
     pub seconds_order: f64,
-    /// The writer's share given the op list: XOR payloads, compression, writing, finalize.
+    /// Wall-clock seconds writing, given the op list: XOR payloads, compression, writing,
+    /// finalize.
     pub seconds_write: f64,
-    /// CPU seconds (all threads) of the same three phases.
+    /// CPU seconds (all threads of the process) spent planning.
     pub cpu_seconds_plan: f64,
+    /// CPU seconds (all threads of the process) spent ordering.
     pub cpu_seconds_order: f64,
+    /// CPU seconds (all threads of the process) spent writing.
     pub cpu_seconds_write: f64,
 }
 
@@ -651,14 +682,14 @@ impl Drop for StageReport<'_, '_> {
 /// merge sequence of the ordered (COPY/XOR) ops. Produced by [`compute_ops`], consumed by
 /// [`write_ops`] (which is the writer stage alone — what AOSP's writer does given an op list).
 pub struct OpList {
-    pub plans: Vec<Plan>,
+    pub(crate) plans: Vec<Plan>,
     /// New blocks of the COPY/XOR ops in merge order.
-    pub sequence: Vec<u32>,
-    pub cycle_breaks: u64,
-    pub seconds_plan: f64,
-    pub seconds_order: f64,
-    pub cpu_seconds_plan: f64,
-    pub cpu_seconds_order: f64,
+    pub(crate) sequence: Vec<u32>,
+    pub(crate) cycle_breaks: u64,
+    pub(crate) seconds_plan: f64,
+    pub(crate) seconds_order: f64,
+    pub(crate) cpu_seconds_plan: f64,
+    pub(crate) cpu_seconds_order: f64,
     /// Payloads encoded while choosing XOR sources (reused when they are the real payloads).
     cache: Cache,
 }

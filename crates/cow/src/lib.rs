@@ -11,6 +11,8 @@
 //! [`reader`], [`writer`], [`generate`](mod@generate), [`sparse`] (Android sparse images), [`tools`]
 //! (apply/verify/inspect helpers used by the CLI).
 
+#![warn(missing_docs)]
+
 pub mod codec;
 pub mod error;
 pub mod format;

@@ -63,20 +63,28 @@ pub enum RecordError {
     /// The record's bytes are not a valid record (damaged or not a record): never a COW problem.
     #[error("record is damaged: {0}")]
     Damaged(String),
+    /// The record's version field (after the magic) is not 1, the only version this crate
+    /// reads; the record was written by another snapblk.
     #[error("record version {0} is not supported (this snapblk reads version 1)")]
     Version(u32),
     /// The record describes another COW (its block sets differ from this COW's).
     #[error("record does not describe this COW ({0}); it belongs to another COW or is stale")]
     Stale(String),
+    /// Reading the base (or the file being merged) to check it against the record failed.
     #[error("reading base block {block}")]
     Io {
+        /// Base block being read (for a run of blocks read at once, its first).
         block: u64,
+        /// The read's error.
         #[source]
         source: std::io::Error,
     },
+    /// Reading the record file itself failed (for a reason other than its absence).
     #[error("reading {}", path.display())]
     Read {
+        /// Path of the record file.
         path: PathBuf,
+        /// The read's error.
         #[source]
         source: std::io::Error,
     },
@@ -88,16 +96,27 @@ pub type Range = (u64, u64);
 /// A parsed (or freshly built) record.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Record {
+    /// Block size in bytes, the COW's; all ranges count blocks of this size.
     pub block_size: u32,
+    /// Length in bytes of the base (old) image the COW was made from.
     pub base_size: u64,
+    /// Length in bytes of the target (new) image the COW produces.
     pub target_size: u64,
+    /// SHA-256 of the whole base image.
     pub base_sha256: [u8; 32],
+    /// SHA-256 of the whole target image.
     pub target_sha256: [u8; 32],
     /// [`ops_digest`] of the COW the record describes.
     pub cow_ops_sha256: [u8; 32],
+    /// Base blocks the COW's COPY and XOR ops read ([`read_set`]): sorted, merged runs.
     pub read: Vec<Range>,
+    /// One [`block_digest`] per block of `read`, in run order: the base content the COW
+    /// expects.
     pub read_digests: Vec<BlockDigest>,
+    /// Target blocks the COW produces ([`write_set`]): sorted, merged runs.
     pub write: Vec<Range>,
+    /// One [`block_digest`] per block of `write`, in run order: the content the COW must
+    /// produce.
     pub write_digests: Vec<BlockDigest>,
 }
 
@@ -474,12 +493,14 @@ pub struct RecordCheck {
     pub base_mismatches: Vec<u64>,
     /// Target blocks the COW produces whose content differs from the recorded digest.
     pub corrupt_blocks: Vec<u64>,
-    /// Base blocks checked, target blocks checked.
+    /// Base blocks checked by [`check_base`].
     pub base_blocks_checked: u64,
+    /// Target blocks checked by [`check_target`].
     pub target_blocks_checked: u64,
 }
 
 impl RecordCheck {
+    /// True when no base block mismatched and no target block is corrupt.
     pub fn ok(&self) -> bool {
         self.base_mismatches.is_empty() && self.corrupt_blocks.is_empty()
     }
@@ -545,6 +566,7 @@ pub struct Verifier {
 }
 
 impl Verifier {
+    /// A verifier for `rec` with no block verified yet.
     pub fn new(rec: Record) -> Verifier {
         let n = rec.write_digests.len().div_ceil(64);
         Verifier {
@@ -592,7 +614,10 @@ impl Verifier {
 /// One op of a merge order, as [`check_merge_binding`] needs it.
 #[derive(Clone, Copy, Debug)]
 pub struct MergeOp {
+    /// First block of the new image it writes.
     pub new_block: u64,
+    /// Blocks it writes from `new_block`; 0 for an op that does not decide what its blocks
+    /// hold (a duplicate another op overrides).
     pub blocks: u64,
     /// Base blocks it reads `(first, count)`.
     pub source: Option<Range>,
@@ -620,12 +645,15 @@ pub enum MergeVerdict {
 /// Outcome of [`check_merge_binding`].
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct MergeBinding {
+    /// What the base is.
     pub verdict: MergeVerdict,
     /// Merged blocks that do not hold the new data.
     pub merged_mismatches: Vec<u64>,
     /// Blocks still to be read that do not hold the old data.
     pub source_mismatches: Vec<u64>,
+    /// Merged blocks read and compared with their new digests.
     pub merged_blocks_checked: u64,
+    /// Blocks still to be read that were compared with their old digests.
     pub source_blocks_checked: u64,
 }
 
@@ -773,9 +801,11 @@ fn all_written_match(
 pub struct Sha256Stream(Sha256);
 
 impl Sha256Stream {
+    /// Hash `data` next.
     pub fn update(&mut self, data: &[u8]) {
         self.0.update(data);
     }
+    /// The SHA-256 of everything passed to [`update`](Self::update).
     pub fn finish(self) -> [u8; 32] {
         self.0.finalize().into()
     }

@@ -16,7 +16,7 @@ const CHUNK_CRC32: u16 = 0xcac4;
 
 /// Parsed sparse header.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct SparseHeader {
+pub(crate) struct SparseHeader {
     pub block_size: u32,
     pub total_blocks: u32,
     pub total_chunks: u32,
@@ -39,7 +39,7 @@ pub fn is_sparse<R: ReadAt + ?Sized>(src: &R) -> bool {
 }
 
 /// Parse the sparse file header.
-pub fn parse_header(b: &[u8]) -> Result<SparseHeader> {
+pub(crate) fn parse_header(b: &[u8]) -> Result<SparseHeader> {
     if b.len() < 28 {
         return Err(CowError::Truncated {
             what: "sparse header",

@@ -11,6 +11,7 @@ use crate::reader::{CowReader, OpKind};
 /// Per-type op statistics.
 #[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
 pub struct TypeStats {
+    /// Ops of this type.
     pub ops: u64,
     /// Blocks produced (multi-block REPLACE counts each block).
     pub blocks: u64,
@@ -21,24 +22,40 @@ pub struct TypeStats {
 /// A summary of a COW file (what `snapblk cow inspect --json` prints).
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct Summary {
+    /// Format version, `"major.minor"` (`"2.0"`, `"3.0"`).
     pub version: String,
+    /// Length of the COW file in bytes.
     pub file_bytes: u64,
+    /// The parsed header.
     pub header: Header,
+    /// Name of the file-wide compression (`none`, `gz`, `brotli`, `lz4`, `zstd`).
     pub compression: String,
+    /// File offset of the scratch area (`header_size`), `None` when the file has none.
     pub scratch_offset: Option<u64>,
+    /// Size of the scratch area in bytes (`buffer_size`; 0 for none).
     pub scratch_size: u64,
+    /// File offset of the `num_merge_ops` counter the merge updates (always 26).
     pub num_merge_ops_offset: u64,
+    /// Op records parsed, metadata records (v2 LABEL, CLUSTER, SEQUENCE) included, the v2
+    /// footer not.
     pub records: u64,
+    /// Data ops (COPY, REPLACE, ZERO, XOR).
     pub data_ops: u64,
-    /// `copy`, `replace`, `zero`, `xor`, `label`, `sequence`, `cluster`.
+    /// Records per type: `copy`, `replace`, `zero`, `xor`, `label`, `sequence`, `cluster`.
     pub op_counts: BTreeMap<&'static str, u64>,
+    /// Data op statistics per type (`copy`, `replace`, `zero`, `xor`).
     pub by_type: BTreeMap<&'static str, TypeStats>,
     /// Payload ops by the codec actually needed to decode them (`none` = stored raw).
     pub payload_codecs: BTreeMap<String, u64>,
+    /// Labels in file order (v2 LABEL ops, v3 resume points).
     pub labels: Vec<u64>,
+    /// v3 resume points `(label, number of ops valid at that label)`; empty for v2.
     pub resume_points: Vec<(u64, u64)>,
+    /// Entries of the sequence data (the stored merge order of COPY/XOR ops); 0 for none.
     pub sequence_len: u64,
+    /// The v2 footer, `None` for v3.
     pub footer: Option<crate::reader::Footer>,
+    /// The merge order and whether it is safe.
     pub merge: MergeSummary,
 }
 
@@ -48,9 +65,11 @@ pub struct MergeSummary {
     /// `sequence` (from sequence data), `file-order` (v3 without sequence), or
     /// `ordered-then-ascending` (v2 without sequence).
     pub source: &'static str,
+    /// Data ops in the merge order (what `num_merge_ops` counts towards).
     pub total: u64,
     /// Length of the COPY/XOR prefix.
     pub ordered_prefix: u64,
+    /// Entries already merged: the header's `num_merge_ops`.
     pub merged: u64,
     /// First entries (new blocks) of the merge order.
     pub first: Vec<u64>,
@@ -122,9 +141,13 @@ pub fn summarize<R: ReadAt>(cow: &CowReader<R>) -> Summary {
 /// (blocks) of the new-image blocks it writes, each with the op that reaches furthest.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Extent {
+    /// End in bytes (exclusive) of the base bytes COPY/XOR ops read; 0 when none does.
     pub source_end: u64,
+    /// Index of the op that reads up to `source_end`; `None` without COPY/XOR ops.
     pub source_op: Option<u64>,
+    /// End in blocks (exclusive) of the new-image blocks data ops write; 0 without data ops.
     pub write_end_blocks: u64,
+    /// Index of the op that writes up to `write_end_blocks`; `None` without data ops.
     pub write_op: Option<u64>,
 }
 
@@ -222,9 +245,14 @@ fn read_padded<R: ReadAt, B: ReadAt + ?Sized>(
 /// Result of [`verify`].
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct VerifyReport {
+    /// Size of the new image in blocks (its length rounded up to whole blocks).
     pub blocks: u64,
+    /// REPLACE and XOR payloads decoded successfully (all of them).
     pub payloads_decoded: u64,
+    /// The merge order is safe (always true: an unsafe one is an error).
     pub merge_order_ok: bool,
+    /// `Some(true)` when an expected image was given and the result equals it (a difference
+    /// is an error); `None` without one.
     pub matches_expected: Option<bool>,
 }
 
@@ -375,7 +403,9 @@ pub fn simulate_merge<R: ReadAt>(cow: &CowReader<R>, disk: &mut [u8]) -> Result<
 
 /// An image loaded for the generator: memory-mapped (raw files) or expanded (sparse).
 pub enum Image {
+    /// A raw regular file, mapped read-only.
     Mapped(memmap2::Mmap),
+    /// An expanded sparse image, or a block device or other file read into memory.
     Owned(Vec<u8>),
 }
 

@@ -1608,6 +1608,20 @@ fn require_failure_as_nobody_names_unknown_residency_not_the_first_warning() {
     std::fs::remove_dir_all(&d).unwrap();
 }
 
+/// `record --help` names the file systems the trace cannot see into (btrfs, overlayfs) and
+/// where the record reports them; the JSON and the warning are checked on a real overlay mount
+/// in `overlayfs_residency_record_and_trace_warning`.
+#[test]
+fn record_help_names_the_trace_blind_spots() {
+    let help = text(&run(&["readahead", "record", "--help"]).stdout);
+    let help = help.split_whitespace().collect::<Vec<_>>().join(" ");
+    assert!(
+        help.contains("Files on btrfs or overlayfs cannot be matched to the trace")
+            && help.contains("trace.untraceable_files"),
+        "{help}"
+    );
+}
+
 #[test]
 fn the_report_and_help_say_how_the_pressure_back_off_throttled() {
     let d = scratch("backoff");

@@ -245,6 +245,42 @@ fn dd_and_cmp_through_the_file() {
     assert_file_eq(&img, &expect, "writes reached the device");
 }
 
+/// A device opened with O_DIRECT (`direct=true`) whose size is not a multiple of 512: the
+/// partial last block reads back right through the mounted file, buffered and with O_DIRECT
+/// (the export reads the whole last block from the device and returns its part inside the
+/// file; an O_DIRECT read of just the tail's length fails with EINVAL).
+#[test]
+fn partial_last_block_of_an_o_direct_device_reads_back() {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::fs::OpenOptionsExt;
+    let (_d, img, data, mnt) = image_and_mountpoint("fuse-tail", (64 << 10) + 1000, 8);
+    let _unmount = Unmount::new(&[&mnt]);
+    let spec = format!("io_uring:path={},direct=true", img.display());
+    let s = serve_fuse(&[&spec, "--read-only"], &mnt);
+    let f = file_of(&s);
+    assert_eq!(std::fs::metadata(&f).unwrap().len(), data.len() as u64);
+    assert!(
+        std::fs::read(&f).unwrap() == data,
+        "buffered read of the whole file"
+    );
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECT)
+        .open(&f)
+        .unwrap();
+    // An aligned 8 KiB buffer at the last 4 KiB boundary: the kernel asks for the tail.
+    let mut v = vec![0u8; 3 * 4096];
+    let off = v.as_ptr().align_offset(4096);
+    let buf = &mut v[off..off + 8192];
+    // SAFETY: reads into `buf`, a live buffer of that length, from an open fd.
+    let n = unsafe { libc::pread(file.as_raw_fd(), buf.as_mut_ptr().cast(), 8192, 64 << 10) };
+    assert_eq!(n, 1000, "{}", std::io::Error::last_os_error());
+    assert!(buf[..1000] == data[64 << 10..], "the tail's bytes");
+    drop(file);
+    let (st, _, err) = s.stop();
+    assert!(st.success(), "{err}");
+}
+
 #[test]
 fn read_only_device_gives_read_only_file() {
     let (_d, img, _, mnt) = image_and_mountpoint("fuse-ro", 1 << 20, 7);

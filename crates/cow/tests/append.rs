@@ -111,3 +111,36 @@ fn num_merge_ops_update_in_place() {
     );
     assert_eq!(bytes.as_slice().size().unwrap(), 2118958);
 }
+
+/// A v3 file with only COPY and ZERO ops has no payload: its data end is the start of the
+/// payload area, after every op slot (used or not), never inside the unused slots where
+/// later ops go.
+#[test]
+fn v3_data_end_without_payloads_is_after_the_op_slots() {
+    for (scratch, seq) in [(0u32, false), (2 << 20, true)] {
+        let f = MemFile::default();
+        let mut w = CowWriter::new(
+            &f,
+            WriterOptions {
+                version: 3,
+                codec: Codec::new(Compression::None),
+                scratch_size: scratch,
+                op_count_max: 100,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        if seq {
+            w.add_sequence_data(&[0, 1]).unwrap();
+        }
+        w.add_copy(0, 5, 2).unwrap();
+        w.add_zero_blocks(2, 3).unwrap();
+        w.add_label(1).unwrap();
+        w.finalize().unwrap();
+        let r = CowReader::open(MemFile::new(f.into_inner())).unwrap();
+        let h = r.header();
+        assert_eq!(r.ops().len(), 5);
+        assert_eq!(h.v3_data_offset(), h.v3_op_offset() + 100 * 16);
+        assert_eq!(r.data_end(), h.v3_data_offset(), "scratch {scratch}");
+    }
+}

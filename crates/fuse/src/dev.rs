@@ -179,8 +179,10 @@ impl Device {
         let end = (off + len as u64).min(self.size);
         let a = self.align;
         let astart = off / a * a;
-        // A device whose size is not a multiple of its alignment gets an unaligned last read.
-        let aend = (end.div_ceil(a) * a).min(self.size);
+        // A device whose size is not a multiple of its alignment (a file opened O_DIRECT) has
+        // its partial last block read whole, as O_DIRECT requires: the file drivers zero-fill
+        // past the end of a file, and only the bytes up to `end` are returned.
+        let aend = end.div_ceil(a) * a;
         let mut buf = AlignedBuf::new((aend - astart) as usize, self.buf_align);
         self.with_queue(|q| self.read_aligned(q, astart, buf.as_mut_slice()))?;
         let s = (off - astart) as usize;

@@ -351,7 +351,8 @@ fn an_fsync_waits_for_the_flush_in_progress_that_covers_its_write() {
 
 /// An O_DIRECT file whose size is not a multiple of the logical block size: its last partial
 /// block cannot be written with aligned I/O without growing the file, so such a write fails
-/// (EINVAL) and the file keeps its size and contents.
+/// (EINVAL) and the file keeps its size and contents; it reads back (the whole last block is
+/// read, and the part inside the file returned).
 #[test]
 fn a_write_into_a_partial_last_block_fails_instead_of_growing_the_file() {
     let dir = std::env::temp_dir().join(format!("fuse-tail-{}", std::process::id()));
@@ -365,6 +366,9 @@ fn a_write_into_a_partial_last_block_fails_instead_of_growing_the_file() {
     assert_eq!(dev.size, size as u64);
     let e = dev.write(size as u64 - 100, &[9; 100]).unwrap_err();
     assert_eq!(e.errno, libc::EINVAL, "{}", e.msg);
+    let mut got = Vec::new();
+    dev.read(size as u64 - 100, 4096, &mut got).unwrap();
+    assert!(got == orig[size - 100..], "the tail reads back");
     // Aligned blocks before the tail still work.
     dev.write(4096, &[7; 512]).unwrap();
     dev.flush().unwrap();

@@ -138,6 +138,27 @@ impl Overlay {
         })
     }
 
+    /// Replay the journal at `start`, or, when there is none there, at `legacy` if one is
+    /// there. Older versions started the journal of a v3 COW without payloads (only COPY and
+    /// ZERO ops) right after its used op records, inside the free op slots; such a journal is
+    /// still replayed and appended to where it is.
+    pub fn open_or_legacy(
+        io: &Io,
+        start: u64,
+        legacy: Option<u64>,
+        block_size: u64,
+        nblocks: u64,
+    ) -> Result<Self> {
+        let ov = Self::open(io, start, block_size, nblocks)?;
+        if let Some(old) = legacy.filter(|&o| ov.is_empty() && o < start) {
+            let ov_old = Self::open(io, old, block_size, nblocks)?;
+            if !ov_old.is_empty() {
+                return Ok(ov_old);
+            }
+        }
+        Ok(ov)
+    }
+
     /// Where the journal starts in the COW file.
     pub fn start(&self) -> u64 {
         self.start

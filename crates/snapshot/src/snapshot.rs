@@ -193,7 +193,18 @@ impl Snapshot {
         // The overlay journal is replayed even when read-only, so earlier writes stay visible.
         let overlay = if bs == 4096 {
             let start = p.layout.data_end.div_ceil(4096) * 4096;
-            Some(Overlay::open(&io, start, bs, p.map.capacity() / bs)?)
+            // Where older versions put the journal of a v3 COW without payloads.
+            let legacy = snapblk_cow::Header::parse(&header[..hlen])
+                .ok()
+                .filter(|h| h.major == 3)
+                .and_then(|h| {
+                    let used = h.op_count.checked_mul(16)?;
+                    h.v3_op_offset()
+                        .checked_add(used)?
+                        .checked_next_multiple_of(4096)
+                });
+            let nblocks = p.map.capacity() / bs;
+            Some(Overlay::open_or_legacy(&io, start, legacy, bs, nblocks)?)
         } else if p.config.writable {
             return Err(SnapError::Config(
                 "the writable overlay needs 4096-byte blocks".into(),

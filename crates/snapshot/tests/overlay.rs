@@ -244,3 +244,73 @@ fn rewriting_a_torn_record_identically_does_not_revive_later_records() {
     }
     assert!(scenarios >= 2, "only {scenarios} seeds tore R2 and kept R3");
 }
+
+/// A v3 COW with only COPY and ZERO ops (no payload) and room for many more ops: the journal
+/// goes after every op slot, not into the free ones (where an appender puts its records). A
+/// journal that older versions put right after the used records is still found there.
+#[test]
+fn journal_of_a_payloadless_v3_cow_starts_after_the_op_slots() {
+    use snapblk_cow::{Codec, Compression, CowReader, CowWriter, MemFile, WriterOptions};
+    let dir = tempfile::tempdir().unwrap();
+    let base: Vec<u8> = (0..64 * 4096)
+        .map(|i| (i / 4096 * 7 + i % 251) as u8)
+        .collect();
+    let f = MemFile::default();
+    let mut w = CowWriter::new(
+        &f,
+        WriterOptions {
+            version: 3,
+            codec: Codec::new(Compression::None),
+            op_count_max: 1024,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    w.add_copy(1, 40, 4).unwrap();
+    w.add_zero_blocks(20, 2).unwrap();
+    w.finalize().unwrap();
+    let (bp, cp) = (dir.path().join("base.img"), dir.path().join("snapshot.cow"));
+    std::fs::write(&bp, &base).unwrap();
+    std::fs::write(&cp, f.into_inner()).unwrap();
+    let (h, cow_len) = {
+        let r = CowReader::open(std::fs::File::open(&cp).unwrap()).unwrap();
+        (r.header().clone(), r.file_len())
+    };
+    let used_end = h.v3_op_offset() + 6 * 16;
+    let start = h.v3_data_offset().div_ceil(4096) * 4096;
+    let legacy = used_end.div_ceil(4096) * 4096;
+    assert!(
+        legacy < h.v3_data_offset(),
+        "the case must tell the two apart"
+    );
+    let (base_s, cow_s) = (bp.display().to_string(), cp.display().to_string());
+    {
+        let mut b = open_driver(&base_s, &cow_s, true);
+        let q = b.queue(0, false).unwrap();
+        q.write_at(10 * 4096, &[0x77; 4096], false).unwrap();
+        q.flush().unwrap();
+    }
+    let bytes = std::fs::read(&cp).unwrap();
+    assert!(
+        bytes[cow_len as usize..start as usize]
+            .iter()
+            .all(|&b| b == 0),
+        "the free op slots stay untouched"
+    );
+    assert_eq!(&bytes[start as usize..start as usize + 8], b"SNAPBLKO");
+    let read_block = |n: u64| {
+        let mut b = open_driver(&base_s, &cow_s, false);
+        let q = b.queue(0, false).unwrap();
+        let mut v = vec![0u8; 4096];
+        q.read_at(n * 4096, &mut v).unwrap();
+        v
+    };
+    assert!(read_block(10) == [0x77; 4096], "overlay write read back");
+    // The same journal where older versions wrote it (right after the used op records).
+    let journal = bytes[start as usize..].to_vec();
+    let mut old = bytes[..legacy as usize].to_vec();
+    old.extend_from_slice(&journal);
+    std::fs::write(&cp, &old).unwrap();
+    assert!(read_block(10) == [0x77; 4096], "legacy journal replayed");
+    assert!(read_block(1) == base[40 * 4096..41 * 4096], "COPY op");
+}

@@ -92,7 +92,9 @@ pub struct RecordArgs {
     /// Also trace the kernel's page-cache insertions during the window (tracefs event
     /// filemap:mm_filemap_add_to_page_cache, as Android's prefetch and iorap do; needs root):
     /// lists pages the residency diff cannot see, e.g. read and reclaimed again where a
-    /// shadow entry already was.
+    /// shadow entry already was. Files on btrfs or overlayfs cannot be matched to the trace
+    /// (its events name another device and inode than stat does): their entries come from the
+    /// diff alone, counted in the JSON's trace.untraceable_files and in a warning.
     #[arg(long)]
     pub(super) trace: bool,
     /// Record a time window instead of a command.

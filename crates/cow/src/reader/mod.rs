@@ -477,7 +477,8 @@ impl<R: ReadAt> CowReader<R> {
     pub fn file_len(&self) -> u64 {
         self.file_len
     }
-    /// End of the last op record / payload / footer (where an appender continues).
+    /// End of the last op record / payload / footer (where an appender continues); v3: never
+    /// before the payload area, which follows every op slot.
     pub fn data_end(&self) -> u64 {
         self.data_end
     }

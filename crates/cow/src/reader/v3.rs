@@ -89,7 +89,9 @@ impl<R: ReadAt> CowReader<R> {
         let max_bits = (u64::from(h.max_compression_size) / bs).trailing_zeros() as u8;
         let mut data_pos = data_off;
         let mut win = Window::new(&self.src, self.file_len);
-        let mut end = op_off + op_count * 16;
+        // The payload area starts after every op slot, used or not: a file without payloads
+        // (only COPY/ZERO ops) ends its data there too, not inside the free slots.
+        let mut end = data_off.max(op_off + op_count * 16);
         for index in 0..op_count {
             let rec_off = op_off + index * 16;
             let mut rec = [0u8; 16];

@@ -671,7 +671,7 @@ impl<W: CowSink> CowWriter<W> {
             }
             *resume_count = resume_count.saturating_add(1);
         }
-        self.v3_commit(true)
+        self.v3_commit()
     }
 
     /// v3: make all ops so far durable and visible (payloads + records, sync, then header, sync).
@@ -683,7 +683,7 @@ impl<W: CowSink> CowWriter<W> {
             ));
         }
         self.v3_freeze();
-        self.v3_commit(false)
+        self.v3_commit()
     }
 
     /// Finish the file (v2: close the cluster and write the footer; v3: write op records and
@@ -733,7 +733,7 @@ impl<W: CowSink> CowWriter<W> {
             }
             State::V3 { .. } => {
                 self.v3_freeze();
-                self.v3_commit(false)?;
+                self.v3_commit()?;
                 self.end
             }
         };

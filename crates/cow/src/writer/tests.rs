@@ -173,3 +173,52 @@ fn add_batch_rejects_bad_batches_without_storing_any_op() {
     assert_eq!(r.ops().len(), 1);
     assert!(len > 4096);
 }
+
+/// v3 labels that go down (100–105, then 1 and 2), written as Android's `CowWriterV3` writes
+/// them: each label drops the resume points at or above it and rewrites only the survivors at
+/// the start of the area; the slots after them keep their old bytes, and `resume_point_count`
+/// counts every label. (Android's reader reads min(count, max) slots, so zeroed slots would
+/// show it a label 0 the writer never wrote.)
+#[test]
+fn v3_decreasing_labels_leave_stale_resume_slots_like_android() {
+    let opts = WriterOptions {
+        version: 3,
+        codec: Codec::new(Compression::None),
+        scratch_size: 2 << 20,
+        op_count_max: 64,
+        ..Default::default()
+    };
+    let f = MemFile::default();
+    let mut w = CowWriter::new(&f, opts).unwrap();
+    let mut at = Vec::new();
+    let mut b = 0;
+    for label in [100u64, 101, 102, 103, 104, 105, 1, 2] {
+        for _ in 0..3 {
+            w.add_copy(1000 + b, b, 1).unwrap();
+            b += 1;
+        }
+        w.add_label(label).unwrap();
+        at.push((label, b));
+    }
+    w.finalize().unwrap();
+    let bytes = f.into_inner();
+    let r = CowReader::open(MemFile::new(bytes.clone())).unwrap();
+    let h = r.header();
+    assert_eq!((h.resume_point_count, h.resume_point_max), (8, 4));
+    // Slots: label 2 rewrote 0–1 ((1, 21), (2, 24)); label 1 had rewritten slot 0; slots 2–3
+    // still hold 104 and 105 from when the area was [102, 103, 104, 105].
+    let want = [at[6], at[7], at[4], at[5]];
+    let off = h.v3_resume_offset() as usize;
+    // No sequence data: the area follows the 78-byte header and the 2 MiB scratch area; slot
+    // 2's first byte is the byte `cmp` numbers 2,097,263, where zeroed slots differed.
+    assert_eq!(off + 32, 2_097_262);
+    for (i, (l, n)) in want.iter().enumerate() {
+        let s = off + i * 16;
+        assert_eq!(
+            bytes[s..s + 16],
+            encode_resume_point(*l, *n),
+            "resume slot {i}"
+        );
+    }
+    assert_eq!(r.resume_points(), &want[..]);
+}

@@ -168,7 +168,7 @@ impl<W: CowSink> CowWriter<W> {
         Ok(())
     }
 
-    pub(super) fn v3_commit(&mut self, write_resume: bool) -> Result<()> {
+    pub(super) fn v3_commit(&mut self) -> Result<()> {
         let op_off = self.header.v3_op_offset();
         let res_off = self.header.v3_resume_offset();
         let State::V3 {
@@ -193,15 +193,20 @@ impl<W: CowSink> CowWriter<W> {
             self.end = self.end.max(off + buf.len() as u64);
             *ops_flushed = ops.len();
         }
-        if write_resume || !resume.is_empty() {
-            let mut buf = vec![0u8; self.header.resume_point_max as usize * 16];
-            for (i, (l, n)) in resume.iter().enumerate() {
-                buf[i * 16..i * 16 + 16].copy_from_slice(&encode_resume_point(*l, *n));
+        // Only the live resume points, from the first slot: the slots after them keep what an
+        // earlier label wrote there (a label drops the points at or above it), byte for byte as
+        // Android's `CowWriterV3::EmitLabel`; `resume_point_count` counts every label.
+        if !resume.is_empty() {
+            let mut buf = Vec::with_capacity(resume.len() * 16);
+            for (l, n) in resume.iter() {
+                buf.extend_from_slice(&encode_resume_point(*l, *n));
             }
             self.sink
                 .write_all_at(res_off, &buf)
                 .map_err(io_at(res_off))?;
-            self.end = self.end.max(res_off + buf.len() as u64);
+            // The file still spans the whole area (readers check it is there).
+            let area = u64::from(self.header.resume_point_max) * 16;
+            self.end = self.end.max(res_off + area);
         }
         self.sink.sync_data().map_err(io_at(0))?;
         self.header.op_count = ops.len() as u64;

@@ -348,7 +348,7 @@ impl UringEngine {
             }
             return Err(IN_OTHER_THREADS_RING);
         }
-        let (ring, defer, fixed_file, fixed_bufs) = make_ring(
+        let new = make_ring(
             &self.t,
             self.bufs.shared(),
             self.ring.efd,
@@ -365,9 +365,8 @@ impl UringEngine {
             }
         }
         self.in_kernel = 0;
-        self.bufs.enabled = fixed_bufs;
-        self.ring
-            .replace(ring, defer, fixed_file, self.bufs.shared(), me)?;
+        self.bufs.enabled = new.fixed_bufs;
+        self.ring.replace(new, self.bufs.shared(), me)?;
         self.fill_sq();
         Ok(())
     }

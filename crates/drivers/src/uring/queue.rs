@@ -81,8 +81,7 @@ impl Drop for UringQueue {
         self.eng.in_kernel = self.eng.in_kernel.saturating_sub(sq);
         let mut idle = 0;
         while self.eng.in_kernel > 0 && idle < 30 {
-            // Only the owner of a SINGLE_ISSUER ring may wait on it (others get EEXIST);
-            // closing the ring then cancels what is left.
+            // Only the owner of a SINGLE_ISSUER ring may wait on it (others get EEXIST).
             if let Err(libc::EEXIST) =
                 self.eng
                     .ring
@@ -96,6 +95,16 @@ impl Drop for UringQueue {
             }
             idle = if n == 0 { idle + 1 } else { 0 };
             self.eng.in_kernel = self.eng.in_kernel.saturating_sub(n);
+        }
+        // What is left (a queue dropped by a thread that does not own its ring, or requests
+        // that stayed silent for 30 s): closing the ring cancels what can be cancelled, but
+        // the kernel finishes the rest — a read an io-wq worker is copying — on its own time.
+        // The canary, dropped after the ring, waits until the kernel has freed the ring and
+        // so every request with it.
+        if self.eng.in_kernel > 0
+            && let Some(c) = &mut self.eng.ring.canary
+        {
+            c.wait = true;
         }
     }
 }

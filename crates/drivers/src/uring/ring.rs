@@ -5,10 +5,10 @@
 
 use super::bufs::{BUF_SLOTS, Buffers};
 use crate::file::Target;
-use io_uring::IoUring;
+use io_uring::{IoUring, Submitter};
 use snapblk_core::{Error, Result};
 use std::cell::Cell;
-use std::os::fd::{AsRawFd, RawFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::time::Duration;
 
 const IORING_ENTER_GETEVENTS: u32 = 1;
@@ -26,7 +26,21 @@ struct GeteventsArg {
     ts: u64,
 }
 
-/// A new ring for `t`, with the target, the regions mapped so far and the eventfd registered.
+/// A ring just built by [`make_ring`].
+pub(super) struct NewRing {
+    pub(super) io: IoUring,
+    /// `SINGLE_ISSUER | DEFER_TASKRUN`, created disabled.
+    pub(super) defer: bool,
+    /// The target is fixed file 0.
+    pub(super) fixed_file: bool,
+    /// The ring holds every mapped region (see `Buffers::attach`).
+    pub(super) fixed_bufs: bool,
+    /// Says when the kernel has let go of the ring (None: it could not be registered).
+    pub(super) canary: Option<Canary>,
+}
+
+/// A new ring for `t`, with the target, the regions mapped so far, the eventfd and a
+/// [`Canary`] registered.
 ///
 /// Regular queues whose completion fd nobody asked for (`defer_ok`) ask for
 /// `SINGLE_ISSUER | DEFER_TASKRUN` (completions are posted when the owning thread enters the
@@ -36,7 +50,9 @@ struct GeteventsArg {
 /// queues and queues whose completion fd is in use get a plain ring: with DEFER_TASKRUN the
 /// kernel signals the eventfd once when a completion is queued and again when it is posted,
 /// i.e. a spurious wakeup per batch for eventfd-driven callers. The eventfd is registered but
-/// silent until someone asks for it (`completion_fd`).
+/// silent until someone asks for it (`completion_fd`). A `SINGLE_ISSUER` ring without a canary
+/// is never used: only its owner could wait for its requests, so a queue dropped in another
+/// thread could not (see `UringQueue::drop`); such a ring is rebuilt plain.
 pub(super) fn make_ring(
     t: &Target,
     bufs: &Buffers,
@@ -44,39 +60,99 @@ pub(super) fn make_ring(
     entries: u32,
     poll: bool,
     defer_ok: bool,
-) -> Result<(IoUring, bool, bool, bool)> {
+) -> Result<NewRing> {
     let mut defer = !poll && defer_ok;
-    let mut ring = None;
-    if defer {
-        let mut b = IoUring::builder();
-        b.setup_single_issuer()
-            .setup_defer_taskrun()
-            .setup_coop_taskrun()
-            .setup_r_disabled();
-        ring = b.build(entries).ok();
-    }
-    let mut ring = match ring {
-        Some(r) => r,
-        None => {
-            defer = false;
+    loop {
+        let mut ring = None;
+        if defer {
             let mut b = IoUring::builder();
-            if poll {
-                b.setup_iopoll();
-            }
-            b.build(entries).map_err(Error::from_io)?
+            b.setup_single_issuer()
+                .setup_defer_taskrun()
+                .setup_coop_taskrun()
+                .setup_r_disabled();
+            ring = b.build(entries).ok();
         }
-    };
-    ring.completion().disable_eventfd();
-    let sub = ring.submitter();
-    if let Some(e) = efd {
-        sub.register_eventfd(e)
-            .map_err(|e| Error::new(libc::ENOTSUP, e.to_string()))?;
+        let mut ring = match ring {
+            Some(r) => r,
+            None => {
+                defer = false;
+                let mut b = IoUring::builder();
+                if poll {
+                    b.setup_iopoll();
+                }
+                b.build(entries).map_err(Error::from_io)?
+            }
+        };
+        ring.completion().disable_eventfd();
+        let sub = ring.submitter();
+        if let Some(e) = efd {
+            sub.register_eventfd(e)
+                .map_err(|e| Error::new(libc::ENOTSUP, e.to_string()))?;
+        }
+        let (fixed_file, canary) = Canary::register(&sub, t.raw());
+        if defer && canary.is_none() {
+            defer = false;
+            continue;
+        }
+        // Buffers: a sparse table, filled with the regions mapped so far (see
+        // `Buffers::attach`).
+        let fixed_bufs =
+            sub.register_buffers_sparse(BUF_SLOTS).is_ok() && bufs.attach(ring.as_raw_fd());
+        return Ok(NewRing {
+            io: ring,
+            defer,
+            fixed_file,
+            fixed_bufs,
+            canary,
+        });
     }
-    let fixed_file = sub.register_files(&[t.raw()]).is_ok();
-    // Buffers: a sparse table, filled with the regions mapped so far (see `Buffers::attach`).
-    let fixed_bufs =
-        sub.register_buffers_sparse(BUF_SLOTS).is_ok() && bufs.attach(ring.as_raw_fd());
-    Ok((ring, defer, fixed_file, fixed_bufs))
+}
+
+/// The read end of a pipe whose only write end is fixed file 1 of a ring. The kernel drops
+/// its registered files when it frees the ring, which it does only once every request of the
+/// ring is finished (completed or cancelled, including reads an io-wq worker is still copying
+/// into, which no cancellation stops). So end-of-file here says that no request of the ring
+/// can touch a caller's buffer any more, and waiting for it needs no `io_uring_enter` — which
+/// on a `SINGLE_ISSUER` ring only its owner may do.
+pub(super) struct Canary {
+    rd: OwnedFd,
+    /// Wait for end-of-file when dropped (after the ring is closed: see [`Ring`]).
+    pub(super) wait: bool,
+}
+
+impl Canary {
+    /// Register the target as fixed file 0 and a canary as fixed file 1; returns whether the
+    /// target is registered, and the canary if it is.
+    fn register(sub: &Submitter<'_>, target: RawFd) -> (bool, Option<Canary>) {
+        let mut fds = [0; 2];
+        // SAFETY: `fds` has room for the two descriptors pipe2 writes.
+        if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } == 0 {
+            // SAFETY: both descriptors were just created and are owned here only.
+            let (rd, wr) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+            // The ring takes its own reference to the write end; ours is closed on return.
+            if sub.register_files(&[target, wr.as_raw_fd()]).is_ok() {
+                return (true, Some(Canary { rd, wait: false }));
+            }
+        }
+        (sub.register_files(&[target]).is_ok(), None)
+    }
+}
+
+impl Drop for Canary {
+    fn drop(&mut self) {
+        if !self.wait {
+            return;
+        }
+        let mut b = [0u8; 8];
+        loop {
+            // SAFETY: reads into a live local buffer from our own pipe end.
+            let n = unsafe { libc::read(self.rd.as_raw_fd(), b.as_mut_ptr().cast(), b.len()) };
+            // 0: end-of-file; nothing is ever written, so any other result is an error.
+            if n == 0 || (n < 0 && crate::file::errno() != libc::EINTR) {
+                break;
+            }
+        }
+    }
 }
 
 /// Identifies the calling thread cheaply (the address of a thread-local), to notice when a
@@ -88,6 +164,7 @@ pub(super) fn thread_token() -> usize {
 
 /// A queue's ring and what is known about it.
 pub(super) struct Ring {
+    /// Declared before `canary`, so dropped first: the canary's wait needs the ring closed.
     pub(super) io: IoUring,
     /// The target is registered as fixed file 0.
     pub(super) fixed_file: bool,
@@ -105,6 +182,8 @@ pub(super) struct Ring {
     pub(super) want_plain: Cell<bool>,
     /// CQ entries: the most requests the kernel may hold at once.
     pub(super) cq_cap: usize,
+    /// Says when the kernel has freed `io` (see [`Canary`]); dropped after `io`.
+    pub(super) canary: Option<Canary>,
 }
 
 impl Ring {
@@ -116,7 +195,13 @@ impl Ring {
         entries: u32,
         poll: bool,
     ) -> Result<(Ring, bool)> {
-        let (io, defer, fixed_file, fixed_bufs) = make_ring(t, bufs, efd, entries, poll, true)?;
+        let NewRing {
+            io,
+            defer,
+            fixed_file,
+            fixed_bufs,
+            canary,
+        } = make_ring(t, bufs, efd, entries, poll, true)?;
         let cq_cap = io.params().cq_entries() as usize;
         let ring = Ring {
             io,
@@ -129,6 +214,7 @@ impl Ring {
             efd_on: Cell::new(false),
             want_plain: Cell::new(false),
             cq_cap,
+            canary,
         };
         Ok((ring, fixed_bufs))
     }
@@ -150,22 +236,21 @@ impl Ring {
         Ok(())
     }
 
-    /// Replace the ring by `io` (from [`make_ring`]), which the thread `me` owns if it is a
+    /// Replace the ring by `new` (from [`make_ring`]), which the thread `me` owns if it is a
     /// `SINGLE_ISSUER` ring. The old ring is closed: whatever sat in its SQ must be queued
-    /// again by the caller.
+    /// again by the caller, and nothing of it may be in the kernel.
     pub(super) fn replace(
         &mut self,
-        io: IoUring,
-        defer: bool,
-        fixed_file: bool,
+        new: NewRing,
         bufs: &Buffers,
         me: usize,
     ) -> std::result::Result<(), i32> {
-        let old = std::mem::replace(&mut self.io, io);
+        let old = std::mem::replace(&mut self.io, new.io);
         bufs.detach(old.as_raw_fd());
         drop(old);
-        self.defer = defer;
-        self.fixed_file = fixed_file;
+        self.canary = new.canary;
+        self.defer = new.defer;
+        self.fixed_file = new.fixed_file;
         self.cq_cap = self.io.params().cq_entries() as usize;
         if self.efd_on.get() {
             self.io.completion().enable_eventfd();

@@ -2,10 +2,11 @@
 
 use super::queue::UringQueue;
 use super::*;
+use crate::file::Target;
 use snapblk_core::queue::QueueExt;
 use snapblk_core::request::ReqFlags;
 use snapblk_core::{Completion, Op, Request};
-use std::os::fd::RawFd;
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -301,4 +302,160 @@ fn poll_queues_never_run_inline() {
     assert!(!d.inline_for(true));
     d.inline_qd1 = false;
     assert!(!d.inline_for(false));
+}
+
+/// A queue dropped by a thread that does not own its `SINGLE_ISSUER` ring, with a pipe read
+/// still in the kernel: the drop must not return before the kernel is done with the read's
+/// buffer. The buffer is an mmap the test keeps (standing for memory the caller frees after
+/// the drop), poisoned, and a write into the pipe after the drop must leave it untouched —
+/// and the written bytes must still be in the pipe (the read was cancelled, not served late).
+/// Recent kernels (6.18 here) also refuse such a late poll-driven read of a closed ring by
+/// themselves; the io-wq case below is the one no kernel cancels.
+#[test]
+fn drop_from_another_thread_waits_for_the_kernel() {
+    use std::sync::mpsc;
+    const POISON: u8 = 0xA5;
+    let mut fds = [0; 2];
+    // SAFETY: `fds` has room for the two descriptors.
+    assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+    // SAFETY: both descriptors were just created and are owned here only.
+    let (rd, wr) = unsafe {
+        use std::os::fd::FromRawFd;
+        (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1]))
+    };
+    // A second read end, so that the pipe stays open after the queue closes its target.
+    let rd2 = rd.try_clone().unwrap();
+    let t = Arc::new(Target {
+        fd: rd,
+        is_blk: false,
+        direct: false,
+        read_only: true,
+        blk_write_zeroes: false,
+    });
+    let buf = MemRegion::alloc_private(4096).unwrap();
+    // SAFETY: the region is 4096 bytes, mapped and ours.
+    unsafe { std::ptr::write_bytes(buf.addr, POISON, 4096) };
+    let addr = buf.addr as usize;
+
+    // The owner: submits the read, hands the queue over, and stays alive (returning to user
+    // space often, so task work queued for it runs) until told to stop.
+    let (qtx, qrx) = mpsc::channel();
+    let (stop_tx, stop_rx) = mpsc::channel::<()>();
+    let bufs = Arc::new(bufs::Buffers::default());
+    let owner = std::thread::spawn(move || {
+        let mut q = UringQueue::new(t, bufs, 8, false, false).unwrap();
+        assert!(
+            q.eng.ring.defer,
+            "this test needs a kernel with DEFER_TASKRUN"
+        );
+        let req = Request::new(
+            Op::Read {
+                offset: 0,
+                buf: addr as *mut u8,
+                len: 4096,
+            },
+            1,
+            ReqFlags::NONE,
+        );
+        // SAFETY: the mapping outlives the queue (it is only unmapped at the test's end).
+        unsafe { q.enqueue(req) };
+        let mut cs = [Completion::default(); 1];
+        assert_eq!(q.do_io(&mut cs, 0, None, None).unwrap(), 0);
+        assert_eq!(q.eng.in_kernel, 1);
+        qtx.send(q).unwrap();
+        while let Err(mpsc::RecvTimeoutError::Timeout) =
+            stop_rx.recv_timeout(Duration::from_millis(5))
+        {}
+    });
+    let q = qrx.recv().unwrap();
+    // Let the read arm its poll on the empty pipe.
+    std::thread::sleep(Duration::from_millis(20));
+    drop(q);
+    let msg = b"written after the drop";
+    // SAFETY: writes `msg` to the pipe's write end, which is ours.
+    let n = unsafe { libc::write(wr.as_raw_fd(), msg.as_ptr().cast(), msg.len()) };
+    assert_eq!(n, msg.len() as isize);
+    // Give a late read every chance to land: the owner keeps running task work meanwhile.
+    std::thread::sleep(Duration::from_millis(200));
+    // SAFETY: the mapping is still ours and 4096 bytes long.
+    let seen = unsafe { std::slice::from_raw_parts(buf.addr, 4096) };
+    let touched = seen.iter().filter(|&&b| b != POISON).count();
+    assert_eq!(
+        touched, 0,
+        "the dropped queue's read wrote {touched} bytes after the drop"
+    );
+    let mut back = [0u8; 64];
+    // SAFETY: reads into a live local buffer from our read end of the pipe (which holds data,
+    // so this does not block).
+    let n = unsafe { libc::read(rd2.as_raw_fd(), back.as_mut_ptr().cast(), back.len()) };
+    assert_eq!(
+        &back[..n.max(0) as usize],
+        msg,
+        "the bytes stayed in the pipe"
+    );
+    stop_tx.send(()).unwrap();
+    owner.join().unwrap();
+    // SAFETY: nothing references the mapping any more.
+    unsafe { buf.free() };
+}
+
+/// The same with a read an io-wq worker is busy with (tmpfs has no NOWAIT, so io_uring hands
+/// the read to a worker thread, which copies into the buffer whatever the ring's state): the
+/// drop must wait for the worker. After the drop the test reuses the memory (fills it with a
+/// second poison); the worker must not write into it afterwards.
+#[test]
+fn drop_from_another_thread_waits_for_an_io_worker() {
+    use std::sync::mpsc;
+    const LEN: usize = 64 << 20;
+    let shm = TmpFile::new("/dev/shm", "dropwq", LEN);
+    let d = driver(&shm, false);
+    let t = d.target.clone().unwrap();
+    let buf = MemRegion::alloc_private(LEN).unwrap();
+    // SAFETY: the region is LEN bytes, mapped and ours.
+    unsafe { std::ptr::write_bytes(buf.addr, 0xA5, LEN) };
+    let addr = buf.addr as usize;
+    let (qtx, qrx) = mpsc::channel();
+    let (stop_tx, stop_rx) = mpsc::channel::<()>();
+    let bufs = d.bufs.clone();
+    let owner = std::thread::spawn(move || {
+        let mut q = UringQueue::new(t, bufs, 8, false, false).unwrap();
+        assert!(
+            q.eng.ring.defer,
+            "this test needs a kernel with DEFER_TASKRUN"
+        );
+        let req = Request::new(
+            Op::Read {
+                offset: 0,
+                buf: addr as *mut u8,
+                len: LEN,
+            },
+            1,
+            ReqFlags::NONE,
+        );
+        // SAFETY: the mapping outlives the queue (it is only unmapped at the test's end).
+        unsafe { q.enqueue(req) };
+        let mut cs = [Completion::default(); 1];
+        assert_eq!(q.do_io(&mut cs, 0, None, None).unwrap(), 0);
+        qtx.send(q).unwrap();
+        while let Err(mpsc::RecvTimeoutError::Timeout) =
+            stop_rx.recv_timeout(Duration::from_millis(5))
+        {}
+    });
+    let q = qrx.recv().unwrap();
+    drop(q);
+    // The memory is the caller's again: reuse it.
+    // SAFETY: as above.
+    unsafe { std::ptr::write_bytes(buf.addr, 0x5A, LEN) };
+    std::thread::sleep(Duration::from_millis(300));
+    // SAFETY: as above.
+    let seen = unsafe { std::slice::from_raw_parts(buf.addr, LEN) };
+    let touched = seen.iter().filter(|&&b| b != 0x5A).count();
+    stop_tx.send(()).unwrap();
+    owner.join().unwrap();
+    // SAFETY: nothing references the mapping any more.
+    unsafe { buf.free() };
+    assert_eq!(
+        touched, 0,
+        "the dropped queue's read wrote {touched} bytes after the drop"
+    );
 }

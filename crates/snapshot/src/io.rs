@@ -48,7 +48,7 @@ impl Io {
         }
     }
 
-    fn dev(&self, d: Dev) -> &dyn BlockDev {
+    pub(crate) fn dev(&self, d: Dev) -> &dyn BlockDev {
         match d {
             Dev::Base => &*self.base,
             Dev::Cow => &*self.cow,

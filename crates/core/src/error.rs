@@ -35,10 +35,17 @@ impl Error {
         Self::new(libc::EINVAL, msg)
     }
     /// An OS error, with Rust's `io::Error` text (as libblkio prints it, e.g.
-    /// `No such file or directory (os error 2)`).
+    /// `No such file or directory (os error 2)`). An `io::Error` made from an [`Error`] (how a
+    /// source without a file descriptor reports one through [`at`](crate::at)) gives that
+    /// [`Error`] back; any other error without an errno is EIO with its text.
     pub fn from_io(e: std::io::Error) -> Self {
-        let errno = e.raw_os_error().unwrap_or(libc::EIO);
-        Self::new(errno, e.to_string())
+        if let Some(errno) = e.raw_os_error() {
+            return Self::new(errno, e.to_string());
+        }
+        if let Some(inner) = e.get_ref().and_then(|i| i.downcast_ref::<Error>()) {
+            return inner.clone();
+        }
+        Self::new(libc::EIO, e.to_string())
     }
     /// The last OS error (`errno`) as an [`Error`].
     pub fn last_os_error() -> Self {
@@ -83,12 +90,11 @@ impl From<std::io::Error> for Error {
     }
 }
 
+/// The [`Error`] inside an `io::Error` of the kind its errno maps to; [`Error::from_io`] takes it
+/// back out whole (errno and message).
 impl From<Error> for std::io::Error {
     fn from(e: Error) -> Self {
-        std::io::Error::new(
-            std::io::Error::from_raw_os_error(e.errno).kind(),
-            e.msg.into_owned(),
-        )
+        std::io::Error::new(std::io::Error::from_raw_os_error(e.errno).kind(), e)
     }
 }
 
@@ -112,5 +118,20 @@ mod tests {
         assert_eq!(c.msg, "outer: No such file or directory (os error 2)");
         // A leaf is its own message.
         assert_eq!(Chain(&Error::inval("bad")).to_string(), "bad");
+    }
+
+    #[test]
+    fn an_error_survives_a_trip_through_io_error() {
+        let e = Error::new(libc::ENOSPC, "injected write error (seed 7)");
+        let io = std::io::Error::from(e.clone());
+        assert_eq!(io.kind(), std::io::ErrorKind::StorageFull);
+        assert_eq!(io.to_string(), "injected write error (seed 7)");
+        assert_eq!(Error::from_io(io), e);
+        // OS errors keep their errno and text; others are EIO with their text.
+        let os = Error::from_io(std::io::Error::from_raw_os_error(libc::ENOENT));
+        assert_eq!(os.errno, libc::ENOENT);
+        assert_eq!(os.msg, "No such file or directory (os error 2)");
+        let other = Error::from_io(std::io::Error::other("odd"));
+        assert_eq!((other.errno, &*other.msg), (libc::EIO, "odd"));
     }
 }

@@ -10,9 +10,10 @@ use crate::spec::fmt_size;
 use crate::{Error, Result};
 use serde::Serialize;
 use snapblk_core::MemRegion;
+use snapblk_core::at::{ReadAt, WriteAt};
 use std::fs::{File, OpenOptions};
 use std::os::fd::AsRawFd;
-use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
@@ -101,20 +102,16 @@ impl Drop for AlignedBuf {
     }
 }
 
-/// The operations the file tests and the overwrite test make on their file. [`RealIo`] does
-/// them on the file itself; a test substitutes a recording layer to check the I/O pattern
-/// (offsets, order, syncs, evictions) of every test.
-pub trait TestFile {
-    /// Read exactly `buf.len()` bytes at `off`.
-    fn read_exact_at(&mut self, buf: &mut [u8], off: u64) -> std::io::Result<()>;
-    /// Write all of `buf` at `off`.
-    fn write_all_at(&mut self, buf: &[u8], off: u64) -> std::io::Result<()>;
+/// The operations the file tests and the overwrite test make on their file: exact reads,
+/// writes and fdatasync(2) of the positional I/O family ([`ReadAt::read_exact_at`],
+/// [`WriteAt::write_all_at`], [`WriteAt::sync_data`]), plus these two. [`RealIo`] does them on
+/// the file itself; a test substitutes a recording layer to check the I/O pattern (offsets,
+/// order, syncs, evictions) of every test.
+pub trait TestFile: ReadAt + WriteAt {
     /// fsync(2).
-    fn sync_all(&mut self) -> std::io::Result<()>;
-    /// fdatasync(2).
-    fn sync_data(&mut self) -> std::io::Result<()>;
+    fn sync_all(&self) -> std::io::Result<()>;
     /// Drop the file's clean pages from the page cache.
-    fn evict(&mut self);
+    fn evict(&self);
 }
 
 /// Opens the test file: `create` creates or truncates it, `direct` means O_DIRECT.
@@ -126,19 +123,10 @@ pub trait FileIo {
 pub struct RealIo;
 
 impl TestFile for File {
-    fn read_exact_at(&mut self, buf: &mut [u8], off: u64) -> std::io::Result<()> {
-        FileExt::read_exact_at(self, buf, off)
-    }
-    fn write_all_at(&mut self, buf: &[u8], off: u64) -> std::io::Result<()> {
-        FileExt::write_all_at(self, buf, off)
-    }
-    fn sync_all(&mut self) -> std::io::Result<()> {
+    fn sync_all(&self) -> std::io::Result<()> {
         File::sync_all(self)
     }
-    fn sync_data(&mut self) -> std::io::Result<()> {
-        File::sync_data(self)
-    }
-    fn evict(&mut self) {
+    fn evict(&self) {
         evict(self)
     }
 }
@@ -252,7 +240,7 @@ fn run_test(
     let n = fs / rs;
     let write = matches!(test, "write" | "rewrite" | "randwrite");
     let random = test.starts_with("rand");
-    let mut f = io.open(path, test == "write", spec.direct)?;
+    let f = io.open(path, test == "write", spec.direct)?;
     if spec.drop_cache && matches!(test, "read" | "randread") {
         // Dirty pages cannot be dropped: write them back first.
         f.sync_all()?;
@@ -274,9 +262,9 @@ fn run_test(
         let b = buf.get(rs as usize);
         let s = Instant::now();
         if write {
-            f.write_all_at(b, off)?;
+            f.write_all_at(off, b)?;
         } else {
-            f.read_exact_at(b, off)?;
+            f.read_exact_at(off, b)?;
         }
         h.record(s.elapsed().as_nanos() as u64);
     }
@@ -496,7 +484,7 @@ pub fn overwrite_test_with(
     let res = (|| -> Result<Option<OverwriteReport>> {
         let chunk = (1u64 << 20).min(size) as usize;
         let mut big = AlignedBuf::new(chunk, 7)?;
-        let mut f = io.open(&path, true, false)?;
+        let f = io.open(&path, true, false)?;
         let t0 = Instant::now();
         let mut off = 0;
         progress(OverwritePhase::Create, 0, size);
@@ -505,7 +493,7 @@ pub fn overwrite_test_with(
                 return Ok(None);
             }
             let l = chunk.min((size - off) as usize);
-            f.write_all_at(big.get(l), off)?;
+            f.write_all_at(off, big.get(l))?;
             off += l as u64;
             // 1 MiB chunks: each is at least a step.
             progress(OverwritePhase::Create, off, size);
@@ -524,7 +512,7 @@ pub fn overwrite_test_with(
                 return Ok(None);
             }
             let s = Instant::now();
-            f.write_all_at(small.get(unit as usize), i * unit)?;
+            f.write_all_at(i * unit, small.get(unit as usize))?;
             if fsync {
                 f.sync_data()?;
             }
@@ -685,23 +673,33 @@ mod tests {
 
     struct MemFile(Log);
 
-    impl TestFile for MemFile {
-        fn read_exact_at(&mut self, buf: &mut [u8], _: u64) -> std::io::Result<()> {
+    /// Reads as endless zeros.
+    impl ReadAt for MemFile {
+        fn read_at(&self, _: u64, buf: &mut [u8]) -> std::io::Result<usize> {
             buf.fill(0);
-            Ok(())
+            Ok(buf.len())
         }
-        fn write_all_at(&mut self, buf: &[u8], _: u64) -> std::io::Result<()> {
+        fn size(&self) -> std::io::Result<u64> {
+            Ok(u64::MAX)
+        }
+    }
+
+    impl WriteAt for MemFile {
+        fn write_all_at(&self, _: u64, buf: &[u8]) -> std::io::Result<()> {
             self.0.lock().unwrap().push(Seen::Write(buf.len() as u64));
             Ok(())
         }
-        fn sync_all(&mut self) -> std::io::Result<()> {
+        fn sync_data(&self) -> std::io::Result<()> {
+            self.sync_all()
+        }
+    }
+
+    impl TestFile for MemFile {
+        fn sync_all(&self) -> std::io::Result<()> {
             self.0.lock().unwrap().push(Seen::Sync);
             Ok(())
         }
-        fn sync_data(&mut self) -> std::io::Result<()> {
-            self.sync_all()
-        }
-        fn evict(&mut self) {}
+        fn evict(&self) {}
     }
 
     impl FileIo for MemIo {

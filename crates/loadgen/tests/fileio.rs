@@ -3,6 +3,7 @@
 //! where fsync/fdatasync and evictions happen, and whether `drop_cache` really leaves the file
 //! out of the page cache when a read test starts (measured with cachestat/mincore).
 
+use snapblk_core::at::{ReadAt, WriteAt};
 use snapblk_loadgen::fileio::{
     self, Cell, FileIo, FileTestSpec, RealIo, TESTS, TestFile, run_file_tests_with,
 };
@@ -39,19 +40,17 @@ struct RecFile {
     f: File,
     path: PathBuf,
     log: Log,
-    read_yet: bool,
+    read_yet: std::cell::Cell<bool>,
 }
 
 impl RecFile {
     fn push(&self, op: Op) {
         self.log.lock().unwrap().push(op);
     }
-}
 
-impl TestFile for RecFile {
-    fn read_exact_at(&mut self, buf: &mut [u8], off: u64) -> std::io::Result<()> {
-        if !self.read_yet {
-            self.read_yet = true;
+    /// Log a read of `len` bytes at `off`, after the page-cache residency before the first one.
+    fn log_read(&self, off: u64, len: usize) -> std::io::Result<()> {
+        if !self.read_yet.replace(true) {
             let meta = self.f.metadata()?;
             let r = snapblk_readahead::residency::measure(&self.f, &self.path, &meta, None);
             let snapblk_readahead::Residency::Known {
@@ -64,30 +63,47 @@ impl TestFile for RecFile {
             };
             self.push(Op::ResidentBeforeRead(resident_pages, evicted_pages));
         }
-        self.push(Op::Read {
-            off,
-            len: buf.len(),
-        });
-        TestFile::read_exact_at(&mut self.f, buf, off)
+        self.push(Op::Read { off, len });
+        Ok(())
     }
-    fn write_all_at(&mut self, buf: &[u8], off: u64) -> std::io::Result<()> {
+}
+
+impl ReadAt for RecFile {
+    fn read_at(&self, off: u64, buf: &mut [u8]) -> std::io::Result<usize> {
+        self.log_read(off, buf.len())?;
+        self.f.read_at(off, buf)
+    }
+    fn size(&self) -> std::io::Result<u64> {
+        self.f.size()
+    }
+    fn read_exact_at(&self, off: u64, buf: &mut [u8]) -> std::io::Result<()> {
+        self.log_read(off, buf.len())?;
+        self.f.read_exact_at(off, buf)
+    }
+}
+
+impl WriteAt for RecFile {
+    fn write_all_at(&self, off: u64, buf: &[u8]) -> std::io::Result<()> {
         self.push(Op::Write {
             off,
             len: buf.len(),
         });
-        TestFile::write_all_at(&mut self.f, buf, off)
+        self.f.write_all_at(off, buf)
     }
-    fn sync_all(&mut self) -> std::io::Result<()> {
-        self.push(Op::Fsync);
-        TestFile::sync_all(&mut self.f)
-    }
-    fn sync_data(&mut self) -> std::io::Result<()> {
+    fn sync_data(&self) -> std::io::Result<()> {
         self.push(Op::Fdatasync);
-        TestFile::sync_data(&mut self.f)
+        self.f.sync_data()
     }
-    fn evict(&mut self) {
+}
+
+impl TestFile for RecFile {
+    fn sync_all(&self) -> std::io::Result<()> {
+        self.push(Op::Fsync);
+        TestFile::sync_all(&self.f)
+    }
+    fn evict(&self) {
         self.push(Op::Evict);
-        TestFile::evict(&mut self.f)
+        TestFile::evict(&self.f)
     }
 }
 
@@ -103,7 +119,7 @@ impl FileIo for Recorder {
             f: fileio::open(path, create, direct)?,
             path: path.to_path_buf(),
             log: self.0.clone(),
-            read_yet: false,
+            read_yet: std::cell::Cell::new(false),
         }))
     }
 }

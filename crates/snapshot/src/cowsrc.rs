@@ -4,6 +4,7 @@ use crate::dev::{BlockDev, FileDev, Hold};
 use crate::error::{Result, SnapError};
 use crate::map::{Codec, MapOp, OpKind, Payload, SnapshotMap};
 use crate::snapshot::{CowLayout, Decoder, Snapshot, SnapshotConfig, SnapshotParts};
+use snapblk_core::at::read_error;
 use snapblk_cow::{Compression, CowReader, DuplicatePolicy, OpenOptions, ReadAt};
 use std::path::Path;
 use std::sync::Arc;
@@ -275,15 +276,14 @@ pub fn open_devs_sized(
     size: Option<u64>,
 ) -> Result<Snapshot> {
     let base_len = base.size().map_err(SnapError::io("sizing base"))?;
-    let src = DevReadAt(cow.clone());
     let probe_bs = {
         let mut h = [0u8; 22];
-        cow.read_at(0, &mut h)
-            .map_err(SnapError::io("reading COW header"))?;
+        cow.read_exact_at(0, &mut h)
+            .map_err(|e| SnapError::io("reading COW header")(read_error(0, e)))?;
         u32::from_le_bytes([h[18], h[19], h[20], h[21]]).max(1) as u64
     };
     let capacity = base_len / probe_bs * probe_bs;
-    let (map, layout, _) = load(src, capacity)?;
+    let (map, layout, _) = load(cow.clone(), capacity)?;
     let snap = Snapshot::open(SnapshotParts {
         base,
         cow,
@@ -298,22 +298,4 @@ pub fn open_devs_sized(
         snap.limit_capacity(n)?;
     }
     Ok(snap)
-}
-
-/// A [`BlockDev`] as snapblk-cow's [`ReadAt`].
-struct DevReadAt(Arc<dyn BlockDev>);
-
-impl ReadAt for DevReadAt {
-    fn read_at(&self, offset: u64, buf: &mut [u8]) -> std::io::Result<usize> {
-        let size = self.0.size()?;
-        if offset >= size {
-            return Ok(0);
-        }
-        let n = buf.len().min((size - offset) as usize);
-        self.0.read_at(offset, &mut buf[..n])?;
-        Ok(n)
-    }
-    fn size(&self) -> std::io::Result<u64> {
-        Ok(self.0.size()?)
-    }
 }

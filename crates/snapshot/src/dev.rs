@@ -1,34 +1,35 @@
 //! Byte-addressed backing devices for the snapshot layer.
 //!
+//! A device is any member of snapblk-core's positional I/O family ([`snapblk_core::at`]) that can
+//! be shared between threads: [`BlockDev`] is `ReadAt + WriteAt + Send + Sync`, implemented for
+//! every such type, so a [`File`], an in-memory [`MemFile`](snapblk_core::MemFile) or a network
+//! client is a device as it is.
+//!
 //! The snapshot device reads its base and COW from many threads at once (every client queue plus
 //! the merge thread), synchronously, one segment at a time. [`FileDev`] does exactly that with
 //! `pread`/`pwrite` on a shared file descriptor: no per-queue ring, no extra completion hop, which
-//! keeps a COPY-op read within a few percent of a raw read of the base. [`QueueDev`] adapts any
-//! snapblk-core driver (io_uring, the fault-injection driver, an NBD client...) when a backend is
-//! not a plain file, at the price of a mutex around one queue.
+//! keeps a COPY-op read within a few percent of a raw read of the base. It offers its file
+//! ([`ReadAt::as_file`]), and the read path `pread`s a duplicate of it directly; a device without
+//! a descriptor is read through [`ReadAt::read_exact_at`]. [`QueueDev`] adapts any snapblk-core
+//! driver (io_uring, the fault-injection driver, an NBD client...) when a backend is not a plain
+//! file, at the price of a mutex around one queue.
+//!
+//! Errors are `io::Error`s (an OS errno, or a [`snapblk_core::Error`] inside); the layer above
+//! turns them into [`snapblk_core::Error`] with [`snapblk_core::at::read_error`] (reads) or
+//! `From` (the rest), keeping the errno.
 
+use snapblk_core::at::{ReadAt, WriteAt};
 use snapblk_core::sync::lock;
 use snapblk_core::{Error, Queue, QueueExt};
 use std::fs::File;
-use std::os::unix::fs::FileExt;
-use std::sync::{Arc, Mutex};
+use std::io;
+use std::sync::Mutex;
 
-/// A synchronous, thread-safe, byte-addressed device.
-pub trait BlockDev: Send + Sync {
-    /// Read exactly `buf.len()` bytes at `off` (reads past the end fail with EIO).
-    fn read_at(&self, off: u64, buf: &mut [u8]) -> snapblk_core::Result<()>;
-    /// Write all of `buf` at `off`.
-    fn write_at(&self, off: u64, buf: &[u8]) -> snapblk_core::Result<()>;
-    /// Make every completed write durable.
-    fn flush(&self) -> snapblk_core::Result<()>;
-    /// Current size in bytes.
-    fn size(&self) -> snapblk_core::Result<u64>;
-    /// The file behind the device when reads are plain `pread`s of it (lets the read path skip
-    /// a virtual call per request).
-    fn as_file(&self) -> Option<&File> {
-        None
-    }
-}
+/// A synchronous, thread-safe, byte-addressed device: any member of the positional I/O family
+/// that can be shared between threads.
+pub trait BlockDev: ReadAt + WriteAt + Send + Sync {}
+
+impl<T: ReadAt + WriteAt + Send + Sync + ?Sized> BlockDev for T {}
 
 /// A regular file or block device accessed with `pread`/`pwrite`/`fdatasync`.
 pub struct FileDev {
@@ -116,93 +117,39 @@ impl FileDev {
     /// The general read: retries short reads and EINTR until `buf` is full or end of file.
     #[cold]
     #[inline(never)]
-    fn read_all_at(&self, off: u64, buf: &mut [u8]) -> snapblk_core::Result<()> {
-        self.file.read_exact_at(buf, off).map_err(|e| {
-            if e.kind() == std::io::ErrorKind::UnexpectedEof {
-                Error::new(libc::EIO, format!("short read at offset {off}"))
-            } else {
-                Error::from_io(e)
-            }
-        })
+    fn read_all_at(&self, off: u64, buf: &mut [u8]) -> io::Result<()> {
+        std::os::unix::fs::FileExt::read_exact_at(&self.file, buf, off)
     }
 }
 
-impl BlockDev for FileDev {
+impl ReadAt for FileDev {
     #[inline]
-    fn read_at(&self, off: u64, buf: &mut [u8]) -> snapblk_core::Result<()> {
+    fn read_at(&self, off: u64, buf: &mut [u8]) -> io::Result<usize> {
+        std::os::unix::fs::FileExt::read_at(&self.file, buf, off)
+    }
+    fn size(&self) -> io::Result<u64> {
+        self.file.size()
+    }
+    #[inline]
+    fn read_exact_at(&self, off: u64, buf: &mut [u8]) -> io::Result<()> {
         // One pread fills the buffer in all but rare cases (signals, end of file).
-        match self.file.read_at(buf, off) {
+        match std::os::unix::fs::FileExt::read_at(&self.file, buf, off) {
             Ok(n) if n == buf.len() => Ok(()),
             _ => self.read_all_at(off, buf),
         }
     }
-    fn write_at(&self, off: u64, buf: &[u8]) -> snapblk_core::Result<()> {
-        self.file.write_all_at(buf, off).map_err(Error::from_io)
-    }
-    fn flush(&self) -> snapblk_core::Result<()> {
-        self.file.sync_data().map_err(Error::from_io)
-    }
-    fn size(&self) -> snapblk_core::Result<u64> {
-        use std::os::unix::fs::FileTypeExt;
-        let md = self.file.metadata().map_err(Error::from_io)?;
-        if md.file_type().is_block_device() {
-            // A block device reports size 0 in metadata; ask the kernel.
-            use std::os::fd::AsRawFd;
-            snapblk_core::sys::blkgetsize64(self.file.as_raw_fd())
-        } else {
-            Ok(md.len())
-        }
-    }
+    #[inline]
     fn as_file(&self) -> Option<&File> {
         Some(&self.file)
     }
 }
 
-/// An in-memory device (tests, benchmarks of the engine itself).
-#[derive(Default)]
-pub struct MemDev {
-    data: Mutex<Vec<u8>>,
-}
-
-impl MemDev {
-    /// A device holding `data`.
-    pub fn new(data: Vec<u8>) -> Self {
-        MemDev {
-            data: Mutex::new(data),
-        }
+impl WriteAt for FileDev {
+    fn write_all_at(&self, off: u64, buf: &[u8]) -> io::Result<()> {
+        self.file.write_all_at(off, buf)
     }
-    /// A copy of the contents.
-    pub fn contents(&self) -> Vec<u8> {
-        lock(&self.data).clone()
-    }
-}
-
-impl BlockDev for MemDev {
-    fn read_at(&self, off: u64, buf: &mut [u8]) -> snapblk_core::Result<()> {
-        let d = lock(&self.data);
-        let end = off
-            .checked_add(buf.len() as u64)
-            .filter(|&e| e <= d.len() as u64);
-        let Some(end) = end else {
-            return Err(Error::new(libc::EIO, "read past end"));
-        };
-        buf.copy_from_slice(&d[off as usize..end as usize]);
-        Ok(())
-    }
-    fn write_at(&self, off: u64, buf: &[u8]) -> snapblk_core::Result<()> {
-        let mut d = lock(&self.data);
-        let end = (off as usize).saturating_add(buf.len());
-        if d.len() < end {
-            d.resize(end, 0);
-        }
-        d[off as usize..end].copy_from_slice(buf);
-        Ok(())
-    }
-    fn flush(&self) -> snapblk_core::Result<()> {
-        Ok(())
-    }
-    fn size(&self) -> snapblk_core::Result<u64> {
-        Ok(lock(&self.data).len() as u64)
+    fn sync_data(&self) -> io::Result<()> {
+        self.file.sync_data()
     }
 }
 
@@ -226,35 +173,71 @@ impl QueueDev {
     }
 }
 
-impl BlockDev for QueueDev {
-    fn read_at(&self, off: u64, buf: &mut [u8]) -> snapblk_core::Result<()> {
-        lock(&self.queue).read_at(off, buf)
+impl ReadAt for QueueDev {
+    /// Reads what lies before the device's end, in one request.
+    fn read_at(&self, off: u64, buf: &mut [u8]) -> io::Result<usize> {
+        let n = self.capacity.checked_sub(off).map_or(0, |left| {
+            buf.len().min(usize::try_from(left).unwrap_or(usize::MAX))
+        });
+        self.read_exact_at(off, &mut buf[..n])?;
+        Ok(n)
     }
-    fn write_at(&self, off: u64, buf: &[u8]) -> snapblk_core::Result<()> {
-        lock(&self.queue).write_at(off, buf, false)
-    }
-    fn flush(&self) -> snapblk_core::Result<()> {
-        lock(&self.queue).flush()
-    }
-    fn size(&self) -> snapblk_core::Result<u64> {
+    fn size(&self) -> io::Result<u64> {
         Ok(self.capacity)
+    }
+    fn read_exact_at(&self, off: u64, buf: &mut [u8]) -> io::Result<()> {
+        Ok(lock(&self.queue).read_at(off, buf)?)
     }
 }
 
-impl<T: BlockDev + ?Sized> BlockDev for Arc<T> {
-    fn read_at(&self, off: u64, buf: &mut [u8]) -> snapblk_core::Result<()> {
-        (**self).read_at(off, buf)
+impl WriteAt for QueueDev {
+    fn write_all_at(&self, off: u64, buf: &[u8]) -> io::Result<()> {
+        Ok(lock(&self.queue).write_at(off, buf, false)?)
     }
-    fn write_at(&self, off: u64, buf: &[u8]) -> snapblk_core::Result<()> {
-        (**self).write_at(off, buf)
+    fn sync_data(&self) -> io::Result<()> {
+        Ok(lock(&self.queue).flush()?)
     }
-    fn flush(&self) -> snapblk_core::Result<()> {
-        (**self).flush()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fault::{FaultDriver, FaultWorld};
+
+    #[test]
+    fn a_queue_is_a_device_without_a_descriptor() {
+        let world = FaultWorld::new(vec![vec![0u8; 8192]]);
+        let mut b = snapblk_core::Blkio::new(Box::new(FaultDriver::new(world.disk(0))));
+        b.connect().unwrap();
+        b.start().unwrap();
+        let d = QueueDev::from_blkio(&mut b).unwrap();
+        assert!(d.as_file().is_none());
+        assert_eq!(d.size().unwrap(), 8192);
+        d.write_all_at(4096, &[7u8; 4096]).unwrap();
+        d.sync_data().unwrap();
+        let mut buf = [0u8; 8192];
+        // A read is clamped to the device's end; an exact read past it fails.
+        assert_eq!(d.read_at(4096, &mut buf).unwrap(), 4096);
+        assert_eq!(buf[..4096], [7u8; 4096]);
+        assert_eq!(d.read_at(8192, &mut buf).unwrap(), 0);
+        assert!(d.read_exact_at(4096, &mut buf).is_err());
+        assert_eq!(world.counters(0), (1, 1));
     }
-    fn size(&self) -> snapblk_core::Result<u64> {
-        (**self).size()
-    }
-    fn as_file(&self) -> Option<&File> {
-        (**self).as_file()
+
+    #[test]
+    fn a_file_device_offers_its_descriptor_and_sizes_itself() {
+        let path = std::env::temp_dir().join(format!("snapblk-dev-{}", std::process::id()));
+        std::fs::write(&path, [5u8; 1000]).unwrap();
+        let d = FileDev::open(&path, false).unwrap();
+        std::fs::remove_file(&path).unwrap();
+        assert!(d.as_file().is_some());
+        assert_eq!(d.size().unwrap(), 1000);
+        let mut buf = [0u8; 600];
+        d.read_exact_at(400, &mut buf).unwrap();
+        let e = d.read_exact_at(401, &mut buf).unwrap_err();
+        assert_eq!(
+            snapblk_core::at::read_error(401, e).msg,
+            "short read at offset 401"
+        );
     }
 }

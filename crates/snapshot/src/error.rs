@@ -154,9 +154,13 @@ pub enum SnapError {
 }
 
 impl SnapError {
-    /// Wrap a core I/O error with what was being done.
-    pub fn io(what: &'static str) -> impl FnOnce(snapblk_core::Error) -> SnapError {
-        move |source| SnapError::Io { what, source }
+    /// Wrap a device's error (a [`snapblk_core::Error`], or an `io::Error` of the positional
+    /// I/O family, converted keeping its errno) with what was being done.
+    pub fn io<E: Into<snapblk_core::Error>>(what: &'static str) -> impl FnOnce(E) -> SnapError {
+        move |source| SnapError::Io {
+            what,
+            source: source.into(),
+        }
     }
 
     /// The errno a C caller should see.

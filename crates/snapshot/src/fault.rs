@@ -59,12 +59,13 @@
 //! merge CLI path, exports, the C ABI through the facade's `fault-injection` feature) can be run
 //! on top of it; created by name it is configured by properties (see [`FaultDriver::configurable`]).
 
-use crate::dev::BlockDev;
-use crate::queue::{Backend, SyncQueue};
+use crate::queue::{DevBackend, SyncQueue};
 use crate::rng::Rng;
 use crate::sched::Clock;
+use snapblk_core::at::{ReadAt, WriteAt};
 use snapblk_core::props::{Access, PropSpec, PropType, PropValue};
 use snapblk_core::{DeviceInfo, Driver, Error, Queue, State};
+use std::io;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 /// Granularity at which unflushed writes are torn.
@@ -510,8 +511,9 @@ impl FaultDisk {
     }
 }
 
-impl BlockDev for FaultDisk {
-    fn read_at(&self, off: u64, buf: &mut [u8]) -> snapblk_core::Result<()> {
+/// The disk's operations: each is one operation of the plan, reads and writes exact.
+impl FaultDisk {
+    fn read_op(&self, off: u64, buf: &mut [u8]) -> snapblk_core::Result<()> {
         let (info, r) = {
             let mut w = self.world.lock();
             FaultWorld::tick(&mut w).map_err(|_| power_off())?;
@@ -532,7 +534,7 @@ impl BlockDev for FaultDisk {
         r
     }
 
-    fn write_at(&self, off: u64, buf: &[u8]) -> snapblk_core::Result<()> {
+    fn write_op(&self, off: u64, buf: &[u8]) -> snapblk_core::Result<()> {
         let (info, seed) = {
             let mut w = self.world.lock();
             if w.dead {
@@ -571,7 +573,7 @@ impl BlockDev for FaultDisk {
         Ok(())
     }
 
-    fn flush(&self) -> snapblk_core::Result<()> {
+    fn flush_op(&self) -> snapblk_core::Result<()> {
         let (info, seed) = {
             let mut w = self.world.lock();
             FaultWorld::tick(&mut w).map_err(|_| power_off())?;
@@ -590,22 +592,31 @@ impl BlockDev for FaultDisk {
         }
         Ok(())
     }
+}
 
-    fn size(&self) -> snapblk_core::Result<u64> {
-        self.with(|d| d.current.len() as u64)
+impl ReadAt for FaultDisk {
+    /// Reads what lies before the disk's end, as one operation.
+    fn read_at(&self, off: u64, buf: &mut [u8]) -> io::Result<usize> {
+        let n = self.size()?.checked_sub(off).map_or(0, |left| {
+            buf.len().min(usize::try_from(left).unwrap_or(usize::MAX))
+        });
+        self.read_exact_at(off, &mut buf[..n])?;
+        Ok(n)
+    }
+    fn size(&self) -> io::Result<u64> {
+        Ok(self.with(|d| d.current.len() as u64)?)
+    }
+    fn read_exact_at(&self, off: u64, buf: &mut [u8]) -> io::Result<()> {
+        Ok(self.read_op(off, buf)?)
     }
 }
 
-impl Backend for FaultDisk {
-    fn read(&self, offset: u64, buf: &mut [u8]) -> snapblk_core::Result<()> {
-        self.read_at(offset, buf)
+impl WriteAt for FaultDisk {
+    fn write_all_at(&self, off: u64, buf: &[u8]) -> io::Result<()> {
+        Ok(self.write_op(off, buf)?)
     }
-    fn write(&self, offset: u64, buf: &[u8], fua: bool) -> snapblk_core::Result<()> {
-        self.write_at(offset, buf)?;
-        if fua { BlockDev::flush(self) } else { Ok(()) }
-    }
-    fn flush(&self) -> snapblk_core::Result<()> {
-        BlockDev::flush(self)
+    fn sync_data(&self) -> io::Result<()> {
+        Ok(self.flush_op()?)
     }
 }
 
@@ -761,14 +772,14 @@ impl Driver for FaultDriver {
     }
     fn capacity(&self) -> snapblk_core::Result<u64> {
         match (&self.disk, &self.settings) {
-            (Some(d), _) => d.size(),
+            (Some(d), _) => Ok(d.size()?),
             (None, Some(s)) => Ok(s.size),
             (None, None) => Err(no_disk()),
         }
     }
     fn create_queue(&mut self, _poll: bool) -> snapblk_core::Result<Box<dyn Queue>> {
         let disk = self.disk.clone().ok_or_else(no_disk)?;
-        Ok(Box::new(SyncQueue::new(disk)?))
+        Ok(Box::new(SyncQueue::new(DevBackend(disk))?))
     }
 }
 
@@ -781,11 +792,12 @@ mod tests {
     fn flushed_writes_survive_unflushed_may_not() {
         let world = FaultWorld::new(vec![vec![0u8; 4 * 4096]]);
         let d = world.disk(0);
-        d.write_at(0, &[1u8; 4096]).unwrap();
-        BlockDev::flush(&d).unwrap();
-        d.write_at(4096, &[2u8; 8192]).unwrap();
+        d.write_all_at(0, &[1u8; 4096]).unwrap();
+        d.sync_data().unwrap();
+        d.write_all_at(4096, &[2u8; 8192]).unwrap();
         world.cut_after(0);
-        assert_eq!(d.write_at(0, &[3u8; 4096]).unwrap_err().errno, libc::EIO);
+        let e = Error::from(d.write_all_at(0, &[3u8; 4096]).unwrap_err());
+        assert_eq!(e.errno, libc::EIO);
         assert!(world.is_dead());
         let mut saw = [false; 2];
         for seed in 0..64 {
@@ -837,22 +849,22 @@ mod tests {
             ..FaultPlan::default()
         });
         let mut buf = [0u8; 4096];
-        d.read_at(0, &mut buf).unwrap();
-        let e = d.read_at(4096, &mut buf).unwrap_err();
+        d.read_exact_at(0, &mut buf).unwrap();
+        let e = Error::from(d.read_exact_at(4096, &mut buf).unwrap_err());
         assert_eq!(e.errno, libc::EIO);
         assert!(
             e.to_string().contains("operation 1") && e.to_string().contains("seed 42"),
             "{e}"
         );
-        d.write_at(0, &[1u8; 4096]).unwrap();
-        assert_eq!(BlockDev::flush(&d).unwrap_err().errno, libc::EIO);
+        d.write_all_at(0, &[1u8; 4096]).unwrap();
+        assert_eq!(Error::from(d.sync_data().unwrap_err()).errno, libc::EIO);
         // The failed flush made nothing durable.
         assert_eq!(world.recover(0)[0][0], 7);
         // The latent sector error fails every read that touches it, and only those.
         for _ in 0..2 {
-            assert!(d.read_at(3 * 4096, &mut buf).is_err());
+            assert!(d.read_exact_at(3 * 4096, &mut buf).is_err());
         }
-        d.read_at(2 * 4096, &mut buf).unwrap();
+        d.read_exact_at(2 * 4096, &mut buf).unwrap();
         assert_eq!(
             world.injected(),
             Injected {
@@ -863,7 +875,7 @@ mod tests {
         );
         // Faults off: everything works and the data is intact.
         world.set_plan(FaultPlan::default());
-        d.read_at(3 * 4096, &mut buf).unwrap();
+        d.read_exact_at(3 * 4096, &mut buf).unwrap();
         assert_eq!(buf, [7u8; 4096]);
     }
 
@@ -878,9 +890,9 @@ mod tests {
             let off = rng.below(62) * 4096;
             let len = (1 + rng.below(2) as usize) * 4096;
             let r = if rng.coin() {
-                d.write_at(off, &vec![i as u8; len])
+                d.write_all_at(off, &vec![i as u8; len])
             } else {
-                d.read_at(off, &mut vec![0u8; len])
+                d.read_exact_at(off, &mut vec![0u8; len])
             };
             outcomes.push(r.is_err());
         }
@@ -930,7 +942,7 @@ mod tests {
                 },
             );
             let d = world.disk(0);
-            assert!(d.write_at(0, &[9u8; 4 * 4096]).is_err(), "seed {seed}");
+            assert!(d.write_all_at(0, &[9u8; 4 * 4096]).is_err(), "seed {seed}");
             let img = world.current().swap_remove(0);
             for b in img.chunks(4096) {
                 assert!(
@@ -963,10 +975,10 @@ mod tests {
         world.on_issue(Some(Arc::new(move |op: &OpInfo| {
             w2.advance_to(op.issued_ns + 500);
             let t = w2.now_ns();
-            d2.read_at(0, &mut [0u8; 4096]).unwrap();
+            d2.read_exact_at(0, &mut [0u8; 4096]).unwrap();
             s2.lock().unwrap().push((op.done_ns, w2.now_ns() - t));
         })));
-        d.read_at(0, &mut vec![0u8; 64 << 10]).unwrap();
+        d.read_exact_at(0, &mut vec![0u8; 64 << 10]).unwrap();
         let seen = seen.lock().unwrap().clone();
         assert_eq!(seen.len(), 1, "the hook runs once, not for its own read");
         assert_eq!(seen[0].0, 7400);

@@ -13,11 +13,12 @@
 //! unbounded allocations are bugs. Where a property holds whatever the bytes are, it is asserted
 //! (a write acknowledged by a journal opened from hostile bytes reads back after a restart).
 
-use crate::dev::{BlockDev, MemDev};
+use crate::dev::BlockDev;
 use crate::map::OpKind;
 use crate::merge::{MergeOptions, merge};
 use crate::snapshot::{Snapshot, SnapshotConfig, SnapshotParts};
 use crate::synth::{RawOnly, SynthCase, SynthSpec, generate};
+use snapblk_core::MemFile;
 use std::sync::{Arc, OnceLock};
 
 /// Record header size of the overlay journal (see [`crate::overlay`]).
@@ -44,7 +45,7 @@ fn case() -> &'static SynthCase {
     })
 }
 
-fn open(base: &Arc<MemDev>, cow: &Arc<MemDev>, writable: bool) -> crate::Result<Snapshot> {
+fn open(base: &Arc<MemFile>, cow: &Arc<MemFile>, writable: bool) -> crate::Result<Snapshot> {
     let c = case();
     Snapshot::open(SnapshotParts {
         base: base.clone() as Arc<dyn BlockDev>,
@@ -139,8 +140,8 @@ pub fn fuzz_overlay(data: &[u8]) {
     if flags & 1 != 0 {
         fix_journal(&mut cow[at..]);
     }
-    let base = Arc::new(MemDev::new(c.base.clone()));
-    let cow = Arc::new(MemDev::new(cow));
+    let base = Arc::new(MemFile::new(c.base.clone()));
+    let cow = Arc::new(MemFile::new(cow));
     let Ok(s) = open(&base, &cow, true) else {
         return;
     };
@@ -205,8 +206,8 @@ pub fn fuzz_merge_state(data: &[u8]) {
     }
     let m = rest.len().min(scratch_end - at);
     cow[at..at + m].copy_from_slice(&rest[..m]);
-    let base = Arc::new(MemDev::new(c.base.clone()));
-    let cow = Arc::new(MemDev::new(cow));
+    let base = Arc::new(MemFile::new(c.base.clone()));
+    let cow = Arc::new(MemFile::new(cow));
     let Ok(s) = open(&base, &cow, false) else {
         return;
     };
@@ -227,8 +228,8 @@ pub fn seeds() -> (Vec<Vec<u8>>, Vec<Vec<u8>>) {
     let c = case();
     let start = (c.layout.data_end.div_ceil(4096) * 4096) as usize;
     let mut overlay = Vec::new();
-    let base = Arc::new(MemDev::new(c.base.clone()));
-    let cow = Arc::new(MemDev::new(c.cow.clone()));
+    let base = Arc::new(MemFile::new(c.base.clone()));
+    let cow = Arc::new(MemFile::new(c.cow.clone()));
     if let Ok(s) = open(&base, &cow, true) {
         for (i, (b, n)) in [(3u64, 1usize), (10, 3), (3, 2), (40, 1)]
             .iter()
@@ -242,8 +243,8 @@ pub fn seeds() -> (Vec<Vec<u8>>, Vec<Vec<u8>>) {
         }
     }
     let states = std::sync::Mutex::new(Vec::new());
-    let base = Arc::new(MemDev::new(c.base.clone()));
-    let cow = Arc::new(MemDev::new(c.cow.clone()));
+    let base = Arc::new(MemFile::new(c.base.clone()));
+    let cow = Arc::new(MemFile::new(c.cow.clone()));
     if let (Ok(s), Some(sc)) = (open(&base, &cow, false), c.layout.scratch()) {
         let grab = |_: crate::merge::MergeStep| {
             let b = cow.contents();
@@ -299,8 +300,8 @@ mod tests {
             let mut cow = c.cow.clone();
             cow.resize(start, 0);
             cow.extend_from_slice(&seed[1..]);
-            let base = Arc::new(MemDev::new(c.base.clone()));
-            let s = open(&base, &Arc::new(MemDev::new(cow)), false).unwrap();
+            let base = Arc::new(MemFile::new(c.base.clone()));
+            let s = open(&base, &Arc::new(MemFile::new(cow)), false).unwrap();
             assert_eq!(s.overlay().map(|o| o.blocks().len()), Some(want));
         }
     }

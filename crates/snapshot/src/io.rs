@@ -3,9 +3,9 @@
 use crate::dev::BlockDev;
 use crate::error::{Result, SnapError};
 use crate::sched::{IoClass, Scheduler};
+use snapblk_core::at::read_error;
 use std::collections::{HashMap, VecDeque};
 use std::fs::File;
-use std::os::unix::fs::FileExt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -28,8 +28,10 @@ pub struct Io {
     /// The scheduler every base/COW request is admitted through (foreground, merge and
     /// readahead classes).
     pub sched: Arc<Scheduler>,
-    /// Duplicates of the devices' files when they are plain files: foreground reads `pread`
-    /// them directly.
+    /// Duplicates of the devices' files when they offer one ([`ReadAt::as_file`]): foreground
+    /// reads `pread` them directly.
+    ///
+    /// [`ReadAt::as_file`]: snapblk_core::at::ReadAt::as_file
     files: [Option<File>; 2],
 }
 
@@ -46,7 +48,7 @@ impl Io {
         }
     }
 
-    fn dev(&self, d: Dev) -> &dyn BlockDev {
+    pub(crate) fn dev(&self, d: Dev) -> &dyn BlockDev {
         match d {
             Dev::Base => &*self.base,
             Dev::Cow => &*self.cow,
@@ -70,14 +72,14 @@ impl Io {
             // One pread in the common case; short reads and errors take the device's own path
             // (which retries and reports them).
             if let Some(f) = &self.files[d as usize]
-                && f.read_at(buf, off).is_ok_and(|n| n == buf.len())
+                && std::os::unix::fs::FileExt::read_at(f, buf, off).is_ok_and(|n| n == buf.len())
             {
                 return Ok(());
             }
             return self
                 .dev(d)
-                .read_at(off, buf)
-                .map_err(SnapError::io(Self::what(d, false)));
+                .read_exact_at(off, buf)
+                .map_err(|e| SnapError::io(Self::what(d, false))(read_error(off, e)));
         }
         self.read_bg(class, d, off, buf)
     }
@@ -89,9 +91,10 @@ impl Io {
         while pos < buf.len() {
             let n = (self.sched.chunk() as usize).min(buf.len() - pos);
             let _t = self.sched.admit(class, n as u64);
+            let at = off + pos as u64;
             self.dev(d)
-                .read_at(off + pos as u64, &mut buf[pos..pos + n])
-                .map_err(SnapError::io(Self::what(d, false)))?;
+                .read_exact_at(at, &mut buf[pos..pos + n])
+                .map_err(|e| SnapError::io(Self::what(d, false))(read_error(at, e)))?;
             pos += n;
         }
         Ok(())
@@ -108,7 +111,7 @@ impl Io {
             };
             let _t = self.sched.admit(class, n as u64);
             self.dev(d)
-                .write_at(off + pos as u64, &buf[pos..pos + n])
+                .write_all_at(off + pos as u64, &buf[pos..pos + n])
                 .map_err(SnapError::io(Self::what(d, true)))?;
             pos += n;
         }
@@ -118,7 +121,7 @@ impl Io {
     /// Flush one device.
     pub fn flush(&self, class: IoClass, d: Dev) -> Result<()> {
         let _t = self.sched.admit(class, 0);
-        self.dev(d).flush().map_err(SnapError::io(match d {
+        self.dev(d).sync_data().map_err(SnapError::io(match d {
             Dev::Base => "flushing base",
             Dev::Cow => "flushing COW",
         }))

@@ -3,7 +3,16 @@
 //! lookup plus one or a few `pread`s, so handing requests to another thread would cost more than
 //! it saves; parallelism comes from using several queues. The queue is generic over its backend
 //! so the backend's read is inlined into the request dispatch (no virtual call per request).
+//!
+//! [`Backend`] is the request layer, kept apart from the positional I/O family
+//! ([`snapblk_core::at`]) on purpose: it speaks in requests (FUA writes, write-zeroes, discard)
+//! and fails with the [`snapblk_core::Error`] a C caller receives (a snapshot's read can fail
+//! with a range, corruption or merge error that is no I/O error of a byte source). Where a
+//! backend is just bytes at offsets, it is built on the family: [`DevBackend`] serves requests
+//! from any [`BlockDev`] (reads are exact reads, a FUA write is a write then `sync_data`).
 
+use crate::dev::BlockDev;
+use snapblk_core::at::read_error;
 use snapblk_core::queue::check_do_io_args;
 use snapblk_core::sys::EventFd;
 use snapblk_core::{Completion, Error, Op, Queue, Request};
@@ -53,6 +62,25 @@ impl<T: Backend + ?Sized> Backend for Arc<T> {
     }
     fn discard(&self, offset: u64, len: u64) -> snapblk_core::Result<()> {
         (**self).discard(offset, len)
+    }
+}
+
+/// Any device of the positional I/O family as a request [`Backend`].
+pub struct DevBackend<D>(pub D);
+
+impl<D: BlockDev> Backend for DevBackend<D> {
+    #[inline]
+    fn read(&self, offset: u64, buf: &mut [u8]) -> snapblk_core::Result<()> {
+        self.0
+            .read_exact_at(offset, buf)
+            .map_err(|e| read_error(offset, e))
+    }
+    fn write(&self, offset: u64, buf: &[u8], fua: bool) -> snapblk_core::Result<()> {
+        self.0.write_all_at(offset, buf)?;
+        if fua { self.flush() } else { Ok(()) }
+    }
+    fn flush(&self) -> snapblk_core::Result<()> {
+        Ok(self.0.sync_data()?)
     }
 }
 

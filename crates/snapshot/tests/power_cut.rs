@@ -2,7 +2,7 @@
 //! tear and reorder unflushed writes), each followed by a restart that first reads the whole
 //! device through the snapshot, then resumes the merge. Also: reads during a merge.
 
-use snapblk_snapshot::dev::BlockDev;
+use snapblk_core::at::ReadAt;
 use snapblk_snapshot::fault::FaultWorld;
 use snapblk_snapshot::rng::Rng;
 use snapblk_snapshot::synth::{RawOnly, SynthCase, SynthSpec, generate};
@@ -313,7 +313,7 @@ fn interrupted_merge_stops_at_a_safe_point_and_resumes() {
     let rep = merge(&s2, MergeOptions::default()).unwrap();
     assert!(rep.resumed_at > 20);
     assert_eq!(world2.current()[0], case.target);
-    let _ = BlockDev::size(&world2.disk(0));
+    let _ = ReadAt::size(&world2.disk(0));
 }
 
 #[test]

@@ -103,14 +103,21 @@ pub fn validate(plan: &[Segment], len: u32, nfiles: usize) -> bool {
 }
 
 /// Planner for a read-only snapshot (base + COW): unchanged blocks and COPY sources are read from
-/// the base file, uncompressed COW data from the COW file, zeros from /dev/zero, all by the kernel
-/// into the request's pages; compressed REPLACE and XOR blocks are decoded through the device
-/// queue. It plans with its own read-only view of the same files, which is exact as long as the
+/// the base's file, uncompressed COW data from the COW's file, zeros are zero-filled, all by the
+/// kernel into the request's pages; compressed REPLACE and XOR blocks are decoded through the
+/// device queue. The files are those behind the planner's own snapshot's devices
+/// ([`ReadAt::as_file`](snapblk_core::at::ReadAt::as_file)); a device without one (an in-memory
+/// or network source) has its ranges read through the device queue too. The planner's snapshot
+/// is its own read-only view of the same base and COW, which is exact as long as the served
 /// snapshot is not written or merged while served (writable snapshots get no planner).
 pub struct SnapshotPlanner {
     snap: snapblk_snapshot::Snapshot,
-    base: File,
-    cow: File,
+    /// The base's and the COW's descriptors, where their devices have one.
+    files: Vec<RawFd>,
+    /// Index into `files` of the base's descriptor, if it has one.
+    base: Option<u16>,
+    /// Index into `files` of the COW's descriptor, if it has one.
+    cow: Option<u16>,
 }
 
 impl SnapshotPlanner {
@@ -145,17 +152,32 @@ impl SnapshotPlanner {
         if let Some(v) = verifier {
             snap.attach_verifier(v).map_err(err)?;
         }
-        Ok(SnapshotPlanner {
+        Ok(Self::new(snap))
+    }
+
+    /// A planner over an open read-only snapshot, reading the files behind its devices where
+    /// they have one.
+    pub fn new(snap: snapblk_snapshot::Snapshot) -> Self {
+        use snapblk_snapshot::io::Dev;
+        let mut files = Vec::new();
+        let mut fd_of = |d: Dev| {
+            let f = snap.device(d).as_file()?;
+            files.push(f.as_raw_fd());
+            Some((files.len() - 1) as u16)
+        };
+        let (base, cow) = (fd_of(Dev::Base), fd_of(Dev::Cow));
+        SnapshotPlanner {
             snap,
-            base: File::open(base)?,
-            cow: File::open(cow)?,
-        })
+            files,
+            base,
+            cow,
+        }
     }
 }
 
 impl ReadPlanner for SnapshotPlanner {
     fn files(&self) -> Vec<RawFd> {
-        vec![self.base.as_raw_fd(), self.cow.as_raw_fd()]
+        self.files.clone()
     }
     fn plan(&self, offset: u64, len: u32, out: &mut Vec<Segment>) -> snapblk_core::Result<()> {
         use snapblk_snapshot::Segment as S;
@@ -168,17 +190,20 @@ impl ReadPlanner for SnapshotPlanner {
             for s in segs {
                 // Segment lengths are bounded by the request length (u32).
                 let l = s.len() as u32;
+                let file = |file: Option<u16>, at: u64| match file {
+                    Some(file) => Segment::File {
+                        file,
+                        offset: at,
+                        len: l,
+                    },
+                    None => Segment::Device {
+                        offset: pos,
+                        len: l,
+                    },
+                };
                 out.push(match *s {
-                    S::Base { base_offset, .. } => Segment::File {
-                        file: 0,
-                        offset: base_offset,
-                        len: l,
-                    },
-                    S::Cow { cow_offset, .. } => Segment::File {
-                        file: 1,
-                        offset: cow_offset,
-                        len: l,
-                    },
+                    S::Base { base_offset, .. } => file(self.base, base_offset),
+                    S::Cow { cow_offset, .. } => file(self.cow, cow_offset),
                     S::Zero { .. } => Segment::Zero { len: l },
                     _ => Segment::Device {
                         offset: pos,

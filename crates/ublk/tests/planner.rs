@@ -104,6 +104,63 @@ fn snapshot_plans_reproduce_target() {
 }
 
 #[test]
+fn a_cow_without_a_descriptor_is_planned_through_the_device() {
+    use snapblk_snapshot::cowsrc::{OpenMode, open_devs, open_files};
+    use snapblk_snapshot::dev::{BlockDev, FileDev};
+    use std::sync::Arc;
+    let mut cow_file_segments = 0;
+    for c in cases() {
+        let target = std::fs::read(c.join("target.img")).unwrap();
+        let (base, cow) = (c.join("base.img"), c.join("snapshot.cow"));
+        // The planner's snapshot: the base a file, the COW in memory.
+        let snap = open_devs(
+            Arc::new(FileDev::open(&base, false).unwrap()) as Arc<dyn BlockDev>,
+            Arc::new(snapblk_core::MemFile::new(std::fs::read(&cow).unwrap())),
+            snapblk_snapshot::SnapshotConfig::default(),
+        )
+        .unwrap();
+        let p = SnapshotPlanner::new(snap);
+        assert_eq!(p.files().len(), 1, "only the base has a descriptor");
+        let all_files = SnapshotPlanner::new(
+            open_files(&base, &cow, Default::default(), OpenMode::default()).unwrap(),
+        );
+        assert_eq!(all_files.files().len(), 2);
+        let spec = format!("snapshot:base={},cow={}", base.display(), cow.display());
+        let mut dev = snapblk::open(&spec, 1).expect("open snapshot device");
+        let n = target.len() as u64;
+        let mut off = 0;
+        while off < n {
+            let len = (n - off).min(128 * 1024) as u32;
+            let mut plan = Vec::new();
+            p.plan(off, len, &mut plan).unwrap();
+            assert!(
+                plan.iter()
+                    .all(|s| !matches!(s, Segment::File { file: 1.., .. })),
+                "{}: no COW file segment in {plan:?}",
+                c.display()
+            );
+            plan.clear();
+            all_files.plan(off, len, &mut plan).unwrap();
+            cow_file_segments += plan
+                .iter()
+                .filter(|s| matches!(s, Segment::File { file: 1, .. }))
+                .count();
+            assert_eq!(
+                execute(&p, &mut dev, off, len),
+                target[off as usize..(off + u64::from(len)) as usize],
+                "{} at {off}",
+                c.display()
+            );
+            off += u64::from(len);
+        }
+    }
+    assert!(
+        cow_file_segments > 0,
+        "some case reads COW data that a COW file would serve"
+    );
+}
+
+#[test]
 fn file_plan_reads_the_file() {
     let c = &cases()[0];
     let p = FilePlanner::open(&c.join("target.img")).unwrap();

@@ -39,7 +39,7 @@ pub(crate) fn extract_type(op: &InstallOperation) -> Result<OpType, OpError> {
     if !extract_supports(t) {
         return Err(OpError::Unsupported {
             op_type: t,
-            what: "extract (it needs the old partition: `ota apply`, not yet available)",
+            what: "extract (an incremental operation: it needs the old partition)",
         });
     }
     Ok(t)

@@ -111,7 +111,10 @@ pub struct PartitionSummary {
     pub fec_roots: Option<u32>,
     /// `run_postinstall`.
     pub run_postinstall: bool,
-    /// Whether `ota extract` can write this partition.
+    /// Why the name cannot be a file name (see `check_partition_name`), if it cannot.
+    pub name_problem: Option<&'static str>,
+    /// Whether `ota extract` can write this partition: a usable name, a size and hash in
+    /// `new_partition_info`, and only operation types it applies.
     pub extractable: bool,
     /// The op types that stop `ota extract`, if any.
     pub blocked_by: Vec<String>,
@@ -153,6 +156,11 @@ fn partition(p: &PartitionUpdate, bs: u64) -> PartitionSummary {
         )
     };
     let (size, sha256) = info(p.new_partition_info.as_ref());
+    let name_problem = crate::plan::check_partition_name(&p.partition_name).err();
+    let extractable = blocked.is_empty()
+        && name_problem.is_none()
+        && size.is_some()
+        && sha256.as_ref().is_some_and(|h| h.len() == 64);
     let (old_size, old_sha256) = info(p.old_partition_info.as_ref());
     PartitionSummary {
         name: p.partition_name.clone(),
@@ -172,7 +180,8 @@ fn partition(p: &PartitionUpdate, bs: u64) -> PartitionSummary {
         hash_tree: p.hash_tree_extent.is_some(),
         fec_roots: p.fec_extent.is_some().then(|| p.fec_roots()),
         run_postinstall: p.run_postinstall(),
-        extractable: blocked.is_empty(),
+        name_problem,
+        extractable,
         blocked_by: blocked.into_iter().collect(),
     }
 }

@@ -231,3 +231,21 @@ fn untrusted_partition_names_never_leave_the_output_directory() {
         assert!(text.contains("extract: no (partition name: "), "{text}");
     }
 }
+
+#[test]
+fn errors_print_each_cause_once_on_one_line() {
+    let o = snapblk(&["ota", "info", "/nonexistent/ota.zip"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert_eq!(
+        String::from_utf8_lossy(&o.stderr),
+        "snapblk: /nonexistent/ota.zip: opening the OTA: No such file or directory (os error 2)\n"
+    );
+    let d = samples();
+    let mut b = read(&d.join("full_payload.bin"));
+    b[30..40].fill(0xff);
+    let bad = d.join("bad.bin");
+    std::fs::write(&bad, &b).unwrap();
+    let err = refused(&["ota", "info", path_str(&bad)], "decoding the manifest: ");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert_eq!(err.matches("decoding the manifest").count(), 1, "{err}");
+}

@@ -337,6 +337,9 @@ mod tests {
         });
         assert_cause_is_source(&OtaError::Open(io()));
         errors::assert_cause_is_source(&OtaError::Zip(zip::result::ZipError::Io(io())), None);
+        let bad = <crate::proto::DeltaArchiveManifest as prost::Message>::decode(&[0xffu8][..])
+            .unwrap_err();
+        errors::assert_cause_is_source(&OtaError::Manifest(bad), None);
         assert_cause_is_source(&OtaError::ZipEntry {
             name: "payload_properties.txt",
             source: io(),

@@ -17,7 +17,8 @@ OUT=${OUT:-$ROOT/bench/results/scratch/fuzz-$(date -u +%Y%m%dT%H%M%SZ).tsv}
 mkdir -p "$(dirname "$OUT")"
 OUT=$(cd "$(dirname "$OUT")" && pwd)/$(basename "$OUT")  # the loop below changes directory
 ALL=(cow/record cow/sparse cow/cow_reader nbd/proto nbd/session snapshot/overlay_journal
-     snapshot/merge_state readahead/parse_list readahead/parse_block_list snapblk/spec)
+     snapshot/merge_state readahead/parse_list readahead/parse_block_list snapblk/spec
+     ota/payload)
 [ $# -gt 0 ] && ALL=("$@")
 TRIPLE=$(rustc +nightly -vV 2>/dev/null | awk '/^host:/{print $2}')
 [ -n "$TRIPLE" ] || { echo "a nightly toolchain is needed (rustup toolchain install nightly)"; exit 1; }
@@ -56,6 +57,8 @@ PY
       head -c 65536 /dev/urandom > "$d/../seed.img"
       command -v img2simg > /dev/null && img2simg "$d/../seed.img" "$d/seed.simg"
       rm -f "$d/../seed.img" ;;
+    ota/payload)
+      bash "$ROOT/tests/lib/ota-seeds.sh" "$d" ;;
     snapblk/spec)
       printf 'null:size=1G' > "$d/null"
       printf 'io_uring:path=/dev/null,read-only=true,direct=false' > "$d/uring"

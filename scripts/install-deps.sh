@@ -17,6 +17,7 @@ PKGS=(
   cpio busybox-static kmod zstd xz-utils  # initramfs for the ublk VM
   android-sdk-libsparse-utils       # img2simg / simg2img: sparse-image tests
   libclang-dev                      # bindgen in libublk-rs-sys (ublk export) needs libclang
+  python3 python3-venv bzip2        # OTA tests: zips by zipfile, the payload-dumper venv, tar -j
 )
 missing=()
 for p in "${PKGS[@]}"; do

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Fuzz smoke for the COW record parser (crates/cow/fuzz, target `record`) and the device-spec
-# parser (crates/snapblk/fuzz, target `spec`): builds the libFuzzer targets with the nightly
+# Fuzz smoke for the COW record parser (crates/cow/fuzz, target `record`), the device-spec
+# parser (crates/snapblk/fuzz, target `spec`) and the OTA payload parser and extractor
+# (crates/ota/fuzz, target `payload`, seeded with the AOSP sample payloads): builds the libFuzzer targets with the nightly
 # toolchain and coverage instrumentation, runs each for FUZZ_SECS seconds (default 20) from a few
 # valid seeds. Fails if the toolchain is missing or a target crashes. Ends with
 # "N passed, N failed". Long campaigns: scripts/fuzz-campaign.sh.
@@ -29,4 +30,9 @@ printf 'null:size=1G' > corpus/spec/null
 printf 'io_uring:path=/dev/null,read-only=true' > corpus/spec/uring
 printf 'snapshot:base=a.img,cow=b.cow,verify=false' > corpus/spec/snapshot
 fuzz_run spec -max_len=256 -timeout=10
+cd "$ROOT/crates/ota/fuzz"
+fuzz_build
+mkdir -p corpus/payload
+bash "$ROOT/tests/lib/ota-seeds.sh" corpus/payload || bad "seed the payload corpus"
+fuzz_run payload -max_len=65536 -timeout=10 -rss_limit_mb=2048
 fuzz_summary

@@ -17,6 +17,7 @@ mod cow;
 mod info;
 mod logger;
 mod merge;
+mod ota;
 mod outfile;
 mod progress;
 mod readahead;
@@ -43,6 +44,9 @@ enum Cmd {
     Info(info::InfoArgs),
     /// Merge a COW into its base in place (resumable).
     Merge(merge::MergeArgs),
+    /// Android OTA payloads (payload.bin, bare or in an OTA zip): inspect, extract.
+    #[command(subcommand)]
+    Ota(ota::OtaCmd),
     /// Export a device over ublk, FUSE or NBD.
     Serve(serve::ServeArgs),
     /// Page-cache residency.
@@ -78,6 +82,7 @@ fn main() {
         Cmd::Cow(c) => cow::run(c),
         Cmd::Info(a) => info::run(a),
         Cmd::Merge(a) => merge::run(a),
+        Cmd::Ota(c) => ota::run(c),
         Cmd::Serve(a) => serve::run(a),
         Cmd::Residency(a) => readahead::run_residency(a),
         Cmd::Readahead(c) => readahead::run(c),

@@ -1,0 +1,5 @@
+#![no_main]
+//! Fuzz the payload header and manifest parser, the extraction plan and extraction itself.
+libfuzzer_sys::fuzz_target!(|data: &[u8]| {
+    snapblk_ota::fuzzing::fuzz_payload(data);
+});

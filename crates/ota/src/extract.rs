@@ -1,0 +1,305 @@
+//! Running an [`ExtractPlan`]: a bounded pool of workers takes the operations of all planned
+//! partitions from one queue (parallel across operations and partitions), each streaming its
+//! blob through the decoder into the partition's output; the worker that finishes a
+//! partition's last operation reads the output back and checks `new_partition_info.hash`.
+//! Memory: each worker holds a 256 KiB read buffer, a 1 MiB write buffer and one decoder's
+//! state (xz: its dictionary, at most 64 MiB for the largest preset), whatever the payload's
+//! size.
+
+use std::fs::File;
+use std::io;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+
+use sha2::{Digest, Sha256};
+
+use crate::error::{OtaError, Result};
+use crate::ops::{Buffers, WRITE_CHUNK, apply};
+use crate::plan::{ExtractPlan, PlannedPartition};
+
+/// Most worker threads an extraction uses, whatever it is asked.
+pub const MAX_THREADS: usize = 256;
+
+/// Where one partition is written. It must read as zeros wherever nothing was written (a new,
+/// empty file): zero blocks are skipped, so the output stays sparse.
+pub trait Output: Sync {
+    /// Make the output `size` bytes long (called once, before any write).
+    fn set_len(&self, size: u64) -> io::Result<()>;
+    /// Write all of `buf` at `offset`.
+    fn write_all_at(&self, offset: u64, buf: &[u8]) -> io::Result<()>;
+    /// Read up to `buf.len()` bytes at `offset` (the final hash reads the result back).
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<usize>;
+}
+
+impl Output for File {
+    fn set_len(&self, size: u64) -> io::Result<()> {
+        File::set_len(self, size)
+    }
+    fn write_all_at(&self, offset: u64, buf: &[u8]) -> io::Result<()> {
+        std::os::unix::fs::FileExt::write_all_at(self, buf, offset)
+    }
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<usize> {
+        std::os::unix::fs::FileExt::read_at(self, buf, offset)
+    }
+}
+
+/// Progress of an extraction, reported through [`ExtractOptions::progress`] (from the worker
+/// threads).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ExtractProgress {
+    /// The run starts; `bytes` is what all operations write (their destination extents).
+    Start {
+        /// Destination bytes of all operations.
+        bytes: u64,
+    },
+    /// An operation was applied.
+    Advance {
+        /// Its destination bytes.
+        bytes: u64,
+    },
+    /// The partition at this index of [`ExtractPlan::partitions`] has its manifest hash.
+    Verified {
+        /// Index in the plan.
+        index: usize,
+    },
+    /// Every partition is written and verified.
+    Done,
+}
+
+/// How to run an extraction.
+#[derive(Clone, Copy, Default)]
+pub struct ExtractOptions<'a> {
+    /// Worker threads (0: one per CPU), at most [`MAX_THREADS`].
+    pub threads: usize,
+    /// Called with each [`ExtractProgress`] event.
+    pub progress: Option<&'a (dyn Fn(ExtractProgress) + Sync)>,
+}
+
+/// What was extracted, per partition.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct PartitionReport {
+    /// Partition name.
+    pub name: String,
+    /// Image size in bytes.
+    pub size: u64,
+    /// SHA-256 of the image, hex (equal to `new_partition_info.hash`).
+    pub sha256: String,
+    /// Operations applied.
+    pub ops: usize,
+    /// Operations without `data_sha256_hash` (their data is covered by the partition hash).
+    pub ops_without_data_hash: usize,
+    /// Bytes written to the output (the rest is holes).
+    pub written_bytes: u64,
+}
+
+/// The result of [`ExtractPlan::run`].
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct ExtractReport {
+    /// One entry per planned partition, in plan order.
+    pub partitions: Vec<PartitionReport>,
+    /// Worker threads used.
+    pub threads: usize,
+}
+
+/// Per-partition counters shared by the workers.
+#[derive(Default)]
+struct Tally {
+    remaining: AtomicUsize,
+    unhashed: AtomicUsize,
+    written: AtomicU64,
+    hash: Mutex<Option<[u8; 32]>>,
+}
+
+/// The first error by job order, so that the report does not depend on thread timing.
+struct FirstError(Mutex<Option<(usize, OtaError)>>);
+
+impl FirstError {
+    fn set(&self, job: usize, e: OtaError) {
+        let mut g = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        if g.as_ref().is_none_or(|(j, _)| job < *j) {
+            *g = Some((job, e));
+        }
+    }
+}
+
+impl ExtractPlan<'_> {
+    /// Write every planned partition to its output (`outputs[i]` for
+    /// [`partitions()`](ExtractPlan::partitions)`[i]`), then check each against its
+    /// `new_partition_info.hash`. On error the outputs hold partial data: the caller discards
+    /// them (the CLI writes to unnamed temporary files and names them only after success).
+    pub fn run(&self, outputs: &[&dyn Output], opts: &ExtractOptions<'_>) -> Result<ExtractReport> {
+        if outputs.len() != self.parts.len() {
+            return Err(OtaError::OutputCount {
+                given: outputs.len(),
+                planned: self.parts.len(),
+            });
+        }
+        let report = |e: ExtractProgress| {
+            if let Some(f) = opts.progress {
+                f(e)
+            }
+        };
+        for (p, out) in self.parts.iter().zip(outputs) {
+            out.set_len(p.size).map_err(|source| OtaError::Output {
+                partition: p.name.clone(),
+                doing: "sizing",
+                source,
+            })?;
+        }
+        let manifest = self.payload.manifest();
+        let jobs: Vec<(usize, usize)> = self
+            .parts
+            .iter()
+            .enumerate()
+            .flat_map(|(pi, p)| (0..p.ops).map(move |oi| (pi, oi)))
+            .collect();
+        let tallies: Vec<Tally> = self
+            .parts
+            .iter()
+            .map(|p| Tally {
+                remaining: AtomicUsize::new(p.ops),
+                ..Tally::default()
+            })
+            .collect();
+        let threads = match opts.threads {
+            0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
+            n => n,
+        }
+        .clamp(1, MAX_THREADS)
+        .min(jobs.len().max(1));
+        report(ExtractProgress::Start {
+            bytes: self.dst_bytes(),
+        });
+        // Partitions without operations are all zeros: hash them now.
+        for (pi, p) in self.parts.iter().enumerate() {
+            if p.ops == 0 {
+                self.finish(pi, outputs[pi], &tallies[pi], &report)?;
+            }
+        }
+        let next = AtomicUsize::new(0);
+        let stop = AtomicBool::new(false);
+        let first = FirstError(Mutex::new(None));
+        let worker = || {
+            let mut bufs = Buffers::new();
+            loop {
+                if stop.load(Ordering::Relaxed) {
+                    return;
+                }
+                let j = next.fetch_add(1, Ordering::Relaxed);
+                let Some(&(pi, oi)) = jobs.get(j) else {
+                    return;
+                };
+                let p = &self.parts[pi];
+                let op = &manifest.partitions[p.index].operations[oi];
+                let r = apply(self.payload, op, p.size, outputs[pi], &mut bufs)
+                    .map_err(|source| OtaError::Op {
+                        partition: p.name.clone(),
+                        index: oi,
+                        source,
+                    })
+                    .and_then(|st| {
+                        let t = &tallies[pi];
+                        t.written.fetch_add(st.written, Ordering::Relaxed);
+                        if st.unhashed {
+                            t.unhashed.fetch_add(1, Ordering::Relaxed);
+                        }
+                        let bs = u64::from(self.payload.block_size());
+                        let n: u64 = op.dst_extents.iter().map(|e| e.num_blocks() * bs).sum();
+                        report(ExtractProgress::Advance { bytes: n });
+                        if t.remaining.fetch_sub(1, Ordering::AcqRel) == 1 {
+                            self.finish(pi, outputs[pi], t, &report)?;
+                        }
+                        Ok(())
+                    });
+                if let Err(e) = r {
+                    first.set(j, e);
+                    stop.store(true, Ordering::Relaxed);
+                    return;
+                }
+            }
+        };
+        let panicked = std::thread::scope(|s| {
+            let hs: Vec<_> = (0..threads).map(|_| s.spawn(worker)).collect();
+            hs.into_iter()
+                .map(|h| h.join().is_err())
+                .fold(false, |a, b| a | b)
+        });
+        if let Some((_, e)) = first.0.into_inner().unwrap_or_else(|p| p.into_inner()) {
+            return Err(e);
+        }
+        if panicked {
+            return Err(OtaError::WorkerPanic);
+        }
+        let mut parts = Vec::with_capacity(self.parts.len());
+        for (p, t) in self.parts.iter().zip(&tallies) {
+            let hash = t.hash.lock().unwrap_or_else(|p| p.into_inner());
+            parts.push(PartitionReport {
+                name: p.name.clone(),
+                size: p.size,
+                sha256: crate::hex(hash.as_ref().unwrap_or(&p.sha256)),
+                ops: p.ops,
+                ops_without_data_hash: t.unhashed.load(Ordering::Relaxed),
+                written_bytes: t.written.load(Ordering::Relaxed),
+            });
+        }
+        report(ExtractProgress::Done);
+        Ok(ExtractReport {
+            partitions: parts,
+            threads,
+        })
+    }
+
+    /// Read partition `pi`'s output back and check its hash.
+    fn finish(
+        &self,
+        pi: usize,
+        out: &dyn Output,
+        t: &Tally,
+        report: &dyn Fn(ExtractProgress),
+    ) -> Result<()> {
+        let p = &self.parts[pi];
+        let found = hash_output(p, out)?;
+        if found != p.sha256 {
+            return Err(OtaError::PartitionHash {
+                partition: p.name.clone(),
+                expected: crate::hex(&p.sha256),
+                found: crate::hex(&found),
+            });
+        }
+        *t.hash.lock().unwrap_or_else(|p| p.into_inner()) = Some(found);
+        report(ExtractProgress::Verified { index: pi });
+        Ok(())
+    }
+}
+
+/// SHA-256 of the first `p.size` bytes of `out`.
+fn hash_output(p: &PlannedPartition, out: &dyn Output) -> Result<[u8; 32]> {
+    let mut h = Sha256::new();
+    let mut buf = vec![0u8; WRITE_CHUNK];
+    let mut at = 0u64;
+    while at < p.size {
+        let n = (p.size - at).min(buf.len() as u64) as usize;
+        match out.read_at(at, &mut buf[..n]) {
+            Ok(0) => {
+                return Err(OtaError::Output {
+                    partition: p.name.clone(),
+                    doing: "reading back",
+                    source: io::ErrorKind::UnexpectedEof.into(),
+                });
+            }
+            Ok(k) => {
+                h.update(&buf[..k]);
+                at += k as u64;
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(source) => {
+                return Err(OtaError::Output {
+                    partition: p.name.clone(),
+                    doing: "reading back",
+                    source,
+                });
+            }
+        }
+    }
+    Ok(h.finalize().into())
+}

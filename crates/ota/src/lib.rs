@@ -1,0 +1,58 @@
+//! Android OTA payloads: update_engine's `payload.bin` ("CrAU", major version 2), bare or
+//! inside an OTA zip.
+//!
+//! * [`Ota::open`] finds the payload (a bare file, or the stored `payload.bin` entry of a zip,
+//!   read in place) and `payload_properties.txt`; [`Payload`] holds the checked header and the
+//!   decoded [`DeltaArchiveManifest`], and reads data blobs by position, never the whole file.
+//! * [`Payload::summary`] is what `snapblk ota info` shows.
+//! * [`Payload::plan_extract`] checks everything a full-payload extraction needs before the
+//!   first write; [`ExtractPlan::run`] writes the partitions to caller-provided [`Output`]s in
+//!   parallel and verifies every blob's and every partition's SHA-256.
+//!
+//! The manifest's messages are written by hand from update_engine's field numbers
+//! (`prost` derive, no code generator). Incremental operations (SOURCE_COPY, the bsdiff
+//! family, PUFFDIFF, ...) and signature verification are not implemented yet: the op dispatch
+//! reports them as [`OpError::Unsupported`].
+
+#![warn(missing_docs)]
+
+mod container;
+mod error;
+mod extract;
+#[cfg(feature = "test-utils")]
+pub mod fuzzing;
+mod ops;
+mod payload;
+mod plan;
+mod properties;
+mod proto;
+mod source;
+mod summary;
+#[cfg(feature = "test-utils")]
+pub mod testing;
+
+pub use container::{Container, Ota, PAYLOAD_ENTRY, PROPERTIES_NAME, PropertiesOrigin};
+pub use error::{OpError, OtaError, Result};
+pub use extract::{
+    ExtractOptions, ExtractProgress, ExtractReport, MAX_THREADS, Output, PartitionReport,
+};
+pub use ops::extract_supports;
+pub use payload::{HEADER_LEN, Header, MAGIC, MAJOR_VERSION, MAX_MANIFEST, Payload};
+pub use plan::{ExtractPlan, MAX_NAME, MAX_PARTITION, PlannedPartition, check_partition_name};
+pub use properties::{Check, Properties, PropertiesReport};
+pub use proto::{
+    ApexInfo, CowMergeOpType, CowMergeOperation, DeltaArchiveManifest, DynamicPartitionGroup,
+    DynamicPartitionMetadata, Extent, InstallOperation, OpType, PartitionInfo, PartitionUpdate,
+    Signature, Signatures, VabcFeatureSet,
+};
+pub use summary::{DynamicSummary, PartitionSummary, SignatureSummary, Summary};
+
+/// Lower-case hex of `b` (hashes in messages and reports).
+pub fn hex(b: &[u8]) -> String {
+    use std::fmt::Write;
+    b.iter()
+        .fold(String::with_capacity(b.len() * 2), |mut s, x| {
+            let _ = write!(s, "{x:02x}");
+            s
+        })
+}

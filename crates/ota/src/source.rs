@@ -1,0 +1,96 @@
+//! The payload's bytes, read by position (`pread`), never loaded whole: the one small internal
+//! trait the reader goes through, so a later switch to `snapblk_core`'s positional I/O family
+//! touches only this file.
+
+use std::fs::File;
+use std::io;
+use std::os::unix::fs::FileExt;
+
+/// Positional reads of a source of fixed length, shared between threads by `&self`.
+pub(crate) trait Source: Send + Sync {
+    /// Read up to `buf.len()` bytes at `offset`; 0 at or past the end.
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<usize>;
+    /// Length in bytes.
+    fn len(&self) -> u64;
+
+    /// Fill `buf` from `offset`; a source that ends first fails with `UnexpectedEof`.
+    fn read_exact_at(&self, mut offset: u64, mut buf: &mut [u8]) -> io::Result<()> {
+        while !buf.is_empty() {
+            match self.read_at(offset, buf) {
+                Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
+                Ok(n) => {
+                    buf = &mut buf[n..];
+                    offset += n as u64;
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+}
+
+/// `len` bytes of a file from `base` on: a bare payload (`base` 0) or the stored `payload.bin`
+/// entry of a zip.
+pub(crate) struct FileSlice {
+    pub(crate) file: File,
+    pub(crate) base: u64,
+    pub(crate) len: u64,
+}
+
+impl Source for FileSlice {
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<usize> {
+        let left = self.len.saturating_sub(offset);
+        let n = buf.len().min(usize::try_from(left).unwrap_or(usize::MAX));
+        if n == 0 {
+            return Ok(0);
+        }
+        let at = self
+            .base
+            .checked_add(offset)
+            .ok_or_else(|| io::Error::from(io::ErrorKind::InvalidInput))?;
+        self.file.read_at(&mut buf[..n], at)
+    }
+    fn len(&self) -> u64 {
+        self.len
+    }
+}
+
+impl Source for Vec<u8> {
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<usize> {
+        let Some(rest) = usize::try_from(offset).ok().and_then(|o| self.get(o..)) else {
+            return Ok(0);
+        };
+        let n = rest.len().min(buf.len());
+        buf[..n].copy_from_slice(&rest[..n]);
+        Ok(n)
+    }
+    fn len(&self) -> u64 {
+        self.as_slice().len() as u64
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_slice_reads_only_its_window() {
+        let d = snapblk_testsupport::TempDir::new("ota-source");
+        let p = d.join("f");
+        std::fs::write(&p, b"0123456789").unwrap();
+        let s = FileSlice {
+            file: File::open(&p).unwrap(),
+            base: 2,
+            len: 5,
+        };
+        let mut b = [0u8; 8];
+        assert_eq!(s.read_at(0, &mut b).unwrap(), 5);
+        assert_eq!(&b[..5], b"23456");
+        assert_eq!(s.read_at(4, &mut b).unwrap(), 1);
+        assert_eq!(s.read_at(5, &mut b).unwrap(), 0);
+        assert!(s.read_exact_at(3, &mut b[..3]).is_err());
+        s.read_exact_at(3, &mut b[..2]).unwrap();
+        assert_eq!(&b[..2], b"56");
+    }
+}

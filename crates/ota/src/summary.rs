@@ -1,0 +1,241 @@
+//! What `snapblk ota info` shows: the header, the manifest's settings, and per partition its
+//! sizes, hashes, operation histogram, Virtual A/B estimates and whether this build can write it.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use crate::ops::extract_supports;
+use crate::payload::{Header, Payload};
+use crate::proto::{CowMergeOpType, PartitionUpdate};
+
+/// Summary of a payload.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct Summary {
+    /// Payload size in bytes.
+    pub payload_size: u64,
+    /// The fixed header.
+    pub header: Header,
+    /// Header + manifest bytes.
+    pub metadata_size: u64,
+    /// Offset of the data area.
+    pub data_start: u64,
+    /// Block size in bytes.
+    pub block_size: u32,
+    /// Minor version (0: full payload).
+    pub minor_version: u32,
+    /// `full` or `incremental`.
+    pub kind: &'static str,
+    /// `max_timestamp`, if set.
+    pub max_timestamp: Option<i64>,
+    /// `security_patch_level`, if set.
+    pub security_patch_level: Option<String>,
+    /// `partial_update`.
+    pub partial_update: bool,
+    /// Signatures present (they are not verified by this build).
+    pub signatures: SignatureSummary,
+    /// Dynamic partitions and Virtual A/B settings, if the manifest has them.
+    pub dynamic_partitions: Option<DynamicSummary>,
+    /// APEX packages: name and version.
+    pub apex: Vec<(String, i64)>,
+    /// Partitions in apply order.
+    pub partitions: Vec<PartitionSummary>,
+}
+
+/// Which signatures the payload carries.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct SignatureSummary {
+    /// Bytes of the metadata signature (0: none).
+    pub metadata_signature_size: u32,
+    /// (payload offset, size) of the payload signature blob, if any.
+    pub payload_signature: Option<(u64, u64)>,
+    /// Always false: signature verification is not implemented yet.
+    pub verified: bool,
+}
+
+/// `DynamicPartitionMetadata`, flattened.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct DynamicSummary {
+    /// Groups: name, maximum size, partitions.
+    pub groups: Vec<(String, Option<u64>, Vec<String>)>,
+    /// Virtual A/B snapshots.
+    pub snapshot_enabled: bool,
+    /// Virtual A/B compression.
+    pub vabc_enabled: bool,
+    /// COW compression parameter (empty: update_engine's default, gz).
+    pub vabc_compression_param: Option<String>,
+    /// COW format major version.
+    pub cow_version: Option<u32>,
+    /// `vabc_feature_set.threaded`.
+    pub threaded: Option<bool>,
+    /// `vabc_feature_set.batch_writes`.
+    pub batch_writes: Option<bool>,
+    /// COW v3 compression unit in bytes.
+    pub compression_factor: Option<u64>,
+    /// Serve snapshots with dm-user instead of ublk.
+    pub disable_ublk: Option<bool>,
+}
+
+/// One partition.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct PartitionSummary {
+    /// Name, as the manifest has it (untrusted; see `check_partition_name`).
+    pub name: String,
+    /// `new_partition_info.size`.
+    pub size: Option<u64>,
+    /// `new_partition_info.hash`, hex.
+    pub sha256: Option<String>,
+    /// `old_partition_info.size` (incremental payloads).
+    pub old_size: Option<u64>,
+    /// `old_partition_info.hash`, hex.
+    pub old_sha256: Option<String>,
+    /// Number of operations.
+    pub ops: usize,
+    /// Operations by type name (`UNKNOWN(n)` for numbers update_engine does not define).
+    pub op_counts: BTreeMap<String, usize>,
+    /// Bytes of data blobs.
+    pub data_bytes: u64,
+    /// Bytes the operations write.
+    pub dst_bytes: u64,
+    /// `filesystem_type`.
+    pub filesystem_type: Option<String>,
+    /// `version`.
+    pub version: Option<String>,
+    /// `estimate_cow_size` (Virtual A/B).
+    pub estimate_cow_size: Option<u64>,
+    /// `estimate_op_count_max`.
+    pub estimate_op_count_max: Option<u64>,
+    /// Merge operations: COW_COPY, COW_XOR, others.
+    pub merge_ops: (usize, usize, usize),
+    /// The payload names a dm-verity hash tree for the device to compute.
+    pub hash_tree: bool,
+    /// The payload names FEC data for the device to compute (with this many roots).
+    pub fec_roots: Option<u32>,
+    /// `run_postinstall`.
+    pub run_postinstall: bool,
+    /// Why the name cannot be a file name (see `check_partition_name`), if it cannot.
+    pub name_problem: Option<&'static str>,
+    /// Whether `ota extract` can write this partition: a usable name, a size and hash in
+    /// `new_partition_info`, and only operation types it applies.
+    pub extractable: bool,
+    /// The op types that stop `ota extract`, if any.
+    pub blocked_by: Vec<String>,
+}
+
+fn type_name(t: i32) -> String {
+    match crate::proto::OpType::try_from(t) {
+        Ok(t) => t.name().to_string(),
+        Err(_) => format!("UNKNOWN({t})"),
+    }
+}
+
+fn partition(p: &PartitionUpdate, bs: u64) -> PartitionSummary {
+    let mut op_counts = BTreeMap::new();
+    let mut blocked = BTreeSet::new();
+    let (mut data_bytes, mut dst_bytes) = (0u64, 0u64);
+    for op in &p.operations {
+        *op_counts.entry(type_name(op.r#type)).or_insert(0) += 1;
+        if !op.op_type().is_ok_and(extract_supports) {
+            blocked.insert(type_name(op.r#type));
+        }
+        data_bytes = data_bytes.saturating_add(op.data_length());
+        for e in &op.dst_extents {
+            dst_bytes = dst_bytes.saturating_add(e.num_blocks().saturating_mul(bs));
+        }
+    }
+    let mut merge = (0, 0, 0);
+    for m in &p.merge_operations {
+        match m.r#type.map(CowMergeOpType::try_from) {
+            Some(Ok(CowMergeOpType::CowCopy)) | None => merge.0 += 1,
+            Some(Ok(CowMergeOpType::CowXor)) => merge.1 += 1,
+            _ => merge.2 += 1,
+        }
+    }
+    let info = |i: Option<&crate::proto::PartitionInfo>| {
+        (
+            i.and_then(|i| i.size),
+            i.and_then(|i| i.hash.as_deref()).map(crate::hex),
+        )
+    };
+    let (size, sha256) = info(p.new_partition_info.as_ref());
+    let name_problem = crate::plan::check_partition_name(&p.partition_name).err();
+    let extractable = blocked.is_empty()
+        && name_problem.is_none()
+        && size.is_some()
+        && sha256.as_ref().is_some_and(|h| h.len() == 64);
+    let (old_size, old_sha256) = info(p.old_partition_info.as_ref());
+    PartitionSummary {
+        name: p.partition_name.clone(),
+        size,
+        sha256,
+        old_size,
+        old_sha256,
+        ops: p.operations.len(),
+        op_counts,
+        data_bytes,
+        dst_bytes,
+        filesystem_type: p.filesystem_type.clone(),
+        version: p.version.clone(),
+        estimate_cow_size: p.estimate_cow_size,
+        estimate_op_count_max: p.estimate_op_count_max,
+        merge_ops: merge,
+        hash_tree: p.hash_tree_extent.is_some(),
+        fec_roots: p.fec_extent.is_some().then(|| p.fec_roots()),
+        run_postinstall: p.run_postinstall(),
+        name_problem,
+        extractable,
+        blocked_by: blocked.into_iter().collect(),
+    }
+}
+
+impl Payload {
+    /// The summary `snapblk ota info` prints.
+    pub fn summary(&self) -> Summary {
+        let m = self.manifest();
+        let bs = u64::from(self.block_size());
+        let dynamic_partitions = m
+            .dynamic_partition_metadata
+            .as_ref()
+            .map(|d| DynamicSummary {
+                groups: d
+                    .groups
+                    .iter()
+                    .map(|g| (g.name.clone(), g.size, g.partition_names.clone()))
+                    .collect(),
+                snapshot_enabled: d.snapshot_enabled(),
+                vabc_enabled: d.vabc_enabled(),
+                vabc_compression_param: d.vabc_compression_param.clone(),
+                cow_version: d.cow_version,
+                threaded: d.vabc_feature_set.and_then(|f| f.threaded),
+                batch_writes: d.vabc_feature_set.and_then(|f| f.batch_writes),
+                compression_factor: d.compression_factor,
+                disable_ublk: d.disable_ublk,
+            });
+        Summary {
+            payload_size: self.len(),
+            header: *self.header(),
+            metadata_size: self.metadata_size(),
+            data_start: self.data_start(),
+            block_size: self.block_size(),
+            minor_version: self.minor_version(),
+            kind: if self.is_full() {
+                "full"
+            } else {
+                "incremental"
+            },
+            max_timestamp: m.max_timestamp,
+            security_patch_level: m.security_patch_level.clone(),
+            partial_update: m.partial_update(),
+            signatures: SignatureSummary {
+                metadata_signature_size: self.header().metadata_signature_size,
+                payload_signature: self.signatures_range(),
+                verified: false,
+            },
+            dynamic_partitions,
+            apex: m
+                .apex_info
+                .iter()
+                .map(|a| (a.package_name().to_string(), a.version()))
+                .collect(),
+            partitions: m.partitions.iter().map(|p| partition(p, bs)).collect(),
+        }
+    }
+}

@@ -1,0 +1,281 @@
+//! Test scaffolding (feature `test-utils`): a small writer of full payloads (REPLACE,
+//! REPLACE_BZ, REPLACE_XZ, REPLACE_ZSTD, ZERO/DISCARD, every op and partition hashed), an
+//! in-memory [`Output`], and extraction into memory. Tests mutate [`Built::manifest`] or the
+//! bytes to make bad payloads.
+
+use std::io::Write;
+use std::sync::Mutex;
+
+use prost::Message;
+use sha2::{Digest, Sha256};
+
+use crate::extract::{ExtractOptions, Output};
+use crate::payload::{HEADER_LEN, MAGIC, MAJOR_VERSION, Payload};
+use crate::proto::{
+    DeltaArchiveManifest, Extent, InstallOperation, OpType, PartitionInfo, PartitionUpdate,
+};
+
+/// How a chunk with data is stored.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Encoding {
+    /// REPLACE (raw).
+    Replace,
+    /// REPLACE_BZ.
+    Bz,
+    /// REPLACE_XZ (xz, CRC32 check, as update_engine's generator writes it).
+    Xz,
+    /// REPLACE_ZSTD.
+    Zstd,
+}
+
+/// A partition to write.
+#[derive(Clone, Debug)]
+struct Part {
+    name: String,
+    image: Vec<u8>,
+    chunk_blocks: u64,
+    encodings: Vec<Encoding>,
+}
+
+/// Builds full payloads. Each partition is cut into chunks of `chunk_blocks` blocks; an
+/// all-zero chunk becomes a ZERO op (or DISCARD, or is encoded like the others, see
+/// [`PayloadBuilder::zero_ops`]); the other chunks take the encodings in turn.
+#[derive(Clone, Debug)]
+pub struct PayloadBuilder {
+    block_size: u32,
+    parts: Vec<Part>,
+    zero: Option<OpType>,
+}
+
+impl Default for PayloadBuilder {
+    fn default() -> Self {
+        PayloadBuilder {
+            block_size: 4096,
+            parts: Vec::new(),
+            zero: Some(OpType::Zero),
+        }
+    }
+}
+
+/// A built payload: the manifest and the data area, joined by [`Built::to_bytes`].
+#[derive(Clone, Debug)]
+pub struct Built {
+    /// The manifest (change it to make a bad payload).
+    pub manifest: DeltaArchiveManifest,
+    /// The data area (op blobs, in op order).
+    pub data: Vec<u8>,
+}
+
+impl Built {
+    /// Header, manifest and data area (no signatures).
+    pub fn to_bytes(&self) -> Vec<u8> {
+        let m = self.manifest.encode_to_vec();
+        let mut out = Vec::with_capacity(HEADER_LEN as usize + m.len() + self.data.len());
+        out.extend_from_slice(&MAGIC);
+        out.extend_from_slice(&MAJOR_VERSION.to_be_bytes());
+        out.extend_from_slice(&(m.len() as u64).to_be_bytes());
+        out.extend_from_slice(&0u32.to_be_bytes());
+        out.extend_from_slice(&m);
+        out.extend_from_slice(&self.data);
+        out
+    }
+}
+
+/// SHA-256 of `b`.
+pub fn sha256(b: &[u8]) -> Vec<u8> {
+    Sha256::digest(b).to_vec()
+}
+
+/// `data` compressed with `e`.
+pub fn encode(e: Encoding, data: &[u8]) -> Vec<u8> {
+    match e {
+        Encoding::Replace => data.to_vec(),
+        Encoding::Bz => {
+            let mut w = bzip2::write::BzEncoder::new(Vec::new(), bzip2::Compression::best());
+            w.write_all(data).expect("bzip2");
+            w.finish().expect("bzip2")
+        }
+        Encoding::Xz => {
+            let s = liblzma::stream::Stream::new_easy_encoder(6, liblzma::stream::Check::Crc32)
+                .expect("xz encoder");
+            let mut w = liblzma::write::XzEncoder::new_stream(Vec::new(), s);
+            w.write_all(data).expect("xz");
+            w.finish().expect("xz")
+        }
+        Encoding::Zstd => zstd::encode_all(data, 3).expect("zstd"),
+    }
+}
+
+impl PayloadBuilder {
+    /// A builder with 4096-byte blocks, all-zero chunks as ZERO ops.
+    pub fn new() -> PayloadBuilder {
+        PayloadBuilder::default()
+    }
+
+    /// Block size of the payload.
+    pub fn block_size(mut self, bs: u32) -> PayloadBuilder {
+        self.block_size = bs;
+        self
+    }
+
+    /// What all-zero chunks become: `Some(OpType::Zero)` (default), `Some(OpType::Discard)`,
+    /// or `None` to encode them like the others.
+    pub fn zero_ops(mut self, t: Option<OpType>) -> PayloadBuilder {
+        self.zero = t;
+        self
+    }
+
+    /// Add a partition.
+    pub fn partition(
+        mut self,
+        name: &str,
+        image: &[u8],
+        chunk_blocks: u64,
+        encodings: &[Encoding],
+    ) -> PayloadBuilder {
+        assert!(chunk_blocks > 0 && !encodings.is_empty());
+        self.parts.push(Part {
+            name: name.into(),
+            image: image.to_vec(),
+            chunk_blocks,
+            encodings: encodings.to_vec(),
+        });
+        self
+    }
+
+    /// The manifest and data area.
+    pub fn build(&self) -> Built {
+        let bs = self.block_size as usize;
+        let mut data = Vec::new();
+        let mut partitions = Vec::new();
+        for p in &self.parts {
+            let mut ops = Vec::new();
+            let chunk = p.chunk_blocks as usize * bs;
+            let mut turn = 0;
+            for (i, c) in p.image.chunks(chunk).enumerate() {
+                let mut c = c.to_vec();
+                c.resize(c.len().div_ceil(bs) * bs, 0);
+                let dst = Extent {
+                    start_block: Some((i * p.chunk_blocks as usize) as u64),
+                    num_blocks: Some((c.len() / bs) as u64),
+                };
+                let zero = c.iter().all(|&b| b == 0);
+                let mut op = InstallOperation {
+                    dst_extents: vec![dst],
+                    ..Default::default()
+                };
+                match (zero, self.zero) {
+                    (true, Some(t)) => op.r#type = t as i32,
+                    _ => {
+                        let e = p.encodings[turn % p.encodings.len()];
+                        turn += 1;
+                        let blob = encode(e, &c);
+                        op.r#type = match e {
+                            Encoding::Replace => OpType::Replace,
+                            Encoding::Bz => OpType::ReplaceBz,
+                            Encoding::Xz => OpType::ReplaceXz,
+                            Encoding::Zstd => OpType::ReplaceZstd,
+                        } as i32;
+                        op.data_offset = Some(data.len() as u64);
+                        op.data_length = Some(blob.len() as u64);
+                        op.data_sha256_hash = Some(sha256(&blob));
+                        data.extend_from_slice(&blob);
+                    }
+                }
+                ops.push(op);
+            }
+            partitions.push(PartitionUpdate {
+                partition_name: p.name.clone(),
+                new_partition_info: Some(PartitionInfo {
+                    size: Some(p.image.len() as u64),
+                    hash: Some(sha256(&p.image)),
+                }),
+                operations: ops,
+                ..Default::default()
+            });
+        }
+        Built {
+            manifest: DeltaArchiveManifest {
+                block_size: Some(self.block_size),
+                minor_version: Some(0),
+                partitions,
+                ..Default::default()
+            },
+            data,
+        }
+    }
+
+    /// The payload's bytes.
+    pub fn bytes(&self) -> Vec<u8> {
+        self.build().to_bytes()
+    }
+}
+
+/// An [`Output`] in memory.
+#[derive(Debug, Default)]
+pub struct MemOutput(pub Mutex<Vec<u8>>);
+
+impl MemOutput {
+    /// The bytes written.
+    pub fn into_inner(self) -> Vec<u8> {
+        self.0.into_inner().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+impl Output for MemOutput {
+    fn set_len(&self, size: u64) -> std::io::Result<()> {
+        let n = usize::try_from(size).map_err(|_| std::io::ErrorKind::OutOfMemory)?;
+        self.0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .resize(n, 0);
+        Ok(())
+    }
+    fn write_all_at(&self, offset: u64, buf: &[u8]) -> std::io::Result<()> {
+        let mut v = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let o = offset as usize;
+        if o + buf.len() > v.len() {
+            v.resize(o + buf.len(), 0);
+        }
+        v[o..o + buf.len()].copy_from_slice(buf);
+        Ok(())
+    }
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> std::io::Result<usize> {
+        let v = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(rest) = usize::try_from(offset).ok().and_then(|o| v.get(o..)) else {
+            return Ok(0);
+        };
+        let n = rest.len().min(buf.len());
+        buf[..n].copy_from_slice(&rest[..n]);
+        Ok(n)
+    }
+}
+
+/// Extract `names` (all when `None`) of `payload` into memory with `threads` workers:
+/// (name, image) per partition.
+pub fn extract_to_memory(
+    payload: &Payload,
+    names: Option<&[String]>,
+    threads: usize,
+) -> crate::Result<Vec<(String, Vec<u8>)>> {
+    let plan = payload.plan_extract(names)?;
+    let outs: Vec<MemOutput> = plan
+        .partitions()
+        .iter()
+        .map(|_| MemOutput::default())
+        .collect();
+    let refs: Vec<&dyn Output> = outs.iter().map(|o| o as &dyn Output).collect();
+    plan.run(
+        &refs,
+        &ExtractOptions {
+            threads,
+            progress: None,
+        },
+    )?;
+    Ok(plan
+        .partitions()
+        .iter()
+        .map(|p| p.name.clone())
+        .zip(outs.into_iter().map(MemOutput::into_inner))
+        .collect())
+}

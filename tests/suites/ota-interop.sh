@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Interop of snapblk's OTA payloads with an independent reader: installs PyPI payload-dumper
+# 0.3.0 into a venv (pip from PyPI) and runs the ignored cargo test that has it extract payloads
+# written by snapblk-ota's writer (crates/ota/tests/interop.rs), and checks that it extracts the
+# AOSP sample full payload to the same images as `snapblk ota extract`. Fails if pip or the
+# dumper is missing (never skips). Ends with "N passed, N failed".
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+root=$PWD
+passed=0; failed=0
+ok() { echo "PASS $*"; passed=$((passed + 1)); }
+bad() { echo "FAIL $*"; failed=$((failed + 1)); }
+work=$(mktemp -d /tmp/snapblk-ota-interop.XXXXXX)
+trap 'rm -rf "$work"' EXIT
+if python3 -m venv "$work/venv" > "$work/venv.log" 2>&1 \
+   && "$work/venv/bin/pip" install -q payload-dumper==0.3.0 >> "$work/venv.log" 2>&1; then
+  ok "pip install payload-dumper==0.3.0"
+else
+  tail -20 "$work/venv.log"; bad "pip install payload-dumper==0.3.0"
+  echo "$passed passed, $failed failed"; exit 1
+fi
+dumper=$work/venv/bin/payload_dumper
+if PAYLOAD_DUMPER=$dumper cargo test -q -p snapblk-ota --test interop -- --ignored --exact \
+     payload_dumper_reads_our_payloads_to_the_same_images > "$work/test.txt" 2>&1 \
+   && grep -q '^test result: ok. 1 passed' "$work/test.txt"; then
+  ok "payload-dumper reads payloads written by snapblk-ota to the same images"
+else
+  tail -30 "$work/test.txt"; bad "payload-dumper reading payloads written by snapblk-ota"
+fi
+# Both read the AOSP sample full payload to the same images.
+cargo build -q -p snapblk-cli || { bad "cargo build -p snapblk-cli"; echo "$passed passed, $failed failed"; exit 1; }
+tar -xf tests/data/ota/sample_payloads.tar.xz -C "$work"
+"$dumper" --out "$work/theirs" "$work/full_payload.bin" > "$work/dumper.log" 2>&1 || bad "payload_dumper on the AOSP sample"
+"${CARGO_TARGET_DIR:-$root/target}/debug/snapblk" ota extract "$work/full_payload.bin" -o "$work/ours" > /dev/null || bad "snapblk ota extract on the AOSP sample"
+if cmp "$work/theirs/kernel.img" "$work/ours/kernel.img" && cmp "$work/theirs/root.img" "$work/ours/root.img"; then
+  ok "payload-dumper and snapblk extract the AOSP sample to the same images"
+else
+  bad "payload-dumper and snapblk differ on the AOSP sample"
+fi
+echo "$passed passed, $failed failed"
+[ "$failed" -eq 0 ]

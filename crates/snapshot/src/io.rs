@@ -76,12 +76,20 @@ impl Io {
             {
                 return Ok(());
             }
-            return self
-                .dev(d)
-                .read_exact_at(off, buf)
-                .map_err(|e| SnapError::io(Self::what(d, false))(read_error(off, e)));
+            return self.read_fg_slow(d, off, buf);
         }
         self.read_bg(class, d, off, buf)
+    }
+
+    /// A foreground read that the fd fast path did not finish (no fd, a short read, an error):
+    /// the device's own exact read, which retries and reports. Kept out of line so that
+    /// [`Io::read`]'s fast path stays small enough to inline into the request dispatch.
+    #[cold]
+    #[inline(never)]
+    fn read_fg_slow(&self, d: Dev, off: u64, buf: &mut [u8]) -> Result<()> {
+        self.dev(d)
+            .read_exact_at(off, buf)
+            .map_err(|e| SnapError::io(Self::what(d, false))(read_error(off, e)))
     }
 
     /// Background reads go in pieces of at most the scheduler's budget.

@@ -125,17 +125,35 @@ fn probe_poll(t: &Target, align: usize) -> bool {
     let sqe = opcode::Read::new(types::Fd(t.raw()), buf.addr, len as u32)
         .offset(0)
         .build();
-    let mut ok = false;
-    // SAFETY: `buf` stays alive until the completion is reaped below (or the ring is dropped,
-    // which waits for IOPOLL requests).
-    if unsafe { ring.submission().push(&sqe) }.is_ok()
-        && ring.submit_and_wait(1).is_ok()
-        && let Some(c) = ring.completion().next()
-    {
-        ok = c.result() >= 0;
+    // SAFETY: `buf` stays alive until the read's completion is reaped below; when it cannot be
+    // reaped, `buf` is leaked, never freed (see there).
+    if unsafe { ring.submission().push(&sqe) }.is_err() {
+        drop(ring);
+        // SAFETY: nothing was submitted: nothing references the buffer.
+        unsafe { buf.free() };
+        return false;
     }
+    let ok = loop {
+        if let Some(c) = ring.completion().next() {
+            break c.result() >= 0;
+        }
+        match ring.submit_and_wait(1) {
+            // A signal: io_uring_enter reports EINTR only when this call submitted nothing, so
+            // calling again submits what is still pending (nothing twice) and waits on.
+            Err(e) if e.raw_os_error() == Some(libc::EINTR) => {}
+            Err(_) => {
+                // The read may be in flight, and closing an IOPOLL ring does not wait for it
+                // (the kernel reaps it later, from a workqueue): leak the page rather than let
+                // a late read land in freed memory. A connect-time error path only.
+                drop(ring);
+                let _leaked = buf; // not freed: MemRegion frees only through free()
+                return false;
+            }
+            Ok(_) => {}
+        }
+    };
     drop(ring);
-    // SAFETY: the ring is gone, nothing references the buffer any more.
+    // SAFETY: the read's completion was reaped: nothing references the buffer any more.
     unsafe { buf.free() };
     ok
 }

@@ -8,7 +8,7 @@
 //! reads as comments.
 //!
 //! ```
-//! use snapblk_blocklist::blocks::{BlockRecorder, replay_blocks, BlockPrefetch};
+//! use snapblk_blocklist::{BlockPrefetch, BlockRecorder, replay_blocks};
 //! use std::time::Duration;
 //! let mut rec = BlockRecorder::new(Duration::from_secs(30), 1 << 20);
 //! rec.note_read(0, 4096);

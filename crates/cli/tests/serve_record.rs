@@ -10,8 +10,8 @@ use common::*;
 use snapblk_cow::{CowWriter, WriterOptions};
 use snapblk_readahead::blocks::BlockFile;
 use snapblk_readahead::list::Limits;
-use snapblk_readahead::ranges::{Range, RangeSet};
 use snapblk_readahead::residency;
+use snapblk_readahead::{Range, RangeSet};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 

@@ -2,7 +2,10 @@
 //! snapshot driver can read lists without this crate); this module adds [`FdPrefetch`], which
 //! replays a list into the page cache of a block device node with readahead(2).
 
-pub use snapblk_blocklist::blocks::*;
+pub use snapblk_blocklist::{
+    BLOCK_HEADER, BlockFile, BlockList, BlockPrefetch, BlockRecorder, MAX_META, META_PREFIX,
+    replay_blocks,
+};
 
 /// Prefetch into the page cache of a block device node with readahead(2).
 pub struct FdPrefetch<'a>(pub &'a std::fs::File);

@@ -33,13 +33,11 @@ pub mod trace;
 pub mod uring;
 pub mod walk;
 
-/// Byte ranges, from `snapblk-blocklist` (block lists and file lists share them).
-pub use snapblk_blocklist::ranges;
-
 pub use list::{Extent, FileIdentity, ListEntry};
-pub use ranges::{Range, RangeSet};
 pub use replay::{Method, ReplayOptions, ReplayReport};
 pub use residency::{Residency, Source};
+/// Byte ranges, from `snapblk-blocklist` (block lists and file lists share them).
+pub use snapblk_blocklist::{Range, RangeSet};
 
 #[cfg(test)]
 pub(crate) mod test_support {

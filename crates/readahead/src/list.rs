@@ -21,7 +21,7 @@
 //! ranges may be unsorted or overlap (they are normalised). The parser is meant for untrusted
 //! input: every error is typed and carries its line number, lines and entry counts are bounded.
 
-use crate::ranges::{Range, RangeSet};
+use crate::{Range, RangeSet};
 use serde::{Deserialize, Serialize};
 use std::ffi::OsString;
 use std::io::{BufRead, Read, Write};
@@ -164,7 +164,7 @@ pub struct ListEntry {
     pub extent: Extent,
 }
 
-pub use snapblk_blocklist::parse::{Limits, ParseError, ParseErrorKind};
+pub use snapblk_blocklist::{Limits, ParseError, ParseErrorKind};
 
 fn parse_dec<T: std::str::FromStr>(s: &str) -> Option<T> {
     // Reject signs and blanks that FromStr would accept for some types.

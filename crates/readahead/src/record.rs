@@ -8,9 +8,9 @@
 //! end) are left out and reported apart: their pages came from the writes, and their entries
 //! would be stale at the next replay.
 
+use crate::RangeSet;
 use crate::evict;
 use crate::list::{Extent, FileIdentity, ListEntry};
-use crate::ranges::RangeSet;
 use crate::residency;
 use crate::walk::{self, LinkDedup, WalkOptions};
 use std::collections::HashMap;
@@ -352,7 +352,7 @@ pub fn record(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ranges::Range;
+    use crate::Range;
     use std::path::Path;
 
     #[test]

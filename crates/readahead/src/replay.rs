@@ -28,11 +28,11 @@ pub use pressure::{BackOff, BackOffWatch};
 
 use crate::list::{Extent, FileIdentity, ListEntry};
 use crate::ownstall;
-use crate::ranges::{Range, RangeSet};
 use crate::residency::{self, Residency};
 use crate::sys::{self, IoPrio};
 use crate::sysstat::{self, DiskStat, DiskStatsChange, PsiSampler};
 use crate::walk::{self, Found, LinkDedup, WalkError, WalkOptions};
+use crate::{Range, RangeSet};
 use pressure::{Pressure, StopMonitor};
 use serde::Serialize;
 use std::fs::File;

@@ -6,8 +6,8 @@
 //! unsupported (EOPNOTSUPP) *and* the caller is root, the owner, or may write the file; in every
 //! other case the answer is "unknown" with the reason.
 
-use crate::ranges::{Range, RangeSet};
 use crate::sys;
+use crate::{Range, RangeSet};
 use serde::Serialize;
 use std::fs::File;
 use std::os::fd::{AsFd, BorrowedFd};

@@ -121,7 +121,7 @@ pub fn buckets(f: &std::fs::File, path: &Path, meta: &std::fs::Metadata, n: u64)
     for i in 0..n {
         let a = (i * pages / n).min(pages - 1);
         let b = ((i + 1) * pages / n).clamp(a + 1, pages);
-        let Some(r) = crate::ranges::Range::new(a * ps, (b - a) * ps) else {
+        let Some(r) = crate::Range::new(a * ps, (b - a) * ps) else {
             return Vec::new();
         };
         match residency::measure(f, path, meta, Some(r)) {

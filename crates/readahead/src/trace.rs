@@ -9,7 +9,7 @@
 //! are left alone, and the instance is removed afterwards (also on error paths, via `Drop`).
 //! Needs root (or tracefs access) and a kernel with the event.
 
-use crate::ranges::{Range, RangeSet};
+use crate::{Range, RangeSet};
 use std::collections::HashMap;
 use std::io::{self, Read};
 use std::os::unix::fs::OpenOptionsExt;

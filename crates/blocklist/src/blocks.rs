@@ -132,7 +132,7 @@ fn parse_inner<R: BufRead>(
         let n = (&mut r)
             .take(limits.max_line as u64 + 1)
             .read_until(b'\n', &mut buf)
-            .map_err(|e| err(ParseErrorKind::Io(e.to_string())))?;
+            .map_err(|e| err(ParseErrorKind::Io(e)))?;
         if n == 0 {
             break;
         }
@@ -361,7 +361,10 @@ mod tests {
         // Metadata is bounded.
         let many: String = (0..=MAX_META).map(|i| format!("#@ k{i}=v\n")).collect();
         let e = BlockFile::parse(many.as_bytes(), Limits::default()).unwrap_err();
-        assert_eq!(e.kind, ParseErrorKind::TooManyEntries(MAX_META));
+        assert!(
+            matches!(e.kind, ParseErrorKind::TooManyEntries(MAX_META)),
+            "{e}"
+        );
         assert_eq!(e.line, MAX_META as u64 + 1);
         // Unwritable metadata is refused rather than producing a list that reads back differently.
         let bad = BlockFile {

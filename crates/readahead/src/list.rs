@@ -308,8 +308,7 @@ fn parse_line(line: &[u8]) -> Result<Option<ListEntry>, ParseErrorKind> {
         return Ok(None);
     }
     if line.first() == Some(&b'{') {
-        let j: JsonEntry =
-            serde_json::from_slice(line).map_err(|e| ParseErrorKind::Json(e.to_string()))?;
+        let j: JsonEntry = serde_json::from_slice(line).map_err(ParseErrorKind::Json)?;
         let extent = match j.ranges {
             JsonExtent::Whole(s) if s == "*" => Extent::Whole,
             JsonExtent::Whole(s) => return Err(ParseErrorKind::BadRange(short(&s))),
@@ -425,7 +424,7 @@ pub fn parse_reader<R: BufRead>(mut r: R, limits: Limits) -> Result<Vec<ListEntr
             .read_until(b'\n', &mut buf)
             .map_err(|e| ParseError {
                 line: lineno,
-                kind: ParseErrorKind::Io(e.to_string()),
+                kind: ParseErrorKind::Io(e),
             })?;
         if n == 0 {
             break;
@@ -604,7 +603,7 @@ mod tests {
         let e = parse("x 18446744073709551615:2\n").unwrap_err();
         assert!(
             matches!(&e.kind, ParseErrorKind::BadRangeList { error, .. }
-                if **error == ParseErrorKind::RangeOverflow),
+                if matches!(**error, ParseErrorKind::RangeOverflow)),
             "{e}"
         );
     }
@@ -656,23 +655,26 @@ mod tests {
     #[test]
     fn errors_carry_line_numbers() {
         let e = parse("# hdr\n/a\t-\t0:0\n").unwrap_err();
-        assert_eq!(
-            e,
-            ParseError {
-                line: 2,
-                kind: ParseErrorKind::EmptyRange
-            }
+        assert!(
+            matches!(
+                e,
+                ParseError {
+                    line: 2,
+                    kind: ParseErrorKind::EmptyRange
+                }
+            ),
+            "{e}"
         );
         let e = parse("/a\t-\t18446744073709551615:2\n").unwrap_err();
-        assert_eq!(e.kind, ParseErrorKind::RangeOverflow);
+        assert!(matches!(e.kind, ParseErrorKind::RangeOverflow), "{e}");
         let e = parse("/a\tdev=1 ino=2\t*\n").unwrap_err();
         assert!(matches!(e.kind, ParseErrorKind::BadIdentity(_)));
         let e = parse("\n\n/a\\q\t-\t*\n").unwrap_err();
         assert_eq!(e.line, 3);
         let e = parse("/a\t-\n").unwrap_err();
-        assert_eq!(e.kind, ParseErrorKind::FieldCount(2));
+        assert!(matches!(e.kind, ParseErrorKind::FieldCount(2)), "{e}");
         let e = parse("{\"path\":\"/a\",\"ranges\":[[1,0]]}\n").unwrap_err();
-        assert_eq!(e.kind, ParseErrorKind::EmptyRange);
+        assert!(matches!(e.kind, ParseErrorKind::EmptyRange), "{e}");
         let e = parse("{\"path\":\"/a\",\"ranges\":\"*\",\"x\":1}\n").unwrap_err();
         assert!(matches!(e.kind, ParseErrorKind::Json(_)));
         let e = parse_bytes(
@@ -683,7 +685,7 @@ mod tests {
             },
         )
         .unwrap_err();
-        assert_eq!(e.kind, ParseErrorKind::LineTooLong(10));
+        assert!(matches!(e.kind, ParseErrorKind::LineTooLong(10)), "{e}");
         let e = parse_bytes(
             b"a\nb\nc\n",
             Limits {
@@ -692,12 +694,15 @@ mod tests {
             },
         )
         .unwrap_err();
-        assert_eq!(
-            e,
-            ParseError {
-                line: 3,
-                kind: ParseErrorKind::TooManyEntries(2)
-            }
+        assert!(
+            matches!(
+                e,
+                ParseError {
+                    line: 3,
+                    kind: ParseErrorKind::TooManyEntries(2)
+                }
+            ),
+            "{e}"
         );
     }
 
@@ -817,7 +822,7 @@ mod tests {
                 Ok(v) => prop_assert!(matches!(v[0].extent, Extent::Ranges(_)), "{:?}", v),
                 Err(e) => prop_assert!(
                     matches!(&e.kind, ParseErrorKind::BadRangeList { token, .. } if *token == tok)
-                        || e.kind == ParseErrorKind::EmptyPath,
+                        || matches!(e.kind, ParseErrorKind::EmptyPath),
                     "{}", e
                 ),
             }

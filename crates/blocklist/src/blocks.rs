@@ -2,8 +2,7 @@
 //! a device records the byte ranges it served during the first seconds after start with
 //! [`BlockRecorder`], saves them as a [`BlockList`] (text: one `offset:length` per line after a
 //! header), and on the next start replays them with [`replay_blocks`] into anything that
-//! implements [`BlockPrefetch`] — its own cache, or `snapblk_readahead::blocks::FdPrefetch`
-//! for readahead(2) on a block device node. [`BlockFile`] adds `#@ key=value` metadata lines
+//! implements [`BlockPrefetch`] (e.g. the snapshot device's own cache). [`BlockFile`] adds `#@ key=value` metadata lines
 //! (e.g. the identity of the device a list was recorded on), which plain [`BlockList::parse`]
 //! reads as comments.
 //!

@@ -767,7 +767,7 @@ mod tests {
             &list,
             format!(
                 "{}\n#@ capacity={}\n0:8192\n",
-                snapblk_readahead::blocks::BLOCK_HEADER,
+                snapblk_readahead::BLOCK_HEADER,
                 1 << 20
             ),
         )

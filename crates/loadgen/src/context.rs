@@ -186,9 +186,9 @@ fn cache_state(path: &Path) -> Option<CacheState> {
         meta.len()
     };
     let total_pages = size.div_ceil(4096);
-    let r = snapblk_readahead::residency::measure(&f, path, &meta, None);
+    let r = snapblk_readahead::measure(&f, path, &meta, None);
     let note = match &r {
-        snapblk_readahead::residency::Residency::Unknown { reason } => Some(reason.clone()),
+        snapblk_readahead::Residency::Unknown { reason } => Some(reason.clone()),
         _ => None,
     };
     Some(CacheState {

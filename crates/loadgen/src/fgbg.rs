@@ -464,12 +464,12 @@ fn drop_caches() -> Result<()> {
 }
 
 /// The entries of a readahead list; errors name the list.
-fn load_list(list: &Path) -> Result<Vec<snapblk_readahead::list::ListEntry>> {
+fn load_list(list: &Path) -> Result<Vec<snapblk_readahead::ListEntry>> {
     let text = std::fs::read(list).map_err(|source| Error::IoOn {
         what: format!("--fg-list {}", list.display()),
         source,
     })?;
-    snapblk_readahead::list::parse_bytes(&text, Default::default()).map_err(|source| Error::List {
+    snapblk_readahead::parse_bytes(&text, Default::default()).map_err(|source| Error::List {
         path: list.to_owned(),
         source,
     })

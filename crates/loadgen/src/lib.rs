@@ -90,7 +90,7 @@ pub enum Error {
     List {
         path: std::path::PathBuf,
         #[source]
-        source: snapblk_readahead::list::ParseError,
+        source: snapblk_readahead::ParseError,
     },
     /// A background stream ended while the foreground ran loaded; `how` is "failed" (the error
     /// is the source), "stopped" or "panicked".
@@ -311,8 +311,7 @@ mod error_tests {
         let io = || std::io::Error::from_raw_os_error(libc::ENOENT);
         let dev = || snapblk_core::Error::new(libc::EIO, "short read");
         let toml_err = "x = ".parse::<toml::Table>().unwrap_err();
-        let list_err =
-            snapblk_readahead::list::parse_bytes(b"\n{\n", Default::default()).unwrap_err();
+        let list_err = snapblk_readahead::parse_bytes(b"\n{\n", Default::default()).unwrap_err();
         // SAFETY: the path does not exist, so no library (and none of its initialisers) loads.
         let lib_err = match unsafe { libloading::Library::new("/nonexistent/libblkio.so") } {
             Err(e) => e,

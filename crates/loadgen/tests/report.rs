@@ -162,13 +162,13 @@ fn fgbg_document_validates() {
     let data = dir.join(format!("snapblk-loadgen-fg-{}", std::process::id()));
     std::fs::write(&data, vec![2u8; 1 << 20]).unwrap();
     let list = dir.join(format!("snapblk-loadgen-fg-{}.list", std::process::id()));
-    let entries = vec![snapblk_readahead::list::ListEntry {
+    let entries = vec![snapblk_readahead::ListEntry {
         path: data.clone(),
         identity: None,
-        extent: snapblk_readahead::list::Extent::Whole,
+        extent: snapblk_readahead::Extent::Whole,
     }];
     let mut text = Vec::new();
-    snapblk_readahead::list::write_text(&mut text, &entries).unwrap();
+    snapblk_readahead::write_text(&mut text, &entries).unwrap();
     std::fs::write(&list, text).unwrap();
     let spec = FgBgSpec {
         background: vec![

@@ -30,7 +30,7 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 /// First line written by [`write_text`].
-pub const TEXT_HEADER: &str = "# snapblk-readahead-list v1";
+pub(crate) const TEXT_HEADER: &str = "# snapblk-readahead-list v1";
 
 /// What a file looked like when its entry was recorded; a mismatch marks the entry stale.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -164,7 +164,7 @@ pub struct ListEntry {
     pub extent: Extent,
 }
 
-pub use snapblk_blocklist::{Limits, ParseError, ParseErrorKind};
+use snapblk_blocklist::{Limits, ParseError, ParseErrorKind};
 
 fn parse_dec<T: std::str::FromStr>(s: &str) -> Option<T> {
     // Reject signs and blanks that FromStr would accept for some types.
@@ -239,7 +239,7 @@ pub fn escape_path(p: &Path) -> String {
 }
 
 /// Inverse of [`escape_path`].
-pub fn unescape_path(s: &str) -> Result<PathBuf, ParseErrorKind> {
+pub(crate) fn unescape_path(s: &str) -> Result<PathBuf, ParseErrorKind> {
     let b = s.as_bytes();
     let mut out = Vec::with_capacity(b.len());
     let mut i = 0;
@@ -396,7 +396,7 @@ fn trim_end_spaces(b: &[u8]) -> &[u8] {
 /// it contains `:` and a digit, and consists of digits, `:`, `,` and letters that follow a
 /// digit (typos and unit suffixes inside numbers: `40g96:8192`, `4k:8k`). A file name ending
 /// in `Track 1:Intro` or `a:b` does not qualify, since its letters do not follow a digit.
-pub fn looks_like_range_list(tok: &[u8]) -> bool {
+pub(crate) fn looks_like_range_list(tok: &[u8]) -> bool {
     tok.contains(&b':')
         && tok.iter().any(u8::is_ascii_digit)
         && tok.iter().enumerate().all(|(i, &c)| match c {

@@ -12,7 +12,7 @@ use snapblk_loadgen::report::{
 use snapblk_loadgen::spec::{self, JobSpec, RwMode, Sweep, parse_list, parse_secs, parse_size};
 use snapblk_loadgen::target::{SpecTarget, Target};
 use snapblk_loadgen::{context, fgbg, fileio, plot};
-use snapblk_nbd::signals::TermSignals;
+use snapblk_nbd::TermSignals;
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

@@ -106,7 +106,7 @@ pub fn capture(target: Option<&Path>) -> Context {
 }
 
 /// The 1/5/15-minute load averages.
-pub fn loadavg() -> [f64; 3] {
+pub(crate) fn loadavg() -> [f64; 3] {
     let s = fs::read_to_string("/proc/loadavg").unwrap_or_default();
     let mut it = s.split_whitespace().map(|v| v.parse().unwrap_or(0.0));
     [
@@ -118,7 +118,7 @@ pub fn loadavg() -> [f64; 3] {
 
 /// The `/sys/block/NAME` directory whose `queue/` serves device `dev` (partitions map to their
 /// parent disk).
-pub fn sys_block_dir(dev: u64) -> Option<PathBuf> {
+pub(crate) fn sys_block_dir(dev: u64) -> Option<PathBuf> {
     let (ma, mi) = (libc::major(dev), libc::minor(dev));
     if ma == 0 {
         return None; // tmpfs, overlay, …: no block device
@@ -132,7 +132,7 @@ pub fn sys_block_dir(dev: u64) -> Option<PathBuf> {
 }
 
 /// The block device directory for a path (the device itself, or the one its filesystem is on).
-pub fn block_dir_for(path: &Path) -> Option<PathBuf> {
+pub(crate) fn block_dir_for(path: &Path) -> Option<PathBuf> {
     let m = fs::metadata(path).ok()?;
     if m.file_type().is_block_device() {
         sys_block_dir(m.rdev())
@@ -142,7 +142,7 @@ pub fn block_dir_for(path: &Path) -> Option<PathBuf> {
 }
 
 /// The active scheduler of `/sys/block/X` (the bracketed entry) and all offered ones.
-pub fn scheduler(dir: &Path) -> (Option<String>, Vec<String>) {
+pub(crate) fn scheduler(dir: &Path) -> (Option<String>, Vec<String>) {
     let Some(s) = read_trim(dir.join("queue/scheduler")) else {
         return (None, Vec::new());
     };
@@ -199,7 +199,7 @@ fn cache_state(path: &Path) -> Option<CacheState> {
 }
 
 /// Context of a target path.
-pub fn target_context(path: &Path) -> TargetContext {
+pub(crate) fn target_context(path: &Path) -> TargetContext {
     let meta = fs::metadata(path).ok();
     let kind = match &meta {
         Some(m) if m.file_type().is_block_device() => "block",
@@ -238,7 +238,7 @@ pub fn target_context(path: &Path) -> TargetContext {
 /// The tunables of the active scheduler of `/sys/block/X`: every readable file in
 /// `queue/iosched/` with its trimmed content. Empty when the scheduler has none (`none` has no
 /// `iosched` directory).
-pub fn scheduler_tunables(dir: &Path) -> BTreeMap<String, String> {
+pub(crate) fn scheduler_tunables(dir: &Path) -> BTreeMap<String, String> {
     let mut t = BTreeMap::new();
     if let Ok(rd) = fs::read_dir(dir.join("queue/iosched")) {
         for e in rd.flatten() {
@@ -251,7 +251,7 @@ pub fn scheduler_tunables(dir: &Path) -> BTreeMap<String, String> {
 }
 
 /// Set the scheduler of `/sys/block/X` (root only).
-pub fn set_scheduler(dir: &Path, name: &str) -> std::io::Result<()> {
+pub(crate) fn set_scheduler(dir: &Path, name: &str) -> std::io::Result<()> {
     fs::write(dir.join("queue/scheduler"), name)
 }
 

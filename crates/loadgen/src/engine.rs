@@ -199,7 +199,7 @@ pub fn run_workload(target: &mut dyn Target, spec: &JobSpec, opts: &RunOpts) -> 
 }
 
 /// Combine per-job results: sums, merged histograms, per-second series aligned by index.
-pub fn merge_jobs(spec: JobSpec, capacity: u64, jobs: Vec<JobResult>) -> RunResult {
+pub(crate) fn merge_jobs(spec: JobSpec, capacity: u64, jobs: Vec<JobResult>) -> RunResult {
     let mut read = DirStats::default();
     let mut write = DirStats::default();
     let mut seconds: f64 = 0.0;

@@ -63,7 +63,7 @@ impl SchedState {
 /// Kill every command process group this module started and has not reaped yet, and reap the
 /// group leaders (our children). For a caller about to exit without unwinding (e.g. on a
 /// second SIGINT); normal and interrupted runs kill and reap their commands themselves.
-pub fn kill_children() {
+pub(crate) fn kill_children() {
     let groups = LIVE_GROUPS.lock().map(|g| g.clone()).unwrap_or_default();
     for &g in &groups {
         // SAFETY: signalling a process group we created (pgid = the child's pid).
@@ -77,7 +77,7 @@ pub fn kill_children() {
 }
 
 /// Everything a process exiting mid-test must undo: kill and reap the commands
-/// ([`kill_children`]) and restore the scheduler [`run_fgbg`] switched, if any.
+/// and restore the scheduler [`run_fgbg`] switched, if any.
 pub fn emergency_cleanup() {
     kill_children();
     let restore = RESTORE_SCHED.lock().ok().and_then(|r| r.clone());

@@ -167,7 +167,7 @@ fn check_dir(dir: &Path) -> Result<()> {
 
 /// The O_DIRECT alignment of files in `dir`, derived as snapblk's file driver does: the
 /// logical block size of the block device under it, else (tmpfs, …) the page size.
-pub fn direct_alignment(dir: &Path) -> u64 {
+pub(crate) fn direct_alignment(dir: &Path) -> u64 {
     crate::context::block_dir_for(dir)
         .and_then(|d| std::fs::read_to_string(d.join("queue/logical_block_size")).ok())
         .and_then(|s| s.trim().parse::<u64>().ok())
@@ -176,7 +176,7 @@ pub fn direct_alignment(dir: &Path) -> u64 {
 }
 
 /// Drop a file's clean pages from the page cache.
-pub fn evict(f: &File) {
+pub(crate) fn evict(f: &File) {
     // SAFETY: valid fd; fadvise only gives advice.
     unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
 }
@@ -185,7 +185,7 @@ pub fn evict(f: &File) {
 /// `path` — `posix_fadvise(DONTNEED)` for files, `BLKFLSBUF` for block devices (which needs
 /// root; like fio, refusal is not an error). Best effort: a target that cannot be opened here
 /// fails later, when the driver opens it. Tmpfs ignores the advice (its pages are the data).
-pub fn invalidate(path: &Path, regions: &[(u64, u64)]) {
+pub(crate) fn invalidate(path: &Path, regions: &[(u64, u64)]) {
     use std::os::unix::fs::FileTypeExt;
     /// `_IO(0x12, 97)` from linux/fs.h (not in the libc crate).
     const BLKFLSBUF: libc::Ioctl = 0x1261;

@@ -10,7 +10,7 @@ use hdrhistogram::serialization::{Deserializer, Serializer, V2DeflateSerializer}
 const MAX_NS: u64 = 3_600_000_000_000;
 
 /// The percentiles every report carries.
-pub const PERCENTILES: [f64; 8] = [1.0, 5.0, 50.0, 90.0, 95.0, 99.0, 99.9, 99.99];
+pub(crate) const PERCENTILES: [f64; 8] = [1.0, 5.0, 50.0, 90.0, 95.0, 99.0, 99.9, 99.99];
 
 /// A latency histogram in nanoseconds.
 #[derive(Clone)]

@@ -1,38 +1,63 @@
 //! snapblk-loadgen: a fio/IOzone-class load generator over snapblk devices.
 //!
-//! * [`spec`] describes workloads the way fio does (`rw`, `bs`, `iodepth`, `numjobs`, `size`,
-//!   `runtime`, `ramp_time`, `verify`), from flags or a TOML job file, and expands sweeps;
-//! * [`buffer`] fills write buffers like fio does (random, scrambled per write; optional
-//!   refill and compressible share);
-//! * [`engine`] runs a workload on any [`snapblk_core::Queue`]: one queue per job thread, each
-//!   keeping `iodepth` requests in flight with `enqueue` + `do_io`, recording every latency in a
-//!   mergeable HDR histogram plus a per-second series;
-//! * [`target`] opens what to measure: a snapblk device spec, a path, or any libblkio
-//!   implementation loaded at run time ([`capi`]);
-//! * [`fileio`] holds IOzone-style file tests and the ext2-over-flash 1 KiB overwrite test,
-//!   [`fgbg`] the foreground-under-background test;
-//! * [`report`] turns results into a table and a versioned JSON document (with [`context`]:
-//!   kernel, scheduler, read_ahead_kb, cache state), [`plot`] into SVG charts.
+//! * A [`JobSpec`] describes a workload the way fio does (`rw`, `bs`, `iodepth`, `numjobs`,
+//!   `size`, `runtime`, `ramp_time`, `verify`), from flags or a TOML job file
+//!   ([`parse_job_file`]); a [`Sweep`] expands sweeps;
+//! * write buffers are filled like fio does ([`BufferOpts`]: random, scrambled per write;
+//!   optional refill and compressible share);
+//! * [`run_workload`] runs a workload on any [`snapblk_core::Queue`]: one queue per job thread,
+//!   each keeping `iodepth` requests in flight with `enqueue` + `do_io`, recording every latency
+//!   in a mergeable HDR histogram ([`LatHist`]) plus a per-second series; [`run_matrix`] runs
+//!   sweeps and repetitions;
+//! * a [`Target`] opens what to measure: a snapblk device spec ([`SpecTarget`]), a path
+//!   ([`BlkioTarget`]), or any libblkio implementation loaded at run time
+//!   ([`LibblkioTarget`]);
+//! * [`Document`] and [`ConfigReport`] turn results into a table and a versioned JSON document
+//!   (checked by [`validate`]) with the machine's [`Context`] (kernel, scheduler,
+//!   read_ahead_kb, cache state, from [`capture`]).
+//!
+//! Modules are private and the API is re-exported here, except three namespaces whose names
+//! read right only under them:
+//! * [`fileio`]: the IOzone-style file tests and the ext2-over-flash 1 KiB overwrite test, a
+//!   benchmark of its own (its `open`, `evict`, `Cell`, `TestFile`);
+//! * [`fgbg`]: the foreground-under-background test (`Background`, `Foreground`,
+//!   `emergency_cleanup`);
+//! * [`plot`]: SVG charts of results (`write_all`, `Axis`, `Series`).
 
-pub mod buffer;
-pub mod capi;
-pub mod context;
-pub mod engine;
+#![warn(unreachable_pub, unnameable_types)]
+
+mod buffer;
+mod capi;
+mod context;
+mod engine;
 pub mod fgbg;
 pub mod fileio;
-pub mod hist;
-pub mod pattern;
+mod hist;
+mod pattern;
 pub mod plot;
-pub mod report;
-pub mod schema;
-pub mod spec;
-pub mod target;
-pub mod verify;
+mod report;
+mod schema;
+mod spec;
+mod target;
+mod verify;
 
-pub use engine::{JobResult, RunResult, run_workload};
-pub use spec::{JobSpec, RwMode, Sweep};
+pub use buffer::BufferOpts;
+pub use capi::LibblkioTarget;
+pub use context::{CacheState, Context, TargetContext, capture};
+pub use engine::{DirStats, JobResult, RunOpts, RunResult, Second, run_workload};
+pub use hist::LatHist;
+pub use report::{
+    ConfigReport, DirReport, Document, LatKind, LatReport, RunReport, SecondReport, Spread,
+    Summary, TargetDesc, Tool, fmt_count, noise_warnings, signal_name, text_table, workload_table,
+};
+pub use schema::validate;
+pub use spec::{
+    BatchOpts, Iomem, JobSpec, RwMode, Sweep, fmt_size, number_error, parse_job_file, parse_list,
+    parse_secs, parse_size,
+};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+pub use target::{Alignment, BlkioTarget, Device, SpecTarget, Target};
 
 /// Errors of the benchmark engine.
 ///

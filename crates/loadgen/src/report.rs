@@ -9,10 +9,10 @@ use serde::Serialize;
 use std::collections::BTreeMap;
 
 /// Bumped on incompatible changes of the JSON layout (see crates/loadgen/schema.json).
-pub const SCHEMA_VERSION: u32 = 1;
+pub(crate) const SCHEMA_VERSION: u32 = 1;
 
 /// Coefficient of variation of IOPS across repetitions above which a run is called noisy.
-pub const NOISY_CV: f64 = 0.10;
+pub(crate) const NOISY_CV: f64 = 0.10;
 
 /// The top-level JSON document.
 #[derive(Debug, Serialize)]
@@ -112,7 +112,7 @@ pub struct LatReport {
     pub histogram: String,
 }
 
-pub fn pct_key(p: f64) -> String {
+pub(crate) fn pct_key(p: f64) -> String {
     format!("p{p}")
 }
 
@@ -288,7 +288,7 @@ impl Spread {
 }
 
 /// The median of `v` (of an even count, the midpoint of the two middle values); None when empty.
-pub fn median(v: &[f64]) -> Option<f64> {
+pub(crate) fn median(v: &[f64]) -> Option<f64> {
     let mut s = v.to_vec();
     s.sort_by(f64::total_cmp);
     let n = s.len();
@@ -417,7 +417,7 @@ pub fn noise_warnings(results: &[ConfigReport], ctx: &Context) -> Vec<String> {
 }
 
 /// Human latency: `850ns`, `12.3µs`, `4.56ms`, `1.20s`.
-pub fn fmt_ns(ns: f64) -> String {
+pub(crate) fn fmt_ns(ns: f64) -> String {
     if ns < 1e3 {
         format!("{ns:.0}ns")
     } else if ns < 1e6 {

@@ -2,7 +2,7 @@
 //! against it: the CLI checks every document before writing it, so a schema drift is caught at once.
 
 /// The schema text.
-pub const SCHEMA: &str = include_str!("../schema.json");
+pub(crate) const SCHEMA: &str = include_str!("../schema.json");
 
 /// Validate a document; the error lists every violation with its JSON pointer.
 pub fn validate(doc: &serde_json::Value) -> Result<(), String> {

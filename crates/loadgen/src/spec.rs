@@ -89,7 +89,7 @@ impl Iomem {
 
 /// Longest runtime or ramp accepted, in seconds (about 31 years: far beyond any real run, and
 /// far from where adding it to a clock reading could overflow).
-pub const MAX_SECS: f64 = 1e9;
+pub(crate) const MAX_SECS: f64 = 1e9;
 
 /// One workload configuration (one cell of a sweep).
 #[derive(Debug, Clone, PartialEq, Serialize)]

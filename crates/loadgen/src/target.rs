@@ -109,7 +109,7 @@ pub trait Target: Send {
 }
 
 /// A started [`Blkio`] as a [`Device`].
-pub struct BlkioDevice {
+pub(crate) struct BlkioDevice {
     blkio: Blkio,
     capacity: u64,
     alignment: Alignment,
@@ -119,7 +119,7 @@ pub struct BlkioDevice {
 
 impl BlkioDevice {
     /// Wrap a started instance.
-    pub fn new(blkio: Blkio) -> Result<BlkioDevice> {
+    pub(crate) fn new(blkio: Blkio) -> Result<BlkioDevice> {
         let capacity = blkio.get_u64("capacity")?;
         let alignment = Alignment::of(
             blkio.get_int("request-alignment")?.into(),

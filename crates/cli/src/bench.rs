@@ -321,10 +321,10 @@ impl OutArgs {
 fn emit(out: &OutArgs, doc: &Document, table: Option<String>) -> anyhow::Result<()> {
     let json = doc.to_json();
     // Never hand out a document that breaks its own schema; say so loudly instead.
-    let invalid = serde_json::from_str::<serde_json::Value>(&json)
-        .map_err(|e| e.to_string())
-        .and_then(|v| snapblk_loadgen::validate(&v))
-        .err();
+    let invalid: Option<anyhow::Error> = match serde_json::from_str::<serde_json::Value>(&json) {
+        Ok(v) => snapblk_loadgen::validate(&v).err().map(Into::into),
+        Err(e) => Some(e.into()),
+    };
     if let Some(p) = &out.output {
         std::fs::write(p, format!("{json}\n")).with_context(|| format!("write {}", p.display()))?;
     }
@@ -339,7 +339,9 @@ fn emit(out: &OutArgs, doc: &Document, table: Option<String>) -> anyhow::Result<
         errln!("warning: {w}")?;
     }
     if let Some(e) = invalid {
-        bail!("internal error: result document violates crates/loadgen/schema.json: {e}");
+        return Err(
+            e.context("internal error: result document violates crates/loadgen/schema.json")
+        );
     }
     Ok(())
 }

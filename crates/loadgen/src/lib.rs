@@ -50,7 +50,7 @@ pub use report::{
     ConfigReport, DirReport, Document, LatKind, LatReport, RunReport, SecondReport, Spread,
     Summary, TargetDesc, Tool, fmt_count, noise_warnings, signal_name, text_table, workload_table,
 };
-pub use schema::validate;
+pub use schema::{SchemaError, validate};
 pub use spec::{
     BatchOpts, Iomem, JobSpec, RwMode, Sweep, fmt_size, number_error, parse_job_file, parse_list,
     parse_secs, parse_size,
@@ -69,6 +69,9 @@ pub enum Error {
     /// A job that cannot run: a bad flag, value or combination.
     #[error("invalid job: {0}")]
     Spec(String),
+    /// A job whose size (`bs`, `size`, `offset`, a file test size) does not parse.
+    #[error("invalid job")]
+    Size(#[source] snapblk_core::size::SizeError),
     #[error("I/O error")]
     Io(#[from] std::io::Error),
     /// An I/O error on something the run names: `what` is the file, directory or command.
@@ -343,6 +346,7 @@ mod error_tests {
             Ok(_) => panic!("a missing library loaded"),
         };
         let cases = [
+            Error::Size(snapblk_core::size::SizeError::BadNumber("4x".into())),
             Error::from(io()),
             Error::IoOn {
                 what: "directory /x".into(),
@@ -384,12 +388,13 @@ mod error_tests {
         for e in &cases {
             assert_cause_is_source(e, None);
         }
+        assert_eq!(chain(&cases[0]), "invalid job: bad size \"4x\"");
         assert_eq!(
-            chain(&cases[4]),
+            chain(&cases[5]),
             "read of 4096 bytes at offset 8192 failed: short read"
         );
         assert_eq!(
-            chain(&cases[7]),
+            chain(&cases[8]),
             "background stream on /dev/x ended during the loaded cell (after 1.50 s): failed: \
              I/O error: No such file or directory (os error 2)"
         );

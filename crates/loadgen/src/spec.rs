@@ -406,7 +406,7 @@ impl Sweep {
 /// Parse a fio-style size: `4096`, `4k`, `4K`, `4KiB`, `64m`, `1G`, `2t` (binary units; the
 /// grammar is [`snapblk_core::size`], shared with device specs).
 pub fn parse_size(s: &str) -> Result<u64> {
-    snapblk_core::size::parse_size(s).map_err(|e| Error::Spec(e.to_string()))
+    snapblk_core::size::parse_size(s).map_err(Error::Size)
 }
 
 /// The error for a number that does not parse: a range error for a negative one (`-1` for a
@@ -646,7 +646,7 @@ mod tests {
 
     #[test]
     fn negative_values_are_range_errors() {
-        let msg = |r: Result<u64>| r.unwrap_err().to_string();
+        let msg = |r: Result<u64>| snapblk_core::Chain(&r.unwrap_err()).to_string();
         assert!(msg(parse_size("-1")).contains("size -1 is out of range"));
         assert!(msg(parse_size("-4k")).contains("size -4k is out of range"));
         assert!(msg(parse_size("-x")).contains("bad size"));

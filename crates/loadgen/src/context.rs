@@ -11,12 +11,19 @@ use std::path::{Path, PathBuf};
 /// Host facts.
 #[derive(Debug, Clone, Serialize)]
 pub struct Context {
+    /// `/proc/sys/kernel/hostname`.
     pub hostname: String,
+    /// The kernel release (`/proc/sys/kernel/osrelease`, e.g. `6.8.0-45-generic`).
     pub kernel: String,
+    /// The kernel build string (`/proc/sys/kernel/version`).
     pub kernel_version: String,
+    /// The first `model name` of `/proc/cpuinfo` (empty where there is none).
     pub cpu_model: String,
+    /// CPUs this process may run on.
     pub cpus: usize,
+    /// `MemTotal` of `/proc/meminfo`, in KiB.
     pub mem_total_kb: u64,
+    /// The 1/5/15-minute load averages when the context was captured.
     pub loadavg: [f64; 3],
     /// `/proc/pressure/cpu` "some avg10" (None when PSI is unavailable).
     pub cpu_pressure_avg10: Option<f64>,
@@ -25,12 +32,14 @@ pub struct Context {
     /// The kernel's current clocksource (`tsc`, `kvm-clock`, …). The bench times I/O with the
     /// TSC; a kernel that does not use it may have found it unreliable here.
     pub clocksource: Option<String>,
+    /// The target's context, when [`capture`] was given a path.
     pub target: Option<TargetContext>,
 }
 
 /// Facts about the target path and the block device under it.
 #[derive(Debug, Clone, Serialize)]
 pub struct TargetContext {
+    /// The target path as given.
     pub path: String,
     /// "block", "file", or "other".
     pub kind: String,
@@ -38,11 +47,17 @@ pub struct TargetContext {
     pub fs_type: Option<String>,
     /// Kernel name of the block device whose queue serves the I/O (e.g. `vda`, `zram0`).
     pub block_device: Option<String>,
+    /// The device queue's active I/O scheduler (`queue/scheduler`), None without a device.
     pub scheduler: Option<String>,
+    /// The active scheduler's tunables (`queue/iosched/*`), empty for `none`.
     pub scheduler_tunables: BTreeMap<String, String>,
+    /// `queue/read_ahead_kb` of the device.
     pub read_ahead_kb: Option<u64>,
+    /// `queue/nr_requests` of the device.
     pub nr_requests: Option<u64>,
+    /// `queue/max_sectors_kb` of the device.
     pub max_sectors_kb: Option<u64>,
+    /// `queue/rotational` of the device.
     pub rotational: Option<bool>,
     /// Page-cache residency of the target when the run started.
     pub cache: Option<CacheState>,
@@ -51,9 +66,11 @@ pub struct TargetContext {
 /// Page-cache state of the target file.
 #[derive(Debug, Clone, Serialize)]
 pub struct CacheState {
+    /// The target's size in 4 KiB pages (rounded up).
     pub total_pages: u64,
     /// None when residency cannot be known (see `note`).
     pub resident_pages: Option<u64>,
+    /// Why residency cannot be known, when it cannot.
     pub note: Option<String>,
 }
 

@@ -24,6 +24,7 @@
 //!   `emergency_cleanup`);
 //! * [`plot`]: SVG charts of results (`write_all`, `Axis`, `Series`).
 
+#![warn(missing_docs)]
 #![warn(unreachable_pub, unnameable_types)]
 
 mod buffer;
@@ -72,39 +73,54 @@ pub enum Error {
     /// A job whose size (`bs`, `size`, `offset`, a file test size) does not parse.
     #[error("invalid job")]
     Size(#[source] snapblk_core::size::SizeError),
+    /// An I/O error outside any file the run names (the source).
     #[error("I/O error")]
     Io(#[from] std::io::Error),
     /// An I/O error on something the run names: `what` is the file, directory or command.
     #[error("{what}")]
     IoOn {
+        /// The file, directory or command, as the user named it.
         what: String,
+        /// The OS error.
         #[source]
         source: std::io::Error,
     },
+    /// A device call (property, queue, memory region) failed; the device's error is the
+    /// source.
     #[error("device error")]
     Dev(#[from] snapblk_core::Error),
     /// The target could not be opened from its device spec.
     #[error("open {spec}")]
     Open {
+        /// The device spec as given.
         spec: String,
+        /// Why the facade could not open it.
         #[source]
         source: snapblk_core::Error,
     },
     /// A request the target completed with an error.
     #[error("{op} of {len} bytes at offset {offset} failed")]
     Request {
+        /// The operation (`read`, `write`).
         op: &'static str,
+        /// The request's length in bytes.
         len: u64,
+        /// The request's byte offset on the target.
         offset: u64,
+        /// The completion's error.
         #[source]
         source: snapblk_core::Error,
     },
     /// Blocks read back are not what the run wrote; `errors` describes the first ones.
     #[error("verify failed: {bad} of {checked} blocks bad in job {job}; {}", .errors.join("; "))]
     Verify {
+        /// The job (0-based thread index) that read them.
         job: u32,
+        /// Blocks whose contents were wrong.
         bad: u64,
+        /// Blocks checked.
         checked: u64,
+        /// What was wrong with the first bad blocks (block number and finding).
         errors: Vec<String>,
     },
     /// A job file whose contents are wrong.
@@ -116,7 +132,9 @@ pub enum Error {
     /// A foreground read list that cannot be read.
     #[error("--fg-list {}", .path.display())]
     List {
+        /// The list file.
         path: std::path::PathBuf,
+        /// Where and why its parse failed.
         #[source]
         source: snapblk_readahead::ParseError,
     },
@@ -127,9 +145,13 @@ pub enum Error {
         .path.display()
     )]
     BackgroundEnded {
+        /// The file or device the stream read or wrote.
         path: std::path::PathBuf,
+        /// Seconds into the loaded cell when it was found ended.
         after_secs: f64,
+        /// `"failed"`, `"stopped"` or `"panicked"`.
         how: &'static str,
+        /// The stream's error, when it failed.
         #[source]
         source: Option<Box<Error>>,
     },
@@ -139,8 +161,11 @@ pub enum Error {
     /// A libblkio library that cannot be loaded, or lacks `symbol`.
     #[error("libblkio {}{}", .path.display(), .symbol.map(|s| format!(": missing {s}")).unwrap_or_default())]
     LibLoad {
+        /// The shared library's path.
         path: std::path::PathBuf,
+        /// The `blkio_*` symbol it lacks; `None` when the library itself did not load.
         symbol: Option<&'static str>,
+        /// The loader's error.
         #[source]
         source: libloading::Error,
     },
@@ -148,8 +173,11 @@ pub enum Error {
     /// errno it returned.
     #[error("libblkio: {call}: {msg}")]
     LibCall {
+        /// The call, without its `blkio_` prefix (e.g. `connect`, `set_int num-queues`).
         call: String,
+        /// The library's `blkio_get_error_msg()` after the call (may be empty).
         msg: String,
+        /// The errno the call returned.
         #[source]
         source: std::io::Error,
     },
@@ -227,7 +255,9 @@ pub enum RunProgress {
     /// A run starts: `label` names it (`[rep/repeat] job`), `completed` counts its completed
     /// I/Os while it runs.
     Start {
+        /// The run's label.
         label: String,
+        /// Completed I/Os of the run so far, updated as they complete.
         completed: Arc<AtomicU64>,
     },
     /// The run has ended (also when it failed).
@@ -239,6 +269,7 @@ pub struct Labelled<'a> {
     /// Leads the labels of its configurations (`"LABEL: randread bs=4k …"`); None for a single
     /// unlabelled target.
     pub label: Option<String>,
+    /// The target to run every configuration on.
     pub target: &'a mut dyn target::Target,
 }
 

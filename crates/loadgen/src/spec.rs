@@ -8,9 +8,13 @@ use std::fmt;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum RwMode {
+    /// Sequential reads.
     Read,
+    /// Sequential writes.
     Write,
+    /// Random reads.
     RandRead,
+    /// Random writes.
     RandWrite,
     /// Sequential mix of reads and writes (`rwmixread` percent reads).
     Rw,
@@ -19,6 +23,8 @@ pub enum RwMode {
 }
 
 impl RwMode {
+    /// Parses fio's name of a mode (`read`, `write`, `randread`, `randwrite`, `rw` or
+    /// `readwrite`, `randrw`; any case).
     pub fn parse(s: &str) -> Result<RwMode> {
         Ok(match s.trim().to_ascii_lowercase().as_str() {
             "read" => RwMode::Read,
@@ -34,6 +40,7 @@ impl RwMode {
             }
         })
     }
+    /// Whether offsets are random.
     pub fn is_random(self) -> bool {
         matches!(self, RwMode::RandRead | RwMode::RandWrite | RwMode::RandRw)
     }
@@ -45,6 +52,7 @@ impl RwMode {
             RwMode::Rw | RwMode::RandRw => rwmixread.min(100),
         }
     }
+    /// fio's name of the mode.
     pub fn name(self) -> &'static str {
         match self {
             RwMode::Read => "read",
@@ -78,6 +86,7 @@ pub enum Iomem {
 }
 
 impl Iomem {
+    /// Parses `malloc` or `memfd` (any case).
     pub fn parse(s: &str) -> Result<Iomem> {
         match s.trim().to_ascii_lowercase().as_str() {
             "malloc" => Ok(Iomem::Malloc),
@@ -94,10 +103,12 @@ pub(crate) const MAX_SECS: f64 = 1e9;
 /// One workload configuration (one cell of a sweep).
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct JobSpec {
+    /// The job's name (`job` unless given).
     pub name: String,
     /// `name` was given (a job file's `name` key): tables, plots and labels show it.
     #[serde(skip)]
     pub named: bool,
+    /// The access pattern.
     pub rw: RwMode,
     /// Percentage of reads in `rw`/`randrw`.
     pub rwmixread: u32,
@@ -365,9 +376,13 @@ impl JobSpec {
 /// Lists of values to combine with a base job: every `rw × bs × iodepth × numjobs` cell.
 #[derive(Debug, Clone, Default)]
 pub struct Sweep {
+    /// Access patterns.
     pub rw: Vec<RwMode>,
+    /// Block sizes, bytes.
     pub bs: Vec<u64>,
+    /// Requests in flight per job.
     pub iodepth: Vec<u32>,
+    /// Job threads.
     pub numjobs: Vec<u32>,
 }
 

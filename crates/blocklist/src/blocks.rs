@@ -2,13 +2,12 @@
 //! a device records the byte ranges it served during the first seconds after start with
 //! [`BlockRecorder`], saves them as a [`BlockList`] (text: one `offset:length` per line after a
 //! header), and on the next start replays them with [`replay_blocks`] into anything that
-//! implements [`BlockPrefetch`] — its own cache, or `snapblk_readahead::blocks::FdPrefetch`
-//! for readahead(2) on a block device node. [`BlockFile`] adds `#@ key=value` metadata lines
+//! implements [`BlockPrefetch`] (e.g. the snapshot device's own cache). [`BlockFile`] adds `#@ key=value` metadata lines
 //! (e.g. the identity of the device a list was recorded on), which plain [`BlockList::parse`]
 //! reads as comments.
 //!
 //! ```
-//! use snapblk_blocklist::blocks::{BlockRecorder, replay_blocks, BlockPrefetch};
+//! use snapblk_blocklist::{BlockPrefetch, BlockRecorder, replay_blocks};
 //! use std::time::Duration;
 //! let mut rec = BlockRecorder::new(Duration::from_secs(30), 1 << 20);
 //! rec.note_read(0, 4096);
@@ -132,7 +131,7 @@ fn parse_inner<R: BufRead>(
         let n = (&mut r)
             .take(limits.max_line as u64 + 1)
             .read_until(b'\n', &mut buf)
-            .map_err(|e| err(ParseErrorKind::Io(e.to_string())))?;
+            .map_err(|e| err(ParseErrorKind::Io(e)))?;
         if n == 0 {
             break;
         }
@@ -361,7 +360,10 @@ mod tests {
         // Metadata is bounded.
         let many: String = (0..=MAX_META).map(|i| format!("#@ k{i}=v\n")).collect();
         let e = BlockFile::parse(many.as_bytes(), Limits::default()).unwrap_err();
-        assert_eq!(e.kind, ParseErrorKind::TooManyEntries(MAX_META));
+        assert!(
+            matches!(e.kind, ParseErrorKind::TooManyEntries(MAX_META)),
+            "{e}"
+        );
         assert_eq!(e.line, MAX_META as u64 + 1);
         // Unwritable metadata is refused rather than producing a list that reads back differently.
         let bad = BlockFile {

@@ -20,8 +20,12 @@ impl Default for Limits {
 }
 
 /// A parse error and the 1-based line it happened on.
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
-#[error("line {line}: {kind}")]
+///
+/// Its message is `line N: ` and the [`kind`](ParseError::kind)'s message; its
+/// [`source`](std::error::Error::source) is the kind's (the I/O or JSON error of an
+/// [`Io`](ParseErrorKind::Io) or [`Json`](ParseErrorKind::Json) kind), so a one-line report of
+/// the chain names the cause once.
+#[derive(Debug)]
 pub struct ParseError {
     /// The 1-based line of the list where parsing failed.
     pub line: u64,
@@ -29,8 +33,20 @@ pub struct ParseError {
     pub kind: ParseErrorKind,
 }
 
+impl std::fmt::Display for ParseError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "line {}: {}", self.line, self.kind)
+    }
+}
+
+impl std::error::Error for ParseError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.kind.source()
+    }
+}
+
 /// What was wrong with a line of a list.
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[derive(Debug, thiserror::Error)]
 pub enum ParseErrorKind {
     /// A line over [`Limits::max_line`] bytes.
     #[error("line longer than {0} bytes")]
@@ -73,10 +89,55 @@ pub enum ParseErrorKind {
     /// A line of the TAB-separated form without exactly three fields.
     #[error("expected 3 TAB-separated fields (path, identity, ranges), got {0}")]
     FieldCount(usize),
-    /// A JSON entry that does not parse (the parser's own words).
-    #[error("bad JSON entry: {0}")]
-    Json(String),
-    /// The list could not be read (the I/O error's words).
-    #[error("read error: {0}")]
-    Io(String),
+    /// A JSON entry that does not parse; the parser's error is the source.
+    #[error("bad JSON entry")]
+    Json(#[source] serde_json::Error),
+    /// The list could not be read; the I/O error is the source.
+    #[error("read error")]
+    Io(#[source] std::io::Error),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use snapblk_testsupport::errors::{assert_cause_is_source, chain};
+    use std::error::Error as _;
+
+    #[test]
+    fn every_wrapping_kind_keeps_its_cause_as_source_only() {
+        let io = || std::io::Error::from_raw_os_error(5);
+        let json = || serde_json::from_str::<u8>("x").unwrap_err();
+        let json_text = json().to_string();
+        let cases = [
+            (ParseErrorKind::Io(io()), io().to_string()),
+            (ParseErrorKind::Json(json()), json_text.clone()),
+        ];
+        for (kind, cause) in cases {
+            assert_cause_is_source(&kind, Some(&cause));
+            // The line number stays in the message; the cause is the source of the whole error.
+            let e = ParseError { line: 3, kind };
+            let line = assert_cause_is_source(&e, Some(&cause));
+            assert!(line.starts_with("line 3: "), "{line}");
+        }
+        let e = ParseError {
+            line: 7,
+            kind: ParseErrorKind::Io(io()),
+        };
+        assert_eq!(
+            chain(&e),
+            "line 7: read error: Input/output error (os error 5)"
+        );
+        let e = ParseError {
+            line: 2,
+            kind: ParseErrorKind::Json(json()),
+        };
+        assert_eq!(chain(&e), format!("line 2: bad JSON entry: {json_text}"));
+        // Kinds in this layer's own words have no source.
+        let e = ParseError {
+            line: 1,
+            kind: ParseErrorKind::EmptyRange,
+        };
+        assert!(e.source().is_none());
+        assert_eq!(e.to_string(), "line 1: empty range (length 0)");
+    }
 }

@@ -5,14 +5,12 @@
 
 use anyhow::{Context as _, bail};
 use clap::{Args, Subcommand};
-use snapblk_loadgen::capi::LibblkioTarget;
-use snapblk_loadgen::report::{
-    ConfigReport, Document, LatKind, TargetDesc, noise_warnings, signal_name, workload_table,
+use snapblk_loadgen::{
+    ConfigReport, Document, JobSpec, LatKind, LibblkioTarget, RwMode, SpecTarget, Sweep, Target,
+    TargetDesc, fgbg, fileio, fmt_size, noise_warnings, parse_list, parse_secs, parse_size, plot,
+    signal_name, workload_table,
 };
-use snapblk_loadgen::spec::{self, JobSpec, RwMode, Sweep, parse_list, parse_secs, parse_size};
-use snapblk_loadgen::target::{SpecTarget, Target};
-use snapblk_loadgen::{context, fgbg, fileio, plot};
-use snapblk_nbd::signals::TermSignals;
+use snapblk_nbd::TermSignals;
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -162,7 +160,7 @@ struct WorkloadArgs {
     /// default); memfd = the device's shared alloc_mem_region memory, as libblkio applications
     /// use (its pages cost more to pin per O_DIRECT system call).
     #[arg(long, alias = "mem", default_value = "malloc", value_parser = parse_iomem)]
-    iomem: snapblk_loadgen::spec::Iomem,
+    iomem: snapblk_loadgen::Iomem,
     /// Show completion-latency percentiles in the table (fio's clat_percentiles, default 1).
     #[arg(long = "clat_percentiles", alias = "clat-percentiles", default_value = "1",
         action = clap::ArgAction::Set, value_parser = parse_flag)]
@@ -323,10 +321,10 @@ impl OutArgs {
 fn emit(out: &OutArgs, doc: &Document, table: Option<String>) -> anyhow::Result<()> {
     let json = doc.to_json();
     // Never hand out a document that breaks its own schema; say so loudly instead.
-    let invalid = serde_json::from_str::<serde_json::Value>(&json)
-        .map_err(|e| e.to_string())
-        .and_then(|v| snapblk_loadgen::schema::validate(&v))
-        .err();
+    let invalid: Option<anyhow::Error> = match serde_json::from_str::<serde_json::Value>(&json) {
+        Ok(v) => snapblk_loadgen::validate(&v).err().map(Into::into),
+        Err(e) => Some(e.into()),
+    };
     if let Some(p) = &out.output {
         std::fs::write(p, format!("{json}\n")).with_context(|| format!("write {}", p.display()))?;
     }
@@ -341,7 +339,9 @@ fn emit(out: &OutArgs, doc: &Document, table: Option<String>) -> anyhow::Result<
         errln!("warning: {w}")?;
     }
     if let Some(e) = invalid {
-        bail!("internal error: result document violates crates/loadgen/schema.json: {e}");
+        return Err(
+            e.context("internal error: result document violates crates/loadgen/schema.json")
+        );
     }
     Ok(())
 }
@@ -385,12 +385,12 @@ fn lists(w: &WorkloadArgs) -> anyhow::Result<(JobSpec, Sweep)> {
         direct: w.direct,
         verify: w.verify,
         seed: w.seed,
-        buffers: snapblk_loadgen::buffer::BufferOpts {
+        buffers: snapblk_loadgen::BufferOpts {
             compress_percentage: w.buffer_compress_percentage,
             refill: w.refill_buffers,
             scramble: w.scramble_buffers,
         },
-        batch: snapblk_loadgen::spec::BatchOpts {
+        batch: snapblk_loadgen::BatchOpts {
             iodepth_batch_submit: w.iodepth_batch_submit,
             iodepth_batch_complete_min: w.iodepth_batch_complete_min,
             iodepth_batch_complete_max: w.iodepth_batch_complete_max,
@@ -402,8 +402,8 @@ fn lists(w: &WorkloadArgs) -> anyhow::Result<(JobSpec, Sweep)> {
     Ok((base, sweep))
 }
 
-fn parse_iomem(s: &str) -> Result<snapblk_loadgen::spec::Iomem, String> {
-    snapblk_loadgen::spec::Iomem::parse(s).map_err(|e| e.to_string())
+fn parse_iomem(s: &str) -> Result<snapblk_loadgen::Iomem, String> {
+    snapblk_loadgen::Iomem::parse(s).map_err(|e| e.to_string())
 }
 
 /// fio-style boolean option values: 1/0, true/false, yes/no, on/off.
@@ -416,7 +416,7 @@ fn parse_flag(s: &str) -> Result<bool, String> {
 }
 
 fn num_err(what: &str, s: &str) -> snapblk_loadgen::Error {
-    spec::number_error(what, s)
+    snapblk_loadgen::number_error(what, s)
 }
 
 /// `[LABEL=]PATH.so` of `--libblkio`: a label is a leading word without `/` before `=`.
@@ -584,7 +584,7 @@ fn run_workload(w: WorkloadArgs) -> anyhow::Result<()> {
         ),
         _ => (None, None),
     };
-    let ctx = context::capture(path.as_deref());
+    let ctx = snapblk_loadgen::capture(path.as_deref());
     let doc = Document::new("workload", ctx, desc);
     let mut results: Vec<ConfigReport> = Vec::new();
     let mut warnings: Vec<String> = Vec::new();
@@ -595,7 +595,7 @@ fn run_workload(w: WorkloadArgs) -> anyhow::Result<()> {
             Some(p) => {
                 let text =
                     std::fs::read_to_string(p).with_context(|| format!("read {}", p.display()))?;
-                spec::parse_job_file(&text, &base)?
+                snapblk_loadgen::parse_job_file(&text, &base)?
             }
             None => {
                 base.validate()?;
@@ -678,7 +678,7 @@ fn run_workload(w: WorkloadArgs) -> anyhow::Result<()> {
 fn run_file(f: FileArgs) -> anyhow::Result<()> {
     f.out.check()?;
     let intr = Interrupts::catch()?;
-    let ctx = context::capture(Some(&f.dir));
+    let ctx = snapblk_loadgen::capture(Some(&f.dir));
     let mut doc = Document::new("file", ctx, None);
     let res = (|| -> anyhow::Result<Option<String>> {
         let spec = fileio::FileTestSpec {
@@ -702,8 +702,8 @@ fn run_file(f: FileArgs) -> anyhow::Result<()> {
             }
             crate::out::err_deferred(format_args!(
                 "\r{} {} {}: {:.1} MiB/s   ",
-                spec::fmt_size(c.file_size),
-                spec::fmt_size(c.record_size),
+                fmt_size(c.file_size),
+                fmt_size(c.record_size),
                 c.test,
                 c.mib_s
             ));
@@ -726,7 +726,7 @@ fn run_file(f: FileArgs) -> anyhow::Result<()> {
 fn run_overwrite(o: OverwriteArgs) -> anyhow::Result<()> {
     o.out.check()?;
     let intr = Interrupts::catch()?;
-    let ctx = context::capture(Some(&o.dir));
+    let ctx = snapblk_loadgen::capture(Some(&o.dir));
     let mut doc = Document::new("file", ctx, None);
     let res = (|| -> anyhow::Result<Option<String>> {
         let unit = parse_size(&o.unit)?;
@@ -771,8 +771,8 @@ fn run_overwrite(o: OverwriteArgs) -> anyhow::Result<()> {
                 break; // interrupted: the variant in progress measured only part of the file
             };
             rows.push(vec![
-                spec::fmt_size(r.size),
-                spec::fmt_size(r.unit),
+                fmt_size(r.size),
+                fmt_size(r.unit),
                 if fs { "yes" } else { "no" }.into(),
                 format!("{:.1}", r.create_mib_s),
                 format!("{:.2}", r.overwrite_mib_s),
@@ -785,7 +785,7 @@ fn run_overwrite(o: OverwriteArgs) -> anyhow::Result<()> {
         if !reps.is_empty() {
             doc.file_tests = Some(serde_json::json!({ "overwrite": reps }));
         }
-        Ok(Some(snapblk_loadgen::report::text_table(&rows)))
+        Ok(Some(snapblk_loadgen::text_table(&rows)))
     })();
     let variants = doc
         .file_tests
@@ -805,7 +805,7 @@ fn run_fgbg(f: FgBgArgs) -> anyhow::Result<()> {
     }));
     f.out.check()?;
     let intr = Interrupts::catch()?;
-    let ctx = context::capture(f.device.as_deref().or(f.bg_read.first().map(Path::new)));
+    let ctx = snapblk_loadgen::capture(f.device.as_deref().or(f.bg_read.first().map(Path::new)));
     let mut doc = Document::new("fgbg", ctx, None);
     let res = (|| -> anyhow::Result<Option<String>> {
         let bg_size = parse_size(&f.bg_size)?;

@@ -159,7 +159,7 @@ impl RunSpinner {
                     let dt = t.elapsed().as_secs_f64();
                     pb.set_message(format!(
                         "{label}: {} IOPS",
-                        snapblk_loadgen::report::fmt_count((now - last) as f64 / dt)
+                        snapblk_loadgen::fmt_count((now - last) as f64 / dt)
                     ));
                     pb.tick();
                     (last, t) = (now, Instant::now());

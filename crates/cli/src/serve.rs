@@ -9,7 +9,7 @@ use crate::serve_ublk;
 use anyhow::{Context, bail};
 use clap::{ArgGroup, Args};
 use snapblk_core::sync::lock;
-use snapblk_nbd::signals::TermSignals;
+use snapblk_nbd::TermSignals;
 use snapblk_snapshot::merge_task::MergeState;
 use snapblk_snapshot::record::{Activity, ReadaheadStats, ReplayState};
 use std::io::Write;
@@ -767,7 +767,7 @@ mod tests {
             &list,
             format!(
                 "{}\n#@ capacity={}\n0:8192\n",
-                snapblk_readahead::blocks::BLOCK_HEADER,
+                snapblk_readahead::BLOCK_HEADER,
                 1 << 20
             ),
         )

@@ -1,7 +1,7 @@
 //! `snapblk bench` end to end: flags, sweeps, job files, JSON on stdout or in a file (validated
 //! against crates/loadgen/schema.json), plots, file tests, errors reported as JSON.
 
-use snapblk_loadgen::schema::validate;
+use snapblk_loadgen::validate;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 

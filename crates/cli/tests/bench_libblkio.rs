@@ -1,7 +1,7 @@
 //! `snapblk bench --libblkio`: the engine driving a libblkio implementation through the C ABI
 //! (snapblk's own libblkio.so here), side by side with the native path.
 
-use snapblk_loadgen::schema::validate;
+use snapblk_loadgen::validate;
 use snapblk_testsupport::{TempDir, path_str, tool_ok};
 use std::path::PathBuf;
 use std::process::Command;

@@ -113,11 +113,11 @@ fn evict(paths: &[&Path]) {
     // The reclaim-aware checks below count shadow entries as "was read": none may be left
     // from before. DONTNEED drops them on this kernel; older ones keep them.
     let roots: Vec<PathBuf> = paths.iter().map(|p| p.to_path_buf()).collect();
-    let opts = snapblk_readahead::walk::WalkOptions {
+    let opts = snapblk_readahead::WalkOptions {
         recursive: true,
         ..Default::default()
     };
-    let errors = snapblk_readahead::walk::walk(&roots, &opts, |f| {
+    let errors = snapblk_readahead::walk(&roots, &opts, |f| {
         let p = f.path();
         assert_eq!(reclaimed_pages(p, 0, 0), 0, "{} kept shadows", p.display());
     });
@@ -132,7 +132,7 @@ fn evict(paths: &[&Path]) {
 fn reclaimed_pages(p: &Path, off: u64, len: u64) -> u64 {
     use std::os::fd::AsFd;
     let f = std::fs::File::open(p).unwrap();
-    snapblk_readahead::sys::cachestat(f.as_fd(), off, len)
+    snapblk_readahead::cachestat(f.as_fd(), off, len)
         .unwrap()
         .evicted
 }
@@ -247,7 +247,7 @@ fn reader_helper() {
     }
     for (p, ranges) in parse_spec(&spec) {
         let f = std::fs::File::open(&p).unwrap();
-        snapblk_readahead::sys::fadvise(f.as_fd(), 0, 0, libc_fadv_random()).unwrap();
+        snapblk_readahead::fadvise(f.as_fd(), 0, 0, libc_fadv_random()).unwrap();
         for (o, l) in ranges {
             let mut buf = vec![0u8; l as usize];
             f.read_exact_at(&mut buf, o).unwrap();
@@ -257,7 +257,7 @@ fn reader_helper() {
     for (p, ranges) in parse_spec(&pageout) {
         let f = std::fs::File::open(&p).unwrap();
         for (o, l) in ranges {
-            snapblk_readahead::sys::pageout(f.as_fd(), o, l).unwrap();
+            snapblk_readahead::pageout(f.as_fd(), o, l).unwrap();
             assert_eq!(
                 reclaimed_pages(&p, o, l),
                 l.div_ceil(PAGE),
@@ -273,7 +273,7 @@ fn libc_fadv_random() -> i32 {
 }
 
 fn list_entries(p: &Path) -> Vec<snapblk_readahead::ListEntry> {
-    snapblk_readahead::list::parse_bytes(&std::fs::read(p).unwrap(), Default::default()).unwrap()
+    snapblk_readahead::parse_bytes(&std::fs::read(p).unwrap(), Default::default()).unwrap()
 }
 
 fn ranges_of(e: &snapblk_readahead::ListEntry) -> Vec<(u64, u64)> {

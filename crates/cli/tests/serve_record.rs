@@ -8,10 +8,7 @@ mod common;
 use common::*;
 
 use snapblk_cow::{CowWriter, WriterOptions};
-use snapblk_readahead::blocks::BlockFile;
-use snapblk_readahead::list::Limits;
-use snapblk_readahead::ranges::{Range, RangeSet};
-use snapblk_readahead::residency;
+use snapblk_readahead::{BlockFile, Limits, Range, RangeSet, Residency};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -65,10 +62,10 @@ fn line(lines: &[String], event: &str) -> serde_json::Value {
 /// (shadow entries). This host's proactive reclaim (DAMON pageout) can take a page that the
 /// replay read before the test looks; eviction leaves no shadows, so one means "was read".
 fn read_pages(path: &Path, off: u64, len: u64) -> u64 {
-    let f = residency::open_quiet(path).unwrap();
+    let f = snapblk_readahead::open_quiet(path).unwrap();
     let meta = f.metadata().unwrap();
-    match residency::measure(&f, path, &meta, Range::new(off, len)) {
-        residency::Residency::Known {
+    match snapblk_readahead::measure(&f, path, &meta, Range::new(off, len)) {
+        Residency::Known {
             resident_pages,
             evicted_pages,
             ..
@@ -78,7 +75,7 @@ fn read_pages(path: &Path, off: u64, len: u64) -> u64 {
 }
 
 fn evict(path: &Path) {
-    let rep = snapblk_readahead::evict::evict(&[path.to_owned()], &Default::default());
+    let rep = snapblk_readahead::evict(&[path.to_owned()], &Default::default());
     assert!(rep.errors.is_empty(), "{:?}", rep.errors);
     assert_eq!(rep.remaining_pages(), 0, "eviction left pages resident");
 }

@@ -30,12 +30,19 @@
 //!
 //! The suite writes: it destroys the data of the target. [`open_spec`] refuses a writable
 //! instance unless told otherwise; the `snapblk-conformance` binary is the command-line face of
-//! it. [`toy`] is an in-memory driver that requires memory regions, to test the suite itself.
+//! it.
+//!
+//! Everything is at the root, except `toy`: an in-memory driver that requires memory regions,
+//! to test the suite itself. It is test scaffolding, public only with the `test-utils` feature
+//! (which this crate's tests turn on), and keeps its own namespace since its constants (`NAME`,
+//! `ALIGN`, `DEFAULT_SIZE`) describe the toy device, not the suite.
 #![warn(missing_docs)]
+#![warn(unreachable_pub, unnameable_types)]
 
 #[macro_use]
 mod suite;
 mod checks;
+#[cfg(any(test, feature = "test-utils"))]
 pub mod toy;
 
 use snapblk_core::Blkio;

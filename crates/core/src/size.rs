@@ -78,7 +78,7 @@ mod tests {
             num.parse::<u64>().ok()?.checked_mul(mul)
         }
 
-        /// `snapblk_loadgen::spec::parse_size` (fio style).
+        /// `snapblk_loadgen::parse_size` (fio style).
         pub fn bench(s: &str) -> Option<u64> {
             let t = s.trim();
             if let Some(abs) = t.strip_prefix('-')

@@ -30,12 +30,12 @@ pub(crate) struct Target {
 }
 
 impl Target {
-    pub fn raw(&self) -> RawFd {
+    pub(crate) fn raw(&self) -> RawFd {
         self.fd.as_raw_fd()
     }
 
     /// Size in bytes, evaluated now (files grow).
-    pub fn capacity(&self) -> Result<u64> {
+    pub(crate) fn capacity(&self) -> Result<u64> {
         if self.is_blk {
             snapblk_core::sys::blkgetsize64(self.raw())
         } else {
@@ -45,7 +45,7 @@ impl Target {
     }
 
     /// fallocate mode for a write-zeroes request, or the library's refusal.
-    pub fn write_zeroes_mode(
+    pub(crate) fn write_zeroes_mode(
         &self,
         flags: ReqFlags,
     ) -> std::result::Result<i32, &'static std::ffi::CStr> {
@@ -70,7 +70,7 @@ impl Target {
 
     /// Discard a range synchronously: punch a hole in a file, BLKDISCARD on a block device.
     /// (libblkio 1.5 used a fallocate mode current kernels reject, so its discard always failed.)
-    pub fn discard(&self, offset: u64, len: u64) -> std::result::Result<(), i32> {
+    pub(crate) fn discard(&self, offset: u64, len: u64) -> std::result::Result<(), i32> {
         if self.is_blk {
             let range = [offset, len];
             // SAFETY: BLKDISCARD reads two u64 from the pointer we pass.
@@ -87,7 +87,12 @@ impl Target {
         }
     }
 
-    pub fn fallocate(&self, mode: i32, offset: u64, len: u64) -> std::result::Result<(), i32> {
+    pub(crate) fn fallocate(
+        &self,
+        mode: i32,
+        offset: u64,
+        len: u64,
+    ) -> std::result::Result<(), i32> {
         // SAFETY: plain syscall on our fd.
         if unsafe { libc::fallocate(self.raw(), mode, offset as i64, len as i64) } < 0 {
             return Err(errno());
@@ -95,7 +100,7 @@ impl Target {
         Ok(())
     }
 
-    pub fn fdatasync(&self) -> std::result::Result<(), i32> {
+    pub(crate) fn fdatasync(&self) -> std::result::Result<(), i32> {
         // SAFETY: plain syscall on our fd.
         if unsafe { libc::fdatasync(self.raw()) } < 0 {
             return Err(errno());
@@ -150,7 +155,7 @@ pub(crate) fn connected(target: &Option<Arc<Target>>) -> Result<&Arc<Target>> {
 }
 
 impl FileConfig {
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         FileConfig {
             path: String::new(),
             fd: -1,
@@ -159,7 +164,7 @@ impl FileConfig {
     }
 
     /// A file property; ENOENT for any other name (the drivers' remaining properties).
-    pub fn get(&self, name: &str, target: Option<&Target>) -> Result<PropValue> {
+    pub(crate) fn get(&self, name: &str, target: Option<&Target>) -> Result<PropValue> {
         Ok(match name {
             "path" => PropValue::Str(self.path.clone()),
             "fd" => PropValue::Int(target.map_or(self.fd, |t| t.raw())),
@@ -169,7 +174,7 @@ impl FileConfig {
     }
 
     /// Set a file property; ENOENT for any other name.
-    pub fn set(&mut self, name: &str, v: &PropValue, _state: State) -> Result<()> {
+    pub(crate) fn set(&mut self, name: &str, v: &PropValue, _state: State) -> Result<()> {
         match (name, v) {
             ("path", PropValue::Str(s)) => self.path = s.clone(),
             ("fd", PropValue::Int(i)) => {
@@ -186,7 +191,7 @@ impl FileConfig {
 
     /// Open the target. On failure nothing is left behind: a pre-opened `fd` stays the caller's
     /// and the `fd` property is unchanged (libblkio closed it and left a stale number).
-    pub fn open(&mut self, read_only: bool) -> Result<(Target, DeviceInfo)> {
+    pub(crate) fn open(&mut self, read_only: bool) -> Result<(Target, DeviceInfo)> {
         let from_path = !self.path.is_empty();
         if from_path && self.fd != -1 {
             return Err(Error::inval("path and fd cannot be set at the same time"));

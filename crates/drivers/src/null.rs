@@ -10,7 +10,7 @@ use std::os::fd::RawFd;
 use std::time::Duration;
 
 /// Default size: 1 GiB.
-pub const DEFAULT_SIZE: u64 = 1 << 30;
+const DEFAULT_SIZE: u64 = 1 << 30;
 
 const PROPS: &[PropSpec] = &[PropSpec::new(
     "size",
@@ -27,7 +27,7 @@ pub struct NullDriver {
 }
 
 impl NullDriver {
-    /// A driver in the created state, [`DEFAULT_SIZE`] bytes until the `size` property is set;
+    /// A driver in the created state, 1 GiB until the `size` property is set;
     /// hand it to [`snapblk_core::Blkio::new`].
     pub fn new() -> Self {
         NullDriver {

@@ -11,8 +11,12 @@
 //! semantics; writes are write-through since writeback caching is not enabled), or every open
 //! can bypass it with [`FuseOptions::direct_io`]. Several FUSE worker threads serve requests in
 //! parallel, each on its own device queue.
+//!
+//! Modules are private; [`Device`] (the device I/O the file system does, which the tests drive
+//! directly) and its error are re-exported here.
 
 #![warn(missing_docs)]
+#![warn(unreachable_pub, unnameable_types)]
 
 mod dev;
 mod sys;

@@ -5,7 +5,7 @@ use std::ffi::CString;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
-pub fn umount(path: &Path, lazy: bool) -> std::io::Result<()> {
+pub(crate) fn umount(path: &Path, lazy: bool) -> std::io::Result<()> {
     let c = CString::new(path.as_os_str().as_bytes())
         .map_err(|_| std::io::Error::from_raw_os_error(libc::EINVAL))?;
     let flags = if lazy { libc::MNT_DETACH } else { 0 };

@@ -14,7 +14,7 @@ use std::time::Duration;
 
 /// Sector granularity of scrambling and of the compressible share (fio's
 /// `buffer_compress_chunk` default).
-pub const SEGMENT: usize = 512;
+pub(crate) const SEGMENT: usize = 512;
 
 /// How write buffers are filled (verify mode has its own pattern). Serialized under fio's
 /// option names.
@@ -44,7 +44,7 @@ impl Default for BufferOpts {
 }
 
 /// Fill `buf` with random bytes, `compress_percentage` percent of every segment zeros.
-pub fn fill(buf: &mut [u8], rng: &mut Rng, compress_percentage: u32) {
+pub(crate) fn fill(buf: &mut [u8], rng: &mut Rng, compress_percentage: u32) {
     let pct = compress_percentage.min(100) as usize;
     let random = SEGMENT * (100 - pct) / 100;
     for seg in buf.chunks_mut(SEGMENT) {
@@ -70,7 +70,7 @@ fn fill_random(buf: &mut [u8], rng: &mut Rng) {
 /// sector's device byte offset goes into one of its eight 64-byte lines (chosen per write) and
 /// the write's time stamp (seconds, nanoseconds since the job started) into the end of its
 /// first line. Three 8-byte stores per sector, so it costs little even at 1 MiB.
-pub fn scramble(buf: &mut [u8], offset: u64, stamp: Duration) {
+pub(crate) fn scramble(buf: &mut [u8], offset: u64, stamp: Duration) {
     let secs = stamp.as_secs().to_le_bytes();
     let nanos = u64::from(stamp.subsec_nanos());
     let line = (((nanos ^ offset) & 7) as usize) * 64;

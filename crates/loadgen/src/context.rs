@@ -11,12 +11,19 @@ use std::path::{Path, PathBuf};
 /// Host facts.
 #[derive(Debug, Clone, Serialize)]
 pub struct Context {
+    /// `/proc/sys/kernel/hostname`.
     pub hostname: String,
+    /// The kernel release (`/proc/sys/kernel/osrelease`, e.g. `6.8.0-45-generic`).
     pub kernel: String,
+    /// The kernel build string (`/proc/sys/kernel/version`).
     pub kernel_version: String,
+    /// The first `model name` of `/proc/cpuinfo` (empty where there is none).
     pub cpu_model: String,
+    /// CPUs this process may run on.
     pub cpus: usize,
+    /// `MemTotal` of `/proc/meminfo`, in KiB.
     pub mem_total_kb: u64,
+    /// The 1/5/15-minute load averages when the context was captured.
     pub loadavg: [f64; 3],
     /// `/proc/pressure/cpu` "some avg10" (None when PSI is unavailable).
     pub cpu_pressure_avg10: Option<f64>,
@@ -25,12 +32,14 @@ pub struct Context {
     /// The kernel's current clocksource (`tsc`, `kvm-clock`, …). The bench times I/O with the
     /// TSC; a kernel that does not use it may have found it unreliable here.
     pub clocksource: Option<String>,
+    /// The target's context, when [`capture`] was given a path.
     pub target: Option<TargetContext>,
 }
 
 /// Facts about the target path and the block device under it.
 #[derive(Debug, Clone, Serialize)]
 pub struct TargetContext {
+    /// The target path as given.
     pub path: String,
     /// "block", "file", or "other".
     pub kind: String,
@@ -38,11 +47,17 @@ pub struct TargetContext {
     pub fs_type: Option<String>,
     /// Kernel name of the block device whose queue serves the I/O (e.g. `vda`, `zram0`).
     pub block_device: Option<String>,
+    /// The device queue's active I/O scheduler (`queue/scheduler`), None without a device.
     pub scheduler: Option<String>,
+    /// The active scheduler's tunables (`queue/iosched/*`), empty for `none`.
     pub scheduler_tunables: BTreeMap<String, String>,
+    /// `queue/read_ahead_kb` of the device.
     pub read_ahead_kb: Option<u64>,
+    /// `queue/nr_requests` of the device.
     pub nr_requests: Option<u64>,
+    /// `queue/max_sectors_kb` of the device.
     pub max_sectors_kb: Option<u64>,
+    /// `queue/rotational` of the device.
     pub rotational: Option<bool>,
     /// Page-cache residency of the target when the run started.
     pub cache: Option<CacheState>,
@@ -51,9 +66,11 @@ pub struct TargetContext {
 /// Page-cache state of the target file.
 #[derive(Debug, Clone, Serialize)]
 pub struct CacheState {
+    /// The target's size in 4 KiB pages (rounded up).
     pub total_pages: u64,
     /// None when residency cannot be known (see `note`).
     pub resident_pages: Option<u64>,
+    /// Why residency cannot be known, when it cannot.
     pub note: Option<String>,
 }
 
@@ -106,7 +123,7 @@ pub fn capture(target: Option<&Path>) -> Context {
 }
 
 /// The 1/5/15-minute load averages.
-pub fn loadavg() -> [f64; 3] {
+pub(crate) fn loadavg() -> [f64; 3] {
     let s = fs::read_to_string("/proc/loadavg").unwrap_or_default();
     let mut it = s.split_whitespace().map(|v| v.parse().unwrap_or(0.0));
     [
@@ -118,7 +135,7 @@ pub fn loadavg() -> [f64; 3] {
 
 /// The `/sys/block/NAME` directory whose `queue/` serves device `dev` (partitions map to their
 /// parent disk).
-pub fn sys_block_dir(dev: u64) -> Option<PathBuf> {
+pub(crate) fn sys_block_dir(dev: u64) -> Option<PathBuf> {
     let (ma, mi) = (libc::major(dev), libc::minor(dev));
     if ma == 0 {
         return None; // tmpfs, overlay, …: no block device
@@ -132,7 +149,7 @@ pub fn sys_block_dir(dev: u64) -> Option<PathBuf> {
 }
 
 /// The block device directory for a path (the device itself, or the one its filesystem is on).
-pub fn block_dir_for(path: &Path) -> Option<PathBuf> {
+pub(crate) fn block_dir_for(path: &Path) -> Option<PathBuf> {
     let m = fs::metadata(path).ok()?;
     if m.file_type().is_block_device() {
         sys_block_dir(m.rdev())
@@ -142,7 +159,7 @@ pub fn block_dir_for(path: &Path) -> Option<PathBuf> {
 }
 
 /// The active scheduler of `/sys/block/X` (the bracketed entry) and all offered ones.
-pub fn scheduler(dir: &Path) -> (Option<String>, Vec<String>) {
+pub(crate) fn scheduler(dir: &Path) -> (Option<String>, Vec<String>) {
     let Some(s) = read_trim(dir.join("queue/scheduler")) else {
         return (None, Vec::new());
     };
@@ -186,9 +203,9 @@ fn cache_state(path: &Path) -> Option<CacheState> {
         meta.len()
     };
     let total_pages = size.div_ceil(4096);
-    let r = snapblk_readahead::residency::measure(&f, path, &meta, None);
+    let r = snapblk_readahead::measure(&f, path, &meta, None);
     let note = match &r {
-        snapblk_readahead::residency::Residency::Unknown { reason } => Some(reason.clone()),
+        snapblk_readahead::Residency::Unknown { reason } => Some(reason.clone()),
         _ => None,
     };
     Some(CacheState {
@@ -199,7 +216,7 @@ fn cache_state(path: &Path) -> Option<CacheState> {
 }
 
 /// Context of a target path.
-pub fn target_context(path: &Path) -> TargetContext {
+pub(crate) fn target_context(path: &Path) -> TargetContext {
     let meta = fs::metadata(path).ok();
     let kind = match &meta {
         Some(m) if m.file_type().is_block_device() => "block",
@@ -238,7 +255,7 @@ pub fn target_context(path: &Path) -> TargetContext {
 /// The tunables of the active scheduler of `/sys/block/X`: every readable file in
 /// `queue/iosched/` with its trimmed content. Empty when the scheduler has none (`none` has no
 /// `iosched` directory).
-pub fn scheduler_tunables(dir: &Path) -> BTreeMap<String, String> {
+pub(crate) fn scheduler_tunables(dir: &Path) -> BTreeMap<String, String> {
     let mut t = BTreeMap::new();
     if let Ok(rd) = fs::read_dir(dir.join("queue/iosched")) {
         for e in rd.flatten() {
@@ -251,7 +268,7 @@ pub fn scheduler_tunables(dir: &Path) -> BTreeMap<String, String> {
 }
 
 /// Set the scheduler of `/sys/block/X` (root only).
-pub fn set_scheduler(dir: &Path, name: &str) -> std::io::Result<()> {
+pub(crate) fn set_scheduler(dir: &Path, name: &str) -> std::io::Result<()> {
     fs::write(dir.join("queue/scheduler"), name)
 }
 

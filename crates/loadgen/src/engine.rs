@@ -24,7 +24,9 @@ const MAX_VERIFY_BLOCKS: u64 = 1 << 28;
 /// Per-direction statistics.
 #[derive(Debug, Clone, Default)]
 pub struct DirStats {
+    /// Completed I/Os.
     pub ios: u64,
+    /// Bytes they moved.
     pub bytes: u64,
     /// Total latency (fio's `lat`).
     pub lat: LatHist,
@@ -35,6 +37,7 @@ pub struct DirStats {
 }
 
 impl DirStats {
+    /// Adds `o`'s counts and histograms to these.
     pub fn merge(&mut self, o: &DirStats) {
         self.ios += o.ios;
         self.bytes += o.bytes;
@@ -47,9 +50,13 @@ impl DirStats {
 /// One second of one job (or of all jobs once merged).
 #[derive(Debug, Clone, Default)]
 pub struct Second {
+    /// Reads completed in the second.
     pub read_ios: u64,
+    /// Writes completed in the second.
     pub write_ios: u64,
+    /// Bytes read in the second.
     pub read_bytes: u64,
+    /// Bytes written in the second.
     pub write_bytes: u64,
     /// Sparse 2-digit latency histogram `(ns, count)`.
     pub lat: Vec<(u64, u64)>,
@@ -58,12 +65,17 @@ pub struct Second {
 /// What one job measured.
 #[derive(Debug, Clone, Default)]
 pub struct JobResult {
+    /// The job's index (0-based) among the configuration's `numjobs`.
     pub job: u32,
+    /// The job's region of the target, `(start, len)` in bytes.
     pub region: (u64, u64),
+    /// The job's reads.
     pub read: DirStats,
+    /// The job's writes.
     pub write: DirStats,
     /// Measured seconds (runtime, or first-to-last completion for size-based jobs).
     pub seconds: f64,
+    /// The job's per-second series, from its first measured second.
     pub series: Vec<Second>,
     /// Blocks whose content was checked (verify mode).
     pub verified_blocks: u64,
@@ -72,19 +84,28 @@ pub struct JobResult {
 /// A whole configuration's result (all jobs).
 #[derive(Debug, Clone)]
 pub struct RunResult {
+    /// The configuration that ran.
     pub spec: JobSpec,
+    /// The target's capacity in bytes.
     pub capacity: u64,
+    /// Each job's result.
     pub jobs: Vec<JobResult>,
+    /// All jobs' reads.
     pub read: DirStats,
+    /// All jobs' writes.
     pub write: DirStats,
+    /// Measured seconds: the longest job's.
     pub seconds: f64,
+    /// All jobs' per-second series, summed second by second.
     pub series: Vec<Second>,
 }
 
 impl RunResult {
+    /// Completed I/Os, reads and writes.
     pub fn ios(&self) -> u64 {
         self.read.ios + self.write.ios
     }
+    /// I/Os per second over [`RunResult::seconds`] (0 for a run that measured no time).
     pub fn iops(&self) -> f64 {
         if self.seconds > 0.0 {
             self.ios() as f64 / self.seconds
@@ -92,6 +113,7 @@ impl RunResult {
             0.0
         }
     }
+    /// Bytes (read and written) per second over [`RunResult::seconds`].
     pub fn bw_bytes(&self) -> f64 {
         if self.seconds > 0.0 {
             (self.read.bytes + self.write.bytes) as f64 / self.seconds
@@ -199,7 +221,7 @@ pub fn run_workload(target: &mut dyn Target, spec: &JobSpec, opts: &RunOpts) -> 
 }
 
 /// Combine per-job results: sums, merged histograms, per-second series aligned by index.
-pub fn merge_jobs(spec: JobSpec, capacity: u64, jobs: Vec<JobResult>) -> RunResult {
+pub(crate) fn merge_jobs(spec: JobSpec, capacity: u64, jobs: Vec<JobResult>) -> RunResult {
     let mut read = DirStats::default();
     let mut write = DirStats::default();
     let mut seconds: f64 = 0.0;

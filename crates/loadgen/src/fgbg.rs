@@ -63,7 +63,7 @@ impl SchedState {
 /// Kill every command process group this module started and has not reaped yet, and reap the
 /// group leaders (our children). For a caller about to exit without unwinding (e.g. on a
 /// second SIGINT); normal and interrupted runs kill and reap their commands themselves.
-pub fn kill_children() {
+pub(crate) fn kill_children() {
     let groups = LIVE_GROUPS.lock().map(|g| g.clone()).unwrap_or_default();
     for &g in &groups {
         // SAFETY: signalling a process group we created (pgid = the child's pid).
@@ -77,7 +77,7 @@ pub fn kill_children() {
 }
 
 /// Everything a process exiting mid-test must undo: kill and reap the commands
-/// ([`kill_children`]) and restore the scheduler [`run_fgbg`] switched, if any.
+/// and restore the scheduler [`run_fgbg`] switched, if any.
 pub fn emergency_cleanup() {
     kill_children();
     let restore = RESTORE_SCHED.lock().ok().and_then(|r| r.clone());
@@ -146,11 +146,22 @@ fn sleep_or_stop(secs: f64, stop: Option<&AtomicBool>) -> bool {
 #[serde(tag = "kind", rename_all = "lowercase")]
 pub enum Background {
     /// Sequential 1 MiB reads over a file or device, wrapping at the end.
-    Read { path: PathBuf },
+    Read {
+        /// The file or device read.
+        path: PathBuf,
+    },
     /// Sequential 1 MiB writes over `size` bytes of a file, fdatasync every 64 MiB.
-    Write { path: PathBuf, size: u64 },
+    Write {
+        /// The file written (created if missing).
+        path: PathBuf,
+        /// Bytes written before wrapping to the start.
+        size: u64,
+    },
     /// A shell command run for the duration of the cell (killed at the end).
-    Cmd { cmd: String },
+    Cmd {
+        /// The command line, run by `sh -c`.
+        cmd: String,
+    },
 }
 
 /// The foreground task whose start-up time is measured.
@@ -158,17 +169,28 @@ pub enum Background {
 #[serde(tag = "kind", rename_all = "lowercase")]
 pub enum Foreground {
     /// A shell command (e.g. `python3 -c 'import json'`); time = its wall time.
-    Cmd { cmd: String },
+    Cmd {
+        /// The command line, run by `sh -c`.
+        cmd: String,
+    },
     /// A snapblk readahead list replayed as plain reads (files evicted first); time = all reads.
-    ReadList { list: PathBuf },
+    ReadList {
+        /// The list file.
+        list: PathBuf,
+    },
     /// A workload on the benchmark target; time = its wall time, latency from its histogram.
-    Workload { job: JobSpec },
+    Workload {
+        /// The workload.
+        job: JobSpec,
+    },
 }
 
 /// The test description.
 #[derive(Debug, Clone, Serialize)]
 pub struct FgBgSpec {
+    /// The streams of a loaded cell (all at once).
     pub background: Vec<Background>,
+    /// The task timed in every cell.
     pub foreground: Foreground,
     /// Foreground runs per cell.
     pub iterations: u32,
@@ -199,12 +221,17 @@ pub struct FgBgCell {
     pub scheduler_tunables: Option<std::collections::BTreeMap<String, String>>,
     /// "idle" or "loaded".
     pub load: String,
+    /// Each foreground run's time, seconds.
     pub fg_seconds: Vec<f64>,
+    /// Median of `fg_seconds`.
     pub fg_median: f64,
+    /// Shortest of `fg_seconds`.
     pub fg_min: f64,
+    /// Longest of `fg_seconds`.
     pub fg_max: f64,
-    /// Per-read latency of the foreground (read lists and workloads).
+    /// Per-read latency of the foreground (read lists and workloads): the median, ns.
     pub fg_lat_p50_ns: Option<u64>,
+    /// The 99th percentile of the same, ns.
     pub fg_lat_p99_ns: Option<u64>,
     /// Background throughput during the cell (readers/writers only).
     pub bg_bytes_per_s: Option<f64>,
@@ -212,9 +239,12 @@ pub struct FgBgCell {
     pub slowdown: Option<f64>,
 }
 
+/// What [`run_fgbg`] measured.
 #[derive(Debug, Clone, Serialize)]
 pub struct FgBgReport {
+    /// The test that ran.
     pub spec: FgBgSpec,
+    /// Every cell: per scheduler, idle then loaded.
     pub cells: Vec<FgBgCell>,
     /// Problems with the inputs that did not stop the test (e.g. missing files of a read
     /// list); the caller reports them (the document's `warnings`).
@@ -464,12 +494,12 @@ fn drop_caches() -> Result<()> {
 }
 
 /// The entries of a readahead list; errors name the list.
-fn load_list(list: &Path) -> Result<Vec<snapblk_readahead::list::ListEntry>> {
+fn load_list(list: &Path) -> Result<Vec<snapblk_readahead::ListEntry>> {
     let text = std::fs::read(list).map_err(|source| Error::IoOn {
         what: format!("--fg-list {}", list.display()),
         source,
     })?;
-    snapblk_readahead::list::parse_bytes(&text, Default::default()).map_err(|source| Error::List {
+    snapblk_readahead::parse_bytes(&text, Default::default()).map_err(|source| Error::List {
         path: list.to_owned(),
         source,
     })

@@ -38,9 +38,13 @@ pub const TESTS: [&str; 6] = [
 /// Parameters of a file-test sweep.
 #[derive(Debug, Clone, Serialize)]
 pub struct FileTestSpec {
+    /// The directory the test file is created in (and removed from).
     pub dir: PathBuf,
+    /// File sizes to test, bytes.
     pub file_sizes: Vec<u64>,
+    /// Record (I/O) sizes to test, bytes; records larger than a file are skipped.
     pub record_sizes: Vec<u64>,
+    /// Tests to run, in order, each one of [`TESTS`].
     pub tests: Vec<String>,
     /// Include an fsync at the end of every write test in its time (IOzone `-e`).
     pub fsync: bool,
@@ -48,20 +52,30 @@ pub struct FileTestSpec {
     pub direct: bool,
     /// Drop the file's pages (fadvise DONTNEED) before `read` and `randread`.
     pub drop_cache: bool,
+    /// Seed of the buffer contents and of the random tests' offset order.
     pub seed: u64,
 }
 
 /// One (file size, record size, test) cell.
 #[derive(Debug, Clone, Serialize)]
 pub struct Cell {
+    /// The file's size, bytes.
     pub file_size: u64,
+    /// The record size, bytes.
     pub record_size: u64,
+    /// The test, one of [`TESTS`].
     pub test: String,
+    /// Bytes read or written.
     pub bytes: u64,
+    /// The test's time, seconds.
     pub seconds: f64,
+    /// Throughput, MiB/s.
     pub mib_s: f64,
+    /// Records read or written.
     pub ops: u64,
+    /// Mean time of one record's read or write, µs.
     pub op_mean_us: f64,
+    /// 99th percentile of the same, µs.
     pub op_p99_us: f64,
     /// The time includes an fsync of the file (write tests with `fsync`).
     pub fsync: bool,
@@ -70,7 +84,9 @@ pub struct Cell {
 /// The file-test results.
 #[derive(Debug, Clone, Serialize)]
 pub struct FileTestReport {
+    /// The sweep that ran.
     pub spec: FileTestSpec,
+    /// Every cell, in the order run.
     pub cells: Vec<Cell>,
 }
 
@@ -116,6 +132,7 @@ pub trait TestFile: ReadAt + WriteAt {
 
 /// Opens the test file: `create` creates or truncates it, `direct` means O_DIRECT.
 pub trait FileIo {
+    /// Opens `path` read-write.
     fn open(&self, path: &Path, create: bool, direct: bool) -> Result<Box<dyn TestFile>>;
 }
 
@@ -167,7 +184,7 @@ fn check_dir(dir: &Path) -> Result<()> {
 
 /// The O_DIRECT alignment of files in `dir`, derived as snapblk's file driver does: the
 /// logical block size of the block device under it, else (tmpfs, …) the page size.
-pub fn direct_alignment(dir: &Path) -> u64 {
+pub(crate) fn direct_alignment(dir: &Path) -> u64 {
     crate::context::block_dir_for(dir)
         .and_then(|d| std::fs::read_to_string(d.join("queue/logical_block_size")).ok())
         .and_then(|s| s.trim().parse::<u64>().ok())
@@ -176,7 +193,7 @@ pub fn direct_alignment(dir: &Path) -> u64 {
 }
 
 /// Drop a file's clean pages from the page cache.
-pub fn evict(f: &File) {
+pub(crate) fn evict(f: &File) {
     // SAFETY: valid fd; fadvise only gives advice.
     unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
 }
@@ -185,7 +202,7 @@ pub fn evict(f: &File) {
 /// `path` — `posix_fadvise(DONTNEED)` for files, `BLKFLSBUF` for block devices (which needs
 /// root; like fio, refusal is not an error). Best effort: a target that cannot be opened here
 /// fails later, when the driver opens it. Tmpfs ignores the advice (its pages are the data).
-pub fn invalidate(path: &Path, regions: &[(u64, u64)]) {
+pub(crate) fn invalidate(path: &Path, regions: &[(u64, u64)]) {
     use std::os::unix::fs::FileTypeExt;
     /// `_IO(0x12, 97)` from linux/fs.h (not in the libc crate).
     const BLKFLSBUF: libc::Ioctl = 0x1261;
@@ -408,13 +425,21 @@ pub fn file_table(r: &FileTestReport) -> String {
 /// The ext2-over-flash micro-benchmark result.
 #[derive(Debug, Clone, Serialize)]
 pub struct OverwriteReport {
+    /// The file's size, bytes.
     pub size: u64,
+    /// The size of one overwrite, bytes.
     pub unit: u64,
+    /// Whether every overwrite was followed by fsync.
     pub fsync: bool,
+    /// Throughput of creating the file, MiB/s.
     pub create_mib_s: f64,
+    /// Throughput of the overwrite pass, MiB/s.
     pub overwrite_mib_s: f64,
+    /// Overwrites made (`size / unit`).
     pub overwrite_ops: u64,
+    /// Mean time of one overwrite (with its fsync), µs.
     pub op_mean_us: f64,
+    /// 99th percentile of the same, µs.
     pub op_p99_us: f64,
 }
 

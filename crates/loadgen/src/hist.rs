@@ -10,7 +10,7 @@ use hdrhistogram::serialization::{Deserializer, Serializer, V2DeflateSerializer}
 const MAX_NS: u64 = 3_600_000_000_000;
 
 /// The percentiles every report carries.
-pub const PERCENTILES: [f64; 8] = [1.0, 5.0, 50.0, 90.0, 95.0, 99.0, 99.9, 99.99];
+pub(crate) const PERCENTILES: [f64; 8] = [1.0, 5.0, 50.0, 90.0, 95.0, 99.0, 99.9, 99.99];
 
 /// A latency histogram in nanoseconds.
 #[derive(Clone)]
@@ -37,10 +37,12 @@ impl LatHist {
             Err(_) => unreachable!("constant histogram bounds are valid"),
         }
     }
+    /// Records one latency of `ns` nanoseconds (clamped to 1 ns ..= 1 h).
     #[inline]
     pub fn record(&mut self, ns: u64) {
         self.0.saturating_record(ns.clamp(1, MAX_NS));
     }
+    /// Records `n` latencies of `ns` nanoseconds each.
     pub fn record_n(&mut self, ns: u64, n: u64) {
         // Values are clamped into range, so this only fails on count overflow, which saturates.
         let _ = self.0.record_n(ns.clamp(1, MAX_NS), n);
@@ -50,18 +52,23 @@ impl LatHist {
         // Same bounds on both sides (or auto-resize), so addition cannot fail.
         let _ = self.0.add(&other.0);
     }
+    /// Latencies recorded.
     pub fn count(&self) -> u64 {
         self.0.len()
     }
+    /// Their mean, ns (0 when empty).
     pub fn mean(&self) -> f64 {
         self.0.mean()
     }
+    /// Their standard deviation, ns.
     pub fn stdev(&self) -> f64 {
         self.0.stdev()
     }
+    /// The smallest, ns (0 when empty).
     pub fn min(&self) -> u64 {
         if self.0.is_empty() { 0 } else { self.0.min() }
     }
+    /// The largest, ns (0 when empty).
     pub fn max(&self) -> u64 {
         self.0.max()
     }

@@ -1,38 +1,64 @@
 //! snapblk-loadgen: a fio/IOzone-class load generator over snapblk devices.
 //!
-//! * [`spec`] describes workloads the way fio does (`rw`, `bs`, `iodepth`, `numjobs`, `size`,
-//!   `runtime`, `ramp_time`, `verify`), from flags or a TOML job file, and expands sweeps;
-//! * [`buffer`] fills write buffers like fio does (random, scrambled per write; optional
-//!   refill and compressible share);
-//! * [`engine`] runs a workload on any [`snapblk_core::Queue`]: one queue per job thread, each
-//!   keeping `iodepth` requests in flight with `enqueue` + `do_io`, recording every latency in a
-//!   mergeable HDR histogram plus a per-second series;
-//! * [`target`] opens what to measure: a snapblk device spec, a path, or any libblkio
-//!   implementation loaded at run time ([`capi`]);
-//! * [`fileio`] holds IOzone-style file tests and the ext2-over-flash 1 KiB overwrite test,
-//!   [`fgbg`] the foreground-under-background test;
-//! * [`report`] turns results into a table and a versioned JSON document (with [`context`]:
-//!   kernel, scheduler, read_ahead_kb, cache state), [`plot`] into SVG charts.
+//! * A [`JobSpec`] describes a workload the way fio does (`rw`, `bs`, `iodepth`, `numjobs`,
+//!   `size`, `runtime`, `ramp_time`, `verify`), from flags or a TOML job file
+//!   ([`parse_job_file`]); a [`Sweep`] expands sweeps;
+//! * write buffers are filled like fio does ([`BufferOpts`]: random, scrambled per write;
+//!   optional refill and compressible share);
+//! * [`run_workload`] runs a workload on any [`snapblk_core::Queue`]: one queue per job thread,
+//!   each keeping `iodepth` requests in flight with `enqueue` + `do_io`, recording every latency
+//!   in a mergeable HDR histogram ([`LatHist`]) plus a per-second series; [`run_matrix`] runs
+//!   sweeps and repetitions;
+//! * a [`Target`] opens what to measure: a snapblk device spec ([`SpecTarget`]), a path
+//!   ([`BlkioTarget`]), or any libblkio implementation loaded at run time
+//!   ([`LibblkioTarget`]);
+//! * [`Document`] and [`ConfigReport`] turn results into a table and a versioned JSON document
+//!   (checked by [`validate`]) with the machine's [`Context`] (kernel, scheduler,
+//!   read_ahead_kb, cache state, from [`capture`]).
+//!
+//! Modules are private and the API is re-exported here, except three namespaces whose names
+//! read right only under them:
+//! * [`fileio`]: the IOzone-style file tests and the ext2-over-flash 1 KiB overwrite test, a
+//!   benchmark of its own (its `open`, `evict`, `Cell`, `TestFile`);
+//! * [`fgbg`]: the foreground-under-background test (`Background`, `Foreground`,
+//!   `emergency_cleanup`);
+//! * [`plot`]: SVG charts of results (`write_all`, `Axis`, `Series`).
 
-pub mod buffer;
-pub mod capi;
-pub mod context;
-pub mod engine;
+#![warn(missing_docs)]
+#![warn(unreachable_pub, unnameable_types)]
+
+mod buffer;
+mod capi;
+mod context;
+mod engine;
 pub mod fgbg;
 pub mod fileio;
-pub mod hist;
-pub mod pattern;
+mod hist;
+mod pattern;
 pub mod plot;
-pub mod report;
-pub mod schema;
-pub mod spec;
-pub mod target;
-pub mod verify;
+mod report;
+mod schema;
+mod spec;
+mod target;
+mod verify;
 
-pub use engine::{JobResult, RunResult, run_workload};
-pub use spec::{JobSpec, RwMode, Sweep};
+pub use buffer::BufferOpts;
+pub use capi::LibblkioTarget;
+pub use context::{CacheState, Context, TargetContext, capture};
+pub use engine::{DirStats, JobResult, RunOpts, RunResult, Second, run_workload};
+pub use hist::LatHist;
+pub use report::{
+    ConfigReport, DirReport, Document, LatKind, LatReport, RunReport, SecondReport, Spread,
+    Summary, TargetDesc, Tool, fmt_count, noise_warnings, signal_name, text_table, workload_table,
+};
+pub use schema::{SchemaError, validate};
+pub use spec::{
+    BatchOpts, Iomem, JobSpec, RwMode, Sweep, fmt_size, number_error, parse_job_file, parse_list,
+    parse_secs, parse_size,
+};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+pub use target::{Alignment, BlkioTarget, Device, SpecTarget, Target};
 
 /// Errors of the benchmark engine.
 ///
@@ -44,39 +70,57 @@ pub enum Error {
     /// A job that cannot run: a bad flag, value or combination.
     #[error("invalid job: {0}")]
     Spec(String),
+    /// A job whose size (`bs`, `size`, `offset`, a file test size) does not parse.
+    #[error("invalid job")]
+    Size(#[source] snapblk_core::size::SizeError),
+    /// An I/O error outside any file the run names (the source).
     #[error("I/O error")]
     Io(#[from] std::io::Error),
     /// An I/O error on something the run names: `what` is the file, directory or command.
     #[error("{what}")]
     IoOn {
+        /// The file, directory or command, as the user named it.
         what: String,
+        /// The OS error.
         #[source]
         source: std::io::Error,
     },
+    /// A device call (property, queue, memory region) failed; the device's error is the
+    /// source.
     #[error("device error")]
     Dev(#[from] snapblk_core::Error),
     /// The target could not be opened from its device spec.
     #[error("open {spec}")]
     Open {
+        /// The device spec as given.
         spec: String,
+        /// Why the facade could not open it.
         #[source]
         source: snapblk_core::Error,
     },
     /// A request the target completed with an error.
     #[error("{op} of {len} bytes at offset {offset} failed")]
     Request {
+        /// The operation (`read`, `write`).
         op: &'static str,
+        /// The request's length in bytes.
         len: u64,
+        /// The request's byte offset on the target.
         offset: u64,
+        /// The completion's error.
         #[source]
         source: snapblk_core::Error,
     },
     /// Blocks read back are not what the run wrote; `errors` describes the first ones.
     #[error("verify failed: {bad} of {checked} blocks bad in job {job}; {}", .errors.join("; "))]
     Verify {
+        /// The job (0-based thread index) that read them.
         job: u32,
+        /// Blocks whose contents were wrong.
         bad: u64,
+        /// Blocks checked.
         checked: u64,
+        /// What was wrong with the first bad blocks (block number and finding).
         errors: Vec<String>,
     },
     /// A job file whose contents are wrong.
@@ -88,9 +132,11 @@ pub enum Error {
     /// A foreground read list that cannot be read.
     #[error("--fg-list {}", .path.display())]
     List {
+        /// The list file.
         path: std::path::PathBuf,
+        /// Where and why its parse failed.
         #[source]
-        source: snapblk_readahead::list::ParseError,
+        source: snapblk_readahead::ParseError,
     },
     /// A background stream ended while the foreground ran loaded; `how` is "failed" (the error
     /// is the source), "stopped" or "panicked".
@@ -99,9 +145,13 @@ pub enum Error {
         .path.display()
     )]
     BackgroundEnded {
+        /// The file or device the stream read or wrote.
         path: std::path::PathBuf,
+        /// Seconds into the loaded cell when it was found ended.
         after_secs: f64,
+        /// `"failed"`, `"stopped"` or `"panicked"`.
         how: &'static str,
+        /// The stream's error, when it failed.
         #[source]
         source: Option<Box<Error>>,
     },
@@ -111,8 +161,11 @@ pub enum Error {
     /// A libblkio library that cannot be loaded, or lacks `symbol`.
     #[error("libblkio {}{}", .path.display(), .symbol.map(|s| format!(": missing {s}")).unwrap_or_default())]
     LibLoad {
+        /// The shared library's path.
         path: std::path::PathBuf,
+        /// The `blkio_*` symbol it lacks; `None` when the library itself did not load.
         symbol: Option<&'static str>,
+        /// The loader's error.
         #[source]
         source: libloading::Error,
     },
@@ -120,8 +173,11 @@ pub enum Error {
     /// errno it returned.
     #[error("libblkio: {call}: {msg}")]
     LibCall {
+        /// The call, without its `blkio_` prefix (e.g. `connect`, `set_int num-queues`).
         call: String,
+        /// The library's `blkio_get_error_msg()` after the call (may be empty).
         msg: String,
+        /// The errno the call returned.
         #[source]
         source: std::io::Error,
     },
@@ -199,7 +255,9 @@ pub enum RunProgress {
     /// A run starts: `label` names it (`[rep/repeat] job`), `completed` counts its completed
     /// I/Os while it runs.
     Start {
+        /// The run's label.
         label: String,
+        /// Completed I/Os of the run so far, updated as they complete.
         completed: Arc<AtomicU64>,
     },
     /// The run has ended (also when it failed).
@@ -211,6 +269,7 @@ pub struct Labelled<'a> {
     /// Leads the labels of its configurations (`"LABEL: randread bs=4k …"`); None for a single
     /// unlabelled target.
     pub label: Option<String>,
+    /// The target to run every configuration on.
     pub target: &'a mut dyn target::Target,
 }
 
@@ -311,14 +370,14 @@ mod error_tests {
         let io = || std::io::Error::from_raw_os_error(libc::ENOENT);
         let dev = || snapblk_core::Error::new(libc::EIO, "short read");
         let toml_err = "x = ".parse::<toml::Table>().unwrap_err();
-        let list_err =
-            snapblk_readahead::list::parse_bytes(b"\n{\n", Default::default()).unwrap_err();
+        let list_err = snapblk_readahead::parse_bytes(b"\n{\n", Default::default()).unwrap_err();
         // SAFETY: the path does not exist, so no library (and none of its initialisers) loads.
         let lib_err = match unsafe { libloading::Library::new("/nonexistent/libblkio.so") } {
             Err(e) => e,
             Ok(_) => panic!("a missing library loaded"),
         };
         let cases = [
+            Error::Size(snapblk_core::size::SizeError::BadNumber("4x".into())),
             Error::from(io()),
             Error::IoOn {
                 what: "directory /x".into(),
@@ -360,12 +419,13 @@ mod error_tests {
         for e in &cases {
             assert_cause_is_source(e, None);
         }
+        assert_eq!(chain(&cases[0]), "invalid job: bad size \"4x\"");
         assert_eq!(
-            chain(&cases[4]),
+            chain(&cases[5]),
             "read of 4096 bytes at offset 8192 failed: short read"
         );
         assert_eq!(
-            chain(&cases[7]),
+            chain(&cases[8]),
             "background stream on /dev/x ended during the loaded cell (after 1.50 s): failed: \
              I/O error: No such file or directory (os error 2)"
         );

@@ -9,14 +9,14 @@ use snapblk_core::rng::{Rng, mix};
 
 /// Read or write.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Dir {
+pub(crate) enum Dir {
     Read,
     Write,
 }
 
 /// A seeded permutation of `0..n` computed on the fly.
 #[derive(Debug, Clone)]
-pub struct Permutation {
+pub(crate) struct Permutation {
     n: u64,
     bits: u32,
     mask: u64,
@@ -25,7 +25,7 @@ pub struct Permutation {
 }
 
 impl Permutation {
-    pub fn new(n: u64, seed: u64) -> Permutation {
+    pub(crate) fn new(n: u64, seed: u64) -> Permutation {
         let bits = if n <= 1 {
             0
         } else {
@@ -64,7 +64,7 @@ impl Permutation {
     }
 
     /// Next element, `None` after all `n` were produced.
-    pub fn next_index(&mut self) -> Option<u64> {
+    pub(crate) fn next_index(&mut self) -> Option<u64> {
         while self.i <= self.mask {
             let y = self.h(self.i);
             self.i += 1;
@@ -81,7 +81,7 @@ impl Permutation {
 
 /// Generates `(direction, offset)` pairs for one job over its region.
 #[derive(Debug, Clone)]
-pub struct OffsetGen {
+pub(crate) struct OffsetGen {
     start: u64,
     blocks: u64,
     bs: u64,
@@ -97,7 +97,7 @@ pub struct OffsetGen {
 
 impl OffsetGen {
     /// `region` = (start, len) with len a multiple of `bs`; `job` differentiates seeds.
-    pub fn new(
+    pub(crate) fn new(
         mode: RwMode,
         rwmixread: u32,
         region: (u64, u64),
@@ -121,7 +121,7 @@ impl OffsetGen {
         }
     }
 
-    pub fn blocks(&self) -> u64 {
+    pub(crate) fn blocks(&self) -> u64 {
         self.blocks
     }
 
@@ -139,7 +139,7 @@ impl OffsetGen {
 
     /// Next I/O; `None` when a pass is over and `wrap` is false. With `wrap` a new pass starts
     /// (a fresh random order, or sequential from the start again).
-    pub fn next(&mut self, wrap: bool) -> Option<(Dir, u64)> {
+    pub(crate) fn next(&mut self, wrap: bool) -> Option<(Dir, u64)> {
         let b = match self.next_block() {
             Some(b) => b,
             None => {

@@ -18,7 +18,7 @@ const COLORS: [&str; 8] = [
 
 /// An axis: linear or log10, with a tick formatter.
 #[derive(Clone, Copy)]
-pub struct Axis {
+pub(crate) struct Axis {
     pub label: &'static str,
     pub log: bool,
     pub fmt: fn(f64) -> String,
@@ -28,7 +28,7 @@ pub struct Axis {
 }
 
 /// One line.
-pub struct Series {
+pub(crate) struct Series {
     pub name: String,
     pub points: Vec<(f64, f64)>,
     /// Vertical bars `(x, low, high)` drawn in the line's colour, e.g. the min–max spread of
@@ -38,7 +38,7 @@ pub struct Series {
 
 impl Series {
     /// A line without bars.
-    pub fn line(name: String, points: Vec<(f64, f64)>) -> Series {
+    pub(crate) fn line(name: String, points: Vec<(f64, f64)>) -> Series {
         Series {
             name,
             points,
@@ -100,7 +100,7 @@ fn headroom_top(lo: f64, hi: f64) -> f64 {
 }
 
 /// Render a line chart.
-pub fn line_chart(title: &str, x: Axis, y: Axis, series: &[Series]) -> String {
+pub(crate) fn line_chart(title: &str, x: Axis, y: Axis, series: &[Series]) -> String {
     let drawable = |a: f64, b: f64| {
         a.is_finite() && b.is_finite() && (!x.log || a > 0.0) && (!y.log || b > 0.0)
     };
@@ -321,7 +321,7 @@ fn fmt_int(v: f64) -> String {
 }
 
 /// Latency CDF of every configuration (all repetitions merged).
-pub fn latency_cdf(results: &[ConfigReport]) -> String {
+pub(crate) fn latency_cdf(results: &[ConfigReport]) -> String {
     let series: Vec<Series> = results
         .iter()
         .map(|r| {
@@ -355,7 +355,7 @@ pub fn latency_cdf(results: &[ConfigReport]) -> String {
 /// IOPS against queue depth, one line per (rw, bs, numjobs). Each point is the median IOPS of
 /// the configuration's repetitions; with more than one, a bar spans their min–max (the spread
 /// behind the table's ±CV), so a noisy point is visibly noisy.
-pub fn iops_vs_qd(results: &[ConfigReport]) -> String {
+pub(crate) fn iops_vs_qd(results: &[ConfigReport]) -> String {
     type Point = (f64, f64, Option<(f64, f64)>);
     let mut groups: BTreeMap<String, Vec<Point>> = BTreeMap::new();
     let mut repeated = false;
@@ -419,7 +419,7 @@ pub fn iops_vs_qd(results: &[ConfigReport]) -> String {
 /// Per-second IOPS of the first repetition of every configuration. Each bucket's rate is
 /// drawn at the middle of the time it covers, `[t, t + seconds)`: t + 0.5 for whole seconds,
 /// and the middle of the shorter last bucket (2.25 s for the last 0.5 s of a 2.5 s run).
-pub fn time_series(results: &[ConfigReport]) -> String {
+pub(crate) fn time_series(results: &[ConfigReport]) -> String {
     let series: Vec<Series> = results
         .iter()
         .filter_map(|r| {

@@ -9,22 +9,27 @@ use serde::Serialize;
 use std::collections::BTreeMap;
 
 /// Bumped on incompatible changes of the JSON layout (see crates/loadgen/schema.json).
-pub const SCHEMA_VERSION: u32 = 1;
+pub(crate) const SCHEMA_VERSION: u32 = 1;
 
 /// Coefficient of variation of IOPS across repetitions above which a run is called noisy.
-pub const NOISY_CV: f64 = 0.10;
+pub(crate) const NOISY_CV: f64 = 0.10;
 
 /// The top-level JSON document.
 #[derive(Debug, Serialize)]
 pub struct Document {
+    /// The layout's version (crates/loadgen/schema.json), bumped on incompatible changes.
     pub schema_version: u32,
+    /// What wrote the document.
     pub tool: Tool,
     /// "workload", "file" or "fgbg".
     pub kind: String,
     /// Unix time (seconds) when the run started.
     pub started_at: u64,
+    /// The command line (`argv`) of the run.
     pub command: Vec<String>,
+    /// The machine and target the run measured.
     pub context: Context,
+    /// The target, for workload runs.
     pub target: Option<TargetDesc>,
     /// Workload results, one per configuration.
     pub results: Vec<ConfigReport>,
@@ -32,6 +37,7 @@ pub struct Document {
     pub file_tests: Option<serde_json::Value>,
     /// Foreground-under-background results.
     pub fgbg: Option<serde_json::Value>,
+    /// Problems that did not stop the run (e.g. an ignored `--direct`).
     pub warnings: Vec<String>,
     /// Set when the run failed; the document is still complete and valid.
     pub error: Option<String>,
@@ -40,19 +46,27 @@ pub struct Document {
     pub interrupted: Option<String>,
 }
 
+/// The program that wrote a [`Document`].
 #[derive(Debug, Serialize)]
 pub struct Tool {
+    /// `snapblk bench`.
     pub name: String,
+    /// The crate version.
     pub version: String,
 }
 
+/// What a workload ran on.
 #[derive(Debug, Clone, Serialize)]
 pub struct TargetDesc {
+    /// The target as given: a device spec, a path or a library (several joined by `; `).
     pub spec: String,
+    /// The driver name (`io_uring`, `null`, `libblkio`, ...).
     pub driver: String,
 }
 
 impl Document {
+    /// An empty document of `kind` (`workload`, `file`, `fgbg`), started now by this process's
+    /// command line.
     pub fn new(kind: &str, context: Context, target: Option<TargetDesc>) -> Document {
         Document {
             schema_version: SCHEMA_VERSION,
@@ -101,10 +115,15 @@ pub fn signal_name(sig: i32) -> &'static str {
 /// Latency summary in nanoseconds.
 #[derive(Debug, Clone, Serialize)]
 pub struct LatReport {
+    /// Latencies recorded.
     pub samples: u64,
+    /// The smallest.
     pub min: u64,
+    /// The largest.
     pub max: u64,
+    /// Their mean.
     pub mean: f64,
+    /// Their standard deviation.
     pub stdev: f64,
     /// `p1` … `p99.99`.
     pub percentiles: BTreeMap<String, u64>,
@@ -112,11 +131,12 @@ pub struct LatReport {
     pub histogram: String,
 }
 
-pub fn pct_key(p: f64) -> String {
+pub(crate) fn pct_key(p: f64) -> String {
     format!("p{p}")
 }
 
 impl LatReport {
+    /// The summary of `h`.
     pub fn of(h: &LatHist) -> LatReport {
         LatReport {
             samples: h.count(),
@@ -136,9 +156,13 @@ impl LatReport {
 /// One direction of one run (or of all repetitions merged).
 #[derive(Debug, Clone, Serialize)]
 pub struct DirReport {
+    /// Completed I/Os.
     pub ios: u64,
+    /// Bytes they moved.
     pub bytes: u64,
+    /// I/Os per second over the measured time.
     pub iops: f64,
+    /// Bytes per second over the measured time.
     pub bw_bytes: f64,
     /// Total latency: from the request being made to its completion being handled (fio's `lat`).
     pub lat_ns: LatReport,
@@ -180,28 +204,43 @@ pub struct SecondReport {
     pub seconds: f64,
     /// I/Os completed in the bucket.
     pub ios: u64,
+    /// I/Os per second in the bucket.
     pub iops: u64,
+    /// Reads per second in the bucket.
     pub read_iops: u64,
+    /// Writes per second in the bucket.
     pub write_iops: u64,
+    /// Bytes per second in the bucket.
     pub bw_bytes: u64,
+    /// Median latency of the bucket's I/Os, ns.
     pub lat_p50_ns: u64,
+    /// 99th percentile latency of the bucket's I/Os, ns.
     pub lat_p99_ns: u64,
 }
 
 /// One repetition of one configuration.
 #[derive(Debug, Clone, Serialize)]
 pub struct RunReport {
+    /// The repetition, 0-based.
     pub rep: u32,
+    /// Measured seconds.
     pub seconds: f64,
+    /// I/Os per second, both directions.
     pub iops: f64,
+    /// Bytes per second, both directions.
     pub bw_bytes: f64,
+    /// The reads.
     pub read: DirReport,
+    /// The writes.
     pub write: DirReport,
+    /// Per-second buckets.
     pub series: Vec<SecondReport>,
+    /// Blocks whose content was checked (verify mode).
     pub verified_blocks: u64,
 }
 
 impl RunReport {
+    /// The report of repetition `rep` (0-based) from its result.
     pub fn of(rep: u32, r: &RunResult) -> RunReport {
         let series = r
             .series
@@ -250,15 +289,20 @@ fn bucket_len(seconds: f64, t: usize) -> f64 {
 /// Mean and spread of a value across repetitions.
 #[derive(Debug, Clone, Serialize)]
 pub struct Spread {
+    /// The mean.
     pub mean: f64,
+    /// The standard deviation.
     pub stdev: f64,
     /// Coefficient of variation (stdev / mean).
     pub cv: f64,
+    /// The smallest value.
     pub min: f64,
+    /// The largest value.
     pub max: f64,
 }
 
 impl Spread {
+    /// The spread of `v` (all 0 when empty).
     pub fn of(v: &[f64]) -> Spread {
         if v.is_empty() {
             return Spread {
@@ -288,7 +332,7 @@ impl Spread {
 }
 
 /// The median of `v` (of an even count, the midpoint of the two middle values); None when empty.
-pub fn median(v: &[f64]) -> Option<f64> {
+pub(crate) fn median(v: &[f64]) -> Option<f64> {
     let mut s = v.to_vec();
     s.sort_by(f64::total_cmp);
     let n = s.len();
@@ -302,10 +346,15 @@ pub fn median(v: &[f64]) -> Option<f64> {
 /// Summary over repetitions: spreads, and both directions with all repetitions' histograms merged.
 #[derive(Debug, Clone, Serialize)]
 pub struct Summary {
+    /// IOPS of the repetitions.
     pub iops: Spread,
+    /// Bytes per second of the repetitions.
     pub bw_bytes: Spread,
+    /// Mean total latency of the repetitions, ns.
     pub lat_mean_ns: Spread,
+    /// The reads of all repetitions, over their summed time.
     pub read: DirReport,
+    /// The writes of all repetitions, over their summed time.
     pub write: DirReport,
     /// Both directions merged.
     pub lat_ns: LatReport,
@@ -318,6 +367,8 @@ pub struct Summary {
 /// All repetitions of one configuration.
 #[derive(Debug, Clone, Serialize)]
 pub struct ConfigReport {
+    /// The configuration's label (`randread bs=4k iodepth=32 …`, led by the target's label with
+    /// several targets).
     pub label: String,
     /// With several targets in one run (repeated `--libblkio`): which one, by its label; the
     /// label also leads `label`. Absent with a single target.
@@ -326,9 +377,13 @@ pub struct ConfigReport {
     /// That target's description, with several targets.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub target: Option<TargetDesc>,
+    /// The configuration.
     pub config: JobSpec,
+    /// The target's capacity in bytes.
     pub capacity: u64,
+    /// Each repetition.
     pub runs: Vec<RunReport>,
+    /// Over all repetitions.
     pub summary: Summary,
 }
 
@@ -417,7 +472,7 @@ pub fn noise_warnings(results: &[ConfigReport], ctx: &Context) -> Vec<String> {
 }
 
 /// Human latency: `850ns`, `12.3µs`, `4.56ms`, `1.20s`.
-pub fn fmt_ns(ns: f64) -> String {
+pub(crate) fn fmt_ns(ns: f64) -> String {
     if ns < 1e3 {
         format!("{ns:.0}ns")
     } else if ns < 1e6 {

@@ -8,9 +8,13 @@ use std::fmt;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum RwMode {
+    /// Sequential reads.
     Read,
+    /// Sequential writes.
     Write,
+    /// Random reads.
     RandRead,
+    /// Random writes.
     RandWrite,
     /// Sequential mix of reads and writes (`rwmixread` percent reads).
     Rw,
@@ -19,6 +23,8 @@ pub enum RwMode {
 }
 
 impl RwMode {
+    /// Parses fio's name of a mode (`read`, `write`, `randread`, `randwrite`, `rw` or
+    /// `readwrite`, `randrw`; any case).
     pub fn parse(s: &str) -> Result<RwMode> {
         Ok(match s.trim().to_ascii_lowercase().as_str() {
             "read" => RwMode::Read,
@@ -34,6 +40,7 @@ impl RwMode {
             }
         })
     }
+    /// Whether offsets are random.
     pub fn is_random(self) -> bool {
         matches!(self, RwMode::RandRead | RwMode::RandWrite | RwMode::RandRw)
     }
@@ -45,6 +52,7 @@ impl RwMode {
             RwMode::Rw | RwMode::RandRw => rwmixread.min(100),
         }
     }
+    /// fio's name of the mode.
     pub fn name(self) -> &'static str {
         match self {
             RwMode::Read => "read",
@@ -78,6 +86,7 @@ pub enum Iomem {
 }
 
 impl Iomem {
+    /// Parses `malloc` or `memfd` (any case).
     pub fn parse(s: &str) -> Result<Iomem> {
         match s.trim().to_ascii_lowercase().as_str() {
             "malloc" => Ok(Iomem::Malloc),
@@ -89,15 +98,17 @@ impl Iomem {
 
 /// Longest runtime or ramp accepted, in seconds (about 31 years: far beyond any real run, and
 /// far from where adding it to a clock reading could overflow).
-pub const MAX_SECS: f64 = 1e9;
+pub(crate) const MAX_SECS: f64 = 1e9;
 
 /// One workload configuration (one cell of a sweep).
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct JobSpec {
+    /// The job's name (`job` unless given).
     pub name: String,
     /// `name` was given (a job file's `name` key): tables, plots and labels show it.
     #[serde(skip)]
     pub named: bool,
+    /// The access pattern.
     pub rw: RwMode,
     /// Percentage of reads in `rw`/`randrw`.
     pub rwmixread: u32,
@@ -365,9 +376,13 @@ impl JobSpec {
 /// Lists of values to combine with a base job: every `rw × bs × iodepth × numjobs` cell.
 #[derive(Debug, Clone, Default)]
 pub struct Sweep {
+    /// Access patterns.
     pub rw: Vec<RwMode>,
+    /// Block sizes, bytes.
     pub bs: Vec<u64>,
+    /// Requests in flight per job.
     pub iodepth: Vec<u32>,
+    /// Job threads.
     pub numjobs: Vec<u32>,
 }
 
@@ -406,7 +421,7 @@ impl Sweep {
 /// Parse a fio-style size: `4096`, `4k`, `4K`, `4KiB`, `64m`, `1G`, `2t` (binary units; the
 /// grammar is [`snapblk_core::size`], shared with device specs).
 pub fn parse_size(s: &str) -> Result<u64> {
-    snapblk_core::size::parse_size(s).map_err(|e| Error::Spec(e.to_string()))
+    snapblk_core::size::parse_size(s).map_err(Error::Size)
 }
 
 /// The error for a number that does not parse: a range error for a negative one (`-1` for a
@@ -646,7 +661,7 @@ mod tests {
 
     #[test]
     fn negative_values_are_range_errors() {
-        let msg = |r: Result<u64>| r.unwrap_err().to_string();
+        let msg = |r: Result<u64>| snapblk_core::Chain(&r.unwrap_err()).to_string();
         assert!(msg(parse_size("-1")).contains("size -1 is out of range"));
         assert!(msg(parse_size("-4k")).contains("size -4k is out of range"));
         assert!(msg(parse_size("-x")).contains("bad size"));

@@ -14,7 +14,9 @@ use std::path::PathBuf;
 /// and of buffer addresses (`buf-alignment`), in bytes; 1 means none.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Alignment {
+    /// Offsets and lengths must be multiples of this.
     pub request: u64,
+    /// Buffer addresses must be multiples of this.
     pub buf: u64,
 }
 
@@ -37,6 +39,7 @@ impl Alignment {
 /// An opened device: its queues, capacity and I/O buffers. Dropping it closes everything;
 /// buffers stay valid until then.
 pub trait Device: Send {
+    /// The device's size in bytes.
     fn capacity(&self) -> u64;
     /// The alignment the opened device requires (with O_DIRECT, typically its logical block
     /// size); checked before any I/O, see [`crate::spec::JobSpec::check_alignment`].
@@ -88,6 +91,8 @@ impl Drop for PrivateBufs {
 
 /// Something that can be opened with `num_queues` queues.
 pub trait Target: Send {
+    /// Opens the target with `num_queues` queues, with O_DIRECT when `direct` (where the target
+    /// can: see [`Target::direct_supported`]).
     fn open(&mut self, num_queues: usize, direct: bool) -> Result<Box<dyn Device>>;
     /// Human description (spec string, path, library).
     fn describe(&self) -> String;
@@ -109,7 +114,7 @@ pub trait Target: Send {
 }
 
 /// A started [`Blkio`] as a [`Device`].
-pub struct BlkioDevice {
+pub(crate) struct BlkioDevice {
     blkio: Blkio,
     capacity: u64,
     alignment: Alignment,
@@ -119,7 +124,7 @@ pub struct BlkioDevice {
 
 impl BlkioDevice {
     /// Wrap a started instance.
-    pub fn new(blkio: Blkio) -> Result<BlkioDevice> {
+    pub(crate) fn new(blkio: Blkio) -> Result<BlkioDevice> {
         let capacity = blkio.get_u64("capacity")?;
         let alignment = Alignment::of(
             blkio.get_int("request-alignment")?.into(),
@@ -180,6 +185,7 @@ pub struct BlkioTarget {
 }
 
 impl BlkioTarget {
+    /// A target named `name` whose every open calls `ctor(num_queues, direct)`.
     pub fn new(
         name: impl Into<String>,
         ctor: impl FnMut(usize, bool) -> Result<Blkio> + Send + 'static,
@@ -213,6 +219,7 @@ pub struct SpecTarget {
 }
 
 impl SpecTarget {
+    /// The target of a device spec or path.
     pub fn new(spec: impl Into<String>) -> SpecTarget {
         SpecTarget {
             spec: spec.into(),

@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 /// The verify stamp of a new run with `seed`: differs from every other run's, in this process
 /// (repetitions, sweep cells) and in others (the clock and the process id go in).
-pub fn run_stamp(seed: u64) -> u64 {
+pub(crate) fn run_stamp(seed: u64) -> u64 {
     static RUNS: AtomicU64 = AtomicU64::new(0);
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -26,7 +26,7 @@ fn data_seed(offset: u64, seed: u64, generation: u32) -> u64 {
 }
 
 /// Fill `buf` with the pattern of the block at `offset` for `generation`.
-pub fn fill(buf: &mut [u8], offset: u64, seed: u64, generation: u32) {
+pub(crate) fn fill(buf: &mut [u8], offset: u64, seed: u64, generation: u32) {
     let mut hdr = [0u8; HDR];
     hdr[0..8].copy_from_slice(&MAGIC.to_le_bytes());
     hdr[8..16].copy_from_slice(&offset.to_le_bytes());
@@ -54,7 +54,7 @@ fn u64_at(b: &[u8], at: usize) -> Option<u64> {
 
 /// Check `buf` (read from `offset`) against the pattern of `generation`. The error describes
 /// what was found instead.
-pub fn check(buf: &[u8], offset: u64, seed: u64, generation: u32) -> Result<(), String> {
+pub(crate) fn check(buf: &[u8], offset: u64, seed: u64, generation: u32) -> Result<(), String> {
     if buf.len() >= HDR {
         let magic = u64_at(buf, 0).unwrap_or(0);
         if magic != MAGIC {

@@ -52,7 +52,7 @@ impl RecFile {
     fn log_read(&self, off: u64, len: usize) -> std::io::Result<()> {
         if !self.read_yet.replace(true) {
             let meta = self.f.metadata()?;
-            let r = snapblk_readahead::residency::measure(&self.f, &self.path, &meta, None);
+            let r = snapblk_readahead::measure(&self.f, &self.path, &meta, None);
             let snapblk_readahead::Residency::Known {
                 resident_pages,
                 evicted_pages,

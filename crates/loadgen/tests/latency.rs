@@ -5,8 +5,7 @@
 mod common;
 
 use common::recording_target;
-use snapblk_loadgen::engine::{RunOpts, RunResult, run_workload};
-use snapblk_loadgen::spec::{BatchOpts, JobSpec, RwMode};
+use snapblk_loadgen::{BatchOpts, JobSpec, RunOpts, RunResult, RwMode, run_workload};
 use std::time::Duration;
 
 const DELAY: Duration = Duration::from_millis(3);

@@ -3,7 +3,7 @@
 mod common;
 
 use common::recording_target;
-use snapblk_loadgen::spec::{JobSpec, RwMode, Sweep};
+use snapblk_loadgen::{JobSpec, RwMode, Sweep};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -197,7 +197,7 @@ fn open_flags_of(path: &std::path::Path) -> Vec<i32> {
 
 #[test]
 fn direct_opens_a_path_target_with_o_direct() {
-    use snapblk_loadgen::target::{SpecTarget, Target};
+    use snapblk_loadgen::{SpecTarget, Target};
     // The temp dir's filesystem must accept O_DIRECT (ext4, tmpfs since Linux 6.6); if it does
     // not, the open fails the test rather than skipping it.
     let dir = std::env::temp_dir().join(format!("snapblk-loadgen-direct-{}", std::process::id()));

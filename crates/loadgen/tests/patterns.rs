@@ -3,8 +3,7 @@
 mod common;
 
 use common::recording_target;
-use snapblk_loadgen::engine::{RunOpts, run_workload};
-use snapblk_loadgen::spec::{BatchOpts, Iomem, JobSpec, RwMode};
+use snapblk_loadgen::{BatchOpts, Iomem, JobSpec, RunOpts, RwMode, run_workload};
 use std::collections::HashSet;
 
 const MB: usize = 1 << 20;
@@ -203,7 +202,7 @@ fn blocks(data: &[u8], bs: usize, size: usize) -> Vec<Vec<u8>> {
 
 #[test]
 fn write_buffers_are_random_and_scrambled_like_fio() {
-    use snapblk_loadgen::buffer::BufferOpts;
+    use snapblk_loadgen::BufferOpts;
     // 2 buffers reused for 16 writes.
     let run = |buffers: BufferOpts| {
         let (mut t, sh) = recording_target(MB);

@@ -1,16 +1,13 @@
 //! Result documents validate against crates/loadgen/schema.json; charts are well-formed SVG with the
 //! expected elements; histograms in the document decode and merge.
 
-use snapblk_loadgen::context;
 use snapblk_loadgen::fgbg::{Background, FgBgSpec, Foreground, run_fgbg};
-use snapblk_loadgen::hist::LatHist;
-use snapblk_loadgen::plot;
-use snapblk_loadgen::report::{Document, LatKind, TargetDesc, noise_warnings, workload_table};
-use snapblk_loadgen::schema::validate;
-use snapblk_loadgen::spec::{JobSpec, RwMode, Sweep};
-use snapblk_loadgen::target::{SpecTarget, Target};
+use snapblk_loadgen::{
+    Document, JobSpec, LatHist, LatKind, RwMode, SpecTarget, Sweep, Target, TargetDesc, capture,
+    noise_warnings, plot, validate, workload_table,
+};
 
-fn sweep_results() -> Vec<snapblk_loadgen::report::ConfigReport> {
+fn sweep_results() -> Vec<snapblk_loadgen::ConfigReport> {
     let mut t = SpecTarget::new("null:size=64M");
     let base = JobSpec {
         size: Some(16 << 20),
@@ -35,7 +32,7 @@ fn workload_document_validates_and_carries_histograms() {
     let results = sweep_results();
     assert_eq!(results.len(), 4);
     let t = SpecTarget::new("null:size=64M");
-    let ctx = context::capture(t.path().as_deref());
+    let ctx = capture(t.path().as_deref());
     let mut doc = Document::new(
         "workload",
         ctx,
@@ -94,7 +91,7 @@ fn workload_document_validates_and_carries_histograms() {
 
 #[test]
 fn error_document_validates() {
-    let mut doc = Document::new("workload", context::capture(None), None);
+    let mut doc = Document::new("workload", capture(None), None);
     doc.error = Some("open x: No such file".into());
     validate(&to_value(&doc)).unwrap();
 }
@@ -162,13 +159,13 @@ fn fgbg_document_validates() {
     let data = dir.join(format!("snapblk-loadgen-fg-{}", std::process::id()));
     std::fs::write(&data, vec![2u8; 1 << 20]).unwrap();
     let list = dir.join(format!("snapblk-loadgen-fg-{}.list", std::process::id()));
-    let entries = vec![snapblk_readahead::list::ListEntry {
+    let entries = vec![snapblk_readahead::ListEntry {
         path: data.clone(),
         identity: None,
-        extent: snapblk_readahead::list::Extent::Whole,
+        extent: snapblk_readahead::Extent::Whole,
     }];
     let mut text = Vec::new();
-    snapblk_readahead::list::write_text(&mut text, &entries).unwrap();
+    snapblk_readahead::write_text(&mut text, &entries).unwrap();
     std::fs::write(&list, text).unwrap();
     let spec = FgBgSpec {
         background: vec![
@@ -198,7 +195,7 @@ fn fgbg_document_validates() {
     assert!(r.cells[1].bg_bytes_per_s.unwrap() > 0.0);
     assert!(r.cells[1].fg_lat_p50_ns.unwrap() > 0);
     assert_eq!(r.cells[1].fg_seconds.len(), 2);
-    let mut doc = Document::new("fgbg", context::capture(Some(&bg)), None);
+    let mut doc = Document::new("fgbg", capture(Some(&bg)), None);
     doc.fgbg = Some(serde_json::to_value(&r).unwrap());
     let good = to_value(&doc);
     validate(&good).unwrap();
@@ -237,8 +234,8 @@ fn per_second_rates_match_the_run_including_the_partial_last_second() {
         runtime: Some(1.2),
         ..Default::default()
     };
-    let r = snapblk_loadgen::engine::run_workload(&mut t, &job, &Default::default()).unwrap();
-    let rep = snapblk_loadgen::report::RunReport::of(0, &r);
+    let r = snapblk_loadgen::run_workload(&mut t, &job, &Default::default()).unwrap();
+    let rep = snapblk_loadgen::RunReport::of(0, &r);
     assert_eq!(rep.series.len(), 2, "{:?}", rep.series);
     let overall = rep.iops;
     for s in &rep.series {
@@ -280,7 +277,7 @@ fn file_documents_validate_and_wrong_ones_are_rejected() {
         seed: 1,
     };
     let r = run_file_tests(&spec, None, |_| {}).unwrap();
-    let mut doc = Document::new("file", context::capture(Some(&dir)), None);
+    let mut doc = Document::new("file", capture(Some(&dir)), None);
     doc.file_tests = Some(serde_json::to_value(&r).unwrap());
     let file = to_value(&doc);
     validate(&file).unwrap();

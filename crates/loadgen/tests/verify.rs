@@ -3,8 +3,7 @@
 mod common;
 
 use common::recording_target;
-use snapblk_loadgen::engine::{RunOpts, run_workload};
-use snapblk_loadgen::spec::{JobSpec, RwMode};
+use snapblk_loadgen::{JobSpec, RunOpts, RwMode, run_workload};
 
 fn vjob(rw: RwMode) -> JobSpec {
     JobSpec {

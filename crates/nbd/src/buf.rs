@@ -4,33 +4,33 @@
 use std::sync::Mutex;
 
 /// A buffer whose usable part starts at an `align`-aligned address.
-pub struct AlignedBuf {
+pub(crate) struct AlignedBuf {
     v: Vec<u8>,
     off: usize,
     cap: usize,
 }
 
 impl AlignedBuf {
-    pub fn new(cap: usize, align: usize) -> AlignedBuf {
+    pub(crate) fn new(cap: usize, align: usize) -> AlignedBuf {
         let align = align.max(1);
         let v = vec![0u8; cap + align];
         let off = v.as_ptr().align_offset(align).min(align);
         AlignedBuf { v, off, cap }
     }
-    pub fn capacity(&self) -> usize {
+    pub(crate) fn capacity(&self) -> usize {
         self.cap
     }
     /// The first `len` usable bytes (`len` is clamped to the capacity).
-    pub fn slice(&self, len: usize) -> &[u8] {
+    pub(crate) fn slice(&self, len: usize) -> &[u8] {
         &self.v[self.off..self.off + len.min(self.cap)]
     }
-    pub fn slice_mut(&mut self, len: usize) -> &mut [u8] {
+    pub(crate) fn slice_mut(&mut self, len: usize) -> &mut [u8] {
         &mut self.v[self.off..self.off + len.min(self.cap)]
     }
 }
 
 /// A small pool of buffers, so steady-state I/O does not allocate.
-pub struct BufPool {
+pub(crate) struct BufPool {
     free: Mutex<Vec<AlignedBuf>>,
     align: usize,
     /// Keep at most this many bytes of idle buffers.
@@ -38,7 +38,7 @@ pub struct BufPool {
 }
 
 impl BufPool {
-    pub fn new(align: usize, keep_bytes: usize) -> BufPool {
+    pub(crate) fn new(align: usize, keep_bytes: usize) -> BufPool {
         BufPool {
             free: Mutex::new(Vec::new()),
             align,
@@ -47,7 +47,7 @@ impl BufPool {
     }
 
     /// A buffer of at least `len` bytes.
-    pub fn get(&self, len: usize) -> AlignedBuf {
+    pub(crate) fn get(&self, len: usize) -> AlignedBuf {
         {
             let mut f = self.free.lock().unwrap_or_else(|p| p.into_inner());
             if let Some(i) = f.iter().position(|b| b.capacity() >= len) {
@@ -57,7 +57,7 @@ impl BufPool {
         AlignedBuf::new(len.max(4096).next_power_of_two(), self.align)
     }
 
-    pub fn put(&self, b: AlignedBuf) {
+    pub(crate) fn put(&self, b: AlignedBuf) {
         let mut f = self.free.lock().unwrap_or_else(|p| p.into_inner());
         let held: usize = f.iter().map(|b| b.capacity()).sum();
         if held + b.capacity() <= self.keep_bytes {

@@ -13,19 +13,27 @@
 //! only, and the whole negotiation has one deadline. A client over the connection limit gets a
 //! proper refusal. Every connection's fate (accepted, refused, dropped, closed, and why) goes to
 //! an event hook ([`Server::on_event`]); the library itself never prints.
+//!
+//! Modules are private and the server's API is re-exported here. One module is public:
+//! [`proto`], the wire protocol's constants (named as in the NBD specification, e.g.
+//! `proto::CMD_READ`, `proto::EIO`, which would be unclear or clash at the root) and its
+//! message parsers, for clients: the integration tests speak the protocol through it, and the
+//! fuzz targets parse through it.
 
 #![warn(missing_docs)]
+#![warn(unreachable_pub, unnameable_types)]
 
 mod buf;
 mod conn;
-pub mod device;
-pub mod events;
-pub mod net;
+mod device;
+mod events;
+mod net;
 pub mod proto;
-pub mod server;
-pub mod signals;
+mod server;
+mod signals;
 
 pub use device::{DeviceError, Geometry, SharedDevice};
 pub use events::{ConnAction, ConnEvent, ConnReason, EventHook};
-pub use net::{DEFAULT_PORT, Listener};
+pub use net::{DEFAULT_PORT, Listener, Stream};
 pub use server::{Export, Server, ServerConfig, ServerError, StopHandle};
+pub use signals::TermSignals;

@@ -223,7 +223,7 @@ impl Drop for Listener {
 }
 
 /// Wait until one of `fds` is readable or `timeout` passes. Returns which fds are readable.
-pub fn wait_readable(fds: &[RawFd], timeout: Duration) -> io::Result<Vec<bool>> {
+pub(crate) fn wait_readable(fds: &[RawFd], timeout: Duration) -> io::Result<Vec<bool>> {
     let mut p: Vec<libc::pollfd> = fds
         .iter()
         .map(|&fd| libc::pollfd {

@@ -309,7 +309,7 @@ impl RequestHeader {
 }
 
 /// A simple reply header.
-pub fn simple_reply(error: u32, cookie: u64) -> [u8; SIMPLE_REPLY_LEN] {
+pub(crate) fn simple_reply(error: u32, cookie: u64) -> [u8; SIMPLE_REPLY_LEN] {
     let mut b = [0u8; SIMPLE_REPLY_LEN];
     b[0..4].copy_from_slice(&SIMPLE_REPLY_MAGIC.to_be_bytes());
     b[4..8].copy_from_slice(&error.to_be_bytes());
@@ -318,7 +318,7 @@ pub fn simple_reply(error: u32, cookie: u64) -> [u8; SIMPLE_REPLY_LEN] {
 }
 
 /// An option reply (header + data).
-pub fn option_reply(option: u32, reply: u32, data: &[u8]) -> Vec<u8> {
+pub(crate) fn option_reply(option: u32, reply: u32, data: &[u8]) -> Vec<u8> {
     let mut v = Vec::with_capacity(20 + data.len());
     v.extend_from_slice(&OPT_REPLY_MAGIC.to_be_bytes());
     v.extend_from_slice(&option.to_be_bytes());
@@ -329,7 +329,7 @@ pub fn option_reply(option: u32, reply: u32, data: &[u8]) -> Vec<u8> {
 }
 
 /// `NBD_INFO_EXPORT` payload.
-pub fn info_export(size: u64, flags: u16) -> Vec<u8> {
+pub(crate) fn info_export(size: u64, flags: u16) -> Vec<u8> {
     let mut v = Vec::with_capacity(12);
     v.extend_from_slice(&INFO_EXPORT.to_be_bytes());
     v.extend_from_slice(&size.to_be_bytes());
@@ -338,7 +338,7 @@ pub fn info_export(size: u64, flags: u16) -> Vec<u8> {
 }
 
 /// `NBD_INFO_NAME` / `NBD_INFO_DESCRIPTION` payload.
-pub fn info_string(kind: u16, s: &str) -> Vec<u8> {
+pub(crate) fn info_string(kind: u16, s: &str) -> Vec<u8> {
     let mut v = Vec::with_capacity(2 + s.len());
     v.extend_from_slice(&kind.to_be_bytes());
     v.extend_from_slice(s.as_bytes());
@@ -346,7 +346,7 @@ pub fn info_string(kind: u16, s: &str) -> Vec<u8> {
 }
 
 /// `NBD_INFO_BLOCK_SIZE` payload.
-pub fn info_block_size(min: u32, preferred: u32, max: u32) -> Vec<u8> {
+pub(crate) fn info_block_size(min: u32, preferred: u32, max: u32) -> Vec<u8> {
     let mut v = Vec::with_capacity(14);
     v.extend_from_slice(&INFO_BLOCK_SIZE.to_be_bytes());
     v.extend_from_slice(&min.to_be_bytes());
@@ -356,7 +356,7 @@ pub fn info_block_size(min: u32, preferred: u32, max: u32) -> Vec<u8> {
 }
 
 /// `NBD_REP_SERVER` payload for `NBD_OPT_LIST`.
-pub fn rep_server(name: &str, description: &str) -> Vec<u8> {
+pub(crate) fn rep_server(name: &str, description: &str) -> Vec<u8> {
     let mut v = Vec::with_capacity(4 + name.len() + description.len());
     v.extend_from_slice(&(name.len() as u32).to_be_bytes());
     v.extend_from_slice(name.as_bytes());
@@ -366,7 +366,7 @@ pub fn rep_server(name: &str, description: &str) -> Vec<u8> {
 
 /// Map an OS errno from the device to the protocol's error set (unknown values become EIO, as
 /// the protocol requires servers to send only the listed values).
-pub fn errno_to_nbd(errno: i32) -> u32 {
+pub(crate) fn errno_to_nbd(errno: i32) -> u32 {
     match errno {
         libc::EPERM | libc::EACCES | libc::EROFS => EPERM,
         libc::ENOMEM => ENOMEM,

@@ -21,7 +21,7 @@
 //! ranges may be unsorted or overlap (they are normalised). The parser is meant for untrusted
 //! input: every error is typed and carries its line number, lines and entry counts are bounded.
 
-use crate::ranges::{Range, RangeSet};
+use crate::{Range, RangeSet};
 use serde::{Deserialize, Serialize};
 use std::ffi::OsString;
 use std::io::{BufRead, Read, Write};
@@ -30,7 +30,7 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 /// First line written by [`write_text`].
-pub const TEXT_HEADER: &str = "# snapblk-readahead-list v1";
+pub(crate) const TEXT_HEADER: &str = "# snapblk-readahead-list v1";
 
 /// What a file looked like when its entry was recorded; a mismatch marks the entry stale.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -164,7 +164,7 @@ pub struct ListEntry {
     pub extent: Extent,
 }
 
-pub use snapblk_blocklist::parse::{Limits, ParseError, ParseErrorKind};
+use snapblk_blocklist::{Limits, ParseError, ParseErrorKind};
 
 fn parse_dec<T: std::str::FromStr>(s: &str) -> Option<T> {
     // Reject signs and blanks that FromStr would accept for some types.
@@ -239,7 +239,7 @@ pub fn escape_path(p: &Path) -> String {
 }
 
 /// Inverse of [`escape_path`].
-pub fn unescape_path(s: &str) -> Result<PathBuf, ParseErrorKind> {
+pub(crate) fn unescape_path(s: &str) -> Result<PathBuf, ParseErrorKind> {
     let b = s.as_bytes();
     let mut out = Vec::with_capacity(b.len());
     let mut i = 0;
@@ -308,8 +308,7 @@ fn parse_line(line: &[u8]) -> Result<Option<ListEntry>, ParseErrorKind> {
         return Ok(None);
     }
     if line.first() == Some(&b'{') {
-        let j: JsonEntry =
-            serde_json::from_slice(line).map_err(|e| ParseErrorKind::Json(e.to_string()))?;
+        let j: JsonEntry = serde_json::from_slice(line).map_err(ParseErrorKind::Json)?;
         let extent = match j.ranges {
             JsonExtent::Whole(s) if s == "*" => Extent::Whole,
             JsonExtent::Whole(s) => return Err(ParseErrorKind::BadRange(short(&s))),
@@ -397,7 +396,7 @@ fn trim_end_spaces(b: &[u8]) -> &[u8] {
 /// it contains `:` and a digit, and consists of digits, `:`, `,` and letters that follow a
 /// digit (typos and unit suffixes inside numbers: `40g96:8192`, `4k:8k`). A file name ending
 /// in `Track 1:Intro` or `a:b` does not qualify, since its letters do not follow a digit.
-pub fn looks_like_range_list(tok: &[u8]) -> bool {
+pub(crate) fn looks_like_range_list(tok: &[u8]) -> bool {
     tok.contains(&b':')
         && tok.iter().any(u8::is_ascii_digit)
         && tok.iter().enumerate().all(|(i, &c)| match c {
@@ -425,7 +424,7 @@ pub fn parse_reader<R: BufRead>(mut r: R, limits: Limits) -> Result<Vec<ListEntr
             .read_until(b'\n', &mut buf)
             .map_err(|e| ParseError {
                 line: lineno,
-                kind: ParseErrorKind::Io(e.to_string()),
+                kind: ParseErrorKind::Io(e),
             })?;
         if n == 0 {
             break;
@@ -604,7 +603,7 @@ mod tests {
         let e = parse("x 18446744073709551615:2\n").unwrap_err();
         assert!(
             matches!(&e.kind, ParseErrorKind::BadRangeList { error, .. }
-                if **error == ParseErrorKind::RangeOverflow),
+                if matches!(**error, ParseErrorKind::RangeOverflow)),
             "{e}"
         );
     }
@@ -656,23 +655,26 @@ mod tests {
     #[test]
     fn errors_carry_line_numbers() {
         let e = parse("# hdr\n/a\t-\t0:0\n").unwrap_err();
-        assert_eq!(
-            e,
-            ParseError {
-                line: 2,
-                kind: ParseErrorKind::EmptyRange
-            }
+        assert!(
+            matches!(
+                e,
+                ParseError {
+                    line: 2,
+                    kind: ParseErrorKind::EmptyRange
+                }
+            ),
+            "{e}"
         );
         let e = parse("/a\t-\t18446744073709551615:2\n").unwrap_err();
-        assert_eq!(e.kind, ParseErrorKind::RangeOverflow);
+        assert!(matches!(e.kind, ParseErrorKind::RangeOverflow), "{e}");
         let e = parse("/a\tdev=1 ino=2\t*\n").unwrap_err();
         assert!(matches!(e.kind, ParseErrorKind::BadIdentity(_)));
         let e = parse("\n\n/a\\q\t-\t*\n").unwrap_err();
         assert_eq!(e.line, 3);
         let e = parse("/a\t-\n").unwrap_err();
-        assert_eq!(e.kind, ParseErrorKind::FieldCount(2));
+        assert!(matches!(e.kind, ParseErrorKind::FieldCount(2)), "{e}");
         let e = parse("{\"path\":\"/a\",\"ranges\":[[1,0]]}\n").unwrap_err();
-        assert_eq!(e.kind, ParseErrorKind::EmptyRange);
+        assert!(matches!(e.kind, ParseErrorKind::EmptyRange), "{e}");
         let e = parse("{\"path\":\"/a\",\"ranges\":\"*\",\"x\":1}\n").unwrap_err();
         assert!(matches!(e.kind, ParseErrorKind::Json(_)));
         let e = parse_bytes(
@@ -683,7 +685,7 @@ mod tests {
             },
         )
         .unwrap_err();
-        assert_eq!(e.kind, ParseErrorKind::LineTooLong(10));
+        assert!(matches!(e.kind, ParseErrorKind::LineTooLong(10)), "{e}");
         let e = parse_bytes(
             b"a\nb\nc\n",
             Limits {
@@ -692,12 +694,15 @@ mod tests {
             },
         )
         .unwrap_err();
-        assert_eq!(
-            e,
-            ParseError {
-                line: 3,
-                kind: ParseErrorKind::TooManyEntries(2)
-            }
+        assert!(
+            matches!(
+                e,
+                ParseError {
+                    line: 3,
+                    kind: ParseErrorKind::TooManyEntries(2)
+                }
+            ),
+            "{e}"
         );
     }
 
@@ -817,7 +822,7 @@ mod tests {
                 Ok(v) => prop_assert!(matches!(v[0].extent, Extent::Ranges(_)), "{:?}", v),
                 Err(e) => prop_assert!(
                     matches!(&e.kind, ParseErrorKind::BadRangeList { token, .. } if *token == tok)
-                        || e.kind == ParseErrorKind::EmptyPath,
+                        || matches!(e.kind, ParseErrorKind::EmptyPath),
                     "{}", e
                 ),
             }

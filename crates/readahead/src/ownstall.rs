@@ -53,7 +53,7 @@ thread_local! {
 }
 
 /// The set of threads whose stall counts as the replay's own.
-pub struct OwnStall {
+pub(crate) struct OwnStall {
     run: u64,
     slots: Mutex<Vec<Arc<Slot>>>,
     /// A thread that never counts (the one driving the replay: it waits for the submitters).
@@ -73,12 +73,12 @@ impl Default for OwnStall {
 impl OwnStall {
     /// The calling thread will never count as one of the replay's own, even if it enrolls
     /// (it does some submitter work, then mostly waits for the submitters).
-    pub fn ignore_current(&self) {
+    pub(crate) fn ignore_current(&self) {
         self.ignored.store(sys::gettid(), Relaxed);
     }
 
     /// Counts the calling thread as one of the replay's own (idempotent per thread and run).
-    pub fn enroll(&self) {
+    pub(crate) fn enroll(&self) {
         CURRENT.with(|c| {
             let mut c = c.borrow_mut();
             if c.as_ref().is_some_and(|s| s.run == self.run)
@@ -100,14 +100,15 @@ impl OwnStall {
     }
 
     /// Threads enrolled so far (exited ones included until a sample notices).
-    pub fn threads(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn threads(&self) -> usize {
         self.slots.lock().map(|v| v.len()).unwrap_or(0)
     }
 }
 
 /// Marks the calling thread idle on purpose until the guard is dropped (a no-op on threads
 /// that are not enrolled). Wrap waits for work or timers, never I/O.
-pub fn idle() -> IdleGuard {
+pub(crate) fn idle() -> IdleGuard {
     IdleGuard(CURRENT.with(|c| {
         let slot = c.borrow().clone()?;
         slot.idle_since.store(mono_ns(), Relaxed);
@@ -116,7 +117,7 @@ pub fn idle() -> IdleGuard {
 }
 
 /// See [`idle`].
-pub struct IdleGuard(Option<Arc<Slot>>);
+pub(crate) struct IdleGuard(Option<Arc<Slot>>);
 
 impl Drop for IdleGuard {
     fn drop(&mut self) {
@@ -131,14 +132,14 @@ impl Drop for IdleGuard {
 }
 
 /// Sleeps for `d`, counted as idle time of the calling thread.
-pub fn nap(d: Duration) {
+pub(crate) fn nap(d: Duration) {
     let _idle = idle();
     std::thread::sleep(d);
 }
 
 /// Turns per-thread counters into the fraction of wall time the enrolled threads were stalled.
 #[derive(Default)]
-pub struct Sampler {
+pub(crate) struct Sampler {
     last: HashMap<i32, (u64, u64, Instant)>,
 }
 
@@ -154,7 +155,7 @@ impl Sampler {
     /// Estimated fraction (0..=1) of the time since the previous call during which at least
     /// one enrolled thread was stalled. Threads seen for the first time only set a baseline.
     /// `None` if no enrolled thread could be measured (e.g. schedstat unavailable).
-    pub fn sample(&mut self, own: &OwnStall) -> Option<Vec<f64>> {
+    pub(crate) fn sample(&mut self, own: &OwnStall) -> Option<Vec<f64>> {
         let slots: Vec<Arc<Slot>> = own.slots.lock().ok()?.clone();
         let now = Instant::now();
         let mut shares = Vec::new();
@@ -201,7 +202,7 @@ fn stall_share(wall: f64, off: f64) -> f64 {
 }
 
 /// Reads by others below this many bytes per sample are noise (skew between the counters).
-pub const FOREIGN_MIN: u64 = 1 << 20;
+pub(crate) const FOREIGN_MIN: u64 = 1 << 20;
 
 /// The pressure the replay should react to, from the system-wide stall fraction `psi`, the
 /// replay threads' own stall shares (`own`, see [`Sampler`]) and the bytes others read from the
@@ -210,7 +211,7 @@ pub const FOREIGN_MIN: u64 = 1 << 20;
 ///   from the replay's, and backing off is what they need;
 /// * otherwise `psi` minus the largest own share, never below zero: the stall is the replay's
 ///   own (a cold warm-up blocks on its metadata reads nearly all the time) or on other devices.
-pub fn others(psi: f64, own: Option<&[f64]>, foreign: Option<u64>) -> f64 {
+pub(crate) fn others(psi: f64, own: Option<&[f64]>, foreign: Option<u64>) -> f64 {
     if foreign.is_some_and(|b| b >= FOREIGN_MIN) {
         return psi;
     }
@@ -228,7 +229,7 @@ pub fn others(psi: f64, own: Option<&[f64]>, foreign: Option<u64>) -> f64 {
 /// raise it, and only a rise above its previous peak counts, so the replay's own backlog
 /// completing is never mistaken for them. (A baseline taken mid-run would count reads already
 /// in flight then as others': measured, one false pause per run.)
-pub struct ForeignReads {
+pub(crate) struct ForeignReads {
     diskstats: PathBuf,
     self_io: PathBuf,
     base: Option<Baseline>,
@@ -271,7 +272,7 @@ fn self_read_bytes(path: &Path) -> Option<u64> {
 impl ForeignReads {
     /// Takes the baseline now, from /proc/diskstats and /proc/self/io or the given stand-ins
     /// (tests): call it before issuing anything.
-    pub fn new(diskstats: &Path, self_io: &Path) -> Self {
+    pub(crate) fn new(diskstats: &Path, self_io: &Path) -> Self {
         let mut f = ForeignReads {
             diskstats: diskstats.to_path_buf(),
             self_io: self_io.to_path_buf(),
@@ -292,7 +293,7 @@ impl ForeignReads {
     /// Bytes others read from `devs` since the previous call (a device that joins `devs`
     /// brings its reads since the baseline); `None` if a file cannot be read (then the
     /// baseline is retried on the next call).
-    pub fn sample(&mut self, devs: &[(u32, u32)]) -> Option<u64> {
+    pub(crate) fn sample(&mut self, devs: &[(u32, u32)]) -> Option<u64> {
         let Some(base) = &self.base else {
             self.base = self.read_base();
             return None;

@@ -8,9 +8,9 @@
 //! end) are left out and reported apart: their pages came from the writes, and their entries
 //! would be stale at the next replay.
 
+use crate::RangeSet;
 use crate::evict;
 use crate::list::{Extent, FileIdentity, ListEntry};
-use crate::ranges::RangeSet;
 use crate::residency;
 use crate::walk::{self, LinkDedup, WalkOptions};
 use std::collections::HashMap;
@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 
 /// One file of a [`Snapshot`].
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct FileState {
+pub(crate) struct FileState {
     /// The file's device, inode, size and mtime at the snapshot, to notice files changed between
     /// two snapshots.
     pub identity: FileIdentity,
@@ -37,7 +37,7 @@ pub struct FileState {
 
 /// Resident ranges of every file under some trees at one moment.
 #[derive(Debug, Default)]
-pub struct Snapshot {
+pub(crate) struct Snapshot {
     /// Every regular file measured under the roots, by absolute path.
     pub files: HashMap<PathBuf, FileState>,
     /// Files whose residency could not be known, with the reason.
@@ -45,7 +45,7 @@ pub struct Snapshot {
 }
 
 /// Takes a residency snapshot of `roots`.
-pub fn snapshot(roots: &[PathBuf], opts: &WalkOptions) -> Snapshot {
+pub(crate) fn snapshot(roots: &[PathBuf], opts: &WalkOptions) -> Snapshot {
     let snap = Mutex::new(Snapshot::default());
     let dedup = LinkDedup::default();
     walk::walk(roots, opts, |found| {
@@ -98,7 +98,7 @@ pub struct WrittenFile {
 
 /// What a recording found: the list, and the files left out of it.
 #[derive(Debug, Default)]
-pub struct Diff {
+pub(crate) struct Diff {
     /// Bytes of `entries` that only the page-cache trace saw (neither resident nor a new
     /// shadow at the end): read in the window, then reclaimed where a shadow already was.
     pub traced_only_bytes: u64,
@@ -152,7 +152,7 @@ fn written_reason(before: Option<&FileState>, after: &FileState, gained: bool) -
 ///
 /// `traced`: pages the kernel added to each file's page cache during the window
 /// ([`crate::trace`]), which close that gap: they are listed whatever became of them.
-pub fn diff(
+pub(crate) fn diff(
     before: &Snapshot,
     after: &Snapshot,
     traced: Option<&HashMap<crate::trace::FileKey, RangeSet>>,
@@ -226,9 +226,9 @@ pub struct Recording {
     /// eviction.
     pub evicted_remaining_pages: u64,
     /// Bytes of `entries` that were read and then reclaimed during the window (found as
-    /// shadow entries, see [`diff`]).
+    /// shadow entries by the residency diff).
     pub reclaimed_bytes: u64,
-    /// The page-cache trace, when asked for (see [`crate::trace`]).
+    /// The page-cache trace, when asked for (the kernel's filemap tracepoint).
     pub trace: Option<TraceSummary>,
     /// Wall-clock length of the window: the command's run or the wait, not the snapshots.
     pub elapsed: Duration,
@@ -243,8 +243,8 @@ pub struct TraceSummary {
     pub lost_events: u64,
     /// Bytes of the list only the trace saw.
     pub traced_only_bytes: u64,
-    /// Files in scope on a file system the trace cannot match (btrfs, overlayfs: see
-    /// [`crate::trace::blind_to`]); their entries come from the residency diff alone.
+    /// Files in scope on a file system the trace cannot name by device and inode (btrfs,
+    /// overlayfs); their entries come from the residency diff alone.
     pub untraceable_files: u64,
 }
 
@@ -278,7 +278,7 @@ pub enum RecordError {
 /// Makes every root absolute and free of symlinks and `..`, so the list does not depend on
 /// the working directory of the recording (a relative list replayed elsewhere is all
 /// "missing").
-pub fn canonical_roots(roots: &[PathBuf]) -> Result<Vec<PathBuf>, RecordError> {
+pub(crate) fn canonical_roots(roots: &[PathBuf]) -> Result<Vec<PathBuf>, RecordError> {
     roots
         .iter()
         .map(|r| {
@@ -290,9 +290,9 @@ pub fn canonical_roots(roots: &[PathBuf]) -> Result<Vec<PathBuf>, RecordError> {
         .collect()
 }
 
-/// Optionally evicts `roots`, snapshots, runs the trigger (traced with [`crate::trace`] when
-/// `trace`), snapshots again and diffs. The roots are made absolute first
-/// ([`canonical_roots`]); a missing root is an error, and so is a trace that cannot start.
+/// Optionally evicts `roots`, snapshots, runs the trigger (traced with the kernel's filemap
+/// tracepoint when `trace`), snapshots again and diffs. The roots are made absolute and free of
+/// symlinks first; a missing root is an error, and so is a trace that cannot start.
 pub fn record(
     roots: &[PathBuf],
     opts: &WalkOptions,
@@ -352,7 +352,7 @@ pub fn record(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ranges::Range;
+    use crate::Range;
     use std::path::Path;
 
     #[test]

@@ -28,11 +28,11 @@ pub use pressure::{BackOff, BackOffWatch};
 
 use crate::list::{Extent, FileIdentity, ListEntry};
 use crate::ownstall;
-use crate::ranges::{Range, RangeSet};
 use crate::residency::{self, Residency};
 use crate::sys::{self, IoPrio};
 use crate::sysstat::{self, DiskStat, DiskStatsChange, PsiSampler};
 use crate::walk::{self, Found, LinkDedup, WalkError, WalkOptions};
+use crate::{Range, RangeSet};
 use pressure::{Pressure, StopMonitor};
 use serde::Serialize;
 use std::fs::File;
@@ -88,8 +88,7 @@ pub struct ReplayOptions {
     /// fake one).
     pub psi_path: PathBuf,
     /// Where the back-off reads device and own read counters to tell others' I/O from the
-    /// replay's (default /proc/diskstats and /proc/self/io; tests use fakes). See
-    /// [`crate::ownstall::others`].
+    /// replay's (default /proc/diskstats and /proc/self/io; tests use fakes).
     pub diskstats_path: PathBuf,
     /// The /proc/self/io read counters used with `diskstats_path` (tests use a fake).
     pub self_io_path: PathBuf,
@@ -190,7 +189,7 @@ pub struct ReplayReport {
     /// Passes over the files: 1, plus one per re-issue of pages found absent at verification.
     pub passes: u32,
     /// Times the replay paused because I/O pressure from others (PSI "some" of `psi_path`, less the
-    /// replay's own share, see [`crate::ownstall`]) exceeded `psi_threshold`.
+    /// replay's own share) exceeded `psi_threshold`.
     pub psi_pauses: u64,
     /// Seconds spent paused for I/O pressure.
     pub psi_paused_secs: f64,
@@ -808,7 +807,7 @@ impl ReplayOptions {
 /// afterwards inherit them). Best effort: an unprivileged caller may not lower nice back or
 /// pick RT; replay still works. Callers that do other work before replaying (a tree walk)
 /// call it first so that work runs at the same low priority.
-pub fn apply_priority(opts: &ReplayOptions) {
+pub(crate) fn apply_priority(opts: &ReplayOptions) {
     if let Some(p) = opts.ioprio {
         let _ = sys::set_ioprio(p);
     }
@@ -868,7 +867,7 @@ fn lag_files(threads: usize) -> usize {
 /// requested, issued and counted once. Entries of one path with *different* identities are
 /// kept apart (at most one of them can match the file). Returns the merged list and how many
 /// entries were folded into an earlier one.
-pub fn merge_duplicates(entries: &[ListEntry]) -> (Vec<ListEntry>, u64) {
+pub(crate) fn merge_duplicates(entries: &[ListEntry]) -> (Vec<ListEntry>, u64) {
     let mut out: Vec<ListEntry> = Vec::with_capacity(entries.len());
     let mut by_path: std::collections::HashMap<&Path, Vec<usize>> = Default::default();
     let mut merged = 0;
@@ -900,7 +899,8 @@ pub fn merge_duplicates(entries: &[ListEntry]) -> (Vec<ListEntry>, u64) {
 
 /// Replays `entries` (duplicates merged first, see [`merge_duplicates`]) and returns the
 /// verified report.
-pub fn replay(
+#[cfg(test)]
+pub(crate) fn replay(
     entries: &[ListEntry],
     opts: &ReplayOptions,
     progress: Option<Progress<'_>>,
@@ -908,7 +908,8 @@ pub fn replay(
     replay_watched(entries, opts, progress, None)
 }
 
-/// [`replay`], reporting the pressure back-off to `watch` while issuing (see [`BackOff`]).
+/// Replays `entries` (duplicates merged first) and returns the verified report, reporting the
+/// pressure back-off to `watch` while issuing (see [`BackOff`]).
 pub fn replay_watched(
     entries: &[ListEntry],
     opts: &ReplayOptions,
@@ -936,7 +937,8 @@ pub fn replay_watched(
 /// are the submitters, so issuing starts with the first file found instead of after the whole
 /// walk, and directory reading overlaps the I/O. Returns the verified report and the paths
 /// that could not be walked.
-pub fn warm_tree(
+#[cfg(test)]
+pub(crate) fn warm_tree(
     roots: &[PathBuf],
     walk_opts: &WalkOptions,
     opts: &ReplayOptions,
@@ -945,7 +947,10 @@ pub fn warm_tree(
     warm_tree_watched(roots, walk_opts, opts, progress, None)
 }
 
-/// [`warm_tree`], reporting the pressure back-off to `watch` while issuing.
+/// Warms every regular file under `roots` (whole files) while walking them: the walker threads
+/// are the submitters, so issuing starts with the first file found instead of after the whole
+/// walk, and directory reading overlaps the I/O. Returns the verified report and the paths
+/// that could not be walked, and reports the pressure back-off to `watch` while issuing.
 pub fn warm_tree_watched(
     roots: &[PathBuf],
     walk_opts: &WalkOptions,

@@ -6,8 +6,8 @@
 //! unsupported (EOPNOTSUPP) *and* the caller is root, the owner, or may write the file; in every
 //! other case the answer is "unknown" with the reason.
 
-use crate::ranges::{Range, RangeSet};
 use crate::sys;
+use crate::{Range, RangeSet};
 use serde::Serialize;
 use std::fs::File;
 use std::os::fd::{AsFd, BorrowedFd};
@@ -73,13 +73,14 @@ const UNTRUSTED_REASON: &str = "cachestat unavailable and mincore untrusted (cal
 
 /// Which system call measures residency.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub enum Backend {
+pub(crate) enum Backend {
     /// cachestat(2), falling back to a trusted mincore(2) only where cachestat is missing
     /// (ENOSYS) or unsupported (EOPNOTSUPP). What every command uses.
     #[default]
     Auto,
     /// Behave as on a kernel without cachestat (< 6.5): the mincore fallback with its trust
     /// check. For tests, which cannot otherwise reach that path on a new kernel.
+    #[cfg(test)]
     NoCachestat,
 }
 
@@ -100,7 +101,7 @@ pub fn measure(
 }
 
 /// [`measure`] with an explicit [`Backend`].
-pub fn measure_with(
+pub(crate) fn measure_with(
     backend: Backend,
     file: &File,
     path: &Path,
@@ -113,6 +114,7 @@ pub fn measure_with(
             Err(std::io::Error::from_raw_os_error(libc::EOPNOTSUPP))
         }
         Backend::Auto => sys::cachestat(file.as_fd(), off, len),
+        #[cfg(test)]
         Backend::NoCachestat => Err(std::io::Error::from_raw_os_error(libc::ENOSYS)),
     };
     match cs {
@@ -171,7 +173,8 @@ pub fn measure_with(
 
 /// The resident byte ranges (page granular, clipped to the file size) of a whole file, or the
 /// reason they cannot be known.
-pub fn resident_ranges(
+#[cfg(test)]
+pub(crate) fn resident_ranges(
     file: &File,
     path: &Path,
     meta: &std::fs::Metadata,
@@ -180,7 +183,8 @@ pub fn resident_ranges(
 }
 
 /// [`resident_ranges`] with an explicit [`Backend`].
-pub fn resident_ranges_with(
+#[cfg(test)]
+pub(crate) fn resident_ranges_with(
     backend: Backend,
     file: &File,
     path: &Path,
@@ -191,7 +195,7 @@ pub fn resident_ranges_with(
 
 /// The resident ranges of a file and how many of its pages are being written.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct ResidentState {
+pub(crate) struct ResidentState {
     /// As [`resident_ranges`].
     pub ranges: RangeSet,
     /// Dirty pages (cachestat; 0 when measured with mincore, which cannot tell).
@@ -204,7 +208,7 @@ pub struct ResidentState {
 }
 
 /// [`resident_ranges`] plus the dirty and writeback page counts from the same measurement.
-pub fn resident_state(
+pub(crate) fn resident_state(
     file: &File,
     path: &Path,
     meta: &std::fs::Metadata,
@@ -213,7 +217,7 @@ pub fn resident_state(
 }
 
 /// [`resident_state`] with an explicit [`Backend`].
-pub fn resident_state_with(
+pub(crate) fn resident_state_with(
     backend: Backend,
     file: &File,
     path: &Path,
@@ -272,7 +276,7 @@ pub fn resident_state_with(
 /// clipped to `size`. cachestat counts shadows per range exactly (a large folio's entry is
 /// clipped to the range), so halving the ranges that hold some finds them in O(runs x log
 /// pages) calls; a range that is all shadows is taken whole. Needs cachestat (Linux >= 6.5).
-pub fn shadow_ranges(file: &File, size: u64) -> std::io::Result<RangeSet> {
+pub(crate) fn shadow_ranges(file: &File, size: u64) -> std::io::Result<RangeSet> {
     if !sys::cachestat_truthful(file.as_fd()) {
         return Err(std::io::Error::from_raw_os_error(libc::EOPNOTSUPP));
     }
@@ -311,7 +315,7 @@ pub fn open_quiet(path: &Path) -> std::io::Result<File> {
 
 /// [`open_quiet`] for `name` relative to the directory `dir` (a walk's open directory: the
 /// kernel then looks up one name instead of a whole path).
-pub fn open_quiet_at<P: rustix::path::Arg + Copy>(
+pub(crate) fn open_quiet_at<P: rustix::path::Arg + Copy>(
     dir: BorrowedFd<'_>,
     name: P,
 ) -> std::io::Result<File> {

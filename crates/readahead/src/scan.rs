@@ -111,7 +111,7 @@ impl Report {
 /// resident page in a large slice still shows). A file with fewer than `n` pages gets `n`
 /// slices too, each page covering several, so a bar always spans the full width. Empty when
 /// residency is unknown or the file is empty.
-pub fn buckets(f: &std::fs::File, path: &Path, meta: &std::fs::Metadata, n: u64) -> Vec<u8> {
+pub(crate) fn buckets(f: &std::fs::File, path: &Path, meta: &std::fs::Metadata, n: u64) -> Vec<u8> {
     let ps = sys::page_size();
     let pages = meta.len().div_ceil(ps);
     if pages == 0 || n == 0 {
@@ -121,7 +121,7 @@ pub fn buckets(f: &std::fs::File, path: &Path, meta: &std::fs::Metadata, n: u64)
     for i in 0..n {
         let a = (i * pages / n).min(pages - 1);
         let b = ((i + 1) * pages / n).clamp(a + 1, pages);
-        let Some(r) = crate::ranges::Range::new(a * ps, (b - a) * ps) else {
+        let Some(r) = crate::Range::new(a * ps, (b - a) * ps) else {
             return Vec::new();
         };
         match residency::measure(f, path, meta, Some(r)) {
@@ -143,7 +143,7 @@ fn slice_percent(resident: u64, len: u64) -> u8 {
     }
 }
 
-/// A residency bar of exactly `width` columns from [`buckets`] (like `vmtouch -v`): `O` fully
+/// A residency bar of exactly `width` columns from [`FileReport::buckets`] (like `vmtouch -v`): `O` fully
 /// resident, `o` partly (at least one page), blank none. Buckets are stretched or sampled to
 /// the width, so the bar never ends early.
 pub fn render_bar(buckets: &[u8], width: usize) -> String {

@@ -67,7 +67,7 @@ pub fn cachestat(fd: BorrowedFd<'_>, off: u64, len: u64) -> io::Result<CacheStat
 }
 
 /// System page size (cached).
-pub fn page_size() -> u64 {
+pub(crate) fn page_size() -> u64 {
     use std::sync::OnceLock;
     static PS: OnceLock<u64> = OnceLock::new();
     *PS.get_or_init(|| {
@@ -180,13 +180,17 @@ fn mincore_range(
 /// Calls `f(page_index, resident)` for every page of `[0, size)`, from mincore: pages still
 /// being read count as absent; only meaningful where mincore can be trusted for the file (see
 /// `residency`).
-pub fn mincore_pages(fd: BorrowedFd<'_>, size: u64, f: impl FnMut(u64, bool)) -> io::Result<()> {
+pub(crate) fn mincore_pages(
+    fd: BorrowedFd<'_>,
+    size: u64,
+    f: impl FnMut(u64, bool),
+) -> io::Result<()> {
     mincore_range(fd, 0, size, f)
 }
 
 /// Number of pages touching `[off, off+len)` that mincore reports resident (up to date; pages
 /// still being read are not counted).
-pub fn mincore_count(fd: BorrowedFd<'_>, off: u64, len: u64) -> io::Result<u64> {
+pub(crate) fn mincore_count(fd: BorrowedFd<'_>, off: u64, len: u64) -> io::Result<u64> {
     let mut n = 0;
     mincore_range(fd, off, len, |_, resident| n += u64::from(resident))?;
     Ok(n)
@@ -214,7 +218,7 @@ pub fn pageout(fd: BorrowedFd<'_>, off: u64, len: u64) -> io::Result<()> {
 }
 
 /// Soft RLIMIT_NOFILE (open files), `None` if unlimited or unknown.
-pub fn nofile_limit() -> Option<u64> {
+pub(crate) fn nofile_limit() -> Option<u64> {
     let mut rl = libc::rlimit {
         rlim_cur: 0,
         rlim_max: 0,
@@ -225,7 +229,7 @@ pub fn nofile_limit() -> Option<u64> {
 }
 
 /// readahead(2): queue asynchronous reads of `[off, off+len)` into the page cache.
-pub fn readahead(fd: BorrowedFd<'_>, off: u64, len: u64) -> io::Result<()> {
+pub(crate) fn readahead(fd: BorrowedFd<'_>, off: u64, len: u64) -> io::Result<()> {
     // SAFETY: no pointers; the fd is valid for the call.
     let r = unsafe { libc::readahead(fd.as_raw_fd(), off as libc::off64_t, len as usize) };
     if r < 0 {
@@ -254,7 +258,7 @@ pub fn fadvise(fd: BorrowedFd<'_>, off: u64, len: u64, advice: libc::c_int) -> i
 }
 
 /// fdatasync(2).
-pub fn fdatasync(fd: BorrowedFd<'_>) -> io::Result<()> {
+pub(crate) fn fdatasync(fd: BorrowedFd<'_>) -> io::Result<()> {
     // SAFETY: no pointers; the fd is valid for the call.
     if unsafe { libc::fdatasync(fd.as_raw_fd()) } != 0 {
         Err(io::Error::last_os_error())
@@ -264,7 +268,7 @@ pub fn fdatasync(fd: BorrowedFd<'_>) -> io::Result<()> {
 }
 
 /// Whether the effective user may write `path` (faccessat with AT_EACCESS).
-pub fn may_write(path: &std::path::Path) -> bool {
+pub(crate) fn may_write(path: &std::path::Path) -> bool {
     use std::os::unix::ffi::OsStrExt;
     let Ok(c) = std::ffi::CString::new(path.as_os_str().as_bytes()) else {
         return false;
@@ -274,7 +278,7 @@ pub fn may_write(path: &std::path::Path) -> bool {
 }
 
 /// Mount tracefs at `dir` (`mount -t tracefs nodev DIR`). Needs CAP_SYS_ADMIN.
-pub fn mount_tracefs(dir: &std::path::Path) -> io::Result<()> {
+pub(crate) fn mount_tracefs(dir: &std::path::Path) -> io::Result<()> {
     use std::os::unix::ffi::OsStrExt;
     let target = std::ffi::CString::new(dir.as_os_str().as_bytes())
         .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
@@ -296,7 +300,7 @@ pub fn mount_tracefs(dir: &std::path::Path) -> io::Result<()> {
 }
 
 /// Effective user id of this process.
-pub fn euid() -> u32 {
+pub(crate) fn euid() -> u32 {
     // SAFETY: geteuid cannot fail and has no preconditions.
     unsafe { libc::geteuid() }
 }
@@ -326,7 +330,7 @@ impl IoPrio {
 
 /// ioprio_set(IOPRIO_WHO_PROCESS, 0, prio): applies to the calling thread; threads created
 /// afterwards inherit it.
-pub fn set_ioprio(p: IoPrio) -> io::Result<()> {
+pub(crate) fn set_ioprio(p: IoPrio) -> io::Result<()> {
     const IOPRIO_WHO_PROCESS: libc::c_int = 1;
     // SAFETY: no pointers.
     let r = unsafe { libc::syscall(libc::SYS_ioprio_set, IOPRIO_WHO_PROCESS, 0, p.raw()) };
@@ -339,7 +343,8 @@ pub fn set_ioprio(p: IoPrio) -> io::Result<()> {
 
 /// ioprio_get(IOPRIO_WHO_PROCESS, 0): the calling thread's raw I/O priority (see
 /// [`IoPrio::raw`]).
-pub fn get_ioprio() -> io::Result<libc::c_int> {
+#[cfg(test)]
+pub(crate) fn get_ioprio() -> io::Result<libc::c_int> {
     const IOPRIO_WHO_PROCESS: libc::c_int = 1;
     // SAFETY: no pointers.
     let r = unsafe { libc::syscall(libc::SYS_ioprio_get, IOPRIO_WHO_PROCESS, 0) };
@@ -351,7 +356,8 @@ pub fn get_ioprio() -> io::Result<libc::c_int> {
 }
 
 /// getpriority(PRIO_PROCESS, 0): the calling thread's nice value on Linux.
-pub fn get_nice() -> io::Result<i32> {
+#[cfg(test)]
+pub(crate) fn get_nice() -> io::Result<i32> {
     // -1 is a valid nice value, so errors are told apart by errno.
     // SAFETY: __errno_location returns this thread's errno; getpriority has no pointers.
     let r = unsafe {
@@ -367,7 +373,7 @@ pub fn get_nice() -> io::Result<i32> {
 }
 
 /// setpriority(PRIO_PROCESS, 0, nice): on Linux this is the calling thread; new threads inherit.
-pub fn set_nice(nice: i32) -> io::Result<()> {
+pub(crate) fn set_nice(nice: i32) -> io::Result<()> {
     // SAFETY: no pointers.
     let r = unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, nice) };
     if r != 0 {
@@ -378,7 +384,7 @@ pub fn set_nice(nice: i32) -> io::Result<()> {
 }
 
 /// statfs f_type of the filesystem holding the fd.
-pub fn fs_type(fd: BorrowedFd<'_>) -> io::Result<i64> {
+pub(crate) fn fs_type(fd: BorrowedFd<'_>) -> io::Result<i64> {
     let mut st = std::mem::MaybeUninit::<libc::statfs>::uninit();
     // SAFETY: st points to writable storage large enough for struct statfs.
     let r = unsafe { libc::fstatfs(fd.as_raw_fd(), st.as_mut_ptr()) };
@@ -392,7 +398,7 @@ pub fn fs_type(fd: BorrowedFd<'_>) -> io::Result<i64> {
 }
 
 /// The calling thread's kernel thread id.
-pub fn gettid() -> i32 {
+pub(crate) fn gettid() -> i32 {
     // SAFETY: gettid cannot fail and has no preconditions.
     unsafe { libc::gettid() }
 }
@@ -401,7 +407,7 @@ pub fn gettid() -> i32 {
 /// scheduler statistics in /proc, which lag a running thread by up to a tick). `None` once the
 /// thread is gone — which can be a moment after `join` returns: the joiner is woken when the
 /// thread releases its memory, before the kernel removes the task.
-pub fn thread_cpu_ns(tid: i32) -> Option<u64> {
+pub(crate) fn thread_cpu_ns(tid: i32) -> Option<u64> {
     // The kernel's per-thread CPU clock id: !tid << 3 | CPUCLOCK_PERTHREAD (4) | CPUCLOCK_SCHED
     // (2), as glibc's pthread_getcpuclockid builds it. The kernel refuses (EINVAL) ids of
     // threads outside the caller's thread group.
@@ -416,20 +422,20 @@ pub fn thread_cpu_ns(tid: i32) -> Option<u64> {
 }
 
 /// overlayfs (`OVERLAYFS_SUPER_MAGIC`).
-pub const OVERLAYFS_MAGIC: u64 = 0x794c_7630;
+pub(crate) const OVERLAYFS_MAGIC: u64 = 0x794c_7630;
 
 /// Whether cachestat(2) tells the truth about this open file. Not on overlayfs: its pages are
 /// cached in the underlying file's inode, and cachestat on the overlay's file counts the
 /// overlay inode's own (empty) cache, a false 0 %; mincore through a mapping, which maps the
 /// underlying file, sees them. Callers treat `false` as cachestat being unsupported.
-pub fn cachestat_truthful(fd: BorrowedFd<'_>) -> bool {
+pub(crate) fn cachestat_truthful(fd: BorrowedFd<'_>) -> bool {
     // SAFETY: the fd is valid for the call; `st` is as `f_type` promises.
     let magic = f_type(|st| unsafe { libc::fstatfs(fd.as_raw_fd(), st) });
     magic.map_or(true, |m| m != OVERLAYFS_MAGIC)
 }
 
 /// The file system type (`f_type`, a `*_SUPER_MAGIC`) that `path` lives on, from statfs(2).
-pub fn fs_magic(path: &std::path::Path) -> io::Result<u64> {
+pub(crate) fn fs_magic(path: &std::path::Path) -> io::Result<u64> {
     use std::os::unix::ffi::OsStrExt;
     let c = std::ffi::CString::new(path.as_os_str().as_bytes())
         .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "path has a NUL byte"))?;

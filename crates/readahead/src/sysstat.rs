@@ -10,7 +10,7 @@ pub const PSI_IO: &str = "/proc/pressure/io";
 
 /// Samples the cumulative "some" I/O stall time and turns it into a stall fraction between
 /// samples. avg10 is too slow to react to a foreground burst, so the raw counter is used.
-pub struct PsiSampler {
+pub(crate) struct PsiSampler {
     path: PathBuf,
     last: Option<(u64, Instant)>,
 }
@@ -25,14 +25,9 @@ fn read_psi_some_total(path: &Path) -> Option<u64> {
 }
 
 impl PsiSampler {
-    /// `None` if PSI is not available (kernel without CONFIG_PSI or psi=0).
-    pub fn new() -> Option<PsiSampler> {
-        Self::open(Path::new(PSI_IO))
-    }
-
     /// Samples a pressure file in the /proc/pressure format at `path` (tests use a fake one);
     /// `None` if it cannot be read or has no "some" total.
-    pub fn open(path: &Path) -> Option<PsiSampler> {
+    pub(crate) fn open(path: &Path) -> Option<PsiSampler> {
         let t = read_psi_some_total(path)?;
         Some(PsiSampler {
             path: path.to_path_buf(),
@@ -41,7 +36,7 @@ impl PsiSampler {
     }
 
     /// Fraction of wall time (0..=1) during which some task stalled on I/O since the last call.
-    pub fn sample(&mut self) -> Option<f64> {
+    pub(crate) fn sample(&mut self) -> Option<f64> {
         let now_total = read_psi_some_total(&self.path)?;
         let now = Instant::now();
         let frac = self.last.and_then(|(t, at)| {
@@ -143,7 +138,7 @@ pub fn parse_diskstats(s: &str) -> Vec<DiskStat> {
 }
 
 /// Current /proc/diskstats (empty if unreadable).
-pub fn diskstats() -> Vec<DiskStat> {
+pub(crate) fn diskstats() -> Vec<DiskStat> {
     std::fs::read_to_string("/proc/diskstats")
         .map(|s| parse_diskstats(&s))
         .unwrap_or_default()
@@ -151,7 +146,7 @@ pub fn diskstats() -> Vec<DiskStat> {
 
 /// Per-device difference `after - before` for the devices in `devs` (major, minor), in the
 /// older flat shape (`in_flight` is the level after): [`diskstats_change`] projected.
-pub fn diskstats_delta(
+pub(crate) fn diskstats_delta(
     before: &[DiskStat],
     after: &[DiskStat],
     devs: &[(u32, u32)],
@@ -219,13 +214,6 @@ pub fn diskstats_change(
             })
         })
         .collect()
-}
-
-/// Reads in flight on a block device (sysfs `inflight`), `None` if the device has no such file
-/// (e.g. the anonymous devices of btrfs or overlayfs).
-pub fn reads_in_flight(major: u32, minor: u32) -> Option<u64> {
-    let s = std::fs::read_to_string(format!("/sys/dev/block/{major}:{minor}/inflight")).ok()?;
-    s.split_whitespace().next()?.parse().ok()
 }
 
 #[cfg(test)]

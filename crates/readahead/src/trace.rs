@@ -9,7 +9,7 @@
 //! are left alone, and the instance is removed afterwards (also on error paths, via `Drop`).
 //! Needs root (or tracefs access) and a kernel with the event.
 
-use crate::ranges::{Range, RangeSet};
+use crate::{Range, RangeSet};
 use std::collections::HashMap;
 use std::io::{self, Read};
 use std::os::unix::fs::OpenOptionsExt;
@@ -22,7 +22,7 @@ use std::time::Duration;
 const EVENT: &str = "events/filemap/mm_filemap_add_to_page_cache";
 
 /// A file as the tracepoint names it: its superblock's device (major, minor) and inode.
-pub type FileKey = (u32, u32, u64);
+pub(crate) type FileKey = (u32, u32, u64);
 
 /// Errors of starting or stopping a trace.
 #[derive(Debug, thiserror::Error)]
@@ -59,14 +59,14 @@ fn io_err(path: &Path) -> impl FnOnce(io::Error) -> TraceError + '_ {
 /// numbers repeat across subvolumes, so a translation could pick another subvolume's file);
 /// overlayfs caches pages in the underlying file's inode, on another device. Their lists come
 /// from the residency diff alone.
-pub fn blind_to(fs_magic: u64) -> bool {
+pub(crate) fn blind_to(fs_magic: u64) -> bool {
     const BTRFS_SUPER_MAGIC: u64 = 0x9123_683e;
     matches!(fs_magic, BTRFS_SUPER_MAGIC | crate::sys::OVERLAYFS_MAGIC)
 }
 
 /// Of `files` (path, `st_dev` as major and minor), how many live on a file system the trace is
 /// [`blind_to`]. One statfs per device; a device whose statfs fails counts as traceable.
-pub fn untraceable_files<'a>(files: impl Iterator<Item = (&'a Path, (u32, u32))>) -> u64 {
+pub(crate) fn untraceable_files<'a>(files: impl Iterator<Item = (&'a Path, (u32, u32))>) -> u64 {
     let mut blind: HashMap<(u32, u32), bool> = HashMap::new();
     let mut n = 0;
     for (path, dev) in files {
@@ -80,7 +80,7 @@ pub fn untraceable_files<'a>(files: impl Iterator<Item = (&'a Path, (u32, u32))>
 
 /// What a trace saw.
 #[derive(Debug, Default)]
-pub struct Traced {
+pub(crate) struct Traced {
     /// Byte ranges added to each file's page cache (page granular, not clipped to the file).
     pub pages: HashMap<FileKey, RangeSet>,
     /// Events parsed.
@@ -94,7 +94,7 @@ pub struct Traced {
 /// `cat-2040 [000] ..... 189.351234: mm_filemap_add_to_page_cache: dev 254:1 ino 60a
 /// pfn=0x10f31c ofs=40960 order=2` (`ino` is hex, `ofs` bytes; `order` is absent before
 /// Linux 6.x, where every event is one page).
-pub fn parse_line(line: &str, page_size: u64) -> Option<(FileKey, u64, u64)> {
+pub(crate) fn parse_line(line: &str, page_size: u64) -> Option<(FileKey, u64, u64)> {
     let (_, rest) = line.split_once("mm_filemap_add_to_page_cache: ")?;
     let mut it = rest.split_ascii_whitespace();
     if it.next()? != "dev" {
@@ -143,13 +143,14 @@ fn tracefs_root() -> Option<PathBuf> {
 
 /// Whether `record --trace` can work here (tracefs with the event, and the right to create an
 /// instance is only known by trying).
-pub fn available() -> bool {
+#[cfg(test)]
+pub(crate) fn available() -> bool {
     tracefs_root().is_some_and(|r| r.join(EVENT).is_dir())
 }
 
 /// A running trace. [`PageTrace::stop`] ends it and returns what it saw; dropping it without
 /// stopping removes the instance all the same.
-pub struct PageTrace {
+pub(crate) struct PageTrace {
     dir: PathBuf,
     stop: Arc<AtomicBool>,
     reader: Option<JoinHandle<io::Result<Traced>>>,
@@ -159,7 +160,7 @@ static INSTANCE: AtomicU32 = AtomicU32::new(0);
 
 impl PageTrace {
     /// Creates a private instance, enables the event and starts reading it.
-    pub fn start() -> Result<PageTrace, TraceError> {
+    pub(crate) fn start() -> Result<PageTrace, TraceError> {
         let root = tracefs_root().ok_or(TraceError::NoTracefs)?;
         if !root.join(EVENT).is_dir() {
             return Err(TraceError::NoEvent);
@@ -193,7 +194,7 @@ impl PageTrace {
     }
 
     /// Disables the event, drains what is buffered and removes the instance.
-    pub fn stop(mut self) -> Result<Traced, TraceError> {
+    pub(crate) fn stop(mut self) -> Result<Traced, TraceError> {
         let (disabled, joined) = self.halt();
         let enable = self.dir.join(EVENT).join("enable");
         disabled.map_err(io_err(&enable))?;

@@ -16,7 +16,7 @@ struct Slot {
 }
 
 /// A ring with `depth` read slots of `chunk` bytes.
-pub struct Reader {
+pub(crate) struct Reader {
     ring: io_uring::IoUring,
     slots: Vec<Slot>,
     free: Vec<usize>,
@@ -29,7 +29,7 @@ pub struct Reader {
 impl Reader {
     /// A ring of `depth` read slots (clamped to 1..=256) with `chunk`-byte buffers each; fails
     /// where io_uring is unavailable or forbidden.
-    pub fn new(depth: usize, chunk: u64) -> io::Result<Reader> {
+    pub(crate) fn new(depth: usize, chunk: u64) -> io::Result<Reader> {
         let depth = depth.clamp(1, 256);
         let ring = io_uring::IoUring::new(depth.next_power_of_two() as u32)?;
         let slots = (0..depth)
@@ -50,7 +50,7 @@ impl Reader {
     }
 
     /// Queues a read of `[off, off+len)` (len <= chunk) of `file`, waiting for a free slot first.
-    pub fn read(&mut self, file: &File, off: u64, len: u64) -> io::Result<()> {
+    pub(crate) fn read(&mut self, file: &File, off: u64, len: u64) -> io::Result<()> {
         if self.free.is_empty() {
             self.reap(1)?;
         }
@@ -143,7 +143,7 @@ impl Reader {
     }
 
     /// Waits until every queued read has completed.
-    pub fn drain(&mut self) -> io::Result<()> {
+    pub(crate) fn drain(&mut self) -> io::Result<()> {
         while self.in_flight > 0 {
             self.reap(self.in_flight)?;
         }

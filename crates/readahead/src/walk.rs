@@ -97,11 +97,11 @@ const PSEUDO_FS: &[i64] = &[
 
 /// Remembers (device, inode) of multiply linked files so each is handled once.
 #[derive(Default)]
-pub struct LinkDedup(Mutex<HashSet<(u64, u64)>>);
+pub(crate) struct LinkDedup(Mutex<HashSet<(u64, u64)>>);
 
 impl LinkDedup {
     /// True the first time a given file is seen (always true for singly linked files).
-    pub fn first_visit(&self, m: &std::fs::Metadata) -> bool {
+    pub(crate) fn first_visit(&self, m: &std::fs::Metadata) -> bool {
         m.nlink() <= 1
             || self
                 .0
@@ -157,7 +157,7 @@ impl Drop for InProgress<'_> {
 }
 
 /// Walks `roots`, calling `on_file(found)` for every regular file (from several threads, in no
-/// particular order). Callers de-duplicate hard links with [`LinkDedup`] after their own fstat.
+/// particular order). Callers de-duplicate hard links after their own fstat.
 pub fn walk<F>(roots: &[PathBuf], opts: &WalkOptions, on_file: F) -> Vec<WalkError>
 where
     F: Fn(&Found<'_>) + Sync,
@@ -170,7 +170,7 @@ where
 /// given on the command line are handled on the calling thread, with their own state). Lets
 /// callers do per-file work inside the walk (overlapping it with directory reading) and
 /// clean up per thread.
-pub fn walk_with<S, I, F, D>(
+pub(crate) fn walk_with<S, I, F, D>(
     roots: &[PathBuf],
     opts: &WalkOptions,
     init: I,

@@ -3,7 +3,7 @@
 //! walk must then stat each entry to tell files from directories and symlinks, and still find
 //! exactly the regular files, each openable through `Found::open_quiet`. Needs root (mount).
 
-use snapblk_readahead::walk::{WalkOptions, walk};
+use snapblk_readahead::{WalkOptions, walk};
 use snapblk_testsupport::{TempDir, pattern, tool, tool_ok};
 use std::collections::BTreeMap;
 use std::io::Read;

@@ -33,10 +33,16 @@
 //!
 //! Examples: `/dev/zram0`, `null:size=1G`, `io_uring:path=/dev/zram0,direct=true`,
 //! `sync:path=disk.img,read-only=true`, `snapshot:base=B,cow=C,writable=true`.
+//!
+//! Everything is at the root, except `fuzzing`: the fuzz harness of the spec parser, test
+//! scaffolding public only with the `test-utils` feature (for crates/snapblk/fuzz), in its own
+//! namespace so it never reads as part of the API.
 #![warn(missing_docs)]
+#![warn(unreachable_pub, unnameable_types)]
 
 use snapblk_core::props::{Access, PropType, PropValue};
 use snapblk_core::size::parse_size;
+#[cfg(any(test, feature = "test-utils"))]
 pub mod fuzzing;
 pub use snapblk_core::{Blkio, Error, Result};
 

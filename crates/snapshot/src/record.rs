@@ -32,9 +32,7 @@ use crate::merge_task::MergeTask;
 use crate::sched::IoClass;
 use crate::snapshot::Snapshot;
 use serde::Serialize;
-use snapblk_blocklist::blocks::{BlockFile, BlockRecorder};
-use snapblk_blocklist::parse::{Limits, ParseError};
-use snapblk_blocklist::ranges::Range;
+use snapblk_blocklist::{BlockFile, BlockRecorder, Limits, ParseError, Range};
 use snapblk_core::sync::lock;
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -644,8 +642,7 @@ fn write_atomic(path: &Path, file: &BlockFile) -> std::io::Result<()> {
 mod tests {
     use super::*;
     use crate::driver::SnapshotDriver;
-    use snapblk_blocklist::blocks::BlockList;
-    use snapblk_blocklist::ranges::RangeSet;
+    use snapblk_blocklist::{BlockList, RangeSet};
     use snapblk_core::props::PropValue;
     use snapblk_core::{Driver, QueueExt, State};
     use snapblk_cow::{Codec as CowCodec, Compression, CowWriter, WriterOptions};
@@ -994,7 +991,7 @@ mod tests {
         let io = || std::io::Error::from_raw_os_error(libc::ENOENT);
         let parse = ParseError {
             line: 3,
-            kind: snapblk_blocklist::parse::ParseErrorKind::EmptyPath,
+            kind: snapblk_blocklist::ParseErrorKind::EmptyPath,
         };
         let cases = [
             RecordError::Read {

@@ -27,7 +27,7 @@ pub(crate) struct CoreQueue {
 }
 
 impl CoreQueue {
-    pub fn new(q: Box<dyn Queue>, tags: usize) -> Self {
+    pub(crate) fn new(q: Box<dyn Queue>, tags: usize) -> Self {
         let mut slots = Vec::with_capacity(tags);
         slots.resize_with(tags, Slot::default);
         CoreQueue {
@@ -38,7 +38,7 @@ impl CoreQueue {
         }
     }
 
-    pub fn completion_fd(&self) -> Option<std::os::fd::RawFd> {
+    pub(crate) fn completion_fd(&self) -> Option<std::os::fd::RawFd> {
         let mut q = self.q.borrow_mut();
         q.set_completion_fd_enabled(true);
         q.completion_fd()
@@ -52,7 +52,7 @@ impl CoreQueue {
     /// resolved; the future must be awaited to completion (a task is never dropped while its
     /// request is in flight except at queue teardown, after which the device queue is dropped
     /// first, see `server.rs`).
-    pub unsafe fn submit(&self, tag: u16, mut req: Request) -> CoreFuture<'_> {
+    pub(crate) unsafe fn submit(&self, tag: u16, mut req: Request) -> CoreFuture<'_> {
         req.user_data = usize::from(tag);
         if let Some(s) = self.slots.borrow_mut().get_mut(usize::from(tag)) {
             s.result = None;
@@ -65,7 +65,7 @@ impl CoreQueue {
 
     /// Submit what was queued and dispatch every completion that is ready, without waiting.
     /// Returns how many completions were dispatched.
-    pub fn pump(&self) -> usize {
+    pub(crate) fn pump(&self) -> usize {
         let mut total = 0;
         loop {
             let mut q = self.q.borrow_mut();
@@ -98,7 +98,7 @@ impl CoreQueue {
 
     /// Requests handed to the device and not yet completed.
     #[cfg(test)]
-    pub fn outstanding(&self) -> usize {
+    pub(crate) fn outstanding(&self) -> usize {
         self.q.borrow().outstanding()
     }
 }

@@ -21,14 +21,17 @@
 //! the server dies, the kernel quiesces the device and keeps `/dev/ublkbN`; serving again with the
 //! same [`Config::id`] reattaches (`START_USER_RECOVERY` … `END_USER_RECOVERY`) and the kernel
 //! re-issues the requests that were in flight.
+//!
+//! Modules are private; the read planners are re-exported here.
 
 #![warn(missing_docs)]
+#![warn(unreachable_pub, unnameable_types)]
 
 mod bridge;
-pub mod plan;
+mod plan;
 mod server;
 
-pub use plan::{FilePlanner, ReadPlanner, Segment, SnapshotPlanner};
+pub use plan::{FilePlanner, ReadPlanner, Segment, SnapshotPlanner, validate};
 
 use libublk::ctrl::{UblkCtrl, UblkCtrlBuilder};
 use libublk::io::UblkDev;
@@ -467,7 +470,7 @@ pub fn serve(
 /// The zero-copy read planner for `dev`, if its driver has one: drivers that read a plain file or
 /// block device one-to-one (`io_uring`, `sync`) get a [`FilePlanner`] on their `path`. `None`
 /// for other drivers (they are served through the generic path). Read-only snapshots get a
-/// [`plan::SnapshotPlanner`].
+/// [`SnapshotPlanner`].
 pub fn planner_for(dev: &Blkio) -> Option<Arc<dyn ReadPlanner>> {
     let ro = dev.get_bool("read-only").unwrap_or(false);
     match dev.driver_name() {

@@ -28,7 +28,7 @@ fn execute(p: &dyn ReadPlanner, dev: &mut snapblk_core::Blkio, off: u64, len: u3
     let mut plan = Vec::new();
     p.plan(off, len, &mut plan).expect("plan");
     assert!(
-        snapblk_ublk::plan::validate(&plan, len, p.files().len()),
+        snapblk_ublk::validate(&plan, len, p.files().len()),
         "plan {plan:?} for {off}+{len}"
     );
     let files: Vec<std::fs::File> = p

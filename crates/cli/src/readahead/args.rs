@@ -3,9 +3,7 @@
 //! [`ReplayOptions`].
 
 use clap::{Args, Subcommand, ValueEnum};
-use snapblk_readahead::replay::{Method, ReplayOptions};
-use snapblk_readahead::sys::IoPrio;
-use snapblk_readahead::walk::WalkOptions;
+use snapblk_readahead::{IoPrio, Method, ReplayOptions, WalkOptions};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -332,7 +330,7 @@ impl ReplayOpts {
             psi_path: o
                 .psi_file
                 .clone()
-                .unwrap_or_else(|| PathBuf::from(snapblk_readahead::sysstat::PSI_IO)),
+                .unwrap_or_else(|| PathBuf::from(snapblk_readahead::PSI_IO)),
             diskstats_path: o
                 .diskstats_file
                 .clone()

@@ -11,11 +11,7 @@ use crate::progress::Progress;
 use anyhow::{Context, bail};
 use args::{EvictArgs, ListFormat, RecordArgs, ReplayArgs, ReplayOpts};
 use print::{BAR_WIDTH, backoff_message, print_walk_errors, report_replay};
-use snapblk_readahead::list::{self, Limits, ListEntry};
-use snapblk_readahead::record::{self, Trigger};
-use snapblk_readahead::replay::{self, BackOff};
-use snapblk_readahead::walk::{WalkError, WalkOptions};
-use snapblk_readahead::{evict, scan};
+use snapblk_readahead::{self as ra, BackOff, Limits, ListEntry, Trigger, WalkError, WalkOptions};
 use std::io::{IsTerminal, Write};
 use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
@@ -25,7 +21,7 @@ pub fn run_residency(a: ResidencyArgs) -> anyhow::Result<()> {
     let t0 = Instant::now();
     let bars = !a.json && !a.summary && (a.verbose || std::io::stdout().is_terminal());
     let spin = Progress::spinner("measuring residency");
-    let rep = scan::scan(
+    let rep = ra::scan(
         &a.walk.paths,
         &a.walk.walk_opts(a.threads),
         if bars { BAR_WIDTH as u64 } else { 0 },
@@ -57,9 +53,9 @@ pub fn run(c: ReadaheadCmd) -> anyhow::Result<()> {
             let bar = Progress::spinner("warm");
             let progress = |d: u64, _t: u64| bar.set(d);
             let watch = |b: BackOff| bar.message(backoff_message("warm", b));
-            let watch = bar.visible().then_some(&watch as replay::BackOffWatch<'_>);
+            let watch = bar.visible().then_some(&watch as ra::BackOffWatch<'_>);
             let (rep, errors) =
-                replay::warm_tree_watched(&a.walk.paths, &w, &opts, Some(&progress), watch);
+                ra::warm_tree_watched(&a.walk.paths, &w, &opts, Some(&progress), watch);
             bar.finish();
             print_walk_errors(&errors)?;
             report_replay(&rep, &a.opts, &errors)?;
@@ -85,7 +81,7 @@ fn read_list(p: &PathBuf) -> anyhow::Result<Vec<ListEntry>> {
             .map(std::io::BufReader::new)
             .with_context(|| format!("stdin copy {}", copy.display()));
         let _ = std::fs::remove_file(&copy);
-        return list::parse_reader(r?, Limits::default()).context("-");
+        return ra::parse_reader(r?, Limits::default()).context("-");
     }
     let r: Box<dyn std::io::BufRead> = if p.as_os_str() == "-" {
         Box::new(std::io::BufReader::new(std::io::stdin()))
@@ -94,7 +90,7 @@ fn read_list(p: &PathBuf) -> anyhow::Result<Vec<ListEntry>> {
             std::fs::File::open(p).with_context(|| format!("{}", p.display()))?,
         ))
     };
-    list::parse_reader(r, Limits::default()).with_context(|| format!("{}", p.display()))
+    ra::parse_reader(r, Limits::default()).with_context(|| format!("{}", p.display()))
 }
 
 /// The temporary file a list is written to before it is renamed to `output`: same directory,
@@ -135,9 +131,9 @@ fn write_list(output: &Path, entries: &[ListEntry], jsonl: bool) -> anyhow::Resu
     let written = (|| -> std::io::Result<()> {
         let mut w = std::io::BufWriter::new(std::fs::File::create(&tmp)?);
         if jsonl {
-            list::write_jsonl(&mut w, entries)?;
+            ra::write_jsonl(&mut w, entries)?;
         } else {
-            list::write_text(&mut w, entries)?;
+            ra::write_text(&mut w, entries)?;
         }
         w.flush()?;
         std::fs::rename(&tmp, output)
@@ -165,7 +161,7 @@ fn run_record(a: RecordArgs) -> anyhow::Result<()> {
         }
         (None, None) => bail!("give a command (after --) or --duration SECS"),
     };
-    let rec = record::record(&scopes, &w, a.evict_first, a.trace, trigger)?;
+    let rec = ra::record(&scopes, &w, a.evict_first, a.trace, trigger)?;
     let jsonl = match a.format {
         Some(ListFormat::Jsonl) => true,
         Some(ListFormat::Text) => false,
@@ -293,15 +289,15 @@ fn run_replay(entries: Vec<ListEntry>, o: &ReplayOpts) -> anyhow::Result<()> {
     let bar = Progress::new(entries.len() as u64, "replay");
     let progress = |d: u64, _t: u64| bar.set(d);
     let watch = |b: BackOff| bar.message(backoff_message("replay", b));
-    let watch = bar.visible().then_some(&watch as replay::BackOffWatch<'_>);
-    let rep = replay::replay_watched(&entries, &opts, Some(&progress), watch);
+    let watch = bar.visible().then_some(&watch as ra::BackOffWatch<'_>);
+    let rep = ra::replay_watched(&entries, &opts, Some(&progress), watch);
     bar.finish();
     report_replay(&rep, o, &[])
 }
 
 fn run_evict(a: EvictArgs) -> anyhow::Result<()> {
     let t0 = Instant::now();
-    let rep = evict::evict(&a.walk.paths, &a.walk.walk_opts(None));
+    let rep = ra::evict(&a.walk.paths, &a.walk.walk_opts(None));
     let elapsed = t0.elapsed().as_secs_f64();
     print::evict(&rep, a.json, elapsed)?;
     if !rep.errors.is_empty() {

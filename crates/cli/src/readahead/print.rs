@@ -3,13 +3,10 @@
 
 use super::args::ReplayOpts;
 use anyhow::bail;
-use snapblk_readahead::evict::EvictReport;
-use snapblk_readahead::list::{Extent, escape_path};
-use snapblk_readahead::record::Recording;
-use snapblk_readahead::replay::{BackOff, ReplayReport};
-use snapblk_readahead::residency::Residency;
-use snapblk_readahead::scan;
-use snapblk_readahead::walk::WalkError;
+use snapblk_readahead::{
+    self as ra, BackOff, EvictReport, Extent, Recording, ReplayReport, Residency, WalkError,
+    escape_path,
+};
 use std::io::Write;
 use std::path::Path;
 
@@ -60,7 +57,7 @@ pub(super) const BAR_WIDTH: usize = 40;
 /// The report of `snapblk residency` (files unless `summary`, with `bars` of residency when
 /// asked, then totals; or one JSON document), and the paths the walk could not read.
 pub(super) fn residency(
-    rep: &scan::Report,
+    rep: &ra::Report,
     json: bool,
     summary: bool,
     bars: bool,
@@ -92,7 +89,7 @@ pub(super) fn residency(
                         writeln!(
                             out,
                             "{p}\n[{}] {r}/{}  {}",
-                            scan::render_bar(&f.buckets, BAR_WIDTH),
+                            ra::render_bar(&f.buckets, BAR_WIDTH),
                             f.pages,
                             pct(r, f.pages, 1)
                         )?;
@@ -376,7 +373,7 @@ fn print_replay(r: &ReplayReport, psi_threshold: f64) -> std::io::Result<()> {
 }
 
 /// `--diskstats` for one device: the counters before and after the replay and the difference.
-fn diskstats_table(c: &snapblk_readahead::sysstat::DiskStatsChange) -> String {
+fn diskstats_table(c: &ra::DiskStatsChange) -> String {
     let (b, a, d) = (&c.before.totals, &c.after.totals, &c.delta.totals);
     let rows: [(&str, u64, u64, String); 6] = [
         ("reads", b.reads, a.reads, format!("+{}", d.reads)),
@@ -479,7 +476,7 @@ mod tests {
 
     #[test]
     fn diskstats_table_shows_before_after_and_delta() {
-        use snapblk_readahead::sysstat::{diskstats_change, parse_diskstats};
+        use ra::{diskstats_change, parse_diskstats};
         let before = parse_diskstats(" 254 0 vda 100 0 800 50 10 0 80 5 2 60 70 0 0 0 0\n");
         let after = parse_diskstats(" 254 0 vda 131 0 2848 292 10 0 80 5 0 60 70 0 0 0 0\n");
         let c = diskstats_change(&before, &after, &[(254, 0)]).remove(0);

@@ -3,7 +3,7 @@
 #![allow(dead_code)]
 
 use snapblk_core::{Blkio, Completion, DeviceInfo, Driver, Op, PropValue, Queue, Request, State};
-use snapblk_loadgen::target::BlkioTarget;
+use snapblk_loadgen::BlkioTarget;
 use std::sync::{Arc, Mutex};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -3,8 +3,7 @@
 //! hang; it answers or closes.
 #![no_main]
 use libfuzzer_sys::fuzz_target;
-use snapblk_nbd::net::Stream;
-use snapblk_nbd::{Export, Server, ServerConfig, SharedDevice};
+use snapblk_nbd::{Export, Server, ServerConfig, SharedDevice, Stream};
 use std::io::{Read, Write};
 use std::net::Shutdown;
 use std::os::unix::net::UnixStream;

@@ -1,8 +1,7 @@
 //! Fuzzes the block-list parser used by devices: never panics, round-trips what it accepts.
 #![no_main]
 use libfuzzer_sys::fuzz_target;
-use snapblk_readahead::blocks::BlockList;
-use snapblk_readahead::list::Limits;
+use snapblk_readahead::{BlockList, Limits};
 
 fuzz_target!(|data: &[u8]| {
     let limits = Limits { max_line: 1 << 12, max_entries: 1 << 12 };

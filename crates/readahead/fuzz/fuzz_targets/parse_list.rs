@@ -2,7 +2,7 @@
 //! panic, and whatever it accepts must survive a write/parse round trip unchanged.
 #![no_main]
 use libfuzzer_sys::fuzz_target;
-use snapblk_readahead::list::{parse_bytes, write_jsonl, write_text, Limits};
+use snapblk_readahead::{parse_bytes, write_jsonl, write_text, Limits};
 
 fuzz_target!(|data: &[u8]| {
     let limits = Limits { max_line: 1 << 16, max_entries: 1 << 12 };

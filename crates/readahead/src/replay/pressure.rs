@@ -55,7 +55,7 @@ pub(super) struct Pressure<'a> {
 
 impl<'a> Pressure<'a> {
     /// `watch` hears the state changes (only pass one when the back-off is on).
-    pub fn new(watch: Option<BackOffWatch<'a>>) -> Self {
+    pub(super) fn new(watch: Option<BackOffWatch<'a>>) -> Self {
         Pressure {
             paused: AtomicBool::new(false),
             watch: Mutex::new(Watch {
@@ -71,7 +71,7 @@ impl<'a> Pressure<'a> {
     }
 
     /// Waits while the monitor says other tasks' I/O stalls too much (at most 5 s at a time).
-    pub fn wait(&self) {
+    pub(super) fn wait(&self) {
         if !self.paused.load(Relaxed) {
             return;
         }
@@ -86,7 +86,7 @@ impl<'a> Pressure<'a> {
     }
 
     /// Notes that a file on device `dev` (`st_dev`) is being read.
-    pub fn note_dev(&self, dev: u64) {
+    pub(super) fn note_dev(&self, dev: u64) {
         if self.last_dev.swap(dev, Relaxed) != dev
             && let Ok(mut v) = self.devs.lock()
         {
@@ -98,7 +98,7 @@ impl<'a> Pressure<'a> {
     }
 
     /// The devices noted so far, sorted.
-    pub fn devices(&self) -> Vec<(u32, u32)> {
+    pub(super) fn devices(&self) -> Vec<(u32, u32)> {
         let mut v = self.devs.lock().map(|v| v.clone()).unwrap_or_default();
         v.sort_unstable();
         v
@@ -107,7 +107,7 @@ impl<'a> Pressure<'a> {
     /// Tells the watch the back-off state if it changed since the last call. `end`: issuing
     /// has ended, so this is the last call (`paused: false`; later verification passes are
     /// not reported). The lock keeps the calls in order and none after the last.
-    pub fn report(&self, end: bool) {
+    pub(super) fn report(&self, end: bool) {
         let Ok(mut w) = self.watch.lock() else {
             return;
         };
@@ -129,7 +129,7 @@ impl<'a> Pressure<'a> {
     }
 
     /// No more calls to the watch (the monitor did not start).
-    pub fn forget_watch(&self) {
+    pub(super) fn forget_watch(&self) {
         if let Ok(mut w) = self.watch.lock() {
             w.to = None;
         }

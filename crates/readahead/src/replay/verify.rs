@@ -5,9 +5,9 @@
 
 use super::{Issued, Prepared, Shared, parallel_for};
 use crate::list::FileIdentity;
-use crate::ranges::{Range, RangeSet};
 use crate::residency::{self, Residency};
 use crate::sys;
+use crate::{Range, RangeSet};
 use std::fs::File;
 use std::os::fd::AsFd;
 use std::path::Path;

@@ -15,6 +15,7 @@
 //! reports them as [`OpError::Unsupported`].
 
 #![warn(missing_docs)]
+#![warn(unreachable_pub, unnameable_types)]
 
 mod container;
 mod error;

@@ -17,11 +17,10 @@
 //!
 //! A [`Flaw`] turns it into a broken driver, for tests that prove the suite can fail.
 
-use snapblk_core::props::{Access, PropSpec, PropType, PropValue};
-use snapblk_core::queue::{Engine, QueueCore};
 use snapblk_core::sync::lock;
 use snapblk_core::{
-    Completion, DeviceInfo, Driver, Error, MemRegion, Op, Queue, Request, Result, State,
+    Access, Completion, DeviceInfo, Driver, Engine, Error, MemRegion, Op, PropSpec, PropType,
+    PropValue, Queue, QueueCore, Request, Result, State,
 };
 use std::collections::VecDeque;
 use std::ffi::CStr;

@@ -1,24 +1,5 @@
-//! Positional I/O: the one "read at offset" trait family every snapblk crate reads and writes
-//! bytes through (a COW file being parsed, the snapshot's base and COW devices, an image built in
-//! memory).
-//!
-//! * [`ReadAt`]: the size and a positional read (`pread`-style, may be short), with an exact
-//!   read ([`ReadAt::read_exact_at`]) on top;
-//! * [`WriteAt`]: a positional write of a whole buffer and durability ([`WriteAt::sync_data`]);
-//! * the file descriptor is an optional capability, [`ReadAt::as_file`]: `Some` for a plain
-//!   file, `None` (the default) for a source without one (memory, a network or RBD client, a
-//!   device behind a queue). Fast paths that need a descriptor — a direct `pread` in the
-//!   snapshot's read path, the ublk zero-copy plan, page-cache hints — apply only where it is
-//!   `Some`; everything else goes through the trait methods, so every source works everywhere.
-//!
-//! Errors are [`io::Error`]. An OS error carries its errno (`raw_os_error`); a source that is not
-//! an OS file reports an errno and a message as an [`Error`] inside the `io::Error`
-//! (`io::Error::from(Error)`), which [`Error::from_io`] takes back out whole. Layers that hand
-//! errors to the C ABI convert at their edge with [`Error::from_io`] (EIO for errors without an
-//! errno) or, for exact reads, [`read_error`] (a short read becomes EIO "short read at offset N").
-//!
-//! Implemented for [`File`], byte slices and `Vec<u8>` (read only), [`MemFile`] (a growable image
-//! in memory, both), and forwarded through `&T`, `Arc<T>` and `Box<T>` (the capability too).
+//! Positional I/O: the `ReadAt`/`WriteAt` family (see the crate documentation), its error
+//! conversion and its implementations for files, byte slices, [`MemFile`] and smart pointers.
 
 use crate::error::Error;
 use crate::sync::lock;

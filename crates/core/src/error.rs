@@ -36,7 +36,7 @@ impl Error {
     }
     /// An OS error, with Rust's `io::Error` text (as libblkio prints it, e.g.
     /// `No such file or directory (os error 2)`). An `io::Error` made from an [`Error`] (how a
-    /// source without a file descriptor reports one through [`at`](crate::at)) gives that
+    /// source without a file descriptor reports one through [`ReadAt`](crate::ReadAt)) gives that
     /// [`Error`] back; any other error without an errno is EIO with its text.
     pub fn from_io(e: std::io::Error) -> Self {
         if let Some(errno) = e.raw_os_error() {
@@ -54,10 +54,6 @@ impl Error {
     /// An OS error from a raw errno value.
     pub fn from_errno(errno: i32) -> Self {
         Self::from_io(std::io::Error::from_raw_os_error(errno))
-    }
-    /// The negative errno a C function returns.
-    pub fn neg(&self) -> i32 {
-        -self.errno
     }
     /// An error for the C ABI from a typed error: `errno` and the message of `e`'s whole
     /// [`Chain`] (the C caller has one message, not a chain to walk).

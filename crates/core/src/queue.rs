@@ -1,7 +1,7 @@
 //! Queues: where requests go in and completions come out.
 
 use crate::request::{Completion, Op, ReqFlags, Request};
-pub use crate::sys::EventFd;
+use crate::sys::EventFd;
 use crate::{Error, Result};
 use std::os::fd::RawFd;
 use std::time::Duration;

@@ -241,15 +241,6 @@ impl Completion {
             reserved: [0; 12],
         }
     }
-    /// A completion with a raw `ret` (0 or negative errno).
-    pub fn with_ret(user_data: usize, ret: i32) -> Self {
-        Completion {
-            user_data,
-            error_msg: std::ptr::null(),
-            ret,
-            reserved: [0; 12],
-        }
-    }
     /// The library's message for this completion, if any.
     pub fn error_msg(&self) -> Option<&'static CStr> {
         if self.error_msg.is_null() {

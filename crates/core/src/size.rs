@@ -1,16 +1,4 @@
-//! Byte sizes as people type them: the one grammar behind device specs (`null:size=1G`), bench
-//! job files and options (`bs=4KiB`, `--bs 4k`) and the readahead tool's `--chunk`.
-//!
-//! The grammar is fio's, with binary units only (fio's default `kb_base=1024`):
-//!
-//! ```text
-//! size := WS* ["+"] DIGITS [UNIT] [SUFFIX] WS*
-//! UNIT := "k" | "m" | "g" | "t" | "p"        1024^1 .. 1024^5, any case
-//! SUFFIX := ("ib")* ("b")*                   any case: 4KiB = 4kB = 4K = 4096; 512B = 512
-//! ```
-//!
-//! A negative number is refused with its own error (`size -1 is out of range`), so a user who
-//! types `-1` learns why.
+//! Byte sizes as people type them: the one size grammar ([`parse_size`]).
 
 /// Why a size did not parse. Each variant holds the (trimmed) text that was given.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -29,8 +17,20 @@ pub enum SizeError {
     Overflow(String),
 }
 
-/// Parse a size (see the module docs for the grammar): `4096`, `4k`, `4K`, `4KiB`, `4kB`,
-/// `64m`, `1G`, `2t`, `1P`.
+/// Parse a size: `4096`, `4k`, `4K`, `4KiB`, `4kB`, `64m`, `1G`, `2t`, `1P`. This is the one
+/// grammar behind device specs (`null:size=1G`), bench job files and options (`bs=4KiB`,
+/// `--bs 4k`) and the readahead tool's `--chunk`.
+///
+/// The grammar is fio's, with binary units only (fio's default `kb_base=1024`):
+///
+/// ```text
+/// size := WS* ["+"] DIGITS [UNIT] [SUFFIX] WS*
+/// UNIT := "k" | "m" | "g" | "t" | "p"        1024^1 .. 1024^5, any case
+/// SUFFIX := ("ib")* ("b")*                   any case: 4KiB = 4kB = 4K = 4096; 512B = 512
+/// ```
+///
+/// A negative number is refused with its own error (`size -1 is out of range`), so a user who
+/// types `-1` learns why.
 pub fn parse_size(s: &str) -> Result<u64, SizeError> {
     let t = s.trim();
     if let Some(abs) = t.strip_prefix('-')
@@ -67,7 +67,7 @@ mod tests {
     /// one of them accepted must parse to the same value here (inputs may widen, never narrow).
     mod old {
         /// `snapblk::parse_size` (device specs).
-        pub fn spec(s: &str) -> Option<u64> {
+        pub(super) fn spec(s: &str) -> Option<u64> {
             let (num, mul) = match s.as_bytes().last()? {
                 b'k' | b'K' => (&s[..s.len() - 1], 1u64 << 10),
                 b'm' | b'M' => (&s[..s.len() - 1], 1 << 20),
@@ -79,7 +79,7 @@ mod tests {
         }
 
         /// `snapblk_loadgen::parse_size` (fio style).
-        pub fn bench(s: &str) -> Option<u64> {
+        pub(super) fn bench(s: &str) -> Option<u64> {
             let t = s.trim();
             if let Some(abs) = t.strip_prefix('-')
                 && bench(abs).is_some()
@@ -104,7 +104,7 @@ mod tests {
         }
 
         /// The readahead tool's size grammar, without its 4K minimum (a check of its own).
-        pub fn readahead(s: &str) -> Option<u64> {
+        pub(super) fn readahead(s: &str) -> Option<u64> {
             let t = s.trim().trim_end_matches("iB").trim_end_matches('B');
             let (num, mul) = match t.char_indices().last() {
                 Some((i, 'K' | 'k')) => (&t[..i], 1u64 << 10),

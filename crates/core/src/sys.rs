@@ -6,7 +6,7 @@ use std::os::fd::RawFd;
 
 /// `BLKGETSIZE64`, `_IOR(0x12, 114, size_t)`: a block device's size in bytes (libc does not
 /// export it).
-pub const BLKGETSIZE64: libc::c_ulong = 0x8008_1272;
+const BLKGETSIZE64: libc::c_ulong = 0x8008_1272;
 
 /// The size in bytes of the block device open as `fd` (`BLKGETSIZE64`); an error for anything
 /// else (ENOTTY for a regular file).

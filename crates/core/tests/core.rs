@@ -1,10 +1,9 @@
 //! Core semantics with a scripted fake driver: property rules, lifecycle, queue slots, regions,
 //! and the shared `do_io` algorithm (ordering, min/max checks, timeout write-back, ETIME).
 
-use snapblk_core::props::{Access, PropSpec, PropType, PropValue};
-use snapblk_core::queue::{Engine, QueueCore};
 use snapblk_core::{
-    Blkio, Completion, DeviceInfo, Driver, Error, Op, Queue, ReqFlags, Request, Result, State,
+    Access, Blkio, Completion, DeviceInfo, Driver, Engine, Error, Op, PropSpec, PropType,
+    PropValue, Queue, QueueCore, ReqFlags, Request, Result, State,
 };
 use std::collections::VecDeque;
 use std::os::fd::RawFd;

@@ -2,9 +2,9 @@
 //! the target (regular file or block device), the device facts behind the common properties, and
 //! synchronous helpers for the operations that have no good asynchronous form.
 
-use snapblk_core::props::{Access, PropSpec, PropType, PropValue};
-use snapblk_core::request::ReqFlags;
-use snapblk_core::{Completion, DeviceInfo, Error, Result, State};
+use snapblk_core::{
+    Access, Completion, DeviceInfo, Error, PropSpec, PropType, PropValue, ReqFlags, Result, State,
+};
 use std::ffi::CString;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::Arc;

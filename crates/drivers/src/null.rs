@@ -3,9 +3,10 @@
 //! tests a device with poll queues.
 
 use crate::file::{unknown_property, unsupported_request, zero_iov};
-use snapblk_core::props::{Access, PropSpec, PropType, PropValue};
-use snapblk_core::queue::{Engine, QueueCore};
-use snapblk_core::{Completion, DeviceInfo, Driver, Op, Queue, Request, Result, State};
+use snapblk_core::{
+    Access, Completion, DeviceInfo, Driver, Engine, Op, PropSpec, PropType, PropValue, Queue,
+    QueueCore, Request, Result, State,
+};
 use std::os::fd::RawFd;
 use std::time::Duration;
 

@@ -3,10 +3,10 @@
 //! reference the io_uring driver is tested against.
 
 use crate::file::{FILE_PROPS, FileConfig, Target, connected, rw_full, unsupported_request};
-use snapblk_core::props::{PropSpec, PropValue};
-use snapblk_core::queue::{Engine, QueueCore};
-use snapblk_core::request::ReqFlags;
-use snapblk_core::{Completion, DeviceInfo, Driver, Error, Op, Queue, Request, Result, State};
+use snapblk_core::{
+    Completion, DeviceInfo, Driver, Engine, Error, Op, PropSpec, PropValue, Queue, QueueCore,
+    ReqFlags, Request, Result, State,
+};
 use std::collections::VecDeque;
 use std::os::fd::RawFd;
 use std::sync::Arc;

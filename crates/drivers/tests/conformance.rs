@@ -4,8 +4,7 @@
 //! SNAPBLK_ALLOW_SKIP=1) and the null driver; then driver-specific tests.
 
 use snapblk_conformance::{Expect, Options};
-use snapblk_core::queue::QueueExt;
-use snapblk_core::{Blkio, Completion, Driver, Op, Queue, ReqFlags, Request};
+use snapblk_core::{Blkio, Completion, Driver, Op, Queue, QueueExt, ReqFlags, Request};
 use snapblk_drivers::{NullDriver, SyncDriver, UringDriver};
 use std::path::{Path, PathBuf};
 use std::process::Command;

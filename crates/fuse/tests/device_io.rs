@@ -4,8 +4,9 @@
 //! correctly. Checked against a plain in-memory model with many random operations, from
 //! several threads at once.
 
-use snapblk_core::props::PropValue;
-use snapblk_core::{Blkio, Completion, DeviceInfo, Driver, Error, Op, Queue, Request, State};
+use snapblk_core::{
+    Blkio, Completion, DeviceInfo, Driver, Error, Op, PropValue, Queue, Request, State,
+};
 use snapblk_fuse::Device;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};

@@ -72,7 +72,7 @@ pub enum Error {
     Spec(String),
     /// A job whose size (`bs`, `size`, `offset`, a file test size) does not parse.
     #[error("invalid job")]
-    Size(#[source] snapblk_core::size::SizeError),
+    Size(#[source] snapblk_core::SizeError),
     /// An I/O error outside any file the run names (the source).
     #[error("I/O error")]
     Io(#[from] std::io::Error),
@@ -377,7 +377,7 @@ mod error_tests {
             Ok(_) => panic!("a missing library loaded"),
         };
         let cases = [
-            Error::Size(snapblk_core::size::SizeError::BadNumber("4x".into())),
+            Error::Size(snapblk_core::SizeError::BadNumber("4x".into())),
             Error::from(io()),
             Error::IoOn {
                 what: "directory /x".into(),

@@ -419,9 +419,9 @@ impl Sweep {
 }
 
 /// Parse a fio-style size: `4096`, `4k`, `4K`, `4KiB`, `64m`, `1G`, `2t` (binary units; the
-/// grammar is [`snapblk_core::size`], shared with device specs).
+/// grammar is [`snapblk_core::parse_size`]'s, shared with device specs).
 pub fn parse_size(s: &str) -> Result<u64> {
-    snapblk_core::size::parse_size(s).map_err(Error::Size)
+    snapblk_core::parse_size(s).map_err(Error::Size)
 }
 
 /// The error for a number that does not parse: a range error for a negative one (`-1` for a

@@ -3,7 +3,7 @@
 //! where fsync/fdatasync and evictions happen, and whether `drop_cache` really leaves the file
 //! out of the page cache when a read test starts (measured with cachestat/mincore).
 
-use snapblk_core::at::{ReadAt, WriteAt};
+use snapblk_core::{ReadAt, WriteAt};
 use snapblk_loadgen::fileio::{
     self, Cell, FileIo, FileTestSpec, RealIo, TESTS, TestFile, run_file_tests_with,
 };

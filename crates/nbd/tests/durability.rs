@@ -5,8 +5,9 @@
 
 mod common;
 use common::*;
-use snapblk_core::props::PropValue;
-use snapblk_core::{Blkio, Completion, DeviceInfo, Driver, Error, Op, Queue, Request, State};
+use snapblk_core::{
+    Blkio, Completion, DeviceInfo, Driver, Error, Op, PropValue, Queue, Request, State,
+};
 use snapblk_nbd::ServerConfig;
 use snapblk_nbd::proto::*;
 use std::sync::{Arc, Condvar, Mutex};

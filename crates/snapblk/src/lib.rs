@@ -22,7 +22,7 @@
 //! * `NAME` is a property name as in libblkio (`path`, `direct`, `read-only`, `size`, ...).
 //!   `VALUE` is parsed into the property's type with the strict libblkio parsers, except that
 //!   u64 properties also accept a size suffix `k`, `M`, `G`, `T`, `P`, optionally followed by
-//!   `iB` or `B` (binary: 1k = 1KiB = 1024; [`snapblk_core::size`]) and bools
+//!   `iB` or `B` (binary: 1k = 1KiB = 1024; [`snapblk_core::parse_size`]) and bools
 //!   also accept `1`/`0`/`yes`/`no`. A value cannot contain `,`. A key given twice is refused.
 //! * Capacity properties ([`CAPACITY_PROPS`], e.g. `null:size`) must be a multiple of 512 and
 //!   at most 2^63-1 (an offset must fit in a signed 64-bit integer), checked here rather than
@@ -40,8 +40,7 @@
 #![warn(missing_docs)]
 #![warn(unreachable_pub, unnameable_types)]
 
-use snapblk_core::props::{Access, PropType, PropValue};
-use snapblk_core::size::parse_size;
+use snapblk_core::{Access, PropType, PropValue, parse_size};
 #[cfg(any(test, feature = "test-utils"))]
 pub mod fuzzing;
 pub use snapblk_core::{Blkio, Error, Result};

@@ -4,7 +4,7 @@ use crate::dev::{BlockDev, FileDev, Hold};
 use crate::error::{Result, SnapError};
 use crate::map::{Codec, MapOp, OpKind, Payload, SnapshotMap};
 use crate::snapshot::{CowLayout, Decoder, Snapshot, SnapshotConfig, SnapshotParts};
-use snapblk_core::at::read_error;
+use snapblk_core::read_error;
 use snapblk_cow::{Compression, CowReader, DuplicatePolicy, OpenOptions, ReadAt};
 use std::path::Path;
 use std::sync::Arc;

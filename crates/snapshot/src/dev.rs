@@ -1,9 +1,9 @@
 //! Byte-addressed backing devices for the snapshot layer.
 //!
-//! A device is any member of snapblk-core's positional I/O family ([`snapblk_core::at`]) that can
-//! be shared between threads: [`BlockDev`] is `ReadAt + WriteAt + Send + Sync`, implemented for
-//! every such type, so a [`File`], an in-memory [`MemFile`](snapblk_core::MemFile) or a network
-//! client is a device as it is.
+//! A device is any member of snapblk-core's positional I/O family ([`ReadAt`], [`WriteAt`]) that
+//! can be shared between threads: [`BlockDev`] is `ReadAt + WriteAt + Send + Sync`, implemented
+//! for every such type, so a [`File`], an in-memory [`MemFile`](snapblk_core::MemFile) or a
+//! network client is a device as it is.
 //!
 //! The snapshot device reads its base and COW from many threads at once (every client queue plus
 //! the merge thread), synchronously, one segment at a time. [`FileDev`] does exactly that with
@@ -15,12 +15,11 @@
 //! file, at the price of a mutex around one queue.
 //!
 //! Errors are `io::Error`s (an OS errno, or a [`snapblk_core::Error`] inside); the layer above
-//! turns them into [`snapblk_core::Error`] with [`snapblk_core::at::read_error`] (reads) or
+//! turns them into [`snapblk_core::Error`] with [`snapblk_core::read_error`] (reads) or
 //! `From` (the rest), keeping the errno.
 
-use snapblk_core::at::{ReadAt, WriteAt};
 use snapblk_core::sync::lock;
-use snapblk_core::{Error, Queue, QueueExt};
+use snapblk_core::{Error, Queue, QueueExt, ReadAt, WriteAt};
 use std::fs::File;
 use std::io;
 use std::sync::Mutex;
@@ -236,7 +235,7 @@ mod tests {
         d.read_exact_at(400, &mut buf).unwrap();
         let e = d.read_exact_at(401, &mut buf).unwrap_err();
         assert_eq!(
-            snapblk_core::at::read_error(401, e).msg,
+            snapblk_core::read_error(401, e).msg,
             "short read at offset 401"
         );
     }

@@ -20,8 +20,9 @@ use crate::cowsrc::{OpenMode, open_files_sized};
 use crate::queue::{Backend, SyncQueue};
 use crate::record::{Activity, Binding, DEFAULT_RECORD_SECS};
 use crate::snapshot::{Snapshot, SnapshotConfig};
-use snapblk_core::props::{Access, PropSpec, PropType, PropValue};
-use snapblk_core::{DeviceInfo, Driver, Error, Queue, State};
+use snapblk_core::{
+    Access, DeviceInfo, Driver, Error, PropSpec, PropType, PropValue, Queue, State,
+};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::thread::JoinHandle;

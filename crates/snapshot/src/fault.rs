@@ -62,9 +62,9 @@
 use crate::queue::{DevBackend, SyncQueue};
 use crate::rng::Rng;
 use crate::sched::Clock;
-use snapblk_core::at::{ReadAt, WriteAt};
-use snapblk_core::props::{Access, PropSpec, PropType, PropValue};
-use snapblk_core::{DeviceInfo, Driver, Error, Queue, State};
+use snapblk_core::{
+    Access, DeviceInfo, Driver, Error, PropSpec, PropType, PropValue, Queue, ReadAt, State, WriteAt,
+};
 use std::io;
 use std::sync::{Arc, Mutex, MutexGuard};
 

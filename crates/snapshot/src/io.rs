@@ -3,7 +3,7 @@
 use crate::dev::BlockDev;
 use crate::error::{Result, SnapError};
 use crate::sched::{IoClass, Scheduler};
-use snapblk_core::at::read_error;
+use snapblk_core::read_error;
 use std::collections::{HashMap, VecDeque};
 use std::fs::File;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -31,7 +31,7 @@ pub struct Io {
     /// Duplicates of the devices' files when they offer one ([`ReadAt::as_file`]): foreground
     /// reads `pread` them directly.
     ///
-    /// [`ReadAt::as_file`]: snapblk_core::at::ReadAt::as_file
+    /// [`ReadAt::as_file`]: snapblk_core::ReadAt::as_file
     files: [Option<File>; 2],
 }
 

@@ -5,17 +5,16 @@
 //! so the backend's read is inlined into the request dispatch (no virtual call per request).
 //!
 //! [`Backend`] is the request layer, kept apart from the positional I/O family
-//! ([`snapblk_core::at`]) on purpose: it speaks in requests (FUA writes, write-zeroes, discard)
-//! and fails with the [`snapblk_core::Error`] a C caller receives (a snapshot's read can fail
-//! with a range, corruption or merge error that is no I/O error of a byte source). Where a
-//! backend is just bytes at offsets, it is built on the family: [`DevBackend`] serves requests
-//! from any [`BlockDev`] (reads are exact reads, a FUA write is a write then `sync_data`).
+//! ([`snapblk_core::ReadAt`], [`snapblk_core::WriteAt`]) on purpose: it speaks in requests (FUA
+//! writes, write-zeroes, discard) and fails with the [`snapblk_core::Error`] a C caller receives
+//! (a snapshot's read can fail with a range, corruption or merge error that is no I/O error of a
+//! byte source). Where a backend is just bytes at offsets, it is built on the family:
+//! [`DevBackend`] serves requests from any [`BlockDev`] (reads are exact reads, a FUA write is a
+//! write then `sync_data`).
 
 use crate::dev::BlockDev;
-use snapblk_core::at::read_error;
-use snapblk_core::queue::check_do_io_args;
 use snapblk_core::sys::EventFd;
-use snapblk_core::{Completion, Error, Op, Queue, Request};
+use snapblk_core::{Completion, Error, Op, Queue, Request, check_do_io_args, read_error};
 use std::collections::VecDeque;
 use std::os::fd::RawFd;
 use std::sync::Arc;

@@ -643,7 +643,7 @@ mod tests {
     use super::*;
     use crate::driver::SnapshotDriver;
     use snapblk_blocklist::{BlockList, RangeSet};
-    use snapblk_core::props::PropValue;
+    use snapblk_core::PropValue;
     use snapblk_core::{Driver, QueueExt, State};
     use snapblk_cow::{Codec as CowCodec, Compression, CowWriter, WriterOptions};
 

@@ -424,7 +424,7 @@ impl Snapshot {
     /// The base or the COW device: for the file behind it ([`ReadAt::as_file`]) on a fast path
     /// that reads it directly (the ublk zero-copy plan).
     ///
-    /// [`ReadAt::as_file`]: snapblk_core::at::ReadAt::as_file
+    /// [`ReadAt::as_file`]: snapblk_core::ReadAt::as_file
     pub fn device(&self, d: Dev) -> &dyn BlockDev {
         self.io.dev(d)
     }

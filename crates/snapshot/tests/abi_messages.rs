@@ -2,8 +2,7 @@
 //! `blkio_get_error_msg()` returns. The library's errors keep their causes as sources; the one
 //! message must still carry the whole chain, each cause once.
 
-use snapblk_core::props::PropValue;
-use snapblk_core::{Driver, State};
+use snapblk_core::{Driver, PropValue, State};
 use snapblk_snapshot::SnapshotDriver;
 use std::path::Path;
 

@@ -2,8 +2,7 @@
 //! works end to end (open, read, merge) through the trait methods, and a plain file is read by a
 //! direct `pread` of its descriptor, never through the device.
 
-use snapblk_core::MemFile;
-use snapblk_core::at::{ReadAt, WriteAt};
+use snapblk_core::{MemFile, ReadAt, WriteAt};
 use snapblk_snapshot::cowsrc::open_devs;
 use snapblk_snapshot::dev::{BlockDev, FileDev};
 use snapblk_snapshot::synth::{SynthCase, SynthSpec, generate, merge_reference, write_cow};

@@ -3,8 +3,7 @@
 //! new image before, during and after; closing the device stops the merge at a durable step and
 //! a later open resumes it; combinations that cannot work are refused at connect.
 
-use snapblk_core::props::PropValue;
-use snapblk_core::{Driver, QueueExt, State};
+use snapblk_core::{Driver, PropValue, QueueExt, State};
 use snapblk_snapshot::SnapshotDriver;
 use snapblk_snapshot::merge_task::MergeState;
 use snapblk_snapshot::synth::{SynthSpec, generate};

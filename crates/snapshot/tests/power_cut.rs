@@ -2,7 +2,7 @@
 //! tear and reorder unflushed writes), each followed by a restart that first reads the whole
 //! device through the snapshot, then resumes the merge. Also: reads during a merge.
 
-use snapblk_core::at::ReadAt;
+use snapblk_core::ReadAt;
 use snapblk_snapshot::fault::FaultWorld;
 use snapblk_snapshot::rng::Rng;
 use snapblk_snapshot::synth::{RawOnly, SynthCase, SynthSpec, generate};

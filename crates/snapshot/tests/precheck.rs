@@ -3,8 +3,7 @@
 //! still to merge) and a merge the driver runs on its own thread (`merge=true`) — and leaves base
 //! and COW byte-identical.
 
-use snapblk_core::props::PropValue;
-use snapblk_core::{Driver, State};
+use snapblk_core::{Driver, PropValue, State};
 use snapblk_snapshot::cowsrc::{OpenMode, open_files};
 use snapblk_snapshot::merge_task::MergeState;
 use snapblk_snapshot::synth::{SynthCase, SynthSpec, generate};

@@ -106,7 +106,7 @@ pub fn validate(plan: &[Segment], len: u32, nfiles: usize) -> bool {
 /// the base's file, uncompressed COW data from the COW's file, zeros are zero-filled, all by the
 /// kernel into the request's pages; compressed REPLACE and XOR blocks are decoded through the
 /// device queue. The files are those behind the planner's own snapshot's devices
-/// ([`ReadAt::as_file`](snapblk_core::at::ReadAt::as_file)); a device without one (an in-memory
+/// ([`ReadAt::as_file`](snapblk_core::ReadAt::as_file)); a device without one (an in-memory
 /// or network source) has its ranges read through the device queue too. The planner's snapshot
 /// is its own read-only view of the same base and COW, which is exact as long as the served
 /// snapshot is not written or merged while served (writable snapshots get no planner).

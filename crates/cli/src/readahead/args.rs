@@ -227,9 +227,9 @@ pub(super) struct IoPrioArg(pub(super) Option<IoPrio>);
 #[derive(Clone, Copy)]
 pub(super) struct NiceArg(pub(super) Option<i32>);
 
-/// A size in the grammar every snapblk command shares (`snapblk_core::size`), at least 4 KiB.
+/// A size in the grammar every snapblk command shares (`snapblk_core::parse_size`), at least 4 KiB.
 fn parse_size(s: &str) -> Result<u64, String> {
-    let v = snapblk_core::size::parse_size(s).map_err(|e| e.to_string())?;
+    let v = snapblk_core::parse_size(s).map_err(|e| e.to_string())?;
     if v < 4096 {
         return Err("size must be at least 4K".into());
     }

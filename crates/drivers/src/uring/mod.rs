@@ -37,8 +37,10 @@ use crate::file::{FILE_PROPS, FileConfig, Target, connected};
 use bufs::Buffers;
 use io_uring::{IoUring, opcode, squeue, types};
 use queue::UringQueue;
-use snapblk_core::props::{Access, PropSpec, PropType, PropValue};
-use snapblk_core::{DeviceInfo, Driver, Error, MemRegion, Queue, Result, State};
+use snapblk_core::{
+    Access, DeviceInfo, Driver, Error, MemRegion, PropSpec, PropType, PropValue, Queue, Result,
+    State,
+};
 use std::sync::Arc;
 
 const PROPS: &[PropSpec] = &[

@@ -3,9 +3,7 @@
 use super::queue::UringQueue;
 use super::*;
 use crate::file::Target;
-use snapblk_core::queue::QueueExt;
-use snapblk_core::request::ReqFlags;
-use snapblk_core::{Completion, Op, Request};
+use snapblk_core::{Completion, Op, QueueExt, ReqFlags, Request};
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::path::{Path, PathBuf};
 use std::time::Duration;

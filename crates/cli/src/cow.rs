@@ -5,10 +5,11 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
 use clap::{Args, Subcommand, ValueEnum};
-use snapblk_cow::generate::{GenerateOptions, compute_ops, write_ops};
 use snapblk_cow::record::{self, Record, RecordCheck};
-use snapblk_cow::tools::{self, load_image};
-use snapblk_cow::{Codec, Compression, CowReader, OpenOptions, ReadAt, WriterOptions};
+use snapblk_cow::{
+    Codec, Compression, CowReader, GenerateOptions, OpenOptions, ReadAt, WriterOptions,
+    compute_ops, load_image, write_ops,
+};
 
 use crate::outfile::{AtomicFile, refuse_alias, refuse_same};
 
@@ -334,7 +335,7 @@ fn image_size(
         );
     }
     let bs = u64::from(cow.block_size());
-    let e = tools::extent(cow);
+    let e = snapblk_cow::extent(cow);
     if e.source_end > base_len {
         bail!(
             "base {} is {base_len} bytes, too short for this COW: op {} reads up to byte {} (block {})",
@@ -417,7 +418,7 @@ fn run_cmd(c: CowCmd) -> Result<()> {
                     scratch_size: if no_scratch {
                         0
                     } else {
-                        snapblk_cow::format::DEFAULT_SCRATCH_SIZE
+                        snapblk_cow::DEFAULT_SCRATCH_SIZE
                     },
                     ..Default::default()
                 },
@@ -480,7 +481,7 @@ fn run_cmd(c: CowCmd) -> Result<()> {
                     v["cpu_seconds_writer_only"] = c.into();
                 }
                 v["seconds_total"] = total.into();
-                v["threads"] = snapblk_cow::generate::threads(opts.threads).into();
+                v["threads"] = opts.worker_threads().into();
                 v["record"] = match rec_bytes {
                     Some((n, s)) => serde_json::json!({
                         "path": rec_path, "bytes": n, "seconds": s }),
@@ -571,7 +572,7 @@ fn run_cmd(c: CowCmd) -> Result<()> {
 
 fn inspect(cow: &Path, json: bool, ops: bool) -> Result<()> {
     let r = open_cow(cow, OpenOptions::default())?;
-    let s = tools::summarize(&r);
+    let s = snapblk_cow::summarize(&r);
     let rec_path = record::sidecar_path(cow);
     let rec = Record::load(&rec_path);
     let rec_state = match &rec {
@@ -719,7 +720,7 @@ fn inspect(cow: &Path, json: bool, ops: bool) -> Result<()> {
 
 /// What `verify` found.
 struct Verified {
-    report: tools::VerifyReport,
+    report: snapblk_cow::VerifyReport,
     record: Option<PathBuf>,
     check: RecordCheck,
 }
@@ -792,7 +793,7 @@ fn verify(
             );
         }
     }
-    let report = tools::verify(&r, &base_f, len, exp.as_ref())?;
+    let report = snapblk_cow::verify(&r, &base_f, len, exp.as_ref())?;
     if let Some((rp, x)) = &rec {
         record::check_target(x, &r, &base_f, &mut check);
         if !check.corrupt_blocks.is_empty() {
@@ -802,7 +803,7 @@ fn verify(
     let want_target = expect_sha.or(rec.as_ref().map(|x| x.1.target_sha256));
     if let Some(want) = want_target {
         let mut h = record::Sha256Stream::default();
-        tools::apply(&r, &base_f, len, &mut HashWriter(&mut h), &|_| {})?;
+        snapblk_cow::apply(&r, &base_f, len, &mut HashWriter(&mut h), &|_| {})?;
         let got = h.finish();
         if got != want {
             bail!(
@@ -845,7 +846,7 @@ struct CheckedWriter<'a, W> {
 
 impl<W: std::io::Write> std::io::Write for CheckedWriter<'_, W> {
     fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
-        // tools::apply writes whole 1 MiB chunks (block multiples except maybe the last).
+        // snapblk_cow::apply writes whole 1 MiB chunks (block multiples except maybe the last).
         if let Some(ix) = &self.index {
             let bs = self.block_size;
             for (k, chunk) in b.chunks(bs).enumerate() {
@@ -927,7 +928,7 @@ fn apply(
         corrupt: Vec::new(),
     };
     let pb = crate::progress::Progress::bytes(len, "applying");
-    tools::apply(&r, &base_f, len, &mut w, &|n| pb.inc(n))
+    snapblk_cow::apply(&r, &base_f, len, &mut w, &|n| pb.inc(n))
         .with_context(|| format!("writing {}", out.display()))?;
     pb.finish();
     use std::io::Write as _;
@@ -974,7 +975,7 @@ fn write_record(cow_path: &Path, old: &Path, new: &Path, out: Option<PathBuf>) -
     let new_img = load_image(new, MAX_IMAGE).with_context(|| format!("read {}", new.display()))?;
     let base_len = old_img.len() as u64;
     let len = image_size(&r, old, base_len, None, Some(new_img.len() as u64))?;
-    tools::verify(&r, &old_img[..], len, Some(&new_img[..])).with_context(|| {
+    snapblk_cow::verify(&r, &old_img[..], len, Some(&new_img[..])).with_context(|| {
         format!(
             "{} does not turn {} into {}",
             cow_path.display(),

@@ -41,7 +41,7 @@ impl Compression {
     ];
 
     /// Map an on-disk id.
-    pub fn from_id(id: u64) -> Option<Self> {
+    pub(crate) fn from_id(id: u64) -> Option<Self> {
         Some(match id {
             0 => Compression::None,
             1 => Compression::Gz,
@@ -217,7 +217,7 @@ impl Codec {
     /// zstd level -1 (raw literals; on the benchmark pair's XOR payloads 2.4x faster for +0.6 %
     /// bytes) and deflate level 4 (level 9's long lazy-match chains over zero runs made those
     /// payloads 2.4x slower *and* 2 % larger). An explicit level is always used as given.
-    pub fn for_unit(self, data: &[u8]) -> Codec {
+    pub(crate) fn for_unit(self, data: &[u8]) -> Codec {
         if self.level.is_some() || !matches!(self.algo, Compression::Zstd | Compression::Gz) {
             return self;
         }
@@ -236,7 +236,7 @@ impl Codec {
 }
 
 /// How many bytes of `data` are not zero (fixed-size chunks so the loop vectorizes).
-pub fn nonzero_bytes(data: &[u8]) -> usize {
+pub(crate) fn nonzero_bytes(data: &[u8]) -> usize {
     let mut chunks = data.chunks_exact(64);
     let mut n = 0usize;
     for c in &mut chunks {
@@ -253,45 +253,41 @@ pub fn nonzero_bytes(data: &[u8]) -> usize {
 /// encoders write into [`spare`](Self::spare) (initialized memory past the used part) and
 /// [`commit`](Self::commit) what they wrote.
 #[derive(Default, Debug)]
-pub struct PayloadBuf {
+pub(crate) struct PayloadBuf {
     buf: Vec<u8>,
     len: usize,
 }
 
 impl PayloadBuf {
     /// The bytes committed so far.
-    pub fn as_slice(&self) -> &[u8] {
+    pub(crate) fn as_slice(&self) -> &[u8] {
         &self.buf[..self.len]
     }
     /// Number of committed bytes.
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.len
     }
-    /// No bytes committed.
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
     /// Forget the committed bytes (the memory stays).
-    pub fn clear(&mut self) {
+    pub(crate) fn clear(&mut self) {
         self.len = 0;
     }
     /// Drop committed bytes from `len` on (`len` ≤ [`len`](Self::len)).
-    pub fn clear_to(&mut self, len: usize) {
+    pub(crate) fn clear_to(&mut self, len: usize) {
         self.len = self.len.min(len);
     }
     /// `n` writable bytes after the committed ones (zero-filled only when the buffer grows).
-    pub fn spare(&mut self, n: usize) -> &mut [u8] {
+    pub(crate) fn spare(&mut self, n: usize) -> &mut [u8] {
         if self.buf.len() < self.len + n {
             self.buf.resize(self.len + n, 0);
         }
         &mut self.buf[self.len..self.len + n]
     }
     /// Mark `n` bytes of the spare area as written.
-    pub fn commit(&mut self, n: usize) {
+    pub(crate) fn commit(&mut self, n: usize) {
         self.len = (self.len + n).min(self.buf.len());
     }
     /// Append bytes.
-    pub fn extend(&mut self, b: &[u8]) {
+    pub(crate) fn extend(&mut self, b: &[u8]) {
         self.spare(b.len()).copy_from_slice(b);
         self.commit(b.len());
     }
@@ -299,7 +295,8 @@ impl PayloadBuf {
 
 /// Compress one unit. Returns the encoded stream (which may be longer than the input; callers
 /// decide whether to store it raw). `window_log` is log2 of the largest unit (zstd only).
-pub fn compress(codec: Codec, input: &[u8], window_log: u32) -> Vec<u8> {
+#[cfg(test)]
+fn compress(codec: Codec, input: &[u8], window_log: u32) -> Vec<u8> {
     let mut out = PayloadBuf::default();
     compress_into(codec, input, window_log, &mut out);
     out.buf.truncate(out.len);
@@ -308,7 +305,12 @@ pub fn compress(codec: Codec, input: &[u8], window_log: u32) -> Vec<u8> {
 
 /// Like [`compress`], appending the stream to `out`; returns its length. Encoder contexts
 /// (zstd, deflate) are kept per thread and reused, as AOSP's writer keeps one per worker.
-pub fn compress_into(codec: Codec, input: &[u8], window_log: u32, out: &mut PayloadBuf) -> usize {
+pub(crate) fn compress_into(
+    codec: Codec,
+    input: &[u8],
+    window_log: u32,
+    out: &mut PayloadBuf,
+) -> usize {
     match codec.algo {
         Compression::None => {
             out.extend(input);

@@ -39,8 +39,7 @@ pub enum CowError {
         /// Length of the file in bytes (for a header parsed from a buffer, the buffer's).
         len: u64,
     },
-    /// The first 8 bytes are not the COW magic ([`MAGIC`](crate::format::MAGIC), `"!!WOcwoC"`
-    /// on disk): the file is not a COW.
+    /// The first 8 bytes are not the COW magic (`"!!WOcwoC"` on disk): the file is not a COW.
     #[error("bad magic {found:#018x} at offset 0 (expected 0x436f77634f572121)")]
     BadMagic {
         /// The little-endian u64 read at offset 0.
@@ -91,8 +90,8 @@ pub enum CowError {
     /// the running payload position, a metadata type in the op array. Both: an empty data
     /// payload.
     ///
-    /// Also reports a malformed Android sparse image ([`sparse`](crate::sparse)): then `index`
-    /// is 0 and `offset` is where the bad header field or chunk header is.
+    /// Also reports a malformed Android sparse image ([`load_image`](crate::load_image)): then
+    /// `index` is 0 and `offset` is where the bad header field or chunk header is.
     #[error("op {index} at offset {offset}: {reason}")]
     BadOp {
         /// Index of the record (see [`UnknownOpType`](Self::UnknownOpType)).
@@ -127,7 +126,8 @@ pub enum CowError {
     /// An op names a block past the end of a device: a new block at or past
     /// [`OpenOptions::device_blocks`](crate::OpenOptions::device_blocks), a COPY/XOR source at or
     /// past [`OpenOptions::base_blocks`](crate::OpenOptions::base_blocks), or (in
-    /// [`tools`](crate::tools)) a block outside the base or image being checked or merged.
+    /// [`verify`](crate::verify) and [`simulate_merge`](crate::simulate_merge)) a block outside
+    /// the base or image being checked or merged.
     #[error("op {index}: block {block} is past the device end ({device_blocks} blocks)")]
     OpPastDevice {
         /// Index of the op.
@@ -337,7 +337,7 @@ pub enum CowError {
     },
     /// The caller asked for something invalid: writer options or calls out of range or out
     /// of order, a buffer of the wrong size, an image larger than allowed or than memory
-    /// holds, or (in [`tools::verify`](crate::tools::verify)) an expected image that differs.
+    /// holds, or (in [`verify`](crate::verify)) an expected image that differs.
     /// The text says which.
     #[error("invalid argument: {0}")]
     InvalidArgument(String),

@@ -6,61 +6,59 @@ use crate::codec::Compression;
 use crate::error::{CowError, Result};
 
 /// File magic (`"!!WOcwoC"` on disk).
-pub const MAGIC: u64 = 0x436f_7763_4f57_2121;
+pub(crate) const MAGIC: u64 = 0x436f_7763_4f57_2121;
 /// Size of the version-independent header prefix.
-pub const PREFIX_SIZE: usize = 14;
+pub(crate) const PREFIX_SIZE: usize = 14;
 /// v1 header size.
-pub const HEADER_V1_SIZE: u16 = 34;
+pub(crate) const HEADER_V1_SIZE: u16 = 34;
 /// v2 header size.
-pub const HEADER_V2_SIZE: u16 = 38;
+pub(crate) const HEADER_V2_SIZE: u16 = 38;
 /// v3 header size (also the largest header any reader accepts).
-pub const HEADER_V3_SIZE: u16 = 78;
+pub(crate) const HEADER_V3_SIZE: u16 = 78;
 /// v1/v2 op record size.
-pub const OP_V2_SIZE: u16 = 20;
+pub(crate) const OP_V2_SIZE: u16 = 20;
 /// v3 op record size.
-pub const OP_V3_SIZE: u16 = 16;
+pub(crate) const OP_V3_SIZE: u16 = 16;
 /// v2 footer: one op-shaped record plus 64 reserved (zero) bytes.
-pub const FOOTER_V2_SIZE: u16 = 84;
+pub(crate) const FOOTER_V2_SIZE: u16 = 84;
 /// v3 resume point size (`u64 label, u64 op_index`).
-pub const RESUME_POINT_SIZE: u64 = 16;
+pub(crate) const RESUME_POINT_SIZE: u64 = 16;
 /// Default number of v3 resume slots.
-pub const RESUME_POINT_MAX: u32 = 4;
+pub(crate) const RESUME_POINT_MAX: u32 = 4;
 /// Default scratch (read-ahead) area size on devices.
 pub const DEFAULT_SCRATCH_SIZE: u32 = 2 * 1024 * 1024;
 /// Byte offset of `num_merge_ops` (u64) in every header version. The merge updates it in place.
-pub const NUM_MERGE_OPS_OFFSET: u64 = 26;
-/// Byte offset of `buffer_size` (u32) in v2/v3 headers.
-pub const BUFFER_SIZE_OFFSET: u64 = 34;
+pub(crate) const NUM_MERGE_OPS_OFFSET: u64 = 26;
 /// Largest v3 unit (`block_size << 6` at 4 KiB, AOSP's limit of 256 KiB).
-pub const MAX_UNIT_BYTES: u64 = 256 * 1024;
+pub(crate) const MAX_UNIT_BYTES: u64 = 256 * 1024;
 /// Largest v3 compression-bits value.
-pub const MAX_COMPRESSION_BITS: u8 = 6;
+pub(crate) const MAX_COMPRESSION_BITS: u8 = 6;
 
 /// Op type codes: byte 0 of a v2 record, bits 60..63 of a v3 record's `source_info` (format
 /// §4.3). The names in each item are libsnapshot's constants.
-pub mod op_type {
+pub(crate) mod op_type {
     /// `kCowCopyOp`: the new block is base block `source`. No payload.
-    pub const COPY: u8 = 1;
+    pub(crate) const COPY: u8 = 1;
     /// `kCowReplaceOp`: the new block (v3: the `2^compression bits` blocks from it) is the
     /// decoded payload; `source` is the payload's absolute file offset.
-    pub const REPLACE: u8 = 2;
+    pub(crate) const REPLACE: u8 = 2;
     /// `kCowZeroOp`: the new block is all zeros. No payload; `source` is 0.
-    pub const ZERO: u8 = 3;
+    pub(crate) const ZERO: u8 = 3;
     /// `kCowLabelOp` (v2 only): a metadata record marking a point a writer can resume from;
     /// `source` is the label value. v3 keeps labels as resume points instead.
-    pub const LABEL: u8 = 4;
+    pub(crate) const LABEL: u8 = 4;
     /// `kCowClusterOp` (clustered v2 only): closes a cluster; `source` is the number of bytes
     /// from the end of this record to the next cluster.
-    pub const CLUSTER: u8 = 5;
+    pub(crate) const CLUSTER: u8 = 5;
     /// `kCowXorOp`: the new block is the decoded payload XOR `block_size` base bytes starting
     /// at byte offset `source` (any alignment). The payload position is not stored.
-    pub const XOR: u8 = 6;
+    pub(crate) const XOR: u8 = 6;
     /// `kCowSequenceOp` (v2 only): the payload at file offset `source` is an array of u32 new
     /// blocks giving the merge order of the COPY/XOR ops; these ops precede every data op.
-    pub const SEQUENCE: u8 = 7;
+    pub(crate) const SEQUENCE: u8 = 7;
     /// `kCowFooterOp` (v2 only): the end-of-stream record, [`FOOTER_V2_SIZE`](super::FOOTER_V2_SIZE)
     /// bytes with its trailer.
-    pub const FOOTER: u8 = 255;
+    pub(crate) const FOOTER: u8 = 255;
 }
 
 /// Parsed COW header (all versions; v3-only fields are zero for v1/v2).
@@ -76,8 +74,7 @@ pub struct Header {
     /// Size of the header in bytes (offset 12): 34 for v1 (38 also accepted), 38 for v2, 78
     /// for v3. The scratch area follows it.
     pub header_size: u16,
-    /// Size of the footer in bytes (offset 14): 84 for v1/v2 ([`FOOTER_V2_SIZE`]), 0 for v3,
-    /// which has none.
+    /// Size of the footer in bytes (offset 14): 84 for v1/v2, 0 for v3, which has none.
     pub footer_size: u16,
     /// Size of one op record in bytes (offset 16): 20 for v1/v2, 16 for v3.
     pub op_size: u16,
@@ -88,8 +85,8 @@ pub struct Header {
     /// followed by its payload), otherwise at least 2 (AOSP's default is 1024). Always 0 in
     /// v3.
     pub cluster_ops: u32,
-    /// Merge progress (offset 26, [`NUM_MERGE_OPS_OFFSET`]): number of merge-order entries
-    /// already merged into the base; 0 when written, then updated in place by the merge.
+    /// Merge progress (offset 26): number of merge-order entries already merged into the base;
+    /// 0 when written, then updated in place by the merge.
     pub num_merge_ops: u64,
     /// Size in bytes of the scratch area (offset 34, v2/v3; 0 for v1), which starts at
     /// `header_size`: 2 MiB ([`DEFAULT_SCRATCH_SIZE`]) on devices, 0 for none.
@@ -102,7 +99,7 @@ pub struct Header {
     /// `min(resume_point_count, resume_point_max)` points are valid.
     pub resume_point_count: u32,
     /// v3 (offset 50): number of 16-byte resume-point slots reserved after the sequence area
-    /// ([`RESUME_POINT_MAX`], 4, in files AOSP writes).
+    /// (4 in files AOSP writes).
     pub resume_point_max: u32,
     /// v3 (offset 54): number of valid records at the start of the op array.
     pub op_count: u64,
@@ -112,7 +109,7 @@ pub struct Header {
     /// v3 (offset 70): the file-wide [`Compression`] id (0..=4) of every payload.
     pub compression_algorithm: u32,
     /// v3 (offset 74): the largest unit a REPLACE payload decodes to, in bytes: a power of two
-    /// from `block_size` to 256 KiB ([`MAX_UNIT_BYTES`]).
+    /// from `block_size` to 256 KiB.
     pub max_compression_size: u32,
 }
 
@@ -164,7 +161,7 @@ impl Header {
     }
 
     /// A v3 header as AOSP's writer emits it (counts filled in as the file is written).
-    pub fn new_v3(
+    pub(crate) fn new_v3(
         block_size: u32,
         buffer_size: u32,
         op_count_max: u64,
@@ -354,11 +351,11 @@ impl Header {
     }
 
     /// v3: offset of the sequence area.
-    pub fn v3_sequence_offset(&self) -> u64 {
+    pub(crate) fn v3_sequence_offset(&self) -> u64 {
         self.ops_start()
     }
     /// v3: offset of the resume-point area.
-    pub fn v3_resume_offset(&self) -> u64 {
+    pub(crate) fn v3_resume_offset(&self) -> u64 {
         self.ops_start()
             .saturating_add(self.sequence_data_count.saturating_mul(4))
     }
@@ -383,20 +380,6 @@ pub struct ScratchLayout {
     pub size: u64,
     /// The file's block size in bytes: the size of each staged data block.
     pub block_size: u64,
-}
-
-/// Values of the read-ahead state byte, the first byte of the scratch area
-/// ([`ScratchLayout::state_offset`]), which the merge writes (format §10.2–10.3). libsnapshot
-/// calls them `kCowReadAheadNotStarted`, `kCowReadAheadInProgress` and `kCowReadAheadDone`.
-pub mod scratch_state {
-    /// 0: no window has been staged since the merge (re)started.
-    pub const NOT_STARTED: u8 = 0;
-    /// 1: the merge is under way and the last staged window has been committed, so a restart
-    /// reads the next window's sources from the base again.
-    pub const IN_PROGRESS: u8 = 1;
-    /// 2: a window is fully staged in scratch (entries and data synced); a restart redoes it
-    /// from that copy, because its sources in the base may already be overwritten.
-    pub const DONE: u8 = 2;
 }
 
 impl ScratchLayout {
@@ -428,7 +411,7 @@ impl ScratchLayout {
 /// Encode a v2 op record (format §4.1): `op_type` is one of [`op_type`](mod@op_type),
 /// `compression` a [`Compression`] id (0 for ops without payload), `data_length` the payload's
 /// stored bytes, `new_block` and `source` as the type defines them.
-pub fn encode_op_v2(
+pub(crate) fn encode_op_v2(
     op_type: u8,
     compression: u8,
     data_length: u16,
@@ -475,29 +458,29 @@ pub(crate) struct RawOpV3 {
 
 impl RawOpV3 {
     /// Op type (bits 60..63).
-    pub fn op_type(&self) -> u8 {
+    pub(crate) fn op_type(&self) -> u8 {
         (self.source_info >> 60) as u8
     }
     /// Compression bits (57..59).
-    pub fn compression_bits(&self) -> u8 {
+    pub(crate) fn compression_bits(&self) -> u8 {
         ((self.source_info >> 57) & 7) as u8
     }
     /// Source value (bits 0..47).
-    pub fn source(&self) -> u64 {
+    pub(crate) fn source(&self) -> u64 {
         self.source_info & SOURCE_MASK
     }
     /// Unused bits 48..56.
-    pub fn reserved_bits(&self) -> u64 {
+    pub(crate) fn reserved_bits(&self) -> u64 {
         (self.source_info >> 48) & 0x1ff
     }
 }
 
 /// Mask of the 48-bit source field.
-pub const SOURCE_MASK: u64 = (1 << 48) - 1;
+pub(crate) const SOURCE_MASK: u64 = (1 << 48) - 1;
 
 /// Encode a v3 record (format §4.2): `compression_bits` (0..=6, only REPLACE uses more than
 /// 0) and `op_type` are packed above the 48-bit `source` into `source_info`.
-pub fn encode_op_v3(
+pub(crate) fn encode_op_v3(
     op_type: u8,
     compression_bits: u8,
     data_length: u32,
@@ -524,14 +507,14 @@ pub(crate) fn decode_op_v3(r: &[u8; 16]) -> RawOpV3 {
 }
 
 /// Encode the 84-byte v2 footer.
-pub fn encode_footer_v2(num_ops: u64) -> [u8; 84] {
+pub(crate) fn encode_footer_v2(num_ops: u64) -> [u8; 84] {
     let mut f = [0u8; 84];
     f[..20].copy_from_slice(&encode_op_v2(op_type::FOOTER, 0, 64, num_ops * 20, num_ops));
     f
 }
 
 /// Encode a v3 resume point.
-pub fn encode_resume_point(label: u64, op_index: u64) -> [u8; 16] {
+pub(crate) fn encode_resume_point(label: u64, op_index: u64) -> [u8; 16] {
     let mut r = [0u8; 16];
     r[..8].copy_from_slice(&label.to_le_bytes());
     r[8..].copy_from_slice(&op_index.to_le_bytes());
@@ -539,7 +522,7 @@ pub fn encode_resume_point(label: u64, op_index: u64) -> [u8; 16] {
 }
 
 /// Decode a v3 resume point into `(label, op_index)`.
-pub fn decode_resume_point(r: &[u8; 16]) -> (u64, u64) {
+pub(crate) fn decode_resume_point(r: &[u8; 16]) -> (u64, u64) {
     (le_u64(r, 0), le_u64(r, 8))
 }
 

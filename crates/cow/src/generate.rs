@@ -89,6 +89,14 @@ impl std::fmt::Debug for GenerateOptions<'_> {
     }
 }
 
+impl GenerateOptions<'_> {
+    /// The worker threads the generator starts for [`threads`](Self::threads): that number, or
+    /// all cores for 0, at most 256.
+    pub fn worker_threads(&self) -> usize {
+        threads(self.threads)
+    }
+}
+
 impl Default for GenerateOptions<'_> {
     fn default() -> Self {
         GenerateOptions {
@@ -103,7 +111,7 @@ impl Default for GenerateOptions<'_> {
 
 /// What the generator decided for one new block.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Plan {
+pub(crate) enum Plan {
     /// Same bytes as the old image's block at the same offset: no op.
     Unchanged,
     /// All zeros: a ZERO op.
@@ -179,10 +187,10 @@ impl Hasher for IdHasher {
 type IdMap<V> = HashMap<u64, V, BuildHasherDefault<IdHasher>>;
 
 /// Most worker threads the generator starts, whatever it is asked for.
-pub const MAX_THREADS: usize = 256;
+pub(crate) const MAX_THREADS: usize = 256;
 
 /// Worker count for a `threads` setting (0 = all cores), at most [`MAX_THREADS`].
-pub fn threads(n: usize) -> usize {
+pub(crate) fn threads(n: usize) -> usize {
     if n > 0 {
         n.min(MAX_THREADS)
     } else {
@@ -359,16 +367,6 @@ fn locality_candidate(
     None
 }
 
-/// Decide ops for every new block. `old`/`new` are raw images.
-pub fn plan(
-    old: &[u8],
-    new: &[u8],
-    opts: &GenerateOptions,
-    progress: &(dyn Fn(u64) + Sync),
-) -> Result<Vec<Plan>> {
-    plan_cached(old, new, opts, progress).map(|p| p.0)
-}
-
 fn plan_cached(
     old: &[u8],
     new: &[u8],
@@ -540,7 +538,7 @@ fn plan_cached(
 /// turns ops that sit on dependency cycles into `Plan::Replace`. Returns the number of ops
 /// converted. `block_size` is needed because XOR sources are byte offsets: an XOR whose source
 /// is not block-aligned reads two old blocks, and must merge before either is overwritten.
-pub fn order(plans: &mut [Plan], block_size: u32) -> (Vec<u32>, u64) {
+pub(crate) fn order(plans: &mut [Plan], block_size: u32) -> (Vec<u32>, u64) {
     const NONE: u32 = u32::MAX;
     let bs = u64::from(block_size.max(1));
     // Nodes: ordered ops. Edge A -> B ("A before B") when B's destination is one of A's sources.
@@ -678,7 +676,7 @@ impl Drop for StageReport<'_, '_> {
     }
 }
 
-/// The generator's decisions before anything is written: one [`Plan`] per new block and the
+/// The generator's decisions before anything is written: one planned op per new block and the
 /// merge sequence of the ordered (COPY/XOR) ops. Produced by [`compute_ops`], consumed by
 /// [`write_ops`] (which is the writer stage alone — what AOSP's writer does given an op list).
 pub struct OpList {

@@ -7,34 +7,53 @@
 //! COW from two images ([`generate()`]). It does no I/O policy: callers pass anything that
 //! implements [`ReadAt`] (files, byte slices).
 //!
-//! Layout of the crate: [`format`](mod@format) (on-disk structures), [`codec`] (payload compression),
-//! [`reader`], [`writer`], [`generate`](mod@generate), [`sparse`] (Android sparse images), [`tools`]
-//! (apply/verify/inspect helpers used by the CLI).
+//! * On-disk structures: [`Header`] (with its [`ScratchLayout`]); ops as the reader returns
+//!   them ([`Op`], [`OpKind`], [`Payload`]); the merge counter ([`read_num_merge_ops`],
+//!   [`write_num_merge_ops`]).
+//! * Payload compression: [`Compression`], [`Codec`], [`decompress`].
+//! * Generation: [`generate()`] is [`compute_ops`] (decide an op per block and a safe merge
+//!   order, an [`OpList`]) followed by [`write_ops`]; [`GenerateOptions`] and
+//!   [`GenerateProgress`] drive it, [`GenerateStats`] reports it. Input images are raw or
+//!   Android sparse ([`load_image`]).
+//! * Whole-file operations the CLI runs: [`summarize`] (inspect), [`verify`], [`apply`],
+//!   [`extent`], [`simulate_merge`].
+//!
+//! Modules are private and the API is re-exported here, except two public namespaces:
+//! * [`record`]: the COW record, a sidecar file (`COW.snapblk`) with its own format, errors and
+//!   helpers (`record::sha256_of`, `record::hex`, `record::check_base`, ...) whose names read
+//!   right only under it;
+//! * `fuzzing` (with the `test-utils` feature): the fuzz entry points, test scaffolding.
 
 #![warn(missing_docs)]
+#![warn(unreachable_pub, unnameable_types)]
 
-pub mod codec;
-pub mod error;
-pub mod format;
+mod codec;
+mod error;
+mod format;
 #[cfg(feature = "test-utils")]
 pub mod fuzzing;
-pub mod generate;
-pub mod io;
-pub mod reader;
+mod generate;
+mod io;
+mod reader;
 pub mod record;
-pub mod sparse;
-pub mod tools;
-pub mod writer;
+mod sparse;
+mod tools;
+mod writer;
 
-pub use codec::{Codec, Compression, PayloadBuf};
+pub use codec::{Codec, Compression, DecodeError, decompress};
 pub use error::{CowError, Result};
-pub use format::{Header, ScratchLayout};
-pub use generate::{GenerateOptions, GenerateProgress, GenerateStats, Stage, generate};
+pub use format::{DEFAULT_SCRATCH_SIZE, Header, ScratchLayout};
+pub use generate::{
+    GenerateOptions, GenerateProgress, GenerateStats, OpList, Stage, compute_ops, generate,
+    write_ops,
+};
 pub use io::{MemFile, ReadAt, WriteAt};
 pub use reader::{
     CowReader, DuplicatePolicy, Footer, Op, OpKind, OpenOptions, Payload, read_num_merge_ops,
     write_num_merge_ops,
 };
-pub use writer::{
-    BatchOp, CowSink, CowWriter, EncodedUnit, WriterOptions, encode_unit, encode_unit_into,
+pub use tools::{
+    Extent, Image, MergeSummary, Summary, TypeStats, VerifyReport, apply, extent, load_image,
+    simulate_merge, summarize, verify,
 };
+pub use writer::{CowSink, CowWriter, EncodedUnit, WriterOptions};

@@ -32,7 +32,7 @@ use crate::io::ReadAt;
 use crate::reader::CowReader;
 
 /// File-name suffix of a record: `update.cow` → `update.cow.snapblk`.
-pub const SUFFIX: &str = ".snapblk";
+pub(crate) const SUFFIX: &str = ".snapblk";
 const MAGIC: &[u8; 8] = b"SBLKREC1";
 const VERSION: u32 = 1;
 const FIXED: usize = 8 + 4 + 4 + 8 + 8 + 32 + 32 + 32 + 4 + 4;
@@ -106,14 +106,15 @@ pub struct Record {
     pub base_sha256: [u8; 32],
     /// SHA-256 of the whole target image.
     pub target_sha256: [u8; 32],
-    /// [`ops_digest`] of the COW the record describes.
+    /// SHA-256 of what the data ops of the COW the record describes say (type, new block,
+    /// source, payload offset, length, codec and unit, in file order).
     pub cow_ops_sha256: [u8; 32],
-    /// Base blocks the COW's COPY and XOR ops read ([`read_set`]): sorted, merged runs.
+    /// Base blocks the COW's COPY and XOR ops read: sorted, merged runs.
     pub read: Vec<Range>,
     /// One [`block_digest`] per block of `read`, in run order: the base content the COW
     /// expects.
     pub read_digests: Vec<BlockDigest>,
-    /// Target blocks the COW produces ([`write_set`]): sorted, merged runs.
+    /// Target blocks the COW produces: sorted, merged runs.
     pub write: Vec<Range>,
     /// One [`block_digest`] per block of `write`, in run order: the content the COW must
     /// produce.
@@ -121,7 +122,7 @@ pub struct Record {
 }
 
 /// Base blocks the COW's COPY and XOR ops read, as sorted, merged runs.
-pub fn read_set<R: ReadAt>(cow: &CowReader<R>) -> Vec<Range> {
+pub(crate) fn read_set<R: ReadAt>(cow: &CowReader<R>) -> Vec<Range> {
     let bs = u64::from(cow.block_size());
     let mut v: Vec<Range> = cow
         .data_ops()
@@ -134,7 +135,7 @@ pub fn read_set<R: ReadAt>(cow: &CowReader<R>) -> Vec<Range> {
 /// SHA-256 of what the COW's data ops say (type, new block, source, payload offset, length,
 /// codec and unit, in file order): binds a record to one COW, whatever its block sets. Merge
 /// progress and the scratch area are not part of it (a merge changes them).
-pub fn ops_digest<R: ReadAt>(cow: &CowReader<R>) -> [u8; 32] {
+pub(crate) fn ops_digest<R: ReadAt>(cow: &CowReader<R>) -> [u8; 32] {
     use crate::reader::OpKind;
     let mut h = Sha256::new();
     for op in cow.data_ops() {
@@ -159,7 +160,7 @@ pub fn ops_digest<R: ReadAt>(cow: &CowReader<R>) -> [u8; 32] {
 }
 
 /// Target blocks the COW produces, as sorted, merged runs.
-pub fn write_set<R: ReadAt>(cow: &CowReader<R>) -> Vec<Range> {
+pub(crate) fn write_set<R: ReadAt>(cow: &CowReader<R>) -> Vec<Range> {
     merge_runs(cow.block_map().map(|(b, n, _)| (b, u64::from(n))).collect())
 }
 
@@ -222,7 +223,7 @@ fn block_of<'a>(img: &'a [u8], b: u64, bs: usize, pad: &'a mut Vec<u8>) -> &'a [
 }
 
 /// SHA-256 of `data`.
-pub fn sha256(data: &[u8]) -> [u8; 32] {
+pub(crate) fn sha256(data: &[u8]) -> [u8; 32] {
     Sha256::digest(data).into()
 }
 
@@ -477,7 +478,7 @@ pub struct RecordIndex<'a> {
 
 impl RecordIndex<'_> {
     /// Expected digest of base block `b`, if the COW reads it.
-    pub fn base_digest(&self, b: u64) -> Option<BlockDigest> {
+    pub(crate) fn base_digest(&self, b: u64) -> Option<BlockDigest> {
         index_in(&self.rec.read, &self.read_prefix, b).map(|i| self.rec.read_digests[i])
     }
     /// Expected digest of target block `b`, if the COW writes it.

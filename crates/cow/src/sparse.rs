@@ -8,7 +8,7 @@ use crate::error::{CowError, Result, io_at};
 use crate::io::ReadAt;
 
 /// Sparse file magic.
-pub const SPARSE_MAGIC: u32 = 0xed26_ff3a;
+pub(crate) const SPARSE_MAGIC: u32 = 0xed26_ff3a;
 const CHUNK_RAW: u16 = 0xcac1;
 const CHUNK_FILL: u16 = 0xcac2;
 const CHUNK_DONT_CARE: u16 = 0xcac3;
@@ -33,7 +33,7 @@ fn bad(offset: u64, reason: &'static str) -> CowError {
 }
 
 /// True if `src` starts with the sparse magic.
-pub fn is_sparse<R: ReadAt + ?Sized>(src: &R) -> bool {
+pub(crate) fn is_sparse<R: ReadAt + ?Sized>(src: &R) -> bool {
     let mut m = [0u8; 4];
     src.read_exact_at(0, &mut m).is_ok() && u32::from_le_bytes(m) == SPARSE_MAGIC
 }
@@ -77,7 +77,7 @@ pub(crate) fn parse_header(b: &[u8]) -> Result<SparseHeader> {
 
 /// Expand a sparse image into raw bytes. `max_len` bounds the output size (the header's
 /// block count is untrusted); exceeding it, or failing to reserve memory, is an error.
-pub fn expand<R: ReadAt + ?Sized>(src: &R, max_len: u64) -> Result<Vec<u8>> {
+pub(crate) fn expand<R: ReadAt + ?Sized>(src: &R, max_len: u64) -> Result<Vec<u8>> {
     let file_len = src.size().map_err(io_at(0))?;
     let mut hb = [0u8; 28];
     src.read_exact_at(0, &mut hb)
@@ -179,7 +179,8 @@ pub fn expand<R: ReadAt + ?Sized>(src: &R, max_len: u64) -> Result<Vec<u8>> {
 
 /// Build a sparse image from raw bytes (RAW / FILL / DONT_CARE for zero runs). Used by tests and
 /// tools; not byte-identical to `img2simg` but readable by it.
-pub fn encode(raw: &[u8], block_size: u32) -> Vec<u8> {
+#[cfg(test)]
+fn encode(raw: &[u8], block_size: u32) -> Vec<u8> {
     let bs = block_size as usize;
     let nblocks = raw.len().div_ceil(bs);
     let mut chunks: Vec<u8> = Vec::new();

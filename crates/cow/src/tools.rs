@@ -178,18 +178,7 @@ pub fn extent<R: ReadAt>(cow: &CowReader<R>) -> Extent {
     e
 }
 
-/// Size in blocks of the new image: the base size, or further if ops write past it.
-pub fn device_blocks<R: ReadAt>(cow: &CowReader<R>, base_len: u64) -> u64 {
-    let bs = u64::from(cow.block_size());
-    let ops_end = cow
-        .block_map()
-        .last()
-        .map_or(0, |(b, n, _)| b + u64::from(n));
-    base_len.div_ceil(bs).max(ops_end)
-}
-
-/// Materialise the new image into `out` (`len` bytes; see [`device_blocks`]). `progress` is
-/// called with bytes done.
+/// Materialise the new image into `out` (`len` bytes). `progress` is called with bytes done.
 pub fn apply<R: ReadAt, B: ReadAt + ?Sized>(
     cow: &CowReader<R>,
     base: &B,
@@ -450,7 +439,7 @@ pub fn load_image(path: &std::path::Path, max_len: u64) -> Result<Image> {
 
 /// CPU time used so far by the whole process (all threads), in seconds; for benchmark output
 /// that stays meaningful when other jobs share the cores.
-pub fn process_cpu_seconds() -> f64 {
+pub(crate) fn process_cpu_seconds() -> f64 {
     let mut ts = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,

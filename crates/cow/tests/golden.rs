@@ -142,7 +142,9 @@ fn op_by_op_in_place_merge_gives_target() {
                             let mut payload = vec![0u8; bs];
                             r.decode_payload(op, &mut payload).unwrap();
                             blk.copy_from_slice(&disk[s..s + bs]);
-                            snapblk_cow::reader::xor_into(&mut blk, &payload);
+                            for (d, s) in blk.iter_mut().zip(&payload) {
+                                *d ^= s;
+                            }
                         } else {
                             r.read_block(b as u64, pristine.as_slice(), &mut blk)
                                 .unwrap();

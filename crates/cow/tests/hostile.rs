@@ -484,19 +484,32 @@ fn h22_mixed_v2_codecs() {
 /// A clustered v2 file (no scratch, block size `bs`): the given op records from offset 38, a
 /// footer after them, then `tail` (payload bytes the records may point at).
 fn v2_clustered(bs: u32, records: &[[u8; 20]], tail: &[u8]) -> (Vec<u8>, u64) {
-    use snapblk_cow::format::encode_footer_v2;
     let mut b = snapblk_cow::Header::new_v2(bs, 1024, 0).encode();
     for r in records {
         b.extend_from_slice(r);
     }
-    b.extend_from_slice(&encode_footer_v2(records.len() as u64));
+    // The 84-byte v2 footer: a FOOTER op record (type 255, data_length 64) then zeros.
+    let n = records.len() as u64;
+    b.extend_from_slice(&op_v2(255, 64, n * 20, n));
+    b.extend_from_slice(&[0u8; 64]);
     let tail_at = b.len() as u64;
     b.extend_from_slice(tail);
     (b, tail_at)
 }
 
+/// A 20-byte v2 op record (format §4.1) without compression: type, compression 0,
+/// `data_length`, `new_block`, `source`, little-endian.
+fn op_v2(op_type: u8, data_length: u16, new_block: u64, source: u64) -> [u8; 20] {
+    let mut r = [0u8; 20];
+    r[0] = op_type;
+    r[2..4].copy_from_slice(&data_length.to_le_bytes());
+    r[4..12].copy_from_slice(&new_block.to_le_bytes());
+    r[12..20].copy_from_slice(&source.to_le_bytes());
+    r
+}
+
 fn seq_record(len: u16, source: u64) -> [u8; 20] {
-    snapblk_cow::format::encode_op_v2(7, 0, len, 0, source)
+    op_v2(7, len, 0, source)
 }
 
 #[test]

@@ -2,9 +2,10 @@
 //! merge and `apply` all equal the new image; for v2 and v3 and every codec.
 
 use proptest::prelude::*;
-use snapblk_cow::generate::{GenerateOptions, generate};
-use snapblk_cow::tools::{apply, simulate_merge};
-use snapblk_cow::{Codec, Compression, CowReader, MemFile, WriterOptions};
+use snapblk_cow::{
+    Codec, Compression, CowReader, GenerateOptions, MemFile, WriterOptions, apply, generate,
+    simulate_merge,
+};
 
 const BS: usize = 4096;
 

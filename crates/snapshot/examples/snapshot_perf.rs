@@ -266,8 +266,7 @@ fn ir_mode(dir: &Path, variant: &str, n: usize) {
                 let c = i % chunks as usize;
                 for (k, p) in payloads[c * per..(c + 1) * per].iter().enumerate() {
                     let s = &bytes[p.offset as usize..(p.offset + p.len as u64) as usize];
-                    snapblk_cow::codec::decompress(p.codec, s, &mut big[k * BS..(k + 1) * BS])
-                        .unwrap();
+                    snapblk_cow::decompress(p.codec, s, &mut big[k * BS..(k + 1) * BS]).unwrap();
                 }
             }
         } else {
@@ -448,7 +447,7 @@ fn bench_lz4(dir: &Path, blocks: u64, mib: u64, rounds: usize) -> serde_json::Va
                 for c in payloads.chunks(per_chunk) {
                     for (i, p) in c.iter().enumerate() {
                         let s = &bytes[p.offset as usize..(p.offset + p.len as u64) as usize];
-                        snapblk_cow::codec::decompress(p.codec, s, &mut big[i * BS..(i + 1) * BS])
+                        snapblk_cow::decompress(p.codec, s, &mut big[i * BS..(i + 1) * BS])
                             .unwrap();
                     }
                     std::hint::black_box(&big);
@@ -458,7 +457,7 @@ fn bench_lz4(dir: &Path, blocks: u64, mib: u64, rounds: usize) -> serde_json::Va
             1 => {
                 for p in &payloads {
                     let s = &bytes[p.offset as usize..(p.offset + p.len as u64) as usize];
-                    snapblk_cow::codec::decompress(p.codec, s, &mut hot).unwrap();
+                    snapblk_cow::decompress(p.codec, s, &mut hot).unwrap();
                     std::hint::black_box(&hot);
                 }
             }
@@ -471,7 +470,7 @@ fn bench_lz4(dir: &Path, blocks: u64, mib: u64, rounds: usize) -> serde_json::Va
                     file.read_exact_at(&mut src, lo).unwrap();
                     for (i, p) in c.iter().enumerate() {
                         let at = (p.offset - lo) as usize;
-                        snapblk_cow::codec::decompress(
+                        snapblk_cow::decompress(
                             p.codec,
                             &src[at..at + p.len as usize],
                             &mut big[i * BS..(i + 1) * BS],

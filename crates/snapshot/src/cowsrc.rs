@@ -34,9 +34,9 @@ fn codec(c: Compression) -> Codec {
 
 impl Decoder for CowDecoder {
     fn decode(&self, c: Codec, src: &[u8], out: &mut [u8]) -> std::result::Result<(), String> {
-        use snapblk_cow::codec::DecodeError;
+        use snapblk_cow::DecodeError;
         let algo = compression(c);
-        snapblk_cow::codec::decompress(algo, src, out).map_err(|e| match e {
+        snapblk_cow::decompress(algo, src, out).map_err(|e| match e {
             DecodeError::Corrupt(reason) => format!("{algo} payload is corrupt: {reason}"),
             DecodeError::TooLong => {
                 format!(

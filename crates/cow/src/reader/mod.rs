@@ -522,7 +522,7 @@ impl<R: ReadAt> CowReader<R> {
         self.map_index(new_block).map(|i| &self.ops[i])
     }
     /// Block map entries `(first block, block count, &op)` sorted by block.
-    pub fn block_map(&self) -> impl Iterator<Item = (u64, u32, &Op)> {
+    pub(crate) fn block_map(&self) -> impl Iterator<Item = (u64, u32, &Op)> {
         self.map.iter().map(|e| (e.0, e.1, &self.ops[e.2 as usize]))
     }
     /// Number of data ops in the merge order (what `num_merge_ops` counts towards).
@@ -736,7 +736,7 @@ impl<R: ReadAt> CowReader<R> {
 }
 
 /// XOR `src` into `dst` (equal lengths).
-pub fn xor_into(dst: &mut [u8], src: &[u8]) {
+pub(crate) fn xor_into(dst: &mut [u8], src: &[u8]) {
     for (d, s) in dst.iter_mut().zip(src) {
         *d ^= *s;
     }

@@ -5,9 +5,9 @@
 //! [`add_raw_blocks`](CowWriter::add_raw_blocks), [`add_xor_blocks`](CowWriter::add_xor_blocks),
 //! [`add_zero_blocks`](CowWriter::add_zero_blocks), [`add_label`](CowWriter::add_label),
 //! [`add_sequence_data`](CowWriter::add_sequence_data), [`finalize`](CowWriter::finalize).
-//! Generators that compress in parallel encode units with [`encode_unit`] and hand the result
-//! to [`add_encoded_replace`](CowWriter::add_encoded_replace) /
-//! [`add_encoded_xor`](CowWriter::add_encoded_xor).
+//! A caller that compresses units itself hands each [`EncodedUnit`] to
+//! [`add_encoded_replace`](CowWriter::add_encoded_replace); the crate's generator encodes units
+//! in parallel ([`encode_unit_into`]) and stores them in batches ([`CowWriter::add_batch`]).
 //!
 //! One [`CowWriter`] serves both format families: the calls, checks and op bookkeeping are
 //! shared (this file); how ops are laid out on disk is per family, in `writer/v2.rs` (records
@@ -91,7 +91,7 @@ impl Default for WriterOptions {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct EncodedUnit {
     /// The payload as stored in the file: the compressed stream, or the unit itself when
-    /// compression did not shrink it (see [`encode_unit`]).
+    /// compression did not shrink it (always in v3; in v2 for lz4 and zstd only).
     pub bytes: Vec<u8>,
     /// Number of blocks the unit covers.
     pub unit_blocks: u32,
@@ -99,7 +99,7 @@ pub struct EncodedUnit {
 
 /// Encode one unit the way AOSP's writer stores it for `version` (format §6.3): v3 stores the
 /// raw unit whenever compression does not shrink it; v2 does so for lz4/zstd only.
-pub fn encode_unit(
+pub(crate) fn encode_unit(
     codec: Codec,
     version: u16,
     block_size: u32,
@@ -116,7 +116,7 @@ pub fn encode_unit(
 
 /// [`encode_unit`] appending the payload to `out` (no allocation once `out` has grown);
 /// returns the payload length. Sparse units use cheaper settings ([`Codec::for_unit`]).
-pub fn encode_unit_into(
+pub(crate) fn encode_unit_into(
     codec: Codec,
     version: u16,
     block_size: u32,
@@ -144,7 +144,7 @@ pub fn encode_unit_into(
 /// One op of a batch for [`CowWriter::add_batch`]; payload ops take their `len` bytes from
 /// the batch's payload buffer, in op order.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum BatchOp {
+pub(crate) enum BatchOp {
     /// A COPY op (as [`CowWriter::add_copy`] writes for one block).
     Copy {
         /// Block of the new image it produces.
@@ -450,7 +450,7 @@ impl<W: CowSink> CowWriter<W> {
     }
 
     /// How `add_raw_blocks(new_block, nblocks)` is cut into units: `(first block, blocks)`.
-    pub fn replace_units(&self, new_block: u64, nblocks: u64) -> Vec<(u64, u32)> {
+    pub(crate) fn replace_units(&self, new_block: u64, nblocks: u64) -> Vec<(u64, u32)> {
         let mut units = Vec::new();
         let max_unit = if self.header.major >= 3 && self.opts.cluster_ops != 0 {
             u64::from(self.opts.max_compression_size) / self.bs()
@@ -475,7 +475,7 @@ impl<W: CowSink> CowWriter<W> {
         units
     }
 
-    /// Store an already encoded REPLACE unit (from [`encode_unit`] with this writer's codec).
+    /// Store an already encoded REPLACE unit (encoded with this writer's codec).
     pub fn add_encoded_replace(&mut self, new_block: u64, unit: &EncodedUnit) -> Result<()> {
         self.check_unit(unit.unit_blocks)?;
         self.emit(
@@ -500,11 +500,11 @@ impl<W: CowSink> CowWriter<W> {
 
     /// Store a batch of ops whose payloads are concatenated in `payloads` (in op order): the
     /// same file as [`add_copy`](Self::add_copy) / [`add_zero_blocks`](Self::add_zero_blocks)
-    /// / [`add_encoded_replace`](Self::add_encoded_replace) /
-    /// [`add_encoded_xor`](Self::add_encoded_xor) op by op, without an `EncodedUnit` per
-    /// payload; v3 writes a large batch's payloads in place instead of copying them into the
-    /// writer's buffer. Nothing of the batch is stored if any op is invalid.
-    pub fn add_batch(&mut self, ops: &[BatchOp], payloads: &[u8]) -> Result<()> {
+    /// / [`add_encoded_replace`](Self::add_encoded_replace) / `add_encoded_xor` op by op,
+    /// without an `EncodedUnit` per payload; v3 writes a large batch's payloads in place
+    /// instead of copying them into the writer's buffer. Nothing of the batch is stored if any
+    /// op is invalid.
+    pub(crate) fn add_batch(&mut self, ops: &[BatchOp], payloads: &[u8]) -> Result<()> {
         self.check_open()?;
         let mut total = 0u64;
         for op in ops {
@@ -560,7 +560,8 @@ impl<W: CowSink> CowWriter<W> {
 
     /// Store an already encoded single-block XOR payload; the base bytes start at
     /// `source_offset` (= old block × block size + byte offset).
-    pub fn add_encoded_xor(
+    #[cfg(test)]
+    pub(crate) fn add_encoded_xor(
         &mut self,
         new_block: u64,
         source_offset: u64,

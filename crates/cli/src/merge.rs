@@ -5,11 +5,9 @@ use crate::progress::Progress;
 use anyhow::Context;
 use clap::Args;
 use snapblk_cow::record::MergeVerdict;
-use snapblk_snapshot::cowrecord::load_verifier;
-use snapblk_snapshot::cowsrc::{OpenMode, open_files_sized};
 use snapblk_snapshot::{
-    MergeOptions, MergeProgress, PrecheckReport, SnapError, Snapshot, SnapshotConfig, merge,
-    precheck,
+    MergeOptions, MergeProgress, OpenMode, PrecheckReport, SnapError, Snapshot, SnapshotConfig,
+    load_verifier, merge, open_files_sized, precheck,
 };
 use std::io::Write;
 use std::path::PathBuf;

@@ -2,16 +2,15 @@
 //!
 //! For the snapshot device, `--record LIST` records the block ranges served during the first
 //! `--record-secs` seconds and `--readahead LIST` replays such a list inside the device at start
-//! (see snapblk_snapshot::record), and `--merge` merges the COW into the base while serving
-//! (snapblk_snapshot::merge_task); their counters go into the JSON lines.
+//! (see snapblk_snapshot::Activity), and `--merge` merges the COW into the base while serving
+//! (snapblk_snapshot::MergeTask); their counters go into the JSON lines.
 
 use crate::serve_ublk;
 use anyhow::{Context, bail};
 use clap::{ArgGroup, Args};
 use snapblk_core::sync::lock;
 use snapblk_nbd::TermSignals;
-use snapblk_snapshot::merge_task::MergeState;
-use snapblk_snapshot::record::{Activity, ReadaheadStats, ReplayState};
+use snapblk_snapshot::{Activity, MergeState, ReadaheadStats, ReplayState};
 use std::io::Write;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -74,7 +73,7 @@ pub struct ServeArgs {
     record: Option<PathBuf>,
     /// Recording window in seconds (0: until the server stops).
     #[arg(long, requires = "record", value_name = "N",
-          default_value_t = snapblk_snapshot::record::DEFAULT_RECORD_SECS)]
+          default_value_t = snapblk_snapshot::DEFAULT_RECORD_SECS)]
     record_secs: u64,
     /// Snapshot device: replay a list recorded with --record as in-device readahead at start
     /// (background, behind client I/O).

@@ -2,10 +2,9 @@
 //! resume and end with base == target, and reads through the snapshot must be right after every
 //! kill. The COW is a real v3 file (2 MiB scratch, lz4) with long overlapping COPY/XOR chains.
 
-use snapblk_snapshot::cowsrc::{OpenMode, open_files};
-use snapblk_snapshot::rng::Rng;
+use snapblk_core::rng::Rng;
 use snapblk_snapshot::synth::{SynthSpec, generate, write_cow};
-use snapblk_snapshot::{MergeOptions, SnapshotConfig};
+use snapblk_snapshot::{MergeOptions, OpenMode, SnapshotConfig, open_files};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};

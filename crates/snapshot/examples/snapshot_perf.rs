@@ -37,11 +37,11 @@
 //! difference gives user-space instructions per read, free of timing noise (kernel work in
 //! `pread`/`io_uring_enter` is not counted: it is the same for every variant).
 
+use snapblk_core::rng::Rng;
 use snapblk_core::{Blkio, QueueExt};
-use snapblk_snapshot::cowsrc::{OpenMode, open_files};
-use snapblk_snapshot::rng::Rng;
-use snapblk_snapshot::sched::SchedConfig;
-use snapblk_snapshot::{MergeOptions, SnapshotConfig, SnapshotDriver, merge};
+use snapblk_snapshot::{
+    MergeOptions, OpenMode, SchedConfig, SnapshotConfig, SnapshotDriver, merge, open_files,
+};
 use std::io::Write;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};

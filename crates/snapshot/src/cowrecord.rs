@@ -143,7 +143,7 @@ fn shared(
 }
 
 /// `1, 2, 3 and 5 more`.
-pub fn name_blocks(v: &[u64]) -> String {
+pub(crate) fn name_blocks(v: &[u64]) -> String {
     let mut s = v
         .iter()
         .take(NAMED)
@@ -157,7 +157,7 @@ pub fn name_blocks(v: &[u64]) -> String {
 }
 
 /// The refusal a merge owes the user for `b`, or `None` when the merge may go on.
-pub fn merge_refusal(b: &MergeBinding, merged: usize) -> Option<SnapError> {
+pub(crate) fn merge_refusal(b: &MergeBinding, merged: usize) -> Option<SnapError> {
     let msg = match b.verdict {
         MergeVerdict::NotStarted | MergeVerdict::InProgress | MergeVerdict::Complete => {
             return None;

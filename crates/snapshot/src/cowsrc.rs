@@ -63,7 +63,10 @@ fn payload(p: &snapblk_cow::Payload, bs: u32) -> Payload {
 
 /// Parse a COW (first-wins duplicates, as snapuserd boots) and build the block map in merge
 /// order plus the merge-state layout. `capacity` is the device size in bytes.
-pub fn load<R: ReadAt>(src: R, capacity: u64) -> Result<(SnapshotMap, CowLayout, CowReader<R>)> {
+pub(crate) fn load<R: ReadAt>(
+    src: R,
+    capacity: u64,
+) -> Result<(SnapshotMap, CowLayout, CowReader<R>)> {
     let probe = {
         let mut h = [0u8; 22];
         src.read_exact_at(0, &mut h)
@@ -210,7 +213,7 @@ pub struct OpenMode {
 /// Open a snapshot of `base` + `cow` files. The device size is the base size (rounded down to
 /// the block size), as the COW does not record it.
 ///
-/// Each file is held ([`Hold`]) for as long as the snapshot is open: shared when it is only
+/// Each file is held (a BSD `flock`) for as long as the snapshot is open: shared when it is only
 /// read, exclusive when it is written (the base by a merge, the COW by a merge or the writable
 /// overlay). So a `snapblk merge` refuses to start under a running `snapblk serve` of the same
 /// files, which would otherwise go on serving blocks the merge has overwritten, and the
@@ -269,7 +272,7 @@ pub fn open_devs(
 }
 
 /// [`open_devs`] with a known new-image size (see [`open_files_sized`]).
-pub fn open_devs_sized(
+pub(crate) fn open_devs_sized(
     base: Arc<dyn BlockDev>,
     cow: Arc<dyn BlockDev>,
     cfg: SnapshotConfig,

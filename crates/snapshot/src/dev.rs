@@ -10,18 +10,22 @@
 //! `pread`/`pwrite` on a shared file descriptor: no per-queue ring, no extra completion hop, which
 //! keeps a COPY-op read within a few percent of a raw read of the base. It offers its file
 //! ([`ReadAt::as_file`]), and the read path `pread`s a duplicate of it directly; a device without
-//! a descriptor is read through [`ReadAt::read_exact_at`]. [`QueueDev`] adapts any snapblk-core
-//! driver (io_uring, the fault-injection driver, an NBD client...) when a backend is not a plain
-//! file, at the price of a mutex around one queue.
+//! a descriptor is read through [`ReadAt::read_exact_at`]. Any other source (memory, the
+//! fault-injection disks, a network client) is a device as it is. `QueueDev`, a snapblk-core
+//! driver's queue behind a mutex, exists only for the unit tests.
 //!
 //! Errors are `io::Error`s (an OS errno, or a [`snapblk_core::Error`] inside); the layer above
 //! turns them into [`snapblk_core::Error`] with [`snapblk_core::read_error`] (reads) or
 //! `From` (the rest), keeping the errno.
 
+#[cfg(test)]
 use snapblk_core::sync::lock;
-use snapblk_core::{Error, Queue, QueueExt, ReadAt, WriteAt};
+use snapblk_core::{Error, ReadAt, WriteAt};
+#[cfg(test)]
+use snapblk_core::{Queue, QueueExt};
 use std::fs::File;
 use std::io;
+#[cfg(test)]
 use std::sync::Mutex;
 
 /// A synchronous, thread-safe, byte-addressed device: any member of the positional I/O family
@@ -62,7 +66,7 @@ impl FileDev {
 /// tools that follow the same convention for block devices, as udev and mkfs do) apart, not
 /// other writers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Hold {
+pub(crate) enum Hold {
     /// Others may read alongside (a served snapshot's base and COW).
     Shared,
     /// Nobody else may have it open through a `Hold` (a merge's base and COW, a writable
@@ -74,7 +78,7 @@ impl FileDev {
     /// Open `path` like [`FileDev::open`] and take `hold` on it without waiting. A file held
     /// in a conflicting way fails with EBUSY and says why; a file system without `flock`
     /// (ENOLCK, EOPNOTSUPP) is opened without the lock rather than refused.
-    pub fn open_held(
+    pub(crate) fn open_held(
         path: &std::path::Path,
         writable: bool,
         hold: Hold,
@@ -153,14 +157,16 @@ impl WriteAt for FileDev {
 }
 
 /// Any snapblk-core device used through one of its queues (serialised by a mutex).
-pub struct QueueDev {
+#[cfg(test)]
+pub(crate) struct QueueDev {
     queue: Mutex<Box<dyn Queue>>,
     capacity: u64,
 }
 
+#[cfg(test)]
 impl QueueDev {
     /// Take queue 0 of a started instance.
-    pub fn from_blkio(b: &mut snapblk_core::Blkio) -> snapblk_core::Result<Self> {
+    pub(crate) fn from_blkio(b: &mut snapblk_core::Blkio) -> snapblk_core::Result<Self> {
         let capacity = b.get_u64("capacity")?;
         let queue = b
             .take_queue(0, false)
@@ -172,6 +178,7 @@ impl QueueDev {
     }
 }
 
+#[cfg(test)]
 impl ReadAt for QueueDev {
     /// Reads what lies before the device's end, in one request.
     fn read_at(&self, off: u64, buf: &mut [u8]) -> io::Result<usize> {
@@ -189,6 +196,7 @@ impl ReadAt for QueueDev {
     }
 }
 
+#[cfg(test)]
 impl WriteAt for QueueDev {
     fn write_all_at(&self, off: u64, buf: &[u8]) -> io::Result<()> {
         Ok(lock(&self.queue).write_at(off, buf, false)?)

@@ -60,8 +60,8 @@
 //! on top of it; created by name it is configured by properties (see [`FaultDriver::configurable`]).
 
 use crate::queue::{DevBackend, SyncQueue};
-use crate::rng::Rng;
 use crate::sched::Clock;
+use snapblk_core::rng::Rng;
 use snapblk_core::{
     Access, DeviceInfo, Driver, Error, PropSpec, PropType, PropValue, Queue, ReadAt, State, WriteAt,
 };

@@ -20,7 +20,7 @@ pub enum Dev {
 
 /// The base and COW devices behind the scheduler. Background I/O is split into pieces no larger
 /// than the scheduler's current budget.
-pub struct Io {
+pub(crate) struct Io {
     /// The base device (old image; merge target).
     pub base: Arc<dyn BlockDev>,
     /// The COW device (ops, payloads, scratch area and merge state).
@@ -37,7 +37,11 @@ pub struct Io {
 
 impl Io {
     /// Base and COW behind `sched`.
-    pub fn new(base: Arc<dyn BlockDev>, cow: Arc<dyn BlockDev>, sched: Arc<Scheduler>) -> Self {
+    pub(crate) fn new(
+        base: Arc<dyn BlockDev>,
+        cow: Arc<dyn BlockDev>,
+        sched: Arc<Scheduler>,
+    ) -> Self {
         // Without a duplicate (out of descriptors) reads simply go through the device.
         let dup = |d: &Arc<dyn BlockDev>| d.as_file().and_then(|f| f.try_clone().ok());
         Io {
@@ -66,7 +70,7 @@ impl Io {
 
     /// Read `buf.len()` bytes at `off`.
     #[inline]
-    pub fn read(&self, class: IoClass, d: Dev, off: u64, buf: &mut [u8]) -> Result<()> {
+    pub(crate) fn read(&self, class: IoClass, d: Dev, off: u64, buf: &mut [u8]) -> Result<()> {
         if class == IoClass::Foreground {
             let _t = self.sched.admit(class, buf.len() as u64);
             // One pread in the common case; short reads and errors take the device's own path
@@ -109,7 +113,7 @@ impl Io {
     }
 
     /// Write `buf` at `off`.
-    pub fn write(&self, class: IoClass, d: Dev, off: u64, buf: &[u8]) -> Result<()> {
+    pub(crate) fn write(&self, class: IoClass, d: Dev, off: u64, buf: &[u8]) -> Result<()> {
         let mut pos = 0usize;
         while pos < buf.len() {
             let n = if class == IoClass::Foreground {
@@ -127,7 +131,7 @@ impl Io {
     }
 
     /// Flush one device.
-    pub fn flush(&self, class: IoClass, d: Dev) -> Result<()> {
+    pub(crate) fn flush(&self, class: IoClass, d: Dev) -> Result<()> {
         let _t = self.sched.admit(class, 0);
         self.dev(d).sync_data().map_err(SnapError::io(match d {
             Dev::Base => "flushing base",
@@ -137,8 +141,9 @@ impl Io {
 }
 
 /// Cache hit/miss counters.
+#[cfg(test)]
 #[derive(Debug, Clone, Copy, Default, serde::Serialize)]
-pub struct CacheStats {
+pub(crate) struct CacheStats {
     /// Lookups that found the decoded unit in the cache, since the cache was created.
     pub hits: u64,
     /// Lookups that did not, so the payload had to be read and decoded.
@@ -163,7 +168,7 @@ struct CacheInner {
 
 /// A bounded cache of decoded payload units, keyed by payload file offset, with second-chance
 /// FIFO eviction (cheap, and scan-resistant enough for sequential reads of multi-block units).
-pub struct UnitCache {
+pub(crate) struct UnitCache {
     cap: u64,
     inner: Mutex<CacheInner>,
     hits: AtomicU64,
@@ -172,7 +177,7 @@ pub struct UnitCache {
 
 impl UnitCache {
     /// A cache holding at most `cap` bytes of decoded data (0 disables it).
-    pub fn new(cap: u64) -> Self {
+    pub(crate) fn new(cap: u64) -> Self {
         UnitCache {
             cap,
             inner: Mutex::new(CacheInner::default()),
@@ -186,12 +191,12 @@ impl UnitCache {
     }
 
     /// Whether a unit of `len` bytes would be kept.
-    pub fn accepts(&self, len: u64) -> bool {
+    pub(crate) fn accepts(&self, len: u64) -> bool {
         len <= self.cap
     }
 
     /// The unit at `key`, if cached.
-    pub fn get(&self, key: u64) -> Option<Arc<Vec<u8>>> {
+    pub(crate) fn get(&self, key: u64) -> Option<Arc<Vec<u8>>> {
         let mut g = self.lock();
         match g.map.get_mut(&key) {
             Some(e) => {
@@ -207,7 +212,7 @@ impl UnitCache {
     }
 
     /// Insert a decoded unit, evicting as needed.
-    pub fn insert(&self, key: u64, data: Arc<Vec<u8>>) {
+    pub(crate) fn insert(&self, key: u64, data: Arc<Vec<u8>>) {
         let len = data.len() as u64;
         if len > self.cap {
             return;
@@ -243,7 +248,8 @@ impl UnitCache {
     }
 
     /// Counters.
-    pub fn stats(&self) -> CacheStats {
+    #[cfg(test)]
+    pub(crate) fn stats(&self) -> CacheStats {
         CacheStats {
             hits: self.hits.load(Ordering::Relaxed),
             misses: self.misses.load(Ordering::Relaxed),

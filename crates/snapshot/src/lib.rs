@@ -5,48 +5,66 @@
 //!   open it). Each request becomes a plan of [`Segment`]s (base range, COW payload, zeros, XOR)
 //!   that is executed with as few copies as possible; compressed payloads go through a bounded
 //!   cache of decoded units. An optional writable overlay appends writes to the COW.
+//! * A [`Snapshot`] is opened from files ([`open_files`], with an [`OpenMode`]) or from any
+//!   [`BlockDev`]s ([`open_devs`]); [`Snapshot::open`] takes [`SnapshotParts`] built by hand (a
+//!   [`SnapshotMap`], a [`CowLayout`], a [`Decoder`] such as [`CowDecoder`]). [`load_verifier`]
+//!   loads the COW record that lets it check every block it serves.
 //! * [`merge()`] writes the new image into the base in place, in the COW's merge order, with the
 //!   scratch area and `num_merge_ops` counter exactly where Android keeps them, so an interruption
 //!   at any instant resumes correctly. Reads through the device stay correct during the merge.
-//! * [`sched`] is the I/O scheduler all base/COW I/O goes through (foreground / merge /
-//!   readahead classes with BFQ-like budgets).
-//! * `fault` is a fault-injection disk (and driver): seeded read, write and flush errors,
-//!   latency on a virtual clock, and power loss at any instant. It, `synth` (synthetic
-//!   cases), `fuzzing` (fuzz entry points) and `rng` exist only with the `test-utils` feature.
-//! * [`record`] records the block ranges the device serves after start and replays such a list
+//!   [`precheck()`] reads everything a merge will need before it writes; a [`MergeTask`] runs the
+//!   merge while the device serves.
+//! * [`Scheduler`] is the I/O scheduler all base/COW I/O goes through (foreground / merge /
+//!   readahead classes with BFQ-like budgets, [`SchedConfig`]).
+//! * [`Activity`] records the block ranges the device serves after start and replays such a list
 //!   as in-device readahead (driver properties `record`, `record-secs`, `readahead`).
+//!
+//! Modules are private and the API is re-exported here, except the test scaffolding, public
+//! only with the `test-utils` feature and kept in namespaces of its own so it never reads as API:
+//! `fault` is a fault-injection disk (and driver) — seeded read, write and flush errors, latency
+//! on a virtual clock, and power loss at any instant; `synth` builds synthetic cases; `fuzzing`
+//! holds the fuzz entry points. They draw from `snapblk_core::rng::Rng`.
 
 #![warn(missing_docs)]
+#![warn(unreachable_pub, unnameable_types)]
 
-pub mod cowrecord;
-pub mod cowsrc;
-pub mod dev;
-pub mod driver;
-pub mod error;
+mod cowrecord;
+mod cowsrc;
+mod dev;
+mod driver;
+mod error;
 #[cfg(feature = "test-utils")]
 pub mod fault;
 // Fuzz entry points (cargo-fuzz targets and the mutation smoke test share them).
 #[cfg(feature = "test-utils")]
 pub mod fuzzing;
-pub mod queue;
-pub mod record;
-#[cfg(any(test, feature = "test-utils"))]
-pub mod rng;
-pub mod sched;
-
-pub use error::{Result, SnapError};
-pub mod io;
-pub mod map;
-pub mod merge;
-pub mod merge_task;
-pub mod overlay;
-pub mod precheck;
-pub mod snapshot;
+mod io;
+mod map;
+mod merge;
+mod merge_task;
+mod overlay;
+mod precheck;
+mod queue;
+mod record;
+mod sched;
+mod snapshot;
 #[cfg(feature = "test-utils")]
 pub mod synth;
 
+pub use cowrecord::load_verifier;
+pub use cowsrc::{CowDecoder, OpenMode, open_devs, open_files, open_files_sized};
+pub use dev::{BlockDev, FileDev};
 pub use driver::SnapshotDriver;
-pub use map::{Codec, MapOp, OpKind, Payload, Segment, SnapshotMap};
+pub use error::{Result, SnapError};
+pub use io::Dev;
+pub use map::{Codec, MapOp, MergeView, OpKind, Payload, Segment, SnapshotMap};
 pub use merge::{MergeOptions, MergeProgress, MergeReport, MergeStep, merge};
-pub use precheck::{PrecheckReport, precheck};
-pub use snapshot::{CowLayout, Decoder, Snapshot, SnapshotConfig, SnapshotParts};
+pub use merge_task::{MergeState, MergeStats, MergeTask};
+pub use precheck::{DecodeFailure, PrecheckReport, precheck};
+pub use record::{
+    Activity, DEFAULT_RECORD_SECS, ReadaheadStats, RecordError, RecordStats, ReplayState,
+};
+pub use sched::{ClassStats, Clock, SchedConfig, SchedStats, Scheduler};
+pub use snapshot::{
+    CowLayout, Decoder, MAX_SCRATCH_SIZE, Scratch, Snapshot, SnapshotConfig, SnapshotParts,
+};

@@ -208,18 +208,21 @@ struct Run {
     op: u32,
 }
 
-/// Merge progress as the read path needs it.
+/// Merge progress as the read path needs it: what a plan of [`Snapshot::with_plan`] was made
+/// against (opaque outside the crate).
+///
+/// [`Snapshot::with_plan`]: crate::Snapshot::with_plan
 #[derive(Debug, Default, Clone)]
 pub struct MergeView {
     /// Ops `[0, merged)` of the merge order are durably in the base.
-    pub merged: usize,
+    pub(crate) merged: usize,
     /// The window being merged: ops `[start, end)` with their results in memory.
-    pub staged: Option<StagedWindow>,
+    pub(crate) staged: Option<StagedWindow>,
 }
 
 /// A merge window's results (one block per op, op `start + i` in slot `i`).
 #[derive(Debug, Default, Clone)]
-pub struct StagedWindow {
+pub(crate) struct StagedWindow {
     /// Merge index of the window's first op.
     pub start: usize,
     /// Merge index one past the window's last op.
@@ -352,7 +355,7 @@ impl SnapshotMap {
     }
     /// log2 of the block size.
     #[inline]
-    pub fn block_shift(&self) -> u32 {
+    pub(crate) fn block_shift(&self) -> u32 {
         self.block_shift
     }
     /// Device size in bytes.
@@ -369,7 +372,7 @@ impl SnapshotMap {
         self.ordered_len
     }
     /// Why the merge order is unusable, if it is.
-    pub fn order_error(&self) -> Option<&str> {
+    pub(crate) fn order_error(&self) -> Option<&str> {
         self.order_error.as_deref()
     }
 
@@ -388,7 +391,7 @@ impl SnapshotMap {
     }
 
     /// Whether op `i` is the one the map uses for its first block (false for shadowed duplicates).
-    pub fn is_winner(&self, i: usize) -> bool {
+    pub(crate) fn is_winner(&self, i: usize) -> bool {
         self.ops
             .get(i)
             .is_some_and(|op| self.lookup(op.new_block) == Some(i))
@@ -402,7 +405,7 @@ impl SnapshotMap {
     }
 
     /// Plan a read given merge progress and an overlay lookup (block → COW offset of its data).
-    pub fn plan_into(
+    pub(crate) fn plan_into(
         &self,
         view: &MergeView,
         overlay: &dyn Fn(u64) -> Option<u64>,
@@ -770,7 +773,7 @@ mod tests {
 
     #[test]
     fn dense_and_run_indexes_agree() {
-        let mut rng = crate::rng::Rng::new(7);
+        let mut rng = snapblk_core::rng::Rng::new(7);
         let nb = 4096u64;
         let ops: Vec<MapOp> = (0..600u32)
             .map(|r| MapOp {

@@ -119,7 +119,7 @@ pub struct MergeReport {
 }
 
 /// Check the merge order is one an in-place merge can follow (format §9.2 rules 1 and 2).
-pub fn validate_order(snap: &Snapshot) -> Result<()> {
+pub(crate) fn validate_order(snap: &Snapshot) -> Result<()> {
     let map = &snap.map;
     if let Some(e) = map.order_error() {
         return Err(SnapError::MergeOrder(e.to_owned()));

@@ -65,7 +65,7 @@ impl MergeTask {
     /// An unmergeable COW ends the merge as [`MergeState::Failed`] before anything is written
     /// ([`merge`] checks the order first); callers that want to refuse it up front call
     /// [`crate::merge::validate_order`] themselves.
-    pub fn start(self: &Arc<Self>, snap: Arc<Snapshot>) -> crate::Result<JoinHandle<()>> {
+    pub(crate) fn start(self: &Arc<Self>, snap: Arc<Snapshot>) -> crate::Result<JoinHandle<()>> {
         let (merged, total) = snap.merge_progress();
         *lock(&self.stats) = MergeStats {
             state: MergeState::Running,

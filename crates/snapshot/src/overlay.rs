@@ -34,7 +34,7 @@ use std::sync::{Mutex, RwLock};
 const MAGIC: &[u8; 8] = b"SNAPBLKO";
 const HDR: u64 = 4096;
 /// Largest record, in blocks.
-pub const MAX_RECORD_BLOCKS: u64 = 1024;
+pub(crate) const MAX_RECORD_BLOCKS: u64 = 1024;
 
 /// The header CRC of a record header (`h` holds at least 48 bytes). Journals written before the
 /// nonce have zeros at 40..48 and a CRC of bytes 0..36 only, which this still matches.
@@ -64,8 +64,7 @@ struct Tail {
 }
 
 /// The overlay journal and its in-memory index.
-pub struct Overlay {
-    start: u64,
+pub(crate) struct Overlay {
     block_size: u64,
     /// Written into every record this open appends (see the module docs).
     nonce: u64,
@@ -87,7 +86,7 @@ fn le64(b: &[u8], o: usize) -> u64 {
 
 impl Overlay {
     /// Replay the journal at `start` (4 KiB aligned) of the COW. `nblocks` bounds block numbers.
-    pub fn open(io: &Io, start: u64, block_size: u64, nblocks: u64) -> Result<Self> {
+    pub(crate) fn open(io: &Io, start: u64, block_size: u64, nblocks: u64) -> Result<Self> {
         if block_size != HDR {
             return Err(SnapError::Config(
                 "the writable overlay needs 4096-byte blocks".into(),
@@ -129,7 +128,6 @@ impl Overlay {
         }
         let nonempty = AtomicBool::new(!index.is_empty());
         Ok(Overlay {
-            start,
             block_size,
             nonce: session_nonce(),
             tail: Mutex::new(Tail { pos, seq, prev_crc }),
@@ -142,7 +140,7 @@ impl Overlay {
     /// there. Older versions started the journal of a v3 COW without payloads (only COPY and
     /// ZERO ops) right after its used op records, inside the free op slots; such a journal is
     /// still replayed and appended to where it is.
-    pub fn open_or_legacy(
+    pub(crate) fn open_or_legacy(
         io: &Io,
         start: u64,
         legacy: Option<u64>,
@@ -159,14 +157,9 @@ impl Overlay {
         Ok(ov)
     }
 
-    /// Where the journal starts in the COW file.
-    pub fn start(&self) -> u64 {
-        self.start
-    }
-
     /// COW offset of the overlay data for `block`.
     #[inline]
-    pub fn lookup(&self, block: u64) -> Option<u64> {
+    pub(crate) fn lookup(&self, block: u64) -> Option<u64> {
         if !self.nonempty.load(Ordering::Acquire) {
             return None;
         }
@@ -178,12 +171,12 @@ impl Overlay {
     }
 
     /// Whether any block is overlaid.
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         !self.nonempty.load(Ordering::Acquire)
     }
 
     /// Every overlaid block with its data offset, sorted by block.
-    pub fn blocks(&self) -> Vec<(u64, u64)> {
+    pub(crate) fn blocks(&self) -> Vec<(u64, u64)> {
         let mut v: Vec<_> = self
             .index
             .read()
@@ -196,7 +189,7 @@ impl Overlay {
     }
 
     /// Append whole blocks starting at `first` (caller holds no lock; appends are serialised).
-    pub fn append(&self, io: &Io, first: u64, data: &[u8]) -> Result<()> {
+    pub(crate) fn append(&self, io: &Io, first: u64, data: &[u8]) -> Result<()> {
         let mut t = self.tail.lock().unwrap_or_else(|p| p.into_inner());
         self.append_locked(io, &mut t, first, data)
     }

@@ -32,7 +32,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 
 /// Most decoding threads the check uses.
-pub const MAX_THREADS: usize = 4;
+pub(crate) const MAX_THREADS: usize = 4;
 /// Payloads per unit of work handed to a decoding thread.
 const CHUNK: usize = 256;
 /// Largest single read of back-to-back payloads.

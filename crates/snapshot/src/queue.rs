@@ -12,16 +12,19 @@
 //! [`DevBackend`] serves requests from any [`BlockDev`] (reads are exact reads, a FUA write is a
 //! write then `sync_data`).
 
+#[cfg(feature = "test-utils")]
 use crate::dev::BlockDev;
+#[cfg(feature = "test-utils")]
+use snapblk_core::read_error;
 use snapblk_core::sys::EventFd;
-use snapblk_core::{Completion, Error, Op, Queue, Request, check_do_io_args, read_error};
+use snapblk_core::{Completion, Error, Op, Queue, Request, check_do_io_args};
 use std::collections::VecDeque;
 use std::os::fd::RawFd;
 use std::sync::Arc;
 use std::time::Duration;
 
 /// What a queue executes requests against.
-pub trait Backend: Send + Sync {
+pub(crate) trait Backend: Send + Sync {
     /// Read `buf.len()` bytes at `offset`.
     fn read(&self, offset: u64, buf: &mut [u8]) -> snapblk_core::Result<()>;
     /// Write `buf` at `offset`; durable on return when `fua`.
@@ -64,9 +67,12 @@ impl<T: Backend + ?Sized> Backend for Arc<T> {
     }
 }
 
-/// Any device of the positional I/O family as a request [`Backend`].
-pub struct DevBackend<D>(pub D);
+/// Any device of the positional I/O family as a request [`Backend`] (the fault-injection
+/// driver's disks).
+#[cfg(feature = "test-utils")]
+pub(crate) struct DevBackend<D>(pub(crate) D);
 
+#[cfg(feature = "test-utils")]
 impl<D: BlockDev> Backend for DevBackend<D> {
     #[inline]
     fn read(&self, offset: u64, buf: &mut [u8]) -> snapblk_core::Result<()> {
@@ -84,7 +90,7 @@ impl<D: BlockDev> Backend for DevBackend<D> {
 }
 
 /// The synchronous queue.
-pub struct SyncQueue<B: Backend> {
+pub(crate) struct SyncQueue<B: Backend> {
     backend: B,
     pending: Vec<Request>,
     /// The previous batch's vector, reused so that steady-state `do_io` never allocates.
@@ -96,7 +102,7 @@ pub struct SyncQueue<B: Backend> {
 
 impl<B: Backend> SyncQueue<B> {
     /// A queue over `backend`, with its own eventfd.
-    pub fn new(backend: B) -> snapblk_core::Result<Self> {
+    pub(crate) fn new(backend: B) -> snapblk_core::Result<Self> {
         let efd = EventFd::new()?;
         Ok(SyncQueue {
             backend,

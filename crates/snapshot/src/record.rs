@@ -46,11 +46,11 @@ use std::time::{Duration, Instant};
 pub const DEFAULT_RECORD_SECS: u64 = 30;
 /// Most distinct ranges a recording keeps (memory bound: 16 bytes each); beyond it the
 /// lowest-offset ranges are kept.
-pub const MAX_RECORD_RANGES: usize = 1 << 20;
+pub(crate) const MAX_RECORD_RANGES: usize = 1 << 20;
 /// Replay reads at most this many bytes per request.
-pub const REPLAY_CHUNK: u64 = 1 << 20;
+pub(crate) const REPLAY_CHUNK: u64 = 1 << 20;
 /// Bounds applied when parsing a list given to `readahead` (untrusted input).
-pub const LIST_LIMITS: Limits = Limits {
+pub(crate) const LIST_LIMITS: Limits = Limits {
     max_line: 4096,
     max_entries: 4 << 20,
 };
@@ -116,7 +116,7 @@ impl From<RecordError> for snapblk_core::Error {
 
 /// What a recorded list is bound to: the device it was recorded on.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Binding {
+pub(crate) struct Binding {
     /// Device size in bytes.
     pub capacity: u64,
     /// The COW's block size in bytes.
@@ -127,7 +127,7 @@ pub struct Binding {
 
 impl Binding {
     /// The binding of a snapshot's block map.
-    pub fn of(map: &SnapshotMap) -> Binding {
+    pub(crate) fn of(map: &SnapshotMap) -> Binding {
         let mut h = Fnv::new();
         h.u64(map.block_size());
         h.u64(map.ops().len() as u64);
@@ -175,7 +175,7 @@ impl Binding {
     }
 
     /// Metadata lines for a recorded list.
-    pub fn meta(&self) -> Vec<(String, String)> {
+    pub(crate) fn meta(&self) -> Vec<(String, String)> {
         vec![
             ("device".into(), "snapshot".into()),
             ("capacity".into(), self.capacity.to_string()),
@@ -185,7 +185,7 @@ impl Binding {
     }
 
     /// Why `file` does not belong to this device (`None`: it does, or it names no device).
-    pub fn mismatch(&self, file: &BlockFile) -> Option<String> {
+    pub(crate) fn mismatch(&self, file: &BlockFile) -> Option<String> {
         let mut why = Vec::new();
         let mut check = |key: &str, mine: String| {
             if let Some(v) = file.get(key)
@@ -358,7 +358,7 @@ impl Activity {
 
     /// Start recording into `path` for `window` (`None`: until [`Activity::finish_record`]).
     /// Returns the timer thread that ends the window, if any.
-    pub fn start_record(
+    pub(crate) fn start_record(
         self: &Arc<Self>,
         path: &Path,
         window: Option<Duration>,
@@ -477,13 +477,13 @@ impl Activity {
     }
 
     /// Recording counters.
-    pub fn record_stats(&self) -> RecordStats {
+    pub(crate) fn record_stats(&self) -> RecordStats {
         lock(&self.rec).stats.clone()
     }
 
     /// Load `path` and, unless it belongs to another device, replay it on a background thread.
     /// Returns that thread; a refused list returns `None` (see [`Activity::readahead_stats`]).
-    pub fn start_replay(
+    pub(crate) fn start_replay(
         self: &Arc<Self>,
         snap: Arc<Snapshot>,
         path: &Path,
@@ -599,7 +599,7 @@ fn dir_of(path: &Path) -> &Path {
 }
 
 /// Read and parse a block list.
-pub fn load_list(path: &Path) -> Result<BlockFile, RecordError> {
+pub(crate) fn load_list(path: &Path) -> Result<BlockFile, RecordError> {
     let f = std::fs::File::open(path).map_err(|source| RecordError::Read {
         path: path.to_owned(),
         source,

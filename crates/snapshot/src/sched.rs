@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 /// Who issues an I/O.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
-pub enum IoClass {
+pub(crate) enum IoClass {
     /// Requests from clients of the snapshot device.
     Foreground,
     /// The merge engine.
@@ -110,7 +110,7 @@ impl SchedStats {
 
 /// The scheduling policy as a pure state machine (times in ns from an arbitrary origin).
 #[derive(Debug, Clone)]
-pub struct SchedCore {
+pub(crate) struct SchedCore {
     cfg: SchedConfig,
     fg_inflight: u32,
     /// When foreground last completed; `None` = never (budget starts at max).
@@ -124,7 +124,7 @@ pub struct SchedCore {
 
 impl SchedCore {
     /// A core with `cfg`.
-    pub fn new(cfg: SchedConfig) -> Self {
+    pub(crate) fn new(cfg: SchedConfig) -> Self {
         let min_budget = cfg.min_budget.max(1);
         let cfg = SchedConfig {
             min_budget,
@@ -143,7 +143,7 @@ impl SchedCore {
     }
 
     /// The background budget at time `now`.
-    pub fn budget(&self, now: u64) -> u64 {
+    pub(crate) fn budget(&self, now: u64) -> u64 {
         if !self.cfg.enabled {
             return u64::MAX;
         }
@@ -174,13 +174,9 @@ impl SchedCore {
         self.last_budget = b;
     }
 
-    /// Background bytes currently admitted.
-    pub fn bg_inflight(&self) -> u64 {
-        self.bg_inflight
-    }
-
     /// A foreground request starts (it is always admitted).
-    pub fn fg_begin(&mut self, bytes: u64) {
+    #[cfg(test)]
+    pub(crate) fn fg_begin(&mut self, bytes: u64) {
         self.fg_inflight += 1;
         let s = self.stats.class_mut(IoClass::Foreground);
         s.requests += 1;
@@ -191,7 +187,8 @@ impl SchedCore {
     }
 
     /// A foreground request completed at `now`.
-    pub fn fg_end(&mut self, now: u64) {
+    #[cfg(test)]
+    pub(crate) fn fg_end(&mut self, now: u64) {
         self.fg_inflight = self.fg_inflight.saturating_sub(1);
         self.last_fg_end = Some(now);
     }
@@ -199,7 +196,7 @@ impl SchedCore {
     /// Foreground state sampled at `now` by a lock-free front end: `inflight` requests active,
     /// `started` requests begun so far (monotonic). Requests that began and ended since the last
     /// sample count as having ended at `now`. Statistics are kept by the front end.
-    pub fn observe_fg(&mut self, now: u64, inflight: u32, started: u64) {
+    pub(crate) fn observe_fg(&mut self, now: u64, inflight: u32, started: u64) {
         if inflight > 0 {
             self.fg_inflight = inflight;
         } else if self.fg_inflight > 0 || started != self.fg_seen {
@@ -210,7 +207,7 @@ impl SchedCore {
     }
 
     /// Whether `bytes` of background I/O would be admitted at `now` (nothing is taken).
-    pub fn bg_fits(&self, now: u64, bytes: u64) -> bool {
+    pub(crate) fn bg_fits(&self, now: u64, bytes: u64) -> bool {
         self.fits(self.budget(now), bytes)
     }
 
@@ -221,7 +218,7 @@ impl SchedCore {
     }
 
     /// Try to admit `bytes` of background I/O at `now`.
-    pub fn bg_try_admit(&mut self, now: u64, bytes: u64) -> bool {
+    pub(crate) fn bg_try_admit(&mut self, now: u64, bytes: u64) -> bool {
         let b = self.budget(now);
         if self.cfg.enabled {
             self.note_budget(b);
@@ -235,12 +232,12 @@ impl SchedCore {
     }
 
     /// Background I/O of `bytes` completed.
-    pub fn bg_end(&mut self, bytes: u64) {
+    pub(crate) fn bg_end(&mut self, bytes: u64) {
         self.bg_inflight = self.bg_inflight.saturating_sub(bytes);
     }
 
     /// Account an admitted request of `class` that waited `wait_ns`.
-    pub fn account(&mut self, class: IoClass, bytes: u64, wait_ns: u64, throttled: bool) {
+    pub(crate) fn account(&mut self, class: IoClass, bytes: u64, wait_ns: u64, throttled: bool) {
         let s = self.stats.class_mut(class);
         s.requests += 1;
         s.bytes += bytes;
@@ -251,7 +248,7 @@ impl SchedCore {
 
     /// A wait of `wait_ns` for room in the budget before `class`'s admission (see
     /// [`Scheduler::wait_room`]): counted as throttling, the request itself at admission.
-    pub fn note_wait(&mut self, class: IoClass, wait_ns: u64) {
+    pub(crate) fn note_wait(&mut self, class: IoClass, wait_ns: u64) {
         let s = self.stats.class_mut(class);
         s.wait_ns += wait_ns;
         s.max_wait_ns = s.max_wait_ns.max(wait_ns);
@@ -259,12 +256,12 @@ impl SchedCore {
     }
 
     /// Counters so far.
-    pub fn stats(&self) -> SchedStats {
+    pub(crate) fn stats(&self) -> SchedStats {
         self.stats
     }
 
     /// The configuration in force.
-    pub fn config(&self) -> SchedConfig {
+    pub(crate) fn config(&self) -> SchedConfig {
         self.cfg
     }
 }
@@ -300,7 +297,7 @@ impl Default for Scheduler {
 
 /// Admission of one request; dropping it marks the I/O complete.
 #[must_use]
-pub struct Ticket<'a> {
+pub(crate) struct Ticket<'a> {
     sched: &'a Scheduler,
     class: IoClass,
     bytes: u64,
@@ -364,7 +361,7 @@ impl Scheduler {
 
     /// Admit a request of `bytes` for `class`, waiting if it is background and over budget.
     #[inline]
-    pub fn admit(&self, class: IoClass, bytes: u64) -> Ticket<'_> {
+    pub(crate) fn admit(&self, class: IoClass, bytes: u64) -> Ticket<'_> {
         if !class.background() {
             self.fg_state
                 .fetch_add(FG_STARTED_ONE + 1, Ordering::AcqRel);
@@ -402,7 +399,7 @@ impl Scheduler {
     /// the lock only for its I/O. Admission afterwards is normally immediate; it may wait
     /// again if foreground I/O began in between.
     /// A wait here counts for `class` as a throttled admission would.
-    pub fn wait_room(&self, class: IoClass, bytes: u64) {
+    pub(crate) fn wait_room(&self, class: IoClass, bytes: u64) {
         let start = self.now();
         let mut waited = false;
         let mut c = self.wait_until(|c, now| {
@@ -464,7 +461,7 @@ impl Scheduler {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::rng::Rng;
+    use snapblk_core::rng::Rng;
     use std::collections::VecDeque;
 
     /// A deterministic single-queue device: FIFO, service time = 20 µs + size / (1 GB/s).

@@ -2,7 +2,9 @@
 
 use crate::dev::BlockDev;
 use crate::error::{Result, SnapError};
-use crate::io::{CacheStats, Dev, Io, UnitCache};
+#[cfg(test)]
+use crate::io::CacheStats;
+use crate::io::{Dev, Io, UnitCache};
 use crate::map::{Codec, MergeView, Payload, Segment, SnapshotMap, StagedWindow};
 use crate::overlay::Overlay;
 use crate::sched::{IoClass, SchedConfig, SchedStats, Scheduler};
@@ -10,7 +12,7 @@ use snapblk_cow::record::Verifier;
 use std::sync::{Arc, Mutex, OnceLock, RwLock, RwLockReadGuard};
 
 /// Offset of `num_merge_ops` (u64) in every COW header version.
-pub const NUM_MERGE_OPS_OFFSET: u64 = 26;
+pub(crate) const NUM_MERGE_OPS_OFFSET: u64 = 26;
 
 /// Largest scratch area used: snapuserd maps `header_size + 2 MiB` whatever `buffer_size` says
 /// (format §10), i.e. windows of at most 510 blocks.
@@ -70,15 +72,15 @@ impl CowLayout {
 }
 
 /// Scratch state byte values (format §10.2).
-pub mod scratch_state {
+pub(crate) mod scratch_state {
     /// No merge has begun (`num_merge_ops` is 0); written when merge progress is reset.
-    pub const NOT_STARTED: u8 = 0;
+    pub(crate) const NOT_STARTED: u8 = 0;
     /// The merge is under way and no window is staged: the last commit sets it, and a restart
     /// redoes the window after `num_merge_ops` by reading its sources from the base.
-    pub const IN_PROGRESS: u8 = 1;
+    pub(crate) const IN_PROGRESS: u8 = 1;
     /// A window is fully staged in scratch (entries and data flushed): a restart redoes it from
     /// the scratch copy, not from the base.
-    pub const DONE: u8 = 2;
+    pub(crate) const DONE: u8 = 2;
 }
 
 /// Tunables.
@@ -120,7 +122,7 @@ pub struct SnapshotParts {
 
 /// Merge progress as persisted in the COW.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Persisted {
+pub(crate) struct Persisted {
     /// `num_merge_ops` from the COW header: ops `[0, num_merge_ops)` of the merge order are in
     /// the base.
     pub num_merge_ops: u64,
@@ -439,7 +441,7 @@ impl Snapshot {
 
     /// Make the device `size` bytes (a multiple of the block size, no larger than the base): the
     /// new image of a shrinking update. Once, before serving.
-    pub fn limit_capacity(&self, size: u64) -> Result<()> {
+    pub(crate) fn limit_capacity(&self, size: u64) -> Result<()> {
         let bs = self.map.block_size();
         if size > self.map.capacity() || !size.is_multiple_of(bs) {
             return Err(SnapError::Config(format!(
@@ -456,7 +458,8 @@ impl Snapshot {
         self.writable && self.overlay.is_some()
     }
     /// The overlay journal, when writable.
-    pub fn overlay(&self) -> Option<&Overlay> {
+    #[cfg(all(test, feature = "test-utils"))]
+    pub(crate) fn overlay(&self) -> Option<&Overlay> {
         self.overlay.as_ref()
     }
     /// Scheduler counters.
@@ -464,7 +467,8 @@ impl Snapshot {
         self.io.sched.stats()
     }
     /// Decoded-unit cache counters.
-    pub fn cache_stats(&self) -> CacheStats {
+    #[cfg(test)]
+    pub(crate) fn cache_stats(&self) -> CacheStats {
         self.cache.stats()
     }
     /// (ops merged, ops in the merge order).
@@ -477,7 +481,7 @@ impl Snapshot {
     }
 
     /// Progress fields from the header bytes read at open.
-    pub fn persisted(&self) -> Persisted {
+    pub(crate) fn persisted(&self) -> Persisted {
         let h = self.header.lock().unwrap_or_else(|e| e.into_inner());
         let mut a = [0u8; 8];
         a.copy_from_slice(&h[26..34]);
@@ -607,7 +611,7 @@ impl Snapshot {
 
     /// Read through the snapshot with an explicit I/O class (readahead uses its own).
     #[inline]
-    pub fn read_class(&self, class: IoClass, offset: u64, buf: &mut [u8]) -> Result<()> {
+    pub(crate) fn read_class(&self, class: IoClass, offset: u64, buf: &mut [u8]) -> Result<()> {
         let view = self.lock_view();
         let len = buf.len() as u64;
         if let Some(&cap) = self.size_limit.get()
@@ -658,7 +662,12 @@ impl Snapshot {
     /// current budget, each one waiting for room in the budget *before* it takes the merge
     /// view. So a merge commit waiting for the view waits at most for one piece's I/O, never
     /// for a throttled background read, and the client reads queued behind that commit with it.
-    pub fn read_background(&self, class: IoClass, offset: u64, buf: &mut [u8]) -> Result<()> {
+    pub(crate) fn read_background(
+        &self,
+        class: IoClass,
+        offset: u64,
+        buf: &mut [u8],
+    ) -> Result<()> {
         let mut pos = 0usize;
         while pos < buf.len() {
             let n = (self.io.sched.chunk() as usize).min(buf.len() - pos);
@@ -702,7 +711,7 @@ impl Snapshot {
     }
 
     /// Execute a plan into `buf` (whose length is the plan's total).
-    pub fn execute(
+    pub(crate) fn execute(
         &self,
         class: IoClass,
         view: &MergeView,

@@ -9,8 +9,8 @@
 
 use crate::fault::FaultWorld;
 use crate::map::{Codec, MapOp, OpKind, Payload, SnapshotMap};
-use crate::rng::Rng;
 use crate::snapshot::{CowLayout, Decoder, Snapshot, SnapshotConfig, SnapshotParts};
+use snapblk_core::rng::Rng;
 use std::collections::HashSet;
 use std::sync::Arc;
 

@@ -12,8 +12,9 @@ use android_crash::{
     Crashed, Input, Kill, assert_merged, crash, crashes, for_each_golden_input,
     redone_from_scratch, windows,
 };
-use snapblk_snapshot::cowsrc::{OpenMode, open_files};
-use snapblk_snapshot::{MergeOptions, MergeStep, Snapshot, SnapshotConfig, merge};
+use snapblk_snapshot::{
+    MergeOptions, MergeStep, OpenMode, Snapshot, SnapshotConfig, merge, open_files,
+};
 use std::path::{Path, PathBuf};
 
 const RW: OpenMode = OpenMode {
@@ -111,7 +112,7 @@ fn resumes_golden_cows_killed_mid_window() {
 fn generated() -> Generated {
     const BLOCKS: u64 = 2400;
     let bs = 4096usize;
-    let mut rng = snapblk_snapshot::rng::Rng::new(42);
+    let mut rng = snapblk_core::rng::Rng::new(42);
     let mut base = vec![0u8; BLOCKS as usize * bs];
     rng.fill(&mut base);
     let mut img = base.clone();

@@ -3,10 +3,10 @@
 //! direct `pread` of its descriptor, never through the device.
 
 use snapblk_core::{MemFile, ReadAt, WriteAt};
-use snapblk_snapshot::cowsrc::open_devs;
-use snapblk_snapshot::dev::{BlockDev, FileDev};
 use snapblk_snapshot::synth::{SynthCase, SynthSpec, generate, merge_reference, write_cow};
-use snapblk_snapshot::{MergeOptions, Snapshot, SnapshotConfig, merge};
+use snapblk_snapshot::{
+    BlockDev, FileDev, MergeOptions, Snapshot, SnapshotConfig, merge, open_devs,
+};
 use std::fs::File;
 use std::io::{self, Write};
 use std::sync::Arc;

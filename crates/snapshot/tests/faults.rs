@@ -3,11 +3,12 @@
 //! foreground reads must still be served promptly while the merge runs. Every failure message
 //! names the seed that reproduces it.
 
+use snapblk_core::rng::Rng;
 use snapblk_snapshot::fault::{FaultPlan, FaultWorld, Latency, OpInfo};
-use snapblk_snapshot::rng::Rng;
-use snapblk_snapshot::sched::{SchedConfig, Scheduler};
 use snapblk_snapshot::synth::{RawOnly, SynthCase, SynthSpec, generate};
-use snapblk_snapshot::{MergeOptions, Snapshot, SnapshotConfig, SnapshotParts, merge};
+use snapblk_snapshot::{
+    MergeOptions, SchedConfig, Scheduler, Snapshot, SnapshotConfig, SnapshotParts, merge,
+};
 use std::sync::{Arc, Mutex};
 
 fn read_all(s: &Snapshot, what: &str) -> Vec<u8> {

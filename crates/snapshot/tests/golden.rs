@@ -3,9 +3,10 @@
 //! correct reads at every step, and the merge state left in the COW matches what AOSP's
 //! snapuserd left (num_merge_ops, scratch state byte, scratch metadata entries).
 
-use snapblk_snapshot::cowsrc::{OpenMode, open_files};
-use snapblk_snapshot::rng::Rng;
-use snapblk_snapshot::{MergeOptions, MergeStep, SnapError, Snapshot, SnapshotConfig, merge};
+use snapblk_core::rng::Rng;
+use snapblk_snapshot::{
+    MergeOptions, MergeStep, OpenMode, SnapError, Snapshot, SnapshotConfig, merge, open_files,
+};
 use snapblk_testsupport::golden::{self, Case};
 use std::path::PathBuf;
 

@@ -3,9 +3,10 @@
 //! itself, read-only snapshots share them. Conflicts fail at once with EBUSY, and the files are
 //! free again as soon as the holder closes them.
 
-use snapblk_snapshot::cowsrc::{OpenMode, open_files};
 use snapblk_snapshot::synth::{SynthSpec, generate};
-use snapblk_snapshot::{MergeOptions, SnapError, Snapshot, SnapshotConfig, merge};
+use snapblk_snapshot::{
+    MergeOptions, OpenMode, SnapError, Snapshot, SnapshotConfig, merge, open_files,
+};
 use std::path::PathBuf;
 
 const READ: OpenMode = OpenMode {

@@ -100,9 +100,10 @@ fn fuzz_smoke_mutated_merge_states() {
 #[test]
 fn hostile_buffer_size_keeps_android_windows() {
     use snapblk_snapshot::fault::FaultWorld;
-    use snapblk_snapshot::snapshot::{CowLayout, MAX_SCRATCH_SIZE, Scratch};
     use snapblk_snapshot::synth::{SynthSpec, generate};
-    use snapblk_snapshot::{MergeOptions, MergeStep, SnapshotConfig};
+    use snapblk_snapshot::{
+        CowLayout, MAX_SCRATCH_SIZE, MergeOptions, MergeStep, Scratch, SnapshotConfig,
+    };
     use std::sync::atomic::{AtomicBool, Ordering};
     use std::sync::{Arc, Mutex};
 

@@ -4,9 +4,8 @@
 //! a later open resumes it; combinations that cannot work are refused at connect.
 
 use snapblk_core::{Driver, PropValue, QueueExt, State};
-use snapblk_snapshot::SnapshotDriver;
-use snapblk_snapshot::merge_task::MergeState;
 use snapblk_snapshot::synth::{SynthSpec, generate};
+use snapblk_snapshot::{MergeState, SnapshotDriver};
 use snapblk_testsupport::golden;
 use std::path::{Path, PathBuf};
 use std::time::Duration;

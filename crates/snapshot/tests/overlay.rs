@@ -1,12 +1,13 @@
 //! The writable overlay: writes through the driver, flush, restart, crash (power cut) and
 //! folding into the base by the merge.
 
+use snapblk_core::rng::Rng;
 use snapblk_core::{Blkio, QueueExt};
-use snapblk_snapshot::cowsrc::{OpenMode, open_files};
 use snapblk_snapshot::fault::FaultWorld;
-use snapblk_snapshot::rng::Rng;
 use snapblk_snapshot::synth::{SynthCase, SynthSpec, generate};
-use snapblk_snapshot::{MergeOptions, Snapshot, SnapshotConfig, SnapshotDriver, merge};
+use snapblk_snapshot::{
+    MergeOptions, OpenMode, Snapshot, SnapshotConfig, SnapshotDriver, merge, open_files,
+};
 use std::path::Path;
 use std::sync::Arc;
 

@@ -3,8 +3,8 @@
 //! device through the snapshot, then resumes the merge. Also: reads during a merge.
 
 use snapblk_core::ReadAt;
+use snapblk_core::rng::Rng;
 use snapblk_snapshot::fault::FaultWorld;
-use snapblk_snapshot::rng::Rng;
 use snapblk_snapshot::synth::{RawOnly, SynthCase, SynthSpec, generate};
 use snapblk_snapshot::{MergeOptions, MergeStep, Snapshot, SnapshotConfig, SnapshotParts, merge};
 use std::sync::Arc;
@@ -332,19 +332,21 @@ fn power_cuts_on_real_cow_files() {
             ..Default::default()
         };
         let cow = snapblk_snapshot::synth::write_cow(&case, opts).unwrap();
-        let (map, layout, _) =
-            snapblk_snapshot::cowsrc::load(cow.clone(), case.base.len() as u64).unwrap();
-        case.cow = cow;
-        case.layout = layout;
-        case.ops = map.ops().to_vec();
-        let world = FaultWorld::new(vec![case.base.clone(), case.cow.clone()]);
-        let s = open_with(&case, &world, &|| {
-            Arc::new(snapblk_snapshot::cowsrc::CowDecoder)
-        })
+        // The block map and layout the snapshot builds from the real COW.
+        let loaded = snapblk_snapshot::open_devs(
+            Arc::new(snapblk_core::MemFile::new(case.base.clone())),
+            Arc::new(snapblk_core::MemFile::new(cow.clone())),
+            SnapshotConfig::default(),
+        )
         .unwrap();
+        case.cow = cow;
+        case.layout = loaded.layout();
+        case.ops = loaded.map().ops().to_vec();
+        let world = FaultWorld::new(vec![case.base.clone(), case.cow.clone()]);
+        let s = open_with(&case, &world, &|| Arc::new(snapblk_snapshot::CowDecoder)).unwrap();
         assert_eq!(read_all(&s), case.target, "real COW v{version} reads");
         cut_and_resume_with(&case, 300 + w, 15, &mut t, &|| {
-            Arc::new(snapblk_snapshot::cowsrc::CowDecoder)
+            Arc::new(snapblk_snapshot::CowDecoder)
         });
     }
     assert!(t.cuts >= 60);

@@ -4,12 +4,10 @@
 //! and COW byte-identical.
 
 use snapblk_core::{Driver, PropValue, State};
-use snapblk_snapshot::cowsrc::{OpenMode, open_files};
-use snapblk_snapshot::merge_task::MergeState;
 use snapblk_snapshot::synth::{SynthCase, SynthSpec, generate};
 use snapblk_snapshot::{
-    MergeOptions, MergeStep, OpKind, Payload, SnapError, SnapshotConfig, SnapshotDriver, merge,
-    precheck,
+    MergeOptions, MergeState, MergeStep, OpKind, OpenMode, Payload, SnapError, SnapshotConfig,
+    SnapshotDriver, merge, open_files, precheck,
 };
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};

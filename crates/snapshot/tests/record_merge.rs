@@ -3,10 +3,10 @@
 //! is all there is), and a resumed merge of an intact staged window still finishes.
 
 use snapblk_cow::record::Record;
-use snapblk_snapshot::cowrecord::load_verifier;
-use snapblk_snapshot::cowsrc::{OpenMode, open_files};
 use snapblk_snapshot::synth::{SynthCase, SynthSpec, generate};
-use snapblk_snapshot::{MergeOptions, MergeStep, SnapError, SnapshotConfig, merge};
+use snapblk_snapshot::{
+    MergeOptions, MergeStep, OpenMode, SnapError, SnapshotConfig, load_verifier, merge, open_files,
+};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 

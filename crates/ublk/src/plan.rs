@@ -135,10 +135,10 @@ impl SnapshotPlanner {
         verify: bool,
         record: Option<&Path>,
     ) -> snapblk_core::Result<Self> {
-        use snapblk_snapshot::cowsrc::{OpenMode, open_files};
+        use snapblk_snapshot::{OpenMode, open_files};
         let err = snapblk_core::Error::from;
         let verifier = if verify {
-            snapblk_snapshot::cowrecord::load_verifier(base, cow, record, false).map_err(err)?
+            snapblk_snapshot::load_verifier(base, cow, record, false).map_err(err)?
         } else {
             None
         };
@@ -158,7 +158,7 @@ impl SnapshotPlanner {
     /// A planner over an open read-only snapshot, reading the files behind its devices where
     /// they have one.
     pub fn new(snap: snapblk_snapshot::Snapshot) -> Self {
-        use snapblk_snapshot::io::Dev;
+        use snapblk_snapshot::Dev;
         let mut files = Vec::new();
         let mut fd_of = |d: Dev| {
             let f = snap.device(d).as_file()?;

@@ -105,8 +105,7 @@ fn snapshot_plans_reproduce_target() {
 
 #[test]
 fn a_cow_without_a_descriptor_is_planned_through_the_device() {
-    use snapblk_snapshot::cowsrc::{OpenMode, open_devs, open_files};
-    use snapblk_snapshot::dev::{BlockDev, FileDev};
+    use snapblk_snapshot::{BlockDev, FileDev, OpenMode, open_devs, open_files};
     use std::sync::Arc;
     let mut cow_file_segments = 0;
     for c in cases() {

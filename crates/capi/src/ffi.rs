@@ -3,6 +3,7 @@
 #![allow(non_camel_case_types)]
 
 use libc::{c_char, c_int, iovec, sigset_t, size_t, timespec};
+use snapblk_core::sync::lock as lock_mutex;
 use snapblk_core::{
     Blkio, Completion, Error, MemRegion, Op, PropValue, Queue, ReqFlags, Request, State,
 };
@@ -123,7 +124,7 @@ unsafe fn lock<'a>(b: *mut blkio) -> Option<std::sync::MutexGuard<'a, Inner>> {
     }
     // SAFETY: per the contract, `b` points to a live `blkio`; only shared access is taken.
     let m = unsafe { &(*b).inner };
-    Some(m.lock().unwrap_or_else(|e| e.into_inner()))
+    Some(lock_mutex(m))
 }
 
 /// The common frame of the int-returning calls on an instance: inside `guard_int`, take the

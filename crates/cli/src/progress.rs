@@ -4,6 +4,7 @@
 //! this module is the only place that draws them.
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use snapblk_core::sync::lock;
 use std::io::IsTerminal;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -111,7 +112,7 @@ impl GenerateBars {
     /// Handles one event; called from the generator's worker threads.
     pub fn on(&self, ev: snapblk_cow::GenerateProgress) {
         use snapblk_cow::GenerateProgress as G;
-        let mut cur = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let mut cur = lock(&self.0);
         match ev {
             G::Start { stage, total } => {
                 if let Some(old) = cur.replace(Progress::bytes(total, stage.name())) {

@@ -2,6 +2,7 @@
 //! conversion and its implementations for files, byte slices, [`MemFile`] and smart pointers.
 
 use crate::error::Error;
+use crate::sync::into_inner;
 use crate::sync::lock;
 use std::fs::File;
 use std::io;
@@ -165,7 +166,7 @@ impl MemFile {
     }
     /// Take the bytes back.
     pub fn into_inner(self) -> Vec<u8> {
-        self.0.into_inner().unwrap_or_else(|p| p.into_inner())
+        into_inner(self.0)
     }
     /// A copy of the bytes now.
     pub fn contents(&self) -> Vec<u8> {

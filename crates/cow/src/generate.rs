@@ -9,6 +9,7 @@
 //!    ascending destination); break cycles by turning one op of the cycle into a REPLACE.
 //! 5. Encode REPLACE units (v3: multi-block units like AOSP) on all cores, write the file.
 
+use snapblk_core::sync::{lock, wait};
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -818,7 +819,7 @@ fn ordered_pipeline<B: Default + Send>(
         stop: false,
     });
     let cv = Condvar::new();
-    let lock = || st.lock().unwrap_or_else(|p| p.into_inner());
+    let lock = || lock(&st);
     let stop_all = |mut g: MutexGuard<'_, State<B>>| {
         g.stop = true;
         drop(g);
@@ -855,7 +856,7 @@ fn ordered_pipeline<B: Default + Send>(
                         return;
                     }
                     if g.next >= g.consumed + window {
-                        g = cv.wait(g).unwrap_or_else(|p| p.into_inner());
+                        g = wait(&cv, g);
                         continue;
                     }
                     g = encode_next(g);
@@ -892,7 +893,7 @@ fn ordered_pipeline<B: Default + Send>(
                 g = encode_next(g);
                 continue;
             }
-            g = cv.wait(g).unwrap_or_else(|p| p.into_inner());
+            g = wait(&cv, g);
         };
         stop_all(g);
         r

@@ -2,6 +2,7 @@
 //! per concurrent request), device-limit splitting, and read-modify-write for requests that are
 //! not aligned to the device's request alignment.
 
+use snapblk_core::sync::{lock, read, wait, write};
 use snapblk_core::{Blkio, Queue, QueueExt};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Condvar, Mutex, MutexGuard, RwLock};
@@ -132,7 +133,7 @@ impl Device {
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
-        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+        lock(&self.inner)
     }
 
     /// Run `f` on a queue of our own (pooled, or added on demand; when the driver cannot add
@@ -155,7 +156,7 @@ impl Device {
                     }
                 }
                 // Fixed queue count: wait for another thread to return one.
-                g = self.returned.wait(g).unwrap_or_else(|p| p.into_inner());
+                g = wait(&self.returned, g);
             }
         };
         let r = f(&mut *q);
@@ -225,7 +226,7 @@ impl Device {
         }
         let a = self.align;
         if off.is_multiple_of(a) && (n as u64).is_multiple_of(a) {
-            let _shared = self.rmw.read().unwrap_or_else(|p| p.into_inner());
+            let _shared = read(&self.rmw);
             let _counted = CountWrite(&self.writes_done);
             self.check_open()?;
             if self.buf_align <= 1 || (data.as_ptr() as usize).is_multiple_of(self.buf_align) {
@@ -237,7 +238,7 @@ impl Device {
             }
             return Ok(n);
         }
-        let _excl = self.rmw.write().unwrap_or_else(|p| p.into_inner());
+        let _excl = write(&self.rmw);
         let _counted = CountWrite(&self.writes_done);
         self.check_open()?;
         let end = off + n as u64;
@@ -293,7 +294,7 @@ impl Device {
         if iend < end {
             self.write(iend, &vec![0u8; (end - iend) as usize])?;
         }
-        let shared = self.rmw.read().unwrap_or_else(|p| p.into_inner());
+        let shared = read(&self.rmw);
         let counted = CountWrite(&self.writes_done);
         self.check_open()?;
         let flags = if punch {
@@ -323,7 +324,7 @@ impl Device {
     /// after it covers every write that was ever acknowledged.
     pub fn refuse_writes(&self) {
         // Every write holds `rmw` (shared or exclusive) while it runs.
-        let _all = self.rmw.write().unwrap_or_else(|p| p.into_inner());
+        let _all = write(&self.rmw);
         self.closing.store(true, Ordering::Release);
     }
 
@@ -341,7 +342,7 @@ impl Device {
     /// after the last of them has already succeeded; waits for a flush in progress.
     pub fn flush(&self) -> Result<(), IoError> {
         let target = self.writes_done.load(Ordering::Acquire);
-        let mut flushed = self.flushed.lock().unwrap_or_else(|p| p.into_inner());
+        let mut flushed = lock(&self.flushed);
         if *flushed >= target {
             return Ok(());
         }

@@ -1,6 +1,7 @@
 //! Aligned, reusable I/O buffers without `unsafe`: an over-allocated `Vec` used from its first
 //! aligned byte.
 
+use snapblk_core::sync::lock;
 use std::sync::Mutex;
 
 /// A buffer whose usable part starts at an `align`-aligned address.
@@ -49,7 +50,7 @@ impl BufPool {
     /// A buffer of at least `len` bytes.
     pub(crate) fn get(&self, len: usize) -> AlignedBuf {
         {
-            let mut f = self.free.lock().unwrap_or_else(|p| p.into_inner());
+            let mut f = lock(&self.free);
             if let Some(i) = f.iter().position(|b| b.capacity() >= len) {
                 return f.swap_remove(i);
             }
@@ -58,7 +59,7 @@ impl BufPool {
     }
 
     pub(crate) fn put(&self, b: AlignedBuf) {
-        let mut f = self.free.lock().unwrap_or_else(|p| p.into_inner());
+        let mut f = lock(&self.free);
         let held: usize = f.iter().map(|b| b.capacity()).sum();
         if held + b.capacity() <= self.keep_bytes {
             f.push(b);

@@ -11,6 +11,7 @@ use crate::events::ConnReason;
 use crate::net::Stream;
 use crate::proto::{self, *};
 use crate::server::{Export, ServerConfig};
+use snapblk_core::sync::{lock, wait};
 use snapblk_core::{Completion, Op, Queue, ReqFlags, Request};
 use std::io::{IoSlice, Read, Write};
 use std::net::Shutdown;
@@ -35,9 +36,9 @@ impl Credits {
     }
     /// Wait until `n` bytes fit (one request always fits when nothing else is held).
     fn acquire(&self, n: usize) -> bool {
-        let mut g = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let mut g = lock(&self.state);
         while !g.1 && g.0 > 0 && g.0 + n > self.max {
-            g = self.cv.wait(g).unwrap_or_else(|p| p.into_inner());
+            g = wait(&self.cv, g);
         }
         if g.1 {
             return false;
@@ -46,12 +47,12 @@ impl Credits {
         true
     }
     fn release(&self, n: usize) {
-        let mut g = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let mut g = lock(&self.state);
         g.0 = g.0.saturating_sub(n);
         self.cv.notify_all();
     }
     fn close(&self) {
-        self.state.lock().unwrap_or_else(|p| p.into_inner()).1 = true;
+        lock(&self.state).1 = true;
         self.cv.notify_all();
     }
 }

@@ -1,6 +1,7 @@
 //! A started device shared by many connections: each connection leases a queue of its own
 //! (queues are single-threaded), added on demand when the driver allows it.
 
+use snapblk_core::sync::lock;
 use snapblk_core::{Blkio, Queue, QueueExt};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Condvar, Mutex, MutexGuard};
@@ -120,7 +121,7 @@ impl SharedDevice {
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
         // A poisoned lock only means another connection panicked; the pool itself is consistent.
-        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+        lock(&self.inner)
     }
 
     /// Lease a queue: a pooled one, else a newly added one; if the driver cannot add queues,

@@ -5,6 +5,7 @@ use crate::device::SharedDevice;
 use crate::events::{ConnAction, ConnEvent, ConnReason, EventHook};
 use crate::net::{Listener, Stream, wait_readable};
 use crate::proto::{self, *};
+use snapblk_core::sync::lock;
 use std::collections::HashMap;
 use std::io::{self, Read, Write};
 use std::net::Shutdown;
@@ -583,10 +584,6 @@ impl Server {
             }
         }
     }
-}
-
-fn lock(m: &Mutex<HashMap<u64, Stream>>) -> MutexGuard<'_, HashMap<u64, Stream>> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// How option haggling ended without an export.

@@ -6,6 +6,7 @@
 //! state (xz: its dictionary, at most 64 MiB for the largest preset), whatever the payload's
 //! size.
 
+use snapblk_core::sync::{into_inner, lock};
 use std::fs::File;
 use std::io;
 use std::sync::Mutex;
@@ -115,7 +116,7 @@ struct FirstError(Mutex<Option<(usize, OtaError)>>);
 
 impl FirstError {
     fn set(&self, job: usize, e: OtaError) {
-        let mut g = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let mut g = lock(&self.0);
         if g.as_ref().is_none_or(|(j, _)| job < *j) {
             *g = Some((job, e));
         }
@@ -224,7 +225,7 @@ impl ExtractPlan<'_> {
                 .map(|h| h.join().is_err())
                 .fold(false, |a, b| a | b)
         });
-        if let Some((_, e)) = first.0.into_inner().unwrap_or_else(|p| p.into_inner()) {
+        if let Some((_, e)) = into_inner(first.0) {
             return Err(e);
         }
         if panicked {
@@ -232,7 +233,7 @@ impl ExtractPlan<'_> {
         }
         let mut parts = Vec::with_capacity(self.parts.len());
         for (p, t) in self.parts.iter().zip(&tallies) {
-            let hash = t.hash.lock().unwrap_or_else(|p| p.into_inner());
+            let hash = lock(&t.hash);
             parts.push(PartitionReport {
                 name: p.name.clone(),
                 size: p.size,
@@ -266,7 +267,7 @@ impl ExtractPlan<'_> {
                 found: crate::hex(&found),
             });
         }
-        *t.hash.lock().unwrap_or_else(|p| p.into_inner()) = Some(found);
+        *lock(&t.hash) = Some(found);
         report(ExtractProgress::Verified { index: pi });
         Ok(())
     }

@@ -3,6 +3,7 @@
 //! in-memory [`Output`], and extraction into memory. Tests mutate [`Built::manifest`] or the
 //! bytes to make bad payloads.
 
+use snapblk_core::sync::{into_inner, lock};
 use std::io::Write;
 use std::sync::Mutex;
 
@@ -218,21 +219,18 @@ pub struct MemOutput(pub Mutex<Vec<u8>>);
 impl MemOutput {
     /// The bytes written.
     pub fn into_inner(self) -> Vec<u8> {
-        self.0.into_inner().unwrap_or_else(|p| p.into_inner())
+        into_inner(self.0)
     }
 }
 
 impl Output for MemOutput {
     fn set_len(&self, size: u64) -> std::io::Result<()> {
         let n = usize::try_from(size).map_err(|_| std::io::ErrorKind::OutOfMemory)?;
-        self.0
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .resize(n, 0);
+        lock(&self.0).resize(n, 0);
         Ok(())
     }
     fn write_all_at(&self, offset: u64, buf: &[u8]) -> std::io::Result<()> {
-        let mut v = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let mut v = lock(&self.0);
         let o = offset as usize;
         if o + buf.len() > v.len() {
             v.resize(o + buf.len(), 0);
@@ -241,7 +239,7 @@ impl Output for MemOutput {
         Ok(())
     }
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> std::io::Result<usize> {
-        let v = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let v = lock(&self.0);
         let Some(rest) = usize::try_from(offset).ok().and_then(|o| v.get(o..)) else {
             return Ok(0);
         };

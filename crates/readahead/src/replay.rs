@@ -35,6 +35,7 @@ use crate::walk::{self, Found, LinkDedup, WalkError, WalkOptions};
 use crate::{Range, RangeSet};
 use pressure::{Pressure, StopMonitor};
 use serde::Serialize;
+use snapblk_core::sync::lock;
 use std::fs::File;
 use std::os::fd::AsFd;
 use std::os::unix::fs::MetadataExt;
@@ -1050,8 +1051,7 @@ fn run(
         let issue_end =
             Duration::from_micros(shared.counts.issue_end_us.load(Relaxed)).min(t0.elapsed());
         let drained_at = t0.elapsed();
-        let prepared =
-            std::mem::take(&mut *shared.prepared.lock().unwrap_or_else(|e| e.into_inner()));
+        let prepared = std::mem::take(&mut *lock(&shared.prepared));
         let checks = verify::final_pass(&shared, &prepared);
         drop(stop_guard);
         shared.report(RunEnd {
@@ -1152,8 +1152,8 @@ impl Shared<'_> {
             checks.checked,
             (drained_at.saturating_sub(issue_end)).as_secs_f64()
         );
-        let stale = std::mem::take(&mut *self.stale.lock().unwrap_or_else(|e| e.into_inner()));
-        let errors = std::mem::take(&mut *self.errors.lock().unwrap_or_else(|e| e.into_inner()));
+        let stale = std::mem::take(&mut *lock(&self.stale));
+        let errors = std::mem::take(&mut *lock(&self.errors));
         let replayed = prepared.len() as u64 + c.settled_files.load(Relaxed);
         let duplicates = c.duplicates.load(Relaxed);
         let mut rep = ReplayReport {

@@ -3,6 +3,7 @@
 //! binding verdict into a refusal before a merge writes anything.
 
 use crate::error::{Result, SnapError};
+use snapblk_core::sync::lock;
 use snapblk_cow::record::{self, MergeBinding, MergeVerdict, Record, RecordCheck, Verifier};
 use snapblk_cow::{CowReader, OpenOptions, ReadAt};
 use std::path::{Path, PathBuf};
@@ -127,10 +128,7 @@ fn shared(
         ],
         _ => return Arc::new(Verifier::new(rec)),
     };
-    let mut all = ALL
-        .get_or_init(Default::default)
-        .lock()
-        .unwrap_or_else(|e| e.into_inner());
+    let mut all = lock(ALL.get_or_init(Default::default));
     all.retain(|_, w| w.strong_count() > 0);
     if let Some(v) = all.get(&key).and_then(Weak::upgrade)
         && *v.record() == rec

@@ -62,6 +62,7 @@
 use crate::queue::{DevBackend, SyncQueue};
 use crate::sched::Clock;
 use snapblk_core::rng::Rng;
+use snapblk_core::sync::lock;
 use snapblk_core::{
     Access, DeviceInfo, Driver, Error, PropSpec, PropType, PropValue, Queue, ReadAt, State, WriteAt,
 };
@@ -245,7 +246,7 @@ impl FaultWorld {
     }
 
     fn lock(&self) -> MutexGuard<'_, World> {
-        self.w.lock().unwrap_or_else(|p| p.into_inner())
+        lock(&self.w)
     }
 
     /// Disk `i` of this world.

@@ -4,6 +4,7 @@ use crate::dev::BlockDev;
 use crate::error::{Result, SnapError};
 use crate::sched::{IoClass, Scheduler};
 use snapblk_core::read_error;
+use snapblk_core::sync::lock;
 use std::collections::{HashMap, VecDeque};
 use std::fs::File;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -187,7 +188,7 @@ impl UnitCache {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, CacheInner> {
-        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+        lock(&self.inner)
     }
 
     /// Whether a unit of `len` bytes would be kept.

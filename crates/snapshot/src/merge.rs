@@ -34,6 +34,7 @@ use crate::precheck::{PrecheckReport, precheck};
 use crate::sched::IoClass;
 use crate::snapshot::{Snapshot, scratch_state};
 use serde::Serialize;
+use snapblk_core::sync::write;
 use std::collections::HashSet;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -360,7 +361,7 @@ impl Merger<'_> {
     /// Step 2: readers of the window's blocks switch to the staged copy; taking the write lock
     /// waits for source reads in flight.
     fn publish_staged(&self, w: &StagedWindow) {
-        let mut v = self.snap.view.write().unwrap_or_else(|e| e.into_inner());
+        let mut v = write(&self.snap.view);
         *v = MergeView {
             merged: w.start,
             staged: Some(w.clone()),
@@ -414,7 +415,7 @@ impl Merger<'_> {
     fn commit(&mut self, merged: usize) -> Result<()> {
         self.write_progress(merged, Some(scratch_state::IN_PROGRESS))?;
         {
-            let mut v = self.snap.view.write().unwrap_or_else(|e| e.into_inner());
+            let mut v = write(&self.snap.view);
             *v = MergeView {
                 merged,
                 staged: None,

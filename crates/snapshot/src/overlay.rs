@@ -27,6 +27,7 @@
 use crate::error::{Result, SnapError};
 use crate::io::{Dev, Io};
 use crate::sched::IoClass;
+use snapblk_core::sync::{lock, read, write};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, RwLock};
@@ -163,11 +164,7 @@ impl Overlay {
         if !self.nonempty.load(Ordering::Acquire) {
             return None;
         }
-        self.index
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(&block)
-            .copied()
+        read(&self.index).get(&block).copied()
     }
 
     /// Whether any block is overlaid.
@@ -177,20 +174,14 @@ impl Overlay {
 
     /// Every overlaid block with its data offset, sorted by block.
     pub(crate) fn blocks(&self) -> Vec<(u64, u64)> {
-        let mut v: Vec<_> = self
-            .index
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .iter()
-            .map(|(&b, &o)| (b, o))
-            .collect();
+        let mut v: Vec<_> = read(&self.index).iter().map(|(&b, &o)| (b, o)).collect();
         v.sort_unstable();
         v
     }
 
     /// Append whole blocks starting at `first` (caller holds no lock; appends are serialised).
     pub(crate) fn append(&self, io: &Io, first: u64, data: &[u8]) -> Result<()> {
-        let mut t = self.tail.lock().unwrap_or_else(|p| p.into_inner());
+        let mut t = lock(&self.tail);
         self.append_locked(io, &mut t, first, data)
     }
 
@@ -212,7 +203,7 @@ impl Overlay {
             rec[HDR as usize..].copy_from_slice(chunk);
             io.write(IoClass::Foreground, Dev::Cow, t.pos, &rec)?;
             {
-                let mut idx = self.index.write().unwrap_or_else(|p| p.into_inner());
+                let mut idx = write(&self.index);
                 for i in 0..n {
                     idx.insert(first + i, t.pos + HDR + i * bs);
                 }

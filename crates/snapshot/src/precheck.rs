@@ -27,6 +27,7 @@ use crate::merge::{MergeOptions, validate_order, window_end};
 use crate::sched::IoClass;
 use crate::snapshot::{Snapshot, check_payload_len};
 use serde::Serialize;
+use snapblk_core::sync::{into_inner, lock};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
@@ -297,7 +298,7 @@ fn verify_new_blocks(snap: &Snapshot, from: usize) -> Result<u64> {
             let Some(&(i, j)) = runs.get(r) else { break };
             buf.resize((j - i) * bs as usize, 0);
             if let Err(e) = snap.read_class(IoClass::Merge, blocks[i] * bs, &mut buf) {
-                let mut f = first_err.lock().unwrap_or_else(|e| e.into_inner());
+                let mut f = lock(&first_err);
                 if f.as_ref().is_none_or(|(at, _)| r < *at) {
                     *f = Some((r, e));
                 }
@@ -312,7 +313,7 @@ fn verify_new_blocks(snap: &Snapshot, from: usize) -> Result<u64> {
         }
         work();
     });
-    if let Some((_, e)) = first_err.into_inner().unwrap_or_else(|e| e.into_inner()) {
+    if let Some((_, e)) = into_inner(first_err) {
         return Err(e);
     }
     Ok(blocks.len() as u64)
@@ -349,7 +350,7 @@ fn decode_all(snap: &Snapshot, list: &[(usize, Payload)]) -> Result<(u64, usize)
                 }
                 Err((op, e)) => {
                     failed_at.fetch_min(c, Ordering::Relaxed);
-                    let mut g = first_err.lock().unwrap_or_else(|e| e.into_inner());
+                    let mut g = lock(&first_err);
                     if g.as_ref().is_none_or(|(o, _)| op < *o) {
                         *g = Some((op, e));
                     }
@@ -370,7 +371,7 @@ fn decode_all(snap: &Snapshot, list: &[(usize, Payload)]) -> Result<(u64, usize)
             work();
         });
     }
-    if let Some((_, e)) = first_err.into_inner().unwrap_or_else(|e| e.into_inner()) {
+    if let Some((_, e)) = into_inner(first_err) {
         return Err(e);
     }
     Ok((decoded.into_inner() as u64, threads))

@@ -21,6 +21,7 @@
 //! simulation's virtual clock, so that budgets grow and shrink in simulated time.
 
 use serde::Serialize;
+use snapblk_core::sync::lock;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -337,7 +338,7 @@ impl Scheduler {
     }
 
     fn lock(&self) -> MutexGuard<'_, SchedCore> {
-        self.core.lock().unwrap_or_else(|p| p.into_inner())
+        lock(&self.core)
     }
 
     fn now(&self) -> u64 {

@@ -8,6 +8,7 @@ use crate::io::{Dev, Io, UnitCache};
 use crate::map::{Codec, MergeView, Payload, Segment, SnapshotMap, StagedWindow};
 use crate::overlay::Overlay;
 use crate::sched::{IoClass, SchedConfig, SchedStats, Scheduler};
+use snapblk_core::sync::{lock, read, write};
 use snapblk_cow::record::Verifier;
 use std::sync::{Arc, Mutex, OnceLock, RwLock, RwLockReadGuard};
 
@@ -253,7 +254,7 @@ impl Snapshot {
                 Err(_) => {}
             }
         }
-        *s.view.write().unwrap_or_else(|e| e.into_inner()) = view;
+        *write(&s.view) = view;
         Ok(s)
     }
 
@@ -343,7 +344,7 @@ impl Snapshot {
     /// [`Snapshot::check_merge_base`]. Needs the COW open for writing.
     pub fn reset_merge_progress(&self) -> Result<()> {
         self.write_merge_progress(0, Some(scratch_state::NOT_STARTED))?;
-        *self.view.write().unwrap_or_else(|e| e.into_inner()) = MergeView::default();
+        *write(&self.view) = MergeView::default();
         Ok(())
     }
 
@@ -352,7 +353,7 @@ impl Snapshot {
     pub(crate) fn write_merge_progress(&self, n: usize, state: Option<u8>) -> Result<()> {
         let h = self.layout.header_size as usize;
         let bytes = {
-            let mut hdr = self.header.lock().unwrap_or_else(|e| e.into_inner());
+            let mut hdr = lock(&self.header);
             hdr[26..34].copy_from_slice(&(n as u64).to_le_bytes());
             match (state, self.layout.scratch()) {
                 (Some(s), Some(_)) => {
@@ -477,12 +478,12 @@ impl Snapshot {
     }
 
     pub(crate) fn lock_view(&self) -> RwLockReadGuard<'_, MergeView> {
-        self.view.read().unwrap_or_else(|e| e.into_inner())
+        read(&self.view)
     }
 
     /// Progress fields from the header bytes read at open.
     pub(crate) fn persisted(&self) -> Persisted {
-        let h = self.header.lock().unwrap_or_else(|e| e.into_inner());
+        let h = lock(&self.header);
         let mut a = [0u8; 8];
         a.copy_from_slice(&h[26..34]);
         let state = self
@@ -940,7 +941,7 @@ impl Snapshot {
             return if fua { self.flush() } else { Ok(()) };
         }
         let bs = self.map.block_size();
-        let _w = self.write_lock.lock().unwrap_or_else(|e| e.into_inner());
+        let _w = lock(&self.write_lock);
         let first = offset / bs;
         let last = (offset + len - 1) / bs;
         let mut buf = vec![0u8; ((last - first + 1) * bs) as usize];

@@ -3,6 +3,7 @@
 //! itself, read-only snapshots share them. Conflicts fail at once with EBUSY, and the files are
 //! free again as soon as the holder closes them.
 
+use snapblk_core::sync::lock;
 use snapblk_snapshot::synth::{SynthSpec, generate};
 use snapblk_snapshot::{
     MergeOptions, OpenMode, SnapError, Snapshot, SnapshotConfig, merge, open_files,
@@ -30,7 +31,7 @@ struct Files {
 /// would fail with EBUSY (seen as a 1-in-5 flake under load).
 fn serial() -> std::sync::MutexGuard<'static, ()> {
     static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    LOCK.lock().unwrap_or_else(|e| e.into_inner())
+    lock(&LOCK)
 }
 
 fn files() -> Files {

@@ -21,6 +21,7 @@ use crate::codec::{self, Codec, Compression, PayloadBuf};
 use crate::error::{CowError, Result, io_at};
 use crate::format::*;
 use crate::io::WriteAt;
+use snapblk_core::sync::lock;
 
 /// A positional-write target that can also be truncated (files, [`crate::MemFile`]).
 pub trait CowSink: WriteAt {
@@ -36,7 +37,7 @@ impl CowSink for std::fs::File {
 
 impl CowSink for crate::io::MemFile {
     fn set_len(&self, len: u64) -> std::io::Result<()> {
-        let mut v = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let mut v = lock(&self.0);
         v.resize(len as usize, 0);
         Ok(())
     }

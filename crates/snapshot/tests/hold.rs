@@ -160,5 +160,17 @@ fn a_held_file_is_freed_when_its_holder_dies() {
         }
     }
     drop(child);
-    open(&f, MERGE, false).unwrap();
+    // The holder is reaped. On a heavily loaded machine one try right after the reap once
+    // still saw EBUSY (2026-11-28); what the test proves is that the lock goes, within a
+    // bounded time, not the instant it goes.
+    let t0 = std::time::Instant::now();
+    loop {
+        match open(&f, MERGE, false) {
+            Ok(_) => break,
+            Err(e) if e.errno() == libc::EBUSY && t0.elapsed().as_secs() < 10 => {
+                std::thread::sleep(std::time::Duration::from_millis(20))
+            }
+            Err(e) => panic!("the dead holder's lock stayed: {e}"),
+        }
+    }
 }

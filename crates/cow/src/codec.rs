@@ -94,14 +94,23 @@ impl std::fmt::Display for Compression {
 }
 
 /// Why a payload failed to decode.
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
 pub enum DecodeError {
-    /// The codec rejected the stream.
-    Corrupt(String),
+    /// The codec rejected the stream; the decoder's own error is the source.
+    #[error("the stream is corrupt")]
+    Corrupt(#[source] Box<dyn std::error::Error + Send + Sync>),
     /// The stream produces more bytes than the unit.
+    #[error("the stream decodes to more bytes than its unit")]
     TooLong,
-    /// The stream ends before filling the unit.
+    /// The stream ends before filling the unit; the count is the bytes it produced.
+    #[error("the stream decodes to {0} bytes, short of its unit")]
     TooShort(usize),
+}
+
+impl DecodeError {
+    fn corrupt(e: impl std::error::Error + Send + Sync + 'static) -> DecodeError {
+        DecodeError::Corrupt(Box::new(e))
+    }
 }
 
 /// Encoder contexts kept per thread and codec.
@@ -133,7 +142,7 @@ pub fn decompress(algo: Compression, input: &[u8], out: &mut [u8]) -> Result<(),
             Err(lz4_flex::block::DecompressError::OutputTooSmall { .. }) => {
                 Err(DecodeError::TooLong)
             }
-            Err(e) => Err(DecodeError::Corrupt(e.to_string())),
+            Err(e) => Err(DecodeError::corrupt(e)),
         },
         Compression::Zstd => {
             // Frames that declare a content size larger than the unit are "too long".
@@ -145,24 +154,22 @@ pub fn decompress(algo: Compression, input: &[u8], out: &mut [u8]) -> Result<(),
             let r = ZSTD_D.with(|cell| {
                 let mut slot = cell.borrow_mut();
                 if slot.is_none() {
-                    *slot = Some(
-                        zstd::bulk::Decompressor::new()
-                            .map_err(|e| DecodeError::Corrupt(e.to_string()))?,
-                    );
+                    *slot = Some(zstd::bulk::Decompressor::new().map_err(DecodeError::corrupt)?);
                 }
                 match slot.as_mut() {
-                    Some(d) => d
-                        .decompress_to_buffer(input, out)
-                        .map_err(|e| DecodeError::Corrupt(e.to_string())),
-                    None => Err(DecodeError::Corrupt("no zstd context".into())),
+                    Some(d) => d.decompress_to_buffer(input, out).map_err(|e| {
+                        if e.to_string().contains("too small") {
+                            DecodeError::TooLong
+                        } else {
+                            DecodeError::corrupt(e)
+                        }
+                    }),
+                    None => Err(DecodeError::Corrupt("no zstd decoder context".into())),
                 }
             });
             match r {
                 Ok(n) if n == out.len() => Ok(()),
                 Ok(n) => Err(DecodeError::TooShort(n)),
-                Err(DecodeError::Corrupt(m)) if m.contains("too small") => {
-                    Err(DecodeError::TooLong)
-                }
                 Err(e) => Err(e),
             }
         }
@@ -184,14 +191,14 @@ fn read_exactly(mut r: impl Read, out: &mut [u8]) -> Result<(), DecodeError> {
             Ok(0) => return Err(DecodeError::TooShort(got)),
             Ok(n) => got += n,
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(DecodeError::Corrupt(e.to_string())),
+            Err(e) => return Err(DecodeError::corrupt(e)),
         }
     }
     let mut extra = [0u8; 1];
     match r.read(&mut extra) {
         Ok(0) => Ok(()),
         Ok(_) => Err(DecodeError::TooLong),
-        Err(e) => Err(DecodeError::Corrupt(e.to_string())),
+        Err(e) => Err(DecodeError::corrupt(e)),
     }
 }
 

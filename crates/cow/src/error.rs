@@ -219,7 +219,7 @@ pub enum CowError {
         prev_end: u64,
     },
     /// The codec rejected a payload: it is not a valid stream of the file's algorithm.
-    #[error("op {index} (payload at offset {offset}): {codec:?} payload is corrupt: {reason}")]
+    #[error("op {index} (payload at offset {offset}): {codec:?} payload is corrupt")]
     Corrupt {
         /// Index of the op.
         index: u64,
@@ -227,8 +227,9 @@ pub enum CowError {
         offset: u64,
         /// The algorithm it was decoded with.
         codec: Compression,
-        /// The decoder's description of the problem.
-        reason: String,
+        /// The decoder's own error.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
     },
     /// A payload decodes to more bytes than its unit (every payload decodes to exactly one
     /// unit).
@@ -360,6 +361,7 @@ pub(crate) fn io_at(offset: u64) -> impl FnOnce(std::io::Error) -> CowError {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::error::Error as _;
 
     #[test]
     fn io_error_chain_prints_the_cause_once() {
@@ -370,6 +372,29 @@ mod tests {
             chain,
             "I/O error at offset 0: No such file or directory (os error 2)"
         );
+    }
+
+    #[test]
+    fn a_corrupt_payload_keeps_the_decoder_error_as_source() {
+        let mut out = [0u8; 4096];
+        let Err(crate::DecodeError::Corrupt(source)) =
+            crate::decompress(crate::Compression::Gz, b"not zlib at all", &mut out)
+        else {
+            panic!("garbage decoded");
+        };
+        let cause = source.to_string();
+        let e = CowError::Corrupt {
+            index: 7,
+            offset: 4096,
+            codec: crate::Compression::Gz,
+            source,
+        };
+        assert_eq!(
+            e.to_string(),
+            "op 7 (payload at offset 4096): Gz payload is corrupt"
+        );
+        assert_eq!(e.source().map(|s| s.to_string()), Some(cause.clone()));
+        assert_eq!(anyhow_like_chain(&e), format!("{e}: {cause}"));
     }
 
     /// What `format!("{:#}", anyhow::Error::from(e))` prints: each error in the chain once.

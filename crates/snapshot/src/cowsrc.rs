@@ -33,22 +33,13 @@ fn codec(c: Compression) -> Codec {
 }
 
 impl Decoder for CowDecoder {
-    fn decode(&self, c: Codec, src: &[u8], out: &mut [u8]) -> std::result::Result<(), String> {
-        use snapblk_cow::DecodeError;
-        let algo = compression(c);
-        snapblk_cow::decompress(algo, src, out).map_err(|e| match e {
-            DecodeError::Corrupt(reason) => format!("{algo} payload is corrupt: {reason}"),
-            DecodeError::TooLong => {
-                format!(
-                    "{algo} payload decodes to more than its {}-byte unit",
-                    out.len()
-                )
-            }
-            DecodeError::TooShort(got) => format!(
-                "{algo} payload decodes to {got} bytes, expected {}",
-                out.len()
-            ),
-        })
+    fn decode(
+        &self,
+        c: Codec,
+        src: &[u8],
+        out: &mut [u8],
+    ) -> std::result::Result<(), snapblk_cow::DecodeError> {
+        snapblk_cow::decompress(compression(c), src, out)
     }
 }
 

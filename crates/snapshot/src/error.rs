@@ -47,12 +47,33 @@ pub enum SnapError {
     #[error("merge failed earlier; merged blocks of the failed window are unavailable")]
     MergeFailed,
     /// Payload decoding failed.
-    #[error("payload at COW offset {offset}: {msg}")]
+    #[error("{codec:?} payload at COW offset {offset} does not decode")]
     Decode {
         /// Byte offset of the payload in the COW file.
         offset: u64,
-        /// The decompressor's own message.
-        msg: String,
+        /// The payload's compression.
+        codec: crate::map::Codec,
+        /// The decoder's error.
+        #[source]
+        source: snapblk_cow::DecodeError,
+    },
+    /// A compressed payload is larger than any unit can encode to (bounded before allocating).
+    #[error("payload at COW offset {offset}: {len} bytes is larger than any unit encodes to")]
+    PayloadTooLarge {
+        /// Byte offset of the payload in the COW file.
+        offset: u64,
+        /// Its stored length in bytes.
+        len: u32,
+    },
+    /// An uncompressed payload is shorter than its unit.
+    #[error("payload at COW offset {offset}: {len} bytes do not fill a {unit}-byte unit")]
+    PayloadShort {
+        /// Byte offset of the payload in the COW file.
+        offset: u64,
+        /// Its stored length in bytes.
+        len: u32,
+        /// The unit it must fill, in bytes.
+        unit: u32,
     },
     /// A block of the new image does not match the COW record's digest.
     #[error(
@@ -135,9 +156,9 @@ pub enum SnapError {
         block: u64,
         /// Byte offset of the payload in the COW file.
         offset: u64,
-        /// The decompressor's message.
+        /// The decoder's error.
         #[source]
-        source: crate::precheck::DecodeFailure,
+        source: snapblk_cow::DecodeError,
     },
     /// The pre-merge check found an op the merge could not carry out (outside the device or
     /// the base, a payload outside the COW or shorter than its blocks): refused before the
@@ -226,9 +247,9 @@ mod tests {
                     op: 1,
                     block: 2,
                     offset: 3,
-                    source: crate::precheck::DecodeFailure("zstd says no".into()),
+                    source: snapblk_cow::DecodeError::TooShort(5),
                 },
-                "zstd says no".into(),
+                "the stream decodes to 5 bytes, short of its unit".into(),
             ),
         ];
         for (e, cause) in &cases {

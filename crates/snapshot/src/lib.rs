@@ -60,7 +60,7 @@ pub use io::Dev;
 pub use map::{Codec, MapOp, MergeView, OpKind, Payload, Segment, SnapshotMap};
 pub use merge::{MergeOptions, MergeProgress, MergeReport, MergeStep, merge};
 pub use merge_task::{MergeState, MergeStats, MergeTask};
-pub use precheck::{DecodeFailure, PrecheckReport, precheck};
+pub use precheck::{PrecheckReport, precheck};
 pub use record::{
     Activity, DEFAULT_RECORD_SECS, ReadaheadStats, RecordError, RecordStats, ReplayState,
 };

@@ -463,9 +463,10 @@ impl Merger<'_> {
                     let unit = self.snap.unit(IoClass::Merge, &payload)?;
                     for b in owned {
                         let at = ((b - op.new_block) * bs) as usize;
-                        let src = unit.get(at..at + bsu).ok_or_else(|| SnapError::Decode {
+                        let src = unit.get(at..at + bsu).ok_or(SnapError::PayloadShort {
                             offset: payload.offset,
-                            msg: "unit shorter than its blocks".into(),
+                            len: unit.len() as u32,
+                            unit: (at + bsu) as u32,
                         })?;
                         blocks.push((b, buf.len()));
                         buf.extend_from_slice(src);

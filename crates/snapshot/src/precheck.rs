@@ -39,11 +39,6 @@ const CHUNK: usize = 256;
 /// Largest single read of back-to-back payloads.
 const RUN_BYTES: u64 = 4 << 20;
 
-/// Why a payload failed to decode (the decoder's own words).
-#[derive(Debug, thiserror::Error)]
-#[error("{0}")]
-pub struct DecodeFailure(pub String);
-
 /// What the pre-merge check looked at.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct PrecheckReport {
@@ -408,7 +403,7 @@ fn decode_chunk(
             let at = (p.offset - start) as usize;
             let src = &run[at..at + p.stored_len as usize];
             unit.resize(p.unit_len as usize, 0);
-            snap.decoder.decode(p.codec, src, unit).map_err(|msg| {
+            snap.decoder.decode(p.codec, src, unit).map_err(|source| {
                 let block = snap.map.ops().get(op).map_or(0, |o| o.new_block);
                 (
                     op,
@@ -416,7 +411,7 @@ fn decode_chunk(
                         op,
                         block,
                         offset: p.offset,
-                        source: DecodeFailure(msg),
+                        source,
                     },
                 )
             })?;

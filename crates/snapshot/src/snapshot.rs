@@ -22,7 +22,12 @@ pub const MAX_SCRATCH_SIZE: u64 = 2 << 20;
 /// Decodes compressed payloads (supplied by the COW format layer).
 pub trait Decoder: Send + Sync {
     /// Decode `src` (encoded with `codec`) into exactly `out.len()` bytes.
-    fn decode(&self, codec: Codec, src: &[u8], out: &mut [u8]) -> std::result::Result<(), String>;
+    fn decode(
+        &self,
+        codec: Codec,
+        src: &[u8],
+        out: &mut [u8],
+    ) -> std::result::Result<(), snapblk_cow::DecodeError>;
 }
 
 /// Where merge state lives in the COW file.
@@ -863,12 +868,13 @@ impl Snapshot {
                 if p.codec == Codec::None {
                     out.copy_from_slice(input.get(..out.len()).ok_or_else(|| short(&p))?);
                 } else {
-                    self.decoder
-                        .decode(p.codec, input, out)
-                        .map_err(|msg| SnapError::Decode {
+                    self.decoder.decode(p.codec, input, out).map_err(|source| {
+                        SnapError::Decode {
                             offset: p.offset,
-                            msg,
-                        })?;
+                            codec: p.codec,
+                            source,
+                        }
+                    })?;
                 }
                 pos += len as usize;
             }
@@ -901,9 +907,10 @@ impl Snapshot {
             self.io.read(class, Dev::Cow, p.offset, src)?;
             self.decoder
                 .decode(p.codec, src, out)
-                .map_err(|msg| SnapError::Decode {
+                .map_err(|source| SnapError::Decode {
                     offset: p.offset,
-                    msg,
+                    codec: p.codec,
+                    source,
                 })
         })
     }
@@ -990,20 +997,18 @@ fn with_scratch<R>(len: usize, f: impl FnOnce(&mut [u8]) -> R) -> R {
 /// have (256 KiB) plus compressor overhead before allocating for it.
 pub(crate) fn check_payload_len(p: &Payload) -> Result<()> {
     if p.codec != Codec::None && p.stored_len > (1 << 20) {
-        return Err(SnapError::Decode {
+        return Err(SnapError::PayloadTooLarge {
             offset: p.offset,
-            msg: format!("payload of {} bytes", p.stored_len),
+            len: p.stored_len,
         });
     }
     Ok(())
 }
 
 fn short(p: &Payload) -> SnapError {
-    SnapError::Decode {
+    SnapError::PayloadShort {
         offset: p.offset,
-        msg: format!(
-            "payload of {} bytes does not fill a {}-byte unit",
-            p.stored_len, p.unit_len
-        ),
+        len: p.stored_len,
+        unit: p.unit_len,
     }
 }

@@ -104,9 +104,14 @@ impl SynthCase {
 pub struct RawOnly;
 
 impl Decoder for RawOnly {
-    fn decode(&self, codec: Codec, _src: &[u8], _out: &mut [u8]) -> Result<(), String> {
-        Err(format!(
-            "synthetic COWs hold raw payloads only, not {codec:?}"
+    fn decode(
+        &self,
+        codec: Codec,
+        _src: &[u8],
+        _out: &mut [u8],
+    ) -> Result<(), snapblk_cow::DecodeError> {
+        Err(snapblk_cow::DecodeError::Corrupt(
+            format!("synthetic COWs hold raw payloads only, not {codec:?}").into(),
         ))
     }
 }

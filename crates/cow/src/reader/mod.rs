@@ -629,11 +629,11 @@ impl<R: ReadAt> CowReader<R> {
             &buf
         };
         codec::decompress(p.codec, input, out).map_err(|e| match e {
-            DecodeError::Corrupt(reason) => CowError::Corrupt {
+            DecodeError::Corrupt(source) => CowError::Corrupt {
                 index: op.index,
                 offset: p.offset,
                 codec: p.codec,
-                reason,
+                source,
             },
             DecodeError::TooLong => CowError::DecodedTooLong {
                 index: op.index,

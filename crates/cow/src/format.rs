@@ -28,7 +28,7 @@ pub(crate) const RESUME_POINT_MAX: u32 = 4;
 /// Default scratch (read-ahead) area size on devices.
 pub const DEFAULT_SCRATCH_SIZE: u32 = 2 * 1024 * 1024;
 /// Byte offset of `num_merge_ops` (u64) in every header version. The merge updates it in place.
-pub(crate) const NUM_MERGE_OPS_OFFSET: u64 = 26;
+pub const NUM_MERGE_OPS_OFFSET: u64 = 26;
 /// Largest v3 unit (`block_size << 6` at 4 KiB, AOSP's limit of 256 KiB).
 pub(crate) const MAX_UNIT_BYTES: u64 = 256 * 1024;
 /// Largest v3 compression-bits value.

@@ -42,7 +42,7 @@ mod writer;
 
 pub use codec::{Codec, Compression, DecodeError, decompress};
 pub use error::{CowError, Result};
-pub use format::{DEFAULT_SCRATCH_SIZE, Header, ScratchLayout};
+pub use format::{DEFAULT_SCRATCH_SIZE, Header, NUM_MERGE_OPS_OFFSET, ScratchLayout};
 pub use generate::{
     GenerateOptions, GenerateProgress, GenerateStats, OpList, Stage, compute_ops, generate,
     write_ops,

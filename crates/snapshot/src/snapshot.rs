@@ -12,8 +12,8 @@ use snapblk_core::sync::{lock, read, write};
 use snapblk_cow::record::Verifier;
 use std::sync::{Arc, Mutex, OnceLock, RwLock, RwLockReadGuard};
 
-/// Offset of `num_merge_ops` (u64) in every COW header version.
-pub(crate) const NUM_MERGE_OPS_OFFSET: u64 = 26;
+/// Offset of `num_merge_ops` (u64) in every COW header version (the format's constant).
+pub(crate) use snapblk_cow::NUM_MERGE_OPS_OFFSET;
 
 /// Largest scratch area used: snapuserd maps `header_size + 2 MiB` whatever `buffer_size` says
 /// (format §10), i.e. windows of at most 510 blocks.

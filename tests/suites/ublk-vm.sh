@@ -9,14 +9,24 @@ ROOT=$PWD
 summary() { echo "$1 passed, $2 failed"; }
 die() { echo "ublk-vm: $*"; summary 0 1; exit 1; }
 
-[ -n "${UBLK_VM_NO_BUILD:-}" ] || cargo build --release -q -p snapblk-cli || die "build of snapblk failed"
+# Two builds: the fault-injection one (the ublk server reads SNAPBLK_UBLK_FAULT only there; kept
+# as target/release/snapblk-ublk-faults) for the failure and stop tests, then the normal one.
+# Both leave their binary at target/release/snapblk.
+if [ -z "${UBLK_VM_NO_BUILD:-}" ]; then
+    cargo build --release -q -p snapblk-cli --features ublk-fault-injection ||
+        die "build of snapblk with ublk-fault-injection failed"
+    cp target/release/snapblk target/release/snapblk-ublk-faults || die "copy of the fault build failed"
+    cargo build --release -q -p snapblk-cli || die "build of snapblk failed"
+fi
 [ -x target/release/snapblk ] || die "target/release/snapblk missing"
+[ -x target/release/snapblk-ublk-faults ] || die "target/release/snapblk-ublk-faults missing"
 bash tests/vm/vm.sh setup || die "VM setup failed (kernel download or initramfs)"
 
 P=$(mktemp -d "${TMPDIR:-/tmp}/snapblk-ublk-vm.XXXXXX")
 trap 'rm -rf "$P"' EXIT
 mkdir -p "$P/bin" "$P/data"
 strip -o "$P/bin/snapblk" target/release/snapblk || die "strip failed"
+strip -o "$P/bin/snapblk-faults" target/release/snapblk-ublk-faults || die "strip failed"
 for c in tests/data/aosp-cow/*/; do
     c=${c%/}
     [ -f "$c/target.img" ] || continue

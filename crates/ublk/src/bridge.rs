@@ -97,9 +97,24 @@ impl CoreQueue {
     }
 
     /// Requests handed to the device and not yet completed.
-    #[cfg(test)]
     pub(crate) fn outstanding(&self) -> usize {
         self.q.borrow().outstanding()
+    }
+
+    /// Pump until the device has completed every request handed to it, for at most `limit`.
+    /// Returns whether it did: only then may the buffers of those requests be freed.
+    pub(crate) fn drain(&self, limit: std::time::Duration) -> bool {
+        let end = std::time::Instant::now() + limit;
+        loop {
+            self.pump();
+            if self.outstanding() == 0 {
+                return true;
+            }
+            if std::time::Instant::now() >= end {
+                return false;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
     }
 }
 

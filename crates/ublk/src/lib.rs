@@ -162,6 +162,27 @@ pub enum Error {
     /// The snapblk device failed (connect, start, a property, a queue).
     #[error("device")]
     Device(#[from] snapblk_core::Error),
+    /// A ublk queue thread failed: its setup, its event loop or a command of one of its tags.
+    /// The server stops, and this is what [`serve`] returns.
+    #[error("ublk queue {qid}")]
+    Queue {
+        /// The ublk queue.
+        qid: u16,
+        /// What failed.
+        #[source]
+        source: Box<Error>,
+    },
+    /// A ublk I/O command of one tag failed.
+    #[error("{what} of tag {tag}")]
+    Command {
+        /// The command.
+        what: &'static str,
+        /// The tag (request slot) it was for.
+        tag: u16,
+        /// The OS error (libublk's or the kernel's).
+        #[source]
+        source: std::io::Error,
+    },
     /// A system call outside libublk failed.
     #[error("{what}")]
     Io {
@@ -173,16 +194,21 @@ pub enum Error {
     },
 }
 
-fn ublk_err(what: &'static str) -> impl FnOnce(UblkError) -> Error {
-    move |e| {
-        let source = match e {
-            UblkError::OtherError(n) | UblkError::UringIOError(n) => {
-                std::io::Error::from_raw_os_error(n.abs())
-            }
-            UblkError::IOError(io) => io,
-            e => std::io::Error::other(e),
-        };
-        Error::Ublk { what, source }
+/// libublk's error as an OS error where it carries an errno, else wrapped whole.
+pub(crate) fn ublk_io_error(e: UblkError) -> std::io::Error {
+    match e {
+        UblkError::OtherError(n) | UblkError::UringIOError(n) => {
+            std::io::Error::from_raw_os_error(n.abs())
+        }
+        UblkError::IOError(io) => io,
+        e => std::io::Error::other(e),
+    }
+}
+
+pub(crate) fn ublk_err(what: &'static str) -> impl FnOnce(UblkError) -> Error {
+    move |e| Error::Ublk {
+        what,
+        source: ublk_io_error(e),
     }
 }
 
@@ -242,17 +268,22 @@ fn log2(v: u32) -> u8 {
     (31 - v.max(1).leading_zeros()) as u8
 }
 
-/// Serve `dev` as a ublk block device until `stop` returns, then remove the device (after the
-/// kernel drained in-flight I/O). `dev` may be connected (it is started with `cfg.queues`
+/// Serve `dev` as a ublk block device until `stop` reports a stop request, then remove the
+/// device (after the kernel drained in-flight I/O). `stop(d)` waits up to `d` for a stop request
+/// and returns whether one came (see [`block_stop_signals`]); it is called on the calling thread
+/// between looks at the queue threads. `dev` may be connected (it is started with `cfg.queues`
 /// queues) or started (queues are added to reach `cfg.queues` when the driver allows it).
 /// `planner` enables planned zero-copy reads in [`DataPath::ZeroCopy`]. `on_ready` runs once the
 /// block device exists.
+///
+/// A queue thread that fails (at setup, in its event loop, or in a ublk command) stops the
+/// server: the error, [`Error::Queue`], is the result; nothing is only printed.
 pub fn serve(
     mut dev: Blkio,
     cfg: &Config,
     planner: Option<Arc<dyn ReadPlanner>>,
-    on_ready: impl FnOnce(&Ready) + Send + Sync + 'static,
-    stop: impl FnOnce() + Send + Sync + 'static,
+    on_ready: impl FnOnce(&Ready),
+    mut stop: impl FnMut(std::time::Duration) -> bool,
 ) -> Result<(), Error> {
     if cfg.queues == 0 || cfg.depth == 0 || cfg.max_io_bytes < 4096 {
         return Err(Error::Config(
@@ -436,8 +467,6 @@ pub fn serve(
         d.set_target_json(serde_json::json!({"snapblk": {"path": path.name()}}));
         Ok(())
     };
-    let sh = shared.clone();
-    let q_fn = move |qid: u16, d: &UblkDev| server::queue_thread(qid, d, &sh);
     let nq = ctrl.dev_info().nr_hw_queues;
     let depth = ctrl.dev_info().queue_depth;
     let device_fn = move |c: &UblkCtrl| {
@@ -451,20 +480,27 @@ pub fn serve(
             recovered: recover,
             planned_reads,
         });
-        stop();
-        // STOP_DEV: the kernel removes the disk after draining in-flight I/O, then the queue
-        // threads see their commands aborted and exit.
-        let _ = c.kill_dev();
     };
-    ctrl.run_target(tgt_init, q_fn, device_fn)
-        .map_err(ublk_err("run device"))?;
+    let udev =
+        UblkDev::new(ctrl.get_name(), tgt_init, &ctrl).map_err(ublk_err("set up the device"))?;
+    let id = ctrl.dev_info().dev_id;
+    let r = server::run_device(
+        ctrl,
+        udev,
+        shared,
+        server::Faults::from_env(),
+        device_fn,
+        &mut stop,
+    );
     // A recovered device is not deleted by the control's destructor (only added ones are).
-    if recover {
-        let _ = ctrl.del_dev();
+    if recover
+        && r.is_ok()
+        && let Ok(c) = UblkCtrl::new_simple(id as i32)
+    {
+        let _ = c.del_dev();
     }
-    drop(ctrl);
     drop(dev);
-    Ok(())
+    r
 }
 
 /// The zero-copy read planner for `dev`, if its driver has one: drivers that read a plain file or
@@ -504,9 +540,10 @@ pub fn planner_for(dev: &Blkio) -> Option<Arc<dyn ReadPlanner>> {
 }
 
 /// Block SIGINT and SIGTERM in the calling thread (and every thread it starts later), and return
-/// a function that waits for one of them. Call before [`serve`] so that the queue threads never
-/// take the signal.
-pub fn block_stop_signals() -> Result<impl FnOnce() + Send + Sync + 'static, Error> {
+/// the stop source for [`serve`]: a function that waits up to the given time for one of them and
+/// says whether one came. Call before [`serve`] so that the queue threads never take the signal.
+pub fn block_stop_signals()
+-> Result<impl FnMut(std::time::Duration) -> bool + Send + Sync + 'static, Error> {
     // SAFETY: plain sigset manipulation on a local, then pthread_sigmask for this thread.
     let set = unsafe {
         let mut set: libc::sigset_t = std::mem::zeroed();
@@ -523,11 +560,14 @@ pub fn block_stop_signals() -> Result<impl FnOnce() + Send + Sync + 'static, Err
         set
     };
     let set = SigSet(set);
-    Ok(move || {
-        let set = set;
-        let mut sig = 0;
-        // SAFETY: waits for a signal of a valid, blocked set.
-        while unsafe { libc::sigwait(&set.0, &mut sig) } != 0 {}
+    Ok(move |d: std::time::Duration| {
+        let ts = libc::timespec {
+            tv_sec: d.as_secs().min(i64::MAX as u64) as libc::time_t,
+            tv_nsec: d.subsec_nanos() as libc::c_long,
+        };
+        // SAFETY: waits for a signal of a valid, blocked set; `ts` lives across the call and a
+        // null siginfo pointer is allowed.
+        unsafe { libc::sigtimedwait(&set.0, std::ptr::null_mut(), &ts) > 0 }
     })
 }
 
@@ -555,6 +595,18 @@ mod error_tests {
             Error::Io {
                 what: "open /dev/zero",
                 source: std::io::Error::from_raw_os_error(libc::ENOENT),
+            },
+            Error::Queue {
+                qid: 1,
+                source: Box::new(Error::Io {
+                    what: "set up the queue",
+                    source: std::io::Error::from_raw_os_error(libc::EIO),
+                }),
+            },
+            Error::Command {
+                what: "COMMIT_AND_FETCH",
+                tag: 3,
+                source: std::io::Error::from_raw_os_error(libc::EINVAL),
             },
         ];
         for e in &cases {
@@ -585,6 +637,10 @@ mod error_tests {
         assert_eq!(
             Chain(&cases[2]).to_string(),
             "ublk: run device: queue down failure"
+        );
+        assert_eq!(
+            Chain(&cases[5]).to_string(),
+            "ublk queue 1: set up the queue: Input/output error (os error 5)"
         );
     }
 }

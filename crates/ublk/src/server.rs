@@ -1,31 +1,166 @@
-//! One ublk queue thread: a task per tag fetches requests from the kernel and serves them through
-//! the device queue (generic path) or the read planner (zero-copy path).
+//! The ublk queue threads and their life cycle. Each queue thread runs a task per tag that
+//! fetches requests from the kernel and serves them through the device queue (generic path) or
+//! the read planner (zero-copy path); [`run_device`] starts the threads, starts the device once
+//! every thread is set up, waits for a stop request or a failure, and stops everything.
 
-use crate::DataPath;
 use crate::bridge::CoreQueue;
 use crate::plan::{ReadPlanner, Segment, validate};
+use crate::{DataPath, Error, ublk_err, ublk_io_error};
 use io_uring::{opcode, squeue, types};
+use libublk::ctrl::UblkCtrl;
 use libublk::helpers::IoBuf;
 use libublk::io::{BufDesc, UblkDev, UblkIOCtx, UblkQueue};
-use libublk::uring_async::{UblkUringOpFuture, ublk_submit_sqe_async};
+use libublk::uring_async::{
+    UblkUringOpFuture, ublk_reap_io_events_with_update_queue, ublk_submit_sqe_async,
+    ublk_wake_task, uring_poll_io_fn,
+};
 use libublk::{UblkError, UblkUringData, sys};
-use snapblk_core::{Op, Queue, ReqFlags, Request};
+use snapblk_core::sync::{lock, wait};
+use snapblk_core::sys::EventFd;
+use snapblk_core::{Chain, Op, Queue, ReqFlags, Request};
 use std::cell::RefCell;
 use std::os::fd::RawFd;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex, mpsc};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
 /// Fixed-file slots in every queue ring: 0 is /dev/ublkcN (libublk), then /dev/zero, then the
 /// planner's files.
 pub(crate) const ZERO_FILE: u32 = 1;
 pub(crate) const FIRST_PLAN_FILE: u32 = 2;
 
+/// How often the serving thread looks at the stop source and the queue threads.
+const POLL: Duration = Duration::from_millis(100);
+/// How long a queue thread that leaves waits for the device to complete the requests it still
+/// has in flight before it leaks their buffers rather than free memory the device may write.
+const DRAIN_LIMIT: Duration = Duration::from_secs(5);
+/// How long the serving thread waits for a helper thread blocked in a control command (START_DEV
+/// after a queue thread failed) once the queue threads are gone.
+const HELPER_LIMIT: Duration = Duration::from_secs(5);
+
 /// Everything a queue thread needs; shared by all queue threads.
 pub(crate) struct Shared {
-    pub queues: std::sync::Mutex<Vec<Option<Box<dyn Queue>>>>,
+    pub queues: Mutex<Vec<Option<Box<dyn Queue>>>>,
     pub planner: Option<Arc<dyn ReadPlanner>>,
     pub nplan_files: usize,
     pub path: DataPath,
     pub max_io: u32,
+}
+
+/// Faults the VM tests inject (`tests/suites/ublk-vm.sh`). They are read from the environment
+/// variable `SNAPBLK_UBLK_FAULT` (comma-separated words, e.g. `setup-fail=1`) only in a build
+/// with the crate's `fault-injection` feature; every other build ignores the variable.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Faults {
+    /// `setup-fail=Q`: the setup of ublk queue Q fails (as a failing `UblkQueue::new` would).
+    pub setup_fail: Option<u16>,
+}
+
+impl Faults {
+    /// The faults of this process: none unless built with `fault-injection`.
+    pub(crate) fn from_env() -> Faults {
+        #[cfg(feature = "fault-injection")]
+        if let Ok(v) = std::env::var("SNAPBLK_UBLK_FAULT") {
+            let f = Faults::parse(&v);
+            log::warn!("fault injection (SNAPBLK_UBLK_FAULT): {f:?}");
+            return f;
+        }
+        Faults::default()
+    }
+
+    /// Parse `SNAPBLK_UBLK_FAULT`; unknown words are logged and ignored.
+    #[cfg_attr(not(any(test, feature = "fault-injection")), allow(dead_code))]
+    pub(crate) fn parse(s: &str) -> Faults {
+        let mut f = Faults::default();
+        for w in s.split(',').map(str::trim).filter(|w| !w.is_empty()) {
+            let (k, v) = w.split_once('=').unwrap_or((w, ""));
+            match (k, v.parse::<u64>().ok()) {
+                ("setup-fail", Some(q)) => f.setup_fail = u16::try_from(q).ok(),
+                _ => log::warn!("SNAPBLK_UBLK_FAULT: unknown fault {w:?}"),
+            }
+        }
+        f
+    }
+}
+
+/// What the queue threads and the serving thread share to end the run: the first failure, and
+/// the request that every queue thread leave its loop.
+pub(crate) struct Control {
+    quit: AtomicBool,
+    /// Readable once `quit` is set; every queue ring polls it, so a sleeping thread wakes up.
+    quit_fd: EventFd,
+    failure: Mutex<Option<Error>>,
+    faults: Faults,
+}
+
+impl Control {
+    fn new(faults: Faults) -> Result<Control, Error> {
+        Ok(Control {
+            quit: AtomicBool::new(false),
+            quit_fd: EventFd::new().map_err(|e| Error::Io {
+                what: "create the queue threads' stop eventfd",
+                source: std::io::Error::from_raw_os_error(e.errno),
+            })?,
+            failure: Mutex::new(None),
+            faults,
+        })
+    }
+
+    /// Ask every queue thread to leave its loop now (in-flight ublk commands are abandoned:
+    /// the kernel aborts them when the rings close).
+    fn quit(&self) {
+        if !self.quit.swap(true, Ordering::SeqCst) {
+            self.quit_fd.signal();
+        }
+    }
+
+    fn quitting(&self) -> bool {
+        self.quit.load(Ordering::SeqCst)
+    }
+
+    /// Record a failure (the first one is what `serve` returns) and stop the queue threads.
+    fn fail(&self, e: Error) {
+        log::error!("{}", Chain(&e));
+        let mut f = lock(&self.failure);
+        if f.is_none() {
+            *f = Some(e);
+        }
+        drop(f);
+        self.quit();
+    }
+
+    fn failed(&self) -> bool {
+        lock(&self.failure).is_some()
+    }
+
+    fn take_failure(&self) -> Option<Error> {
+        lock(&self.failure).take()
+    }
+}
+
+/// Holds the queue threads after their setup until the serving thread knows whether every queue
+/// came up: no thread fetches requests for a device that will not start.
+#[derive(Default)]
+struct Gate {
+    go: Mutex<Option<bool>>,
+    cv: Condvar,
+}
+
+impl Gate {
+    fn set(&self, go: bool) {
+        *lock(&self.go) = Some(go);
+        self.cv.notify_all();
+    }
+    fn wait(&self) -> bool {
+        let mut g = lock(&self.go);
+        loop {
+            if let Some(go) = *g {
+                return go;
+            }
+            g = wait(&self.cv, g);
+        }
+    }
 }
 
 struct Ctx<'a> {
@@ -35,29 +170,247 @@ struct Ctx<'a> {
     cdev: RawFd,
 }
 
-/// Body of the queue thread `qid`.
-pub(crate) fn queue_thread(qid: u16, dev: &UblkDev, shared: &Shared) {
-    let Some(devq) = shared
-        .queues
-        .lock()
-        .ok()
-        .and_then(|mut v| v.get_mut(usize::from(qid)).and_then(Option::take))
-    else {
-        eprintln!("snapblk-ublk: no device queue for ublk queue {qid}");
-        return;
+/// Serve the device: start one thread per ublk queue, start the device (START_DEV, or
+/// END_USER_RECOVERY for a recovered one) once every queue thread is set up, run `on_ready`, and
+/// serve until `stop` reports a stop request or a queue thread fails. `stop(d)` waits up to `d`
+/// and returns whether a stop was requested. The first failure of a queue thread (its setup, a
+/// ublk command, its event loop) is the result; no failure is only printed.
+pub(crate) fn run_device(
+    ctrl: UblkCtrl,
+    udev: UblkDev,
+    shared: Arc<Shared>,
+    faults: Faults,
+    on_ready: impl FnOnce(&UblkCtrl),
+    stop: &mut dyn FnMut(Duration) -> bool,
+) -> Result<(), Error> {
+    let ctrl = Arc::new(ctrl);
+    let udev = Arc::new(udev);
+    let ctl = Arc::new(Control::new(faults)?);
+    let gate = Arc::new(Gate::default());
+    let nq = udev.dev_info.nr_hw_queues;
+    let (tx, rx) = mpsc::channel();
+    let mut threads = Vec::new();
+    for qid in 0..nq {
+        let (udev, shared, c, gate, tx) = (
+            udev.clone(),
+            shared.clone(),
+            ctl.clone(),
+            gate.clone(),
+            tx.clone(),
+        );
+        let h = std::thread::Builder::new()
+            .name(format!("ublk-q{qid}"))
+            .spawn(move || queue_thread(qid, &udev, &shared, &c, &gate, tx));
+        match h {
+            Ok(h) => threads.push((qid, h)),
+            Err(source) => {
+                ctl.fail(Error::Io {
+                    what: "start a queue thread",
+                    source,
+                });
+                break;
+            }
+        }
+    }
+    drop(tx);
+    // What run_target does with each queue thread: CPU affinity, and the device's JSON once
+    // every queue has its thread id.
+    for (qid, tid, ok) in rx.iter() {
+        ctrl.set_thread_affinity(qid, tid);
+        if ok && let Err(e) = ctrl.configure_queue(&udev, qid, tid) {
+            log::warn!(
+                "ublk queue {qid}: {}",
+                Chain(&ublk_err("write the device JSON")(e))
+            );
+        }
+    }
+    if ctl.failed() {
+        // A queue failed at setup: nobody fetched anything, nothing was started.
+        gate.set(false);
+        join_queue_threads(threads, &ctl);
+        return Err(ctl.take_failure().unwrap_or(Error::Config(
+            "a queue thread failed without a reason".into(),
+        )));
+    }
+    gate.set(true);
+
+    // START_DEV waits in the kernel until every tag has fetched; a queue thread that fails
+    // before would leave the caller waiting, so it runs on a helper thread.
+    let starter = {
+        let (ctrl, udev) = (ctrl.clone(), udev.clone());
+        std::thread::Builder::new()
+            .name("ublk-start".into())
+            .spawn(move || init_ctrl_ring().and_then(|_| ctrl.start_dev(&udev)))
+            .map_err(|source| Error::Io {
+                what: "start the device start thread",
+                source,
+            })
     };
-    let depth = dev.dev_info.queue_depth;
-    let core = CoreQueue::new(devq, usize::from(depth));
-    let q = match UblkQueue::new(qid, dev) {
-        Ok(q) => q,
+    let mut starter = match starter {
+        Ok(h) => Some(h),
         Err(e) => {
-            eprintln!("snapblk-ublk: queue {qid} setup failed: {e}");
+            ctl.fail(e);
+            None
+        }
+    };
+    let mut on_ready = Some(on_ready);
+    let mut stopping = false;
+    let mut gone_since: Option<Instant> = None;
+    loop {
+        if let Some(h) = starter.take_if(|h| h.is_finished()) {
+            match h.join() {
+                Ok(Ok(_)) if !ctl.quitting() && !stopping => {
+                    if let Some(f) = on_ready.take() {
+                        f(&ctrl);
+                    }
+                }
+                Ok(Ok(_)) => {}
+                Ok(Err(e)) => ctl.fail(ublk_err("start the device")(e)),
+                Err(_) => ctl.fail(Error::Config("the device start thread panicked".into())),
+            }
+        }
+        let queues_gone = threads.iter().all(|(_, h)| h.is_finished());
+        if queues_gone && starter.is_none() {
+            break;
+        }
+        if queues_gone {
+            // Only the start is left, blocked in the kernel: give up on it after a while
+            // (process exit ends it).
+            let t = *gone_since.get_or_insert_with(Instant::now);
+            if t.elapsed() > HELPER_LIMIT {
+                log::error!("the device start did not return; leaving it behind");
+                break;
+            }
+        }
+        if stopping || ctl.quitting() {
+            std::thread::sleep(POLL);
+            continue;
+        }
+        if stop(POLL) {
+            stopping = true;
+            if starter.is_some() {
+                // Not started yet: nothing to drain.
+                ctl.quit();
+            } else {
+                // STOP_DEV: the kernel removes the disk after draining in-flight I/O, then the
+                // queue threads see their commands aborted and leave.
+                let _ = ctrl.kill_dev();
+            }
+        }
+    }
+    join_queue_threads(threads, &ctl);
+    if let Some(h) = starter {
+        // Blocked in START_DEV: it holds the device and its control; both stay with it.
+        drop(h);
+        std::mem::forget(udev);
+        std::mem::forget(ctrl);
+        return Err(ctl
+            .take_failure()
+            .unwrap_or(Error::Config("the device did not start".into())));
+    }
+    drop(udev);
+    // Removes the device's JSON; the device is already stopped (or never served).
+    let _ = ctrl.stop_dev();
+    match ctl.take_failure() {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
+}
+
+/// libublk sends control commands through a ring of the calling thread; a helper thread needs
+/// its own before it uses a control made on another thread.
+fn init_ctrl_ring() -> Result<(), UblkError> {
+    libublk::ctrl::ublk_init_ctrl_task_ring(|r| {
+        if r.is_none() {
+            *r = Some(
+                io_uring::IoUring::<squeue::Entry128>::builder()
+                    .build(16)
+                    .map_err(UblkError::IOError)?,
+            );
+        }
+        Ok(())
+    })
+}
+
+fn join_queue_threads(threads: Vec<(u16, JoinHandle<()>)>, ctl: &Control) {
+    for (qid, h) in threads {
+        if h.join().is_err() {
+            ctl.fail(Error::Queue {
+                qid,
+                source: Box::new(Error::Config("the queue thread panicked".into())),
+            });
+        }
+    }
+}
+
+/// Body of the queue thread `qid`: set up, report to the serving thread, wait for the go, serve.
+/// Every failure goes to `ctl` (and so to `serve`'s caller), tagged with the queue.
+fn queue_thread(
+    qid: u16,
+    dev: &UblkDev,
+    shared: &Shared,
+    ctl: &Control,
+    gate: &Gate,
+    report: mpsc::Sender<(u16, libc::pid_t, bool)>,
+) {
+    let tid = UblkCtrl::init_queue_thread();
+    let setup = setup_queue(qid, dev, shared, ctl.faults);
+    let queue_err = |e| Error::Queue {
+        qid,
+        source: Box::new(e),
+    };
+    let (core, q) = match setup {
+        Ok(s) => s,
+        Err(e) => {
+            // Recorded before the report, so the serving thread sees it once all reported.
+            ctl.fail(queue_err(e));
+            let _ = report.send((qid, tid, false));
             return;
         }
     };
+    let _ = report.send((qid, tid, true));
+    drop(report);
+    if !gate.wait() {
+        return;
+    }
+    if let Err(e) = serve_queue(qid, dev, shared, ctl, &core, &q) {
+        ctl.fail(queue_err(e));
+    }
+}
+
+fn setup_queue<'a>(
+    qid: u16,
+    dev: &'a UblkDev,
+    shared: &Shared,
+    faults: Faults,
+) -> Result<(CoreQueue, UblkQueue<'a>), Error> {
+    let devq = lock(&shared.queues)
+        .get_mut(usize::from(qid))
+        .and_then(Option::take)
+        .ok_or_else(|| Error::Config("no device queue for this ublk queue".into()))?;
+    if faults.setup_fail == Some(qid) {
+        return Err(Error::Io {
+            what: "set up the queue (fault injected by SNAPBLK_UBLK_FAULT)",
+            source: std::io::Error::from_raw_os_error(libc::EIO),
+        });
+    }
+    let core = CoreQueue::new(devq, usize::from(dev.dev_info.queue_depth));
+    let q = UblkQueue::new(qid, dev).map_err(ublk_err("set up the queue ring"))?;
+    Ok((core, q))
+}
+
+/// Serve queue `q` until the kernel aborts its commands (device stopped) or `ctl` says quit.
+fn serve_queue(
+    qid: u16,
+    dev: &UblkDev,
+    shared: &Shared,
+    ctl: &Control,
+    core: &CoreQueue,
+    q: &UblkQueue<'_>,
+) -> Result<(), Error> {
     let ctx = Ctx {
-        q: &q,
-        core: &core,
+        q,
+        core,
         shared,
         cdev: dev.tgt.fds[0],
     };
@@ -66,14 +419,19 @@ pub(crate) fn queue_thread(qid: u16, dev: &UblkDev, shared: &Shared) {
     for tag in q.tags() {
         let ctx = &ctx;
         tasks.push(exe.spawn(async move {
-            match io_task(ctx, tag).await {
-                Err(UblkError::QueueIsDown) | Ok(()) => {}
-                Err(e) => eprintln!("snapblk-ublk: queue {qid} tag {tag}: {e}"),
+            if let Err(e) = io_task(ctx, tag).await {
+                ctl.fail(Error::Queue {
+                    qid,
+                    source: Box::new(e),
+                });
             }
         }));
     }
-    // Wakes the loop when the device queue completes something while the ring sleeps.
-    let _waker = exe.spawn(completion_watch(core.completion_fd()));
+    let ntags = tasks.len();
+    // Wakes the loop when the device queue completes something while the ring sleeps, and
+    // when the serving thread asks the queue threads to quit.
+    tasks.push(exe.spawn(completion_watch(core.completion_fd())));
+    tasks.push(exe.spawn(quit_watch(ctl.quit_fd.raw())));
     let run_ops = || {
         loop {
             while exe.try_tick() {}
@@ -82,12 +440,53 @@ pub(crate) fn queue_thread(qid: u16, dev: &UblkDev, shared: &Shared) {
             }
         }
     };
-    let done = || tasks.iter().all(|t| t.is_finished());
-    smol::block_on(async {
-        if let Err(e) = libublk::wait_and_handle_io_events(&q, Some(20), run_ops, done).await {
-            eprintln!("snapblk-ublk: queue {qid} event loop: {e}");
+    let done = || tasks[..ntags].iter().all(|t| t.is_finished());
+    let r = event_loop(q, ctl, run_ops, done);
+    // The tasks own the buffers of their device requests: those requests must be complete
+    // before the tasks go (see `CoreQueue::submit`). They are, unless the loop ended early.
+    if !core.drain(DRAIN_LIMIT) {
+        log::error!(
+            "ublk queue {qid}: the device did not complete {} request(s) within {DRAIN_LIMIT:?}; \
+             their buffers are leaked",
+            core.outstanding()
+        );
+        std::mem::forget(tasks);
+        std::mem::forget(exe);
+    }
+    r
+}
+
+/// The queue's event loop (libublk's `wait_and_handle_io_events`, which cannot be left early):
+/// wait for completions, wake their tasks, run the tasks and the device queue; leave when the
+/// kernel aborted the queue's commands and every tag task ended, or when `ctl` says quit.
+fn event_loop(
+    q: &UblkQueue<'_>,
+    ctl: &Control,
+    run_ops: impl Fn(),
+    done: impl Fn() -> bool,
+) -> Result<(), Error> {
+    let idle = types::Timespec::new().sec(20);
+    run_ops();
+    loop {
+        let (timeout, failed) = match uring_poll_io_fn::<squeue::Entry>(q, Some(idle), 1) {
+            Ok(t) => (t, false),
+            Err(_) => (false, true),
+        };
+        let aborted = ublk_reap_io_events_with_update_queue(q, timeout, None, |cqe| {
+            ublk_wake_task(cqe.user_data(), cqe)
+        })
+        .map_err(ublk_err("reap completions"))?;
+        run_ops();
+        if ((aborted || failed) && done()) || ctl.quitting() {
+            return Ok(());
         }
-    });
+    }
+}
+
+/// Resolves once the quit eventfd is readable (it stays readable).
+async fn quit_watch(fd: RawFd) {
+    let sqe = opcode::PollAdd::new(types::Fd(fd), libc::POLLIN as u32).build();
+    let _ = ublk_submit_sqe_async(sqe, UblkUringData::Target as u64).await;
 }
 
 /// Poll the device queue's completion eventfd through the ublk ring; each wake-up clears it and
@@ -132,7 +531,19 @@ fn clear_eventfd(fd: RawFd) {
     }
 }
 
-async fn io_task(ctx: &Ctx<'_>, tag: u16) -> Result<(), UblkError> {
+/// Serve tag `tag` until the kernel aborts its command (`Ok`) or a command fails.
+async fn io_task(ctx: &Ctx<'_>, tag: u16) -> Result<(), Error> {
+    match serve_tag(ctx, tag).await {
+        Err(UblkError::QueueIsDown) | Ok(()) => Ok(()),
+        Err(e) => Err(Error::Command {
+            what: "a FETCH or COMMIT_AND_FETCH command",
+            tag,
+            source: ublk_io_error(e),
+        }),
+    }
+}
+
+async fn serve_tag(ctx: &Ctx<'_>, tag: u16) -> Result<(), UblkError> {
     let q = ctx.q;
     let max_io = ctx.shared.max_io as usize;
     // Copy mode: the kernel copies request data to/from this per-tag buffer.
@@ -472,4 +883,34 @@ fn fixed_read(
         .build()
         .flags(squeue::Flags::FIXED_FILE);
     ctx.q.ublk_submit_sqe(sqe)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fault_words_parse() {
+        assert_eq!(Faults::parse(""), Faults::default());
+        assert_eq!(
+            Faults::parse("setup-fail=1"),
+            Faults {
+                setup_fail: Some(1)
+            }
+        );
+        // Unknown words and bad numbers are ignored (and logged).
+        assert_eq!(Faults::parse("bogus,setup-fail=x"), Faults::default());
+    }
+
+    #[test]
+    fn a_failure_is_kept_once_and_quits() {
+        let c = Control::new(Faults::default()).unwrap();
+        assert!(!c.quitting() && !c.failed());
+        c.fail(Error::Config("first".into()));
+        c.fail(Error::Config("second".into()));
+        assert!(c.quitting());
+        // The quit eventfd is readable, so every queue ring polling it wakes up.
+        assert_eq!(c.quit_fd.drain(), 1);
+        assert!(matches!(c.take_failure(), Some(Error::Config(m)) if m == "first"));
+    }
 }

@@ -176,7 +176,13 @@ fn serve_needs_ublk() {
         Err(snapblk_ublk::Error::NoUblk(_)) => {
             assert!(!Path::new("/dev/ublk-control").exists());
             let dev = snapblk::open("null:size=1M", 1).unwrap();
-            let r = snapblk_ublk::serve(dev, &snapblk_ublk::Config::default(), None, |_| {}, || {});
+            let r = snapblk_ublk::serve(
+                dev,
+                &snapblk_ublk::Config::default(),
+                None,
+                |_| {},
+                |_| true,
+            );
             assert!(matches!(r, Err(snapblk_ublk::Error::NoUblk(_))), "{r:?}");
         }
         Ok(f) => assert!(!snapblk_ublk::feature_names(f).is_empty()),

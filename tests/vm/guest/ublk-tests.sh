@@ -266,6 +266,52 @@ for mode in $MODES; do
     fi
 done
 
+# ---------------------------------------------------------------- failures and stops
+# /test/bin/snapblk-faults is the fault-injection build: SNAPBLK_UBLK_FAULT makes its ublk server
+# fail on purpose (crates/ublk/src/server.rs, `Faults`). Every case ends with the server gone by
+# itself (no SIGKILL), a non-zero exit with the error on stderr, and no ublk device left.
+echo "TIME failures start uptime=$(cut -d' ' -f1 /proc/uptime)"
+FB=/test/bin/snapblk-faults
+dd if=/dev/urandom of=/tmp/rob.img bs=1M count=8 2>/dev/null
+# faulty FAULT ARGS...: the fault build serving ARGS with SNAPBLK_UBLK_FAULT=FAULT; sets PID OUT ERR
+faulty() {
+    fault=$1; shift
+    n=$((n + 1)); OUT=/tmp/srv.$n.out; ERR=/tmp/srv.$n.err
+    SNAPBLK_UBLK_FAULT=$fault $FB serve "$@" --ublk --json > "$OUT" 2> "$ERR" &
+    PID=$!
+}
+# wait_ready: wait for the ready line of $PID (10 s); sets DEV
+wait_ready() {
+    i=0
+    while ! grep -q '"ready"' "$OUT" 2>/dev/null; do
+        kill -0 $PID 2>/dev/null && [ $i -lt 100 ] || { echo "no ready line: $(cat "$ERR")"; return 1; }
+        sleep 0.1; i=$((i + 1))
+    done
+    DEV=$(sed -n 's/.*"dev":"\([^"]*\)".*/\1/p' "$OUT" | head -1)
+}
+# wait_exit SECONDS: wait for $PID to end by itself; RC = its status, 255 if it had to be killed
+wait_exit() {
+    i=0
+    while kill -0 $PID 2>/dev/null; do
+        if [ $i -ge $(($1 * 10)) ]; then
+            echo "server $PID still running after $1 s: $(cat "$ERR")"; kill -KILL $PID; wait $PID; RC=255; return 1
+        fi
+        sleep 0.1; i=$((i + 1))
+    done
+    wait $PID; RC=$?
+}
+no_ublk_devices() { sleep 0.5; [ -z "$(ls /dev | grep '^ublk[bc][0-9]')" ] || { ls /dev | grep '^ublk'; return 1; }; }
+for mode in $MODES; do
+    # A queue thread whose setup fails: the start-up must end with the error, not hang.
+    faulty setup-fail=1 /tmp/rob.img --ublk-mode "$mode" --ublk-queues 2
+    wait_exit 30
+    check "$mode queue setup failure: the server exits by itself" [ $RC -ne 255 ]
+    check "$mode queue setup failure: exit status 1" [ $RC -eq 1 ]
+    check "$mode queue setup failure: the error names the queue" grep -q 'ublk queue 1: set up the queue' "$ERR"
+    check "$mode queue setup failure: no ready line" sh -c "! grep -q ready $OUT"
+    check "$mode queue setup failure: no ublk device left" no_ublk_devices
+done
+
 # A ublk server can trip the driver's WARN_ONs: any kernel report during the tests fails the run.
 kernel_reports_check
 check "no kernel bug, warning or sanitizer report during the tests ($KERNEL_REPORTS)" [ "$KERNEL_REPORTS" -eq 0 ]

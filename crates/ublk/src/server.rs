@@ -55,6 +55,9 @@ pub(crate) struct Shared {
 pub(crate) struct Faults {
     /// `setup-fail=Q`: the setup of ublk queue Q fails (as a failing `UblkQueue::new` would).
     pub setup_fail: Option<u16>,
+    /// `reject-commit=N`: from the N-th request of queue 0 on, the kernel rejects every
+    /// COMMIT_AND_FETCH of that request's tag (see `Ctx::commit_tag`).
+    pub reject_commit: Option<u64>,
 }
 
 impl Faults {
@@ -77,6 +80,7 @@ impl Faults {
             let (k, v) = w.split_once('=').unwrap_or((w, ""));
             match (k, v.parse::<u64>().ok()) {
                 ("setup-fail", Some(q)) => f.setup_fail = u16::try_from(q).ok(),
+                ("reject-commit", Some(n)) => f.reject_commit = Some(n.max(1)),
                 _ => log::warn!("SNAPBLK_UBLK_FAULT: unknown fault {w:?}"),
             }
         }
@@ -168,6 +172,35 @@ struct Ctx<'a> {
     core: &'a CoreQueue,
     shared: &'a Shared,
     cdev: RawFd,
+    faults: Faults,
+    /// Requests served (counted only for `Faults::reject_commit`).
+    served: std::cell::Cell<u64>,
+    /// The tag whose commits the kernel is made to reject (`Faults::reject_commit`).
+    poisoned: std::cell::Cell<Option<u16>>,
+}
+
+impl Ctx<'_> {
+    /// The tag to name in the COMMIT_AND_FETCH of `tag`'s result: `tag`, except under the
+    /// `reject-commit=N` fault, where from queue 0's N-th request on one tag's commits name a
+    /// tag past the queue depth, which the kernel rejects (EINVAL) on every kernel.
+    fn commit_tag(&self, tag: u16) -> u16 {
+        let Some(n) = self.faults.reject_commit else {
+            return tag;
+        };
+        if self.q.get_qid() != 0 {
+            return tag;
+        }
+        let c = self.served.get() + 1;
+        self.served.set(c);
+        if self.poisoned.get().is_none() && c >= n {
+            self.poisoned.set(Some(tag));
+        }
+        if self.poisoned.get() == Some(tag) {
+            log::warn!("fault injection: COMMIT_AND_FETCH of tag {tag} names an invalid tag");
+            return u16::try_from(self.q.get_depth()).unwrap_or(u16::MAX);
+        }
+        tag
+    }
 }
 
 /// Serve the device: start one thread per ublk queue, start the device (START_DEV, or
@@ -413,6 +446,9 @@ fn serve_queue(
         core,
         shared,
         cdev: dev.tgt.fds[0],
+        faults: ctl.faults,
+        served: std::cell::Cell::new(0),
+        poisoned: std::cell::Cell::new(None),
     };
     let exe = smol::LocalExecutor::new();
     let mut tasks = Vec::new();
@@ -533,17 +569,6 @@ fn clear_eventfd(fd: RawFd) {
 
 /// Serve tag `tag` until the kernel aborts its command (`Ok`) or a command fails.
 async fn io_task(ctx: &Ctx<'_>, tag: u16) -> Result<(), Error> {
-    match serve_tag(ctx, tag).await {
-        Err(UblkError::QueueIsDown) | Ok(()) => Ok(()),
-        Err(e) => Err(Error::Command {
-            what: "a FETCH or COMMIT_AND_FETCH command",
-            tag,
-            source: ublk_io_error(e),
-        }),
-    }
-}
-
-async fn serve_tag(ctx: &Ctx<'_>, tag: u16) -> Result<(), UblkError> {
     let q = ctx.q;
     let max_io = ctx.shared.max_io as usize;
     // Copy mode: the kernel copies request data to/from this per-tag buffer.
@@ -562,12 +587,38 @@ async fn serve_tag(ctx: &Ctx<'_>, tag: u16) -> Result<(), UblkError> {
         (DataPath::ZeroCopy, _) => BufDesc::AutoReg(reg),
         _ => BufDesc::Slice(&[]),
     };
-    q.submit_io_prep_cmd(tag, desc.clone(), 0, buf.as_ref())
-        .await?;
+    let r = q
+        .submit_io_prep_cmd(tag, desc.clone(), 0, buf.as_ref())
+        .await;
+    if !fetched(r, "FETCH", tag)? {
+        return Ok(());
+    }
     loop {
         let res = handle(ctx, tag, buf.as_ref(), &bounce).await;
-        q.submit_io_commit_cmd(tag, desc.clone(), res).await?;
+        let r = q
+            .submit_io_commit_cmd(ctx.commit_tag(tag), desc.clone(), res)
+            .await;
+        if !fetched(r, "COMMIT_AND_FETCH", tag)? {
+            return Ok(());
+        }
     }
+}
+
+/// The result of a FETCH or COMMIT_AND_FETCH: `Ok(true)` when it brought the tag's next
+/// request, `Ok(false)` when the kernel aborted it (the device is stopping). Anything else is an
+/// error: a command the kernel rejected left the tag's request with the kernel, and serving the
+/// tag's descriptor again would repeat the old request for ever; the server must stop.
+fn fetched(r: Result<i32, UblkError>, what: &'static str, tag: u16) -> Result<bool, Error> {
+    let source = match r {
+        Ok(n) if n == sys::UBLK_IO_RES_OK as i32 => return Ok(true),
+        Err(UblkError::QueueIsDown) => return Ok(false),
+        // The kernel's answer: a negative errno (UBLK_IO_RES_ABORT is QueueIsDown above).
+        Ok(n) if n < 0 => std::io::Error::from_raw_os_error(-n),
+        // UBLK_IO_RES_NEED_GET_DATA: only for UBLK_F_NEED_GET_DATA, which is never asked for.
+        Ok(n) => std::io::Error::other(format!("unexpected result {n}")),
+        Err(e) => ublk_io_error(e),
+    };
+    Err(Error::Command { what, tag, source })
 }
 
 fn bounce_ptr(b: &RefCell<Option<IoBuf<u8>>>, size: usize) -> *mut u8 {
@@ -895,11 +946,33 @@ mod tests {
         assert_eq!(
             Faults::parse("setup-fail=1"),
             Faults {
-                setup_fail: Some(1)
+                setup_fail: Some(1),
+                ..Faults::default()
+            }
+        );
+        assert_eq!(
+            Faults::parse("reject-commit=20, setup-fail=0"),
+            Faults {
+                setup_fail: Some(0),
+                reject_commit: Some(20),
             }
         );
         // Unknown words and bad numbers are ignored (and logged).
         assert_eq!(Faults::parse("bogus,setup-fail=x"), Faults::default());
+    }
+
+    #[test]
+    fn a_rejected_command_is_an_error_not_a_request() {
+        assert!(fetched(Ok(0), "FETCH", 1).unwrap());
+        assert!(!fetched(Err(UblkError::QueueIsDown), "FETCH", 1).unwrap());
+        // Before the fix the tag served its old descriptor again after this.
+        let e = fetched(Ok(-libc::EINVAL), "COMMIT_AND_FETCH", 3).unwrap_err();
+        assert_eq!(
+            Chain(&e).to_string(),
+            "COMMIT_AND_FETCH of tag 3: Invalid argument (os error 22)"
+        );
+        assert!(fetched(Ok(1), "FETCH", 0).is_err());
+        assert!(fetched(Err(UblkError::OtherError(-libc::EBUSY)), "FETCH", 0).is_err());
     }
 
     #[test]

@@ -310,6 +310,24 @@ for mode in $MODES; do
     check "$mode queue setup failure: the error names the queue" grep -q 'ublk queue 1: set up the queue' "$ERR"
     check "$mode queue setup failure: no ready line" sh -c "! grep -q ready $OUT"
     check "$mode queue setup failure: no ublk device left" no_ublk_devices
+
+    # A COMMIT_AND_FETCH the kernel rejects (it names a tag past the queue depth): the server
+    # stops with the error instead of serving the old request again for ever.
+    faulty reject-commit=20 /tmp/rob.img --ublk-mode "$mode"
+    if wait_ready; then
+        ( timeout 60 dd if="$DEV" of=/dev/null bs=4k count=400 iflag=direct 2>/dev/null; echo $? > /tmp/rc.dd ) &
+        rd=$!
+        wait_exit 30
+        check "$mode rejected commit: the server exits by itself" [ $RC -ne 255 ]
+        check "$mode rejected commit: exit status 1" [ $RC -eq 1 ]
+        check "$mode rejected commit: the error names the command" \
+            grep -q 'ublk queue 0: COMMIT_AND_FETCH of tag [0-9]*: Invalid argument' "$ERR"
+        wait $rd
+        check "$mode rejected commit: the reader gets an I/O error, not a hang" [ "$(cat /tmp/rc.dd)" = 1 ]
+        check "$mode rejected commit: no ublk device left" no_ublk_devices
+    else
+        bad "$mode rejected commit: server start"; kill -KILL $PID 2>/dev/null
+    fi
 done
 
 # A ublk server can trip the driver's WARN_ONs: any kernel report during the tests fails the run.

@@ -183,6 +183,16 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+    /// A second stop request forced the stop: I/O still in flight failed (the queue threads did
+    /// end).
+    #[error("the stop was forced by a second stop request")]
+    Forced,
+    /// A second stop request forced the stop, and the queue threads were still not gone after
+    /// this long: [`serve`] returned without them (process exit ends them).
+    #[error(
+        "the stop was forced by a second stop request; the queue threads did not end within {0:?}"
+    )]
+    ForcedTimeout(std::time::Duration),
     /// A system call outside libublk failed.
     #[error("{what}")]
     Io {

@@ -36,8 +36,11 @@ const POLL: Duration = Duration::from_millis(100);
 /// has in flight before it leaks their buffers rather than free memory the device may write.
 const DRAIN_LIMIT: Duration = Duration::from_secs(5);
 /// How long the serving thread waits for a helper thread blocked in a control command (START_DEV
-/// after a queue thread failed) once the queue threads are gone.
+/// after a queue thread failed, STOP_DEV) once the queue threads are gone.
 const HELPER_LIMIT: Duration = Duration::from_secs(5);
+/// After a second stop request, how long the serving thread waits for the queue threads before
+/// it returns anyway ([`Error::ForcedTimeout`]).
+pub(crate) const FORCED_STOP_WAIT: Duration = Duration::from_secs(5);
 
 /// Everything a queue thread needs; shared by all queue threads.
 pub(crate) struct Shared {
@@ -58,6 +61,10 @@ pub(crate) struct Faults {
     /// `reject-commit=N`: from the N-th request of queue 0 on, the kernel rejects every
     /// COMMIT_AND_FETCH of that request's tag (see `Ctx::commit_tag`).
     pub reject_commit: Option<u64>,
+    /// `hang-read=S`: a READ starting at sector S never completes (a device that hangs).
+    pub hang_read: Option<u64>,
+    /// `stop-dev-fail`: STOP_DEV fails (without reaching the kernel).
+    pub stop_dev_fail: bool,
 }
 
 impl Faults {
@@ -81,6 +88,8 @@ impl Faults {
             match (k, v.parse::<u64>().ok()) {
                 ("setup-fail", Some(q)) => f.setup_fail = u16::try_from(q).ok(),
                 ("reject-commit", Some(n)) => f.reject_commit = Some(n.max(1)),
+                ("hang-read", Some(n)) => f.hang_read = Some(n),
+                ("stop-dev-fail", None) if v.is_empty() => f.stop_dev_fail = true,
                 _ => log::warn!("SNAPBLK_UBLK_FAULT: unknown fault {w:?}"),
             }
         }
@@ -208,6 +217,12 @@ impl Ctx<'_> {
 /// serve until `stop` reports a stop request or a queue thread fails. `stop(d)` waits up to `d`
 /// and returns whether a stop was requested. The first failure of a queue thread (its setup, a
 /// ublk command, its event loop) is the result; no failure is only printed.
+///
+/// The first stop request sends STOP_DEV (the kernel drains in-flight I/O, then aborts the
+/// queues' commands). A second one forces the stop: STOP_DEV if none was sent, the queue threads
+/// leave at once, and the result is [`Error::Forced`], or [`Error::ForcedTimeout`] if they are
+/// not gone within [`FORCED_STOP_WAIT`]. A failed STOP_DEV is the result too (the queue threads
+/// then leave, and the device is deleted without its server).
 pub(crate) fn run_device(
     ctrl: UblkCtrl,
     udev: UblkDev,
@@ -287,12 +302,16 @@ pub(crate) fn run_device(
         }
     };
     let mut on_ready = Some(on_ready);
-    let mut stopping = false;
+    let id = ctrl.dev_info().dev_id;
+    let mut stops = 0u32;
+    let mut stopper: Option<JoinHandle<Result<(), Error>>> = None;
+    let mut stop_err: Option<Error> = None;
+    let mut forced: Option<Instant> = None;
     let mut gone_since: Option<Instant> = None;
     loop {
         if let Some(h) = starter.take_if(|h| h.is_finished()) {
             match h.join() {
-                Ok(Ok(_)) if !ctl.quitting() && !stopping => {
+                Ok(Ok(_)) if !ctl.quitting() && stops == 0 => {
                     if let Some(f) = on_ready.take() {
                         f(&ctrl);
                     }
@@ -301,6 +320,9 @@ pub(crate) fn run_device(
                 Ok(Err(e)) => ctl.fail(ublk_err("start the device")(e)),
                 Err(_) => ctl.fail(Error::Config("the device start thread panicked".into())),
             }
+        }
+        if let Some(h) = stopper.take_if(|h| h.is_finished()) {
+            stop_failed(h.join(), &mut stop_err, &ctl);
         }
         let queues_gone = threads.iter().all(|(_, h)| h.is_finished());
         if queues_gone && starter.is_none() {
@@ -315,21 +337,49 @@ pub(crate) fn run_device(
                 break;
             }
         }
-        if stopping || ctl.quitting() {
-            std::thread::sleep(POLL);
+        if forced.is_some_and(|t| t.elapsed() > FORCED_STOP_WAIT) {
+            break;
+        }
+        // Every request counts, also while stopping: the second one forces the stop.
+        if !stop(POLL) {
             continue;
         }
-        if stop(POLL) {
-            stopping = true;
-            if starter.is_some() {
-                // Not started yet: nothing to drain.
+        stops += 1;
+        if stops == 1 {
+            if starter.is_some() || ctl.quitting() {
+                // Not started (nothing to drain), or already leaving.
                 ctl.quit();
             } else {
                 // STOP_DEV: the kernel removes the disk after draining in-flight I/O, then the
-                // queue threads see their commands aborted and leave.
-                let _ = ctrl.kill_dev();
+                // queue threads see their commands aborted and leave. On a helper thread: it
+                // waits for requests the server may never complete.
+                stopper = start_stopper(id, ctl.faults, &mut stop_err, &ctl);
             }
+        } else if forced.is_none() {
+            log::warn!(
+                "second stop request: forcing the stop (I/O in flight fails; exit within {} s)",
+                FORCED_STOP_WAIT.as_secs()
+            );
+            forced = Some(Instant::now());
+            if stopper.is_none() && starter.is_none() && stop_err.is_none() {
+                stopper = start_stopper(id, ctl.faults, &mut stop_err, &ctl);
+            }
+            // The queue threads leave now; once their rings and the char device are closed,
+            // the kernel gives back the requests they held, and a waiting STOP_DEV finishes.
+            ctl.quit();
         }
+    }
+    let forced_err = |drained| match drained {
+        true => Error::Forced,
+        false => Error::ForcedTimeout(FORCED_STOP_WAIT),
+    };
+    if !threads.iter().all(|(_, h)| h.is_finished()) {
+        // Forced and still not done: leave the threads, the device and its control behind
+        // (deleting the device would wait for the threads); process exit ends them.
+        log::error!("the queue threads did not end in time; leaving them behind");
+        std::mem::forget(udev);
+        std::mem::forget(ctrl);
+        return Err(ctl.take_failure().or(stop_err).unwrap_or(forced_err(false)));
     }
     join_queue_threads(threads, &ctl);
     if let Some(h) = starter {
@@ -341,13 +391,84 @@ pub(crate) fn run_device(
             .take_failure()
             .unwrap_or(Error::Config("the device did not start".into())));
     }
+    // Closing the char device gives the kernel back the requests the queues held: a STOP_DEV
+    // waiting for them finishes.
     drop(udev);
+    if let Some(h) = stopper {
+        let end = Instant::now() + HELPER_LIMIT;
+        while !h.is_finished() && Instant::now() < end {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        if h.is_finished() {
+            stop_failed(h.join(), &mut stop_err, &ctl);
+        } else {
+            log::error!("STOP_DEV did not return; leaving it behind");
+            std::mem::forget(ctrl);
+            return Err(ctl.take_failure().or(stop_err).unwrap_or(forced_err(false)));
+        }
+    }
     // Removes the device's JSON; the device is already stopped (or never served).
     let _ = ctrl.stop_dev();
-    match ctl.take_failure() {
-        Some(e) => Err(e),
-        None => Ok(()),
+    match (ctl.take_failure(), stop_err) {
+        (Some(e), _) | (None, Some(e)) => Err(e),
+        (None, None) if forced.is_some() => Err(forced_err(true)),
+        (None, None) => Ok(()),
     }
+}
+
+/// STOP_DEV for device `id` on a helper thread, with its own control (the serving thread's may be
+/// held by a START_DEV that never returned). A failure to start the thread is a failed stop.
+fn start_stopper(
+    id: u32,
+    faults: Faults,
+    stop_err: &mut Option<Error>,
+    ctl: &Control,
+) -> Option<JoinHandle<Result<(), Error>>> {
+    let h = std::thread::Builder::new()
+        .name("ublk-stop".into())
+        .spawn(move || {
+            if faults.stop_dev_fail {
+                log::warn!("fault injection: STOP_DEV fails");
+                return Err(Error::Ublk {
+                    what: "STOP_DEV (fault injected by SNAPBLK_UBLK_FAULT)",
+                    source: std::io::Error::from_raw_os_error(libc::EIO),
+                });
+            }
+            let c = UblkCtrl::new_simple(i32::try_from(id).unwrap_or(i32::MAX))
+                .map_err(ublk_err("open the device's control for STOP_DEV"))?;
+            c.kill_dev().map(|_| ()).map_err(ublk_err("STOP_DEV"))
+        });
+    match h {
+        Ok(h) => Some(h),
+        Err(source) => {
+            stop_failed(
+                Ok(Err(Error::Io {
+                    what: "start the STOP_DEV thread",
+                    source,
+                })),
+                stop_err,
+                ctl,
+            );
+            None
+        }
+    }
+}
+
+/// A STOP_DEV that failed leaves the device live: report it (the run's result is an error) and
+/// make the queue threads leave, so the device is deleted without its server.
+fn stop_failed(
+    r: std::thread::Result<Result<(), Error>>,
+    stop_err: &mut Option<Error>,
+    ctl: &Control,
+) {
+    let e = match r {
+        Ok(Ok(())) => return,
+        Ok(Err(e)) => e,
+        Err(_) => Error::Config("the STOP_DEV thread panicked".into()),
+    };
+    log::error!("{}", Chain(&e));
+    stop_err.get_or_insert(e);
+    ctl.quit();
 }
 
 /// libublk sends control commands through a ring of the calling thread; a helper thread needs
@@ -640,6 +761,13 @@ async fn handle(
 ) -> i32 {
     let iod = ctx.q.get_iod(tag);
     let op = iod.op_flags & 0xff;
+    if op == sys::UBLK_IO_OP_READ && ctx.faults.hang_read == Some(iod.start_sector) {
+        log::warn!(
+            "fault injection: the READ at sector {} never completes",
+            iod.start_sector
+        );
+        std::future::pending::<()>().await;
+    }
     let off = iod.start_sector << 9;
     let len = iod.nr_sectors << 9;
     let max = ctx.shared.max_io;
@@ -951,10 +1079,12 @@ mod tests {
             }
         );
         assert_eq!(
-            Faults::parse("reject-commit=20, setup-fail=0"),
+            Faults::parse("reject-commit=20, setup-fail=0,hang-read=64,stop-dev-fail"),
             Faults {
                 setup_fail: Some(0),
                 reject_commit: Some(20),
+                hang_read: Some(64),
+                stop_dev_fail: true,
             }
         );
         // Unknown words and bad numbers are ignored (and logged).

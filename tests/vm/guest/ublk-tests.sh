@@ -328,6 +328,56 @@ for mode in $MODES; do
     else
         bad "$mode rejected commit: server start"; kill -KILL $PID 2>/dev/null
     fi
+
+    # A read the device never completes (hang-read=64: the READ at sector 64): the first SIGTERM
+    # sends STOP_DEV, which waits for it; the second forces the stop: exit 1 within the bound.
+    faulty hang-read=64 /tmp/rob.img --ublk-mode "$mode"
+    if wait_ready; then
+        ( timeout 60 dd if="$DEV" of=/dev/null bs=4k skip=8 count=1 iflag=direct 2>/dev/null; echo $? > /tmp/rc.dd ) &
+        rd=$!
+        sleep 1
+        kill -TERM $PID; sleep 3
+        check "$mode stuck read: the first SIGTERM waits for the stuck read" kill -0 $PID
+        kill -TERM $PID
+        wait_exit 15
+        check "$mode stuck read: the second SIGTERM ends the server" [ $RC -ne 255 ]
+        check "$mode stuck read: a forced stop exits 1" [ $RC -eq 1 ]
+        check "$mode stuck read: the forced stop is reported" grep -q 'stop was forced by a second stop request' "$ERR"
+        wait $rd
+        check "$mode stuck read: the stuck reader gets an I/O error" [ "$(cat /tmp/rc.dd)" = 1 ]
+        check "$mode stuck read: no ublk device left" no_ublk_devices
+    else
+        bad "$mode stuck read: server start"; kill -KILL $PID 2>/dev/null
+    fi
+
+    # A signal storm on a busy server: it ends by itself, and leaves no device.
+    faulty "" /tmp/rob.img --ublk-mode "$mode"
+    if wait_ready; then
+        ( timeout 60 dd if="$DEV" of=/dev/null bs=64k iflag=direct 2>/dev/null ) &
+        rd=$!
+        j=0; while [ $j -lt 20 ]; do kill -TERM $PID 2>/dev/null; j=$((j + 1)); done
+        wait_exit 15
+        check "$mode signal storm: the server ends by itself" [ $RC -ne 255 ]
+        check "$mode signal storm: exit 0 (stopped) or 1 (forced)" [ $RC -le 1 ]
+        check "$mode signal storm: no panic" sh -c "! grep -q panicked $ERR"
+        wait $rd
+        check "$mode signal storm: no ublk device left" no_ublk_devices
+    else
+        bad "$mode signal storm: server start"; kill -KILL $PID 2>/dev/null
+    fi
+
+    # A failed STOP_DEV is reported, the exit is 1, and the device is still removed.
+    faulty stop-dev-fail /tmp/rob.img --ublk-mode "$mode"
+    if wait_ready; then
+        kill -TERM $PID
+        wait_exit 15
+        check "$mode failed STOP_DEV: the server ends by itself" [ $RC -ne 255 ]
+        check "$mode failed STOP_DEV: exit status 1" [ $RC -eq 1 ]
+        check "$mode failed STOP_DEV: the error is reported" grep -q 'ublk: STOP_DEV' "$ERR"
+        check "$mode failed STOP_DEV: no ublk device left" no_ublk_devices
+    else
+        bad "$mode failed STOP_DEV: server start"; kill -KILL $PID 2>/dev/null
+    fi
 done
 
 # A ublk server can trip the driver's WARN_ONs: any kernel report during the tests fails the run.

@@ -128,7 +128,9 @@ pub struct Ready {
     pub queues: u16,
     /// Queue depth, as the kernel reports it.
     pub depth: u16,
-    /// Device size in bytes.
+    /// Size of the block device in bytes: the device's size rounded down to the logical block
+    /// size (a partial last block cannot be addressed through a block device; [`serve`] logs a
+    /// warning naming the unreachable tail).
     pub capacity: u64,
     /// Whether an existing quiesced device was recovered rather than a new one added.
     pub recovered: bool,
@@ -274,6 +276,12 @@ fn existing_state(id: u32) -> Option<u16> {
     Some(ctrl.dev_info().state)
 }
 
+/// The size of the exported block device: `capacity` rounded down to whole logical blocks of
+/// `1 << lbs_shift` bytes.
+fn export_size(capacity: u64, lbs_shift: u8) -> u64 {
+    capacity & !((1u64 << lbs_shift) - 1)
+}
+
 fn log2(v: u32) -> u8 {
     (31 - v.max(1).leading_zeros()) as u8
 }
@@ -322,6 +330,18 @@ pub fn serve(
     let read_only = dev.get_bool("read-only")?;
     let capacity = dev.get_u64("capacity")?;
     let req_align = u32::try_from(dev.get_int("request-alignment")?.max(512)).unwrap_or(512);
+    let lbs_shift = log2(req_align.next_power_of_two().min(4096));
+    // What the block device can reach: whole logical blocks.
+    let dev_size = export_size(capacity, lbs_shift);
+    if dev_size != capacity {
+        log::warn!(
+            "the device's size, {capacity} bytes, is not a multiple of the {}-byte logical \
+             block size: its last {} bytes (from offset {dev_size}) cannot be read or written \
+             through the ublk device",
+            1u64 << lbs_shift,
+            capacity - dev_size
+        );
+    }
     let max_transfer = u32::try_from(dev.get_int("max-transfer")?).unwrap_or(0);
     let max_io = match max_transfer {
         0 => cfg.max_io_bytes,
@@ -428,10 +448,9 @@ pub fn serve(
     });
     let planned_reads = shared.planner.is_some();
 
-    let lbs_shift = log2(req_align.next_power_of_two().min(4096));
     let tgt_init = move |d: &mut UblkDev| {
         let t = &mut d.tgt;
-        t.dev_size = capacity & !((1u64 << lbs_shift) - 1);
+        t.dev_size = dev_size;
         for fd in std::iter::once(zero.as_raw_fd()).chain(plan_fds.iter().copied()) {
             let n = t.nr_fds as usize;
             if n >= t.fds.len() {
@@ -486,7 +505,7 @@ pub fn serve(
             path,
             queues: nq,
             depth,
-            capacity,
+            capacity: dev_size,
             recovered: recover,
             planned_reads,
         });
@@ -586,6 +605,21 @@ struct SigSet(libc::sigset_t);
 unsafe impl Send for SigSet {}
 // SAFETY: as above; only read.
 unsafe impl Sync for SigSet {}
+
+#[cfg(test)]
+mod size_tests {
+    use super::*;
+
+    #[test]
+    fn the_export_size_is_whole_logical_blocks() {
+        assert_eq!(export_size(1 << 20, 9), 1 << 20);
+        assert_eq!(export_size((1 << 20) + 1000, 9), (1 << 20) + 512);
+        assert_eq!(export_size((1 << 20) + 1000, 12), 1 << 20);
+        assert_eq!(export_size(511, 9), 0);
+        assert_eq!(log2(512), 9);
+        assert_eq!(log2(4096), 12);
+    }
+}
 
 #[cfg(test)]
 mod error_tests {

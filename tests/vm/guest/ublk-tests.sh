@@ -266,6 +266,25 @@ for mode in $MODES; do
     fi
 done
 
+# ---------------------------------------------------------------- sizes
+# A device whose size is not a multiple of the logical block size: the ready line's capacity is
+# the block device's size (rounded down), and a warning names the unreachable tail.
+head -c 1049576 /dev/urandom > /tmp/odd.img
+for mode in $MODES; do
+    if start_server odd-size /tmp/odd.img --ublk-mode "$mode"; then
+        cap=$(sed -n 's/.*"capacity":\([0-9]*\).*/\1/p' "$OUT")
+        check "$mode odd size: capacity is whole 512-byte blocks" [ $((cap % 512)) -eq 0 ]
+        check "$mode odd size: capacity rounded down by less than a block" \
+            [ "$cap" -le 1049576 -a $((1049576 - cap)) -lt 4096 ]
+        check "$mode odd size: capacity equals the block device's size" [ "$(blockdev --getsize64 "$DEV")" = "$cap" ]
+        check "$mode odd size: a warning names the unreachable tail" \
+            grep -q "its last $((1049576 - cap)) bytes (from offset $cap) cannot be read" "$ERR"
+        check "$mode odd size: clean stop" stop_server
+    else
+        bad "$mode odd size: server start"
+    fi
+done
+
 # ---------------------------------------------------------------- failures and stops
 # /test/bin/snapblk-faults is the fault-injection build: SNAPBLK_UBLK_FAULT makes its ublk server
 # fail on purpose (crates/ublk/src/server.rs, `Faults`). Every case ends with the server gone by

@@ -195,6 +195,22 @@ pub enum Error {
         "the stop was forced by a second stop request; the queue threads did not end within {0:?}"
     )]
     ForcedTimeout(std::time::Duration),
+    /// Device `id` waits for recovery, but this server would serve other data or speak another
+    /// protocol (`what` differs: the device has `device`, this server `this`). The device stays
+    /// waiting for a matching server.
+    #[error(
+        "ublk device {id} cannot be recovered by this server: its {what} is {device}, this server's is {this}"
+    )]
+    RecoveryMismatch {
+        /// The device number.
+        id: u32,
+        /// What differs.
+        what: &'static str,
+        /// The recovered device's value.
+        device: String,
+        /// This server's value.
+        this: String,
+    },
     /// A system call outside libublk failed.
     #[error("{what}")]
     Io {
@@ -274,6 +290,101 @@ fn existing_state(id: u32) -> Option<u16> {
     }
     let ctrl = UblkCtrl::new_simple(id).ok()?;
     Some(ctrl.dev_info().state)
+}
+
+/// The recovery flags every device is created with (those the kernel offers).
+fn recovery_flags(feats: u64) -> u64 {
+    u64::from(sys::UBLK_F_USER_RECOVERY | sys::UBLK_F_USER_RECOVERY_REISSUE) & feats
+}
+
+/// The `UBLK_F_*` flags that change how a server talks to a device (data path, recovery,
+/// command set); a recovered device must have exactly the ones this server would set. Not
+/// `UBLK_F_PER_IO_DAEMON`: the kernel sets it on every device it creates (7.2.13 reports 0x2018
+/// for a device added with 0x18), and it only relaxes which thread may serve a tag.
+const PROTOCOL_FLAGS: u64 = (sys::UBLK_F_SUPPORT_ZERO_COPY
+    | sys::UBLK_F_NEED_GET_DATA
+    | sys::UBLK_F_USER_RECOVERY
+    | sys::UBLK_F_USER_RECOVERY_REISSUE
+    | sys::UBLK_F_USER_RECOVERY_FAIL_IO
+    | sys::UBLK_F_USER_COPY
+    | sys::UBLK_F_ZONED
+    | sys::UBLK_F_AUTO_BUF_REG
+    | sys::UBLK_F_BATCH_IO
+    | sys::UBLK_F_INTEGRITY) as u64;
+
+/// What a ublk device looks like to its server: what a recovered device must share with the
+/// server that reattaches to it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Shape {
+    /// Block device size in bytes.
+    size: u64,
+    lbs_shift: u8,
+    read_only: bool,
+    path: DataPath,
+    queues: u16,
+    depth: u16,
+    /// Its `UBLK_F_*` flags, within [`PROTOCOL_FLAGS`].
+    flags: u64,
+}
+
+/// Refuse to recover device `id` (`found`) with a server that would have made `this`: other
+/// data (size, block size, read-only) or another data path, queue layout or protocol.
+fn check_recovery(id: u32, found: &Shape, this: &Shape) -> Result<(), Error> {
+    let differ = |what, device: String, this: String| {
+        Err(Error::RecoveryMismatch {
+            id,
+            what,
+            device,
+            this,
+        })
+    };
+    if found.path != this.path {
+        return differ(
+            "data path (--ublk-mode)",
+            found.path.name().into(),
+            this.path.name().into(),
+        );
+    }
+    if found.queues != this.queues {
+        return differ(
+            "queue count (--ublk-queues)",
+            found.queues.to_string(),
+            this.queues.to_string(),
+        );
+    }
+    if found.depth != this.depth {
+        return differ(
+            "queue depth (--ublk-depth)",
+            found.depth.to_string(),
+            this.depth.to_string(),
+        );
+    }
+    if found.size != this.size {
+        return differ(
+            "size",
+            format!("{} bytes", found.size),
+            format!("{} bytes", this.size),
+        );
+    }
+    if found.lbs_shift != this.lbs_shift {
+        return differ(
+            "logical block size",
+            format!("{} bytes", 1u64 << found.lbs_shift),
+            format!("{} bytes", 1u64 << this.lbs_shift),
+        );
+    }
+    if found.read_only != this.read_only {
+        let ro = |r: bool| if r { "read-only" } else { "writable" }.to_string();
+        return differ("access", ro(found.read_only), ro(this.read_only));
+    }
+    if found.flags != this.flags {
+        return differ(
+            "flag set",
+            format!("{:#x}", found.flags),
+            format!("{:#x}", this.flags),
+        );
+    }
+    Ok(())
 }
 
 /// The size of the exported block device: `capacity` rounded down to whole logical blocks of
@@ -381,15 +492,32 @@ pub fn serve(
             .dev_flags(UblkFlags::UBLK_DEV_F_RECOVER_DEV)
             .build()
             .map_err(ublk_err("open the device to recover"))?;
-        let path = DataPath::from_flags(ctrl.dev_info().flags);
-        if usize::from(ctrl.dev_info().nr_hw_queues) != queues.len() {
-            // The kernel's queue count wins; take or drop device queues to match.
-            queues.truncate(usize::from(ctrl.dev_info().nr_hw_queues));
-            while queues.len() < usize::from(ctrl.dev_info().nr_hw_queues) {
-                let idx = dev.add_queue(false)?;
-                queues.push(dev.take_queue(idx, false));
-            }
-        }
+        // Reattach only to what this server would have created: the same data, limits and
+        // protocol. Before START_USER_RECOVERY: a refused device stays waiting for recovery.
+        let info = ctrl.dev_info();
+        let mut params = sys::ublk_params::default();
+        ctrl.get_params(&mut params)
+            .map_err(ublk_err("read the parameters of the device to recover"))?;
+        let found = Shape {
+            size: (params.basic.dev_sectors) << 9,
+            lbs_shift: params.basic.logical_bs_shift,
+            read_only: params.basic.attrs & sys::UBLK_ATTR_READ_ONLY != 0,
+            path: DataPath::from_flags(info.flags),
+            queues: info.nr_hw_queues,
+            depth: info.queue_depth,
+            flags: info.flags & PROTOCOL_FLAGS,
+        };
+        let this = Shape {
+            size: dev_size,
+            lbs_shift,
+            read_only,
+            path: cfg.path,
+            queues: cfg.queues,
+            depth: cfg.depth,
+            flags: (cfg.path.ctrl_flags() | recovery_flags(feats)) & PROTOCOL_FLAGS,
+        };
+        check_recovery(info.dev_id, &found, &this)?;
+        let path = found.path;
         ctrl.start_user_recover()
             .map_err(ublk_err("START_USER_RECOVERY"))?;
         (ctrl, path)
@@ -403,7 +531,7 @@ pub fn serve(
                 _ => "user copy (UBLK_F_USER_COPY)",
             }));
         }
-        let rec = u64::from(sys::UBLK_F_USER_RECOVERY | sys::UBLK_F_USER_RECOVERY_REISSUE) & feats;
+        let rec = recovery_flags(feats);
         let ctrl = UblkCtrlBuilder::default()
             .name("snapblk")
             .id(cfg.id.map_or(-1, |i| i as i32))
@@ -618,6 +746,70 @@ mod size_tests {
         assert_eq!(export_size(511, 9), 0);
         assert_eq!(log2(512), 9);
         assert_eq!(log2(4096), 12);
+    }
+}
+
+#[cfg(test)]
+mod recovery_tests {
+    use super::*;
+
+    #[test]
+    fn recovery_refuses_a_different_device() {
+        let a = Shape {
+            size: 8 << 20,
+            lbs_shift: 9,
+            read_only: false,
+            path: DataPath::Copy,
+            queues: 1,
+            depth: 64,
+            flags: recovery_flags(u64::MAX) & PROTOCOL_FLAGS,
+        };
+        assert!(check_recovery(7, &a, &a).is_ok());
+        // The kernel adds UBLK_F_PER_IO_DAEMON to every device: not a difference.
+        let kernel_flags = u64::from(sys::UBLK_F_PER_IO_DAEMON) | recovery_flags(u64::MAX);
+        let found = Shape {
+            flags: kernel_flags & PROTOCOL_FLAGS,
+            ..a
+        };
+        assert!(check_recovery(7, &found, &a).is_ok());
+        let msg = |b: Shape| match check_recovery(7, &a, &b) {
+            Err(e) => e.to_string(),
+            Ok(()) => panic!("{b:?} accepted for {a:?}"),
+        };
+        assert_eq!(
+            msg(Shape {
+                size: 16 << 20,
+                ..a
+            }),
+            "ublk device 7 cannot be recovered by this server: its size is 8388608 bytes, \
+             this server's is 16777216 bytes"
+        );
+        assert!(
+            msg(Shape {
+                path: DataPath::ZeroCopy,
+                flags: (DataPath::ZeroCopy.ctrl_flags() | recovery_flags(u64::MAX))
+                    & PROTOCOL_FLAGS,
+                ..a
+            })
+            .contains("its data path (--ublk-mode) is copy, this server's is zero-copy")
+        );
+        assert!(msg(Shape { queues: 2, ..a }).contains("queue count"));
+        assert!(msg(Shape { depth: 128, ..a }).contains("queue depth"));
+        assert!(msg(Shape { lbs_shift: 12, ..a }).contains("logical block size is 512 bytes"));
+        assert!(
+            msg(Shape {
+                read_only: true,
+                ..a
+            })
+            .contains("access is writable, this server's is read-only")
+        );
+        assert!(
+            msg(Shape {
+                flags: a.flags | u64::from(sys::UBLK_F_NEED_GET_DATA),
+                ..a
+            })
+            .contains("flag set")
+        );
     }
 }
 

@@ -399,6 +399,35 @@ for mode in $MODES; do
     fi
 done
 
+# User recovery refuses a device that does not match the server's (other size, data path, queue
+# count, access): the device stays waiting, and the matching server then recovers it.
+dd if=/dev/urandom of=/tmp/rec16.img bs=1M count=16 2>/dev/null
+if start_server recovery-mismatch /tmp/rob.img --ublk-id 9; then
+    old=$DEV
+    kill -KILL $PID; wait $PID 2>/dev/null
+    for args in "/tmp/rec16.img" "/tmp/rob.img --ublk-mode zero-copy" "/tmp/rob.img --ublk-queues 2" \
+        "/tmp/rob.img --read-only"; do
+        n=$((n + 1)); OUT=/tmp/srv.$n.out; ERR=/tmp/srv.$n.err
+        # shellcheck disable=SC2086 # $args is a word list
+        timeout 60 snapblk serve $args --ublk --json --ublk-id 9 > "$OUT" 2> "$ERR"
+        rc=$?
+        check "recovery by another device ($args): refused with exit status 1" [ $rc -eq 1 ]
+        check "recovery by another device ($args): the error says what differs" \
+            grep -q 'ublk device 9 cannot be recovered by this server: its' "$ERR"
+        check "recovery by another device ($args): the device still waits" [ -b "$old" ]
+    done
+    if start_server recovery-match /tmp/rob.img --ublk-id 9; then
+        check "recovery by the same device: reattached" grep -q '"recovered":true' "$OUT"
+        check "recovery by the same device: reads the file" \
+            [ "$(dd if="$DEV" bs=1M iflag=direct 2>/dev/null | md5)" = "$(md5 < /tmp/rob.img)" ]
+        check "recovery by the same device: clean stop" stop_server
+    else
+        bad "recovery by the same device: restart"
+    fi
+else
+    bad "recovery mismatch: server start"
+fi
+
 # A ublk server can trip the driver's WARN_ONs: any kernel report during the tests fails the run.
 kernel_reports_check
 check "no kernel bug, warning or sanitizer report during the tests ($KERNEL_REPORTS)" [ "$KERNEL_REPORTS" -eq 0 ]

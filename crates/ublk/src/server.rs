@@ -1036,9 +1036,22 @@ async fn finish_short(
             return r;
         }
         if r == 0 {
-            // End of file: the rest reads as zeros.
-            seg = None;
-            continue;
+            // End of the file: what the device's own read does there decides, so that a planned
+            // read never returns other bytes than the generic path (zeros past the end of a
+            // plain file, as the file drivers read it; EIO for a snapshot's base or COW).
+            match seg {
+                Some(Segment::File { file, .. })
+                    if ctx
+                        .shared
+                        .planner
+                        .as_ref()
+                        .is_some_and(|p| p.zeros_past_eof(file)) =>
+                {
+                    seg = None;
+                    continue;
+                }
+                _ => return -libc::EIO,
+            }
         }
         boff += r as u32;
         left -= r as u32;

@@ -70,6 +70,8 @@ fn snapshot_plans_reproduce_target() {
         let (base, cow) = (c.join("base.img"), c.join("snapshot.cow"));
         let p =
             SnapshotPlanner::open(&base, &cow).unwrap_or_else(|e| panic!("{}: {e}", c.display()));
+        // A snapshot's base and COW reads must be whole: a short one is EIO, never zeros.
+        assert!(!p.zeros_past_eof(0) && !p.zeros_past_eof(1));
         let spec = format!("snapshot:base={},cow={}", base.display(), cow.display());
         let mut dev = snapblk::open(&spec, 1).expect("open snapshot device");
         let n = target.len() as u64;

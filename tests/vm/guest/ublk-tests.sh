@@ -285,6 +285,21 @@ for mode in $MODES; do
     fi
 done
 
+# A snapshot whose base is cut while it is served: its base blocks are I/O errors through the
+# generic path (the snapshot's reads must be whole), and through zero copy too, never zeros.
+c=/test/data/v2_copy_chain_stream_order
+for mode in $MODES; do
+    cp "$c/base.img" /tmp/cut-base.img
+    if start_server cut-base --base /tmp/cut-base.img --cow "$c/snapshot.cow" --ublk-mode "$mode"; then
+        : > /tmp/cut-base.img
+        check "$mode cut base: reading the device is an I/O error, not zeros" \
+            sh -c "! dd if=$DEV of=/dev/null bs=4k iflag=direct 2>/dev/null"
+        check "$mode cut base: clean stop" stop_server
+    else
+        bad "$mode cut base: server start"
+    fi
+done
+
 # ---------------------------------------------------------------- failures and stops
 # /test/bin/snapblk-faults is the fault-injection build: SNAPBLK_UBLK_FAULT makes its ublk server
 # fail on purpose (crates/ublk/src/server.rs, `Faults`). Every case ends with the server gone by

@@ -577,8 +577,10 @@ pub fn serve(
     let planned_reads = shared.planner.is_some();
 
     let tgt_init = move |d: &mut UblkDev| {
+        let cq = server::cq_entries(d.dev_info.queue_depth);
         let t = &mut d.tgt;
         t.dev_size = dev_size;
+        t.cq_depth = cq;
         for fd in std::iter::once(zero.as_raw_fd()).chain(plan_fds.iter().copied()) {
             let n = t.nr_fds as usize;
             if n >= t.fds.len() {

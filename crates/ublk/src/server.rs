@@ -9,7 +9,7 @@ use crate::{DataPath, Error, ublk_err, ublk_io_error};
 use io_uring::{opcode, squeue, types};
 use libublk::ctrl::UblkCtrl;
 use libublk::helpers::IoBuf;
-use libublk::io::{BufDesc, UblkDev, UblkIOCtx, UblkQueue};
+use libublk::io::{BufDesc, UblkDev, UblkIOCtx, UblkQueue, with_task_io_ring_mut};
 use libublk::uring_async::{
     UblkUringOpFuture, ublk_reap_io_events_with_update_queue, ublk_submit_sqe_async,
     ublk_wake_task, uring_poll_io_fn,
@@ -29,6 +29,19 @@ use std::time::{Duration, Instant};
 /// planner's files.
 pub(crate) const ZERO_FILE: u32 = 1;
 pub(crate) const FIRST_PLAN_FILE: u32 = 2;
+
+/// Planned reads (READ_FIXED) one request has in flight at most in zero-copy mode: a plan may
+/// have a segment per block, so its kernel-side segments are issued in windows of this many.
+pub(crate) const READS_IN_FLIGHT: usize = 8;
+
+/// Completion queue entries of the ring of a queue with `depth` tags. A tag has in flight either
+/// its ublk command, or up to READS_IN_FLIGHT planned reads plus one that finishes a short read;
+/// the completion and quit watchers add one each. libublk's default, `depth`, let a fragmented
+/// zero-copy read overflow the completion queue.
+pub(crate) fn cq_entries(depth: u16) -> u16 {
+    let n = usize::from(depth) * (READS_IN_FLIGHT + 1) + 2;
+    u16::try_from(n).unwrap_or(u16::MAX)
+}
 
 /// How often the serving thread looks at the stop source and the queue threads.
 const POLL: Duration = Duration::from_millis(100);
@@ -598,7 +611,16 @@ fn serve_queue(
         }
     };
     let done = || tasks[..ntags].iter().all(|t| t.is_finished());
-    let r = event_loop(q, ctl, run_ops, done);
+    let overflows = std::cell::Cell::new(0);
+    let r = event_loop(q, ctl, run_ops, done, &overflows);
+    let dropped = with_task_io_ring_mut(|r| r.completion().overflow());
+    if overflows.get() > 0 || dropped > 0 {
+        log::warn!(
+            "ublk queue {qid}: its completion queue overflowed ({} times seen, {dropped} \
+             completions dropped)",
+            overflows.get()
+        );
+    }
     // The tasks own the buffers of their device requests: those requests must be complete
     // before the tasks go (see `CoreQueue::submit`). They are, unless the loop ended early.
     if !core.drain(DRAIN_LIMIT) {
@@ -621,6 +643,7 @@ fn event_loop(
     ctl: &Control,
     run_ops: impl Fn(),
     done: impl Fn() -> bool,
+    overflows: &std::cell::Cell<u64>,
 ) -> Result<(), Error> {
     let idle = types::Timespec::new().sec(20);
     run_ops();
@@ -629,6 +652,10 @@ fn event_loop(
             Ok(t) => (t, false),
             Err(_) => (false, true),
         };
+        // Completions the kernel could not post because the completion queue was full.
+        if with_task_io_ring_mut(|r| r.submission().cq_overflow()) {
+            overflows.set(overflows.get() + 1);
+        }
         let aborted = ublk_reap_io_events_with_update_queue(q, timeout, None, |cqe| {
             ublk_wake_task(cqe.user_data(), cqe)
         })
@@ -949,29 +976,20 @@ async fn zc_read(
     if !validate(&plan, len, ctx.shared.nplan_files) {
         return -libc::EIO;
     }
-    // Issue every kernel-side segment at once, then the device segments, then wait.
-    let mut futs = Vec::new();
+    // The kernel-side segments (file data, zeros) with their offset in the request, issued in
+    // windows of READS_IN_FLIGHT: a plan can have a segment per block, and the queue ring's
+    // completion queue is sized for that many per tag (`cq_entries`). The first window is in
+    // flight while the device segments take the generic path.
+    let mut kernel = Vec::new();
     let mut boff = 0u32;
     for s in &plan {
-        match *s {
-            Segment::File {
-                file,
-                offset,
-                len: l,
-            } => {
-                futs.push((
-                    fixed_read(ctx, tag, FIRST_PLAN_FILE + u32::from(file), offset, boff, l),
-                    l,
-                    boff,
-                ));
-            }
-            Segment::Zero { len: l } => {
-                futs.push((fixed_read(ctx, tag, ZERO_FILE, 0, boff, l), l, boff))
-            }
-            Segment::Device { .. } => {}
+        if !matches!(s, Segment::Device { .. }) {
+            kernel.push((*s, boff));
         }
         boff += s.len();
     }
+    let mut windows = kernel.chunks(READS_IN_FLIGHT);
+    let first = windows.next().map(|w| issue_window(ctx, tag, w));
     let mut res = 0;
     boff = 0;
     for s in &plan {
@@ -983,13 +1001,64 @@ async fn zc_read(
         }
         boff += s.len();
     }
+    if let Some(f) = first {
+        let r = finish_window(ctx, tag, f, &plan).await;
+        if r < 0 {
+            res = r;
+        }
+    }
+    for w in windows {
+        let r = finish_window(ctx, tag, issue_window(ctx, tag, w), &plan).await;
+        if r < 0 {
+            res = r;
+        }
+    }
+    res
+}
+
+/// Issue one READ_FIXED per kernel-side segment of `w` (at most READS_IN_FLIGHT).
+fn issue_window(
+    ctx: &Ctx<'_>,
+    tag: u16,
+    w: &[(Segment, u32)],
+) -> Vec<(UblkUringOpFuture, u32, u32)> {
+    w.iter()
+        .filter_map(|&(s, boff)| match s {
+            Segment::File { file, offset, len } => Some((
+                fixed_read(
+                    ctx,
+                    tag,
+                    FIRST_PLAN_FILE + u32::from(file),
+                    offset,
+                    boff,
+                    len,
+                ),
+                len,
+                boff,
+            )),
+            Segment::Zero { len } => {
+                Some((fixed_read(ctx, tag, ZERO_FILE, 0, boff, len), len, boff))
+            }
+            Segment::Device { .. } => None,
+        })
+        .collect()
+}
+
+/// Wait for a window's reads; finish short ones. Returns 0 or the last error.
+async fn finish_window(
+    ctx: &Ctx<'_>,
+    tag: u16,
+    futs: Vec<(UblkUringOpFuture, u32, u32)>,
+    plan: &[Segment],
+) -> i32 {
+    let mut res = 0;
     for (f, l, b) in futs {
         let r = f.await;
         if r < 0 {
             res = r;
         } else if (r as u32) < l {
-            // Short read: past the end of the file (reads as zeros) or a partial read; finish it.
-            let r2 = finish_short(ctx, tag, b + r as u32, l - r as u32, &plan, b).await;
+            // A partial read, or the end of the file: finish it (one read at a time).
+            let r2 = finish_short(ctx, tag, b + r as u32, l - r as u32, plan, b).await;
             if r2 < 0 {
                 res = r2;
             }
@@ -1116,6 +1185,16 @@ mod tests {
         );
         assert!(fetched(Ok(1), "FETCH", 0).is_err());
         assert!(fetched(Err(UblkError::OtherError(-libc::EBUSY)), "FETCH", 0).is_err());
+    }
+
+    #[test]
+    fn the_completion_queue_holds_every_tags_reads() {
+        for depth in [1u16, 64, 128, 4096] {
+            let per_tag = READS_IN_FLIGHT + 1; // a window and the read finishing a short one
+            assert!(usize::from(cq_entries(depth)) >= usize::from(depth) * per_tag + 2);
+        }
+        // io_uring takes at most 65536 completion entries; u16 stays below.
+        assert!(cq_entries(u16::MAX) == u16::MAX);
     }
 
     #[test]

@@ -776,7 +776,8 @@ fn bounce_ptr(b: &RefCell<Option<IoBuf<u8>>>, size: usize) -> *mut u8 {
 
 async fn core_op(ctx: &Ctx<'_>, tag: u16, op: Op, flags: ReqFlags) -> i32 {
     // SAFETY: buffers in `op` are the tag's own (copy buffer or bounce buffer), used by nothing
-    // else until this await returns.
+    // else until the device completed the request: this await returns then, and if the task is
+    // dropped before, `serve_queue` drains the device queue first (or leaks the task).
     unsafe { ctx.core.submit(tag, Request::new(op, 0, flags)) }.await
 }
 

@@ -9,14 +9,24 @@ ROOT=$PWD
 summary() { echo "$1 passed, $2 failed"; }
 die() { echo "ublk-vm: $*"; summary 0 1; exit 1; }
 
-[ -n "${UBLK_VM_NO_BUILD:-}" ] || cargo build --release -q -p snapblk-cli || die "build of snapblk failed"
+# Two builds: the fault-injection one (the ublk server reads SNAPBLK_UBLK_FAULT only there; kept
+# as target/release/snapblk-ublk-faults) for the failure and stop tests, then the normal one.
+# Both leave their binary at target/release/snapblk.
+if [ -z "${UBLK_VM_NO_BUILD:-}" ]; then
+    cargo build --release -q -p snapblk-cli --features ublk-fault-injection ||
+        die "build of snapblk with ublk-fault-injection failed"
+    cp target/release/snapblk target/release/snapblk-ublk-faults || die "copy of the fault build failed"
+    cargo build --release -q -p snapblk-cli || die "build of snapblk failed"
+fi
 [ -x target/release/snapblk ] || die "target/release/snapblk missing"
+[ -x target/release/snapblk-ublk-faults ] || die "target/release/snapblk-ublk-faults missing"
 bash tests/vm/vm.sh setup || die "VM setup failed (kernel download or initramfs)"
 
 P=$(mktemp -d "${TMPDIR:-/tmp}/snapblk-ublk-vm.XXXXXX")
 trap 'rm -rf "$P"' EXIT
 mkdir -p "$P/bin" "$P/data"
 strip -o "$P/bin/snapblk" target/release/snapblk || die "strip failed"
+strip -o "$P/bin/snapblk-faults" target/release/snapblk-ublk-faults || die "strip failed"
 for c in tests/data/aosp-cow/*/; do
     c=${c%/}
     [ -f "$c/target.img" ] || continue
@@ -51,6 +61,21 @@ shutil.copy(f"{d}/AB.cow.snapblk", f"{d}/bad.cow.snapblk")
 open(f"{d}/bad_block", "w").write(str(op["new_block"]))
 PY
 rm -rf "$P/ext4/a" "$P/ext4/B.img"
+# Fragmented snapshot: every other 4 KiB block of an 8 MiB base zeroed, so a zero-copy read plan
+# alternates base and zero segments (128 kernel reads per 512 KiB request). No COW record: the
+# planner leaves unverified blocks to the device, and these must be planned.
+mkdir -p "$P/frag"
+head -c 8388608 /dev/urandom > "$P/frag/base.img"
+python3 - "$P/frag" <<'PY' || die "fragmented image"
+import sys
+d = sys.argv[1]
+b = bytearray(open(f"{d}/base.img", "rb").read())
+for i in range(1, len(b) // 4096, 2):
+    b[i * 4096:(i + 1) * 4096] = bytes(4096)
+open(f"{d}/new.img", "wb").write(b)
+PY
+target/release/snapblk cow create --no-record --old "$P/frag/base.img" --new "$P/frag/new.img" \
+    -o "$P/frag/frag.cow" > /dev/null || die "snapblk cow create (fragmented snapshot) failed"
 cp tests/vm/guest/ublk-tests.sh "$P/run.sh"
 cp tests/vm/guest/kernel-reports.sh "$P/"
 chmod +x "$P/run.sh"

@@ -57,7 +57,7 @@ impl UblkArgs {
 }
 
 /// Serve `dev` as /dev/ublkbN until SIGINT/SIGTERM.
-/// `stop` returns when the server should stop: the waiter of
+/// `stop(d)` waits up to `d` for a stop request: the stop source of
 /// [`snapblk_ublk::block_stop_signals`], called before the device was opened so that no thread
 /// of the device (readahead, merge) takes SIGINT/SIGTERM with its default action. `after_ready`
 /// runs once the device is up and the "ready" line is out. The caller prints the "stopped" line.
@@ -65,8 +65,8 @@ pub fn run(
     dev: snapblk_core::Blkio,
     args: &UblkArgs,
     json: bool,
-    stop: impl FnOnce() + Send + Sync + 'static,
-    after_ready: impl FnOnce() + Send + Sync + 'static,
+    stop: impl FnMut(std::time::Duration) -> bool,
+    after_ready: impl FnOnce(),
 ) -> anyhow::Result<()> {
     let queues = match args.ublk_queues {
         Some(n) => n,

@@ -48,10 +48,12 @@ impl CoreQueue {
     /// result (0 or negative errno). One request per tag at a time.
     ///
     /// # Safety
-    /// The request's buffers must stay valid and otherwise unused until the returned future has
-    /// resolved; the future must be awaited to completion (a task is never dropped while its
-    /// request is in flight except at queue teardown, after which the device queue is dropped
-    /// first, see `server.rs`).
+    /// The request's buffers must stay valid and otherwise unused until the device has completed
+    /// the request: until the returned future has resolved, or, if the future is dropped before
+    /// (a task dropped at queue teardown), until [`CoreQueue::drain`] has returned `true`.
+    /// Dropping the device queue is not promised to wait for them; the queue thread drains it
+    /// before it drops its tasks and their buffers, and leaks them if the drain times out (see
+    /// `server.rs`, `serve_queue`).
     pub(crate) unsafe fn submit(&self, tag: u16, mut req: Request) -> CoreFuture<'_> {
         req.user_data = usize::from(tag);
         if let Some(s) = self.slots.borrow_mut().get_mut(usize::from(tag)) {
@@ -97,9 +99,24 @@ impl CoreQueue {
     }
 
     /// Requests handed to the device and not yet completed.
-    #[cfg(test)]
     pub(crate) fn outstanding(&self) -> usize {
         self.q.borrow().outstanding()
+    }
+
+    /// Pump until the device has completed every request handed to it, for at most `limit`.
+    /// Returns whether it did: only then may the buffers of those requests be freed.
+    pub(crate) fn drain(&self, limit: std::time::Duration) -> bool {
+        let end = std::time::Instant::now() + limit;
+        loop {
+            self.pump();
+            if self.outstanding() == 0 {
+                return true;
+            }
+            if std::time::Instant::now() >= end {
+                return false;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
     }
 }
 
@@ -164,6 +181,103 @@ mod tests {
         fn outstanding(&self) -> usize {
             self.pending.len()
         }
+    }
+
+    /// A queue that completes a read only on the `after`-th `do_io`, writing its buffer then.
+    struct Slow {
+        pending: Vec<Request>,
+        after: usize,
+        calls: usize,
+    }
+    impl Queue for Slow {
+        unsafe fn enqueue(&mut self, req: Request) {
+            self.pending.push(req);
+        }
+        fn do_io(
+            &mut self,
+            out: &mut [Completion],
+            _min: usize,
+            _t: Option<&mut Duration>,
+            _s: Option<&libc::sigset_t>,
+        ) -> snapblk_core::Result<usize> {
+            self.calls += 1;
+            if self.calls < self.after || self.pending.is_empty() {
+                return Ok(0);
+            }
+            let r = self.pending.remove(0);
+            if let Op::Read { buf, len, .. } = r.op {
+                // SAFETY: the test keeps the buffer alive until the queue completed the read.
+                unsafe { std::ptr::write_bytes(buf, 0xaa, len) };
+            }
+            out[0] = Completion::ok(r.user_data);
+            Ok(1)
+        }
+        fn completion_fd(&self) -> Option<std::os::fd::RawFd> {
+            None
+        }
+        fn set_completion_fd_enabled(&mut self, _e: bool) {}
+        fn outstanding(&self) -> usize {
+            self.pending.len()
+        }
+    }
+
+    #[test]
+    fn drain_waits_for_a_dropped_futures_request() {
+        // A task dropped at teardown while its read is in flight: the device still writes its
+        // buffer later, so the buffer may go only once drain said the device is done.
+        let cq = CoreQueue::new(
+            Box::new(Slow {
+                pending: Vec::new(),
+                after: 5,
+                calls: 0,
+            }),
+            2,
+        );
+        let mut buf = vec![0u8; 64];
+        let req = Request::new(
+            Op::Read {
+                offset: 0,
+                buf: buf.as_mut_ptr(),
+                len: 64,
+            },
+            0,
+            ReqFlags::NONE,
+        );
+        {
+            // The task's future, dropped before its request completed.
+            // SAFETY: `buf` lives until drain returned true below.
+            let _dropped = unsafe { cq.submit(0, req) };
+        }
+        assert_eq!(cq.outstanding(), 1);
+        assert!(cq.drain(Duration::from_secs(5)));
+        assert_eq!(cq.outstanding(), 0);
+        assert_eq!(buf, vec![0xaa; 64]);
+
+        // A device that never completes: drain gives up, and the caller must leak the buffer.
+        let never = CoreQueue::new(
+            Box::new(Slow {
+                pending: Vec::new(),
+                after: usize::MAX,
+                calls: 0,
+            }),
+            1,
+        );
+        let leaked = Box::leak(vec![0u8; 64].into_boxed_slice());
+        let req = Request::new(
+            Op::Read {
+                offset: 0,
+                buf: leaked.as_mut_ptr(),
+                len: 64,
+            },
+            0,
+            ReqFlags::NONE,
+        );
+        {
+            // SAFETY: the buffer is leaked, so it outlives any write of the device.
+            let _dropped = unsafe { never.submit(0, req) };
+        }
+        assert!(!never.drain(Duration::from_millis(20)));
+        assert_eq!(never.outstanding(), 1);
     }
 
     #[test]

@@ -128,7 +128,9 @@ pub struct Ready {
     pub queues: u16,
     /// Queue depth, as the kernel reports it.
     pub depth: u16,
-    /// Device size in bytes.
+    /// Size of the block device in bytes: the device's size rounded down to the logical block
+    /// size (a partial last block cannot be addressed through a block device; [`serve`] logs a
+    /// warning naming the unreachable tail).
     pub capacity: u64,
     /// Whether an existing quiesced device was recovered rather than a new one added.
     pub recovered: bool,
@@ -162,6 +164,53 @@ pub enum Error {
     /// The snapblk device failed (connect, start, a property, a queue).
     #[error("device")]
     Device(#[from] snapblk_core::Error),
+    /// A ublk queue thread failed: its setup, its event loop or a command of one of its tags.
+    /// The server stops, and this is what [`serve`] returns.
+    #[error("ublk queue {qid}")]
+    Queue {
+        /// The ublk queue.
+        qid: u16,
+        /// What failed.
+        #[source]
+        source: Box<Error>,
+    },
+    /// A ublk I/O command of one tag failed.
+    #[error("{what} of tag {tag}")]
+    Command {
+        /// The command.
+        what: &'static str,
+        /// The tag (request slot) it was for.
+        tag: u16,
+        /// The OS error (libublk's or the kernel's).
+        #[source]
+        source: std::io::Error,
+    },
+    /// A second stop request forced the stop: I/O still in flight failed (the queue threads did
+    /// end).
+    #[error("the stop was forced by a second stop request")]
+    Forced,
+    /// A second stop request forced the stop, and the queue threads were still not gone after
+    /// this long: [`serve`] returned without them (process exit ends them).
+    #[error(
+        "the stop was forced by a second stop request; the queue threads did not end within {0:?}"
+    )]
+    ForcedTimeout(std::time::Duration),
+    /// Device `id` waits for recovery, but this server would serve other data or speak another
+    /// protocol (`what` differs: the device has `device`, this server `this`). The device stays
+    /// waiting for a matching server.
+    #[error(
+        "ublk device {id} cannot be recovered by this server: its {what} is {device}, this server's is {this}"
+    )]
+    RecoveryMismatch {
+        /// The device number.
+        id: u32,
+        /// What differs.
+        what: &'static str,
+        /// The recovered device's value.
+        device: String,
+        /// This server's value.
+        this: String,
+    },
     /// A system call outside libublk failed.
     #[error("{what}")]
     Io {
@@ -173,16 +222,21 @@ pub enum Error {
     },
 }
 
-fn ublk_err(what: &'static str) -> impl FnOnce(UblkError) -> Error {
-    move |e| {
-        let source = match e {
-            UblkError::OtherError(n) | UblkError::UringIOError(n) => {
-                std::io::Error::from_raw_os_error(n.abs())
-            }
-            UblkError::IOError(io) => io,
-            e => std::io::Error::other(e),
-        };
-        Error::Ublk { what, source }
+/// libublk's error as an OS error where it carries an errno, else wrapped whole.
+pub(crate) fn ublk_io_error(e: UblkError) -> std::io::Error {
+    match e {
+        UblkError::OtherError(n) | UblkError::UringIOError(n) => {
+            std::io::Error::from_raw_os_error(n.abs())
+        }
+        UblkError::IOError(io) => io,
+        e => std::io::Error::other(e),
+    }
+}
+
+pub(crate) fn ublk_err(what: &'static str) -> impl FnOnce(UblkError) -> Error {
+    move |e| Error::Ublk {
+        what,
+        source: ublk_io_error(e),
     }
 }
 
@@ -238,21 +292,127 @@ fn existing_state(id: u32) -> Option<u16> {
     Some(ctrl.dev_info().state)
 }
 
+/// The recovery flags every device is created with (those the kernel offers).
+fn recovery_flags(feats: u64) -> u64 {
+    u64::from(sys::UBLK_F_USER_RECOVERY | sys::UBLK_F_USER_RECOVERY_REISSUE) & feats
+}
+
+/// The `UBLK_F_*` flags that change how a server talks to a device (data path, recovery,
+/// command set); a recovered device must have exactly the ones this server would set. Not
+/// `UBLK_F_PER_IO_DAEMON`: the kernel sets it on every device it creates (7.2.13 reports 0x2018
+/// for a device added with 0x18), and it only relaxes which thread may serve a tag.
+const PROTOCOL_FLAGS: u64 = (sys::UBLK_F_SUPPORT_ZERO_COPY
+    | sys::UBLK_F_NEED_GET_DATA
+    | sys::UBLK_F_USER_RECOVERY
+    | sys::UBLK_F_USER_RECOVERY_REISSUE
+    | sys::UBLK_F_USER_RECOVERY_FAIL_IO
+    | sys::UBLK_F_USER_COPY
+    | sys::UBLK_F_ZONED
+    | sys::UBLK_F_AUTO_BUF_REG
+    | sys::UBLK_F_BATCH_IO
+    | sys::UBLK_F_INTEGRITY) as u64;
+
+/// What a ublk device looks like to its server: what a recovered device must share with the
+/// server that reattaches to it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Shape {
+    /// Block device size in bytes.
+    size: u64,
+    lbs_shift: u8,
+    read_only: bool,
+    path: DataPath,
+    queues: u16,
+    depth: u16,
+    /// Its `UBLK_F_*` flags, within [`PROTOCOL_FLAGS`].
+    flags: u64,
+}
+
+/// Refuse to recover device `id` (`found`) with a server that would have made `this`: other
+/// data (size, block size, read-only) or another data path, queue layout or protocol.
+fn check_recovery(id: u32, found: &Shape, this: &Shape) -> Result<(), Error> {
+    let differ = |what, device: String, this: String| {
+        Err(Error::RecoveryMismatch {
+            id,
+            what,
+            device,
+            this,
+        })
+    };
+    if found.path != this.path {
+        return differ(
+            "data path (--ublk-mode)",
+            found.path.name().into(),
+            this.path.name().into(),
+        );
+    }
+    if found.queues != this.queues {
+        return differ(
+            "queue count (--ublk-queues)",
+            found.queues.to_string(),
+            this.queues.to_string(),
+        );
+    }
+    if found.depth != this.depth {
+        return differ(
+            "queue depth (--ublk-depth)",
+            found.depth.to_string(),
+            this.depth.to_string(),
+        );
+    }
+    if found.size != this.size {
+        return differ(
+            "size",
+            format!("{} bytes", found.size),
+            format!("{} bytes", this.size),
+        );
+    }
+    if found.lbs_shift != this.lbs_shift {
+        return differ(
+            "logical block size",
+            format!("{} bytes", 1u64 << found.lbs_shift),
+            format!("{} bytes", 1u64 << this.lbs_shift),
+        );
+    }
+    if found.read_only != this.read_only {
+        let ro = |r: bool| if r { "read-only" } else { "writable" }.to_string();
+        return differ("access", ro(found.read_only), ro(this.read_only));
+    }
+    if found.flags != this.flags {
+        return differ(
+            "flag set",
+            format!("{:#x}", found.flags),
+            format!("{:#x}", this.flags),
+        );
+    }
+    Ok(())
+}
+
+/// The size of the exported block device: `capacity` rounded down to whole logical blocks of
+/// `1 << lbs_shift` bytes.
+fn export_size(capacity: u64, lbs_shift: u8) -> u64 {
+    capacity & !((1u64 << lbs_shift) - 1)
+}
+
 fn log2(v: u32) -> u8 {
     (31 - v.max(1).leading_zeros()) as u8
 }
 
-/// Serve `dev` as a ublk block device until `stop` returns, then remove the device (after the
-/// kernel drained in-flight I/O). `dev` may be connected (it is started with `cfg.queues`
+/// Serve `dev` as a ublk block device until `stop` reports a stop request, then remove the
+/// device (after the kernel drained in-flight I/O). `stop(d)` waits up to `d` for a stop request
+/// and returns whether one came (see [`block_stop_signals`]); it is called on the calling thread
+/// between looks at the queue threads. `dev` may be connected (it is started with `cfg.queues`
 /// queues) or started (queues are added to reach `cfg.queues` when the driver allows it).
 /// `planner` enables planned zero-copy reads in [`DataPath::ZeroCopy`]. `on_ready` runs once the
 /// block device exists.
+///
+/// A queue thread that fails (at setup, in its event loop, or in a ublk command) stops the
+/// server: the error, [`Error::Queue`], is the result; nothing is only printed.
 pub fn serve(
     mut dev: Blkio,
     cfg: &Config,
     planner: Option<Arc<dyn ReadPlanner>>,
-    on_ready: impl FnOnce(&Ready) + Send + Sync + 'static,
-    stop: impl FnOnce() + Send + Sync + 'static,
+    on_ready: impl FnOnce(&Ready),
+    mut stop: impl FnMut(std::time::Duration) -> bool,
 ) -> Result<(), Error> {
     if cfg.queues == 0 || cfg.depth == 0 || cfg.max_io_bytes < 4096 {
         return Err(Error::Config(
@@ -281,6 +441,18 @@ pub fn serve(
     let read_only = dev.get_bool("read-only")?;
     let capacity = dev.get_u64("capacity")?;
     let req_align = u32::try_from(dev.get_int("request-alignment")?.max(512)).unwrap_or(512);
+    let lbs_shift = log2(req_align.next_power_of_two().min(4096));
+    // What the block device can reach: whole logical blocks.
+    let dev_size = export_size(capacity, lbs_shift);
+    if dev_size != capacity {
+        log::warn!(
+            "the device's size, {capacity} bytes, is not a multiple of the {}-byte logical \
+             block size: its last {} bytes (from offset {dev_size}) cannot be read or written \
+             through the ublk device",
+            1u64 << lbs_shift,
+            capacity - dev_size
+        );
+    }
     let max_transfer = u32::try_from(dev.get_int("max-transfer")?).unwrap_or(0);
     let max_io = match max_transfer {
         0 => cfg.max_io_bytes,
@@ -320,15 +492,32 @@ pub fn serve(
             .dev_flags(UblkFlags::UBLK_DEV_F_RECOVER_DEV)
             .build()
             .map_err(ublk_err("open the device to recover"))?;
-        let path = DataPath::from_flags(ctrl.dev_info().flags);
-        if usize::from(ctrl.dev_info().nr_hw_queues) != queues.len() {
-            // The kernel's queue count wins; take or drop device queues to match.
-            queues.truncate(usize::from(ctrl.dev_info().nr_hw_queues));
-            while queues.len() < usize::from(ctrl.dev_info().nr_hw_queues) {
-                let idx = dev.add_queue(false)?;
-                queues.push(dev.take_queue(idx, false));
-            }
-        }
+        // Reattach only to what this server would have created: the same data, limits and
+        // protocol. Before START_USER_RECOVERY: a refused device stays waiting for recovery.
+        let info = ctrl.dev_info();
+        let mut params = sys::ublk_params::default();
+        ctrl.get_params(&mut params)
+            .map_err(ublk_err("read the parameters of the device to recover"))?;
+        let found = Shape {
+            size: (params.basic.dev_sectors) << 9,
+            lbs_shift: params.basic.logical_bs_shift,
+            read_only: params.basic.attrs & sys::UBLK_ATTR_READ_ONLY != 0,
+            path: DataPath::from_flags(info.flags),
+            queues: info.nr_hw_queues,
+            depth: info.queue_depth,
+            flags: info.flags & PROTOCOL_FLAGS,
+        };
+        let this = Shape {
+            size: dev_size,
+            lbs_shift,
+            read_only,
+            path: cfg.path,
+            queues: cfg.queues,
+            depth: cfg.depth,
+            flags: (cfg.path.ctrl_flags() | recovery_flags(feats)) & PROTOCOL_FLAGS,
+        };
+        check_recovery(info.dev_id, &found, &this)?;
+        let path = found.path;
         ctrl.start_user_recover()
             .map_err(ublk_err("START_USER_RECOVERY"))?;
         (ctrl, path)
@@ -342,7 +531,7 @@ pub fn serve(
                 _ => "user copy (UBLK_F_USER_COPY)",
             }));
         }
-        let rec = u64::from(sys::UBLK_F_USER_RECOVERY | sys::UBLK_F_USER_RECOVERY_REISSUE) & feats;
+        let rec = recovery_flags(feats);
         let ctrl = UblkCtrlBuilder::default()
             .name("snapblk")
             .id(cfg.id.map_or(-1, |i| i as i32))
@@ -387,10 +576,11 @@ pub fn serve(
     });
     let planned_reads = shared.planner.is_some();
 
-    let lbs_shift = log2(req_align.next_power_of_two().min(4096));
     let tgt_init = move |d: &mut UblkDev| {
+        let cq = server::cq_entries(d.dev_info.queue_depth);
         let t = &mut d.tgt;
-        t.dev_size = capacity & !((1u64 << lbs_shift) - 1);
+        t.dev_size = dev_size;
+        t.cq_depth = cq;
         for fd in std::iter::once(zero.as_raw_fd()).chain(plan_fds.iter().copied()) {
             let n = t.nr_fds as usize;
             if n >= t.fds.len() {
@@ -436,8 +626,6 @@ pub fn serve(
         d.set_target_json(serde_json::json!({"snapblk": {"path": path.name()}}));
         Ok(())
     };
-    let sh = shared.clone();
-    let q_fn = move |qid: u16, d: &UblkDev| server::queue_thread(qid, d, &sh);
     let nq = ctrl.dev_info().nr_hw_queues;
     let depth = ctrl.dev_info().queue_depth;
     let device_fn = move |c: &UblkCtrl| {
@@ -447,24 +635,31 @@ pub fn serve(
             path,
             queues: nq,
             depth,
-            capacity,
+            capacity: dev_size,
             recovered: recover,
             planned_reads,
         });
-        stop();
-        // STOP_DEV: the kernel removes the disk after draining in-flight I/O, then the queue
-        // threads see their commands aborted and exit.
-        let _ = c.kill_dev();
     };
-    ctrl.run_target(tgt_init, q_fn, device_fn)
-        .map_err(ublk_err("run device"))?;
+    let udev =
+        UblkDev::new(ctrl.get_name(), tgt_init, &ctrl).map_err(ublk_err("set up the device"))?;
+    let id = ctrl.dev_info().dev_id;
+    let r = server::run_device(
+        ctrl,
+        udev,
+        shared,
+        server::Faults::from_env(),
+        device_fn,
+        &mut stop,
+    );
     // A recovered device is not deleted by the control's destructor (only added ones are).
-    if recover {
-        let _ = ctrl.del_dev();
+    if recover
+        && r.is_ok()
+        && let Ok(c) = UblkCtrl::new_simple(id as i32)
+    {
+        let _ = c.del_dev();
     }
-    drop(ctrl);
     drop(dev);
-    Ok(())
+    r
 }
 
 /// The zero-copy read planner for `dev`, if its driver has one: drivers that read a plain file or
@@ -504,9 +699,10 @@ pub fn planner_for(dev: &Blkio) -> Option<Arc<dyn ReadPlanner>> {
 }
 
 /// Block SIGINT and SIGTERM in the calling thread (and every thread it starts later), and return
-/// a function that waits for one of them. Call before [`serve`] so that the queue threads never
-/// take the signal.
-pub fn block_stop_signals() -> Result<impl FnOnce() + Send + Sync + 'static, Error> {
+/// the stop source for [`serve`]: a function that waits up to the given time for one of them and
+/// says whether one came. Call before [`serve`] so that the queue threads never take the signal.
+pub fn block_stop_signals()
+-> Result<impl FnMut(std::time::Duration) -> bool + Send + Sync + 'static, Error> {
     // SAFETY: plain sigset manipulation on a local, then pthread_sigmask for this thread.
     let set = unsafe {
         let mut set: libc::sigset_t = std::mem::zeroed();
@@ -523,11 +719,14 @@ pub fn block_stop_signals() -> Result<impl FnOnce() + Send + Sync + 'static, Err
         set
     };
     let set = SigSet(set);
-    Ok(move || {
-        let set = set;
-        let mut sig = 0;
-        // SAFETY: waits for a signal of a valid, blocked set.
-        while unsafe { libc::sigwait(&set.0, &mut sig) } != 0 {}
+    Ok(move |d: std::time::Duration| {
+        let ts = libc::timespec {
+            tv_sec: d.as_secs().min(i64::MAX as u64) as libc::time_t,
+            tv_nsec: d.subsec_nanos() as libc::c_long,
+        };
+        // SAFETY: waits for a signal of a valid, blocked set; `ts` lives across the call and a
+        // null siginfo pointer is allowed.
+        unsafe { libc::sigtimedwait(&set.0, std::ptr::null_mut(), &ts) > 0 }
     })
 }
 
@@ -536,6 +735,85 @@ struct SigSet(libc::sigset_t);
 unsafe impl Send for SigSet {}
 // SAFETY: as above; only read.
 unsafe impl Sync for SigSet {}
+
+#[cfg(test)]
+mod size_tests {
+    use super::*;
+
+    #[test]
+    fn the_export_size_is_whole_logical_blocks() {
+        assert_eq!(export_size(1 << 20, 9), 1 << 20);
+        assert_eq!(export_size((1 << 20) + 1000, 9), (1 << 20) + 512);
+        assert_eq!(export_size((1 << 20) + 1000, 12), 1 << 20);
+        assert_eq!(export_size(511, 9), 0);
+        assert_eq!(log2(512), 9);
+        assert_eq!(log2(4096), 12);
+    }
+}
+
+#[cfg(test)]
+mod recovery_tests {
+    use super::*;
+
+    #[test]
+    fn recovery_refuses_a_different_device() {
+        let a = Shape {
+            size: 8 << 20,
+            lbs_shift: 9,
+            read_only: false,
+            path: DataPath::Copy,
+            queues: 1,
+            depth: 64,
+            flags: recovery_flags(u64::MAX) & PROTOCOL_FLAGS,
+        };
+        assert!(check_recovery(7, &a, &a).is_ok());
+        // The kernel adds UBLK_F_PER_IO_DAEMON to every device: not a difference.
+        let kernel_flags = u64::from(sys::UBLK_F_PER_IO_DAEMON) | recovery_flags(u64::MAX);
+        let found = Shape {
+            flags: kernel_flags & PROTOCOL_FLAGS,
+            ..a
+        };
+        assert!(check_recovery(7, &found, &a).is_ok());
+        let msg = |b: Shape| match check_recovery(7, &a, &b) {
+            Err(e) => e.to_string(),
+            Ok(()) => panic!("{b:?} accepted for {a:?}"),
+        };
+        assert_eq!(
+            msg(Shape {
+                size: 16 << 20,
+                ..a
+            }),
+            "ublk device 7 cannot be recovered by this server: its size is 8388608 bytes, \
+             this server's is 16777216 bytes"
+        );
+        assert!(
+            msg(Shape {
+                path: DataPath::ZeroCopy,
+                flags: (DataPath::ZeroCopy.ctrl_flags() | recovery_flags(u64::MAX))
+                    & PROTOCOL_FLAGS,
+                ..a
+            })
+            .contains("its data path (--ublk-mode) is copy, this server's is zero-copy")
+        );
+        assert!(msg(Shape { queues: 2, ..a }).contains("queue count"));
+        assert!(msg(Shape { depth: 128, ..a }).contains("queue depth"));
+        assert!(msg(Shape { lbs_shift: 12, ..a }).contains("logical block size is 512 bytes"));
+        assert!(
+            msg(Shape {
+                read_only: true,
+                ..a
+            })
+            .contains("access is writable, this server's is read-only")
+        );
+        assert!(
+            msg(Shape {
+                flags: a.flags | u64::from(sys::UBLK_F_NEED_GET_DATA),
+                ..a
+            })
+            .contains("flag set")
+        );
+    }
+}
 
 #[cfg(test)]
 mod error_tests {
@@ -555,6 +833,18 @@ mod error_tests {
             Error::Io {
                 what: "open /dev/zero",
                 source: std::io::Error::from_raw_os_error(libc::ENOENT),
+            },
+            Error::Queue {
+                qid: 1,
+                source: Box::new(Error::Io {
+                    what: "set up the queue",
+                    source: std::io::Error::from_raw_os_error(libc::EIO),
+                }),
+            },
+            Error::Command {
+                what: "COMMIT_AND_FETCH",
+                tag: 3,
+                source: std::io::Error::from_raw_os_error(libc::EINVAL),
             },
         ];
         for e in &cases {
@@ -585,6 +875,10 @@ mod error_tests {
         assert_eq!(
             Chain(&cases[2]).to_string(),
             "ublk: run device: queue down failure"
+        );
+        assert_eq!(
+            Chain(&cases[5]).to_string(),
+            "ublk queue 1: set up the queue: Input/output error (os error 5)"
         );
     }
 }

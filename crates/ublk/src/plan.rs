@@ -56,26 +56,40 @@ pub trait ReadPlanner: Send + Sync {
     /// Describe device bytes `[offset, offset+len)`. `out` is empty on entry. Returning an error
     /// fails the request with that errno.
     fn plan(&self, offset: u64, len: u32, out: &mut Vec<Segment>) -> snapblk_core::Result<()>;
+    /// Whether a read of file `file` past its end yields zeros (`true`) or fails the request
+    /// with EIO (`false`, the default). It must say what the device's own read does there, so
+    /// that a planned read never returns other bytes than the generic path: the file drivers
+    /// zero-fill past the end of a regular file and fail on a block device; a snapshot's reads
+    /// of its base and COW must be whole.
+    fn zeros_past_eof(&self, file: u16) -> bool {
+        let _ = file;
+        false
+    }
 }
 
 /// Planner for a device that is a plain file (or block device) read one-to-one: every read is a
-/// single file segment. Reads past the end of the file come back as zeros.
+/// single file segment. Reads past the end of a regular file come back as zeros, past the end
+/// of a block device as EIO (as the `io_uring` and `sync` drivers read them).
 pub struct FilePlanner {
     file: File,
+    regular: bool,
 }
 
 impl FilePlanner {
     /// Open `path` read-only for planned reads (writes still go through the device queue).
     pub fn open(path: &Path) -> std::io::Result<Self> {
-        Ok(FilePlanner {
-            file: File::open(path)?,
-        })
+        let file = File::open(path)?;
+        let regular = file.metadata()?.is_file();
+        Ok(FilePlanner { file, regular })
     }
 }
 
 impl ReadPlanner for FilePlanner {
     fn files(&self) -> Vec<RawFd> {
         vec![self.file.as_raw_fd()]
+    }
+    fn zeros_past_eof(&self, _file: u16) -> bool {
+        self.regular
     }
     fn plan(&self, offset: u64, len: u32, out: &mut Vec<Segment>) -> snapblk_core::Result<()> {
         out.push(Segment::File {
@@ -253,6 +267,13 @@ mod tests {
             }]
         );
         assert_eq!(p.files().len(), 1);
+        // As the file drivers read them: zeros past the end of a regular file, EIO otherwise.
+        assert!(p.zeros_past_eof(0));
+        assert!(
+            !FilePlanner::open(Path::new("/dev/null"))
+                .unwrap()
+                .zeros_past_eof(0)
+        );
         std::fs::remove_file(&f).unwrap();
     }
 }

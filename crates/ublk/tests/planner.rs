@@ -70,6 +70,8 @@ fn snapshot_plans_reproduce_target() {
         let (base, cow) = (c.join("base.img"), c.join("snapshot.cow"));
         let p =
             SnapshotPlanner::open(&base, &cow).unwrap_or_else(|e| panic!("{}: {e}", c.display()));
+        // A snapshot's base and COW reads must be whole: a short one is EIO, never zeros.
+        assert!(!p.zeros_past_eof(0) && !p.zeros_past_eof(1));
         let spec = format!("snapshot:base={},cow={}", base.display(), cow.display());
         let mut dev = snapblk::open(&spec, 1).expect("open snapshot device");
         let n = target.len() as u64;
@@ -176,7 +178,13 @@ fn serve_needs_ublk() {
         Err(snapblk_ublk::Error::NoUblk(_)) => {
             assert!(!Path::new("/dev/ublk-control").exists());
             let dev = snapblk::open("null:size=1M", 1).unwrap();
-            let r = snapblk_ublk::serve(dev, &snapblk_ublk::Config::default(), None, |_| {}, || {});
+            let r = snapblk_ublk::serve(
+                dev,
+                &snapblk_ublk::Config::default(),
+                None,
+                |_| {},
+                |_| true,
+            );
             assert!(matches!(r, Err(snapblk_ublk::Error::NoUblk(_))), "{r:?}");
         }
         Ok(f) => assert!(!snapblk_ublk::feature_names(f).is_empty()),

@@ -266,6 +266,203 @@ for mode in $MODES; do
     fi
 done
 
+# ---------------------------------------------------------------- sizes
+# A device whose size is not a multiple of the logical block size: the ready line's capacity is
+# the block device's size (rounded down), and a warning names the unreachable tail.
+head -c 1049576 /dev/urandom > /tmp/odd.img
+for mode in $MODES; do
+    if start_server odd-size /tmp/odd.img --ublk-mode "$mode"; then
+        cap=$(sed -n 's/.*"capacity":\([0-9]*\).*/\1/p' "$OUT")
+        check "$mode odd size: capacity is whole 512-byte blocks" [ $((cap % 512)) -eq 0 ]
+        check "$mode odd size: capacity rounded down by less than a block" \
+            [ "$cap" -le 1049576 -a $((1049576 - cap)) -lt 4096 ]
+        check "$mode odd size: capacity equals the block device's size" [ "$(blockdev --getsize64 "$DEV")" = "$cap" ]
+        check "$mode odd size: a warning names the unreachable tail" \
+            grep -q "its last $((1049576 - cap)) bytes (from offset $cap) cannot be read" "$ERR"
+        check "$mode odd size: clean stop" stop_server
+    else
+        bad "$mode odd size: server start"
+    fi
+done
+
+# A fragmented zero-copy read (base block, zero block, ...: 128 kernel reads per 512 KiB request)
+# from 8 readers at once: the data is right and the queue's completion queue never overflows.
+FR=/test/frag
+if start_server frag --base $FR/base.img --cow $FR/frag.cow --ublk-mode zero-copy; then
+    check "zero-copy fragmented: reads use the planner" grep -q '"planned_reads":true' "$OUT"
+    want=$(md5 < $FR/new.img)
+    pids=""
+    j=0; while [ $j -lt 8 ]; do
+        ( dd if="$DEV" bs=512k iflag=direct 2>/dev/null | md5 > /tmp/frag.$j ) &
+        pids="$pids $!"; j=$((j + 1))
+    done
+    for p in $pids; do wait $p; done
+    check "zero-copy fragmented: 8 parallel readers read the new image" \
+        [ "$(cat /tmp/frag.* | sort -u)" = "$want" ]
+    check "zero-copy fragmented: clean stop" stop_server
+    check "zero-copy fragmented: the completion queue never overflowed" sh -c "! grep overflowed $ERR"
+else
+    bad "zero-copy fragmented: server start"
+fi
+
+# A snapshot whose base is cut while it is served: its base blocks are I/O errors through the
+# generic path (the snapshot's reads must be whole), and through zero copy too, never zeros.
+c=/test/data/v2_copy_chain_stream_order
+for mode in $MODES; do
+    cp "$c/base.img" /tmp/cut-base.img
+    if start_server cut-base --base /tmp/cut-base.img --cow "$c/snapshot.cow" --ublk-mode "$mode"; then
+        : > /tmp/cut-base.img
+        check "$mode cut base: reading the device is an I/O error, not zeros" \
+            sh -c "! dd if=$DEV of=/dev/null bs=4k iflag=direct 2>/dev/null"
+        check "$mode cut base: clean stop" stop_server
+    else
+        bad "$mode cut base: server start"
+    fi
+done
+
+# ---------------------------------------------------------------- failures and stops
+# /test/bin/snapblk-faults is the fault-injection build: SNAPBLK_UBLK_FAULT makes its ublk server
+# fail on purpose (crates/ublk/src/server.rs, `Faults`). Every case ends with the server gone by
+# itself (no SIGKILL), a non-zero exit with the error on stderr, and no ublk device left.
+echo "TIME failures start uptime=$(cut -d' ' -f1 /proc/uptime)"
+FB=/test/bin/snapblk-faults
+dd if=/dev/urandom of=/tmp/rob.img bs=1M count=8 2>/dev/null
+# faulty FAULT ARGS...: the fault build serving ARGS with SNAPBLK_UBLK_FAULT=FAULT; sets PID OUT ERR
+faulty() {
+    fault=$1; shift
+    n=$((n + 1)); OUT=/tmp/srv.$n.out; ERR=/tmp/srv.$n.err
+    SNAPBLK_UBLK_FAULT=$fault $FB serve "$@" --ublk --json > "$OUT" 2> "$ERR" &
+    PID=$!
+}
+# wait_ready: wait for the ready line of $PID (10 s); sets DEV
+wait_ready() {
+    i=0
+    while ! grep -q '"ready"' "$OUT" 2>/dev/null; do
+        kill -0 $PID 2>/dev/null && [ $i -lt 100 ] || { echo "no ready line: $(cat "$ERR")"; return 1; }
+        sleep 0.1; i=$((i + 1))
+    done
+    DEV=$(sed -n 's/.*"dev":"\([^"]*\)".*/\1/p' "$OUT" | head -1)
+}
+# wait_exit SECONDS: wait for $PID to end by itself; RC = its status, 255 if it had to be killed
+wait_exit() {
+    i=0
+    while kill -0 $PID 2>/dev/null; do
+        if [ $i -ge $(($1 * 10)) ]; then
+            echo "server $PID still running after $1 s: $(cat "$ERR")"; kill -KILL $PID; wait $PID; RC=255; return 1
+        fi
+        sleep 0.1; i=$((i + 1))
+    done
+    wait $PID; RC=$?
+}
+no_ublk_devices() { sleep 0.5; [ -z "$(ls /dev | grep '^ublk[bc][0-9]')" ] || { ls /dev | grep '^ublk'; return 1; }; }
+for mode in $MODES; do
+    # A queue thread whose setup fails: the start-up must end with the error, not hang.
+    faulty setup-fail=1 /tmp/rob.img --ublk-mode "$mode" --ublk-queues 2
+    wait_exit 30
+    check "$mode queue setup failure: the server exits by itself" [ $RC -ne 255 ]
+    check "$mode queue setup failure: exit status 1" [ $RC -eq 1 ]
+    check "$mode queue setup failure: the error names the queue" grep -q 'ublk queue 1: set up the queue' "$ERR"
+    check "$mode queue setup failure: no ready line" sh -c "! grep -q ready $OUT"
+    check "$mode queue setup failure: no ublk device left" no_ublk_devices
+
+    # A COMMIT_AND_FETCH the kernel rejects (it names a tag past the queue depth): the server
+    # stops with the error instead of serving the old request again for ever.
+    faulty reject-commit=20 /tmp/rob.img --ublk-mode "$mode"
+    if wait_ready; then
+        ( timeout 60 dd if="$DEV" of=/dev/null bs=4k count=400 iflag=direct 2>/dev/null; echo $? > /tmp/rc.dd ) &
+        rd=$!
+        wait_exit 30
+        check "$mode rejected commit: the server exits by itself" [ $RC -ne 255 ]
+        check "$mode rejected commit: exit status 1" [ $RC -eq 1 ]
+        check "$mode rejected commit: the error names the command" \
+            grep -q 'ublk queue 0: COMMIT_AND_FETCH of tag [0-9]*: Invalid argument' "$ERR"
+        wait $rd
+        check "$mode rejected commit: the reader gets an I/O error, not a hang" [ "$(cat /tmp/rc.dd)" = 1 ]
+        check "$mode rejected commit: no ublk device left" no_ublk_devices
+    else
+        bad "$mode rejected commit: server start"; kill -KILL $PID 2>/dev/null
+    fi
+
+    # A read the device never completes (hang-read=64: the READ at sector 64): the first SIGTERM
+    # sends STOP_DEV, which waits for it; the second forces the stop: exit 1 within the bound.
+    faulty hang-read=64 /tmp/rob.img --ublk-mode "$mode"
+    if wait_ready; then
+        ( timeout 60 dd if="$DEV" of=/dev/null bs=4k skip=8 count=1 iflag=direct 2>/dev/null; echo $? > /tmp/rc.dd ) &
+        rd=$!
+        sleep 1
+        kill -TERM $PID; sleep 3
+        check "$mode stuck read: the first SIGTERM waits for the stuck read" kill -0 $PID
+        kill -TERM $PID
+        wait_exit 15
+        check "$mode stuck read: the second SIGTERM ends the server" [ $RC -ne 255 ]
+        check "$mode stuck read: a forced stop exits 1" [ $RC -eq 1 ]
+        check "$mode stuck read: the forced stop is reported" grep -q 'stop was forced by a second stop request' "$ERR"
+        wait $rd
+        check "$mode stuck read: the stuck reader gets an I/O error" [ "$(cat /tmp/rc.dd)" = 1 ]
+        check "$mode stuck read: no ublk device left" no_ublk_devices
+    else
+        bad "$mode stuck read: server start"; kill -KILL $PID 2>/dev/null
+    fi
+
+    # A signal storm on a busy server: it ends by itself, and leaves no device.
+    faulty "" /tmp/rob.img --ublk-mode "$mode"
+    if wait_ready; then
+        ( timeout 60 dd if="$DEV" of=/dev/null bs=64k iflag=direct 2>/dev/null ) &
+        rd=$!
+        j=0; while [ $j -lt 20 ]; do kill -TERM $PID 2>/dev/null; j=$((j + 1)); done
+        wait_exit 15
+        check "$mode signal storm: the server ends by itself" [ $RC -ne 255 ]
+        check "$mode signal storm: exit 0 (stopped) or 1 (forced)" [ $RC -le 1 ]
+        check "$mode signal storm: no panic" sh -c "! grep -q panicked $ERR"
+        wait $rd
+        check "$mode signal storm: no ublk device left" no_ublk_devices
+    else
+        bad "$mode signal storm: server start"; kill -KILL $PID 2>/dev/null
+    fi
+
+    # A failed STOP_DEV is reported, the exit is 1, and the device is still removed.
+    faulty stop-dev-fail /tmp/rob.img --ublk-mode "$mode"
+    if wait_ready; then
+        kill -TERM $PID
+        wait_exit 15
+        check "$mode failed STOP_DEV: the server ends by itself" [ $RC -ne 255 ]
+        check "$mode failed STOP_DEV: exit status 1" [ $RC -eq 1 ]
+        check "$mode failed STOP_DEV: the error is reported" grep -q 'ublk: STOP_DEV' "$ERR"
+        check "$mode failed STOP_DEV: no ublk device left" no_ublk_devices
+    else
+        bad "$mode failed STOP_DEV: server start"; kill -KILL $PID 2>/dev/null
+    fi
+done
+
+# User recovery refuses a device that does not match the server's (other size, data path, queue
+# count, access): the device stays waiting, and the matching server then recovers it.
+dd if=/dev/urandom of=/tmp/rec16.img bs=1M count=16 2>/dev/null
+if start_server recovery-mismatch /tmp/rob.img --ublk-id 9; then
+    old=$DEV
+    kill -KILL $PID; wait $PID 2>/dev/null
+    for args in "/tmp/rec16.img" "/tmp/rob.img --ublk-mode zero-copy" "/tmp/rob.img --ublk-queues 2" \
+        "/tmp/rob.img --read-only"; do
+        n=$((n + 1)); OUT=/tmp/srv.$n.out; ERR=/tmp/srv.$n.err
+        # shellcheck disable=SC2086 # $args is a word list
+        timeout 60 snapblk serve $args --ublk --json --ublk-id 9 > "$OUT" 2> "$ERR"
+        rc=$?
+        check "recovery by another device ($args): refused with exit status 1" [ $rc -eq 1 ]
+        check "recovery by another device ($args): the error says what differs" \
+            grep -q 'ublk device 9 cannot be recovered by this server: its' "$ERR"
+        check "recovery by another device ($args): the device still waits" [ -b "$old" ]
+    done
+    if start_server recovery-match /tmp/rob.img --ublk-id 9; then
+        check "recovery by the same device: reattached" grep -q '"recovered":true' "$OUT"
+        check "recovery by the same device: reads the file" \
+            [ "$(dd if="$DEV" bs=1M iflag=direct 2>/dev/null | md5)" = "$(md5 < /tmp/rob.img)" ]
+        check "recovery by the same device: clean stop" stop_server
+    else
+        bad "recovery by the same device: restart"
+    fi
+else
+    bad "recovery mismatch: server start"
+fi
+
 # A ublk server can trip the driver's WARN_ONs: any kernel report during the tests fails the run.
 kernel_reports_check
 check "no kernel bug, warning or sanitizer report during the tests ($KERNEL_REPORTS)" [ "$KERNEL_REPORTS" -eq 0 ]

@@ -102,7 +102,9 @@ pub enum CowCmd {
         /// v3 compression unit in bytes (4096..262144, power of two).
         #[arg(long, default_value_t = 4096)]
         unit: u32,
-        /// Do not reserve the 2 MiB scratch area (AOSP does so only for test devices).
+        /// Do not reserve the 2 MiB scratch area (AOSP does so only for test devices). Blocks whose
+        /// best XOR source includes the block itself become REPLACE ops: without scratch, no merge
+        /// can apply such an XOR crash-safely.
         #[arg(long)]
         no_scratch: bool,
         /// Do not write sequence data (ops are still written in a safe merge order).

@@ -187,16 +187,91 @@ fn undecodable_payload_is_refused_before_the_first_write() {
     assert!(std::fs::read(d.join("dev.img")).unwrap() == new);
 }
 
+/// Blocks 1600..1700 move down by 100 bytes: the best XOR source of each spans its own block.
+fn shifted_images() -> (Vec<u8>, Vec<u8>) {
+    let (old, mut new) = images();
+    new.copy_within(1600 * BS + 100..1700 * BS + 100, 1600 * BS);
+    (old, new)
+}
+
+/// (XOR ops, REPLACE ops) of a COW.
+fn xor_and_replace(path: &Path) -> (usize, usize) {
+    let cow = CowReader::open(std::fs::read(path).unwrap()).unwrap();
+    let kinds: Vec<_> = cow.merge_order().map(|o| o.kind).collect();
+    (
+        kinds
+            .iter()
+            .filter(|k| matches!(k, OpKind::Xor { .. }))
+            .count(),
+        kinds
+            .iter()
+            .filter(|k| matches!(k, OpKind::Replace { .. }))
+            .count(),
+    )
+}
+
 #[test]
 fn no_scratch_xor_reading_its_own_destination_is_refused() {
+    // Such a COW as another writer may make it (Android's makes them; `cow create
+    // --no-scratch` no longer does): no scratch area, XOR ops whose unaligned sources span
+    // their own blocks.
     let dir = tempdir("precheck-xor");
     let d = &dir.0;
-    let (old, mut new) = images();
-    // Blocks 1600..1700 move down by 100 bytes: XOR ops whose sources span their own block.
-    new.copy_within(1600 * BS + 100..1700 * BS + 100, 1600 * BS);
-    setup(d, &old, &new, "x.cow", &["--no-scratch"]);
+    let (old, new) = shifted_images();
+    let f = std::fs::File::create(d.join("x.cow")).unwrap();
+    let mut w = snapblk_cow::CowWriter::new(
+        &f,
+        snapblk_cow::WriterOptions {
+            version: 2,
+            scratch_size: 0,
+            op_count_max: BLOCKS as u64,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let mut xored = new[1600 * BS..1700 * BS].to_vec();
+    for (x, o) in xored.iter_mut().zip(&old[1600 * BS + 100..1700 * BS + 100]) {
+        *x ^= o;
+    }
+    w.add_xor_blocks(1600, &xored, 1600, 100).unwrap();
+    w.finalize().unwrap();
+    drop(f);
+    assert_eq!(xor_and_replace(&d.join("x.cow")), (100, 0));
     std::fs::write(d.join("dev.img"), &old).unwrap();
     assert_refused(d, "x.cow", "dev.img", "reads its own destination");
+}
+
+#[test]
+fn cow_create_without_scratch_writes_no_xor_that_reads_its_own_block() {
+    let dir = tempdir("create-noscratch");
+    let d = &dir.0;
+    let (old, new) = shifted_images();
+    // With a scratch area the shifted blocks are XOR ops (the merge stages them in scratch)...
+    setup(d, &old, &new, "s.cow", &[]);
+    let (xor, _) = xor_and_replace(&d.join("s.cow"));
+    assert!(xor >= 100, "{xor} XOR ops with scratch");
+    // ...without one they are REPLACE ops, and the COW merges crash-safely to the new image.
+    setup(d, &old, &new, "n.cow", &["--no-scratch"]);
+    let cow = CowReader::open(std::fs::read(d.join("n.cow")).unwrap()).unwrap();
+    let bs = BS as u64;
+    for op in cow.merge_order() {
+        if let OpKind::Xor { source_offset, .. } = op.kind {
+            let (first, last) = (source_offset / bs, (source_offset + bs).div_ceil(bs) - 1);
+            assert!(
+                op.new_block != first && op.new_block != last,
+                "XOR into block {} reads it (source offset {source_offset})",
+                op.new_block
+            );
+        }
+    }
+    let (_, replace) = xor_and_replace(&d.join("n.cow"));
+    assert!(replace >= 100, "{replace} REPLACE ops without scratch");
+    std::fs::write(d.join("dev.img"), &old).unwrap();
+    let (c, _, _) = merge_leaves(d, "n.cow", "dev.img", true);
+    assert!(c.status.success(), "--check: {}", stderr(&c));
+    let o = snapblk(&["merge", "n.cow", "--base", "dev.img"], d);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(std::fs::read(d.join("dev.img")).unwrap() == new);
 }
 
 #[test]

@@ -460,6 +460,7 @@ fn plan_cached(
         let reuse = codec.algo == Compression::Lz4
             && (w.version < 3 || w.max_compression_size == w.block_size || w.cluster_ops == 0);
         let zeros = vec![0u8; bs];
+        let no_scratch = w.scratch_size == 0;
         let decided = par_map_with(
             new_blocks,
             t,
@@ -480,6 +481,16 @@ fn plan_cached(
                 }
                 if cand[i].map(|c| c.0) != cands[0].map(|c| c.0) {
                     cands[1] = cand[i];
+                }
+                if no_scratch {
+                    // An XOR that reads its own destination block cannot be merged crash-safely
+                    // without a scratch area to stage it (a restart would read the new block as
+                    // its source), and snapblk's merge refuses such a COW: REPLACE instead.
+                    for c in &mut cands {
+                        if c.is_some_and(|(off, _)| xor_reads_block(off, bs, i)) {
+                            *c = None;
+                        }
+                    }
                 }
                 let Some(&top) = cands.iter().flatten().max_by_key(|c| c.1) else {
                     return (None, None);
@@ -535,6 +546,12 @@ fn plan_cached(
     }
     Ok((plans, cache))
 }
+/// Whether an XOR whose source is the old image's bytes at `off` reads old block `block`
+/// (an unaligned source spans two blocks).
+fn xor_reads_block(off: usize, bs: usize, block: usize) -> bool {
+    off / bs == block || (!off.is_multiple_of(bs) && off / bs + 1 == block)
+}
+
 /// Order COPY/XOR ops for a safe in-place merge. Returns the merge sequence (new blocks) and
 /// turns ops that sit on dependency cycles into `Plan::Replace`. Returns the number of ops
 /// converted. `block_size` is needed because XOR sources are byte offsets: an XOR whose source

@@ -21,6 +21,7 @@ use sha2::{Digest, Sha256};
 use crate::error::{OtaError, Result};
 use crate::proto::{DeltaArchiveManifest, Signatures};
 use crate::source::Source;
+use snapblk_core::ReadAt;
 
 /// Length of the fixed header of a major-version-2 payload.
 pub const HEADER_LEN: u64 = 24;

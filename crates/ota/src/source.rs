@@ -1,33 +1,16 @@
-//! The payload's bytes, read by position (`pread`), never loaded whole: the one small internal
-//! trait the reader goes through, so a later switch to `snapblk_core`'s positional I/O family
-//! touches only this file.
+//! The payload's bytes, read by position (`pread`), never loaded whole, through `snapblk_core`'s
+//! positional I/O family ([`ReadAt`]); [`Source`] adds the fixed length the reader checks
+//! every size against.
 
+use snapblk_core::ReadAt;
 use std::fs::File;
 use std::io;
 use std::os::unix::fs::FileExt;
 
-/// Positional reads of a source of fixed length, shared between threads by `&self`.
-pub(crate) trait Source: Send + Sync {
-    /// Read up to `buf.len()` bytes at `offset`; 0 at or past the end.
-    fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<usize>;
+/// A positional source of fixed length, shared between threads by `&self`.
+pub(crate) trait Source: ReadAt + Send + Sync {
     /// Length in bytes.
     fn len(&self) -> u64;
-
-    /// Fill `buf` from `offset`; a source that ends first fails with `UnexpectedEof`.
-    fn read_exact_at(&self, mut offset: u64, mut buf: &mut [u8]) -> io::Result<()> {
-        while !buf.is_empty() {
-            match self.read_at(offset, buf) {
-                Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
-                Ok(n) => {
-                    buf = &mut buf[n..];
-                    offset += n as u64;
-                }
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(e),
-            }
-        }
-        Ok(())
-    }
 }
 
 /// `len` bytes of a file from `base` on: a bare payload (`base` 0) or the stored `payload.bin`
@@ -38,7 +21,8 @@ pub(crate) struct FileSlice {
     pub(crate) len: u64,
 }
 
-impl Source for FileSlice {
+/// No `as_file`: offsets are relative to `base`, so reads are not one-to-one `pread`s of the file.
+impl ReadAt for FileSlice {
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<usize> {
         let left = self.len.saturating_sub(offset);
         let n = buf.len().min(usize::try_from(left).unwrap_or(usize::MAX));
@@ -49,22 +33,20 @@ impl Source for FileSlice {
             .base
             .checked_add(offset)
             .ok_or_else(|| io::Error::from(io::ErrorKind::InvalidInput))?;
-        self.file.read_at(&mut buf[..n], at)
+        FileExt::read_at(&self.file, &mut buf[..n], at)
     }
+    fn size(&self) -> io::Result<u64> {
+        Ok(self.len)
+    }
+}
+
+impl Source for FileSlice {
     fn len(&self) -> u64 {
         self.len
     }
 }
 
 impl Source for Vec<u8> {
-    fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<usize> {
-        let Some(rest) = usize::try_from(offset).ok().and_then(|o| self.get(o..)) else {
-            return Ok(0);
-        };
-        let n = rest.len().min(buf.len());
-        buf[..n].copy_from_slice(&rest[..n]);
-        Ok(n)
-    }
     fn len(&self) -> u64 {
         self.as_slice().len() as u64
     }

@@ -14,6 +14,7 @@ mod out;
 
 mod bench;
 mod cow;
+mod human;
 mod info;
 mod logger;
 mod merge;

@@ -1,6 +1,7 @@
 //! `snapblk ota ...`: Android OTA payloads (update_engine's `payload.bin`, bare or in an OTA
 //! zip). Thin layer over `snapblk-ota`.
 
+use crate::human::bytes as human;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
@@ -105,21 +106,6 @@ fn check_properties(ota: &Ota, full: bool) -> Result<Option<PropertiesReport>> {
         r.file_hash = props.check_file_hash(ota.payload(), &mut |_| {})?;
     }
     Ok(Some(r))
-}
-
-fn human(b: u64) -> String {
-    const U: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut v = b as f64;
-    let mut i = 0;
-    while v >= 1024.0 && i + 1 < U.len() {
-        v /= 1024.0;
-        i += 1;
-    }
-    if i == 0 {
-        format!("{b} B")
-    } else {
-        format!("{v:.1} {}", U[i])
-    }
 }
 
 fn check_word(c: Check) -> &'static str {

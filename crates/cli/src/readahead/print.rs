@@ -26,20 +26,7 @@ pub(super) fn walk_errors_json(errors: &[WalkError]) -> Vec<serde_json::Value> {
         .collect()
 }
 
-pub(super) fn human(b: u64) -> String {
-    const U: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut v = b as f64;
-    let mut i = 0;
-    while v >= 1024.0 && i + 1 < U.len() {
-        v /= 1024.0;
-        i += 1;
-    }
-    if i == 0 {
-        format!("{b} B")
-    } else {
-        format!("{v:.2} {}", U[i])
-    }
-}
+pub(super) use crate::human::bytes as human;
 
 /// `a` of `b` in percent with `prec` decimals, or "n/a" when there is nothing to measure
 /// (0 of 0 is not 100 %).

@@ -7,6 +7,7 @@
 //! size.
 
 use snapblk_core::sync::{into_inner, lock};
+use snapblk_core::{ReadAt, WriteAt};
 use std::fs::File;
 use std::io;
 use std::sync::Mutex;
@@ -21,26 +22,17 @@ use crate::plan::{ExtractPlan, PlannedPartition};
 /// Most worker threads an extraction uses, whatever it is asked.
 pub const MAX_THREADS: usize = 256;
 
-/// Where one partition is written. It must read as zeros wherever nothing was written (a new,
-/// empty file): zero blocks are skipped, so the output stays sparse.
-pub trait Output: Sync {
+/// Where one partition is written: positional writes, and reads for the final hash (the
+/// project's positional I/O family), plus a length. It must read as zeros wherever nothing was
+/// written (a new, empty file): zero blocks are skipped, so the output stays sparse.
+pub trait Output: ReadAt + WriteAt + Sync {
     /// Make the output `size` bytes long (called once, before any write).
     fn set_len(&self, size: u64) -> io::Result<()>;
-    /// Write all of `buf` at `offset`.
-    fn write_all_at(&self, offset: u64, buf: &[u8]) -> io::Result<()>;
-    /// Read up to `buf.len()` bytes at `offset` (the final hash reads the result back).
-    fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<usize>;
 }
 
 impl Output for File {
     fn set_len(&self, size: u64) -> io::Result<()> {
         File::set_len(self, size)
-    }
-    fn write_all_at(&self, offset: u64, buf: &[u8]) -> io::Result<()> {
-        std::os::unix::fs::FileExt::write_all_at(self, buf, offset)
-    }
-    fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<usize> {
-        std::os::unix::fs::FileExt::read_at(self, buf, offset)
     }
 }
 

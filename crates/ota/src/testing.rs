@@ -3,9 +3,9 @@
 //! in-memory [`Output`], and extraction into memory. Tests mutate [`Built::manifest`] or the
 //! bytes to make bad payloads.
 
-use snapblk_core::sync::{into_inner, lock};
+use snapblk_core::MemFile;
+use snapblk_core::sync::lock;
 use std::io::Write;
-use std::sync::Mutex;
 
 use prost::Message;
 use sha2::{Digest, Sha256};
@@ -212,40 +212,14 @@ impl PayloadBuilder {
     }
 }
 
-/// An [`Output`] in memory.
-#[derive(Debug, Default)]
-pub struct MemOutput(pub Mutex<Vec<u8>>);
+/// An [`Output`] in memory: `snapblk_core`'s growable [`MemFile`].
+pub type MemOutput = MemFile;
 
-impl MemOutput {
-    /// The bytes written.
-    pub fn into_inner(self) -> Vec<u8> {
-        into_inner(self.0)
-    }
-}
-
-impl Output for MemOutput {
+impl Output for MemFile {
     fn set_len(&self, size: u64) -> std::io::Result<()> {
         let n = usize::try_from(size).map_err(|_| std::io::ErrorKind::OutOfMemory)?;
         lock(&self.0).resize(n, 0);
         Ok(())
-    }
-    fn write_all_at(&self, offset: u64, buf: &[u8]) -> std::io::Result<()> {
-        let mut v = lock(&self.0);
-        let o = offset as usize;
-        if o + buf.len() > v.len() {
-            v.resize(o + buf.len(), 0);
-        }
-        v[o..o + buf.len()].copy_from_slice(buf);
-        Ok(())
-    }
-    fn read_at(&self, offset: u64, buf: &mut [u8]) -> std::io::Result<usize> {
-        let v = lock(&self.0);
-        let Some(rest) = usize::try_from(offset).ok().and_then(|o| v.get(o..)) else {
-            return Ok(0);
-        };
-        let n = rest.len().min(buf.len());
-        buf[..n].copy_from_slice(&rest[..n]);
-        Ok(n)
     }
 }
 

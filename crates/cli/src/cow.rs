@@ -11,7 +11,7 @@ use snapblk_cow::{
     compute_ops, load_image, write_ops,
 };
 
-use crate::outfile::{AtomicFile, refuse_alias, refuse_same};
+use crate::outfile::{AtomicFile, InPlace, refuse_alias, refuse_same, refuse_special};
 
 /// Print a line to stdout; a write error (full disk, closed pipe) is the command's error
 /// (`crate::out` turns a closed pipe into the quiet exit status 141).
@@ -186,6 +186,11 @@ pub enum CowCmd {
         /// than its base (default: the record's size, else the base's).
         #[arg(long, value_name = "BYTES")]
         size: Option<u64>,
+        /// Write an existing output in place instead of replacing it: a block device (at
+        /// least the image's size, not in use), a regular file, or a stream (a FIFO,
+        /// `/dev/stdout`). The whole result is checked first in a pass that writes nothing.
+        #[arg(long)]
+        in_place: bool,
         #[command(flatten)]
         rec: RecordArgs,
     },
@@ -566,8 +571,9 @@ fn run_cmd(c: CowCmd) -> Result<()> {
             base,
             out,
             size,
+            in_place,
             rec,
-        } => apply(&cow, &base, &out, size, &rec),
+        } => apply(&cow, &base, &out, size, in_place, &rec),
         CowCmd::Record { cow, old, new, out } => write_record(&cow, &old, &new, out),
     }
 }
@@ -882,6 +888,7 @@ fn apply(
     base_path: &Path,
     out: &Path,
     size: Option<u64>,
+    in_place: bool,
     ra: &RecordArgs,
 ) -> Result<()> {
     let base_sha = parse_hex("--base-sha256", &ra.base_sha256)?;
@@ -899,6 +906,9 @@ fn apply(
             ("the record", &rec_path),
         ],
     )?;
+    if !in_place {
+        refuse_special(out, "--in-place")?;
+    }
     refuse_same(("--base", base_path), ("the COW", cow_path))?;
     let r = open_cow(cow_path, OpenOptions::default())?;
     let base_f = open_input(base_path, "base")?;
@@ -916,53 +926,119 @@ fn apply(
             return Err(record_failure(rp, base_path, check));
         }
     }
-    let target = AtomicFile::create(out)?;
+    let job = ApplyJob {
+        r: &r,
+        base_f: &base_f,
+        base_path,
+        len,
+        rec: rec.as_ref().map(|(rp, x)| (rp.as_path(), x)),
+        expect_sha,
+        out,
+    };
+    if !in_place {
+        let target = AtomicFile::create(out)?;
+        let f = target
+            .file()
+            .try_clone()
+            .with_context(|| format!("create {}", out.display()))?;
+        job.pass(f, Pass::Atomic)?;
+        return target.commit();
+    }
+    // In place, the output cannot be put back: prove the whole result first (every payload
+    // decodes, every block matches the record, the digest matches), then write it.
+    let target = InPlace::open(out, len)?;
+    job.pass(std::io::sink(), Pass::Check)?;
     let f = target
         .file()
         .try_clone()
-        .with_context(|| format!("create {}", out.display()))?;
-    let mut w = CheckedWriter {
-        inner: std::io::BufWriter::with_capacity(4 << 20, f),
-        hash: record::Sha256Stream::default(),
-        index: rec.as_ref().map(|x| x.1.index()),
-        block_size: r.block_size() as usize,
-        pos: 0,
-        corrupt: Vec::new(),
-    };
-    let pb = crate::progress::Progress::bytes(len, "applying");
-    snapblk_cow::apply(&r, &base_f, len, &mut w, &|n| pb.inc(n))
-        .with_context(|| format!("writing {}", out.display()))?;
-    pb.finish();
-    use std::io::Write as _;
-    w.flush()
-        .with_context(|| format!("writing {}", out.display()))?;
-    if let Some((rp, _)) = &rec
-        && !w.corrupt.is_empty()
-    {
-        let check = RecordCheck {
-            target_blocks_checked: record::blocks(rec.as_ref().map_or(&[][..], |x| &x.1.write[..]))
-                .count() as u64,
-            corrupt_blocks: std::mem::take(&mut w.corrupt),
-            ..Default::default()
+        .with_context(|| format!("open {}", out.display()))?;
+    job.pass(f, Pass::InPlace)?;
+    target.finish(len)
+}
+
+/// A pass of `cow apply`: into a new file, a check that writes nothing, or into the output in
+/// place.
+#[derive(Clone, Copy, PartialEq)]
+enum Pass {
+    Atomic,
+    Check,
+    InPlace,
+}
+
+/// What one pass of `cow apply` needs.
+struct ApplyJob<'a> {
+    r: &'a CowReader<std::fs::File>,
+    base_f: &'a std::fs::File,
+    base_path: &'a Path,
+    len: u64,
+    rec: Option<(&'a Path, &'a Record)>,
+    expect_sha: Option<[u8; 32]>,
+    out: &'a Path,
+}
+
+impl ApplyJob<'_> {
+    /// The new image written to `dst` while it is hashed and checked against the record; an
+    /// error when a block or the whole image is not what was expected.
+    fn pass<W: std::io::Write>(&self, dst: W, pass: Pass) -> Result<()> {
+        let ApplyJob {
+            r,
+            base_f,
+            base_path,
+            len,
+            rec,
+            expect_sha,
+            out,
+        } = *self;
+        let mut w = CheckedWriter {
+            inner: std::io::BufWriter::with_capacity(4 << 20, dst),
+            hash: record::Sha256Stream::default(),
+            index: rec.map(|x| x.1.index()),
+            block_size: r.block_size() as usize,
+            pos: 0,
+            corrupt: Vec::new(),
         };
-        return Err(record_failure(rp, base_path, check)
-            .context(format!("{} left unchanged", out.display())));
+        let (label, left) = match pass {
+            Pass::Atomic => ("applying", "left unchanged"),
+            Pass::Check => ("checking", "left unchanged"),
+            // Only if the inputs changed after the check pass.
+            Pass::InPlace => (
+                "writing",
+                "holds a partial result (an input changed while it was written)",
+            ),
+        };
+        let pb = crate::progress::Progress::bytes(len, label);
+        snapblk_cow::apply(r, base_f, len, &mut w, &|n| pb.inc(n))
+            .with_context(|| format!("writing {}", out.display()))?;
+        pb.finish();
+        use std::io::Write as _;
+        w.flush()
+            .with_context(|| format!("writing {}", out.display()))?;
+        if let Some((rp, x)) = rec
+            && !w.corrupt.is_empty()
+        {
+            let check = RecordCheck {
+                target_blocks_checked: record::blocks(&x.write[..]).count() as u64,
+                corrupt_blocks: std::mem::take(&mut w.corrupt),
+                ..Default::default()
+            };
+            return Err(
+                record_failure(rp, base_path, check).context(format!("{} {left}", out.display()))
+            );
+        }
+        let got = w.hash.clone().finish();
+        let want = expect_sha.or(rec.map(|x| x.1.target_sha256));
+        if let Some(want) = want
+            && got != want
+        {
+            bail!(
+                "the result has SHA-256 {}, not the expected {}; {} {left}",
+                record::hex(&got),
+                record::hex(&want),
+                out.display()
+            );
+        }
+        Ok(())
     }
-    let got = w.hash.clone().finish();
-    let want = expect_sha.or(rec.as_ref().map(|x| x.1.target_sha256));
-    if let Some(want) = want
-        && got != want
-    {
-        bail!(
-            "the result has SHA-256 {}, not the expected {}; {} left unchanged",
-            record::hex(&got),
-            record::hex(&want),
-            out.display()
-        );
-    }
-    drop(w);
-    target.commit()?;
-    Ok(())
 }
 
 fn write_record(cow_path: &Path, old: &Path, new: &Path, out: Option<PathBuf>) -> Result<()> {

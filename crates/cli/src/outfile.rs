@@ -15,20 +15,57 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
 
-/// Identity of an existing file: (device, inode).
-fn identity(p: &Path) -> Option<(u64, u64)> {
-    std::fs::metadata(p).ok().map(|m| (m.dev(), m.ino()))
+/// Identity of an existing file: a block device is the device it names (two device nodes of
+/// one disk are the same disk), anything else its (device, inode).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Identity {
+    Block(u64),
+    File(u64, u64),
 }
 
-/// Refuse when `out` (named `out_flag` on the command line) is the same file as any input.
+fn identity(p: &Path) -> Option<Identity> {
+    let m = std::fs::metadata(p).ok()?;
+    Some(if m.file_type().is_block_device() {
+        Identity::Block(m.rdev())
+    } else {
+        Identity::File(m.dev(), m.ino())
+    })
+}
+
+/// The file a loop device reads and writes (`/sys/dev/block/MAJ:MIN/loop/backing_file`):
+/// writing the device writes that file.
+fn loop_backing(id: Identity) -> Option<Identity> {
+    let Identity::Block(rdev) = id else {
+        return None;
+    };
+    let sys = format!(
+        "/sys/dev/block/{}:{}/loop/backing_file",
+        libc::major(rdev),
+        libc::minor(rdev)
+    );
+    let name = std::fs::read_to_string(sys).ok()?;
+    identity(Path::new(name.trim_end_matches('\n')))
+}
+
+/// Refuse when `out` (named `out_flag` on the command line) is the same file as any input,
+/// or a loop device over one.
 pub fn refuse_alias(out_flag: &str, out: &Path, inputs: &[(&str, &Path)]) -> Result<()> {
     let Some(o) = identity(out) else {
         return Ok(());
     };
+    let backing = loop_backing(o);
     for (flag, p) in inputs {
-        if identity(p) == Some(o) {
+        let i = identity(p);
+        if i == Some(o) {
             bail!(
                 "{out_flag} {} is the same file as {flag} {}; refusing to overwrite an input",
+                out.display(),
+                p.display()
+            );
+        }
+        if i.is_some() && (i == backing || i.and_then(loop_backing) == Some(o)) {
+            bail!(
+                "{out_flag} {} and {flag} {} are a loop device and the file behind it; refusing to overwrite an input",
                 out.display(),
                 p.display()
             );
@@ -94,16 +131,10 @@ impl AtomicFile {
         let mode = match std::fs::metadata(target) {
             Ok(m) if m.is_dir() => bail!("{} is a directory", target.display()),
             Ok(m) if !m.is_file() => {
-                let kind = if m.file_type().is_block_device() {
-                    "a block device"
-                } else if m.file_type().is_fifo() {
-                    "a FIFO"
-                } else {
-                    "not a regular file"
-                };
                 bail!(
-                    "{} is {kind}; outputs are written to a new file and renamed into place, write to a regular file instead",
-                    target.display()
+                    "{} is {}; outputs are written to a new file and renamed into place, write to a regular file instead",
+                    target.display(),
+                    special_kind(&m)
                 );
             }
             Ok(m) => {
@@ -203,6 +234,110 @@ impl Drop for AtomicFile {
         if let Some(p) = self.named.take() {
             let _ = std::fs::remove_file(p);
         }
+    }
+}
+
+/// What a file that is neither a regular file nor a directory is, for messages.
+fn special_kind(m: &std::fs::Metadata) -> &'static str {
+    let ft = m.file_type();
+    if ft.is_block_device() {
+        "a block device"
+    } else if ft.is_fifo() {
+        "a FIFO"
+    } else if ft.is_char_device() {
+        "a character device"
+    } else {
+        "not a regular file"
+    }
+}
+
+/// Refuse an output a new file cannot replace (a device, a FIFO) unless the command was told
+/// to write it in place with `flag`.
+pub fn refuse_special(out: &Path, flag: &str) -> Result<()> {
+    if let Ok(m) = std::fs::metadata(out)
+        && !m.is_file()
+        && !m.is_dir()
+    {
+        bail!(
+            "{} is {}; outputs are replaced atomically, give {flag} to write it in place",
+            out.display(),
+            special_kind(&m)
+        );
+    }
+    Ok(())
+}
+
+/// An existing output written in place (`--in-place`), for targets a new file cannot
+/// replace: a block device (opened exclusively, so a mounted one is refused, and at least as
+/// large as the image), a regular file (cut to the image's size once complete) or a stream (a
+/// FIFO, a terminal, `/dev/stdout`). Nothing is truncated when it is opened.
+pub struct InPlace {
+    file: File,
+    target: PathBuf,
+    regular: bool,
+    stream: bool,
+}
+
+impl InPlace {
+    /// Open `target` for writing an image of `len` bytes.
+    pub fn open(target: &Path, len: u64) -> Result<InPlace> {
+        let t = target.display();
+        let m = std::fs::metadata(target).with_context(|| {
+            format!(
+                "{t}: --in-place writes an existing file or device (leave it out to create one)"
+            )
+        })?;
+        if m.is_dir() {
+            bail!("{t} is a directory");
+        }
+        let ft = m.file_type();
+        let block = ft.is_block_device();
+        let mut o = OpenOptions::new();
+        o.write(true);
+        if block {
+            o.custom_flags(libc::O_EXCL);
+        }
+        let file = o.open(target).map_err(|e| {
+            let in_use = block && e.raw_os_error() == Some(libc::EBUSY);
+            anyhow::Error::new(e).context(if in_use {
+                format!("{t} is in use (mounted or held open exclusively)")
+            } else {
+                format!("open {t}")
+            })
+        })?;
+        if block {
+            let size = snapblk_core::sys::blkgetsize64(file.as_raw_fd())
+                .with_context(|| format!("size of {t}"))?;
+            if size < len {
+                bail!("{t} holds {size} bytes, too small for the new image of {len} bytes");
+            }
+        }
+        Ok(InPlace {
+            file,
+            target: target.to_owned(),
+            regular: m.is_file(),
+            stream: !block && !m.is_file(),
+        })
+    }
+
+    /// The file being written, from offset 0.
+    pub fn file(&self) -> &File {
+        &self.file
+    }
+
+    /// Cut a regular file to `len` bytes and sync what was written (a stream has nothing to
+    /// sync).
+    pub fn finish(self, len: u64) -> Result<()> {
+        let t = self.target.display();
+        if self.regular {
+            self.file
+                .set_len(len)
+                .with_context(|| format!("set the size of {t}"))?;
+        }
+        if !self.stream {
+            self.file.sync_all().with_context(|| format!("sync {t}"))?;
+        }
+        Ok(())
     }
 }
 

@@ -90,3 +90,27 @@ impl Case {
         p
     }
 }
+
+/// Offset of the v3 op record of the first REPLACE op (from `inspect --ops --json`).
+pub fn replace_op_offset(cow: &Path) -> (u64, u64) {
+    let j: serde_json::Value =
+        serde_json::from_str(&ok(&["cow", "inspect", "--json", "--ops", path_str(cow)])).unwrap();
+    let op = j["ops"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|o| o["kind"]["type"] == "replace")
+        .unwrap()
+        .clone();
+    (
+        op["record_offset"].as_u64().unwrap(),
+        op["kind"]["payload"]["offset"].as_u64().unwrap(),
+    )
+}
+
+/// Change the byte at `off` of the file `p` to `f` of it.
+pub fn patch(p: &Path, off: u64, f: impl Fn(u8) -> u8) {
+    let mut d = read(p);
+    d[off as usize] = f(d[off as usize]);
+    std::fs::write(p, d).unwrap();
+}

@@ -11,7 +11,7 @@ use std::process::{Command, Stdio};
 
 #[path = "cli_common.rs"]
 mod common;
-use common::{Case, ok, read, refused, snapblk};
+use common::{Case, ok, patch, read, refused, replace_op_offset, snapblk};
 
 /// Names of the entries of `dir`, sorted.
 fn entries(dir: &Path) -> Vec<String> {
@@ -61,6 +61,27 @@ fn create_refuses_outputs_that_are_its_inputs() {
     drop(fd);
 }
 
+/// A bind mount of `src` on `at`, unmounted on drop (the tests run as root).
+struct Bind(std::path::PathBuf);
+
+impl Bind {
+    fn new(src: &Path, at: &Path) -> Bind {
+        let st = Command::new("mount")
+            .arg("--bind")
+            .args([src, at])
+            .status()
+            .unwrap();
+        assert!(st.success(), "mount --bind (the tests run as root)");
+        Bind(at.to_owned())
+    }
+}
+
+impl Drop for Bind {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.0).status();
+    }
+}
+
 #[test]
 fn apply_refuses_outputs_that_are_its_inputs() {
     let c = Case::new("safety-apply-alias", 256, &[]);
@@ -85,6 +106,28 @@ fn apply_refuses_outputs_that_are_its_inputs() {
         let after = [read(&c.old), read(&c.cow), read(&c.record())];
         assert!(after == before, "-o {out}: an input changed");
     }
+    // The base seen through a bind mount of its directory: another path, the same inode.
+    let view = c.p("view");
+    std::fs::create_dir(&view).unwrap();
+    let bind = Bind::new(c.tmp.path(), &view);
+    let through = bind.0.join(c.old.file_name().unwrap());
+    refused(
+        &[
+            "cow",
+            "apply",
+            cow,
+            "--base",
+            base,
+            "-o",
+            path_str(&through),
+        ],
+        "is the same file as --base",
+    );
+    drop(bind);
+    assert!(
+        read(&c.old) == before[0],
+        "the base changed through a bind mount"
+    );
     // Base and COW the same file.
     refused(
         &[
@@ -257,29 +300,6 @@ fn thread_counts_are_bounded() {
     assert_eq!(o.status.code(), Some(2), "{err}");
     assert!(err.contains("100000") && !err.contains("panicked"), "{err}");
     assert!(!c.p("t.cow").exists());
-}
-
-/// Offset of the v3 op record of the first REPLACE op (from `inspect --ops --json`).
-fn replace_op_offset(cow: &Path) -> (u64, u64) {
-    let j: serde_json::Value =
-        serde_json::from_str(&ok(&["cow", "inspect", "--json", "--ops", path_str(cow)])).unwrap();
-    let op = j["ops"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|o| o["kind"]["type"] == "replace")
-        .unwrap()
-        .clone();
-    (
-        op["record_offset"].as_u64().unwrap(),
-        op["kind"]["payload"]["offset"].as_u64().unwrap(),
-    )
-}
-
-fn patch(p: &Path, off: u64, f: impl Fn(u8) -> u8) {
-    let mut d = read(p);
-    d[off as usize] = f(d[off as usize]);
-    std::fs::write(p, d).unwrap();
 }
 
 #[test]

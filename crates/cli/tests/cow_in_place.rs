@@ -1,0 +1,222 @@
+//! `snapblk cow apply --in-place` writes outputs that a new file cannot replace (a block
+//! device, a regular file kept where it is, a FIFO, `/dev/stdout`), and only after a pass that
+//! proves the whole result. Without the flag such outputs are refused, and a loop device over
+//! an input counts as that input.
+
+use snapblk_testsupport::path_str;
+use std::io::Read;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::path::Path;
+use std::process::{Command, Stdio};
+
+#[path = "cli_common.rs"]
+mod common;
+use common::{Case, ok, patch, read, refused, replace_op_offset, snapblk};
+
+/// A loop device over `file`, detached on drop (the tests run as root).
+struct Loop(String);
+
+impl Loop {
+    fn over(file: &Path) -> Loop {
+        let o = Command::new("losetup")
+            .args(["-f", "--show"])
+            .arg(file)
+            .output()
+            .expect("losetup (util-linux) must be installed");
+        assert!(
+            o.status.success(),
+            "losetup failed (root needed): {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        Loop(String::from_utf8(o.stdout).unwrap().trim().to_owned())
+    }
+}
+
+impl Drop for Loop {
+    fn drop(&mut self) {
+        let _ = Command::new("losetup").args(["-d", &self.0]).status();
+    }
+}
+
+fn apply_args<'a>(c: &'a Case, out: &'a str) -> Vec<&'a str> {
+    vec![
+        "cow",
+        "apply",
+        path_str(&c.cow),
+        "--base",
+        path_str(&c.old),
+        "-o",
+        out,
+    ]
+}
+
+#[test]
+fn devices_and_streams_are_refused_without_in_place() {
+    let c = Case::new("inplace-refused", 256, &[]);
+    let fifo = c.p("fifo");
+    assert!(
+        Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .unwrap()
+            .success()
+    );
+    let dev_file = c.file_copy(&c.old, "dev.img");
+    let dev = Loop::over(&dev_file);
+    for (out, kind) in [
+        (path_str(&fifo), "a FIFO"),
+        (dev.0.as_str(), "a block device"),
+        ("/dev/null", "a character device"),
+    ] {
+        refused(
+            &apply_args(&c, out),
+            &format!("is {kind}; outputs are replaced atomically, give --in-place"),
+        );
+    }
+    assert_eq!(read(&dev_file), read(&c.old), "the device was written");
+    // An output that does not exist is created by the normal path, not in place.
+    let none = c.p("none.img");
+    let mut a = apply_args(&c, path_str(&none));
+    a.push("--in-place");
+    refused(&a, "--in-place writes an existing file or device");
+}
+
+#[test]
+fn in_place_writes_a_block_device_that_is_large_enough_and_free() {
+    let c = Case::new("inplace-block", 256, &[]);
+    let new = read(&c.new);
+    let len = new.len();
+    // A device 64 KiB larger than the image: the tail stays as it was.
+    let dev_file = c.p("dev.img");
+    std::fs::write(&dev_file, vec![0x5a; len + (64 << 10)]).unwrap();
+    let dev = Loop::over(&dev_file);
+    let mut a = apply_args(&c, &dev.0);
+    a.push("--in-place");
+    ok(&a);
+    let got = read(&dev_file);
+    assert!(
+        got[..len] == new[..],
+        "the device does not hold the new image"
+    );
+    assert!(got[len..].iter().all(|&b| b == 0x5a), "past the image");
+
+    // Too small: refused with both sizes, nothing written.
+    let small_file = c.p("small.img");
+    std::fs::write(&small_file, vec![0x5a; len - 4096]).unwrap();
+    let small = Loop::over(&small_file);
+    let mut a = apply_args(&c, &small.0);
+    a.push("--in-place");
+    refused(
+        &a,
+        &format!(
+            "holds {} bytes, too small for the new image of {len} bytes",
+            len - 4096
+        ),
+    );
+    assert!(read(&small_file).iter().all(|&b| b == 0x5a));
+
+    // In use (held open exclusively, as a mount holds it): refused, nothing written.
+    std::fs::write(&dev_file, vec![0x5a; len + (64 << 10)]).unwrap();
+    let held = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_EXCL)
+        .open(&dev.0)
+        .unwrap();
+    let mut a = apply_args(&c, &dev.0);
+    a.push("--in-place");
+    refused(&a, "is in use (mounted or held open exclusively)");
+    drop(held);
+    assert!(read(&dev_file).iter().all(|&b| b == 0x5a));
+
+    // A loop device over the base is the base.
+    let base_dev = Loop::over(&c.old);
+    let before = read(&c.old);
+    let mut a = apply_args(&c, &base_dev.0);
+    a.push("--in-place");
+    refused(&a, "are a loop device and the file behind it");
+    assert_eq!(read(&c.old), before);
+    // And the base given as its loop device cannot be the output's backing file either.
+    let out = c.file_copy(&c.old, "out.img");
+    let out_dev = Loop::over(&out);
+    let mut a = apply_args(&c, path_str(&out));
+    a[4] = &out_dev.0;
+    a.push("--no-record");
+    refused(&a, "are a loop device and the file behind it");
+}
+
+#[test]
+fn in_place_writes_a_regular_file_where_it_is_and_streams() {
+    let c = Case::new("inplace-file", 256, &[]);
+    let new = read(&c.new);
+    // A larger regular file: written in place (same inode) and cut to the image's size.
+    let out = c.p("out.img");
+    std::fs::write(&out, vec![0xa5; new.len() * 2]).unwrap();
+    let ino = std::fs::metadata(&out).unwrap().ino();
+    let mut a = apply_args(&c, path_str(&out));
+    a.push("--in-place");
+    ok(&a);
+    assert!(read(&out) == new, "the file does not hold the new image");
+    assert_eq!(std::fs::metadata(&out).unwrap().ino(), ino, "not in place");
+
+    // /dev/stdout.
+    let mut a = apply_args(&c, "/dev/stdout");
+    a.push("--in-place");
+    let o = snapblk(&a);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(o.stdout == new, "stdout does not carry the new image");
+
+    // A FIFO with a reader.
+    let fifo = c.p("fifo");
+    assert!(
+        Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .unwrap()
+            .success()
+    );
+    let f2 = fifo.clone();
+    let reader = std::thread::spawn(move || {
+        let mut v = Vec::new();
+        std::fs::File::open(&f2)
+            .unwrap()
+            .read_to_end(&mut v)
+            .unwrap();
+        v
+    });
+    let mut a = apply_args(&c, path_str(&fifo));
+    a.push("--in-place");
+    ok(&a);
+    assert!(reader.join().unwrap() == new, "the FIFO did not carry it");
+}
+
+#[test]
+fn in_place_refuses_a_result_it_cannot_prove_before_the_first_byte() {
+    let c = Case::new("inplace-corrupt", 256, &["--compression", "none"]);
+    let (_, payload) = replace_op_offset(&c.cow);
+    patch(&c.cow, payload + 100, |b| b ^ 0x01);
+    let out = c.p("out.img");
+    std::fs::write(&out, vec![0xa5; 1 << 20]).unwrap();
+    let mut a = apply_args(&c, path_str(&out));
+    a.push("--in-place");
+    refused(&a, "the COW is corrupt");
+    assert!(
+        read(&out).iter().all(|&b| b == 0xa5),
+        "written before the check"
+    );
+
+    // Without the record, a wrong expected digest is caught the same way; on a stream no byte
+    // is sent.
+    let mut a = apply_args(&c, "/dev/stdout");
+    a.extend(["--in-place", "--no-record", "--expect-sha256"]);
+    let zero = "0".repeat(64);
+    a.push(&zero);
+    let o = Command::new(env!("CARGO_BIN_EXE_snapblk"))
+        .args(&a)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1));
+    assert!(o.stdout.is_empty(), "bytes sent before the check");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("not the expected"), "{err}");
+}

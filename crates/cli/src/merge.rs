@@ -53,10 +53,93 @@ pub struct MergeArgs {
     /// not started (reads the whole base).
     #[arg(long, conflicts_with = "no_record")]
     verify_base: bool,
+    /// The SHA-256 the whole base must have before a merge that has not started (as
+    /// update_engine's `old_partition_info.hash`); for COWs without a record.
+    #[arg(long, value_name = "HEX", conflicts_with_all = ["status", "reset_progress"])]
+    base_sha256: Option<String>,
+    /// The SHA-256 the merged image must have, checked over the new image before the first
+    /// write (as `new_partition_info.hash`); for COWs without a record.
+    #[arg(long, value_name = "HEX", conflicts_with_all = ["status", "reset_progress"])]
+    expect_sha256: Option<String>,
+}
+
+/// The whole-image digests given on the command line.
+struct Digests {
+    base: Option<[u8; 32]>,
+    expect: Option<[u8; 32]>,
+}
+
+impl Digests {
+    fn parse(a: &MergeArgs) -> anyhow::Result<Digests> {
+        let hex = |flag: &str, v: &Option<String>| {
+            v.as_deref()
+                .map(|s| {
+                    snapblk_cow::record::parse_sha256(s).with_context(|| {
+                        format!("{flag}: expected 64 hexadecimal digits, got {s:?}")
+                    })
+                })
+                .transpose()
+        };
+        Ok(Digests {
+            base: hex("--base-sha256", &a.base_sha256)?,
+            expect: hex("--expect-sha256", &a.expect_sha256)?,
+        })
+    }
+
+    /// Check the base (only before a merge starts: after that it is no longer the old image)
+    /// and the image the merge will produce (the snapshot's read view), before any write.
+    fn check(&self, a: &MergeArgs, snap: &Snapshot) -> anyhow::Result<()> {
+        use snapblk_cow::record::{hex, sha256_of};
+        let (done, total) = snap.merge_progress();
+        if let Some(want) = self.base {
+            if done > 0 {
+                anyhow::bail!(
+                    "--base-sha256: the merge has started ({done} of {total} ops merged), so {} is no longer the old image; leave it out to resume",
+                    a.base.display()
+                );
+            }
+            let f = std::fs::File::open(&a.base)
+                .with_context(|| format!("open {}", a.base.display()))?;
+            let got = sha256_of(&f).context("hashing the base")?;
+            if got != want {
+                anyhow::bail!(
+                    "base {} has SHA-256 {}, not the --base-sha256 given; nothing written",
+                    a.base.display(),
+                    hex(&got)
+                );
+            }
+        }
+        if let Some(want) = self.expect {
+            let got = view_sha256(snap).context("hashing the new image")?;
+            if got != want {
+                anyhow::bail!(
+                    "the merge would give an image with SHA-256 {}, not the --expect-sha256 given; nothing written",
+                    hex(&got)
+                );
+            }
+        }
+        Ok(())
+    }
+}
+
+/// SHA-256 of the new image as the snapshot serves it.
+fn view_sha256(snap: &Snapshot) -> anyhow::Result<[u8; 32]> {
+    let len = snap.capacity();
+    let mut h = snapblk_cow::record::Sha256Stream::default();
+    let mut buf = vec![0u8; 1 << 20];
+    let mut off = 0;
+    while off < len {
+        let n = (len - off).min(buf.len() as u64) as usize;
+        snap.read(off, &mut buf[..n])?;
+        h.update(&buf[..n]);
+        off += n as u64;
+    }
+    Ok(h.finish())
 }
 
 /// Open the snapshot with the record attached (or warn, once, that there is none).
 fn open_checked(a: &MergeArgs, mode: OpenMode) -> anyhow::Result<(Snapshot, bool)> {
+    let by_hand = a.base_sha256.is_some() || a.expect_sha256.is_some();
     let verifier = if a.no_record {
         None
     } else {
@@ -69,9 +152,9 @@ fn open_checked(a: &MergeArgs, mode: OpenMode) -> anyhow::Result<(Snapshot, bool
         .map_err(|e| open_context(e, a))?;
     if let Some(v) = verifier {
         snap.attach_verifier(v)?;
-    } else {
+    } else if !by_hand {
         crate::out::errln_deferred(format_args!(
-            "snapblk: warning: no COW record for {} ({}): the base cannot be verified; a merge into the wrong file is not detected",
+            "snapblk: warning: no COW record for {} ({}): the base cannot be verified; a merge into the wrong file is not detected (--base-sha256 and --expect-sha256 check it by hand)",
             a.cow.display(),
             if a.no_record {
                 "--no-record"
@@ -110,11 +193,13 @@ pub fn run(a: MergeArgs) -> anyhow::Result<()> {
     if a.reset_progress {
         return reset_progress(&a);
     }
+    let digests = Digests::parse(&a)?;
     let mode = OpenMode {
         base_writable: true,
         cow_writable: true,
     };
     let (snap, _) = open_checked(&a, mode)?;
+    digests.check(&a, &snap)?;
     let (done, total) = snap.merge_progress();
     let bar = Progress::merge(total as u64, a.progress);
     bar.set(done as u64);
@@ -208,6 +293,7 @@ fn describe(r: &PrecheckReport) -> String {
 /// `merge` would, and with `--json` a verdict on stdout as well.
 fn check(a: &MergeArgs) -> anyhow::Result<()> {
     let res = open_checked(a, OpenMode::default()).and_then(|(snap, _)| {
+        Digests::parse(a)?.check(a, &snap)?;
         let (done, total) = snap.merge_progress();
         precheck(&snap, &MergeOptions::default())
             .map(|r| (done, total, r))

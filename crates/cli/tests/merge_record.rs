@@ -289,3 +289,88 @@ fn verify_base_does_not_refuse_a_merge_that_has_started() {
         "SHA-256",
     );
 }
+
+/// `sha256sum FILE`, the independent digest a user would paste.
+fn sha256sum(p: &Path) -> String {
+    let o = std::process::Command::new("sha256sum")
+        .arg(p)
+        .output()
+        .unwrap();
+    assert!(o.status.success());
+    String::from_utf8(o.stdout).unwrap()[..64].to_owned()
+}
+
+#[test]
+fn without_a_record_digests_given_by_hand_guard_the_merge() {
+    let c = Case::new("mrec-by-hand", 256, &["--no-record"]);
+    let (old_sha, new_sha) = (sha256sum(&c.old), sha256sum(&c.new));
+    let wrong = "ab".repeat(32);
+    let other = c.tmp.join("other.img");
+    std::fs::write(&other, snapblk_testsupport::pattern(256 * 4096, 9)).unwrap();
+    let base = c.file_copy(&c.old, "b.img");
+    for (b, flag, digest, want) in [
+        (
+            &base,
+            "--base-sha256",
+            wrong.as_str(),
+            "not the --base-sha256 given; nothing written",
+        ),
+        (
+            &other,
+            "--base-sha256",
+            old_sha.as_str(),
+            "not the --base-sha256 given; nothing written",
+        ),
+        (
+            &base,
+            "--expect-sha256",
+            wrong.as_str(),
+            "not the --expect-sha256 given; nothing written",
+        ),
+    ] {
+        let cow = c.file_copy(&c.cow, "m.cow");
+        let before = [read(b), read(&cow)];
+        let args = ["merge", path_str(&cow), "--base", path_str(b), flag, digest];
+        refused(&args, want);
+        assert!([read(b), read(&cow)] == before, "{flag}: a file changed");
+        let mut check = args.to_vec();
+        check.insert(1, "--check");
+        refused(&check, want);
+    }
+    // The right digests: merged, and no warning that the base cannot be verified.
+    let cow = c.file_copy(&c.cow, "m.cow");
+    let o = snapblk(&[
+        "merge",
+        path_str(&cow),
+        "--base",
+        path_str(&base),
+        "--base-sha256",
+        &old_sha,
+        "--expect-sha256",
+        &new_sha,
+    ]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    assert!(!err.contains("cannot be verified"), "{err}");
+    assert_file_eq(&base, &read(&c.new), "merged with digests given by hand");
+    // Once the merge has written, the base is no longer the old image.
+    refused(
+        &[
+            "merge",
+            path_str(&cow),
+            "--base",
+            path_str(&base),
+            "--base-sha256",
+            &old_sha,
+        ],
+        "the merge has started",
+    );
+    ok(&[
+        "merge",
+        path_str(&cow),
+        "--base",
+        path_str(&base),
+        "--expect-sha256",
+        &new_sha,
+    ]);
+}

@@ -40,6 +40,26 @@ pub enum SnapError {
         /// Size of the snapshot device in bytes (the new image's size).
         capacity: u64,
     },
+    /// The merge stash is unusable for this merge (another COW's, damaged, or not matching
+    /// the base).
+    #[error("merge stash {}: {what}", path.display())]
+    Stash {
+        /// The stash file.
+        path: std::path::PathBuf,
+        /// What is wrong with it.
+        what: String,
+    },
+    /// The merge stash could not be read or written.
+    #[error("{what} {}", path.display())]
+    StashIo {
+        /// The stash file.
+        path: std::path::PathBuf,
+        /// What was being done.
+        what: &'static str,
+        /// The file system's error.
+        #[source]
+        source: std::io::Error,
+    },
     /// The merge was stopped on request.
     #[error("merge interrupted")]
     Interrupted,

@@ -48,6 +48,7 @@ mod queue;
 mod record;
 mod sched;
 mod snapshot;
+mod stash;
 #[cfg(feature = "test-utils")]
 pub mod synth;
 
@@ -68,3 +69,4 @@ pub use sched::{ClassStats, Clock, SchedConfig, SchedStats, Scheduler};
 pub use snapshot::{
     CowLayout, Decoder, MAX_SCRATCH_SIZE, Scratch, Snapshot, SnapshotConfig, SnapshotParts,
 };
+pub use stash::Stash;

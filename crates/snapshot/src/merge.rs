@@ -33,6 +33,7 @@ use crate::map::{MergeView, OpKind, StagedWindow};
 use crate::precheck::{PrecheckReport, precheck};
 use crate::sched::IoClass;
 use crate::snapshot::{Snapshot, scratch_state};
+use crate::stash::{Stash, Stashed, reads_own_destination};
 use serde::Serialize;
 use snapblk_core::sync::write;
 use std::collections::HashSet;
@@ -90,6 +91,9 @@ pub struct MergeOptions<'a> {
     pub hook: Option<&'a (dyn Fn(MergeStep) + Sync)>,
     /// Cap on ordered ops per window (default: what the scratch area holds, or 512).
     pub max_window: Option<usize>,
+    /// For a COW without scratch: the stash that makes ops reading their own destination
+    /// crash-safe (see [`Stash`]); without it such ops are refused.
+    pub stash: Option<&'a Stash>,
 }
 
 /// What a merge run did.
@@ -101,6 +105,10 @@ pub struct MergeReport {
     pub resumed_at: usize,
     /// Whether a window staged in scratch by an interrupted run was redone from scratch.
     pub resumed_from_scratch: bool,
+    /// Whether an op stashed by an interrupted run was redone from the merge stash.
+    pub resumed_from_stash: bool,
+    /// Ops that read their own destination, merged through the stash.
+    pub stashed_ops: usize,
     /// Windows of ordered (COPY/XOR) ops this run merged.
     pub ordered_windows: usize,
     /// Batches of REPLACE/ZERO ops this run committed (up to 256 ops or 1 MiB each).
@@ -153,6 +161,7 @@ pub(crate) fn validate_order(snap: &Snapshot) -> Result<()> {
 pub(crate) fn window_end(
     snap: &Snapshot,
     max_window: Option<usize>,
+    stash: bool,
     n: usize,
     p: usize,
 ) -> Result<usize> {
@@ -170,15 +179,17 @@ pub(crate) fn window_end(
         let op = &ops[j];
         let (s, c) = op.source_blocks(bs).unwrap_or((op.new_block, 0));
         let d = op.new_block;
-        let reads_own =
-            (s..s + c).contains(&d) && !matches!(op.kind, OpKind::Copy { src } if src == d);
-        if reads_own {
-            if j == n {
-                return Err(SnapError::MergeOrder(format!(
-                    "op {j} (XOR into block {d}) reads its own destination; merging it crash-safely needs a scratch area, which this COW does not have"
-                )));
+        if reads_own_destination(op, bs) {
+            if j > n {
+                break;
             }
-            break;
+            if stash {
+                // A window of its own, journaled in the stash.
+                return Ok(n + 1);
+            }
+            return Err(SnapError::MergeOrder(format!(
+                "op {j} (XOR into block {d}) reads its own destination; merging it crash-safely needs a scratch area, which this COW does not have (give a stash file: merge --stash FILE)"
+            )));
         }
         if srcs.contains(&d) || (s..s + c).any(|b| dsts.contains(&b)) {
             break;
@@ -205,6 +216,9 @@ struct Merger<'a> {
 /// still to merge: bounds, every payload decoded, the merge order, the windows of a COW without
 /// scratch. A refusal leaves base and COW as they were.
 pub fn merge(snap: &Snapshot, opts: MergeOptions<'_>) -> Result<MergeReport> {
+    if let Some(stash) = opts.stash {
+        snap.attach_stash(stash)?;
+    }
     let pre = precheck(snap, &opts)?;
     let (merged, staged) = {
         let v = snap.lock_view();
@@ -230,8 +244,13 @@ pub fn merge(snap: &Snapshot, opts: MergeOptions<'_>) -> Result<MergeReport> {
         m.write_progress(merged, Some(scratch_state::IN_PROGRESS))?;
     }
     if let Some(w) = staged {
-        // Interrupted after staging: redo the window from the staged copy (sources may be gone).
-        m.report.resumed_from_scratch = true;
+        // Interrupted after staging (in scratch, or in the stash for a COW without scratch):
+        // redo the window from the staged copy (sources may be gone).
+        if m.report.scratch {
+            m.report.resumed_from_scratch = true;
+        } else {
+            m.report.resumed_from_stash = true;
+        }
         m.write_window(&w)?;
         m.commit(w.end)?;
         n = w.end;
@@ -278,7 +297,13 @@ impl Merger<'_> {
     }
 
     fn window_end(&self, n: usize, p: usize) -> Result<usize> {
-        window_end(self.snap, self.opts.max_window, n, p)
+        window_end(
+            self.snap,
+            self.opts.max_window,
+            self.opts.stash.is_some(),
+            n,
+            p,
+        )
     }
 
     /// Whether no op of `[n, end)` writes a block that an op of `[n, end)` reads, so the window
@@ -329,6 +354,25 @@ impl Merger<'_> {
                 self.snap
                     .xor_apply(IoClass::Merge, &payload, &mut data[slot..slot + bsu])?;
             }
+        }
+        if let Some(stash) = self.opts.stash
+            && self.snap.layout.scratch().is_none()
+            && reads_own_destination(&ops[n], bs)
+        {
+            // A window of one op (window_end): journal the destination's old and new contents
+            // before the base is written.
+            let mut old = vec![0u8; bsu];
+            self.snap
+                .io
+                .read(IoClass::Merge, Dev::Base, ops[n].new_block * bs, &mut old)?;
+            let w = Stashed {
+                index: n,
+                new_block: ops[n].new_block,
+                old,
+                new: data[..bsu].to_vec(),
+            };
+            stash.save(ops, bs, &w)?;
+            self.report.stashed_ops += 1;
         }
         if let Some(sc) = self.snap.layout.scratch() {
             let mut meta = vec![0u8; (end - n + 1) * 16];
@@ -539,5 +583,54 @@ impl Merger<'_> {
             self.report.overlay_blocks += chunk.len() as u64;
         }
         self.snap.io.flush(IoClass::Merge, Dev::Base)
+    }
+}
+
+impl Snapshot {
+    /// For a COW without scratch merged with a stash: publish the op an interrupted run
+    /// stashed (the one at `num_merge_ops`, whose source its own write may have destroyed), so
+    /// reads see the new image before the merge resumes; the merge then writes it from the
+    /// stash. Checks the stash against the base first: the op's destination must hold its old
+    /// or its new contents. Returns whether a stashed op was found. [`merge`] calls this.
+    pub fn attach_stash(&self, stash: &Stash) -> Result<bool> {
+        let merged = {
+            let v = self.lock_view();
+            if v.staged.is_some() || self.layout.scratch().is_some() {
+                return Ok(false);
+            }
+            v.merged
+        };
+        let bs = self.map.block_size();
+        let Some(w) = stash.load(self.map.ops(), bs)? else {
+            return Ok(false);
+        };
+        // A stash for an op already committed is spent: the base was written and committed.
+        if w.index != merged {
+            return Ok(false);
+        }
+        let mut cur = vec![0u8; bs as usize];
+        self.io
+            .read(IoClass::Merge, Dev::Base, w.new_block * bs, &mut cur)?;
+        if cur != w.old && cur != w.new {
+            return Err(SnapError::Stash {
+                path: stash.path().to_owned(),
+                what: format!(
+                    "block {} of the base holds neither the old nor the new contents the stash recorded for op {merged}: the stash belongs to another base or merge",
+                    w.new_block
+                ),
+            });
+        }
+        let mut v = write(&self.view);
+        if v.merged == merged && v.staged.is_none() {
+            *v = MergeView {
+                merged,
+                staged: Some(StagedWindow {
+                    start: merged,
+                    end: merged + 1,
+                    data: Arc::new(w.new),
+                }),
+            };
+        }
+        Ok(true)
     }
 }

@@ -168,7 +168,7 @@ pub fn precheck(snap: &Snapshot, opts: &MergeOptions<'_>) -> Result<PrecheckRepo
         let p = map.ordered_len();
         let mut n = from;
         while n < p {
-            n = window_end(snap, opts.max_window, n, p)?;
+            n = window_end(snap, opts.max_window, opts.stash.is_some(), n, p)?;
             rep.self_safe_windows += 1;
         }
     }

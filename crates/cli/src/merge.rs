@@ -7,7 +7,7 @@ use clap::Args;
 use snapblk_cow::record::MergeVerdict;
 use snapblk_snapshot::{
     MergeOptions, MergeProgress, OpenMode, PrecheckReport, SnapError, Snapshot, SnapshotConfig,
-    load_verifier, merge, open_files_sized, precheck,
+    Stash, load_verifier, merge, open_files_sized, precheck,
 };
 use std::io::Write;
 use std::path::PathBuf;
@@ -53,6 +53,12 @@ pub struct MergeArgs {
     /// not started (reads the whole base).
     #[arg(long, conflicts_with = "no_record")]
     verify_base: bool,
+    /// For a COW without a scratch area: a journal file that makes its XOR ops that read their
+    /// own destination crash-safe (created when first needed, removed when the merge
+    /// completes; give the same file to resume). Android's snapuserd merges such ops without
+    /// one and cannot resume them safely.
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["status", "reset_progress"])]
+    stash: Option<PathBuf>,
     /// The SHA-256 the whole base must have before a merge that has not started (as
     /// update_engine's `old_partition_info.hash`); for COWs without a record.
     #[arg(long, value_name = "HEX", conflicts_with_all = ["status", "reset_progress"])]
@@ -61,6 +67,38 @@ pub struct MergeArgs {
     /// write (as `new_partition_info.hash`); for COWs without a record.
     #[arg(long, value_name = "HEX", conflicts_with_all = ["status", "reset_progress"])]
     expect_sha256: Option<String>,
+}
+
+/// `--stash FILE`, never one of the merge's own files.
+fn stash_of(a: &MergeArgs) -> anyhow::Result<Option<Stash>> {
+    let Some(p) = &a.stash else {
+        return Ok(None);
+    };
+    let rec = a
+        .record
+        .clone()
+        .unwrap_or_else(|| snapblk_cow::record::sidecar_path(&a.cow));
+    crate::outfile::refuse_alias(
+        "--stash",
+        p,
+        &[
+            ("--base", &a.base),
+            ("the COW", &a.cow),
+            ("the record", &rec),
+        ],
+    )?;
+    Ok(Some(Stash::new(p)))
+}
+
+/// A COW with a scratch area stages its windows there: a stash would never be used.
+fn refuse_stash_with_scratch(a: &MergeArgs, snap: &Snapshot) -> anyhow::Result<()> {
+    if a.stash.is_some() && snap.layout().scratch().is_some() {
+        anyhow::bail!(
+            "--stash: {} has a scratch area, which makes its merge crash-safe without one",
+            a.cow.display()
+        );
+    }
+    Ok(())
 }
 
 /// The whole-image digests given on the command line.
@@ -194,11 +232,16 @@ pub fn run(a: MergeArgs) -> anyhow::Result<()> {
         return reset_progress(&a);
     }
     let digests = Digests::parse(&a)?;
+    let stash = stash_of(&a)?;
     let mode = OpenMode {
         base_writable: true,
         cow_writable: true,
     };
     let (snap, _) = open_checked(&a, mode)?;
+    refuse_stash_with_scratch(&a, &snap)?;
+    if let Some(st) = &stash {
+        snap.attach_stash(st)?;
+    }
     digests.check(&a, &snap)?;
     let (done, total) = snap.merge_progress();
     let bar = Progress::merge(total as u64, a.progress);
@@ -209,11 +252,15 @@ pub fn run(a: MergeArgs) -> anyhow::Result<()> {
         &snap,
         MergeOptions {
             progress: Some(&on_progress),
+            stash: stash.as_ref(),
             ..Default::default()
         },
     );
     bar.finish();
     let report = report.with_context(|| format!("merging {}", a.cow.display()))?;
+    if let Some(st) = &stash {
+        st.remove()?;
+    }
     let secs = t0.elapsed().as_secs_f64();
     let shrunk = shrink_base(&a, &snap)?;
     let bytes = report.blocks_written * snap.map().block_size();
@@ -293,9 +340,18 @@ fn describe(r: &PrecheckReport) -> String {
 /// `merge` would, and with `--json` a verdict on stdout as well.
 fn check(a: &MergeArgs) -> anyhow::Result<()> {
     let res = open_checked(a, OpenMode::default()).and_then(|(snap, _)| {
+        let stash = stash_of(a)?;
+        refuse_stash_with_scratch(a, &snap)?;
+        if let Some(st) = &stash {
+            snap.attach_stash(st)?;
+        }
         Digests::parse(a)?.check(a, &snap)?;
         let (done, total) = snap.merge_progress();
-        precheck(&snap, &MergeOptions::default())
+        let opts = MergeOptions {
+            stash: stash.as_ref(),
+            ..Default::default()
+        };
+        precheck(&snap, &opts)
             .map(|r| (done, total, r))
             .with_context(|| format!("merging {}", a.cow.display()))
     });

@@ -239,6 +239,59 @@ fn no_scratch_xor_reading_its_own_destination_is_refused() {
     assert_eq!(xor_and_replace(&d.join("x.cow")), (100, 0));
     std::fs::write(d.join("dev.img"), &old).unwrap();
     assert_refused(d, "x.cow", "dev.img", "reads its own destination");
+    let m = snapblk(&["merge", "--check", "x.cow", "--base", "dev.img"], d);
+    assert!(stderr(&m).contains("merge --stash FILE"), "{}", stderr(&m));
+
+    // With a stash the same COW merges: --check says so, the merge gives the new image (the
+    // XOR-ed blocks and everything else as before) and removes the stash at the end.
+    let cow_before = std::fs::read(d.join("x.cow")).unwrap();
+    let c = snapblk(
+        &[
+            "merge", "--check", "x.cow", "--base", "dev.img", "--stash", "x.stash",
+        ],
+        d,
+    );
+    assert!(c.status.success(), "{}", stderr(&c));
+    assert!(!d.join("x.stash").exists(), "--check writes no stash");
+    // The stash is never one of the merge's own files.
+    let a = snapblk(
+        &["merge", "x.cow", "--base", "dev.img", "--stash", "dev.img"],
+        d,
+    );
+    assert!(
+        stderr(&a).contains("--stash dev.img is the same file as --base"),
+        "{}",
+        stderr(&a)
+    );
+    assert_eq!(std::fs::read(d.join("dev.img")).unwrap(), old);
+    let m = snapblk(
+        &["merge", "x.cow", "--base", "dev.img", "--stash", "x.stash"],
+        d,
+    );
+    assert!(m.status.success(), "{}", stderr(&m));
+    let mut want = old.clone();
+    want[1600 * BS..1700 * BS].copy_from_slice(&new[1600 * BS..1700 * BS]);
+    assert!(
+        std::fs::read(d.join("dev.img")).unwrap() == want,
+        "merged with a stash"
+    );
+    assert!(
+        !d.join("x.stash").exists(),
+        "the stash is removed when the merge completes"
+    );
+    assert!(
+        std::fs::read(d.join("x.cow")).unwrap() != cow_before,
+        "progress recorded"
+    );
+
+    // A COW with a scratch area needs no stash.
+    setup(d, &old, &new, "s.cow", &[]);
+    std::fs::write(d.join("dev2.img"), &old).unwrap();
+    let s = snapblk(
+        &["merge", "s.cow", "--base", "dev2.img", "--stash", "s.stash"],
+        d,
+    );
+    assert!(stderr(&s).contains("has a scratch area"), "{}", stderr(&s));
 }
 
 #[test]

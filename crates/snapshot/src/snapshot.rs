@@ -762,7 +762,11 @@ impl Snapshot {
                             }
                             None => {
                                 self.decode_into(class, &payload, dst)?;
-                                if self.cache.accepts(n as u64) {
+                                // Readahead fills the cache for the reads it anticipates. A
+                                // client's read of a whole unit keeps no copy: the block layer
+                                // or file system above caches what it reads again, and copying
+                                // every unit cost more than the rare hit saved.
+                                if class == IoClass::Readahead && self.cache.accepts(n as u64) {
                                     self.cache.insert(payload.offset, Arc::new(dst.to_vec()));
                                 }
                             }
@@ -785,12 +789,20 @@ impl Snapshot {
                     // with the (cached) payload.
                     self.io
                         .read(class, Dev::Base, base_offset + skip as u64, dst)?;
-                    let unit = self.unit(class, &payload)?;
-                    let pl = unit
-                        .get(skip as usize..skip as usize + n)
-                        .ok_or_else(|| short(&payload))?;
-                    for (d, p) in dst.iter_mut().zip(pl) {
-                        *d ^= p;
+                    if skip == 0 && n == payload.unit_len as usize && class != IoClass::Readahead {
+                        // A whole block: decode the delta into a per-thread buffer (no cache
+                        // entry, as for whole REPLACE units).
+                        with_unit_scratch(n, |pl| {
+                            self.decode_into(class, &payload, pl)?;
+                            xor_into(dst, pl);
+                            Ok::<(), SnapError>(())
+                        })?;
+                    } else {
+                        let unit = self.unit(class, &payload)?;
+                        let pl = unit
+                            .get(skip as usize..skip as usize + n)
+                            .ok_or_else(|| short(&payload))?;
+                        xor_into(dst, pl);
                     }
                 }
                 Segment::Staged { slot, skip, .. } => {
@@ -976,6 +988,30 @@ impl Snapshot {
 
 /// Run `f` on a per-thread reusable buffer of `len` bytes (compressed payload bytes read from the
 /// COW): no allocation or zeroing per request once the buffer has grown.
+/// `dst ^= src` over their common length.
+fn xor_into(dst: &mut [u8], src: &[u8]) {
+    for (d, s) in dst.iter_mut().zip(src) {
+        *d ^= s;
+    }
+}
+
+/// A per-thread buffer for one decoded unit (beside [`with_scratch`]'s, which holds the
+/// compressed bytes while it decodes).
+fn with_unit_scratch<R>(len: usize, f: impl FnOnce(&mut [u8]) -> R) -> R {
+    thread_local! {
+        static BUF: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+    }
+    BUF.with(|cell| match cell.try_borrow_mut() {
+        Ok(mut v) if len <= 1 << 20 => {
+            if v.len() < len {
+                v.resize(len, 0);
+            }
+            f(&mut v[..len])
+        }
+        _ => f(&mut vec![0u8; len]),
+    })
+}
+
 fn with_scratch<R>(len: usize, f: impl FnOnce(&mut [u8]) -> R) -> R {
     thread_local! {
         static BUF: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };

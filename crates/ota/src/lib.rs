@@ -17,7 +17,10 @@
 #![warn(missing_docs)]
 #![warn(unreachable_pub, unnameable_types)]
 
+mod apply;
+mod bspatch;
 mod container;
+mod delta;
 mod error;
 mod extract;
 #[cfg(feature = "test-utils")]
@@ -32,14 +35,19 @@ mod summary;
 #[cfg(feature = "test-utils")]
 pub mod testing;
 
+pub use apply::{ApplyPlan, Blocker, CheckedSources, SkippedPartition};
+pub use bspatch::PatchError;
 pub use container::{Container, Ota, PAYLOAD_ENTRY, PROPERTIES_NAME, PropertiesOrigin};
+pub use delta::MAX_PATCH_INPUT;
 pub use error::{OpError, OtaError, Result};
 pub use extract::{
     ExtractOptions, ExtractProgress, ExtractReport, MAX_THREADS, Output, PartitionReport,
 };
-pub use ops::extract_supports;
+pub use ops::{apply_supports, extract_supports};
 pub use payload::{HEADER_LEN, Header, MAGIC, MAJOR_VERSION, MAX_MANIFEST, Payload};
-pub use plan::{ExtractPlan, MAX_NAME, MAX_PARTITION, PlannedPartition, check_partition_name};
+pub use plan::{
+    ExtractPlan, MAX_NAME, MAX_PARTITION, PlannedPartition, PlannedSource, check_partition_name,
+};
 pub use properties::{Check, Properties, PropertiesReport};
 pub use proto::{
     ApexInfo, CowMergeOpType, CowMergeOperation, DeltaArchiveManifest, DynamicPartitionGroup,

@@ -263,7 +263,7 @@ impl Payload {
                 if count > 0 {
                     spans.push((start, end, i, x));
                 }
-                op_bytes += count * bs;
+                op_bytes = op_bytes.saturating_add(count * bs);
             }
             if op.op_type() == Ok(crate::proto::OpType::Replace) && length > op_bytes {
                 return Err(op_err(
@@ -274,7 +274,7 @@ impl Payload {
                     },
                 ));
             }
-            dst_bytes += op_bytes;
+            dst_bytes = dst_bytes.saturating_add(op_bytes);
         }
         spans.sort_unstable();
         // The extent reaching furthest so far, and whose it is.

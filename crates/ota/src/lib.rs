@@ -8,11 +8,16 @@
 //! * [`Payload::plan_extract`] checks everything a full-payload extraction needs before the
 //!   first write; [`ExtractPlan::run`] writes the partitions to caller-provided [`Output`]s in
 //!   parallel and verifies every blob's and every partition's SHA-256.
+//! * [`Payload::plan_apply`] does the same for an incremental payload, whose partitions are
+//!   built from their old images (SOURCE_COPY, SOURCE_BSDIFF and BROTLI_BSDIFF, with the crate's
+//!   own BSDIFF40/BSDF2 applier); [`ApplyPlan::check_sources`] checks the old images against
+//!   `old_partition_info` before anything is written, and [`ApplyPlan::run`] builds the
+//!   partitions, every operation's source bytes checked against `src_sha256_hash` before use.
 //!
 //! The manifest's messages are written by hand from update_engine's field numbers
-//! (`prost` derive, no code generator). Incremental operations (SOURCE_COPY, the bsdiff
-//! family, PUFFDIFF, ...) and signature verification are not implemented yet: the op dispatch
-//! reports them as [`OpError::Unsupported`].
+//! (`prost` derive, no code generator). PUFFDIFF, ZUCCHINI, LZ4DIFF_*, recomputing dm-verity
+//! data and signature verification are not implemented yet: the planners report partitions
+//! that need them ([`Blocker`]), and the op dispatch answers [`OpError::Unsupported`].
 
 #![warn(missing_docs)]
 #![warn(unreachable_pub, unnameable_types)]

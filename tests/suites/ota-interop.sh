@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Interop of snapblk's OTA payloads with an independent reader: installs PyPI payload-dumper
-# 0.3.0 into a venv (pip from PyPI) and runs the ignored cargo test that has it extract payloads
-# written by snapblk-ota's writer (crates/ota/tests/interop.rs), and checks that it extracts the
-# AOSP sample full payload to the same images as `snapblk ota extract`. Fails if pip or the
-# dumper is missing (never skips). Ends with "N passed, N failed".
+# 0.3.0 (and with it PyPI bsdiff4) into a venv (pip from PyPI) and runs the ignored cargo tests
+# that have it extract full payloads and apply incremental ones (SOURCE_COPY, SOURCE_BSDIFF with
+# patches made by bsdiff4 and Debian's bsdiff) written by snapblk-ota's writer
+# (crates/ota/tests/interop.rs), and checks that it extracts the AOSP sample full payload to the
+# same images as `snapblk ota extract`. Fails if pip or the dumper is missing (never skips).
+# Ends with "N passed, N failed".
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 root=$PWD
@@ -20,13 +22,19 @@ else
   echo "$passed passed, $failed failed"; exit 1
 fi
 dumper=$work/venv/bin/payload_dumper
-if PAYLOAD_DUMPER=$dumper cargo test -q -p snapblk-ota --test interop -- --ignored --exact \
-     payload_dumper_reads_our_payloads_to_the_same_images > "$work/test.txt" 2>&1 \
-   && grep -q '^test result: ok. 1 passed' "$work/test.txt"; then
-  ok "payload-dumper reads payloads written by snapblk-ota to the same images"
-else
-  tail -30 "$work/test.txt"; bad "payload-dumper reading payloads written by snapblk-ota"
-fi
+interop() {  # interop TEST WHAT: run one ignored test of crates/ota/tests/interop.rs
+  if PAYLOAD_DUMPER=$dumper BSDIFF4_PYTHON=$work/venv/bin/python \
+       cargo test -q -p snapblk-ota --test interop -- --ignored --exact "$1" > "$work/test.txt" 2>&1 \
+     && grep -q '^test result: ok. 1 passed' "$work/test.txt"; then
+    ok "$2"
+  else
+    tail -30 "$work/test.txt"; bad "$2"
+  fi
+}
+interop payload_dumper_reads_our_payloads_to_the_same_images \
+  "payload-dumper reads full payloads written by snapblk-ota to the same images"
+interop payload_dumper_reads_our_incremental_payloads_to_the_same_images \
+  "payload-dumper applies incremental payloads written by snapblk-ota (bsdiff4 and bsdiff patches) to the same images as snapblk"
 # Both read the AOSP sample full payload to the same images.
 cargo build -q -p snapblk-cli || { bad "cargo build -p snapblk-cli"; echo "$passed passed, $failed failed"; exit 1; }
 tar -xf tests/data/ota/sample_payloads.tar.xz -C "$work"

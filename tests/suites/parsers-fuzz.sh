@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Fuzz smoke for the COW record parser (crates/cow/fuzz, target `record`), the device-spec
-# parser (crates/snapblk/fuzz, target `spec`) and the OTA payload parser and extractor
-# (crates/ota/fuzz, target `payload`, seeded with the AOSP sample payloads): builds the libFuzzer targets with the nightly
-# toolchain and coverage instrumentation, runs each for FUZZ_SECS seconds (default 20) from a few
-# valid seeds. Fails if the toolchain is missing or a target crashes. Ends with
+# parser (crates/snapblk/fuzz, target `spec`), the OTA payload parser and extractor
+# (crates/ota/fuzz, target `payload`, seeded with the AOSP sample payloads) and the bsdiff
+# applier of OTA apply (target `bspatch`, seeded with Debian bsdiff's patches, also repacked as
+# BSDF2): builds the libFuzzer targets with the nightly toolchain and coverage
+# instrumentation, runs each for FUZZ_SECS seconds (default 20) from a few valid seeds. Fails if the toolchain is missing or a target crashes. Ends with
 # "N passed, N failed". Long campaigns: scripts/fuzz-campaign.sh.
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
@@ -35,4 +36,7 @@ fuzz_build
 mkdir -p corpus/payload
 bash "$ROOT/tests/lib/ota-seeds.sh" corpus/payload || bad "seed the payload corpus"
 fuzz_run payload -max_len=65536 -timeout=10 -rss_limit_mb=2048
+mkdir -p corpus/bspatch
+bash "$ROOT/tests/lib/bspatch-seeds.sh" corpus/bspatch || bad "seed the bspatch corpus"
+fuzz_run bspatch -max_len=65536 -timeout=10 -rss_limit_mb=2048
 fuzz_summary

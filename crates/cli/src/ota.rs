@@ -6,12 +6,13 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
 use clap::Subcommand;
+use snapblk_core::ReadAt;
 use snapblk_ota::{
-    Check, Container, ExtractOptions, ExtractProgress, Ota, Output, PropertiesOrigin,
-    PropertiesReport, Summary,
+    Check, Container, ExtractOptions, ExtractProgress, ExtractReport, Ota, Output,
+    PropertiesOrigin, PropertiesReport, Summary, check_partition_name,
 };
 
-use crate::outfile::{AtomicFile, refuse_alias};
+use crate::outfile::{AtomicFile, refuse_alias, same_file};
 use crate::progress::Progress;
 
 /// Print a line to stdout; a write error is the command's error.
@@ -25,6 +26,8 @@ macro_rules! say {
 const INFO_SCHEMA: &str = "snapblk.ota-info.v1";
 /// Schema of `ota extract --json` documents.
 const EXTRACT_SCHEMA: &str = "snapblk.ota-extract.v1";
+/// Schema of `ota apply --json` documents.
+const APPLY_SCHEMA: &str = "snapblk.ota-apply.v1";
 
 #[derive(Subcommand)]
 pub enum OtaCmd {
@@ -58,6 +61,33 @@ pub enum OtaCmd {
         #[arg(long)]
         json: bool,
     },
+    /// Build the partitions of an incremental OTA from their old images: reads
+    /// OLDDIR/<partition>.img, writes DIR/<partition>.img, each old image checked against the
+    /// payload before anything is written and each new image against the payload's hashes
+    /// before it appears under its name.
+    Apply {
+        /// The OTA: a zip with payload.bin, or a bare payload.bin.
+        ota: PathBuf,
+        /// Directory of the old images, OLDDIR/<partition>.img.
+        #[arg(long, value_name = "OLDDIR")]
+        source: PathBuf,
+        /// Output directory (created if missing; never the source directory).
+        #[arg(short = 'o', long = "output", value_name = "DIR")]
+        out: PathBuf,
+        /// Only these partitions (comma-separated names).
+        #[arg(long, value_delimiter = ',', value_name = "A,B")]
+        partitions: Vec<String>,
+        /// Leave out the partitions this build cannot build (PUFFDIFF, ZUCCHINI, LZ4DIFF or
+        /// unknown operations, dm-verity data left to the device) and build the rest.
+        #[arg(long)]
+        skip_unsupported: bool,
+        /// Worker threads, 1..=256 (default: all cores).
+        #[arg(long, value_parser = clap::value_parser!(u16).range(1..=256))]
+        threads: Option<u16>,
+        /// Print the result as JSON.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 pub fn run(c: OtaCmd) -> Result<()> {
@@ -76,6 +106,26 @@ pub fn run(c: OtaCmd) -> Result<()> {
         } => {
             let r = extract(&ota, &out, &partitions, threads, json);
             verdict(json, EXTRACT_SCHEMA, r)
+        }
+        OtaCmd::Apply {
+            ota,
+            source,
+            out,
+            partitions,
+            skip_unsupported,
+            threads,
+            json,
+        } => {
+            let a = ApplyArgs {
+                ota: &ota,
+                source: &source,
+                out: &out,
+                partitions: &partitions,
+                skip_unsupported,
+                threads,
+                json,
+            };
+            verdict(json, APPLY_SCHEMA, apply(&a))
         }
     }
 }
@@ -259,6 +309,17 @@ fn print_info(
                 p.fec_roots.map_or("no".into(), |r| format!("{r} roots"))
             );
         }
+        if s.kind == "incremental" {
+            if p.applicable {
+                say!("    apply: yes");
+            } else if let Some(b) = &p.apply_blocker {
+                say!("    apply: no ({})", blocker_text(b));
+            } else if let Some(why) = p.name_problem {
+                say!("    apply: no (partition name: {why})");
+            } else {
+                say!("    apply: no (new_partition_info lacks a size or a SHA-256)");
+            }
+        }
         if p.extractable {
             say!("    extract: yes");
         } else if !p.blocked_by.is_empty() {
@@ -271,6 +332,126 @@ fn print_info(
         } else {
             say!("    extract: no (new_partition_info lacks a size or a SHA-256)");
         }
+    }
+    Ok(())
+}
+
+/// Why `apply` cannot build a partition, for `info` and the skip report.
+fn blocker_text(b: &snapblk_ota::Blocker) -> String {
+    match b {
+        snapblk_ota::Blocker::Operation { index, op_type } => {
+            format!("{op_type} at op {index} not supported")
+        }
+        snapblk_ota::Blocker::Verity => {
+            "dm-verity hash tree and FEC left to the device; recomputing them is not supported yet"
+                .to_string()
+        }
+    }
+}
+
+/// Make `dir` a directory if it is not one yet; refuse a path that is something else.
+fn output_dir(dir: &Path) -> Result<()> {
+    match std::fs::metadata(dir) {
+        Ok(m) if !m.is_dir() => bail!("-o {} is not a directory", dir.display()),
+        Ok(_) => Ok(()),
+        Err(_) => std::fs::create_dir_all(dir)
+            .with_context(|| format!("create directory {}", dir.display())),
+    }
+}
+
+/// Runs a checked plan into its outputs.
+type RunPlan<'a> =
+    dyn Fn(&[&dyn Output], &ExtractOptions<'_>) -> snapblk_ota::Result<ExtractReport> + 'a;
+
+/// The images a command writes.
+struct Images<'a> {
+    /// Output directory.
+    dir: &'a Path,
+    /// Partition names: DIR/<name>.img.
+    names: Vec<&'a str>,
+    /// Files no output may be (flag, path).
+    inputs: Vec<(&'a str, &'a Path)>,
+    /// Bytes the operations write (for the progress bar).
+    bytes: u64,
+    /// Progress bar label.
+    label: &'static str,
+    /// `--threads`.
+    threads: Option<u16>,
+}
+
+/// Write the images through `run`, named only after `run` and the FILE_HASH check (a reader
+/// beside the workers) passed.
+fn write_images(
+    ota: &Ota,
+    im: &Images<'_>,
+    run: &RunPlan<'_>,
+) -> Result<(ExtractReport, Option<Check>)> {
+    let (dir, names, inputs, threads) = (im.dir, &im.names, &im.inputs, im.threads);
+    output_dir(dir)?;
+    let mut files = Vec::with_capacity(names.len());
+    for name in names {
+        let target = dir.join(format!("{name}.img"));
+        refuse_alias("-o", &target, inputs)?;
+        files.push((AtomicFile::create(&target)?, target));
+    }
+    let outputs: Vec<&dyn Output> = files.iter().map(|(f, _)| f.file() as &dyn Output).collect();
+    let bar = Progress::bytes(im.bytes, im.label);
+    let on = |e: ExtractProgress| {
+        if let ExtractProgress::Advance { bytes } = e {
+            bar.inc(bytes);
+        }
+    };
+    let opts = ExtractOptions {
+        threads: threads.map_or(0, usize::from),
+        progress: Some(&on),
+    };
+    let payload = ota.payload();
+    let (report, file_hash) = std::thread::scope(|s| {
+        let h = s.spawn(|| match ota.properties() {
+            Some((p, _)) => p.check_file_hash(payload, &mut |_| {}).map(Some),
+            None => Ok(None),
+        });
+        let r = run(&outputs, &opts);
+        (r, h.join())
+    });
+    bar.finish();
+    let report = report?;
+    let file_hash = file_hash.map_err(|_| anyhow::anyhow!("the FILE_HASH reader panicked"))??;
+    drop(outputs);
+    for (f, target) in files {
+        f.commit()
+            .with_context(|| format!("naming {}", target.display()))?;
+    }
+    Ok((report, file_hash))
+}
+
+/// The OTA and the `payload_properties.txt` beside it: inputs no output may be.
+fn ota_inputs(ota: &Ota, path: &Path) -> Vec<(&'static str, PathBuf)> {
+    let mut inputs = vec![("OTA", path.to_path_buf())];
+    if let Some((_, PropertiesOrigin::File { path: p })) = ota.properties() {
+        inputs.push(("payload_properties.txt", p.clone()));
+    }
+    inputs
+}
+
+fn with_file_hash(props: Option<PropertiesReport>, c: Option<Check>) -> Option<PropertiesReport> {
+    props.map(|mut r| {
+        if let Some(c) = c {
+            r.file_hash = c;
+        }
+        r
+    })
+}
+
+fn print_partitions(report: &ExtractReport) -> Result<()> {
+    for p in &report.partitions {
+        say!(
+            "{}.img: {} bytes, {} ops, sha256 {} verified",
+            p.name,
+            p.size,
+            p.ops,
+            p.sha256
+        );
     }
     Ok(())
 }
@@ -288,56 +469,17 @@ fn extract(
     let names = (!partitions.is_empty()).then_some(partitions);
     // Everything about the payload is checked before the output directory is touched.
     let plan = payload.plan_extract(names)?;
-    match std::fs::metadata(dir) {
-        Ok(m) if !m.is_dir() => bail!("-o {} is not a directory", dir.display()),
-        Ok(_) => {}
-        Err(_) => std::fs::create_dir_all(dir)
-            .with_context(|| format!("create directory {}", dir.display()))?,
-    }
-    let mut inputs: Vec<(&str, &Path)> = vec![("OTA", path)];
-    if let Some((_, PropertiesOrigin::File { path: p })) = ota.properties() {
-        inputs.push(("payload_properties.txt", p));
-    }
-    let mut files = Vec::with_capacity(plan.partitions().len());
-    for p in plan.partitions() {
-        let target = dir.join(format!("{}.img", p.name));
-        refuse_alias("-o", &target, &inputs)?;
-        files.push((AtomicFile::create(&target)?, target));
-    }
-    let outputs: Vec<&dyn Output> = files.iter().map(|(f, _)| f.file() as &dyn Output).collect();
-    let bar = Progress::bytes(plan.dst_bytes(), "extract");
-    let on = |e: ExtractProgress| {
-        if let ExtractProgress::Advance { bytes } = e {
-            bar.inc(bytes);
-        }
+    let inputs = ota_inputs(&ota, path);
+    let images = Images {
+        dir,
+        names: plan.partitions().iter().map(|p| p.name.as_str()).collect(),
+        inputs: inputs.iter().map(|(f, p)| (*f, p.as_path())).collect(),
+        bytes: plan.dst_bytes(),
+        label: "extract",
+        threads,
     };
-    let opts = ExtractOptions {
-        threads: threads.map_or(0, usize::from),
-        progress: Some(&on),
-    };
-    // FILE_HASH is checked by a reader beside the workers; nothing is named before it passes.
-    let (report, file_hash) = std::thread::scope(|s| {
-        let h = s.spawn(|| match ota.properties() {
-            Some((p, _)) => p.check_file_hash(payload, &mut |_| {}).map(Some),
-            None => Ok(None),
-        });
-        let r = plan.run(&outputs, &opts);
-        (r, h.join())
-    });
-    bar.finish();
-    let report = report?;
-    let file_hash = file_hash.map_err(|_| anyhow::anyhow!("the FILE_HASH reader panicked"))??;
-    drop(outputs);
-    for (f, target) in files {
-        f.commit()
-            .with_context(|| format!("naming {}", target.display()))?;
-    }
-    let props = props.map(|mut r| {
-        if let Some(c) = file_hash {
-            r.file_hash = c;
-        }
-        r
-    });
+    let (report, file_hash) = write_images(&ota, &images, &|outs, opts| plan.run(outs, opts))?;
+    let props = with_file_hash(props, file_hash);
     if json {
         let doc = serde_json::json!({
             "schema": EXTRACT_SCHEMA,
@@ -350,19 +492,121 @@ fn extract(
         say!("{}", serde_json::to_string_pretty(&doc)?);
         return Ok(());
     }
-    for p in &report.partitions {
-        say!(
-            "{}.img: {} bytes, {} ops, sha256 {} verified",
-            p.name,
-            p.size,
-            p.ops,
-            p.sha256
-        );
-    }
+    print_partitions(&report)?;
     say!(
         "{} partitions written to {}",
         report.partitions.len(),
         dir.display()
+    );
+    Ok(())
+}
+
+struct ApplyArgs<'a> {
+    ota: &'a Path,
+    source: &'a Path,
+    out: &'a Path,
+    partitions: &'a [String],
+    skip_unsupported: bool,
+    threads: Option<u16>,
+    json: bool,
+}
+
+fn apply(a: &ApplyArgs<'_>) -> Result<()> {
+    let ota = open(a.ota)?;
+    let props = check_properties(&ota, false)?;
+    let payload = ota.payload();
+    let names = (!a.partitions.is_empty()).then_some(a.partitions);
+    let plan = payload.plan_apply(names, a.skip_unsupported)?;
+    match std::fs::metadata(a.source) {
+        Ok(m) if m.is_dir() => {}
+        Ok(_) => bail!("--source {} is not a directory", a.source.display()),
+        Err(e) => return Err(e).with_context(|| format!("--source {}", a.source.display())),
+    }
+    if same_file(a.out, a.source) {
+        bail!(
+            "-o {} is the same directory as --source {}; refusing to write over the old images",
+            a.out.display(),
+            a.source.display()
+        );
+    }
+    // The old images: every planned partition's that has one, opened read-only; a missing one
+    // is an error only for a partition whose operations read it.
+    let old_path = |name: &str| a.source.join(format!("{name}.img"));
+    let mut olds = Vec::with_capacity(plan.partitions().len());
+    for p in plan.partitions() {
+        let Some(s) = &p.source else {
+            olds.push(None);
+            continue;
+        };
+        let path = old_path(&p.name);
+        match std::fs::File::open(&path) {
+            Ok(f) => olds.push(Some(f)),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && !s.read => olds.push(None),
+            Err(e) => {
+                return Err(e).with_context(|| {
+                    format!("partition {}: old image {}", p.name, path.display())
+                });
+            }
+        }
+    }
+    let sources: Vec<Option<&(dyn ReadAt + Sync)>> = olds
+        .iter()
+        .map(|f| f.as_ref().map(|f| f as &(dyn ReadAt + Sync)))
+        .collect();
+    let bar = Progress::bytes(plan.source_hash_bytes(), "check old");
+    let on = |n: u64| bar.inc(n);
+    let threads = a.threads.map_or(0, usize::from);
+    let checked = plan.check_sources(&sources, threads, Some(&on));
+    bar.finish();
+    let checked = checked?;
+    // No output may be the OTA or any old image (hard links, symlinks).
+    let mut inputs = ota_inputs(&ota, a.ota);
+    for p in &payload.manifest().partitions {
+        if check_partition_name(&p.partition_name).is_ok() {
+            inputs.push(("--source", old_path(&p.partition_name)));
+        }
+    }
+    let images = Images {
+        dir: a.out,
+        names: plan.partitions().iter().map(|p| p.name.as_str()).collect(),
+        inputs: inputs.iter().map(|(f, p)| (*f, p.as_path())).collect(),
+        bytes: plan.dst_bytes(),
+        label: "apply",
+        threads: a.threads,
+    };
+    let run = |outs: &[&dyn Output], opts: &ExtractOptions<'_>| plan.run(&checked, outs, opts);
+    let (report, file_hash) = write_images(&ota, &images, &run)?;
+    let props = with_file_hash(props, file_hash);
+    if a.json {
+        let doc = serde_json::json!({
+            "schema": APPLY_SCHEMA,
+            "ok": true,
+            "source_dir": a.source,
+            "output_dir": a.out,
+            "threads": report.threads,
+            "properties": props,
+            "partitions": report.partitions,
+            "skipped": plan.skipped(),
+        });
+        say!("{}", serde_json::to_string_pretty(&doc)?);
+        return Ok(());
+    }
+    print_partitions(&report)?;
+    for s in plan.skipped() {
+        say!(
+            "skipped {}: {}",
+            s.name.escape_debug(),
+            blocker_text(&s.blocker)
+        );
+    }
+    say!(
+        "{} partitions written to {}{}",
+        report.partitions.len(),
+        a.out.display(),
+        match plan.skipped().len() {
+            0 => String::new(),
+            n => format!(", {n} skipped"),
+        }
     );
     Ok(())
 }

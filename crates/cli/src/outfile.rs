@@ -74,6 +74,11 @@ pub fn refuse_alias(out_flag: &str, out: &Path, inputs: &[(&str, &Path)]) -> Res
     Ok(())
 }
 
+/// Whether `a` and `b` name the same existing file or directory (by device and inode).
+pub fn same_file(a: &Path, b: &Path) -> bool {
+    identity(a).is_some_and(|x| identity(b) == Some(x))
+}
+
 /// Refuse when two inputs that must differ are the same file.
 pub fn refuse_same(a: (&str, &Path), b: (&str, &Path)) -> Result<()> {
     if let (Some(x), Some(y)) = (identity(a.1), identity(b.1))
@@ -473,5 +478,23 @@ mod tests {
         assert!(refuse_alias("-o", &h, &[("--old", &a)]).is_err());
         assert!(refuse_alias("-o", &s, &[("--old", &a)]).is_err());
         assert!(refuse_alias("-o", &d.path().join("new"), &[("--old", &a)]).is_ok());
+    }
+
+    #[test]
+    fn same_file_compares_directories_by_inode() {
+        let d = tempfile::tempdir().unwrap();
+        let x = d.path().join("x");
+        std::fs::create_dir(&x).unwrap();
+        std::fs::create_dir(d.path().join("y")).unwrap();
+        let l = d.path().join("l");
+        std::os::unix::fs::symlink(&x, &l).unwrap();
+        assert!(same_file(&x, &l));
+        assert!(same_file(&x, &x.join(".")));
+        assert!(!same_file(&x, &d.path().join("y")));
+        assert!(!same_file(&x, &d.path().join("missing")));
+        assert!(!same_file(
+            &d.path().join("missing"),
+            &d.path().join("missing")
+        ));
     }
 }

@@ -160,6 +160,14 @@ pub enum OtaError {
         /// `size` or `hash`.
         missing: &'static str,
     },
+    /// `old_partition_info` is unusable.
+    #[error("partition {partition}: old_partition_info {problem}")]
+    OldPartitionInfo {
+        /// Partition name.
+        partition: String,
+        /// What is wrong with it.
+        problem: &'static str,
+    },
     /// A partition is larger than this reader accepts.
     #[error("partition {partition}: size {size} is larger than the limit of {limit} bytes")]
     PartitionTooLarge {
@@ -215,6 +223,85 @@ pub enum OtaError {
     /// A worker thread panicked (a bug).
     #[error("an extraction worker panicked")]
     WorkerPanic,
+    /// The payload leaves the partition's dm-verity hash tree or FEC for the device to compute,
+    /// which `apply` cannot do yet.
+    #[error(
+        "partition {partition}: the payload leaves the dm-verity hash tree and FEC to the device; recomputing them is not supported yet"
+    )]
+    VerityNotSupported {
+        /// Partition name.
+        partition: String,
+    },
+    /// The caller passed a number of sources other than the number of planned partitions.
+    #[error("{given} sources for {planned} partitions")]
+    SourceCount {
+        /// Sources given.
+        given: usize,
+        /// Partitions planned.
+        planned: usize,
+    },
+    /// A partition reads its old image, and none was given.
+    #[error("partition {partition}: the payload updates the old image, and none was given")]
+    NoSource {
+        /// Partition name.
+        partition: String,
+    },
+    /// The old image does not have `old_partition_info.size`.
+    #[error(
+        "partition {partition}: the old image is {found} bytes, old_partition_info.size is {expected}"
+    )]
+    SourceSize {
+        /// Partition name.
+        partition: String,
+        /// `old_partition_info.size`.
+        expected: u64,
+        /// The image's size.
+        found: u64,
+    },
+    /// The old image is an Android sparse image (its size cannot match).
+    #[error(
+        "partition {partition}: the old image is an Android sparse image; expand it first (simg2img)"
+    )]
+    SourceSparse {
+        /// Partition name.
+        partition: String,
+    },
+    /// The old image is shorter than the operations' source extents reach (when the manifest
+    /// has no `old_partition_info.size`).
+    #[error(
+        "partition {partition}: the old image is {len} bytes, the operations read blocks up to byte {need}"
+    )]
+    SourceTooShort {
+        /// Partition name.
+        partition: String,
+        /// The image's size.
+        len: u64,
+        /// End of the furthest source extent.
+        need: u64,
+    },
+    /// The old image does not have `old_partition_info.hash`.
+    #[error(
+        "partition {partition}: the old image's SHA-256 {found} does not match old_partition_info's {expected}"
+    )]
+    SourceHash {
+        /// Partition name.
+        partition: String,
+        /// Hex SHA-256 from the manifest.
+        expected: String,
+        /// Hex SHA-256 of the image.
+        found: String,
+    },
+    /// Reading the old image failed.
+    #[error("partition {partition}: {doing} the old image")]
+    SourceRead {
+        /// Partition name.
+        partition: String,
+        /// `sizing`, `reading`.
+        doing: &'static str,
+        /// The I/O error.
+        #[source]
+        source: io::Error,
+    },
 }
 
 /// What is wrong with one operation (inside [`OtaError::Op`]).
@@ -312,6 +399,73 @@ pub enum OpError {
         #[source]
         source: io::Error,
     },
+    /// A source extent ends past the old partition.
+    #[error(
+        "source extent {extent} (blocks {start}+{count}) ends past the old partition's {blocks} blocks"
+    )]
+    SourceExtentPastPartition {
+        /// Index of the extent in the op.
+        extent: usize,
+        /// First block.
+        start: u64,
+        /// Block count.
+        count: u64,
+        /// Blocks in the old partition.
+        blocks: u64,
+    },
+    /// `src_sha256_hash` is not 32 bytes.
+    #[error("src_sha256_hash has {0} bytes, not 32")]
+    BadSourceHashLength(usize),
+    /// The old bytes the op reads do not have `src_sha256_hash`.
+    #[error("source SHA-256 {found} does not match src_sha256_hash {expected}")]
+    SourceHash {
+        /// Hex from the manifest.
+        expected: String,
+        /// Hex of the source extents' bytes.
+        found: String,
+    },
+    /// A SOURCE_COPY whose source and destination differ in size.
+    #[error("SOURCE_COPY reads {src} bytes and writes {dst}")]
+    CopyLength {
+        /// Bytes of the source extents.
+        src: u64,
+        /// Bytes of the destination extents.
+        dst: u64,
+    },
+    /// A patch operation's source or patch is larger than this build holds in memory.
+    #[error("{what} of {bytes} bytes is more than the limit of {limit} per operation")]
+    TooLarge {
+        /// `the source` or `the patch`.
+        what: &'static str,
+        /// Its size.
+        bytes: u64,
+        /// The limit.
+        limit: u64,
+    },
+    /// Memory for the op's source or patch could not be allocated.
+    #[error("no memory for {bytes} bytes")]
+    NoMemory {
+        /// Bytes asked for.
+        bytes: u64,
+    },
+    /// Reading the old image failed.
+    #[error("reading the old image at byte {offset}")]
+    SourceRead {
+        /// Byte offset in the old partition.
+        offset: u64,
+        /// The I/O error.
+        #[source]
+        source: io::Error,
+    },
+    /// The op's bsdiff patch is bad.
+    #[error("applying the {op_type} patch")]
+    Patch {
+        /// SOURCE_BSDIFF or BROTLI_BSDIFF.
+        op_type: OpType,
+        /// What is wrong with it.
+        #[source]
+        source: crate::bspatch::PatchError,
+    },
 }
 
 #[cfg(test)]
@@ -376,5 +530,32 @@ mod tests {
             offset: 0,
             source: io(),
         });
+        assert_cause_is_source(&OpError::SourceRead {
+            offset: 0,
+            source: io(),
+        });
+        assert_cause_is_source(&OtaError::SourceRead {
+            partition: "system".into(),
+            doing: "reading",
+            source: io(),
+        });
+        let line = errors::assert_cause_is_source(
+            &op(OpError::Patch {
+                op_type: OpType::BrotliBsdiff,
+                source: crate::bspatch::PatchError::Decode {
+                    stream: "diff",
+                    source: io(),
+                },
+            }),
+            Some("applying the BROTLI_BSDIFF patch"),
+        );
+        assert_cause_is_source(&crate::bspatch::PatchError::Decode {
+            stream: "diff",
+            source: io(),
+        });
+        assert_eq!(
+            line,
+            "partition system, op 3: applying the BROTLI_BSDIFF patch: decompressing the diff stream: disk on fire"
+        );
     }
 }

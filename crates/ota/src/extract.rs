@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use sha2::{Digest, Sha256};
 
 use crate::error::{OtaError, Result};
-use crate::ops::{Buffers, WRITE_CHUNK, apply};
+use crate::ops::{Buffers, Src, WRITE_CHUNK, apply};
 use crate::plan::{ExtractPlan, PlannedPartition};
 
 /// Most worker threads an extraction uses, whatever it is asked.
@@ -81,6 +81,9 @@ pub struct PartitionReport {
     pub ops: usize,
     /// Operations without `data_sha256_hash` (their data is covered by the partition hash).
     pub ops_without_data_hash: usize,
+    /// Operations that read the old image without a `src_sha256_hash` (`apply`; their source
+    /// is covered by `old_partition_info.hash`, when present, and the partition hash).
+    pub ops_without_source_hash: usize,
     /// Bytes written to the output (the rest is holes).
     pub written_bytes: u64,
 }
@@ -99,6 +102,7 @@ pub struct ExtractReport {
 struct Tally {
     remaining: AtomicUsize,
     unhashed: AtomicUsize,
+    src_unhashed: AtomicUsize,
     written: AtomicU64,
     hash: Mutex<Option<[u8; 32]>>,
 }
@@ -121,6 +125,17 @@ impl ExtractPlan<'_> {
     /// `new_partition_info.hash`. On error the outputs hold partial data: the caller discards
     /// them (the CLI writes to unnamed temporary files and names them only after success).
     pub fn run(&self, outputs: &[&dyn Output], opts: &ExtractOptions<'_>) -> Result<ExtractReport> {
+        self.run_with(&vec![None; self.parts.len()], outputs, opts)
+    }
+
+    /// [`ExtractPlan::run`], the partitions reading their old images `sources` (`apply`; the
+    /// caller checked them against the plan).
+    pub(crate) fn run_with(
+        &self,
+        sources: &[Option<Src<'_>>],
+        outputs: &[&dyn Output],
+        opts: &ExtractOptions<'_>,
+    ) -> Result<ExtractReport> {
         if outputs.len() != self.parts.len() {
             return Err(OtaError::OutputCount {
                 given: outputs.len(),
@@ -184,7 +199,8 @@ impl ExtractPlan<'_> {
                 };
                 let p = &self.parts[pi];
                 let op = &manifest.partitions[p.index].operations[oi];
-                let r = apply(self.payload, op, p.size, outputs[pi], &mut bufs)
+                let source = sources.get(pi).copied().flatten();
+                let r = apply(self.payload, op, p.size, outputs[pi], source, &mut bufs)
                     .map_err(|source| OtaError::Op {
                         partition: p.name.clone(),
                         index: oi,
@@ -195,6 +211,9 @@ impl ExtractPlan<'_> {
                         t.written.fetch_add(st.written, Ordering::Relaxed);
                         if st.unhashed {
                             t.unhashed.fetch_add(1, Ordering::Relaxed);
+                        }
+                        if st.src_unhashed {
+                            t.src_unhashed.fetch_add(1, Ordering::Relaxed);
                         }
                         let bs = u64::from(self.payload.block_size());
                         let n: u64 = op.dst_extents.iter().map(|e| e.num_blocks() * bs).sum();
@@ -232,6 +251,7 @@ impl ExtractPlan<'_> {
                 sha256: crate::hex(hash.as_ref().unwrap_or(&p.sha256)),
                 ops: p.ops,
                 ops_without_data_hash: t.unhashed.load(Ordering::Relaxed),
+                ops_without_source_hash: t.src_unhashed.load(Ordering::Relaxed),
                 written_bytes: t.written.load(Ordering::Relaxed),
             });
         }

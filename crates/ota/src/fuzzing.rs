@@ -1,5 +1,5 @@
-//! Entry points shared by the cargo-fuzz targets (crates/ota/fuzz) and the in-suite fuzz
-//! smoke test. They must never panic, whatever the input.
+//! Entry points shared by the cargo-fuzz targets (crates/ota/fuzz: `payload`, `bspatch`) and
+//! the in-suite fuzz smoke test. They must never panic, whatever the input.
 
 use prost::Message;
 
@@ -9,9 +9,9 @@ use crate::proto::DeltaArchiveManifest;
 /// Largest total partition size extracted into memory per input.
 const MAX_EXTRACT: u64 = 16 << 20;
 
-/// Parse `data` as a payload and do what `ota info` and `ota extract` do with it: the summary,
-/// the metadata signature, the extraction plan and, when the partitions are small, the
-/// extraction itself into memory. The first byte is a flag: with bit 0 set, the rest is a
+/// Parse `data` as a payload and do what `ota info`, `ota apply` (its plan) and `ota extract`
+/// do with it: the summary, the metadata signature, the apply and extraction plans and, when
+/// the partitions are small, the extraction itself into memory. The first byte is a flag: with bit 0 set, the rest is a
 /// manifest wrapped in a valid header and followed by a 64 KiB data area of a repeating
 /// pattern, so the fuzzer reaches the manifest checks without finding the header first.
 pub fn fuzz_payload(data: &[u8]) {
@@ -28,6 +28,7 @@ pub fn fuzz_payload(data: &[u8]) {
     };
     let _ = p.summary();
     let _ = p.metadata_signatures();
+    let _ = p.plan_apply(None, true);
     let Ok(plan) = p.plan_extract(None) else {
         return;
     };
@@ -35,6 +36,45 @@ pub fn fuzz_payload(data: &[u8]) {
     if total <= MAX_EXTRACT {
         let _ = crate::testing::extract_to_memory(&p, None, 1);
     }
+}
+
+/// Largest new file [`fuzz_bspatch`] lets a patch make.
+const MAX_BSPATCH_OUT: u64 = 1 << 20;
+
+/// Apply `data` as a bsdiff patch (BSDIFF40 or BSDF2) the way SOURCE_BSDIFF and BROTLI_BSDIFF
+/// operations do: the first two bytes are the old file's length (little-endian, at most what
+/// follows), then the old file, then the patch; the new file may have at most 1 MiB. Checks
+/// that the applier hands out exactly the size it reports; returns whether the patch applied.
+pub fn fuzz_bspatch(data: &[u8]) -> bool {
+    let Some((len, rest)) = data.split_first_chunk::<2>() else {
+        return false;
+    };
+    let n = usize::from(u16::from_le_bytes(*len)).min(rest.len());
+    let (old, patch) = rest.split_at(n);
+    let mut buf = [0u8; 4096];
+    let mut out = 0u64;
+    let r = crate::bspatch::apply(old, patch, MAX_BSPATCH_OUT, &mut buf, &mut |b: &[u8]| {
+        out += b.len() as u64;
+        Ok::<(), ()>(())
+    });
+    let Ok(size) = r else {
+        return false;
+    };
+    assert_eq!(
+        size, out,
+        "the applier reported {size} bytes and handed out {out}"
+    );
+    assert!(size <= MAX_BSPATCH_OUT);
+    true
+}
+
+/// A seed for [`fuzz_bspatch`]: `old`'s length, `old`, `patch`.
+pub fn bspatch_seed(old: &[u8], patch: &[u8]) -> Vec<u8> {
+    let n = u16::try_from(old.len()).unwrap_or(u16::MAX);
+    let mut v = n.to_le_bytes().to_vec();
+    v.extend_from_slice(&old[..usize::from(n)]);
+    v.extend_from_slice(patch);
+    v
 }
 
 /// A header for `manifest`, the manifest, and a data area.

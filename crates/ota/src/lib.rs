@@ -8,16 +8,24 @@
 //! * [`Payload::plan_extract`] checks everything a full-payload extraction needs before the
 //!   first write; [`ExtractPlan::run`] writes the partitions to caller-provided [`Output`]s in
 //!   parallel and verifies every blob's and every partition's SHA-256.
+//! * [`Payload::plan_apply`] does the same for an incremental payload, whose partitions are
+//!   built from their old images (SOURCE_COPY, SOURCE_BSDIFF and BROTLI_BSDIFF, with the crate's
+//!   own BSDIFF40/BSDF2 applier); [`ApplyPlan::check_sources`] checks the old images against
+//!   `old_partition_info` before anything is written, and [`ApplyPlan::run`] builds the
+//!   partitions, every operation's source bytes checked against `src_sha256_hash` before use.
 //!
 //! The manifest's messages are written by hand from update_engine's field numbers
-//! (`prost` derive, no code generator). Incremental operations (SOURCE_COPY, the bsdiff
-//! family, PUFFDIFF, ...) and signature verification are not implemented yet: the op dispatch
-//! reports them as [`OpError::Unsupported`].
+//! (`prost` derive, no code generator). PUFFDIFF, ZUCCHINI, LZ4DIFF_*, recomputing dm-verity
+//! data and signature verification are not implemented yet: the planners report partitions
+//! that need them ([`Blocker`]), and the op dispatch answers [`OpError::Unsupported`].
 
 #![warn(missing_docs)]
 #![warn(unreachable_pub, unnameable_types)]
 
+mod apply;
+mod bspatch;
 mod container;
+mod delta;
 mod error;
 mod extract;
 #[cfg(feature = "test-utils")]
@@ -32,14 +40,19 @@ mod summary;
 #[cfg(feature = "test-utils")]
 pub mod testing;
 
+pub use apply::{ApplyPlan, Blocker, CheckedSources, SkippedPartition};
+pub use bspatch::PatchError;
 pub use container::{Container, Ota, PAYLOAD_ENTRY, PROPERTIES_NAME, PropertiesOrigin};
+pub use delta::MAX_PATCH_INPUT;
 pub use error::{OpError, OtaError, Result};
 pub use extract::{
     ExtractOptions, ExtractProgress, ExtractReport, MAX_THREADS, Output, PartitionReport,
 };
-pub use ops::extract_supports;
+pub use ops::{apply_supports, extract_supports};
 pub use payload::{HEADER_LEN, Header, MAGIC, MAJOR_VERSION, MAX_MANIFEST, Payload};
-pub use plan::{ExtractPlan, MAX_NAME, MAX_PARTITION, PlannedPartition, check_partition_name};
+pub use plan::{
+    ExtractPlan, MAX_NAME, MAX_PARTITION, PlannedPartition, PlannedSource, check_partition_name,
+};
 pub use properties::{Check, Properties, PropertiesReport};
 pub use proto::{
     ApexInfo, CowMergeOpType, CowMergeOperation, DeltaArchiveManifest, DynamicPartitionGroup,

@@ -1,7 +1,7 @@
-//! Applying one operation of a full payload: the op-type dispatch, the data blob streamed
-//! from the payload (hashed as it is read), the decoders, and the destination writer that keeps
-//! zero blocks as holes. The dispatch is the seam for the incremental op types: today they are
-//! [`OpError::Unsupported`].
+//! Applying one operation: the op-type dispatch, the data blob streamed from the payload (hashed
+//! as it is read), the decoders, and the destination writer that keeps zero blocks as holes. The
+//! operations that read the old partition (SOURCE_COPY and the bsdiff types) are in
+//! `delta.rs`; the types no applier exists for yet are [`OpError::Unsupported`].
 
 use std::io::{self, BufRead, Read};
 
@@ -11,6 +11,7 @@ use crate::error::OpError;
 use crate::extract::Output;
 use crate::payload::Payload;
 use crate::proto::{InstallOperation, OpType};
+use snapblk_core::ReadAt;
 
 /// Bytes of the data blob read per `pread`.
 pub(crate) const READ_CHUNK: usize = 256 << 10;
@@ -31,6 +32,34 @@ pub fn extract_supports(t: OpType) -> bool {
             | OpType::Zero
             | OpType::Discard
     )
+}
+
+/// Whether `apply` (incremental payloads, given the old partitions) applies operations of type
+/// `t`: what `extract` applies, SOURCE_COPY, SOURCE_BSDIFF (BSDIFF40 patches) and BROTLI_BSDIFF
+/// (BSDF2 patches). PUFFDIFF, ZUCCHINI, LZ4DIFF_* and the major-version-1 types are not.
+pub fn apply_supports(t: OpType) -> bool {
+    extract_supports(t)
+        || matches!(
+            t,
+            OpType::SourceCopy | OpType::SourceBsdiff | OpType::BrotliBsdiff
+        )
+}
+
+/// Whether operations of type `t` read the old partition.
+pub(crate) fn reads_source(t: OpType) -> bool {
+    !extract_supports(t)
+}
+
+/// The type of `op`, or why `apply` cannot apply it.
+pub(crate) fn apply_type(op: &InstallOperation) -> Result<OpType, OpError> {
+    let t = op.op_type().map_err(OpError::UnknownType)?;
+    if !apply_supports(t) {
+        return Err(OpError::Unsupported {
+            op_type: t,
+            what: "apply",
+        });
+    }
+    Ok(t)
 }
 
 /// The type of `op`, or why extraction cannot apply it.
@@ -65,20 +94,24 @@ impl Buffers {
 pub(crate) struct OpStats {
     /// The op had no `data_sha256_hash` (its data is covered by the partition hash only).
     pub(crate) unhashed: bool,
+    /// The op read the old partition without a `src_sha256_hash` to check it against.
+    pub(crate) src_unhashed: bool,
     /// Bytes written to the output (zero blocks are skipped).
     pub(crate) written: u64,
 }
 
 /// Apply `op` (already checked by the plan: supported type, blob and extents in bounds) to
-/// `out`, a partition of `size` bytes that reads as zeros where nothing was written.
+/// `out`, a partition of `size` bytes that reads as zeros where nothing was written, reading
+/// the old partition `source` (checked against `old_partition_info`) where the type needs it.
 pub(crate) fn apply(
     payload: &Payload,
     op: &InstallOperation,
     size: u64,
     out: &dyn Output,
+    source: Option<Src<'_>>,
     bufs: &mut Buffers,
 ) -> Result<OpStats, OpError> {
-    let t = extract_type(op)?;
+    let t = op.op_type().map_err(OpError::UnknownType)?;
     let bs = u64::from(payload.block_size());
     let mut dst = ExtentWriter::new(op, bs, size, out);
     let mut blob = Blob {
@@ -92,6 +125,14 @@ pub(crate) fn apply(
         failed: None,
     };
     let limit = dst.capacity;
+    let mut src_unhashed = false;
+    // The old partition, for the types that read it.
+    let need = || {
+        source.ok_or(OpError::Unsupported {
+            op_type: t,
+            what: "extract (an incremental operation: it needs the old partition)",
+        })
+    };
     match t {
         OpType::Zero | OpType::Discard => {}
         OpType::Replace => {
@@ -125,32 +166,49 @@ pub(crate) fn apply(
             copy(&mut d, &mut bufs.write, &mut dst, t, "decompresses to")
                 .map_err(|e| blob_error(&mut d.get_mut().failed, e))?;
         }
-        // The plan refuses every other type; this arm is where `ota apply` plugs in.
+        OpType::SourceCopy => {
+            let src = need()?;
+            src_unhashed = crate::delta::source_copy(op, bs, src, &mut dst, &mut bufs.write)?;
+        }
+        OpType::SourceBsdiff | OpType::BrotliBsdiff => {
+            let src = need()?;
+            // The patch is checked against data_sha256_hash and the old bytes against
+            // src_sha256_hash before either is used.
+            let patch = blob.read_all()?;
+            check_data_hash(op, blob.hash.clone().finalize().into())?;
+            let old;
+            (old, src_unhashed) = crate::delta::read_source(op, bs, src)?;
+            crate::delta::bspatch(t, &old, &patch, &mut dst, &mut bufs.write)?;
+        }
+        // The plan refuses every other type.
         other => {
             return Err(OpError::Unsupported {
                 op_type: other,
-                what: "extract",
+                what: if source.is_some() { "apply" } else { "extract" },
             });
         }
     }
     // Hash the whole blob, whatever the decoder left unread.
     blob.drain()?;
-    let found: [u8; 32] = blob.hash.finalize().into();
-    let unhashed = match op.data_sha256_hash.as_deref() {
-        None => true,
-        Some(want) if want.len() != 32 => return Err(OpError::BadHashLength(want.len())),
-        Some(want) if want != found => {
-            return Err(OpError::DataHash {
-                expected: crate::hex(want),
-                found: crate::hex(&found),
-            });
-        }
-        Some(_) => false,
-    };
+    let unhashed = check_data_hash(op, blob.hash.finalize().into())?;
     Ok(OpStats {
         unhashed,
+        src_unhashed,
         written: dst.written_bytes,
     })
+}
+
+/// Compare the blob's SHA-256 `found` with `data_sha256_hash`; true when the op has none.
+fn check_data_hash(op: &InstallOperation, found: [u8; 32]) -> Result<bool, OpError> {
+    match op.data_sha256_hash.as_deref() {
+        None => Ok(true),
+        Some(want) if want.len() != 32 => Err(OpError::BadHashLength(want.len())),
+        Some(want) if want != found => Err(OpError::DataHash {
+            expected: crate::hex(want),
+            found: crate::hex(&found),
+        }),
+        Some(_) => Ok(false),
+    }
 }
 
 /// A decoder's error: the blob's own read error when that is what failed underneath.
@@ -190,6 +248,14 @@ fn copy(
     }
 }
 
+/// The old partition an operation reads: checked against `old_partition_info` (or, without it,
+/// long enough for every source extent), `len` bytes long; blocks past `len` read as zeros.
+#[derive(Clone, Copy)]
+pub(crate) struct Src<'a> {
+    pub(crate) image: &'a (dyn ReadAt + Sync),
+    pub(crate) len: u64,
+}
+
 /// The op's data blob as a buffered reader over the payload: `pread`s of [`READ_CHUNK`],
 /// each hashed as it is read.
 struct Blob<'a> {
@@ -207,6 +273,31 @@ struct Blob<'a> {
 }
 
 impl Blob<'_> {
+    /// Read (and hash) the whole blob into memory (a patch; the plan bounds its size).
+    fn read_all(&mut self) -> Result<Vec<u8>, OpError> {
+        let mut v = crate::delta::alloc(self.left)?;
+        loop {
+            match self.fill_buf() {
+                Ok([]) => return Ok(v),
+                Ok(b) => {
+                    let n = b.len();
+                    v.extend_from_slice(b);
+                    self.consume(n);
+                }
+                Err(_) => return Err(self.read_error()),
+            }
+        }
+    }
+
+    /// The error of the last failed read.
+    fn read_error(&mut self) -> OpError {
+        let (offset, source) = self
+            .failed
+            .take()
+            .unwrap_or((self.at, io::ErrorKind::Other.into()));
+        OpError::Read { offset, source }
+    }
+
     /// Read and hash the rest of the blob.
     fn drain(&mut self) -> Result<(), OpError> {
         loop {
@@ -216,13 +307,7 @@ impl Blob<'_> {
                     let n = b.len();
                     self.consume(n);
                 }
-                Err(_) => {
-                    let (offset, source) = self
-                        .failed
-                        .take()
-                        .unwrap_or((self.at, io::ErrorKind::Other.into()));
-                    return Err(OpError::Read { offset, source });
-                }
+                Err(_) => return Err(self.read_error()),
             }
         }
     }
@@ -276,7 +361,7 @@ impl BufRead for Blob<'_> {
 
 /// Writes a stream of bytes to an op's destination extents, in order, clipped to the partition
 /// size, skipping all-zero blocks (the output reads as zeros there already: a sparse file).
-struct ExtentWriter<'a> {
+pub(crate) struct ExtentWriter<'a> {
     out: &'a dyn Output,
     /// (byte offset, bytes) of each extent, unclipped.
     extents: Vec<(u64, u64)>,
@@ -287,7 +372,7 @@ struct ExtentWriter<'a> {
     i: usize,
     off: u64,
     /// Sum of the extents' bytes.
-    capacity: u64,
+    pub(crate) capacity: u64,
     /// Bytes accepted so far.
     accepted: u64,
     /// Bytes written to the output.
@@ -316,7 +401,9 @@ impl<'a> ExtentWriter<'a> {
         }
     }
 
-    fn write(&mut self, mut data: &[u8], what: &'static str) -> Result<(), OpError> {
+    /// Write the next `data.len()` bytes of the destination; more than the extents hold is
+    /// [`OpError::TooMuchData`] ("data {what} more than ...").
+    pub(crate) fn write(&mut self, mut data: &[u8], what: &'static str) -> Result<(), OpError> {
         if self.accepted + data.len() as u64 > self.capacity {
             return Err(OpError::TooMuchData {
                 what,

@@ -1,12 +1,15 @@
-//! Everything extraction checks before its first write: which partitions, their names (they
-//! become file names), their size and hash, and every operation: a type this build applies,
-//! a data blob inside the payload, destination extents inside the partition and written once.
+//! Everything extraction (and `apply`) checks before its first write: which partitions, their
+//! names (they become file names), their size and hash, and every operation: a type this build
+//! applies, a data blob inside the payload, destination extents inside the partition and written
+//! once; for `apply`, also source extents inside the old partition and the sizes a patch
+//! operation holds in memory.
 
 use std::collections::HashMap;
 
+use crate::delta::MAX_PATCH_INPUT;
 use crate::error::{OpError, OtaError, Result};
 use crate::payload::Payload;
-use crate::proto::PartitionUpdate;
+use crate::proto::{OpType, PartitionUpdate};
 
 /// Longest partition name accepted as a file name (`NAME.img` must fit in 255 bytes, with room
 /// for the hidden temporary name beside it).
@@ -59,6 +62,34 @@ pub struct PlannedPartition {
     pub ops: usize,
     /// Bytes the operations write (their destination extents).
     pub dst_bytes: u64,
+    /// The old image it is built from (`apply` of an incremental payload), if any.
+    pub source: Option<PlannedSource>,
+}
+
+/// The old image a partition of an incremental payload is built from: the partition has
+/// `old_partition_info`, or operations that read the old partition.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PlannedSource {
+    /// `old_partition_info.size`, when the manifest has it: the old image must be this long.
+    pub size: Option<u64>,
+    /// `old_partition_info.hash`, when the manifest has it: the old image's SHA-256.
+    pub sha256: Option<[u8; 32]>,
+    /// End, in bytes, of the furthest source extent: the least the old image must hold.
+    pub reach: u64,
+    /// Whether any operation reads the old image (SOURCE_COPY, the bsdiff types).
+    pub read: bool,
+}
+
+/// `old_partition_info`'s size and hash, each when present.
+type OldInfo = (Option<u64>, Option<[u8; 32]>);
+
+/// Which command a plan is for: it decides the operation types accepted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Mode {
+    /// `extract`: full-payload types only, no old image.
+    Extract,
+    /// `apply`: also the types that read the old image.
+    Apply,
 }
 
 /// The checked plan of an extraction: made by [`Payload::plan_extract`], run by
@@ -88,6 +119,22 @@ impl Payload {
     /// a data blob inside the payload, destination extents inside the partition that no other
     /// extent of the partition overlaps, and a raw blob no larger than its destination.
     pub fn plan_extract(&self, names: Option<&[String]>) -> Result<ExtractPlan<'_>> {
+        let chosen = self.select(names)?;
+        let mut planned = Vec::new();
+        for (index, p) in self.manifest().partitions.iter().enumerate() {
+            if chosen[index] {
+                planned.push(self.plan_partition(index, p, Mode::Extract)?);
+            }
+        }
+        Ok(ExtractPlan {
+            payload: self,
+            parts: planned,
+        })
+    }
+
+    /// Which partitions `names` selects (all when `None`), by manifest index; refuses
+    /// duplicate names in the manifest and names it does not have.
+    pub(crate) fn select(&self, names: Option<&[String]>) -> Result<Vec<bool>> {
         let parts = &self.manifest().partitions;
         let mut seen: HashMap<&str, usize> = HashMap::new();
         for (i, p) in parts.iter().enumerate() {
@@ -116,19 +163,16 @@ impl Payload {
                 }
             }
         }
-        let mut planned = Vec::new();
-        for (index, p) in parts.iter().enumerate() {
-            if chosen[index] {
-                planned.push(self.plan_partition(index, p)?);
-            }
-        }
-        Ok(ExtractPlan {
-            payload: self,
-            parts: planned,
-        })
+        Ok(chosen)
     }
 
-    fn plan_partition(&self, index: usize, p: &PartitionUpdate) -> Result<PlannedPartition> {
+    /// Check partition `index` for `mode` (see [`Payload::plan_extract`]).
+    pub(crate) fn plan_partition(
+        &self,
+        index: usize,
+        p: &PartitionUpdate,
+        mode: Mode,
+    ) -> Result<PlannedPartition> {
         let name = &p.partition_name;
         check_partition_name(name).map_err(|problem| OtaError::BadPartitionName {
             name: name.clone(),
@@ -155,6 +199,16 @@ impl Payload {
             .ok_or(missing("32-byte hash"))?;
         let bs = u64::from(self.block_size());
         let blocks = size.div_ceil(bs);
+        let old = match mode {
+            Mode::Extract => None,
+            Mode::Apply => self.old_info(name, p)?,
+        };
+        let mut source = PlannedSource {
+            size: old.and_then(|o| o.0),
+            sha256: old.and_then(|o| o.1),
+            reach: 0,
+            read: false,
+        };
         let area = self.data_len();
         let op_err = |i: usize, source: OpError| OtaError::Op {
             partition: name.clone(),
@@ -165,7 +219,16 @@ impl Payload {
         let mut spans: Vec<(u64, u64, usize, usize)> = Vec::new();
         let mut dst_bytes = 0u64;
         for (i, op) in p.operations.iter().enumerate() {
-            crate::ops::extract_type(op).map_err(|e| op_err(i, e))?;
+            let t = match mode {
+                Mode::Extract => crate::ops::extract_type(op),
+                Mode::Apply => crate::ops::apply_type(op),
+            }
+            .map_err(|e| op_err(i, e))?;
+            if crate::ops::reads_source(t) {
+                source.read = true;
+                self.check_source_extents(op, t, source.size, &mut source.reach)
+                    .map_err(|e| op_err(i, e))?;
+            }
             let (offset, length) = (op.data_offset(), op.data_length());
             if offset.checked_add(length).is_none_or(|e| e > area) {
                 return Err(op_err(
@@ -200,7 +263,7 @@ impl Payload {
                 if count > 0 {
                     spans.push((start, end, i, x));
                 }
-                op_bytes += count * bs;
+                op_bytes = op_bytes.saturating_add(count * bs);
             }
             if op.op_type() == Ok(crate::proto::OpType::Replace) && length > op_bytes {
                 return Err(op_err(
@@ -211,7 +274,7 @@ impl Payload {
                     },
                 ));
             }
-            dst_bytes += op_bytes;
+            dst_bytes = dst_bytes.saturating_add(op_bytes);
         }
         spans.sort_unstable();
         // The extent reaching furthest so far, and whose it is.
@@ -246,7 +309,87 @@ impl Payload {
             sha256,
             ops: p.operations.len(),
             dst_bytes,
+            source: (old.is_some() || source.read).then_some(source),
         })
+    }
+
+    /// `old_partition_info` (size, hash), checked, when the partition has it.
+    fn old_info(&self, name: &str, p: &PartitionUpdate) -> Result<Option<OldInfo>> {
+        let Some(info) = &p.old_partition_info else {
+            return Ok(None);
+        };
+        let bad = |problem| OtaError::OldPartitionInfo {
+            partition: name.to_string(),
+            problem,
+        };
+        if info.size.is_some_and(|s| s > MAX_PARTITION) {
+            return Err(bad("size is larger than 1 PiB"));
+        }
+        let hash = match info.hash.as_deref() {
+            None => None,
+            Some(h) => Some(<[u8; 32]>::try_from(h).map_err(|_| bad("hash is not 32 bytes"))?),
+        };
+        Ok(Some((info.size, hash)))
+    }
+
+    /// Check the source side of an operation that reads the old image: its extents inside the
+    /// old partition (of `old_size` bytes, when known), `src_sha256_hash`, and for its type the
+    /// source's size; `reach` grows to the end of its furthest source extent.
+    fn check_source_extents(
+        &self,
+        op: &crate::proto::InstallOperation,
+        t: OpType,
+        old_size: Option<u64>,
+        reach: &mut u64,
+    ) -> Result<(), OpError> {
+        let bs = u64::from(self.block_size());
+        let blocks = old_size.map_or(MAX_PARTITION / bs, |s| s.div_ceil(bs));
+        let mut src_bytes = 0u64;
+        for (x, e) in op.src_extents.iter().enumerate() {
+            let (start, count) = (e.start_block(), e.num_blocks());
+            let Some(end) = start.checked_add(count).filter(|&e| e <= blocks) else {
+                return Err(OpError::SourceExtentPastPartition {
+                    extent: x,
+                    start,
+                    count,
+                    blocks,
+                });
+            };
+            *reach = (*reach).max(end * bs);
+            src_bytes = src_bytes.saturating_add(count * bs);
+        }
+        if let Some(h) = op.src_sha256_hash.as_deref()
+            && h.len() != 32
+        {
+            return Err(OpError::BadSourceHashLength(h.len()));
+        }
+        match t {
+            OpType::SourceCopy => {
+                let dst: u64 = op
+                    .dst_extents
+                    .iter()
+                    .map(|e| e.num_blocks().saturating_mul(bs))
+                    .fold(0, u64::saturating_add);
+                if dst != src_bytes {
+                    return Err(OpError::CopyLength {
+                        src: src_bytes,
+                        dst,
+                    });
+                }
+            }
+            _ => {
+                for (what, bytes) in [("the source", src_bytes), ("the patch", op.data_length())] {
+                    if bytes > MAX_PATCH_INPUT {
+                        return Err(OpError::TooLarge {
+                            what,
+                            bytes,
+                            limit: MAX_PATCH_INPUT,
+                        });
+                    }
+                }
+            }
+        }
+        Ok(())
     }
 
     /// The extent of op `op` containing `block`.

@@ -3,7 +3,8 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use crate::ops::extract_supports;
+use crate::apply::Blocker;
+use crate::ops::{apply_supports, extract_supports};
 use crate::payload::{Header, Payload};
 use crate::proto::{CowMergeOpType, PartitionUpdate};
 
@@ -118,6 +119,14 @@ pub struct PartitionSummary {
     pub extractable: bool,
     /// The op types that stop `ota extract`, if any.
     pub blocked_by: Vec<String>,
+    /// Whether `ota apply` can build this partition (from its old image, if it has one): as
+    /// `extractable`, with the types `apply` applies, and no dm-verity data left to the device.
+    pub applicable: bool,
+    /// The op types that stop `ota apply`, if any.
+    pub apply_blocked_by: Vec<String>,
+    /// What `ota apply` reports for this partition, or skips it for with
+    /// `--skip-unsupported`: its first unsupported operation, or dm-verity data to recompute.
+    pub apply_blocker: Option<Blocker>,
 }
 
 fn type_name(t: i32) -> String {
@@ -130,11 +139,15 @@ fn type_name(t: i32) -> String {
 fn partition(p: &PartitionUpdate, bs: u64) -> PartitionSummary {
     let mut op_counts = BTreeMap::new();
     let mut blocked = BTreeSet::new();
+    let mut apply_blocked = BTreeSet::new();
     let (mut data_bytes, mut dst_bytes) = (0u64, 0u64);
     for op in &p.operations {
         *op_counts.entry(type_name(op.r#type)).or_insert(0) += 1;
         if !op.op_type().is_ok_and(extract_supports) {
             blocked.insert(type_name(op.r#type));
+        }
+        if !op.op_type().is_ok_and(apply_supports) {
+            apply_blocked.insert(type_name(op.r#type));
         }
         data_bytes = data_bytes.saturating_add(op.data_length());
         for e in &op.dst_extents {
@@ -157,10 +170,11 @@ fn partition(p: &PartitionUpdate, bs: u64) -> PartitionSummary {
     };
     let (size, sha256) = info(p.new_partition_info.as_ref());
     let name_problem = crate::plan::check_partition_name(&p.partition_name).err();
-    let extractable = blocked.is_empty()
-        && name_problem.is_none()
-        && size.is_some()
-        && sha256.as_ref().is_some_and(|h| h.len() == 64);
+    let info_ok =
+        name_problem.is_none() && size.is_some() && sha256.as_ref().is_some_and(|h| h.len() == 64);
+    let extractable = blocked.is_empty() && info_ok;
+    let apply_blocker = crate::apply::blocker(p).map(|(b, _)| b);
+    let applicable = apply_blocker.is_none() && info_ok;
     let (old_size, old_sha256) = info(p.old_partition_info.as_ref());
     PartitionSummary {
         name: p.partition_name.clone(),
@@ -183,6 +197,9 @@ fn partition(p: &PartitionUpdate, bs: u64) -> PartitionSummary {
         name_problem,
         extractable,
         blocked_by: blocked.into_iter().collect(),
+        applicable,
+        apply_blocked_by: apply_blocked.into_iter().collect(),
+        apply_blocker,
     }
 }
 

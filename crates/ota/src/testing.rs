@@ -1,7 +1,8 @@
-//! Test scaffolding (feature `test-utils`): a small writer of full payloads (REPLACE,
-//! REPLACE_BZ, REPLACE_XZ, REPLACE_ZSTD, ZERO/DISCARD, every op and partition hashed), an
-//! in-memory [`Output`], and extraction into memory. Tests mutate [`Built::manifest`] or the
-//! bytes to make bad payloads.
+//! Test scaffolding (feature `test-utils`): a small payload writer — full partitions (REPLACE,
+//! REPLACE_BZ, REPLACE_XZ, REPLACE_ZSTD, ZERO/DISCARD) and incremental ones (SOURCE_COPY,
+//! SOURCE_BSDIFF, BROTLI_BSDIFF with patches from a caller-given differ, any op with a given
+//! blob), every op and partition hashed — an in-memory [`Output`], and extraction and `apply`
+//! into memory. Tests mutate [`Built::manifest`] or the bytes to make bad payloads.
 
 use snapblk_core::MemFile;
 use snapblk_core::sync::lock;
@@ -34,8 +35,82 @@ pub enum Encoding {
 struct Part {
     name: String,
     image: Vec<u8>,
-    chunk_blocks: u64,
-    encodings: Vec<Encoding>,
+    body: Body,
+}
+
+/// How a partition's operations are made.
+#[derive(Clone, Debug)]
+enum Body {
+    /// Chunks of the image, encoded in turn.
+    Full {
+        chunk_blocks: u64,
+        encodings: Vec<Encoding>,
+    },
+    /// From an old image: the operations (without their data fields) and their blobs.
+    Delta {
+        old: Vec<u8>,
+        ops: Vec<(InstallOperation, Vec<u8>)>,
+    },
+}
+
+/// Makes a BSDIFF40 patch: `differ(old bytes, new bytes)`.
+pub type Differ = dyn Fn(&[u8], &[u8]) -> Vec<u8>;
+
+/// Block ranges: (first block, blocks).
+pub type Blocks = Vec<(u64, u64)>;
+
+/// One operation of an incremental partition ([`PayloadBuilder::delta`]).
+#[derive(Clone, Debug)]
+pub enum DeltaOp {
+    /// SOURCE_COPY: the old blocks `src`, in order, to the new blocks `dst`.
+    Copy {
+        /// Old blocks.
+        src: Blocks,
+        /// New blocks.
+        dst: Blocks,
+    },
+    /// SOURCE_BSDIFF: the differ's BSDIFF40 patch from the old blocks `src` to the new blocks
+    /// `dst`.
+    Bsdiff {
+        /// Old blocks.
+        src: Blocks,
+        /// New blocks.
+        dst: Blocks,
+    },
+    /// BROTLI_BSDIFF: the differ's patch repacked as BSDF2 ([`bsdf2_from_bsdiff40`]) with
+    /// these compressors of the control, diff and extra streams (0 none, 1 bzip2, 2 brotli).
+    Bsdf2 {
+        /// Old blocks.
+        src: Blocks,
+        /// New blocks.
+        dst: Blocks,
+        /// Compressor codes.
+        codecs: [u8; 3],
+    },
+    /// REPLACE, REPLACE_BZ, REPLACE_XZ or REPLACE_ZSTD of the new blocks `dst`.
+    Replace {
+        /// New blocks.
+        dst: Blocks,
+        /// How they are stored.
+        encoding: Encoding,
+    },
+    /// ZERO of the new blocks `dst`.
+    Zero {
+        /// New blocks.
+        dst: Blocks,
+    },
+    /// Any type number with the given blob (hashed; none when empty) and extents, with
+    /// `src_sha256_hash` of the old blocks when `src` is not empty.
+    Raw {
+        /// `InstallOperation.type`.
+        op_type: i32,
+        /// Old blocks.
+        src: Blocks,
+        /// New blocks.
+        dst: Blocks,
+        /// The data blob.
+        blob: Vec<u8>,
+    },
 }
 
 /// Builds full payloads. Each partition is cut into chunks of `chunk_blocks` blocks; an
@@ -46,6 +121,7 @@ pub struct PayloadBuilder {
     block_size: u32,
     parts: Vec<Part>,
     zero: Option<OpType>,
+    minor: Option<u32>,
 }
 
 impl Default for PayloadBuilder {
@@ -54,6 +130,7 @@ impl Default for PayloadBuilder {
             block_size: 4096,
             parts: Vec::new(),
             zero: Some(OpType::Zero),
+            minor: None,
         }
     }
 }
@@ -138,55 +215,149 @@ impl PayloadBuilder {
         self.parts.push(Part {
             name: name.into(),
             image: image.to_vec(),
-            chunk_blocks,
-            encodings: encodings.to_vec(),
+            body: Body::Full {
+                chunk_blocks,
+                encodings: encodings.to_vec(),
+            },
+        });
+        self
+    }
+
+    /// The manifest's minor version (default: 0 for a full payload, 6 when a partition is
+    /// incremental).
+    pub fn minor_version(mut self, v: u32) -> PayloadBuilder {
+        self.minor = Some(v);
+        self
+    }
+
+    /// Add an incremental partition: `new` built from `old` by `ops`, in order (their
+    /// destinations should cover `new`); `differ(old bytes, new bytes)` makes the BSDIFF40
+    /// patches. The partition gets `old_partition_info` and every source-reading op its
+    /// `src_sha256_hash`.
+    pub fn delta(
+        mut self,
+        name: &str,
+        old: &[u8],
+        new: &[u8],
+        ops: &[DeltaOp],
+        differ: &Differ,
+    ) -> PayloadBuilder {
+        let bs = u64::from(self.block_size);
+        let bytes = |img: &[u8], blocks: &Blocks| {
+            let mut v = Vec::new();
+            for &(s, n) in blocks {
+                let (a, b) = ((s * bs) as usize, ((s + n) * bs) as usize);
+                let mut piece = img
+                    .get(a.min(img.len())..b.min(img.len()))
+                    .unwrap_or(&[])
+                    .to_vec();
+                piece.resize(b - a, 0);
+                v.extend(piece);
+            }
+            v
+        };
+        let extents = |blocks: &Blocks| {
+            blocks
+                .iter()
+                .map(|&(s, n)| Extent {
+                    start_block: Some(s),
+                    num_blocks: Some(n),
+                })
+                .collect::<Vec<_>>()
+        };
+        let mut made = Vec::new();
+        for d in ops {
+            let (t, src, dst, blob) = match d {
+                DeltaOp::Copy { src, dst } => (OpType::SourceCopy as i32, src, dst, Vec::new()),
+                DeltaOp::Bsdiff { src, dst } => (
+                    OpType::SourceBsdiff as i32,
+                    src,
+                    dst,
+                    differ(&bytes(old, src), &bytes(new, dst)),
+                ),
+                DeltaOp::Bsdf2 { src, dst, codecs } => {
+                    let p = differ(&bytes(old, src), &bytes(new, dst));
+                    (
+                        OpType::BrotliBsdiff as i32,
+                        src,
+                        dst,
+                        bsdf2_from_bsdiff40(&p, *codecs),
+                    )
+                }
+                DeltaOp::Replace { dst, encoding } => {
+                    let t = match encoding {
+                        Encoding::Replace => OpType::Replace,
+                        Encoding::Bz => OpType::ReplaceBz,
+                        Encoding::Xz => OpType::ReplaceXz,
+                        Encoding::Zstd => OpType::ReplaceZstd,
+                    };
+                    (
+                        t as i32,
+                        &Vec::new(),
+                        dst,
+                        encode(*encoding, &bytes(new, dst)),
+                    )
+                }
+                DeltaOp::Zero { dst } => (OpType::Zero as i32, &Vec::new(), dst, Vec::new()),
+                DeltaOp::Raw {
+                    op_type,
+                    src,
+                    dst,
+                    blob,
+                } => (*op_type, src, dst, blob.clone()),
+            };
+            let op = InstallOperation {
+                r#type: t,
+                src_extents: extents(src),
+                dst_extents: extents(dst),
+                src_sha256_hash: (!src.is_empty()).then(|| sha256(&bytes(old, src))),
+                ..Default::default()
+            };
+            made.push((op, blob));
+        }
+        self.parts.push(Part {
+            name: name.into(),
+            image: new.to_vec(),
+            body: Body::Delta {
+                old: old.to_vec(),
+                ops: made,
+            },
         });
         self
     }
 
     /// The manifest and data area.
     pub fn build(&self) -> Built {
-        let bs = self.block_size as usize;
         let mut data = Vec::new();
         let mut partitions = Vec::new();
         for p in &self.parts {
             let mut ops = Vec::new();
-            let chunk = p.chunk_blocks as usize * bs;
-            let mut turn = 0;
-            for (i, c) in p.image.chunks(chunk).enumerate() {
-                let mut c = c.to_vec();
-                c.resize(c.len().div_ceil(bs) * bs, 0);
-                let dst = Extent {
-                    start_block: Some((i * p.chunk_blocks as usize) as u64),
-                    num_blocks: Some((c.len() / bs) as u64),
-                };
-                let zero = c.iter().all(|&b| b == 0);
-                let mut op = InstallOperation {
-                    dst_extents: vec![dst],
-                    ..Default::default()
-                };
-                match (zero, self.zero) {
-                    (true, Some(t)) => op.r#type = t as i32,
-                    _ => {
-                        let e = p.encodings[turn % p.encodings.len()];
-                        turn += 1;
-                        let blob = encode(e, &c);
-                        op.r#type = match e {
-                            Encoding::Replace => OpType::Replace,
-                            Encoding::Bz => OpType::ReplaceBz,
-                            Encoding::Xz => OpType::ReplaceXz,
-                            Encoding::Zstd => OpType::ReplaceZstd,
-                        } as i32;
-                        op.data_offset = Some(data.len() as u64);
-                        op.data_length = Some(blob.len() as u64);
-                        op.data_sha256_hash = Some(sha256(&blob));
-                        data.extend_from_slice(&blob);
+            let mut old_info = None;
+            match &p.body {
+                Body::Full {
+                    chunk_blocks,
+                    encodings,
+                } => self.full_ops(&p.image, *chunk_blocks, encodings, &mut ops, &mut data),
+                Body::Delta { old, ops: made } => {
+                    old_info = Some(PartitionInfo {
+                        size: Some(old.len() as u64),
+                        hash: Some(sha256(old)),
+                    });
+                    for (op, blob) in made {
+                        let mut op = op.clone();
+                        if !blob.is_empty() {
+                            op.data_offset = Some(data.len() as u64);
+                            op.data_length = Some(blob.len() as u64);
+                            op.data_sha256_hash = Some(sha256(blob));
+                            data.extend_from_slice(blob);
+                        }
+                        ops.push(op);
                     }
                 }
-                ops.push(op);
             }
             partitions.push(PartitionUpdate {
                 partition_name: p.name.clone(),
+                old_partition_info: old_info,
                 new_partition_info: Some(PartitionInfo {
                     size: Some(p.image.len() as u64),
                     hash: Some(sha256(&p.image)),
@@ -195,10 +366,14 @@ impl PayloadBuilder {
                 ..Default::default()
             });
         }
+        let delta = self
+            .parts
+            .iter()
+            .any(|p| matches!(p.body, Body::Delta { .. }));
         Built {
             manifest: DeltaArchiveManifest {
                 block_size: Some(self.block_size),
-                minor_version: Some(0),
+                minor_version: Some(self.minor.unwrap_or(if delta { 6 } else { 0 })),
                 partitions,
                 ..Default::default()
             },
@@ -206,10 +381,112 @@ impl PayloadBuilder {
         }
     }
 
+    /// The operations of a full partition: chunks of `chunk_blocks` blocks.
+    fn full_ops(
+        &self,
+        image: &[u8],
+        chunk_blocks: u64,
+        encodings: &[Encoding],
+        ops: &mut Vec<InstallOperation>,
+        data: &mut Vec<u8>,
+    ) {
+        let bs = self.block_size as usize;
+        let chunk = chunk_blocks as usize * bs;
+        let mut turn = 0;
+        for (i, c) in image.chunks(chunk).enumerate() {
+            let mut c = c.to_vec();
+            c.resize(c.len().div_ceil(bs) * bs, 0);
+            let dst = Extent {
+                start_block: Some((i * chunk_blocks as usize) as u64),
+                num_blocks: Some((c.len() / bs) as u64),
+            };
+            let zero = c.iter().all(|&b| b == 0);
+            let mut op = InstallOperation {
+                dst_extents: vec![dst],
+                ..Default::default()
+            };
+            match (zero, self.zero) {
+                (true, Some(t)) => op.r#type = t as i32,
+                _ => {
+                    let e = encodings[turn % encodings.len()];
+                    turn += 1;
+                    let blob = encode(e, &c);
+                    op.r#type = match e {
+                        Encoding::Replace => OpType::Replace,
+                        Encoding::Bz => OpType::ReplaceBz,
+                        Encoding::Xz => OpType::ReplaceXz,
+                        Encoding::Zstd => OpType::ReplaceZstd,
+                    } as i32;
+                    op.data_offset = Some(data.len() as u64);
+                    op.data_length = Some(blob.len() as u64);
+                    op.data_sha256_hash = Some(sha256(&blob));
+                    data.extend_from_slice(&blob);
+                }
+            }
+            ops.push(op);
+        }
+    }
+
     /// The payload's bytes.
     pub fn bytes(&self) -> Vec<u8> {
         self.build().to_bytes()
     }
+}
+
+/// The bsdiff integer encoding of `x` (8 bytes, little-endian magnitude, sign in the top bit).
+pub fn bsdiff_int(x: i64) -> [u8; 8] {
+    let m = x.unsigned_abs();
+    (if x < 0 { m | 1 << 63 } else { m }).to_le_bytes()
+}
+
+/// A BSDIFF40 patch (as Debian's `bsdiff` or PyPI `bsdiff4` make it) repacked as BSDF2: the
+/// same control, diff and extra bytes, each stream stored with its compressor from `codecs`
+/// (0 none, 1 bzip2, 2 brotli). Panics on a patch that is not BSDIFF40.
+pub fn bsdf2_from_bsdiff40(patch: &[u8], codecs: [u8; 3]) -> Vec<u8> {
+    use std::io::Read;
+    assert_eq!(&patch[..8], b"BSDIFF40", "not a BSDIFF40 patch");
+    let len = |i: usize| {
+        let v = u64::from_le_bytes(patch[i..i + 8].try_into().unwrap());
+        assert_eq!(v >> 63, 0, "negative length");
+        v as usize
+    };
+    let (c, d) = (len(8), len(16));
+    let streams = [
+        &patch[32..32 + c],
+        &patch[32 + c..32 + c + d],
+        &patch[32 + c + d..],
+    ];
+    let packed: Vec<Vec<u8>> = streams
+        .iter()
+        .zip(codecs)
+        .map(|(s, code)| {
+            let mut raw = Vec::new();
+            bzip2::read::BzDecoder::new(*s)
+                .read_to_end(&mut raw)
+                .expect("a bzip2 stream");
+            match code {
+                0 => raw,
+                1 => encode(Encoding::Bz, &raw),
+                2 => {
+                    let mut v = Vec::new();
+                    let mut w = brotli::CompressorWriter::new(&mut v, 4096, 9, 22);
+                    w.write_all(&raw).expect("brotli");
+                    drop(w);
+                    v
+                }
+                _ => panic!("compressor {code}"),
+            }
+        })
+        .collect();
+    let mut out = b"BSDF2".to_vec();
+    out.extend(codecs);
+    out.extend(bsdiff_int(packed[0].len() as i64));
+    out.extend(bsdiff_int(packed[1].len() as i64));
+    out.extend_from_slice(&patch[24..32]);
+    for p in packed {
+        out.extend(p);
+    }
+    out
 }
 
 /// An [`Output`] in memory: `snapblk_core`'s growable [`MemFile`].
@@ -221,6 +498,53 @@ impl Output for MemFile {
         lock(&self.0).resize(n, 0);
         Ok(())
     }
+}
+
+/// What [`apply_to_memory`] built: (name, image) per partition, and the partitions skipped.
+pub type Applied = (Vec<(String, Vec<u8>)>, Vec<crate::SkippedPartition>);
+
+/// Apply `names` (all when `None`) of `payload` in memory with `threads` workers, reading the
+/// old images `old` (name, image; partitions not listed have none): (name, image) per
+/// partition built, and the partitions skipped (`skip_unsupported`).
+pub fn apply_to_memory(
+    payload: &Payload,
+    names: Option<&[String]>,
+    old: &[(&str, &[u8])],
+    skip_unsupported: bool,
+    threads: usize,
+) -> crate::Result<Applied> {
+    let plan = payload.plan_apply(names, skip_unsupported)?;
+    let sources: Vec<Option<&(dyn snapblk_core::ReadAt + Sync)>> = plan
+        .partitions()
+        .iter()
+        .map(|p| {
+            old.iter()
+                .find(|(n, _)| *n == p.name)
+                .map(|(_, img)| img as &(dyn snapblk_core::ReadAt + Sync))
+        })
+        .collect();
+    let checked = plan.check_sources(&sources, threads, None)?;
+    let outs: Vec<MemOutput> = plan
+        .partitions()
+        .iter()
+        .map(|_| MemOutput::default())
+        .collect();
+    let refs: Vec<&dyn Output> = outs.iter().map(|o| o as &dyn Output).collect();
+    plan.run(
+        &checked,
+        &refs,
+        &ExtractOptions {
+            threads,
+            progress: None,
+        },
+    )?;
+    let built = plan
+        .partitions()
+        .iter()
+        .map(|p| p.name.clone())
+        .zip(outs.into_iter().map(MemOutput::into_inner))
+        .collect();
+    Ok((built, plan.skipped().to_vec()))
 }
 
 /// Extract `names` (all when `None`) of `payload` into memory with `threads` workers:

@@ -1,10 +1,11 @@
-//! A bounded, deterministic fuzz smoke through the cargo-fuzz target's entry point
-//! (`snapblk_ota::fuzzing::fuzz_payload`): mutated payloads, raw and as wrapped manifests,
-//! must never panic. Long runs: `crates/ota/fuzz` (tests/suites/parsers-fuzz.sh).
+//! A bounded, deterministic fuzz smoke through the cargo-fuzz targets' entry points
+//! (`snapblk_ota::fuzzing::{fuzz_payload, fuzz_bspatch}`): mutated payloads, raw and as wrapped
+//! manifests, and mutated bsdiff patches must never panic. Long runs: `crates/ota/fuzz`
+//! (tests/suites/parsers-fuzz.sh).
 
-use snapblk_ota::fuzzing::{fuzz_payload, manifest_seed};
-use snapblk_ota::testing::{Encoding, PayloadBuilder};
-use snapblk_testsupport::pattern;
+use snapblk_ota::fuzzing::{bspatch_seed, fuzz_bspatch, fuzz_payload, manifest_seed};
+use snapblk_ota::testing::{Encoding, PayloadBuilder, bsdf2_from_bsdiff40};
+use snapblk_testsupport::{TempDir, path_str, pattern, tool_ok};
 
 /// xorshift64*, seeded: the same mutations every run.
 struct Rng(u64);
@@ -67,5 +68,34 @@ fn mutated_payloads_never_panic() {
     for i in 0..3000 {
         let s = &seeds[i % seeds.len()];
         fuzz_payload(&mutate(&mut r, s));
+    }
+}
+
+#[test]
+fn mutated_bsdiff_patches_never_panic() {
+    // Seeds: Debian bsdiff's patch between two related files, and its BSDF2 repackings.
+    let d = TempDir::new("ota-bspatch-smoke");
+    let old = pattern(3000, 1);
+    let mut new = old[200..].to_vec();
+    new.splice(900..900, pattern(300, 2));
+    for i in (0..new.len()).step_by(131) {
+        new[i] ^= 0x5a;
+    }
+    std::fs::write(d.join("old"), &old).unwrap();
+    std::fs::write(d.join("new"), &new).unwrap();
+    let (o, n, p) = (d.join("old"), d.join("new"), d.join("patch"));
+    tool_ok("bsdiff", &[path_str(&o), path_str(&n), path_str(&p)]);
+    let patch = std::fs::read(&p).unwrap();
+    let mut seeds = vec![bspatch_seed(&old, &patch)];
+    for codecs in [[0, 0, 0], [2, 2, 2], [1, 0, 2]] {
+        seeds.push(bspatch_seed(&old, &bsdf2_from_bsdiff40(&patch, codecs)));
+    }
+    for s in &seeds {
+        assert!(fuzz_bspatch(s), "a seed does not apply");
+    }
+    let mut r = Rng(0xb5d1_ff40);
+    for i in 0..3000 {
+        let s = &seeds[i % seeds.len()];
+        fuzz_bspatch(&mutate(&mut r, s));
     }
 }

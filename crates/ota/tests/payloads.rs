@@ -251,6 +251,23 @@ fn overlapping_destination_extents_are_refused() {
         line,
         "partition system, op 2: destination extent 1 overlaps op 2's (block 4)"
     );
+    // So many whole-partition extents that their byte count passes 2^64 (the largest
+    // partition is 2^50 bytes): still an overlap, not an arithmetic overflow.
+    let mut b = two_partitions().build();
+    let whole = Extent {
+        start_block: Some(0),
+        num_blocks: Some(snapblk_ota::MAX_PARTITION / 4096),
+    };
+    let p = &mut b.manifest.partitions[0];
+    p.new_partition_info.as_mut().unwrap().size = Some(snapblk_ota::MAX_PARTITION);
+    p.operations.truncate(1);
+    p.operations[0].r#type = OpType::Zero as i32;
+    p.operations[0].dst_extents = vec![whole; (1 << 14) + 1];
+    let (_, line) = fails(&b);
+    assert_eq!(
+        line,
+        "partition system, op 0: destination extent 1 overlaps op 0's (block 0)"
+    );
 }
 
 #[test]

@@ -4,7 +4,7 @@
 
 use std::path::{Path, PathBuf};
 
-use snapblk_ota::testing::extract_to_memory;
+use snapblk_ota::testing::{apply_to_memory, extract_to_memory};
 use snapblk_ota::{Container, OpError, Ota, OtaError};
 use snapblk_testsupport::{TempDir, tool_ok};
 
@@ -120,4 +120,38 @@ fn the_delta_sample_is_read_and_refused_by_extract_naming_the_op() {
     let part = s.partitions.iter().find(|p| &p.name == partition).unwrap();
     assert!(part.blocked_by.contains(&op_type.name().to_string()));
     assert!(*index < part.ops);
+}
+
+#[test]
+fn the_delta_sample_applies_to_the_images_it_was_made_from() {
+    let d = unpack();
+    let ota = Ota::open(&d.join("delta_payload.bin")).unwrap();
+    let p = ota.payload();
+    let s = p.summary();
+    for part in &s.partitions {
+        assert!(part.applicable, "{part:?}");
+        assert!(part.apply_blocked_by.is_empty() && part.apply_blocker.is_none());
+    }
+    let read = |n: &str| std::fs::read(d.join(n)).unwrap();
+    let (old_kernel, old_root) = (read("disk_ext2_4k_empty.img"), read("disk_sqfs_empty.img"));
+    let (kernel, root) = (read("disk_ext2_4k.img"), read("disk_sqfs_default.img"));
+    // The old images are what old_partition_info says.
+    assert_eq!(Some(sha256(&old_kernel)), s.partitions[0].old_sha256);
+    assert_eq!(Some(sha256(&old_root)), s.partitions[1].old_sha256);
+    let old = [("kernel", &old_kernel[..]), ("root", &old_root[..])];
+    for threads in [1, 2, 4] {
+        let (out, skipped) = apply_to_memory(p, None, &old, false, threads).unwrap();
+        assert!(skipped.is_empty());
+        assert_eq!(out[0].0, "kernel");
+        assert!(out[0].1 == kernel, "kernel differs from disk_ext2_4k.img");
+        assert_eq!(out[1].0, "root");
+        assert!(out[1].1 == root, "root differs from disk_sqfs_default.img");
+        for (i, (_, img)) in out.iter().enumerate() {
+            assert_eq!(Some(sha256(img)), s.partitions[i].sha256);
+        }
+    }
+    // The wrong old image is refused before anything is built.
+    let swapped = [("kernel", &old_root[..]), ("root", &old_kernel[..])];
+    let e = apply_to_memory(p, None, &swapped, false, 1).unwrap_err();
+    assert!(matches!(e, OtaError::SourceSize { .. }), "{e}");
 }

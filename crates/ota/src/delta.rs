@@ -1,0 +1,147 @@
+//! The operations that read the old partition: SOURCE_COPY (its source blocks, in order, to its
+//! destination blocks) and the bsdiff types (SOURCE_BSDIFF with BSDIFF40 patches,
+//! BROTLI_BSDIFF with BSDF2 patches; `bspatch.rs` applies them). The old bytes an operation
+//! reads are its source extents, concatenated; they are checked against `src_sha256_hash`
+//! before they are used.
+//!
+//! Memory: SOURCE_COPY streams (one pass to hash, one to copy, in the worker's 1 MiB buffer);
+//! a bsdiff operation holds its source bytes and its patch, each at most [`MAX_PATCH_INPUT`]
+//! (the plan refuses larger ones), and streams its output.
+
+use sha2::{Digest, Sha256};
+
+use crate::error::OpError;
+use crate::ops::{ExtentWriter, Src};
+use crate::proto::{InstallOperation, OpType};
+
+/// Largest source (the bytes of its source extents) and largest patch a bsdiff operation may
+/// have: both are held in memory while it is applied (update_engine's generator makes bsdiff
+/// operations of at most 200 MiB).
+pub const MAX_PATCH_INPUT: u64 = 1 << 30;
+
+/// An empty vector with room for `n` bytes, or an error instead of an abort when there is no
+/// memory.
+pub(crate) fn alloc(n: u64) -> Result<Vec<u8>, OpError> {
+    let mut v = Vec::new();
+    match usize::try_from(n) {
+        Ok(k) if v.try_reserve_exact(k).is_ok() => Ok(v),
+        _ => Err(OpError::NoMemory { bytes: n }),
+    }
+}
+
+/// (byte offset, bytes) of each source extent of `op` (the plan checked that they lie inside
+/// the old partition, so nothing overflows).
+fn source_extents(op: &InstallOperation, bs: u64) -> impl Iterator<Item = (u64, u64)> + '_ {
+    op.src_extents
+        .iter()
+        .map(move |e| (e.start_block() * bs, e.num_blocks() * bs))
+}
+
+/// Fill `buf` from byte `at` of the old partition; bytes past its end read as zeros (its last
+/// block may be partial).
+fn read_old(src: Src<'_>, at: u64, buf: &mut [u8]) -> Result<(), OpError> {
+    let have = src.len.saturating_sub(at).min(buf.len() as u64) as usize;
+    let (data, tail) = buf.split_at_mut(have);
+    src.image
+        .read_exact_at(at, data)
+        .map_err(|source| OpError::SourceRead { offset: at, source })?;
+    tail.fill(0);
+    Ok(())
+}
+
+/// Visit the old bytes `op` reads, in pieces of at most `buf.len()` bytes.
+fn each_piece(
+    op: &InstallOperation,
+    bs: u64,
+    src: Src<'_>,
+    buf: &mut [u8],
+    f: &mut dyn FnMut(&[u8]) -> Result<(), OpError>,
+) -> Result<(), OpError> {
+    for (start, len) in source_extents(op, bs) {
+        let mut done = 0;
+        while done < len {
+            let n = (len - done).min(buf.len() as u64) as usize;
+            read_old(src, start + done, &mut buf[..n])?;
+            f(&buf[..n])?;
+            done += n as u64;
+        }
+    }
+    Ok(())
+}
+
+/// Compare the SHA-256 of the old bytes with `src_sha256_hash`; true when the op has none.
+fn check_source_hash(op: &InstallOperation, h: Sha256) -> Result<bool, OpError> {
+    let Some(want) = op.src_sha256_hash.as_deref() else {
+        return Ok(true);
+    };
+    let found: [u8; 32] = h.finalize().into();
+    if want != found {
+        return Err(OpError::SourceHash {
+            expected: crate::hex(want),
+            found: crate::hex(&found),
+        });
+    }
+    Ok(false)
+}
+
+/// SOURCE_COPY: hash the source extents, check `src_sha256_hash`, then copy them to the
+/// destination. Returns whether the op had no source hash.
+pub(crate) fn source_copy(
+    op: &InstallOperation,
+    bs: u64,
+    src: Src<'_>,
+    dst: &mut ExtentWriter<'_>,
+    buf: &mut [u8],
+) -> Result<bool, OpError> {
+    let unhashed = if op.src_sha256_hash.is_some() {
+        let mut h = Sha256::new();
+        each_piece(op, bs, src, buf, &mut |b| {
+            h.update(b);
+            Ok(())
+        })?;
+        check_source_hash(op, h)?
+    } else {
+        true
+    };
+    each_piece(op, bs, src, buf, &mut |b| dst.write(b, "is"))?;
+    Ok(unhashed)
+}
+
+/// The old bytes of a bsdiff op (its source extents, concatenated), checked against
+/// `src_sha256_hash`; and whether the op had no source hash.
+pub(crate) fn read_source(
+    op: &InstallOperation,
+    bs: u64,
+    src: Src<'_>,
+) -> Result<(Vec<u8>, bool), OpError> {
+    let total: u64 = source_extents(op, bs).map(|(_, n)| n).sum();
+    let mut old = alloc(total)?;
+    old.resize(total as usize, 0);
+    let mut at = 0usize;
+    for (start, len) in source_extents(op, bs) {
+        let piece = &mut old[at..at + len as usize];
+        read_old(src, start, piece)?;
+        at += len as usize;
+    }
+    let unhashed = check_source_hash(op, Sha256::new_with_prefix(&old))?;
+    Ok((old, unhashed))
+}
+
+/// Apply the bsdiff `patch` of an op of type `t` to `old`, writing the new bytes to `dst` in
+/// pieces of `buf.len()`. The patch may make at most the destination's bytes; fewer leave the
+/// rest of the destination zero.
+pub(crate) fn bspatch(
+    t: OpType,
+    old: &[u8],
+    patch: &[u8],
+    dst: &mut ExtentWriter<'_>,
+    buf: &mut [u8],
+) -> Result<(), OpError> {
+    let limit = dst.capacity;
+    let mut sink = |b: &[u8]| dst.write(b, "patches to");
+    match crate::bspatch::apply(old, patch, limit, buf, &mut sink) {
+        Ok(_) => Ok(()),
+        Err(crate::bspatch::Fail::Sink(e)) => Err(e),
+        Err(crate::bspatch::Fail::Patch(source)) => Err(OpError::Patch { op_type: t, source }),
+    }
+}

@@ -8,12 +8,15 @@
 #  * `snapblk merge` (record check, pre-merge check, merge, fsyncs) vs `cp --sparse=never` of
 #    the image + sync (goal >= 0.95x);
 #  * with SECTIONS containing `ir`: user-space instructions per read under callgrind (free of
-#    the timing noise of a shared machine).
+#    the timing noise of a shared machine);
+#  * with SECTIONS containing `nbd`: the same reads through the NBD export (`snapblk serve
+#    --nbd`, fio's nbd engine, 4 KiB QD1, sequential and random, 5 s each) of the v3 lz4 snapshot
+#    (record checks on, as served by default) vs the same export of the raw new image.
 # The COPY-only read and worst-case merge goals are bench/snapshot-bench.sh's copy and merge
 # sections. Android's own figures (snapuserd, same pair) are reference figures in
 # ../shared/notes/anchor-figures.md and README.md, not run here.
 # usage: bench/realistic-bench.sh [DIR] [IMAGE_MiB] [ROUNDS] [SECTIONS]
-#        (defaults: /dev/shm/snapblk-realistic 256 7 reads,merge; SECTIONS also takes ir)
+#        (defaults: /dev/shm/snapblk-realistic 256 7 reads,merge; SECTIONS also takes ir, nbd)
 # results: bench/results/scratch/realistic-<time>.json
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -33,10 +36,45 @@ $s cow create --old "$dir/old.img" --new "$dir/new.img" -o "$dir/v2-lz4.cow" --f
 $s cow create --old "$dir/old.img" --new "$dir/new.img" -o "$dir/v3-zstd64k.cow" \
   --compression zstd --unit 65536 >&2
 out=bench/results/scratch/realistic-$(date +%Y%m%d-%H%M%S).json
-timed=$(echo "$sections" | tr ',' '\n' | grep -v '^ir$' | paste -sd, || true)
+timed=$(echo "$sections" | tr ',' '\n' | grep -vE '^(ir|nbd)$' | paste -sd, || true)
+PIDS=()
+trap 'for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done' EXIT
+nbd_run() {  # nbd_run raw|snap RW: MiB/s of 4 KiB QD1 reads through a fresh server
+  local port=10809 pid
+  while (exec 3<>/dev/tcp/127.0.0.1/$port) 2>/dev/null; do port=$((port + 1)); done
+  if [ "$1" = raw ]; then
+    $s serve "$dir/new.img" --read-only --nbd "127.0.0.1:$port" >/dev/null 2>"$dir/nbd.err" &
+  else
+    $s serve --base "$dir/old.img" --cow "$dir/v3-lz4.cow" --read-only --nbd "127.0.0.1:$port" \
+      >/dev/null 2>"$dir/nbd.err" &
+  fi
+  pid=$!
+  PIDS+=("$pid")
+  for _ in $(seq 200); do nbdinfo --size "nbd://127.0.0.1:$port" >/dev/null 2>&1 && break; sleep 0.05; done
+  fio --name=r --ioengine=nbd --uri="nbd://127.0.0.1:$port" --rw="$2" --bs=4k --iodepth=1 \
+    --size="${mib}M" --time_based --runtime=5 --output-format=json 2>/dev/null |
+    python3 -c 'import json,sys; t=sys.stdin.read(); print("%.1f" % (json.loads(t[t.index("{"):])["jobs"][0]["read"]["bw"] / 1024))'
+  kill -TERM "$pid"; wait "$pid" 2>/dev/null || true
+}
 {
   if [ -n "$timed" ]; then
     ./target/release/examples/realistic_perf "$dir" "$rounds" "$timed" "${cows[@]}"
+  fi
+  if [[ ",$sections," == *",nbd,"* ]]; then
+    echo '{"nbd_qd1_mib_s": {'
+    for rw in read randread; do
+      raw=() snap=()
+      for _ in $(seq "$rounds"); do raw+=("$(nbd_run raw $rw)"); snap+=("$(nbd_run snap $rw)"); done
+      python3 - "$rw" "${raw[*]}" "${snap[*]}" <<'PY'
+import statistics, sys
+rw, raw, snap = sys.argv[1], [float(x) for x in sys.argv[2].split()], [float(x) for x in sys.argv[3].split()]
+r = [s / w for s, w in zip(snap, raw)]
+print('"%s": {"raw": %.1f, "snapshot_v3_lz4": %.1f, "ratio": %.3f, "ratio_min": %.3f, "ratio_max": %.3f}%s'
+      % (rw, statistics.median(raw), statistics.median(snap), statistics.median(r), min(r), max(r),
+         "," if rw == "read" else ""))
+PY
+    done
+    echo '}}'
   fi
   if [[ ",$sections," == *",ir,"* ]]; then
     # Instructions per read: two runs (one and two passes over the device, each pass on a

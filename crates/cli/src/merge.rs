@@ -87,7 +87,14 @@ fn stash_of(a: &MergeArgs) -> anyhow::Result<Option<Stash>> {
             ("the record", &rec),
         ],
     )?;
-    Ok(Some(Stash::new(p)))
+    let st = Stash::new(p);
+    // With --expect-sha256 the whole new image is checked before the first write, which also
+    // covers a merge whose stash is gone.
+    Ok(Some(if a.expect_sha256.is_some() {
+        st.with_verified_view()
+    } else {
+        st
+    }))
 }
 
 /// A COW with a scratch area stages its windows there: a stash would never be used.
@@ -130,7 +137,7 @@ impl Digests {
         use snapblk_cow::record::{hex, sha256_of};
         let (done, total) = snap.merge_progress();
         if let Some(want) = self.base {
-            if done > 0 {
+            if done > 0 || snap.merge_staged() {
                 anyhow::bail!(
                     "--base-sha256: the merge has started ({done} of {total} ops merged), so {} is no longer the old image; leave it out to resume",
                     a.base.display()
@@ -141,7 +148,7 @@ impl Digests {
             let got = sha256_of(&f).context("hashing the base")?;
             if got != want {
                 anyhow::bail!(
-                    "base {} has SHA-256 {}, not the --base-sha256 given; nothing written",
+                    "base {} has SHA-256 {}, not the --base-sha256 given (a merge into it that stopped before its first commit changes it too: leave out --base-sha256 to resume one); nothing written",
                     a.base.display(),
                     hex(&got)
                 );
@@ -305,7 +312,11 @@ pub fn run(a: MergeArgs) -> anyhow::Result<()> {
                 report.self_safe_windows,
                 report.replace_batches
             )?;
-            writeln!(out, "pre-merge check: {}", describe(&report.precheck))?;
+            writeln!(
+                out,
+                "pre-merge check: {}",
+                describe(&report.precheck, a.stash.is_some())
+            )?;
             writeln!(out, "{}", serde_json::to_string_pretty(&sched)?)?;
         }
     }
@@ -313,9 +324,14 @@ pub fn run(a: MergeArgs) -> anyhow::Result<()> {
 }
 
 /// One line saying what the pre-merge check covered.
-fn describe(r: &PrecheckReport) -> String {
+fn describe(r: &PrecheckReport, stash: bool) -> String {
     let windows = if r.scratch {
         "scratch area present".to_owned()
+    } else if stash {
+        format!(
+            "no scratch area: {} windows, self-safe or one op reading its own destination through the stash",
+            r.self_safe_windows
+        )
     } else {
         format!(
             "no scratch area: {} self-safe windows, no op reads its own destination",
@@ -365,7 +381,7 @@ fn check(a: &MergeArgs) -> anyhow::Result<()> {
                 writeln!(out, "{v}")?;
             } else {
                 writeln!(out, "mergeable: {done}/{total} ops merged")?;
-                writeln!(out, "checked: {}", describe(&r))?;
+                writeln!(out, "checked: {}", describe(&r, a.stash.is_some()))?;
             }
             Ok(())
         }

@@ -313,13 +313,13 @@ fn without_a_record_digests_given_by_hand_guard_the_merge() {
             &base,
             "--base-sha256",
             wrong.as_str(),
-            "not the --base-sha256 given; nothing written",
+            "not the --base-sha256 given",
         ),
         (
             &other,
             "--base-sha256",
             old_sha.as_str(),
-            "not the --base-sha256 given; nothing written",
+            "not the --base-sha256 given",
         ),
         (
             &base,

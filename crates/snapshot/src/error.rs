@@ -60,6 +60,12 @@ pub enum SnapError {
         #[source]
         source: std::io::Error,
     },
+    /// A block of the XOR op that reads its own destination and was next to merge when a merge
+    /// with a stash stopped: only that stash knows whether the base still holds its source.
+    #[error(
+        "this block belongs to the merge step that was next when a stashed merge stopped; it is readable once the merge resumes with its stash (snapblk merge --stash FILE)"
+    )]
+    InFlight,
     /// The merge was stopped on request.
     #[error("merge interrupted")]
     Interrupted,

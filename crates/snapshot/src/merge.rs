@@ -33,7 +33,7 @@ use crate::map::{MergeView, OpKind, StagedWindow};
 use crate::precheck::{PrecheckReport, precheck};
 use crate::sched::IoClass;
 use crate::snapshot::{Snapshot, scratch_state};
-use crate::stash::{Stash, Stashed, reads_own_destination};
+use crate::stash::{Stash, Stashed, old_or_new, reads_own_destination};
 use serde::Serialize;
 use snapblk_core::sync::write;
 use std::collections::HashSet;
@@ -220,6 +220,12 @@ pub fn merge(snap: &Snapshot, opts: MergeOptions<'_>) -> Result<MergeReport> {
         snap.attach_stash(stash)?;
     }
     let pre = precheck(snap, &opts)?;
+    if let Some(stash) = opts.stash
+        && snap.layout.scratch().is_none()
+    {
+        // Before the first write: a later run can then tell a lost stash from none.
+        stash.create(snap.map.ops(), snap.map.block_size())?;
+    }
     let (merged, staged) = {
         let v = snap.lock_view();
         (v.merged, v.staged.clone())
@@ -590,8 +596,11 @@ impl Snapshot {
     /// For a COW without scratch merged with a stash: publish the op an interrupted run
     /// stashed (the one at `num_merge_ops`, whose source its own write may have destroyed), so
     /// reads see the new image before the merge resumes; the merge then writes it from the
-    /// stash. Checks the stash against the base first: the op's destination must hold its old
-    /// or its new contents. Returns whether a stashed op was found. [`merge`] calls this.
+    /// stash. Checks the stash against the base first: the op's destination must hold, sector by
+    /// sector, its old or its new contents. A stash that does not exist while the merge stopped
+    /// at such an op is refused, unless a COW record is attached or the stash says the caller
+    /// checks the whole new image ([`Stash::with_verified_view`]). Returns whether a stashed op
+    /// was found. [`merge`] calls this.
     pub fn attach_stash(&self, stash: &Stash) -> Result<bool> {
         let merged = {
             let v = self.lock_view();
@@ -600,25 +609,38 @@ impl Snapshot {
             }
             v.merged
         };
-        let bs = self.map.block_size();
-        let Some(w) = stash.load(self.map.ops(), bs)? else {
-            return Ok(false);
-        };
-        // A stash for an op already committed is spent: the base was written and committed.
-        if w.index != merged {
+        stash.check_place()?;
+        let in_flight = self.in_flight.load(Ordering::Relaxed) != u64::MAX;
+        if !stash.exists()? {
+            // The merge creates its stash before it first writes the base: none here means no
+            // merge with this stash has run, or the stash is gone.
+            if in_flight && self.verifier().is_none() && !stash.view_verified() {
+                return Err(stash.err(format!(
+                    "does not exist, but the merge stopped at op {merged}, which reads its own destination: if it was being written, its source is gone and only the stash that merge used has the block (give that stash, or check the result with a COW record or --expect-sha256)"
+                )));
+            }
+            // A record or the caller's digest checks that block before anything is written.
+            self.in_flight.store(u64::MAX, Ordering::Relaxed);
             return Ok(false);
         }
+        let bs = self.map.block_size();
+        let w = match stash.load(self.map.ops(), bs)? {
+            // A stash for an op already committed is spent; an empty or torn one was never
+            // synced with this op in it: either way the base was not written for the next op.
+            Some(w) if w.index == merged => w,
+            _ => {
+                self.in_flight.store(u64::MAX, Ordering::Relaxed);
+                return Ok(false);
+            }
+        };
         let mut cur = vec![0u8; bs as usize];
         self.io
             .read(IoClass::Merge, Dev::Base, w.new_block * bs, &mut cur)?;
-        if cur != w.old && cur != w.new {
-            return Err(SnapError::Stash {
-                path: stash.path().to_owned(),
-                what: format!(
-                    "block {} of the base holds neither the old nor the new contents the stash recorded for op {merged}: the stash belongs to another base or merge",
-                    w.new_block
-                ),
-            });
+        if !old_or_new(&cur, &w.old, &w.new) {
+            return Err(stash.err(format!(
+                "block {} of the base holds neither the old nor the new contents the stash recorded for op {merged}: the stash belongs to another base or merge",
+                w.new_block
+            )));
         }
         let mut v = write(&self.view);
         if v.merged == merged && v.staged.is_none() {
@@ -631,6 +653,8 @@ impl Snapshot {
                 }),
             };
         }
+        drop(v);
+        self.in_flight.store(u64::MAX, Ordering::Relaxed);
         Ok(true)
     }
 }

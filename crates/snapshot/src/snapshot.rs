@@ -5,11 +5,12 @@ use crate::error::{Result, SnapError};
 #[cfg(test)]
 use crate::io::CacheStats;
 use crate::io::{Dev, Io, UnitCache};
-use crate::map::{Codec, MergeView, Payload, Segment, SnapshotMap, StagedWindow};
+use crate::map::{Codec, MergeView, OpKind, Payload, Segment, SnapshotMap, StagedWindow};
 use crate::overlay::Overlay;
 use crate::sched::{IoClass, SchedConfig, SchedStats, Scheduler};
 use snapblk_core::sync::{lock, read, write};
 use snapblk_cow::record::Verifier;
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, OnceLock, RwLock, RwLockReadGuard};
 
 /// Offset of `num_merge_ops` (u64) in every COW header version (the format's constant).
@@ -21,7 +22,8 @@ pub const MAX_SCRATCH_SIZE: u64 = 2 << 20;
 
 /// Decodes compressed payloads (supplied by the COW format layer).
 pub trait Decoder: Send + Sync {
-    /// Decode `src` (encoded with `codec`) into exactly `out.len()` bytes.
+    /// Decode `src` (encoded with `codec`) into exactly `out.len()` bytes: on `Ok`, every
+    /// byte of `out` is written (`out` may be a reused buffer holding another unit's bytes).
     fn decode(
         &self,
         codec: Codec,
@@ -156,6 +158,11 @@ pub struct Snapshot {
     /// record): reads and writes past it are out of range; COPY/XOR sources may still lie past it
     /// in the base.
     size_limit: OnceLock<u64>,
+    /// Payload offset of the XOR op at `num_merge_ops` when the COW has no scratch area, the
+    /// merge has started and that op reads its own destination: a stashed merge may have
+    /// written the block before it stopped, and only its stash knows ([`Snapshot::attach_stash`]
+    /// clears this). Until then the block is not served unchecked. `u64::MAX`: none.
+    pub(crate) in_flight: std::sync::atomic::AtomicU64,
 }
 
 impl Snapshot {
@@ -233,6 +240,7 @@ impl Snapshot {
             header: Mutex::new(header),
             verifier: OnceLock::new(),
             size_limit: OnceLock::new(),
+            in_flight: std::sync::atomic::AtomicU64::new(u64::MAX),
         };
         let pers = s.persisted();
         if pers.num_merge_ops > s.map.ops().len() as u64 {
@@ -259,8 +267,22 @@ impl Snapshot {
                 Err(_) => {}
             }
         }
+        if s.layout.scratch().is_none()
+            && view.merged > 0
+            && let Some(op) = s.map.ops().get(view.merged)
+            && crate::stash::reads_own_destination(op, bs)
+            && let OpKind::Xor { payload, .. } = op.kind
+        {
+            s.in_flight.store(payload.offset, Ordering::Relaxed);
+        }
         *write(&s.view) = view;
         Ok(s)
+    }
+
+    /// Whether a merge window is staged (in scratch, or from a merge stash): the merge has
+    /// written, or may have written, the base although `num_merge_ops` has not moved.
+    pub fn merge_staged(&self) -> bool {
+        self.lock_view().staged.is_some()
     }
 
     /// The block map.
@@ -785,6 +807,11 @@ impl Snapshot {
                     skip,
                     ..
                 } => {
+                    if payload.offset == self.in_flight.load(Ordering::Relaxed)
+                        && self.verifier.get().is_none()
+                    {
+                        return Err(SnapError::InFlight);
+                    }
                     // Only the bytes asked for: base bytes straight into the buffer, then XOR
                     // with the (cached) payload.
                     self.io
@@ -986,8 +1013,6 @@ impl Snapshot {
     }
 }
 
-/// Run `f` on a per-thread reusable buffer of `len` bytes (compressed payload bytes read from the
-/// COW): no allocation or zeroing per request once the buffer has grown.
 /// `dst ^= src` over their common length.
 fn xor_into(dst: &mut [u8], src: &[u8]) {
     for (d, s) in dst.iter_mut().zip(src) {
@@ -1012,6 +1037,8 @@ fn with_unit_scratch<R>(len: usize, f: impl FnOnce(&mut [u8]) -> R) -> R {
     })
 }
 
+/// Run `f` on a per-thread reusable buffer of `len` bytes (compressed payload bytes read from the
+/// COW): no allocation or zeroing per request once the buffer has grown.
 fn with_scratch<R>(len: usize, f: impl FnOnce(&mut [u8]) -> R) -> R {
     thread_local! {
         static BUF: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };

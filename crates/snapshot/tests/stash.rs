@@ -113,7 +113,7 @@ fn stop_after_first_stashed_write(case: &SynthCase, stash: &Stash) -> Vec<Vec<u8
         let mut at = at.lock().unwrap();
         if at.is_none()
             && matches!(st, snapblk_snapshot::MergeStep::Written { .. })
-            && stash.path().exists()
+            && std::fs::metadata(stash.path()).is_ok_and(|m| m.len() > 24)
         {
             *at = Some(world.current());
             stop.store(true, std::sync::atomic::Ordering::Relaxed);
@@ -185,4 +185,103 @@ fn a_stash_of_another_cow_or_base_is_refused_and_a_torn_one_ignored() {
     assert!(!rep.resumed_from_stash);
     assert_eq!(fresh.current()[0], case.target);
     let _ = Arc::new(());
+}
+
+/// Merge until a stashed op other than the first op of the merge order is written to the base
+/// but not committed; returns the disks' contents at that instant and the stash's bytes.
+fn stop_inside_a_later_stashed_op(case: &SynthCase, stash: &Stash) -> (Vec<Vec<u8>>, Vec<u8>) {
+    let world = FaultWorld::new(vec![case.base.clone(), case.cow.clone()]);
+    let s = case.open_on(&world, SnapshotConfig::default()).unwrap();
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let at = std::sync::Mutex::new(None);
+    let hook = |st: snapblk_snapshot::MergeStep| {
+        let mut at = at.lock().unwrap();
+        if let snapblk_snapshot::MergeStep::Written { start, .. } = st
+            && at.is_none()
+            && start > 0
+            && let Ok(b) = std::fs::read(stash.path())
+            && b.len() > 32
+            && u64::from_le_bytes(b[24..32].try_into().unwrap()) == start as u64
+        {
+            *at = Some((world.current(), b));
+            stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        }
+    };
+    let _ = merge(
+        &s,
+        MergeOptions {
+            stash: Some(stash),
+            hook: Some(&hook),
+            stop: Some(&stop),
+            ..Default::default()
+        },
+    );
+    at.into_inner()
+        .unwrap()
+        .expect("a later stashed op was reached")
+}
+
+#[test]
+fn a_lost_stash_is_refused_and_its_block_is_not_served_unchecked() {
+    let case = no_scratch_case(7400);
+    let dir = tempfile::tempdir().unwrap();
+    let stash = Stash::new(&dir.path().join("m.stash"));
+    let (images, saved) = stop_inside_a_later_stashed_op(&case, &stash);
+    let world = FaultWorld::new(images.clone());
+    let s = case.open_on(&world, SnapshotConfig::default()).unwrap();
+    assert!(s.merge_progress().0 > 0);
+    // A reader without the stash gets an error for the in-flight block, never wrong bytes.
+    let mut all = vec![0u8; s.capacity() as usize];
+    let e = s.read(0, &mut all).unwrap_err();
+    assert!(matches!(e, SnapError::InFlight), "{e}");
+    // The merge refuses to go on without it, and writes nothing.
+    std::fs::remove_file(stash.path()).unwrap();
+    let e = merge(&s, opts(&stash)).unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("does not exist, but the merge stopped"),
+        "{e}"
+    );
+    assert_eq!(world.current()[0], images[0]);
+    // With the stash back it finishes.
+    std::fs::write(stash.path(), &saved).unwrap();
+    let rep = merge(&s, opts(&stash)).unwrap();
+    assert!(rep.resumed_from_stash);
+    assert_eq!(world.current()[0], case.target);
+}
+
+#[test]
+fn a_torn_block_write_resumes_from_the_stash() {
+    let case = no_scratch_case(7500);
+    let dir = tempfile::tempdir().unwrap();
+    let stash = Stash::new(&dir.path().join("m.stash"));
+    let (mut images, saved) = stop_inside_a_later_stashed_op(&case, &stash);
+    // The destination block half written: its first sectors new, the rest old.
+    let blk = u64::from_le_bytes(saved[32..40].try_into().unwrap()) as usize;
+    let old = &saved[40..40 + 4096];
+    images[0][blk * 4096 + 2048..blk * 4096 + 4096].copy_from_slice(&old[2048..]);
+    let world = FaultWorld::new(images);
+    let s = case.open_on(&world, SnapshotConfig::default()).unwrap();
+    let rep = merge(&s, opts(&stash)).unwrap();
+    assert!(rep.resumed_from_stash);
+    assert_eq!(world.current()[0], case.target);
+}
+
+#[test]
+fn a_stash_must_be_a_stash_on_a_file_system_that_survives_a_crash() {
+    let case = no_scratch_case(7600);
+    let world = FaultWorld::new(vec![case.base.clone(), case.cow.clone()]);
+    let s = case.open_on(&world, SnapshotConfig::default()).unwrap();
+    let shm = tempfile::tempdir_in("/dev/shm").unwrap();
+    let e = merge(&s, opts(&Stash::new(&shm.path().join("m.stash")))).unwrap_err();
+    assert!(e.to_string().contains("tmpfs or ramfs"), "{e}");
+    let dir = tempfile::tempdir().unwrap();
+    let not = dir.path().join("notes.txt");
+    std::fs::write(&not, b"my notes").unwrap();
+    let e = merge(&s, opts(&Stash::new(&not))).unwrap_err();
+    assert!(e.to_string().contains("not a merge stash"), "{e}");
+    assert_eq!(std::fs::read(&not).unwrap(), b"my notes");
+    let e = merge(&s, opts(&Stash::new(dir.path()))).unwrap_err();
+    assert!(e.to_string().contains("not a regular file"), "{e}");
+    assert_eq!(world.current()[0], case.base, "nothing written");
 }

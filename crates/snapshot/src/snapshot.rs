@@ -816,9 +816,17 @@ impl Snapshot {
                     // with the (cached) payload.
                     self.io
                         .read(class, Dev::Base, base_offset + skip as u64, dst)?;
-                    if skip == 0 && n == payload.unit_len as usize && class != IoClass::Readahead {
-                        // A whole block: decode the delta into a per-thread buffer (no cache
-                        // entry, as for whole REPLACE units).
+                    let whole = skip == 0 && n == payload.unit_len as usize;
+                    let cached = if whole && class != IoClass::Readahead {
+                        self.cache.get(payload.offset)
+                    } else {
+                        None
+                    };
+                    if let Some(u) = cached {
+                        xor_into(dst, u.get(..n).ok_or_else(|| short(&payload))?);
+                    } else if whole && class != IoClass::Readahead {
+                        // A whole block not in the cache (readahead fills it): decode the delta
+                        // into a per-thread buffer and keep no copy, as for whole REPLACE units.
                         with_unit_scratch(n, |pl| {
                             self.decode_into(class, &payload, pl)?;
                             xor_into(dst, pl);

@@ -946,14 +946,52 @@ fn apply(
     }
     // In place, the output cannot be put back: prove the whole result first (every payload
     // decodes, every block matches the record, the digest matches), then write it.
+    // A block-device base is claimed exclusively before a block-device output is: the kernel
+    // then refuses the pair when one holds the other (a partition and its disk, a device-mapper
+    // device and its members).
+    let _claim = claim_block_input(base_path, out)?;
     let target = InPlace::open(out, len)?;
-    job.pass(std::io::sink(), Pass::Check)?;
+    let proven = job.pass(std::io::sink(), Pass::Check)?;
     let f = target
         .file()
         .try_clone()
         .with_context(|| format!("open {}", out.display()))?;
-    job.pass(f, Pass::InPlace)?;
+    let written = job.pass(f, Pass::InPlace)?;
+    if written != proven {
+        bail!(
+            "{} was written with an image (SHA-256 {}) other than the one checked before (SHA-256 {}): an input changed in between",
+            out.display(),
+            record::hex(&written),
+            record::hex(&proven)
+        );
+    }
     target.finish(len)
+}
+
+/// When both the base and the in-place output are block devices, open the base with `O_EXCL`
+/// (held until the write is done).
+fn claim_block_input(base: &Path, out: &Path) -> Result<Option<std::fs::File>> {
+    use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+    let is_block = |p: &Path| std::fs::metadata(p).is_ok_and(|m| m.file_type().is_block_device());
+    if !(is_block(base) && is_block(out)) {
+        return Ok(None);
+    }
+    std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_EXCL)
+        .open(base)
+        .map(Some)
+        .map_err(|e| {
+            let busy = e.raw_os_error() == Some(libc::EBUSY);
+            anyhow::Error::new(e).context(if busy {
+                format!(
+                    "base {} is in use (mounted or held open exclusively)",
+                    base.display()
+                )
+            } else {
+                format!("open {}", base.display())
+            })
+        })
 }
 
 /// A pass of `cow apply`: into a new file, a check that writes nothing, or into the output in
@@ -979,7 +1017,7 @@ struct ApplyJob<'a> {
 impl ApplyJob<'_> {
     /// The new image written to `dst` while it is hashed and checked against the record; an
     /// error when a block or the whole image is not what was expected.
-    fn pass<W: std::io::Write>(&self, dst: W, pass: Pass) -> Result<()> {
+    fn pass<W: std::io::Write>(&self, dst: W, pass: Pass) -> Result<[u8; 32]> {
         let ApplyJob {
             r,
             base_f,
@@ -1037,7 +1075,7 @@ impl ApplyJob<'_> {
                 out.display()
             );
         }
-        Ok(())
+        Ok(got)
     }
 }
 

@@ -32,40 +32,63 @@ fn identity(p: &Path) -> Option<Identity> {
     })
 }
 
-/// The file a loop device reads and writes (`/sys/dev/block/MAJ:MIN/loop/backing_file`):
-/// writing the device writes that file.
-fn loop_backing(id: Identity) -> Option<Identity> {
+/// The storage under a block device that writing it writes: a loop device's backing file
+/// (`/sys/dev/block/MAJ:MIN/loop/backing_file`) and a device-mapper or md device's members
+/// (`slaves/`), followed down to files and plain disks.
+fn below(id: Identity, depth: u32, out: &mut Vec<Identity>) {
     let Identity::Block(rdev) = id else {
-        return None;
+        return;
     };
-    let sys = format!(
-        "/sys/dev/block/{}:{}/loop/backing_file",
-        libc::major(rdev),
-        libc::minor(rdev)
-    );
-    let name = std::fs::read_to_string(sys).ok()?;
-    identity(Path::new(name.trim_end_matches('\n')))
+    if depth > 8 {
+        return;
+    }
+    let sys = format!("/sys/dev/block/{}:{}", libc::major(rdev), libc::minor(rdev));
+    if let Ok(name) = std::fs::read_to_string(format!("{sys}/loop/backing_file"))
+        && let Some(b) = identity(Path::new(name.trim_end_matches('\n')))
+    {
+        out.push(b);
+        below(b, depth + 1, out);
+    }
+    if let Ok(rd) = std::fs::read_dir(format!("{sys}/slaves")) {
+        for e in rd.flatten() {
+            let dev = std::fs::read_to_string(e.path().join("dev")).unwrap_or_default();
+            let mut mm = dev.trim().split(':').map(|x| x.parse::<u32>());
+            if let (Some(Ok(ma)), Some(Ok(mi))) = (mm.next(), mm.next()) {
+                let b = Identity::Block(libc::makedev(ma, mi));
+                out.push(b);
+                below(b, depth + 1, out);
+            }
+        }
+    }
 }
 
-/// Refuse when `out` (named `out_flag` on the command line) is the same file as any input,
-/// or a loop device over one.
+/// A file or device and everything [`below`] it.
+fn storage(id: Identity) -> Vec<Identity> {
+    let mut v = vec![id];
+    below(id, 0, &mut v);
+    v
+}
+
+/// Refuse when `out` (named `out_flag` on the command line) is the same file as any input, or
+/// shares storage with one through loop or device-mapper devices (in either direction, stacked
+/// or side by side: two loop devices over one file).
 pub fn refuse_alias(out_flag: &str, out: &Path, inputs: &[(&str, &Path)]) -> Result<()> {
     let Some(o) = identity(out) else {
         return Ok(());
     };
-    let backing = loop_backing(o);
+    let o_all = storage(o);
     for (flag, p) in inputs {
-        let i = identity(p);
-        if i == Some(o) {
+        let Some(i) = identity(p) else { continue };
+        if i == o {
             bail!(
                 "{out_flag} {} is the same file as {flag} {}; refusing to overwrite an input",
                 out.display(),
                 p.display()
             );
         }
-        if i.is_some() && (i == backing || i.and_then(loop_backing) == Some(o)) {
+        if storage(i).iter().any(|x| o_all.contains(x)) {
             bail!(
-                "{out_flag} {} and {flag} {} are a loop device and the file behind it; refusing to overwrite an input",
+                "{out_flag} {} and {flag} {} are the same storage (a loop or device-mapper device and what is under it); refusing to overwrite an input",
                 out.display(),
                 p.display()
             );
@@ -294,6 +317,15 @@ impl InPlace {
         })?;
         if m.is_dir() {
             bail!("{t} is a directory");
+        }
+        let s = target.to_string_lossy();
+        if m.is_file()
+            && (s.starts_with("/dev/std") || s.starts_with("/dev/fd/") || s.starts_with("/proc/"))
+        {
+            // A shell redirection (`>> log`): reopening it loses O_APPEND and the offset.
+            bail!(
+                "{t} is a regular file reached through a file descriptor; give its path, or pipe the output"
+            );
         }
         let ft = m.file_type();
         let block = ft.is_block_device();

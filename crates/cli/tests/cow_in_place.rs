@@ -128,12 +128,24 @@ fn in_place_writes_a_block_device_that_is_large_enough_and_free() {
     drop(held);
     assert!(read(&dev_file).iter().all(|&b| b == 0x5a));
 
-    // A loop device over the base is the base.
+    // A loop device over the base is the base; so is a second loop device over it, and a loop
+    // device over that one.
     let base_dev = Loop::over(&c.old);
     let before = read(&c.old);
     let mut a = apply_args(&c, &base_dev.0);
     a.push("--in-place");
-    refused(&a, "are a loop device and the file behind it");
+    refused(&a, "are the same storage");
+    let twin = Loop::over(&c.old);
+    let stacked = Loop::over(Path::new(&twin.0));
+    for out in [&twin.0, &stacked.0] {
+        let mut a = apply_args(&c, out);
+        a[4] = &base_dev.0;
+        a.push("--in-place");
+        refused(&a, "are the same storage");
+        let mut a = apply_args(&c, out);
+        a.push("--in-place");
+        refused(&a, "are the same storage");
+    }
     assert_eq!(read(&c.old), before);
     // And the base given as its loop device cannot be the output's backing file either.
     let out = c.file_copy(&c.old, "out.img");
@@ -141,7 +153,7 @@ fn in_place_writes_a_block_device_that_is_large_enough_and_free() {
     let mut a = apply_args(&c, path_str(&out));
     a[4] = &out_dev.0;
     a.push("--no-record");
-    refused(&a, "are a loop device and the file behind it");
+    refused(&a, "are the same storage");
 }
 
 #[test]
@@ -164,6 +176,22 @@ fn in_place_writes_a_regular_file_where_it_is_and_streams() {
     let o = snapblk(&a);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     assert!(o.stdout == new, "stdout does not carry the new image");
+
+    // /dev/stdout redirected to a file (`>> log`): refused, the file kept as it was.
+    let log = c.p("log.txt");
+    std::fs::write(&log, b"earlier lines\n").unwrap();
+    let mut a = apply_args(&c, "/dev/stdout");
+    a.push("--in-place");
+    let o = Command::new(env!("CARGO_BIN_EXE_snapblk"))
+        .args(&a)
+        .stdin(Stdio::null())
+        .stdout(std::fs::OpenOptions::new().append(true).open(&log).unwrap())
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("reached through a file descriptor"), "{err}");
+    assert_eq!(read(&log), b"earlier lines\n");
 
     // A FIFO with a reader.
     let fifo = c.p("fifo");

@@ -8,6 +8,9 @@
 //! * [`Payload::plan_extract`] checks everything a full-payload extraction needs before the
 //!   first write; [`ExtractPlan::run`] writes the partitions to caller-provided [`Output`]s in
 //!   parallel and verifies every blob's and every partition's SHA-256.
+//! * [`Verity`] recomputes a partition's dm-verity hash tree and Reed–Solomon FEC where the
+//!   manifest leaves them to the device (`hash_tree_*`, `fec_*`), byte for byte as
+//!   update_engine writes them; extraction does it before a partition's hash check.
 //!
 //! The manifest's messages are written by hand from update_engine's field numbers
 //! (`prost` derive, no code generator). Incremental operations (SOURCE_COPY, the bsdiff
@@ -29,11 +32,12 @@ mod properties;
 mod proto;
 mod source;
 mod summary;
+mod verity;
 #[cfg(feature = "test-utils")]
 pub mod testing;
 
 pub use container::{Container, Ota, PAYLOAD_ENTRY, PROPERTIES_NAME, PropertiesOrigin};
-pub use error::{OpError, OtaError, Result};
+pub use error::{OpError, OtaError, Result, VerityError};
 pub use extract::{
     ExtractOptions, ExtractProgress, ExtractReport, MAX_THREADS, Output, PartitionReport,
 };
@@ -47,6 +51,10 @@ pub use proto::{
     Signature, Signatures, VabcFeatureSet,
 };
 pub use summary::{DynamicSummary, PartitionSummary, SignatureSummary, Summary};
+pub use verity::{
+    FEC_BLOCK_SIZE, FEC_MAX_ROOTS, FEC_MIN_ROOTS, HashAlgorithm, Verity, VerityReport, fec_size,
+    hash_tree_levels,
+};
 
 /// Lower-case hex of `b` (hashes in messages and reports).
 pub fn hex(b: &[u8]) -> String {

@@ -18,6 +18,7 @@ PKGS=(
   android-sdk-libsparse-utils       # img2simg / simg2img: sparse-image tests
   libclang-dev                      # bindgen in libublk-rs-sys (ublk export) needs libclang
   python3 python3-venv bzip2        # OTA tests: zips by zipfile, the payload-dumper venv, tar -j
+  cryptsetup-bin                    # veritysetup: the dm-verity hash tree and FEC reference (OTA tests)
 )
 missing=()
 for p in "${PKGS[@]}"; do

@@ -23,6 +23,7 @@
 mod container;
 mod error;
 mod extract;
+mod finish;
 #[cfg(feature = "test-utils")]
 pub mod fuzzing;
 mod ops;
@@ -32,9 +33,9 @@ mod properties;
 mod proto;
 mod source;
 mod summary;
-mod verity;
 #[cfg(feature = "test-utils")]
 pub mod testing;
+mod verity;
 
 pub use container::{Container, Ota, PAYLOAD_ENTRY, PROPERTIES_NAME, PropertiesOrigin};
 pub use error::{OpError, OtaError, Result, VerityError};

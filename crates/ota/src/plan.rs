@@ -7,6 +7,7 @@ use std::collections::HashMap;
 use crate::error::{OpError, OtaError, Result};
 use crate::payload::Payload;
 use crate::proto::PartitionUpdate;
+use crate::verity::Verity;
 
 /// Longest partition name accepted as a file name (`NAME.img` must fit in 255 bytes, with room
 /// for the hidden temporary name beside it).
@@ -59,6 +60,9 @@ pub struct PlannedPartition {
     pub ops: usize,
     /// Bytes the operations write (their destination extents).
     pub dst_bytes: u64,
+    /// The dm-verity hash tree and FEC to compute after the operations, if the manifest
+    /// leaves them to the device.
+    pub verity: Option<Verity>,
 }
 
 /// The checked plan of an extraction: made by [`Payload::plan_extract`], run by
@@ -239,6 +243,12 @@ impl Payload {
                 reach = Some((end, op));
             }
         }
+        let verity = Verity::from_partition(p, self.block_size(), size).map_err(|source| {
+            OtaError::Verity {
+                partition: name.clone(),
+                source,
+            }
+        })?;
         Ok(PlannedPartition {
             name: name.clone(),
             index,
@@ -246,6 +256,7 @@ impl Payload {
             sha256,
             ops: p.operations.len(),
             dst_bytes,
+            verity,
         })
     }
 

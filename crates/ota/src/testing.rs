@@ -1,7 +1,8 @@
 //! Test scaffolding (feature `test-utils`): a small writer of full payloads (REPLACE,
-//! REPLACE_BZ, REPLACE_XZ, REPLACE_ZSTD, ZERO/DISCARD, every op and partition hashed), an
-//! in-memory [`Output`], and extraction into memory. Tests mutate [`Built::manifest`] or the
-//! bytes to make bad payloads.
+//! REPLACE_BZ, REPLACE_XZ, REPLACE_ZSTD, ZERO/DISCARD, every op and partition hashed; block
+//! ranges left out of the operations, as the dm-verity tree and FEC are), an in-memory
+//! [`Output`], and extraction into memory. Tests mutate [`Built::manifest`] (the verity fields,
+//! bad values) or the bytes to make bad payloads.
 
 use snapblk_core::MemFile;
 use snapblk_core::sync::lock;
@@ -36,6 +37,8 @@ struct Part {
     image: Vec<u8>,
     chunk_blocks: u64,
     encodings: Vec<Encoding>,
+    /// Block ranges (start, count) no operation writes.
+    skip: Vec<(u64, u64)>,
 }
 
 /// Builds full payloads. Each partition is cut into chunks of `chunk_blocks` blocks; an
@@ -140,7 +143,18 @@ impl PayloadBuilder {
             image: image.to_vec(),
             chunk_blocks,
             encodings: encodings.to_vec(),
+            skip: Vec::new(),
         });
+        self
+    }
+
+    /// Leave blocks `start..start + count` of the partition added last out of its operations,
+    /// as update_engine's generator leaves out the dm-verity hash tree and FEC that the device
+    /// computes (set the manifest's `hash_tree_*` and `fec_*` fields on [`Built::manifest`]).
+    /// The partition's hash stays that of the whole image.
+    pub fn skip_blocks(mut self, start: u64, count: u64) -> PayloadBuilder {
+        let p = self.parts.last_mut().expect("skip_blocks after partition");
+        p.skip.push((start, count));
         self
     }
 
@@ -151,13 +165,34 @@ impl PayloadBuilder {
         let mut partitions = Vec::new();
         for p in &self.parts {
             let mut ops = Vec::new();
-            let chunk = p.chunk_blocks as usize * bs;
             let mut turn = 0;
-            for (i, c) in p.image.chunks(chunk).enumerate() {
-                let mut c = c.to_vec();
+            // Chunks of chunk_blocks blocks of each run of blocks not skipped.
+            let blocks = p.image.len().div_ceil(bs) as u64;
+            let mut skips = p.skip.clone();
+            skips.sort_unstable();
+            let (mut runs, mut at) = (Vec::new(), 0u64);
+            for (start, count) in skips {
+                if start > at {
+                    runs.push((at, start.min(blocks)));
+                }
+                at = at.max(start + count);
+            }
+            if at < blocks {
+                runs.push((at, blocks));
+            }
+            let mut chunks = Vec::new();
+            for (mut b, end) in runs {
+                while b < end {
+                    chunks.push((b, (b + p.chunk_blocks).min(end)));
+                    b += p.chunk_blocks;
+                }
+            }
+            for (first, end) in chunks {
+                let (from, to) = (first as usize * bs, (end as usize * bs).min(p.image.len()));
+                let mut c = p.image[from..to].to_vec();
                 c.resize(c.len().div_ceil(bs) * bs, 0);
                 let dst = Extent {
-                    start_block: Some((i * p.chunk_blocks as usize) as u64),
+                    start_block: Some(first),
                     num_blocks: Some((c.len() / bs) as u64),
                 };
                 let zero = c.iter().all(|&b| b == 0);

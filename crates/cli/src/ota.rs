@@ -7,8 +7,8 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result, bail};
 use clap::Subcommand;
 use snapblk_ota::{
-    Check, Container, ExtractOptions, ExtractProgress, Ota, Output, PropertiesOrigin,
-    PropertiesReport, Summary,
+    Check, Container, ExtentSummary, ExtractOptions, ExtractProgress, Ota, Output,
+    PropertiesOrigin, PropertiesReport, Summary, VeritySummary,
 };
 
 use crate::outfile::{AtomicFile, refuse_alias};
@@ -252,12 +252,8 @@ fn print_info(
                 p.merge_ops.2
             );
         }
-        if p.hash_tree || p.fec_roots.is_some() {
-            say!(
-                "    verity computed on the device: hash tree {}, FEC {}",
-                if p.hash_tree { "yes" } else { "no" },
-                p.fec_roots.map_or("no".into(), |r| format!("{r} roots"))
-            );
+        if let Some(v) = &p.verity {
+            print_verity(v)?;
         }
         if p.extractable {
             say!("    extract: yes");
@@ -268,9 +264,41 @@ fn print_info(
             );
         } else if let Some(why) = p.name_problem {
             say!("    extract: no (partition name: {why})");
+        } else if let Some(why) = p.verity.as_ref().and_then(|v| v.problem.as_ref()) {
+            say!("    extract: no (verity: {why})");
         } else {
             say!("    extract: no (new_partition_info lacks a size or a SHA-256)");
         }
+    }
+    Ok(())
+}
+
+/// The dm-verity fields of a partition: what the tree and the FEC cover and where they go.
+fn print_verity(v: &VeritySummary) -> Result<()> {
+    let ext = |e: Option<ExtentSummary>| {
+        e.map_or("none".into(), |e| {
+            format!("blocks {}+{}", e.start_block, e.num_blocks)
+        })
+    };
+    if v.hash_tree_extent.is_some_and(|e| e.num_blocks > 0) || v.hash_tree_algorithm.is_some() {
+        say!(
+            "    hash tree: {} of {} at {}, salt {}",
+            v.hash_tree_algorithm
+                .as_deref()
+                .unwrap_or("no algorithm")
+                .escape_debug(),
+            ext(v.hash_tree_data_extent),
+            ext(v.hash_tree_extent),
+            v.hash_tree_salt.as_deref().unwrap_or("none")
+        );
+    }
+    if v.fec_extent.is_some_and(|e| e.num_blocks > 0) || v.fec_data_extent.is_some() {
+        say!(
+            "    FEC: {} roots over {} at {}",
+            v.fec_roots,
+            ext(v.fec_data_extent),
+            ext(v.fec_extent)
+        );
     }
     Ok(())
 }
@@ -351,8 +379,21 @@ fn extract(
         return Ok(());
     }
     for p in &report.partitions {
+        let verity = match &p.verity {
+            None => String::new(),
+            Some(v) => {
+                let mut parts = Vec::new();
+                if let (Some(a), Some(r)) = (v.hash_algorithm, &v.root_digest) {
+                    parts.push(format!("hash tree ({} root {r})", a.name()));
+                }
+                if let Some(r) = v.fec_roots {
+                    parts.push(format!("FEC ({r} roots)"));
+                }
+                format!(", {} recomputed", parts.join(" and "))
+            }
+        };
         say!(
-            "{}.img: {} bytes, {} ops, sha256 {} verified",
+            "{}.img: {} bytes, {} ops{verity}, sha256 {} verified",
             p.name,
             p.size,
             p.ops,

@@ -51,7 +51,9 @@ pub use proto::{
     DynamicPartitionMetadata, Extent, InstallOperation, OpType, PartitionInfo, PartitionUpdate,
     Signature, Signatures, VabcFeatureSet,
 };
-pub use summary::{DynamicSummary, PartitionSummary, SignatureSummary, Summary};
+pub use summary::{
+    DynamicSummary, ExtentSummary, PartitionSummary, SignatureSummary, Summary, VeritySummary,
+};
 pub use verity::{
     FEC_BLOCK_SIZE, FEC_MAX_ROOTS, FEC_MIN_ROOTS, HashAlgorithm, Verity, VerityReport, fec_size,
     hash_tree_levels,

@@ -277,6 +277,100 @@ mod tests {
         }
     }
 
+    /// Compares with Phil Karn's libfec (Debian's `libfec-dev`), whose `init_rs_char` /
+    /// `encode_rs_char` update_engine and libfec call with these parameters
+    /// (`init_rs_char(8, 0x11d, 0, 1, roots, pad)`): a C program built with `cc` prints the
+    /// parity of random messages for every roots count from 2 to 24.
+    #[test]
+    fn karns_libfec_agrees_on_random_messages() {
+        let dir = snapblk_testsupport::TempDir::new("ota-libfec");
+        let src = dir.join("rs.c");
+        std::fs::write(
+            &src,
+            r#"#include <fec.h>
+#include <stdio.h>
+#include <string.h>
+/* Lines of "ROOTS HEXMESSAGE" in, lines of hex parity out. */
+int main(void) {
+    int roots; char hex[1024];
+    while (scanf("%d %1023s", &roots, hex) == 2) {
+        unsigned char msg[255], parity[255];
+        int len = (int)strlen(hex) / 2;
+        for (int i = 0; i < len; i++) sscanf(hex + 2 * i, "%2hhx", &msg[i]);
+        void *rs = init_rs_char(8, 0x11d, 0, 1, roots, 255 - roots - len);
+        if (!rs) return 2;
+        encode_rs_char(rs, msg, parity);
+        free_rs_char(rs);
+        for (int i = 0; i < roots; i++) printf("%02x", parity[i]);
+        printf("\n");
+    }
+    return 0;
+}
+"#,
+        )
+        .unwrap();
+        let exe = dir.join("rs");
+        snapblk_testsupport::tool_ok(
+            "cc",
+            &[
+                "-O1",
+                "-o",
+                snapblk_testsupport::path_str(&exe),
+                snapblk_testsupport::path_str(&src),
+                "-lfec",
+            ],
+        );
+        let mut cases = Vec::new();
+        for roots in 2..=24usize {
+            for (len, seed) in [(255 - roots, 11u64), (1, 12), (100, 13)] {
+                cases.push((roots, message(len, seed * 1000 + roots as u64)));
+            }
+        }
+        let lines = run_with_input(
+            std::process::Command::new(&exe),
+            &cases
+                .iter()
+                .map(|(r, m)| format!("{r} {}\n", crate::hex(m)))
+                .collect::<String>(),
+        );
+        assert_eq!(lines.len(), cases.len());
+        for ((roots, m), want) in cases.iter().zip(&lines) {
+            assert_eq!(
+                &crate::hex(&Rs::new(*roots).encode(m)),
+                want,
+                "roots {roots}, message of {} bytes",
+                m.len()
+            );
+        }
+    }
+
+    /// Run `cmd` with `input` on its stdin; its stdout lines (it must succeed).
+    fn run_with_input(mut cmd: std::process::Command, input: &str) -> Vec<String> {
+        use std::io::Write;
+        let mut child = cmd
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("run the reference");
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(input.as_bytes())
+            .unwrap();
+        let out = child.wait_with_output().unwrap();
+        assert!(
+            out.status.success(),
+            "the reference failed: {:?}",
+            out.status
+        );
+        String::from_utf8(out.stdout)
+            .unwrap()
+            .lines()
+            .map(str::to_owned)
+            .collect()
+    }
+
     /// Compares with PyPI `reedsolo` live: `REEDSOLO_PYTHON` names a Python with it installed.
     #[test]
     #[ignore = "needs PyPI reedsolo: tests/suites/ota-interop.sh"]
@@ -298,26 +392,9 @@ mod tests {
             \x20   r, m = line.split()\n\
             \x20   c = reedsolo.RSCodec(int(r), nsize=255, fcr=0, prim=0x11d, generator=2, c_exp=8)\n\
             \x20   print(bytes(c.encode(bytes.fromhex(m))[-int(r):]).hex())\n";
-        let mut child = std::process::Command::new(&python)
-            .args(["-c", script])
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped())
-            .spawn()
-            .expect("run python");
-        use std::io::Write;
-        child
-            .stdin
-            .take()
-            .unwrap()
-            .write_all(input.as_bytes())
-            .unwrap();
-        let out = child.wait_with_output().unwrap();
-        assert!(out.status.success(), "python failed");
-        let lines: Vec<String> = String::from_utf8(out.stdout)
-            .unwrap()
-            .lines()
-            .map(str::to_owned)
-            .collect();
+        let mut cmd = std::process::Command::new(&python);
+        cmd.args(["-c", script]);
+        let lines = run_with_input(cmd, &input);
         assert_eq!(lines.len(), cases.len());
         for ((roots, m), want) in cases.iter().zip(&lines) {
             assert_eq!(

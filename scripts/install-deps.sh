@@ -19,6 +19,8 @@ PKGS=(
   libclang-dev                      # bindgen in libublk-rs-sys (ublk export) needs libclang
   python3 python3-venv bzip2        # OTA tests: zips by zipfile, the payload-dumper venv, tar -j
   bsdiff                            # OTA apply tests: BSDIFF40 patches from an independent maker
+  cryptsetup-bin                    # veritysetup: the dm-verity hash tree and FEC reference (OTA tests)
+  libfec-dev                        # Karn's Reed-Solomon library (init_rs_char): the FEC encoder's reference
 )
 missing=()
 for p in "${PKGS[@]}"; do

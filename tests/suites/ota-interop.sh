@@ -4,8 +4,10 @@
 # that have it extract full payloads and apply incremental ones (SOURCE_COPY, SOURCE_BSDIFF with
 # patches made by bsdiff4 and Debian's bsdiff) written by snapblk-ota's writer
 # (crates/ota/tests/interop.rs), and checks that it extracts the AOSP sample full payload to the
-# same images as `snapblk ota extract`. Fails if pip or the dumper is missing (never skips).
-# Ends with "N passed, N failed".
+# same images as `snapblk ota extract`. Also installs PyPI reedsolo 1.7.0 (a pure-Python
+# Reed-Solomon codec) and compares the FEC encoder's parity with it (the ignored unit test
+# verity::rs::tests::reedsolo_agrees_on_random_messages). Fails if pip or a package is missing
+# (never skips). Ends with "N passed, N failed".
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 root=$PWD
@@ -15,11 +17,18 @@ bad() { echo "FAIL $*"; failed=$((failed + 1)); }
 work=$(mktemp -d /tmp/snapblk-ota-interop.XXXXXX)
 trap 'rm -rf "$work"' EXIT
 if python3 -m venv "$work/venv" > "$work/venv.log" 2>&1 \
-   && "$work/venv/bin/pip" install -q payload-dumper==0.3.0 >> "$work/venv.log" 2>&1; then
-  ok "pip install payload-dumper==0.3.0"
+   && "$work/venv/bin/pip" install -q payload-dumper==0.3.0 reedsolo==1.7.0 >> "$work/venv.log" 2>&1; then
+  ok "pip install payload-dumper==0.3.0 reedsolo==1.7.0"
 else
-  tail -20 "$work/venv.log"; bad "pip install payload-dumper==0.3.0"
+  tail -20 "$work/venv.log"; bad "pip install payload-dumper==0.3.0 reedsolo==1.7.0"
   echo "$passed passed, $failed failed"; exit 1
+fi
+if REEDSOLO_PYTHON=$work/venv/bin/python cargo test -q -p snapblk-ota --lib -- --ignored --exact \
+     verity::rs::tests::reedsolo_agrees_on_random_messages > "$work/rs.txt" 2>&1 \
+   && grep -q '^test result: ok. 1 passed' "$work/rs.txt"; then
+  ok "the FEC's Reed-Solomon parity equals reedsolo's (roots 2..=24)"
+else
+  tail -30 "$work/rs.txt"; bad "the FEC's Reed-Solomon parity against reedsolo"
 fi
 dumper=$work/venv/bin/payload_dumper
 interop() {  # interop TEST WHAT: run one ignored test of crates/ota/tests/interop.rs

@@ -8,8 +8,8 @@ use anyhow::{Context, Result, bail};
 use clap::Subcommand;
 use snapblk_core::ReadAt;
 use snapblk_ota::{
-    Check, Container, ExtractOptions, ExtractProgress, ExtractReport, Ota, Output,
-    PropertiesOrigin, PropertiesReport, Summary, check_partition_name,
+    Check, Container, ExtentSummary, ExtractOptions, ExtractProgress, ExtractReport, Ota, Output,
+    PropertiesOrigin, PropertiesReport, Summary, VeritySummary, check_partition_name,
 };
 
 use crate::outfile::{AtomicFile, refuse_alias, same_file};
@@ -302,12 +302,8 @@ fn print_info(
                 p.merge_ops.2
             );
         }
-        if p.hash_tree || p.fec_roots.is_some() {
-            say!(
-                "    verity computed on the device: hash tree {}, FEC {}",
-                if p.hash_tree { "yes" } else { "no" },
-                p.fec_roots.map_or("no".into(), |r| format!("{r} roots"))
-            );
+        if let Some(v) = &p.verity {
+            print_verity(v)?;
         }
         if s.kind == "incremental" {
             if p.applicable {
@@ -329,6 +325,8 @@ fn print_info(
             );
         } else if let Some(why) = p.name_problem {
             say!("    extract: no (partition name: {why})");
+        } else if let Some(why) = p.verity.as_ref().and_then(|v| v.problem.as_ref()) {
+            say!("    extract: no (verity: {why})");
         } else {
             say!("    extract: no (new_partition_info lacks a size or a SHA-256)");
         }
@@ -445,12 +443,55 @@ fn with_file_hash(props: Option<PropertiesReport>, c: Option<Check>) -> Option<P
 
 fn print_partitions(report: &ExtractReport) -> Result<()> {
     for p in &report.partitions {
+        let verity = match &p.verity {
+            None => String::new(),
+            Some(v) => {
+                let mut parts = Vec::new();
+                if let (Some(a), Some(r)) = (v.hash_algorithm, &v.root_digest) {
+                    parts.push(format!("hash tree ({} root {r})", a.name()));
+                }
+                if let Some(r) = v.fec_roots {
+                    parts.push(format!("FEC ({r} roots)"));
+                }
+                format!(", {} recomputed", parts.join(" and "))
+            }
+        };
         say!(
-            "{}.img: {} bytes, {} ops, sha256 {} verified",
+            "{}.img: {} bytes, {} ops{verity}, sha256 {} verified",
             p.name,
             p.size,
             p.ops,
             p.sha256
+        );
+    }
+    Ok(())
+}
+
+/// The dm-verity fields of a partition: what the tree and the FEC cover and where they go.
+fn print_verity(v: &VeritySummary) -> Result<()> {
+    let ext = |e: Option<ExtentSummary>| {
+        e.map_or("none".into(), |e| {
+            format!("blocks {}+{}", e.start_block, e.num_blocks)
+        })
+    };
+    if v.hash_tree_extent.is_some_and(|e| e.num_blocks > 0) || v.hash_tree_algorithm.is_some() {
+        say!(
+            "    hash tree: {} of {} at {}, salt {}",
+            v.hash_tree_algorithm
+                .as_deref()
+                .unwrap_or("no algorithm")
+                .escape_debug(),
+            ext(v.hash_tree_data_extent),
+            ext(v.hash_tree_extent),
+            v.hash_tree_salt.as_deref().unwrap_or("none")
+        );
+    }
+    if v.fec_extent.is_some_and(|e| e.num_blocks > 0) || v.fec_data_extent.is_some() {
+        say!(
+            "    FEC: {} roots over {} at {}",
+            v.fec_roots,
+            ext(v.fec_data_extent),
+            ext(v.fec_extent)
         );
     }
     Ok(())

@@ -1,6 +1,7 @@
 //! `snapblk ota info|extract` on the real AOSP sample payloads (tests/data/ota) and on
-//! payloads the crate's writer makes: exact images, verified hashes, sparse outputs, and the
-//! data-safety rules (untrusted partition names, outputs that are the input, nothing under a
+//! payloads the crate's writer makes (one with a hash tree and FEC made by veritysetup that its
+//! operations leave out): exact images, verified hashes, sparse outputs, and the data-safety
+//! rules (untrusted partition names, outputs that are the input, nothing under a
 //! final name after a failure).
 
 use std::os::unix::fs::MetadataExt;
@@ -248,4 +249,141 @@ fn errors_print_each_cause_once_on_one_line() {
     let err = refused(&["ota", "info", path_str(&bad)], "decoding the manifest: ");
     assert_eq!(err.lines().count(), 1, "{err}");
     assert_eq!(err.matches("decoding the manifest").count(), 1, "{err}");
+}
+
+/// A 300-block image with its hash tree (4 blocks) and FEC (4 blocks, 2 roots) made by
+/// veritysetup, and a payload whose operations cover only the data, the verity fields set.
+fn verity_payload(d: &Path) -> (Vec<u8>, String, snapblk_ota::testing::Built) {
+    let mut data = pattern(300 * 4096, 5);
+    data[100 * 4096..120 * 4096].fill(0);
+    let img = d.join("expected.img");
+    let mut image = data.clone();
+    image.resize(304 * 4096, 0);
+    std::fs::write(&img, &image).unwrap();
+    let salt = "aa".repeat(32);
+    let report = tool_ok(
+        "veritysetup",
+        &[
+            "format",
+            "--no-superblock",
+            "--format=1",
+            "--hash=sha256",
+            "--data-block-size=4096",
+            "--hash-block-size=4096",
+            &format!("--salt={salt}"),
+            "--data-blocks=300",
+            &format!("--hash-offset={}", 300 * 4096),
+            &format!("--fec-device={}", path_str(&img)),
+            &format!("--fec-offset={}", 304 * 4096),
+            "--fec-roots=2",
+            path_str(&img),
+            path_str(&img),
+        ],
+    );
+    let root = report
+        .lines()
+        .find_map(|l| l.strip_prefix("Root hash:"))
+        .unwrap()
+        .trim()
+        .to_string();
+    let image = read(&img);
+    assert_eq!(image.len(), 308 * 4096);
+    let mut built = PayloadBuilder::new()
+        .partition("system", &image, 16, &[Encoding::Replace, Encoding::Xz])
+        .skip_blocks(300, 8)
+        .build();
+    let ext = |start, num| {
+        Some(snapblk_ota::Extent {
+            start_block: Some(start),
+            num_blocks: Some(num),
+        })
+    };
+    let p = &mut built.manifest.partitions[0];
+    p.hash_tree_data_extent = ext(0, 300);
+    p.hash_tree_extent = ext(300, 4);
+    p.hash_tree_algorithm = Some("sha256".into());
+    p.hash_tree_salt = Some(vec![0xaa; 32]);
+    p.fec_data_extent = ext(0, 304);
+    p.fec_extent = ext(304, 4);
+    p.fec_roots = Some(2);
+    (image, root, built)
+}
+
+#[test]
+fn extract_recomputes_the_hash_tree_and_fec_the_payload_leaves_out() {
+    let d = TempDir::new("ota-cli-verity");
+    let (image, root, built) = verity_payload(d.path());
+    let payload = d.join("payload.bin");
+    std::fs::write(&payload, built.to_bytes()).unwrap();
+    let text = ok(&["ota", "info", path_str(&payload)]);
+    let salt = "aa".repeat(32);
+    for want in [
+        format!("    hash tree: sha256 of blocks 0+300 at blocks 300+4, salt {salt}"),
+        "    FEC: 2 roots over blocks 0+304 at blocks 304+4".into(),
+        "    extract: yes".into(),
+    ] {
+        assert!(text.lines().any(|l| l == want), "{want:?} in\n{text}");
+    }
+    let info: serde_json::Value =
+        serde_json::from_str(&ok(&["ota", "info", path_str(&payload), "--json"])).unwrap();
+    let v = &info["partitions"][0]["verity"];
+    assert_eq!(v["hash_tree_extent"]["start_block"], 300);
+    assert_eq!(v["hash_tree_extent"]["num_blocks"], 4);
+    assert_eq!(v["hash_tree_algorithm"], "sha256");
+    assert_eq!(v["hash_tree_salt"], salt.as_str());
+    assert_eq!(v["fec_data_extent"]["num_blocks"], 304);
+    assert_eq!(v["fec_roots"], 2);
+    assert_eq!(v["problem"], serde_json::Value::Null);
+
+    let out = d.join("out");
+    let text = ok(&["ota", "extract", path_str(&payload), "-o", path_str(&out)]);
+    assert!(
+        read(&out.join("system.img")) == image,
+        "differs from veritysetup's"
+    );
+    assert!(
+        text.contains(&format!(
+            "system.img: 1261568 bytes, 19 ops, hash tree (sha256 root {root}) and FEC (2 roots) recomputed, sha256 "
+        )),
+        "{text}"
+    );
+    let doc: serde_json::Value = serde_json::from_str(&ok(&[
+        "ota",
+        "extract",
+        path_str(&payload),
+        "-o",
+        path_str(&d.join("out2")),
+        "--json",
+    ]))
+    .unwrap();
+    let v = &doc["partitions"][0]["verity"];
+    assert_eq!(v["root_digest"], root.as_str());
+    assert_eq!(v["hash_algorithm"], "sha256");
+    assert_eq!(v["hash_tree_bytes"], 4 * 4096);
+    assert_eq!(v["fec_roots"], 2);
+    assert_eq!(v["fec_bytes"], 4 * 4096);
+}
+
+#[test]
+fn bad_verity_fields_are_refused_before_the_output_directory_is_touched() {
+    let d = TempDir::new("ota-cli-verity-bad");
+    let (_, _, mut built) = verity_payload(d.path());
+    built.manifest.partitions[0].fec_roots = Some(40);
+    let payload = d.join("payload.bin");
+    std::fs::write(&payload, built.to_bytes()).unwrap();
+    let text = ok(&["ota", "info", path_str(&payload)]);
+    assert!(
+        text.contains("    extract: no (verity: fec_roots 40 is outside 2..=24)"),
+        "{text}"
+    );
+    let out = d.join("out");
+    let err = refused(
+        &["ota", "extract", path_str(&payload), "-o", path_str(&out)],
+        "",
+    );
+    assert_eq!(
+        err,
+        "snapblk: partition system, verity: fec_roots 40 is outside 2..=24\n"
+    );
+    assert!(!out.exists());
 }

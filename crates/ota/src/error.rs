@@ -220,6 +220,16 @@ pub enum OtaError {
         /// Partitions planned.
         planned: usize,
     },
+    /// The partition's dm-verity hash tree or FEC cannot be computed as its manifest entry
+    /// says, or computing it failed.
+    #[error("partition {partition}, verity")]
+    Verity {
+        /// Partition name.
+        partition: String,
+        /// What is wrong.
+        #[source]
+        source: VerityError,
+    },
     /// A worker thread panicked (a bug).
     #[error("an extraction worker panicked")]
     WorkerPanic,
@@ -302,6 +312,106 @@ pub enum OtaError {
         #[source]
         source: io::Error,
     },
+}
+
+/// What is wrong with a partition's dm-verity hash tree or FEC (inside [`OtaError::Verity`]).
+/// Extents are in blocks of the manifest's block size.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum VerityError {
+    /// A field the tree or FEC needs is absent (or an extent is empty).
+    #[error("{field} is missing or empty")]
+    Missing {
+        /// The manifest field.
+        field: &'static str,
+    },
+    /// An extent ends past the partition.
+    #[error("{field} (blocks {start}+{count}) ends past the partition's {size} bytes")]
+    ExtentPastPartition {
+        /// The manifest field.
+        field: &'static str,
+        /// First block.
+        start: u64,
+        /// Block count.
+        count: u64,
+        /// Partition size in bytes.
+        size: u64,
+    },
+    /// The tree or the FEC does not start after the end of its data, as update_engine
+    /// requires.
+    #[error("{field} starts at block {start}, before the end of {data_field} (block {data_end})")]
+    BeforeData {
+        /// The output's field (`hash_tree_extent`, `fec_extent`).
+        field: &'static str,
+        /// Its first block.
+        start: u64,
+        /// The data's field.
+        data_field: &'static str,
+        /// First block after the data.
+        data_end: u64,
+    },
+    /// Two areas that must be apart overlap (the FEC would overwrite the tree or its data).
+    #[error("{field} overlaps {other}")]
+    Overlap {
+        /// The field written later.
+        field: &'static str,
+        /// The field it overlaps.
+        other: &'static str,
+    },
+    /// `hash_tree_algorithm` is not one update_engine knows.
+    #[error("hash_tree_algorithm {0:?} is not sha1, sha256 or sha512")]
+    UnknownAlgorithm(String),
+    /// `hash_tree_extent` is not the size of the tree over its data.
+    #[error(
+        "hash_tree_extent has {blocks} blocks; a {algorithm} tree over {data_blocks} data blocks has {need}"
+    )]
+    TreeSize {
+        /// Blocks of `hash_tree_extent`.
+        blocks: u64,
+        /// Blocks the tree has.
+        need: u64,
+        /// Blocks of `hash_tree_data_extent`.
+        data_blocks: u64,
+        /// The hash algorithm.
+        algorithm: &'static str,
+    },
+    /// `fec_extent` is not the size of the FEC over its data.
+    #[error(
+        "fec_extent has {blocks} blocks; FEC with {roots} roots over {data_blocks} data blocks has {need}"
+    )]
+    FecSize {
+        /// Blocks of `fec_extent`.
+        blocks: u64,
+        /// Blocks the FEC has.
+        need: u64,
+        /// Blocks of `fec_data_extent`.
+        data_blocks: u64,
+        /// `fec_roots`.
+        roots: u32,
+    },
+    /// `fec_roots` is outside what libfec and update_engine accept.
+    #[error("fec_roots {0} is outside 2..=24")]
+    FecRoots(u32),
+    /// FEC needs 4096-byte blocks (its interleave is defined for them).
+    #[error("FEC needs 4096-byte blocks, the payload's are {0} bytes")]
+    FecBlockSize(u32),
+    /// The block size is not a power of two of at least 512 bytes.
+    #[error("block size {0} is not a power of two of at least 512 bytes")]
+    BlockSize(u32),
+    /// Reading or writing the partition failed.
+    #[error("{doing} at byte {offset}")]
+    Io {
+        /// What was being done (`reading the FEC's data`, `writing the hash tree`, ...).
+        doing: &'static str,
+        /// Byte offset in the partition.
+        offset: u64,
+        /// The I/O error.
+        #[source]
+        source: io::Error,
+    },
+    /// A worker thread panicked (a bug).
+    #[error("a verity worker panicked")]
+    WorkerPanic,
 }
 
 /// What is wrong with one operation (inside [`OtaError::Op`]).
@@ -556,6 +666,22 @@ mod tests {
         assert_eq!(
             line,
             "partition system, op 3: applying the BROTLI_BSDIFF patch: decompressing the diff stream: disk on fire"
+        );
+        let v = OtaError::Verity {
+            partition: "system".into(),
+            source: VerityError::Io {
+                doing: "writing the FEC",
+                offset: 8192,
+                source: io(),
+            },
+        };
+        if let OtaError::Verity { source, .. } = &v {
+            assert_cause_is_source(source);
+        }
+        let line = errors::assert_cause_is_source(&v, Some("writing the FEC at byte 8192"));
+        assert_eq!(
+            line,
+            "partition system, verity: writing the FEC at byte 8192: disk on fire"
         );
     }
 }

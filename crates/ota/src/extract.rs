@@ -1,7 +1,9 @@
 //! Running an [`ExtractPlan`]: a bounded pool of workers takes the operations of all planned
 //! partitions from one queue (parallel across operations and partitions), each streaming its
 //! blob through the decoder into the partition's output; the worker that finishes a
-//! partition's last operation reads the output back and checks `new_partition_info.hash`.
+//! partition's last operation finishes the partition (`crate::finish`: its dm-verity hash tree
+//! and FEC when the manifest leaves them to the device, then the check of
+//! `new_partition_info.hash`).
 //! Memory: each worker holds a 256 KiB read buffer, a 1 MiB write buffer and one decoder's
 //! state (xz: its dictionary, at most 64 MiB for the largest preset), whatever the payload's
 //! size.
@@ -13,11 +15,11 @@ use std::io;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
-use sha2::{Digest, Sha256};
-
 use crate::error::{OtaError, Result};
-use crate::ops::{Buffers, Src, WRITE_CHUNK, apply};
-use crate::plan::{ExtractPlan, PlannedPartition};
+use crate::finish::{Finished, finish_partition};
+use crate::ops::{Buffers, Src, apply};
+use crate::plan::ExtractPlan;
+use crate::verity::VerityReport;
 
 /// Most worker threads an extraction uses, whatever it is asked.
 pub const MAX_THREADS: usize = 256;
@@ -86,6 +88,9 @@ pub struct PartitionReport {
     pub ops_without_source_hash: usize,
     /// Bytes written to the output (the rest is holes).
     pub written_bytes: u64,
+    /// The dm-verity hash tree and FEC recomputed after the operations, when the manifest
+    /// leaves them to the device.
+    pub verity: Option<VerityReport>,
 }
 
 /// The result of [`ExtractPlan::run`].
@@ -104,7 +109,7 @@ struct Tally {
     unhashed: AtomicUsize,
     src_unhashed: AtomicUsize,
     written: AtomicU64,
-    hash: Mutex<Option<[u8; 32]>>,
+    done: Mutex<Option<Finished>>,
 }
 
 /// The first error by job order, so that the report does not depend on thread timing.
@@ -169,19 +174,19 @@ impl ExtractPlan<'_> {
                 ..Tally::default()
             })
             .collect();
-        let threads = match opts.threads {
+        let cores = match opts.threads {
             0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
             n => n,
         }
-        .clamp(1, MAX_THREADS)
-        .min(jobs.len().max(1));
+        .clamp(1, MAX_THREADS);
+        let threads = cores.min(jobs.len().max(1));
         report(ExtractProgress::Start {
             bytes: self.dst_bytes(),
         });
         // Partitions without operations are all zeros: hash them now.
         for (pi, p) in self.parts.iter().enumerate() {
             if p.ops == 0 {
-                self.finish(pi, outputs[pi], &tallies[pi], &report)?;
+                self.finish(pi, outputs[pi], &tallies[pi], cores, &report)?;
             }
         }
         let next = AtomicUsize::new(0);
@@ -219,7 +224,7 @@ impl ExtractPlan<'_> {
                         let n: u64 = op.dst_extents.iter().map(|e| e.num_blocks() * bs).sum();
                         report(ExtractProgress::Advance { bytes: n });
                         if t.remaining.fetch_sub(1, Ordering::AcqRel) == 1 {
-                            self.finish(pi, outputs[pi], t, &report)?;
+                            self.finish(pi, outputs[pi], t, cores, &report)?;
                         }
                         Ok(())
                     });
@@ -244,15 +249,16 @@ impl ExtractPlan<'_> {
         }
         let mut parts = Vec::with_capacity(self.parts.len());
         for (p, t) in self.parts.iter().zip(&tallies) {
-            let hash = lock(&t.hash);
+            let done = lock(&t.done);
             parts.push(PartitionReport {
                 name: p.name.clone(),
                 size: p.size,
-                sha256: crate::hex(hash.as_ref().unwrap_or(&p.sha256)),
+                sha256: crate::hex(done.as_ref().map_or(&p.sha256, |d| &d.sha256)),
                 ops: p.ops,
                 ops_without_data_hash: t.unhashed.load(Ordering::Relaxed),
                 ops_without_source_hash: t.src_unhashed.load(Ordering::Relaxed),
                 written_bytes: t.written.load(Ordering::Relaxed),
+                verity: done.as_ref().and_then(|d| d.verity.clone()),
             });
         }
         report(ExtractProgress::Done);
@@ -262,57 +268,19 @@ impl ExtractPlan<'_> {
         })
     }
 
-    /// Read partition `pi`'s output back and check its hash.
+    /// Finish partition `pi` (its hash tree and FEC, then its hash: the step shared with
+    /// every command that writes partitions) and note the result.
     fn finish(
         &self,
         pi: usize,
         out: &dyn Output,
         t: &Tally,
+        threads: usize,
         report: &dyn Fn(ExtractProgress),
     ) -> Result<()> {
-        let p = &self.parts[pi];
-        let found = hash_output(p, out)?;
-        if found != p.sha256 {
-            return Err(OtaError::PartitionHash {
-                partition: p.name.clone(),
-                expected: crate::hex(&p.sha256),
-                found: crate::hex(&found),
-            });
-        }
-        *lock(&t.hash) = Some(found);
+        let done = finish_partition(&self.parts[pi], out, threads)?;
+        *lock(&t.done) = Some(done);
         report(ExtractProgress::Verified { index: pi });
         Ok(())
     }
-}
-
-/// SHA-256 of the first `p.size` bytes of `out`.
-fn hash_output(p: &PlannedPartition, out: &dyn Output) -> Result<[u8; 32]> {
-    let mut h = Sha256::new();
-    let mut buf = vec![0u8; WRITE_CHUNK];
-    let mut at = 0u64;
-    while at < p.size {
-        let n = (p.size - at).min(buf.len() as u64) as usize;
-        match out.read_at(at, &mut buf[..n]) {
-            Ok(0) => {
-                return Err(OtaError::Output {
-                    partition: p.name.clone(),
-                    doing: "reading back",
-                    source: io::ErrorKind::UnexpectedEof.into(),
-                });
-            }
-            Ok(k) => {
-                h.update(&buf[..k]);
-                at += k as u64;
-            }
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(source) => {
-                return Err(OtaError::Output {
-                    partition: p.name.clone(),
-                    doing: "reading back",
-                    source,
-                });
-            }
-        }
-    }
-    Ok(h.finalize().into())
 }

@@ -13,11 +13,15 @@
 //!   own BSDIFF40/BSDF2 applier); [`ApplyPlan::check_sources`] checks the old images against
 //!   `old_partition_info` before anything is written, and [`ApplyPlan::run`] builds the
 //!   partitions, every operation's source bytes checked against `src_sha256_hash` before use.
+//! * [`Verity`] recomputes a partition's dm-verity hash tree and Reed–Solomon FEC where the
+//!   manifest leaves them to the device (`hash_tree_*`, `fec_*`), byte for byte as
+//!   update_engine writes them; extraction does it before a partition's hash check.
 //!
 //! The manifest's messages are written by hand from update_engine's field numbers
 //! (`prost` derive, no code generator). PUFFDIFF, ZUCCHINI, LZ4DIFF_*, recomputing dm-verity
-//! data and signature verification are not implemented yet: the planners report partitions
-//! that need them ([`Blocker`]), and the op dispatch answers [`OpError::Unsupported`].
+//! data in `apply` and signature verification are not implemented yet: the planners report
+//! partitions that need them ([`Blocker`]), and the op dispatch answers
+//! [`OpError::Unsupported`].
 
 #![warn(missing_docs)]
 #![warn(unreachable_pub, unnameable_types)]
@@ -28,6 +32,7 @@ mod container;
 mod delta;
 mod error;
 mod extract;
+mod finish;
 #[cfg(feature = "test-utils")]
 pub mod fuzzing;
 mod ops;
@@ -39,12 +44,13 @@ mod source;
 mod summary;
 #[cfg(feature = "test-utils")]
 pub mod testing;
+mod verity;
 
 pub use apply::{ApplyPlan, Blocker, CheckedSources, SkippedPartition};
 pub use bspatch::PatchError;
 pub use container::{Container, Ota, PAYLOAD_ENTRY, PROPERTIES_NAME, PropertiesOrigin};
 pub use delta::MAX_PATCH_INPUT;
-pub use error::{OpError, OtaError, Result};
+pub use error::{OpError, OtaError, Result, VerityError};
 pub use extract::{
     ExtractOptions, ExtractProgress, ExtractReport, MAX_THREADS, Output, PartitionReport,
 };
@@ -59,7 +65,13 @@ pub use proto::{
     DynamicPartitionMetadata, Extent, InstallOperation, OpType, PartitionInfo, PartitionUpdate,
     Signature, Signatures, VabcFeatureSet,
 };
-pub use summary::{DynamicSummary, PartitionSummary, SignatureSummary, Summary};
+pub use summary::{
+    DynamicSummary, ExtentSummary, PartitionSummary, SignatureSummary, Summary, VeritySummary,
+};
+pub use verity::{
+    FEC_BLOCK_SIZE, FEC_MAX_ROOTS, FEC_MIN_ROOTS, HashAlgorithm, Verity, VerityReport, fec_size,
+    hash_tree_levels,
+};
 
 /// Lower-case hex of `b` (hashes in messages and reports).
 pub fn hex(b: &[u8]) -> String {

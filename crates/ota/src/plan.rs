@@ -10,6 +10,7 @@ use crate::delta::MAX_PATCH_INPUT;
 use crate::error::{OpError, OtaError, Result};
 use crate::payload::Payload;
 use crate::proto::{OpType, PartitionUpdate};
+use crate::verity::Verity;
 
 /// Longest partition name accepted as a file name (`NAME.img` must fit in 255 bytes, with room
 /// for the hidden temporary name beside it).
@@ -64,6 +65,9 @@ pub struct PlannedPartition {
     pub dst_bytes: u64,
     /// The old image it is built from (`apply` of an incremental payload), if any.
     pub source: Option<PlannedSource>,
+    /// The dm-verity hash tree and FEC to compute after the operations, if the manifest
+    /// leaves them to the device.
+    pub verity: Option<Verity>,
 }
 
 /// The old image a partition of an incremental payload is built from: the partition has
@@ -302,6 +306,12 @@ impl Payload {
                 reach = Some((end, op));
             }
         }
+        let verity = Verity::from_partition(p, self.block_size(), size).map_err(|source| {
+            OtaError::Verity {
+                partition: name.clone(),
+                source,
+            }
+        })?;
         Ok(PlannedPartition {
             name: name.clone(),
             index,
@@ -310,6 +320,7 @@ impl Payload {
             ops: p.operations.len(),
             dst_bytes,
             source: (old.is_some() || source.read).then_some(source),
+            verity,
         })
     }
 

@@ -106,16 +106,15 @@ pub struct PartitionSummary {
     pub estimate_op_count_max: Option<u64>,
     /// Merge operations: COW_COPY, COW_XOR, others.
     pub merge_ops: (usize, usize, usize),
-    /// The payload names a dm-verity hash tree for the device to compute.
-    pub hash_tree: bool,
-    /// The payload names FEC data for the device to compute (with this many roots).
-    pub fec_roots: Option<u32>,
+    /// The dm-verity hash tree and FEC the payload leaves to the device (and `extract`
+    /// computes), if it names any.
+    pub verity: Option<VeritySummary>,
     /// `run_postinstall`.
     pub run_postinstall: bool,
     /// Why the name cannot be a file name (see `check_partition_name`), if it cannot.
     pub name_problem: Option<&'static str>,
     /// Whether `ota extract` can write this partition: a usable name, a size and hash in
-    /// `new_partition_info`, and only operation types it applies.
+    /// `new_partition_info`, only operation types it applies, and verity fields it accepts.
     pub extractable: bool,
     /// The op types that stop `ota extract`, if any.
     pub blocked_by: Vec<String>,
@@ -129,6 +128,73 @@ pub struct PartitionSummary {
     pub apply_blocker: Option<Blocker>,
 }
 
+/// An extent of blocks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct ExtentSummary {
+    /// First block.
+    pub start_block: u64,
+    /// Number of blocks.
+    pub num_blocks: u64,
+}
+
+/// A partition's dm-verity fields, as the manifest has them.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct VeritySummary {
+    /// `hash_tree_data_extent`: the blocks the tree covers.
+    pub hash_tree_data_extent: Option<ExtentSummary>,
+    /// `hash_tree_extent`: where the tree goes.
+    pub hash_tree_extent: Option<ExtentSummary>,
+    /// `hash_tree_algorithm`.
+    pub hash_tree_algorithm: Option<String>,
+    /// `hash_tree_salt`, hex.
+    pub hash_tree_salt: Option<String>,
+    /// `fec_data_extent`: the blocks the FEC covers.
+    pub fec_data_extent: Option<ExtentSummary>,
+    /// `fec_extent`: where the FEC goes.
+    pub fec_extent: Option<ExtentSummary>,
+    /// `fec_roots` (2 when absent).
+    pub fec_roots: u32,
+    /// Why `extract` refuses these fields, if it does (one line).
+    pub problem: Option<String>,
+}
+
+fn extent(e: Option<&crate::proto::Extent>) -> Option<ExtentSummary> {
+    e.map(|e| ExtentSummary {
+        start_block: e.start_block(),
+        num_blocks: e.num_blocks(),
+    })
+}
+
+/// The verity fields of `p`, if it has any, and whether `extract` accepts them.
+fn verity(p: &PartitionUpdate, block_size: u32) -> Option<VeritySummary> {
+    let named = p.hash_tree_data_extent.is_some()
+        || p.hash_tree_extent.is_some()
+        || p.hash_tree_algorithm.is_some()
+        || p.hash_tree_salt.is_some()
+        || p.fec_data_extent.is_some()
+        || p.fec_extent.is_some()
+        || p.fec_roots.is_some();
+    if !named {
+        return None;
+    }
+    let size = p.new_partition_info.as_ref().and_then(|i| i.size);
+    let problem = size.and_then(|size| {
+        crate::verity::Verity::from_partition(p, block_size, size)
+            .err()
+            .map(|e| e.to_string())
+    });
+    Some(VeritySummary {
+        hash_tree_data_extent: extent(p.hash_tree_data_extent.as_ref()),
+        hash_tree_extent: extent(p.hash_tree_extent.as_ref()),
+        hash_tree_algorithm: p.hash_tree_algorithm.clone(),
+        hash_tree_salt: p.hash_tree_salt.as_deref().map(crate::hex),
+        fec_data_extent: extent(p.fec_data_extent.as_ref()),
+        fec_extent: extent(p.fec_extent.as_ref()),
+        fec_roots: p.fec_roots(),
+        problem,
+    })
+}
+
 fn type_name(t: i32) -> String {
     match crate::proto::OpType::try_from(t) {
         Ok(t) => t.name().to_string(),
@@ -136,7 +202,8 @@ fn type_name(t: i32) -> String {
     }
 }
 
-fn partition(p: &PartitionUpdate, bs: u64) -> PartitionSummary {
+fn partition(p: &PartitionUpdate, block_size: u32) -> PartitionSummary {
+    let bs = u64::from(block_size);
     let mut op_counts = BTreeMap::new();
     let mut blocked = BTreeSet::new();
     let mut apply_blocked = BTreeSet::new();
@@ -170,8 +237,11 @@ fn partition(p: &PartitionUpdate, bs: u64) -> PartitionSummary {
     };
     let (size, sha256) = info(p.new_partition_info.as_ref());
     let name_problem = crate::plan::check_partition_name(&p.partition_name).err();
-    let info_ok =
-        name_problem.is_none() && size.is_some() && sha256.as_ref().is_some_and(|h| h.len() == 64);
+    let verity = verity(p, block_size);
+    let info_ok = name_problem.is_none()
+        && size.is_some()
+        && sha256.as_ref().is_some_and(|h| h.len() == 64)
+        && verity.as_ref().is_none_or(|v| v.problem.is_none());
     let extractable = blocked.is_empty() && info_ok;
     let apply_blocker = crate::apply::blocker(p).map(|(b, _)| b);
     let applicable = apply_blocker.is_none() && info_ok;
@@ -191,8 +261,7 @@ fn partition(p: &PartitionUpdate, bs: u64) -> PartitionSummary {
         estimate_cow_size: p.estimate_cow_size,
         estimate_op_count_max: p.estimate_op_count_max,
         merge_ops: merge,
-        hash_tree: p.hash_tree_extent.is_some(),
-        fec_roots: p.fec_extent.is_some().then(|| p.fec_roots()),
+        verity,
         run_postinstall: p.run_postinstall(),
         name_problem,
         extractable,
@@ -207,7 +276,6 @@ impl Payload {
     /// The summary `snapblk ota info` prints.
     pub fn summary(&self) -> Summary {
         let m = self.manifest();
-        let bs = u64::from(self.block_size());
         let dynamic_partitions = m
             .dynamic_partition_metadata
             .as_ref()
@@ -252,7 +320,11 @@ impl Payload {
                 .iter()
                 .map(|a| (a.package_name().to_string(), a.version()))
                 .collect(),
-            partitions: m.partitions.iter().map(|p| partition(p, bs)).collect(),
+            partitions: m
+                .partitions
+                .iter()
+                .map(|p| partition(p, self.block_size()))
+                .collect(),
         }
     }
 }

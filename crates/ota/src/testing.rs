@@ -1,8 +1,10 @@
 //! Test scaffolding (feature `test-utils`): a small payload writer — full partitions (REPLACE,
-//! REPLACE_BZ, REPLACE_XZ, REPLACE_ZSTD, ZERO/DISCARD) and incremental ones (SOURCE_COPY,
+//! REPLACE_BZ, REPLACE_XZ, REPLACE_ZSTD, ZERO/DISCARD; block ranges can be left out of the
+//! operations, as the dm-verity tree and FEC are) and incremental ones (SOURCE_COPY,
 //! SOURCE_BSDIFF, BROTLI_BSDIFF with patches from a caller-given differ, any op with a given
 //! blob), every op and partition hashed — an in-memory [`Output`], and extraction and `apply`
-//! into memory. Tests mutate [`Built::manifest`] or the bytes to make bad payloads.
+//! into memory. Tests mutate [`Built::manifest`] (the verity fields, bad values) or the bytes
+//! to make bad payloads.
 
 use snapblk_core::MemFile;
 use snapblk_core::sync::lock;
@@ -45,6 +47,8 @@ enum Body {
     Full {
         chunk_blocks: u64,
         encodings: Vec<Encoding>,
+        /// Block ranges (start, count) no operation writes.
+        skip: Vec<(u64, u64)>,
     },
     /// From an old image: the operations (without their data fields) and their blobs.
     Delta {
@@ -218,6 +222,7 @@ impl PayloadBuilder {
             body: Body::Full {
                 chunk_blocks,
                 encodings: encodings.to_vec(),
+                skip: Vec::new(),
             },
         });
         self
@@ -326,6 +331,21 @@ impl PayloadBuilder {
         self
     }
 
+    /// Leave blocks `start..start + count` of the full partition added last out of its
+    /// operations, as update_engine's generator leaves out the dm-verity hash tree and FEC that
+    /// the device computes (set the manifest's `hash_tree_*` and `fec_*` fields on
+    /// [`Built::manifest`]). The partition's hash stays that of the whole image. (An
+    /// incremental partition's [`DeltaOp`]s name their own destinations: leave the blocks out
+    /// of them.)
+    pub fn skip_blocks(mut self, start: u64, count: u64) -> PayloadBuilder {
+        let p = self.parts.last_mut().expect("skip_blocks after partition");
+        let Body::Full { skip, .. } = &mut p.body else {
+            panic!("skip_blocks after a full partition");
+        };
+        skip.push((start, count));
+        self
+    }
+
     /// The manifest and data area.
     pub fn build(&self) -> Built {
         let mut data = Vec::new();
@@ -337,7 +357,15 @@ impl PayloadBuilder {
                 Body::Full {
                     chunk_blocks,
                     encodings,
-                } => self.full_ops(&p.image, *chunk_blocks, encodings, &mut ops, &mut data),
+                    skip,
+                } => self.full_ops(
+                    &p.image,
+                    *chunk_blocks,
+                    encodings,
+                    skip,
+                    &mut ops,
+                    &mut data,
+                ),
                 Body::Delta { old, ops: made } => {
                     old_info = Some(PartitionInfo {
                         size: Some(old.len() as u64),
@@ -381,23 +409,45 @@ impl PayloadBuilder {
         }
     }
 
-    /// The operations of a full partition: chunks of `chunk_blocks` blocks.
+    /// The operations of a full partition: chunks of `chunk_blocks` blocks of each run of
+    /// blocks not in `skip`.
     fn full_ops(
         &self,
         image: &[u8],
         chunk_blocks: u64,
         encodings: &[Encoding],
+        skip: &[(u64, u64)],
         ops: &mut Vec<InstallOperation>,
         data: &mut Vec<u8>,
     ) {
         let bs = self.block_size as usize;
-        let chunk = chunk_blocks as usize * bs;
         let mut turn = 0;
-        for (i, c) in image.chunks(chunk).enumerate() {
-            let mut c = c.to_vec();
+        let blocks = image.len().div_ceil(bs) as u64;
+        let mut skips = skip.to_vec();
+        skips.sort_unstable();
+        let (mut runs, mut at) = (Vec::new(), 0u64);
+        for (start, count) in skips {
+            if start > at {
+                runs.push((at, start.min(blocks)));
+            }
+            at = at.max(start + count);
+        }
+        if at < blocks {
+            runs.push((at, blocks));
+        }
+        let mut chunks = Vec::new();
+        for (mut b, end) in runs {
+            while b < end {
+                chunks.push((b, (b + chunk_blocks).min(end)));
+                b += chunk_blocks;
+            }
+        }
+        for (first, end) in chunks {
+            let (from, to) = (first as usize * bs, (end as usize * bs).min(image.len()));
+            let mut c = image[from..to].to_vec();
             c.resize(c.len().div_ceil(bs) * bs, 0);
             let dst = Extent {
-                start_block: Some((i * chunk_blocks as usize) as u64),
+                start_block: Some(first),
                 num_blocks: Some((c.len() / bs) as u64),
             };
             let zero = c.iter().all(|&b| b == 0);

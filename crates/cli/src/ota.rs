@@ -78,7 +78,7 @@ pub enum OtaCmd {
         #[arg(long, value_delimiter = ',', value_name = "A,B")]
         partitions: Vec<String>,
         /// Leave out the partitions this build cannot build (PUFFDIFF, ZUCCHINI, LZ4DIFF or
-        /// unknown operations, dm-verity data left to the device) and build the rest.
+        /// unknown operations) and build the rest.
         #[arg(long)]
         skip_unsupported: bool,
         /// Worker threads, 1..=256 (default: all cores).
@@ -312,6 +312,8 @@ fn print_info(
                 say!("    apply: no ({})", blocker_text(b));
             } else if let Some(why) = p.name_problem {
                 say!("    apply: no (partition name: {why})");
+            } else if let Some(why) = p.verity.as_ref().and_then(|v| v.problem.as_ref()) {
+                say!("    apply: no (verity: {why})");
             } else {
                 say!("    apply: no (new_partition_info lacks a size or a SHA-256)");
             }
@@ -339,10 +341,6 @@ fn blocker_text(b: &snapblk_ota::Blocker) -> String {
     match b {
         snapblk_ota::Blocker::Operation { index, op_type } => {
             format!("{op_type} at op {index} not supported")
-        }
-        snapblk_ota::Blocker::Verity => {
-            "dm-verity hash tree and FEC left to the device; recomputing them is not supported yet"
-                .to_string()
         }
     }
 }

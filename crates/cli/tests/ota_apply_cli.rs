@@ -2,7 +2,9 @@
 //! incremental payloads the crate's writer makes with Debian bsdiff's patches: exact images,
 //! verified hashes, and the data-safety rules (the old images and the OTA are never outputs,
 //! `-o` is never the source directory, old images checked before anything is written, nothing
-//! under a final name after a failure), unsupported partitions refused or skipped.
+//! under a final name after a failure), unsupported partitions refused or skipped, and a
+//! partition whose dm-verity hash tree and FEC (made by veritysetup) the payload leaves out
+//! built to exactly veritysetup's image.
 
 use std::path::{Path, PathBuf};
 
@@ -354,4 +356,164 @@ fn a_failure_leaves_no_output_under_a_final_name() {
     assert_eq!(e.lines().count(), 1, "{e}");
     assert_eq!(entries(&out), ["system.img"], "no temporary file left");
     assert_eq!(read(&out.join("system.img")), b"previous");
+}
+
+/// `data` (300 blocks) with its hash tree (4 blocks) and FEC (4 blocks, 2 roots) made by
+/// veritysetup into `dir/name.img`: the image and its root hash.
+fn verity_image(dir: &Path, name: &str, data: &[u8]) -> (Vec<u8>, String) {
+    assert_eq!(data.len(), 300 * 4096);
+    let img = dir.join(format!("{name}.img"));
+    let mut image = data.to_vec();
+    image.resize(304 * 4096, 0);
+    std::fs::write(&img, &image).unwrap();
+    let report = tool_ok(
+        "veritysetup",
+        &[
+            "format",
+            "--no-superblock",
+            "--format=1",
+            "--hash=sha256",
+            "--data-block-size=4096",
+            "--hash-block-size=4096",
+            &format!("--salt={}", "5e".repeat(32)),
+            "--data-blocks=300",
+            &format!("--hash-offset={}", 300 * 4096),
+            &format!("--fec-device={}", path_str(&img)),
+            &format!("--fec-offset={}", 304 * 4096),
+            "--fec-roots=2",
+            path_str(&img),
+            path_str(&img),
+        ],
+    );
+    let root = report
+        .lines()
+        .find_map(|l| l.strip_prefix("Root hash:"))
+        .unwrap()
+        .trim()
+        .to_string();
+    let image = read(&img);
+    assert_eq!(image.len(), 308 * 4096);
+    (image, root)
+}
+
+/// An incremental payload updating `system` from one veritysetup-made image to another: its
+/// operations (SOURCE_COPY where 25-block chunks are unchanged, bsdiff patches elsewhere) cover
+/// the 300 data blocks only, and its verity fields name the tree and the FEC (with `roots`
+/// roots, 2 the right number). Writes the old image to `old/system.img`; returns the payload's
+/// path, the new image and its root hash.
+fn verity_update(d: &TempDir, roots: u32) -> (PathBuf, Vec<u8>, String) {
+    let data = pattern(300 * 4096, 21);
+    let mut new_data = data.clone();
+    for chunk in [2, 5, 11] {
+        for i in (chunk * 25 * 4096..(chunk + 1) * 25 * 4096).step_by(777) {
+            new_data[i] ^= 0x3c;
+        }
+    }
+    new_data[200 * 4096..210 * 4096].fill(0);
+    let (old, _) = verity_image(d.path(), "old-verity", &data);
+    let (new, root) = verity_image(d.path(), "new-verity", &new_data);
+    let ops: Vec<DeltaOp> = (0..12u64)
+        .map(|c| {
+            let v = vec![(c * 25, 25)];
+            let r = (c * 25 * 4096) as usize..((c + 1) * 25 * 4096) as usize;
+            if old[r.clone()] == new[r] {
+                DeltaOp::Copy {
+                    src: v.clone(),
+                    dst: v,
+                }
+            } else {
+                DeltaOp::Bsdiff {
+                    src: v.clone(),
+                    dst: v,
+                }
+            }
+        })
+        .collect();
+    let mut built = PayloadBuilder::new()
+        .delta("system", &old, &new, &ops, &bsdiff)
+        .build();
+    let ext = |start, num| {
+        Some(snapblk_ota::Extent {
+            start_block: Some(start),
+            num_blocks: Some(num),
+        })
+    };
+    let p = &mut built.manifest.partitions[0];
+    p.hash_tree_data_extent = ext(0, 300);
+    p.hash_tree_extent = ext(300, 4);
+    p.hash_tree_algorithm = Some("sha256".into());
+    p.hash_tree_salt = Some(vec![0x5e; 32]);
+    p.fec_data_extent = ext(0, 304);
+    p.fec_extent = ext(304, 4);
+    p.fec_roots = Some(roots);
+    let path = d.join("verity.bin");
+    std::fs::write(&path, built.to_bytes()).unwrap();
+    std::fs::create_dir_all(d.join("old")).unwrap();
+    std::fs::write(d.join("old/system.img"), &old).unwrap();
+    (path, new, root)
+}
+
+#[test]
+fn apply_recomputes_the_hash_tree_and_fec_the_payload_leaves_out() {
+    let d = TempDir::new("ota-apply-verity");
+    let (ota, image, root) = verity_update(&d, 2);
+    let info = ok(&["ota", "info", path_str(&ota)]);
+    for want in [
+        format!(
+            "    hash tree: sha256 of blocks 0+300 at blocks 300+4, salt {}",
+            "5e".repeat(32)
+        ),
+        "    FEC: 2 roots over blocks 0+304 at blocks 304+4".into(),
+        "    apply: yes".into(),
+    ] {
+        assert!(info.lines().any(|l| l == want), "{want:?} in\n{info}");
+    }
+    let (old, out) = (d.join("old"), d.join("out"));
+    let text = ok(&apply_args(&ota, &old, &out));
+    assert!(
+        read(&out.join("system.img")) == image,
+        "differs from veritysetup's image"
+    );
+    assert!(
+        text.contains(&format!(
+            "system.img: 1261568 bytes, 12 ops, hash tree (sha256 root {root}) and FEC (2 roots) recomputed, sha256 {} verified",
+            sha256_hex(&out.join("system.img"))
+        )),
+        "{text}"
+    );
+    let out2 = d.join("out2");
+    let mut args = apply_args(&ota, &old, &out2);
+    args.extend(["--json", "--threads", "1"]);
+    let doc: serde_json::Value = serde_json::from_str(&ok(&args)).unwrap();
+    let v = &doc["partitions"][0]["verity"];
+    assert_eq!(v["root_digest"], root.as_str());
+    assert_eq!(v["hash_algorithm"], "sha256");
+    assert_eq!(v["hash_tree_bytes"], 4 * 4096);
+    assert_eq!(v["fec_roots"], 2);
+    assert_eq!(v["fec_bytes"], 4 * 4096);
+    assert!(read(&out2.join("system.img")) == image);
+}
+
+#[test]
+fn bad_verity_fields_are_refused_before_the_output_directory_exists() {
+    let d = TempDir::new("ota-apply-verity-bad");
+    let (ota, _, _) = verity_update(&d, 40);
+    let info = ok(&["ota", "info", path_str(&ota)]);
+    assert!(
+        info.contains("    apply: no (verity: fec_roots 40 is outside 2..=24)"),
+        "{info}"
+    );
+    let (old, out) = (d.join("old"), d.join("out"));
+    for skip in [false, true] {
+        let mut args = apply_args(&ota, &old, &out);
+        if skip {
+            args.push("--skip-unsupported");
+        }
+        let e = refused(
+            &args,
+            "partition system, verity: fec_roots 40 is outside 2..=24",
+        );
+        assert_eq!(e.lines().count(), 1, "{e}");
+        assert!(!out.exists());
+    }
 }

@@ -3,11 +3,13 @@
 //! [`Payload::plan_apply`] checks everything extraction checks, and for every partition its
 //! `old_partition_info` and every operation that reads the old image (source extents inside
 //! it, `src_sha256_hash`, a patch operation's sizes); partitions this build cannot build
-//! (PUFFDIFF, ZUCCHINI, LZ4DIFF_*, unknown types, or a dm-verity hash tree or FEC left to the
-//! device) are an error, or are left out when asked. [`ApplyPlan::check_sources`] then checks
-//! each old image against `old_partition_info` (size, SHA-256) before anything is written, and
-//! [`ApplyPlan::run`] runs the operations on extraction's worker pool, each source-reading
-//! operation checking its own source bytes against `src_sha256_hash` before using them.
+//! (PUFFDIFF, ZUCCHINI, LZ4DIFF_*, unknown types) are an error, or are left out when asked.
+//! [`ApplyPlan::check_sources`] then checks each old image against `old_partition_info` (size,
+//! SHA-256) before anything is written, and [`ApplyPlan::run`] runs the operations on
+//! extraction's worker pool, each source-reading operation checking its own source bytes
+//! against `src_sha256_hash` before using them; a partition whose manifest leaves its dm-verity
+//! hash tree and FEC to the device gets them recomputed in the finish step extraction shares
+//! (`crate::finish`) before its hash is checked.
 
 use std::fmt;
 use std::io;
@@ -36,9 +38,6 @@ pub enum Blocker {
         /// Its type's name (`UNKNOWN(n)` for a number update_engine does not define).
         op_type: String,
     },
-    /// The payload leaves the dm-verity hash tree or FEC to the device, and recomputing them is
-    /// not implemented yet.
-    Verity,
 }
 
 impl fmt::Display for Blocker {
@@ -47,16 +46,12 @@ impl fmt::Display for Blocker {
             Blocker::Operation { index, op_type } => {
                 write!(f, "op {index}: {op_type} is not supported by apply")
             }
-            Blocker::Verity => f.write_str(
-                "the dm-verity hash tree and FEC are left to the device; recomputing them is not supported yet",
-            ),
         }
     }
 }
 
 /// What stops `apply` from building `p`, with the error it is when not skipped.
 pub(crate) fn blocker(p: &PartitionUpdate) -> Option<(Blocker, OtaError)> {
-    let partition = p.partition_name.clone();
     for (index, op) in p.operations.iter().enumerate() {
         let (op_type, source) = match op.op_type() {
             Ok(t) if apply_supports(t) => continue,
@@ -70,14 +65,11 @@ pub(crate) fn blocker(p: &PartitionUpdate) -> Option<(Blocker, OtaError)> {
             Err(n) => (format!("UNKNOWN({n})"), OpError::UnknownType(n)),
         };
         let e = OtaError::Op {
-            partition,
+            partition: p.partition_name.clone(),
             index,
             source,
         };
         return Some((Blocker::Operation { index, op_type }, e));
-    }
-    if p.hash_tree_extent.is_some() || p.fec_extent.is_some() {
-        return Some((Blocker::Verity, OtaError::VerityNotSupported { partition }));
     }
     None
 }
@@ -119,8 +111,9 @@ impl Payload {
     /// Check everything `apply` of `names` (all partitions when `None`) needs, before anything
     /// is read from the old images or written: what [`Payload::plan_extract`] checks, and
     /// `old_partition_info` and the source side of every operation that reads the old image.
-    /// A partition with an operation type `apply` does not apply (or a dm-verity hash tree or
-    /// FEC left to the device) is an error naming the type and the operation's index, or, with
+    /// The dm-verity fields are checked as `plan_extract` checks them (an error naming the
+    /// partition and the field, never skipped). A partition with an operation type `apply`
+    /// does not apply is an error naming the type and the operation's index, or, with
     /// `skip_unsupported`, is left out and listed in [`ApplyPlan::skipped`].
     pub fn plan_apply(
         &self,
@@ -312,8 +305,9 @@ impl<'p> ApplyPlan<'p> {
 
     /// Build every planned partition into its output (`outputs[i]` for
     /// [`partitions()`](ApplyPlan::partitions)`[i]`) from its checked old image, then check each
-    /// against its `new_partition_info.hash`. On error the outputs hold partial data: the caller
-    /// discards them.
+    /// against its `new_partition_info.hash` (after recomputing its dm-verity hash tree and FEC
+    /// when the manifest leaves them to the device). On error the outputs hold partial data:
+    /// the caller discards them.
     pub fn run(
         &self,
         sources: &CheckedSources<'_>,

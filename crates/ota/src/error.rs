@@ -233,15 +233,6 @@ pub enum OtaError {
     /// A worker thread panicked (a bug).
     #[error("an extraction worker panicked")]
     WorkerPanic,
-    /// The payload leaves the partition's dm-verity hash tree or FEC for the device to compute,
-    /// which `apply` cannot do yet.
-    #[error(
-        "partition {partition}: the payload leaves the dm-verity hash tree and FEC to the device; recomputing them is not supported yet"
-    )]
-    VerityNotSupported {
-        /// Partition name.
-        partition: String,
-    },
     /// The caller passed a number of sources other than the number of planned partitions.
     #[error("{given} sources for {planned} partitions")]
     SourceCount {

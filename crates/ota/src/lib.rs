@@ -15,13 +15,12 @@
 //!   partitions, every operation's source bytes checked against `src_sha256_hash` before use.
 //! * [`Verity`] recomputes a partition's dm-verity hash tree and Reed–Solomon FEC where the
 //!   manifest leaves them to the device (`hash_tree_*`, `fec_*`), byte for byte as
-//!   update_engine writes them; extraction does it before a partition's hash check.
+//!   update_engine writes them; extraction and apply do it before a partition's hash check.
 //!
 //! The manifest's messages are written by hand from update_engine's field numbers
-//! (`prost` derive, no code generator). PUFFDIFF, ZUCCHINI, LZ4DIFF_*, recomputing dm-verity
-//! data in `apply` and signature verification are not implemented yet: the planners report
-//! partitions that need them ([`Blocker`]), and the op dispatch answers
-//! [`OpError::Unsupported`].
+//! (`prost` derive, no code generator). PUFFDIFF, ZUCCHINI, LZ4DIFF_* and signature
+//! verification are not implemented yet: the apply planner reports partitions that need them
+//! ([`Blocker`]), and the op dispatch answers [`OpError::Unsupported`].
 
 #![warn(missing_docs)]
 #![warn(unreachable_pub, unnameable_types)]

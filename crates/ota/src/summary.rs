@@ -106,8 +106,8 @@ pub struct PartitionSummary {
     pub estimate_op_count_max: Option<u64>,
     /// Merge operations: COW_COPY, COW_XOR, others.
     pub merge_ops: (usize, usize, usize),
-    /// The dm-verity hash tree and FEC the payload leaves to the device (and `extract`
-    /// computes), if it names any.
+    /// The dm-verity hash tree and FEC the payload leaves to the device (and `extract` and
+    /// `apply` compute), if it names any.
     pub verity: Option<VeritySummary>,
     /// `run_postinstall`.
     pub run_postinstall: bool,
@@ -119,12 +119,12 @@ pub struct PartitionSummary {
     /// The op types that stop `ota extract`, if any.
     pub blocked_by: Vec<String>,
     /// Whether `ota apply` can build this partition (from its old image, if it has one): as
-    /// `extractable`, with the types `apply` applies, and no dm-verity data left to the device.
+    /// `extractable`, with the types `apply` applies instead of those `extract` applies.
     pub applicable: bool,
     /// The op types that stop `ota apply`, if any.
     pub apply_blocked_by: Vec<String>,
     /// What `ota apply` reports for this partition, or skips it for with
-    /// `--skip-unsupported`: its first unsupported operation, or dm-verity data to recompute.
+    /// `--skip-unsupported`: its first unsupported operation.
     pub apply_blocker: Option<Blocker>,
 }
 
@@ -154,7 +154,7 @@ pub struct VeritySummary {
     pub fec_extent: Option<ExtentSummary>,
     /// `fec_roots` (2 when absent).
     pub fec_roots: u32,
-    /// Why `extract` refuses these fields, if it does (one line).
+    /// Why `extract` and `apply` refuse these fields, if they do (one line).
     pub problem: Option<String>,
 }
 
@@ -165,7 +165,7 @@ fn extent(e: Option<&crate::proto::Extent>) -> Option<ExtentSummary> {
     })
 }
 
-/// The verity fields of `p`, if it has any, and whether `extract` accepts them.
+/// The verity fields of `p`, if it has any, and whether `extract` and `apply` accept them.
 fn verity(p: &PartitionUpdate, block_size: u32) -> Option<VeritySummary> {
     let named = p.hash_tree_data_extent.is_some()
         || p.hash_tree_extent.is_some()

@@ -577,7 +577,7 @@ fn source_extents_are_checked_by_the_plan() {
 }
 
 /// A payload with `system` (applicable), `product` (a PUFFDIFF at op 1), `odm` (type 42 at
-/// op 0) and `vendor_dlkm` (a hash tree left to the device).
+/// op 0) and `vendor_dlkm` (a hash tree left to the device, without the data it covers).
 fn mixed() -> (Built, Case) {
     let c = case();
     let odd = |t: i32| DeltaOp::Raw {
@@ -640,12 +640,17 @@ fn unsupported_partitions_are_refused_or_skipped() {
     );
     let e = apply_to_memory(&p, Some(&names(&["odm"])), &old, false, 1).unwrap_err();
     assert_eq!(line(&e), "partition odm, op 0: unknown operation type 42");
-    let e = apply_to_memory(&p, Some(&names(&["vendor_dlkm"])), &old, false, 1).unwrap_err();
-    assert_eq!(
-        line(&e),
-        "partition vendor_dlkm: the payload leaves the dm-verity hash tree and FEC to the device; recomputing them is not supported yet"
-    );
-    let (out, skipped) = apply_to_memory(&p, None, &old, true, 2).unwrap();
+    // Verity fields apply cannot use are an error, skipping or not (the plan checks them as
+    // extract's does; crates/ota/tests/verity.rs applies valid ones).
+    let verity = "partition vendor_dlkm, verity: hash_tree_data_extent is missing or empty";
+    for skip in [false, true] {
+        let e = apply_to_memory(&p, Some(&names(&["vendor_dlkm"])), &old, skip, 1).unwrap_err();
+        assert_eq!(line(&e), verity);
+    }
+    let e = apply_to_memory(&p, None, &old, true, 1).unwrap_err();
+    assert_eq!(line(&e), verity);
+    let chosen = names(&["system", "product", "odm"]);
+    let (out, skipped) = apply_to_memory(&p, Some(&chosen), &old, true, 2).unwrap();
     assert_eq!(out.len(), 1);
     assert!(out[0].0 == "system" && out[0].1 == c.system);
     let got: Vec<(&str, usize, &Blocker)> = skipped
@@ -661,7 +666,6 @@ fn unsupported_partitions_are_refused_or_skipped() {
         [
             ("product", 1, &op(1, "PUFFDIFF")),
             ("odm", 2, &op(0, "UNKNOWN(42)")),
-            ("vendor_dlkm", 3, &Blocker::Verity),
         ]
     );
     // info says the same, per partition.
@@ -677,12 +681,17 @@ fn unsupported_partitions_are_refused_or_skipped() {
             None,
             Some(op(1, "PUFFDIFF")),
             Some(op(0, "UNKNOWN(42)")),
-            Some(Blocker::Verity)
+            None
         ]
     );
     assert_eq!(s.partitions[1].apply_blocked_by, ["PUFFDIFF"]);
     assert!(s.partitions[0].applicable && !s.partitions[1].applicable);
     assert!(!s.partitions[3].applicable && s.partitions[3].apply_blocked_by.is_empty());
+    let problem = s.partitions[3]
+        .verity
+        .as_ref()
+        .and_then(|v| v.problem.as_deref());
+    assert_eq!(problem, Some("hash_tree_data_extent is missing or empty"));
     // ZUCCHINI and the LZ4DIFF types, likewise.
     for t in [
         OpType::Zucchini,

@@ -2,15 +2,20 @@
 //! `veritysetup format` (no superblock, format 1 = salt first, 4 KiB blocks) writes the tree and
 //! the FEC into one image after its data; snapblk-ota must write the same bytes and report the
 //! same root hash, directly (`Verity::write` over an image whose tree and FEC areas hold
-//! garbage) and through a payload whose operations leave those areas out (`extract`).
+//! garbage) and through payloads whose operations leave those areas out: a full one
+//! (`extract`) and an incremental one built from an older veritysetup-made image with
+//! SOURCE_COPY and patches made by Debian's `bsdiff` (`apply`).
 //!
 //! veritysetup's FEC, with the data, the hash tree and the FEC in one file (`--hash-offset` =
 //! the end of the data, `--fec-device` the same file), covers the file from 0 to the FEC's
 //! offset, as Android's `fec_data_extent` does; see docs/ota.md for the mapping.
 
 use snapblk_core::MemFile;
-use snapblk_ota::testing::{Encoding, PayloadBuilder, extract_to_memory};
-use snapblk_ota::{Extent, HashAlgorithm, PartitionUpdate, Payload, Verity, hash_tree_levels};
+use snapblk_ota::testing::{DeltaOp, Encoding, PayloadBuilder, apply_to_memory, extract_to_memory};
+use snapblk_ota::{
+    Extent, ExtractOptions, HashAlgorithm, Output, PartitionUpdate, Payload, Verity,
+    hash_tree_levels,
+};
 use snapblk_testsupport::{TempDir, path_str, pattern, tool_ok};
 use std::path::Path;
 
@@ -399,4 +404,185 @@ fn extract_refuses_bad_verity_fields_before_writing() {
         let e = payload.plan_extract(None).unwrap_err();
         assert_eq!(snapblk_testsupport::errors::chain(&e), want);
     }
+}
+
+/// A BSDIFF40 patch from `old` to `new`, made by Debian's bsdiff.
+fn bsdiff(old: &[u8], new: &[u8]) -> Vec<u8> {
+    let d = TempDir::new("ota-verity-bsdiff");
+    let (o, n, p) = (d.join("old"), d.join("new"), d.join("patch"));
+    std::fs::write(&o, old).unwrap();
+    std::fs::write(&n, new).unwrap();
+    tool_ok("bsdiff", &[path_str(&o), path_str(&n), path_str(&p)]);
+    std::fs::read(&p).unwrap()
+}
+
+/// The operations of an update from `old` to `new` (images of the same layout) that write every
+/// block but the hash tree and the FEC: chunks of 16 blocks of the data, a SOURCE_COPY where
+/// the old blocks at the same place are equal, otherwise a patch from them (BSDIFF40 and BSDF2
+/// with brotli streams in turn); the blocks between the tree and the FEC and after the FEC as
+/// REPLACE_XZ.
+fn update_ops(old: &[u8], new: &[u8], made: &Made) -> Vec<DeltaOp> {
+    let b = |x: u64| (x * BS) as usize;
+    let mut ops = Vec::new();
+    let (data_blocks, tree_end) = (made.tree.0, made.tree.0 + made.tree.1);
+    let mut first = 0;
+    while first < data_blocks {
+        let n = (data_blocks - first).min(16);
+        let range = b(first)..b(first + n);
+        let v = vec![(first, n)];
+        ops.push(if old[range.clone()] == new[range] {
+            DeltaOp::Copy {
+                src: v.clone(),
+                dst: v,
+            }
+        } else if ops.len() % 2 == 0 {
+            DeltaOp::Bsdiff {
+                src: v.clone(),
+                dst: v,
+            }
+        } else {
+            DeltaOp::Bsdf2 {
+                src: v.clone(),
+                dst: v,
+                codecs: [2, 2, 2],
+            }
+        });
+        first += n;
+    }
+    let end = new.len() as u64 / BS;
+    let fec_end = made.fec.0 + made.fec.1;
+    for (start, count) in [(tree_end, made.fec.0 - tree_end), (fec_end, end - fec_end)] {
+        if count > 0 {
+            ops.push(DeltaOp::Replace {
+                dst: vec![(start, count)],
+                encoding: Encoding::Xz,
+            });
+        }
+    }
+    ops
+}
+
+#[test]
+fn apply_recomputes_the_hash_tree_and_fec_to_veritysetups_image() {
+    let d = TempDir::new("ota-verity-apply");
+    // Two levels with a gap before the FEC and a trailer; SHA-1 with 24 roots.
+    for (i, c) in [&CASES[1], &CASES[5]].into_iter().enumerate() {
+        let old_data = ext4(d.path(), c.data_blocks, 40 + i as u64);
+        // The new data: the old one with every third 16-block chunk edited.
+        let mut new_data = old_data.clone();
+        for chunk in new_data.chunks_mut(16 * BS as usize).step_by(3) {
+            for k in (7..chunk.len()).step_by(1021) {
+                chunk[k] = chunk[k].wrapping_add(0x5b);
+            }
+        }
+        std::fs::create_dir_all(d.join("old")).unwrap();
+        std::fs::create_dir_all(d.join("new")).unwrap();
+        let old = veritysetup(&d.join("old"), c, &old_data);
+        let new = veritysetup(&d.join("new"), c, &new_data);
+        assert_eq!(old.image.len(), new.image.len());
+        let ops = update_ops(&old.image, &new.image, &new);
+        assert!(ops.iter().any(|o| matches!(o, DeltaOp::Copy { .. })));
+        assert!(ops.iter().any(|o| matches!(o, DeltaOp::Bsdf2 { .. })));
+        let mut built = PayloadBuilder::new()
+            .delta(c.name, &old.image, &new.image, &ops, &bsdiff)
+            .build();
+        let p = &mut built.manifest.partitions[0];
+        let mut fields = new.fields.clone();
+        fields.partition_name = p.partition_name.clone();
+        fields.operations = p.operations.clone();
+        fields.old_partition_info = p.old_partition_info.clone();
+        fields.new_partition_info = p.new_partition_info.clone();
+        *p = fields;
+        let payload = Payload::from_bytes(built.to_bytes()).unwrap();
+        // info says apply can build it.
+        let s = payload.summary();
+        assert!(s.partitions[0].applicable, "{}", c.name);
+        assert!(s.partitions[0].verity.as_ref().unwrap().problem.is_none());
+
+        let plan = payload.plan_apply(None, false).unwrap();
+        let size = new.image.len() as u64;
+        let planned = &plan.partitions()[0];
+        assert_eq!(
+            planned.dst_bytes,
+            size - (new.tree.1 + new.fec.1) * BS,
+            "{}: the operations leave out the tree and the FEC",
+            c.name
+        );
+        assert!(planned.verity.is_some());
+        let image: &[u8] = &old.image;
+        let checked = plan.check_sources(&[Some(&image)], 2, None).unwrap();
+        let out = MemFile::default();
+        let report = plan
+            .run(
+                &checked,
+                &[&out as &dyn Output],
+                &ExtractOptions {
+                    threads: 2,
+                    progress: None,
+                },
+            )
+            .unwrap();
+        let got = out.into_inner();
+        assert!(
+            got == new.image,
+            "{}: apply differs from veritysetup's image at block {:?}",
+            c.name,
+            first_difference(&got, &new.image)
+        );
+        let v = report.partitions[0].verity.as_ref().expect("verity report");
+        assert_eq!(
+            v.root_digest.as_deref(),
+            Some(new.root.as_str()),
+            "{}",
+            c.name
+        );
+        assert_eq!(v.fec_roots, Some(c.roots));
+        assert_eq!(v.hash_tree_bytes, new.tree.1 * BS);
+        assert_eq!(v.fec_bytes, new.fec.1 * BS);
+        // One worker gives the same image.
+        let (one, _) = apply_to_memory(&payload, None, &[(c.name, &old.image)], false, 1).unwrap();
+        assert!(one[0].1 == new.image, "{}: one worker", c.name);
+    }
+}
+
+#[test]
+fn apply_refuses_bad_verity_fields_before_reading_the_old_image() {
+    let old = pattern(40 * BS as usize, 3);
+    let mut new = old.clone();
+    new[5 * BS as usize] ^= 1;
+    let copy = |s: u64, n: u64| DeltaOp::Copy {
+        src: vec![(s, n)],
+        dst: vec![(s, n)],
+    };
+    let mut built = PayloadBuilder::new()
+        .delta("vendor", &old, &new, &[copy(0, 30)], &bsdiff)
+        .build();
+    let ext = |start: u64, num: u64| {
+        Some(Extent {
+            start_block: Some(start),
+            num_blocks: Some(num),
+        })
+    };
+    let p = &mut built.manifest.partitions[0];
+    p.hash_tree_data_extent = ext(0, 30);
+    p.hash_tree_extent = ext(30, 1);
+    p.hash_tree_algorithm = Some("sha256".into());
+    p.fec_data_extent = ext(0, 31);
+    p.fec_extent = ext(31, 2);
+    p.fec_roots = Some(25);
+    let payload = Payload::from_bytes(built.to_bytes()).unwrap();
+    for skip in [false, true] {
+        let e = payload.plan_apply(None, skip).unwrap_err();
+        assert_eq!(
+            snapblk_testsupport::errors::chain(&e),
+            "partition vendor, verity: fec_roots 25 is outside 2..=24"
+        );
+    }
+    let s = payload.summary();
+    assert!(!s.partitions[0].applicable && s.partitions[0].apply_blocker.is_none());
+    let problem = s.partitions[0]
+        .verity
+        .as_ref()
+        .and_then(|v| v.problem.as_deref());
+    assert_eq!(problem, Some("fec_roots 25 is outside 2..=24"));
 }

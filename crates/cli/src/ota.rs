@@ -367,7 +367,8 @@ struct Images<'a> {
     names: Vec<&'a str>,
     /// Files no output may be (flag, path).
     inputs: Vec<(&'a str, &'a Path)>,
-    /// Bytes the operations write (for the progress bar).
+    /// What the progress events add up to: the bytes the operations write and those the
+    /// dm-verity step processes (the progress bar's length).
     bytes: u64,
     /// Progress bar label.
     label: &'static str,
@@ -513,7 +514,7 @@ fn extract(
         dir,
         names: plan.partitions().iter().map(|p| p.name.as_str()).collect(),
         inputs: inputs.iter().map(|(f, p)| (*f, p.as_path())).collect(),
-        bytes: plan.dst_bytes(),
+        bytes: plan.progress_bytes(),
         label: "extract",
         threads,
     };
@@ -609,7 +610,7 @@ fn apply(a: &ApplyArgs<'_>) -> Result<()> {
         dir: a.out,
         names: plan.partitions().iter().map(|p| p.name.as_str()).collect(),
         inputs: inputs.iter().map(|(f, p)| (*f, p.as_path())).collect(),
-        bytes: plan.dst_bytes(),
+        bytes: plan.progress_bytes(),
         label: "apply",
         threads: a.threads,
     };

@@ -169,6 +169,12 @@ impl<'p> ApplyPlan<'p> {
         self.inner.dst_bytes()
     }
 
+    /// What [`ApplyPlan::run`]'s progress events add up to (see
+    /// [`ExtractPlan::progress_bytes`]).
+    pub fn progress_bytes(&self) -> u64 {
+        self.inner.progress_bytes()
+    }
+
     /// Bytes [`ApplyPlan::check_sources`] hashes: the old images with an
     /// `old_partition_info.hash`.
     pub fn source_hash_bytes(&self) -> u64 {

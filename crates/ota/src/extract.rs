@@ -42,14 +42,17 @@ impl Output for File {
 /// threads).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ExtractProgress {
-    /// The run starts; `bytes` is what all operations write (their destination extents).
+    /// The run starts; `bytes` is what the [`ExtractProgress::Advance`] events add up to
+    /// ([`ExtractPlan::progress_bytes`]).
     Start {
-        /// Destination bytes of all operations.
+        /// Destination bytes of all operations, plus what the dm-verity step processes.
         bytes: u64,
     },
-    /// An operation was applied.
+    /// An operation was applied, or a piece of a partition's dm-verity hash tree or FEC was
+    /// computed.
     Advance {
-        /// Its destination bytes.
+        /// Its destination bytes, or the bytes the piece processed
+        /// ([`Verity::work_bytes`](crate::Verity::work_bytes) in all).
         bytes: u64,
     },
     /// The partition at this index of [`ExtractPlan::partitions`] has its manifest hash.
@@ -181,7 +184,7 @@ impl ExtractPlan<'_> {
         .clamp(1, MAX_THREADS);
         let threads = cores.min(jobs.len().max(1));
         report(ExtractProgress::Start {
-            bytes: self.dst_bytes(),
+            bytes: self.progress_bytes(),
         });
         // Partitions without operations are all zeros: hash them now.
         for (pi, p) in self.parts.iter().enumerate() {
@@ -276,9 +279,10 @@ impl ExtractPlan<'_> {
         out: &dyn Output,
         t: &Tally,
         threads: usize,
-        report: &dyn Fn(ExtractProgress),
+        report: &(dyn Fn(ExtractProgress) + Sync),
     ) -> Result<()> {
-        let done = finish_partition(&self.parts[pi], out, threads)?;
+        let advance = |bytes| report(ExtractProgress::Advance { bytes });
+        let done = finish_partition(&self.parts[pi], out, threads, &advance)?;
         *lock(&t.done) = Some(done);
         report(ExtractProgress::Verified { index: pi });
         Ok(())

@@ -23,17 +23,23 @@ pub(crate) struct Finished {
 }
 
 /// Finish partition `p`, whose operations are all written to `out`: its hash tree and FEC
-/// (with up to `threads` threads), then the check of its hash.
+/// (with up to `threads` threads, `progress` getting the bytes processed as
+/// [`Verity::write_with_progress`](crate::Verity::write_with_progress) reports them), then the
+/// check of its hash.
 pub(crate) fn finish_partition(
     p: &PlannedPartition,
     out: &dyn Output,
     threads: usize,
+    progress: &(dyn Fn(u64) + Sync),
 ) -> Result<Finished> {
     let verity = match &p.verity {
-        Some(v) => Some(v.write(out, threads).map_err(|source| OtaError::Verity {
-            partition: p.name.clone(),
-            source,
-        })?),
+        Some(v) => Some(
+            v.write_with_progress(out, threads, progress)
+                .map_err(|source| OtaError::Verity {
+                    partition: p.name.clone(),
+                    source,
+                })?,
+        ),
         None => None,
     };
     let found = hash_output(p, out)?;

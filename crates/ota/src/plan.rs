@@ -114,6 +114,16 @@ impl ExtractPlan<'_> {
     pub fn dst_bytes(&self) -> u64 {
         self.parts.iter().map(|p| p.dst_bytes).sum()
     }
+
+    /// What [`ExtractPlan::run`]'s progress events add up to: the bytes all operations write,
+    /// and those the dm-verity hash tree and FEC step processes
+    /// ([`Verity::work_bytes`](crate::Verity::work_bytes)).
+    pub fn progress_bytes(&self) -> u64 {
+        self.parts.iter().fold(0u64, |a, p| {
+            let v = p.verity.as_ref().map_or(0, Verity::work_bytes);
+            a.saturating_add(p.dst_bytes).saturating_add(v)
+        })
+    }
 }
 
 impl Payload {

@@ -11,13 +11,15 @@
 //! offset, as Android's `fec_data_extent` does; see docs/ota.md for the mapping.
 
 use snapblk_core::MemFile;
+use snapblk_core::sync::lock;
 use snapblk_ota::testing::{DeltaOp, Encoding, PayloadBuilder, apply_to_memory, extract_to_memory};
 use snapblk_ota::{
-    Extent, ExtractOptions, HashAlgorithm, Output, PartitionUpdate, Payload, Verity,
-    hash_tree_levels,
+    Extent, ExtractOptions, ExtractProgress, HashAlgorithm, Output, PartitionUpdate, Payload,
+    Verity, hash_tree_levels,
 };
 use snapblk_testsupport::{TempDir, path_str, pattern, tool_ok};
 use std::path::Path;
+use std::sync::Mutex;
 
 const BS: u64 = 4096;
 
@@ -508,17 +510,25 @@ fn apply_recomputes_the_hash_tree_and_fec_to_veritysetups_image() {
             "{}: the operations leave out the tree and the FEC",
             c.name
         );
-        assert!(planned.verity.is_some());
+        let work = planned
+            .verity
+            .as_ref()
+            .expect("verity planned")
+            .work_bytes();
+        assert!(work > 0);
+        assert_eq!(plan.progress_bytes(), planned.dst_bytes + work);
         let image: &[u8] = &old.image;
         let checked = plan.check_sources(&[Some(&image)], 2, None).unwrap();
         let out = MemFile::default();
+        let events = Mutex::new(Vec::new());
+        let on = |e: ExtractProgress| lock(&events).push(e);
         let report = plan
             .run(
                 &checked,
                 &[&out as &dyn Output],
                 &ExtractOptions {
                     threads: 2,
-                    progress: None,
+                    progress: Some(&on),
                 },
             )
             .unwrap();
@@ -539,6 +549,23 @@ fn apply_recomputes_the_hash_tree_and_fec_to_veritysetups_image() {
         assert_eq!(v.fec_roots, Some(c.roots));
         assert_eq!(v.hash_tree_bytes, new.tree.1 * BS);
         assert_eq!(v.fec_bytes, new.fec.1 * BS);
+        // The progress events count the verity step: they add up to what Start announced.
+        let events = events.into_inner().unwrap();
+        assert_eq!(
+            events.first(),
+            Some(&ExtractProgress::Start {
+                bytes: plan.progress_bytes()
+            })
+        );
+        let advanced: u64 = events
+            .iter()
+            .map(|e| match e {
+                ExtractProgress::Advance { bytes } => *bytes,
+                _ => 0,
+            })
+            .sum();
+        assert_eq!(advanced, plan.progress_bytes(), "{}", c.name);
+        assert_eq!(events.last(), Some(&ExtractProgress::Done));
         // One worker gives the same image.
         let (one, _) = apply_to_memory(&payload, None, &[(c.name, &old.image)], false, 1).unwrap();
         assert!(one[0].1 == new.image, "{}: one worker", c.name);

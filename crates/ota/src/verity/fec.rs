@@ -21,11 +21,13 @@ struct Bufs {
     parity: Vec<u8>,
 }
 
-/// Compute and write the FEC `f` over the image's data.
+/// Compute and write the FEC `f` over the image's data. `progress` gets the bytes of each
+/// symbol position of a batch once fed (zeros past the data included).
 pub(super) fn write<I: ReadAt + WriteAt + Sync + ?Sized>(
     f: &FecPlan,
     image: &I,
     threads: usize,
+    progress: &(dyn Fn(u64) + Sync),
 ) -> Result<(), VerityError> {
     let bs = u64::from(FEC_BLOCK_SIZE);
     let roots = f.roots as usize;
@@ -58,6 +60,7 @@ pub(super) fn write<I: ReadAt + WriteAt + Sync + ?Sized>(
                 }
                 data[have..].fill(0);
                 rs.feed(data, parity);
+                progress(bytes as u64);
             }
             let at = f.fec.offset + i0 * bs * u64::from(f.roots);
             write_all(image, at, parity, "writing the FEC")

@@ -338,6 +338,26 @@ impl Verity {
         self.fec.is_some()
     }
 
+    /// Bytes [`Verity::write_with_progress`] reports as it goes: the input of every tree level
+    /// but the top one (the data, then each level read back), then the FEC's data padded to
+    /// whole rounds (`rounds` · (255 − roots) · 4096).
+    pub fn work_bytes(&self) -> u64 {
+        let bs = u64::from(self.block_size);
+        let tree = self.tree.as_ref().map_or(0, |t| {
+            std::iter::once(t.data.blocks)
+                .chain(t.levels.iter().copied())
+                .take(t.levels.len())
+                .fold(0u64, |a, b| a.saturating_add(b.saturating_mul(bs)))
+        });
+        let fec = self.fec.as_ref().map_or(0, |f| {
+            let n = RS_SYMBOLS - u64::from(f.roots);
+            f.rounds
+                .saturating_mul(n)
+                .saturating_mul(u64::from(FEC_BLOCK_SIZE))
+        });
+        tree.saturating_add(fec)
+    }
+
     /// Compute the hash tree from the image's data and write it, then the FEC over its data
     /// (which includes the tree), with up to `threads` threads (0 or 1: the calling thread
     /// only). `image` is the partition, its data complete.
@@ -345,6 +365,17 @@ impl Verity {
         &self,
         image: &I,
         threads: usize,
+    ) -> Result<VerityReport, VerityError> {
+        self.write_with_progress(image, threads, &|_| {})
+    }
+
+    /// [`Verity::write`], calling `progress` (from the worker threads) with the bytes each
+    /// piece of work processed; they add up to [`Verity::work_bytes`].
+    pub fn write_with_progress<I: ReadAt + WriteAt + Sync + ?Sized>(
+        &self,
+        image: &I,
+        threads: usize,
+        progress: &(dyn Fn(u64) + Sync),
     ) -> Result<VerityReport, VerityError> {
         let mut report = VerityReport {
             hash_algorithm: None,
@@ -354,13 +385,13 @@ impl Verity {
             fec_bytes: 0,
         };
         if let Some(t) = &self.tree {
-            let root = tree::write(t, self.block_size, image, threads)?;
+            let root = tree::write(t, self.block_size, image, threads, progress)?;
             report.hash_algorithm = Some(t.algorithm);
             report.root_digest = Some(crate::hex(&root));
             report.hash_tree_bytes = t.tree.len;
         }
         if let Some(f) = &self.fec {
-            fec::write(f, image, threads)?;
+            fec::write(f, image, threads, progress)?;
             report.fec_roots = Some(f.roots);
             report.fec_bytes = f.fec.len;
         }

@@ -229,10 +229,22 @@ fn results_do_not_depend_on_the_thread_count() {
     for data in [300, 2_000] {
         let p = part(data);
         let v = check(&p).unwrap().unwrap();
+        // The progress adds up to the work announced: each level's input but the top one,
+        // then the FEC's data in whole rounds of 253 blocks (2 roots).
+        let levels = hash_tree_levels(data, 4096, HashAlgorithm::Sha256);
+        let fec_data = data + levels.iter().sum::<u64>();
+        let below_top: u64 = levels[..levels.len() - 1].iter().sum();
+        let work = (data + below_top + fec_data.div_ceil(253) * 253) * BS;
+        assert_eq!(v.work_bytes(), work, "{data} blocks");
         let mut results = Vec::new();
         for threads in [1, 2, 3] {
             let img = image(&p, data);
-            let r = v.write(&img, threads).unwrap();
+            let done = AtomicU64::new(0);
+            let add = |n| {
+                done.fetch_add(n, Ordering::Relaxed);
+            };
+            let r = v.write_with_progress(&img, threads, &add).unwrap();
+            assert_eq!(done.into_inner(), work, "{data} blocks, {threads} threads");
             results.push((img.into_inner(), r));
         }
         assert!(results.windows(2).all(|w| w[0] == w[1]), "{data} blocks");

@@ -59,12 +59,14 @@ struct Bufs {
     digests: Vec<u8>,
 }
 
-/// Build the tree `t` over the image's data and write it; returns the root digest.
+/// Build the tree `t` over the image's data and write it; returns the root digest. `progress`
+/// gets the bytes of each chunk of a level's input once its digests are written.
 pub(super) fn write<I: ReadAt + WriteAt + Sync + ?Sized>(
     t: &TreePlan,
     block_size: u32,
     image: &I,
     threads: usize,
+    progress: &(dyn Fn(u64) + Sync),
 ) -> Result<Vec<u8>, VerityError> {
     let bs = u64::from(block_size);
     let bsz = block_size as usize;
@@ -112,7 +114,9 @@ pub(super) fn write<I: ReadAt + WriteAt + Sync + ?Sized>(
                     }
                 }
                 let at = out + first * slot as u64;
-                write_all(image, at, digests, "writing the hash tree")
+                write_all(image, at, digests, "writing the hash tree")?;
+                progress(n * bs);
+                Ok(())
             },
         )?;
         // Zeros after the last digest, to the end of the level's last block.

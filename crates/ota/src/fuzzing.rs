@@ -6,6 +6,8 @@ use prost::Message;
 use crate::payload::{HEADER_LEN, MAGIC, MAJOR_VERSION, Payload};
 use crate::proto::DeltaArchiveManifest;
 
+pub use crate::puffin::testing::fuzz_puffin;
+
 /// Largest total partition size extracted into memory per input.
 const MAX_EXTRACT: u64 = 16 << 20;
 

@@ -39,6 +39,7 @@ mod payload;
 mod plan;
 mod properties;
 mod proto;
+mod puffin;
 mod source;
 mod summary;
 #[cfg(feature = "test-utils")]
@@ -63,6 +64,13 @@ pub use proto::{
     ApexInfo, CowMergeOpType, CowMergeOperation, DeltaArchiveManifest, DynamicPartitionGroup,
     DynamicPartitionMetadata, Extent, InstallOperation, OpType, PartitionInfo, PartitionUpdate,
     Signature, Signatures, VabcFeatureSet,
+};
+/// Test scaffolding for PUFFDIFF (feature `test-utils`): deflate locating, puff and huff of
+/// whole buffers, a patch maker and the fuzz entry point.
+#[cfg(feature = "test-utils")]
+pub use puffin::testing as puffin_testing;
+pub use puffin::{
+    DeflateError, HuffmanAlphabet, MAX_PUFF_RATIO, PuffError, PuffSide, apply_puffdiff,
 };
 pub use summary::{
     DynamicSummary, ExtentSummary, PartitionSummary, SignatureSummary, Summary, VeritySummary,

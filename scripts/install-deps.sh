@@ -21,6 +21,7 @@ PKGS=(
   bsdiff                            # OTA apply tests: BSDIFF40 patches from an independent maker
   cryptsetup-bin                    # veritysetup: the dm-verity hash tree and FEC reference (OTA tests)
   libfec-dev                        # Karn's Reed-Solomon library (init_rs_char): the FEC encoder's reference
+  zip gzip                          # PUFFDIFF tests: deflate streams by Info-ZIP zip and GNU gzip
 )
 missing=()
 for p in "${PKGS[@]}"; do

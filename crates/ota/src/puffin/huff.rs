@@ -269,13 +269,18 @@ fn dynamic_header(m: &[u8], w: &mut BitWriter) -> Result<(Encoder, Encoder), Def
 }
 
 /// Decompress a puff of whole blocks (test scaffolding: checks what puffing decoded against
-/// the data a compressor was given). At most `limit` bytes.
+/// the data a compressor was given), and count its stored, fixed and dynamic blocks. At most
+/// `limit` bytes.
 #[cfg(any(test, feature = "test-utils"))]
-pub(crate) fn inflate(puff: &[u8], limit: usize) -> Result<Vec<u8>, DeflateError> {
+pub(crate) fn inflate(puff: &[u8], limit: usize) -> Result<(Vec<u8>, [usize; 3]), DeflateError> {
     let mut r = PuffReader { p: puff, i: 0 };
     let mut out: Vec<u8> = Vec::new();
+    let mut kinds = [0; 3];
     while r.i < puff.len() {
-        r.metadata()?;
+        let m = r.metadata()?;
+        if let Some(k) = kinds.get_mut(usize::from((m[0] >> 5) & 3)) {
+            *k += 1;
+        }
         loop {
             match r.data()? {
                 Elem::Literals(b) => out.extend_from_slice(b),
@@ -284,8 +289,12 @@ pub(crate) fn inflate(puff: &[u8], limit: usize) -> Result<Vec<u8>, DeflateError
                         .len()
                         .checked_sub(usize::from(dist))
                         .ok_or_else(|| r.malformed("match distance before the start"))?;
-                    for k in 0..usize::from(len) {
-                        out.push(out[from + k]);
+                    // Overlapping copies repeat the last `dist` bytes: copy in pieces of that.
+                    let mut left = usize::from(len);
+                    while left > 0 {
+                        let n = left.min(usize::from(dist));
+                        out.extend_from_within(from..from + n);
+                        left -= n;
                     }
                 }
                 Elem::EndOfBlock => break,
@@ -297,5 +306,5 @@ pub(crate) fn inflate(puff: &[u8], limit: usize) -> Result<Vec<u8>, DeflateError
             }
         }
     }
-    Ok(out)
+    Ok((out, kinds))
 }

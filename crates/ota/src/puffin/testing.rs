@@ -80,24 +80,35 @@ pub fn locate_raw(data: &[u8], start: u64) -> Result<(Vec<(u64, u64)>, u64), Def
     Puffer::new()?.locate(data, start)
 }
 
+/// How deflate streams are wrapped in a file.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Container {
+    /// One raw deflate stream from the first byte.
+    Raw,
+    /// A zlib stream (RFC 1950): 2-byte header, 4 more with a preset dictionary.
+    Zlib,
+    /// gzip members (RFC 1952), one after the other.
+    Gzip,
+    /// A zip archive: every DEFLATE entry found by its local header.
+    Zip,
+}
+
 /// The compressed blocks of every deflate stream in `data`, found as puffin's generator finds
-/// them: in each member of a gzip file, in each DEFLATE entry of a zip (by its local
-/// headers), in a zlib stream, or else in `data` as one raw deflate stream.
-pub fn deflates_in(data: &[u8]) -> Result<Vec<(u64, u64)>, PuffError> {
-    if data.starts_with(&[0x1f, 0x8b, 8]) {
-        return in_gzip(data);
+/// them (stored blocks are not listed).
+pub fn deflates_in(data: &[u8], container: Container) -> Result<Vec<(u64, u64)>, PuffError> {
+    match container {
+        Container::Raw => Ok(stream::locate(data, 0)?.0),
+        Container::Zlib => {
+            let start = if data.get(1).is_some_and(|f| f & 0x20 != 0) {
+                6
+            } else {
+                2
+            };
+            Ok(stream::locate(data, start)?.0)
+        }
+        Container::Gzip => in_gzip(data),
+        Container::Zip => Ok(in_zip(data)),
     }
-    if data.starts_with(b"PK\x03\x04") {
-        return Ok(in_zip(data));
-    }
-    if data.len() >= 6
-        && data[0] & 0x0f == 8
-        && (u16::from(data[0]) << 8 | u16::from(data[1])) % 31 == 0
-    {
-        let start = if data[1] & 0x20 != 0 { 6 } else { 2 };
-        return Ok(stream::locate(data, start)?.0);
-    }
-    Ok(stream::locate(data, 0)?.0)
 }
 
 fn in_gzip(data: &[u8]) -> Result<Vec<(u64, u64)>, PuffError> {
@@ -167,8 +178,9 @@ pub fn huff_run(puff: &[u8]) -> Result<(Vec<u8>, u64), DeflateError> {
     Ok((w.finish(), bits))
 }
 
-/// Decompress a puff of whole blocks (at most `limit` bytes).
-pub fn inflate_puff(puff: &[u8], limit: usize) -> Result<Vec<u8>, DeflateError> {
+/// Decompress a puff of whole blocks (at most `limit` bytes); also the number of its stored,
+/// fixed and dynamic blocks.
+pub fn inflate_puff(puff: &[u8], limit: usize) -> Result<(Vec<u8>, [usize; 3]), DeflateError> {
     inflate(puff, limit)
 }
 

@@ -70,7 +70,7 @@ fn mutated_patches_agree_where_both_appliers_accept_them() {
             } else {
                 data_start + r % (q.len() - data_start)
             };
-            q[at] ^= 1 << (r >> 40) % 8;
+            q[at] ^= 1 << ((r >> 40) % 8);
         }
         let mine = ours(&q);
         match std::panic::catch_unwind(|| puffdiff::puffpatch(&a, &q)) {

@@ -51,8 +51,12 @@ impl<'a> BitReader<'a> {
                 u64::from_le_bytes(w)
             }
         };
-        let avail = self.remaining().min(u64::from(n)) as u32;
-        ((word >> shift) & low_mask(avail)) as u32
+        let n = if self.remaining() >= 32 {
+            n
+        } else {
+            self.remaining().min(u64::from(n)) as u32
+        };
+        ((word >> shift) & low_mask(n)) as u32
     }
 
     /// Consume `n` bits.
@@ -137,12 +141,13 @@ impl BitWriter {
         if self.bits() + u64::from(n) > self.limit {
             return Err(DeflateError::OutputLimit { limit: self.limit });
         }
+        // `nacc` stays below 32, so up to 63 bits fit the accumulator.
         self.acc |= (u64::from(v) & low_mask(n)) << self.nacc;
         self.nacc += n;
-        while self.nacc >= 8 {
-            self.out.push(self.acc as u8);
-            self.acc >>= 8;
-            self.nacc -= 8;
+        if self.nacc >= 32 {
+            self.out.extend_from_slice(&(self.acc as u32).to_le_bytes());
+            self.acc >>= 32;
+            self.nacc -= 32;
         }
         Ok(())
     }
@@ -152,18 +157,29 @@ impl BitWriter {
         (8 - (self.nacc & 7)) & 7
     }
 
+    /// Move the accumulator's whole bytes to the output.
+    fn drain(&mut self) {
+        while self.nacc >= 8 {
+            self.out.push(self.acc as u8);
+            self.acc >>= 8;
+            self.nacc -= 8;
+        }
+    }
+
     /// Append whole bytes; the writer must be on a byte boundary.
     pub(crate) fn write_bytes(&mut self, b: &[u8]) -> Result<(), DeflateError> {
-        debug_assert_eq!(self.nacc, 0);
+        debug_assert_eq!(self.nacc % 8, 0);
         if self.bits() + b.len() as u64 * 8 > self.limit {
             return Err(DeflateError::OutputLimit { limit: self.limit });
         }
+        self.drain();
         self.out.extend_from_slice(b);
         Ok(())
     }
 
     /// The bytes written, the last one padded with zero bits.
     pub(crate) fn finish(mut self) -> Vec<u8> {
+        self.drain();
         if self.nacc > 0 {
             self.out.push(self.acc as u8);
         }

@@ -157,7 +157,9 @@ impl Decoder {
     #[inline]
     pub(crate) fn decode(&self, r: &mut BitReader<'_>) -> Result<usize, DeflateError> {
         let bits = r.peek(self.max_bits) as usize;
-        let e = self.table.get(bits).copied().unwrap_or(0);
+        // `table` has 2^max_bits entries and `bits` fewer bits: the mask only spares the
+        // bounds check.
+        let e = self.table[bits & (self.table.len() - 1)];
         let len = u32::from(e >> 9);
         if len == 0 {
             if r.remaining() < u64::from(self.max_bits) {
@@ -175,11 +177,10 @@ impl Decoder {
     }
 }
 
-/// An encoder: each symbol's bit-reversed code and its length.
+/// An encoder: each symbol's bit-reversed code and its length, as `len << 16 | code`.
 #[derive(Clone, Debug)]
 pub(crate) struct Encoder {
-    codes: Vec<u16>,
-    lens: Vec<u8>,
+    codes: Vec<u32>,
     alphabet: HuffmanAlphabet,
 }
 
@@ -187,18 +188,19 @@ impl Encoder {
     /// Build from code lengths, `lens[symbol]` (0: the symbol has no code).
     pub(crate) fn new(lens: &[u8], alphabet: HuffmanAlphabet) -> Result<Self, DeflateError> {
         let (codes, _) = canonical(lens, alphabet)?;
-        Ok(Encoder {
-            codes,
-            lens: lens.to_vec(),
-            alphabet,
-        })
+        let codes = codes
+            .iter()
+            .zip(lens)
+            .map(|(&c, &l)| u32::from(l) << 16 | u32::from(c))
+            .collect();
+        Ok(Encoder { codes, alphabet })
     }
 
     /// Write `symbol`'s code.
     #[inline]
     pub(crate) fn write(&self, w: &mut BitWriter, symbol: usize) -> Result<(), DeflateError> {
-        match self.lens.get(symbol) {
-            Some(&l) if l != 0 => w.write(u32::from(l), u32::from(self.codes[symbol])),
+        match self.codes.get(symbol) {
+            Some(&e) if e >> 16 != 0 => w.write(e >> 16, e & 0xffff),
             _ => Err(DeflateError::NoCode {
                 alphabet: self.alphabet,
                 symbol,

@@ -16,6 +16,9 @@
 //! * [`Verity`] recomputes a partition's dm-verity hash tree and Reed–Solomon FEC where the
 //!   manifest leaves them to the device (`hash_tree_*`, `fec_*`), byte for byte as
 //!   update_engine writes them; extraction and apply do it before a partition's hash check.
+//! * [`apply_puffdiff`] applies a PUFFDIFF patch (puffin's format: deflate blocks puffed,
+//!   patched and re-encoded bit for bit) to an operation's source bytes, with the caller's
+//!   bsdiff applier.
 //!
 //! The manifest's messages are written by hand from update_engine's field numbers
 //! (`prost` derive, no code generator). PUFFDIFF, ZUCCHINI, LZ4DIFF_* and signature

@@ -377,9 +377,8 @@ fn bsdiff40(old: &[u8], new: &[u8]) -> Vec<u8> {
 }
 
 fn apply_ours(src: &[u8], patch: &[u8], dst_len: usize) -> Vec<u8> {
-    apply_puffdiff(src, patch, dst_len as u64, |old, p, n| {
-        let mut v = Vec::with_capacity(n as usize);
-        bsdiff_android::patch_bsdf2(old, p, &mut v).map(|()| v)
+    apply_puffdiff(src, patch, dst_len as u64, |old, p, _, new| {
+        bsdiff_android::patch_bsdf2(old, p, new)
     })
     .unwrap()
 }

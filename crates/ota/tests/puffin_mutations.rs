@@ -46,9 +46,8 @@ fn mutated_patches_agree_where_both_appliers_accept_them() {
     })
     .unwrap();
     let ours = |q: &[u8]| {
-        apply_puffdiff(&a, q, b.len() as u64, |old, inner, n| {
-            let mut v = Vec::with_capacity(n as usize);
-            bsdiff_android::patch_bsdf2(old, inner, &mut v).map(|()| v)
+        apply_puffdiff(&a, q, b.len() as u64, |old, inner, _, new| {
+            bsdiff_android::patch_bsdf2(old, inner, new)
         })
     };
     assert_eq!(ours(&p).unwrap(), b);

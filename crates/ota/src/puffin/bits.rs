@@ -119,8 +119,15 @@ impl BitWriter {
     pub(crate) fn new(limit: u64) -> Self {
         // Grow with the data; `limit` is a bound, not a size hint.
         let cap = (limit / 8).min(1 << 20) as usize;
+        Self::with_vec(Vec::with_capacity(cap), limit)
+    }
+
+    /// A writer appending to `out` (cleared), up to `limit` bits: room reserved in `out`
+    /// beforehand is used.
+    pub(crate) fn with_vec(mut out: Vec<u8>, limit: u64) -> Self {
+        out.clear();
         BitWriter {
-            out: Vec::with_capacity(cap),
+            out,
             acc: 0,
             nacc: 0,
             limit,

@@ -163,6 +163,12 @@ pub enum PuffError {
         /// Puffed.
         found: u64,
     },
+    /// A buffer of a checked size could not be allocated.
+    #[error("no memory for {bytes} bytes")]
+    NoMemory {
+        /// Bytes asked for.
+        bytes: u64,
+    },
     /// The inner patch failed.
     #[error("applying the PUFFDIFF's inner bsdiff patch")]
     Bspatch(#[source] Box<dyn std::error::Error + Send + Sync>),

@@ -40,11 +40,13 @@ pub const MAX_PUFF_RATIO: u64 = 17;
 /// Apply the PUFFDIFF `patch` to `src` (the concatenated bytes of the operation's source
 /// extents), giving the `dst_len` bytes of its destination extents.
 ///
-/// `bspatch(old, patch, new_len)` applies the inner bsdiff patch (BSDIFF40 or BSDF2) to the
-/// source's puff stream and must return exactly `new_len` bytes (it is told the length the
-/// patch header declares, bounded by [`MAX_PUFF_RATIO`]).
+/// `bspatch(old, patch, new_len, new)` applies the inner bsdiff patch (BSDIFF40 or BSDF2) to
+/// the source's puff stream `old`, appending exactly `new_len` bytes to `new` (the length the
+/// patch header declares, bounded by [`MAX_PUFF_RATIO`]; `new` is empty and has room for them).
 ///
-/// Memory: `src`, its puff stream, the patched puff stream and the output, all at once.
+/// Memory: `src`, its puff stream, the patched puff stream and the output, at most all at
+/// once; each is reserved at its checked size before it is written, and a failed reservation
+/// is [`PuffError::NoMemory`], not an abort.
 pub fn apply_puffdiff<F, E>(
     src: &[u8],
     patch: &[u8],
@@ -52,7 +54,7 @@ pub fn apply_puffdiff<F, E>(
     bspatch: F,
 ) -> Result<Vec<u8>, PuffError>
 where
-    F: FnOnce(&[u8], &[u8], u64) -> Result<Vec<u8>, E>,
+    F: FnOnce(&[u8], &[u8], u64, &mut Vec<u8>) -> Result<(), E>,
     E: std::error::Error + Send + Sync + 'static,
 {
     let p = header::parse(patch)?;
@@ -65,12 +67,14 @@ where
         &p.src.deflates,
         &p.src.puffs,
         p.src.puff_len,
+        reserve(p.src.puff_len)?,
     )?;
     if lossy != puff::Lossy::default() {
         log::debug!("PUFFDIFF source puffs lose bits ({lossy:?}), as puffin's do");
     }
-    let new =
-        bspatch(&old, p.inner, p.dst.puff_len).map_err(|e| PuffError::Bspatch(Box::new(e)))?;
+    let mut new = reserve(p.dst.puff_len)?;
+    bspatch(&old, p.inner, p.dst.puff_len, &mut new)
+        .map_err(|e| PuffError::Bspatch(Box::new(e)))?;
     drop(old);
     if new.len() as u64 != p.dst.puff_len {
         return Err(PuffError::PatchedSize {
@@ -78,7 +82,22 @@ where
             found: new.len() as u64,
         });
     }
-    huff_stream(&new, &p.dst.deflates, &p.dst.puffs, dst_len)
+    huff_stream(
+        &new,
+        &p.dst.deflates,
+        &p.dst.puffs,
+        dst_len,
+        reserve(dst_len)?,
+    )
+}
+
+/// An empty vector with room for `n` bytes, or [`PuffError::NoMemory`].
+fn reserve(n: u64) -> Result<Vec<u8>, PuffError> {
+    let mut v = Vec::new();
+    match usize::try_from(n) {
+        Ok(k) if v.try_reserve_exact(k).is_ok() => Ok(v),
+        _ => Err(PuffError::NoMemory { bytes: n }),
+    }
 }
 
 /// The puff stream bound for a buffer of `len` bytes.

@@ -98,18 +98,19 @@ fn push_gap(data: &[u8], a: u64, b: u64, out: &mut Vec<u8>) {
 }
 
 /// The puff stream of `data` for its deflate extents and their puff extents (checked by
-/// [`layout`] against `puff_len` already): every puff must have exactly its extent's length.
-/// Returns the stream and whether any puff lost bits (see [`Lossy`]).
+/// [`layout`] against `puff_len` already), in `out` (cleared; room reserved in it beforehand is
+/// used): every puff must have exactly its extent's length. Returns the stream and whether any
+/// puff lost bits (see [`Lossy`]).
 pub(crate) fn puff_stream(
     side: PuffSide,
     data: &[u8],
     deflates: &[Extent],
     puffs: &[Extent],
     puff_len: u64,
+    mut out: Vec<u8>,
 ) -> Result<(Vec<u8>, Lossy), PuffError> {
     let mut puffer = Puffer::new().map_err(PuffError::Internal)?;
-    // Grows with the data: `puff_len` is checked, but only against the patch itself.
-    let mut out = Vec::with_capacity(puff_len.min(data.len() as u64 * 2) as usize);
+    out.clear();
     let mut lossy = Lossy::default();
     let mut a = 0u64;
     for (index, (&(offset, length), &(poff, plen))) in deflates.iter().zip(puffs).enumerate() {
@@ -180,17 +181,19 @@ fn write_gap(g: &[u8], a: u64, b: u64, w: &mut BitWriter) -> Result<(), PuffErro
     Ok(())
 }
 
-/// Deflate bytes from a puff stream (whose layout [`layout`] checked): `len` bytes, each
-/// deflate extent re-encoded from its puff to exactly its bit length.
+/// Deflate bytes from a puff stream (whose layout [`layout`] checked): `len` bytes in `out`
+/// (cleared; room reserved in it beforehand is used), each deflate extent re-encoded from its
+/// puff to exactly its bit length.
 pub(crate) fn huff_stream(
     puff: &[u8],
     deflates: &[Extent],
     puffs: &[Extent],
     len: u64,
+    out: Vec<u8>,
 ) -> Result<Vec<u8>, PuffError> {
     let huffer = Huffer::new().map_err(PuffError::Internal)?;
     let bits = len.saturating_mul(8);
-    let mut w = BitWriter::new(bits);
+    let mut w = BitWriter::with_vec(out, bits);
     let mut a = 0u64;
     let mut p = 0u64;
     // The layout was checked against the puff stream's length: these slices are inside.

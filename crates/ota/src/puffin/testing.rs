@@ -56,13 +56,14 @@ impl Layout {
             &self.deflates,
             &self.puffs,
             self.puff_len,
+            Vec::new(),
         )
         .map(|(p, _)| p)
     }
 
     /// The `len` bytes a puff stream of this layout huffs to.
     pub fn huff(&self, puff: &[u8], len: u64) -> Result<Vec<u8>, PuffError> {
-        huff_stream(puff, &self.deflates, &self.puffs, len)
+        huff_stream(puff, &self.deflates, &self.puffs, len, Vec::new())
     }
 
     fn stream(&self) -> Stream {
@@ -246,6 +247,7 @@ fn fuzz_round_trip(deflate: &[u8], shift: u32) {
         &layout.deflates,
         &layout.puffs,
         layout.puff_len,
+        Vec::new(),
     ) {
         Ok(p) => p,
         Err(e) => panic!("a checked layout does not puff: {e}"),
@@ -285,10 +287,10 @@ fn fuzz_patch(rest: &[u8]) {
         return;
     };
     let dst_len = u64::from(u16::from_be_bytes([*a, *b]));
-    let out = super::apply_puffdiff(&[], patch, dst_len, |_, inner, n| {
-        let mut v = inner.to_vec();
-        v.resize(n as usize, 0);
-        Ok::<_, std::convert::Infallible>(v)
+    let out = super::apply_puffdiff(&[], patch, dst_len, |_, inner, n, new| {
+        new.extend_from_slice(inner);
+        new.resize(n as usize, 0);
+        Ok::<_, std::convert::Infallible>(())
     });
     if let Ok(o) = out {
         assert_eq!(o.len() as u64, dst_len);

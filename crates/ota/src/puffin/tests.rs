@@ -449,14 +449,22 @@ fn streams_round_trip_with_deflates_at_any_bit() {
         for shift in [0, 2, 5, 8, 11] {
             let (data, ext) = two_blocks(lead, shift);
             let l = Layout::of(&data, ext.clone()).unwrap();
-            let (puff, _) =
-                puff_stream(PuffSide::Source, &data, &l.deflates, &l.puffs, l.puff_len).unwrap();
+            let (puff, _) = puff_stream(
+                PuffSide::Source,
+                &data,
+                &l.deflates,
+                &l.puffs,
+                l.puff_len,
+                vec![],
+            )
+            .unwrap();
             assert_eq!(puff.len() as u64, l.puff_len);
             // Each puff starts with its metadata.
             for &(o, _) in &l.puffs {
                 assert_eq!(&puff[o as usize..o as usize + 2], &[0, 0]);
             }
-            let back = huff_stream(&puff, &l.deflates, &l.puffs, data.len() as u64).unwrap();
+            let back =
+                huff_stream(&puff, &l.deflates, &l.puffs, data.len() as u64, vec![]).unwrap();
             assert_eq!(back, data, "lead {lead} shift {shift}");
         }
     }
@@ -484,9 +492,11 @@ fn identity_patch(src: &[u8], dst: &[u8]) -> Vec<u8> {
 }
 
 fn apply_identity(src: &[u8], patch: &[u8], dst_len: u64) -> Result<Vec<u8>, PuffError> {
-    apply_puffdiff(src, patch, dst_len, |_, inner, n| {
+    apply_puffdiff(src, patch, dst_len, |_, inner, n, new| {
         assert_eq!(inner.len() as u64, n);
-        Ok::<_, std::io::Error>(inner.to_vec())
+        assert!(new.is_empty() && new.capacity() as u64 >= n);
+        new.extend_from_slice(inner);
+        Ok::<_, std::io::Error>(())
     })
 }
 
@@ -498,9 +508,10 @@ fn identity_inner_patch_gives_the_destination() {
     assert_eq!(apply_identity(&src, &p, dst.len() as u64).unwrap(), dst);
     // The inner patch sees the source's puff stream.
     let mut seen = Vec::new();
-    let out = apply_puffdiff(&src, &p, dst.len() as u64, |old, inner, _| {
+    let out = apply_puffdiff(&src, &p, dst.len() as u64, |old, inner, _, new| {
         seen = old.to_vec();
-        Ok::<_, std::io::Error>(inner.to_vec())
+        new.extend_from_slice(inner);
+        Ok::<_, std::io::Error>(())
     })
     .unwrap();
     assert_eq!(out, dst);
@@ -660,6 +671,17 @@ fn bad_patches_are_refused() {
         apply_identity(&src, &good, dst_len + 1),
         Err(PuffError::PuffLength { .. })
     ));
+    // A destination of 2^60 bytes without deflates: a consistent header, but no memory for
+    // its puff stream, which is an error, not an abort.
+    let huge = Layout {
+        deflates: vec![],
+        puffs: vec![],
+        puff_len: 1 << 60,
+    };
+    assert!(matches!(
+        apply_identity(&src, &puf1(&sl, &huge, &inner), 1 << 60),
+        Err(PuffError::NoMemory { bytes }) if bytes == 1 << 60
+    ));
 }
 
 #[test]
@@ -667,21 +689,22 @@ fn inner_patch_failures_are_reported() {
     let src = hex(FIXED);
     let dst = hex(DYNAMIC);
     let p = identity_patch(&src, &dst);
-    let e = apply_puffdiff(&src, &p, dst.len() as u64, |_, _, _| {
-        Err::<Vec<u8>, _>(std::io::Error::other("bad bsdiff"))
+    let e = apply_puffdiff(&src, &p, dst.len() as u64, |_, _, _, _| {
+        Err(std::io::Error::other("bad bsdiff"))
     })
     .unwrap_err();
     assert!(matches!(e, PuffError::Bspatch(_)));
-    let e = apply_puffdiff(&src, &p, dst.len() as u64, |_, inner, _| {
-        Ok::<_, std::io::Error>(inner[1..].to_vec())
+    let e = apply_puffdiff(&src, &p, dst.len() as u64, |_, inner, _, new| {
+        new.extend_from_slice(&inner[1..]);
+        Ok::<_, std::io::Error>(())
     })
     .unwrap_err();
     assert!(matches!(e, PuffError::PatchedSize { .. }));
     // A corrupted patched puff fails to huff, naming the deflate.
-    let e = apply_puffdiff(&src, &p, dst.len() as u64, |_, inner, _| {
-        let mut v = inner.to_vec();
-        v[2] = 0xe0;
-        Ok::<_, std::io::Error>(v)
+    let e = apply_puffdiff(&src, &p, dst.len() as u64, |_, inner, _, new| {
+        new.extend_from_slice(inner);
+        new[2] = 0xe0;
+        Ok::<_, std::io::Error>(())
     })
     .unwrap_err();
     assert!(matches!(e, PuffError::Huff { index: 0, .. }), "{e:?}");

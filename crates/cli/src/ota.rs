@@ -77,8 +77,8 @@ pub enum OtaCmd {
         /// Only these partitions (comma-separated names).
         #[arg(long, value_delimiter = ',', value_name = "A,B")]
         partitions: Vec<String>,
-        /// Leave out the partitions this build cannot build (PUFFDIFF, ZUCCHINI, LZ4DIFF or
-        /// unknown operations) and build the rest.
+        /// Leave out the partitions this build cannot build (ZUCCHINI, LZ4DIFF or unknown
+        /// operations) and build the rest.
         #[arg(long)]
         skip_unsupported: bool,
         /// Worker threads, 1..=256 (default: all cores).

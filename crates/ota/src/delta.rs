@@ -1,12 +1,14 @@
 //! The operations that read the old partition: SOURCE_COPY (its source blocks, in order, to its
-//! destination blocks) and the bsdiff types (SOURCE_BSDIFF with BSDIFF40 patches,
-//! BROTLI_BSDIFF with BSDF2 patches; `bspatch.rs` applies them). The old bytes an operation
-//! reads are its source extents, concatenated; they are checked against `src_sha256_hash`
-//! before they are used.
+//! destination blocks), the bsdiff types (SOURCE_BSDIFF with BSDIFF40 patches,
+//! BROTLI_BSDIFF with BSDF2 patches; `bspatch.rs` applies them) and PUFFDIFF (puffin patches,
+//! whose inner bsdiff patch `bspatch.rs` applies too; `puffin/` does the rest). The old bytes
+//! an operation reads are its source extents, concatenated; they are checked against
+//! `src_sha256_hash` before they are used.
 //!
 //! Memory: SOURCE_COPY streams (one pass to hash, one to copy, in the worker's 1 MiB buffer);
 //! a bsdiff operation holds its source bytes and its patch, each at most [`MAX_PATCH_INPUT`]
-//! (the plan refuses larger ones), and streams its output.
+//! (the plan refuses larger ones), and streams its output. A PUFFDIFF operation also holds its
+//! destination (at most [`MAX_PATCH_INPUT`] too) and both puff streams.
 
 use sha2::{Digest, Sha256};
 
@@ -14,9 +16,9 @@ use crate::error::OpError;
 use crate::ops::{ExtentWriter, Src};
 use crate::proto::{InstallOperation, OpType};
 
-/// Largest source (the bytes of its source extents) and largest patch a bsdiff operation may
-/// have: both are held in memory while it is applied (update_engine's generator makes bsdiff
-/// operations of at most 200 MiB).
+/// Largest source (the bytes of its source extents) and largest patch a bsdiff or PUFFDIFF
+/// operation may have, and largest destination of a PUFFDIFF: they are held in memory while it
+/// is applied (update_engine's generator makes bsdiff operations of at most 200 MiB).
 pub const MAX_PATCH_INPUT: u64 = 1 << 30;
 
 /// An empty vector with room for `n` bytes, or an error instead of an abort when there is no
@@ -125,6 +127,32 @@ pub(crate) fn read_source(
     }
     let unhashed = check_source_hash(op, Sha256::new_with_prefix(&old))?;
     Ok((old, unhashed))
+}
+
+/// Apply the PUFFDIFF `patch` to `old`, writing exactly the destination's bytes to `dst` in
+/// pieces of `buf.len()`; the inner bsdiff patch is applied by `bspatch.rs`, into memory.
+pub(crate) fn puffpatch(
+    old: &[u8],
+    patch: &[u8],
+    dst: &mut ExtentWriter<'_>,
+    buf: &mut [u8],
+) -> Result<(), OpError> {
+    let new = crate::puffin::apply_puffdiff(old, patch, dst.capacity, |old, inner, n, new| {
+        let mut sink = |b: &[u8]| {
+            new.extend_from_slice(b);
+            Ok::<_, std::convert::Infallible>(())
+        };
+        match crate::bspatch::apply(old, inner, n, buf, &mut sink) {
+            Ok(_) => Ok(()),
+            Err(crate::bspatch::Fail::Patch(e)) => Err(e),
+            Err(crate::bspatch::Fail::Sink(never)) => match never {},
+        }
+    })
+    .map_err(OpError::Puffdiff)?;
+    for piece in new.chunks(buf.len().max(1)) {
+        dst.write(piece, "patches to")?;
+    }
+    Ok(())
 }
 
 /// Apply the bsdiff `patch` of an op of type `t` to `old`, writing the new bytes to `dst` in

@@ -533,10 +533,11 @@ pub enum OpError {
         /// Bytes of the destination extents.
         dst: u64,
     },
-    /// A patch operation's source or patch is larger than this build holds in memory.
+    /// A patch operation's source or patch (or a PUFFDIFF's destination) is larger than
+    /// this build holds in memory.
     #[error("{what} of {bytes} bytes is more than the limit of {limit} per operation")]
     TooLarge {
-        /// `the source` or `the patch`.
+        /// `the source`, `the patch` or `the destination`.
         what: &'static str,
         /// Its size.
         bytes: u64,
@@ -567,6 +568,9 @@ pub enum OpError {
         #[source]
         source: crate::bspatch::PatchError,
     },
+    /// The op's PUFFDIFF patch cannot be applied.
+    #[error("applying the PUFFDIFF patch")]
+    Puffdiff(#[source] crate::puffin::PuffError),
 }
 
 #[cfg(test)]
@@ -673,6 +677,19 @@ mod tests {
         assert_eq!(
             line,
             "partition system, verity: writing the FEC at byte 8192: disk on fire"
+        );
+        let line = errors::assert_cause_is_source(
+            &op(OpError::Puffdiff(crate::puffin::PuffError::Bspatch(
+                Box::new(crate::bspatch::PatchError::Decode {
+                    stream: "extra",
+                    source: io(),
+                }),
+            ))),
+            Some("applying the PUFFDIFF patch"),
+        );
+        assert_eq!(
+            line,
+            "partition system, op 3: applying the PUFFDIFF patch: applying the PUFFDIFF's inner bsdiff patch: decompressing the extra stream: disk on fire"
         );
     }
 }

@@ -10,18 +10,19 @@
 //!   parallel and verifies every blob's and every partition's SHA-256.
 //! * [`Payload::plan_apply`] does the same for an incremental payload, whose partitions are
 //!   built from their old images (SOURCE_COPY, SOURCE_BSDIFF and BROTLI_BSDIFF, with the crate's
-//!   own BSDIFF40/BSDF2 applier); [`ApplyPlan::check_sources`] checks the old images against
-//!   `old_partition_info` before anything is written, and [`ApplyPlan::run`] builds the
-//!   partitions, every operation's source bytes checked against `src_sha256_hash` before use.
+//!   own BSDIFF40/BSDF2 applier, and PUFFDIFF); [`ApplyPlan::check_sources`] checks the old
+//!   images against `old_partition_info` before anything is written, and [`ApplyPlan::run`]
+//!   builds the partitions, every operation's source bytes checked against `src_sha256_hash`
+//!   before use.
 //! * [`Verity`] recomputes a partition's dm-verity hash tree and Reed–Solomon FEC where the
 //!   manifest leaves them to the device (`hash_tree_*`, `fec_*`), byte for byte as
 //!   update_engine writes them; extraction and apply do it before a partition's hash check.
 //! * [`apply_puffdiff`] applies a PUFFDIFF patch (puffin's format: deflate blocks puffed,
 //!   patched and re-encoded bit for bit) to an operation's source bytes, with the caller's
-//!   bsdiff applier.
+//!   bsdiff applier; `apply` calls it with the crate's.
 //!
 //! The manifest's messages are written by hand from update_engine's field numbers
-//! (`prost` derive, no code generator). PUFFDIFF, ZUCCHINI, LZ4DIFF_* and signature
+//! (`prost` derive, no code generator). ZUCCHINI, LZ4DIFF_* and signature
 //! verification are not implemented yet: the apply planner reports partitions that need them
 //! ([`Blocker`]), and the op dispatch answers [`OpError::Unsupported`].
 

@@ -399,7 +399,20 @@ impl Payload {
                 }
             }
             _ => {
-                for (what, bytes) in [("the source", src_bytes), ("the patch", op.data_length())] {
+                // A PUFFDIFF also holds its destination in memory.
+                let dst = match t {
+                    OpType::Puffdiff => op
+                        .dst_extents
+                        .iter()
+                        .map(|e| e.num_blocks().saturating_mul(bs))
+                        .fold(0, u64::saturating_add),
+                    _ => 0,
+                };
+                for (what, bytes) in [
+                    ("the source", src_bytes),
+                    ("the patch", op.data_length()),
+                    ("the destination", dst),
+                ] {
                     if bytes > MAX_PATCH_INPUT {
                         return Err(OpError::TooLarge {
                             what,

@@ -175,6 +175,7 @@ pub(crate) fn apply(
             let src = need()?;
             // The patch is checked against data_sha256_hash and the old bytes against
             // src_sha256_hash before either is used.
+            let _mem = crate::delta::reserve(crate::delta::op_memory(op, bs, false));
             let patch = blob.read_all()?;
             check_data_hash(op, blob.hash.clone().finalize().into())?;
             let old;
@@ -184,6 +185,7 @@ pub(crate) fn apply(
         OpType::Puffdiff => {
             let src = need()?;
             // As for bsdiff: the patch and the old bytes are checked before either is used.
+            let _mem = crate::delta::reserve(crate::delta::op_memory(op, bs, true));
             let patch = blob.read_all()?;
             check_data_hash(op, blob.hash.clone().finalize().into())?;
             let old;

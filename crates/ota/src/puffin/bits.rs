@@ -116,6 +116,7 @@ pub(crate) struct BitWriter {
 
 impl BitWriter {
     /// An empty writer that refuses to grow past `limit` bits.
+    #[cfg(any(test, feature = "test-utils"))]
     pub(crate) fn new(limit: u64) -> Self {
         // Grow with the data; `limit` is a bound, not a size hint.
         let cap = (limit / 8).min(1 << 20) as usize;

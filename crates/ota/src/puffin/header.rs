@@ -95,6 +95,7 @@ impl Stream {
         })
     }
 
+    #[cfg(any(test, feature = "test-utils"))]
     fn to_info(&self) -> StreamInfo {
         let ext = |&(offset, length): &Extent| BitExtent { offset, length };
         StreamInfo {
@@ -154,6 +155,7 @@ pub(crate) fn parse(patch: &[u8]) -> Result<Patch<'_>, PuffError> {
 }
 
 /// A whole patch: magic, header, `inner`.
+#[cfg(any(test, feature = "test-utils"))]
 pub(crate) fn write(src: &Stream, dst: &Stream, inner: &[u8]) -> Vec<u8> {
     let h = PatchHeader {
         version: 1,

@@ -182,6 +182,7 @@ impl Puffer {
     /// Walk the deflate stream starting at bit `start` of `data` to the end of its final
     /// block, and return the bit extent of each compressed (fixed or dynamic) block, as
     /// puffin's generator locates them; stored blocks are left out (they stay raw bytes).
+    #[cfg(any(test, feature = "test-utils"))]
     pub(crate) fn locate(
         &mut self,
         data: &[u8],

@@ -242,6 +242,7 @@ pub(crate) fn huff_stream(
 
 /// Bit extents of the compressed blocks of the deflate stream starting at byte `start` of
 /// `data`, as puffin's generator finds them; and the byte just past the stream.
+#[cfg(any(test, feature = "test-utils"))]
 pub(crate) fn locate(data: &[u8], start: usize) -> Result<(Vec<Extent>, usize), PuffError> {
     let mut puffer = Puffer::new().map_err(PuffError::Internal)?;
     let (found, end) =

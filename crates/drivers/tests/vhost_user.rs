@@ -525,3 +525,60 @@ fn a_backend_killed_mid_io_fails_pending_and_new_requests_promptly() {
         "vhost-user backend disconnected"
     );
 }
+
+#[test]
+fn the_completion_fd_fires_once_enabled_and_stays_quiet_before() {
+    let dir = TempDir::new("cfd");
+    let d = Daemon::start(&dir.0, 2, true);
+    let mut b = connect(d.path());
+    b.set_int("num-poll-queues", 1).unwrap();
+    b.start().unwrap();
+    let r = b.alloc_mem_region(65536).unwrap();
+    b.map_mem_region(&r).unwrap();
+    let pq = b.queue(0, true).unwrap();
+    assert_eq!(
+        run_one(&mut **pq, rw(false, 0, r.addr, 4096, ReqFlags::NONE)).ret,
+        0
+    );
+    let q = b.queue(0, false).unwrap();
+    let fd = q.completion_fd().unwrap();
+    let readable = |ms: i32| {
+        let mut p = libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one live pollfd.
+        unsafe { libc::poll(&mut p, 1, ms) == 1 }
+    };
+    for round in 0..3 {
+        // A few requests through `do_io` first, as a program does before it turns to the fd.
+        for _ in 0..3 {
+            assert_eq!(
+                run_one(&mut **q, rw(false, 0, r.addr, 4096, ReqFlags::NONE)).ret,
+                0
+            );
+        }
+        let mut v = 0u64;
+        // SAFETY: reads 8 bytes into a live u64 (resets the eventfd).
+        unsafe { libc::read(fd, (&mut v as *mut u64).cast(), 8) };
+        q.set_completion_fd_enabled(true);
+        // SAFETY: inside the mapped region, which outlives the request.
+        unsafe { q.enqueue(rw(false, 4096, r.addr, 4096, ReqFlags::NONE)) };
+        assert_eq!(q.do_io(&mut [], 0, None, None).unwrap(), 0);
+        assert!(
+            readable(5000),
+            "round {round}: the completion fd did not fire"
+        );
+        let c = run_one_reaped(&mut **q);
+        assert_eq!(c.ret, 0);
+        q.set_completion_fd_enabled(false);
+    }
+}
+
+fn run_one_reaped(q: &mut dyn Queue) -> Completion {
+    let mut c = [Completion::default()];
+    let mut t = Duration::from_secs(20);
+    assert_eq!(q.do_io(&mut c, 1, Some(&mut t), None).unwrap(), 1);
+    c[0]
+}

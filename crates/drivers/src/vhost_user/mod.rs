@@ -49,6 +49,7 @@ const F_CONFIG_WCE: u64 = 1 << 11;
 const F_MQ: u64 = 1 << 12;
 const F_DISCARD: u64 = 1 << 13;
 const F_WRITE_ZEROES: u64 = 1 << 14;
+const F_EVENT_IDX: u64 = 1 << 29;
 const F_VERSION_1: u64 = 1 << 32;
 const WANTED: u64 = F_SIZE_MAX
     | F_SEG_MAX
@@ -60,6 +61,7 @@ const WANTED: u64 = F_SIZE_MAX
     | F_MQ
     | F_DISCARD
     | F_WRITE_ZEROES
+    | F_EVENT_IDX
     | F_VERSION_1;
 /// The part of `struct virtio_blk_config` read (up to `write_zeroes_may_unmap`).
 const CONFIG_LEN: u32 = 60;
@@ -332,7 +334,10 @@ impl Driver for VhostUserDriver {
             .map_err(vu)?;
         let i = index as u32;
         let kick = EventFd::new()?;
-        let call = if poll { None } else { Some(EventFd::new()?) };
+        // Poll queues get a call eventfd too, which nobody reads: libvhost-user (QEMU 7.2) stops
+        // serving the device when it must notify a vring without one, and with EVENT_IDX it
+        // notifies at least once.
+        let call = EventFd::new()?;
         let fe = &mut c.fe;
         fe.vring_state(Req::SetVringNum, i, lay.n as u32)
             .map_err(vu)?;
@@ -340,10 +345,8 @@ impl Driver for VhostUserDriver {
         let base = shm.addr();
         fe.vring_addr(i, base, base + lay.used as u64, base + lay.avail as u64)
             .map_err(vu)?;
-        fe.vring_fd(Req::SetVringKick, i, Some(kick.raw()))
-            .map_err(vu)?;
-        fe.vring_fd(Req::SetVringCall, i, call.as_ref().map(EventFd::raw))
-            .map_err(vu)?;
+        fe.vring_fd(Req::SetVringKick, i, kick.raw()).map_err(vu)?;
+        fe.vring_fd(Req::SetVringCall, i, call.raw()).map_err(vu)?;
         fe.vring_state(Req::SetVringEnable, i, 1).map_err(vu)?;
         c.next_queue += 1;
         let sock: OwnedFd = fe
@@ -351,10 +354,10 @@ impl Driver for VhostUserDriver {
             .try_clone()
             .map_err(|e| Error::new(e.raw_os_error().unwrap_or(libc::EIO), "dup of the socket"))?
             .into();
-        let call_raw = call.as_ref().map(EventFd::raw);
-        let core = match call {
-            Some(efd) => QueueCore::with_eventfd(efd, false),
-            None => QueueCore::new(true)?,
+        let (call_raw, spare, core) = if poll {
+            (None, Some(call), QueueCore::new(true)?)
+        } else {
+            (Some(call.raw()), None, QueueCore::with_eventfd(call, false))
         };
         let f = c.features;
         let caps = Caps {
@@ -366,7 +369,14 @@ impl Driver for VhostUserDriver {
         };
         Ok(Box::new(VuQueue {
             core,
-            ring: Ring::new(shm, lay, kick, call_raw, sock),
+            ring: Ring::new(
+                shm,
+                lay,
+                kick,
+                (call_raw, spare),
+                sock,
+                f & F_EVENT_IDX != 0,
+            ),
             caps,
             regions: self.regions.clone(),
         }))

@@ -40,8 +40,6 @@ pub(crate) const PF_CONFIGURE_MEM_SLOTS: u64 = 1 << 15;
 const VERSION: u32 = 0x1;
 const FLAG_REPLY: u32 = 0x4;
 const FLAG_NEED_REPLY: u32 = 0x8;
-/// `VHOST_USER_VRING_NOFD_MASK`: a kick/call message without a descriptor (polling).
-const VRING_NOFD: u64 = 1 << 8;
 /// The longest reply we accept (a config space is the largest one we ask for).
 const MAX_REPLY: u32 = 4096;
 /// How long a backend may take to answer one message before the connection is given up.
@@ -212,17 +210,9 @@ impl Frontend {
         self.call(Req::SetVringAddr, &p, &[])
     }
 
-    /// `SET_VRING_KICK` / `SET_VRING_CALL` with an eventfd, or none (a poll queue's call).
-    pub(crate) fn vring_fd(
-        &mut self,
-        req: Req,
-        index: u32,
-        fd: Option<RawFd>,
-    ) -> Result<(), VuError> {
-        match fd {
-            Some(fd) => self.call(req, &u64::from(index).to_le_bytes(), &[fd]),
-            None => self.call(req, &(u64::from(index) | VRING_NOFD).to_le_bytes(), &[]),
-        }
+    /// `SET_VRING_KICK` / `SET_VRING_CALL` with an eventfd.
+    pub(crate) fn vring_fd(&mut self, req: Req, index: u32, fd: RawFd) -> Result<(), VuError> {
+        self.call(req, &u64::from(index).to_le_bytes(), &[fd])
     }
 
     /// `ADD_MEM_REG` / `REM_MEM_REG` of one fd-backed region, at its process address (guest

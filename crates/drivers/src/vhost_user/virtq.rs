@@ -106,10 +106,20 @@ pub(crate) struct Ring {
     kick: EventFd,
     /// The call eventfd (owned by the queue's [`QueueCore`]); `None` on a poll queue.
     call: Option<RawFd>,
+    /// A poll queue's call eventfd, given to the backend and never read.
+    _spare_call: Option<EventFd>,
     /// A duplicate of the control socket: a hang-up means the backend is gone.
     sock: OwnedFd,
     dead: Option<&'static CStr>,
     notify: bool,
+    /// `VIRTIO_RING_F_EVENT_IDX` negotiated: kicks and interrupts are suppressed through the
+    /// rings' event indexes instead of their flags.
+    event_idx: bool,
+}
+
+/// Whether moving an index from `old` to `new` passes `event` (virtio 1.x §2.7.10).
+fn need_event(event: u16, new: u16, old: u16) -> bool {
+    new.wrapping_sub(event).wrapping_sub(1) < new.wrapping_sub(old)
 }
 
 impl Ring {
@@ -117,10 +127,13 @@ impl Ring {
         shm: Shm,
         lay: Layout,
         kick: EventFd,
-        call: Option<RawFd>,
+        (call, _spare_call): (Option<RawFd>, Option<EventFd>),
         sock: OwnedFd,
+        event_idx: bool,
     ) -> Ring {
         let r = Ring {
+            _spare_call,
+            event_idx,
             free: (0..lay.n as u16).rev().collect(),
             slots: (0..lay.n).map(|_| None).collect(),
             shm,
@@ -141,12 +154,25 @@ impl Ring {
     }
 
     fn set_interrupts(&self, on: bool) {
-        let f = if on { 0 } else { AVAIL_F_NO_INTERRUPT };
-        self.shm.store_u16(self.lay.avail, f, Ordering::Relaxed);
+        if self.event_idx {
+            // `used_event`: interrupt once the used index passes it. Off: one behind, so it
+            // fires only after a full wrap of the index (harmless).
+            let ev = if on {
+                self.last_used
+            } else {
+                self.last_used.wrapping_sub(1)
+            };
+            self.shm
+                .store_u16(self.lay.avail + 4 + 2 * self.lay.n, ev, Ordering::Relaxed);
+        } else {
+            let f = if on { 0 } else { AVAIL_F_NO_INTERRUPT };
+            self.shm.store_u16(self.lay.avail, f, Ordering::Relaxed);
+        }
     }
 
     /// Put as many pending requests on the ring as there are descriptors for; kick if any.
     fn push_pending(&mut self) {
+        let old = self.avail_idx;
         let mut added = false;
         while let Some(p) = self.pending.front() {
             let need = p.segs.len() + if p.range.is_some() { 3 } else { 2 };
@@ -164,7 +190,15 @@ impl Ring {
             self.shm
                 .store_u16(self.lay.avail + 2, self.avail_idx, Ordering::Release);
             fence(Ordering::SeqCst);
-            if self.shm.load_u16(self.lay.used, Ordering::Relaxed) & USED_F_NO_NOTIFY == 0 {
+            let kick = if self.event_idx {
+                let ev = self
+                    .shm
+                    .load_u16(self.lay.used + 4 + 8 * self.lay.n, Ordering::Relaxed);
+                need_event(ev, self.avail_idx, old)
+            } else {
+                self.shm.load_u16(self.lay.used, Ordering::Relaxed) & USED_F_NO_NOTIFY == 0
+            };
+            if kick {
                 self.kick.signal();
             }
         }
@@ -217,6 +251,26 @@ impl Ring {
 
     /// Move finished requests from the used ring to `ready`.
     fn collect(&mut self) {
+        self.collect_armed(self.notify);
+    }
+
+    /// [`Ring::collect`]; with `arm`, leave interrupts armed past the last entry seen, checking
+    /// the used index again after arming so that no completion slips in between unsignalled.
+    fn collect_armed(&mut self, arm: bool) {
+        loop {
+            self.drain_used();
+            if self.dead.is_some() || !arm {
+                return;
+            }
+            self.set_interrupts(true);
+            fence(Ordering::SeqCst);
+            if self.shm.load_u16(self.lay.used + 2, Ordering::Acquire) == self.last_used {
+                return;
+            }
+        }
+    }
+
+    fn drain_used(&mut self) {
         let idx = self.shm.load_u16(self.lay.used + 2, Ordering::Acquire);
         let mut resubmit = false;
         while self.last_used != idx {
@@ -313,9 +367,7 @@ impl Ring {
                     std::hint::spin_loop();
                 }
                 Some(call) => {
-                    self.set_interrupts(true);
-                    fence(Ordering::SeqCst);
-                    self.collect();
+                    self.collect_armed(true);
                     if self.ready.len() >= want || self.dead.is_some() {
                         self.set_interrupts(self.notify);
                         return Ok(());

@@ -582,3 +582,35 @@ fn run_one_reaped(q: &mut dyn Queue) -> Completion {
     assert_eq!(q.do_io(&mut c, 1, Some(&mut t), None).unwrap(), 1);
     c[0]
 }
+
+#[test]
+fn more_iovecs_than_max_segments_are_refused() {
+    let dir = TempDir::new("segs");
+    let d = Daemon::start(&dir.0, 1, true);
+    let mut b = connect(d.path());
+    let max = b.get_int("max-segments").unwrap() as usize;
+    assert_eq!(max, 126, "qemu-storage-daemon 7.2's seg_max");
+    b.start().unwrap();
+    let r = b.alloc_mem_region((max + 1) * 512).unwrap();
+    b.map_mem_region(&r).unwrap();
+    let iov: Vec<libc::iovec> = (0..=max)
+        .map(|i| libc::iovec {
+            // SAFETY: inside the region.
+            iov_base: unsafe { r.addr.add(i * 512) }.cast(),
+            iov_len: 512,
+        })
+        .collect();
+    let q = b.queue(0, false).unwrap();
+    for (n, want) in [(max, 0), (max + 1, -libc::EINVAL)] {
+        let req = Request::new(
+            Op::Readv {
+                offset: 0,
+                iov: iov.as_ptr(),
+                iovcnt: n as i32,
+            },
+            n,
+            ReqFlags::NONE,
+        );
+        assert_eq!(run_one(&mut **q, req).ret, want, "{n} iovecs");
+    }
+}

@@ -73,6 +73,8 @@ struct Conn {
     features: u64,
     capacity: u64,
     max_queues: usize,
+    /// `max-segments`: the device's `seg_max` (1 without SEG_MAX).
+    seg_max: usize,
     started: bool,
     next_queue: usize,
 }
@@ -295,6 +297,7 @@ impl Driver for VhostUserDriver {
             features,
             capacity: capacity.saturating_mul(512),
             max_queues: num_queues.min(vq_num) as usize,
+            seg_max: seg_max as usize,
             started: false,
             next_queue: 0,
         });
@@ -365,7 +368,7 @@ impl Driver for VhostUserDriver {
             flush: f & F_FLUSH != 0,
             discard: f & F_DISCARD != 0,
             write_zeroes: f & F_WRITE_ZEROES != 0,
-            max_segments: if f & F_SEG_MAX != 0 { usize::MAX } else { 1 },
+            max_segments: c.seg_max,
         };
         Ok(Box::new(VuQueue {
             core,

@@ -614,3 +614,27 @@ fn more_iovecs_than_max_segments_are_refused() {
         assert_eq!(run_one(&mut **q, req).ret, want, "{n} iovecs");
     }
 }
+
+#[test]
+fn a_poll_queue_notices_a_dead_backend_too() {
+    let dir = TempDir::new("killpoll");
+    let mut d = Daemon::start(&dir.0, 2, true);
+    let mut b = connect(d.path());
+    b.set_int("num-queues", 0).unwrap();
+    b.set_int("num-poll-queues", 1).unwrap();
+    b.start().unwrap();
+    let r = b.alloc_mem_region(65536).unwrap();
+    b.map_mem_region(&r).unwrap();
+    let q = b.queue(0, true).unwrap();
+    assert_eq!(
+        run_one(&mut **q, rw(false, 0, r.addr, 4096, ReqFlags::NONE)).ret,
+        0
+    );
+    d.stop();
+    let c = run_one(&mut **q, rw(false, 0, r.addr, 4096, ReqFlags::NONE));
+    assert_eq!(c.ret, -libc::EIO);
+    assert_eq!(
+        c.error_msg().unwrap().to_str().unwrap(),
+        "vhost-user backend disconnected"
+    );
+}

@@ -658,8 +658,8 @@ fn a_poll_queue_notices_a_dead_backend_too() {
 }
 
 /// A device with `reconnect` on, started with two queues, a 1 MiB region holding a pattern,
-/// and 32 writes of 16 KiB per queue sent to a frozen daemon (so all of them are on the rings),
-/// which is then killed.
+/// three reads per queue (the ring indexes move), and 32 writes of 16 KiB per queue sent to a
+/// frozen daemon (so all of them are on the rings), which is then killed.
 fn writes_in_flight_when_the_backend_dies(d: &mut Daemon) -> (Blkio, MemRegion, Vec<u8>) {
     let mut b = Blkio::new(Box::new(VhostUserDriver::new()));
     b.set_str("path", d.path()).unwrap();
@@ -673,6 +673,16 @@ fn writes_in_flight_when_the_backend_dies(d: &mut Daemon) -> (Blkio, MemRegion, 
     // SAFETY: fresh region, no I/O yet.
     let s = unsafe { r.as_mut_slice() };
     s[..1 << 20].copy_from_slice(&data);
+    // Some I/O first, so that the ring indexes are not at zero when the backend dies.
+    for qi in 0..2 {
+        let q = b.queue(qi, false).unwrap();
+        for _ in 0..3 {
+            // SAFETY: inside the region, which outlives the request.
+            let p = unsafe { r.addr.add(1 << 20) };
+            let c = run_one(&mut **q, rw(false, 0, p, 4096, ReqFlags::NONE));
+            assert_eq!(c.ret, 0);
+        }
+    }
     d.freeze();
     for qi in 0..2 {
         let q = b.queue(qi, false).unwrap();
@@ -762,4 +772,39 @@ fn with_reconnect_and_no_restart_requests_fail_with_eio_after_the_limit() {
         let c = run_one(&mut **q, rw(false, 0, r.addr, 4096, ReqFlags::NONE));
         assert_eq!(c.ret, -libc::EIO);
     }
+}
+
+#[test]
+fn with_reconnect_a_poll_queue_reconnects_too() {
+    let dir = TempDir::new("pollreconnect");
+    let mut d = Daemon::start(&dir.0, 2, true);
+    let mut b = Blkio::new(Box::new(VhostUserDriver::new()));
+    b.set_str("path", d.path()).unwrap();
+    b.set_bool("reconnect", true).unwrap();
+    b.connect().unwrap();
+    b.set_int("num-queues", 0).unwrap();
+    b.set_int("num-poll-queues", 1).unwrap();
+    b.start().unwrap();
+    let r = b.alloc_mem_region(1 << 20).unwrap();
+    b.map_mem_region(&r).unwrap();
+    let data = pattern(65536, 77);
+    // SAFETY: fresh region, no I/O yet.
+    let s = unsafe { r.as_mut_slice() };
+    s[..65536].copy_from_slice(&data);
+    d.stop();
+    std::fs::remove_file(&d.sock).unwrap();
+    let mut d2 = Daemon::start(&dir.0, 2, true);
+    let q = b.queue(0, true).unwrap();
+    let c = run_one(&mut **q, rw(true, 4 << 20, r.addr, 65536, ReqFlags::NONE));
+    assert_eq!(c.ret, 0, "{:?}", c.error_msg());
+    // SAFETY: inside the region.
+    let p = unsafe { r.addr.add(65536) };
+    let c = run_one(&mut **q, rw(false, 4 << 20, p, 65536, ReqFlags::NONE));
+    assert_eq!(c.ret, 0);
+    // SAFETY: no request in flight.
+    assert!(unsafe { r.as_mut_slice() }[65536..131072] == data[..]);
+    drop(b);
+    d2.stop();
+    let got = std::fs::read(&d2.img).unwrap();
+    assert!(got[4 << 20..(4 << 20) + 65536] == data[..], "file differs");
 }

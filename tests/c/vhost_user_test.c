@@ -86,6 +86,12 @@ int main(int argc, char **argv)
     };
     for (size_t i = 0; i < sizeof(created) / sizeof(created[0]); i++)
         prop(b, "created", created[i][0], created[i][1]);
+    bool rc_on = true;
+    FIX("reconnect exists, off by default, settable when created",
+        blkio_get_bool(b, "reconnect", &rc_on) == 0 && !rc_on &&
+        blkio_set_bool(b, "reconnect", true) == 0 &&
+        blkio_get_bool(b, "reconnect", &rc_on) == 0 && rc_on &&
+        blkio_set_bool(b, "reconnect", false) == 0);
     ERR("set fd in created state", blkio_set_int(b, "fd", 5), ENOENT, "fd property not supported");
     ERR("queue-size before connect", blkio_set_int(b, "queue-size", 64), ENODEV,
         "Device must be connected");

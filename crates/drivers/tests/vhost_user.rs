@@ -81,6 +81,16 @@ impl Daemon {
     fn path(&self) -> &str {
         self.sock.to_str().unwrap()
     }
+    /// Stop (SIGSTOP) the daemon: requests sent now stay on the rings, unserved.
+    fn freeze(&self) {
+        let pid = self.child.as_ref().unwrap().id();
+        let st = Command::new("kill")
+            .arg("-STOP")
+            .arg(pid.to_string())
+            .status()
+            .unwrap();
+        assert!(st.success());
+    }
     /// Kill the daemon and wait for it; the file is then final.
     fn stop(&mut self) {
         if let Some(mut c) = self.child.take() {
@@ -158,6 +168,7 @@ fn properties_follow_libblkio_in_every_state() {
         ("can-add-queues", "false"),
         ("queue-size", "256"),
         ("max-queue-size", "32768"),
+        ("reconnect", "false"),
     ];
     for (p, v) in created {
         assert_eq!(b.get_str(p).unwrap(), v, "{p} when created");
@@ -177,8 +188,15 @@ fn properties_follow_libblkio_in_every_state() {
         (e.errno, &*e.msg),
         (libc::EINVAL, "One of path and fd must be set")
     );
+    b.set_bool("reconnect", true).unwrap();
+    assert!(b.get_bool("reconnect").unwrap());
     b.set_str("path", d.path()).unwrap();
     b.connect().unwrap();
+    assert!(b.get_bool("reconnect").unwrap());
+    assert_eq!(
+        b.set_bool("reconnect", false).unwrap_err().errno,
+        libc::EBUSY
+    );
     let connected = [
         ("capacity", "67108864"),
         ("max-queues", "2"),
@@ -637,4 +655,156 @@ fn a_poll_queue_notices_a_dead_backend_too() {
         c.error_msg().unwrap().to_str().unwrap(),
         "vhost-user backend disconnected"
     );
+}
+
+/// A device with `reconnect` on, started with two queues, a 1 MiB region holding a pattern,
+/// three reads per queue (the ring indexes move), and 32 writes of 16 KiB per queue sent to a
+/// frozen daemon (so all of them are on the rings), which is then killed.
+fn writes_in_flight_when_the_backend_dies(d: &mut Daemon) -> (Blkio, MemRegion, Vec<u8>) {
+    let mut b = Blkio::new(Box::new(VhostUserDriver::new()));
+    b.set_str("path", d.path()).unwrap();
+    b.set_bool("reconnect", true).unwrap();
+    b.connect().unwrap();
+    b.set_int("num-queues", 2).unwrap();
+    b.start().unwrap();
+    let r = b.alloc_mem_region(2 << 20).unwrap();
+    b.map_mem_region(&r).unwrap();
+    let data = pattern(1 << 20, 5);
+    // SAFETY: fresh region, no I/O yet.
+    let s = unsafe { r.as_mut_slice() };
+    s[..1 << 20].copy_from_slice(&data);
+    // Some I/O first, so that the ring indexes are not at zero when the backend dies.
+    for qi in 0..2 {
+        let q = b.queue(qi, false).unwrap();
+        for _ in 0..3 {
+            // SAFETY: inside the region, which outlives the request.
+            let p = unsafe { r.addr.add(1 << 20) };
+            let c = run_one(&mut **q, rw(false, 0, p, 4096, ReqFlags::NONE));
+            assert_eq!(c.ret, 0);
+        }
+    }
+    d.freeze();
+    for qi in 0..2 {
+        let q = b.queue(qi, false).unwrap();
+        for i in 0..32usize {
+            let off = (qi * 32 + i) * 16384;
+            // SAFETY: inside the region, which outlives the requests.
+            let p = unsafe { r.addr.add(off) };
+            // SAFETY: the region outlives every completion (reaped by the callers).
+            unsafe { q.enqueue(rw(true, off as u64, p, 16384, ReqFlags::NONE)) };
+        }
+        let mut c = [Completion::default()];
+        assert_eq!(
+            q.do_io(&mut c, 0, None, None).unwrap(),
+            0,
+            "daemon is frozen"
+        );
+        assert_eq!(q.outstanding(), 32);
+    }
+    d.stop();
+    (b, r, data)
+}
+
+/// Reap `n` completions of `q`, however long reconnecting takes (at most its 10 s limit).
+fn reap_all(q: &mut dyn Queue, n: usize) -> Vec<Completion> {
+    let mut all = Vec::new();
+    let mut c = vec![Completion::default(); n];
+    while all.len() < n {
+        let mut t = Duration::from_secs(60);
+        let k = q
+            .do_io(&mut c, 1, Some(&mut t), None)
+            .expect("do_io must not time out");
+        all.extend_from_slice(&c[..k]);
+    }
+    all
+}
+
+#[test]
+fn with_reconnect_a_restarted_backend_gets_the_requests_in_flight_again() {
+    let dir = TempDir::new("reconnect");
+    let mut d = Daemon::start(&dir.0, 2, true);
+    let (mut b, r, data) = writes_in_flight_when_the_backend_dies(&mut d);
+    // A new daemon on the same socket path and image file.
+    std::fs::remove_file(&d.sock).unwrap();
+    let mut d2 = Daemon::start(&dir.0, 2, true);
+    for qi in 0..2 {
+        let q = b.queue(qi, false).unwrap();
+        for c in reap_all(&mut **q, 32) {
+            assert_eq!(c.ret, 0, "queue {qi}: {:?}", c.error_msg());
+        }
+    }
+    // Later requests on both queues: read everything back into the region's second half.
+    for qi in 0..2 {
+        let q = b.queue(qi, false).unwrap();
+        let off = qi * (512 << 10);
+        // SAFETY: inside the region, which outlives the request.
+        let p = unsafe { r.addr.add((1 << 20) + off) };
+        let c = run_one(
+            &mut **q,
+            rw(false, off as u64, p, 512 << 10, ReqFlags::NONE),
+        );
+        assert_eq!(c.ret, 0);
+    }
+    // SAFETY: no request in flight any more.
+    let back = unsafe { r.as_mut_slice() }[1 << 20..].to_vec();
+    assert!(back == data, "data read after the reconnect differs");
+    drop(b);
+    d2.stop();
+    let got = std::fs::read(&d2.img).unwrap();
+    assert!(got[..1 << 20] == data[..], "file differs");
+    assert!(got[1 << 20..].iter().all(|&x| x == 0), "beyond the writes");
+}
+
+#[test]
+fn with_reconnect_and_no_restart_requests_fail_with_eio_after_the_limit() {
+    let dir = TempDir::new("noreconnect");
+    let mut d = Daemon::start(&dir.0, 2, true);
+    let (mut b, r, _) = writes_in_flight_when_the_backend_dies(&mut d);
+    std::fs::remove_file(&d.sock).unwrap();
+    let msg = "vhost-user backend disconnected and reconnecting failed";
+    for qi in 0..2 {
+        let q = b.queue(qi, false).unwrap();
+        for c in reap_all(&mut **q, 32) {
+            assert_eq!(c.ret, -libc::EIO);
+            assert_eq!(c.error_msg().unwrap().to_str().unwrap(), msg);
+        }
+        // Later requests fail at once.
+        let c = run_one(&mut **q, rw(false, 0, r.addr, 4096, ReqFlags::NONE));
+        assert_eq!(c.ret, -libc::EIO);
+    }
+}
+
+#[test]
+fn with_reconnect_a_poll_queue_reconnects_too() {
+    let dir = TempDir::new("pollreconnect");
+    let mut d = Daemon::start(&dir.0, 2, true);
+    let mut b = Blkio::new(Box::new(VhostUserDriver::new()));
+    b.set_str("path", d.path()).unwrap();
+    b.set_bool("reconnect", true).unwrap();
+    b.connect().unwrap();
+    b.set_int("num-queues", 0).unwrap();
+    b.set_int("num-poll-queues", 1).unwrap();
+    b.start().unwrap();
+    let r = b.alloc_mem_region(1 << 20).unwrap();
+    b.map_mem_region(&r).unwrap();
+    let data = pattern(65536, 77);
+    // SAFETY: fresh region, no I/O yet.
+    let s = unsafe { r.as_mut_slice() };
+    s[..65536].copy_from_slice(&data);
+    d.stop();
+    std::fs::remove_file(&d.sock).unwrap();
+    let mut d2 = Daemon::start(&dir.0, 2, true);
+    let q = b.queue(0, true).unwrap();
+    let c = run_one(&mut **q, rw(true, 4 << 20, r.addr, 65536, ReqFlags::NONE));
+    assert_eq!(c.ret, 0, "{:?}", c.error_msg());
+    // SAFETY: inside the region.
+    let p = unsafe { r.addr.add(65536) };
+    let c = run_one(&mut **q, rw(false, 4 << 20, p, 65536, ReqFlags::NONE));
+    assert_eq!(c.ret, 0);
+    // SAFETY: no request in flight.
+    assert!(unsafe { r.as_mut_slice() }[65536..131072] == data[..]);
+    drop(b);
+    d2.stop();
+    let got = std::fs::read(&d2.img).unwrap();
+    assert!(got[4 << 20..(4 << 20) + 65536] == data[..], "file differs");
 }

@@ -11,12 +11,15 @@
 //! Beyond libblkio: a buffer outside every mapped region fails with `EFAULT` at enqueue (the
 //! backend would otherwise stop serving the device), a length that is not a multiple of 512
 //! fails with `EINVAL` (libblkio hands it to the device, which answers `EIO`), and a backend
-//! that hangs up fails pending and later requests with `EIO` instead of hanging.
+//! that hangs up fails pending and later requests with `EIO` instead of hanging — or, with the
+//! `reconnect` property, is connected to again and gets the requests in flight again (`link`).
 
+mod link;
 mod proto;
 mod sys;
 mod virtq;
 
+use link::{Link, Shared, Vring};
 use proto::{Frontend, Req, VuError};
 use snapblk_core::sys::EventFd;
 use snapblk_core::{
@@ -34,6 +37,7 @@ const PROPS: &[PropSpec] = &[
     PropSpec::new("fd", PropType::Int, Access::RwCreated, false),
     PropSpec::new("queue-size", PropType::Int, Access::RwConnected, false),
     PropSpec::new("max-queue-size", PropType::Int, Access::ReadOnly, false),
+    PropSpec::new("reconnect", PropType::Bool, Access::RwCreated, false),
 ];
 
 const MAX_QUEUE_SIZE: i32 = 32768;
@@ -69,7 +73,7 @@ const CONFIG_LEN: u32 = 60;
 /// The connection and what was negotiated.
 #[derive(Debug)]
 struct Conn {
-    fe: Frontend,
+    link: Shared,
     features: u64,
     capacity: u64,
     max_queues: usize,
@@ -85,6 +89,7 @@ pub struct VhostUserDriver {
     path: String,
     queue_size: i32,
     read_only: bool,
+    reconnect: bool,
     conn: Option<Conn>,
     regions: Regions,
 }
@@ -96,6 +101,7 @@ impl VhostUserDriver {
             path: String::new(),
             queue_size: 256,
             read_only: false,
+            reconnect: false,
             conn: None,
             regions: Regions::default(),
         }
@@ -166,12 +172,14 @@ impl Driver for VhostUserDriver {
             "fd" => PropValue::Int(-1),
             "queue-size" => PropValue::Int(self.queue_size),
             "max-queue-size" => PropValue::Int(MAX_QUEUE_SIZE),
+            "reconnect" => PropValue::Bool(self.reconnect),
             _ => return Err(Error::new(libc::ENOENT, "Unknown property name")),
         })
     }
     fn set_prop(&mut self, name: &str, value: PropValue, _: State) -> Result<()> {
         match (name, value) {
             ("path", PropValue::Str(s)) => self.path = s,
+            ("reconnect", PropValue::Bool(b)) => self.reconnect = b,
             // As libblkio 1.5: only vhost-vdpa takes an fd. QEMU probes the property, and
             // falls back to `path` when setting it fails.
             ("fd", _) => return Err(Error::new(libc::ENOENT, "fd property not supported")),
@@ -213,8 +221,8 @@ impl Driver for VhostUserDriver {
                 "Backend lacks a protocol feature snapblk needs (REPLY_ACK, CONFIG, CONFIGURE_MEM_SLOTS)",
             )));
         }
-        fe.set_u64(Req::SetProtocolFeatures, pf & (need | proto::PF_MQ))
-            .map_err(vu)?;
+        let protocol = pf & (need | proto::PF_MQ);
+        fe.set_u64(Req::SetProtocolFeatures, protocol).map_err(vu)?;
         fe.set_reply_ack(true);
         let vq_num = if pf & proto::PF_MQ != 0 {
             fe.get_u64(Req::GetQueueNum).map_err(vu)?
@@ -293,7 +301,7 @@ impl Driver for VhostUserDriver {
         };
         self.read_only = read_only;
         self.conn = Some(Conn {
-            fe,
+            link: Link::new(fe, &self.path, protocol),
             features,
             capacity: capacity.saturating_mul(512),
             max_queues: num_queues.min(vq_num) as usize,
@@ -320,7 +328,8 @@ impl Driver for VhostUserDriver {
             if c.features & F_RO != 0 && !self.read_only {
                 return Err(Error::new(libc::EROFS, "Device is read-only"));
             }
-            c.fe.set_u64(Req::SetFeatures, c.features | proto::F_PROTOCOL_FEATURES)
+            link::lock(&c.link)
+                .set_features(c.features | proto::F_PROTOCOL_FEATURES)
                 .map_err(vu)?;
             c.started = true;
         }
@@ -333,30 +342,31 @@ impl Driver for VhostUserDriver {
         }
         let lay = Layout::new(self.queue_size as usize);
         let shm = sys::Shm::new(c"virtio-ring", lay.size)?;
-        c.fe.mem_reg(Req::AddMemReg, shm.addr(), shm.len() as u64, shm.fd(), 0)
+        let mut l = link::lock(&c.link);
+        l.add_region(shm.addr(), shm.len() as u64, shm.fd(), 0)
             .map_err(vu)?;
-        let i = index as u32;
         let kick = EventFd::new()?;
         // Poll queues get a call eventfd too, which nobody reads: libvhost-user (QEMU 7.2) stops
         // serving the device when it must notify a vring without one, and with EVENT_IDX it
         // notifies at least once.
         let call = EventFd::new()?;
-        let fe = &mut c.fe;
-        fe.vring_state(Req::SetVringNum, i, lay.n as u32)
-            .map_err(vu)?;
-        fe.vring_state(Req::SetVringBase, i, 0).map_err(vu)?;
         let base = shm.addr();
-        fe.vring_addr(i, base, base + lay.used as u64, base + lay.avail as u64)
-            .map_err(vu)?;
-        fe.vring_fd(Req::SetVringKick, i, kick.raw()).map_err(vu)?;
-        fe.vring_fd(Req::SetVringCall, i, call.raw()).map_err(vu)?;
-        fe.vring_state(Req::SetVringEnable, i, 1).map_err(vu)?;
+        let vring = Vring {
+            index: index as u32,
+            num: lay.n as u32,
+            desc: base,
+            used: base + lay.used as u64,
+            avail: base + lay.avail as u64,
+            kick: kick.raw(),
+            call: call.raw(),
+        };
+        l.setup_vring(vring).map_err(vu)?;
         c.next_queue += 1;
-        let sock: OwnedFd = fe
-            .sock()
-            .try_clone()
-            .map_err(|e| Error::new(e.raw_os_error().unwrap_or(libc::EIO), "dup of the socket"))?
-            .into();
+        let sock: OwnedFd = l
+            .sock_dup()
+            .map_err(|e| Error::new(e.raw_os_error().unwrap_or(libc::EIO), "dup of the socket"))?;
+        let epoch = l.epoch();
+        drop(l);
         let (call_raw, spare, core) = if poll {
             (None, Some(call), QueueCore::new(true)?)
         } else {
@@ -379,7 +389,8 @@ impl Driver for VhostUserDriver {
                 (call_raw, spare),
                 sock,
                 f & F_EVENT_IDX != 0,
-            ),
+            )
+            .with_link(vring, epoch, c.link.clone(), self.reconnect),
             caps,
             regions: self.regions.clone(),
         }))
@@ -392,14 +403,9 @@ impl Driver for VhostUserDriver {
             return Err(Error::new(libc::ENODEV, "Device must be connected"));
         };
         let addr = region.addr as u64;
-        c.fe.mem_reg(
-            Req::AddMemReg,
-            addr,
-            region.len as u64,
-            region.fd,
-            region.fd_offset as u64,
-        )
-        .map_err(vu)?;
+        link::lock(&c.link)
+            .add_region(addr, region.len as u64, region.fd, region.fd_offset as u64)
+            .map_err(vu)?;
         let start = region.addr as usize;
         self.regions
             .write()
@@ -414,9 +420,7 @@ impl Driver for VhostUserDriver {
             .unwrap_or_else(|e| e.into_inner())
             .retain(|&r| r != (start, start + region.len));
         if let Some(c) = self.conn.as_mut() {
-            // A backend that is gone has nothing left to unmap.
-            let _ = c.fe.mem_reg(
-                Req::RemMemReg,
+            link::lock(&c.link).remove_region(
                 region.addr as u64,
                 region.len as u64,
                 region.fd,

@@ -203,3 +203,11 @@ pub(crate) fn read_eventfd(fd: RawFd) {
     // SAFETY: reads 8 bytes into a live u64; `fd` is an eventfd the queue owns.
     unsafe { libc::read(fd, (&mut v as *mut u64).cast(), 8) };
 }
+
+/// A duplicate (close-on-exec) of `fd`, kept by the reconnect code to send again later.
+pub(crate) fn dup_fd(fd: RawFd) -> std::io::Result<OwnedFd> {
+    // SAFETY: `fd` is open for the length of this call (a caller's memory-region fd, a ring
+    // memfd or the control socket); the duplicate is a new descriptor owned by the result.
+    let b = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
+    b.try_clone_to_owned()
+}

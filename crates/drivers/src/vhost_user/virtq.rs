@@ -8,6 +8,7 @@
 //! A request's descriptors are its header, its data buffers (the caller's, inside mapped
 //! regions) or its segment, and its status byte.
 
+use super::link::{self, Shared, Vring};
 use super::sys::{Shm, ppoll, read_eventfd};
 use snapblk_core::sys::EventFd;
 use snapblk_core::{Completion, Engine, Error, Op, Queue, QueueCore, ReqFlags, Request, Result};
@@ -92,8 +93,19 @@ struct InFlight {
     descs: Vec<u16>,
 }
 
+/// What a queue needs to set its vring up again on a new connection.
+struct Relink {
+    shared: Shared,
+    vring: Vring,
+    /// The generation of the connection the vring was last set up on.
+    epoch: u64,
+    /// The `reconnect` property.
+    on: bool,
+}
+
 /// The ring and its requests: the [`Engine`] of a queue.
 pub(crate) struct Ring {
+    relink: Option<Relink>,
     shm: Shm,
     lay: Layout,
     free: Vec<u16>,
@@ -132,6 +144,7 @@ impl Ring {
         event_idx: bool,
     ) -> Ring {
         let r = Ring {
+            relink: None,
             _spare_call,
             event_idx,
             free: (0..lay.n as u16).rev().collect(),
@@ -151,6 +164,77 @@ impl Ring {
         };
         r.set_interrupts(false);
         r
+    }
+
+    /// Attach the control link: with `on`, a hang-up reconnects instead of failing requests.
+    pub(crate) fn with_link(mut self, vring: Vring, epoch: u64, shared: Shared, on: bool) -> Ring {
+        self.relink = Some(Relink {
+            shared,
+            vring,
+            epoch,
+            on,
+        });
+        self
+    }
+
+    /// The backend hung up. Without `reconnect`, fail every request; with it, get a new
+    /// connection (see [`link`]), set the vring up again from index 0 and put the requests
+    /// that were on the ring back in front of the pending ones, to be sent again.
+    fn revive(&mut self) {
+        let Some(rl) = self.relink.as_ref().filter(|r| r.on) else {
+            return self.fail_all(c"vhost-user backend disconnected");
+        };
+        let (shared, vring, mut seen) = (rl.shared.clone(), rl.vring, rl.epoch);
+        // What the old backend finished completes normally and is not sent again.
+        self.drain_used();
+        if self.dead.is_some() {
+            return;
+        }
+        let mut l = link::lock(&shared);
+        loop {
+            let Some(epoch) = l.renew(seen) else {
+                drop(l);
+                return self.fail_all(c"vhost-user backend disconnected and reconnecting failed");
+            };
+            self.reset();
+            if l.setup_vring(vring).is_ok()
+                && let Ok(sock) = l.sock_dup()
+            {
+                self.sock = sock;
+                if let Some(r) = self.relink.as_mut() {
+                    r.epoch = epoch;
+                }
+                break;
+            }
+            seen = epoch;
+        }
+        drop(l);
+        self.push_pending();
+    }
+
+    /// Empty the ring for a new backend: indexes and flags to zero, every descriptor free,
+    /// requests on the ring back to the front of `pending`.
+    fn reset(&mut self) {
+        let on_ring: Vec<Pending> = self
+            .slots
+            .iter_mut()
+            .filter_map(Option::take)
+            .map(|f| f.req)
+            .collect();
+        for p in on_ring.into_iter().rev() {
+            self.pending.push_front(p);
+        }
+        self.in_ring = 0;
+        self.free = (0..self.lay.n as u16).rev().collect();
+        self.avail_idx = 0;
+        self.last_used = 0;
+        let n = self.lay.n;
+        for o in (self.lay.avail..self.lay.avail + 6 + 2 * n)
+            .chain(self.lay.used..self.lay.used + 6 + 8 * n)
+        {
+            self.shm.store_u8(o, 0);
+        }
+        self.set_interrupts(self.notify);
     }
 
     fn set_interrupts(&self, on: bool) {
@@ -331,7 +415,7 @@ impl Ring {
 
     fn check_socket(&mut self, revents: i16) {
         if revents & (libc::POLLHUP | libc::POLLERR | libc::POLLRDHUP | libc::POLLIN) != 0 {
-            self.fail_all(c"vhost-user backend disconnected");
+            self.revive();
         }
     }
 
@@ -342,9 +426,10 @@ impl Ring {
         sigmask: Option<&libc::sigset_t>,
     ) -> Result<()> {
         let start = Instant::now();
-        let sock = (self.sock.as_raw_fd(), libc::POLLRDHUP);
         let mut spins = 0u32;
         loop {
+            // A new connection after a reconnect has a new socket.
+            let sock = (self.sock.as_raw_fd(), libc::POLLRDHUP);
             self.collect();
             if self.ready.len() >= want || self.dead.is_some() {
                 return Ok(());

@@ -94,6 +94,14 @@ pub enum OtaError {
     /// The manifest is not a valid `DeltaArchiveManifest`.
     #[error("decoding the manifest")]
     Manifest(#[source] prost::DecodeError),
+    /// A signature that `--key` asked to check does not verify (or is absent).
+    #[error("the {which} signature does not verify: {why}")]
+    NotAuthentic {
+        /// `payload` or `metadata`.
+        which: &'static str,
+        /// Why, in words (absent, no key, no signature matches, malformed blob).
+        why: String,
+    },
     /// The manifest's block size is unusable.
     #[error("block size {0} is not a power of two between 512 and 1 MiB")]
     BadBlockSize(u32),

@@ -50,8 +50,9 @@ fn genpkey_args(spec: &str) -> Vec<String> {
     }
 }
 
-/// Make key `name` in `dir` as `spec` says (see [`genpkey_args`]): `NAME.key`, `NAME.pub.pem`,
-/// `NAME.pub.der`, `NAME.crt.pem`, `NAME.crt.der`.
+/// Make key `name` in `dir` as `spec` says (`rsa:BITS`, `rsa-pss:BITS`, `ec:CURVE` such as
+/// `ec:P-256`, `ed25519`): `NAME.key`, `NAME.pub.pem`, `NAME.pub.der`, `NAME.crt.pem`,
+/// `NAME.crt.der`.
 pub fn key(dir: &Path, name: &str, spec: &str) -> Key {
     let p = |ext: &str| dir.join(format!("{name}.{ext}"));
     let k = Key {

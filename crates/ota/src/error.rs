@@ -462,6 +462,19 @@ pub enum OpError {
         /// Bytes in the data area.
         area: u64,
     },
+    /// The data blob ends past the start of the payload signature blob (update_engine reads
+    /// every blob before it; the payload signature covers only the bytes before it).
+    #[error(
+        "data blob at {offset}+{length} runs past the payload signature blob at {signatures_offset} of the data area"
+    )]
+    BlobPastSignature {
+        /// `data_offset`.
+        offset: u64,
+        /// `data_length`.
+        length: u64,
+        /// The manifest's `signatures_offset`.
+        signatures_offset: u64,
+    },
     /// The data blob's SHA-256 is not `data_sha256_hash`.
     #[error("data SHA-256 {found} does not match data_sha256_hash {expected}")]
     DataHash {

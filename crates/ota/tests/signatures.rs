@@ -332,6 +332,40 @@ fn truncated_or_malformed_blobs_are_refused() {
 }
 
 #[test]
+fn blobs_after_the_payload_signature_are_refused() {
+    // Every blob must lie before the payload signature blob, inside the bytes it signs (as
+    // update_engine reads them): a manifest naming the signature blob at the start of the
+    // data area leaves the blobs after it, and the plans refuse the first one.
+    let mut b = built();
+    b.manifest.signatures_offset = Some(0);
+    b.manifest.signatures_size = Some(10);
+    let p = Payload::from_bytes(b.to_bytes()).unwrap();
+    for e in [
+        p.plan_extract(None).map(|_| ()).unwrap_err(),
+        p.plan_apply(None, false).map(|_| ()).unwrap_err(),
+    ] {
+        assert_eq!(
+            snapblk_core::Chain(&e).to_string(),
+            "partition system, op 0: data blob at 0+".to_string()
+                + &b.manifest.partitions[0].operations[0]
+                    .data_length()
+                    .to_string()
+                + " runs past the payload signature blob at 0 of the data area"
+        );
+    }
+    // The last blob running 10 bytes into the signature blob: refused too.
+    b.manifest.signatures_offset = Some(b.data.len() as u64 - 10);
+    b.manifest.signatures_size = Some(10);
+    let p = Payload::from_bytes(b.to_bytes()).unwrap();
+    let e = p.plan_extract(None).map(|_| ()).unwrap_err();
+    assert!(e.to_string().starts_with("partition vendor, op "), "{e}");
+    // Blobs that end where the signature blob starts (the generator's layout) are fine.
+    let u = built().unsigned(&[256], false);
+    let p = Payload::from_bytes(u.bytes).unwrap();
+    p.plan_extract(None).unwrap();
+}
+
+#[test]
 fn unsupported_keys_are_refused_by_name() {
     let d = TempDir::new("ota-sig");
     let err = |p: &Path| VerifyKey::parse_all(&std::fs::read(p).unwrap()).unwrap_err();

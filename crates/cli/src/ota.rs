@@ -41,8 +41,9 @@ pub enum OtaCmd {
         #[arg(long)]
         verify_file_hash: bool,
         /// Check the payload's signatures (reads the whole payload) with this X.509 certificate or public key (PEM or
-        /// DER; RSA 2048 to 4096 bits or ECDSA P-256). Repeatable: a signature set passes when
-        /// one of its signatures verifies with one of the keys.
+        /// DER, or a zip of them such as otacerts.zip; RSA 2048 to 4096 bits or ECDSA P-256).
+        /// Repeatable: a signature set passes when one of its signatures verifies with one of
+        /// the keys.
         #[arg(long = "key", value_name = "FILE")]
         keys: Vec<PathBuf>,
         /// Print the summary as JSON.
@@ -61,8 +62,9 @@ pub enum OtaCmd {
         #[arg(long, value_delimiter = ',', value_name = "A,B")]
         partitions: Vec<String>,
         /// Refuse the payload unless its signatures verify with this X.509 certificate or public key (PEM or
-        /// DER; RSA 2048 to 4096 bits or ECDSA P-256). Repeatable: a signature set passes when
-        /// one of its signatures verifies with one of the keys.
+        /// DER, or a zip of them such as otacerts.zip; RSA 2048 to 4096 bits or ECDSA P-256).
+        /// Repeatable: a signature set passes when one of its signatures verifies with one of
+        /// the keys.
         #[arg(long = "key", value_name = "FILE")]
         keys: Vec<PathBuf>,
         /// Worker threads, 1..=256 (default: all cores).
@@ -89,8 +91,9 @@ pub enum OtaCmd {
         #[arg(long, value_delimiter = ',', value_name = "A,B")]
         partitions: Vec<String>,
         /// Refuse the payload unless its signatures verify with this X.509 certificate or public key (PEM or
-        /// DER; RSA 2048 to 4096 bits or ECDSA P-256). Repeatable: a signature set passes when
-        /// one of its signatures verifies with one of the keys.
+        /// DER, or a zip of them such as otacerts.zip; RSA 2048 to 4096 bits or ECDSA P-256).
+        /// Repeatable: a signature set passes when one of its signatures verifies with one of
+        /// the keys.
         #[arg(long = "key", value_name = "FILE")]
         keys: Vec<PathBuf>,
         /// Leave out the partitions this build cannot build (ZUCCHINI, LZ4DIFF or unknown

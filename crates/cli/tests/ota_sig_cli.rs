@@ -134,6 +134,23 @@ fn the_signed_aosp_sample_is_verified_or_refused() {
         err.trim(),
         "snapblk: the payload signature does not verify: none of its 1 signatures verifies with the keys given"
     );
+    // A zip of certificates (as otacerts.zip): the second entry's key verifies.
+    let zip = d.join("otacerts.zip");
+    tool_ok(
+        "zip",
+        &[
+            "-j",
+            "-q",
+            path_str(&zip),
+            path_str(&ec.cert_pem),
+            path_str(&rsa.cert_pem),
+        ],
+    );
+    let text = ok(&["ota", "info", s, "--key", path_str(&zip)]);
+    assert!(
+        text.contains(&format!("verified with {} (RSA-2048", path_str(&zip))),
+        "{text}"
+    );
     // --json: the statuses and the keys their indexes name; a mismatch is ok: false.
     let o = snapblk(&[
         "ota",

@@ -76,8 +76,9 @@ pub fn fuzz_payload(data: &[u8]) {
     }
 }
 
-/// Parse `data` as a key file (`--key`: PEM or DER, certificate or public key) and check a
-/// fixed digest against the input itself as a signature with every key found.
+/// Parse `data` as a key file (`--key`: PEM or DER, certificate or public key, or a zip of
+/// them) and check a fixed digest against the input itself as a signature with every key
+/// found.
 pub fn fuzz_keys(data: &[u8]) {
     if let Ok(keys) = crate::keys::VerifyKey::parse_all(data) {
         for k in keys {

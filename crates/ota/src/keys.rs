@@ -99,6 +99,30 @@ pub enum KeyError {
         /// Curve name, or its OID.
         curve: String,
     },
+    /// A zip (`otacerts.zip`) whose directory or an entry cannot be read.
+    #[error("reading the zip of certificates")]
+    Zip(#[source] zip::result::ZipError),
+    /// An entry of a zip of certificates is too large or cannot be read.
+    #[error("reading {name} from the zip of certificates")]
+    ZipRead {
+        /// Entry name.
+        name: String,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// An entry of a zip of certificates is not a usable key.
+    #[error("{name} in the zip of certificates")]
+    ZipEntry {
+        /// Entry name.
+        name: String,
+        /// What is wrong with it.
+        #[source]
+        source: Box<KeyError>,
+    },
+    /// A zip of certificates without any file.
+    #[error("the zip holds no certificate")]
+    EmptyZip,
     /// A key of another algorithm.
     #[error(
         "{algorithm} key: only RSA (PKCS#1 v1.5 signatures) and ECDSA P-256 keys are supported"
@@ -147,48 +171,15 @@ pub struct VerifyKey {
 
 impl VerifyKey {
     /// Every key in `bytes`: a PEM file (each `CERTIFICATE`, `PUBLIC KEY` and `RSA PUBLIC
-    /// KEY` block, in order; text between blocks is ignored) or one DER certificate or
-    /// `SubjectPublicKeyInfo`. A file with a private key, a key of another algorithm or curve,
-    /// or an RSA key outside 2048..=4096 bits is refused whole.
+    /// KEY` block, in order; text between blocks is ignored), one DER certificate or
+    /// `SubjectPublicKeyInfo`, or a zip of such files (Android's `otacerts.zip`: every file
+    /// entry, in the zip's order, each at most 1 MiB). A file with a private key, a key of
+    /// another algorithm or curve, or an RSA key outside 2048..=4096 bits is refused whole.
     pub fn parse_all(bytes: &[u8]) -> Result<Vec<VerifyKey>, KeyError> {
-        let text = std::str::from_utf8(bytes).ok();
-        let Some(blocks) = text.map(pem_blocks).filter(|b| !b.is_empty()) else {
-            return Ok(vec![from_der(bytes)?]);
-        };
-        let mut keys = Vec::new();
-        let mut labels = Vec::new();
-        for (i, block) in blocks.iter().enumerate() {
-            let index = i + 1;
-            let label = block_label(block);
-            if label.contains("PRIVATE KEY") {
-                return Err(KeyError::PrivateKey {
-                    index,
-                    label: label.into(),
-                });
-            }
-            if !matches!(label, "CERTIFICATE" | "PUBLIC KEY" | "RSA PUBLIC KEY") {
-                labels.push(label.to_string());
-                continue;
-            }
-            let (_, doc) =
-                x509_cert::der::Document::from_pem(block).map_err(|source| KeyError::Pem {
-                    index,
-                    label: label.into(),
-                    source,
-                })?;
-            let der = doc.as_bytes();
-            keys.push(match label {
-                "CERTIFICATE" => from_certificate(der)?,
-                "PUBLIC KEY" => from_spki_der(der)?,
-                _ => from_pkcs1(der)?,
-            });
+        if bytes.starts_with(b"PK\x03\x04") {
+            return from_zip(bytes);
         }
-        if keys.is_empty() {
-            return Err(KeyError::NoKeyBlock {
-                labels: labels.join(", "),
-            });
-        }
-        Ok(keys)
+        parse_file(bytes)
     }
 
     /// The key's algorithm.
@@ -219,6 +210,87 @@ impl VerifyKey {
             }
         }
     }
+}
+
+/// The keys of one file: PEM blocks, or one DER certificate or public key.
+fn parse_file(bytes: &[u8]) -> Result<Vec<VerifyKey>, KeyError> {
+    let text = std::str::from_utf8(bytes).ok();
+    let Some(blocks) = text.map(pem_blocks).filter(|b| !b.is_empty()) else {
+        return Ok(vec![from_der(bytes)?]);
+    };
+    let mut keys = Vec::new();
+    let mut labels = Vec::new();
+    for (i, block) in blocks.iter().enumerate() {
+        let index = i + 1;
+        let label = block_label(block);
+        if label.contains("PRIVATE KEY") {
+            return Err(KeyError::PrivateKey {
+                index,
+                label: label.into(),
+            });
+        }
+        if !matches!(label, "CERTIFICATE" | "PUBLIC KEY" | "RSA PUBLIC KEY") {
+            labels.push(label.to_string());
+            continue;
+        }
+        let (_, doc) =
+            x509_cert::der::Document::from_pem(block).map_err(|source| KeyError::Pem {
+                index,
+                label: label.into(),
+                source,
+            })?;
+        let der = doc.as_bytes();
+        keys.push(match label {
+            "CERTIFICATE" => from_certificate(der)?,
+            "PUBLIC KEY" => from_spki_der(der)?,
+            _ => from_pkcs1(der)?,
+        });
+    }
+    if keys.is_empty() {
+        return Err(KeyError::NoKeyBlock {
+            labels: labels.join(", "),
+        });
+    }
+    Ok(keys)
+}
+
+/// Largest entry of a zip of certificates read (a certificate is a few KiB).
+const MAX_ZIP_ENTRY: u64 = 1 << 20;
+
+/// Every key of every file entry of a zip (`otacerts.zip`).
+fn from_zip(bytes: &[u8]) -> Result<Vec<VerifyKey>, KeyError> {
+    use std::io::Read;
+    let mut zip = zip::ZipArchive::new(std::io::Cursor::new(bytes)).map_err(KeyError::Zip)?;
+    let mut keys = Vec::new();
+    for i in 0..zip.len() {
+        let e = zip.by_index(i).map_err(KeyError::Zip)?;
+        if e.is_dir() {
+            continue;
+        }
+        let name = e.name().map_err(KeyError::Zip)?.to_string();
+        let mut buf = Vec::new();
+        let read = |source| KeyError::ZipRead {
+            name: name.clone(),
+            source,
+        };
+        e.take(MAX_ZIP_ENTRY + 1)
+            .read_to_end(&mut buf)
+            .map_err(read)?;
+        if buf.len() as u64 > MAX_ZIP_ENTRY {
+            return Err(read(std::io::Error::other(format!(
+                "larger than {MAX_ZIP_ENTRY} bytes"
+            ))));
+        }
+        let found = parse_file(&buf).map_err(|e| KeyError::ZipEntry {
+            name: name.clone(),
+            source: Box::new(e),
+        })?;
+        keys.extend(found);
+    }
+    if keys.is_empty() {
+        return Err(KeyError::EmptyZip);
+    }
+    Ok(keys)
 }
 
 /// The PEM blocks of `text`: each from a `-----BEGIN ` line to its `-----END ...-----`.

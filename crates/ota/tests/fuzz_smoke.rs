@@ -128,6 +128,19 @@ fn mutated_key_files_never_panic() {
             seeds.push(std::fs::read(f).unwrap());
         }
     }
+    let zip = d.join("otacerts.zip");
+    let certs = [d.join("rsa.crt.pem"), d.join("ec.crt.pem")];
+    tool_ok(
+        "zip",
+        &[
+            "-j",
+            "-q",
+            path_str(&zip),
+            path_str(&certs[0]),
+            path_str(&certs[1]),
+        ],
+    );
+    seeds.push(std::fs::read(&zip).unwrap());
     let mut r = Rng(0x6e75_0c27);
     for s in &seeds {
         fuzz_keys(s);

@@ -157,6 +157,27 @@ fn a_set_passes_when_one_signature_verifies_with_one_key() {
     let keys = load(&both);
     assert_eq!(keys.len(), 2);
     assert_eq!(check(&bytes, &keys).payload, verified(2, 1, 1));
+    // A zip of certificates, as Android's /system/etc/security/otacerts.zip (Info-ZIP's zip,
+    // deflated): every entry's keys, in order.
+    let zip = d.join("otacerts.zip");
+    let (a, b) = (d.join("a.x509.pem"), d.join("b.x509.pem"));
+    std::fs::copy(&other.cert_pem, &a).unwrap();
+    std::fs::copy(&ec.cert_pem, &b).unwrap();
+    tool_ok(
+        "zip",
+        &["-j", "-q", path_str(&zip), path_str(&a), path_str(&b)],
+    );
+    let keys = load(&zip);
+    assert_eq!(keys.len(), 2);
+    assert_eq!(check(&bytes, &keys).payload, verified(2, 1, 1));
+    let junk = d.join("README");
+    std::fs::write(&junk, "not a certificate").unwrap();
+    tool_ok("zip", &["-j", "-q", path_str(&zip), path_str(&junk)]);
+    let e = VerifyKey::parse_all(&std::fs::read(&zip).unwrap()).unwrap_err();
+    assert!(
+        matches!(&e, KeyError::ZipEntry { name, .. } if name == "README"),
+        "{e}"
+    );
     // A payload without a metadata signature: the payload signature alone is enough.
     let (_, bytes) = signed(d.path(), &[(&rsa.private, "rsa:2048")], false);
     let r = check(&bytes, &load(&rsa.cert_pem));

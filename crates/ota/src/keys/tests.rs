@@ -23,6 +23,26 @@ fn wrapped_causes_are_sources_not_text() {
     errors::assert_cause_is_source(&KeyError::RsaKey(weak), None);
     let point = p256::ecdsa::VerifyingKey::from_sec1_bytes(&[4, 1, 2]).unwrap_err();
     errors::assert_cause_is_source(&KeyError::EcPoint(point), None);
+    let zip = zip::ZipArchive::new(std::io::Cursor::new(b"PK\x03\x04junk")).unwrap_err();
+    errors::assert_cause_is_source(&KeyError::Zip(zip), None);
+    errors::assert_cause_is_source(
+        &KeyError::ZipRead {
+            name: "a.pem".into(),
+            source: std::io::Error::other("disk on fire"),
+        },
+        Some("disk on fire"),
+    );
+    let line = errors::assert_cause_is_source(
+        &KeyError::ZipEntry {
+            name: "a.pem".into(),
+            source: Box::new(KeyError::RsaSize { bits: 1024 }),
+        },
+        None,
+    );
+    assert_eq!(
+        line,
+        "a.pem in the zip of certificates: RSA key of 1024 bits: only 2048 to 4096 bits are supported"
+    );
 }
 
 #[test]

@@ -23,6 +23,7 @@ PKGS=(
   cryptsetup-bin                    # veritysetup: the dm-verity hash tree and FEC reference (OTA tests)
   libfec-dev                        # Karn's Reed-Solomon library (init_rs_char): the FEC encoder's reference
   zip gzip                          # PUFFDIFF tests: deflate streams by Info-ZIP zip and GNU gzip
+  openssl                           # OTA signature tests: keys, certificates and signatures by the openssl CLI
 )
 missing=()
 for p in "${PKGS[@]}"; do

@@ -94,6 +94,14 @@ pub enum OtaError {
     /// The manifest is not a valid `DeltaArchiveManifest`.
     #[error("decoding the manifest")]
     Manifest(#[source] prost::DecodeError),
+    /// A signature that `--key` asked to check does not verify (or is absent).
+    #[error("the {which} signature does not verify: {why}")]
+    NotAuthentic {
+        /// `payload` or `metadata`.
+        which: &'static str,
+        /// Why, in words (absent, no key, no signature matches, malformed blob).
+        why: String,
+    },
     /// The manifest's block size is unusable.
     #[error("block size {0} is not a power of two between 512 and 1 MiB")]
     BadBlockSize(u32),
@@ -453,6 +461,19 @@ pub enum OpError {
         length: u64,
         /// Bytes in the data area.
         area: u64,
+    },
+    /// The data blob ends past the start of the payload signature blob (update_engine reads
+    /// every blob before it; the payload signature covers only the bytes before it).
+    #[error(
+        "data blob at {offset}+{length} runs past the payload signature blob at {signatures_offset} of the data area"
+    )]
+    BlobPastSignature {
+        /// `data_offset`.
+        offset: u64,
+        /// `data_length`.
+        length: u64,
+        /// The manifest's `signatures_offset`.
+        signatures_offset: u64,
     },
     /// The data blob's SHA-256 is not `data_sha256_hash`.
     #[error("data SHA-256 {found} does not match data_sha256_hash {expected}")]

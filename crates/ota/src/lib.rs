@@ -21,10 +21,15 @@
 //!   patched and re-encoded bit for bit) to an operation's source bytes, with the caller's
 //!   bsdiff applier; `apply` calls it with the crate's.
 //!
+//! * [`Payload::signature_digests`] and [`Payload::verify_signatures`] check the metadata and
+//!   payload signatures with [`VerifyKey`]s (X.509 certificates or public keys; RSA PKCS#1 v1.5
+//!   and ECDSA P-256 over SHA-256) and say for each whether it is absent, not checked,
+//!   verified (by which signature and key) or not matching ([`SignatureReport`]).
+//!
 //! The manifest's messages are written by hand from update_engine's field numbers
-//! (`prost` derive, no code generator). ZUCCHINI, LZ4DIFF_* and signature
-//! verification are not implemented yet: the apply planner reports partitions that need them
-//! ([`Blocker`]), and the op dispatch answers [`OpError::Unsupported`].
+//! (`prost` derive, no code generator). ZUCCHINI and LZ4DIFF_* are not implemented yet: the
+//! apply planner reports partitions that need them ([`Blocker`]), and the op dispatch answers
+//! [`OpError::Unsupported`].
 
 #![warn(missing_docs)]
 #![warn(unreachable_pub, unnameable_types)]
@@ -38,12 +43,14 @@ mod extract;
 mod finish;
 #[cfg(feature = "test-utils")]
 pub mod fuzzing;
+mod keys;
 mod ops;
 mod payload;
 mod plan;
 mod properties;
 mod proto;
 mod puffin;
+mod signature;
 mod source;
 mod summary;
 #[cfg(feature = "test-utils")]
@@ -58,6 +65,7 @@ pub use error::{OpError, OtaError, Result, VerityError};
 pub use extract::{
     ExtractOptions, ExtractProgress, ExtractReport, MAX_THREADS, Output, PartitionReport,
 };
+pub use keys::{KeyAlgorithm, KeyError, MAX_RSA_BITS, MIN_RSA_BITS, VerifyKey};
 pub use ops::{apply_supports, extract_supports};
 pub use payload::{HEADER_LEN, Header, MAGIC, MAJOR_VERSION, MAX_MANIFEST, Payload};
 pub use plan::{
@@ -76,6 +84,7 @@ pub use puffin::testing as puffin_testing;
 pub use puffin::{
     DeflateError, HuffmanAlphabet, MAX_PUFF_RATIO, PuffError, PuffSide, apply_puffdiff,
 };
+pub use signature::{Digests, MAX_SIGNATURE_BLOB, SignatureReport, SignatureStatus};
 pub use summary::{
     DynamicSummary, ExtentSummary, PartitionSummary, SignatureSummary, Summary, VeritySummary,
 };

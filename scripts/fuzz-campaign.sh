@@ -18,7 +18,7 @@ mkdir -p "$(dirname "$OUT")"
 OUT=$(cd "$(dirname "$OUT")" && pwd)/$(basename "$OUT")  # the loop below changes directory
 ALL=(cow/record cow/sparse cow/cow_reader nbd/proto nbd/session snapshot/overlay_journal
      snapshot/merge_state readahead/parse_list readahead/parse_block_list snapblk/spec
-     ota/payload ota/bspatch)
+     ota/payload ota/keys ota/bspatch ota/puffin)
 [ $# -gt 0 ] && ALL=("$@")
 TRIPLE=$(rustc +nightly -vV 2>/dev/null | awk '/^host:/{print $2}')
 [ -n "$TRIPLE" ] || { echo "a nightly toolchain is needed (rustup toolchain install nightly)"; exit 1; }
@@ -59,8 +59,12 @@ PY
       rm -f "$d/../seed.img" ;;
     ota/payload)
       bash "$ROOT/tests/lib/ota-seeds.sh" "$d" ;;
+    ota/keys)
+      bash "$ROOT/tests/lib/key-seeds.sh" "$d" ;;
     ota/bspatch)
       bash "$ROOT/tests/lib/bspatch-seeds.sh" "$d" ;;
+    ota/puffin)
+      bash "$ROOT/tests/lib/puffin-seeds.sh" "$d" ;;
     snapblk/spec)
       printf 'null:size=1G' > "$d/null"
       printf 'io_uring:path=/dev/null,read-only=true,direct=false' > "$d/uring"

@@ -14,6 +14,7 @@ PKGS=(
   vmtouch                           # residency reference in bench/
   time                              # /usr/bin/time: CPU seconds in scripts/fuzz-campaign.sh
   qemu-system-x86                   # the ublk VM (software emulation)
+  qemu-system-common                # qemu-storage-daemon: vhost-user-blk backend for the driver tests
   cpio busybox-static kmod zstd xz-utils  # initramfs for the ublk VM
   android-sdk-libsparse-utils       # img2simg / simg2img: sparse-image tests
   libclang-dev                      # bindgen in libublk-rs-sys (ublk export) needs libclang
@@ -21,6 +22,8 @@ PKGS=(
   bsdiff                            # OTA apply tests: BSDIFF40 patches from an independent maker
   cryptsetup-bin                    # veritysetup: the dm-verity hash tree and FEC reference (OTA tests)
   libfec-dev                        # Karn's Reed-Solomon library (init_rs_char): the FEC encoder's reference
+  zip gzip                          # PUFFDIFF tests: deflate streams by Info-ZIP zip and GNU gzip
+  openssl                           # OTA signature tests: keys, certificates and signatures by the openssl CLI
 )
 missing=()
 for p in "${PKGS[@]}"; do

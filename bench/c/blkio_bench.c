@@ -1,8 +1,10 @@
 /*
- * 4 KiB random-read load generator over the libblkio API (io_uring driver), for
- * bench/libblkio-bench.sh: runs against whichever libblkio.so.1 LD_LIBRARY_PATH selects.
- * Usage: blkio_bench PATH QD SECONDS DIRECT(0|1) [INLINE(0|1)]
- *   -> prints "iops=N ios=N nowait=B iowq=N iowq_ms=N"
+ * 4 KiB random-read load generator over the libblkio API (io_uring driver, or the driver
+ * BLKIO_DRIVER names, e.g. virtio-blk-vhost-user with PATH a socket), for
+ * bench/libblkio-bench.sh and bench/vhost-user-bench.sh: runs against whichever libblkio.so.1
+ * LD_LIBRARY_PATH selects.
+ * Usage: blkio_bench PATH QD SECONDS DIRECT(0|1) [INLINE(0|1)]   (DIRECT: io_uring only)
+ *   -> prints "iops=N ios=N nowait=B iowq=N iowq_ms=N cpu_ns_per_io=N"
  * INLINE=0 sets snapblk's `inline-qd1` property to false (ring only); without the argument the
  * library's default is used (real libblkio has no such property). nowait is snapblk's `nowait`
  * property (the target's RWF_NOWAIT support; "na" for real libblkio). iowq counts this
@@ -17,6 +19,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -77,9 +80,10 @@ int main(int argc, char **argv)
     int qd = atoi(argv[2]);
     double secs = atof(argv[3]);
     struct blkio *b;
-    if (blkio_create("io_uring", &b) < 0) DIE("create");
+    const char *drv = getenv("BLKIO_DRIVER") ? getenv("BLKIO_DRIVER") : "io_uring";
+    if (blkio_create(drv, &b) < 0) DIE("create");
     if (blkio_set_str(b, "path", argv[1]) < 0) DIE("path");
-    if (blkio_set_bool(b, "direct", atoi(argv[4]) != 0) < 0) DIE("direct");
+    if (strcmp(drv, "io_uring") == 0 && blkio_set_bool(b, "direct", atoi(argv[4]) != 0) < 0) DIE("direct");
     if (argc > 5 && blkio_set_bool(b, "inline-qd1", atoi(argv[5]) != 0) < 0) DIE("inline-qd1");
     if (blkio_connect(b) < 0) DIE("connect");
     bool nowait;
@@ -95,6 +99,8 @@ int main(int argc, char **argv)
     uint64_t seed = 0x9e3779b97f4a7c15ULL, blocks = cap / 4096, done = 0;
     for (long i = 0; i < qd; i++)
         blkioq_read(q, (rnd(&seed) % blocks) * 4096, (char *)r.addr + i * 4096, 4096, (void *)i, 0);
+    struct rusage ru0, ru1;
+    getrusage(RUSAGE_SELF, &ru0);
     double t0 = now(), t1 = t0;
     while (1) {
         int n = blkioq_do_io(q, cs, 1, qd, NULL);
@@ -107,10 +113,13 @@ int main(int argc, char **argv)
         done += n;
         if ((done & 1023) < (uint64_t)n && (t1 = now()) - t0 >= secs) break;
     }
+    getrusage(RUSAGE_SELF, &ru1);
+    double cpu = (ru1.ru_utime.tv_sec - ru0.ru_utime.tv_sec + ru1.ru_stime.tv_sec - ru0.ru_stime.tv_sec)
+                 + (ru1.ru_utime.tv_usec - ru0.ru_utime.tv_usec + ru1.ru_stime.tv_usec - ru0.ru_stime.tv_usec) / 1e6;
     long iowq_ms;
     int iowq = count_iowq(&iowq_ms);
-    printf("iops=%.0f ios=%llu nowait=%s iowq=%d iowq_ms=%ld\n", done / (t1 - t0),
-           (unsigned long long)done, nw, iowq, iowq_ms);
+    printf("iops=%.0f ios=%llu nowait=%s iowq=%d iowq_ms=%ld cpu_ns_per_io=%.0f\n", done / (t1 - t0),
+           (unsigned long long)done, nw, iowq, iowq_ms, done ? cpu * 1e9 / done : 0);
     blkio_destroy(&b);
     return 0;
 }

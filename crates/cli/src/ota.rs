@@ -12,6 +12,7 @@ use snapblk_ota::{
     PropertiesOrigin, PropertiesReport, Summary, VeritySummary, check_partition_name,
 };
 
+use crate::ota_sig::{self, Keys, Reported};
 use crate::outfile::{AtomicFile, refuse_alias, same_file};
 use crate::progress::Progress;
 
@@ -39,6 +40,12 @@ pub enum OtaCmd {
         /// Also check FILE_HASH of payload_properties.txt (reads the whole payload).
         #[arg(long)]
         verify_file_hash: bool,
+        /// Check the payload's signatures (reads the whole payload) with this X.509 certificate or public key (PEM or
+        /// DER, or a zip of them such as otacerts.zip; RSA 2048 to 4096 bits or ECDSA P-256).
+        /// Repeatable: a signature set passes when one of its signatures verifies with one of
+        /// the keys.
+        #[arg(long = "key", value_name = "FILE")]
+        keys: Vec<PathBuf>,
         /// Print the summary as JSON.
         #[arg(long)]
         json: bool,
@@ -54,6 +61,12 @@ pub enum OtaCmd {
         /// Only these partitions (comma-separated names).
         #[arg(long, value_delimiter = ',', value_name = "A,B")]
         partitions: Vec<String>,
+        /// Refuse the payload unless its signatures verify with this X.509 certificate or public key (PEM or
+        /// DER, or a zip of them such as otacerts.zip; RSA 2048 to 4096 bits or ECDSA P-256).
+        /// Repeatable: a signature set passes when one of its signatures verifies with one of
+        /// the keys.
+        #[arg(long = "key", value_name = "FILE")]
+        keys: Vec<PathBuf>,
         /// Worker threads, 1..=256 (default: all cores).
         #[arg(long, value_parser = clap::value_parser!(u16).range(1..=256))]
         threads: Option<u16>,
@@ -77,8 +90,14 @@ pub enum OtaCmd {
         /// Only these partitions (comma-separated names).
         #[arg(long, value_delimiter = ',', value_name = "A,B")]
         partitions: Vec<String>,
-        /// Leave out the partitions this build cannot build (PUFFDIFF, ZUCCHINI, LZ4DIFF or
-        /// unknown operations) and build the rest.
+        /// Refuse the payload unless its signatures verify with this X.509 certificate or public key (PEM or
+        /// DER, or a zip of them such as otacerts.zip; RSA 2048 to 4096 bits or ECDSA P-256).
+        /// Repeatable: a signature set passes when one of its signatures verifies with one of
+        /// the keys.
+        #[arg(long = "key", value_name = "FILE")]
+        keys: Vec<PathBuf>,
+        /// Leave out the partitions this build cannot build (ZUCCHINI, LZ4DIFF or unknown
+        /// operations) and build the rest.
         #[arg(long)]
         skip_unsupported: bool,
         /// Worker threads, 1..=256 (default: all cores).
@@ -95,16 +114,18 @@ pub fn run(c: OtaCmd) -> Result<()> {
         OtaCmd::Info {
             ota,
             verify_file_hash,
+            keys,
             json,
-        } => verdict(json, INFO_SCHEMA, info(&ota, verify_file_hash, json)),
+        } => verdict(json, INFO_SCHEMA, info(&ota, verify_file_hash, &keys, json)),
         OtaCmd::Extract {
             ota,
             out,
             partitions,
+            keys,
             threads,
             json,
         } => {
-            let r = extract(&ota, &out, &partitions, threads, json);
+            let r = extract(&ota, &out, &partitions, &keys, threads, json);
             verdict(json, EXTRACT_SCHEMA, r)
         }
         OtaCmd::Apply {
@@ -112,6 +133,7 @@ pub fn run(c: OtaCmd) -> Result<()> {
             source,
             out,
             partitions,
+            keys,
             skip_unsupported,
             threads,
             json,
@@ -121,6 +143,7 @@ pub fn run(c: OtaCmd) -> Result<()> {
                 source: &source,
                 out: &out,
                 partitions: &partitions,
+                keys: &keys,
                 skip_unsupported,
                 threads,
                 json,
@@ -135,6 +158,7 @@ pub fn run(c: OtaCmd) -> Result<()> {
 fn verdict(json: bool, schema: &str, r: Result<()>) -> Result<()> {
     if let (true, Err(e)) = (json, &r)
         && e.downcast_ref::<std::io::Error>().is_none()
+        && e.downcast_ref::<Reported>().is_none()
     {
         let doc = serde_json::json!({ "schema": schema, "ok": false, "error": format!("{e:#}") });
         say!("{}", serde_json::to_string_pretty(&doc)?);
@@ -166,21 +190,49 @@ fn check_word(c: Check) -> &'static str {
     }
 }
 
-fn info(path: &Path, verify_file_hash: bool, json: bool) -> Result<()> {
+/// Whether the OTA's `payload_properties.txt` has a FILE_HASH.
+fn has_file_hash(ota: &Ota) -> bool {
+    ota.properties().is_some_and(|(p, _)| p.file_hash.is_some())
+}
+
+fn info(path: &Path, verify_file_hash: bool, key_files: &[PathBuf], json: bool) -> Result<()> {
+    let keys = Keys::load(key_files)?;
     let ota = open(path)?;
-    let props = check_properties(&ota, verify_file_hash)?;
+    // With keys, FILE_HASH comes from the same read as the signature check.
+    let mut props = check_properties(&ota, verify_file_hash && keys.is_empty())?;
+    let file = verify_file_hash && has_file_hash(&ota);
+    let (sigs, digest) = ota_sig::check(&ota, &keys, file)?;
+    if let (Some(r), Some(d), Some((p, _))) = (props.as_mut(), digest, ota.properties()) {
+        r.file_hash = p.check_file_digest(&d)?;
+    }
+    let verdict = if keys.is_empty() {
+        Ok(())
+    } else {
+        sigs.require_verified()
+    };
     let s = ota.payload().summary();
     let origin = ota.properties().map(|(_, o)| o.clone());
     if json {
         let mut v = serde_json::to_value(&s)?;
         v["schema"] = INFO_SCHEMA.into();
-        v["ok"] = true.into();
+        v["ok"] = verdict.is_ok().into();
+        if let Err(e) = &verdict {
+            v["error"] = snapblk_core::Chain(e).to_string().into();
+        }
         v["container"] = serde_json::to_value(ota.container())?;
         v["properties"] = serde_json::json!({ "origin": origin, "checks": props });
+        for (k, x) in ota_sig::json(&sigs, &keys)
+            .as_object()
+            .into_iter()
+            .flatten()
+        {
+            v["signatures"][k] = x.clone();
+        }
         say!("{}", serde_json::to_string_pretty(&v)?);
-        return Ok(());
+    } else {
+        print_info(&ota, &s, props.as_ref(), origin.as_ref(), (&sigs, &keys))?;
     }
-    print_info(&ota, &s, props.as_ref(), origin.as_ref())
+    verdict.map_err(|e| Reported(e).into())
 }
 
 fn print_info(
@@ -188,6 +240,7 @@ fn print_info(
     s: &Summary,
     props: Option<&PropertiesReport>,
     origin: Option<&PropertiesOrigin>,
+    (sigs, keys): (&snapblk_ota::SignatureReport, &Keys),
 ) -> Result<()> {
     let where_ = match ota.container() {
         Container::Bare => "bare payload".to_string(),
@@ -207,13 +260,21 @@ fn print_info(
         s.minor_version,
         s.block_size
     );
-    let sig = &s.signatures;
-    match (sig.metadata_signature_size, sig.payload_signature) {
-        (0, None) => say!("Signatures: none (unsigned)"),
-        (m, p) => say!(
-            "Signatures: metadata {m} bytes, payload {} (not verified by this build)",
-            p.map_or("none".into(), |(o, n)| format!("{n} bytes at offset {o}"))
-        ),
+    if sigs.is_signed() {
+        let sig = &s.signatures;
+        say!(
+            "Metadata signature ({} bytes): {}",
+            sig.metadata_signature_size,
+            ota_sig::status_text(&sigs.metadata, keys)
+        );
+        say!(
+            "Payload signature ({}): {}",
+            sig.payload_signature
+                .map_or("none".into(), |(o, n)| format!("{n} bytes at offset {o}")),
+            ota_sig::status_text(&sigs.payload, keys)
+        );
+    } else {
+        say!("Signatures: none (unsigned)");
     }
     match (props, origin) {
         (Some(r), Some(o)) => {
@@ -377,11 +438,12 @@ struct Images<'a> {
 }
 
 /// Write the images through `run`, named only after `run` and the FILE_HASH check (a reader
-/// beside the workers) passed.
+/// beside the workers, or `file_hash_done` when the signature check's read gave it) passed.
 fn write_images(
     ota: &Ota,
     im: &Images<'_>,
     run: &RunPlan<'_>,
+    file_hash_done: Option<Check>,
 ) -> Result<(ExtractReport, Option<Check>)> {
     let (dir, names, inputs, threads) = (im.dir, &im.names, &im.inputs, im.threads);
     output_dir(dir)?;
@@ -404,9 +466,10 @@ fn write_images(
     };
     let payload = ota.payload();
     let (report, file_hash) = std::thread::scope(|s| {
-        let h = s.spawn(|| match ota.properties() {
-            Some((p, _)) => p.check_file_hash(payload, &mut |_| {}).map(Some),
-            None => Ok(None),
+        let h = s.spawn(|| match (file_hash_done, ota.properties()) {
+            (Some(c), _) => Ok(Some(c)),
+            (None, Some((p, _))) => p.check_file_hash(payload, &mut |_| {}).map(Some),
+            (None, None) => Ok(None),
         });
         let r = run(&outputs, &opts);
         (r, h.join())
@@ -496,15 +559,29 @@ fn print_verity(v: &VeritySummary) -> Result<()> {
     Ok(())
 }
 
+/// The signature step of `extract` and `apply`, before anything is written: the report, and
+/// FILE_HASH's check when the signature check's read of the whole payload gave it.
+fn signatures(ota: &Ota, keys: &Keys) -> Result<(snapblk_ota::SignatureReport, Option<Check>)> {
+    let (report, digest) = ota_sig::require(ota, keys, has_file_hash(ota))?;
+    let file_hash = match (digest, ota.properties()) {
+        (Some(d), Some((p, _))) => Some(p.check_file_digest(&d)?),
+        _ => None,
+    };
+    Ok((report, file_hash))
+}
+
 fn extract(
     path: &Path,
     dir: &Path,
     partitions: &[String],
+    key_files: &[PathBuf],
     threads: Option<u16>,
     json: bool,
 ) -> Result<()> {
+    let keys = Keys::load(key_files)?;
     let ota = open(path)?;
     let props = check_properties(&ota, false)?;
+    let (sigs, file_hash) = signatures(&ota, &keys)?;
     let payload = ota.payload();
     let names = (!partitions.is_empty()).then_some(partitions);
     // Everything about the payload is checked before the output directory is touched.
@@ -518,7 +595,8 @@ fn extract(
         label: "extract",
         threads,
     };
-    let (report, file_hash) = write_images(&ota, &images, &|outs, opts| plan.run(outs, opts))?;
+    let (report, file_hash) =
+        write_images(&ota, &images, &|outs, opts| plan.run(outs, opts), file_hash)?;
     let props = with_file_hash(props, file_hash);
     if json {
         let doc = serde_json::json!({
@@ -527,6 +605,7 @@ fn extract(
             "output_dir": dir,
             "threads": report.threads,
             "properties": props,
+            "signatures": ota_sig::json(&sigs, &keys),
             "partitions": report.partitions,
         });
         say!("{}", serde_json::to_string_pretty(&doc)?);
@@ -546,14 +625,17 @@ struct ApplyArgs<'a> {
     source: &'a Path,
     out: &'a Path,
     partitions: &'a [String],
+    keys: &'a [PathBuf],
     skip_unsupported: bool,
     threads: Option<u16>,
     json: bool,
 }
 
 fn apply(a: &ApplyArgs<'_>) -> Result<()> {
+    let keys = Keys::load(a.keys)?;
     let ota = open(a.ota)?;
     let props = check_properties(&ota, false)?;
+    let (sigs, file_hash) = signatures(&ota, &keys)?;
     let payload = ota.payload();
     let names = (!a.partitions.is_empty()).then_some(a.partitions);
     let plan = payload.plan_apply(names, a.skip_unsupported)?;
@@ -615,7 +697,7 @@ fn apply(a: &ApplyArgs<'_>) -> Result<()> {
         threads: a.threads,
     };
     let run = |outs: &[&dyn Output], opts: &ExtractOptions<'_>| plan.run(&checked, outs, opts);
-    let (report, file_hash) = write_images(&ota, &images, &run)?;
+    let (report, file_hash) = write_images(&ota, &images, &run, file_hash)?;
     let props = with_file_hash(props, file_hash);
     if a.json {
         let doc = serde_json::json!({
@@ -625,6 +707,7 @@ fn apply(a: &ApplyArgs<'_>) -> Result<()> {
             "output_dir": a.out,
             "threads": report.threads,
             "properties": props,
+            "signatures": ota_sig::json(&sigs, &keys),
             "partitions": report.partitions,
             "skipped": plan.skipped(),
         });

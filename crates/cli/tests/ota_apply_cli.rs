@@ -220,9 +220,9 @@ fn bsdiff(old: &[u8], new: &[u8]) -> Vec<u8> {
     read(&p)
 }
 
-/// A payload with `system` (a copy and a bsdiff patch) and `product` (a copy and a PUFFDIFF
+/// A payload with `system` (a copy and a bsdiff patch) and `product` (a copy and a ZUCCHINI
 /// at op 1), its old images in `old/`.
-fn mixed(d: &TempDir, puffdiff: bool) -> (PathBuf, Vec<u8>) {
+fn mixed(d: &TempDir, zucchini: bool) -> (PathBuf, Vec<u8>) {
     let old = pattern(8 * 4096, 1);
     let mut new = old[4 * 4096..].to_vec();
     new.extend_from_slice(&old[..4 * 4096]);
@@ -242,8 +242,8 @@ fn mixed(d: &TempDir, puffdiff: bool) -> (PathBuf, Vec<u8>) {
     let mut new_system = old[..2 * 4096].to_vec();
     new_system.extend_from_slice(&new[2 * 4096..]);
     let small = pattern(2 * 4096, 3);
-    let t = if puffdiff {
-        OpType::Puffdiff
+    let t = if zucchini {
+        OpType::Zucchini
     } else {
         OpType::SourceBsdiff
     };
@@ -278,20 +278,20 @@ fn unsupported_partitions_are_refused_or_skipped() {
     let (old, out) = (d.join("old"), d.join("out"));
     let e = refused(
         &apply_args(&ota, &old, &out),
-        "partition product, op 1: PUFFDIFF is not supported by apply",
+        "partition product, op 1: ZUCCHINI is not supported by apply",
     );
     assert_eq!(e.lines().count(), 1, "{e}");
     assert!(!out.exists());
     let info = ok(&["ota", "info", path_str(&ota)]);
     assert!(
-        info.contains("    apply: no (PUFFDIFF at op 1 not supported)"),
+        info.contains("    apply: no (ZUCCHINI at op 1 not supported)"),
         "{info}"
     );
     let mut args = apply_args(&ota, &old, &out);
     args.push("--skip-unsupported");
     let text = ok(&args);
     assert!(
-        text.contains("skipped product: PUFFDIFF at op 1 not supported\n"),
+        text.contains("skipped product: ZUCCHINI at op 1 not supported\n"),
         "{text}"
     );
     assert!(text.ends_with(", 1 skipped\n"), "{text}");
@@ -304,11 +304,11 @@ fn unsupported_partitions_are_refused_or_skipped() {
         serde_json::json!([{
             "name": "product",
             "index": 1,
-            "blocker": {"kind": "operation", "index": 1, "op_type": "PUFFDIFF"}
+            "blocker": {"kind": "operation", "index": 1, "op_type": "ZUCCHINI"}
         }])
     );
     assert_eq!(doc["partitions"].as_array().unwrap().len(), 1);
-    // Without the PUFFDIFF, both build.
+    // Without the ZUCCHINI, both build.
     let d = TempDir::new("ota-apply-both");
     let (ota, _) = mixed(&d, false);
     ok(&apply_args(&ota, &d.join("old"), &d.join("out")));

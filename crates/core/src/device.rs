@@ -81,6 +81,11 @@ pub struct DeviceInfo {
     pub needs_mem_regions: bool,
     /// `needs-mem-region-fd`: memory regions must have a file descriptor.
     pub needs_mem_region_fd: bool,
+    /// `may-pin-mem-regions`: the driver may pin mapped regions' pages in RAM (a device or
+    /// another process accesses them directly).
+    pub may_pin_mem_regions: bool,
+    /// `max-mem-regions`: the most memory regions that may be mapped at once.
+    pub max_mem_regions: u64,
 }
 
 impl Default for DeviceInfo {
@@ -108,6 +113,8 @@ impl Default for DeviceInfo {
             max_queues: i32::MAX,
             needs_mem_regions: false,
             needs_mem_region_fd: false,
+            may_pin_mem_regions: false,
+            max_mem_regions: u64::MAX,
         }
     }
 }
@@ -131,6 +138,14 @@ pub trait Driver: Send {
     fn connect(&mut self, read_only: bool) -> Result<DeviceInfo>;
     /// Device size in bytes (evaluated on every get, so a growing file is followed).
     fn capacity(&self) -> Result<u64>;
+    /// The common properties' values before connect, for drivers whose libblkio counterpart
+    /// answers them in the created state (the virtio-blk drivers: alignments and limits have
+    /// defaults there, and only `capacity`, `max-queues` and `max-mem-regions` need a
+    /// connection). `None`, the default, is io_uring's rule: the alignment and limit properties
+    /// fail with `ENODEV` until connect, and the rest read as [`DeviceInfo::default`].
+    fn created_info(&self) -> Option<DeviceInfo> {
+        None
+    }
     /// Create a queue (called by start and by add_queue).
     fn create_queue(&mut self, poll: bool) -> Result<Box<dyn Queue>>;
     /// Whether queues can be added after start.
@@ -263,23 +278,33 @@ impl Blkio {
                 },
             ));
         }
-        if spec.needs_connect && self.state == State::Created {
+        let created = match self.state {
+            State::Created => self.driver.created_info(),
+            _ => None,
+        };
+        let need_connect = match created {
+            Some(_) => matches!(name, "capacity" | "max-queues" | "max-mem-regions"),
+            None => spec.needs_connect && self.state == State::Created,
+        };
+        if need_connect {
             return Err(Error::new(libc::ENODEV, "Device must be connected"));
         }
-        let info = self.info.as_ref();
+        let info = self.info.as_ref().or(created.as_ref());
         let d = DeviceInfo::default();
         let i = info.unwrap_or(&d);
         Ok(match name {
             "driver" => PropValue::Str(self.driver.name().to_owned()),
-            "read-only" => PropValue::Bool(info.map_or(self.read_only, |i| i.read_only)),
+            "read-only" => {
+                PropValue::Bool(self.info.as_ref().map_or(self.read_only, |i| i.read_only))
+            }
             "can-add-queues" => PropValue::Bool(self.driver.can_add_queues()),
             "capacity" => PropValue::U64(self.driver.capacity()?),
             "max-queues" => PropValue::Int(i.max_queues),
             "num-queues" => PropValue::Int(self.num_queues),
             "num-poll-queues" => PropValue::Int(self.num_poll_queues),
             "supports-poll-queues" => PropValue::Bool(info.is_some_and(|i| i.supports_poll_queues)),
-            "max-mem-regions" => PropValue::U64(u64::MAX),
-            "may-pin-mem-regions" => PropValue::Bool(false),
+            "max-mem-regions" => PropValue::U64(i.max_mem_regions),
+            "may-pin-mem-regions" => PropValue::Bool(i.may_pin_mem_regions),
             "needs-mem-regions" => PropValue::Bool(i.needs_mem_regions),
             "needs-mem-region-fd" => PropValue::Bool(i.needs_mem_region_fd),
             "mem-region-alignment" => PropValue::U64(i.mem_region_alignment),

@@ -186,6 +186,17 @@ impl QueueCore {
             poll,
         })
     }
+    /// A core for a regular queue whose completion fd is `efd`, made by the driver (e.g. the
+    /// eventfd a virtio device signals), with notifications on or off to start with (libblkio's
+    /// virtio queues start with them off; `set_completion_fd_enabled` turns them on).
+    pub fn with_eventfd(efd: EventFd, enabled: bool) -> QueueCore {
+        QueueCore {
+            backlog: std::collections::VecDeque::new(),
+            efd: Some(efd),
+            efd_enabled: enabled,
+            poll: false,
+        }
+    }
     /// Whether this is a poll queue.
     pub fn is_poll(&self) -> bool {
         self.poll

@@ -442,3 +442,106 @@ fn device_limits_and_region_needs_come_from_the_driver() {
     b.start().unwrap();
     assert!(b.queue(1, false).is_some());
 }
+
+/// A driver shaped like libblkio's virtio-blk ones: common properties readable when created.
+struct Shaped;
+
+impl Driver for Shaped {
+    fn name(&self) -> &str {
+        "shaped"
+    }
+    fn get_prop(&self, _: &str, _: State) -> Result<PropValue> {
+        Err(Error::new(libc::ENOENT, "Unknown property name"))
+    }
+    fn set_prop(&mut self, _: &str, _: PropValue, _: State) -> Result<()> {
+        Err(Error::new(libc::ENOENT, "Unknown property name"))
+    }
+    fn created_info(&self) -> Option<DeviceInfo> {
+        Some(DeviceInfo {
+            request_alignment: 512,
+            needs_mem_regions: true,
+            needs_mem_region_fd: true,
+            may_pin_mem_regions: true,
+            supports_poll_queues: true,
+            ..DeviceInfo::default()
+        })
+    }
+    fn connect(&mut self, ro: bool) -> Result<DeviceInfo> {
+        Ok(DeviceInfo {
+            read_only: ro,
+            request_alignment: 4096,
+            max_queues: 2,
+            max_mem_regions: 32,
+            ..self.created_info().unwrap_or_default()
+        })
+    }
+    fn capacity(&self) -> Result<u64> {
+        Ok(1 << 20)
+    }
+    fn create_queue(&mut self, poll: bool) -> Result<Box<dyn Queue>> {
+        Ok(Box::new(fq(poll, true)))
+    }
+}
+
+#[test]
+fn driver_shaped_common_properties() {
+    let mut b = Blkio::new(Box::new(Shaped));
+    // Created: defaults from the driver; only these three need a connection.
+    for p in ["capacity", "max-queues", "max-mem-regions"] {
+        let e = b.get_str(p).unwrap_err();
+        assert_eq!(
+            (e.errno, e.msg.to_string()),
+            (libc::ENODEV, "Device must be connected".to_string()),
+            "{p}"
+        );
+    }
+    assert_eq!(b.get_int("request-alignment").unwrap(), 512);
+    assert!(b.get_bool("needs-mem-regions").unwrap());
+    assert!(b.get_bool("needs-mem-region-fd").unwrap());
+    assert!(b.get_bool("may-pin-mem-regions").unwrap());
+    assert!(b.get_bool("supports-poll-queues").unwrap());
+    assert_eq!(b.get_int("max-transfer").unwrap(), 0);
+    b.set_bool("read-only", true).unwrap();
+    assert!(b.get_bool("read-only").unwrap());
+    b.connect().unwrap();
+    assert_eq!(b.get_int("request-alignment").unwrap(), 4096);
+    assert_eq!(b.get_int("max-queues").unwrap(), 2);
+    assert_eq!(b.get_u64("max-mem-regions").unwrap(), 32);
+    assert!(b.get_bool("read-only").unwrap());
+    b.set_int("num-queues", 3).unwrap();
+    assert_eq!(
+        b.start().unwrap_err().msg,
+        "num_queues + num_poll_queues must not be greater than 2"
+    );
+}
+
+#[test]
+fn io_uring_shaped_drivers_keep_their_created_rules() {
+    let b = dummy(false);
+    for p in ["request-alignment", "max-transfer", "mem-region-alignment"] {
+        assert_eq!(b.get_str(p).unwrap_err().errno, libc::ENODEV, "{p}");
+    }
+    assert_eq!(b.get_int("max-queues").unwrap(), i32::MAX);
+    assert_eq!(b.get_u64("max-mem-regions").unwrap(), u64::MAX);
+    assert!(!b.get_bool("needs-mem-regions").unwrap());
+    assert!(!b.get_bool("may-pin-mem-regions").unwrap());
+    assert!(!b.get_bool("supports-poll-queues").unwrap());
+}
+
+#[test]
+fn a_queue_core_on_a_driver_eventfd_starts_silent_when_asked() {
+    let efd = snapblk_core::sys::EventFd::new().unwrap();
+    let mut core = QueueCore::with_eventfd(efd, false);
+    core.complete(Completion::ok(1));
+    let fd = core.completion_fd().unwrap();
+    let mut v = 0u64;
+    // SAFETY: reads 8 bytes into a live u64 from a non-blocking eventfd.
+    let n = unsafe { libc::read(fd, (&mut v as *mut u64).cast(), 8) };
+    assert_eq!(n, -1, "notifications are off: the fd stays quiet");
+    core.set_completion_fd_enabled(true);
+    core.complete(Completion::ok(2));
+    core.notify();
+    // SAFETY: as above.
+    let n = unsafe { libc::read(fd, (&mut v as *mut u64).cast(), 8) };
+    assert_eq!(n, 8);
+}

@@ -5,6 +5,8 @@
 //! * [`SyncDriver`] (`sync`): `preadv2`/`pwritev2` on a regular file or block device, executed
 //!   in `do_io`.
 //! * [`UringDriver`] (`io_uring`): the fast path for files and block devices.
+//! * [`VhostUserDriver`] (`virtio-blk-vhost-user`): a virtio-blk device served by a vhost-user
+//!   backend over a unix socket (e.g. `qemu-storage-daemon`).
 //!
 //! File-backed drivers share the `path`/`fd`/`direct` properties and libblkio's rules for
 //! deriving alignment and other device facts (see `file`).
@@ -18,7 +20,9 @@ mod file;
 mod null;
 mod sync;
 mod uring;
+mod vhost_user;
 
 pub use null::NullDriver;
 pub use sync::SyncDriver;
 pub use uring::UringDriver;
+pub use vhost_user::VhostUserDriver;

@@ -3,7 +3,7 @@
 //! [`Payload::plan_apply`] checks everything extraction checks, and for every partition its
 //! `old_partition_info` and every operation that reads the old image (source extents inside
 //! it, `src_sha256_hash`, a patch operation's sizes); partitions this build cannot build
-//! (PUFFDIFF, ZUCCHINI, LZ4DIFF_*, unknown types) are an error, or are left out when asked.
+//! (ZUCCHINI, LZ4DIFF_*, unknown types) are an error, or are left out when asked.
 //! [`ApplyPlan::check_sources`] then checks each old image against `old_partition_info` (size,
 //! SHA-256) before anything is written, and [`ApplyPlan::run`] runs the operations on
 //! extraction's worker pool, each source-reading operation checking its own source bytes

@@ -94,6 +94,14 @@ pub enum OtaError {
     /// The manifest is not a valid `DeltaArchiveManifest`.
     #[error("decoding the manifest")]
     Manifest(#[source] prost::DecodeError),
+    /// A signature that `--key` asked to check does not verify (or is absent).
+    #[error("the {which} signature does not verify: {why}")]
+    NotAuthentic {
+        /// `payload` or `metadata`.
+        which: &'static str,
+        /// Why, in words (absent, no key, no signature matches, malformed blob).
+        why: String,
+    },
     /// The manifest's block size is unusable.
     #[error("block size {0} is not a power of two between 512 and 1 MiB")]
     BadBlockSize(u32),
@@ -454,6 +462,19 @@ pub enum OpError {
         /// Bytes in the data area.
         area: u64,
     },
+    /// The data blob ends past the start of the payload signature blob (update_engine reads
+    /// every blob before it; the payload signature covers only the bytes before it).
+    #[error(
+        "data blob at {offset}+{length} runs past the payload signature blob at {signatures_offset} of the data area"
+    )]
+    BlobPastSignature {
+        /// `data_offset`.
+        offset: u64,
+        /// `data_length`.
+        length: u64,
+        /// The manifest's `signatures_offset`.
+        signatures_offset: u64,
+    },
     /// The data blob's SHA-256 is not `data_sha256_hash`.
     #[error("data SHA-256 {found} does not match data_sha256_hash {expected}")]
     DataHash {
@@ -533,10 +554,11 @@ pub enum OpError {
         /// Bytes of the destination extents.
         dst: u64,
     },
-    /// A patch operation's source or patch is larger than this build holds in memory.
+    /// A patch operation's source or patch (or a PUFFDIFF's destination) is larger than
+    /// this build holds in memory.
     #[error("{what} of {bytes} bytes is more than the limit of {limit} per operation")]
     TooLarge {
-        /// `the source` or `the patch`.
+        /// `the source`, `the patch` or `the destination`.
         what: &'static str,
         /// Its size.
         bytes: u64,
@@ -567,6 +589,9 @@ pub enum OpError {
         #[source]
         source: crate::bspatch::PatchError,
     },
+    /// The op's PUFFDIFF patch cannot be applied.
+    #[error("applying the PUFFDIFF patch")]
+    Puffdiff(#[source] crate::puffin::PuffError),
 }
 
 #[cfg(test)]
@@ -673,6 +698,19 @@ mod tests {
         assert_eq!(
             line,
             "partition system, verity: writing the FEC at byte 8192: disk on fire"
+        );
+        let line = errors::assert_cause_is_source(
+            &op(OpError::Puffdiff(crate::puffin::PuffError::Bspatch(
+                Box::new(crate::bspatch::PatchError::Decode {
+                    stream: "extra",
+                    source: io(),
+                }),
+            ))),
+            Some("applying the PUFFDIFF patch"),
+        );
+        assert_eq!(
+            line,
+            "partition system, op 3: applying the PUFFDIFF patch: applying the PUFFDIFF's inner bsdiff patch: decompressing the extra stream: disk on fire"
         );
     }
 }

@@ -10,17 +10,26 @@
 //!   parallel and verifies every blob's and every partition's SHA-256.
 //! * [`Payload::plan_apply`] does the same for an incremental payload, whose partitions are
 //!   built from their old images (SOURCE_COPY, SOURCE_BSDIFF and BROTLI_BSDIFF, with the crate's
-//!   own BSDIFF40/BSDF2 applier); [`ApplyPlan::check_sources`] checks the old images against
-//!   `old_partition_info` before anything is written, and [`ApplyPlan::run`] builds the
-//!   partitions, every operation's source bytes checked against `src_sha256_hash` before use.
+//!   own BSDIFF40/BSDF2 applier, and PUFFDIFF); [`ApplyPlan::check_sources`] checks the old
+//!   images against `old_partition_info` before anything is written, and [`ApplyPlan::run`]
+//!   builds the partitions, every operation's source bytes checked against `src_sha256_hash`
+//!   before use.
 //! * [`Verity`] recomputes a partition's dm-verity hash tree and Reed–Solomon FEC where the
 //!   manifest leaves them to the device (`hash_tree_*`, `fec_*`), byte for byte as
 //!   update_engine writes them; extraction and apply do it before a partition's hash check.
+//! * [`apply_puffdiff`] applies a PUFFDIFF patch (puffin's format: deflate blocks puffed,
+//!   patched and re-encoded bit for bit) to an operation's source bytes, with the caller's
+//!   bsdiff applier; `apply` calls it with the crate's.
+//!
+//! * [`Payload::signature_digests`] and [`Payload::verify_signatures`] check the metadata and
+//!   payload signatures with [`VerifyKey`]s (X.509 certificates or public keys; RSA PKCS#1 v1.5
+//!   and ECDSA P-256 over SHA-256) and say for each whether it is absent, not checked,
+//!   verified (by which signature and key) or not matching ([`SignatureReport`]).
 //!
 //! The manifest's messages are written by hand from update_engine's field numbers
-//! (`prost` derive, no code generator). PUFFDIFF, ZUCCHINI, LZ4DIFF_* and signature
-//! verification are not implemented yet: the apply planner reports partitions that need them
-//! ([`Blocker`]), and the op dispatch answers [`OpError::Unsupported`].
+//! (`prost` derive, no code generator). ZUCCHINI and LZ4DIFF_* are not implemented yet: the
+//! apply planner reports partitions that need them ([`Blocker`]), and the op dispatch answers
+//! [`OpError::Unsupported`].
 
 #![warn(missing_docs)]
 #![warn(unreachable_pub, unnameable_types)]
@@ -34,11 +43,14 @@ mod extract;
 mod finish;
 #[cfg(feature = "test-utils")]
 pub mod fuzzing;
+mod keys;
 mod ops;
 mod payload;
 mod plan;
 mod properties;
 mod proto;
+mod puffin;
+mod signature;
 mod source;
 mod summary;
 #[cfg(feature = "test-utils")]
@@ -53,6 +65,7 @@ pub use error::{OpError, OtaError, Result, VerityError};
 pub use extract::{
     ExtractOptions, ExtractProgress, ExtractReport, MAX_THREADS, Output, PartitionReport,
 };
+pub use keys::{KeyAlgorithm, KeyError, MAX_RSA_BITS, MIN_RSA_BITS, VerifyKey};
 pub use ops::{apply_supports, extract_supports};
 pub use payload::{HEADER_LEN, Header, MAGIC, MAJOR_VERSION, MAX_MANIFEST, Payload};
 pub use plan::{
@@ -64,6 +77,14 @@ pub use proto::{
     DynamicPartitionMetadata, Extent, InstallOperation, OpType, PartitionInfo, PartitionUpdate,
     Signature, Signatures, VabcFeatureSet,
 };
+/// Test scaffolding for PUFFDIFF (feature `test-utils`): deflate locating, puff and huff of
+/// whole buffers, a patch maker and the fuzz entry point.
+#[cfg(feature = "test-utils")]
+pub use puffin::testing as puffin_testing;
+pub use puffin::{
+    DeflateError, HuffmanAlphabet, MAX_PUFF_RATIO, PuffError, PuffSide, apply_puffdiff,
+};
+pub use signature::{Digests, MAX_SIGNATURE_BLOB, SignatureReport, SignatureStatus};
 pub use summary::{
     DynamicSummary, ExtentSummary, PartitionSummary, SignatureSummary, Summary, VeritySummary,
 };

@@ -1,6 +1,6 @@
 //! Applying one operation: the op-type dispatch, the data blob streamed from the payload (hashed
 //! as it is read), the decoders, and the destination writer that keeps zero blocks as holes. The
-//! operations that read the old partition (SOURCE_COPY and the bsdiff types) are in
+//! operations that read the old partition (SOURCE_COPY, the bsdiff types and PUFFDIFF) are in
 //! `delta.rs`; the types no applier exists for yet are [`OpError::Unsupported`].
 
 use std::io::{self, BufRead, Read};
@@ -35,13 +35,14 @@ pub fn extract_supports(t: OpType) -> bool {
 }
 
 /// Whether `apply` (incremental payloads, given the old partitions) applies operations of type
-/// `t`: what `extract` applies, SOURCE_COPY, SOURCE_BSDIFF (BSDIFF40 patches) and BROTLI_BSDIFF
-/// (BSDF2 patches). PUFFDIFF, ZUCCHINI, LZ4DIFF_* and the major-version-1 types are not.
+/// `t`: what `extract` applies, SOURCE_COPY, SOURCE_BSDIFF (BSDIFF40 patches), BROTLI_BSDIFF
+/// (BSDF2 patches) and PUFFDIFF (puffin patches). ZUCCHINI, LZ4DIFF_* and the major-version-1
+/// types are not.
 pub fn apply_supports(t: OpType) -> bool {
     extract_supports(t)
         || matches!(
             t,
-            OpType::SourceCopy | OpType::SourceBsdiff | OpType::BrotliBsdiff
+            OpType::SourceCopy | OpType::SourceBsdiff | OpType::BrotliBsdiff | OpType::Puffdiff
         )
 }
 
@@ -174,11 +175,22 @@ pub(crate) fn apply(
             let src = need()?;
             // The patch is checked against data_sha256_hash and the old bytes against
             // src_sha256_hash before either is used.
+            let _mem = crate::delta::reserve(crate::delta::op_memory(op, bs, false));
             let patch = blob.read_all()?;
             check_data_hash(op, blob.hash.clone().finalize().into())?;
             let old;
             (old, src_unhashed) = crate::delta::read_source(op, bs, src)?;
             crate::delta::bspatch(t, &old, &patch, &mut dst, &mut bufs.write)?;
+        }
+        OpType::Puffdiff => {
+            let src = need()?;
+            // As for bsdiff: the patch and the old bytes are checked before either is used.
+            let _mem = crate::delta::reserve(crate::delta::op_memory(op, bs, true));
+            let patch = blob.read_all()?;
+            check_data_hash(op, blob.hash.clone().finalize().into())?;
+            let old;
+            (old, src_unhashed) = crate::delta::read_source(op, bs, src)?;
+            crate::delta::puffpatch(&old, &patch, &mut dst, &mut bufs.write)?;
         }
         // The plan refuses every other type.
         other => {

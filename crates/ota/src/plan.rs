@@ -130,8 +130,9 @@ impl Payload {
     /// Check everything extraction of `names` (all partitions when `None`) needs, before
     /// anything is written: partition names usable as file names and unique, a 32-byte
     /// `new_partition_info` hash and a size, and for every operation a type extraction applies,
-    /// a data blob inside the payload, destination extents inside the partition that no other
-    /// extent of the partition overlaps, and a raw blob no larger than its destination.
+    /// a data blob inside the payload (and before the payload signature blob, when there is
+    /// one), destination extents inside the partition that no other extent of the partition
+    /// overlaps, and a raw blob no larger than its destination.
     pub fn plan_extract(&self, names: Option<&[String]>) -> Result<ExtractPlan<'_>> {
         let chosen = self.select(names)?;
         let mut planned = Vec::new();
@@ -224,6 +225,11 @@ impl Payload {
             read: false,
         };
         let area = self.data_len();
+        // With a payload signature, every blob lies before it, inside the signed bytes.
+        let signed_end = self
+            .manifest()
+            .signatures_offset
+            .or(self.manifest().signatures_size.map(|_| 0));
         let op_err = |i: usize, source: OpError| OtaError::Op {
             partition: name.clone(),
             index: i,
@@ -251,6 +257,19 @@ impl Payload {
                         offset,
                         length,
                         area,
+                    },
+                ));
+            }
+            if let Some(sig) = signed_end
+                && length > 0
+                && offset + length > sig
+            {
+                return Err(op_err(
+                    i,
+                    OpError::BlobPastSignature {
+                        offset,
+                        length,
+                        signatures_offset: sig,
                     },
                 ));
             }
@@ -399,7 +418,20 @@ impl Payload {
                 }
             }
             _ => {
-                for (what, bytes) in [("the source", src_bytes), ("the patch", op.data_length())] {
+                // A PUFFDIFF also holds its destination in memory.
+                let dst = match t {
+                    OpType::Puffdiff => op
+                        .dst_extents
+                        .iter()
+                        .map(|e| e.num_blocks().saturating_mul(bs))
+                        .fold(0, u64::saturating_add),
+                    _ => 0,
+                };
+                for (what, bytes) in [
+                    ("the source", src_bytes),
+                    ("the patch", op.data_length()),
+                    ("the destination", dst),
+                ] {
                     if bytes > MAX_PATCH_INPUT {
                         return Err(OpError::TooLarge {
                             what,

@@ -135,15 +135,23 @@ impl Properties {
         payload: &Payload,
         progress: &mut dyn FnMut(u64),
     ) -> Result<Check> {
+        if self.file_hash.is_none() {
+            return Ok(Check::Absent);
+        }
+        self.check_file_digest(&payload.file_sha256(progress)?)
+    }
+
+    /// Check `FILE_HASH` against `have`, the whole payload's SHA-256 computed elsewhere (e.g.
+    /// [`Digests::file`](crate::Digests::file), from the pass that checks the signatures).
+    pub fn check_file_digest(&self, have: &[u8; 32]) -> Result<Check> {
         let Some(w) = self.file_hash else {
             return Ok(Check::Absent);
         };
-        let have = payload.file_sha256(progress)?;
-        if have != w {
+        if *have != w {
             return Err(OtaError::PropertiesMismatch {
                 key: "FILE_HASH",
                 expected: hex(&w),
-                found: hex(&have),
+                found: hex(have),
             });
         }
         Ok(Check::Matched)

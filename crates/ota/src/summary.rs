@@ -31,7 +31,7 @@ pub struct Summary {
     pub security_patch_level: Option<String>,
     /// `partial_update`.
     pub partial_update: bool,
-    /// Signatures present (they are not verified by this build).
+    /// Where the signatures are ([`Payload::verify_signatures`] checks them).
     pub signatures: SignatureSummary,
     /// Dynamic partitions and Virtual A/B settings, if the manifest has them.
     pub dynamic_partitions: Option<DynamicSummary>,
@@ -48,8 +48,6 @@ pub struct SignatureSummary {
     pub metadata_signature_size: u32,
     /// (payload offset, size) of the payload signature blob, if any.
     pub payload_signature: Option<(u64, u64)>,
-    /// Always false: signature verification is not implemented yet.
-    pub verified: bool,
 }
 
 /// `DynamicPartitionMetadata`, flattened.
@@ -312,7 +310,6 @@ impl Payload {
             signatures: SignatureSummary {
                 metadata_signature_size: self.header().metadata_signature_size,
                 payload_signature: self.signatures_range(),
-                verified: false,
             },
             dynamic_partitions,
             apex: m

@@ -2,9 +2,10 @@
 //! REPLACE_BZ, REPLACE_XZ, REPLACE_ZSTD, ZERO/DISCARD; block ranges can be left out of the
 //! operations, as the dm-verity tree and FEC are) and incremental ones (SOURCE_COPY,
 //! SOURCE_BSDIFF, BROTLI_BSDIFF with patches from a caller-given differ, any op with a given
-//! blob), every op and partition hashed — an in-memory [`Output`], and extraction and `apply`
-//! into memory. Tests mutate [`Built::manifest`] (the verity fields, bad values) or the bytes
-//! to make bad payloads.
+//! blob), every op and partition hashed, signed in delta_generator's two passes
+//! ([`Built::unsigned`], then [`Unsigned::fill`] with signatures made elsewhere) — an
+//! in-memory [`Output`], and extraction and `apply` into memory. Tests mutate
+//! [`Built::manifest`] (the verity fields, bad values) or the bytes to make bad payloads.
 
 use snapblk_core::MemFile;
 use snapblk_core::sync::lock;
@@ -160,6 +161,125 @@ impl Built {
         out.extend_from_slice(&m);
         out.extend_from_slice(&self.data);
         out
+    }
+}
+
+/// A payload laid out for signing, as update_engine's `delta_generator` signs in two passes:
+/// the manifest already names the payload signature blob (`signatures_offset`,
+/// `signatures_size`) and the header the metadata signature's size, both blobs filled with
+/// zero signatures of their final (padded) sizes, so the signed bytes do not change when
+/// [`Unsigned::fill`] puts the real signatures in.
+#[derive(Clone, Debug)]
+pub struct Unsigned {
+    /// The payload with placeholder signatures.
+    pub bytes: Vec<u8>,
+    /// Padded size of each signature (one per signing key).
+    pub sizes: Vec<usize>,
+    /// Whether the payload has a metadata signature.
+    pub metadata_signed: bool,
+}
+
+/// A `Signatures` message: each signature zero-padded to its size in `sizes`, with
+/// `unpadded_signature_size` its own length (as the generator writes RSA and EC alike).
+pub fn signature_set(sigs: &[Vec<u8>], sizes: &[usize]) -> Vec<u8> {
+    assert_eq!(sigs.len(), sizes.len(), "one signature per size");
+    let signatures = sigs
+        .iter()
+        .zip(sizes)
+        .map(|(s, &n)| {
+            assert!(s.len() <= n, "signature of {} bytes, room for {n}", s.len());
+            let mut data = s.clone();
+            data.resize(n, 0);
+            crate::proto::Signature {
+                version: None,
+                data: Some(data),
+                unpadded_signature_size: Some(s.len() as u32),
+            }
+        })
+        .collect();
+    crate::proto::Signatures { signatures }.encode_to_vec()
+}
+
+impl Unsigned {
+    /// Header, manifest and metadata signature bytes: where the data area starts.
+    pub fn data_start(&self) -> usize {
+        let m = u64::from_be_bytes(self.bytes[12..20].try_into().unwrap()) as usize;
+        let s = u32::from_be_bytes(self.bytes[20..24].try_into().unwrap()) as usize;
+        HEADER_LEN as usize + m + s
+    }
+
+    /// What the two signatures sign, cut from the placeholder payload as update_engine's
+    /// format says: the metadata signature the header and manifest, `[0, 24 + M)`; the
+    /// payload signature those bytes followed by the data area up to the payload signature
+    /// blob (the metadata signature left out).
+    pub fn messages(&self) -> (Vec<u8>, Vec<u8>) {
+        let m = u64::from_be_bytes(self.bytes[12..20].try_into().unwrap()) as usize;
+        let metadata = self.bytes[..HEADER_LEN as usize + m].to_vec();
+        let zero: Vec<Vec<u8>> = self.sizes.iter().map(|&n| vec![0; n]).collect();
+        let blob = signature_set(&zero, &self.sizes).len();
+        let mut payload = metadata.clone();
+        payload.extend_from_slice(&self.bytes[self.data_start()..self.bytes.len() - blob]);
+        (metadata, payload)
+    }
+
+    /// Pass two: sign [`Unsigned::messages`] with each key, `sign(key index, message)`
+    /// giving the signature (of the message, which the signer hashes), and
+    /// [`fill`](Unsigned::fill) them in.
+    pub fn sign(&self, sign: &dyn Fn(usize, &[u8]) -> Vec<u8>) -> Vec<u8> {
+        let (meta, payload) = self.messages();
+        let n = self.sizes.len();
+        let metadata: Vec<Vec<u8>> = (0..n).map(|k| sign(k, &meta)).collect();
+        let payload: Vec<Vec<u8>> = (0..n).map(|k| sign(k, &payload)).collect();
+        self.fill(&metadata, &payload)
+    }
+
+    /// The payload with `metadata` and `payload` signatures (one per size, each at most its
+    /// size) in place of the placeholders.
+    pub fn fill(&self, metadata: &[Vec<u8>], payload: &[Vec<u8>]) -> Vec<u8> {
+        let zero: Vec<Vec<u8>> = self.sizes.iter().map(|&n| vec![0; n]).collect();
+        let blob = signature_set(payload, &self.sizes);
+        assert_eq!(blob.len(), signature_set(&zero, &self.sizes).len());
+        let mut out = self.bytes.clone();
+        let at = out.len() - blob.len();
+        out[at..].copy_from_slice(&blob);
+        if self.metadata_signed {
+            let meta = signature_set(metadata, &self.sizes);
+            let m = u64::from_be_bytes(out[12..20].try_into().unwrap()) as usize;
+            let from = HEADER_LEN as usize + m;
+            assert_eq!(self.data_start() - from, meta.len());
+            out[from..from + meta.len()].copy_from_slice(&meta);
+        }
+        out
+    }
+}
+
+impl Built {
+    /// Pass one of signing: the payload with room for one signature per key of the padded
+    /// `sizes` (RSA: the modulus' bytes; ECDSA P-256: 72, its largest DER signature), in a
+    /// payload signature blob after the data area and, with `metadata_signed`, a metadata
+    /// signature.
+    pub fn unsigned(&self, sizes: &[usize], metadata_signed: bool) -> Unsigned {
+        let zero: Vec<Vec<u8>> = sizes.iter().map(|&n| vec![0; n]).collect();
+        let blob = signature_set(&zero, sizes);
+        let mut manifest = self.manifest.clone();
+        manifest.signatures_offset = Some(self.data.len() as u64);
+        manifest.signatures_size = Some(blob.len() as u64);
+        let m = manifest.encode_to_vec();
+        let meta: &[u8] = if metadata_signed { &blob } else { &[] };
+        let mut out = Vec::new();
+        out.extend_from_slice(&MAGIC);
+        out.extend_from_slice(&MAJOR_VERSION.to_be_bytes());
+        out.extend_from_slice(&(m.len() as u64).to_be_bytes());
+        out.extend_from_slice(&(meta.len() as u32).to_be_bytes());
+        out.extend_from_slice(&m);
+        out.extend_from_slice(meta);
+        out.extend_from_slice(&self.data);
+        out.extend_from_slice(&blob);
+        Unsigned {
+            bytes: out,
+            sizes: sizes.to_vec(),
+            metadata_signed,
+        }
     }
 }
 

@@ -576,7 +576,7 @@ fn source_extents_are_checked_by_the_plan() {
     );
 }
 
-/// A payload with `system` (applicable), `product` (a PUFFDIFF at op 1), `odm` (type 42 at
+/// A payload with `system` (applicable), `product` (a ZUCCHINI at op 1), `odm` (type 42 at
 /// op 0) and `vendor_dlkm` (a hash tree left to the device, without the data it covers).
 fn mixed() -> (Built, Case) {
     let c = case();
@@ -597,7 +597,7 @@ fn mixed() -> (Built, Case) {
             "product",
             &img,
             &img,
-            &[copy.clone(), odd(OpType::Puffdiff as i32)],
+            &[copy.clone(), odd(OpType::Zucchini as i32)],
             &bsdiff,
         )
         .delta("odm", &img, &img, &[odd(42), copy.clone()], &bsdiff)
@@ -636,7 +636,7 @@ fn unsupported_partitions_are_refused_or_skipped() {
     let e = apply_to_memory(&p, None, &old, false, 1).unwrap_err();
     assert_eq!(
         line(&e),
-        "partition product, op 1: PUFFDIFF is not supported by apply"
+        "partition product, op 1: ZUCCHINI is not supported by apply"
     );
     let e = apply_to_memory(&p, Some(&names(&["odm"])), &old, false, 1).unwrap_err();
     assert_eq!(line(&e), "partition odm, op 0: unknown operation type 42");
@@ -664,7 +664,7 @@ fn unsupported_partitions_are_refused_or_skipped() {
     assert_eq!(
         got,
         [
-            ("product", 1, &op(1, "PUFFDIFF")),
+            ("product", 1, &op(1, "ZUCCHINI")),
             ("odm", 2, &op(0, "UNKNOWN(42)")),
         ]
     );
@@ -679,12 +679,12 @@ fn unsupported_partitions_are_refused_or_skipped() {
         blockers,
         [
             None,
-            Some(op(1, "PUFFDIFF")),
+            Some(op(1, "ZUCCHINI")),
             Some(op(0, "UNKNOWN(42)")),
             None
         ]
     );
-    assert_eq!(s.partitions[1].apply_blocked_by, ["PUFFDIFF"]);
+    assert_eq!(s.partitions[1].apply_blocked_by, ["ZUCCHINI"]);
     assert!(s.partitions[0].applicable && !s.partitions[1].applicable);
     assert!(!s.partitions[3].applicable && s.partitions[3].apply_blocked_by.is_empty());
     let problem = s.partitions[3]
@@ -692,13 +692,8 @@ fn unsupported_partitions_are_refused_or_skipped() {
         .as_ref()
         .and_then(|v| v.problem.as_deref());
     assert_eq!(problem, Some("hash_tree_data_extent is missing or empty"));
-    // ZUCCHINI and the LZ4DIFF types, likewise.
-    for t in [
-        OpType::Zucchini,
-        OpType::Lz4diffBsdiff,
-        OpType::Lz4diffPuffdiff,
-        OpType::Move,
-    ] {
+    // The LZ4DIFF types, likewise.
+    for t in [OpType::Lz4diffBsdiff, OpType::Lz4diffPuffdiff, OpType::Move] {
         let mut b2 = b.clone();
         b2.manifest.partitions[1].operations[1].r#type = t as i32;
         let p = Payload::from_bytes(b2.to_bytes()).unwrap();

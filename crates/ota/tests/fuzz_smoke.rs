@@ -3,7 +3,7 @@
 //! manifests, and mutated bsdiff patches must never panic. Long runs: `crates/ota/fuzz`
 //! (tests/suites/parsers-fuzz.sh).
 
-use snapblk_ota::fuzzing::{bspatch_seed, fuzz_bspatch, fuzz_payload, manifest_seed};
+use snapblk_ota::fuzzing::{bspatch_seed, fuzz_bspatch, fuzz_keys, fuzz_payload, manifest_seed};
 use snapblk_ota::testing::{Encoding, PayloadBuilder, bsdf2_from_bsdiff40};
 use snapblk_testsupport::{TempDir, path_str, pattern, tool_ok};
 
@@ -61,6 +61,24 @@ fn mutated_payloads_never_panic() {
         .bytes();
     let mut seeds = vec![[&[0u8][..], &payload].concat()];
     seeds.push(manifest_seed(&payload).unwrap());
+    // Signed by openssl, the key appended (flag bits 1 and 2): the harness checks the
+    // signatures with it, so mutations start from the verified path.
+    let d = TempDir::new("ota-payload-smoke");
+    let k = snapblk_testsupport::openssl::key(d.path(), "ec", "ec:P-256");
+    let u = PayloadBuilder::new()
+        .partition("system", &pattern(2 * 4096, 3), 1, &[Encoding::Xz])
+        .build()
+        .unsigned(&[72, 72], true);
+    let signed = u.sign(&|_, m| snapblk_testsupport::openssl::sign(d.path(), &k.private, m));
+    let key = std::fs::read(&k.public_der).unwrap();
+    let mut seed = [&[6u8][..], &signed, &key].concat();
+    seed.extend((key.len() as u16).to_be_bytes());
+    let keys = snapblk_ota::VerifyKey::parse_all(&key).unwrap();
+    let p = snapblk_ota::Payload::from_bytes(signed).unwrap();
+    let digests = p.signature_digests(false, &mut |_| {}).unwrap();
+    let report = p.verify_signatures(&keys, Some(&digests)).unwrap();
+    report.require_verified().unwrap();
+    seeds.push(seed);
     let mut r = Rng(0x5eed_f07a);
     for s in &seeds {
         fuzz_payload(s);
@@ -97,5 +115,38 @@ fn mutated_bsdiff_patches_never_panic() {
     for i in 0..3000 {
         let s = &seeds[i % seeds.len()];
         fuzz_bspatch(&mutate(&mut r, s));
+    }
+}
+
+#[test]
+fn mutated_key_files_never_panic() {
+    let d = TempDir::new("ota-keys-smoke");
+    let mut seeds = Vec::new();
+    for (name, spec) in [("rsa", "rsa:2048"), ("ec", "ec:P-256"), ("ed", "ed25519")] {
+        let k = snapblk_testsupport::openssl::key(d.path(), name, spec);
+        for f in [&k.cert_pem, &k.cert_der, &k.public_pem, &k.public_der] {
+            seeds.push(std::fs::read(f).unwrap());
+        }
+    }
+    let zip = d.join("otacerts.zip");
+    let certs = [d.join("rsa.crt.pem"), d.join("ec.crt.pem")];
+    tool_ok(
+        "zip",
+        &[
+            "-j",
+            "-q",
+            path_str(&zip),
+            path_str(&certs[0]),
+            path_str(&certs[1]),
+        ],
+    );
+    seeds.push(std::fs::read(&zip).unwrap());
+    let mut r = Rng(0x6e75_0c27);
+    for s in &seeds {
+        fuzz_keys(s);
+    }
+    for i in 0..3000 {
+        let s = &seeds[i % seeds.len()];
+        fuzz_keys(&mutate(&mut r, s));
     }
 }

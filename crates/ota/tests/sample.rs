@@ -47,6 +47,18 @@ fn the_full_sample_extracts_to_the_images_it_was_made_from() {
     assert_eq!((s.minor_version, s.kind, s.block_size), (0, "full", 4096));
     assert_eq!(s.signatures.metadata_signature_size, 0);
     assert_eq!(s.signatures.payload_signature, None);
+    // The AOSP samples are unsigned: both signatures say so, with or without digests.
+    let r = p.signature_status().unwrap();
+    assert_eq!(r.metadata, snapblk_ota::SignatureStatus::Unsigned);
+    assert_eq!(r.payload, snapblk_ota::SignatureStatus::Unsigned);
+    let digests = p.signature_digests(true, &mut |_| {}).unwrap();
+    assert_eq!(digests.payload, None);
+    let bytes = std::fs::read(d.join("full_payload.bin")).unwrap();
+    assert_eq!(snapblk_ota::hex(&digests.file.unwrap()), sha256(&bytes));
+    assert_eq!(
+        snapblk_ota::hex(&digests.metadata),
+        sha256(&bytes[..s.metadata_size as usize])
+    );
     assert!(s.dynamic_partitions.is_none());
     let names: Vec<_> = s.partitions.iter().map(|x| x.name.as_str()).collect();
     assert_eq!(names, ["kernel", "root"]);

@@ -1,7 +1,7 @@
 //! snapblk facade: the driver registry and device specs.
 //!
 //! [`create`] makes a [`Blkio`] instance for a driver name (`io_uring`, `sync`, `null`,
-//! `snapshot`); [`open`] parses a *device spec*, sets its properties, connects and starts it.
+//! `snapshot`, `virtio-blk-vhost-user`); [`open`] parses a *device spec*, sets its properties, connects and starts it.
 //!
 //! Each driver is a cargo feature of this crate (`io_uring`, `sync`, `null`, `snapshot`, all on
 //! by default), as in libblkio: a build without a driver knows no such name ([`DRIVERS`]).
@@ -51,6 +51,8 @@ pub const DRIVERS: &[&str] = &[
     "io_uring",
     #[cfg(feature = "sync")]
     "sync",
+    #[cfg(feature = "virtio-blk-vhost-user")]
+    "virtio-blk-vhost-user",
     #[cfg(feature = "null")]
     "null",
     #[cfg(feature = "snapshot")]
@@ -76,6 +78,8 @@ pub fn create(driver: &str) -> Result<Blkio> {
         "sync" => Box::new(snapblk_drivers::SyncDriver::new()),
         #[cfg(feature = "null")]
         "null" => Box::new(snapblk_drivers::NullDriver::new()),
+        #[cfg(feature = "virtio-blk-vhost-user")]
+        "virtio-blk-vhost-user" => Box::new(snapblk_drivers::VhostUserDriver::new()),
         #[cfg(feature = "snapshot")]
         "snapshot" => Box::new(snapblk_snapshot::SnapshotDriver::new()),
         #[cfg(feature = "fault-injection")]
@@ -288,15 +292,16 @@ mod tests {
             feature = "io_uring",
             feature = "sync",
             feature = "null",
-            feature = "snapshot"
+            feature = "snapshot",
+            feature = "virtio-blk-vhost-user"
         )),
         ignore = "the message lists every driver"
     )]
     fn unknown_driver_in_a_spec_is_named() {
         #[cfg(not(feature = "fault-injection"))]
-        let known = "io_uring, null, snapshot, sync";
+        let known = "io_uring, null, snapshot, sync, virtio-blk-vhost-user";
         #[cfg(feature = "fault-injection")]
-        let known = "fault, io_uring, null, snapshot, sync";
+        let known = "fault, io_uring, null, snapshot, sync, virtio-blk-vhost-user";
         for (spec, name) in [
             ("nosuch:size=1G", "nosuch"),
             ("NULL:size=1G", "NULL"),
@@ -401,7 +406,14 @@ mod tests {
 
     #[test]
     fn create_knows_exactly_the_drivers_of_the_enabled_features() {
-        for name in ["io_uring", "sync", "null", "snapshot", "fault"] {
+        for name in [
+            "io_uring",
+            "sync",
+            "null",
+            "snapshot",
+            "fault",
+            "virtio-blk-vhost-user",
+        ] {
             match create(name) {
                 Ok(_) => assert!(DRIVERS.contains(&name), "{name} created but not listed"),
                 Err(e) => {
@@ -419,6 +431,7 @@ mod tests {
                 + usize::from(cfg!(feature = "sync"))
                 + usize::from(cfg!(feature = "null"))
                 + usize::from(cfg!(feature = "snapshot"))
+                + usize::from(cfg!(feature = "virtio-blk-vhost-user"))
                 + usize::from(cfg!(feature = "fault-injection"))
         );
     }

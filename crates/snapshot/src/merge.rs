@@ -29,7 +29,7 @@
 
 use crate::error::{Result, SnapError};
 use crate::io::Dev;
-use crate::map::{MergeView, OpKind, StagedWindow};
+use crate::map::{MergeView, OpKind, Payload, StagedWindow};
 use crate::precheck::{PrecheckReport, precheck};
 use crate::sched::IoClass;
 use crate::snapshot::{Snapshot, scratch_state};
@@ -208,7 +208,28 @@ struct Merger<'a> {
     /// The previous window's buffer, reused when no reader holds it any more (saves allocating
     /// and zeroing a window's worth of memory per window).
     spare: Vec<u8>,
+    /// Stored payload bytes of the current window or batch, read with one I/O
+    /// ([`Merger::prefetch`]).
+    payloads: Prefetched,
 }
+
+/// Stored bytes of the COW from `start`, holding the payloads of a window or batch.
+#[derive(Default)]
+struct Prefetched {
+    start: u64,
+    data: Vec<u8>,
+}
+
+impl Prefetched {
+    /// The stored bytes of `p`, if they were prefetched.
+    fn get(&self, p: &Payload) -> Option<&[u8]> {
+        let at = usize::try_from(p.offset.checked_sub(self.start)?).ok()?;
+        self.data.get(at..at.checked_add(p.stored_len as usize)?)
+    }
+}
+
+/// Largest read that prefetches a window's or batch's payloads.
+const PREFETCH_MAX: u64 = 4 << 20;
 
 /// Merge `snap`'s COW into its base, resuming from the persisted progress.
 ///
@@ -241,6 +262,7 @@ pub fn merge(snap: &Snapshot, opts: MergeOptions<'_>) -> Result<MergeReport> {
             ..Default::default()
         },
         spare: Vec::new(),
+        payloads: Prefetched::default(),
     };
     let mut n = merged;
     if staged.is_none() && snap.persisted().state == Some(scratch_state::DONE) {
@@ -312,6 +334,34 @@ impl Merger<'_> {
         )
     }
 
+    /// Read the stored bytes of `pays` with one I/O when they lie close together in the COW (a
+    /// writer stores an op range's payloads back to back): one read instead of one per op.
+    fn prefetch(&mut self, pays: impl Iterator<Item = Payload>) -> Result<()> {
+        let (mut lo, mut hi, mut sum) = (u64::MAX, 0u64, 0u64);
+        for p in pays {
+            lo = lo.min(p.offset);
+            hi = hi.max(p.offset.saturating_add(p.stored_len as u64));
+            sum += p.stored_len as u64;
+        }
+        self.payloads.data.clear();
+        if lo >= hi || hi - lo > PREFETCH_MAX || hi - lo > 2 * sum + (64 << 10) {
+            return Ok(());
+        }
+        self.payloads.start = lo;
+        self.payloads.data.resize((hi - lo) as usize, 0);
+        self.snap
+            .io
+            .read(IoClass::Merge, Dev::Cow, lo, &mut self.payloads.data)
+    }
+
+    /// Decode payload `p` into `out` (one unit), from the prefetched bytes when it is there.
+    fn decode(&self, p: &Payload, out: &mut [u8]) -> Result<()> {
+        match self.payloads.get(p) {
+            Some(src) => self.snap.decode_stored(p, src, out),
+            None => self.snap.decode_into(IoClass::Merge, p, out),
+        }
+    }
+
     /// Whether no op of `[n, end)` writes a block that an op of `[n, end)` reads, so the window
     /// can be redone from the base alone after a crash in the middle of its writes.
     fn self_safe(&self, n: usize, end: usize) -> bool {
@@ -354,11 +404,19 @@ impl Merger<'_> {
             )?;
             k = j;
         }
+        self.prefetch(ops[n..end].iter().filter_map(|o| match o.kind {
+            OpKind::Xor { payload, .. } => Some(payload),
+            _ => None,
+        }))?;
+        let mut delta = vec![0u8; bsu];
         for (i, op) in ops[n..end].iter().enumerate() {
             if let OpKind::Xor { payload, .. } = op.kind {
                 let slot = i * bsu;
-                self.snap
-                    .xor_apply(IoClass::Merge, &payload, &mut data[slot..slot + bsu])?;
+                delta.resize(payload.unit_len as usize, 0);
+                self.decode(&payload, &mut delta)?;
+                for (d, x) in data[slot..slot + bsu].iter_mut().zip(&delta) {
+                    *d ^= x;
+                }
             }
         }
         if let Some(stash) = self.opts.stash
@@ -492,9 +550,14 @@ impl Merger<'_> {
             bytes += ops[end].blocks() * bs;
             end += 1;
         }
+        self.prefetch(ops[n..end].iter().filter_map(|o| match o.kind {
+            OpKind::Replace { payload, .. } => Some(payload),
+            _ => None,
+        }))?;
         // (block, data) for every block this batch owns, in op order.
         let mut blocks: Vec<(u64, usize)> = Vec::new();
         let mut buf: Vec<u8> = Vec::with_capacity(bytes as usize);
+        let mut unit = Vec::new();
         for (i, op) in ops.iter().enumerate().take(end).skip(n) {
             let owned: Vec<u64> = (op.new_block..op.new_block + op.blocks())
                 .filter(|&b| self.snap.map.lookup(b) == Some(i))
@@ -510,7 +573,10 @@ impl Merger<'_> {
                     }
                 }
                 OpKind::Replace { payload, .. } => {
-                    let unit = self.snap.unit(IoClass::Merge, &payload)?;
+                    // Decoded straight from the prefetched bytes; the merge reads each unit
+                    // once, so it keeps no cache copy.
+                    unit.resize(payload.unit_len as usize, 0);
+                    self.decode(&payload, &mut unit)?;
                     for b in owned {
                         let at = ((b - op.new_block) * bs) as usize;
                         let src = unit.get(at..at + bsu).ok_or(SnapError::PayloadShort {

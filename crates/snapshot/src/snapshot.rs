@@ -962,20 +962,23 @@ impl Snapshot {
         })
     }
 
-    /// The new content of op `i`'s first block computed from the base as it was before the merge
-    /// (ordered ops), into `out` (one block). Used by the merge's staging step.
-    pub(crate) fn xor_apply(
-        &self,
-        class: IoClass,
-        payload: &Payload,
-        out: &mut [u8],
-    ) -> Result<()> {
-        let mut pl = vec![0u8; payload.unit_len as usize];
-        self.decode_into(class, payload, &mut pl)?;
-        for (d, s) in out.iter_mut().zip(&pl) {
-            *d ^= s;
+    /// Decode payload `p` from its stored bytes `src` (already read) into `out` (one unit).
+    pub(crate) fn decode_stored(&self, p: &Payload, src: &[u8], out: &mut [u8]) -> Result<()> {
+        if p.codec == Codec::None {
+            if src.len() != out.len() {
+                return Err(short(p));
+            }
+            out.copy_from_slice(src);
+            return Ok(());
         }
-        Ok(())
+        check_payload_len(p)?;
+        self.decoder
+            .decode(p.codec, src, out)
+            .map_err(|source| SnapError::Decode {
+                offset: p.offset,
+                codec: p.codec,
+                source,
+            })
     }
 
     /// Write through the snapshot into the overlay (EROFS when read-only).

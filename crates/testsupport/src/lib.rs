@@ -2,14 +2,15 @@
 //! temporary directories, deterministic test images, external tools that fail the test when
 //! missing, a server child process that announces readiness with a JSON line (killed on drop),
 //! NBD client tools ([`nbd`]), the AOSP golden COW cases with their README facts ([`golden`]),
-//! which mapping holds an address ([`mapping_of`]), and checks of the error convention
-//! ([`errors`]).
+//! which mapping holds an address ([`mapping_of`]), checks of the error convention
+//! ([`errors`]), and keys and signatures made by the `openssl` tool ([`openssl`]).
 //!
 //! Everything here panics on failure: it runs inside tests, where a panic is the failure report.
 
 pub mod errors;
 pub mod golden;
 pub mod nbd;
+pub mod openssl;
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};

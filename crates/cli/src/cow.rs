@@ -216,7 +216,7 @@ fn open_input(path: &Path, what: &str) -> Result<std::fs::File> {
     Ok(f)
 }
 
-fn parse_hex(flag: &str, v: &Option<String>) -> Result<Option<[u8; 32]>> {
+pub(crate) fn parse_hex(flag: &str, v: &Option<String>) -> Result<Option<[u8; 32]>> {
     v.as_deref()
         .map(|s| {
             record::parse_sha256(s)

@@ -116,18 +116,9 @@ struct Digests {
 
 impl Digests {
     fn parse(a: &MergeArgs) -> anyhow::Result<Digests> {
-        let hex = |flag: &str, v: &Option<String>| {
-            v.as_deref()
-                .map(|s| {
-                    snapblk_cow::record::parse_sha256(s).with_context(|| {
-                        format!("{flag}: expected 64 hexadecimal digits, got {s:?}")
-                    })
-                })
-                .transpose()
-        };
         Ok(Digests {
-            base: hex("--base-sha256", &a.base_sha256)?,
-            expect: hex("--expect-sha256", &a.expect_sha256)?,
+            base: crate::cow::parse_hex("--base-sha256", &a.base_sha256)?,
+            expect: crate::cow::parse_hex("--expect-sha256", &a.expect_sha256)?,
         })
     }
 

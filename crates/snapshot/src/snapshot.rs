@@ -1031,14 +1031,19 @@ fn xor_into(dst: &mut [u8], src: &[u8]) {
     }
 }
 
-/// A per-thread buffer for one decoded unit (beside [`with_scratch`]'s, which holds the
-/// compressed bytes while it decodes).
-fn with_unit_scratch<R>(len: usize, f: impl FnOnce(&mut [u8]) -> R) -> R {
-    thread_local! {
-        static BUF: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
-    }
-    BUF.with(|cell| match cell.try_borrow_mut() {
-        Ok(mut v) if len <= 1 << 20 => {
+type ThreadBuf = std::thread::LocalKey<std::cell::RefCell<Vec<u8>>>;
+
+/// Run `f` on `len` bytes of the per-thread buffer `key`, keeping at most `keep` bytes of it
+/// between calls; a re-entered buffer (a decoder reading through the snapshot) or a larger
+/// request gets a fresh one.
+fn with_buf<R>(
+    key: &'static ThreadBuf,
+    keep: usize,
+    len: usize,
+    f: impl FnOnce(&mut [u8]) -> R,
+) -> R {
+    key.with(|cell| match cell.try_borrow_mut() {
+        Ok(mut v) if len <= keep => {
             if v.len() < len {
                 v.resize(len, 0);
             }
@@ -1048,6 +1053,15 @@ fn with_unit_scratch<R>(len: usize, f: impl FnOnce(&mut [u8]) -> R) -> R {
     })
 }
 
+/// A per-thread buffer for one decoded unit (beside [`with_scratch`]'s, which holds the
+/// compressed bytes while it decodes).
+fn with_unit_scratch<R>(len: usize, f: impl FnOnce(&mut [u8]) -> R) -> R {
+    thread_local! {
+        static BUF: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+    }
+    with_buf(&BUF, 1 << 20, len, f)
+}
+
 /// Run `f` on a per-thread reusable buffer of `len` bytes (compressed payload bytes read from the
 /// COW): no allocation or zeroing per request once the buffer has grown.
 fn with_scratch<R>(len: usize, f: impl FnOnce(&mut [u8]) -> R) -> R {
@@ -1055,16 +1069,7 @@ fn with_scratch<R>(len: usize, f: impl FnOnce(&mut [u8]) -> R) -> R {
         static BUF: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
     }
     // Keep at most a few MiB per thread (runs are bounded by `whole_unit_run`).
-    const KEEP: usize = 8 << 20;
-    BUF.with(|cell| match cell.try_borrow_mut() {
-        Ok(mut v) if len <= KEEP => {
-            if v.len() < len {
-                v.resize(len, 0);
-            }
-            f(&mut v[..len])
-        }
-        _ => f(&mut vec![0u8; len]),
-    })
+    with_buf(&BUF, 8 << 20, len, f)
 }
 
 /// A compressed payload's stored length is at most a u32; bound it by the largest unit a COW can

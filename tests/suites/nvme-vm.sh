@@ -7,7 +7,8 @@
 # snapblk must pass every check; every check the real library fails must be tagged [fix] (a
 # documented difference, docs/blkio.md); both runs must execute the same checks; every property
 # in every state must be equal between the two libraries except the documented differences
-# below; after the VM exits, the data each run wrote is checked in the backing images.
+# below; snapblk's poll queue must raise no interrupt (the boot has nvme.poll_queues=1); after
+# the VM exits, the data each run wrote is checked in the backing images.
 # Fails (never skips) when a tool, the VM or a device is missing. Ends with "N passed, N failed".
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -99,8 +100,9 @@ done
 #    65536 blocks;
 #  - max-discard-len: snapblk respects the controller's DMRSL;
 #  - zone-append-max-bytes: ZASL 0 means "as MDTS", which libblkio reads as 4 KiB;
-#  - fd: the descriptor number depends on what else the library has open.
-allowed=" created:supports-fua-natively connected:max-transfer started:max-transfer read-only:max-transfer zns-connected:max-transfer connected:max-discard-len started:max-discard-len read-only:max-discard-len zns-connected:max-discard-len zns-connected:zone-append-max-bytes connected:fd started:fd read-only:fd zns-connected:fd "
+#  - fd: the descriptor number depends on what else the library has open;
+#  - supports-poll-queues, num-poll-queues once started: snapblk has poll queues.
+allowed=" connected:supports-poll-queues started:supports-poll-queues read-only:supports-poll-queues zns-connected:supports-poll-queues started:num-poll-queues created:supports-fua-natively connected:max-transfer started:max-transfer read-only:max-transfer zns-connected:max-transfer connected:max-discard-len started:max-discard-len read-only:max-discard-len zns-connected:max-discard-len zns-connected:zone-append-max-bytes connected:fd started:fd read-only:fd zns-connected:fd "
 props() { grep '^PROP ' "$1" | sed 's/^PROP //' | sort; }
 for m in conv zns; do
     np=$(grep -c '^PROP ' "$P/snap-$m.txt")
@@ -150,6 +152,10 @@ for zone in (1, 2):
         bad.append(f"zoned: 128 KiB pattern of zone {zone}")
     if zns[z + 131072:z + (4 << 20)] != bytes((4 << 20) - 131072):
         bad.append(f"zoned: zone {zone} past its write pointer is not empty")
+# snapblk's poll queue: 32 x 4 KiB at 32 MiB + 4 MiB + 2 MiB.
+base = (36 << 20) + (2 << 20)
+if conv[base:base + 131072] != pattern(131072, 1 + 9):
+    bad.append("conventional: the poll queue's 128 KiB")
 print("\n".join(bad))
 sys.exit(1 if bad else 0)
 PY

@@ -8,7 +8,8 @@
 //!   discard sizes) and, for a zoned namespace, its zone layout (CNS 5 and 6, CSI 2); Get
 //!   Features (volatile write cache) decides `flush-needed`;
 //! * I/O (`queue`): read, write (FUA native), flush, write-zeroes (deallocating unless
-//!   `NO_UNMAP`) and discard (Dataset Management, deallocate) as NVM commands;
+//!   `NO_UNMAP`) and discard (Dataset Management, deallocate) as NVM commands, on regular
+//!   queues or on poll queues (`IORING_SETUP_IOPOLL` rings: every command is polled);
 //! * `sys`: the ioctls and the command layout (`struct nvme_uring_cmd`); `id`: parsing the
 //!   Identify data and the errors of probing.
 //!
@@ -17,7 +18,8 @@
 //! other command sets than NVM and zoned are refused at connect, `zone-append-max-bytes` follows
 //! ZASL = 0 meaning "as MDTS", `flush` completes at once without a volatile write cache, and the
 //! device is opened read-write unless `read-only` is set (libblkio opens it read-only, so only a
-//! privileged caller can write).
+//! privileged caller can write), and poll queues work (`supports-poll-queues` is probed at
+//! connect with one polled read; libblkio has none).
 
 mod id;
 mod queue;
@@ -298,6 +300,7 @@ impl Driver for NvmeDriver {
         let fd = open(&self.path, self.fd, read_only).map_err(nv)?;
         let (ns, facts) = probe(fd, read_only).map_err(nv)?;
         let lba = int(1 << ns.lba_shift);
+        let poll = queue::probe_poll(&ns);
         let info = DeviceInfo {
             read_only,
             request_alignment: lba,
@@ -314,7 +317,7 @@ impl Driver for NvmeDriver {
             discard_alignment: lba,
             discard_alignment_offset: 0,
             supports_fua_natively: true,
-            supports_poll_queues: false,
+            supports_poll_queues: poll,
             flush_needed: ns.flush_needed,
             can_grow: false,
             max_queues: i32::MAX,

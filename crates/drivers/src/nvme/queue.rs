@@ -5,7 +5,9 @@
 use super::Ns;
 use super::sys::{Cmd, NVME_URING_CMD_IO, NVME_URING_CMD_IO_VEC};
 use io_uring::{IoUring, cqueue, opcode, squeue, types};
-use snapblk_core::{Completion, Engine, Error, Op, Queue, QueueCore, ReqFlags, Request, Result};
+use snapblk_core::{
+    Completion, Engine, Error, MemRegion, Op, Queue, QueueCore, ReqFlags, Request, Result,
+};
 use std::collections::VecDeque;
 use std::ffi::CStr;
 use std::os::fd::{AsRawFd, RawFd};
@@ -290,6 +292,59 @@ impl Engine for NvmeEngine {
         }
         n
     }
+}
+
+/// Does a polled (`IORING_SETUP_IOPOLL`) passthrough read of block 0 work? Kernels whose
+/// namespace device has no `uring_cmd_iopoll` refuse it; where the controller has no poll
+/// queue (`nvme.poll_queues=0`) the command completes by interrupt and is reaped by the same
+/// loop, so a poll queue still works, just without the benefit.
+pub(super) fn probe_poll(ns: &Ns) -> bool {
+    let len = (1usize << ns.lba_shift).max(4096);
+    let Ok(mut ring) = Ring::builder().setup_iopoll().build(2) else {
+        return false;
+    };
+    let Ok(buf) = MemRegion::alloc(len) else {
+        return false;
+    };
+    let c = Cmd {
+        opcode: OP_READ,
+        nsid: ns.nsid,
+        addr: buf.addr as u64,
+        data_len: 1 << ns.lba_shift,
+        ..Cmd::default()
+    };
+    let sqe = opcode::UringCmd80::new(types::Fd(ns.fd.as_raw_fd()), NVME_URING_CMD_IO)
+        .cmd(c.to_sqe_bytes())
+        .build();
+    // SAFETY: `buf` stays alive until the read's completion is reaped below; when it cannot
+    // be, `buf` is leaked, never freed.
+    if unsafe { ring.submission().push(&sqe) }.is_err() {
+        drop(ring);
+        // SAFETY: nothing was submitted: nothing references the buffer.
+        unsafe { buf.free() };
+        return false;
+    }
+    let ok = loop {
+        if let Some(c) = ring.completion().next() {
+            break c.result() == 0;
+        }
+        match ring.submit_and_wait(1) {
+            // EINTR comes only when nothing was submitted by this call: call again.
+            Err(e) if e.raw_os_error() == Some(libc::EINTR) => {}
+            Err(_) => {
+                // The read may still be in flight: leak the buffer rather than free it under
+                // the device. A connect-time error path only.
+                drop(ring);
+                let _leaked = buf;
+                return false;
+            }
+            Ok(_) => {}
+        }
+    };
+    drop(ring);
+    // SAFETY: the read's completion was reaped: nothing references the buffer any more.
+    unsafe { buf.free() };
+    ok
 }
 
 /// A queue of the `nvme-io_uring` driver.

@@ -115,6 +115,28 @@ static long long nvme_irqs(const char *ctrl)
     return sum;
 }
 
+/* How many io_uring instances of this process hold [addr, addr + len) as a registered
+ * buffer, from /proc/self/fdinfo ("UserBufs:" then one "N: 0xADDR/LEN" line per buffer). */
+static int fixed_buf_rings(void *addr, size_t len)
+{
+    char want[64], path[64], line[256];
+    snprintf(want, sizeof(want), "0x%llx/%zu", (unsigned long long)(uintptr_t)addr, len);
+    int n = 0;
+    for (int fd = 0; fd < 1024; fd++) {
+        snprintf(path, sizeof(path), "/proc/self/fdinfo/%d", fd);
+        FILE *f = fopen(path, "r");
+        if (!f) continue;
+        int bufs = 0, hit = 0;
+        while (fgets(line, sizeof(line), f)) {
+            if (strncmp(line, "UserBufs:", 9) == 0) bufs = 1;
+            else if (bufs && strstr(line, want)) hit = 1;
+        }
+        fclose(f);
+        n += hit;
+    }
+    return n;
+}
+
 /* Connect failures on paths that are no namespace, with a fresh instance each. */
 static void bad_path(const char *what, const char *path, int err, const char *msg)
 {
@@ -221,6 +243,30 @@ static int conv(const char *ng, const char *blk, const char *ctrl, int tag)
     CHECK("discard 64 KiB", wait1(q).ret == 0);
     blkioq_flush(q, NULL, 0);
     CHECK("flush", wait1(q).ret == 0);
+
+    /* A mapped memory region: registered as a fixed buffer of every queue's ring (the rings'
+     * fdinfo lists it), I/O from it on both queues, and still usable once unmapped. */
+    struct blkio_mem_region r;
+    CHECK("alloc a 1 MiB region", blkio_alloc_mem_region(b, &r, 1 << 20) == 0);
+    CHECK("map it", blkio_map_mem_region(b, &r) == 0);
+    int nreg = fixed_buf_rings(r.addr, r.len);
+    FIX("the mapped region is a fixed buffer of every queue's ring", nreg >= 3);
+    printf("  (rings holding the region as a fixed buffer: %d)\n", nreg);
+    unsigned char *rm = r.addr;
+    pattern(rm, 65536, tag + 20);
+    blkioq_write(q, base + 3584 * 1024, rm, 65536, NULL, 0);
+    CHECK("write 64 KiB from the region", wait1(q).ret == 0);
+    memset(rm + 65536, 0, 65536);
+    blkioq_read(q1, base + 3584 * 1024, rm + 65536, 65536, NULL, 0);
+    c = wait1(q1);
+    CHECK("read it back into the region on the second queue", c.ret == 0 && memcmp(rm, rm + 65536, 65536) == 0);
+    blkio_unmap_mem_region(b, &r);
+    FIX("unmapped: no ring holds it any more", fixed_buf_rings(r.addr, r.len) == 0);
+    memset(rm + 65536, 0, 65536);
+    blkioq_read(q, base + 3584 * 1024, rm + 65536, 65536, NULL, 0);
+    c = wait1(q);
+    CHECK("the unmapped region still works for I/O", c.ret == 0 && memcmp(rm, rm + 65536, 65536) == 0);
+    blkio_free_mem_region(b, &r);
 
     /* Request validation. */
     blkioq_read(q, 1, rd, 512, NULL, 0);

@@ -146,6 +146,8 @@ for tag in (0, 1):
         bad.append(f"conventional: 256 KiB pattern {tag} at {base}")
     if conv[base + 524288:base + 589824] != bytes(65536):
         bad.append(f"conventional: zeroed 64 KiB at {base + 524288}")
+    if conv[base + 3584 * 1024:base + 3648 * 1024] != pattern(65536, tag + 20):
+        bad.append(f"conventional: 64 KiB written from a mapped region at {base + 3584 * 1024}")
 for zone in (1, 2):
     z = zone * (4 << 20)
     if zns[z:z + 131072] != pattern(131072, zone):

@@ -18,17 +18,20 @@
 //! other command sets than NVM and zoned are refused at connect, `zone-append-max-bytes` follows
 //! ZASL = 0 meaning "as MDTS", `flush` completes at once without a volatile write cache, and the
 //! device is opened read-write unless `read-only` is set (libblkio opens it read-only, so only a
-//! privileged caller can write), and poll queues work (`supports-poll-queues` is probed at
+//! privileged caller can write), mapped memory regions are registered as fixed buffers of
+//! every queue's ring (plain reads and writes inside one use them), and poll queues work (`supports-poll-queues` is probed at
 //! connect with one polled read; libblkio has none).
 
 mod id;
 mod queue;
 mod sys;
 
+use crate::uring::bufs::Buffers;
 use id::{CSI_NVM, CSI_ZNS, NvmeError};
 use queue::NvmeQueue;
 use snapblk_core::{
-    Access, DeviceInfo, Driver, Error, PropSpec, PropType, PropValue, Queue, Result, State,
+    Access, DeviceInfo, Driver, Error, MemRegion, PropSpec, PropType, PropValue, Queue, Result,
+    State,
 };
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
@@ -96,6 +99,7 @@ pub struct NvmeDriver {
     num_entries: i32,
     ns: Option<Arc<Ns>>,
     facts: Facts,
+    bufs: Arc<Buffers>,
 }
 
 impl NvmeDriver {
@@ -108,6 +112,7 @@ impl NvmeDriver {
             num_entries: 128,
             ns: None,
             facts: Facts::default(),
+            bufs: Arc::default(),
         }
     }
 }
@@ -342,9 +347,18 @@ impl Driver for NvmeDriver {
         };
         Ok(Box::new(NvmeQueue::new(
             ns.clone(),
+            self.bufs.clone(),
             self.num_entries as u32,
             poll,
         )?))
+    }
+    fn map_mem_region(&mut self, region: &MemRegion) -> Result<()> {
+        // Registration is an optimisation: a region that cannot be registered still works.
+        self.bufs.register(region.addr as usize, region.len);
+        Ok(())
+    }
+    fn unmap_mem_region(&mut self, region: &MemRegion) {
+        self.bufs.unregister(region.addr as usize, region.len);
     }
 }
 

@@ -4,6 +4,7 @@
 
 use super::Ns;
 use super::sys::{Cmd, NVME_URING_CMD_IO, NVME_URING_CMD_IO_VEC};
+use crate::uring::bufs::{BUF_SLOTS, Buffers, FixedBufCache};
 use io_uring::{IoUring, cqueue, opcode, squeue, types};
 use snapblk_core::{
     Completion, Engine, Error, MemRegion, Op, Queue, QueueCore, ReqFlags, Request, Result,
@@ -52,6 +53,9 @@ struct Pending {
 pub(super) struct NvmeEngine {
     ring: Ring,
     ns: Arc<Ns>,
+    /// The mapped memory regions, registered as fixed buffers of the ring (io_uring driver's
+    /// table, shared by every queue of the device).
+    bufs: FixedBufCache,
     slots: Vec<Option<Pending>>,
     free: Vec<u32>,
     /// Slots not yet in the SQ (SQ full, or the CQ would overflow).
@@ -98,13 +102,14 @@ impl NvmeEngine {
     }
 
     /// The command of slot `i`.
-    fn sqe(&self, i: u32) -> squeue::Entry128 {
+    fn sqe(&mut self, i: u32) -> squeue::Entry128 {
         let ns = &self.ns;
         let mut c = Cmd {
             nsid: ns.nsid,
             ..Cmd::default()
         };
         let mut op = NVME_URING_CMD_IO;
+        let mut fixed = None;
         let Some(p) = self.slots.get(i as usize).and_then(Option::as_ref) else {
             return opcode::Nop::new().build().into();
         };
@@ -122,12 +127,14 @@ impl NvmeEngine {
         };
         match p.req.op {
             Op::Read { offset, buf, len } => {
+                fixed = self.bufs.index(buf as usize, len);
                 c.opcode = OP_READ;
                 c.addr = buf as u64;
                 c.data_len = len as u32;
                 lba(&mut c, offset, len as u64);
             }
             Op::Write { offset, buf, len } => {
+                fixed = self.bufs.index(buf as usize, len);
                 c.opcode = OP_WRITE;
                 c.addr = buf as u64;
                 c.data_len = len as u32;
@@ -176,8 +183,11 @@ impl NvmeEngine {
             }
             Op::Zone => return opcode::Nop::new().build().into(),
         }
+        // A fixed buffer: the kernel takes `addr` inside the registered buffer, with no page
+        // pinning per command.
         opcode::UringCmd80::new(types::Fixed(0), op)
             .cmd(c.to_sqe_bytes())
+            .buf_index(fixed)
             .build()
             .user_data(u64::from(i))
     }
@@ -359,7 +369,12 @@ pub(super) struct NvmeQueue {
 unsafe impl Send for NvmeQueue {}
 
 impl NvmeQueue {
-    pub(super) fn new(ns: Arc<Ns>, entries: u32, poll: bool) -> Result<NvmeQueue> {
+    pub(super) fn new(
+        ns: Arc<Ns>,
+        bufs: Arc<Buffers>,
+        entries: u32,
+        poll: bool,
+    ) -> Result<NvmeQueue> {
         let core = QueueCore::new(poll)?;
         let mut b = Ring::builder();
         if poll {
@@ -372,12 +387,16 @@ impl NvmeQueue {
         if let Some(e) = core.eventfd() {
             sub.register_eventfd(e.raw()).map_err(Error::from_io)?;
         }
+        // Fixed buffers: a sparse table holding the regions mapped so far, then following
+        // map/unmap; a ring that cannot hold them all (RLIMIT_MEMLOCK) uses none.
+        let fixed = sub.register_buffers_sparse(BUF_SLOTS).is_ok() && bufs.attach(ring.as_raw_fd());
         let cq_cap = ring.params().cq_entries() as usize;
         Ok(NvmeQueue {
             core,
             eng: NvmeEngine {
                 ring,
                 ns,
+                bufs: FixedBufCache::new(bufs, fixed),
                 slots: Vec::new(),
                 free: Vec::new(),
                 waiting: VecDeque::new(),
@@ -475,6 +494,7 @@ impl NvmeQueue {
 
 impl Drop for NvmeQueue {
     fn drop(&mut self) {
+        self.eng.bufs.shared().detach(self.eng.ring.as_raw_fd());
         // Commands still in the kernel may reference caller buffers: wait for them.
         let sq = self.eng.ring.submission().len();
         self.eng.in_kernel = self.eng.in_kernel.saturating_sub(sq);

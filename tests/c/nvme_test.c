@@ -11,6 +11,9 @@
  *                                            32 MiB + TAG * 4 MiB (see pattern())
  *   nvme_test zns NGDEV ZONE                 zoned namespace (4 MiB zones, 8 open, 8 active):
  *                                            writes 128 KiB at the start of zone ZONE
+ *   nvme_test meta NGDEV                     a namespace with 8 bytes of metadata per block
+ *   nvme_test lba4k NGDEV TAG                an 8 MiB namespace of 4 KiB blocks; writes 64 KiB
+ *                                            at 1 MiB + TAG MiB (block 2 zeroed)
  */
 #define _GNU_SOURCE
 #include <blkio.h>
@@ -416,12 +419,68 @@ static int zns(const char *ng, int zone)
     return fails ? 1 : 0;
 }
 
+/* A namespace whose LBA format carries 8 bytes of metadata: refused at connect. */
+static int meta(const char *ng)
+{
+    struct blkio *b = NULL;
+    CHECK("create nvme-io_uring", blkio_create("nvme-io_uring", &b) == 0);
+    if (!b) return 1;
+    blkio_set_str(b, "path", ng);
+    int rc = blkio_connect(b);
+    printf("  (connect to the metadata namespace: %d %s)\n", rc, rc ? blkio_get_error_msg() : "");
+    CHECK("connect to a namespace with metadata fails with EINVAL", rc == -EINVAL);
+    FIX("the message names the metadata", rc && strstr(blkio_get_error_msg(), "metadata") != NULL);
+    blkio_destroy(&b);
+    printf("%d passed, %d failed\n", passes, fails);
+    return fails ? 1 : 0;
+}
+
+/* A namespace of 4 KiB blocks: the alignments follow the block size. */
+static int lba4k(const char *ng, int tag)
+{
+    struct blkio *b = NULL;
+    CHECK("create nvme-io_uring", blkio_create("nvme-io_uring", &b) == 0);
+    if (!b) return 1;
+    blkio_set_str(b, "path", ng);
+    CHECK("connect to the 4 KiB namespace", blkio_connect(b) == 0);
+    dump(b, "lba4k-connected");
+    CHECK("request-alignment 4096", intp(b, "request-alignment") == 4096);
+    CHECK("buf-alignment 4096", intp(b, "buf-alignment") == 4096);
+    CHECK("capacity 8 MiB", u64p(b, "capacity") == 8u << 20);
+    CHECK("start", blkio_start(b) == 0);
+    struct blkioq *q = blkio_get_queue(b, 0);
+    if (!q) return 1;
+    unsigned char *m = aligned_alloc(4096, 1 << 20);
+    uint64_t base = (1u << 20) + (uint64_t)tag * (1u << 20);
+    struct blkio_completion c;
+    pattern(m, 65536, tag + 30);
+    blkioq_write(q, base + 512, m, 4096, NULL, 0);
+    CHECK("write at a 512-byte offset fails with EINVAL", wait1(q).ret == -EINVAL);
+    blkioq_write(q, base, m, 512, NULL, 0);
+    CHECK("write of 512 bytes fails with EINVAL", wait1(q).ret == -EINVAL);
+    blkioq_write(q, base, m, 65536, NULL, BLKIO_REQ_FUA);
+    CHECK("write 64 KiB (FUA)", wait1(q).ret == 0);
+    memset(m + 65536, 0, 65536);
+    blkioq_read(q, base, m + 65536, 65536, NULL, 0);
+    c = wait1(q);
+    CHECK("read back 64 KiB", c.ret == 0 && memcmp(m, m + 65536, 65536) == 0);
+    blkioq_write_zeroes(q, base + 8192, 4096, NULL, 0);
+    CHECK("write-zeroes of one block", wait1(q).ret == 0);
+    blkio_destroy(&b);
+    free(m);
+    printf("%d passed, %d failed\n", passes, fails);
+    return fails ? 1 : 0;
+}
+
 int main(int argc, char **argv)
 {
     setvbuf(stdout, NULL, _IOLBF, 0);
     alarm(120);
     if (argc == 6 && strcmp(argv[1], "conv") == 0) return conv(argv[2], argv[3], argv[4], atoi(argv[5]));
     if (argc == 4 && strcmp(argv[1], "zns") == 0) return zns(argv[2], atoi(argv[3]));
-    fprintf(stderr, "usage: %s conv NGDEV BLKDEV CTRLDEV TAG | zns NGDEV ZONE\n", argv[0]);
+    if (argc == 3 && strcmp(argv[1], "meta") == 0) return meta(argv[2]);
+    if (argc == 4 && strcmp(argv[1], "lba4k") == 0) return lba4k(argv[2], atoi(argv[3]));
+    fprintf(stderr, "usage: %s conv NGDEV BLKDEV CTRLDEV TAG | zns NGDEV ZONE | meta NGDEV | "
+            "lba4k NGDEV TAG\n", argv[0]);
     return 2;
 }

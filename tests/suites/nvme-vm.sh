@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# The nvme-io_uring driver in a qemu VM (tests/vm/vm.sh, Debian's newest kernel) with two
-# emulated NVMe controllers in one boot: a 64 MiB conventional namespace (/dev/ngXn1) and a
-# 64 MiB zoned one (4 MiB zones, 8 open, 8 active). In the guest (tests/vm/guest/nvme-tests.sh):
-# the conformance suite on the conventional namespace, then tests/c/nvme_test.c against the real
-# libblkio 1.5 (bench/real-libblkio.sh) and snapblk's libblkio.so.1 on both namespaces. Here:
+# The nvme-io_uring driver in a qemu VM (tests/vm/vm.sh, Debian's newest kernel) with three
+# emulated NVMe controllers in one boot: a 64 MiB conventional namespace (/dev/ngXn1), a
+# 64 MiB zoned one (4 MiB zones, 8 open, 8 active), and a controller with a namespace whose
+# blocks carry 8 bytes of metadata (refused) and an 8 MiB namespace of 4 KiB blocks. In the
+# guest (tests/vm/guest/nvme-tests.sh): the conformance suite on the conventional and the 4 KiB
+# namespaces, then tests/c/nvme_test.c against the real libblkio 1.5 (bench/real-libblkio.sh)
+# and snapblk's libblkio.so.1 on every namespace. Here:
 # snapblk must pass every check; every check the real library fails must be tagged [fix] (a
 # documented difference, docs/blkio.md); both runs must execute the same checks; every property
 # in every state must be equal between the two libraries except the documented differences
@@ -41,6 +43,7 @@ cp tests/vm/guest/nvme-tests.sh "$P/run.sh"
 cp tests/vm/guest/kernel-reports.sh "$P/"
 chmod +x "$P/run.sh"
 truncate -s 64M "$IMG/conv.img" "$IMG/zns.img"
+truncate -s 8M "$IMG/meta.img" "$IMG/4k.img"
 
 LOG=${VM_CACHE:-$ROOT/tests/vm/cache}/nvme-vm.log
 mkdir -p "$(dirname "$LOG")"
@@ -49,7 +52,10 @@ VM_LOG=$LOG VM_SMP=${VM_SMP:-1} VM_MEM=${VM_MEM:-1G} VM_TIMEOUT=${VM_TIMEOUT:-60
     VM_APPEND="nvme.poll_queues=1" \
     VM_QEMU_ARGS="-drive file=$IMG/conv.img,if=none,id=nv0,format=raw -device nvme,serial=nvconv,drive=nv0 \
 -drive file=$IMG/zns.img,if=none,id=nz0,format=raw -device nvme,id=zctl,serial=nvzns \
--device nvme-ns,drive=nz0,bus=zctl,nsid=1,zoned=true,zoned.zone_size=4M,zoned.max_open=8,zoned.max_active=8" \
+-device nvme-ns,drive=nz0,bus=zctl,nsid=1,zoned=true,zoned.zone_size=4M,zoned.max_open=8,zoned.max_active=8 \
+-drive file=$IMG/meta.img,if=none,id=nm0,format=raw -drive file=$IMG/4k.img,if=none,id=n4k,format=raw \
+-device nvme,id=mctl,serial=nvmore -device nvme-ns,drive=nm0,bus=mctl,nsid=1,ms=8 \
+-device nvme-ns,drive=n4k,bus=mctl,nsid=2,logical_block_size=4096,physical_block_size=4096" \
     bash tests/vm/vm.sh run "$P"
 rc=$?
 echo "VM stage: $(( $(date +%s) - t0 )) s"
@@ -66,10 +72,10 @@ ok() { echo "PASS $*"; passed=$((passed + 1)); }
 bad() { echo "FAIL $*"; failed=$((failed + 1)); }
 
 # The C runs, from the console log.
-for r in real-conv snap-conv real-zns snap-zns; do
+for r in real-conv snap-conv real-zns snap-zns real-meta snap-meta real-lba4k snap-lba4k; do
     grep -a "^OUT $r: " "$P/log.txt" | sed "s/^OUT $r: //" > "$P/$r.txt"
 done
-for m in conv zns; do
+for m in conv zns meta lba4k; do
     s=$P/snap-$m.txt; rl=$P/real-$m.txt
     np=$(grep -c '^PASS' "$s"); nf=$(grep -c '^FAIL' "$s")
     if [ "$nf" -eq 0 ] && [ "$np" -gt 0 ] && grep -q '^rc=0$' "$s"; then
@@ -102,9 +108,9 @@ done
 #  - zone-append-max-bytes: ZASL 0 means "as MDTS", which libblkio reads as 4 KiB;
 #  - fd: the descriptor number depends on what else the library has open;
 #  - supports-poll-queues, num-poll-queues once started: snapblk has poll queues.
-allowed=" connected:supports-poll-queues started:supports-poll-queues read-only:supports-poll-queues zns-connected:supports-poll-queues started:num-poll-queues created:supports-fua-natively connected:max-transfer started:max-transfer read-only:max-transfer zns-connected:max-transfer connected:max-discard-len started:max-discard-len read-only:max-discard-len zns-connected:max-discard-len zns-connected:zone-append-max-bytes connected:fd started:fd read-only:fd zns-connected:fd "
+allowed=" lba4k-connected:supports-poll-queues lba4k-connected:max-transfer lba4k-connected:max-discard-len lba4k-connected:fd connected:supports-poll-queues started:supports-poll-queues read-only:supports-poll-queues zns-connected:supports-poll-queues started:num-poll-queues created:supports-fua-natively connected:max-transfer started:max-transfer read-only:max-transfer zns-connected:max-transfer connected:max-discard-len started:max-discard-len read-only:max-discard-len zns-connected:max-discard-len zns-connected:zone-append-max-bytes connected:fd started:fd read-only:fd zns-connected:fd "
 props() { grep '^PROP ' "$1" | sed 's/^PROP //' | sort; }
-for m in conv zns; do
+for m in conv zns lba4k; do
     np=$(grep -c '^PROP ' "$P/snap-$m.txt")
     [ "$np" -gt 0 ] || bad "no properties printed by the $m run"
     n_bad=0
@@ -133,13 +139,20 @@ PY
 done
 
 # The data each run left, read from the images with the VM gone.
-if python3 - "$IMG/conv.img" "$IMG/zns.img" <<'PY'
+if python3 - "$IMG/conv.img" "$IMG/zns.img" "$IMG/4k.img" <<'PY'
 import sys
 def pattern(n, tag):
     return bytes((i * 7 + tag * 13 + 1 + i // 4096) & 0xff for i in range(n))
+bad = []
 conv = open(sys.argv[1], "rb").read()
 zns = open(sys.argv[2], "rb").read()
-bad = []
+k4 = open(sys.argv[3], "rb").read()
+for tag in (0, 1):
+    base = (1 << 20) + tag * (1 << 20)
+    want = bytearray(pattern(65536, tag + 30))
+    want[8192:12288] = bytes(4096)
+    if k4[base:base + 65536] != bytes(want):
+        bad.append(f"4 KiB blocks: 64 KiB pattern {tag} with block 2 zeroed at {base}")
 for tag in (0, 1):
     base = (32 << 20) + tag * (4 << 20)
     if conv[base:base + 262144] != pattern(262144, tag):

@@ -32,12 +32,21 @@ if [ -z "$zns" ] || [ ! -c "/dev/ng${zns#nvme}n1" ]; then
     fail "no zoned NVMe namespace character device"
     exit 1
 fi
-if [ -z "$more" ] || [ ! -c "/dev/ng${more#nvme}n1" ] || [ ! -c "/dev/ng${more#nvme}n2" ]; then
-    fail "no metadata / 4 KiB-block NVMe namespace character devices"
+# The third controller's namespaces by NSID (1: metadata, 2: 4 KiB blocks): the kernel numbers
+# its devices in the order it finds them, which need not be the NSID order.
+mng=""; k4ng=""
+for d in /sys/block/${more:-none}n*; do
+    [ -e "$d/nsid" ] || continue
+    case $(cat "$d/nsid") in
+        1) mng=/dev/ng${d##*/nvme} ;;
+        2) k4ng=/dev/ng${d##*/nvme} ;;
+    esac
+done
+if [ ! -c "$mng" ] || [ ! -c "$k4ng" ]; then
+    fail "no metadata / 4 KiB-block NVMe namespace character devices ('$mng', '$k4ng')"
     exit 1
 fi
 ng=/dev/ng${conv#nvme}n1; blk=/dev/${conv}n1; ctrl=/dev/$conv
-mng=/dev/ng${more#nvme}n1; k4ng=/dev/ng${more#nvme}n2
 zng=/dev/ng${zns#nvme}n1
 pass "namespaces: $ng (conventional), $zng (zoned: $(cat /sys/block/${zns}n1/queue/zoned 2>/dev/null)), $mng (metadata), $k4ng (4 KiB blocks)"
 

@@ -110,8 +110,10 @@ impl NvmeEngine {
         };
         let mut op = NVME_URING_CMD_IO;
         let mut fixed = None;
+        // A no-op for a slot without a request: its completion is then dropped by `reap`.
+        let nop = || squeue::Entry128::from(opcode::Nop::new().build()).user_data(u64::from(i));
         let Some(p) = self.slots.get(i as usize).and_then(Option::as_ref) else {
-            return opcode::Nop::new().build().into();
+            return nop();
         };
         let fua = if p.req.flags.contains(ReqFlags::FUA) {
             CDW12_FUA
@@ -181,7 +183,8 @@ impl NvmeEngine {
                 c.cdw10 = 0; // one range (0-based)
                 c.cdw11 = DSM_AD;
             }
-            Op::Zone => return opcode::Nop::new().build().into(),
+            // Refused at enqueue (`check`): never in a slot.
+            Op::Zone => return nop(),
         }
         // A fixed buffer: the kernel takes `addr` inside the registered buffer, with no page
         // pinning per command.

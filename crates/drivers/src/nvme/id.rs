@@ -14,10 +14,10 @@ pub(crate) enum NvmeError {
     /// `path` names something other than a character device.
     #[error("The file must be a character device")]
     NotCharDevice,
-    /// Opening or inspecting the path failed.
+    /// Opening or inspecting the path (or the `fd`) failed.
     #[error("opening {path}")]
     Open {
-        /// The path given.
+        /// The path given, or `fd N`.
         path: String,
         /// The system's error.
         #[source]
@@ -374,19 +374,39 @@ mod tests {
 
     #[test]
     fn errors_keep_their_cause() {
-        let e = NvmeError::Identify {
-            cns: 1,
-            source: std::io::Error::from_raw_os_error(libc::EPERM),
-        };
-        assert_source(&e);
-        assert_eq!(e.errno(), libc::EPERM);
-        assert!(!e.to_string().contains("ermitted"));
-        let e = NvmeError::NotNamespace(std::io::Error::from_raw_os_error(libc::ENOTTY));
-        assert_source(&e);
-        assert_eq!(e.errno(), libc::ENOTTY);
-    }
-
-    fn assert_source(e: &dyn std::error::Error) {
-        assert!(e.source().is_some(), "{e} has no source");
+        use snapblk_testsupport::errors::assert_cause_is_source;
+        let io = |e| std::io::Error::from_raw_os_error(e);
+        let cases: Vec<(NvmeError, i32)> = vec![
+            (
+                NvmeError::Open {
+                    path: "/dev/ng9n1".into(),
+                    source: io(libc::ENOENT),
+                },
+                libc::ENOENT,
+            ),
+            (NvmeError::NotNamespace(io(libc::ENOTTY)), libc::ENOTTY),
+            (
+                NvmeError::Identify {
+                    cns: 1,
+                    source: io(libc::EPERM),
+                },
+                libc::EPERM,
+            ),
+        ];
+        for (e, errno) in cases {
+            assert_cause_is_source(&e, None);
+            assert_eq!(e.errno(), errno, "{e}");
+        }
+        // The variants without a cause: their errno.
+        assert_eq!(NvmeError::NotCharDevice.errno(), libc::EINVAL);
+        assert_eq!(NvmeError::Metadata { ms: 8 }.errno(), libc::EINVAL);
+        assert_eq!(NvmeError::LbaSize { lbads: 8 }.errno(), libc::EINVAL);
+        assert_eq!(NvmeError::CommandSet { csi: 1 }.errno(), libc::ENOTSUP);
+        let e = NvmeError::IdentifyStatus { cns: 5, status: 2 };
+        assert_eq!(
+            e.to_string(),
+            "Identify (CNS 0x5) failed with NVMe status 0x2"
+        );
+        assert_eq!(e.errno(), libc::EIO);
     }
 }

@@ -160,8 +160,13 @@ fn write_cache_enabled(fd: RawFd) -> Option<bool> {
 
 /// Open `path`, or duplicate `fd`, refusing anything that is not a character device.
 fn open(path: &str, fd: RawFd, read_only: bool) -> std::result::Result<OwnedFd, NvmeError> {
+    let name = if fd >= 0 {
+        format!("fd {fd}")
+    } else {
+        path.to_owned()
+    };
     let io = |source| NvmeError::Open {
-        path: path.to_owned(),
+        path: name.clone(),
         source,
     };
     if fd >= 0 {

@@ -101,7 +101,9 @@ fn connect_through_fd_checks_the_same() {
     assert_eq!(b.connect().unwrap_err().errno, libc::ENOTTY);
     let mut b = blkio();
     b.set_int("fd", 1 << 20).unwrap();
-    assert_eq!(b.connect().unwrap_err().errno, libc::EBADF);
+    let e = b.connect().unwrap_err();
+    assert_eq!(e.errno, libc::EBADF);
+    assert!(e.msg.starts_with("opening fd 1048576: "), "{}", e.msg);
     // The failed connects leave the instance in the created state.
     assert_eq!(b.state(), snapblk_core::State::Created);
 }

@@ -14,6 +14,8 @@
  *   nvme_test meta NGDEV                     a namespace with 8 bytes of metadata per block
  *   nvme_test lba4k NGDEV TAG                an 8 MiB namespace of 4 KiB blocks; writes 64 KiB
  *                                            at 1 MiB + TAG MiB (block 2 zeroed)
+ *   nvme_test gone NGDEV PCIDEV TAG          the same namespace; writes 8 KiB at 4 MiB + TAG MiB,
+ *                                            then removes the controller (PCIDEV/remove)
  */
 #define _GNU_SOURCE
 #include <blkio.h>
@@ -472,6 +474,47 @@ static int lba4k(const char *ng, int tag)
     return fails ? 1 : 0;
 }
 
+/* The controller disappears while the instance is started: PCIDEV is its sysfs directory,
+ * whose "remove" this program writes. Requests then fail (no hang) and destroy returns. */
+static int gone(const char *ng, const char *pcidev, int tag)
+{
+    struct blkio *b = open_ns(ng, 0, 1);
+    CHECK("open the 4 KiB namespace", b != NULL);
+    if (!b) return 1;
+    struct blkioq *q = blkio_get_queue(b, 0);
+    unsigned char *m = aligned_alloc(4096, 65536);
+    uint64_t base = (4u << 20) + (uint64_t)tag * (1u << 20);
+    struct blkio_completion c;
+    pattern(m, 8192, tag + 40);
+    blkioq_write(q, base, m, 8192, NULL, BLKIO_REQ_FUA);
+    CHECK("write 8 KiB (FUA) before the removal", wait1(q).ret == 0);
+    char path[512];
+    snprintf(path, sizeof(path), "%s/remove", pcidev);
+    FILE *f = fopen(path, "w");
+    int removed = f && fputs("1", f) >= 0;
+    if (f) removed = fclose(f) == 0 && removed;
+    CHECK("remove the controller (sysfs remove)", removed);
+    blkioq_read(q, base, m + 8192, 4096, NULL, 0);
+    c = wait1(q);
+    printf("  (read after the removal: %d %s)\n", c.ret, cmsg(c));
+    CHECK("a read after the removal fails with ENODEV, no hang", c.ret == -ENODEV);
+    blkioq_write(q, base + 8192, m, 4096, NULL, 0);
+    c = wait1(q);
+    printf("  (write after the removal: %d %s)\n", c.ret, cmsg(c));
+    CHECK("a write after the removal fails with ENODEV, no hang", c.ret == -ENODEV);
+    blkio_destroy(&b);
+    CHECK("destroy returns", b == NULL);
+    struct blkio *b2 = NULL;
+    blkio_create("nvme-io_uring", &b2);
+    blkio_set_str(b2, "path", ng);
+    int rc = blkio_connect(b2);
+    CHECK("connect to the removed namespace fails with ENOENT", rc == -ENOENT);
+    blkio_destroy(&b2);
+    free(m);
+    printf("%d passed, %d failed\n", passes, fails);
+    return fails ? 1 : 0;
+}
+
 int main(int argc, char **argv)
 {
     setvbuf(stdout, NULL, _IOLBF, 0);
@@ -479,8 +522,9 @@ int main(int argc, char **argv)
     if (argc == 6 && strcmp(argv[1], "conv") == 0) return conv(argv[2], argv[3], argv[4], atoi(argv[5]));
     if (argc == 4 && strcmp(argv[1], "zns") == 0) return zns(argv[2], atoi(argv[3]));
     if (argc == 3 && strcmp(argv[1], "meta") == 0) return meta(argv[2]);
+    if (argc == 5 && strcmp(argv[1], "gone") == 0) return gone(argv[2], argv[3], atoi(argv[4]));
     if (argc == 4 && strcmp(argv[1], "lba4k") == 0) return lba4k(argv[2], atoi(argv[3]));
     fprintf(stderr, "usage: %s conv NGDEV BLKDEV CTRLDEV TAG | zns NGDEV ZONE | meta NGDEV | "
-            "lba4k NGDEV TAG\n", argv[0]);
+            "lba4k NGDEV TAG | gone NGDEV PCIDEV TAG\n", argv[0]);
     return 2;
 }

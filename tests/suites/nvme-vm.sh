@@ -5,7 +5,8 @@
 # blocks carry 8 bytes of metadata (refused) and an 8 MiB namespace of 4 KiB blocks. In the
 # guest (tests/vm/guest/nvme-tests.sh): the conformance suite on the conventional and the 4 KiB
 # namespaces, then tests/c/nvme_test.c against the real libblkio 1.5 (bench/real-libblkio.sh)
-# and snapblk's libblkio.so.1 on every namespace. Here:
+# and snapblk's libblkio.so.1 on every namespace, and on the 4 KiB namespace while its controller
+# is removed (PCI remove; rescanned between the two runs). Here:
 # snapblk must pass every check; every check the real library fails must be tagged [fix] (a
 # documented difference, docs/blkio.md); both runs must execute the same checks; every property
 # in every state must be equal between the two libraries except the documented differences
@@ -72,10 +73,10 @@ ok() { echo "PASS $*"; passed=$((passed + 1)); }
 bad() { echo "FAIL $*"; failed=$((failed + 1)); }
 
 # The C runs, from the console log.
-for r in real-conv snap-conv real-zns snap-zns real-meta snap-meta real-lba4k snap-lba4k; do
+for r in real-conv snap-conv real-zns snap-zns real-meta snap-meta real-lba4k snap-lba4k real-gone snap-gone; do
     grep -a "^OUT $r: " "$P/log.txt" | sed "s/^OUT $r: //" > "$P/$r.txt"
 done
-for m in conv zns meta lba4k; do
+for m in conv zns meta lba4k gone; do
     s=$P/snap-$m.txt; rl=$P/real-$m.txt
     np=$(grep -c '^PASS' "$s"); nf=$(grep -c '^FAIL' "$s")
     if [ "$nf" -eq 0 ] && [ "$np" -gt 0 ] && grep -q '^rc=0$' "$s"; then
@@ -153,6 +154,9 @@ for tag in (0, 1):
     want[8192:12288] = bytes(4096)
     if k4[base:base + 65536] != bytes(want):
         bad.append(f"4 KiB blocks: 64 KiB pattern {tag} with block 2 zeroed at {base}")
+    base = (4 << 20) + tag * (1 << 20)
+    if k4[base:base + 8192] != pattern(8192, tag + 40):
+        bad.append(f"4 KiB blocks: 8 KiB written before the removal, run {tag}")
 for tag in (0, 1):
     base = (32 << 20) + tag * (4 << 20)
     if conv[base:base + 262144] != pattern(262144, tag):

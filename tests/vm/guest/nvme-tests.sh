@@ -34,14 +34,20 @@ if [ -z "$zns" ] || [ ! -c "/dev/ng${zns#nvme}n1" ]; then
 fi
 # The third controller's namespaces by NSID (1: metadata, 2: 4 KiB blocks): the kernel numbers
 # its devices in the order it finds them, which need not be the NSID order.
-mng=""; k4ng=""
-for d in /sys/block/${more:-none}n*; do
-    [ -e "$d/nsid" ] || continue
-    case $(cat "$d/nsid") in
-        1) mng=/dev/ng${d##*/nvme} ;;
-        2) k4ng=/dev/ng${d##*/nvme} ;;
-    esac
-done
+find_more() {
+    more=""; mng=""; k4ng=""
+    for c in /sys/class/nvme/nvme*; do
+        [ "$(tr -d ' ' < "$c/serial" 2>/dev/null)" = nvmore ] && more=${c##*/}
+    done
+    for d in /sys/block/${more:-none}n*; do
+        [ -e "$d/nsid" ] || continue
+        case $(cat "$d/nsid") in
+            1) mng=/dev/ng${d##*/nvme} ;;
+            2) k4ng=/dev/ng${d##*/nvme} ;;
+        esac
+    done
+}
+find_more
 if [ ! -c "$mng" ] || [ ! -c "$k4ng" ]; then
     fail "no metadata / 4 KiB-block NVMe namespace character devices ('$mng', '$k4ng')"
     exit 1
@@ -83,6 +89,24 @@ run real-meta /test/real meta "$mng"
 run snap-meta /test/lib meta "$mng"
 run real-lba4k /test/real lba4k "$k4ng" 0
 run snap-lba4k /test/lib lba4k "$k4ng" 1
+# 3. The third controller disappears under each library (PCI remove), and comes back between
+# the two runs (PCI rescan).
+pci=$(readlink -f "/sys/class/nvme/$more/device")
+run real-gone /test/real gone "$k4ng" "$pci" 0
+echo 1 > /sys/bus/pci/rescan
+i=0
+while i=$((i + 1)) && [ $i -le 100 ]; do
+    find_more
+    [ -c "$k4ng" ] && break
+    sleep 0.1
+done
+if [ -c "$k4ng" ]; then
+    pass "the removed controller is back after a PCI rescan ($k4ng)"
+else
+    fail "the removed controller did not come back after a PCI rescan"
+fi
+pci=$(readlink -f "/sys/class/nvme/$more/device")
+run snap-gone /test/lib gone "$k4ng" "$pci" 1
 # (snapblk's poll queue is tested by the conv runs: the boot has nvme.poll_queues=1.)
 
 kernel_reports_check

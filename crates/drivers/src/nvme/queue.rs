@@ -557,3 +557,24 @@ impl Queue for NvmeQueue {
         self.core.backlog_len() + self.eng.in_flight()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::status_msg;
+
+    #[test]
+    fn nvme_statuses_are_named() {
+        // Status field as the kernel returns it: SC in bits 7:0, SCT in bits 10:8, DNR etc. above.
+        assert_eq!(status_msg(0x80), c"NVMe error: LBA out of range");
+        assert_eq!(
+            status_msg(0x4000 | (1 << 8) | 0xbc),
+            c"NVMe error: zone invalid write (not at the write pointer)"
+        );
+        assert_eq!(status_msg((1 << 8) | 0xb9), c"NVMe error: zone is full");
+        assert_eq!(
+            status_msg((2 << 8) | 0x81),
+            c"NVMe error: media or data integrity error"
+        );
+        assert_eq!(status_msg(0x1ff), c"NVMe error");
+    }
+}

@@ -8,6 +8,9 @@
 //! * [`VhostUserDriver`] (`virtio-blk-vhost-user`): a virtio-blk device served by a vhost-user
 //!   backend over a unix socket (e.g. `qemu-storage-daemon`).
 //!
+//! * [`NvmeDriver`] (`nvme-io_uring`): an NVMe namespace through its generic character device
+//!   (`/dev/ngXnY`), NVMe commands passed through io_uring.
+//!
 //! File-backed drivers share the `path`/`fd`/`direct` properties and libblkio's rules for
 //! deriving alignment and other device facts (see `file`).
 //!
@@ -18,11 +21,13 @@
 
 mod file;
 mod null;
+mod nvme;
 mod sync;
 mod uring;
 mod vhost_user;
 
 pub use null::NullDriver;
+pub use nvme::NvmeDriver;
 pub use sync::SyncDriver;
 pub use uring::UringDriver;
 pub use vhost_user::VhostUserDriver;

@@ -7,13 +7,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 /// Fixed-buffer slots per ring (regions beyond this are used unregistered).
-pub(super) const BUF_SLOTS: u32 = 64;
+pub(crate) const BUF_SLOTS: u32 = 64;
 const IORING_REGISTER_BUFFERS_UPDATE: libc::c_uint = 16;
 
 /// Registered-buffer table shared by the driver (which maps/unmaps) and its queues (which look
 /// buffers up per request).
 #[derive(Debug, Default)]
-pub(super) struct Buffers {
+pub(crate) struct Buffers {
     /// Bumped after every change; queues refresh their local copy when it moves.
     generation: AtomicU64,
     inner: Mutex<BufInner>,
@@ -67,7 +67,7 @@ fn update_buffer(ring: RawFd, index: u32, iov: &libc::iovec) -> std::result::Res
 impl Buffers {
     /// Register `(addr, len)` in every ring; `false` if it could not be (table full, pinning
     /// refused): the region then simply works unregistered.
-    pub(super) fn register(&self, addr: usize, len: usize) -> bool {
+    pub(crate) fn register(&self, addr: usize, len: usize) -> bool {
         let Ok(mut g) = self.inner.lock() else {
             return false;
         };
@@ -103,7 +103,7 @@ impl Buffers {
         true
     }
 
-    pub(super) fn unregister(&self, addr: usize, len: usize) {
+    pub(crate) fn unregister(&self, addr: usize, len: usize) {
         let Ok(mut g) = self.inner.lock() else { return };
         let Some(idx) = g.slots.iter().position(|s| *s == Some((addr, len))) else {
             return;
@@ -124,7 +124,7 @@ impl Buffers {
     /// table's indexes are shared by every ring, so a ring missing one of its entries would
     /// fail I/O into that region with EFAULT. The kernel charges pinned pages to
     /// RLIMIT_MEMLOCK per ring, so a second ring can fail where the first succeeded.
-    pub(super) fn attach(&self, ring: RawFd) -> bool {
+    pub(crate) fn attach(&self, ring: RawFd) -> bool {
         let Ok(mut g) = self.inner.lock() else {
             return false;
         };
@@ -147,7 +147,7 @@ impl Buffers {
     }
 
     /// Stop updating `ring` (called before it is closed, so an fd in the list is always live).
-    pub(super) fn detach(&self, ring: RawFd) {
+    pub(crate) fn detach(&self, ring: RawFd) {
         if let Ok(mut g) = self.inner.lock() {
             g.rings.retain(|&r| r != ring);
         }
@@ -157,12 +157,12 @@ impl Buffers {
 /// A queue's view of [`Buffers`]: whether its ring holds the table, and a local copy of it
 /// refreshed when the table's generation moves, so that looking up a request's buffer takes no
 /// lock.
-pub(super) struct FixedBufCache {
+pub(crate) struct FixedBufCache {
     shared: Arc<Buffers>,
     /// This ring holds every mapped region in the shared fixed-buffer table (see
     /// [`super::ring::make_ring`]); when it could not (e.g. RLIMIT_MEMLOCK, charged per ring),
     /// it uses none of them.
-    pub(super) enabled: bool,
+    pub(crate) enabled: bool,
     generation: u64,
     /// Local copy of the registered buffers: (start, end, index).
     local: Vec<(usize, usize, u16)>,
@@ -171,7 +171,7 @@ pub(super) struct FixedBufCache {
 }
 
 impl FixedBufCache {
-    pub(super) fn new(shared: Arc<Buffers>, enabled: bool) -> FixedBufCache {
+    pub(crate) fn new(shared: Arc<Buffers>, enabled: bool) -> FixedBufCache {
         FixedBufCache {
             shared,
             enabled,
@@ -182,7 +182,7 @@ impl FixedBufCache {
     }
 
     /// The table this cache copies.
-    pub(super) fn shared(&self) -> &Buffers {
+    pub(crate) fn shared(&self) -> &Buffers {
         &self.shared
     }
 
@@ -205,7 +205,7 @@ impl FixedBufCache {
 
     /// The registered buffer holding `addr..addr+len`, if any.
     #[inline(always)]
-    pub(super) fn index(&mut self, addr: usize, len: usize) -> Option<u16> {
+    pub(crate) fn index(&mut self, addr: usize, len: usize) -> Option<u16> {
         if !self.enabled {
             return None;
         }

@@ -25,7 +25,7 @@
 //! back to completions, or run inline), which keeps requests in a slot table (`slots.rs`), finds
 //! registered memory through a fixed-buffer cache (`bufs.rs`) and owns its ring (`ring.rs`).
 
-mod bufs;
+pub(crate) mod bufs;
 mod engine;
 mod queue;
 mod ring;

@@ -1,0 +1,109 @@
+//! What can be checked without an NVMe device: properties before connect and the connect
+//! errors of paths that are not namespaces. The I/O path is tested in a VM with emulated NVMe
+//! controllers (tests/suites/nvme-vm.sh).
+
+use super::NvmeDriver;
+use snapblk_core::Blkio;
+
+fn blkio() -> Blkio {
+    Blkio::new(Box::new(NvmeDriver::new()))
+}
+
+#[test]
+fn created_state_properties_are_libblkios() {
+    let b = blkio();
+    assert_eq!(b.get_str("driver").unwrap(), "nvme-io_uring");
+    assert_eq!(b.get_str("path").unwrap(), "");
+    assert_eq!(b.get_int("fd").unwrap(), -1);
+    assert_eq!(b.get_int("num-entries").unwrap(), 128);
+    assert_eq!(b.get_int("max-queues").unwrap(), i32::MAX);
+    assert_eq!(b.get_u64("max-mem-regions").unwrap(), u64::MAX);
+    assert!(b.get_bool("flush-needed").unwrap());
+    assert!(!b.get_bool("supports-poll-queues").unwrap());
+    assert!(b.get_bool("can-add-queues").unwrap());
+    for p in [
+        "capacity",
+        "request-alignment",
+        "max-transfer",
+        "max-discard-len",
+    ] {
+        assert_eq!(b.get_str(p).unwrap_err().errno, libc::ENODEV, "{p}");
+    }
+    // The zone properties read as "not zoned" until connect, with libblkio's types.
+    assert_eq!(b.get_int("zoned").unwrap(), 0);
+    assert_eq!(b.get_u64("zone-size").unwrap(), 0);
+    assert_eq!(b.get_u64("nr-zones").unwrap(), 0);
+    assert_eq!(b.get_int("max-open-zones").unwrap(), 0);
+    assert_eq!(b.get_int("max-active-zones").unwrap(), 0);
+    assert!(!b.get_bool("append-support").unwrap());
+    assert_eq!(b.get_u64("zone-append-max-bytes").unwrap(), 0);
+    assert_eq!(b.get_u64("zoned").unwrap_err().errno, libc::ENOTTY);
+}
+
+#[test]
+fn num_entries_is_set_when_connected_only() {
+    let mut b = blkio();
+    let e = b.set_int("num-entries", 64).unwrap_err();
+    assert_eq!(
+        (e.errno, &*e.msg),
+        (libc::ENODEV, "Device must be connected")
+    );
+    let e = b.set_int("zoned", 1).unwrap_err();
+    assert_eq!(e.errno, libc::EACCES);
+}
+
+fn connect_err(path: &str) -> (i32, String) {
+    let mut b = blkio();
+    if !path.is_empty() {
+        b.set_str("path", path).unwrap();
+    }
+    let e = b.connect().unwrap_err();
+    (e.errno, e.msg.into_owned())
+}
+
+#[test]
+fn connect_refuses_what_is_not_a_namespace() {
+    assert_eq!(
+        connect_err(""),
+        (libc::EINVAL, "One of path and fd must be set".into())
+    );
+    let dir = std::env::temp_dir().join(format!("snapblk-nvme-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("img");
+    std::fs::write(&file, vec![0u8; 4096]).unwrap();
+    for p in [dir.display().to_string(), file.display().to_string()] {
+        assert_eq!(
+            connect_err(&p),
+            (libc::EINVAL, "The file must be a character device".into()),
+            "{p}"
+        );
+    }
+    let missing = dir.join("nope").display().to_string();
+    let (errno, msg) = connect_err(&missing);
+    assert_eq!(errno, libc::ENOENT);
+    assert!(msg.starts_with(&format!("opening {missing}: ")), "{msg}");
+    // A character device that is no NVMe namespace: the ioctl is refused.
+    let (errno, msg) = connect_err("/dev/null");
+    assert_eq!(errno, libc::ENOTTY, "{msg}");
+    assert!(
+        msg.starts_with("not an NVMe namespace character device"),
+        "{msg}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn connect_through_fd_checks_the_same() {
+    let f = std::fs::File::open("/dev/null").unwrap();
+    let mut b = blkio();
+    use std::os::fd::AsRawFd;
+    b.set_int("fd", f.as_raw_fd()).unwrap();
+    assert_eq!(b.connect().unwrap_err().errno, libc::ENOTTY);
+    let mut b = blkio();
+    b.set_int("fd", 1 << 20).unwrap();
+    let e = b.connect().unwrap_err();
+    assert_eq!(e.errno, libc::EBADF);
+    assert!(e.msg.starts_with("opening fd 1048576: "), "{}", e.msg);
+    // The failed connects leave the instance in the created state.
+    assert_eq!(b.state(), snapblk_core::State::Created);
+}

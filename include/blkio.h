@@ -42,7 +42,7 @@ struct blkio_completion {
     uint8_t reserved_[12];
 };
 
-/* Zoned-storage descriptor (64 bytes); no snapblk driver is zoned. */
+/* Zoned-storage descriptor (64 bytes), filled by blkioq_report_zones. */
 struct blkio_zone {
     uint64_t start;
     uint64_t len;

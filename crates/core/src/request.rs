@@ -99,8 +99,10 @@ pub enum Op {
         /// Length of the range in bytes.
         len: u64,
     },
-    /// Any zoned-storage request; no snapblk driver supports zoned devices.
-    Zone,
+    /// A zoned-storage request: report zones or a zone management action. Only the
+    /// `nvme-io_uring` driver on a zoned namespace carries these out; every other driver fails
+    /// them.
+    Zone(crate::ZoneOp),
 }
 
 /// One request, as handed to [`crate::Queue::enqueue`]: an operation, the caller's tag and flags.
@@ -159,6 +161,11 @@ impl Request {
         {
             // The kernel's offsets are signed: io_uring takes -1 (2^64 - 1) as "the file
             // position", which would read or write wherever that is (usually offset 0).
+            return Err(c"offset must fit in a signed 64-bit integer");
+        }
+        if let Op::Zone(z) = self.op
+            && z.offset().is_some_and(|o| o > i64::MAX as u64)
+        {
             return Err(c"offset must fit in a signed 64-bit integer");
         }
         if let Op::Readv { iovcnt, .. } | Op::Writev { iovcnt, .. } = self.op

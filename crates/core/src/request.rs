@@ -230,6 +230,13 @@ impl Completion {
             reserved: [0; 12],
         }
     }
+    /// A success carrying a count in `ret` (a zone report's number of zones filled).
+    pub fn count(user_data: usize, n: i32) -> Self {
+        Completion {
+            ret: n.max(0),
+            ..Completion::ok(user_data)
+        }
+    }
     /// A failure with the kernel's errno (`errno` positive) and no message.
     pub fn os_err(user_data: usize, errno: i32) -> Self {
         Completion {

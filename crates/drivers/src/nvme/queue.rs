@@ -268,6 +268,28 @@ impl NvmeEngine {
     }
 }
 
+impl NvmeEngine {
+    /// For a successful zone report: its descriptors turned into the caller's array, and the
+    /// number filled.
+    fn report_done(&self, p: &Pending) -> Option<i32> {
+        let Op::Zone(ZoneOp::Report {
+            zones, nr_zones, ..
+        }) = p.req.op
+        else {
+            return None;
+        };
+        let (b, z) = (p.buf.as_deref()?, self.ns.zones?);
+        if zones.is_null() {
+            return None;
+        }
+        // SAFETY: the enqueue caller keeps `zones` writable for `nr_zones` entries until this
+        // completion (libblkio API); checked non-null.
+        let out = unsafe { std::slice::from_raw_parts_mut(zones, nr_zones as usize) };
+        let k = zns::translate(b, self.ns.lba_shift, z.zone_size, out);
+        Some(i32::try_from(k).unwrap_or(i32::MAX))
+    }
+}
+
 impl Engine for NvmeEngine {
     fn in_flight(&self) -> usize {
         self.slots.len() - self.free.len()
@@ -302,20 +324,12 @@ impl Engine for NvmeEngine {
             self.free.push(i);
             let ud = p.req.user_data;
             let res = cqe.result();
-            if res == 0
-                && let Op::Zone(ZoneOp::Report {
-                    zones, nr_zones, ..
-                }) = p.req.op
-                && let (Some(b), Some(z)) = (p.buf.as_deref(), self.ns.zones)
-                && !zones.is_null()
-            {
-                // SAFETY: the enqueue caller keeps `zones` writable for `nr_zones` entries
-                // until this completion (libblkio API); checked non-null.
-                let out = unsafe { std::slice::from_raw_parts_mut(zones, nr_zones as usize) };
-                zns::translate(b, self.ns.lba_shift, z.zone_size, out);
-            }
             out[n] = match res {
-                0 => Completion::ok(ud),
+                0 => match self.report_done(&p) {
+                    // As libblkio: a report's `ret` is the number of zones it filled.
+                    Some(k) => Completion::count(ud, k),
+                    None => Completion::ok(ud),
+                },
                 r if r < 0 => Completion::os_err(ud, -r),
                 s => Completion::err(ud, libc::EIO, status_msg(s)),
             };
@@ -524,7 +538,11 @@ impl NvmeQueue {
         let ns = &self.eng.ns;
         let Some(zones) = ns.zones else {
             // libblkio: EOPNOTSUPP on a conventional namespace.
-            return Err(Completion::os_err(ud, libc::EOPNOTSUPP));
+            return Err(Completion::err(
+                ud,
+                libc::EOPNOTSUPP,
+                c"Operation not supported",
+            ));
         };
         let inval = |m: &'static CStr| Err(Completion::err(ud, libc::EINVAL, m));
         let end = zones.nr_zones.saturating_mul(zones.zone_size);
@@ -534,9 +552,6 @@ impl NvmeQueue {
                 zones: arr,
                 nr_zones,
             } => {
-                if offset & ((1u64 << ns.lba_shift) - 1) != 0 {
-                    return inval(c"offset must be a multiple of property \"request-alignment\"");
-                }
                 if offset >= end {
                     return inval(c"offset must be less than the device capacity");
                 }
@@ -554,7 +569,12 @@ impl NvmeQueue {
                 offset: Some(o), ..
             } => {
                 if o % zones.zone_size != 0 {
-                    return inval(c"offset must be the start of a zone");
+                    // libblkio's errno (from the device's Invalid Field status).
+                    return Err(Completion::err(
+                        ud,
+                        libc::EOPNOTSUPP,
+                        c"offset must be the start of a zone",
+                    ));
                 }
                 if o >= end {
                     return inval(c"offset must be less than the device capacity");

@@ -67,7 +67,9 @@ fn u64_at(b: &[u8], o: usize) -> u64 {
 
 /// Turn a Report Zones buffer (header, then descriptors) into `out`: at most as many zones as
 /// the header counts, the buffer holds and `out` has room for. LBAs become bytes with
-/// `lba_shift`; `zone_size` (bytes) is every zone's `len`. Returns the number filled.
+/// `lba_shift`; `zone_size` (bytes) is every zone's `len`. A full zone has no valid write
+/// pointer (NVMe): it is reported at the zone's end, as libblkio and Linux do. Returns the
+/// number filled.
 pub(super) fn translate(data: &[u8], lba_shift: u32, zone_size: u64, out: &mut [Zone]) -> usize {
     let count = u64_at(data, 0);
     let held = (data.len() / DESC).saturating_sub(1);
@@ -86,13 +88,20 @@ pub(super) fn translate(data: &[u8], lba_shift: u32, zone_size: u64, out: &mut [
         let d = &data[DESC * (i + 1)..DESC * (i + 2)];
         // ZT in byte 0 bits 3:0 and ZS in byte 1 bits 7:4 use the values of
         // BLKIO_ZONE_TYPE_* and BLKIO_ZONE_STATE_*; RZR is bit 2 of the attributes (byte 2).
+        let start = bytes(u64_at(d, 16));
+        let state = d[1] >> 4;
+        let wp = if state == Zone::STATE_FULL {
+            start.saturating_add(zone_size)
+        } else {
+            bytes(u64_at(d, 24))
+        };
         *z = Zone::new(
-            bytes(u64_at(d, 16)),
+            start,
             zone_size,
             bytes(u64_at(d, 8)),
-            bytes(u64_at(d, 24)),
+            wp,
             d[0] & 0xf,
-            d[1] >> 4,
+            state,
             d[2] & (1 << 2) != 0,
         );
     }
@@ -133,7 +142,7 @@ mod tests {
             &[
                 desc(2, 1, 0, 8192, 0, 0),
                 desc(2, 2, 0, 6144, 8192, 8192 + 256),
-                desc(2, 0xe, 1 << 2, 8192, 16384, 24576),
+                desc(2, 0xe, 1 << 2, 8192, 16384, u64::MAX),
             ],
         );
         let mut out = [Zone::default(); 4];

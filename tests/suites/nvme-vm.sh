@@ -10,8 +10,11 @@
 # snapblk must pass every check; every check the real library fails must be tagged [fix] (a
 # documented difference, docs/blkio.md); both runs must execute the same checks; every property
 # in every state must be equal between the two libraries except the documented differences
-# below; snapblk's poll queue must raise no interrupt (the boot has nvme.poll_queues=1); after
-# the VM exits, the data each run wrote is checked in the backing images.
+# below; every zone the zns runs report must be equal field by field between the two
+# libraries; struct blkio_zone and the zone enums of include/blkio.h must match the real
+# header's; snapblk's poll queue must raise no interrupt (the boot has nvme.poll_queues=1);
+# after the VM exits, the data each run wrote (and the zones reset to zero) is checked in the
+# backing images.
 # Fails (never skips) when a tool, the VM or a device is missing. Ends with "N passed, N failed".
 set -uo pipefail
 cd "$(dirname "$0")/../.."

@@ -326,4 +326,41 @@ mod tests {
         );
         assert!(wv.validate().is_err());
     }
+
+    #[test]
+    fn zone_requests_take_no_flags_and_signed_offsets() {
+        use crate::{ZoneAction, ZoneOp};
+        let z = |offset, f| {
+            Request::new(
+                Op::Zone(ZoneOp::Manage {
+                    action: ZoneAction::Reset,
+                    offset,
+                }),
+                0,
+                ReqFlags(f),
+            )
+        };
+        assert!(z(Some(0), 0).validate().is_ok());
+        assert!(z(None, 0).validate().is_ok());
+        assert_eq!(
+            z(Some(0), 1).validate().unwrap_err(),
+            c"BLKIO_REQ_FUA is invalid for this request type"
+        );
+        assert_eq!(
+            z(Some(1 << 63), 0).validate().unwrap_err(),
+            c"offset must fit in a signed 64-bit integer"
+        );
+        let r = Request::new(
+            Op::Zone(ZoneOp::Report {
+                offset: u64::MAX,
+                zones: std::ptr::null_mut(),
+                nr_zones: 1,
+            }),
+            0,
+            ReqFlags::NONE,
+        );
+        assert!(r.validate().is_err());
+        assert_eq!(Completion::count(3, 16).ret, 16);
+        assert!(Completion::count(3, 16).result().is_ok());
+    }
 }

@@ -302,6 +302,17 @@ static void zone_checks(struct blkioq *q, unsigned char *m)
     for (int i = 0; i < NZ; i++) ok = ok && zone_is(&z[i], i, BLKIO_ZONE_STATE_EMPTY, 0);
     CHECK("reset-all: every zone EMPTY again", ok);
 
+    /* max-open-zones and max-active-zones (8): a ninth explicit open fails; reset-all frees them. */
+    ok = 1;
+    for (int i = 7; i < 15; i++) ok = ok && zop(q, "open", (uint64_t)i * ZSZ).ret == 0;
+    CHECK("open 8 zones explicitly", ok);
+    c = zop(q, "open", 15 * ZSZ);
+    printf("  (a ninth open: %d %s)\n", c.ret, cmsg(c));
+    CHECK("a ninth open fails with EIO (8 open, 8 active zones at most)", c.ret == -EIO);
+    CHECK("report after 8 opens", report(q, "eight-open", 0, z, NZ) == NZ &&
+          z[14].zone_state == BLKIO_ZONE_STATE_EXP_OPEN && z[15].zone_state == BLKIO_ZONE_STATE_EMPTY);
+    CHECK("reset-all closes them", zop(q, "reset-all", 0).ret == 0 && state_of(q, 14, z) == BLKIO_ZONE_STATE_EMPTY);
+
     /* Partial reports. */
     CHECK("report 3 zones from zone 2", report(q, "from2", 2 * ZSZ, z, 3) == 3 && filled(z, 5) == 3 &&
           zone_is(&z[0], 2, BLKIO_ZONE_STATE_EMPTY, 0) && zone_is(&z[2], 4, BLKIO_ZONE_STATE_EMPTY, 0));

@@ -7,6 +7,8 @@
 //! * [`UringDriver`] (`io_uring`): the fast path for files and block devices.
 //! * [`VhostUserDriver`] (`virtio-blk-vhost-user`): a virtio-blk device served by a vhost-user
 //!   backend over a unix socket (e.g. `qemu-storage-daemon`).
+//! * [`VhostVdpaDriver`] (`virtio-blk-vhost-vdpa`): a virtio-blk device on the kernel's
+//!   vhost-vdpa bus (`/dev/vhost-vdpa-N`: hardware vDPA or VDUSE).
 //!
 //! File-backed drivers share the `path`/`fd`/`direct` properties and libblkio's rules for
 //! deriving alignment and other device facts (see `file`).
@@ -21,8 +23,10 @@ mod null;
 mod sync;
 mod uring;
 mod vhost_user;
+mod vhost_vdpa;
 
 pub use null::NullDriver;
 pub use sync::SyncDriver;
 pub use uring::UringDriver;
 pub use vhost_user::VhostUserDriver;
+pub use vhost_vdpa::VhostVdpaDriver;

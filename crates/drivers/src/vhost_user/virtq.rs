@@ -30,8 +30,9 @@ const T_FLUSH: u32 = 4;
 const T_DISCARD: u32 = 11;
 const T_WRITE_ZEROES: u32 = 13;
 
-/// Mapped memory regions as `(start, end)` process addresses.
-pub(crate) type Regions = Arc<RwLock<Vec<(usize, usize)>>>;
+/// Mapped memory regions as `(start, end)` process addresses and the address the device knows
+/// `start` by (the process address itself for vhost-user, an IOVA for vhost-vdpa).
+pub(crate) type Regions = Arc<RwLock<Vec<(usize, usize, u64)>>>;
 
 /// What the queue knows of the negotiated device.
 #[derive(Debug, Clone, Copy)]
@@ -107,6 +108,8 @@ struct Relink {
 pub(crate) struct Ring {
     relink: Option<Relink>,
     shm: Shm,
+    /// The address the device knows `shm` by (its process address unless [`Ring::at`]).
+    dev_base: u64,
     lay: Layout,
     free: Vec<u16>,
     slots: Vec<Option<InFlight>>,
@@ -145,6 +148,7 @@ impl Ring {
     ) -> Ring {
         let r = Ring {
             relink: None,
+            dev_base: shm.addr(),
             _spare_call,
             event_idx,
             free: (0..lay.n as u16).rev().collect(),
@@ -164,6 +168,12 @@ impl Ring {
         };
         r.set_interrupts(false);
         r
+    }
+
+    /// The device knows the ring memory by `dev_base` (an IOVA), not its process address.
+    pub(crate) fn at(mut self, dev_base: u64) -> Ring {
+        self.dev_base = dev_base;
+        self
     }
 
     /// Attach the control link: with `on`, a hang-up reconnects instead of failing requests.
@@ -301,7 +311,7 @@ impl Ring {
         let descs: Vec<u16> = self.free.split_off(at);
         let head = descs[0] as usize;
         let req = self.lay.req + 32 * head;
-        let base = self.shm.addr();
+        let base = self.dev_base;
         self.shm.store_u32(req, p.ty);
         self.shm.store_u32(req + 4, 0);
         self.shm.store_u64(req + 8, p.sector);
@@ -584,17 +594,19 @@ impl VuQueue {
         if segs.iter().any(|s| s.1 > u32::MAX as usize) {
             return Err((libc::EINVAL, c"a buffer is longer than 4 GiB"));
         }
-        {
+        let segs = {
             let regions = self.regions.read().unwrap_or_else(|e| e.into_inner());
-            let inside = |&(b, l): &(usize, usize)| {
+            let dev = |&(b, l): &(usize, usize)| {
                 regions
                     .iter()
-                    .any(|&(s, e)| b >= s && b.checked_add(l).is_some_and(|end| end <= e))
+                    .find(|&&(s, e, _)| b >= s && b.checked_add(l).is_some_and(|end| end <= e))
+                    .map(|&(s, _, d)| (d + (b - s) as u64, l as u32))
             };
-            if !segs.iter().all(inside) {
-                return Err((libc::EFAULT, c"buffer is not inside a mapped memory region"));
-            }
-        }
+            segs.iter()
+                .map(dev)
+                .collect::<Option<Vec<(u64, u32)>>>()
+                .ok_or((libc::EFAULT, c"buffer is not inside a mapped memory region"))?
+        };
         let range = match range {
             Some(len) => {
                 let sectors =
@@ -608,10 +620,7 @@ impl VuQueue {
             user_data: req.user_data,
             ty,
             sector: offset / 512,
-            segs: segs
-                .into_iter()
-                .map(|(a, l)| (a as u64, l as u32))
-                .collect(),
+            segs,
             range,
             flush_after: fua && c.flush,
         }))

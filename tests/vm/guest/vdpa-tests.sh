@@ -1,0 +1,73 @@
+#!/bin/sh
+# Guest stage of tests/suites/vdpa-vm.sh (runs as /test/run.sh in the VM). The VM has two
+# virtio disks of 64 MiB, /dev/vda and /dev/vdb, whose images the host checks afterwards.
+# Each is exported by qemu-storage-daemon as a VDUSE block device (vduse0 on vda, vduse1 on
+# vdb, num-queues=2) and bound to vhost-vdpa with `vdpa dev add`. Then:
+#  1. snapblk-conformance on vduse0's /dev/vhost-vdpa-N (snapblk's driver);
+#  2. tests/c/vdpa_test.c against snapblk's libblkio.so.1 on vduse0 and the real libblkio 1.5
+#     on vduse1 (the data they leave is checked by the host in both images).
+# Prints PASS:/FAIL:/INFO: lines, and the C program's output between markers for the host.
+export LD_LIBRARY_PATH=/test/lib
+rc=0
+pass() { echo "PASS: $*"; }
+fail() { echo "FAIL: $*"; rc=1; }
+. "$(dirname "$0")/kernel-reports.sh"
+kernel_reports_begin
+
+QSD=/test/bin/qemu-storage-daemon
+# Export /dev/$1 as VDUSE device $2 and bind it to vhost-vdpa; prints the /dev/vhost-vdpa-N.
+export_disk() {
+    $QSD --blockdev "driver=host_device,node-name=f0,filename=/dev/$1,cache.direct=on" \
+        --export "type=vduse-blk,id=v0,node-name=f0,name=$2,writable=on,num-queues=2" \
+        > "/tmp/qsd-$2.log" 2>&1 &
+    echo $! > "/tmp/qsd-$2.pid"
+    i=0
+    while [ ! -e "/dev/vduse/$2" ] && [ $i -lt 100 ]; do sleep 0.1; i=$((i + 1)); done
+    /test/bin/vdpa dev add name "$2" mgmtdev vduse >&2 || return 1
+    i=0
+    while [ $i -lt 100 ]; do
+        for v in /sys/bus/vdpa/devices/$2/vhost-vdpa-*; do
+            [ -e "/dev/${v##*/}" ] && { echo "/dev/${v##*/}"; return 0; }
+        done
+        sleep 0.1; i=$((i + 1))
+    done
+    return 1
+}
+
+for d in vda vdb; do
+    [ -b /dev/$d ] || { fail "no /dev/$d (block devices: $(ls /sys/block | tr '\n' ' '))"; exit 1; }
+done
+A=$(export_disk vda vduse0) && pass "vduse0 on vda bound to vhost-vdpa: $A" ||
+    { fail "vduse0: $(cat /tmp/qsd-vduse0.log)"; exit 1; }
+B=$(export_disk vdb vduse1) && pass "vduse1 on vdb bound to vhost-vdpa: $B" ||
+    { fail "vduse1: $(cat /tmp/qsd-vduse1.log)"; exit 1; }
+
+# 1. conformance: one queue, then two queues with a poll queue.
+if /test/bin/snapblk-conformance "virtio-blk-vhost-vdpa:path=$A" --allow-destructive \
+    > /tmp/conf1.txt 2>&1; then
+    pass "conformance on $A ($(tail -1 /tmp/conf1.txt))"
+else
+    fail "conformance on $A"; sed 's/^/INFO: conf: /' /tmp/conf1.txt
+fi
+if /test/bin/snapblk-conformance \
+    "virtio-blk-vhost-vdpa:path=$A,num-queues=1,num-poll-queues=1" --allow-destructive \
+    > /tmp/conf2.txt 2>&1; then
+    pass "conformance with a poll queue on $A ($(tail -1 /tmp/conf2.txt))"
+else
+    fail "conformance with a poll queue on $A"; sed 's/^/INFO: conf: /' /tmp/conf2.txt
+fi
+
+# 2. the C program, snapblk then the real library (each on its own device).
+echo "BEGIN-SNAPBLK"
+timeout 120 /test/bin/vdpa_test "$A"; echo "EXIT-SNAPBLK $?"
+echo "END-SNAPBLK"
+echo "BEGIN-REAL"
+LD_LIBRARY_PATH=/test/real timeout 120 /test/bin/vdpa_test "$B"; echo "EXIT-REAL $?"
+echo "END-REAL"
+
+sync
+kernel_reports_check
+[ "$KERNEL_REPORTS" -eq 0 ] && pass "no kernel bug, warning or sanitizer report during the tests" ||
+    fail "$KERNEL_REPORTS kernel report(s) during the tests (DMESG: lines)"
+echo "guest vdpa stage done rc=$rc"
+exit $rc

@@ -4,10 +4,11 @@
 # bound to vhost-vdpa (modules vduse, vhost_vdpa; the host's qsd and vdpa binaries are copied
 # into the guest). The guest (tests/vm/guest/vdpa-tests.sh) runs snapblk-conformance, the C
 # program tests/c/vdpa_test.c against snapblk's libblkio.so.1 and the real libblkio 1.5 (each on
-# its own disk). Here, after the VM has exited: snapblk must pass every check, every check the
-# real library fails must be a documented [fix] (docs/blkio.md), both runs must execute the same
-# checks and show the same property values in every state, and both disk images must hold the
-# data the program wrote.
+# its own disk), and tests/c/vdpa_gone.c (`vdpa dev del` and the daemon killed under snapblk).
+# Here, after the VM has exited: snapblk must pass every check, every check the real library
+# fails must be a documented [fix] (docs/blkio.md), both runs must execute the same checks and
+# show the same property values in every state, and both disk images must hold the data the
+# program wrote.
 # Fails (never skips) if gcc, the build, the real library, qsd, vdpa, the VM or a device is
 # missing. Ends with "N passed, N failed".
 set -uo pipefail
@@ -36,7 +37,7 @@ mkdir -p "$P/bin" "$P/lib" "$P/real"
 strip -o "$P/lib/libblkio.so.1" "$TGT/release/libblkio.so" || die "strip libblkio.so"
 ln -s libblkio.so.1 "$P/lib/libblkio.so"
 cp -L "$REAL/libblkio.so.1" "$P/real/libblkio.so.1" || die "copy the real libblkio"
-for t in vdpa_test; do
+for t in vdpa_test vdpa_gone; do
     gcc -std=gnu11 -Wall -Wextra -Werror -O2 -I include "tests/c/$t.c" -L "$P/lib" -lblkio \
         -o "$P/bin/$t" || die "gcc tests/c/$t.c"
 done
@@ -79,7 +80,7 @@ esac
 passed=$((passed + p)); failed=$((failed + f))
 
 # ------------------------------------------- the C program: snapblk, real, same checks
-section SNAPBLK > "$SHM/snap.txt"; section REAL > "$SHM/real.txt"
+section SNAPBLK > "$SHM/snap.txt"; section REAL > "$SHM/real.txt"; section GONE > "$SHM/gone.txt"
 sed 's/^/  snapblk: /' "$SHM/snap.txt"
 np=$(grep -c '^PASS ' "$SHM/snap.txt"); nf=$(grep -c '^FAIL ' "$SHM/snap.txt")
 if [ "$nf" -eq 0 ] && [ "$np" -gt 0 ] && grep -q '^EXIT-SNAPBLK 0$' "$SHM/snap.txt"; then
@@ -111,6 +112,12 @@ else
     sed 's/^/  /' "$SHM/props.diff"
 fi
 [ "$(grep -c '^PROP ' "$SHM/snap.txt")" -ge 100 ] || bad "too few PROP lines from snapblk"
+
+# ------------------------------------------------------------ the device going away
+sed 's/^/  gone: /' "$SHM/gone.txt"
+gp=$(grep -c '^PASS ' "$SHM/gone.txt"); gf=$(grep -c '^FAIL ' "$SHM/gone.txt")
+passed=$((passed + gp)); failed=$((failed + gf))
+grep -q '^EXIT-GONE 0$' "$SHM/gone.txt" || bad "vdpa_gone did not finish cleanly"
 
 # ---------------------------------------------------- the images, read by the host
 check_data() { # $1 image, $2 who wrote it

@@ -5,7 +5,9 @@
 # vdb, num-queues=2) and bound to vhost-vdpa with `vdpa dev add`. Then:
 #  1. snapblk-conformance on vduse0's /dev/vhost-vdpa-N (snapblk's driver);
 #  2. tests/c/vdpa_test.c against snapblk's libblkio.so.1 on vduse0 and the real libblkio 1.5
-#     on vduse1 (the data they leave is checked by the host in both images).
+#     on vduse1 (the data they leave is checked by the host in both images);
+#  3. the device going away: qemu-storage-daemon killed with requests in flight, and
+#     `vdpa dev del` while the device is open.
 # Prints PASS:/FAIL:/INFO: lines, and the C program's output between markers for the host.
 export LD_LIBRARY_PATH=/test/lib
 rc=0
@@ -64,6 +66,15 @@ echo "END-SNAPBLK"
 echo "BEGIN-REAL"
 LD_LIBRARY_PATH=/test/real timeout 120 /test/bin/vdpa_test "$B"; echo "EXIT-REAL $?"
 echo "END-REAL"
+
+# 3. the device going away (snapblk only): `vdpa dev del` while open, then qsd killed with
+# requests in flight. VDUSE waits msg_timeout (30 s by default) for a daemon to answer before it
+# declares the device broken; 3 s keeps the VM run short.
+t=/sys/class/vduse/vduse0/msg_timeout
+[ -w $t ] && echo 3 > $t && echo "INFO: $t = $(cat $t)"
+echo "BEGIN-GONE"
+timeout 180 /test/bin/vdpa_gone "$A" "$(cat /tmp/qsd-vduse0.pid)" vduse0; echo "EXIT-GONE $?"
+echo "END-GONE"
 
 sync
 kernel_reports_check

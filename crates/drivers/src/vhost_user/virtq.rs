@@ -34,6 +34,14 @@ const T_WRITE_ZEROES: u32 = 13;
 /// `start` by (the process address itself for vhost-user, an IOVA for vhost-vdpa).
 pub(crate) type Regions = Arc<RwLock<Vec<(usize, usize, u64)>>>;
 
+/// How long requests on a ring may make no progress before a [`Probe`] is asked whether the
+/// device is still there.
+pub(crate) const STALL: Duration = Duration::from_secs(5);
+
+/// A liveness check, for transports whose device can vanish without a sign on any descriptor
+/// (a VDUSE daemon that dies): `false` means the device is gone.
+pub(crate) type Probe = Box<dyn FnMut() -> bool + Send>;
+
 /// What the queue knows of the negotiated device.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Caps {
@@ -107,6 +115,8 @@ struct Relink {
 /// The ring and its requests: the [`Engine`] of a queue.
 pub(crate) struct Ring {
     relink: Option<Relink>,
+    /// The stall probe and the message requests fail with when it says the device is gone.
+    probe: Option<(Probe, &'static CStr)>,
     shm: Shm,
     /// The address the device knows `shm` by (its process address unless [`Ring::at`]).
     dev_base: u64,
@@ -148,6 +158,7 @@ impl Ring {
     ) -> Ring {
         let r = Ring {
             relink: None,
+            probe: None,
             dev_base: shm.addr(),
             _spare_call,
             event_idx,
@@ -173,6 +184,13 @@ impl Ring {
     /// The device knows the ring memory by `dev_base` (an IOVA), not its process address.
     pub(crate) fn at(mut self, dev_base: u64) -> Ring {
         self.dev_base = dev_base;
+        self
+    }
+
+    /// Ask `probe` whether the device is still there when requests stall (see [`STALL`]); if
+    /// not, every request fails with EIO and `why`.
+    pub(crate) fn with_probe(mut self, probe: Probe, why: &'static CStr) -> Ring {
+        self.probe = Some((probe, why));
         self
     }
 
@@ -437,12 +455,17 @@ impl Ring {
     ) -> Result<()> {
         let start = Instant::now();
         let mut spins = 0u32;
+        // Progress seen (the used index moving), for the stall probe.
+        let mut seen = (self.last_used, Instant::now());
         loop {
             // A new connection after a reconnect has a new socket.
             let sock = (self.sock.as_raw_fd(), libc::POLLRDHUP);
             self.collect();
             if self.ready.len() >= want || self.dead.is_some() {
                 return Ok(());
+            }
+            if self.last_used != seen.0 {
+                seen = (self.last_used, Instant::now());
             }
             let left = match timeout {
                 Some(t) => match t.checked_sub(start.elapsed()) {
@@ -451,6 +474,10 @@ impl Ring {
                 },
                 None => None,
             };
+            let stall = self.stalled(&mut seen);
+            if self.dead.is_some() {
+                continue;
+            }
             match self.call {
                 None => {
                     // A poll queue: spin, looking at the socket now and then.
@@ -467,7 +494,12 @@ impl Ring {
                         self.set_interrupts(self.notify);
                         return Ok(());
                     }
-                    let r = ppoll(&[(call, libc::POLLIN), sock], left, sigmask);
+                    // With a stall probe, wake up in time to run it.
+                    let sleep = match (left, stall) {
+                        (Some(l), Some(s)) => Some(l.min(s)),
+                        (l, s) => l.or(s),
+                    };
+                    let r = ppoll(&[(call, libc::POLLIN), sock], sleep, sigmask);
                     self.set_interrupts(self.notify);
                     let r = r?;
                     if r[0] & libc::POLLIN != 0 {
@@ -475,6 +507,28 @@ impl Ring {
                     }
                     self.check_socket(r[1]);
                 }
+            }
+        }
+    }
+
+    /// With a stall probe: once requests on the ring have made no progress since `seen` for
+    /// [`STALL`], ask the probe whether the device is still there, and fail every request if
+    /// not. Returns how long until the next probe is due (`None` without a probe).
+    fn stalled(&mut self, seen: &mut (u16, Instant)) -> Option<Duration> {
+        let probe = self.probe.as_mut()?;
+        if self.in_ring == 0 {
+            *seen = (self.last_used, Instant::now());
+            return Some(STALL);
+        }
+        match STALL.checked_sub(seen.1.elapsed()) {
+            Some(d) if !d.is_zero() => Some(d),
+            _ => {
+                let why = probe.1;
+                if !(probe.0)() {
+                    self.fail_all(why);
+                }
+                *seen = (self.last_used, Instant::now());
+                Some(STALL)
             }
         }
     }

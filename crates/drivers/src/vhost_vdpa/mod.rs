@@ -374,6 +374,10 @@ impl Driver for VhostVdpaDriver {
         // The ring stays mapped for the life of the device (closing it drops the IOTLB).
         setup.map_err(step_err)?;
         let watch = c.dev.dup().map_err(Error::from_io)?;
+        let probe_dev = Vdpa::from_fd(c.dev.dup().map_err(Error::from_io)?);
+        // A VDUSE daemon that dies leaves no trace on any descriptor; when requests stall,
+        // ask the device for the vring's state, which the daemon must answer.
+        let probe = Box::new(move || probe_dev.vring_base(i).is_ok());
         c.next_queue += 1;
         let (call_raw, spare, core) = if poll {
             (None, Some(call), QueueCore::new(true)?)
@@ -398,7 +402,8 @@ impl Driver for VhostVdpaDriver {
                 watch,
                 f & F_EVENT_IDX != 0,
             )
-            .at(iova),
+            .at(iova)
+            .with_probe(probe, c"vhost-vdpa device stopped responding"),
             caps,
             regions: self.regions.clone(),
         }))

@@ -24,6 +24,7 @@ pub(crate) const SET_OWNER: u64 = ioc(0, 0x01, 0);
 pub(crate) const SET_VRING_NUM: u64 = iow(0x10, 8);
 pub(crate) const SET_VRING_ADDR: u64 = iow(0x11, 40);
 pub(crate) const SET_VRING_BASE: u64 = iow(0x12, 8);
+pub(crate) const GET_VRING_BASE: u64 = ioc(3, 0x12, 8);
 pub(crate) const SET_VRING_KICK: u64 = iow(0x20, 8);
 pub(crate) const SET_VRING_CALL: u64 = iow(0x21, 8);
 pub(crate) const SET_BACKEND_FEATURES: u64 = iow(0x25, 8);
@@ -174,6 +175,14 @@ impl Vdpa {
         self.ioctl(req, &mut s)
     }
 
+    /// `VHOST_GET_VRING_BASE`: the device's next available index of vring `index` (on VDUSE,
+    /// answered by the daemon: an error once it is gone).
+    pub(crate) fn vring_base(&self, index: u32) -> io::Result<u32> {
+        let mut s = [index, 0];
+        self.ioctl(GET_VRING_BASE, &mut s)?;
+        Ok(s[1])
+    }
+
     /// `struct vhost_vring_file` requests (KICK, CALL).
     pub(crate) fn vring_fd(&self, req: u64, index: u32, fd: RawFd) -> io::Result<()> {
         let mut s = [index as i32, fd];
@@ -263,6 +272,7 @@ mod tests {
             (SET_VRING_NUM, 0x4008af10),
             (SET_VRING_ADDR, 0x4028af11),
             (SET_VRING_BASE, 0x4008af12),
+            (GET_VRING_BASE, 0xc008af12),
             (SET_VRING_KICK, 0x4008af20),
             (SET_VRING_CALL, 0x4008af21),
             (SET_BACKEND_FEATURES, 0x4008af25),

@@ -58,6 +58,7 @@ export VM_MODULES="virtio_blk vduse vhost_vdpa"
 bash tests/vm/vm.sh setup || die "VM setup failed (kernel download or initramfs)"
 truncate -s 64M "$SHM/a.img" "$SHM/b.img"
 LOG=${VM_CACHE:-$ROOT/tests/vm/cache}/vdpa-vm.log
+rm -f "$LOG"   # never read an older run's results
 t0=$(date +%s)
 VM_LOG=$LOG VM_SMP=${VM_SMP:-2} VM_TIMEOUT=${VM_TIMEOUT:-600} \
     VM_QEMU_ARGS="-drive file=$SHM/a.img,if=none,id=da,format=raw,cache=none,aio=threads

@@ -4,7 +4,8 @@
 # bound to vhost-vdpa (modules vduse, vhost_vdpa; the host's qsd and vdpa binaries are copied
 # into the guest). The guest (tests/vm/guest/vdpa-tests.sh) runs snapblk-conformance, the C
 # program tests/c/vdpa_test.c against snapblk's libblkio.so.1 and the real libblkio 1.5 (each on
-# its own disk), and tests/c/vdpa_gone.c (`vdpa dev del` and the daemon killed under snapblk).
+# its own disk), trixie's qemu-io (QEMU 10, which passes the device by fd) on both libraries,
+# and tests/c/vdpa_gone.c (`vdpa dev del` and the daemon killed under snapblk).
 # Here, after the VM has exited: snapblk must pass every check, every check the real library
 # fails must be a documented [fix] (docs/blkio.md), both runs must execute the same checks and
 # show the same property values in every state, and both disk images must hold the data the
@@ -28,6 +29,7 @@ VDPA=$(command -v vdpa || echo /sbin/vdpa)
 TGT=${CARGO_TARGET_DIR:-$ROOT/target}
 [ -f "$TGT/release/libblkio.so" ] || die "$TGT/release/libblkio.so missing"
 REAL=$(bash bench/real-libblkio.sh) || die "could not fetch the real libblkio (needs deb.debian.org)"
+Q10=$(bash bench/trixie-qemu.sh) || die "could not fetch trixie's qemu-io (needs deb.debian.org)"
 
 P=$(mktemp -d "${TMPDIR:-/tmp}/snapblk-vdpa-vm.XXXXXX")
 SHM=$(mktemp -d /dev/shm/snapblk-vdpa.XXXXXX)
@@ -43,6 +45,16 @@ for t in vdpa_test vdpa_gone; do
 done
 strip -o "$P/bin/snapblk-conformance" "$TGT/release/snapblk-conformance" ||
     die "$TGT/release/snapblk-conformance missing"
+# qemu-io with trixie's libraries and loader (not the host's): the libraries, not their
+# directories, and of QEMU's modules only the blkio one. Packed in a tar file that the guest
+# unpacks, because vm.sh would give every ELF file in the payload the host's libraries (ldd).
+mkdir -p "$SHM/trixie/lib" "$SHM/trixie/qemu"
+cp "$Q10/usr/bin/qemu-io" "$SHM/trixie/" || die "copy qemu-io"
+find "$Q10/usr/lib/x86_64-linux-gnu" -maxdepth 1 \( -type f -o -type l \) -name '*.so*' \
+    -exec cp -a {} "$SHM/trixie/lib/" \;
+cp "$Q10/usr/lib/x86_64-linux-gnu/qemu/block-blkio.so" "$SHM/trixie/qemu/" || die "copy block-blkio.so"
+tar -C "$SHM" -cf "$P/trixie.tar" trixie || die "tar trixie"
+rm -rf "$SHM/trixie"
 cp "$QSD" "$P/bin/qemu-storage-daemon"
 cp "$VDPA" "$P/bin/vdpa"
 cp tests/vm/guest/vdpa-tests.sh "$P/run.sh"
@@ -131,5 +143,16 @@ check_data() { # $1 image, $2 who wrote it
 }
 check_data "$SHM/a.img" snapblk
 check_data "$SHM/b.img" "the real libblkio"
+check_qemu() { # $1 image, $2 library: what qemu-io wrote at 32, 33 and 35 MiB
+    if cmp -s <(tail -c +$((32 * 1048576 + 1)) "$1" | head -c 65536) <(head -c 65536 /dev/zero | tr '\0' '\315') &&
+       cmp -s <(tail -c +$((33 * 1048576 + 1)) "$1" | head -c 65536) <(head -c 65536 /dev/zero) &&
+       cmp -s <(tail -c +$((35 * 1048576 + 1)) "$1" | head -c 8192) <(head -c 8192 /dev/zero | tr '\0' '\316'); then
+        ok "host: qemu-io's data on $2 (0xcd at 32 MiB, zeros at 33 MiB, 0xce at 35 MiB) is in the image"
+    else
+        bad "host: the image does not hold qemu-io's data on $2"
+    fi
+}
+check_qemu "$SHM/a.img" snapblk
+check_qemu "$SHM/b.img" "the real libblkio"
 summary "$passed" "$failed"
 [ "$failed" -eq 0 ]

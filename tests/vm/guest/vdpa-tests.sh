@@ -6,7 +6,8 @@
 #  1. snapblk-conformance on vduse0's /dev/vhost-vdpa-N (snapblk's driver);
 #  2. tests/c/vdpa_test.c against snapblk's libblkio.so.1 on vduse0 and the real libblkio 1.5
 #     on vduse1 (the data they leave is checked by the host in both images);
-#  3. the device going away: qemu-storage-daemon killed with requests in flight, and
+#  3. trixie's qemu-io (QEMU 10) on each library, the same way (data checked by the host too);
+#  4. the device going away: qemu-storage-daemon killed with requests in flight, and
 #     `vdpa dev del` while the device is open.
 # Prints PASS:/FAIL:/INFO: lines, and the C program's output between markers for the host.
 export LD_LIBRARY_PATH=/test/lib
@@ -67,7 +68,28 @@ echo "BEGIN-REAL"
 LD_LIBRARY_PATH=/test/real timeout 120 /test/bin/vdpa_test "$B"; echo "EXIT-REAL $?"
 echo "END-REAL"
 
-# 3. the device going away (snapblk only): `vdpa dev del` while open, then qsd killed with
+# 3. QEMU 10 (Debian trixie's qemu-io, run through trixie's loader) on each library: QEMU opens
+# the path itself and hands the descriptor over in the `fd` property, as with libvirt.
+T=/tmp/trixie
+tar -C /tmp -xf /test/trixie.tar || fail "unpacking /test/trixie.tar"
+qio() { # LIBDIR DEV
+    QEMU_MODULE_DIR=$T/qemu timeout 120 "$T/lib/ld-linux-x86-64.so.2" --library-path "$1:$T/lib" \
+        "$T/qemu-io" --image-opts "driver=virtio-blk-vhost-vdpa,path=$2,cache.direct=on" \
+        -c 'write -P 0xcd 32M 64k' -c 'read -P 0xcd 32M 64k' -c 'write -z 33M 64k' \
+        -c 'read -P 0 33M 64k' -c 'discard 34M 64k' -c 'writev -P 0xce 35M 4k 4k' \
+        -c 'readv -P 0xce 35M 4k 4k' -c flush 2>&1
+}
+for run in "snapblk /test/lib $A" "real /test/real $B"; do
+    set -- $run
+    if out=$(qio "$2" "$3") && ! echo "$out" | grep -qiE 'fail|error|not supported'; then
+        pass "qemu-io on $1's libblkio.so.1 ($3): write, read, write -z, discard, writev, readv, flush"
+    else
+        fail "qemu-io on $1's libblkio.so.1 ($3)"
+    fi
+    echo "$out" | sed "s/^/INFO: qemu-io $1: /"
+done
+
+# 4. the device going away (snapblk only): `vdpa dev del` while open, then qsd killed with
 # requests in flight. VDUSE waits msg_timeout (30 s by default) for a daemon to answer before it
 # declares the device broken; 3 s keeps the VM run short.
 t=/sys/class/vduse/vduse0/msg_timeout

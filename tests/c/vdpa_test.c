@@ -247,6 +247,20 @@ int main(int argc, char **argv)
     blkio_destroy(&b);
     CHECK("destroy", b == NULL);
 
+    /* A start that fails (a queue larger than the device's largest, 256 on VDUSE) can be
+     * retried. The real library fails it with another errno, and then every later start with
+     * "Memory is already allocated". */
+    CHECK("create for a failing start", blkio_create(D, &b) == 0);
+    blkio_set_str(b, "path", dev);
+    CHECK("connect for a failing start", blkio_connect(b) == 0);
+    CHECK("queue-size 512", blkio_set_int(b, "queue-size", 512) == 0);
+    int rs = blkio_start(b);
+    printf("INFO start with queue-size 512: %d %s\n", rs, rs ? blkio_get_error_msg() : "");
+    FIX("start with queue-size above the device's largest queue fails with EINVAL", rs == -EINVAL);
+    CHECK("queue-size 256 after the failed start", blkio_set_int(b, "queue-size", 256) == 0);
+    FIX("start again after a failed start", blkio_start(b) == 0);
+    blkio_destroy(&b);
+
     /* The fd property, as libvirt/QEMU pass it: the library owns the fd from connect on. */
     CHECK("create with fd", blkio_create(D, &b) == 0);
     int vfd = open(dev, O_RDWR);

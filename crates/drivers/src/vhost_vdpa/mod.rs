@@ -203,6 +203,102 @@ impl VhostVdpaDriver {
             vring_max,
         })
     }
+
+    /// Set up vring `next_queue` and its queue.
+    fn new_queue(&mut self, poll: bool) -> Result<Box<dyn Queue>> {
+        let Some(c) = self.conn.as_mut() else {
+            return Err(Error::new(libc::ENODEV, "Device must be connected"));
+        };
+        if c.features & F_RO != 0 && !self.read_only {
+            return Err(Error::new(libc::EROFS, "Device is read-only"));
+        }
+        if c.status & S_DRIVER_OK != 0 {
+            return Err(Error::new(
+                libc::ENOTSUP,
+                "Driver does not support dynamically adding queues",
+            ));
+        }
+        let index = c.next_queue;
+        if index >= c.max_queues {
+            return Err(Error::inval(format!(
+                "num_queues + num_poll_queues must not be greater than {}",
+                c.max_queues
+            )));
+        }
+        if self.queue_size > i32::from(c.vring_max) {
+            return Err(Error::inval(format!(
+                "queue-size {} is larger than the device's largest queue ({})",
+                self.queue_size, c.vring_max
+            )));
+        }
+        let lay = Layout::new(self.queue_size as usize);
+        let shm = crate::vhost_user::sys::Shm::new(c"virtio-ring", lay.size)?;
+        let len = shm.len() as u64;
+        let iova = c
+            .iovas
+            .alloc(len)
+            .ok_or_else(|| Error::new(libc::ENOSPC, "the device's IOVA range is full"))?;
+        let mapped = c.dev.map(iova, len, shm.addr()).at("IOTLB_UPDATE");
+        if let Err(e) = mapped {
+            c.iovas.free(iova);
+            return Err(step_err(e));
+        }
+        let kick = EventFd::new()?;
+        // Poll queues get a call eventfd too, which nobody reads (as the vhost-user driver).
+        let call = EventFd::new()?;
+        let i = index as u32;
+        let d = &c.dev;
+        let setup = (|| {
+            d.vring_state(sys::SET_VRING_NUM, i, lay.n as u32)
+                .at("VHOST_SET_VRING_NUM")?;
+            d.vring_state(sys::SET_VRING_BASE, i, 0)
+                .at("VHOST_SET_VRING_BASE")?;
+            d.vring_addr(i, iova, iova + lay.used as u64, iova + lay.avail as u64)
+                .at("VHOST_SET_VRING_ADDR")?;
+            d.vring_fd(sys::SET_VRING_KICK, i, kick.raw())
+                .at("VHOST_SET_VRING_KICK")?;
+            d.vring_fd(sys::SET_VRING_CALL, i, call.raw())
+                .at("VHOST_SET_VRING_CALL")?;
+            d.vring_state(sys::SET_VRING_ENABLE, i, 1)
+                .at("VHOST_VDPA_SET_VRING_ENABLE")
+        })();
+        // The ring stays mapped for the life of the device (closing it drops the IOTLB).
+        setup.map_err(step_err)?;
+        let watch = c.dev.dup().map_err(Error::from_io)?;
+        let probe_dev = Vdpa::from_fd(c.dev.dup().map_err(Error::from_io)?);
+        // A VDUSE daemon that dies leaves no trace on any descriptor; when requests stall,
+        // ask the device for the vring's state, which the daemon must answer.
+        let probe = Box::new(move || probe_dev.vring_base(i).is_ok());
+        c.next_queue += 1;
+        let (call_raw, spare, core) = if poll {
+            (None, Some(call), QueueCore::new(true)?)
+        } else {
+            (Some(call.raw()), None, QueueCore::with_eventfd(call, false))
+        };
+        let f = c.features;
+        let caps = Caps {
+            read_only: self.read_only,
+            flush: f & F_FLUSH != 0,
+            discard: f & F_DISCARD != 0,
+            write_zeroes: f & F_WRITE_ZEROES != 0,
+            max_segments: c.seg_max,
+        };
+        Ok(Box::new(VuQueue {
+            core,
+            ring: Ring::new(
+                shm,
+                lay,
+                kick,
+                (call_raw, spare),
+                watch,
+                f & F_EVENT_IDX != 0,
+            )
+            .at(iova)
+            .with_probe(probe, c"vhost-vdpa device stopped responding"),
+            caps,
+            regions: self.regions.clone(),
+        }))
+    }
 }
 
 impl Default for VhostVdpaDriver {
@@ -315,121 +411,41 @@ impl Driver for VhostVdpaDriver {
         false
     }
     fn create_queue(&mut self, poll: bool) -> Result<Box<dyn Queue>> {
-        let Some(c) = self.conn.as_mut() else {
-            return Err(Error::new(libc::ENODEV, "Device must be connected"));
-        };
-        if c.features & F_RO != 0 && !self.read_only {
-            return Err(Error::new(libc::EROFS, "Device is read-only"));
+        let q = self.new_queue(poll);
+        if q.is_err()
+            && let Some(c) = self.conn.as_mut()
+        {
+            // start failed: the next start sets the vrings up again from the first.
+            c.next_queue = 0;
         }
-        if c.status & S_DRIVER_OK != 0 {
-            return Err(Error::new(
-                libc::ENOTSUP,
-                "Driver does not support dynamically adding queues",
-            ));
-        }
-        let index = c.next_queue;
-        if index >= c.max_queues {
-            return Err(Error::inval(format!(
-                "num_queues + num_poll_queues must not be greater than {}",
-                c.max_queues
-            )));
-        }
-        if self.queue_size > i32::from(c.vring_max) {
-            return Err(Error::inval(format!(
-                "queue-size {} is larger than the device's largest queue ({})",
-                self.queue_size, c.vring_max
-            )));
-        }
-        let lay = Layout::new(self.queue_size as usize);
-        let shm = crate::vhost_user::sys::Shm::new(c"virtio-ring", lay.size)?;
-        let len = shm.len() as u64;
-        let iova = c
-            .iovas
-            .alloc(len)
-            .ok_or_else(|| Error::new(libc::ENOSPC, "the device's IOVA range is full"))?;
-        let mapped = c.dev.map(iova, len, shm.addr()).at("IOTLB_UPDATE");
-        if let Err(e) = mapped {
-            c.iovas.free(iova);
-            return Err(step_err(e));
-        }
-        let kick = EventFd::new()?;
-        // Poll queues get a call eventfd too, which nobody reads (as the vhost-user driver).
-        let call = EventFd::new()?;
-        let i = index as u32;
-        let d = &c.dev;
-        let setup = (|| {
-            d.vring_state(sys::SET_VRING_NUM, i, lay.n as u32)
-                .at("VHOST_SET_VRING_NUM")?;
-            d.vring_state(sys::SET_VRING_BASE, i, 0)
-                .at("VHOST_SET_VRING_BASE")?;
-            d.vring_addr(i, iova, iova + lay.used as u64, iova + lay.avail as u64)
-                .at("VHOST_SET_VRING_ADDR")?;
-            d.vring_fd(sys::SET_VRING_KICK, i, kick.raw())
-                .at("VHOST_SET_VRING_KICK")?;
-            d.vring_fd(sys::SET_VRING_CALL, i, call.raw())
-                .at("VHOST_SET_VRING_CALL")?;
-            d.vring_state(sys::SET_VRING_ENABLE, i, 1)
-                .at("VHOST_VDPA_SET_VRING_ENABLE")
-        })();
-        // The ring stays mapped for the life of the device (closing it drops the IOTLB).
-        setup.map_err(step_err)?;
-        let watch = c.dev.dup().map_err(Error::from_io)?;
-        let probe_dev = Vdpa::from_fd(c.dev.dup().map_err(Error::from_io)?);
-        // A VDUSE daemon that dies leaves no trace on any descriptor; when requests stall,
-        // ask the device for the vring's state, which the daemon must answer.
-        let probe = Box::new(move || probe_dev.vring_base(i).is_ok());
-        c.next_queue += 1;
-        let (call_raw, spare, core) = if poll {
-            (None, Some(call), QueueCore::new(true)?)
-        } else {
-            (Some(call.raw()), None, QueueCore::with_eventfd(call, false))
-        };
-        let f = c.features;
-        let caps = Caps {
-            read_only: self.read_only,
-            flush: f & F_FLUSH != 0,
-            discard: f & F_DISCARD != 0,
-            write_zeroes: f & F_WRITE_ZEROES != 0,
-            max_segments: c.seg_max,
-        };
-        Ok(Box::new(VuQueue {
-            core,
-            ring: Ring::new(
-                shm,
-                lay,
-                kick,
-                (call_raw, spare),
-                watch,
-                f & F_EVENT_IDX != 0,
-            )
-            .at(iova)
-            .with_probe(probe, c"vhost-vdpa device stopped responding"),
-            caps,
-            regions: self.regions.clone(),
-        }))
+        q
     }
     fn queues_created(&mut self) -> Result<()> {
         let Some(c) = self.conn.as_mut() else {
             return Err(Error::new(libc::ENODEV, "Device must be connected"));
         };
         let status = c.status | S_DRIVER_OK;
-        c.dev
-            .set_status(status)
-            .at("VHOST_VDPA_SET_STATUS")
-            .map_err(step_err)?;
-        let now = c
+        let live = c
             .dev
-            .status()
-            .at("VHOST_VDPA_GET_STATUS")
-            .map_err(step_err)?;
-        if now & (S_NEEDS_RESET | S_FAILED) != 0 || now & S_DRIVER_OK == 0 {
-            return Err(Error::from_chain(
-                libc::EIO,
-                &VdpaError::Device("the device did not accept DRIVER_OK"),
-            ));
+            .set_status(status)
+            .and_then(|()| c.dev.status())
+            .at("VHOST_VDPA_SET_STATUS")
+            .map_err(step_err)
+            .and_then(|now| {
+                if now & (S_NEEDS_RESET | S_FAILED) != 0 || now & S_DRIVER_OK == 0 {
+                    return Err(Error::from_chain(
+                        libc::EIO,
+                        &VdpaError::Device("the device did not accept DRIVER_OK"),
+                    ));
+                }
+                Ok(())
+            });
+        match live {
+            Ok(()) => c.status = status,
+            // start failed: the next start sets the vrings up again from the first.
+            Err(_) => c.next_queue = 0,
         }
-        c.status = status;
-        Ok(())
+        live
     }
     fn map_mem_region(&mut self, region: &MemRegion) -> Result<()> {
         if region.fd < 0 {

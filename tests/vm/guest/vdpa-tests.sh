@@ -45,7 +45,7 @@ A=$(export_disk vda vduse0) && pass "vduse0 on vda bound to vhost-vdpa: $A" ||
 B=$(export_disk vdb vduse1) && pass "vduse1 on vdb bound to vhost-vdpa: $B" ||
     { fail "vduse1: $(cat /tmp/qsd-vduse1.log)"; exit 1; }
 
-# 1. conformance: one queue, then two queues with a poll queue.
+# 1. conformance: two queues, one queue and a poll queue, then read-only.
 if /test/bin/snapblk-conformance "virtio-blk-vhost-vdpa:path=$A" --allow-destructive \
     > /tmp/conf1.txt 2>&1; then
     pass "conformance on $A ($(tail -1 /tmp/conf1.txt))"
@@ -58,6 +58,14 @@ if /test/bin/snapblk-conformance \
     pass "conformance with a poll queue on $A ($(tail -1 /tmp/conf2.txt))"
 else
     fail "conformance with a poll queue on $A"; sed 's/^/INFO: conf: /' /tmp/conf2.txt
+fi
+
+# Read-only: reads work, writes, discards and write-zeroes are refused.
+if /test/bin/snapblk-conformance "virtio-blk-vhost-vdpa:path=$A,read-only=true" \
+    > /tmp/conf3.txt 2>&1; then
+    pass "read-only conformance on $A ($(tail -1 /tmp/conf3.txt))"
+else
+    fail "read-only conformance on $A"; sed 's/^/INFO: conf: /' /tmp/conf3.txt
 fi
 
 # 2. the C program, snapblk then the real library (each on its own device).

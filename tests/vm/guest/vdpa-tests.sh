@@ -8,7 +8,8 @@
 #     on vduse1 (the data they leave is checked by the host in both images);
 #  3. trixie's qemu-io (QEMU 10) on each library, the same way (data checked by the host too);
 #  4. the device going away: qemu-storage-daemon killed with requests in flight, and
-#     `vdpa dev del` while the device is open.
+#     `vdpa dev del` while the device is open;
+#  5. a read-only export (VIRTIO_BLK_F_RO) of vdb: start with read-only=false fails, reads work.
 # Prints PASS:/FAIL:/INFO: lines, and the C program's output between markers for the host.
 export LD_LIBRARY_PATH=/test/lib
 rc=0
@@ -18,10 +19,11 @@ fail() { echo "FAIL: $*"; rc=1; }
 kernel_reports_begin
 
 QSD=/test/bin/qemu-storage-daemon
-# Export /dev/$1 as VDUSE device $2 and bind it to vhost-vdpa; prints the /dev/vhost-vdpa-N.
+# Export /dev/$1 as VDUSE device $2 (writable unless $3 is "off") and bind it to vhost-vdpa;
+# prints the /dev/vhost-vdpa-N.
 export_disk() {
     $QSD --blockdev "driver=host_device,node-name=f0,filename=/dev/$1,cache.direct=on" \
-        --export "type=vduse-blk,id=v0,node-name=f0,name=$2,writable=on,num-queues=2" \
+        --export "type=vduse-blk,id=v0,node-name=f0,name=$2,writable=${3:-on},num-queues=2" \
         > "/tmp/qsd-$2.log" 2>&1 &
     echo $! > "/tmp/qsd-$2.pid"
     i=0
@@ -105,6 +107,26 @@ t=/sys/class/vduse/vduse0/msg_timeout
 echo "BEGIN-GONE"
 timeout 180 /test/bin/vdpa_gone "$A" "$(cat /tmp/qsd-vduse0.pid)" vduse0; echo "EXIT-GONE $?"
 echo "END-GONE"
+
+# 5. a read-only device (VIRTIO_BLK_F_RO): vdb exported again with writable=off.
+/test/bin/vdpa dev del vduse1 || fail "vdpa dev del vduse1"
+kill "$(cat /tmp/qsd-vduse1.pid)"; wait "$(cat /tmp/qsd-vduse1.pid)"
+if C=$(export_disk vdb vduse2 off); then
+    out=$(/test/bin/snapblk-conformance "virtio-blk-vhost-vdpa:path=$C" --allow-destructive 2>&1)
+    st=$?
+    case "$st $out" in
+        "1 "*"start with num-queues=2: Device is read-only"*) pass "a read-only device refuses start with read-only=false (EROFS)" ;;
+        *) fail "read-only device with read-only=false: exit $st: $out" ;;
+    esac
+    if /test/bin/snapblk-conformance "virtio-blk-vhost-vdpa:path=$C,read-only=true" \
+        > /tmp/conf4.txt 2>&1; then
+        pass "read-only conformance on the read-only device $C ($(tail -1 /tmp/conf4.txt))"
+    else
+        fail "read-only conformance on the read-only device $C"; sed 's/^/INFO: conf: /' /tmp/conf4.txt
+    fi
+else
+    fail "vduse2 (read-only): $(cat /tmp/qsd-vduse2.log)"
+fi
 
 sync
 kernel_reports_check

@@ -243,29 +243,42 @@ impl VhostVdpaDriver {
             c.iovas.free(iova);
             return Err(step_err(e));
         }
-        let kick = EventFd::new()?;
-        // Poll queues get a call eventfd too, which nobody reads (as the vhost-user driver).
-        let call = EventFd::new()?;
         let i = index as u32;
         let d = &c.dev;
         let setup = (|| {
-            d.vring_state(sys::SET_VRING_NUM, i, lay.n as u32)
-                .at("VHOST_SET_VRING_NUM")?;
-            d.vring_state(sys::SET_VRING_BASE, i, 0)
-                .at("VHOST_SET_VRING_BASE")?;
-            d.vring_addr(i, iova, iova + lay.used as u64, iova + lay.avail as u64)
-                .at("VHOST_SET_VRING_ADDR")?;
-            d.vring_fd(sys::SET_VRING_KICK, i, kick.raw())
-                .at("VHOST_SET_VRING_KICK")?;
-            d.vring_fd(sys::SET_VRING_CALL, i, call.raw())
-                .at("VHOST_SET_VRING_CALL")?;
-            d.vring_state(sys::SET_VRING_ENABLE, i, 1)
-                .at("VHOST_VDPA_SET_VRING_ENABLE")
+            let kick = EventFd::new()?;
+            // Poll queues get a call eventfd too, which nobody reads (as the vhost-user driver).
+            let call = EventFd::new()?;
+            (|| {
+                d.vring_state(sys::SET_VRING_NUM, i, lay.n as u32)
+                    .at("VHOST_SET_VRING_NUM")?;
+                d.vring_state(sys::SET_VRING_BASE, i, 0)
+                    .at("VHOST_SET_VRING_BASE")?;
+                d.vring_addr(i, iova, iova + lay.used as u64, iova + lay.avail as u64)
+                    .at("VHOST_SET_VRING_ADDR")?;
+                d.vring_fd(sys::SET_VRING_KICK, i, kick.raw())
+                    .at("VHOST_SET_VRING_KICK")?;
+                d.vring_fd(sys::SET_VRING_CALL, i, call.raw())
+                    .at("VHOST_SET_VRING_CALL")?;
+                d.vring_state(sys::SET_VRING_ENABLE, i, 1)
+                    .at("VHOST_VDPA_SET_VRING_ENABLE")
+            })()
+            .map_err(step_err)?;
+            let watch = d.dup().map_err(Error::from_io)?;
+            let probe_dev = Vdpa::from_fd(d.dup().map_err(Error::from_io)?);
+            Ok((kick, call, watch, probe_dev))
         })();
-        // The ring stays mapped for the life of the device (closing it drops the IOTLB).
-        setup.map_err(step_err)?;
-        let watch = c.dev.dup().map_err(Error::from_io)?;
-        let probe_dev = Vdpa::from_fd(c.dev.dup().map_err(Error::from_io)?);
+        // On success the ring stays mapped for the life of the device (closing it drops the
+        // IOTLB); on failure it is unmapped again.
+        let (kick, call, watch, probe_dev) = match setup {
+            Ok(fds) => fds,
+            Err(e) => {
+                if c.dev.unmap(iova, len).is_ok() {
+                    c.iovas.free(iova);
+                }
+                return Err(e);
+            }
+        };
         // A VDUSE daemon that dies leaves no trace on any descriptor; when requests stall,
         // ask the device for the vring's state, which the daemon must answer.
         let probe = Box::new(move || probe_dev.vring_base(i).is_ok());

@@ -115,8 +115,9 @@ struct Relink {
 /// The ring and its requests: the [`Engine`] of a queue.
 pub(crate) struct Ring {
     relink: Option<Relink>,
-    /// The stall probe and the message requests fail with when it says the device is gone.
-    probe: Option<(Probe, &'static CStr)>,
+    /// The stall probe, the message requests fail with when it says the device is gone, and
+    /// how long requests may make no progress before it is asked.
+    probe: Option<(Probe, &'static CStr, Duration)>,
     shm: Shm,
     /// The address the device knows `shm` by (its process address unless [`Ring::at`]).
     dev_base: u64,
@@ -187,10 +188,10 @@ impl Ring {
         self
     }
 
-    /// Ask `probe` whether the device is still there when requests stall (see [`STALL`]); if
-    /// not, every request fails with EIO and `why`.
-    pub(crate) fn with_probe(mut self, probe: Probe, why: &'static CStr) -> Ring {
-        self.probe = Some((probe, why));
+    /// Ask `probe` whether the device is still there when requests make no progress for
+    /// `after` ([`STALL`] in the drivers); if not, every request fails with EIO and `why`.
+    pub(crate) fn with_probe(mut self, probe: Probe, why: &'static CStr, after: Duration) -> Ring {
+        self.probe = Some((probe, why, after));
         self
     }
 
@@ -512,15 +513,16 @@ impl Ring {
     }
 
     /// With a stall probe: once requests on the ring have made no progress since `seen` for
-    /// [`STALL`], ask the probe whether the device is still there, and fail every request if
+    /// the probe's time, ask the probe whether the device is still there, and fail every request if
     /// not. Returns how long until the next probe is due (`None` without a probe).
     fn stalled(&mut self, seen: &mut (u16, Instant)) -> Option<Duration> {
         let probe = self.probe.as_mut()?;
+        let after = probe.2;
         if self.in_ring == 0 {
             *seen = (self.last_used, Instant::now());
-            return Some(STALL);
+            return Some(after);
         }
-        match STALL.checked_sub(seen.1.elapsed()) {
+        match after.checked_sub(seen.1.elapsed()) {
             Some(d) if !d.is_zero() => Some(d),
             _ => {
                 let why = probe.1;
@@ -528,7 +530,7 @@ impl Ring {
                     self.fail_all(why);
                 }
                 *seen = (self.last_used, Instant::now());
-                Some(STALL)
+                Some(after)
             }
         }
     }
@@ -721,5 +723,65 @@ impl Queue for VuQueue {
     }
     fn outstanding(&self) -> usize {
         self.core.backlog_len() + self.ring.in_flight()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicUsize;
+
+    /// A ring nobody serves, with one read on it, and a probe that counts its calls and says
+    /// the device is there for the first `alive` of them.
+    fn stuck_ring(alive: usize) -> (Ring, Arc<AtomicUsize>) {
+        let lay = Layout::new(8);
+        let shm = Shm::new(c"test-ring", lay.size).unwrap();
+        let call = EventFd::new().unwrap();
+        let raw = call.raw();
+        let sock = OwnedFd::from(std::fs::File::open("/dev/null").unwrap());
+        let calls = Arc::new(AtomicUsize::new(0));
+        let n = calls.clone();
+        let probe: Probe = Box::new(move || n.fetch_add(1, Ordering::SeqCst) < alive);
+        let mut r = Ring::new(
+            shm,
+            lay,
+            EventFd::new().unwrap(),
+            (Some(raw), Some(call)),
+            sock,
+            false,
+        )
+        .with_probe(probe, c"gone", Duration::from_millis(20));
+        r.pending.push_back(Pending {
+            user_data: 7,
+            ty: T_IN,
+            sector: 0,
+            segs: vec![(0x1000, 512)],
+            range: None,
+            flush_after: false,
+        });
+        (r, calls)
+    }
+
+    #[test]
+    fn a_stalled_request_fails_once_the_probe_says_the_device_is_gone() {
+        let (mut r, calls) = stuck_ring(2);
+        // The timeout only bounds a broken probe: the request must fail long before.
+        r.submit(1, Some(Duration::from_secs(20)), None).unwrap();
+        let mut out = [Completion::ok(0)];
+        assert_eq!(r.reap(&mut out), 1);
+        assert_eq!((out[0].user_data, out[0].ret), (7, -libc::EIO));
+        // Asked until it said no: twice alive, then gone.
+        assert_eq!(calls.load(Ordering::SeqCst), 3);
+        // Later requests fail at once.
+        assert!(r.dead.is_some());
+    }
+
+    #[test]
+    fn a_live_device_keeps_the_request_waiting() {
+        let (mut r, calls) = stuck_ring(usize::MAX);
+        let e = r.submit(1, Some(Duration::from_secs(1)), None).unwrap_err();
+        assert_eq!(e.errno, libc::ETIME);
+        assert!(calls.load(Ordering::SeqCst) >= 1);
+        assert_eq!(r.in_flight(), 1);
     }
 }

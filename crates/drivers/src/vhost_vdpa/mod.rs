@@ -17,7 +17,7 @@
 mod iova;
 mod sys;
 
-use crate::vhost_user::virtq::{Caps, Layout, Regions, Ring, VuQueue};
+use crate::vhost_user::virtq::{Caps, Layout, Regions, Ring, STALL, VuQueue};
 use crate::vhost_user::{
     CONFIG_LEN, F_DISCARD, F_EVENT_IDX, F_FLUSH, F_RO, F_VERSION_1, F_WRITE_ZEROES, MAX_QUEUE_SIZE,
     WANTED, blk_info, check_queue_size, created, sat,
@@ -307,7 +307,7 @@ impl VhostVdpaDriver {
                 f & F_EVENT_IDX != 0,
             )
             .at(iova)
-            .with_probe(probe, c"vhost-vdpa device stopped responding"),
+            .with_probe(probe, c"vhost-vdpa device stopped responding", STALL),
             caps,
             regions: self.regions.clone(),
         }))

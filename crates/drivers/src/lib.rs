@@ -20,9 +20,11 @@ mod file;
 mod null;
 mod sync;
 mod uring;
+mod vfio_pci;
 mod vhost_user;
 
 pub use null::NullDriver;
 pub use sync::SyncDriver;
 pub use uring::UringDriver;
+pub use vfio_pci::VfioPciDriver;
 pub use vhost_user::VhostUserDriver;

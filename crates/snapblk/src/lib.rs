@@ -1,7 +1,7 @@
 //! snapblk facade: the driver registry and device specs.
 //!
 //! [`create`] makes a [`Blkio`] instance for a driver name (`io_uring`, `sync`, `null`,
-//! `snapshot`, `virtio-blk-vhost-user`); [`open`] parses a *device spec*, sets its properties, connects and starts it.
+//! `snapshot`, `virtio-blk-vhost-user`, `virtio-blk-vfio-pci`); [`open`] parses a *device spec*, sets its properties, connects and starts it.
 //!
 //! Each driver is a cargo feature of this crate (`io_uring`, `sync`, `null`, `snapshot`, all on
 //! by default), as in libblkio: a build without a driver knows no such name ([`DRIVERS`]).
@@ -53,6 +53,8 @@ pub const DRIVERS: &[&str] = &[
     "sync",
     #[cfg(feature = "virtio-blk-vhost-user")]
     "virtio-blk-vhost-user",
+    #[cfg(feature = "virtio-blk-vfio-pci")]
+    "virtio-blk-vfio-pci",
     #[cfg(feature = "null")]
     "null",
     #[cfg(feature = "snapshot")]
@@ -80,6 +82,8 @@ pub fn create(driver: &str) -> Result<Blkio> {
         "null" => Box::new(snapblk_drivers::NullDriver::new()),
         #[cfg(feature = "virtio-blk-vhost-user")]
         "virtio-blk-vhost-user" => Box::new(snapblk_drivers::VhostUserDriver::new()),
+        #[cfg(feature = "virtio-blk-vfio-pci")]
+        "virtio-blk-vfio-pci" => Box::new(snapblk_drivers::VfioPciDriver::new()),
         #[cfg(feature = "snapshot")]
         "snapshot" => Box::new(snapblk_snapshot::SnapshotDriver::new()),
         #[cfg(feature = "fault-injection")]
@@ -293,15 +297,17 @@ mod tests {
             feature = "sync",
             feature = "null",
             feature = "snapshot",
-            feature = "virtio-blk-vhost-user"
+            feature = "virtio-blk-vhost-user",
+            feature = "virtio-blk-vfio-pci"
         )),
         ignore = "the message lists every driver"
     )]
     fn unknown_driver_in_a_spec_is_named() {
         #[cfg(not(feature = "fault-injection"))]
-        let known = "io_uring, null, snapshot, sync, virtio-blk-vhost-user";
+        let known = "io_uring, null, snapshot, sync, virtio-blk-vfio-pci, virtio-blk-vhost-user";
         #[cfg(feature = "fault-injection")]
-        let known = "fault, io_uring, null, snapshot, sync, virtio-blk-vhost-user";
+        let known =
+            "fault, io_uring, null, snapshot, sync, virtio-blk-vfio-pci, virtio-blk-vhost-user";
         for (spec, name) in [
             ("nosuch:size=1G", "nosuch"),
             ("NULL:size=1G", "NULL"),
@@ -413,6 +419,7 @@ mod tests {
             "snapshot",
             "fault",
             "virtio-blk-vhost-user",
+            "virtio-blk-vfio-pci",
         ] {
             match create(name) {
                 Ok(_) => assert!(DRIVERS.contains(&name), "{name} created but not listed"),
@@ -432,6 +439,7 @@ mod tests {
                 + usize::from(cfg!(feature = "null"))
                 + usize::from(cfg!(feature = "snapshot"))
                 + usize::from(cfg!(feature = "virtio-blk-vhost-user"))
+                + usize::from(cfg!(feature = "virtio-blk-vfio-pci"))
                 + usize::from(cfg!(feature = "fault-injection"))
         );
     }

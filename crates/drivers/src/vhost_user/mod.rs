@@ -16,8 +16,8 @@
 
 mod link;
 mod proto;
-mod sys;
-mod virtq;
+pub(crate) mod sys;
+pub(crate) mod virtq;
 
 use link::{Link, Shared, Vring};
 use proto::{Frontend, Req, VuError};
@@ -129,7 +129,7 @@ fn le32(c: &[u8], o: usize) -> u32 {
 }
 
 /// The common properties in the created state (libblkio's constants, shared notes §1.2).
-fn created() -> DeviceInfo {
+pub(crate) fn created() -> DeviceInfo {
     DeviceInfo {
         request_alignment: 512,
         buf_alignment: 1,

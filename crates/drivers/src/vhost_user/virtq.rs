@@ -33,6 +33,24 @@ const T_WRITE_ZEROES: u32 = 13;
 /// Mapped memory regions as `(start, end)` process addresses.
 pub(crate) type Regions = Arc<RwLock<Vec<(usize, usize)>>>;
 
+/// Device addresses of mapped regions, for devices behind an IOMMU: `(start, end, iova)`.
+pub(crate) type Iovas = Arc<RwLock<Vec<(usize, usize, u64)>>>;
+
+/// How a ring notifies its device when that is not an eventfd write (e.g. a PCI BAR write).
+pub(crate) trait Doorbell: Send {
+    /// Tell the device that the available ring has new entries.
+    fn ring(&self);
+}
+
+/// A ring whose device sees other addresses than the process (an IOMMU in between).
+struct Dma {
+    /// The device address of the ring memory.
+    base: u64,
+    /// Translation of data buffers.
+    iovas: Iovas,
+    bell: Box<dyn Doorbell>,
+}
+
 /// What the queue knows of the negotiated device.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Caps {
@@ -106,6 +124,8 @@ struct Relink {
 /// The ring and its requests: the [`Engine`] of a queue.
 pub(crate) struct Ring {
     relink: Option<Relink>,
+    /// `None`: the device uses process addresses and the kick eventfd (vhost-user).
+    dma: Option<Dma>,
     shm: Shm,
     lay: Layout,
     free: Vec<u16>,
@@ -145,6 +165,7 @@ impl Ring {
     ) -> Ring {
         let r = Ring {
             relink: None,
+            dma: None,
             _spare_call,
             event_idx,
             free: (0..lay.n as u16).rev().collect(),
@@ -175,6 +196,23 @@ impl Ring {
             on,
         });
         self
+    }
+
+    /// Address the device through an IOMMU: the ring memory is at device address `base`,
+    /// data buffers are translated through `iovas`, and `bell` notifies the device.
+    pub(crate) fn with_dma(mut self, base: u64, iovas: Iovas, bell: Box<dyn Doorbell>) -> Ring {
+        self.dma = Some(Dma { base, iovas, bell });
+        self
+    }
+
+    /// The device address of a data buffer (itself without an IOMMU). A buffer outside every
+    /// region was refused at enqueue; one unmapped since is given as is and fails in the IOMMU.
+    fn dev_addr(&self, a: u64) -> u64 {
+        let Some(d) = &self.dma else { return a };
+        let t = d.iovas.read().unwrap_or_else(|e| e.into_inner());
+        t.iter()
+            .find(|&&(s, e, _)| a >= s as u64 && a < e as u64)
+            .map_or(a, |&(s, _, iova)| iova + (a - s as u64))
     }
 
     /// The backend hung up. Without `reconnect`, fail every request; with it, get a new
@@ -283,7 +321,10 @@ impl Ring {
                 self.shm.load_u16(self.lay.used, Ordering::Relaxed) & USED_F_NO_NOTIFY == 0
             };
             if kick {
-                self.kick.signal();
+                match &self.dma {
+                    Some(d) => d.bell.ring(),
+                    None => self.kick.signal(),
+                }
             }
         }
     }
@@ -301,7 +342,7 @@ impl Ring {
         let descs: Vec<u16> = self.free.split_off(at);
         let head = descs[0] as usize;
         let req = self.lay.req + 32 * head;
-        let base = self.shm.addr();
+        let base = self.dma.as_ref().map_or(self.shm.addr(), |d| d.base);
         self.shm.store_u32(req, p.ty);
         self.shm.store_u32(req + 4, 0);
         self.shm.store_u64(req + 8, p.sector);
@@ -321,7 +362,7 @@ impl Ring {
         }
         let wflag = if p.ty == T_IN { DESC_F_WRITE } else { 0 };
         for &(a, l) in &p.segs {
-            link(wflag, a, l);
+            link(wflag, self.dev_addr(a), l);
         }
         let st = self.lay.status + head;
         self.shm.store_u8(st, 0xff);

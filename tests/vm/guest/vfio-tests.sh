@@ -1,0 +1,113 @@
+#!/bin/sh
+# Guest stage of tests/suites/vfio-vm.sh (runs as /test/run.sh in the VM): q35 with an
+# intel-iommu and four virtio-blk-pci devices:
+#   00:10.0  A: modern, iommu_platform=on, num-queues=2, 64 MiB  (snapblk: conformance + C test)
+#   00:11.0  B: the same                                          (real libblkio 1.5: C test)
+#   00:12.0  C: legacy only (disable-modern=on)                   (bad input)
+#   00:13.0  D: modern without iommu_platform                     (bad input)
+# Binds them to vfio-pci, runs the conformance suite and the C differential program
+# (tests/c/vfio_test.c) and the bad-input connects. Prints PASS:/FAIL:/INFO: lines; exit status
+# non-zero if anything failed. The host checks the images after the VM exits.
+rc=0
+pass() { echo "PASS: $*"; }
+fail() { echo "FAIL: $*"; rc=1; }
+. "$(dirname "$0")/kernel-reports.sh"
+kernel_reports_begin
+S=/sys/bus/pci/devices
+A=0000:00:10.0 B=0000:00:11.0 C=0000:00:12.0 D=0000:00:13.0
+for d in $A $B $C $D; do
+    if [ -d $S/$d ]; then
+        echo "INFO: $d $(cat $S/$d/vendor):$(cat $S/$d/device) group $(basename "$(readlink $S/$d/iommu_group)")"
+    else
+        fail "no PCI device $d (devices: $(ls $S | tr '\n' ' '))"
+    fi
+done
+[ -d $S/$A ] && [ -d $S/$B ] || exit 1
+
+# Bad input that needs no binding: a directory that is no PCI device, a PCI device that is no
+# virtio-blk (the host bridge), a virtio-blk device still bound to virtio-pci.
+bad() { # $1 = label, $2 = path, $3 = errno (negative), $4 = text the message must contain,
+        # $5 = "fix" when the real library connects (a documented difference)
+    out=$(LD_LIBRARY_PATH=/test/snap /test/bin/vfio_test bad "$2" 2>&1)
+    real=$(LD_LIBRARY_PATH=/test/real /test/bin/vfio_test bad "$2" 2>&1)
+    echo "INFO: bad input $1: snapblk: $out"
+    echo "INFO: bad input $1: real libblkio: $real"
+    case "$out" in
+        "connect rc=$3 msg="*"$4"*) pass "bad input $1: connect fails with $3 naming it" ;;
+        *) fail "bad input $1: want rc=$3 and '$4', got: $out" ;;
+    esac
+    case "${5:-}:$real" in
+        ":connect rc=-"*) pass "bad input $1: real libblkio fails too" ;;
+        "fix:connect rc=0 "*) pass "bad input $1: real libblkio connects (a documented [fix])" ;;
+        *) fail "bad input $1: real libblkio: $real" ;;
+    esac
+}
+bad "not a PCI device" /tmp -2 "is not a PCI device"
+bad "not virtio-blk" $S/0000:00:00.0 -95 "is not a virtio-blk device (vendor:device 8086:"
+g=$(basename "$(readlink $S/$A/iommu_group)")
+bad "not bound to vfio-pci" $S/$A -2 "opening /dev/vfio/$g"
+
+echo Y > /sys/module/vfio_iommu_type1/parameters/allow_unsafe_interrupts
+for d in $A $B $C $D; do
+    [ -d $S/$d ] || continue
+    echo vfio-pci > $S/$d/driver_override
+    [ -e $S/$d/driver ] && echo $d > $S/$d/driver/unbind
+    echo $d > /sys/bus/pci/drivers_probe
+    drv=$(basename "$(readlink $S/$d/driver)" 2>/dev/null)
+    [ "$drv" = vfio-pci ] && pass "$d bound to vfio-pci" || fail "$d bound to '$drv', not vfio-pci"
+done
+ls -l /dev/vfio | sed 's/^/INFO: /'
+
+[ -d $S/$C ] && bad "legacy-only device" $S/$C -5 "no virtio-pci common configuration capability (is this a legacy device?)"
+[ -d $S/$D ] && bad "no ACCESS_PLATFORM" $S/$D -22 "does not offer VIRTIO_F_ACCESS_PLATFORM" fix
+
+# 1. The conformance suite on A.
+t0=$(cut -d' ' -f1 /proc/uptime)
+/test/bin/snapblk-conformance "virtio-blk-vfio-pci:path=$S/$A" --allow-destructive > /tmp/conf.txt 2>&1
+crc=$?
+echo "INFO: conformance took $(awk "BEGIN{print $(cut -d' ' -f1 /proc/uptime) - $t0}") s"
+sed 's/^/INFO: conformance: /' /tmp/conf.txt
+[ $crc -eq 0 ] && pass "conformance suite on $A (exit 0)" || fail "conformance suite on $A exited $crc"
+grep -q '^PASS' /tmp/conf.txt && pass "conformance ran checks" || fail "conformance ran no check"
+
+# 2. The C differential program: snapblk on A, the real libblkio on B.
+LD_LIBRARY_PATH=/test/snap timeout 300 /test/bin/vfio_test $S/$A > /tmp/snap.txt 2>&1
+src=$?
+LD_LIBRARY_PATH=/test/real timeout 300 /test/bin/vfio_test $S/$B > /tmp/real.txt 2>&1
+rrc=$?
+sed 's/^/INFO: snapblk: /' /tmp/snap.txt
+sed 's/^/INFO: real: /' /tmp/real.txt
+ns_fail=$(grep -c '^FAIL' /tmp/snap.txt)
+ns_pass=$(grep -c '^PASS' /tmp/snap.txt)
+if [ "$src" -eq 0 ] && [ "$ns_fail" -eq 0 ] && [ "$ns_pass" -gt 0 ]; then
+    pass "snapblk passes all $ns_pass checks of vfio_test"
+else
+    fail "snapblk: vfio_test exited $src with $ns_fail failed checks"
+    grep '^FAIL' /tmp/snap.txt | sed 's/^/FAIL: snapblk: /'
+fi
+echo "INFO: real libblkio exited $rrc and passes $(grep -c '^PASS' /tmp/real.txt) checks"
+grep '^FAIL' /tmp/real.txt | while IFS= read -r line; do
+    case "$line" in
+        "FAIL [fix] "*) echo "PASS: real libblkio fails a documented [fix]: ${line#FAIL }" ;;
+        *) echo "FAIL: undocumented difference: real libblkio: $line" ;;
+    esac
+done
+norm() { grep -E '^(PASS|FAIL)' "$1" | sed -E 's/^(PASS|FAIL) //; s/ \(line [0-9]+\).*//'; }
+norm /tmp/real.txt > /tmp/real.n
+norm /tmp/snap.txt > /tmp/snap.n
+if [ -s /tmp/snap.n ] && cmp -s /tmp/real.n /tmp/snap.n; then
+    pass "both libraries executed the same $(wc -l < /tmp/snap.n) checks"
+else
+    fail "the runs executed different checks"
+    diff /tmp/real.n /tmp/snap.n | sed 's/^/INFO: diff: /'
+fi
+
+kernel_reports_check
+# The real library's device faults in the IOMMU on purpose (the unmapped buffer): DMAR fault
+# reports are not kernel bugs and are not counted by kernel_reports_check.
+dmesg | grep -iE 'DMAR|vfio' | tail -5 | sed 's/^/INFO: dmesg: /'
+[ "$KERNEL_REPORTS" -eq 0 ] && pass "no kernel bug, warning or sanitizer report during the tests" ||
+    fail "$KERNEL_REPORTS kernel report(s) during the tests (DMESG: lines)"
+echo "guest vfio stage done rc=$rc"
+sync
+exit $rc

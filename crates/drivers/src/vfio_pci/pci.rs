@@ -405,20 +405,23 @@ impl Dev {
         self.cr::<2>(C_NUMQ) as u16
     }
 
-    /// The first `len` bytes of the device configuration, read until the generation is stable.
+    /// The first `len` bytes of the device configuration, read until the generation is stable
+    /// (at most 100 times: a device whose generation never settles gets the last read).
     pub(crate) fn config(&self, len: usize) -> Vec<u8> {
         let Some(b) = self.bar(self.device_cfg.bar) else {
             return vec![0; len];
         };
-        loop {
+        let mut v = Vec::new();
+        for _ in 0..100 {
             let g = self.cr::<1>(C_GENERATION);
-            let v: Vec<u8> = (0..len as u64)
+            v = (0..len as u64)
                 .map(|i| b.read::<1>(self.device_cfg.off + i) as u8)
                 .collect();
             if self.cr::<1>(C_GENERATION) == g {
-                return v;
+                break;
             }
         }
+        v
     }
 
     /// Set queue `index` up: `size` entries, MSI-X `vector` (or [`NO_VECTOR`]), ring parts at

@@ -474,3 +474,57 @@ impl Drop for Bar {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::parse_iommu_info;
+
+    fn le(v: &mut Vec<u8>, at: usize, b: &[u8]) {
+        if v.len() < at + b.len() {
+            v.resize(at + b.len(), 0);
+        }
+        v[at..at + b.len()].copy_from_slice(b);
+    }
+
+    #[test]
+    fn iommu_info_capabilities_are_read() {
+        // Header: argsz, flags (PGSIZES | CAPS), pgsizes 4K|2M|1G, cap_offset 24.
+        let mut b = Vec::new();
+        le(&mut b, 0, &88u32.to_le_bytes());
+        le(&mut b, 4, &3u32.to_le_bytes());
+        le(
+            &mut b,
+            8,
+            &(0x1000u64 | 0x20_0000 | 0x4000_0000).to_le_bytes(),
+        );
+        le(&mut b, 16, &24u32.to_le_bytes());
+        // IOVA ranges at 24: id 1, version 1, next 72; 2 ranges.
+        le(&mut b, 24, &[1, 0, 1, 0]);
+        le(&mut b, 28, &72u32.to_le_bytes());
+        le(&mut b, 32, &2u32.to_le_bytes());
+        le(&mut b, 40, &0u64.to_le_bytes());
+        le(&mut b, 48, &0xfedf_ffffu64.to_le_bytes());
+        le(&mut b, 56, &0xfef0_0000u64.to_le_bytes());
+        le(&mut b, 64, &0x7f_ffff_ffffu64.to_le_bytes());
+        // DMA available at 72: id 3, next 0, avail 65535.
+        le(&mut b, 72, &[3, 0, 1, 0]);
+        le(&mut b, 76, &0u32.to_le_bytes());
+        le(&mut b, 80, &65535u32.to_le_bytes());
+        let i = parse_iommu_info(&b);
+        assert_eq!(i.pgsizes.trailing_zeros(), 12);
+        assert_eq!(
+            i.ranges,
+            vec![(0, 0xfedf_ffff), (0xfef0_0000, 0x7f_ffff_ffff)]
+        );
+        assert_eq!(i.dma_avail, Some(65535));
+        // Truncated, or a chain that loops: what was read so far, no panic, no hang.
+        let t = parse_iommu_info(&b[..60]);
+        assert_eq!(t.dma_avail, None);
+        let mut looped = b.clone();
+        le(&mut looped, 76, &24u32.to_le_bytes());
+        assert_eq!(parse_iommu_info(&looped).dma_avail, Some(65535));
+        // Without the CAPS flag the chain is not read.
+        le(&mut b, 4, &1u32.to_le_bytes());
+        assert!(parse_iommu_info(&b).ranges.is_empty());
+    }
+}

@@ -5,6 +5,7 @@
 #   00:11.0  B: the same                                          (real libblkio 1.5: C test)
 #   00:12.0  C: legacy only (disable-modern=on)                   (bad input)
 #   00:13.0  D: modern without iommu_platform                     (bad input)
+#   00:14.0  E: as A, with packed=on (packed rings)               (snapblk: conformance + C test)
 # Binds them to vfio-pci, runs the conformance suite and the C differential program
 # (tests/c/vfio_test.c) and the bad-input connects. Prints PASS:/FAIL:/INFO: lines; exit status
 # non-zero if anything failed. The host checks the images after the VM exits.
@@ -14,15 +15,15 @@ fail() { echo "FAIL: $*"; rc=1; }
 . "$(dirname "$0")/kernel-reports.sh"
 kernel_reports_begin
 S=/sys/bus/pci/devices
-A=0000:00:10.0 B=0000:00:11.0 C=0000:00:12.0 D=0000:00:13.0
-for d in $A $B $C $D; do
+A=0000:00:10.0 B=0000:00:11.0 C=0000:00:12.0 D=0000:00:13.0 E=0000:00:14.0
+for d in $A $B $C $D $E; do
     if [ -d $S/$d ]; then
         echo "INFO: $d $(cat $S/$d/vendor):$(cat $S/$d/device) group $(basename "$(readlink $S/$d/iommu_group)")"
     else
         fail "no PCI device $d (devices: $(ls $S | tr '\n' ' '))"
     fi
 done
-[ -d $S/$A ] && [ -d $S/$B ] || exit 1
+[ -d $S/$A ] && [ -d $S/$B ] && [ -d $S/$E ] || exit 1
 
 # Bad input that needs no binding: a directory that is no PCI device, a PCI device that is no
 # virtio-blk (the host bridge), a virtio-blk device still bound to virtio-pci.
@@ -48,7 +49,7 @@ g=$(basename "$(readlink $S/$A/iommu_group)")
 bad "not bound to vfio-pci" $S/$A -2 "opening /dev/vfio/$g"
 
 echo Y > /sys/module/vfio_iommu_type1/parameters/allow_unsafe_interrupts
-for d in $A $B $C $D; do
+for d in $A $B $C $D $E; do
     [ -d $S/$d ] || continue
     echo vfio-pci > $S/$d/driver_override
     [ -e $S/$d/driver ] && echo $d > $S/$d/driver/unbind
@@ -61,14 +62,26 @@ ls -l /dev/vfio | sed 's/^/INFO: /'
 [ -d $S/$C ] && bad "legacy-only device" $S/$C -5 "no virtio-pci common configuration capability (is this a legacy device?)"
 [ -d $S/$D ] && bad "no ACCESS_PLATFORM" $S/$D -22 "does not offer VIRTIO_F_ACCESS_PLATFORM" fix
 
-# 1. The conformance suite on A.
-t0=$(cut -d' ' -f1 /proc/uptime)
-/test/bin/snapblk-conformance "virtio-blk-vfio-pci:path=$S/$A" --allow-destructive > /tmp/conf.txt 2>&1
-crc=$?
-echo "INFO: conformance took $(awk "BEGIN{print $(cut -d' ' -f1 /proc/uptime) - $t0}") s"
-sed 's/^/INFO: conformance: /' /tmp/conf.txt
-[ $crc -eq 0 ] && pass "conformance suite on $A (exit 0)" || fail "conformance suite on $A exited $crc"
-grep -q '^PASS' /tmp/conf.txt && pass "conformance ran checks" || fail "conformance ran no check"
+# 1. The conformance suite on A (split rings) and E (packed rings).
+for d in $A $E; do
+    t0=$(cut -d' ' -f1 /proc/uptime)
+    /test/bin/snapblk-conformance "virtio-blk-vfio-pci:path=$S/$d" --allow-destructive > /tmp/conf.txt 2>&1
+    crc=$?
+    echo "INFO: conformance on $d took $(awk "BEGIN{print $(cut -d' ' -f1 /proc/uptime) - $t0}") s"
+    sed "s/^/INFO: conformance $d: /" /tmp/conf.txt
+    [ $crc -eq 0 ] && pass "conformance suite on $d (exit 0)" || fail "conformance suite on $d exited $crc"
+    grep -q '^PASS' /tmp/conf.txt && pass "conformance ran checks on $d" || fail "conformance ran no check on $d"
+done
+# snapblk's C test on the packed-ring device (the differential run below uses A and B).
+LD_LIBRARY_PATH=/test/snap timeout 300 /test/bin/vfio_test $S/$E > /tmp/packed.txt 2>&1
+prc=$?
+sed 's/^/INFO: snapblk packed: /' /tmp/packed.txt
+if [ $prc -eq 0 ] && ! grep -q '^FAIL' /tmp/packed.txt && grep -q '^PASS' /tmp/packed.txt; then
+    pass "snapblk passes vfio_test on $E (packed rings)"
+else
+    fail "snapblk: vfio_test on $E (packed rings) exited $prc"
+    grep '^FAIL' /tmp/packed.txt | sed 's/^/FAIL: snapblk packed: /'
+fi
 
 # 2. The C differential program: snapblk on A, the real libblkio on B.
 LD_LIBRARY_PATH=/test/snap timeout 300 /test/bin/vfio_test $S/$A > /tmp/snap.txt 2>&1

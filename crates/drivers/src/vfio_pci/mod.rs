@@ -58,8 +58,10 @@ const F_WRITE_ZEROES: u64 = 1 << 14;
 const F_EVENT_IDX: u64 = 1 << 29;
 const F_VERSION_1: u64 = 1 << 32;
 const F_ACCESS_PLATFORM: u64 = 1 << 33;
+const F_RING_PACKED: u64 = 1 << 34;
 const F_ORDER_PLATFORM: u64 = 1 << 36;
-/// What libblkio asks every virtio-blk device for, plus the platform bits of its PCI transport.
+/// What libblkio asks every virtio-blk device for, plus what its PCI transport adds: the
+/// platform bits and packed rings.
 const WANTED: u64 = F_SIZE_MAX
     | F_SEG_MAX
     | F_RO
@@ -73,6 +75,7 @@ const WANTED: u64 = F_SIZE_MAX
     | F_EVENT_IDX
     | F_VERSION_1
     | F_ACCESS_PLATFORM
+    | F_RING_PACKED
     | F_ORDER_PLATFORM;
 /// The part of `struct virtio_blk_config` read (up to `write_zeroes_may_unmap`).
 const CONFIG_LEN: usize = 60;
@@ -326,7 +329,12 @@ impl Driver for VfioPciDriver {
                 c.dev.msix, c.dev.msix
             )));
         }
-        let lay = Layout::new(self.queue_size as usize);
+        let packed = c.features & F_RING_PACKED != 0;
+        let lay = if packed {
+            Layout::packed(self.queue_size as usize)
+        } else {
+            Layout::new(self.queue_size as usize)
+        };
         let shm = Shm::new(c"virtio-ring", lay.size)?;
         let base = c.dev.map(shm.addr(), shm.len() as u64).map_err(pe)?;
         let call = EventFd::new()?;
@@ -366,17 +374,21 @@ impl Driver for VfioPciDriver {
             off,
             index: index as u16,
         };
+        let mut ring = Ring::new(
+            shm,
+            lay,
+            kick,
+            (call_raw, spare),
+            quiet,
+            f & F_EVENT_IDX != 0,
+        )
+        .with_dma(base, self.iovas.clone(), Box::new(bell));
+        if packed {
+            ring = ring.with_packed();
+        }
         Ok(Box::new(VuQueue {
             core,
-            ring: Ring::new(
-                shm,
-                lay,
-                kick,
-                (call_raw, spare),
-                quiet,
-                f & F_EVENT_IDX != 0,
-            )
-            .with_dma(base, self.iovas.clone(), Box::new(bell)),
+            ring,
             caps,
             regions: self.regions.clone(),
         }))

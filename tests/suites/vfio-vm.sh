@@ -3,13 +3,14 @@
 # an intel-iommu (intremap=off, the guest boots with intel_iommu=on) and emulated
 # virtio-blk-pci devices bound to vfio-pci in the guest (tests/vm/guest/vfio-tests.sh):
 #  1. the conformance suite (snapblk-conformance --allow-destructive) on device A, and on
-#     device E, which offers packed rings (packed=on), with snapblk's C test after it;
+#     device E, which offers packed rings (packed=on), with snapblk's C test after it (and the
+#     real library's on G, packed too); a device with one MSI-X vector for two queues (F);
 #  2. tests/c/vfio_test.c against snapblk's libblkio.so.1 (device A) and the real libblkio 1.5
 #     (device B, bench/real-libblkio.sh) in the same boot: snapblk passes everything, every
 #     check the real library fails is a documented [fix], both run the same checks;
 #  3. bad input: a path that is no PCI device, a PCI device that is no virtio-blk, a device not
 #     bound to vfio-pci, a legacy-only device, a device without ACCESS_PLATFORM;
-#  4. after the VM exits, this host checks images A, B and E for the data the C program wrote.
+#  4. after the VM exits, this host checks images A, B, E and G for the data the C program wrote.
 # Fails (never skips) if gcc, the build, the real library, the VM or a device is missing.
 # Ends with "N passed, N failed".
 set -uo pipefail
@@ -45,8 +46,8 @@ gcc -std=gnu11 -Wall -Wextra -Werror -O2 -I include tests/c/vfio_test.c -L "$P/s
 cp tests/vm/guest/vfio-tests.sh "$P/run.sh"
 cp tests/vm/guest/kernel-reports.sh "$P/"
 chmod +x "$P/run.sh"
-for i in A B E; do truncate -s 64M "$IMG/$i.img"; done
-for i in C D; do truncate -s 1M "$IMG/$i.img"; done
+for i in A B E G; do truncate -s 64M "$IMG/$i.img"; done
+for i in C D F; do truncate -s 1M "$IMG/$i.img"; done
 
 export VM_MODULES="vfio_pci vfio_iommu_type1"
 bash tests/vm/vm.sh setup || die "VM setup failed (kernel download or initramfs)"
@@ -60,7 +61,9 @@ ARGS="-machine q35 -device intel-iommu,intremap=off \
  $(blk B 0x11 ,iommu_platform=on,disable-legacy=on,num-queues=2) \
  $(blk C 0x12 ,disable-modern=on,disable-legacy=off) \
  $(blk D 0x13 ,disable-legacy=on) \
- $(blk E 0x14 ,iommu_platform=on,disable-legacy=on,num-queues=2,packed=on)"
+ $(blk E 0x14 ,iommu_platform=on,disable-legacy=on,num-queues=2,packed=on) \
+ $(blk F 0x15 ,iommu_platform=on,disable-legacy=on,num-queues=2,vectors=1) \
+ $(blk G 0x16 ,iommu_platform=on,disable-legacy=on,num-queues=2,packed=on)"
 t0=$(date +%s)
 VM_LOG=$LOG VM_SMP=1 VM_MEM=1G VM_APPEND="intel_iommu=on" VM_TIMEOUT=${VM_TIMEOUT:-600} \
     VM_QEMU_ARGS="$ARGS" bash tests/vm/vm.sh run "$P"
@@ -79,8 +82,11 @@ esac
 
 # The data the C program left on each device, read here from the raw images: 64 KiB of 0xab at
 # 0 and 64 KiB of 0x5c at 1 MiB.
-for i in A B E; do
-    who=snapblk; [ $i = B ] && who="real libblkio"; [ $i = E ] && who="snapblk (packed rings)"
+for i in A B E G; do
+    case $i in
+        A) who=snapblk ;; B) who="real libblkio" ;;
+        E) who="snapblk (packed rings)" ;; G) who="real libblkio (packed rings)" ;;
+    esac
     if cmp -s <(head -c 65536 "$IMG/$i.img") <(head -c 65536 /dev/zero | tr '\0' '\253') &&
         cmp -s <(tail -c +1048577 "$IMG/$i.img" | head -c 65536) <(head -c 65536 /dev/zero | tr '\0' '\134'); then
         echo "PASS: host: image $i holds the data $who wrote"; p=$((p + 1))

@@ -325,8 +325,9 @@ impl Driver for VfioPciDriver {
         }
         if !poll && c.next_vector >= c.dev.msix {
             return Err(Error::inval(format!(
-                "the device has {} MSI-X vectors: at most {} queues that are not poll queues",
-                c.dev.msix, c.dev.msix
+                "not enough MSI-X vectors: the device has {}, each queue that is not a poll \
+                 queue needs one",
+                c.dev.msix
             )));
         }
         let packed = c.features & F_RING_PACKED != 0;

@@ -4,7 +4,8 @@
 # virtio-blk-pci devices bound to vfio-pci in the guest (tests/vm/guest/vfio-tests.sh):
 #  1. the conformance suite (snapblk-conformance --allow-destructive) on device A, and on
 #     device E, which offers packed rings (packed=on), with snapblk's C test after it (and the
-#     real library's on G, packed too); a device with one MSI-X vector for two queues (F);
+#     real library's on G, packed too); a device with one MSI-X vector for two queues (F); a
+#     read-only device (H);
 #  2. tests/c/vfio_test.c against snapblk's libblkio.so.1 (device A) and the real libblkio 1.5
 #     (device B, bench/real-libblkio.sh) in the same boot: snapblk passes everything, every
 #     check the real library fails is a documented [fix], both run the same checks;
@@ -47,13 +48,13 @@ cp tests/vm/guest/vfio-tests.sh "$P/run.sh"
 cp tests/vm/guest/kernel-reports.sh "$P/"
 chmod +x "$P/run.sh"
 for i in A B E G; do truncate -s 64M "$IMG/$i.img"; done
-for i in C D F; do truncate -s 1M "$IMG/$i.img"; done
+for i in C D F H; do truncate -s 1M "$IMG/$i.img"; done
 
 export VM_MODULES="vfio_pci vfio_iommu_type1"
 bash tests/vm/vm.sh setup || die "VM setup failed (kernel download or initramfs)"
 LOG=${VM_CACHE:-$ROOT/tests/vm/cache}/vfio-vm.log
-blk() { # $1 = image letter, $2 = PCI slot, $3 = extra virtio-blk-pci options
-    echo "-drive file=$IMG/$1.img,if=none,id=vb$1,format=raw" \
+blk() { # $1 = image letter, $2 = PCI slot, $3 = extra virtio-blk-pci options, $4 = drive options
+    echo "-drive file=$IMG/$1.img,if=none,id=vb$1,format=raw${4:-}" \
         "-device virtio-blk-pci,drive=vb$1,addr=$2$3"
 }
 ARGS="-machine q35 -device intel-iommu,intremap=off \
@@ -63,7 +64,8 @@ ARGS="-machine q35 -device intel-iommu,intremap=off \
  $(blk D 0x13 ,disable-legacy=on) \
  $(blk E 0x14 ,iommu_platform=on,disable-legacy=on,num-queues=2,packed=on) \
  $(blk F 0x15 ,iommu_platform=on,disable-legacy=on,num-queues=2,vectors=1) \
- $(blk G 0x16 ,iommu_platform=on,disable-legacy=on,num-queues=2,packed=on)"
+ $(blk G 0x16 ,iommu_platform=on,disable-legacy=on,num-queues=2,packed=on) \
+ $(blk H 0x17 ,iommu_platform=on,disable-legacy=on ,readonly=on)"
 t0=$(date +%s)
 VM_LOG=$LOG VM_SMP=1 VM_MEM=1G VM_APPEND="intel_iommu=on" VM_TIMEOUT=${VM_TIMEOUT:-600} \
     VM_QEMU_ARGS="$ARGS" bash tests/vm/vm.sh run "$P"

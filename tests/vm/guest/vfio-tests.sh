@@ -8,6 +8,7 @@
 #   00:14.0  E: as A, with packed=on (packed rings)               (snapblk: conformance + C test)
 #   00:15.0  F: as A, with one MSI-X vector (vectors=1), 1 MiB    (queues without a vector)
 #   00:16.0  G: as E                                              (real libblkio: C test)
+#   00:17.0  H: modern, iommu_platform=on, read-only drive, 1 MiB (read-only rules)
 # Binds them to vfio-pci, runs the conformance suite and the C differential program
 # (tests/c/vfio_test.c) and the bad-input connects. Prints PASS:/FAIL:/INFO: lines; exit status
 # non-zero if anything failed. The host checks the images after the VM exits.
@@ -18,15 +19,15 @@ fail() { echo "FAIL: $*"; rc=1; }
 kernel_reports_begin
 S=/sys/bus/pci/devices
 A=0000:00:10.0 B=0000:00:11.0 C=0000:00:12.0 D=0000:00:13.0 E=0000:00:14.0 F=0000:00:15.0
-G=0000:00:16.0
-for d in $A $B $C $D $E $F $G; do
+G=0000:00:16.0 H=0000:00:17.0
+for d in $A $B $C $D $E $F $G $H; do
     if [ -d $S/$d ]; then
         echo "INFO: $d $(cat $S/$d/vendor):$(cat $S/$d/device) group $(basename "$(readlink $S/$d/iommu_group)")"
     else
         fail "no PCI device $d (devices: $(ls $S | tr '\n' ' '))"
     fi
 done
-[ -d $S/$A ] && [ -d $S/$B ] && [ -d $S/$E ] && [ -d $S/$F ] && [ -d $S/$G ] || exit 1
+for d in $A $B $E $F $G $H; do [ -d $S/$d ] || exit 1; done
 
 # Bad input that needs no binding: a directory that is no PCI device, a PCI device that is no
 # virtio-blk (the host bridge), a virtio-blk device still bound to virtio-pci.
@@ -52,7 +53,7 @@ g=$(basename "$(readlink $S/$A/iommu_group)")
 bad "not bound to vfio-pci" $S/$A -2 "opening /dev/vfio/$g"
 
 echo Y > /sys/module/vfio_iommu_type1/parameters/allow_unsafe_interrupts
-for d in $A $B $C $D $E $F $G; do
+for d in $A $B $C $D $E $F $G $H; do
     [ -d $S/$d ] || continue
     echo vfio-pci > $S/$d/driver_override
     [ -e $S/$d/driver ] && echo $d > $S/$d/driver/unbind
@@ -103,6 +104,17 @@ esac
 /test/bin/snapblk-conformance "virtio-blk-vfio-pci:path=$S/$F,num-queues=1,num-poll-queues=1" --allow-destructive > /tmp/conf.txt 2>&1 &&
     pass "conformance on the one-vector device with 1 queue + 1 poll queue" ||
     { fail "conformance on the one-vector device with 1 queue + 1 poll queue"; sed 's/^/INFO: /' /tmp/conf.txt; }
+# A read-only device (VIRTIO_BLK_F_RO): read-only=false is refused at start with EROFS, a
+# read-only instance passes the read checks and has its writes refused.
+out=$(/test/bin/snapblk-conformance "virtio-blk-vfio-pci:path=$S/$H,num-queues=1" --allow-destructive 2>&1)
+echo "INFO: read-only device, read-only=false: $out"
+case "$out" in
+    *"cannot start"*"Device is read-only"*) pass "a read-only device with read-only=false is refused at start" ;;
+    *) fail "read-only device with read-only=false: $out" ;;
+esac
+/test/bin/snapblk-conformance "virtio-blk-vfio-pci:path=$S/$H" > /tmp/conf.txt 2>&1 &&
+    pass "read-only conformance run on the read-only device" ||
+    { fail "read-only conformance run on the read-only device"; sed 's/^/INFO: /' /tmp/conf.txt; }
 # snapblk's C test on the packed-ring device (the differential run below uses A and B).
 LD_LIBRARY_PATH=/test/snap timeout 300 /test/bin/vfio_test $S/$E > /tmp/packed.txt 2>&1
 prc=$?

@@ -5,12 +5,13 @@
 #  1. the conformance suite (snapblk-conformance --allow-destructive) on device A, and on
 #     device E, which offers packed rings (packed=on), with snapblk's C test after it (and the
 #     real library's on G, packed too); a device with one MSI-X vector for two queues (F); a
-#     read-only device (H);
+#     read-only device (H); two devices behind a PCI bridge, so in one IOMMU group (I, J);
 #  2. tests/c/vfio_test.c against snapblk's libblkio.so.1 (device A) and the real libblkio 1.5
 #     (device B, bench/real-libblkio.sh) in the same boot: snapblk passes everything, every
 #     check the real library fails is a documented [fix], both run the same checks;
 #  3. bad input: a path that is no PCI device, a PCI device that is no virtio-blk, a device not
-#     bound to vfio-pci, a legacy-only device, a device without ACCESS_PLATFORM;
+#     bound to vfio-pci, a legacy-only device, a device without ACCESS_PLATFORM, a device whose
+#     IOMMU group has a device bound to another driver;
 #  4. after the VM exits, this host checks images A, B, E and G for the data the C program wrote.
 # Fails (never skips) if gcc, the build, the real library, the VM or a device is missing.
 # Ends with "N passed, N failed".
@@ -48,7 +49,7 @@ cp tests/vm/guest/vfio-tests.sh "$P/run.sh"
 cp tests/vm/guest/kernel-reports.sh "$P/"
 chmod +x "$P/run.sh"
 for i in A B E G; do truncate -s 64M "$IMG/$i.img"; done
-for i in C D F H; do truncate -s 1M "$IMG/$i.img"; done
+for i in C D F H I J; do truncate -s 1M "$IMG/$i.img"; done
 
 export VM_MODULES="vfio_pci vfio_iommu_type1"
 bash tests/vm/vm.sh setup || die "VM setup failed (kernel download or initramfs)"
@@ -65,7 +66,10 @@ ARGS="-machine q35 -device intel-iommu,intremap=off \
  $(blk E 0x14 ,iommu_platform=on,disable-legacy=on,num-queues=2,packed=on) \
  $(blk F 0x15 ,iommu_platform=on,disable-legacy=on,num-queues=2,vectors=1) \
  $(blk G 0x16 ,iommu_platform=on,disable-legacy=on,num-queues=2,packed=on) \
- $(blk H 0x17 ,iommu_platform=on,disable-legacy=on ,readonly=on)"
+ $(blk H 0x17 ,iommu_platform=on,disable-legacy=on ,readonly=on) \
+ -device pcie-pci-bridge,id=br0,bus=pcie.0,addr=0x18 \
+ $(blk I 0x1 ,iommu_platform=on,disable-legacy=on,bus=br0) \
+ $(blk J 0x2 ,iommu_platform=on,disable-legacy=on,bus=br0)"
 t0=$(date +%s)
 VM_LOG=$LOG VM_SMP=1 VM_MEM=1G VM_APPEND="intel_iommu=on" VM_TIMEOUT=${VM_TIMEOUT:-600} \
     VM_QEMU_ARGS="$ARGS" bash tests/vm/vm.sh run "$P"

@@ -9,6 +9,8 @@
 #   00:15.0  F: as A, with one MSI-X vector (vectors=1), 1 MiB    (queues without a vector)
 #   00:16.0  G: as E                                              (real libblkio: C test)
 #   00:17.0  H: modern, iommu_platform=on, read-only drive, 1 MiB (read-only rules)
+#   I and J: modern, iommu_platform=on, behind a pcie-pci-bridge at 00:18.0, so in one IOMMU
+#            group; only I is bound to vfio-pci                  (group not viable)
 # Binds them to vfio-pci, runs the conformance suite and the C differential program
 # (tests/c/vfio_test.c) and the bad-input connects. Prints PASS:/FAIL:/INFO: lines; exit status
 # non-zero if anything failed. The host checks the images after the VM exits.
@@ -62,6 +64,19 @@ for d in $A $B $C $D $E $F $G $H; do
     [ "$drv" = vfio-pci ] && pass "$d bound to vfio-pci" || fail "$d bound to '$drv', not vfio-pci"
 done
 ls -l /dev/vfio | sed 's/^/INFO: /'
+
+# A group with a device still bound to another driver is not viable.
+I=$(ls -d $S/0000:01:01.0 2>/dev/null) J=$(ls -d $S/0000:01:02.0 2>/dev/null)
+if [ -n "$I" ] && [ -n "$J" ]; then
+    echo "INFO: bridged devices: $(basename "$(readlink $I/iommu_group)") and $(basename "$(readlink $J/iommu_group)") groups, drivers $(basename "$(readlink $I/driver)") $(basename "$(readlink $J/driver)")"
+    echo vfio-pci > $I/driver_override
+    [ -e $I/driver ] && basename $I > $I/driver/unbind
+    basename $I > /sys/bus/pci/drivers_probe
+    gi=$(basename "$(readlink $I/iommu_group)")
+    bad "group not viable" $I -5 "IOMMU group $gi is not viable"
+else
+    fail "no devices behind the PCI bridge (devices: $(ls $S | tr '\n' ' '))"
+fi
 
 [ -d $S/$C ] && bad "legacy-only device" $S/$C -5 "no virtio-pci common configuration capability (is this a legacy device?)"
 [ -d $S/$D ] && bad "no ACCESS_PLATFORM" $S/$D -22 "does not offer VIRTIO_F_ACCESS_PLATFORM" fix

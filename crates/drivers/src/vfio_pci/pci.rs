@@ -75,9 +75,8 @@ impl PciError {
             PciError::Ioctl(_, source) => source.raw_os_error().unwrap_or(libc::EIO),
             PciError::NoGroup(_) | PciError::NoType1v2 => libc::ENODEV,
             PciError::NotVirtioBlk { .. } => libc::ENOTSUP,
-            // libblkio 1.5's errno for a legacy device.
-            PciError::Legacy(_) => libc::EIO,
-            PciError::NotViable(_) => libc::EBUSY,
+            // libblkio 1.5's errno for these two.
+            PciError::Legacy(_) | PciError::NotViable(_) => libc::EIO,
             PciError::ResetTimeout | PciError::FeaturesRefused => libc::EIO,
             PciError::Queue(_) => libc::EINVAL,
         }

@@ -26,6 +26,7 @@ mod null;
 mod nvme;
 mod sync;
 mod uring;
+mod vfio_pci;
 mod vhost_user;
 mod vhost_vdpa;
 
@@ -33,5 +34,6 @@ pub use null::NullDriver;
 pub use nvme::NvmeDriver;
 pub use sync::SyncDriver;
 pub use uring::UringDriver;
+pub use vfio_pci::VfioPciDriver;
 pub use vhost_user::VhostUserDriver;
 pub use vhost_vdpa::VhostVdpaDriver;

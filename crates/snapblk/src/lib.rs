@@ -1,7 +1,7 @@
 //! snapblk facade: the driver registry and device specs.
 //!
 //! [`create`] makes a [`Blkio`] instance for a driver name (`io_uring`, `sync`, `null`,
-//! `snapshot`, `virtio-blk-vhost-user`, `nvme-io_uring`, `virtio-blk-vhost-vdpa`); [`open`] parses a *device spec*, sets its properties, connects and starts it.
+//! `snapshot`, `virtio-blk-vhost-user`, `nvme-io_uring`, `virtio-blk-vhost-vdpa`, `virtio-blk-vfio-pci`); [`open`] parses a *device spec*, sets its properties, connects and starts it.
 //!
 //! Each driver is a cargo feature of this crate (`io_uring`, `sync`, `null`, `snapshot`, all on
 //! by default), as in libblkio: a build without a driver knows no such name ([`DRIVERS`]).
@@ -57,6 +57,8 @@ pub const DRIVERS: &[&str] = &[
     "nvme-io_uring",
     #[cfg(feature = "virtio-blk-vhost-vdpa")]
     "virtio-blk-vhost-vdpa",
+    #[cfg(feature = "virtio-blk-vfio-pci")]
+    "virtio-blk-vfio-pci",
     #[cfg(feature = "null")]
     "null",
     #[cfg(feature = "snapshot")]
@@ -88,6 +90,8 @@ pub fn create(driver: &str) -> Result<Blkio> {
         "nvme-io_uring" => Box::new(snapblk_drivers::NvmeDriver::new()),
         #[cfg(feature = "virtio-blk-vhost-vdpa")]
         "virtio-blk-vhost-vdpa" => Box::new(snapblk_drivers::VhostVdpaDriver::new()),
+        #[cfg(feature = "virtio-blk-vfio-pci")]
+        "virtio-blk-vfio-pci" => Box::new(snapblk_drivers::VfioPciDriver::new()),
         #[cfg(feature = "snapshot")]
         "snapshot" => Box::new(snapblk_snapshot::SnapshotDriver::new()),
         #[cfg(feature = "fault-injection")]
@@ -303,15 +307,16 @@ mod tests {
             feature = "snapshot",
             feature = "virtio-blk-vhost-user",
             feature = "nvme-io_uring",
-            feature = "virtio-blk-vhost-vdpa"
+            feature = "virtio-blk-vhost-vdpa",
+            feature = "virtio-blk-vfio-pci"
         )),
         ignore = "the message lists every driver"
     )]
     fn unknown_driver_in_a_spec_is_named() {
         #[cfg(not(feature = "fault-injection"))]
-        let known = "io_uring, null, nvme-io_uring, snapshot, sync, virtio-blk-vhost-user, virtio-blk-vhost-vdpa";
+        let known = "io_uring, null, nvme-io_uring, snapshot, sync, virtio-blk-vfio-pci, virtio-blk-vhost-user, virtio-blk-vhost-vdpa";
         #[cfg(feature = "fault-injection")]
-        let known = "fault, io_uring, null, nvme-io_uring, snapshot, sync, virtio-blk-vhost-user, virtio-blk-vhost-vdpa";
+        let known = "fault, io_uring, null, nvme-io_uring, snapshot, sync, virtio-blk-vfio-pci, virtio-blk-vhost-user, virtio-blk-vhost-vdpa";
         for (spec, name) in [
             ("nosuch:size=1G", "nosuch"),
             ("NULL:size=1G", "NULL"),
@@ -425,6 +430,7 @@ mod tests {
             "virtio-blk-vhost-user",
             "nvme-io_uring",
             "virtio-blk-vhost-vdpa",
+            "virtio-blk-vfio-pci",
         ] {
             match create(name) {
                 Ok(_) => assert!(DRIVERS.contains(&name), "{name} created but not listed"),
@@ -446,6 +452,7 @@ mod tests {
                 + usize::from(cfg!(feature = "virtio-blk-vhost-user"))
                 + usize::from(cfg!(feature = "nvme-io_uring"))
                 + usize::from(cfg!(feature = "virtio-blk-vhost-vdpa"))
+                + usize::from(cfg!(feature = "virtio-blk-vfio-pci"))
                 + usize::from(cfg!(feature = "fault-injection"))
         );
     }

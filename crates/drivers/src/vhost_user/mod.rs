@@ -15,6 +15,7 @@
 //! `reconnect` property, is connected to again and gets the requests in flight again (`link`).
 
 mod link;
+pub(crate) mod packed;
 mod proto;
 pub(crate) mod sys;
 pub(crate) mod virtq;

@@ -9,6 +9,7 @@
 //! regions) or its segment, and its status byte.
 
 use super::link::{self, Shared, Vring};
+use super::packed::{Packed, Used};
 use super::sys::{Shm, ppoll, read_eventfd};
 use snapblk_core::sys::EventFd;
 use snapblk_core::{Completion, Engine, Error, Op, Queue, QueueCore, ReqFlags, Request, Result};
@@ -42,6 +43,12 @@ pub(crate) const STALL: Duration = Duration::from_secs(5);
 /// (a VDUSE daemon that dies): `false` means the device is gone.
 pub(crate) type Probe = Box<dyn FnMut() -> bool + Send>;
 
+/// How a ring notifies its device when that is not an eventfd write (e.g. a PCI BAR write).
+pub(crate) trait Doorbell: Send {
+    /// Tell the device that the available ring has new entries.
+    fn ring(&self);
+}
+
 /// What the queue knows of the negotiated device.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Caps {
@@ -64,6 +71,24 @@ pub(crate) struct Layout {
 }
 
 impl Layout {
+    /// The packed layout (virtio 1.2 §2.8): the descriptor ring, the driver event suppression
+    /// area (`avail`), the device's (`used`), then the request areas and status bytes.
+    pub(crate) fn packed(n: usize) -> Layout {
+        let avail = 16 * n;
+        let used = avail + 4;
+        let req = (used + 4).next_multiple_of(16);
+        let status = req + 32 * n;
+        let size = (status + n).next_multiple_of(snapblk_core::sys::page_size());
+        Layout {
+            n,
+            avail,
+            used,
+            req,
+            status,
+            size,
+        }
+    }
+
     pub(crate) fn new(n: usize) -> Layout {
         let avail = 16 * n;
         let used = (avail + 6 + 2 * n).next_multiple_of(4);
@@ -118,6 +143,10 @@ pub(crate) struct Ring {
     /// The stall probe, the message requests fail with when it says the device is gone, and
     /// how long requests may make no progress before it is asked.
     probe: Option<(Probe, &'static CStr, Duration)>,
+    /// How the device is notified; `None`: a write to the kick eventfd (vhost-user, vhost-vdpa).
+    bell: Option<Box<dyn Doorbell>>,
+    /// The packed layout's state; `None`: a split ring. With it, `free` holds buffer ids.
+    packed: Option<Packed>,
     shm: Shm,
     /// The address the device knows `shm` by (its process address unless [`Ring::at`]).
     dev_base: u64,
@@ -161,6 +190,8 @@ impl Ring {
             relink: None,
             probe: None,
             dev_base: shm.addr(),
+            bell: None,
+            packed: None,
             _spare_call,
             event_idx,
             free: (0..lay.n as u16).rev().collect(),
@@ -203,6 +234,23 @@ impl Ring {
             epoch,
             on,
         });
+        self
+    }
+
+    /// Notify the device through `bell` (a PCI BAR write) instead of the kick eventfd.
+    pub(crate) fn with_doorbell(mut self, bell: Box<dyn Doorbell>) -> Ring {
+        self.bell = Some(bell);
+        self
+    }
+
+    /// Use the packed layout (`lay` from [`Layout::packed`]).
+    pub(crate) fn with_packed(mut self) -> Ring {
+        self.packed = Some(Packed::new(self.lay.n));
+        // `new` wrote the split ring's interrupt suppression: clear it, then set the packed one.
+        for o in self.lay.avail..self.lay.avail + 4 {
+            self.shm.store_u8(o, 0);
+        }
+        self.set_interrupts(false);
         self
     }
 
@@ -257,6 +305,9 @@ impl Ring {
         self.free = (0..self.lay.n as u16).rev().collect();
         self.avail_idx = 0;
         self.last_used = 0;
+        if self.packed.is_some() {
+            self.packed = Some(Packed::new(self.lay.n));
+        }
         let n = self.lay.n;
         for o in (self.lay.avail..self.lay.avail + 6 + 2 * n)
             .chain(self.lay.used..self.lay.used + 6 + 8 * n)
@@ -267,6 +318,9 @@ impl Ring {
     }
 
     fn set_interrupts(&self, on: bool) {
+        if let Some(pk) = &self.packed {
+            return pk.set_interrupts(&self.shm, &self.lay, on);
+        }
         if self.event_idx {
             // `used_event`: interrupt once the used index passes it. Off: one behind, so it
             // fires only after a full wrap of the index (harmless).
@@ -289,16 +343,31 @@ impl Ring {
         let mut added = false;
         while let Some(p) = self.pending.front() {
             let need = p.segs.len() + if p.range.is_some() { 3 } else { 2 };
-            if self.free.len() < need {
+            let room = match &self.packed {
+                Some(pk) => pk.free >= need && !self.free.is_empty(),
+                None => self.free.len() >= need,
+            };
+            if !room {
                 break;
             }
             let Some(p) = self.pending.pop_front() else {
                 break;
             };
-            self.place(p, need);
+            if self.packed.is_some() {
+                self.place_packed(p);
+            } else {
+                self.place(p, need);
+            }
             added = true;
         }
-        if added {
+        if added && let Some(pk) = &self.packed {
+            fence(Ordering::SeqCst);
+            if pk.need_kick(&self.shm, &self.lay)
+                && let Some(b) = &self.bell
+            {
+                b.ring();
+            }
+        } else if added {
             fence(Ordering::Release);
             self.shm
                 .store_u16(self.lay.avail + 2, self.avail_idx, Ordering::Release);
@@ -312,7 +381,10 @@ impl Ring {
                 self.shm.load_u16(self.lay.used, Ordering::Relaxed) & USED_F_NO_NOTIFY == 0
             };
             if kick {
-                self.kick.signal();
+                match &self.bell {
+                    Some(b) => b.ring(),
+                    None => self.kick.signal(),
+                }
             }
         }
     }
@@ -362,6 +434,42 @@ impl Ring {
         self.in_ring += 1;
     }
 
+    /// [`Ring::place`] for the packed layout: one buffer id, consecutive ring entries.
+    fn place_packed(&mut self, p: Pending) {
+        let Some(id) = self.free.pop() else {
+            return self.pending.push_front(p);
+        };
+        let head = usize::from(id);
+        let req = self.lay.req + 32 * head;
+        let base = self.dev_base;
+        self.shm.store_u32(req, p.ty);
+        self.shm.store_u32(req + 4, 0);
+        self.shm.store_u64(req + 8, p.sector);
+        let mut list = Vec::with_capacity(p.segs.len() + 3);
+        list.push((base + req as u64, 16, 0));
+        if let Some((sectors, flags)) = p.range {
+            self.shm.store_u64(req + 16, p.sector);
+            self.shm.store_u32(req + 24, sectors);
+            self.shm.store_u32(req + 28, flags);
+            list.push((base + req as u64 + 16, 16, 0));
+        }
+        let wflag = if p.ty == T_IN { DESC_F_WRITE } else { 0 };
+        for &(a, l) in &p.segs {
+            list.push((a, l, wflag));
+        }
+        let st = self.lay.status + head;
+        self.shm.store_u8(st, 0xff);
+        list.push((base + st as u64, 1, DESC_F_WRITE));
+        if let Some(pk) = self.packed.as_mut() {
+            pk.place(&self.shm, &list, id);
+        }
+        self.slots[head] = Some(InFlight {
+            req: p,
+            descs: vec![id],
+        });
+        self.in_ring += 1;
+    }
+
     /// Move finished requests from the used ring to `ready`.
     fn collect(&mut self) {
         self.collect_armed(self.notify);
@@ -377,19 +485,37 @@ impl Ring {
             }
             self.set_interrupts(true);
             fence(Ordering::SeqCst);
-            if self.shm.load_u16(self.lay.used + 2, Ordering::Acquire) == self.last_used {
+            let more = match &self.packed {
+                Some(pk) => pk.has_used(&self.shm),
+                None => self.shm.load_u16(self.lay.used + 2, Ordering::Acquire) != self.last_used,
+            };
+            if !more {
                 return;
             }
         }
     }
 
     fn drain_used(&mut self) {
-        let idx = self.shm.load_u16(self.lay.used + 2, Ordering::Acquire);
+        let idx = match self.packed {
+            Some(_) => 0,
+            None => self.shm.load_u16(self.lay.used + 2, Ordering::Acquire),
+        };
         let mut resubmit = false;
-        while self.last_used != idx {
-            let e = self.lay.used + 4 + 8 * (self.last_used as usize % self.lay.n);
-            self.last_used = self.last_used.wrapping_add(1);
-            let id = self.shm.load_u32(e) as usize;
+        loop {
+            let id = if let Some(pk) = self.packed.as_mut() {
+                match pk.pop_used(&self.shm) {
+                    None => break,
+                    Some(Used::Id(i)) => usize::from(i),
+                    Some(Used::Bad) => usize::MAX,
+                }
+            } else {
+                if self.last_used == idx {
+                    break;
+                }
+                let e = self.lay.used + 4 + 8 * (self.last_used as usize % self.lay.n);
+                self.last_used = self.last_used.wrapping_add(1);
+                self.shm.load_u32(e) as usize
+            };
             let Some(f) = self.slots.get_mut(id).and_then(Option::take) else {
                 self.fail_all(
                     c"vhost-user backend returned an unknown request; the queue is stopped",

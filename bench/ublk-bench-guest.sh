@@ -6,7 +6,7 @@ SECS=${SECS:-2}
 ROUNDS=${ROUNDS:-3}
 cd /test/img || exit 1
 cp base.img /tmp/base.img          # tmpfs: every device reads the same page-cached bytes
-for f in *.cow; do cp "$f" /tmp/; done
+for f in *.cow realistic-*.img; do [ -f "$f" ] && cp "$f" /tmp/; done
 fail=0
 run() { # NAME DEV
     # warm-up pass over the device so every run sees a hot page cache of its backing files
@@ -49,5 +49,14 @@ while [ $r -lt "$ROUNDS" ]; do
         serve_run snap-$c-zc --base /tmp/base.img --cow /tmp/$c.cow --ublk-mode zero-copy
         serve_run snap-$c-zc-noplan --base /tmp/base.img --cow /tmp/$c.cow --ublk-mode zero-copy --ublk-no-plan
     done
+    if [ -f /tmp/realistic.cow ]; then  # bench/ublk-bench.sh REALISTIC_MB
+        loopdev=$(losetup -f)
+        losetup "$loopdev" /tmp/realistic-new.img && run loop-new "$loopdev"
+        losetup -d "$loopdev"
+        serve_run new-copy /tmp/realistic-new.img --read-only --ublk-mode copy
+        serve_run new-zc /tmp/realistic-new.img --read-only --ublk-mode zero-copy
+        serve_run snap-realistic-copy --base /tmp/realistic-old.img --cow /tmp/realistic.cow --ublk-mode copy
+        serve_run snap-realistic-zc --base /tmp/realistic-old.img --cow /tmp/realistic.cow --ublk-mode zero-copy
+    fi
 done
 exit $fail

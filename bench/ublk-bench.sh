@@ -7,6 +7,10 @@
 #   snap-<cow>-*    /dev/ublkbN serving base.img + a COW made by `snapblk cow create`:
 #                   copy (COPY ops only: new = base rotated by 1 MiB), zero (ZERO ops),
 #                   replace-lz4 (compressible new data, lz4), replace-none (uncompressed REPLACE)
+#   with REALISTIC_MB=N (e.g. 64): also the change-heavy ext4 pair of bench/cow/make-pair.py
+#   (N MiB), served as base old.img + a v3 lz4 COW from `cow create` (COPY, XOR, REPLACE, ZERO:
+#   snap-realistic-*) against the same export of the raw new image (new-*) and loop on it
+#   (loop-new): realistic-COW reads through ublk against the raw image.
 # Reports IOPS and the VM's busy CPU time per I/O (server + kernel + load generator) and ratios
 # against loop. Under TCG (software emulation) absolute numbers are meaningless; ratios are not.
 # Env: SIZE_MB (32), SECS (2 per run), ROUNDS (3), VM_SMP (1), VM_MEM. Output also saved in bench/results/scratch/.
@@ -41,6 +45,12 @@ awk -v n=$((SIZE_MB * 1024 * 1024 / 64)) 'BEGIN { for (i = 0; i < n; i++) printf
 $S cow create --old "$I/base.img" --new "$P/new-repl.img" -o "$I/replace-lz4.cow" --no-xor --compression lz4 --no-scratch
 $S cow create --old "$I/base.img" --new "$P/new-repl.img" -o "$I/replace-none.cow" --no-xor --compression none --no-scratch
 rm -f "$P"/new-*.img
+if [ -n "${REALISTIC_MB:-}" ]; then
+  python3 bench/cow/make-pair.py "$P/pair" "$REALISTIC_MB" >&2
+  $S cow create --old "$P/pair/old.img" --new "$P/pair/new.img" -o "$I/realistic.cow"
+  mv "$P/pair/old.img" "$I/realistic-old.img"; mv "$P/pair/new.img" "$I/realistic-new.img"
+  rm -rf "$P/pair"
+fi
 { echo '#!/bin/sh'; echo "SECS=$SECS ROUNDS=$ROUNDS exec /test/bench.sh"; } > "$P/run.sh"
 cp bench/ublk-bench-guest.sh "$P/bench.sh"
 chmod +x "$P/bench.sh"

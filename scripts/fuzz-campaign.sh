@@ -43,7 +43,7 @@ open(sys.argv[2], 'wb').write(b)
 PY
       done ;;
     cow/record)
-      local bin=$ROOT/target/release/snapblk
+      local bin=${CARGO_TARGET_DIR:-$ROOT/target}/release/snapblk
       [ -x "$bin" ] || (cd "$ROOT" && cargo build --release -q -p snapblk-cli)
       for g in v2_xor_seq_lz4 v3_copy_chain_seq v2_basic_none; do
         local G=$ROOT/tests/data/aosp-cow/$g
@@ -81,7 +81,7 @@ for ct in "${ALL[@]}"; do
   [ -d "$dir" ] || { echo "no fuzz crate for $c"; continue; }
   cd "$dir"
   case " $built " in *" $c "*) ;; *)
-    cargo +nightly build --release --target "$TRIPLE" -q || { echo "build of $c fuzz targets failed"; exit 1; }
+    CARGO_TARGET_DIR="$dir/target" cargo +nightly build --release --target "$TRIPLE" -q || { echo "build of $c fuzz targets failed"; exit 1; }
     built="$built $c" ;;
   esac
   mkdir -p "corpus/$t" "artifacts/$t"

@@ -14,7 +14,8 @@ PKGS=(
   vmtouch                           # residency reference in bench/
   time                              # /usr/bin/time: CPU seconds in scripts/fuzz-campaign.sh
   qemu-system-x86                   # the ublk VM (software emulation)
-  qemu-system-common                # qemu-storage-daemon: vhost-user-blk backend for the driver tests
+  qemu-system-common                # qemu-storage-daemon: vhost-user-blk and VDUSE backends for the driver tests
+  iproute2                          # vdpa (/sbin/vdpa): binds the VDUSE device to vhost-vdpa in tests/suites/vdpa-vm.sh
   cpio busybox-static kmod zstd xz-utils  # initramfs for the ublk VM
   android-sdk-libsparse-utils       # img2simg / simg2img: sparse-image tests
   libclang-dev                      # bindgen in libublk-rs-sys (ublk export) needs libclang

@@ -17,7 +17,8 @@ fuzz_build() {
  -Cllvm-args=-sanitizer-coverage-inline-8bit-counters -Cllvm-args=-sanitizer-coverage-pc-table \
  -Cllvm-args=-sanitizer-coverage-trace-compares --cfg fuzzing"
   # --target keeps the instrumentation away from build scripts and proc macros.
-  if cargo +nightly build --release --target "$TRIPLE" -q; then ok "build fuzz targets"; else
+  # Its own target dir: the instrumented build must not share the main one (CARGO_TARGET_DIR).
+  if CARGO_TARGET_DIR="$PWD/target" cargo +nightly build --release --target "$TRIPLE" -q; then ok "build fuzz targets"; else
     bad "build fuzz targets"; fuzz_summary; exit 1; fi
 }
 

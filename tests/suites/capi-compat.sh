@@ -17,8 +17,9 @@ shm=$(mktemp -d /dev/shm/snapblk-compat.XXXXXX)
 disk=$(mktemp -d /var/tmp/snapblk-compat.XXXXXX)
 trap 'rm -rf "$work" "$shm" "$disk"' EXIT
 mkdir -p "$work/snap"
-ln -sf "$root/target/release/libblkio.so" "$work/snap/libblkio.so.1"
-ln -sf "$root/target/release/libblkio.so" "$work/snap/libblkio.so"
+tgt=${CARGO_TARGET_DIR:-$root/target}
+ln -sf "$tgt/release/libblkio.so" "$work/snap/libblkio.so.1"
+ln -sf "$tgt/release/libblkio.so" "$work/snap/libblkio.so"
 # Built once against the real header and the real library: the binary is the same for both runs.
 gcc -std=gnu11 -Wall -O2 -I "$realinc" tests/c/capi_test.c -L "$real" -l:libblkio.so.1 -lpthread -o "$work/t" \
   || die "gcc against the real header"

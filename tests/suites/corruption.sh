@@ -9,6 +9,6 @@
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 cargo build --release -q -p snapblk-cli || { echo "FAIL: build"; echo "0 passed, 1 failed"; exit 1; }
-exec python3 tests/corruption/campaign.py --bin target/release/snapblk \
+exec python3 tests/corruption/campaign.py --bin "${CARGO_TARGET_DIR:-target}/release/snapblk" \
     --flips "${FLIPS:-300}" --truncations "${TRUNCATIONS:-30}" --seed "${SEED:-$(date +%j)}" \
     ${CAMPAIGN_JSON:+--json "$CAMPAIGN_JSON"}

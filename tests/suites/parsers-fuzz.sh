@@ -21,7 +21,7 @@ for g in v2_xor_seq_lz4 v3_copy_chain_seq v2_basic_none; do
   G=$ROOT/tests/data/aosp-cow/$g
   tmp=$(mktemp -d)
   cp "$G/snapshot.cow" "$tmp/s.cow"
-  "$ROOT/target/release/snapblk" cow record "$tmp/s.cow" --old "$G/base.img" --new "$G/target.img" \
+  "${CARGO_TARGET_DIR:-$ROOT/target}/release/snapblk" cow record "$tmp/s.cow" --old "$G/base.img" --new "$G/target.img" \
       -o "$tmp/r" > /dev/null || bad "seed record for $g"
   # First byte: the harness's flag (bit 0: repair the checksum), then the record.
   { printf '\001'; cat "$tmp/r"; } > "corpus/record/$g"

@@ -8,6 +8,7 @@
 # Ends with "N passed, N failed".
 set -uo pipefail
 cd "$(dirname "$0")/../.."
+tgt=${CARGO_TARGET_DIR:-target}
 ROOT=$PWD
 
 summary() { echo "$1 passed, $2 failed"; }
@@ -16,7 +17,7 @@ die() { echo "FAIL: poll-vm: $*"; summary 0 1; exit 1; }
 command -v gcc > /dev/null || die "gcc not found (scripts/install-deps.sh installs build-essential)"
 command -v losetup > /dev/null || die "losetup not found"
 [ -n "${POLL_VM_NO_BUILD:-}" ] || cargo build --release -q -p snapblk-capi || die "cargo build -p snapblk-capi failed"
-[ -f target/release/libblkio.so ] || die "target/release/libblkio.so missing"
+[ -f "$tgt/release/libblkio.so" ] || die "$tgt/release/libblkio.so missing"
 
 P=$(mktemp -d "${TMPDIR:-/tmp}/snapblk-poll-vm.XXXXXX")
 SHM=$(mktemp -d /dev/shm/snapblk-poll.XXXXXX)
@@ -29,7 +30,7 @@ cleanup() {
 trap cleanup EXIT
 mkdir -p "$P/bin" "$P/lib"
 # The guest gets a stripped copy named by its SONAME; the test finds it via LD_LIBRARY_PATH.
-strip -o "$P/lib/libblkio.so.1" target/release/libblkio.so || die "strip libblkio.so"
+strip -o "$P/lib/libblkio.so.1" "$tgt/release/libblkio.so" || die "strip libblkio.so"
 ln -s libblkio.so.1 "$P/lib/libblkio.so"
 gcc -std=gnu11 -Wall -Wextra -Werror -O2 -I include tests/c/poll_test.c -L "$P/lib" -lblkio \
     -o "$P/bin/poll_test" || die "gcc tests/c/poll_test.c"

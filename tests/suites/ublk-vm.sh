@@ -4,6 +4,7 @@
 # data paths. Fails if the VM cannot be set up or booted. Ends with "N passed, N failed".
 set -uo pipefail
 cd "$(dirname "$0")/../.."
+tgt=${CARGO_TARGET_DIR:-target}
 ROOT=$PWD
 
 summary() { echo "$1 passed, $2 failed"; }
@@ -15,18 +16,18 @@ die() { echo "ublk-vm: $*"; summary 0 1; exit 1; }
 if [ -z "${UBLK_VM_NO_BUILD:-}" ]; then
     cargo build --release -q -p snapblk-cli --features ublk-fault-injection ||
         die "build of snapblk with ublk-fault-injection failed"
-    cp target/release/snapblk target/release/snapblk-ublk-faults || die "copy of the fault build failed"
+    cp "$tgt/release/snapblk" "$tgt/release/snapblk-ublk-faults" || die "copy of the fault build failed"
     cargo build --release -q -p snapblk-cli || die "build of snapblk failed"
 fi
-[ -x target/release/snapblk ] || die "target/release/snapblk missing"
-[ -x target/release/snapblk-ublk-faults ] || die "target/release/snapblk-ublk-faults missing"
+[ -x "$tgt/release/snapblk" ] || die "$tgt/release/snapblk missing"
+[ -x "$tgt/release/snapblk-ublk-faults" ] || die "$tgt/release/snapblk-ublk-faults missing"
 bash tests/vm/vm.sh setup || die "VM setup failed (kernel download or initramfs)"
 
 P=$(mktemp -d "${TMPDIR:-/tmp}/snapblk-ublk-vm.XXXXXX")
 trap 'rm -rf "$P"' EXIT
 mkdir -p "$P/bin" "$P/data"
-strip -o "$P/bin/snapblk" target/release/snapblk || die "strip failed"
-strip -o "$P/bin/snapblk-faults" target/release/snapblk-ublk-faults || die "strip failed"
+strip -o "$P/bin/snapblk" "$tgt/release/snapblk" || die "strip failed"
+strip -o "$P/bin/snapblk-faults" "$tgt/release/snapblk-ublk-faults" || die "strip failed"
 for c in tests/data/aosp-cow/*/; do
     c=${c%/}
     [ -f "$c/target.img" ] || continue
@@ -44,15 +45,15 @@ rm -f "$P/ext4/tree/d/f1" "$P/ext4/tree/d/f2"
 head -c 1000000 /dev/urandom > "$P/ext4/tree/new-blob"
 mke2fs -q -F -t ext4 -b 4096 -d "$P/ext4/a" "$P/ext4/A.img" 32M || die "mke2fs A"
 mke2fs -q -F -t ext4 -b 4096 -d "$P/ext4/tree" "$P/ext4/B.img" 32M || die "mke2fs B"
-target/release/snapblk cow create --old "$P/ext4/A.img" --new "$P/ext4/B.img" -o "$P/ext4/AB.cow" > /dev/null ||
+"$tgt/release/snapblk" cow create --old "$P/ext4/A.img" --new "$P/ext4/B.img" -o "$P/ext4/AB.cow" > /dev/null ||
     die "snapblk cow create (ext4 snapshot) failed"
 # The same COW with one REPLACE payload byte flipped (its record beside it): the guest checks
 # that the corrupt block is an I/O error through ublk, in copy and zero-copy modes.
-python3 - "$P/ext4" <<'PY' || die "corrupt COW for the record test"
+python3 - "$P/ext4" "$tgt" <<'PY' || die "corrupt COW for the record test"
 import json, shutil, subprocess, sys
 d = sys.argv[1]
 j = json.loads(subprocess.check_output(
-    ["target/release/snapblk", "cow", "inspect", "--json", "--ops", f"{d}/AB.cow"]))
+    [sys.argv[2] + "/release/snapblk", "cow", "inspect", "--json", "--ops", f"{d}/AB.cow"]))
 op = [o for o in j["ops"] if o["kind"]["type"] == "replace"][0]
 data = bytearray(open(f"{d}/AB.cow", "rb").read())
 data[op["kind"]["payload"]["offset"] + 5] ^= 0x20
@@ -74,7 +75,7 @@ for i in range(1, len(b) // 4096, 2):
     b[i * 4096:(i + 1) * 4096] = bytes(4096)
 open(f"{d}/new.img", "wb").write(b)
 PY
-target/release/snapblk cow create --no-record --old "$P/frag/base.img" --new "$P/frag/new.img" \
+"$tgt/release/snapblk" cow create --no-record --old "$P/frag/base.img" --new "$P/frag/new.img" \
     -o "$P/frag/frag.cow" > /dev/null || die "snapblk cow create (fragmented snapshot) failed"
 cp tests/vm/guest/ublk-tests.sh "$P/run.sh"
 cp tests/vm/guest/kernel-reports.sh "$P/"

@@ -148,6 +148,12 @@ pub trait Driver: Send {
     }
     /// Create a queue (called by start and by add_queue).
     fn create_queue(&mut self, poll: bool) -> Result<Box<dyn Queue>>;
+    /// Called by start once every queue exists, before the instance is started: a virtio
+    /// device goes live (`DRIVER_OK`) only after all its virtqueues are set up. On failure the
+    /// queues are dropped and the instance stays connected.
+    fn queues_created(&mut self) -> Result<()> {
+        Ok(())
+    }
     /// Whether queues can be added after start.
     fn can_add_queues(&self) -> bool {
         true
@@ -482,6 +488,7 @@ impl Blkio {
         for _ in 0..self.num_poll_queues {
             poll.push(Some(self.driver.create_queue(true)?));
         }
+        self.driver.queues_created()?;
         self.queues = queues;
         self.poll_queues = poll;
         self.state = State::Started;

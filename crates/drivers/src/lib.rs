@@ -7,6 +7,8 @@
 //! * [`UringDriver`] (`io_uring`): the fast path for files and block devices.
 //! * [`VhostUserDriver`] (`virtio-blk-vhost-user`): a virtio-blk device served by a vhost-user
 //!   backend over a unix socket (e.g. `qemu-storage-daemon`).
+//! * [`VhostVdpaDriver`] (`virtio-blk-vhost-vdpa`): a virtio-blk device on the kernel's
+//!   vhost-vdpa bus (`/dev/vhost-vdpa-N`: hardware vDPA or VDUSE).
 //!
 //! * [`NvmeDriver`] (`nvme-io_uring`): an NVMe namespace through its generic character device
 //!   (`/dev/ngXnY`), NVMe commands passed through io_uring.
@@ -24,10 +26,14 @@ mod null;
 mod nvme;
 mod sync;
 mod uring;
+mod vfio_pci;
 mod vhost_user;
+mod vhost_vdpa;
 
 pub use null::NullDriver;
 pub use nvme::NvmeDriver;
 pub use sync::SyncDriver;
 pub use uring::UringDriver;
+pub use vfio_pci::VfioPciDriver;
 pub use vhost_user::VhostUserDriver;
+pub use vhost_vdpa::VhostVdpaDriver;

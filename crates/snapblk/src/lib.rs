@@ -1,7 +1,7 @@
 //! snapblk facade: the driver registry and device specs.
 //!
 //! [`create`] makes a [`Blkio`] instance for a driver name (`io_uring`, `sync`, `null`,
-//! `snapshot`, `virtio-blk-vhost-user`, `nvme-io_uring`); [`open`] parses a *device spec*, sets its properties, connects and starts it.
+//! `snapshot`, `virtio-blk-vhost-user`, `nvme-io_uring`, `virtio-blk-vhost-vdpa`, `virtio-blk-vfio-pci`); [`open`] parses a *device spec*, sets its properties, connects and starts it.
 //!
 //! Each driver is a cargo feature of this crate (`io_uring`, `sync`, `null`, `snapshot`, all on
 //! by default), as in libblkio: a build without a driver knows no such name ([`DRIVERS`]).
@@ -55,6 +55,10 @@ pub const DRIVERS: &[&str] = &[
     "virtio-blk-vhost-user",
     #[cfg(feature = "nvme-io_uring")]
     "nvme-io_uring",
+    #[cfg(feature = "virtio-blk-vhost-vdpa")]
+    "virtio-blk-vhost-vdpa",
+    #[cfg(feature = "virtio-blk-vfio-pci")]
+    "virtio-blk-vfio-pci",
     #[cfg(feature = "null")]
     "null",
     #[cfg(feature = "snapshot")]
@@ -84,6 +88,10 @@ pub fn create(driver: &str) -> Result<Blkio> {
         "virtio-blk-vhost-user" => Box::new(snapblk_drivers::VhostUserDriver::new()),
         #[cfg(feature = "nvme-io_uring")]
         "nvme-io_uring" => Box::new(snapblk_drivers::NvmeDriver::new()),
+        #[cfg(feature = "virtio-blk-vhost-vdpa")]
+        "virtio-blk-vhost-vdpa" => Box::new(snapblk_drivers::VhostVdpaDriver::new()),
+        #[cfg(feature = "virtio-blk-vfio-pci")]
+        "virtio-blk-vfio-pci" => Box::new(snapblk_drivers::VfioPciDriver::new()),
         #[cfg(feature = "snapshot")]
         "snapshot" => Box::new(snapblk_snapshot::SnapshotDriver::new()),
         #[cfg(feature = "fault-injection")]
@@ -298,15 +306,17 @@ mod tests {
             feature = "null",
             feature = "snapshot",
             feature = "virtio-blk-vhost-user",
-            feature = "nvme-io_uring"
+            feature = "nvme-io_uring",
+            feature = "virtio-blk-vhost-vdpa",
+            feature = "virtio-blk-vfio-pci"
         )),
         ignore = "the message lists every driver"
     )]
     fn unknown_driver_in_a_spec_is_named() {
         #[cfg(not(feature = "fault-injection"))]
-        let known = "io_uring, null, nvme-io_uring, snapshot, sync, virtio-blk-vhost-user";
+        let known = "io_uring, null, nvme-io_uring, snapshot, sync, virtio-blk-vfio-pci, virtio-blk-vhost-user, virtio-blk-vhost-vdpa";
         #[cfg(feature = "fault-injection")]
-        let known = "fault, io_uring, null, nvme-io_uring, snapshot, sync, virtio-blk-vhost-user";
+        let known = "fault, io_uring, null, nvme-io_uring, snapshot, sync, virtio-blk-vfio-pci, virtio-blk-vhost-user, virtio-blk-vhost-vdpa";
         for (spec, name) in [
             ("nosuch:size=1G", "nosuch"),
             ("NULL:size=1G", "NULL"),
@@ -419,6 +429,8 @@ mod tests {
             "fault",
             "virtio-blk-vhost-user",
             "nvme-io_uring",
+            "virtio-blk-vhost-vdpa",
+            "virtio-blk-vfio-pci",
         ] {
             match create(name) {
                 Ok(_) => assert!(DRIVERS.contains(&name), "{name} created but not listed"),
@@ -439,6 +451,8 @@ mod tests {
                 + usize::from(cfg!(feature = "snapshot"))
                 + usize::from(cfg!(feature = "virtio-blk-vhost-user"))
                 + usize::from(cfg!(feature = "nvme-io_uring"))
+                + usize::from(cfg!(feature = "virtio-blk-vhost-vdpa"))
+                + usize::from(cfg!(feature = "virtio-blk-vfio-pci"))
                 + usize::from(cfg!(feature = "fault-injection"))
         );
     }

@@ -15,9 +15,10 @@
 //! `reconnect` property, is connected to again and gets the requests in flight again (`link`).
 
 mod link;
+pub(crate) mod packed;
 mod proto;
-mod sys;
-mod virtq;
+pub(crate) mod sys;
+pub(crate) mod virtq;
 
 use link::{Link, Shared, Vring};
 use proto::{Frontend, Req, VuError};
@@ -40,22 +41,22 @@ const PROPS: &[PropSpec] = &[
     PropSpec::new("reconnect", PropType::Bool, Access::RwCreated, false),
 ];
 
-const MAX_QUEUE_SIZE: i32 = 32768;
+pub(crate) const MAX_QUEUE_SIZE: i32 = 32768;
 
 /// virtio feature bits (virtio 1.x §5.2.3 and §6).
-const F_SIZE_MAX: u64 = 1 << 1;
-const F_SEG_MAX: u64 = 1 << 2;
-const F_RO: u64 = 1 << 5;
-const F_BLK_SIZE: u64 = 1 << 6;
-const F_FLUSH: u64 = 1 << 9;
-const F_TOPOLOGY: u64 = 1 << 10;
-const F_CONFIG_WCE: u64 = 1 << 11;
-const F_MQ: u64 = 1 << 12;
-const F_DISCARD: u64 = 1 << 13;
-const F_WRITE_ZEROES: u64 = 1 << 14;
-const F_EVENT_IDX: u64 = 1 << 29;
-const F_VERSION_1: u64 = 1 << 32;
-const WANTED: u64 = F_SIZE_MAX
+pub(crate) const F_SIZE_MAX: u64 = 1 << 1;
+pub(crate) const F_SEG_MAX: u64 = 1 << 2;
+pub(crate) const F_RO: u64 = 1 << 5;
+pub(crate) const F_BLK_SIZE: u64 = 1 << 6;
+pub(crate) const F_FLUSH: u64 = 1 << 9;
+pub(crate) const F_TOPOLOGY: u64 = 1 << 10;
+pub(crate) const F_CONFIG_WCE: u64 = 1 << 11;
+pub(crate) const F_MQ: u64 = 1 << 12;
+pub(crate) const F_DISCARD: u64 = 1 << 13;
+pub(crate) const F_WRITE_ZEROES: u64 = 1 << 14;
+pub(crate) const F_EVENT_IDX: u64 = 1 << 29;
+pub(crate) const F_VERSION_1: u64 = 1 << 32;
+pub(crate) const WANTED: u64 = F_SIZE_MAX
     | F_SEG_MAX
     | F_RO
     | F_BLK_SIZE
@@ -68,7 +69,7 @@ const WANTED: u64 = F_SIZE_MAX
     | F_EVENT_IDX
     | F_VERSION_1;
 /// The part of `struct virtio_blk_config` read (up to `write_zeroes_may_unmap`).
-const CONFIG_LEN: u32 = 60;
+pub(crate) const CONFIG_LEN: u32 = 60;
 
 /// The connection and what was negotiated.
 #[derive(Debug)]
@@ -123,13 +124,18 @@ fn vu(e: VuError) -> Error {
     Error::from_chain(errno, &e)
 }
 
+fn le16(c: &[u8], o: usize) -> u16 {
+    c.get(o..o + 2)
+        .map_or(0, |b| u16::from_le_bytes([b[0], b[1]]))
+}
+
 fn le32(c: &[u8], o: usize) -> u32 {
     c.get(o..o + 4)
         .map_or(0, |b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
 }
 
 /// The common properties in the created state (libblkio's constants, shared notes §1.2).
-fn created() -> DeviceInfo {
+pub(crate) fn created() -> DeviceInfo {
     DeviceInfo {
         request_alignment: 512,
         buf_alignment: 1,
@@ -155,8 +161,108 @@ fn created() -> DeviceInfo {
     }
 }
 
-fn sat(v: u64) -> i32 {
+/// Validate a `queue-size` value with libblkio's messages.
+pub(crate) fn check_queue_size(n: i32) -> Result<i32> {
+    if n <= 0 {
+        return Err(Error::inval("queue_size must be greater than 0"));
+    }
+    if !(n as u32).is_power_of_two() {
+        return Err(Error::inval("queue_size must be a power of two"));
+    }
+    if n > MAX_QUEUE_SIZE {
+        return Err(Error::inval("queue_size must be smaller than 32768"));
+    }
+    Ok(n)
+}
+
+pub(crate) fn sat(v: u64) -> i32 {
     v.min(i32::MAX as u64) as i32
+}
+
+/// What a virtio-blk device's config space and negotiated features say (shared by the virtio-blk
+/// drivers): the common properties (libblkio's derivations, shared notes §1.2), except
+/// `max-queues` and `max-mem-regions`, which the transport limits too.
+#[derive(Debug, Clone)]
+pub(crate) struct BlkInfo {
+    pub(crate) info: DeviceInfo,
+    /// Bytes.
+    pub(crate) capacity: u64,
+    /// `max-segments`: the device's `seg_max` (1 without SEG_MAX).
+    pub(crate) seg_max: usize,
+    /// `num_queues` of the config space with MQ, else 1.
+    pub(crate) num_queues: u64,
+}
+
+/// Read `cfg` (the first [`CONFIG_LEN`] bytes of `struct virtio_blk_config`, shorter if the
+/// device has less; missing fields read as 0) under the negotiated `features`.
+pub(crate) fn blk_info(cfg: &[u8], features: u64, read_only: bool) -> BlkInfo {
+    let has = |f: u64| features & f != 0;
+    let capacity = cfg
+        .get(..8)
+        .map_or(0, |b| u64::from_le_bytes(b.try_into().unwrap_or([0; 8])));
+    let blk = if has(F_BLK_SIZE) {
+        le32(cfg, 20).max(512)
+    } else {
+        512
+    } as u64;
+    let (pexp, align_off, opt_io) = if has(F_TOPOLOGY) {
+        let b = |o: usize| cfg.get(o).copied().unwrap_or(0);
+        (
+            u32::from(b(24)).min(16),
+            u64::from(b(25)),
+            u64::from(le32(cfg, 28)),
+        )
+    } else {
+        (0, 0, 0)
+    };
+    let seg_max = if has(F_SEG_MAX) { le32(cfg, 12) } else { 1 }.max(1);
+    let size_max = if has(F_SIZE_MAX) { le32(cfg, 8) } else { 0 };
+    let num_queues = if has(F_MQ) {
+        u64::from(le16(cfg, 34)).max(1)
+    } else {
+        1
+    };
+    let sectors = |o: usize, f: u64| {
+        if has(f) {
+            512 * u64::from(le32(cfg, o))
+        } else {
+            0
+        }
+    };
+    let info = DeviceInfo {
+        read_only,
+        request_alignment: sat(blk),
+        optimal_io_alignment: sat(blk << pexp),
+        optimal_io_size: sat(blk * opt_io),
+        max_segments: sat(u64::from(seg_max)),
+        max_segment_len: sat(u64::from(size_max)),
+        max_transfer: if has(F_SEG_MAX) && has(F_SIZE_MAX) {
+            sat(u64::from(seg_max) * u64::from(size_max))
+        } else {
+            0
+        },
+        max_write_zeroes_len: sectors(48, F_WRITE_ZEROES),
+        max_discard_len: sectors(36, F_DISCARD),
+        discard_alignment: if has(F_DISCARD) {
+            sat(512 * u64::from(le32(cfg, 44)).max(1))
+        } else {
+            512
+        },
+        discard_alignment_offset: sat(blk * align_off),
+        flush_needed: if has(F_CONFIG_WCE) {
+            cfg.get(32).is_some_and(|&w| w != 0)
+        } else {
+            has(F_FLUSH)
+        },
+        max_queues: sat(num_queues),
+        ..created()
+    };
+    BlkInfo {
+        info,
+        capacity: capacity.saturating_mul(512),
+        seg_max: seg_max as usize,
+        num_queues,
+    }
 }
 
 impl Driver for VhostUserDriver {
@@ -183,18 +289,7 @@ impl Driver for VhostUserDriver {
             // As libblkio 1.5: only vhost-vdpa takes an fd. QEMU probes the property, and
             // falls back to `path` when setting it fails.
             ("fd", _) => return Err(Error::new(libc::ENOENT, "fd property not supported")),
-            ("queue-size", PropValue::Int(n)) => {
-                if n <= 0 {
-                    return Err(Error::inval("queue_size must be greater than 0"));
-                }
-                if !(n as u32).is_power_of_two() {
-                    return Err(Error::inval("queue_size must be a power of two"));
-                }
-                if n > MAX_QUEUE_SIZE {
-                    return Err(Error::inval("queue_size must be smaller than 32768"));
-                }
-                self.queue_size = n;
-            }
+            ("queue-size", PropValue::Int(n)) => self.queue_size = check_queue_size(n)?,
             _ => return Err(Error::new(libc::ENOENT, "Unknown property name")),
         }
         Ok(())
@@ -237,75 +332,20 @@ impl Driver for VhostUserDriver {
                 "the device does not offer VIRTIO_F_VERSION_1",
             )));
         }
-        let has = |f: u64| features & f != 0;
-        let capacity = cfg
-            .get(..8)
-            .map_or(0, |b| u64::from_le_bytes(b.try_into().unwrap_or([0; 8])));
-        let blk = if has(F_BLK_SIZE) {
-            le32(&cfg, 20).max(512)
-        } else {
-            512
-        } as u64;
-        let (pexp, align_off, opt_io) = if has(F_TOPOLOGY) {
-            let b = |o: usize| cfg.get(o).copied().unwrap_or(0);
-            (
-                u32::from(b(24)).min(16),
-                u64::from(b(25)),
-                u64::from(le32(&cfg, 28)),
-            )
-        } else {
-            (0, 0, 0)
-        };
-        let seg_max = if has(F_SEG_MAX) { le32(&cfg, 12) } else { 1 }.max(1);
-        let size_max = if has(F_SIZE_MAX) { le32(&cfg, 8) } else { 0 };
-        let num_queues = if has(F_MQ) {
-            u64::from(u16::from_le_bytes([cfg[34], cfg[35]])).max(1)
-        } else {
-            1
-        };
-        let sectors = |o: usize, f: u64| {
-            if has(f) {
-                512 * u64::from(le32(&cfg, o))
-            } else {
-                0
-            }
-        };
+        let blk = blk_info(&cfg, features, read_only);
+        let max_queues = blk.num_queues.min(vq_num);
         let info = DeviceInfo {
-            read_only,
-            request_alignment: sat(blk),
-            optimal_io_alignment: sat(blk << pexp),
-            optimal_io_size: sat(blk * opt_io),
-            max_segments: sat(u64::from(seg_max)),
-            max_segment_len: sat(u64::from(size_max)),
-            max_transfer: if has(F_SEG_MAX) && has(F_SIZE_MAX) {
-                sat(u64::from(seg_max) * u64::from(size_max))
-            } else {
-                0
-            },
-            max_write_zeroes_len: sectors(48, F_WRITE_ZEROES),
-            max_discard_len: sectors(36, F_DISCARD),
-            discard_alignment: if has(F_DISCARD) {
-                sat(512 * u64::from(le32(&cfg, 44)).max(1))
-            } else {
-                512
-            },
-            discard_alignment_offset: sat(blk * align_off),
-            flush_needed: if has(F_CONFIG_WCE) {
-                cfg.get(32).is_some_and(|&w| w != 0)
-            } else {
-                has(F_FLUSH)
-            },
-            max_queues: sat(num_queues.min(vq_num)),
+            max_queues: sat(max_queues),
             max_mem_regions: slots,
-            ..created()
+            ..blk.info
         };
         self.read_only = read_only;
         self.conn = Some(Conn {
             link: Link::new(fe, &self.path, protocol),
             features,
-            capacity: capacity.saturating_mul(512),
-            max_queues: num_queues.min(vq_num) as usize,
-            seg_max: seg_max as usize,
+            capacity: blk.capacity,
+            max_queues: max_queues as usize,
+            seg_max: blk.seg_max,
             started: false,
             next_queue: 0,
         });
@@ -410,7 +450,7 @@ impl Driver for VhostUserDriver {
         self.regions
             .write()
             .unwrap_or_else(|e| e.into_inner())
-            .push((start, start + region.len));
+            .push((start, start + region.len, start as u64));
         Ok(())
     }
     fn unmap_mem_region(&mut self, region: &MemRegion) {
@@ -418,7 +458,7 @@ impl Driver for VhostUserDriver {
         self.regions
             .write()
             .unwrap_or_else(|e| e.into_inner())
-            .retain(|&r| r != (start, start + region.len));
+            .retain(|&(s, e, _)| (s, e) != (start, start + region.len));
         if let Some(c) = self.conn.as_mut() {
             link::lock(&c.link).remove_region(
                 region.addr as u64,

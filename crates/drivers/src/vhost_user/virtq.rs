@@ -9,6 +9,7 @@
 //! regions) or its segment, and its status byte.
 
 use super::link::{self, Shared, Vring};
+use super::packed::{Packed, Used};
 use super::sys::{Shm, ppoll, read_eventfd};
 use snapblk_core::sys::EventFd;
 use snapblk_core::{Completion, Engine, Error, Op, Queue, QueueCore, ReqFlags, Request, Result};
@@ -30,8 +31,23 @@ const T_FLUSH: u32 = 4;
 const T_DISCARD: u32 = 11;
 const T_WRITE_ZEROES: u32 = 13;
 
-/// Mapped memory regions as `(start, end)` process addresses.
-pub(crate) type Regions = Arc<RwLock<Vec<(usize, usize)>>>;
+/// Mapped memory regions as `(start, end)` process addresses and the address the device knows
+/// `start` by (the process address itself for vhost-user, an IOVA for vhost-vdpa).
+pub(crate) type Regions = Arc<RwLock<Vec<(usize, usize, u64)>>>;
+
+/// How long requests on a ring may make no progress before a [`Probe`] is asked whether the
+/// device is still there.
+pub(crate) const STALL: Duration = Duration::from_secs(5);
+
+/// A liveness check, for transports whose device can vanish without a sign on any descriptor
+/// (a VDUSE daemon that dies): `false` means the device is gone.
+pub(crate) type Probe = Box<dyn FnMut() -> bool + Send>;
+
+/// How a ring notifies its device when that is not an eventfd write (e.g. a PCI BAR write).
+pub(crate) trait Doorbell: Send {
+    /// Tell the device that the available ring has new entries.
+    fn ring(&self);
+}
 
 /// What the queue knows of the negotiated device.
 #[derive(Debug, Clone, Copy)]
@@ -55,6 +71,24 @@ pub(crate) struct Layout {
 }
 
 impl Layout {
+    /// The packed layout (virtio 1.2 §2.8): the descriptor ring, the driver event suppression
+    /// area (`avail`), the device's (`used`), then the request areas and status bytes.
+    pub(crate) fn packed(n: usize) -> Layout {
+        let avail = 16 * n;
+        let used = avail + 4;
+        let req = (used + 4).next_multiple_of(16);
+        let status = req + 32 * n;
+        let size = (status + n).next_multiple_of(snapblk_core::sys::page_size());
+        Layout {
+            n,
+            avail,
+            used,
+            req,
+            status,
+            size,
+        }
+    }
+
     pub(crate) fn new(n: usize) -> Layout {
         let avail = 16 * n;
         let used = (avail + 6 + 2 * n).next_multiple_of(4);
@@ -106,7 +140,16 @@ struct Relink {
 /// The ring and its requests: the [`Engine`] of a queue.
 pub(crate) struct Ring {
     relink: Option<Relink>,
+    /// The stall probe, the message requests fail with when it says the device is gone, and
+    /// how long requests may make no progress before it is asked.
+    probe: Option<(Probe, &'static CStr, Duration)>,
+    /// How the device is notified; `None`: a write to the kick eventfd (vhost-user, vhost-vdpa).
+    bell: Option<Box<dyn Doorbell>>,
+    /// The packed layout's state; `None`: a split ring. With it, `free` holds buffer ids.
+    packed: Option<Packed>,
     shm: Shm,
+    /// The address the device knows `shm` by (its process address unless [`Ring::at`]).
+    dev_base: u64,
     lay: Layout,
     free: Vec<u16>,
     slots: Vec<Option<InFlight>>,
@@ -145,6 +188,10 @@ impl Ring {
     ) -> Ring {
         let r = Ring {
             relink: None,
+            probe: None,
+            dev_base: shm.addr(),
+            bell: None,
+            packed: None,
             _spare_call,
             event_idx,
             free: (0..lay.n as u16).rev().collect(),
@@ -166,6 +213,19 @@ impl Ring {
         r
     }
 
+    /// The device knows the ring memory by `dev_base` (an IOVA), not its process address.
+    pub(crate) fn at(mut self, dev_base: u64) -> Ring {
+        self.dev_base = dev_base;
+        self
+    }
+
+    /// Ask `probe` whether the device is still there when requests make no progress for
+    /// `after` ([`STALL`] in the drivers); if not, every request fails with EIO and `why`.
+    pub(crate) fn with_probe(mut self, probe: Probe, why: &'static CStr, after: Duration) -> Ring {
+        self.probe = Some((probe, why, after));
+        self
+    }
+
     /// Attach the control link: with `on`, a hang-up reconnects instead of failing requests.
     pub(crate) fn with_link(mut self, vring: Vring, epoch: u64, shared: Shared, on: bool) -> Ring {
         self.relink = Some(Relink {
@@ -174,6 +234,23 @@ impl Ring {
             epoch,
             on,
         });
+        self
+    }
+
+    /// Notify the device through `bell` (a PCI BAR write) instead of the kick eventfd.
+    pub(crate) fn with_doorbell(mut self, bell: Box<dyn Doorbell>) -> Ring {
+        self.bell = Some(bell);
+        self
+    }
+
+    /// Use the packed layout (`lay` from [`Layout::packed`]).
+    pub(crate) fn with_packed(mut self) -> Ring {
+        self.packed = Some(Packed::new(self.lay.n));
+        // `new` wrote the split ring's interrupt suppression: clear it, then set the packed one.
+        for o in self.lay.avail..self.lay.avail + 4 {
+            self.shm.store_u8(o, 0);
+        }
+        self.set_interrupts(false);
         self
     }
 
@@ -228,6 +305,9 @@ impl Ring {
         self.free = (0..self.lay.n as u16).rev().collect();
         self.avail_idx = 0;
         self.last_used = 0;
+        if self.packed.is_some() {
+            self.packed = Some(Packed::new(self.lay.n));
+        }
         let n = self.lay.n;
         for o in (self.lay.avail..self.lay.avail + 6 + 2 * n)
             .chain(self.lay.used..self.lay.used + 6 + 8 * n)
@@ -238,6 +318,9 @@ impl Ring {
     }
 
     fn set_interrupts(&self, on: bool) {
+        if let Some(pk) = &self.packed {
+            return pk.set_interrupts(&self.shm, &self.lay, on);
+        }
         if self.event_idx {
             // `used_event`: interrupt once the used index passes it. Off: one behind, so it
             // fires only after a full wrap of the index (harmless).
@@ -260,16 +343,31 @@ impl Ring {
         let mut added = false;
         while let Some(p) = self.pending.front() {
             let need = p.segs.len() + if p.range.is_some() { 3 } else { 2 };
-            if self.free.len() < need {
+            let room = match &self.packed {
+                Some(pk) => pk.free >= need && !self.free.is_empty(),
+                None => self.free.len() >= need,
+            };
+            if !room {
                 break;
             }
             let Some(p) = self.pending.pop_front() else {
                 break;
             };
-            self.place(p, need);
+            if self.packed.is_some() {
+                self.place_packed(p);
+            } else {
+                self.place(p, need);
+            }
             added = true;
         }
-        if added {
+        if added && let Some(pk) = &self.packed {
+            fence(Ordering::SeqCst);
+            if pk.need_kick(&self.shm, &self.lay)
+                && let Some(b) = &self.bell
+            {
+                b.ring();
+            }
+        } else if added {
             fence(Ordering::Release);
             self.shm
                 .store_u16(self.lay.avail + 2, self.avail_idx, Ordering::Release);
@@ -283,7 +381,10 @@ impl Ring {
                 self.shm.load_u16(self.lay.used, Ordering::Relaxed) & USED_F_NO_NOTIFY == 0
             };
             if kick {
-                self.kick.signal();
+                match &self.bell {
+                    Some(b) => b.ring(),
+                    None => self.kick.signal(),
+                }
             }
         }
     }
@@ -301,7 +402,7 @@ impl Ring {
         let descs: Vec<u16> = self.free.split_off(at);
         let head = descs[0] as usize;
         let req = self.lay.req + 32 * head;
-        let base = self.shm.addr();
+        let base = self.dev_base;
         self.shm.store_u32(req, p.ty);
         self.shm.store_u32(req + 4, 0);
         self.shm.store_u64(req + 8, p.sector);
@@ -333,6 +434,42 @@ impl Ring {
         self.in_ring += 1;
     }
 
+    /// [`Ring::place`] for the packed layout: one buffer id, consecutive ring entries.
+    fn place_packed(&mut self, p: Pending) {
+        let Some(id) = self.free.pop() else {
+            return self.pending.push_front(p);
+        };
+        let head = usize::from(id);
+        let req = self.lay.req + 32 * head;
+        let base = self.dev_base;
+        self.shm.store_u32(req, p.ty);
+        self.shm.store_u32(req + 4, 0);
+        self.shm.store_u64(req + 8, p.sector);
+        let mut list = Vec::with_capacity(p.segs.len() + 3);
+        list.push((base + req as u64, 16, 0));
+        if let Some((sectors, flags)) = p.range {
+            self.shm.store_u64(req + 16, p.sector);
+            self.shm.store_u32(req + 24, sectors);
+            self.shm.store_u32(req + 28, flags);
+            list.push((base + req as u64 + 16, 16, 0));
+        }
+        let wflag = if p.ty == T_IN { DESC_F_WRITE } else { 0 };
+        for &(a, l) in &p.segs {
+            list.push((a, l, wflag));
+        }
+        let st = self.lay.status + head;
+        self.shm.store_u8(st, 0xff);
+        list.push((base + st as u64, 1, DESC_F_WRITE));
+        if let Some(pk) = self.packed.as_mut() {
+            pk.place(&self.shm, &list, id);
+        }
+        self.slots[head] = Some(InFlight {
+            req: p,
+            descs: vec![id],
+        });
+        self.in_ring += 1;
+    }
+
     /// Move finished requests from the used ring to `ready`.
     fn collect(&mut self) {
         self.collect_armed(self.notify);
@@ -348,19 +485,37 @@ impl Ring {
             }
             self.set_interrupts(true);
             fence(Ordering::SeqCst);
-            if self.shm.load_u16(self.lay.used + 2, Ordering::Acquire) == self.last_used {
+            let more = match &self.packed {
+                Some(pk) => pk.has_used(&self.shm),
+                None => self.shm.load_u16(self.lay.used + 2, Ordering::Acquire) != self.last_used,
+            };
+            if !more {
                 return;
             }
         }
     }
 
     fn drain_used(&mut self) {
-        let idx = self.shm.load_u16(self.lay.used + 2, Ordering::Acquire);
+        let idx = match self.packed {
+            Some(_) => 0,
+            None => self.shm.load_u16(self.lay.used + 2, Ordering::Acquire),
+        };
         let mut resubmit = false;
-        while self.last_used != idx {
-            let e = self.lay.used + 4 + 8 * (self.last_used as usize % self.lay.n);
-            self.last_used = self.last_used.wrapping_add(1);
-            let id = self.shm.load_u32(e) as usize;
+        loop {
+            let id = if let Some(pk) = self.packed.as_mut() {
+                match pk.pop_used(&self.shm) {
+                    None => break,
+                    Some(Used::Id(i)) => usize::from(i),
+                    Some(Used::Bad) => usize::MAX,
+                }
+            } else {
+                if self.last_used == idx {
+                    break;
+                }
+                let e = self.lay.used + 4 + 8 * (self.last_used as usize % self.lay.n);
+                self.last_used = self.last_used.wrapping_add(1);
+                self.shm.load_u32(e) as usize
+            };
             let Some(f) = self.slots.get_mut(id).and_then(Option::take) else {
                 self.fail_all(
                     c"vhost-user backend returned an unknown request; the queue is stopped",
@@ -427,12 +582,17 @@ impl Ring {
     ) -> Result<()> {
         let start = Instant::now();
         let mut spins = 0u32;
+        // Progress seen (the used index moving), for the stall probe.
+        let mut seen = (self.last_used, Instant::now());
         loop {
             // A new connection after a reconnect has a new socket.
             let sock = (self.sock.as_raw_fd(), libc::POLLRDHUP);
             self.collect();
             if self.ready.len() >= want || self.dead.is_some() {
                 return Ok(());
+            }
+            if self.last_used != seen.0 {
+                seen = (self.last_used, Instant::now());
             }
             let left = match timeout {
                 Some(t) => match t.checked_sub(start.elapsed()) {
@@ -441,6 +601,10 @@ impl Ring {
                 },
                 None => None,
             };
+            let stall = self.stalled(&mut seen);
+            if self.dead.is_some() {
+                continue;
+            }
             match self.call {
                 None => {
                     // A poll queue: spin, looking at the socket now and then.
@@ -457,7 +621,12 @@ impl Ring {
                         self.set_interrupts(self.notify);
                         return Ok(());
                     }
-                    let r = ppoll(&[(call, libc::POLLIN), sock], left, sigmask);
+                    // With a stall probe, wake up in time to run it.
+                    let sleep = match (left, stall) {
+                        (Some(l), Some(s)) => Some(l.min(s)),
+                        (l, s) => l.or(s),
+                    };
+                    let r = ppoll(&[(call, libc::POLLIN), sock], sleep, sigmask);
                     self.set_interrupts(self.notify);
                     let r = r?;
                     if r[0] & libc::POLLIN != 0 {
@@ -465,6 +634,29 @@ impl Ring {
                     }
                     self.check_socket(r[1]);
                 }
+            }
+        }
+    }
+
+    /// With a stall probe: once requests on the ring have made no progress since `seen` for
+    /// the probe's time, ask the probe whether the device is still there, and fail every request if
+    /// not. Returns how long until the next probe is due (`None` without a probe).
+    fn stalled(&mut self, seen: &mut (u16, Instant)) -> Option<Duration> {
+        let probe = self.probe.as_mut()?;
+        let after = probe.2;
+        if self.in_ring == 0 {
+            *seen = (self.last_used, Instant::now());
+            return Some(after);
+        }
+        match after.checked_sub(seen.1.elapsed()) {
+            Some(d) if !d.is_zero() => Some(d),
+            _ => {
+                let why = probe.1;
+                if !(probe.0)() {
+                    self.fail_all(why);
+                }
+                *seen = (self.last_used, Instant::now());
+                Some(after)
             }
         }
     }
@@ -584,17 +776,19 @@ impl VuQueue {
         if segs.iter().any(|s| s.1 > u32::MAX as usize) {
             return Err((libc::EINVAL, c"a buffer is longer than 4 GiB"));
         }
-        {
+        let segs = {
             let regions = self.regions.read().unwrap_or_else(|e| e.into_inner());
-            let inside = |&(b, l): &(usize, usize)| {
+            let dev = |&(b, l): &(usize, usize)| {
                 regions
                     .iter()
-                    .any(|&(s, e)| b >= s && b.checked_add(l).is_some_and(|end| end <= e))
+                    .find(|&&(s, e, _)| b >= s && b.checked_add(l).is_some_and(|end| end <= e))
+                    .map(|&(s, _, d)| (d + (b - s) as u64, l as u32))
             };
-            if !segs.iter().all(inside) {
-                return Err((libc::EFAULT, c"buffer is not inside a mapped memory region"));
-            }
-        }
+            segs.iter()
+                .map(dev)
+                .collect::<Option<Vec<(u64, u32)>>>()
+                .ok_or((libc::EFAULT, c"buffer is not inside a mapped memory region"))?
+        };
         let range = match range {
             Some(len) => {
                 let sectors =
@@ -608,10 +802,7 @@ impl VuQueue {
             user_data: req.user_data,
             ty,
             sector: offset / 512,
-            segs: segs
-                .into_iter()
-                .map(|(a, l)| (a as u64, l as u32))
-                .collect(),
+            segs,
             range,
             flush_after: fua && c.flush,
         }))
@@ -658,5 +849,65 @@ impl Queue for VuQueue {
     }
     fn outstanding(&self) -> usize {
         self.core.backlog_len() + self.ring.in_flight()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicUsize;
+
+    /// A ring nobody serves, with one read on it, and a probe that counts its calls and says
+    /// the device is there for the first `alive` of them.
+    fn stuck_ring(alive: usize) -> (Ring, Arc<AtomicUsize>) {
+        let lay = Layout::new(8);
+        let shm = Shm::new(c"test-ring", lay.size).unwrap();
+        let call = EventFd::new().unwrap();
+        let raw = call.raw();
+        let sock = OwnedFd::from(std::fs::File::open("/dev/null").unwrap());
+        let calls = Arc::new(AtomicUsize::new(0));
+        let n = calls.clone();
+        let probe: Probe = Box::new(move || n.fetch_add(1, Ordering::SeqCst) < alive);
+        let mut r = Ring::new(
+            shm,
+            lay,
+            EventFd::new().unwrap(),
+            (Some(raw), Some(call)),
+            sock,
+            false,
+        )
+        .with_probe(probe, c"gone", Duration::from_millis(20));
+        r.pending.push_back(Pending {
+            user_data: 7,
+            ty: T_IN,
+            sector: 0,
+            segs: vec![(0x1000, 512)],
+            range: None,
+            flush_after: false,
+        });
+        (r, calls)
+    }
+
+    #[test]
+    fn a_stalled_request_fails_once_the_probe_says_the_device_is_gone() {
+        let (mut r, calls) = stuck_ring(2);
+        // The timeout only bounds a broken probe: the request must fail long before.
+        r.submit(1, Some(Duration::from_secs(20)), None).unwrap();
+        let mut out = [Completion::ok(0)];
+        assert_eq!(r.reap(&mut out), 1);
+        assert_eq!((out[0].user_data, out[0].ret), (7, -libc::EIO));
+        // Asked until it said no: twice alive, then gone.
+        assert_eq!(calls.load(Ordering::SeqCst), 3);
+        // Later requests fail at once.
+        assert!(r.dead.is_some());
+    }
+
+    #[test]
+    fn a_live_device_keeps_the_request_waiting() {
+        let (mut r, calls) = stuck_ring(usize::MAX);
+        let e = r.submit(1, Some(Duration::from_secs(1)), None).unwrap_err();
+        assert_eq!(e.errno, libc::ETIME);
+        assert!(calls.load(Ordering::SeqCst) >= 1);
+        assert_eq!(r.in_flight(), 1);
     }
 }

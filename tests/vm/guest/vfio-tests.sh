@@ -1,0 +1,201 @@
+#!/bin/sh
+# Guest stage of tests/suites/vfio-vm.sh (runs as /test/run.sh in the VM): q35 with an
+# intel-iommu and four virtio-blk-pci devices:
+#   00:10.0  A: modern, iommu_platform=on, num-queues=2, 64 MiB  (snapblk: conformance + C test)
+#   00:11.0  B: the same                                          (real libblkio 1.5: C test)
+#   00:12.0  C: legacy only (disable-modern=on)                   (bad input)
+#   00:13.0  D: modern without iommu_platform                     (bad input)
+#   00:14.0  E: as A, with packed=on (packed rings)               (snapblk: conformance + C test)
+#   00:15.0  F: as A, with one MSI-X vector (vectors=1), 1 MiB    (queues without a vector)
+#   00:16.0  G: as E                                              (real libblkio: C test)
+#   00:17.0  H: modern, iommu_platform=on, read-only drive, 1 MiB (read-only rules)
+#   I and J: modern, iommu_platform=on, behind a pcie-pci-bridge at 00:18.0, so in one IOMMU
+#            group; only I is bound to vfio-pci                  (group not viable)
+# Binds them to vfio-pci, runs the conformance suite and the C differential program
+# (tests/c/vfio_test.c) and the bad-input connects. Prints PASS:/FAIL:/INFO: lines; exit status
+# non-zero if anything failed. The host checks the images after the VM exits.
+rc=0
+pass() { echo "PASS: $*"; }
+fail() { echo "FAIL: $*"; rc=1; }
+. "$(dirname "$0")/kernel-reports.sh"
+kernel_reports_begin
+S=/sys/bus/pci/devices
+A=0000:00:10.0 B=0000:00:11.0 C=0000:00:12.0 D=0000:00:13.0 E=0000:00:14.0 F=0000:00:15.0
+G=0000:00:16.0 H=0000:00:17.0
+for d in $A $B $C $D $E $F $G $H; do
+    if [ -d $S/$d ]; then
+        echo "INFO: $d $(cat $S/$d/vendor):$(cat $S/$d/device) group $(basename "$(readlink $S/$d/iommu_group)")"
+    else
+        fail "no PCI device $d (devices: $(ls $S | tr '\n' ' '))"
+    fi
+done
+for d in $A $B $E $F $G $H; do [ -d $S/$d ] || exit 1; done
+
+# Bad input that needs no binding: a directory that is no PCI device, a PCI device that is no
+# virtio-blk (the host bridge), a virtio-blk device still bound to virtio-pci.
+bad() { # $1 = label, $2 = path, $3 = errno (negative), $4 = text the message must contain,
+        # $5 = "fix" when the real library connects (a documented difference)
+    out=$(LD_LIBRARY_PATH=/test/snap /test/bin/vfio_test bad "$2" 2>&1)
+    real=$(LD_LIBRARY_PATH=/test/real /test/bin/vfio_test bad "$2" 2>&1)
+    echo "INFO: bad input $1: snapblk: $out"
+    echo "INFO: bad input $1: real libblkio: $real"
+    case "$out" in
+        "connect rc=$3 msg="*"$4"*) pass "bad input $1: connect fails with $3 naming it" ;;
+        *) fail "bad input $1: want rc=$3 and '$4', got: $out" ;;
+    esac
+    case "${5:-}:$real" in
+        ":connect rc=-"*) pass "bad input $1: real libblkio fails too" ;;
+        "fix:connect rc=0 "*) pass "bad input $1: real libblkio connects (a documented [fix])" ;;
+        *) fail "bad input $1: real libblkio: $real" ;;
+    esac
+}
+bad "not a PCI device" /tmp -2 "is not a PCI device"
+bad "not virtio-blk" $S/0000:00:00.0 -95 "is not a virtio-blk device (vendor:device 8086:"
+g=$(basename "$(readlink $S/$A/iommu_group)")
+bad "not bound to vfio-pci" $S/$A -2 "opening /dev/vfio/$g"
+
+echo Y > /sys/module/vfio_iommu_type1/parameters/allow_unsafe_interrupts
+for d in $A $B $C $D $E $F $G $H; do
+    [ -d $S/$d ] || continue
+    echo vfio-pci > $S/$d/driver_override
+    [ -e $S/$d/driver ] && echo $d > $S/$d/driver/unbind
+    echo $d > /sys/bus/pci/drivers_probe
+    drv=$(basename "$(readlink $S/$d/driver)" 2>/dev/null)
+    [ "$drv" = vfio-pci ] && pass "$d bound to vfio-pci" || fail "$d bound to '$drv', not vfio-pci"
+done
+ls -l /dev/vfio | sed 's/^/INFO: /'
+
+# A group with a device still bound to another driver is not viable.
+I=$(ls -d $S/0000:01:01.0 2>/dev/null) J=$(ls -d $S/0000:01:02.0 2>/dev/null)
+if [ -n "$I" ] && [ -n "$J" ]; then
+    echo "INFO: bridged devices: $(basename "$(readlink $I/iommu_group)") and $(basename "$(readlink $J/iommu_group)") groups, drivers $(basename "$(readlink $I/driver)") $(basename "$(readlink $J/driver)")"
+    echo vfio-pci > $I/driver_override
+    [ -e $I/driver ] && basename $I > $I/driver/unbind
+    basename $I > /sys/bus/pci/drivers_probe
+    gi=$(basename "$(readlink $I/iommu_group)")
+    bad "group not viable" $I -5 "IOMMU group $gi is not viable"
+else
+    fail "no devices behind the PCI bridge (devices: $(ls $S | tr '\n' ' '))"
+fi
+
+[ -d $S/$C ] && bad "legacy-only device" $S/$C -5 "no virtio-pci common configuration capability (is this a legacy device?)"
+[ -d $S/$D ] && bad "no ACCESS_PLATFORM" $S/$D -22 "does not offer VIRTIO_F_ACCESS_PLATFORM" fix
+
+# 1. The conformance suite on A (split rings) and E (packed rings).
+for d in $A $E; do
+    t0=$(cut -d' ' -f1 /proc/uptime)
+    /test/bin/snapblk-conformance "virtio-blk-vfio-pci:path=$S/$d" --allow-destructive > /tmp/conf.txt 2>&1
+    crc=$?
+    echo "INFO: conformance on $d took $(awk "BEGIN{print $(cut -d' ' -f1 /proc/uptime) - $t0}") s"
+    sed "s/^/INFO: conformance $d: /" /tmp/conf.txt
+    [ $crc -eq 0 ] && pass "conformance suite on $d (exit 0)" || fail "conformance suite on $d exited $crc"
+    grep -q '^PASS' /tmp/conf.txt && pass "conformance ran checks on $d" || fail "conformance ran no check on $d"
+done
+# Small rings: 128 entries (a 64-iovec request needs 66) for the suite's 200 requests in flight,
+# so requests wait for descriptors and both ring layouts wrap many times.
+for d in $A $E; do
+    /test/bin/snapblk-conformance "virtio-blk-vfio-pci:path=$S/$d,queue-size=128" --allow-destructive > /tmp/conf.txt 2>&1
+    crc=$?
+    grep -E '^(FAIL|[0-9]+ passed)' /tmp/conf.txt | sed "s/^/INFO: conformance $d queue-size=128: /"
+    [ $crc -eq 0 ] && pass "conformance suite on $d with queue-size=128" ||
+        fail "conformance suite on $d with queue-size=128 exited $crc"
+done
+# A queue larger than the device's (QEMU: 256) is refused at start, not written to the device.
+out=$(/test/bin/snapblk-conformance "virtio-blk-vfio-pci:path=$S/$A,queue-size=512,num-queues=1" --allow-destructive 2>&1)
+echo "INFO: queue-size 512: $out"
+case "$out" in
+    *"queue-size 512 is larger than the device's maximum of 256"*) pass "queue-size 512 refused at start" ;;
+    *) fail "queue-size 512: $out" ;;
+esac
+# One MSI-X vector: one regular queue (plus poll queues, which need none); a second regular
+# queue is refused at start, naming the limit (no vector sharing).
+out=$(/test/bin/snapblk-conformance "virtio-blk-vfio-pci:path=$S/$F,num-queues=2" --allow-destructive 2>&1)
+echo "INFO: one vector, 2 queues: $out"
+case "$out" in
+    *"not enough MSI-X vectors: the device has 1, each queue that is not a poll queue needs one"*)
+        pass "a second regular queue without an MSI-X vector is refused at start" ;;
+    *) fail "one vector, 2 queues: $out" ;;
+esac
+/test/bin/snapblk-conformance "virtio-blk-vfio-pci:path=$S/$F,num-queues=1,num-poll-queues=1" --allow-destructive > /tmp/conf.txt 2>&1 &&
+    pass "conformance on the one-vector device with 1 queue + 1 poll queue" ||
+    { fail "conformance on the one-vector device with 1 queue + 1 poll queue"; sed 's/^/INFO: /' /tmp/conf.txt; }
+# A read-only device (VIRTIO_BLK_F_RO): read-only=false is refused at start with EROFS, a
+# read-only instance passes the read checks and has its writes refused.
+out=$(/test/bin/snapblk-conformance "virtio-blk-vfio-pci:path=$S/$H,num-queues=1" --allow-destructive 2>&1)
+echo "INFO: read-only device, read-only=false: $out"
+case "$out" in
+    *"cannot start"*"Device is read-only"*) pass "a read-only device with read-only=false is refused at start" ;;
+    *) fail "read-only device with read-only=false: $out" ;;
+esac
+/test/bin/snapblk-conformance "virtio-blk-vfio-pci:path=$S/$H" > /tmp/conf.txt 2>&1 &&
+    pass "read-only conformance run on the read-only device" ||
+    { fail "read-only conformance run on the read-only device"; sed 's/^/INFO: /' /tmp/conf.txt; }
+# snapblk's C test on the packed-ring device (the differential run below uses A and B).
+LD_LIBRARY_PATH=/test/snap timeout 300 /test/bin/vfio_test $S/$E > /tmp/packed.txt 2>&1
+prc=$?
+sed 's/^/INFO: snapblk packed: /' /tmp/packed.txt
+if [ $prc -eq 0 ] && ! grep -q '^FAIL' /tmp/packed.txt && grep -q '^PASS' /tmp/packed.txt; then
+    pass "snapblk passes vfio_test on $E (packed rings)"
+else
+    fail "snapblk: vfio_test on $E (packed rings) exited $prc"
+    grep '^FAIL' /tmp/packed.txt | sed 's/^/FAIL: snapblk packed: /'
+fi
+
+# 2. The C differential program: snapblk on A, the real libblkio on B.
+LD_LIBRARY_PATH=/test/snap timeout 300 /test/bin/vfio_test $S/$A > /tmp/snap.txt 2>&1
+src=$?
+LD_LIBRARY_PATH=/test/real timeout 300 /test/bin/vfio_test $S/$B > /tmp/real.txt 2>&1
+rrc=$?
+sed 's/^/INFO: snapblk: /' /tmp/snap.txt
+sed 's/^/INFO: real: /' /tmp/real.txt
+ns_fail=$(grep -c '^FAIL' /tmp/snap.txt)
+ns_pass=$(grep -c '^PASS' /tmp/snap.txt)
+if [ "$src" -eq 0 ] && [ "$ns_fail" -eq 0 ] && [ "$ns_pass" -gt 0 ]; then
+    pass "snapblk passes all $ns_pass checks of vfio_test"
+else
+    fail "snapblk: vfio_test exited $src with $ns_fail failed checks"
+    grep '^FAIL' /tmp/snap.txt | sed 's/^/FAIL: snapblk: /'
+fi
+echo "INFO: real libblkio exited $rrc and passes $(grep -c '^PASS' /tmp/real.txt) checks"
+grep '^FAIL' /tmp/real.txt | while IFS= read -r line; do
+    case "$line" in
+        "FAIL [fix] "*) echo "PASS: real libblkio fails a documented [fix]: ${line#FAIL }" ;;
+        *) echo "FAIL: undocumented difference: real libblkio: $line" ;;
+    esac
+done
+# The real library on the packed-ring device G, compared with snapblk's run on E.
+LD_LIBRARY_PATH=/test/real timeout 300 /test/bin/vfio_test $S/$G > /tmp/realp.txt 2>&1
+echo "INFO: real libblkio on $G (packed rings) exited $? and passes $(grep -c '^PASS' /tmp/realp.txt) checks"
+grep '^FAIL' /tmp/realp.txt | while IFS= read -r line; do
+    case "$line" in
+        "FAIL [fix] "*) echo "PASS: real libblkio (packed) fails a documented [fix]: ${line#FAIL }" ;;
+        *) echo "FAIL: undocumented difference: real libblkio (packed): $line" ;;
+    esac
+done
+norm() { grep -E '^(PASS|FAIL)' "$1" | sed -E 's/^(PASS|FAIL) //; s/ \(line [0-9]+\).*//'; }
+norm /tmp/realp.txt > /tmp/realp.n
+norm /tmp/packed.txt > /tmp/packed.n
+if [ -s /tmp/packed.n ] && cmp -s /tmp/realp.n /tmp/packed.n; then
+    pass "both libraries executed the same $(wc -l < /tmp/packed.n) checks on packed rings"
+else
+    fail "the packed-ring runs executed different checks"
+    diff /tmp/realp.n /tmp/packed.n | sed 's/^/INFO: diff: /'
+fi
+norm /tmp/real.txt > /tmp/real.n
+norm /tmp/snap.txt > /tmp/snap.n
+if [ -s /tmp/snap.n ] && cmp -s /tmp/real.n /tmp/snap.n; then
+    pass "both libraries executed the same $(wc -l < /tmp/snap.n) checks"
+else
+    fail "the runs executed different checks"
+    diff /tmp/real.n /tmp/snap.n | sed 's/^/INFO: diff: /'
+fi
+
+kernel_reports_check
+# The real library's device faults in the IOMMU on purpose (the unmapped buffer): DMAR fault
+# reports are not kernel bugs and are not counted by kernel_reports_check.
+dmesg | grep -iE 'DMAR|vfio' | tail -5 | sed 's/^/INFO: dmesg: /'
+[ "$KERNEL_REPORTS" -eq 0 ] && pass "no kernel bug, warning or sanitizer report during the tests" ||
+    fail "$KERNEL_REPORTS kernel report(s) during the tests (DMESG: lines)"
+echo "guest vfio stage done rc=$rc"
+sync
+exit $rc

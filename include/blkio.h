@@ -42,7 +42,7 @@ struct blkio_completion {
     uint8_t reserved_[12];
 };
 
-/* Zoned-storage descriptor (64 bytes); no snapblk driver is zoned. */
+/* Zoned-storage descriptor (64 bytes), filled by blkioq_report_zones. */
 struct blkio_zone {
     uint64_t start;
     uint64_t len;
@@ -126,7 +126,9 @@ void blkioq_discard(struct blkioq *q, uint64_t start, uint64_t len,
                     void *user_data, uint32_t flags);
 void blkioq_flush(struct blkioq *q, void *user_data, uint32_t flags);
 
-/* Zoned storage (always complete with -ENOTSUP in snapblk). */
+/* Zoned storage: carried out by nvme-io_uring on a zoned namespace (a report's completion ret
+ * is the number of zones filled, possibly fewer than nr_zones; continue from the next zone's
+ * start for more); -EOPNOTSUPP on a conventional namespace, -ENOTSUP in every other driver. */
 void blkioq_report_zones(struct blkioq *q, uint64_t offset, struct blkio_zone *zones,
                          uint32_t nr_zones, void *user_data, uint32_t flags);
 void blkioq_close_zone(struct blkioq *q, uint64_t offset, void *user_data, uint32_t flags);

@@ -10,7 +10,12 @@
  *   nvme_test conv NGDEV BLKDEV CTRLDEV TAG   conventional namespace; writes its pattern at
  *                                            32 MiB + TAG * 4 MiB (see pattern())
  *   nvme_test zns NGDEV ZONE                 zoned namespace (4 MiB zones, 8 open, 8 active):
- *                                            writes 128 KiB at the start of zone ZONE
+ *                                            the zone requests (they end with every zone
+ *                                            reset), then writes 128 KiB at the start of zone
+ *                                            ZONE; every report is printed as "ZONE label i
+ *                                            fields" for the script to compare
+ *   nvme_test layout                         prints struct blkio_zone's layout and the zone
+ *                                            enums of the header it was compiled with
  *   nvme_test meta NGDEV                     a namespace with 8 bytes of metadata per block
  *   nvme_test lba4k NGDEV TAG                an 8 MiB namespace of 4 KiB blocks; writes 64 KiB
  *                                            at 1 MiB + TAG MiB (block 2 zeroed)
@@ -20,6 +25,7 @@
 #define _GNU_SOURCE
 #include <blkio.h>
 #include <errno.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -168,6 +174,215 @@ static struct blkio *open_ns(const char *path, int ro, int nq)
     return b;
 }
 
+/* ---- Zone management (zoned namespace: 16 zones of 4 MiB, 512-byte blocks) ---- */
+#define ZSZ (4ull << 20)
+#define NZ 16
+
+static struct blkio_completion zop(struct blkioq *q, const char *what, uint64_t off)
+{
+    if (strcmp(what, "open") == 0) blkioq_open_zone(q, off, NULL, 0);
+    else if (strcmp(what, "close") == 0) blkioq_close_zone(q, off, NULL, 0);
+    else if (strcmp(what, "finish") == 0) blkioq_finish_zone(q, off, NULL, 0);
+    else if (strcmp(what, "reset") == 0) blkioq_reset_zone(q, off, NULL, 0);
+    else if (strcmp(what, "open-all") == 0) blkioq_open_all_zones(q, NULL, 0);
+    else if (strcmp(what, "close-all") == 0) blkioq_close_all_zones(q, NULL, 0);
+    else if (strcmp(what, "finish-all") == 0) blkioq_finish_all_zones(q, NULL, 0);
+    else blkioq_reset_all_zones(q, NULL, 0);
+    return wait1(q);
+}
+
+/* Report nr zones from off into z (entries past what is filled keep the 0xa5 sentinel);
+ * prints every filled entry as "ZONE label i fields" for the host to compare. Returns the
+ * completion's ret: the number of zones reported, or a negative errno. */
+static int report(struct blkioq *q, const char *label, uint64_t off, struct blkio_zone *z, uint32_t nr)
+{
+    memset(z, 0xa5, sizeof(*z) * (nr + 2));
+    blkioq_report_zones(q, off, z, nr, NULL, 0);
+    struct blkio_completion c = wait1(q);
+    if (c.ret < 0) printf("  (report %s: %d %s)\n", label, c.ret, cmsg(c));
+    for (uint32_t i = 0; i < nr + 2; i++) {
+        if (z[i].zone_type == 0xa5) continue;
+        printf("ZONE %s %u start=%llu len=%llu cap=%llu wp=%llu type=%u state=%u reset=%u\n", label, i,
+               (unsigned long long)z[i].start, (unsigned long long)z[i].len,
+               (unsigned long long)z[i].capacity, (unsigned long long)z[i].write_pointer,
+               z[i].zone_type, z[i].zone_state, z[i].reset);
+    }
+    return c.ret;
+}
+
+static int filled(const struct blkio_zone *z, int n)
+{
+    int k = 0;
+    for (int i = 0; i < n; i++) k += z[i].zone_type != 0xa5;
+    return k;
+}
+
+/* Zone i of a fresh report: state st, write pointer start + wp, QEMU's geometry. */
+static int zone_is(const struct blkio_zone *z, int i, int st, uint64_t wp)
+{
+    return z->start == (uint64_t)i * ZSZ && z->len == ZSZ && z->capacity == ZSZ &&
+           z->zone_type == BLKIO_ZONE_TYPE_SEQWRITE_REQ && z->zone_state == st &&
+           z->write_pointer == (uint64_t)i * ZSZ + wp && z->reset == 0;
+}
+
+static int state_of(struct blkioq *q, int i, struct blkio_zone *z)
+{
+    char label[32];
+    snprintf(label, sizeof(label), "z%d", i);
+    if (report(q, label, (uint64_t)i * ZSZ, z, 1) != 1) return -1;
+    return z->zone_state;
+}
+
+static void zone_checks(struct blkioq *q, unsigned char *m)
+{
+    struct blkio_zone *z = calloc(NZ + 8, sizeof(*z));
+    struct blkio_completion c;
+    if (!z) return;
+    CHECK("reset-all", zop(q, "reset-all", 0).ret == 0);
+    CHECK("report all 16 zones: ret 16", report(q, "after-reset-all", 0, z, NZ) == NZ);
+    int ok = filled(z, NZ + 2) == NZ;
+    for (int i = 0; i < NZ; i++) ok = ok && zone_is(&z[i], i, BLKIO_ZONE_STATE_EMPTY, 0);
+    CHECK("every zone: start i*4 MiB, len = capacity = 4 MiB, seq-write-required, EMPTY, wp at start", ok);
+    CHECK("report 17 zones fills only the 16 the device has", report(q, "all17", 0, z, NZ + 1) == NZ &&
+          filled(z, NZ + 3) == NZ);
+
+    /* A write moves the write pointer (implicitly open). */
+    pattern(m, 65536, 3);
+    blkioq_write(q, 3 * ZSZ, m, 65536, NULL, 0);
+    CHECK("write 64 KiB at zone 3", wait1(q).ret == 0);
+    CHECK("report at an offset inside zone 3 (start + 4 KiB)",
+          report(q, "z3-written", 3 * ZSZ + 4096, z, 1) == 1 && filled(z, 3) == 1);
+    CHECK("zone 3 is IMP_OPEN, write pointer at start + 64 KiB", zone_is(z, 3, BLKIO_ZONE_STATE_IMP_OPEN, 65536));
+    CHECK("close zone 3", zop(q, "close", 3 * ZSZ).ret == 0);
+    CHECK("zone 3 CLOSED", state_of(q, 3, z) == BLKIO_ZONE_STATE_CLOSED && z->write_pointer == 3 * ZSZ + 65536);
+    CHECK("open zone 3", zop(q, "open", 3 * ZSZ).ret == 0);
+    CHECK("zone 3 EXP_OPEN", state_of(q, 3, z) == BLKIO_ZONE_STATE_EXP_OPEN);
+    CHECK("finish zone 3", zop(q, "finish", 3 * ZSZ).ret == 0);
+    CHECK("zone 3 FULL", state_of(q, 3, z) == BLKIO_ZONE_STATE_FULL);
+    CHECK("the full zone's write pointer is its end", z->write_pointer == 4 * ZSZ);
+    blkioq_write(q, 3 * ZSZ + 65536, m, 4096, NULL, 0);
+    c = wait1(q);
+    CHECK("write to the full zone fails with EIO", c.ret == -EIO);
+    CHECK("reset zone 3", zop(q, "reset", 3 * ZSZ).ret == 0);
+    CHECK("zone 3 EMPTY, write pointer back at its start", state_of(q, 3, z) == BLKIO_ZONE_STATE_EMPTY &&
+          zone_is(z, 3, BLKIO_ZONE_STATE_EMPTY, 0));
+    memset(m + 65536, 0xee, 4096);
+    blkioq_read(q, 3 * ZSZ, m + 65536, 4096, NULL, 0);
+    c = wait1(q);
+    int zero = c.ret == 0;
+    for (int i = 0; i < 4096; i++) zero = zero && m[65536 + i] == 0;
+    CHECK("the reset zone reads as zeros", zero);
+    CHECK("open the empty zone 4", zop(q, "open", 4 * ZSZ).ret == 0);
+    CHECK("zone 4 EXP_OPEN", state_of(q, 4, z) == BLKIO_ZONE_STATE_EXP_OPEN);
+    CHECK("close zone 4 (no data)", zop(q, "close", 4 * ZSZ).ret == 0);
+    int s4 = state_of(q, 4, z);
+    printf("  (state of the closed zone 4 without data: %d)\n", s4);
+    CHECK("zone 4 EMPTY or CLOSED", s4 == BLKIO_ZONE_STATE_EMPTY || s4 == BLKIO_ZONE_STATE_CLOSED);
+
+    /* The all-zones forms on zones 5 and 6 with data. */
+    for (int i = 5; i <= 6; i++) {
+        pattern(m, 8192, i);
+        blkioq_write(q, (uint64_t)i * ZSZ, m, 8192, NULL, 0);
+        CHECK(i == 5 ? "write 8 KiB at zone 5" : "write 8 KiB at zone 6", wait1(q).ret == 0);
+    }
+    CHECK("close-all", zop(q, "close-all", 0).ret == 0);
+    CHECK("zones 5 and 6 CLOSED", state_of(q, 5, z) == BLKIO_ZONE_STATE_CLOSED &&
+          state_of(q, 6, z) == BLKIO_ZONE_STATE_CLOSED);
+    CHECK("open-all", zop(q, "open-all", 0).ret == 0);
+    CHECK("zones 5 and 6 EXP_OPEN", state_of(q, 5, z) == BLKIO_ZONE_STATE_EXP_OPEN &&
+          state_of(q, 6, z) == BLKIO_ZONE_STATE_EXP_OPEN);
+    CHECK("report all after open-all", report(q, "after-open-all", 0, z, NZ) == NZ);
+    CHECK("finish-all", zop(q, "finish-all", 0).ret == 0);
+    CHECK("report all after finish-all", report(q, "after-finish-all", 0, z, NZ) == NZ);
+    CHECK("zones 5 and 6 FULL", z[5].zone_state == BLKIO_ZONE_STATE_FULL && z[6].zone_state == BLKIO_ZONE_STATE_FULL);
+    CHECK("the empty zones stay EMPTY", z[7].zone_state == BLKIO_ZONE_STATE_EMPTY && z[0].zone_state == BLKIO_ZONE_STATE_EMPTY);
+    CHECK("reset-all", zop(q, "reset-all", 0).ret == 0);
+    CHECK("report all after reset-all", report(q, "after-reset-all-2", 0, z, NZ) == NZ);
+    ok = filled(z, NZ + 2) == NZ;
+    for (int i = 0; i < NZ; i++) ok = ok && zone_is(&z[i], i, BLKIO_ZONE_STATE_EMPTY, 0);
+    CHECK("reset-all: every zone EMPTY again", ok);
+
+    /* max-open-zones and max-active-zones (8): a ninth explicit open fails; reset-all frees them. */
+    ok = 1;
+    for (int i = 7; i < 15; i++) ok = ok && zop(q, "open", (uint64_t)i * ZSZ).ret == 0;
+    CHECK("open 8 zones explicitly", ok);
+    c = zop(q, "open", 15 * ZSZ);
+    printf("  (a ninth open: %d %s)\n", c.ret, cmsg(c));
+    CHECK("a ninth open fails with EIO (8 open, 8 active zones at most)", c.ret == -EIO);
+    CHECK("report after 8 opens", report(q, "eight-open", 0, z, NZ) == NZ &&
+          z[14].zone_state == BLKIO_ZONE_STATE_EXP_OPEN && z[15].zone_state == BLKIO_ZONE_STATE_EMPTY);
+    CHECK("reset-all closes them", zop(q, "reset-all", 0).ret == 0 && state_of(q, 14, z) == BLKIO_ZONE_STATE_EMPTY);
+
+    /* Partial reports. */
+    CHECK("report 3 zones from zone 2", report(q, "from2", 2 * ZSZ, z, 3) == 3 && filled(z, 5) == 3 &&
+          zone_is(&z[0], 2, BLKIO_ZONE_STATE_EMPTY, 0) && zone_is(&z[2], 4, BLKIO_ZONE_STATE_EMPTY, 0));
+    CHECK("report 4 zones from zone 14 fills 2: ret 2", report(q, "from14", 14 * ZSZ, z, 4) == 2 &&
+          filled(z, 6) == 2 && zone_is(&z[1], 15, BLKIO_ZONE_STATE_EMPTY, 0));
+    CHECK("report 1 zone from the last block", report(q, "last", NZ * ZSZ - 512, z, 1) == 1 &&
+          zone_is(&z[0], 15, BLKIO_ZONE_STATE_EMPTY, 0));
+
+    /* Errors. */
+    c = zop(q, "open", 2 * ZSZ + 4096);
+    printf("  (open at zone start + 4 KiB: %d %s)\n", c.ret, cmsg(c));
+    CHECK("open at an offset that is no zone start fails with EOPNOTSUPP", c.ret == -EOPNOTSUPP);
+    c = zop(q, "reset", 2 * ZSZ + 512);
+    printf("  (reset at zone start + 512: %d %s)\n", c.ret, cmsg(c));
+    CHECK("reset at an offset that is no zone start fails with EOPNOTSUPP", c.ret == -EOPNOTSUPP);
+    c = zop(q, "finish", NZ * ZSZ);
+    printf("  (finish at the capacity: %d %s)\n", c.ret, cmsg(c));
+    CHECK("finish at the capacity fails with EINVAL", c.ret == -EINVAL);
+    blkioq_report_zones(q, NZ * ZSZ, z, 1, NULL, 0);
+    c = wait1(q);
+    printf("  (report at the capacity: %d %s)\n", c.ret, cmsg(c));
+    CHECK("report at the capacity fails with EINVAL", c.ret == -EINVAL);
+    CHECK("report at byte offset 100 reports zone 0", report(q, "at100", 100, z, 1) == 1 &&
+          zone_is(z, 0, BLKIO_ZONE_STATE_EMPTY, 0));
+    blkioq_report_zones(q, 0, z, 0, NULL, 0);
+    c = wait1(q);
+    printf("  (report of 0 zones: %d %s)\n", c.ret, cmsg(c));
+    CHECK("report of 0 zones succeeds with ret 0", c.ret == 0);
+    blkioq_open_zone(q, 0, NULL, BLKIO_REQ_FUA);
+    CHECK("open with FUA fails with EINVAL", wait1(q).ret == -EINVAL);
+    CHECK("final state: zone 2 EMPTY", report(q, "end", 0, z, NZ) == NZ && z[2].zone_state == BLKIO_ZONE_STATE_EMPTY);
+    free(z);
+}
+
+/* The zone requests on a conventional namespace: EOPNOTSUPP each. */
+static void conv_zone_checks(struct blkioq *q)
+{
+    static const char *ops[] = {"open", "close", "finish", "reset", "open-all", "close-all",
+                                "finish-all", "reset-all"};
+    struct blkio_zone z[2];
+    blkioq_report_zones(q, 0, z, 2, NULL, 0);
+    struct blkio_completion c = wait1(q);
+    CHECK("report_zones on a conventional namespace fails with EOPNOTSUPP",
+          c.ret == -EOPNOTSUPP && strcmp(cmsg(c), "Operation not supported") == 0);
+    for (size_t i = 0; i < sizeof(ops) / sizeof(ops[0]); i++) {
+        char label[160];
+        c = zop(q, ops[i], 0);
+        printf("  (%s on a conventional namespace: %d %s)\n", ops[i], c.ret, cmsg(c));
+        snprintf(label, sizeof(label), "%s on a conventional namespace fails with EOPNOTSUPP", ops[i]);
+        CHECK(label, c.ret == -EOPNOTSUPP && strcmp(cmsg(c), "Operation not supported") == 0);
+    }
+}
+
+/* struct blkio_zone and the zone enums as the header compiled in lays them out. */
+static int layout(void)
+{
+    printf("sizeof %zu start %zu len %zu capacity %zu write_pointer %zu zone_type %zu "
+           "zone_state %zu reset %zu reserved_ %zu+%zu\n",
+           sizeof(struct blkio_zone), offsetof(struct blkio_zone, start),
+           offsetof(struct blkio_zone, len), offsetof(struct blkio_zone, capacity),
+           offsetof(struct blkio_zone, write_pointer), offsetof(struct blkio_zone, zone_type),
+           offsetof(struct blkio_zone, zone_state), offsetof(struct blkio_zone, reset),
+           offsetof(struct blkio_zone, reserved_), sizeof(((struct blkio_zone *)0)->reserved_));
+    printf("types %d %d %d states %d %d %d %d %d %d %d\n", BLKIO_ZONE_TYPE_CONVENTIONAL,
+           BLKIO_ZONE_TYPE_SEQWRITE_REQ, BLKIO_ZONE_TYPE_SEQWRITE_PREF, BLKIO_ZONE_STATE_EMPTY,
+           BLKIO_ZONE_STATE_IMP_OPEN, BLKIO_ZONE_STATE_EXP_OPEN, BLKIO_ZONE_STATE_CLOSED,
+           BLKIO_ZONE_STATE_READONLY, BLKIO_ZONE_STATE_FULL, BLKIO_ZONE_STATE_OFFLINE);
+    return 0;
+}
+
 static int conv(const char *ng, const char *blk, const char *ctrl, int tag)
 {
     struct blkio *b = NULL;
@@ -304,8 +519,7 @@ static int conv(const char *ng, const char *blk, const char *ctrl, int tag)
     printf("  (write across the end: %d %s)\n", c.ret, cmsg(c));
     blkioq_read(q, 0, rd, 4096, NULL, BLKIO_REQ_FUA);
     CHECK("read with FUA fails with EINVAL", wait1(q).ret == -EINVAL);
-    blkioq_report_zones(q, 0, NULL, 0, NULL, 0);
-    CHECK("report_zones on a conventional namespace fails with EOPNOTSUPP", wait1(q).ret == -EOPNOTSUPP);
+    conv_zone_checks(q);
 
     /* The poll queue (QEMU NVMe with nvme.poll_queues=1): data, every request type, and no
      * interrupt on the controller's I/O queues while it runs. */
@@ -400,6 +614,7 @@ static int zns(const char *ng, int zone)
     if (!q) return 1;
     unsigned char *m = aligned_alloc(4096, 1 << 20);
     unsigned char *rd = m + (512 << 10);
+    zone_checks(q, m);
     uint64_t z = (uint64_t)zone * (4u << 20);
     struct blkio_completion c;
     pattern(m, 131072, zone);
@@ -420,6 +635,22 @@ static int zns(const char *ng, int zone)
     blkioq_flush(q, NULL, 0);
     CHECK("flush", wait1(q).ret == 0);
     blkio_destroy(&b);
+
+    /* A read-only instance: reports work, management requests fail. */
+    b = open_ns(ng, 1, 1);
+    CHECK("read-only open of the zoned namespace", b != NULL);
+    if (b) {
+        q = blkio_get_queue(b, 0);
+        struct blkio_zone rz[3];
+        CHECK("report on a read-only instance", report(q, "ro", (uint64_t)zone * ZSZ, rz, 1) == 1 &&
+              zone_is(rz, zone, BLKIO_ZONE_STATE_IMP_OPEN, 131072));
+        c = zop(q, "reset", (uint64_t)zone * ZSZ);
+        printf("  (reset on a read-only instance: %d %s)\n", c.ret, cmsg(c));
+        FIX("reset on a read-only instance fails with EBADF", c.ret == -EBADF);
+        c = zop(q, "finish-all", 0);
+        FIX("finish-all on a read-only instance fails with EBADF", c.ret == -EBADF);
+        blkio_destroy(&b);
+    }
     free(m);
     printf("%d passed, %d failed\n", passes, fails);
     return fails ? 1 : 0;
@@ -525,6 +756,7 @@ int main(int argc, char **argv)
     alarm(120);
     if (argc == 6 && strcmp(argv[1], "conv") == 0) return conv(argv[2], argv[3], argv[4], atoi(argv[5]));
     if (argc == 4 && strcmp(argv[1], "zns") == 0) return zns(argv[2], atoi(argv[3]));
+    if (argc == 2 && strcmp(argv[1], "layout") == 0) return layout();
     if (argc == 3 && strcmp(argv[1], "meta") == 0) return meta(argv[2]);
     if (argc == 5 && strcmp(argv[1], "gone") == 0) return gone(argv[2], argv[3], atoi(argv[4]));
     if (argc == 4 && strcmp(argv[1], "lba4k") == 0) return lba4k(argv[2], atoi(argv[3]));

@@ -5,7 +5,8 @@
 use libc::{c_char, c_int, iovec, sigset_t, size_t, timespec};
 use snapblk_core::sync::lock as lock_mutex;
 use snapblk_core::{
-    Blkio, Completion, Error, MemRegion, Op, PropValue, Queue, ReqFlags, Request, State,
+    Blkio, Completion, Error, MemRegion, Op, PropValue, Queue, ReqFlags, Request, State, Zone,
+    ZoneAction, ZoneOp,
 };
 use std::cell::UnsafeCell;
 use std::ffi::CStr;
@@ -670,6 +671,11 @@ unsafe fn enqueue(q: *mut blkioq, op: Op, user_data: *mut libc::c_void, flags: u
     })
 }
 
+/// A zone management request on the zone at `offset` (`None`: every zone).
+fn zone(action: ZoneAction, offset: Option<u64>) -> Op {
+    Op::Zone(ZoneOp::Manage { action, offset })
+}
+
 /// The request entry points: `NAME(q, ARGS…, user_data, flags)` enqueues the `Op` built from
 /// ARGS. Only the C signature and the `Op` differ between them.
 macro_rules! request_fns {
@@ -699,16 +705,17 @@ request_fns! {
     blkioq_write_zeroes(start: u64, len: u64) => Op::WriteZeroes { offset: start, len };
     blkioq_discard(start: u64, len: u64) => Op::Discard { offset: start, len };
     blkioq_flush() => Op::Flush;
-    // Zoned storage: no snapblk driver supports zoned devices; the driver fails `Op::Zone`.
-    blkioq_report_zones(_offset: u64, _zones: *mut libc::c_void, _nr_zones: u32) => Op::Zone;
-    blkioq_close_zone(_offset: u64) => Op::Zone;
-    blkioq_finish_zone(_offset: u64) => Op::Zone;
-    blkioq_open_zone(_offset: u64) => Op::Zone;
-    blkioq_reset_zone(_offset: u64) => Op::Zone;
-    blkioq_close_all_zones() => Op::Zone;
-    blkioq_finish_all_zones() => Op::Zone;
-    blkioq_open_all_zones() => Op::Zone;
-    blkioq_reset_all_zones() => Op::Zone;
+    // Zoned storage: carried out by nvme-io_uring on a zoned namespace, failed by the others.
+    blkioq_report_zones(offset: u64, zones: *mut Zone, nr_zones: u32) =>
+        Op::Zone(ZoneOp::Report { offset, zones, nr_zones });
+    blkioq_close_zone(offset: u64) => zone(ZoneAction::Close, Some(offset));
+    blkioq_finish_zone(offset: u64) => zone(ZoneAction::Finish, Some(offset));
+    blkioq_open_zone(offset: u64) => zone(ZoneAction::Open, Some(offset));
+    blkioq_reset_zone(offset: u64) => zone(ZoneAction::Reset, Some(offset));
+    blkioq_close_all_zones() => zone(ZoneAction::Close, None);
+    blkioq_finish_all_zones() => zone(ZoneAction::Finish, None);
+    blkioq_open_all_zones() => zone(ZoneAction::Open, None);
+    blkioq_reset_all_zones() => zone(ZoneAction::Reset, None);
 }
 
 // ---------------------------------------------------------------------------------------------

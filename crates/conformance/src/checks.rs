@@ -568,7 +568,15 @@ fn request_errors(s: &mut Suite) -> Res {
         msg.as_deref() == Some("BLKIO_REQ_FUA is invalid for this request type"),
         "read with FUA: message {msg:?}"
     );
-    let c = s.io(Op::Zone, ReqFlags::NONE, 2)?;
+    let c = s.io(
+        Op::Zone(snapblk_core::ZoneOp::Report {
+            offset: 0,
+            zones: std::ptr::null_mut(),
+            nr_zones: 0,
+        }),
+        ReqFlags::NONE,
+        2,
+    )?;
     s.want_err(c, libc::ENOTSUP, "zone request", &[])?;
     let c = s.rw(false, u64::MAX - s.u as u64 + 1, Mem::Mapped, 0, s.u)?;
     s.want_err(c, libc::EINVAL, "read at an offset past 2^63", &[])?;

@@ -233,7 +233,7 @@ impl ToyQueue {
                 (offset, len, Vec::new())
             }
             Op::Flush => return Ok(()),
-            Op::Zone => {
+            Op::Zone(_) => {
                 return Err((libc::ENOTSUP, c"request not supported for this driver"));
             }
         };

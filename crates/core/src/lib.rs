@@ -68,6 +68,7 @@ pub mod rng;
 mod size;
 pub mod sync;
 pub mod sys;
+mod zone;
 
 pub use at::{MemFile, ReadAt, WriteAt, read_error};
 pub use device::{Blkio, DeviceInfo, Driver, State};
@@ -77,3 +78,4 @@ pub use props::{Access, PropSpec, PropType, PropValue};
 pub use queue::{Engine, Queue, QueueCore, QueueExt, check_do_io_args};
 pub use request::{Completion, Op, ReqFlags, Request};
 pub use size::{SizeError, parse_size};
+pub use zone::{Zone, ZoneAction, ZoneOp};

@@ -99,8 +99,10 @@ pub enum Op {
         /// Length of the range in bytes.
         len: u64,
     },
-    /// Any zoned-storage request; no snapblk driver supports zoned devices.
-    Zone,
+    /// A zoned-storage request: report zones or a zone management action. Only the
+    /// `nvme-io_uring` driver on a zoned namespace carries these out; every other driver fails
+    /// them.
+    Zone(crate::ZoneOp),
 }
 
 /// One request, as handed to [`crate::Queue::enqueue`]: an operation, the caller's tag and flags.
@@ -159,6 +161,11 @@ impl Request {
         {
             // The kernel's offsets are signed: io_uring takes -1 (2^64 - 1) as "the file
             // position", which would read or write wherever that is (usually offset 0).
+            return Err(c"offset must fit in a signed 64-bit integer");
+        }
+        if let Op::Zone(z) = self.op
+            && z.offset().is_some_and(|o| o > i64::MAX as u64)
+        {
             return Err(c"offset must fit in a signed 64-bit integer");
         }
         if let Op::Readv { iovcnt, .. } | Op::Writev { iovcnt, .. } = self.op
@@ -221,6 +228,13 @@ impl Completion {
             error_msg: std::ptr::null(),
             ret: 0,
             reserved: [0; 12],
+        }
+    }
+    /// A success carrying a count in `ret` (a zone report's number of zones filled).
+    pub fn count(user_data: usize, n: i32) -> Self {
+        Completion {
+            ret: n.max(0),
+            ..Completion::ok(user_data)
         }
     }
     /// A failure with the kernel's errno (`errno` positive) and no message.
@@ -311,5 +325,42 @@ mod tests {
             ReqFlags::FUA,
         );
         assert!(wv.validate().is_err());
+    }
+
+    #[test]
+    fn zone_requests_take_no_flags_and_signed_offsets() {
+        use crate::{ZoneAction, ZoneOp};
+        let z = |offset, f| {
+            Request::new(
+                Op::Zone(ZoneOp::Manage {
+                    action: ZoneAction::Reset,
+                    offset,
+                }),
+                0,
+                ReqFlags(f),
+            )
+        };
+        assert!(z(Some(0), 0).validate().is_ok());
+        assert!(z(None, 0).validate().is_ok());
+        assert_eq!(
+            z(Some(0), 1).validate().unwrap_err(),
+            c"BLKIO_REQ_FUA is invalid for this request type"
+        );
+        assert_eq!(
+            z(Some(1 << 63), 0).validate().unwrap_err(),
+            c"offset must fit in a signed 64-bit integer"
+        );
+        let r = Request::new(
+            Op::Zone(ZoneOp::Report {
+                offset: u64::MAX,
+                zones: std::ptr::null_mut(),
+                nr_zones: 1,
+            }),
+            0,
+            ReqFlags::NONE,
+        );
+        assert!(r.validate().is_err());
+        assert_eq!(Completion::count(3, 16).ret, 16);
+        assert!(Completion::count(3, 16).result().is_ok());
     }
 }

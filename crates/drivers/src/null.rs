@@ -136,7 +136,7 @@ impl Queue for NullQueue {
             }
             Op::Discard { offset, len } | Op::WriteZeroes { offset, len } => (offset, len),
             Op::Flush => (0, 0),
-            Op::Zone => return self.core.complete(unsupported_request(ud)),
+            Op::Zone(_) => return self.core.complete(unsupported_request(ud)),
         };
         if offset.checked_add(len).is_none_or(|end| end > self.size) {
             return self.core.complete(Completion::os_err(ud, libc::EIO));

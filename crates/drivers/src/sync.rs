@@ -136,7 +136,7 @@ pub(crate) unsafe fn execute(t: &Target, req: &Request) -> Completion {
                 }
             }),
         },
-        Op::Zone => return unsupported_request(ud),
+        Op::Zone(_) => return unsupported_request(ud),
     };
     match r {
         Ok(()) => Completion::ok(ud),

@@ -257,7 +257,15 @@ fn run(d: &mut Dev, s: &Step, ud: usize, timed: bool) -> (Vec<Seen>, Vec<u8>) {
             ud,
             ReqFlags::FUA,
         )),
-        Step::Zone => reqs.push(Request::new(Op::Zone, ud, ReqFlags::NONE)),
+        Step::Zone => reqs.push(Request::new(
+            Op::Zone(snapblk_core::ZoneOp::Report {
+                offset: 0,
+                zones: std::ptr::null_mut(),
+                nr_zones: 0,
+            }),
+            ud,
+            ReqFlags::NONE,
+        )),
         Step::Batch { offs } => {
             read_len = offs.len() * 4096;
             for (i, off) in offs.iter().enumerate() {

@@ -331,7 +331,18 @@ fn data_reaches_the_file_through_every_request_type() {
         );
         let c = run_one(&mut **q, rw(false, SIZE as u64, p3, 512, ReqFlags::NONE));
         assert_eq!(c.ret, -libc::EIO);
-        let c = run_one(&mut **q, Request::new(Op::Zone, 5, ReqFlags::NONE));
+        let c = run_one(
+            &mut **q,
+            Request::new(
+                Op::Zone(snapblk_core::ZoneOp::Report {
+                    offset: 0,
+                    zones: std::ptr::null_mut(),
+                    nr_zones: 0,
+                }),
+                5,
+                ReqFlags::NONE,
+            ),
+        );
         assert_eq!(c.ret, -libc::ENOTSUP);
     }
     {

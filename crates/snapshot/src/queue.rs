@@ -179,7 +179,7 @@ impl<B: Backend> SyncQueue<B> {
             Op::Flush => self.backend.flush(),
             Op::Discard { offset, len } => self.backend.discard(offset, len),
             Op::WriteZeroes { offset, len } => self.backend.write_zeroes(offset, len, fua),
-            Op::Zone => Err(Error::new(
+            Op::Zone(_) => Err(Error::new(
                 libc::ENOTSUP,
                 "zoned requests are not supported",
             )),

@@ -10,6 +10,8 @@
 //! * I/O (`queue`): read, write (FUA native), flush, write-zeroes (deallocating unless
 //!   `NO_UNMAP`) and discard (Dataset Management, deallocate) as NVM commands, on regular
 //!   queues or on poll queues (`IORING_SETUP_IOPOLL` rings: every command is polled);
+//! * `zns`: zone management of a zoned namespace (report zones, open, close, finish, reset,
+//!   one zone or all of them);
 //! * `sys`: the ioctls and the command layout (`struct nvme_uring_cmd`); `id`: parsing the
 //!   Identify data and the errors of probing.
 //!
@@ -25,6 +27,7 @@
 mod id;
 mod queue;
 mod sys;
+mod zns;
 
 use crate::uring::bufs::Buffers;
 use id::{CSI_NVM, CSI_ZNS, NvmeError};
@@ -82,6 +85,8 @@ pub(crate) struct Ns {
     flush_needed: bool,
     write_zeroes: bool,
     dsm: bool,
+    /// The zone layout of a zoned namespace, `None` for a conventional one.
+    zones: Option<id::Zones>,
 }
 
 /// What connect learned beyond [`Ns`].
@@ -256,6 +261,7 @@ fn probe(fd: OwnedFd, read_only: bool) -> std::result::Result<(Ns, Facts), NvmeE
         flush_needed,
         write_zeroes: ctrl.write_zeroes,
         dsm: ctrl.dsm,
+        zones,
     };
     let capacity = n.blocks.saturating_mul(lba);
     Ok((ns, Facts { capacity, zones }))

@@ -4,10 +4,11 @@
 
 use super::Ns;
 use super::sys::{Cmd, NVME_URING_CMD_IO, NVME_URING_CMD_IO_VEC};
+use super::zns;
 use crate::uring::bufs::{BUF_SLOTS, Buffers, FixedBufCache};
 use io_uring::{IoUring, cqueue, opcode, squeue, types};
 use snapblk_core::{
-    Completion, Engine, Error, MemRegion, Op, Queue, QueueCore, ReqFlags, Request, Result,
+    Completion, Engine, Error, MemRegion, Op, Queue, QueueCore, ReqFlags, Request, Result, ZoneOp,
 };
 use std::collections::VecDeque;
 use std::ffi::CStr;
@@ -43,11 +44,12 @@ struct GeteventsArg {
 
 type Ring = IoUring<squeue::Entry128, cqueue::Entry32>;
 
-/// A request between enqueue and completion; `range` is the DSM range a discard points the
-/// device at, boxed so its address is stable while the command is in flight.
+/// A request between enqueue and completion; `buf` is the library's own data buffer of the
+/// command (the DSM range of a discard, the Report Zones data of a zone report), boxed so its
+/// address is stable while the command is in flight.
 struct Pending {
     req: Request,
-    range: Option<Box<[u8; 16]>>,
+    buf: Option<Box<[u8]>>,
 }
 
 pub(super) struct NvmeEngine {
@@ -112,7 +114,7 @@ impl NvmeEngine {
         let mut fixed = None;
         // A no-op for a slot without a request: its completion is then dropped by `reap`.
         let nop = || squeue::Entry128::from(opcode::Nop::new().build()).user_data(u64::from(i));
-        let Some(p) = self.slots.get(i as usize).and_then(Option::as_ref) else {
+        let Some(p) = self.slots.get_mut(i as usize).and_then(Option::as_mut) else {
             return nop();
         };
         let fua = if p.req.flags.contains(ReqFlags::FUA) {
@@ -178,13 +180,20 @@ impl NvmeEngine {
             }
             Op::Discard { .. } => {
                 c.opcode = OP_DSM;
-                c.addr = p.range.as_ref().map_or(0, |r| r.as_ptr() as u64);
+                c.addr = p.buf.as_ref().map_or(0, |r| r.as_ptr() as u64);
                 c.data_len = 16;
                 c.cdw10 = 0; // one range (0-based)
                 c.cdw11 = DSM_AD;
             }
-            // Refused at enqueue (`check`): never in a slot.
-            Op::Zone => return nop(),
+            Op::Zone(ZoneOp::Report { offset, .. }) => {
+                let Some(b) = p.buf.as_mut() else {
+                    return nop();
+                };
+                zns::report(&mut c, offset >> ns.lba_shift, b);
+            }
+            Op::Zone(ZoneOp::Manage { action, offset }) => {
+                zns::send(&mut c, action, offset.map(|o| o >> ns.lba_shift));
+            }
         }
         // A fixed buffer: the kernel takes `addr` inside the registered buffer, with no page
         // pinning per command.
@@ -259,6 +268,28 @@ impl NvmeEngine {
     }
 }
 
+impl NvmeEngine {
+    /// For a successful zone report: its descriptors turned into the caller's array, and the
+    /// number filled.
+    fn report_done(&self, p: &Pending) -> Option<i32> {
+        let Op::Zone(ZoneOp::Report {
+            zones, nr_zones, ..
+        }) = p.req.op
+        else {
+            return None;
+        };
+        let (b, z) = (p.buf.as_deref()?, self.ns.zones?);
+        if zones.is_null() {
+            return None;
+        }
+        // SAFETY: the enqueue caller keeps `zones` writable for `nr_zones` entries until this
+        // completion (libblkio API); checked non-null.
+        let out = unsafe { std::slice::from_raw_parts_mut(zones, nr_zones as usize) };
+        let k = zns::translate(b, self.ns.lba_shift, z.zone_size, out);
+        Some(i32::try_from(k).unwrap_or(i32::MAX))
+    }
+}
+
 impl Engine for NvmeEngine {
     fn in_flight(&self) -> usize {
         self.slots.len() - self.free.len()
@@ -294,7 +325,11 @@ impl Engine for NvmeEngine {
             let ud = p.req.user_data;
             let res = cqe.result();
             out[n] = match res {
-                0 => Completion::ok(ud),
+                0 => match self.report_done(&p) {
+                    // As libblkio: a report's `ret` is the number of zones it filled.
+                    Some(k) => Completion::count(ud, k),
+                    None => Completion::ok(ud),
+                },
                 r if r < 0 => Completion::os_err(ud, -r),
                 s => Completion::err(ud, libc::EIO, status_msg(s)),
             };
@@ -412,7 +447,7 @@ impl NvmeQueue {
 
     /// The library-side checks of a request (libblkio's messages where it has them); `Err`
     /// is the completion to return at once, `Ok(None)` a request completed without the device.
-    fn check(&self, req: &Request) -> std::result::Result<Option<Box<[u8; 16]>>, Completion> {
+    fn check(&self, req: &Request) -> std::result::Result<Option<Box<[u8]>>, Completion> {
         let ud = req.user_data;
         let inval = |m: &'static CStr| Err(Completion::err(ud, libc::EINVAL, m));
         if let Err(m) = req.validate() {
@@ -421,7 +456,11 @@ impl NvmeQueue {
         let ns = &self.eng.ns;
         let writes = matches!(
             req.op,
-            Op::Write { .. } | Op::Writev { .. } | Op::WriteZeroes { .. } | Op::Discard { .. }
+            Op::Write { .. }
+                | Op::Writev { .. }
+                | Op::WriteZeroes { .. }
+                | Op::Discard { .. }
+                | Op::Zone(ZoneOp::Manage { .. })
         );
         if writes && ns.read_only {
             return Err(Completion::err(
@@ -431,13 +470,7 @@ impl NvmeQueue {
             ));
         }
         let (offset, len, max) = match req.op {
-            Op::Zone => {
-                return Err(Completion::err(
-                    ud,
-                    libc::ENOTSUP,
-                    c"zone management requests are not supported by this driver",
-                ));
-            }
+            Op::Zone(z) => return self.check_zone(ud, z),
             Op::Flush => return Ok(None),
             Op::Read { offset, len, .. } | Op::Write { offset, len, .. } => {
                 (offset, len as u64, ns.max_transfer)
@@ -486,12 +519,69 @@ impl NvmeQueue {
         }
         if let Op::Discard { offset, len } = req.op {
             // struct nvme_dsm_range: context attributes, length in blocks, starting LBA.
-            let mut r = Box::new([0u8; 16]);
+            let mut r: Box<[u8]> = Box::new([0u8; 16]);
             r[4..8].copy_from_slice(&((len >> ns.lba_shift) as u32).to_le_bytes());
             r[8..16].copy_from_slice(&(offset >> ns.lba_shift).to_le_bytes());
             return Ok(Some(r));
         }
         Ok(None)
+    }
+}
+
+impl NvmeQueue {
+    /// The checks of a zone request; `Ok` holds the report's data buffer.
+    fn check_zone(
+        &self,
+        ud: usize,
+        z: ZoneOp,
+    ) -> std::result::Result<Option<Box<[u8]>>, Completion> {
+        let ns = &self.eng.ns;
+        let Some(zones) = ns.zones else {
+            // libblkio: EOPNOTSUPP on a conventional namespace.
+            return Err(Completion::err(
+                ud,
+                libc::EOPNOTSUPP,
+                c"Operation not supported",
+            ));
+        };
+        let inval = |m: &'static CStr| Err(Completion::err(ud, libc::EINVAL, m));
+        let end = zones.nr_zones.saturating_mul(zones.zone_size);
+        match z {
+            ZoneOp::Report {
+                offset,
+                zones: arr,
+                nr_zones,
+            } => {
+                if offset >= end {
+                    return inval(c"offset must be less than the device capacity");
+                }
+                if nr_zones == 0 {
+                    return Err(Completion::ok(ud));
+                }
+                if arr.is_null() {
+                    return inval(c"zones must be non-NULL");
+                }
+                let len = zns::report_len(nr_zones, ns.max_transfer);
+                Ok(Some(vec![0u8; len].into_boxed_slice()))
+            }
+            ZoneOp::Manage { offset: None, .. } => Ok(None),
+            ZoneOp::Manage {
+                offset: Some(o), ..
+            } => {
+                if o % zones.zone_size != 0 {
+                    // libblkio's errno (from the device's Invalid Field status).
+                    return Err(Completion::err(
+                        ud,
+                        libc::EOPNOTSUPP,
+                        c"offset must be the start of a zone",
+                    ));
+                }
+                if o >= end {
+                    return inval(c"offset must be less than the device capacity");
+                }
+                Ok(None)
+            }
+        }
     }
 }
 
@@ -516,7 +606,7 @@ impl Drop for NvmeQueue {
 
 impl Queue for NvmeQueue {
     unsafe fn enqueue(&mut self, req: Request) {
-        let range = match self.check(&req) {
+        let buf = match self.check(&req) {
             Ok(r) => r,
             Err(c) => return self.core.complete(c),
         };
@@ -524,7 +614,7 @@ impl Queue for NvmeQueue {
             // No volatile write cache: every completed write is durable already.
             return self.core.complete(Completion::ok(req.user_data));
         }
-        let i = self.eng.alloc(Pending { req, range });
+        let i = self.eng.alloc(Pending { req, buf });
         self.eng.waiting.push_back(i);
         if self.eng.waiting.len() == 1 {
             self.eng.fill_sq();

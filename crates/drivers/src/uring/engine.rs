@@ -159,7 +159,7 @@ impl UringEngine {
                 .mode(libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE)
                 .build(),
             // Rejected at enqueue time; never reaches the ring.
-            (Op::Zone, _) => opcode::Nop::new().build(),
+            (Op::Zone(_), _) => opcode::Nop::new().build(),
         };
         e.user_data(i as u64)
     }
@@ -239,7 +239,7 @@ impl UringEngine {
                     offset as i64,
                     len as i64,
                 ) as isize,
-                (Op::Zone, _) => 0,
+                (Op::Zone(_), _) => 0,
             }
         };
         if r < 0 {

@@ -118,7 +118,7 @@ impl Queue for UringQueue {
             return self.core.complete(Completion::err(ud, libc::EINVAL, m));
         }
         match req.op {
-            Op::Zone => {
+            Op::Zone(_) => {
                 return self.core.complete(Completion::err(
                     ud,
                     libc::ENOTSUP,

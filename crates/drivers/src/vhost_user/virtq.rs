@@ -757,7 +757,7 @@ impl VuQueue {
                 }
                 (T_WRITE_ZEROES, offset, Vec::new(), Some(len))
             }
-            Op::Zone => return Err((libc::ENOTSUP, c"request not supported for this driver")),
+            Op::Zone(_) => return Err((libc::ENOTSUP, c"request not supported for this driver")),
         };
         if !offset.is_multiple_of(512) {
             return Err((libc::EINVAL, c"invalid start offset"));

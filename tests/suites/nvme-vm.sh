@@ -40,6 +40,8 @@ cp -L "$real/libblkio.so.1" "$P/real/libblkio.so.1" || die "copy of the real lib
 strip -o "$P/bin/snapblk-conformance" "$tgt/release/snapblk-conformance" || die "strip conformance"
 gcc -std=gnu11 -Wall -Wextra -Werror -O2 -I include tests/c/nvme_test.c -L "$P/lib" -lblkio \
     -o "$P/bin/nvme_test" || die "gcc tests/c/nvme_test.c"
+gcc -std=gnu11 -Wall -Wextra -Werror -O2 -I include tests/c/nvme_unpriv.c -L "$P/lib" -lblkio \
+    -o "$P/bin/nvme_unpriv" || die "gcc tests/c/nvme_unpriv.c"
 cp tests/vm/guest/nvme-tests.sh "$P/run.sh"
 cp tests/vm/guest/kernel-reports.sh "$P/"
 chmod +x "$P/run.sh"

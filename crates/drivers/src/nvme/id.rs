@@ -106,6 +106,12 @@ fn byte(b: &[u8], o: usize) -> u8 {
     b.get(o).copied().unwrap_or(0)
 }
 
+/// ZSZE of the LBA format `format` in the ZNS namespace structure (Identify CNS 5, CSI 2):
+/// the zone size in blocks, 0 if the structure has none.
+pub(crate) fn zone_size_blocks(ns: &[u8], format: usize) -> u64 {
+    u64_at(ns, 2816usize.saturating_add(format.saturating_mul(16)))
+}
+
 /// What Identify Namespace (CNS 0) says.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Namespace {
@@ -233,7 +239,7 @@ pub(crate) fn zones(
     let mar = u32_at(ns, 4);
     let mor = u32_at(ns, 8);
     // The LBA format extension of the formatted format: ZSZE (zone size in blocks).
-    let zsze = u64_at(ns, 2816 + 16 * n.format);
+    let zsze = zone_size_blocks(ns, n.format);
     if zsze == 0 {
         return Err(NvmeError::Inconsistent {
             what: "a zone size of 0 blocks",

@@ -144,6 +144,33 @@ fn identify(fd: RawFd, cns: u8, nsid: u32, csi: u8) -> std::result::Result<Vec<u
     }
 }
 
+/// The namespace's command set from the answer to Identify CNS 3 (`cns3`). Controllers
+/// before NVMe 1.3 have no descriptor list and answer with an NVMe status: their namespaces
+/// are NVM. Since Linux 6.2 a caller without CAP_SYS_ADMIN may send Identify CNS 0, 1, 5, 6
+/// and 8 only, and CNS 3 fails with EACCES (EPERM before): then the namespace is zoned if the
+/// ZNS namespace structure (CNS 5, CSI 2, allowed unprivileged: `zns`) has a zone size for its
+/// LBA format `format`, NVM otherwise. Any other failure is an error.
+fn command_set(
+    cns3: std::result::Result<Vec<u8>, NvmeError>,
+    format: usize,
+    zns: impl FnOnce() -> std::result::Result<Vec<u8>, NvmeError>,
+) -> std::result::Result<u8, NvmeError> {
+    match cns3 {
+        Ok(p) => Ok(id::csi(&p)),
+        Err(NvmeError::IdentifyStatus { .. }) => Ok(CSI_NVM),
+        Err(NvmeError::Identify { source, .. })
+            if matches!(source.raw_os_error(), Some(libc::EACCES | libc::EPERM)) =>
+        {
+            match zns() {
+                Ok(p) if id::zone_size_blocks(&p, format) != 0 => Ok(CSI_ZNS),
+                Ok(_) | Err(NvmeError::IdentifyStatus { .. }) => Ok(CSI_NVM),
+                Err(e) => Err(e),
+            }
+        }
+        Err(e) => Err(e),
+    }
+}
+
 /// Whether the volatile write cache is enabled (Get Features); `None` if the controller does
 /// not say.
 fn write_cache_enabled(fd: RawFd) -> Option<bool> {
@@ -202,8 +229,9 @@ fn probe(fd: OwnedFd, read_only: bool) -> std::result::Result<(Ns, Facts), NvmeE
     let nsid = sys::ns_id(raw).map_err(NvmeError::NotNamespace)?;
     let n = id::namespace(&identify(raw, 0, nsid, 0)?)?;
     let ctrl = id::controller(&identify(raw, 1, 0, 0)?);
-    // Controllers before NVMe 1.3 have no descriptor list: their namespaces are NVM.
-    let csi = identify(raw, 3, nsid, 0).map_or(CSI_NVM, |p| id::csi(&p));
+    let csi = command_set(identify(raw, 3, nsid, 0), n.format, || {
+        identify(raw, 5, nsid, CSI_ZNS)
+    })?;
     if csi != CSI_NVM && csi != CSI_ZNS {
         return Err(NvmeError::CommandSet { csi });
     }

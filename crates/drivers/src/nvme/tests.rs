@@ -107,3 +107,44 @@ fn connect_through_fd_checks_the_same() {
     // The failed connects leave the instance in the created state.
     assert_eq!(b.state(), snapblk_core::State::Created);
 }
+
+#[test]
+fn command_set_without_cap_sys_admin_asks_the_zns_structure() {
+    use super::command_set;
+    use super::id::{CSI_NVM, CSI_ZNS, NvmeError};
+    let denied = |e| {
+        Err(NvmeError::Identify {
+            cns: 3,
+            source: std::io::Error::from_raw_os_error(e),
+        })
+    };
+    let status = |cns| Err(NvmeError::IdentifyStatus { cns, status: 2 });
+    // A ZNS namespace structure with a zone size for LBA format 1.
+    let mut zns = vec![0u8; 4096];
+    zns[2832..2840].copy_from_slice(&8192u64.to_le_bytes());
+    for e in [libc::EACCES, libc::EPERM] {
+        let z = zns.clone();
+        assert_eq!(command_set(denied(e), 1, || Ok(z)).unwrap(), CSI_ZNS);
+        // Format 0 has no zone size: not zoned.
+        let z = zns.clone();
+        assert_eq!(command_set(denied(e), 0, || Ok(z)).unwrap(), CSI_NVM);
+        assert_eq!(command_set(denied(e), 1, || status(5)).unwrap(), CSI_NVM);
+    }
+    // An NVMe status for CNS 3 (no descriptor list): NVM, without asking CNS 5.
+    assert_eq!(
+        command_set(status(3), 1, || panic!("CNS 5 asked")).unwrap(),
+        CSI_NVM
+    );
+    // Any other system error is an error, not "NVM".
+    let e = command_set(denied(libc::EIO), 1, || panic!("CNS 5 asked")).unwrap_err();
+    assert_eq!(e.errno(), libc::EIO);
+    let e = command_set(denied(libc::EACCES), 1, || denied(libc::ENODEV)).unwrap_err();
+    assert_eq!(e.errno(), libc::ENODEV);
+    // The descriptor list, when the controller answers.
+    let mut d = vec![0u8; 4096];
+    d[..5].copy_from_slice(&[4, 1, 0, 0, 2]);
+    assert_eq!(
+        command_set(Ok(d), 0, || panic!("CNS 5 asked")).unwrap(),
+        CSI_ZNS
+    );
+}

@@ -185,6 +185,26 @@ fn write_cache_enabled(fd: RawFd) -> Option<bool> {
     }
 }
 
+/// The kernel's limit on one passthrough request for the namespace device `fd`: the
+/// `max_hw_sectors_kb` of its block device. The generic device `ngXnY` and the block device
+/// `nvmeXnY` share their numbering; `None` when there is no block device (then MDTS rules).
+fn kernel_max_transfer(fd: RawFd) -> Option<u64> {
+    use std::os::unix::fs::MetadataExt;
+    let md = std::fs::metadata(format!("/proc/self/fd/{fd}")).ok()?;
+    kernel_max_transfer_of(std::path::Path::new("/sys"), md.rdev())
+}
+
+/// [`kernel_max_transfer`] for the character device number `rdev`, under the sysfs root `sys`.
+fn kernel_max_transfer_of(sys: &std::path::Path, rdev: u64) -> Option<u64> {
+    let (major, minor) = (libc::major(rdev), libc::minor(rdev));
+    let link = std::fs::read_link(sys.join(format!("dev/char/{major}:{minor}"))).ok()?;
+    let name = link.file_name()?.to_str()?;
+    let blk = format!("nvme{}", name.strip_prefix("ng")?);
+    let kb = std::fs::read_to_string(sys.join(format!("block/{blk}/queue/max_hw_sectors_kb")));
+    let kb: u64 = kb.ok()?.trim().parse().ok()?;
+    (kb > 0).then(|| kb.saturating_mul(1024))
+}
+
 /// Open `path`, or duplicate `fd`, refusing anything that is not a character device.
 fn open(path: &str, fd: RawFd, read_only: bool) -> std::result::Result<OwnedFd, NvmeError> {
     let name = if fd >= 0 {
@@ -253,6 +273,12 @@ fn probe(fd: OwnedFd, read_only: bool) -> std::result::Result<(Ns, Facts), NvmeE
     let mut max_transfer = MAX_NLB_16 * lba;
     if let Some(m) = ctrl.mdts_bytes {
         max_transfer = max_transfer.min(m);
+    }
+    // The kernel refuses passthrough requests above the queue's max_hw_sectors (EINVAL), which
+    // an IOMMU can make smaller than MDTS.
+    if let Some(k) = kernel_max_transfer(raw) {
+        // A whole number of blocks, at least one.
+        max_transfer = max_transfer.min(k - k % lba).max(lba);
     }
     // Keep the int property exact: a power-of-two multiple of the block size below 2^31.
     max_transfer = max_transfer.min(1 << 30);

@@ -148,3 +148,24 @@ fn command_set_without_cap_sys_admin_asks_the_zns_structure() {
         CSI_ZNS
     );
 }
+
+#[test]
+fn kernel_max_transfer_reads_the_block_devices_limit() {
+    use super::kernel_max_transfer_of;
+    let d = snapblk_testsupport::TempDir::new("nvme-sysfs");
+    let sys = d.path();
+    std::fs::create_dir_all(sys.join("dev/char")).unwrap();
+    std::fs::create_dir_all(sys.join("block/nvme2n3/queue")).unwrap();
+    std::os::unix::fs::symlink(
+        "../../devices/pci0000:00/0000:00:04.0/nvme/nvme2/ng2n3",
+        sys.join("dev/char/240:5"),
+    )
+    .unwrap();
+    std::fs::write(sys.join("block/nvme2n3/queue/max_hw_sectors_kb"), "128\n").unwrap();
+    let rdev = libc::makedev(240, 5);
+    assert_eq!(kernel_max_transfer_of(sys, rdev), Some(128 * 1024));
+    // No block device, or an unknown device number: no limit from the kernel.
+    assert_eq!(kernel_max_transfer_of(sys, libc::makedev(240, 6)), None);
+    std::fs::remove_file(sys.join("block/nvme2n3/queue/max_hw_sectors_kb")).unwrap();
+    assert_eq!(kernel_max_transfer_of(sys, rdev), None);
+}

@@ -5,6 +5,7 @@
 use super::Ns;
 use super::sys::{Cmd, NVME_URING_CMD_IO, NVME_URING_CMD_IO_VEC};
 use crate::uring::bufs::{BUF_SLOTS, Buffers, FixedBufCache};
+use crate::uring::ring::Canary;
 use io_uring::{IoUring, cqueue, opcode, squeue, types};
 use snapblk_core::{
     Completion, Engine, Error, MemRegion, Op, Queue, QueueCore, ReqFlags, Request, Result,
@@ -52,6 +53,9 @@ struct Pending {
 
 pub(super) struct NvmeEngine {
     ring: Ring,
+    /// Says when the kernel has freed `ring` and every command with it (see [`Canary`]);
+    /// declared after `ring` and before `slots` (the boxed DSM ranges), so dropped between.
+    canary: Option<Canary>,
     ns: Arc<Ns>,
     /// The mapped memory regions, registered as fixed buffers of the ring (io_uring driver's
     /// table, shared by every queue of the device).
@@ -203,7 +207,9 @@ impl NvmeEngine {
             };
             let e = self.sqe(i);
             // SAFETY: the buffers the command points at (the caller's, or the slot's boxed DSM
-            // range) stay valid until its completion is reaped.
+            // range) stay valid until its completion is reaped, or, for a queue dropped with
+            // commands in flight, until the canary says the kernel has freed the ring
+            // (`NvmeQueue::drop`; the slots are dropped after the canary).
             if unsafe { self.ring.submission().push(&e) }.is_err() {
                 break;
             }
@@ -385,8 +391,14 @@ impl NvmeQueue {
         }
         let ring = b.build(entries).map_err(Error::from_io)?;
         let sub = ring.submitter();
-        sub.register_files(&[ns.fd.as_raw_fd()])
-            .map_err(Error::from_io)?;
+        // The namespace as fixed file 0, a canary as fixed file 1.
+        let (registered, canary) = Canary::register(&sub, ns.fd.as_raw_fd());
+        if !registered {
+            return Err(Error::new(
+                libc::ENOMEM,
+                "could not register the namespace with the ring",
+            ));
+        }
         if let Some(e) = core.eventfd() {
             sub.register_eventfd(e.raw()).map_err(Error::from_io)?;
         }
@@ -398,6 +410,7 @@ impl NvmeQueue {
             core,
             eng: NvmeEngine {
                 ring,
+                canary,
                 ns,
                 bufs: FixedBufCache::new(bufs, fixed),
                 slots: Vec::new(),
@@ -502,7 +515,8 @@ impl Drop for NvmeQueue {
         let sq = self.eng.ring.submission().len();
         self.eng.in_kernel = self.eng.in_kernel.saturating_sub(sq);
         let mut idle = 0;
-        while self.eng.in_kernel > 0 && idle < 30 {
+        // Without a canary nothing else can tell when the commands are finished: wait for all.
+        while self.eng.in_kernel > 0 && (idle < 30 || self.eng.canary.is_none()) {
             let _ = self.eng.enter(1, Some(Duration::from_secs(1)), None);
             let mut n = 0;
             while self.eng.ring.completion().next().is_some() {
@@ -510,6 +524,15 @@ impl Drop for NvmeQueue {
             }
             idle = if n == 0 { idle + 1 } else { 0 };
             self.eng.in_kernel = self.eng.in_kernel.saturating_sub(n);
+        }
+        // Commands silent for 30 s: passthrough commands cannot be cancelled, so closing the
+        // ring leaves them to finish on their own, still writing into caller buffers and the
+        // boxed DSM ranges. The canary, dropped after the ring, waits until the kernel has
+        // freed the ring and so every command with it.
+        if self.eng.in_kernel > 0
+            && let Some(c) = &mut self.eng.canary
+        {
+            c.wait = true;
         }
     }
 }

@@ -114,16 +114,16 @@ pub(super) fn make_ring(
 /// into, which no cancellation stops). So end-of-file here says that no request of the ring
 /// can touch a caller's buffer any more, and waiting for it needs no `io_uring_enter` — which
 /// on a `SINGLE_ISSUER` ring only its owner may do.
-pub(super) struct Canary {
+pub(crate) struct Canary {
     rd: OwnedFd,
     /// Wait for end-of-file when dropped (after the ring is closed: see [`Ring`]).
-    pub(super) wait: bool,
+    pub(crate) wait: bool,
 }
 
 impl Canary {
     /// Register the target as fixed file 0 and a canary as fixed file 1; returns whether the
     /// target is registered, and the canary if it is.
-    fn register(sub: &Submitter<'_>, target: RawFd) -> (bool, Option<Canary>) {
+    pub(crate) fn register(sub: &Submitter<'_>, target: RawFd) -> (bool, Option<Canary>) {
         let mut fds = [0; 2];
         // SAFETY: `fds` has room for the two descriptors pipe2 writes.
         if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } == 0 {

@@ -584,6 +584,130 @@ impl Queue for NvmeQueue {
 #[cfg(test)]
 mod tests {
     use super::status_msg;
+    use super::{NvmeQueue, Pending};
+    use crate::uring::bufs::Buffers;
+    use snapblk_core::{MemRegion, Op, ReqFlags, Request};
+    use std::os::fd::OwnedFd;
+    use std::sync::Arc;
+
+    /// A queue on /dev/null (registration needs an fd, not a device) for a namespace of
+    /// 512-byte blocks, the region `reg` mapped (a fixed buffer).
+    fn queue(reg: &MemRegion) -> NvmeQueue {
+        let fd: OwnedFd = std::fs::File::open("/dev/null").unwrap().into();
+        let ns = super::Ns {
+            fd,
+            nsid: 7,
+            lba_shift: 9,
+            read_only: false,
+            max_transfer: 1 << 19,
+            max_write_zeroes: 1 << 25,
+            max_discard: 1 << 40,
+            max_segments: 1024,
+            flush_needed: true,
+            write_zeroes: true,
+            dsm: true,
+        };
+        let bufs = Arc::new(Buffers::default());
+        assert!(bufs.register(reg.addr as usize, reg.len));
+        NvmeQueue::new(Arc::new(ns), bufs, 8, false).unwrap()
+    }
+
+    /// The 128 bytes of the SQE `sqe()` builds for `req` (the command is at 48..128).
+    fn sqe_bytes(q: &mut NvmeQueue, req: Request) -> [u8; 128] {
+        let range = q.check(&req).unwrap();
+        let i = q.eng.alloc(Pending { req, range });
+        let e = q.eng.sqe(i);
+        assert_eq!(size_of::<io_uring::squeue::Entry128>(), 128);
+        // SAFETY: `Entry128` is the kernel's 128-byte SQE, `repr(C)` plain data (size checked).
+        unsafe { std::mem::transmute::<io_uring::squeue::Entry128, [u8; 128]>(e) }
+    }
+    fn u16_at(b: &[u8], o: usize) -> u16 {
+        u16::from_le_bytes(b[o..o + 2].try_into().unwrap())
+    }
+    fn u32_at(b: &[u8], o: usize) -> u32 {
+        u32::from_le_bytes(b[o..o + 4].try_into().unwrap())
+    }
+    fn u64_at(b: &[u8], o: usize) -> u64 {
+        u64::from_le_bytes(b[o..o + 8].try_into().unwrap())
+    }
+    /// SQE: opcode 0, flags 1, cmd_op 8, uring_cmd_flags 28, buf_index 40, command 48.
+    const IORING_OP_URING_CMD: u8 = 46;
+    const IOSQE_FIXED_FILE: u8 = 1;
+    const IORING_URING_CMD_FIXED: u32 = 1;
+    const CMD: usize = 48;
+
+    #[test]
+    fn sqe_carries_the_nvme_command() {
+        let reg = MemRegion::alloc(1 << 16).unwrap();
+        let mut q = queue(&reg);
+        let mut plain = vec![0u8; 4096];
+        // A read above LBA 2^32, outside any mapped region: a plain buffer.
+        let slba = (1u64 << 32) | 5;
+        let op = Op::Read {
+            offset: slba << 9,
+            buf: plain.as_mut_ptr(),
+            len: 4096,
+        };
+        let b = sqe_bytes(&mut q, Request::new(op, 1, ReqFlags::NONE));
+        assert_eq!(b[0], IORING_OP_URING_CMD);
+        assert_eq!(b[1] & IOSQE_FIXED_FILE, IOSQE_FIXED_FILE);
+        assert_eq!(u32_at(&b, 4), 0, "fixed file 0: the namespace");
+        assert_eq!(u32_at(&b, 8), super::NVME_URING_CMD_IO);
+        assert_eq!(u32_at(&b, 28) & IORING_URING_CMD_FIXED, 0);
+        assert_eq!(b[CMD], 0x02);
+        assert_eq!(u32_at(&b, CMD + 4), 7);
+        assert_eq!(u64_at(&b, CMD + 24), plain.as_ptr() as u64);
+        assert_eq!(u32_at(&b, CMD + 36), 4096);
+        assert_eq!(u32_at(&b, CMD + 40), 5, "SLBA low");
+        assert_eq!(u32_at(&b, CMD + 44), 1, "SLBA high");
+        assert_eq!(u32_at(&b, CMD + 48), 7, "NLB 0-based");
+        // A FUA write from the mapped region: a fixed buffer.
+        let op = Op::Write {
+            offset: 4096,
+            buf: reg.addr.wrapping_add(8192),
+            len: 8192,
+        };
+        let b = sqe_bytes(&mut q, Request::new(op, 2, ReqFlags::FUA));
+        assert_eq!(b[CMD], 0x01);
+        assert_eq!(
+            u32_at(&b, 28) & IORING_URING_CMD_FIXED,
+            IORING_URING_CMD_FIXED
+        );
+        assert_eq!(u16_at(&b, 40), 0, "the region's slot");
+        assert_eq!(u64_at(&b, CMD + 24), reg.addr as u64 + 8192);
+        assert_eq!(u32_at(&b, CMD + 40), 8);
+        assert_eq!(u32_at(&b, CMD + 48), (1 << 30) | 15, "FUA, NLB 15");
+        // Write zeroes deallocates (DEAC, bit 25) unless NO_UNMAP.
+        let op = Op::WriteZeroes {
+            offset: 1 << 20,
+            len: 1 << 16,
+        };
+        let b = sqe_bytes(&mut q, Request::new(op, 3, ReqFlags::NONE));
+        assert_eq!(b[CMD], 0x08);
+        assert_eq!(u32_at(&b, CMD + 40), 2048);
+        assert_eq!(u32_at(&b, CMD + 48), (1 << 25) | 127);
+        let b = sqe_bytes(&mut q, Request::new(op, 4, ReqFlags::NO_UNMAP));
+        assert_eq!(u32_at(&b, CMD + 48), 127);
+        // Discard: Dataset Management, one range with the deallocate attribute.
+        let op = Op::Discard {
+            offset: (1u64 << 33) + 512,
+            len: 3 << 9,
+        };
+        let b = sqe_bytes(&mut q, Request::new(op, 5, ReqFlags::NONE));
+        assert_eq!(b[CMD], 0x09);
+        assert_eq!(u32_at(&b, CMD + 36), 16);
+        assert_eq!(u32_at(&b, CMD + 40), 0, "one range");
+        assert_eq!(u32_at(&b, CMD + 44), 1 << 2, "AD");
+        let range = u64_at(&b, CMD + 24) as *const [u8; 16];
+        // SAFETY: the range is the slot's boxed DSM range, alive until the slot is freed.
+        let range = unsafe { *range };
+        assert_eq!(u32_at(&range, 0), 0, "context attributes");
+        assert_eq!(u32_at(&range, 4), 3, "length in blocks");
+        assert_eq!(u64_at(&range, 8), (1u64 << 24) + 1, "starting LBA");
+        drop(q);
+        // SAFETY: no command was submitted: nothing references the region.
+        unsafe { reg.free() };
+    }
 
     #[test]
     fn nvme_statuses_are_named() {

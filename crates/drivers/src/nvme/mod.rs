@@ -82,6 +82,8 @@ pub(crate) struct Ns {
     flush_needed: bool,
     write_zeroes: bool,
     dsm: bool,
+    /// Commands may use fixed buffers (see `queue::probe_fixed`).
+    fixed_bufs: bool,
 }
 
 /// What connect learned beyond [`Ns`].
@@ -310,6 +312,7 @@ fn probe(fd: OwnedFd, read_only: bool) -> std::result::Result<(Ns, Facts), NvmeE
         flush_needed,
         write_zeroes: ctrl.write_zeroes,
         dsm: ctrl.dsm,
+        fixed_bufs: true,
     };
     let capacity = n.blocks.saturating_mul(lba);
     Ok((ns, Facts { capacity, zones }))
@@ -362,7 +365,8 @@ impl Driver for NvmeDriver {
             return Err(Error::inval("One of path and fd must be set"));
         }
         let fd = open(&self.path, self.fd, read_only).map_err(nv)?;
-        let (ns, facts) = probe(fd, read_only).map_err(nv)?;
+        let (mut ns, facts) = probe(fd, read_only).map_err(nv)?;
+        ns.fixed_bufs = queue::probe_fixed(&ns);
         let lba = int(1 << ns.lba_shift);
         let poll = queue::probe_poll(&ns);
         let info = DeviceInfo {

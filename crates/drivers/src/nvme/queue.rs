@@ -318,13 +318,38 @@ impl Engine for NvmeEngine {
 /// queue (`nvme.poll_queues=0`) the command completes by interrupt and is reaped by the same
 /// loop, so a poll queue still works, just without the benefit.
 pub(super) fn probe_poll(ns: &Ns) -> bool {
+    probe_read(ns, true, false) == Some(0)
+}
+
+/// May commands use fixed buffers (`IORING_URING_CMD_FIXED`, Linux 6.1)? Linux 5.19 and 6.0
+/// have passthrough but refuse the flag with EINVAL; a fixed-buffer read of block 0 tells.
+/// Anything but EINVAL (a ring or buffer that cannot be set up included) leaves them on:
+/// a queue that cannot register its buffers does without them anyway.
+pub(super) fn probe_fixed(ns: &Ns) -> bool {
+    probe_read(ns, false, true) != Some(-libc::EINVAL)
+}
+
+/// The result of one passthrough read of block 0 on a new ring (`iopoll`: polled), into a
+/// buffer registered as fixed buffer 0 if `fixed`; `None` if it could not be issued.
+fn probe_read(ns: &Ns, iopoll: bool, fixed: bool) -> Option<i32> {
     let len = (1usize << ns.lba_shift).max(4096);
-    let Ok(mut ring) = Ring::builder().setup_iopoll().build(2) else {
-        return false;
+    let mut b = Ring::builder();
+    if iopoll {
+        b.setup_iopoll();
+    }
+    let mut ring = b.build(2).ok()?;
+    let buf = MemRegion::alloc(len).ok()?;
+    let iov = libc::iovec {
+        iov_base: buf.addr.cast(),
+        iov_len: len,
     };
-    let Ok(buf) = MemRegion::alloc(len) else {
-        return false;
-    };
+    // SAFETY: the buffer stays alive while registered: the ring is dropped before it is freed.
+    if fixed && unsafe { ring.submitter().register_buffers(&[iov]) }.is_err() {
+        drop(ring);
+        // SAFETY: nothing was submitted: nothing references the buffer.
+        unsafe { buf.free() };
+        return None;
+    }
     let c = Cmd {
         opcode: OP_READ,
         nsid: ns.nsid,
@@ -334,6 +359,7 @@ pub(super) fn probe_poll(ns: &Ns) -> bool {
     };
     let sqe = opcode::UringCmd80::new(types::Fd(ns.fd.as_raw_fd()), NVME_URING_CMD_IO)
         .cmd(c.to_sqe_bytes())
+        .buf_index(fixed.then_some(0))
         .build();
     // SAFETY: `buf` stays alive until the read's completion is reaped below; when it cannot
     // be, `buf` is leaked, never freed.
@@ -341,11 +367,11 @@ pub(super) fn probe_poll(ns: &Ns) -> bool {
         drop(ring);
         // SAFETY: nothing was submitted: nothing references the buffer.
         unsafe { buf.free() };
-        return false;
+        return None;
     }
-    let ok = loop {
+    let res = loop {
         if let Some(c) = ring.completion().next() {
-            break c.result() == 0;
+            break c.result();
         }
         match ring.submit_and_wait(1) {
             // EINTR comes only when nothing was submitted by this call: call again.
@@ -355,7 +381,7 @@ pub(super) fn probe_poll(ns: &Ns) -> bool {
                 // the device. A connect-time error path only.
                 drop(ring);
                 let _leaked = buf;
-                return false;
+                return None;
             }
             Ok(_) => {}
         }
@@ -363,7 +389,7 @@ pub(super) fn probe_poll(ns: &Ns) -> bool {
     drop(ring);
     // SAFETY: the read's completion was reaped: nothing references the buffer any more.
     unsafe { buf.free() };
-    ok
+    Some(res)
 }
 
 /// A queue of the `nvme-io_uring` driver.
@@ -404,7 +430,9 @@ impl NvmeQueue {
         }
         // Fixed buffers: a sparse table holding the regions mapped so far, then following
         // map/unmap; a ring that cannot hold them all (RLIMIT_MEMLOCK) uses none.
-        let fixed = sub.register_buffers_sparse(BUF_SLOTS).is_ok() && bufs.attach(ring.as_raw_fd());
+        let fixed = ns.fixed_bufs
+            && sub.register_buffers_sparse(BUF_SLOTS).is_ok()
+            && bufs.attach(ring.as_raw_fd());
         let cq_cap = ring.params().cq_entries() as usize;
         Ok(NvmeQueue {
             core,
@@ -606,6 +634,7 @@ mod tests {
             flush_needed: true,
             write_zeroes: true,
             dsm: true,
+            fixed_bufs: true,
         };
         let bufs = Arc::new(Buffers::default());
         assert!(bufs.register(reg.addr as usize, reg.len));

@@ -5,8 +5,8 @@
 //! * connect: `NVME_IOCTL_ID`, then Identify through `NVME_IOCTL_ADMIN_CMD`: the namespace
 //!   (CNS 0: size, LBA format), the controller (CNS 1: MDTS, ONCS, VWC), the namespace's command
 //!   set (CNS 3), the NVM command set's controller limits (CNS 6, CSI 0: write-zeroes and
-//!   discard sizes) and, for a zoned namespace, its zone layout (CNS 5 and 6, CSI 2); Get
-//!   Features (volatile write cache) decides `flush-needed`;
+//!   discard sizes) and, for a zoned namespace, its zone layout (CNS 5 and 6, CSI 2); a
+//!   volatile write cache (VWC) makes `flush-needed`;
 //! * I/O (`queue`): read, write (FUA native), flush, write-zeroes (deallocating unless
 //!   `NO_UNMAP`) and discard (Dataset Management, deallocate) as NVM commands, on regular
 //!   queues or on poll queues (`IORING_SETUP_IOPOLL` rings: every command is polled);
@@ -62,11 +62,8 @@ const PROPS: &[PropSpec] = &[
 const MAX_SEGMENTS: i32 = 1024;
 /// NLB of read, write and write-zeroes is a 16-bit, 0-based count.
 const MAX_NLB_16: u64 = 1 << 16;
-/// Admin opcodes.
-const ADMIN_GET_FEATURES: u8 = 0x0a;
+/// Admin opcode: Identify.
 const ADMIN_IDENTIFY: u8 = 0x06;
-/// Feature identifier: Volatile Write Cache.
-const FEAT_VWC: u32 = 0x06;
 
 /// The namespace a connected driver talks to, shared by its queues.
 #[derive(Debug)]
@@ -170,20 +167,6 @@ fn command_set(
             }
         }
         Err(e) => Err(e),
-    }
-}
-
-/// Whether the volatile write cache is enabled (Get Features); `None` if the controller does
-/// not say.
-fn write_cache_enabled(fd: RawFd) -> Option<bool> {
-    let cmd = sys::Cmd {
-        opcode: ADMIN_GET_FEATURES,
-        cdw10: FEAT_VWC,
-        ..sys::Cmd::default()
-    };
-    match sys::admin(fd, cmd, &mut []) {
-        Ok((0, result)) => Some(result & 1 != 0),
-        _ => None,
     }
 }
 
@@ -299,7 +282,9 @@ fn probe(fd: OwnedFd, read_only: bool) -> std::result::Result<(Ns, Facts), NvmeE
     } else {
         0
     };
-    let flush_needed = ctrl.vwc && write_cache_enabled(raw).unwrap_or(true);
+    // Flush whenever a volatile write cache is present: whether it is enabled can change
+    // after connect (Set Features, or `nvme set-feature` of another process).
+    let flush_needed = ctrl.vwc;
     let ns = Ns {
         fd,
         nsid,

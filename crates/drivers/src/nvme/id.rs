@@ -245,7 +245,16 @@ pub(crate) fn zones(
             what: "a zone size of 0 blocks",
         });
     }
-    let zone_size = zsze << n.lba_shift;
+    if zsze > n.blocks {
+        return Err(NvmeError::Inconsistent {
+            what: "a zone size larger than the namespace",
+        });
+    }
+    let zone_size = zsze
+        .checked_mul(1u64 << n.lba_shift)
+        .ok_or(NvmeError::Inconsistent {
+            what: "a zone size beyond 2^64 bytes",
+        })?;
     // ZASL in 4 KiB units, 0 meaning "as MDTS".
     let zasl = byte(ctrl, 0);
     let append_max = if zasl != 0 {
@@ -376,6 +385,23 @@ mod tests {
         assert_eq!((z.max_active, z.append_max), (0, 8192));
         ns[2816..2824].copy_from_slice(&0u64.to_le_bytes());
         assert!(zones(&ns, &ctrl, &n, None).is_err());
+        // A zone larger than the namespace, or beyond 2^64 bytes: errors, not a wrap.
+        ns[2816..2824].copy_from_slice(&((1u64 << 19) + 1).to_le_bytes());
+        let e = zones(&ns, &ctrl, &n, None).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "the namespace reports a zone size larger than the namespace"
+        );
+        let huge = Namespace {
+            blocks: u64::MAX,
+            ..n
+        };
+        ns[2816..2824].copy_from_slice(&(1u64 << 60).to_le_bytes());
+        let e = zones(&ns, &ctrl, &huge, None).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "the namespace reports a zone size beyond 2^64 bytes"
+        );
     }
 
     #[test]

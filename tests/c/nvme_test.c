@@ -20,6 +20,7 @@
 #define _GNU_SOURCE
 #include <blkio.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -393,6 +394,15 @@ static int conv(const char *ng, const char *blk, const char *ctrl, int tag)
     blkio_create("nvme-io_uring", &nb);
     CHECK("connect without path fails with EINVAL", blkio_connect(nb) == -EINVAL);
     blkio_destroy(&nb);
+    int nfd = open(ng, O_RDWR | O_CLOEXEC);
+    blkio_create("nvme-io_uring", &nb);
+    blkio_set_str(nb, "path", ng);
+    blkio_set_int(nb, "fd", nfd);
+    int prc = blkio_connect(nb);
+    printf("  (path and fd: %d %s)\n", prc, prc ? blkio_get_error_msg() : "");
+    CHECK("connect with both path and fd fails with EINVAL", nfd >= 0 && prc == -EINVAL);
+    blkio_destroy(&nb);
+    if (nfd >= 0) close(nfd);
     free(m);
     printf("%d passed, %d failed\n", passes, fails);
     return fails ? 1 : 0;

@@ -349,6 +349,9 @@ impl Driver for NvmeDriver {
         if self.path.is_empty() && self.fd < 0 {
             return Err(Error::inval("One of path and fd must be set"));
         }
+        if !self.path.is_empty() && self.fd >= 0 {
+            return Err(Error::inval("path and fd cannot be set at the same time"));
+        }
         let fd = open(&self.path, self.fd, read_only).map_err(nv)?;
         let (mut ns, facts) = probe(fd, read_only).map_err(nv)?;
         ns.fixed_bufs = queue::probe_fixed(&ns);

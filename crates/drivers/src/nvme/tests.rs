@@ -169,3 +169,17 @@ fn kernel_max_transfer_reads_the_block_devices_limit() {
     std::fs::remove_file(sys.join("block/nvme2n3/queue/max_hw_sectors_kb")).unwrap();
     assert_eq!(kernel_max_transfer_of(sys, rdev), None);
 }
+
+#[test]
+fn path_and_fd_together_are_refused() {
+    use std::os::fd::AsRawFd;
+    let f = std::fs::File::open("/dev/null").unwrap();
+    let mut b = blkio();
+    b.set_str("path", "/dev/null").unwrap();
+    b.set_int("fd", f.as_raw_fd()).unwrap();
+    let e = b.connect().unwrap_err();
+    assert_eq!(
+        (e.errno, e.msg.as_ref()),
+        (libc::EINVAL, "path and fd cannot be set at the same time")
+    );
+}

@@ -398,11 +398,6 @@ pub(super) struct NvmeQueue {
     eng: NvmeEngine,
 }
 
-// SAFETY: the raw pointers inside pending requests are the enqueue caller's buffers, valid
-// until completion whichever thread drives the queue; the ring is an fd and mmapped memory
-// owned by this queue.
-unsafe impl Send for NvmeQueue {}
-
 impl NvmeQueue {
     pub(super) fn new(
         ns: Arc<Ns>,

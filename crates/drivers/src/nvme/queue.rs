@@ -28,20 +28,6 @@ const CDW12_DEAC: u32 = 1 << 25;
 /// DSM CDW11: Attribute – Deallocate.
 const DSM_AD: u32 = 1 << 2;
 
-const IORING_ENTER_GETEVENTS: u32 = 1;
-const IORING_ENTER_EXT_ARG: u32 = 8;
-/// The kernel's sigset size (see the io_uring driver's ring.rs).
-const KERNEL_SIGSET_SIZE: u32 = 8;
-
-/// `struct io_uring_getevents_arg`.
-#[repr(C)]
-struct GeteventsArg {
-    sigmask: u64,
-    sigmask_sz: u32,
-    min_wait_usec: u32,
-    ts: u64,
-}
-
 type Ring = IoUring<squeue::Entry128, cqueue::Entry32>;
 
 /// A request between enqueue and completion; `range` is the DSM range a discard points the
@@ -225,43 +211,15 @@ impl NvmeEngine {
         sigmask: Option<&libc::sigset_t>,
     ) -> std::result::Result<usize, i32> {
         let to_submit = self.ring.submission().len() as u32;
-        let mut flags = if want > 0 || self.poll {
-            IORING_ENTER_GETEVENTS
-        } else {
-            0
-        };
-        let r = if want > 0 && (timeout.is_some() || sigmask.is_some()) {
-            flags |= IORING_ENTER_EXT_ARG;
-            let ts = timeout.map(|d| libc::timespec {
-                tv_sec: d.as_secs() as libc::time_t,
-                tv_nsec: d.subsec_nanos() as libc::c_long,
-            });
-            let arg = GeteventsArg {
-                sigmask: sigmask.map_or(0, |m| m as *const libc::sigset_t as u64),
-                sigmask_sz: if sigmask.is_some() {
-                    KERNEL_SIGSET_SIZE
-                } else {
-                    0
-                },
-                min_wait_usec: 0,
-                ts: ts.as_ref().map_or(0, |t| t as *const libc::timespec as u64),
-            };
-            // SAFETY: `arg` and what it points to outlive the call; its layout is the
-            // kernel's `io_uring_getevents_arg`.
-            unsafe {
-                self.ring
-                    .submitter()
-                    .enter(to_submit, want, flags, Some(&arg))
-            }
-        } else {
-            // SAFETY: no argument pointer.
-            unsafe {
-                self.ring
-                    .submitter()
-                    .enter::<libc::sigset_t>(to_submit, want, flags, None)
-            }
-        };
-        r.map_err(|e| e.raw_os_error().unwrap_or(libc::EINVAL))
+        let getevents = want > 0 || self.poll;
+        crate::uring::ring::enter(
+            &self.ring.submitter(),
+            to_submit,
+            want,
+            getevents,
+            timeout,
+            sigmask,
+        )
     }
 }
 

@@ -26,6 +26,7 @@
 #include <blkio.h>
 #include <errno.h>
 #include <stddef.h>
+#include <fcntl.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -423,7 +424,8 @@ static int conv(const char *ng, const char *blk, const char *ctrl, int tag)
     struct blkio_completion c;
 
     /* The pattern the host checks: 256 KiB at base (write), the second 128 KiB of it
-     * rewritten with FUA, then 64 KiB at base + 512 KiB zeroed by write-zeroes. */
+     * rewritten with FUA, then 64 KiB at base + 512 KiB zeroed by write-zeroes and 64 KiB at
+     * base + 1 MiB written, then discarded. */
     pattern(m, 256 * 1024, tag);
     blkioq_write(q, base, m, 256 * 1024, NULL, 0);
     CHECK("write 256 KiB", (c = wait1(q)).ret == 0);
@@ -457,10 +459,28 @@ static int conv(const char *ng, const char *blk, const char *ctrl, int tag)
     int zero = c.ret == 0;
     for (int i = 0; i < 65536; i++) zero = zero && rd[i] == 0;
     CHECK("write-zeroes range reads as zeros", zero);
+    blkioq_write(q, base + 524288, m, 4096, NULL, 0);
+    CHECK("write 4 KiB over the zeroed range", wait1(q).ret == 0);
     blkioq_write_zeroes(q, base + 524288, 4096, NULL, BLKIO_REQ_NO_UNMAP | BLKIO_REQ_FUA);
     CHECK("write-zeroes NO_UNMAP|FUA", wait1(q).ret == 0);
+    memset(rd, 1, 4096);
+    blkioq_read(q, base + 524288, rd, 4096, NULL, 0);
+    c = wait1(q);
+    zero = c.ret == 0;
+    for (int i = 0; i < 4096; i++) zero = zero && rd[i] == 0;
+    CHECK("write-zeroes NO_UNMAP range reads as zeros", zero);
+    /* Discard of written data: reads back as zeros (the image is opened with discard=unmap,
+     * so QEMU punches a hole); the host checks the range too. */
+    blkioq_write(q, base + 1048576, m, 65536, NULL, 0);
+    CHECK("write 64 KiB to discard", wait1(q).ret == 0);
     blkioq_discard(q, base + 1048576, 65536, NULL, 0);
     CHECK("discard 64 KiB", wait1(q).ret == 0);
+    memset(rd, 1, 65536);
+    blkioq_read(q, base + 1048576, rd, 65536, NULL, 0);
+    c = wait1(q);
+    zero = c.ret == 0;
+    for (int i = 0; i < 65536; i++) zero = zero && rd[i] == 0;
+    CHECK("discarded range reads as zeros", zero);
     blkioq_flush(q, NULL, 0);
     CHECK("flush", wait1(q).ret == 0);
 
@@ -588,6 +608,15 @@ static int conv(const char *ng, const char *blk, const char *ctrl, int tag)
     blkio_create("nvme-io_uring", &nb);
     CHECK("connect without path fails with EINVAL", blkio_connect(nb) == -EINVAL);
     blkio_destroy(&nb);
+    int nfd = open(ng, O_RDWR | O_CLOEXEC);
+    blkio_create("nvme-io_uring", &nb);
+    blkio_set_str(nb, "path", ng);
+    blkio_set_int(nb, "fd", nfd);
+    int prc = blkio_connect(nb);
+    printf("  (path and fd: %d %s)\n", prc, prc ? blkio_get_error_msg() : "");
+    CHECK("connect with both path and fd fails with EINVAL", nfd >= 0 && prc == -EINVAL);
+    blkio_destroy(&nb);
+    if (nfd >= 0) close(nfd);
     free(m);
     printf("%d passed, %d failed\n", passes, fails);
     return fails ? 1 : 0;

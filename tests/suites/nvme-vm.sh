@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The nvme-io_uring driver in a qemu VM (tests/vm/vm.sh, Debian's newest kernel) with three
-# emulated NVMe controllers in one boot: a 64 MiB conventional namespace (/dev/ngXn1), a
+# emulated NVMe controllers in one boot: a 64 MiB conventional namespace (/dev/ngXn1, discard
+# passed to the image, so discarded blocks read back as zeros), a
 # 64 MiB zoned one (4 MiB zones, 8 open, 8 active), and a controller with a namespace whose
 # blocks carry 8 bytes of metadata (refused) and an 8 MiB namespace of 4 KiB blocks. In the
 # guest (tests/vm/guest/nvme-tests.sh): the conformance suite on the conventional and the 4 KiB
@@ -43,6 +44,8 @@ cp -L "$real/libblkio.so.1" "$P/real/libblkio.so.1" || die "copy of the real lib
 strip -o "$P/bin/snapblk-conformance" "$tgt/release/snapblk-conformance" || die "strip conformance"
 gcc -std=gnu11 -Wall -Wextra -Werror -O2 -I include tests/c/nvme_test.c -L "$P/lib" -lblkio \
     -o "$P/bin/nvme_test" || die "gcc tests/c/nvme_test.c"
+gcc -std=gnu11 -Wall -Wextra -Werror -O2 -I include tests/c/nvme_unpriv.c -L "$P/lib" -lblkio \
+    -o "$P/bin/nvme_unpriv" || die "gcc tests/c/nvme_unpriv.c"
 # struct blkio_zone and the zone enums: snapblk's include/blkio.h against the real header.
 realinc=$(cd "$real/../../include" && pwd) && [ -f "$realinc/blkio.h" ] || die "the real blkio.h is missing"
 gcc -std=gnu11 -Wall -Wextra -Werror -O2 -I "$realinc" tests/c/nvme_test.c -L "$real" -lblkio \
@@ -60,7 +63,7 @@ mkdir -p "$(dirname "$LOG")"
 t0=$(date +%s)
 VM_LOG=$LOG VM_SMP=${VM_SMP:-1} VM_MEM=${VM_MEM:-1G} VM_TIMEOUT=${VM_TIMEOUT:-600} \
     VM_APPEND="nvme.poll_queues=1" \
-    VM_QEMU_ARGS="-drive file=$IMG/conv.img,if=none,id=nv0,format=raw -device nvme,serial=nvconv,drive=nv0 \
+    VM_QEMU_ARGS="-drive file=$IMG/conv.img,if=none,id=nv0,format=raw,discard=unmap -device nvme,serial=nvconv,drive=nv0 \
 -drive file=$IMG/zns.img,if=none,id=nz0,format=raw -device nvme,id=zctl,serial=nvzns \
 -device nvme-ns,drive=nz0,bus=zctl,nsid=1,zoned=true,zoned.zone_size=4M,zoned.max_open=8,zoned.max_active=8 \
 -drive file=$IMG/meta.img,if=none,id=nm0,format=raw -drive file=$IMG/4k.img,if=none,id=n4k,format=raw \
@@ -190,6 +193,8 @@ for tag in (0, 1):
         bad.append(f"conventional: 256 KiB pattern {tag} at {base}")
     if conv[base + 524288:base + 589824] != bytes(65536):
         bad.append(f"conventional: zeroed 64 KiB at {base + 524288}")
+    if conv[base + 1048576:base + 1114112] != bytes(65536):
+        bad.append(f"conventional: discarded 64 KiB at {base + 1048576}")
     if conv[base + 3584 * 1024:base + 3648 * 1024] != pattern(65536, tag + 20):
         bad.append(f"conventional: 64 KiB written from a mapped region at {base + 3584 * 1024}")
 # The real library's run wrote zone 1 last; snapblk's run began with reset-all, which zeroes

@@ -176,7 +176,8 @@ impl Request {
         Ok(())
     }
 
-    /// Total data length of a read/write request, 0 for others.
+    /// Total data length of a read/write request, 0 for others; `u64::MAX` when the iovec
+    /// lengths add up to more than that.
     ///
     /// # Safety
     /// For readv/writev, `iov` must point to `iovcnt` valid iovecs.
@@ -189,7 +190,11 @@ impl Request {
                 }
                 // SAFETY: guaranteed by the caller.
                 let v = unsafe { std::slice::from_raw_parts(iov, iovcnt as usize) };
-                v.iter().map(|i| i.iov_len as u64).sum()
+                // Saturating: a sum beyond u64 (a hostile iovec array) exceeds every limit
+                // and is refused with EINVAL instead of wrapping.
+                v.iter()
+                    .try_fold(0u64, |a, i| a.checked_add(i.iov_len as u64))
+                    .unwrap_or(u64::MAX)
             }
             _ => 0,
         }
@@ -289,6 +294,33 @@ mod tests {
         assert_eq!(std::mem::align_of::<Completion>(), 8);
         assert_eq!(std::mem::offset_of!(Completion, error_msg), 8);
         assert_eq!(std::mem::offset_of!(Completion, ret), 16);
+    }
+
+    #[test]
+    fn data_len_saturates_instead_of_wrapping() {
+        let iov = |len| libc::iovec {
+            iov_base: std::ptr::null_mut(),
+            iov_len: len,
+        };
+        let v = [iov(usize::MAX), iov(2), iov(3)];
+        let r = |n| {
+            Request::new(
+                Op::Readv {
+                    offset: 0,
+                    iov: v.as_ptr(),
+                    iovcnt: n,
+                },
+                0,
+                ReqFlags::NONE,
+            )
+        };
+        // SAFETY: `v` holds the iovecs the requests name.
+        unsafe {
+            assert_eq!(r(1).data_len(), usize::MAX as u64);
+            // usize::MAX + 2 wraps to 1 unchecked.
+            assert_eq!(r(2).data_len(), u64::MAX);
+            assert_eq!(r(3).data_len(), u64::MAX);
+        }
     }
 
     #[test]

@@ -89,7 +89,23 @@ run real-meta /test/real meta "$mng"
 run snap-meta /test/lib meta "$mng"
 run real-lba4k /test/real lba4k "$k4ng" 0
 run snap-lba4k /test/lib lba4k "$k4ng" 1
-# 3. The third controller disappears under each library (PCI remove), and comes back between
+# 3. A caller without CAP_SYS_ADMIN (since Linux 6.2 it may send Identify CNS 0, 1, 5, 6 and 8
+# only): the namespaces made rw for everyone, tests/c/nvme_unpriv.c drops to uid 1000.
+chmod 755 /test /test/bin /test/lib; chmod -R a+rX /test/bin /test/lib
+chmod 666 "$zng" "$ng"
+echo "INFO: kernel $(uname -r)"
+for u in "$zng:2" "$ng:0"; do
+    dev=${u%:*}; want=${u##*:}
+    out=$(LD_LIBRARY_PATH=/test/lib /test/bin/nvme_unpriv "$dev" 1000 2>&1); urc=$?
+    echo "$out" | sed 's/^/INFO: unprivileged: /'
+    if [ $urc -eq 0 ] && echo "$out" | grep -qx "zoned=$want" && echo "$out" | grep -qx "uid=1000 euid=1000"; then
+        pass "unprivileged caller (uid 1000): $dev connects with zoned=$want and reads"
+    else
+        fail "unprivileged caller (uid 1000) on $dev: want zoned=$want and a read (exit $urc)"
+    fi
+done
+chmod 600 "$zng" "$ng"
+# 4. The third controller disappears under each library (PCI remove), and comes back between
 # the two runs (PCI rescan).
 pci=$(readlink -f "/sys/class/nvme/$more/device")
 run real-gone /test/real gone "$k4ng" "$pci" 0

@@ -106,6 +106,12 @@ fn byte(b: &[u8], o: usize) -> u8 {
     b.get(o).copied().unwrap_or(0)
 }
 
+/// ZSZE of the LBA format `format` in the ZNS namespace structure (Identify CNS 5, CSI 2):
+/// the zone size in blocks, 0 if the structure has none.
+pub(crate) fn zone_size_blocks(ns: &[u8], format: usize) -> u64 {
+    u64_at(ns, 2816usize.saturating_add(format.saturating_mul(16)))
+}
+
 /// What Identify Namespace (CNS 0) says.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Namespace {
@@ -233,13 +239,22 @@ pub(crate) fn zones(
     let mar = u32_at(ns, 4);
     let mor = u32_at(ns, 8);
     // The LBA format extension of the formatted format: ZSZE (zone size in blocks).
-    let zsze = u64_at(ns, 2816 + 16 * n.format);
+    let zsze = zone_size_blocks(ns, n.format);
     if zsze == 0 {
         return Err(NvmeError::Inconsistent {
             what: "a zone size of 0 blocks",
         });
     }
-    let zone_size = zsze << n.lba_shift;
+    if zsze > n.blocks {
+        return Err(NvmeError::Inconsistent {
+            what: "a zone size larger than the namespace",
+        });
+    }
+    let zone_size = zsze
+        .checked_mul(1u64 << n.lba_shift)
+        .ok_or(NvmeError::Inconsistent {
+            what: "a zone size beyond 2^64 bytes",
+        })?;
     // ZASL in 4 KiB units, 0 meaning "as MDTS".
     let zasl = byte(ctrl, 0);
     let append_max = if zasl != 0 {
@@ -370,6 +385,23 @@ mod tests {
         assert_eq!((z.max_active, z.append_max), (0, 8192));
         ns[2816..2824].copy_from_slice(&0u64.to_le_bytes());
         assert!(zones(&ns, &ctrl, &n, None).is_err());
+        // A zone larger than the namespace, or beyond 2^64 bytes: errors, not a wrap.
+        ns[2816..2824].copy_from_slice(&((1u64 << 19) + 1).to_le_bytes());
+        let e = zones(&ns, &ctrl, &n, None).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "the namespace reports a zone size larger than the namespace"
+        );
+        let huge = Namespace {
+            blocks: u64::MAX,
+            ..n
+        };
+        ns[2816..2824].copy_from_slice(&(1u64 << 60).to_le_bytes());
+        let e = zones(&ns, &ctrl, &huge, None).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "the namespace reports a zone size beyond 2^64 bytes"
+        );
     }
 
     #[test]

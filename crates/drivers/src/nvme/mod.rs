@@ -5,8 +5,8 @@
 //! * connect: `NVME_IOCTL_ID`, then Identify through `NVME_IOCTL_ADMIN_CMD`: the namespace
 //!   (CNS 0: size, LBA format), the controller (CNS 1: MDTS, ONCS, VWC), the namespace's command
 //!   set (CNS 3), the NVM command set's controller limits (CNS 6, CSI 0: write-zeroes and
-//!   discard sizes) and, for a zoned namespace, its zone layout (CNS 5 and 6, CSI 2); Get
-//!   Features (volatile write cache) decides `flush-needed`;
+//!   discard sizes) and, for a zoned namespace, its zone layout (CNS 5 and 6, CSI 2); a
+//!   volatile write cache (VWC) makes `flush-needed`;
 //! * I/O (`queue`): read, write (FUA native), flush, write-zeroes (deallocating unless
 //!   `NO_UNMAP`) and discard (Dataset Management, deallocate) as NVM commands, on regular
 //!   queues or on poll queues (`IORING_SETUP_IOPOLL` rings: every command is polled);
@@ -65,11 +65,8 @@ const PROPS: &[PropSpec] = &[
 const MAX_SEGMENTS: i32 = 1024;
 /// NLB of read, write and write-zeroes is a 16-bit, 0-based count.
 const MAX_NLB_16: u64 = 1 << 16;
-/// Admin opcodes.
-const ADMIN_GET_FEATURES: u8 = 0x0a;
+/// Admin opcode: Identify.
 const ADMIN_IDENTIFY: u8 = 0x06;
-/// Feature identifier: Volatile Write Cache.
-const FEAT_VWC: u32 = 0x06;
 
 /// The namespace a connected driver talks to, shared by its queues.
 #[derive(Debug)]
@@ -87,6 +84,8 @@ pub(crate) struct Ns {
     dsm: bool,
     /// The zone layout of a zoned namespace, `None` for a conventional one.
     zones: Option<id::Zones>,
+    /// Commands may use fixed buffers (see `queue::probe_fixed`).
+    fixed_bufs: bool,
 }
 
 /// What connect learned beyond [`Ns`].
@@ -149,18 +148,51 @@ fn identify(fd: RawFd, cns: u8, nsid: u32, csi: u8) -> std::result::Result<Vec<u
     }
 }
 
-/// Whether the volatile write cache is enabled (Get Features); `None` if the controller does
-/// not say.
-fn write_cache_enabled(fd: RawFd) -> Option<bool> {
-    let cmd = sys::Cmd {
-        opcode: ADMIN_GET_FEATURES,
-        cdw10: FEAT_VWC,
-        ..sys::Cmd::default()
-    };
-    match sys::admin(fd, cmd, &mut []) {
-        Ok((0, result)) => Some(result & 1 != 0),
-        _ => None,
+/// The namespace's command set from the answer to Identify CNS 3 (`cns3`). Controllers
+/// before NVMe 1.3 have no descriptor list and answer with an NVMe status: their namespaces
+/// are NVM. Since Linux 6.2 a caller without CAP_SYS_ADMIN may send Identify CNS 0, 1, 5, 6
+/// and 8 only, and CNS 3 fails with EACCES (EPERM before): then the namespace is zoned if the
+/// ZNS namespace structure (CNS 5, CSI 2, allowed unprivileged: `zns`) has a zone size for its
+/// LBA format `format`, NVM otherwise. Any other failure is an error.
+fn command_set(
+    cns3: std::result::Result<Vec<u8>, NvmeError>,
+    format: usize,
+    zns: impl FnOnce() -> std::result::Result<Vec<u8>, NvmeError>,
+) -> std::result::Result<u8, NvmeError> {
+    match cns3 {
+        Ok(p) => Ok(id::csi(&p)),
+        Err(NvmeError::IdentifyStatus { .. }) => Ok(CSI_NVM),
+        Err(NvmeError::Identify { source, .. })
+            if matches!(source.raw_os_error(), Some(libc::EACCES | libc::EPERM)) =>
+        {
+            match zns() {
+                Ok(p) if id::zone_size_blocks(&p, format) != 0 => Ok(CSI_ZNS),
+                Ok(_) | Err(NvmeError::IdentifyStatus { .. }) => Ok(CSI_NVM),
+                Err(e) => Err(e),
+            }
+        }
+        Err(e) => Err(e),
     }
+}
+
+/// The kernel's limit on one passthrough request for the namespace device `fd`: the
+/// `max_hw_sectors_kb` of its block device. The generic device `ngXnY` and the block device
+/// `nvmeXnY` share their numbering; `None` when there is no block device (then MDTS rules).
+fn kernel_max_transfer(fd: RawFd) -> Option<u64> {
+    use std::os::unix::fs::MetadataExt;
+    let md = std::fs::metadata(format!("/proc/self/fd/{fd}")).ok()?;
+    kernel_max_transfer_of(std::path::Path::new("/sys"), md.rdev())
+}
+
+/// [`kernel_max_transfer`] for the character device number `rdev`, under the sysfs root `sys`.
+fn kernel_max_transfer_of(sys: &std::path::Path, rdev: u64) -> Option<u64> {
+    let (major, minor) = (libc::major(rdev), libc::minor(rdev));
+    let link = std::fs::read_link(sys.join(format!("dev/char/{major}:{minor}"))).ok()?;
+    let name = link.file_name()?.to_str()?;
+    let blk = format!("nvme{}", name.strip_prefix("ng")?);
+    let kb = std::fs::read_to_string(sys.join(format!("block/{blk}/queue/max_hw_sectors_kb")));
+    let kb: u64 = kb.ok()?.trim().parse().ok()?;
+    (kb > 0).then(|| kb.saturating_mul(1024))
 }
 
 /// Open `path`, or duplicate `fd`, refusing anything that is not a character device.
@@ -207,8 +239,9 @@ fn probe(fd: OwnedFd, read_only: bool) -> std::result::Result<(Ns, Facts), NvmeE
     let nsid = sys::ns_id(raw).map_err(NvmeError::NotNamespace)?;
     let n = id::namespace(&identify(raw, 0, nsid, 0)?)?;
     let ctrl = id::controller(&identify(raw, 1, 0, 0)?);
-    // Controllers before NVMe 1.3 have no descriptor list: their namespaces are NVM.
-    let csi = identify(raw, 3, nsid, 0).map_or(CSI_NVM, |p| id::csi(&p));
+    let csi = command_set(identify(raw, 3, nsid, 0), n.format, || {
+        identify(raw, 5, nsid, CSI_ZNS)
+    })?;
     if csi != CSI_NVM && csi != CSI_ZNS {
         return Err(NvmeError::CommandSet { csi });
     }
@@ -231,6 +264,12 @@ fn probe(fd: OwnedFd, read_only: bool) -> std::result::Result<(Ns, Facts), NvmeE
     if let Some(m) = ctrl.mdts_bytes {
         max_transfer = max_transfer.min(m);
     }
+    // The kernel refuses passthrough requests above the queue's max_hw_sectors (EINVAL), which
+    // an IOMMU can make smaller than MDTS.
+    if let Some(k) = kernel_max_transfer(raw) {
+        // A whole number of blocks, at least one.
+        max_transfer = max_transfer.min(k - k % lba).max(lba);
+    }
     // Keep the int property exact: a power-of-two multiple of the block size below 2^31.
     max_transfer = max_transfer.min(1 << 30);
     let max_write_zeroes = if ctrl.write_zeroes {
@@ -248,7 +287,9 @@ fn probe(fd: OwnedFd, read_only: bool) -> std::result::Result<(Ns, Facts), NvmeE
     } else {
         0
     };
-    let flush_needed = ctrl.vwc && write_cache_enabled(raw).unwrap_or(true);
+    // Flush whenever a volatile write cache is present: whether it is enabled can change
+    // after connect (Set Features, or `nvme set-feature` of another process).
+    let flush_needed = ctrl.vwc;
     let ns = Ns {
         fd,
         nsid,
@@ -262,6 +303,7 @@ fn probe(fd: OwnedFd, read_only: bool) -> std::result::Result<(Ns, Facts), NvmeE
         write_zeroes: ctrl.write_zeroes,
         dsm: ctrl.dsm,
         zones,
+        fixed_bufs: true,
     };
     let capacity = n.blocks.saturating_mul(lba);
     Ok((ns, Facts { capacity, zones }))
@@ -313,8 +355,12 @@ impl Driver for NvmeDriver {
         if self.path.is_empty() && self.fd < 0 {
             return Err(Error::inval("One of path and fd must be set"));
         }
+        if !self.path.is_empty() && self.fd >= 0 {
+            return Err(Error::inval("path and fd cannot be set at the same time"));
+        }
         let fd = open(&self.path, self.fd, read_only).map_err(nv)?;
-        let (ns, facts) = probe(fd, read_only).map_err(nv)?;
+        let (mut ns, facts) = probe(fd, read_only).map_err(nv)?;
+        ns.fixed_bufs = queue::probe_fixed(&ns);
         let lba = int(1 << ns.lba_shift);
         let poll = queue::probe_poll(&ns);
         let info = DeviceInfo {

@@ -6,6 +6,7 @@ use super::Ns;
 use super::sys::{Cmd, NVME_URING_CMD_IO, NVME_URING_CMD_IO_VEC};
 use super::zns;
 use crate::uring::bufs::{BUF_SLOTS, Buffers, FixedBufCache};
+use crate::uring::ring::Canary;
 use io_uring::{IoUring, cqueue, opcode, squeue, types};
 use snapblk_core::{
     Completion, Engine, Error, MemRegion, Op, Queue, QueueCore, ReqFlags, Request, Result, ZoneOp,
@@ -28,20 +29,6 @@ const CDW12_DEAC: u32 = 1 << 25;
 /// DSM CDW11: Attribute – Deallocate.
 const DSM_AD: u32 = 1 << 2;
 
-const IORING_ENTER_GETEVENTS: u32 = 1;
-const IORING_ENTER_EXT_ARG: u32 = 8;
-/// The kernel's sigset size (see the io_uring driver's ring.rs).
-const KERNEL_SIGSET_SIZE: u32 = 8;
-
-/// `struct io_uring_getevents_arg`.
-#[repr(C)]
-struct GeteventsArg {
-    sigmask: u64,
-    sigmask_sz: u32,
-    min_wait_usec: u32,
-    ts: u64,
-}
-
 type Ring = IoUring<squeue::Entry128, cqueue::Entry32>;
 
 /// A request between enqueue and completion; `buf` is the library's own data buffer of the
@@ -54,6 +41,9 @@ struct Pending {
 
 pub(super) struct NvmeEngine {
     ring: Ring,
+    /// Says when the kernel has freed `ring` and every command with it (see [`Canary`]);
+    /// declared after `ring` and before `slots` (the boxed DSM ranges), so dropped between.
+    canary: Option<Canary>,
     ns: Arc<Ns>,
     /// The mapped memory regions, registered as fixed buffers of the ring (io_uring driver's
     /// table, shared by every queue of the device).
@@ -212,7 +202,9 @@ impl NvmeEngine {
             };
             let e = self.sqe(i);
             // SAFETY: the buffers the command points at (the caller's, or the slot's boxed DSM
-            // range) stay valid until its completion is reaped.
+            // range) stay valid until its completion is reaped, or, for a queue dropped with
+            // commands in flight, until the canary says the kernel has freed the ring
+            // (`NvmeQueue::drop`; the slots are dropped after the canary).
             if unsafe { self.ring.submission().push(&e) }.is_err() {
                 break;
             }
@@ -228,43 +220,15 @@ impl NvmeEngine {
         sigmask: Option<&libc::sigset_t>,
     ) -> std::result::Result<usize, i32> {
         let to_submit = self.ring.submission().len() as u32;
-        let mut flags = if want > 0 || self.poll {
-            IORING_ENTER_GETEVENTS
-        } else {
-            0
-        };
-        let r = if want > 0 && (timeout.is_some() || sigmask.is_some()) {
-            flags |= IORING_ENTER_EXT_ARG;
-            let ts = timeout.map(|d| libc::timespec {
-                tv_sec: d.as_secs() as libc::time_t,
-                tv_nsec: d.subsec_nanos() as libc::c_long,
-            });
-            let arg = GeteventsArg {
-                sigmask: sigmask.map_or(0, |m| m as *const libc::sigset_t as u64),
-                sigmask_sz: if sigmask.is_some() {
-                    KERNEL_SIGSET_SIZE
-                } else {
-                    0
-                },
-                min_wait_usec: 0,
-                ts: ts.as_ref().map_or(0, |t| t as *const libc::timespec as u64),
-            };
-            // SAFETY: `arg` and what it points to outlive the call; its layout is the
-            // kernel's `io_uring_getevents_arg`.
-            unsafe {
-                self.ring
-                    .submitter()
-                    .enter(to_submit, want, flags, Some(&arg))
-            }
-        } else {
-            // SAFETY: no argument pointer.
-            unsafe {
-                self.ring
-                    .submitter()
-                    .enter::<libc::sigset_t>(to_submit, want, flags, None)
-            }
-        };
-        r.map_err(|e| e.raw_os_error().unwrap_or(libc::EINVAL))
+        let getevents = want > 0 || self.poll;
+        crate::uring::ring::enter(
+            &self.ring.submitter(),
+            to_submit,
+            want,
+            getevents,
+            timeout,
+            sigmask,
+        )
     }
 }
 
@@ -347,13 +311,38 @@ impl Engine for NvmeEngine {
 /// queue (`nvme.poll_queues=0`) the command completes by interrupt and is reaped by the same
 /// loop, so a poll queue still works, just without the benefit.
 pub(super) fn probe_poll(ns: &Ns) -> bool {
+    probe_read(ns, true, false) == Some(0)
+}
+
+/// May commands use fixed buffers (`IORING_URING_CMD_FIXED`, Linux 6.1)? Linux 5.19 and 6.0
+/// have passthrough but refuse the flag with EINVAL; a fixed-buffer read of block 0 tells.
+/// Anything but EINVAL (a ring or buffer that cannot be set up included) leaves them on:
+/// a queue that cannot register its buffers does without them anyway.
+pub(super) fn probe_fixed(ns: &Ns) -> bool {
+    probe_read(ns, false, true) != Some(-libc::EINVAL)
+}
+
+/// The result of one passthrough read of block 0 on a new ring (`iopoll`: polled), into a
+/// buffer registered as fixed buffer 0 if `fixed`; `None` if it could not be issued.
+fn probe_read(ns: &Ns, iopoll: bool, fixed: bool) -> Option<i32> {
     let len = (1usize << ns.lba_shift).max(4096);
-    let Ok(mut ring) = Ring::builder().setup_iopoll().build(2) else {
-        return false;
+    let mut b = Ring::builder();
+    if iopoll {
+        b.setup_iopoll();
+    }
+    let mut ring = b.build(2).ok()?;
+    let buf = MemRegion::alloc(len).ok()?;
+    let iov = libc::iovec {
+        iov_base: buf.addr.cast(),
+        iov_len: len,
     };
-    let Ok(buf) = MemRegion::alloc(len) else {
-        return false;
-    };
+    // SAFETY: the buffer stays alive while registered: the ring is dropped before it is freed.
+    if fixed && unsafe { ring.submitter().register_buffers(&[iov]) }.is_err() {
+        drop(ring);
+        // SAFETY: nothing was submitted: nothing references the buffer.
+        unsafe { buf.free() };
+        return None;
+    }
     let c = Cmd {
         opcode: OP_READ,
         nsid: ns.nsid,
@@ -363,6 +352,7 @@ pub(super) fn probe_poll(ns: &Ns) -> bool {
     };
     let sqe = opcode::UringCmd80::new(types::Fd(ns.fd.as_raw_fd()), NVME_URING_CMD_IO)
         .cmd(c.to_sqe_bytes())
+        .buf_index(fixed.then_some(0))
         .build();
     // SAFETY: `buf` stays alive until the read's completion is reaped below; when it cannot
     // be, `buf` is leaked, never freed.
@@ -370,11 +360,11 @@ pub(super) fn probe_poll(ns: &Ns) -> bool {
         drop(ring);
         // SAFETY: nothing was submitted: nothing references the buffer.
         unsafe { buf.free() };
-        return false;
+        return None;
     }
-    let ok = loop {
+    let res = loop {
         if let Some(c) = ring.completion().next() {
-            break c.result() == 0;
+            break c.result();
         }
         match ring.submit_and_wait(1) {
             // EINTR comes only when nothing was submitted by this call: call again.
@@ -384,7 +374,7 @@ pub(super) fn probe_poll(ns: &Ns) -> bool {
                 // the device. A connect-time error path only.
                 drop(ring);
                 let _leaked = buf;
-                return false;
+                return None;
             }
             Ok(_) => {}
         }
@@ -392,7 +382,7 @@ pub(super) fn probe_poll(ns: &Ns) -> bool {
     drop(ring);
     // SAFETY: the read's completion was reaped: nothing references the buffer any more.
     unsafe { buf.free() };
-    ok
+    Some(res)
 }
 
 /// A queue of the `nvme-io_uring` driver.
@@ -400,11 +390,6 @@ pub(super) struct NvmeQueue {
     core: QueueCore,
     eng: NvmeEngine,
 }
-
-// SAFETY: the raw pointers inside pending requests are the enqueue caller's buffers, valid
-// until completion whichever thread drives the queue; the ring is an fd and mmapped memory
-// owned by this queue.
-unsafe impl Send for NvmeQueue {}
 
 impl NvmeQueue {
     pub(super) fn new(
@@ -420,19 +405,28 @@ impl NvmeQueue {
         }
         let ring = b.build(entries).map_err(Error::from_io)?;
         let sub = ring.submitter();
-        sub.register_files(&[ns.fd.as_raw_fd()])
-            .map_err(Error::from_io)?;
+        // The namespace as fixed file 0, a canary as fixed file 1.
+        let (registered, canary) = Canary::register(&sub, ns.fd.as_raw_fd());
+        if !registered {
+            return Err(Error::new(
+                libc::ENOMEM,
+                "could not register the namespace with the ring",
+            ));
+        }
         if let Some(e) = core.eventfd() {
             sub.register_eventfd(e.raw()).map_err(Error::from_io)?;
         }
         // Fixed buffers: a sparse table holding the regions mapped so far, then following
         // map/unmap; a ring that cannot hold them all (RLIMIT_MEMLOCK) uses none.
-        let fixed = sub.register_buffers_sparse(BUF_SLOTS).is_ok() && bufs.attach(ring.as_raw_fd());
+        let fixed = ns.fixed_bufs
+            && sub.register_buffers_sparse(BUF_SLOTS).is_ok()
+            && bufs.attach(ring.as_raw_fd());
         let cq_cap = ring.params().cq_entries() as usize;
         Ok(NvmeQueue {
             core,
             eng: NvmeEngine {
                 ring,
+                canary,
                 ns,
                 bufs: FixedBufCache::new(bufs, fixed),
                 slots: Vec::new(),
@@ -592,7 +586,8 @@ impl Drop for NvmeQueue {
         let sq = self.eng.ring.submission().len();
         self.eng.in_kernel = self.eng.in_kernel.saturating_sub(sq);
         let mut idle = 0;
-        while self.eng.in_kernel > 0 && idle < 30 {
+        // Without a canary nothing else can tell when the commands are finished: wait for all.
+        while self.eng.in_kernel > 0 && (idle < 30 || self.eng.canary.is_none()) {
             let _ = self.eng.enter(1, Some(Duration::from_secs(1)), None);
             let mut n = 0;
             while self.eng.ring.completion().next().is_some() {
@@ -600,6 +595,15 @@ impl Drop for NvmeQueue {
             }
             idle = if n == 0 { idle + 1 } else { 0 };
             self.eng.in_kernel = self.eng.in_kernel.saturating_sub(n);
+        }
+        // Commands silent for 30 s: passthrough commands cannot be cancelled, so closing the
+        // ring leaves them to finish on their own, still writing into caller buffers and the
+        // boxed DSM ranges. The canary, dropped after the ring, waits until the kernel has
+        // freed the ring and so every command with it.
+        if self.eng.in_kernel > 0
+            && let Some(c) = &mut self.eng.canary
+        {
+            c.wait = true;
         }
     }
 }
@@ -651,6 +655,131 @@ impl Queue for NvmeQueue {
 #[cfg(test)]
 mod tests {
     use super::status_msg;
+    use super::{NvmeQueue, Pending};
+    use crate::uring::bufs::Buffers;
+    use snapblk_core::{MemRegion, Op, ReqFlags, Request};
+    use std::os::fd::OwnedFd;
+    use std::sync::Arc;
+
+    /// A queue on /dev/null (registration needs an fd, not a device) for a namespace of
+    /// 512-byte blocks, the region `reg` mapped (a fixed buffer).
+    fn queue(reg: &MemRegion) -> NvmeQueue {
+        let fd: OwnedFd = std::fs::File::open("/dev/null").unwrap().into();
+        let ns = super::Ns {
+            fd,
+            nsid: 7,
+            lba_shift: 9,
+            read_only: false,
+            max_transfer: 1 << 19,
+            max_write_zeroes: 1 << 25,
+            max_discard: 1 << 40,
+            max_segments: 1024,
+            flush_needed: true,
+            write_zeroes: true,
+            dsm: true,
+            fixed_bufs: true,
+        };
+        let bufs = Arc::new(Buffers::default());
+        assert!(bufs.register(reg.addr as usize, reg.len));
+        NvmeQueue::new(Arc::new(ns), bufs, 8, false).unwrap()
+    }
+
+    /// The 128 bytes of the SQE `sqe()` builds for `req` (the command is at 48..128).
+    fn sqe_bytes(q: &mut NvmeQueue, req: Request) -> [u8; 128] {
+        let range = q.check(&req).unwrap();
+        let i = q.eng.alloc(Pending { req, range });
+        let e = q.eng.sqe(i);
+        assert_eq!(size_of::<io_uring::squeue::Entry128>(), 128);
+        // SAFETY: `Entry128` is the kernel's 128-byte SQE, `repr(C)` plain data (size checked).
+        unsafe { std::mem::transmute::<io_uring::squeue::Entry128, [u8; 128]>(e) }
+    }
+    fn u16_at(b: &[u8], o: usize) -> u16 {
+        u16::from_le_bytes(b[o..o + 2].try_into().unwrap())
+    }
+    fn u32_at(b: &[u8], o: usize) -> u32 {
+        u32::from_le_bytes(b[o..o + 4].try_into().unwrap())
+    }
+    fn u64_at(b: &[u8], o: usize) -> u64 {
+        u64::from_le_bytes(b[o..o + 8].try_into().unwrap())
+    }
+    /// SQE: opcode 0, flags 1, cmd_op 8, uring_cmd_flags 28, buf_index 40, command 48.
+    const IORING_OP_URING_CMD: u8 = 46;
+    const IOSQE_FIXED_FILE: u8 = 1;
+    const IORING_URING_CMD_FIXED: u32 = 1;
+    const CMD: usize = 48;
+
+    #[test]
+    fn sqe_carries_the_nvme_command() {
+        let reg = MemRegion::alloc(1 << 16).unwrap();
+        let mut q = queue(&reg);
+        let mut plain = vec![0u8; 4096];
+        // A read above LBA 2^32, outside any mapped region: a plain buffer.
+        let slba = (1u64 << 32) | 5;
+        let op = Op::Read {
+            offset: slba << 9,
+            buf: plain.as_mut_ptr(),
+            len: 4096,
+        };
+        let b = sqe_bytes(&mut q, Request::new(op, 1, ReqFlags::NONE));
+        assert_eq!(b[0], IORING_OP_URING_CMD);
+        assert_eq!(b[1] & IOSQE_FIXED_FILE, IOSQE_FIXED_FILE);
+        assert_eq!(u32_at(&b, 4), 0, "fixed file 0: the namespace");
+        assert_eq!(u32_at(&b, 8), super::NVME_URING_CMD_IO);
+        assert_eq!(u32_at(&b, 28) & IORING_URING_CMD_FIXED, 0);
+        assert_eq!(b[CMD], 0x02);
+        assert_eq!(u32_at(&b, CMD + 4), 7);
+        assert_eq!(u64_at(&b, CMD + 24), plain.as_ptr() as u64);
+        assert_eq!(u32_at(&b, CMD + 36), 4096);
+        assert_eq!(u32_at(&b, CMD + 40), 5, "SLBA low");
+        assert_eq!(u32_at(&b, CMD + 44), 1, "SLBA high");
+        assert_eq!(u32_at(&b, CMD + 48), 7, "NLB 0-based");
+        // A FUA write from the mapped region: a fixed buffer.
+        let op = Op::Write {
+            offset: 4096,
+            buf: reg.addr.wrapping_add(8192),
+            len: 8192,
+        };
+        let b = sqe_bytes(&mut q, Request::new(op, 2, ReqFlags::FUA));
+        assert_eq!(b[CMD], 0x01);
+        assert_eq!(
+            u32_at(&b, 28) & IORING_URING_CMD_FIXED,
+            IORING_URING_CMD_FIXED
+        );
+        assert_eq!(u16_at(&b, 40), 0, "the region's slot");
+        assert_eq!(u64_at(&b, CMD + 24), reg.addr as u64 + 8192);
+        assert_eq!(u32_at(&b, CMD + 40), 8);
+        assert_eq!(u32_at(&b, CMD + 48), (1 << 30) | 15, "FUA, NLB 15");
+        // Write zeroes deallocates (DEAC, bit 25) unless NO_UNMAP.
+        let op = Op::WriteZeroes {
+            offset: 1 << 20,
+            len: 1 << 16,
+        };
+        let b = sqe_bytes(&mut q, Request::new(op, 3, ReqFlags::NONE));
+        assert_eq!(b[CMD], 0x08);
+        assert_eq!(u32_at(&b, CMD + 40), 2048);
+        assert_eq!(u32_at(&b, CMD + 48), (1 << 25) | 127);
+        let b = sqe_bytes(&mut q, Request::new(op, 4, ReqFlags::NO_UNMAP));
+        assert_eq!(u32_at(&b, CMD + 48), 127);
+        // Discard: Dataset Management, one range with the deallocate attribute.
+        let op = Op::Discard {
+            offset: (1u64 << 33) + 512,
+            len: 3 << 9,
+        };
+        let b = sqe_bytes(&mut q, Request::new(op, 5, ReqFlags::NONE));
+        assert_eq!(b[CMD], 0x09);
+        assert_eq!(u32_at(&b, CMD + 36), 16);
+        assert_eq!(u32_at(&b, CMD + 40), 0, "one range");
+        assert_eq!(u32_at(&b, CMD + 44), 1 << 2, "AD");
+        let range = u64_at(&b, CMD + 24) as *const [u8; 16];
+        // SAFETY: the range is the slot's boxed DSM range, alive until the slot is freed.
+        let range = unsafe { *range };
+        assert_eq!(u32_at(&range, 0), 0, "context attributes");
+        assert_eq!(u32_at(&range, 4), 3, "length in blocks");
+        assert_eq!(u64_at(&range, 8), (1u64 << 24) + 1, "starting LBA");
+        drop(q);
+        // SAFETY: no command was submitted: nothing references the region.
+        unsafe { reg.free() };
+    }
 
     #[test]
     fn nvme_statuses_are_named() {

@@ -61,8 +61,9 @@ impl Cmd {
 
 /// The namespace id of the namespace device `fd` (`NVME_IOCTL_ID`).
 pub(crate) fn ns_id(fd: RawFd) -> io::Result<u32> {
-    // SAFETY: NVME_IOCTL_ID takes no argument; any fd is safe to ask.
-    let r = unsafe { libc::ioctl(fd, NVME_IOCTL_ID as _) };
+    // SAFETY: NVME_IOCTL_ID takes no argument (an explicit 0 fills the variadic slot); any
+    // fd is safe to ask.
+    let r = unsafe { libc::ioctl(fd, NVME_IOCTL_ID as _, 0) };
     if r < 0 {
         return Err(io::Error::last_os_error());
     }

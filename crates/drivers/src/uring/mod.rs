@@ -28,7 +28,7 @@
 pub(crate) mod bufs;
 mod engine;
 mod queue;
-mod ring;
+pub(crate) mod ring;
 mod slots;
 #[cfg(test)]
 mod tests;

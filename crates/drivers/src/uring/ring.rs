@@ -114,16 +114,16 @@ pub(super) fn make_ring(
 /// into, which no cancellation stops). So end-of-file here says that no request of the ring
 /// can touch a caller's buffer any more, and waiting for it needs no `io_uring_enter` — which
 /// on a `SINGLE_ISSUER` ring only its owner may do.
-pub(super) struct Canary {
+pub(crate) struct Canary {
     rd: OwnedFd,
     /// Wait for end-of-file when dropped (after the ring is closed: see [`Ring`]).
-    pub(super) wait: bool,
+    pub(crate) wait: bool,
 }
 
 impl Canary {
     /// Register the target as fixed file 0 and a canary as fixed file 1; returns whether the
     /// target is registered, and the canary if it is.
-    fn register(sub: &Submitter<'_>, target: RawFd) -> (bool, Option<Canary>) {
+    pub(crate) fn register(sub: &Submitter<'_>, target: RawFd) -> (bool, Option<Canary>) {
         let mut fds = [0; 2];
         // SAFETY: `fds` has room for the two descriptors pipe2 writes.
         if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } == 0 {
@@ -271,46 +271,56 @@ impl Ring {
         sigmask: Option<&libc::sigset_t>,
     ) -> std::result::Result<usize, i32> {
         // With DEFER_TASKRUN completions are only posted inside a GETEVENTS enter.
-        let mut flags = if want > 0 || self.poll || self.defer {
-            IORING_ENTER_GETEVENTS
-        } else {
-            0
-        };
-        let ts;
-        let arg;
-        let r = if want > 0 && (timeout.is_some() || sigmask.is_some()) {
-            flags |= IORING_ENTER_EXT_ARG;
-            ts = timeout.map(|d| libc::timespec {
-                tv_sec: d.as_secs() as libc::time_t,
-                tv_nsec: d.subsec_nanos() as libc::c_long,
-            });
-            arg = GeteventsArg {
-                sigmask: sigmask.map_or(0, |m| m as *const libc::sigset_t as u64),
-                sigmask_sz: if sigmask.is_some() {
-                    KERNEL_SIGSET_SIZE
-                } else {
-                    0
-                },
-                min_wait_usec: 0,
-                ts: ts.as_ref().map_or(0, |t| t as *const libc::timespec as u64),
-            };
-            // SAFETY: `arg` (and the timespec/sigmask it points to) outlive the call; the size
-            // passed by `enter` is that of `GeteventsArg`, the kernel's getevents_arg.
-            unsafe {
-                self.io
-                    .submitter()
-                    .enter(to_submit, want, flags, Some(&arg))
-            }
-        } else {
-            // SAFETY: no argument pointer.
-            unsafe {
-                self.io
-                    .submitter()
-                    .enter::<libc::sigset_t>(to_submit, want, flags, None)
-            }
-        };
-        r.map_err(|e| e.raw_os_error().unwrap_or(libc::EINVAL))
+        let getevents = want > 0 || self.poll || self.defer;
+        enter(
+            &self.io.submitter(),
+            to_submit,
+            want,
+            getevents,
+            timeout,
+            sigmask,
+        )
     }
+}
+
+/// `io_uring_enter`: submit `to_submit` entries and, with `getevents`, wait for `want`
+/// completions, at most `timeout`, with `sigmask` as the signal mask while waiting. Also used
+/// by the nvme-io_uring driver's rings. `Err` is the errno.
+pub(crate) fn enter(
+    sub: &Submitter<'_>,
+    to_submit: u32,
+    want: u32,
+    getevents: bool,
+    timeout: Option<Duration>,
+    sigmask: Option<&libc::sigset_t>,
+) -> std::result::Result<usize, i32> {
+    let mut flags = if getevents { IORING_ENTER_GETEVENTS } else { 0 };
+    let ts;
+    let arg;
+    let r = if want > 0 && (timeout.is_some() || sigmask.is_some()) {
+        flags |= IORING_ENTER_EXT_ARG;
+        ts = timeout.map(|d| libc::timespec {
+            tv_sec: d.as_secs() as libc::time_t,
+            tv_nsec: d.subsec_nanos() as libc::c_long,
+        });
+        arg = GeteventsArg {
+            sigmask: sigmask.map_or(0, |m| m as *const libc::sigset_t as u64),
+            sigmask_sz: if sigmask.is_some() {
+                KERNEL_SIGSET_SIZE
+            } else {
+                0
+            },
+            min_wait_usec: 0,
+            ts: ts.as_ref().map_or(0, |t| t as *const libc::timespec as u64),
+        };
+        // SAFETY: `arg` (and the timespec/sigmask it points to) outlive the call; the size
+        // passed by `enter` is that of `GeteventsArg`, the kernel's getevents_arg.
+        unsafe { sub.enter(to_submit, want, flags, Some(&arg)) }
+    } else {
+        // SAFETY: no argument pointer.
+        unsafe { sub.enter::<libc::sigset_t>(to_submit, want, flags, None) }
+    };
+    r.map_err(|e| e.raw_os_error().unwrap_or(libc::EINVAL))
 }
 
 /// `claim`'s refusal to move a queue whose requests are in another thread's ring (negative, so

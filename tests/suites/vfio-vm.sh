@@ -4,8 +4,10 @@
 # virtio-blk-pci devices bound to vfio-pci in the guest (tests/vm/guest/vfio-tests.sh):
 #  1. the conformance suite (snapblk-conformance --allow-destructive) on device A, and on
 #     device E, which offers packed rings (packed=on), with snapblk's C test after it (and the
-#     real library's on G, packed too); a device with one MSI-X vector for two queues (F); a
-#     read-only device (H); two devices behind a PCI bridge, so in one IOMMU group (I, J);
+#     real library's on G, packed too); a device with one MSI-X vector shared by two queues
+#     (F, also the C program's shared-vector checks on both libraries); a read-only device (H);
+#     two devices behind a PCI bridge, so in one IOMMU group (I, J); at the end F is removed
+#     and H unbound while an instance reads on them (requests fail, destroy returns);
 #  2. tests/c/vfio_test.c against snapblk's libblkio.so.1 (device A) and the real libblkio 1.5
 #     (device B, bench/real-libblkio.sh) in the same boot: snapblk passes everything, every
 #     check the real library fails is a documented [fix], both run the same checks;

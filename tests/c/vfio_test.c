@@ -13,6 +13,8 @@
  *        vfio_test bad SYSFS_DIR      connect only; prints "connect rc=N msg=M" (bad input)
  *        vfio_test shared SYSFS_DIR   two queues on a device with one MSI-X vector (snapblk
  *                                     shares it; the real library needs one per queue: [fix])
+ *        vfio_test pollonly SYSFS_DIR one poll queue, no regular one: a write read back
+ *                                     (a device without MSI-X); prints "pollonly: ..."
  *        vfio_test unplug SYSFS_DIR READY
  *                                     reads on two queues (one if the device has one) until
  *                                     they fail; creates file READY
@@ -139,6 +141,32 @@ static int shared_mode(const char *dev)
     return fails ? 1 : 0;
 }
 
+static int pollonly_mode(const char *dev)
+{
+    struct blkio *b = NULL;
+    if (blkio_create("virtio-blk-vfio-pci", &b) != 0) return 2;
+    blkio_set_str(b, "path", dev);
+    struct blkio_mem_region r;
+    if (blkio_connect(b) != 0 || blkio_set_int(b, "num-queues", 0) != 0 ||
+        blkio_set_int(b, "num-poll-queues", 1) != 0 || blkio_start(b) != 0 ||
+        blkio_alloc_mem_region(b, &r, 8192) != 0 || blkio_map_mem_region(b, &r) != 0) {
+        printf("pollonly: setup failed: %s\n", blkio_get_error_msg());
+        return 1;
+    }
+    struct blkioq *q = blkio_get_poll_queue(b, 0);
+    char *m = r.addr;
+    memset(m, 0x6d, 4096);
+    memset(m + 4096, 0, 4096);
+    blkioq_write(q, 8192, m, 4096, NULL, 0);
+    struct blkio_completion w = wait1(q, 20);
+    blkioq_read(q, 8192, m + 4096, 4096, NULL, 0);
+    struct blkio_completion rd = wait1(q, 20);
+    int same = memcmp(m, m + 4096, 4096) == 0;
+    printf("pollonly: write ret=%d read ret=%d data %s\n", w.ret, rd.ret, same ? "same" : "differs");
+    blkio_destroy(&b);
+    return w.ret == 0 && rd.ret == 0 && same ? 0 : 1;
+}
+
 /* Reads on two queues (or the device's one) until the device goes away under them (the caller removes it once READY
  * exists): they must fail (not hang), new ones too, and destroy must return. */
 static int unplug_mode(const char *dev, const char *ready)
@@ -202,6 +230,7 @@ int main(int argc, char **argv)
         return 0;
     }
     if (argc == 3 && strcmp(argv[1], "shared") == 0) return shared_mode(argv[2]);
+    if (argc == 3 && strcmp(argv[1], "pollonly") == 0) return pollonly_mode(argv[2]);
     if (argc == 4 && strcmp(argv[1], "unplug") == 0) return unplug_mode(argv[2], argv[3]);
     if (argc != 2) { fprintf(stderr, "usage: %s SYSFS_DIR | bad SYSFS_DIR\n", argv[0]); return 2; }
     const char *dev = argv[1];

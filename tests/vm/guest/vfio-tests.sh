@@ -9,6 +9,7 @@
 #   00:15.0  F: as A, with one MSI-X vector (vectors=1), 1 MiB    (a shared vector; removed)
 #   00:16.0  G: as E                                              (real libblkio: C test)
 #   00:17.0  H: modern, iommu_platform=on, read-only drive, 1 MiB (read-only rules; unbound)
+#   00:19.0  K: modern, iommu_platform=on, no MSI-X (vectors=0)   (poll queues only)
 #   I and J: modern, iommu_platform=on, behind a pcie-pci-bridge at 00:18.0, so in one IOMMU
 #            group; only I is bound to vfio-pci                  (group not viable)
 # Binds them to vfio-pci, runs the conformance suite and the C differential program
@@ -21,15 +22,15 @@ fail() { echo "FAIL: $*"; rc=1; }
 kernel_reports_begin
 S=/sys/bus/pci/devices
 A=0000:00:10.0 B=0000:00:11.0 C=0000:00:12.0 D=0000:00:13.0 E=0000:00:14.0 F=0000:00:15.0
-G=0000:00:16.0 H=0000:00:17.0
-for d in $A $B $C $D $E $F $G $H; do
+G=0000:00:16.0 H=0000:00:17.0 K=0000:00:19.0
+for d in $A $B $C $D $E $F $G $H $K; do
     if [ -d $S/$d ]; then
         echo "INFO: $d $(cat $S/$d/vendor):$(cat $S/$d/device) group $(basename "$(readlink $S/$d/iommu_group)")"
     else
         fail "no PCI device $d (devices: $(ls $S | tr '\n' ' '))"
     fi
 done
-for d in $A $B $E $F $G $H; do [ -d $S/$d ] || exit 1; done
+for d in $A $B $E $F $G $H $K; do [ -d $S/$d ] || exit 1; done
 
 # Bad input that needs no binding: a directory that is no PCI device, a PCI device that is no
 # virtio-blk (the host bridge), a virtio-blk device still bound to virtio-pci.
@@ -55,7 +56,7 @@ g=$(basename "$(readlink $S/$A/iommu_group)")
 bad "not bound to vfio-pci" $S/$A -2 "opening /dev/vfio/$g"
 
 echo Y > /sys/module/vfio_iommu_type1/parameters/allow_unsafe_interrupts
-for d in $A $B $C $D $E $F $G $H; do
+for d in $A $B $C $D $E $F $G $H $K; do
     [ -d $S/$d ] || continue
     echo vfio-pci > $S/$d/driver_override
     [ -e $S/$d/driver ] && echo $d > $S/$d/driver/unbind
@@ -135,6 +136,20 @@ grep '^FAIL' /tmp/shr.txt | while IFS= read -r line; do
         *) echo "FAIL: undocumented difference: real libblkio (one vector): $line" ;;
     esac
 done
+# No MSI-X at all: a regular queue is refused at start, naming why; poll queues work.
+out=$(/test/bin/snapblk-conformance "virtio-blk-vfio-pci:path=$S/$K,num-queues=1" --allow-destructive 2>&1)
+echo "INFO: no MSI-X, 1 queue: $out"
+case "$out" in
+    *"the device has no MSI-X vector: only poll queues (num-queues=0) are possible"*)
+        pass "a regular queue on a device without MSI-X is refused at start" ;;
+    *) fail "no MSI-X, 1 queue: $out" ;;
+esac
+out=$(LD_LIBRARY_PATH=/test/snap timeout 60 /test/bin/vfio_test pollonly $S/$K 2>&1)
+echo "INFO: no MSI-X, 1 poll queue: $out"
+case "$out" in
+    "pollonly: write ret=0 read ret=0 data same") pass "a poll queue on the device without MSI-X writes and reads back" ;;
+    *) fail "no MSI-X, 1 poll queue: $out" ;;
+esac
 # A read-only device (VIRTIO_BLK_F_RO): read-only=false is refused at start with EROFS, a
 # read-only instance passes the read checks and has its writes refused.
 out=$(/test/bin/snapblk-conformance "virtio-blk-vfio-pci:path=$S/$H,num-queues=1" --allow-destructive 2>&1)

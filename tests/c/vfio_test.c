@@ -15,9 +15,9 @@
  *                                     shares it; the real library needs one per queue: [fix])
  *        vfio_test pollonly SYSFS_DIR one poll queue, no regular one: a write read back
  *                                     (a device without MSI-X); prints "pollonly: ..."
- *        vfio_test unplug SYSFS_DIR READY
- *                                     reads on two queues (one if the device has one) until
- *                                     they fail; creates file READY
+ *        vfio_test unplug SYSFS_DIR READY [poll]
+ *                                     reads on two queues (one if the device has one; with
+ *                                     "poll", a queue and a poll queue) until they fail; creates file READY
  *                                     once they work, so that the caller removes the device;
  *                                     prints "unplug: ..." lines and destroys the instance
  */
@@ -169,7 +169,7 @@ static int pollonly_mode(const char *dev)
 
 /* Reads on two queues (or the device's one) until the device goes away under them (the caller removes it once READY
  * exists): they must fail (not hang), new ones too, and destroy must return. */
-static int unplug_mode(const char *dev, const char *ready)
+static int unplug_mode(const char *dev, const char *ready, int poll_queue)
 {
     struct blkio *b = NULL;
     if (blkio_create("virtio-blk-vfio-pci", &b) != 0) return 2;
@@ -179,9 +179,14 @@ static int unplug_mode(const char *dev, const char *ready)
     int nq = 1;
     blkio_get_int(b, "max-queues", &nq);
     nq = nq >= 2 ? 2 : 1;
-    blkio_set_int(b, "num-queues", nq);
+    /* With poll_queue: one regular queue and one poll queue. */
+    blkio_set_int(b, "num-queues", poll_queue ? 1 : nq);
+    blkio_set_int(b, "num-poll-queues", poll_queue ? 1 : 0);
+    if (poll_queue) nq = 2;
     if (blkio_start(b) != 0) { printf("unplug: start failed: %s\n", blkio_get_error_msg()); return 1; }
-    struct blkioq *q[2] = { blkio_get_queue(b, 0), nq == 2 ? blkio_get_queue(b, 1) : NULL };
+    struct blkioq *q[2] = { blkio_get_queue(b, 0),
+                            poll_queue ? blkio_get_poll_queue(b, 0)
+                                       : nq == 2 ? blkio_get_queue(b, 1) : NULL };
     struct blkio_mem_region r;
     if (blkio_alloc_mem_region(b, &r, 1 << 16) != 0 || blkio_map_mem_region(b, &r) != 0) {
         printf("unplug: region: %s\n", blkio_get_error_msg());
@@ -231,7 +236,8 @@ int main(int argc, char **argv)
     }
     if (argc == 3 && strcmp(argv[1], "shared") == 0) return shared_mode(argv[2]);
     if (argc == 3 && strcmp(argv[1], "pollonly") == 0) return pollonly_mode(argv[2]);
-    if (argc == 4 && strcmp(argv[1], "unplug") == 0) return unplug_mode(argv[2], argv[3]);
+    if ((argc == 4 || argc == 5) && strcmp(argv[1], "unplug") == 0)
+        return unplug_mode(argv[2], argv[3], argc == 5 && strcmp(argv[4], "poll") == 0);
     if (argc != 2) { fprintf(stderr, "usage: %s SYSFS_DIR | bad SYSFS_DIR\n", argv[0]); return 2; }
     const char *dev = argv[1];
     CHECK("create virtio-blk-vfio-pci", blkio_create("virtio-blk-vfio-pci", &b) == 0);

@@ -233,9 +233,9 @@ fi
 # (F, two queues on one shared vector: removed; H, one queue: unbound from vfio-pci). The kernel asks the driver to
 # release the device (VFIO's request interrupt) and waits for it: the removal must complete,
 # the reads fail with EIO or ENODEV (new ones too) and destroy returns.
-unplug() { # $1 = label, $2 = BDF, $3 = "remove" or "unbind"
+unplug() { # $1 = label, $2 = BDF, $3 = "remove" or "unbind", $4 = "poll": a poll queue too
     rm -f /tmp/ready
-    LD_LIBRARY_PATH=/test/snap timeout 300 /test/bin/vfio_test unplug $S/$2 /tmp/ready > /tmp/unplug.txt 2>&1 &
+    LD_LIBRARY_PATH=/test/snap timeout 300 /test/bin/vfio_test unplug $S/$2 /tmp/ready ${4:-} > /tmp/unplug.txt 2>&1 &
     upid=$!
     n=0
     while [ ! -e /tmp/ready ] && [ $n -lt 600 ] && kill -0 $upid 2>/dev/null; do sleep 0.2; n=$((n + 1)); done
@@ -274,6 +274,14 @@ unplug "hot removal of $F" $F remove
 unplug "unbind of $H" $H unbind
 echo 1 > /sys/bus/pci/rescan
 [ -d $S/$F ] && pass "$F is back after a rescan" || fail "$F did not come back after a rescan"
+# Again, with a regular queue and a poll queue (which notices the removal while spinning).
+if [ -d $S/$F ]; then
+    echo vfio-pci > $S/$F/driver_override
+    [ -e $S/$F/driver ] && echo $F > $S/$F/driver/unbind
+    echo $F > /sys/bus/pci/drivers_probe
+    unplug "hot removal of $F (queue + poll queue)" $F remove poll
+    echo 1 > /sys/bus/pci/rescan
+fi
 
 kernel_reports_check
 # The real library's device faults in the IOMMU on purpose (the unmapped buffer): DMAR fault

@@ -11,6 +11,15 @@
  *
  * Usage: vfio_test SYSFS_DIR          the checks above
  *        vfio_test bad SYSFS_DIR      connect only; prints "connect rc=N msg=M" (bad input)
+ *        vfio_test shared SYSFS_DIR   two queues on a device with one MSI-X vector (snapblk
+ *                                     shares it; the real library needs one per queue: [fix])
+ *        vfio_test pollonly SYSFS_DIR one poll queue, no regular one: a write read back
+ *                                     (a device without MSI-X); prints "pollonly: ..."
+ *        vfio_test unplug SYSFS_DIR READY [poll]
+ *                                     reads on two queues (one if the device has one; with
+ *                                     "poll", a queue and a poll queue) until they fail; creates file READY
+ *                                     once they work, so that the caller removes the device;
+ *                                     prints "unplug: ..." lines and destroys the instance
  */
 #define _GNU_SOURCE
 #include <blkio.h>
@@ -64,6 +73,156 @@ static struct blkio_completion wait1(struct blkioq *q, int secs)
 
 static const char *cmsg(struct blkio_completion c) { return c.error_msg ? c.error_msg : ""; }
 
+
+/* Two regular queues on a device with a single MSI-X vector: both complete requests, each
+ * queue's own completion fd is signalled, and requests in flight on both complete in any
+ * order of waiting. The real library refuses to start, so every check is a [fix]. */
+static int shared_mode(const char *dev)
+{
+    struct blkio *b = NULL;
+    if (blkio_create("virtio-blk-vfio-pci", &b) != 0) return 2;
+    blkio_set_str(b, "path", dev);
+    FIX("shared: connect", blkio_connect(b) == 0);
+    blkio_set_int(b, "num-queues", 2);
+    int started = blkio_start(b) == 0;
+    FIX("shared: start 2 queues on one MSI-X vector", started);
+    struct blkioq *q[2] = { NULL, NULL };
+    struct blkio_mem_region r;
+    memset(&r, 0, sizeof(r));
+    int mapped = 0;
+    if (started) {
+        q[0] = blkio_get_queue(b, 0);
+        q[1] = blkio_get_queue(b, 1);
+        mapped = blkio_alloc_mem_region(b, &r, 1 << 16) == 0 && blkio_map_mem_region(b, &r) == 0;
+    }
+    FIX("shared: queues and a mapped region", q[0] && q[1] && mapped);
+    int ok = q[0] && q[1] && mapped;
+    int fd[2] = { ok ? blkioq_get_completion_fd(q[0]) : -1, ok ? blkioq_get_completion_fd(q[1]) : -1 };
+    FIX("shared: each queue has its own completion fd", fd[0] >= 0 && fd[1] >= 0 && fd[0] != fd[1]);
+    ok = ok && fd[0] >= 0 && fd[1] >= 0;
+    char *m = r.addr;
+    for (int i = 0; i < 2; i++) {
+        char label[96];
+        int good = 0;
+        if (ok) {
+            blkioq_set_completion_fd_enabled(q[i], true);
+            memset(m + i * 4096, 0x30 + i, 4096);
+            blkioq_write(q[i], i * 4096, m + i * 4096, 4096, NULL, 0);
+            struct blkio_completion c;
+            struct timespec t0 = { 0, 0 };
+            /* Submit without taking completions, then wait for the queue's own completion fd. */
+            int n = blkioq_do_io(q[i], NULL, 0, 0, &t0);
+            struct pollfd p = { fd[i], POLLIN, 0 };
+            if (n == 0) {
+                good = poll(&p, 1, 20000) == 1;
+                uint64_t v;
+                if (read(fd[i], &v, 8) != 8) good = 0;
+                c = wait1(q[i], 20);
+                good = good && c.ret == 0;
+            }
+        }
+        snprintf(label, sizeof(label), "shared: queue %d's completion fd wakes for its write", i);
+        FIX(label, good);
+    }
+    /* Requests in flight on both queues; wait for queue 1 first. */
+    int both = 0;
+    if (ok) {
+        blkioq_read(q[0], 0, m + 16384, 4096, NULL, 0);
+        blkioq_read(q[1], 4096, m + 20480, 4096, NULL, 0);
+        struct timespec t0 = { 0, 0 };
+        blkioq_do_io(q[0], NULL, 0, 0, &t0);
+        struct blkio_completion c1 = wait1(q[1], 20), c0 = wait1(q[0], 20);
+        both = c0.ret == 0 && c1.ret == 0 && m[16384] == 0x30 && m[20480] == 0x31 &&
+               memcmp(m + 16384, m, 4096) == 0 && memcmp(m + 20480, m + 4096, 4096) == 0;
+    }
+    FIX("shared: reads in flight on both queues complete, data read back", both);
+    blkio_destroy(&b);
+    printf("%d passed, %d failed\n", passes, fails);
+    return fails ? 1 : 0;
+}
+
+static int pollonly_mode(const char *dev)
+{
+    struct blkio *b = NULL;
+    if (blkio_create("virtio-blk-vfio-pci", &b) != 0) return 2;
+    blkio_set_str(b, "path", dev);
+    struct blkio_mem_region r;
+    if (blkio_connect(b) != 0 || blkio_set_int(b, "num-queues", 0) != 0 ||
+        blkio_set_int(b, "num-poll-queues", 1) != 0 || blkio_start(b) != 0 ||
+        blkio_alloc_mem_region(b, &r, 8192) != 0 || blkio_map_mem_region(b, &r) != 0) {
+        printf("pollonly: setup failed: %s\n", blkio_get_error_msg());
+        return 1;
+    }
+    struct blkioq *q = blkio_get_poll_queue(b, 0);
+    char *m = r.addr;
+    memset(m, 0x6d, 4096);
+    memset(m + 4096, 0, 4096);
+    blkioq_write(q, 8192, m, 4096, NULL, 0);
+    struct blkio_completion w = wait1(q, 20);
+    blkioq_read(q, 8192, m + 4096, 4096, NULL, 0);
+    struct blkio_completion rd = wait1(q, 20);
+    int same = memcmp(m, m + 4096, 4096) == 0;
+    printf("pollonly: write ret=%d read ret=%d data %s\n", w.ret, rd.ret, same ? "same" : "differs");
+    blkio_destroy(&b);
+    return w.ret == 0 && rd.ret == 0 && same ? 0 : 1;
+}
+
+/* Reads on two queues (or the device's one) until the device goes away under them (the caller removes it once READY
+ * exists): they must fail (not hang), new ones too, and destroy must return. */
+static int unplug_mode(const char *dev, const char *ready, int poll_queue)
+{
+    struct blkio *b = NULL;
+    if (blkio_create("virtio-blk-vfio-pci", &b) != 0) return 2;
+    blkio_set_str(b, "path", dev);
+    blkio_set_bool(b, "read-only", true);
+    if (blkio_connect(b) != 0) { printf("unplug: connect failed: %s\n", blkio_get_error_msg()); return 1; }
+    int nq = 1;
+    blkio_get_int(b, "max-queues", &nq);
+    nq = nq >= 2 ? 2 : 1;
+    /* With poll_queue: one regular queue and one poll queue. */
+    blkio_set_int(b, "num-queues", poll_queue ? 1 : nq);
+    blkio_set_int(b, "num-poll-queues", poll_queue ? 1 : 0);
+    if (poll_queue) nq = 2;
+    if (blkio_start(b) != 0) { printf("unplug: start failed: %s\n", blkio_get_error_msg()); return 1; }
+    struct blkioq *q[2] = { blkio_get_queue(b, 0),
+                            poll_queue ? blkio_get_poll_queue(b, 0)
+                                       : nq == 2 ? blkio_get_queue(b, 1) : NULL };
+    struct blkio_mem_region r;
+    if (blkio_alloc_mem_region(b, &r, 1 << 16) != 0 || blkio_map_mem_region(b, &r) != 0) {
+        printf("unplug: region: %s\n", blkio_get_error_msg());
+        return 1;
+    }
+    time_t t0 = time(NULL);
+    int rounds = 0, err = 0;
+    const char *why = "";
+    while (!err && time(NULL) - t0 < 180) {
+        for (int i = 0; i < nq && !err; i++) {
+            for (int k = 0; k < 4; k++)
+                blkioq_read(q[i], (uint64_t)k * 4096, (char *)r.addr + (i * 4 + k) * 4096, 4096, NULL, 0);
+            struct blkio_completion c[4];
+            struct timespec t = { 30, 0 };
+            int n = blkioq_do_io(q[i], c, 4, 4, &t);
+            if (n < 0) { err = n; why = "do_io"; break; }
+            for (int k = 0; k < n; k++)
+                if (c[k].ret < 0 && !err) { err = c[k].ret; why = cmsg(c[k]); }
+        }
+        if (++rounds == 1 && !err) {
+            FILE *f = fopen(ready, "w");
+            if (f) fclose(f);
+        }
+    }
+    printf("unplug: %d rounds; first error ret=%d (%s) msg=%s\n", rounds, err,
+           err ? strerror(-err) : "none", why);
+    for (int i = 0; i < nq; i++) {
+        blkioq_read(q[i], 0, r.addr, 4096, NULL, 0);
+        struct blkio_completion c = wait1(q[i], 30);
+        printf("unplug: a new read on queue %d: ret=%d msg=%s\n", i, c.ret, cmsg(c));
+    }
+    blkio_destroy(&b);
+    printf("unplug: destroyed\n");
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     struct blkio *b = NULL;
@@ -75,6 +234,10 @@ int main(int argc, char **argv)
         blkio_destroy(&b);
         return 0;
     }
+    if (argc == 3 && strcmp(argv[1], "shared") == 0) return shared_mode(argv[2]);
+    if (argc == 3 && strcmp(argv[1], "pollonly") == 0) return pollonly_mode(argv[2]);
+    if ((argc == 4 || argc == 5) && strcmp(argv[1], "unplug") == 0)
+        return unplug_mode(argv[2], argv[3], argc == 5 && strcmp(argv[4], "poll") == 0);
     if (argc != 2) { fprintf(stderr, "usage: %s SYSFS_DIR | bad SYSFS_DIR\n", argv[0]); return 2; }
     const char *dev = argv[1];
     CHECK("create virtio-blk-vfio-pci", blkio_create("virtio-blk-vfio-pci", &b) == 0);

@@ -4,8 +4,11 @@
 # virtio-blk-pci devices bound to vfio-pci in the guest (tests/vm/guest/vfio-tests.sh):
 #  1. the conformance suite (snapblk-conformance --allow-destructive) on device A, and on
 #     device E, which offers packed rings (packed=on), with snapblk's C test after it (and the
-#     real library's on G, packed too); a device with one MSI-X vector for two queues (F); a
-#     read-only device (H); two devices behind a PCI bridge, so in one IOMMU group (I, J);
+#     real library's on G, packed too); a device with one MSI-X vector shared by two queues
+#     (F, also the C program's shared-vector checks on both libraries); a device without MSI-X
+#     (K: poll queues only); a read-only device (H);
+#     two devices behind a PCI bridge, so in one IOMMU group (I, J); at the end F is removed
+#     and H unbound while an instance reads on them (requests fail, destroy returns);
 #  2. tests/c/vfio_test.c against snapblk's libblkio.so.1 (device A) and the real libblkio 1.5
 #     (device B, bench/real-libblkio.sh) in the same boot: snapblk passes everything, every
 #     check the real library fails is a documented [fix], both run the same checks;
@@ -49,7 +52,7 @@ cp tests/vm/guest/vfio-tests.sh "$P/run.sh"
 cp tests/vm/guest/kernel-reports.sh "$P/"
 chmod +x "$P/run.sh"
 for i in A B E G; do truncate -s 64M "$IMG/$i.img"; done
-for i in C D F H I J; do truncate -s 1M "$IMG/$i.img"; done
+for i in C D F H I J K; do truncate -s 1M "$IMG/$i.img"; done
 
 export VM_MODULES="vfio_pci vfio_iommu_type1"
 bash tests/vm/vm.sh setup || die "VM setup failed (kernel download or initramfs)"
@@ -67,6 +70,7 @@ ARGS="-machine q35 -device intel-iommu,intremap=off \
  $(blk F 0x15 ,iommu_platform=on,disable-legacy=on,num-queues=2,vectors=1) \
  $(blk G 0x16 ,iommu_platform=on,disable-legacy=on,num-queues=2,packed=on) \
  $(blk H 0x17 ,iommu_platform=on,disable-legacy=on ,readonly=on) \
+ $(blk K 0x19 ,iommu_platform=on,disable-legacy=on,vectors=0) \
  -device pcie-pci-bridge,id=br0,bus=pcie.0,addr=0x18 \
  $(blk I 0x1 ,iommu_platform=on,disable-legacy=on,bus=br0) \
  $(blk J 0x2 ,iommu_platform=on,disable-legacy=on,bus=br0)"

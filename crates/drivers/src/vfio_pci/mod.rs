@@ -4,22 +4,25 @@
 //!   IOMMU, region reads and writes, BARs mapped into the process);
 //! * `pci`: the device and its virtio-pci modern transport (capabilities, status, features,
 //!   queues, MSI-X, DMA mappings);
-//! * `iova`: device addresses for the mappings.
+//! * `iova`: device addresses for the mappings;
+//! * `watch`: a thread per open device that fans a shared MSI-X vector out to the queues
+//!   sharing it and releases the device when the kernel asks for it back (removal).
 //!
 //! The queues are the split virtqueues of the vhost-user driver (`vhost_user::virtq`), with
 //! their memory and the caller's regions mapped for the device at allocated IOVAs, doorbells
 //! written to the notify BAR and one MSI-X vector per (non-poll) queue signalling its
-//! completion eventfd.
+//! completion eventfd while vectors last; the remaining queues share the last one.
 //!
 //! Beyond libblkio: a device that does not offer `VIRTIO_F_ACCESS_PLATFORM` is refused (it
 //! would bypass the IOMMU and read process addresses as guest-physical ones); a buffer outside
 //! every mapped region fails with `EFAULT` at enqueue; a length that is not a multiple of 512
-//! fails with `EINVAL`; queues that are not poll queues need an MSI-X vector each (libblkio
-//! needs one per queue too) and the error names the limit.
+//! fails with `EINVAL`; a device with fewer MSI-X vectors than queues shares one (libblkio
+//! needs one per queue); a removed device fails its requests with EIO and is released.
 
 mod iova;
 mod pci;
 mod sys;
+mod watch;
 
 use crate::vhost_user::created;
 use crate::vhost_user::sys::Shm;
@@ -31,6 +34,7 @@ use snapblk_core::{
     Result, State,
 };
 use std::sync::Arc;
+use watch::Watcher;
 
 /// The driver's name.
 pub(crate) const NAME: &str = "virtio-blk-vfio-pci";
@@ -92,6 +96,10 @@ struct Conn {
     next_vector: u32,
     /// Mapped regions: `(start, len, iova)`.
     mapped: Vec<(usize, usize, u64)>,
+    /// Whether the last vector is shared (wired to the watcher's hub).
+    sharing: bool,
+    /// Fans the shared vector out and answers removal; stopped and joined when dropped.
+    watch: Watcher,
 }
 
 /// The `virtio-blk-vfio-pci` driver.
@@ -232,9 +240,14 @@ impl VfioPciDriver {
             ..device_info(features, &cfg, read_only)
         };
         let seg_max = info.max_segments as usize;
+        let dev = Arc::new(dev);
+        let watch = Watcher::start(dev.clone())
+            .map_err(|e| PciError::Queue(format!("starting the watcher thread: {e}")))?;
         Ok((
             Conn {
-                dev: Arc::new(dev),
+                watch,
+                sharing: false,
+                dev,
                 features,
                 capacity: capacity.saturating_mul(512),
                 max_queues,
@@ -321,12 +334,10 @@ impl Driver for VfioPciDriver {
                 c.max_queues
             )));
         }
-        if !poll && c.next_vector >= c.dev.msix {
-            return Err(Error::inval(format!(
-                "not enough MSI-X vectors: the device has {}, each queue that is not a poll \
-                 queue needs one",
-                c.dev.msix
-            )));
+        if !poll && c.dev.msix == 0 {
+            return Err(Error::inval(
+                "the device has no MSI-X vector: only poll queues (num-queues=0) are possible",
+            ));
         }
         let packed = c.features & F_RING_PACKED != 0;
         let lay = if packed {
@@ -337,11 +348,22 @@ impl Driver for VfioPciDriver {
         let shm = Shm::new(c"virtio-ring", lay.size)?;
         let base = c.dev.map(shm.addr(), shm.len() as u64).map_err(pe)?;
         let call = EventFd::new()?;
+        // One vector per regular queue while they last; then the last vector is shared, wired
+        // to the watcher's hub, which signals every sharing queue's own eventfd.
         let vector = if poll {
             NO_VECTOR
-        } else {
+        } else if c.next_vector < c.dev.msix {
             c.dev.wire_vector(c.next_vector, call.raw()).map_err(pe)?;
             c.next_vector as u16
+        } else {
+            if !c.sharing {
+                c.dev
+                    .wire_vector(c.dev.msix - 1, c.watch.hub())
+                    .map_err(pe)?;
+                c.watch.share_last();
+                c.sharing = true;
+            }
+            (c.dev.msix - 1) as u16
         };
         let rings = (base, base + lay.avail as u64, base + lay.used as u64);
         let off = c
@@ -349,11 +371,13 @@ impl Driver for VfioPciDriver {
             .setup_queue(index as u16, lay.n as u16, vector, rings)
             .map_err(pe)?;
         if !poll {
-            c.next_vector += 1;
+            c.watch.add(call.raw(), c.sharing)?;
+            c.next_vector = (c.next_vector + 1).min(c.dev.msix);
         }
         c.next_queue += 1;
-        // The ring watches a "socket" for hang-ups: an eventfd nobody signals never has one.
-        let quiet = sys::eventfd().map_err(Error::from_io)?;
+        // The ring watches a "socket" for hang-ups: the watcher's `gone` socket, which hangs up
+        // once the device was removed.
+        let gone = c.watch.gone()?;
         let kick = EventFd::new()?;
         let (call_raw, spare, core) = if poll {
             (None, Some(call), QueueCore::new(true)?)
@@ -378,9 +402,10 @@ impl Driver for VfioPciDriver {
             lay,
             kick,
             (call_raw, spare),
-            quiet,
+            gone,
             f & F_EVENT_IDX != 0,
         )
+        .with_hangup(c"the device was removed")
         .at(base)
         .with_doorbell(Box::new(bell));
         if packed {

@@ -7,6 +7,7 @@ use super::sys::{self, Bar};
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, Once};
 use std::time::{Duration, Instant};
 
@@ -183,6 +184,8 @@ pub(crate) struct Dev {
     pub(crate) msix: u32,
     msix_on: Mutex<bool>,
     live: Once,
+    /// The kernel asked for the device back (hot unplug) and [`Dev::release`] gave it.
+    released: AtomicBool,
     /// IOVAs of the container.
     iova: Mutex<IovaSpace>,
     device: OwnedFd,
@@ -323,6 +326,7 @@ impl Dev {
             msix,
             msix_on: Mutex::new(false),
             live: Once::new(),
+            released: AtomicBool::new(false),
             iova: Mutex::new(IovaSpace::new(ranges, page)),
             device: dfd,
             _group: gfd,
@@ -483,6 +487,42 @@ impl Dev {
             .map_err(|e| PciError::Ioctl("wiring an MSI-X vector (VFIO_DEVICE_SET_IRQS)", e))
     }
 
+    /// Have the kernel's request to release the device (`VFIO_PCI_REQ_IRQ_INDEX`, sent when the
+    /// device is removed or unbound) signal eventfd `fd`. `false` if the device has no such
+    /// interrupt.
+    pub(crate) fn wire_request(&self, fd: RawFd) -> bool {
+        if !matches!(sys::irq_count(&self.device, sys::REQ_IRQ), Ok(n) if n > 0) {
+            return false;
+        }
+        match sys::set_irq_eventfds(&self.device, sys::REQ_IRQ, 0, &[fd]) {
+            Ok(()) => true,
+            Err(e) => {
+                log::warn!("vfio-pci: wiring the request interrupt: {e}");
+                false
+            }
+        }
+    }
+
+    /// Give the device back to the kernel, which waits for it to finish a removal: the BAR
+    /// mappings become anonymous memory and the device descriptor /dev/null, so concurrent
+    /// register accesses stay harmless and reach nothing. The device is unusable afterwards.
+    pub(crate) fn release(&self) {
+        if self.released.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        for b in self.bars.iter().flatten() {
+            b.detach();
+        }
+        if let Err(e) = sys::replace_with_null(self.device.as_raw_fd()) {
+            log::warn!("vfio-pci: releasing the device descriptor: {e}");
+        }
+    }
+
+    /// Whether [`Dev::release`] gave the device back.
+    pub(crate) fn released(&self) -> bool {
+        self.released.load(Ordering::SeqCst)
+    }
+
     /// Map `len` bytes at process address `vaddr` for the device; returns the IOVA.
     pub(crate) fn map(&self, vaddr: u64, len: u64) -> Result<u64, PciError> {
         let mut sp = snapblk_core::sync::lock(&self.iova);
@@ -508,8 +548,11 @@ impl Dev {
 
 impl Drop for Dev {
     fn drop(&mut self) {
-        // Stop the device before the ring memory and mappings go away.
-        if let Err(e) = self.reset() {
+        // Stop the device before the ring memory and mappings go away (a released device is
+        // gone already).
+        if !self.released()
+            && let Err(e) = self.reset()
+        {
             log::warn!("vfio-pci: {e}");
         }
     }

@@ -42,6 +42,8 @@ const DMA_READ_WRITE: u32 = 3;
 pub(crate) const CONFIG_REGION: u32 = 7;
 /// `VFIO_PCI_MSIX_IRQ_INDEX`.
 pub(crate) const MSIX_IRQ: u32 = 2;
+/// `VFIO_PCI_REQ_IRQ_INDEX`: the kernel asks the user to release the device (hot unplug).
+pub(crate) const REQ_IRQ: u32 = 4;
 
 #[repr(C)]
 #[derive(Default)]
@@ -129,12 +131,43 @@ pub(crate) fn open_rw(path: &str) -> io::Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
-/// A new eventfd (non-blocking, close-on-exec) as a plain descriptor.
-pub(crate) fn eventfd() -> io::Result<OwnedFd> {
-    // SAFETY: plain syscall; the result is checked.
-    let fd = cvt(unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) })?;
-    // SAFETY: a fresh descriptor we own.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+/// Add 1 to the counter of eventfd `fd` (a signal; a full counter still leaves it readable).
+pub(crate) fn signal_fd(fd: RawFd) {
+    let one: u64 = 1;
+    // SAFETY: writes 8 bytes from a live u64; `fd` is an eventfd the caller keeps open.
+    unsafe { libc::write(fd, (&one as *const u64).cast(), 8) };
+}
+
+/// A connected pair of Unix stream sockets (close-on-exec): shutting one end down makes the
+/// other (and its duplicates) report a hang-up to `poll`.
+pub(crate) fn socketpair() -> io::Result<(OwnedFd, OwnedFd)> {
+    let mut fds = [0 as libc::c_int; 2];
+    // SAFETY: `fds` has room for the two descriptors; the result is checked.
+    cvt(unsafe {
+        libc::socketpair(
+            libc::AF_UNIX,
+            libc::SOCK_STREAM | libc::SOCK_CLOEXEC,
+            0,
+            fds.as_mut_ptr(),
+        )
+    })?;
+    // SAFETY: two fresh descriptors we own.
+    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+}
+
+/// `shutdown(SHUT_RDWR)` of socket `fd`.
+pub(crate) fn shutdown(fd: &OwnedFd) {
+    // SAFETY: plain syscall on an open socket.
+    unsafe { libc::shutdown(fd.as_raw_fd(), libc::SHUT_RDWR) };
+}
+
+/// Put the file open at `/dev/null` in place of descriptor `fd`: the file `fd` referred to is
+/// released (if nothing else holds it), and later uses of `fd` reach /dev/null.
+pub(crate) fn replace_with_null(fd: RawFd) -> io::Result<()> {
+    let null = open_rw("/dev/null")?;
+    // SAFETY: both descriptors are open; dup2 atomically swaps the file behind `fd`.
+    cvt(unsafe { libc::dup3(null.as_raw_fd(), fd, libc::O_CLOEXEC) })?;
+    Ok(())
 }
 
 /// The container: API version 0 and the type1v2 IOMMU.
@@ -404,6 +437,30 @@ impl Bar {
             None
         };
         Bar { fd, region, map }
+    }
+    /// Replace the mapping of the device (if any) by anonymous memory at the same address, so
+    /// that the device file is no longer referenced and accesses racing with it stay harmless.
+    pub(crate) fn detach(&self) {
+        if let Some(p) = self.map {
+            // SAFETY: replaces our own mapping of `size` bytes at `p` in one step (MAP_FIXED),
+            // so the address range stays valid for concurrent volatile accesses.
+            let r = unsafe {
+                libc::mmap(
+                    p.cast(),
+                    self.region.size as usize,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED,
+                    -1,
+                    0,
+                )
+            };
+            if r == libc::MAP_FAILED {
+                log::warn!(
+                    "vfio-pci: replacing a BAR mapping: {}",
+                    io::Error::last_os_error()
+                );
+            }
+        }
     }
     /// Whether the BAR is mapped into the process.
     pub(crate) fn mapped(&self) -> bool {

@@ -165,6 +165,8 @@ pub(crate) struct Ring {
     _spare_call: Option<EventFd>,
     /// A duplicate of the control socket: a hang-up means the backend is gone.
     sock: OwnedFd,
+    /// Why requests fail once `sock` reports the backend gone (without reconnecting).
+    hangup: &'static CStr,
     dead: Option<&'static CStr>,
     notify: bool,
     /// `VIRTIO_RING_F_EVENT_IDX` negotiated: kicks and interrupts are suppressed through the
@@ -206,6 +208,7 @@ impl Ring {
             kick,
             call,
             sock,
+            hangup: c"vhost-user backend disconnected",
             dead: None,
             notify: false,
         };
@@ -223,6 +226,12 @@ impl Ring {
     /// `after` ([`STALL`] in the drivers); if not, every request fails with EIO and `why`.
     pub(crate) fn with_probe(mut self, probe: Probe, why: &'static CStr, after: Duration) -> Ring {
         self.probe = Some((probe, why, after));
+        self
+    }
+
+    /// Fail requests with `why` when the "socket" reports the backend gone.
+    pub(crate) fn with_hangup(mut self, why: &'static CStr) -> Ring {
+        self.hangup = why;
         self
     }
 
@@ -259,7 +268,7 @@ impl Ring {
     /// that were on the ring back in front of the pending ones, to be sent again.
     fn revive(&mut self) {
         let Some(rl) = self.relink.as_ref().filter(|r| r.on) else {
-            return self.fail_all(c"vhost-user backend disconnected");
+            return self.fail_all(self.hangup);
         };
         let (shared, vring, mut seen) = (rl.shared.clone(), rl.vring, rl.epoch);
         // What the old backend finished completes normally and is not sent again.
@@ -496,6 +505,10 @@ impl Ring {
     }
 
     fn drain_used(&mut self) {
+        // A dead ring failed every request: what the device wrote afterwards is stale.
+        if self.dead.is_some() {
+            return;
+        }
         let idx = match self.packed {
             Some(_) => 0,
             None => self.shm.load_u16(self.lay.used + 2, Ordering::Acquire),
@@ -900,6 +913,21 @@ mod tests {
         assert_eq!(calls.load(Ordering::SeqCst), 3);
         // Later requests fail at once.
         assert!(r.dead.is_some());
+    }
+
+    #[test]
+    fn used_entries_written_after_the_ring_died_are_ignored() {
+        let (mut r, _) = stuck_ring(0);
+        r.submit(1, Some(Duration::from_secs(20)), None).unwrap();
+        let mut out = [Completion::ok(0)];
+        assert_eq!(r.reap(&mut out), 1);
+        // The device completes the request it had after all: a stale entry, not a new error.
+        let used = r.lay.used;
+        r.shm.store_u32(used + 4, 0);
+        r.shm.store_u16(used + 2, 1, Ordering::Release);
+        r.drain_used();
+        assert_eq!(r.dead, Some(c"gone"));
+        assert_eq!(r.reap(&mut out), 0);
     }
 
     #[test]

@@ -677,6 +677,7 @@ mod tests {
             flush_needed: true,
             write_zeroes: true,
             dsm: true,
+            zones: None,
             fixed_bufs: true,
         };
         let bufs = Arc::new(Buffers::default());
@@ -686,8 +687,8 @@ mod tests {
 
     /// The 128 bytes of the SQE `sqe()` builds for `req` (the command is at 48..128).
     fn sqe_bytes(q: &mut NvmeQueue, req: Request) -> [u8; 128] {
-        let range = q.check(&req).unwrap();
-        let i = q.eng.alloc(Pending { req, range });
+        let buf = q.check(&req).unwrap();
+        let i = q.eng.alloc(Pending { req, buf });
         let e = q.eng.sqe(i);
         assert_eq!(size_of::<io_uring::squeue::Entry128>(), 128);
         // SAFETY: `Entry128` is the kernel's 128-byte SQE, `repr(C)` plain data (size checked).

@@ -21,8 +21,10 @@ fn scratch(name: &str) -> PathBuf {
 /// The write end of a pipe whose read end is already closed: every write gets EPIPE.
 fn closed_pipe() -> Stdio {
     let mut fds = [0i32; 2];
-    // SAFETY: `fds` is a valid array of two ints for pipe(2) to fill.
-    let rc = unsafe { libc::pipe(fds.as_mut_ptr()) };
+    // Close-on-exec: a child another test thread spawns meanwhile must not inherit the read
+    // end, which would keep the pipe open for reading (the child's stdout is dup2'ed anyway).
+    // SAFETY: `fds` is a valid array of two ints for pipe2(2) to fill.
+    let rc = unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) };
     assert_eq!(rc, 0, "pipe: {}", std::io::Error::last_os_error());
     // SAFETY: pipe(2) succeeded, so both descriptors are open and owned by nobody else.
     let (r, w) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };

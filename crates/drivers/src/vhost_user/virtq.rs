@@ -530,9 +530,7 @@ impl Ring {
                 self.shm.load_u32(e) as usize
             };
             let Some(f) = self.slots.get_mut(id).and_then(Option::take) else {
-                self.fail_all(
-                    c"vhost-user backend returned an unknown request; the queue is stopped",
-                );
+                self.fail_all(c"the device returned an unknown request; the queue is stopped");
                 return;
             };
             self.in_ring -= 1;

@@ -22,6 +22,7 @@
 #![warn(unreachable_pub, unnameable_types)]
 
 mod file;
+mod iova;
 mod null;
 mod nvme;
 mod sync;

@@ -4,7 +4,6 @@
 //!   IOMMU, region reads and writes, BARs mapped into the process);
 //! * `pci`: the device and its virtio-pci modern transport (capabilities, status, features,
 //!   queues, MSI-X, DMA mappings);
-//! * `iova`: device addresses for the mappings;
 //! * `watch`: a thread per open device that fans a shared MSI-X vector out to the queues
 //!   sharing it and releases the device when the kernel asks for it back (removal).
 //!
@@ -19,7 +18,6 @@
 //! fails with `EINVAL`; a device with fewer MSI-X vectors than queues shares one (libblkio
 //! needs one per queue); a removed device fails its requests with EIO and is released.
 
-mod iova;
 mod pci;
 mod sys;
 mod watch;

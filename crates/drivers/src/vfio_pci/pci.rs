@@ -2,8 +2,8 @@
 //! container, group and device, the vendor capabilities (common, notify and device
 //! configuration), status, features, queues, DMA mappings and MSI-X.
 
-use super::iova::IovaSpace;
 use super::sys::{self, Bar};
+use crate::iova::IovaSpace;
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::path::Path;

@@ -14,15 +14,14 @@
 //! `IOTLB_UPDATE` message, its vring set up and enabled; once all exist, `DRIVER_OK`. Memory
 //! regions are mapped the same way and unmapped with `IOTLB_INVALIDATE`.
 
-mod iova;
 mod sys;
 
+use crate::iova::IovaSpace;
 use crate::vhost_user::virtq::{Caps, Layout, Regions, Ring, STALL, VuQueue};
 use crate::vhost_user::{
     CONFIG_LEN, F_DISCARD, F_EVENT_IDX, F_FLUSH, F_RO, F_VERSION_1, F_WRITE_ZEROES, MAX_QUEUE_SIZE,
     WANTED, blk_info, check_queue_size, created, sat,
 };
-use iova::{Iovas, PAGE};
 use snapblk_core::sys::EventFd;
 use snapblk_core::{
     Access, DeviceInfo, Driver, Error, MemRegion, PropSpec, PropType, PropValue, Queue, QueueCore,
@@ -31,6 +30,9 @@ use snapblk_core::{
 use std::io;
 use std::os::fd::{FromRawFd, OwnedFd};
 use sys::Vdpa;
+
+/// Mapping granule and alignment (`VHOST_PAGE_SIZE`, libblkio's `mem-region-alignment`).
+const PAGE: u64 = 4096;
 
 /// The driver's name.
 pub(crate) const NAME: &str = "virtio-blk-vhost-vdpa";
@@ -117,7 +119,7 @@ struct Conn {
     seg_max: usize,
     /// `VHOST_VDPA_GET_VRING_NUM`: the largest queue the device takes.
     vring_max: u16,
-    iovas: Iovas,
+    iovas: IovaSpace,
     next_queue: usize,
     /// Mapped memory regions: (process address, length, IOVA).
     mapped: Vec<(usize, usize, u64)>,
@@ -394,7 +396,7 @@ impl Driver for VhostVdpaDriver {
             max_queues: n.vqs as usize,
             seg_max: 1,
             vring_max: n.vring_max,
-            iovas: Iovas::new(n.iova_range.0, n.iova_range.1),
+            iovas: IovaSpace::new(vec![n.iova_range], PAGE),
             next_queue: 0,
             mapped: Vec::new(),
         };

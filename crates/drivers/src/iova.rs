@@ -1,15 +1,17 @@
-//! Device addresses (IOVAs) for DMA mappings: first fit inside the IOMMU's usable ranges.
+//! Device addresses (IOVAs) for DMA mappings: first fit inside the ranges the device accepts
+//! (`VFIO_IOMMU_GET_INFO`'s usable ranges for vfio-pci, `VHOST_VDPA_GET_IOVA_RANGE` for
+//! vhost-vdpa).
 
 use std::collections::BTreeMap;
 
-/// The IOVA space of a container and what is taken of it.
+/// The IOVA space of a device and what is taken of it.
 #[derive(Debug)]
 pub(crate) struct IovaSpace {
-    /// Usable ranges, inclusive ends, as `VFIO_IOMMU_GET_INFO` reports them.
+    /// Usable ranges, inclusive ends, as the kernel reports them.
     ranges: Vec<(u64, u64)>,
     /// Taken: start -> length.
     used: BTreeMap<u64, u64>,
-    /// The IOMMU's smallest page: every start and length is a multiple of it.
+    /// The smallest page: every start and length is a multiple of it.
     align: u64,
 }
 
@@ -83,5 +85,29 @@ mod tests {
         assert_eq!(s.alloc(0x1000), Some(u64::MAX - 0xfff));
         assert_eq!(s.alloc(0x1000), None);
         assert_eq!(s.alloc(u64::MAX), None);
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn never_overlaps(ops in proptest::collection::vec((0u64..0x5000, proptest::bool::ANY), 1..60)) {
+            const PAGE: u64 = 0x1000;
+            let mut a = IovaSpace::new(vec![(3 * PAGE, 200 * PAGE - 1)], PAGE);
+            let mut live: Vec<(u64, u64)> = Vec::new();
+            for (len, free) in ops {
+                if free && !live.is_empty() {
+                    let (s, _) = live.remove(len as usize % live.len());
+                    a.free(s);
+                    continue;
+                }
+                if let Some(s) = a.alloc(len) {
+                    let l = len.max(1).next_multiple_of(PAGE);
+                    proptest::prop_assert!(s.is_multiple_of(PAGE) && s >= 3 * PAGE && s + l <= 200 * PAGE);
+                    for &(t, m) in &live {
+                        proptest::prop_assert!(s + l <= t || t + m <= s);
+                    }
+                    live.push((s, l));
+                }
+            }
+        }
     }
 }

@@ -24,19 +24,9 @@
 #include <time.h>
 #include <unistd.h>
 
-static int passes, fails;
+#define PROP_PATH_LABEL "PATH"
+#include "check.h"
 
-static void check(const char *name, int ok, int fix, int line)
-{
-    printf("%s %s%s (line %d)%s%s\n", ok ? "PASS" : "FAIL", fix ? "[fix] " : "", name, line,
-           ok ? "" : " msg=", ok ? "" : blkio_get_error_msg());
-    if (ok) passes++; else fails++;
-}
-#define CHECK(name, cond) check(name, !!(cond), 0, __LINE__)
-#define FIX(name, cond) check(name, !!(cond), 1, __LINE__)
-#define MSG_IS(m) (strcmp(blkio_get_error_msg(), (m)) == 0)
-#define ERR(name, expr, err, msg) do { int rc_ = (expr); \
-    check(name, rc_ == -(err) && MSG_IS(msg), 0, __LINE__); } while (0)
 #define ERRNO(name, expr, err) do { int rc_ = (expr); \
     check(name, rc_ == -(err), 0, __LINE__); if (rc_ != -(err)) printf("  got %d\n", rc_); } while (0)
 
@@ -65,31 +55,6 @@ static void dump(struct blkio *b, const char *state, const char *path)
         free(v);
     }
 }
-
-/* Property `name` formatted as a string equals `want` ("ENODEV" etc. for an error). */
-static void prop(struct blkio *b, const char *state, const char *name, const char *want)
-{
-    char *v = NULL, label[160];
-    int rc = blkio_get_str(b, name, &v);
-    const char *got = rc == 0 ? v : rc == -ENODEV ? "ENODEV" : rc == -ENOENT ? "ENOENT" : "error";
-    snprintf(label, sizeof(label), "%s: %s = %s", state, name,
-             strcmp(name, "path") == 0 && want[0] ? "PATH" : want);
-    check(label, strcmp(got, want) == 0, 0, __LINE__);
-    if (strcmp(got, want) != 0) printf("  got %s\n", got);
-    free(v);
-}
-
-static struct blkio_completion wait1(struct blkioq *q, int secs)
-{
-    struct blkio_completion c;
-    memset(&c, 0, sizeof(c));
-    struct timespec t = { secs, 0 };
-    int n = blkioq_do_io(q, &c, 1, 1, &t);
-    if (n != 1) c.ret = n < 0 ? n - 100000 : -99999;
-    return c;
-}
-
-static const char *cmsg(struct blkio_completion c) { return c.error_msg ? c.error_msg : ""; }
 
 static int fd_open(int fd) { return fcntl(fd, F_GETFD) >= 0; }
 

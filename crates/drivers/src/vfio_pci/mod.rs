@@ -22,14 +22,17 @@ mod pci;
 mod sys;
 mod watch;
 
-use crate::vhost_user::created;
 use crate::vhost_user::sys::Shm;
-use crate::vhost_user::virtq::{Caps, Doorbell, Layout, Regions, Ring, VuQueue};
+use crate::vhost_user::virtq::{Caps, Doorbell, Layout, Regions, Ring, VuQueue, completion_wiring};
+use crate::vhost_user::{
+    CONFIG_LEN, F_EVENT_IDX, F_RO, F_VERSION_1, MAX_QUEUE_SIZE, WANTED as BLK_WANTED, blk_info,
+    check_queue_size, created,
+};
 use pci::{Dev, NO_VECTOR, PciError, S_ACKNOWLEDGE, S_DRIVER};
 use snapblk_core::sys::EventFd;
 use snapblk_core::{
-    Access, DeviceInfo, Driver, Error, MemRegion, PropSpec, PropType, PropValue, Queue, QueueCore,
-    Result, State,
+    Access, DeviceInfo, Driver, Error, MemRegion, PropSpec, PropType, PropValue, Queue, Result,
+    State,
 };
 use std::sync::Arc;
 use watch::Watcher;
@@ -44,43 +47,13 @@ const PROPS: &[PropSpec] = &[
     PropSpec::new("max-queue-size", PropType::Int, Access::ReadOnly, false),
 ];
 
-const MAX_QUEUE_SIZE: i32 = 32768;
-
-/// virtio feature bits (virtio 1.2 §5.2.3 and §6).
-const F_SIZE_MAX: u64 = 1 << 1;
-const F_SEG_MAX: u64 = 1 << 2;
-const F_RO: u64 = 1 << 5;
-const F_BLK_SIZE: u64 = 1 << 6;
-const F_FLUSH: u64 = 1 << 9;
-const F_TOPOLOGY: u64 = 1 << 10;
-const F_CONFIG_WCE: u64 = 1 << 11;
-const F_MQ: u64 = 1 << 12;
-const F_DISCARD: u64 = 1 << 13;
-const F_WRITE_ZEROES: u64 = 1 << 14;
-const F_EVENT_IDX: u64 = 1 << 29;
-const F_VERSION_1: u64 = 1 << 32;
+/// The bits the PCI transport asks for beyond the virtio-blk ones (virtio 1.2 §6): the
+/// platform bits and packed rings.
 const F_ACCESS_PLATFORM: u64 = 1 << 33;
 const F_RING_PACKED: u64 = 1 << 34;
 const F_ORDER_PLATFORM: u64 = 1 << 36;
-/// What libblkio asks every virtio-blk device for, plus what its PCI transport adds: the
-/// platform bits and packed rings.
-const WANTED: u64 = F_SIZE_MAX
-    | F_SEG_MAX
-    | F_RO
-    | F_BLK_SIZE
-    | F_FLUSH
-    | F_TOPOLOGY
-    | F_CONFIG_WCE
-    | F_MQ
-    | F_DISCARD
-    | F_WRITE_ZEROES
-    | F_EVENT_IDX
-    | F_VERSION_1
-    | F_ACCESS_PLATFORM
-    | F_RING_PACKED
-    | F_ORDER_PLATFORM;
-/// The part of `struct virtio_blk_config` read (up to `write_zeroes_may_unmap`).
-const CONFIG_LEN: usize = 60;
+/// What libblkio asks every virtio-blk device for, plus what its PCI transport adds.
+const WANTED: u64 = BLK_WANTED | F_ACCESS_PLATFORM | F_RING_PACKED | F_ORDER_PLATFORM;
 
 /// The open device and what was negotiated.
 #[derive(Debug)]
@@ -133,62 +106,6 @@ fn pe(e: PciError) -> Error {
     Error::from_chain(e.errno(), &e)
 }
 
-fn sat(v: u64) -> i32 {
-    v.min(i32::MAX as u64) as i32
-}
-
-/// The device facts of a virtio-blk configuration space, as libblkio derives them
-/// (shared notes §1.2).
-fn device_info(features: u64, cfg: &[u8], read_only: bool) -> DeviceInfo {
-    let has = |f: u64| features & f != 0;
-    let b = |o: usize| cfg.get(o).copied().unwrap_or(0);
-    let le32 = |o: usize| u32::from_le_bytes([b(o), b(o + 1), b(o + 2), b(o + 3)]);
-    let blk = if has(F_BLK_SIZE) {
-        le32(20).max(512)
-    } else {
-        512
-    } as u64;
-    let (pexp, align_off, opt_io) = if has(F_TOPOLOGY) {
-        (
-            u32::from(b(24)).min(16),
-            u64::from(b(25)),
-            u64::from(le32(28)),
-        )
-    } else {
-        (0, 0, 0)
-    };
-    let seg_max = if has(F_SEG_MAX) { le32(12) } else { 1 }.max(1);
-    let size_max = if has(F_SIZE_MAX) { le32(8) } else { 0 };
-    let sectors = |o: usize, f: u64| if has(f) { 512 * u64::from(le32(o)) } else { 0 };
-    DeviceInfo {
-        read_only,
-        request_alignment: sat(blk),
-        optimal_io_alignment: sat(blk << pexp),
-        optimal_io_size: sat(blk * opt_io),
-        max_segments: sat(u64::from(seg_max)),
-        max_segment_len: sat(u64::from(size_max)),
-        max_transfer: if has(F_SEG_MAX) && has(F_SIZE_MAX) {
-            sat(u64::from(seg_max) * u64::from(size_max))
-        } else {
-            0
-        },
-        max_write_zeroes_len: sectors(48, F_WRITE_ZEROES),
-        max_discard_len: sectors(36, F_DISCARD),
-        discard_alignment: if has(F_DISCARD) {
-            sat(512 * u64::from(le32(44)).max(1))
-        } else {
-            512
-        },
-        discard_alignment_offset: sat(blk * align_off),
-        flush_needed: if has(F_CONFIG_WCE) {
-            b(32) != 0
-        } else {
-            has(F_FLUSH)
-        },
-        ..created()
-    }
-}
-
 /// A queue's doorbell: a 16-bit write of its index to its notify address.
 struct Bell {
     dev: Arc<Dev>,
@@ -222,22 +139,15 @@ impl VfioPciDriver {
         }
         let features = offered & WANTED;
         dev.set_features(features)?;
-        let cfg = dev.config(CONFIG_LEN);
-        let capacity = u64::from_le_bytes(cfg[..8].try_into().unwrap_or([0; 8]));
-        let mq = if features & F_MQ != 0 {
-            u16::from_le_bytes([cfg[34], cfg[35]]).max(1)
-        } else {
-            1
-        };
-        let max_queues = usize::from(mq.min(dev.num_queues()).max(1));
+        let blk = blk_info(&dev.config(CONFIG_LEN as usize), features, read_only);
+        let max_queues = blk.num_queues.min(u64::from(dev.num_queues())).max(1) as usize;
         let info = DeviceInfo {
             max_queues: max_queues as i32,
             max_mem_regions: o.dma_avail,
             mem_region_alignment: o.page,
             needs_mem_region_fd: false,
-            ..device_info(features, &cfg, read_only)
+            ..blk.info
         };
-        let seg_max = info.max_segments as usize;
         let dev = Arc::new(dev);
         let watch = Watcher::start(dev.clone())
             .map_err(|e| PciError::Queue(format!("starting the watcher thread: {e}")))?;
@@ -247,9 +157,9 @@ impl VfioPciDriver {
                 sharing: false,
                 dev,
                 features,
-                capacity: capacity.saturating_mul(512),
+                capacity: blk.capacity,
                 max_queues,
-                seg_max,
+                seg_max: blk.seg_max,
                 next_queue: 0,
                 next_vector: 0,
                 mapped: Vec::new(),
@@ -281,18 +191,7 @@ impl Driver for VfioPciDriver {
             // As libblkio 1.5 (observed in the VM): only vhost-vdpa takes an fd. QEMU probes
             // the property, and falls back to `path` when setting it fails.
             ("fd", _) => return Err(Error::new(libc::ENOENT, "fd property not supported")),
-            ("queue-size", PropValue::Int(n)) => {
-                if n <= 0 {
-                    return Err(Error::inval("queue_size must be greater than 0"));
-                }
-                if !(n as u32).is_power_of_two() {
-                    return Err(Error::inval("queue_size must be a power of two"));
-                }
-                if n > MAX_QUEUE_SIZE {
-                    return Err(Error::inval("queue_size must be smaller than 32768"));
-                }
-                self.queue_size = n;
-            }
+            ("queue-size", PropValue::Int(n)) => self.queue_size = check_queue_size(n)?,
             _ => return Err(Error::new(libc::ENOENT, "Unknown property name")),
         }
         Ok(())
@@ -377,35 +276,18 @@ impl Driver for VfioPciDriver {
         // once the device was removed.
         let gone = c.watch.gone()?;
         let kick = EventFd::new()?;
-        let (call_raw, spare, core) = if poll {
-            (None, Some(call), QueueCore::new(true)?)
-        } else {
-            (Some(call.raw()), None, QueueCore::with_eventfd(call, false))
-        };
+        let (calls, core) = completion_wiring(call, poll)?;
         let f = c.features;
-        let caps = Caps {
-            read_only: self.read_only,
-            flush: f & F_FLUSH != 0,
-            discard: f & F_DISCARD != 0,
-            write_zeroes: f & F_WRITE_ZEROES != 0,
-            max_segments: c.seg_max,
-        };
+        let caps = Caps::negotiated(f, self.read_only, c.seg_max);
         let bell = Bell {
             dev: c.dev.clone(),
             off,
             index: index as u16,
         };
-        let mut ring = Ring::new(
-            shm,
-            lay,
-            kick,
-            (call_raw, spare),
-            gone,
-            f & F_EVENT_IDX != 0,
-        )
-        .with_hangup(c"the device was removed")
-        .at(base)
-        .with_doorbell(Box::new(bell));
+        let mut ring = Ring::new(shm, lay, kick, calls, gone, f & F_EVENT_IDX != 0)
+            .with_hangup(c"the device was removed")
+            .at(base)
+            .with_doorbell(Box::new(bell));
         if packed {
             ring = ring.with_packed();
         }

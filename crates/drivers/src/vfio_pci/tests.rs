@@ -72,7 +72,7 @@ fn config_space_gives_libblkio_s_properties() {
     // capacity 2^19 sectors, size_max 0, seg_max 254, blk_size 4096, topology: exp 3,
     // alignment offset 1, opt_io 16; writeback 1; num_queues 2; max_discard 4194303 sectors,
     // discard alignment 8 sectors; max_write_zeroes 4194303.
-    let mut cfg = [0u8; CONFIG_LEN];
+    let mut cfg = [0u8; CONFIG_LEN as usize];
     cfg[..8].copy_from_slice(&(1u64 << 19).to_le_bytes());
     cfg[12..16].copy_from_slice(&254u32.to_le_bytes());
     cfg[20..24].copy_from_slice(&4096u32.to_le_bytes());
@@ -85,7 +85,7 @@ fn config_space_gives_libblkio_s_properties() {
     cfg[44..48].copy_from_slice(&8u32.to_le_bytes());
     cfg[48..52].copy_from_slice(&4194303u32.to_le_bytes());
     let all = WANTED & !F_RO;
-    let i = device_info(all, &cfg, false);
+    let i = blk_info(&cfg, all, false).info;
     assert_eq!(i.request_alignment, 4096);
     assert_eq!(i.optimal_io_alignment, 4096 << 3);
     assert_eq!(i.optimal_io_size, 4096 * 16);
@@ -98,7 +98,7 @@ fn config_space_gives_libblkio_s_properties() {
     assert_eq!(i.discard_alignment, 4096);
     assert!(i.flush_needed);
     // Without the features: libblkio's created-state values.
-    let i = device_info(F_VERSION_1, &cfg, false);
+    let i = blk_info(&cfg, F_VERSION_1, false).info;
     assert_eq!(
         (
             i.request_alignment,
@@ -110,7 +110,7 @@ fn config_space_gives_libblkio_s_properties() {
     );
     assert!(!i.flush_needed);
     // A short configuration (a broken device) reads as zeros, no panic.
-    let i = device_info(all, &cfg[..10], false);
+    let i = blk_info(&cfg[..10], all, false).info;
     assert_eq!(i.max_segments, 1);
 }
 

@@ -24,11 +24,11 @@ use link::{Link, Shared, Vring};
 use proto::{Frontend, Req, VuError};
 use snapblk_core::sys::EventFd;
 use snapblk_core::{
-    Access, DeviceInfo, Driver, Error, MemRegion, PropSpec, PropType, PropValue, Queue, QueueCore,
-    Result, State,
+    Access, DeviceInfo, Driver, Error, MemRegion, PropSpec, PropType, PropValue, Queue, Result,
+    State,
 };
 use std::os::fd::OwnedFd;
-use virtq::{Caps, Layout, Regions, Ring, VuQueue};
+use virtq::{Caps, Layout, Regions, Ring, VuQueue, completion_wiring};
 
 /// The driver's name.
 pub(crate) const NAME: &str = "virtio-blk-vhost-user";
@@ -407,30 +407,17 @@ impl Driver for VhostUserDriver {
             .map_err(|e| Error::new(e.raw_os_error().unwrap_or(libc::EIO), "dup of the socket"))?;
         let epoch = l.epoch();
         drop(l);
-        let (call_raw, spare, core) = if poll {
-            (None, Some(call), QueueCore::new(true)?)
-        } else {
-            (Some(call.raw()), None, QueueCore::with_eventfd(call, false))
-        };
+        let (calls, core) = completion_wiring(call, poll)?;
         let f = c.features;
-        let caps = Caps {
-            read_only: self.read_only,
-            flush: f & F_FLUSH != 0,
-            discard: f & F_DISCARD != 0,
-            write_zeroes: f & F_WRITE_ZEROES != 0,
-            max_segments: c.seg_max,
-        };
+        let caps = Caps::negotiated(f, self.read_only, c.seg_max);
         Ok(Box::new(VuQueue {
             core,
-            ring: Ring::new(
-                shm,
-                lay,
-                kick,
-                (call_raw, spare),
-                sock,
-                f & F_EVENT_IDX != 0,
-            )
-            .with_link(vring, epoch, c.link.clone(), self.reconnect),
+            ring: Ring::new(shm, lay, kick, calls, sock, f & F_EVENT_IDX != 0).with_link(
+                vring,
+                epoch,
+                c.link.clone(),
+                self.reconnect,
+            ),
             caps,
             regions: self.regions.clone(),
         }))

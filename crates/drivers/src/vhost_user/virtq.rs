@@ -59,6 +59,38 @@ pub(crate) struct Caps {
     pub(crate) max_segments: usize,
 }
 
+impl Caps {
+    /// What the negotiated virtio-blk `features` allow, on an instance opened `read_only`.
+    pub(crate) fn negotiated(features: u64, read_only: bool, max_segments: usize) -> Caps {
+        Caps {
+            read_only,
+            flush: features & super::F_FLUSH != 0,
+            discard: features & super::F_DISCARD != 0,
+            write_zeroes: features & super::F_WRITE_ZEROES != 0,
+            max_segments,
+        }
+    }
+}
+
+/// The call eventfd as [`Ring::new`] takes it: the raw fd the ring waits on (a regular queue),
+/// and the eventfd kept only so the device has one to signal (a poll queue).
+pub(crate) type Calls = (Option<RawFd>, Option<EventFd>);
+
+/// How a queue learns of completions, from the eventfd the device signals (`call`): a regular
+/// queue hands it out as its completion fd and the ring waits on it; a poll queue keeps it
+/// only so the device has one to signal, and hands out none. Returns the ring's call fd and
+/// spare (for [`Ring::new`]) and the queue's core.
+pub(crate) fn completion_wiring(call: EventFd, poll: bool) -> Result<(Calls, QueueCore)> {
+    Ok(if poll {
+        ((None, Some(call)), QueueCore::new(true)?)
+    } else {
+        (
+            (Some(call.raw()), None),
+            QueueCore::with_eventfd(call, false),
+        )
+    })
+}
+
 /// Byte offsets of one queue's parts inside its memfd.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Layout {
@@ -184,7 +216,7 @@ impl Ring {
         shm: Shm,
         lay: Layout,
         kick: EventFd,
-        (call, _spare_call): (Option<RawFd>, Option<EventFd>),
+        (call, _spare_call): Calls,
         sock: OwnedFd,
         event_idx: bool,
     ) -> Ring {

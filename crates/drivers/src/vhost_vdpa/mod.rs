@@ -17,15 +17,15 @@
 mod sys;
 
 use crate::iova::IovaSpace;
-use crate::vhost_user::virtq::{Caps, Layout, Regions, Ring, STALL, VuQueue};
+use crate::vhost_user::virtq::{Caps, Layout, Regions, Ring, STALL, VuQueue, completion_wiring};
 use crate::vhost_user::{
-    CONFIG_LEN, F_DISCARD, F_EVENT_IDX, F_FLUSH, F_RO, F_VERSION_1, F_WRITE_ZEROES, MAX_QUEUE_SIZE,
-    WANTED, blk_info, check_queue_size, created, sat,
+    CONFIG_LEN, F_EVENT_IDX, F_RO, F_VERSION_1, MAX_QUEUE_SIZE, WANTED, blk_info, check_queue_size,
+    created, sat,
 };
 use snapblk_core::sys::EventFd;
 use snapblk_core::{
-    Access, DeviceInfo, Driver, Error, MemRegion, PropSpec, PropType, PropValue, Queue, QueueCore,
-    Result, State,
+    Access, DeviceInfo, Driver, Error, MemRegion, PropSpec, PropType, PropValue, Queue, Result,
+    State,
 };
 use std::io;
 use std::os::fd::{FromRawFd, OwnedFd};
@@ -285,31 +285,14 @@ impl VhostVdpaDriver {
         // ask the device for the vring's state, which the daemon must answer.
         let probe = Box::new(move || probe_dev.vring_base(i).is_ok());
         c.next_queue += 1;
-        let (call_raw, spare, core) = if poll {
-            (None, Some(call), QueueCore::new(true)?)
-        } else {
-            (Some(call.raw()), None, QueueCore::with_eventfd(call, false))
-        };
+        let (calls, core) = completion_wiring(call, poll)?;
         let f = c.features;
-        let caps = Caps {
-            read_only: self.read_only,
-            flush: f & F_FLUSH != 0,
-            discard: f & F_DISCARD != 0,
-            write_zeroes: f & F_WRITE_ZEROES != 0,
-            max_segments: c.seg_max,
-        };
+        let caps = Caps::negotiated(f, self.read_only, c.seg_max);
         Ok(Box::new(VuQueue {
             core,
-            ring: Ring::new(
-                shm,
-                lay,
-                kick,
-                (call_raw, spare),
-                watch,
-                f & F_EVENT_IDX != 0,
-            )
-            .at(iova)
-            .with_probe(probe, c"vhost-vdpa device stopped responding", STALL),
+            ring: Ring::new(shm, lay, kick, calls, watch, f & F_EVENT_IDX != 0)
+                .at(iova)
+                .with_probe(probe, c"vhost-vdpa device stopped responding", STALL),
             caps,
             regions: self.regions.clone(),
         }))

@@ -291,6 +291,21 @@ fn try_go(addr: &str) -> Result<Client, (u32, String)> {
     }
 }
 
+/// Negotiates an export, retrying while the server is at its connection limit (slots of
+/// clients that just left are freed asynchronously); fails after 10 s.
+fn go_when_free(addr: &str) -> Client {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        match try_go(addr) {
+            Ok(c) => return c,
+            Err((REP_ERR_SHUTDOWN, _)) if std::time::Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            Err(e) => panic!("connection slots never freed: {e:?}"),
+        }
+    }
+}
+
 #[test]
 fn idle_handshakes_time_out_and_connection_limit_holds() {
     let cfg = ServerConfig {
@@ -302,21 +317,16 @@ fn idle_handshakes_time_out_and_connection_limit_holds() {
     // A silent client is dropped after the timeout.
     let mut idle = Client::raw(Client::greet(&srv.addr));
     assert!(idle.closed());
-    // Fill the connection limit; the next one is refused.
-    let a = Client::connect(&srv.addr, "disk");
-    let b = Client::connect(&srv.addr, "disk");
-    let c = Client::connect(&srv.addr, "disk");
+    // Fill the connection limit; the next one is refused. The client sees the idle
+    // connection closed a moment before the server frees its slot, so each of these
+    // waits for a free slot rather than assuming one.
+    let a = go_when_free(&srv.addr);
+    let b = go_when_free(&srv.addr);
+    let c = go_when_free(&srv.addr);
     assert!(matches!(try_go(&srv.addr), Err((REP_ERR_SHUTDOWN, _))));
     drop((a, b, c));
     // Slots free up once those clients leave.
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while try_go(&srv.addr).is_err() {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "connection slots never freed"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    drop(go_when_free(&srv.addr));
     healthy(&srv.addr, &data);
     srv.stop();
 }

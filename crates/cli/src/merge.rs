@@ -20,7 +20,7 @@ pub struct MergeArgs {
     /// The base image or block device, overwritten in place with the new image.
     #[arg(long)]
     base: PathBuf,
-    /// Show a progress bar (on a terminal).
+    /// Show the progress bar on a terminal even with --quiet (it is shown by default).
     #[arg(long)]
     progress: bool,
     /// Print the result (and scheduler statistics) as JSON.
@@ -242,9 +242,11 @@ pub fn run(a: MergeArgs) -> anyhow::Result<()> {
     }
     digests.check(&a, &snap)?;
     let (done, total) = snap.merge_progress();
-    let bar = Progress::merge(total as u64, a.progress);
-    bar.set(done as u64);
-    let on_progress = |p: MergeProgress| bar.set(p.merged as u64);
+    // Every op writes one block: the bar counts the blocks' bytes.
+    let bs = snap.map().block_size();
+    let bar = Progress::bytes_forced(total as u64 * bs, "merge", a.progress);
+    bar.set(done as u64 * bs);
+    let on_progress = |p: MergeProgress| bar.set(p.merged as u64 * bs);
     let t0 = Instant::now();
     let report = merge(
         &snap,

@@ -25,6 +25,7 @@ PKGS=(
   libfec-dev                        # Karn's Reed-Solomon library (init_rs_char): the FEC encoder's reference
   zip gzip                          # PUFFDIFF tests: deflate streams by Info-ZIP zip and GNU gzip
   openssl                           # OTA signature tests: keys, certificates and signatures by the openssl CLI
+  zsh fish groff-base               # CLI tests: completion scripts run by each shell, man pages rendered by groff
 )
 missing=()
 for p in "${PKGS[@]}"; do

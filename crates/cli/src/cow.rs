@@ -87,8 +87,10 @@ pub enum CowCmd {
         /// The COW file to write (replaced atomically; never one of the inputs).
         #[arg(short = 'o', long = "output")]
         out: PathBuf,
+        /// COW format: v3 (Android 13+, compression units, XOR ops) or v2 (Android 11/12).
         #[arg(long, value_enum, default_value = "v3")]
         format: Format,
+        /// Payload compression codec.
         #[arg(long, value_enum, default_value = "lz4")]
         compression: Algo,
         /// Compression level for every payload (default: AOSP's — gz 9, brotli 11, zstd 3 —

@@ -1,0 +1,143 @@
+//! Progress bars: drawn on a terminal (a pseudo-terminal from util-linux `script`), with bytes,
+//! rate and time left; absent when stderr is a pipe and with `--quiet`; `merge --progress`
+//! draws even with `--quiet`.
+
+#[path = "cli_common.rs"]
+mod cli_common;
+
+use cli_common::{Case, snapblk};
+use snapblk_testsupport::path_str;
+use std::process::Command;
+
+/// Runs `snapblk ARGS` with stdin, stdout and stderr on a pseudo-terminal; returns everything
+/// the terminal received.
+fn on_tty(args: &[&str]) -> String {
+    let mut line = String::from(env!("CARGO_BIN_EXE_snapblk"));
+    for a in args {
+        line.push_str(&format!(" '{a}'"));
+    }
+    let o = Command::new("script")
+        .args(["-qec", &line, "/dev/null"])
+        .env("TERM", "xterm")
+        .output()
+        .expect("script (util-linux)");
+    let text = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert!(o.status.success(), "{line}: {text}");
+    text
+}
+
+/// A byte bar's frame as `progress::BYTES` draws it: LABEL [...] DONE/TOTAL RATE eta T.
+fn has_byte_bar(text: &str, label: &str) -> bool {
+    text.lines().flat_map(|l| l.split('\r')).any(|l| {
+        l.contains(label) && l.contains("iB/s") && l.contains(" eta ") && l.contains("iB/")
+    })
+}
+
+/// A copy of the old image grown to the new image's size, to merge into.
+fn base_copy(c: &Case, name: &str) -> std::path::PathBuf {
+    let p = c.file_copy(&c.old, name);
+    let len = std::fs::metadata(&c.new).unwrap().len();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&p)
+        .unwrap()
+        .set_len(len)
+        .unwrap();
+    p
+}
+
+#[test]
+fn long_commands_draw_byte_bars_on_a_terminal_only() {
+    let c = Case::new("progress-tty", 2048, &[]);
+    let (old, new) = (path_str(&c.old), path_str(&c.new));
+
+    let cow2 = c.p("2.cow");
+    let t = on_tty(&[
+        "cow",
+        "create",
+        "--old",
+        old,
+        "--new",
+        new,
+        "-o",
+        path_str(&cow2),
+    ]);
+    assert!(has_byte_bar(&t, "diffing"), "cow create: {t:?}");
+
+    let out = c.p("applied.img");
+    let t = on_tty(&[
+        "cow",
+        "apply",
+        path_str(&c.cow),
+        "--base",
+        old,
+        "-o",
+        path_str(&out),
+    ]);
+    assert!(has_byte_bar(&t, "applying"), "cow apply: {t:?}");
+
+    let base = base_copy(&c, "base.img");
+    let t = on_tty(&[
+        "merge",
+        path_str(&c.cow_copy("m.cow")),
+        "--base",
+        path_str(&base),
+    ]);
+    assert!(has_byte_bar(&t, "merge"), "merge: {t:?}");
+    assert_eq!(
+        std::fs::read(&base).unwrap(),
+        std::fs::read(&c.new).unwrap()
+    );
+
+    // A pipe gets the summary only.
+    let base = base_copy(&c, "base-pipe.img");
+    let o = snapblk(&[
+        "merge",
+        path_str(&c.cow_copy("p.cow")),
+        "--base",
+        path_str(&base),
+    ]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success() && !err.contains("eta"), "{err}");
+}
+
+#[test]
+fn quiet_hides_bars_and_merge_progress_forces_one() {
+    let c = Case::new("progress-quiet", 2048, &[]);
+    let old = path_str(&c.old);
+    let out = c.p("applied.img");
+    let t = on_tty(&[
+        "cow",
+        "apply",
+        path_str(&c.cow),
+        "--base",
+        old,
+        "-o",
+        path_str(&out),
+        "--quiet",
+    ]);
+    assert!(!t.contains("eta"), "cow apply --quiet: {t:?}");
+
+    let base = base_copy(&c, "base.img");
+    let t = on_tty(&[
+        "--quiet",
+        "merge",
+        path_str(&c.cow_copy("q.cow")),
+        "--base",
+        path_str(&base),
+    ]);
+    assert!(!t.contains("eta"), "merge --quiet: {t:?}");
+    assert!(t.contains("merged"), "the summary stays: {t:?}");
+
+    let base = base_copy(&c, "base2.img");
+    let cow = c.cow_copy("f.cow");
+    let t = on_tty(&[
+        "merge",
+        path_str(&cow),
+        "--base",
+        path_str(&base),
+        "--quiet",
+        "--progress",
+    ]);
+    assert!(has_byte_bar(&t, "merge"), "merge --quiet --progress: {t:?}");
+}

@@ -21,8 +21,12 @@ macro_rules! say {
     }};
 }
 
-/// Schema of `cow verify --json` documents.
+/// Schema of `cow verify --json` documents (schemas/snapblk.cow-verify.v1.json, as the others).
 const VERIFY_SCHEMA: &str = "snapblk.cow-verify.v1";
+/// Schema of `cow create --json` documents.
+const CREATE_SCHEMA: &str = "snapblk.cow-create.v1";
+/// Schema of `cow inspect --json` documents.
+const INSPECT_SCHEMA: &str = "snapblk.cow-inspect.v1";
 /// Blocks named in a one-line message before "and N more".
 const NAMED_BLOCKS: usize = 8;
 
@@ -366,12 +370,13 @@ fn image_size(
 }
 
 /// With `--json`, a command that fails still prints a JSON document on stdout:
-/// `{"ok": false, "error": "..."}` (the error also goes to stderr, as always).
-fn json_verdict_on_error(json: bool, r: Result<()>) -> Result<()> {
+/// `{"schema": ..., "ok": false, "error": "..."}` (the error also goes to stderr, as always).
+fn json_verdict_on_error(json: bool, schema: &str, r: Result<()>) -> Result<()> {
     if let (true, Err(e)) = (json, &r) {
         // An error writing to stdout itself is not repeated there.
         if e.downcast_ref::<std::io::Error>().is_none() {
-            let doc = serde_json::json!({ "ok": false, "error": format!("{e:#}") });
+            let doc =
+                serde_json::json!({ "schema": schema, "ok": false, "error": format!("{e:#}") });
             say!("{}", serde_json::to_string_pretty(&doc)?);
         }
     }
@@ -380,7 +385,7 @@ fn json_verdict_on_error(json: bool, r: Result<()>) -> Result<()> {
 
 pub fn run(c: CowCmd) -> Result<()> {
     if let CowCmd::Create { json: true, .. } = &c {
-        return json_verdict_on_error(true, run_cmd(c));
+        return json_verdict_on_error(true, CREATE_SCHEMA, run_cmd(c));
     }
     run_cmd(c)
 }
@@ -484,6 +489,7 @@ fn run_cmd(c: CowCmd) -> Result<()> {
             let total = t0.elapsed().as_secs_f64();
             if json {
                 let mut v = serde_json::to_value(&stats)?;
+                v["schema"] = CREATE_SCHEMA.into();
                 v["seconds_generate"] = secs.into();
                 if let Some((w, c)) = writer_only {
                     v["seconds_writer_only"] = w.into();
@@ -520,7 +526,7 @@ fn run_cmd(c: CowCmd) -> Result<()> {
         }
         CowCmd::Inspect { cow, json, ops } => {
             let r = inspect(&cow, json, ops);
-            json_verdict_on_error(json, r)
+            json_verdict_on_error(json, INSPECT_SCHEMA, r)
         }
         CowCmd::Verify {
             cow,
@@ -595,6 +601,7 @@ fn inspect(cow: &Path, json: bool, ops: bool) -> Result<()> {
     };
     if json {
         let mut v = serde_json::to_value(&s)?;
+        v["schema"] = INSPECT_SCHEMA.into();
         v["record"] = match &rec {
             Ok(Some(x)) => serde_json::json!({
                 "path": rec_path, "state": rec_state,

@@ -9,7 +9,7 @@ use std::fmt::Write as _;
 pub struct InfoArgs {
     /// Device spec: PATH, or DRIVER:key=value,... (e.g. null:size=1G, io_uring:path=/dev/zram0,direct=true)
     device: String,
-    /// Print a JSON object {property: value} instead of a table.
+    /// Print a JSON object {property: value, "schema": "snapblk.info.v1"} instead of a table.
     #[arg(long)]
     json: bool,
 }
@@ -28,7 +28,9 @@ pub fn run(a: InfoArgs) -> anyhow::Result<()> {
     }
     let mut out = String::new();
     if a.json {
+        // Versioned like every --json document (schemas/snapblk.info.v1.json).
         let mut m = serde_json::Map::new();
+        m.insert("schema".into(), "snapblk.info.v1".into());
         for (name, v) in rows {
             let j = match v {
                 Ok(snapblk_core::PropValue::Bool(x)) => serde_json::Value::from(x),

@@ -268,6 +268,7 @@ pub fn run(a: MergeArgs) -> anyhow::Result<()> {
     let mut out = crate::out::stdout();
     if a.json {
         let v = serde_json::json!({
+            "schema": "snapblk.merge.v1",
             "merged": report.total_ops,
             "total": report.total_ops,
             "report": report,
@@ -369,6 +370,7 @@ fn check(a: &MergeArgs) -> anyhow::Result<()> {
         Ok((done, total, r)) => {
             if a.json {
                 let v = serde_json::json!({
+                    "schema": "snapblk.merge-check.v1",
                     "mergeable": true, "merged": done, "total": total, "checked": r,
                 });
                 writeln!(out, "{v}")?;
@@ -380,7 +382,10 @@ fn check(a: &MergeArgs) -> anyhow::Result<()> {
         }
         Err(e) => {
             if a.json {
-                let v = serde_json::json!({ "mergeable": false, "error": format!("{e:#}") });
+                let v = serde_json::json!({
+                    "schema": "snapblk.merge-check.v1",
+                    "mergeable": false, "error": format!("{e:#}"),
+                });
                 writeln!(out, "{v}")?;
             }
             Err(e)

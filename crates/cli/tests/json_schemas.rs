@@ -1,0 +1,242 @@
+//! Every `--json` document validates against the JSON Schema it names in its `schema` field
+//! (`schemas/<schema>.json` in the repository), checked by the `jsonschema` crate, an
+//! independent validator; failures documents (`ok: false`) included.
+
+#[path = "cli_common.rs"]
+mod cli_common;
+
+use cli_common::{Case, snapblk};
+use serde_json::Value;
+use snapblk_testsupport::path_str;
+use std::path::PathBuf;
+
+fn schemas_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../schemas")
+}
+
+/// Validates `doc` against the schema it names, which must be `want`.
+fn check(doc: &Value, want: &str, what: &str) {
+    let name = doc["schema"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{what}: no schema field: {doc}"));
+    assert_eq!(name, want, "{what}");
+    let path = schemas_dir().join(format!("{name}.json"));
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let schema: Value = serde_json::from_str(&text).unwrap();
+    let v = jsonschema::validator_for(&schema).unwrap_or_else(|e| panic!("{name}: {e}"));
+    let errs: Vec<String> = v
+        .iter_errors(doc)
+        .map(|e| format!("{}: {e}", e.instance_path))
+        .collect();
+    assert!(
+        errs.is_empty(),
+        "{what} breaks {name}:\n{}\n{doc:#}",
+        errs.join("\n")
+    );
+}
+
+/// Runs `snapblk ARGS`, requires exit status `code`, and parses its stdout as one JSON document.
+fn json_of(args: &[&str], code: i32) -> Value {
+    let o = snapblk(args);
+    assert_eq!(
+        o.status.code(),
+        Some(code),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    serde_json::from_slice(&o.stdout).unwrap_or_else(|e| {
+        panic!(
+            "{args:?}: stdout is not one JSON document ({e}): {}",
+            String::from_utf8_lossy(&o.stdout)
+        )
+    })
+}
+
+#[test]
+fn every_schema_is_valid_and_named_by_its_file() {
+    let mut n = 0;
+    for e in std::fs::read_dir(schemas_dir()).unwrap() {
+        let p = e.unwrap().path();
+        let file = p.file_name().unwrap().to_str().unwrap().to_owned();
+        let schema: Value = serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap();
+        jsonschema::validator_for(&schema).unwrap_or_else(|e| panic!("{file}: {e}"));
+        assert!(
+            schema["$id"]
+                .as_str()
+                .unwrap()
+                .ends_with(&format!("/{file}")),
+            "{file}: $id"
+        );
+        let version = file.strip_suffix(".json").unwrap();
+        assert!(
+            version.starts_with("snapblk.") && version.rsplit('.').next().unwrap().starts_with('v'),
+            "{file}"
+        );
+        assert!(
+            text_mentions(&schema, version),
+            "{file}: its schema const is not {version}"
+        );
+        n += 1;
+    }
+    assert!(n >= 7, "{n} schemas");
+}
+
+/// Whether `schema` pins a `schema` property to `name` somewhere.
+fn text_mentions(schema: &Value, name: &str) -> bool {
+    schema
+        .to_string()
+        .contains(&format!("{{\"const\":\"{name}\"}}"))
+}
+
+#[test]
+fn cow_documents_validate() {
+    let c = Case::new("json-cow", 256, &[]);
+    let (old, new, cow) = (path_str(&c.old), path_str(&c.new), path_str(&c.cow));
+    let out = c.p("2.cow");
+    let doc = json_of(
+        &[
+            "cow",
+            "create",
+            "--old",
+            old,
+            "--new",
+            new,
+            "-o",
+            path_str(&out),
+            "--json",
+        ],
+        0,
+    );
+    check(&doc, "snapblk.cow-create.v1", "cow create");
+    let doc = json_of(
+        &[
+            "cow",
+            "create",
+            "--old",
+            old,
+            "--new",
+            path_str(&c.p("none")),
+            "-o",
+            path_str(&c.p("3.cow")),
+            "--json",
+        ],
+        1,
+    );
+    check(&doc, "snapblk.cow-create.v1", "cow create (failed)");
+
+    check(
+        &json_of(&["cow", "inspect", cow, "--json"], 0),
+        "snapblk.cow-inspect.v1",
+        "cow inspect",
+    );
+    check(
+        &json_of(&["cow", "inspect", cow, "--json", "--ops"], 0),
+        "snapblk.cow-inspect.v1",
+        "cow inspect --ops",
+    );
+    check(
+        &json_of(&["cow", "inspect", new, "--json"], 1),
+        "snapblk.cow-inspect.v1",
+        "cow inspect (not a COW)",
+    );
+    let v2 = c.p("v2.cow");
+    json_of(
+        &[
+            "cow",
+            "create",
+            "--old",
+            old,
+            "--new",
+            new,
+            "-o",
+            path_str(&v2),
+            "--format",
+            "v2",
+            "--json",
+        ],
+        0,
+    );
+    check(
+        &json_of(&["cow", "inspect", path_str(&v2), "--json", "--ops"], 0),
+        "snapblk.cow-inspect.v1",
+        "cow inspect v2",
+    );
+
+    let doc = json_of(
+        &[
+            "cow", "verify", cow, "--base", old, "--expect", new, "--json",
+        ],
+        0,
+    );
+    check(&doc, "snapblk.cow-verify.v1", "cow verify");
+    let doc = json_of(&["cow", "verify", cow, "--base", new, "--json"], 1);
+    check(&doc, "snapblk.cow-verify.v1", "cow verify (wrong base)");
+}
+
+#[test]
+fn merge_documents_validate() {
+    let c = Case::new("json-merge", 256, &[]);
+    let base = c.file_copy(&c.old, "base.img");
+    let len = std::fs::metadata(&c.new).unwrap().len();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&base)
+        .unwrap()
+        .set_len(len)
+        .unwrap();
+    let (cow, b) = (path_str(&c.cow), path_str(&base));
+    check(
+        &json_of(&["merge", cow, "--base", b, "--check", "--json"], 0),
+        "snapblk.merge-check.v1",
+        "merge --check",
+    );
+    check(
+        &json_of(
+            &[
+                "merge",
+                cow,
+                "--base",
+                path_str(&c.new),
+                "--check",
+                "--json",
+            ],
+            1,
+        ),
+        "snapblk.merge-check.v1",
+        "merge --check (refused)",
+    );
+    check(
+        &json_of(&["merge", cow, "--base", b, "--status", "--json"], 0),
+        "snapblk.merge-status.v1",
+        "merge --status",
+    );
+    check(
+        &json_of(&["merge", cow, "--base", b, "--json", "--stats"], 0),
+        "snapblk.merge.v1",
+        "merge",
+    );
+    assert_eq!(
+        std::fs::read(&base).unwrap(),
+        std::fs::read(&c.new).unwrap()
+    );
+    check(
+        &json_of(&["merge", cow, "--base", b, "--status", "--json"], 0),
+        "snapblk.merge-status.v1",
+        "merge --status (done)",
+    );
+}
+
+#[test]
+fn info_documents_validate() {
+    let c = Case::new("json-info", 16, &[]);
+    check(
+        &json_of(&["info", path_str(&c.old), "--json"], 0),
+        "snapblk.info.v1",
+        "info FILE",
+    );
+    check(
+        &json_of(&["info", "null:size=1G", "--json"], 0),
+        "snapblk.info.v1",
+        "info null",
+    );
+}

@@ -291,8 +291,13 @@ fn spec_base(a: &ServeArgs) -> anyhow::Result<String> {
     }
 }
 
-fn emit(json: bool, v: serde_json::Value) {
+/// With --json, writes `v` as one line on stdout, tagged with its schema: every serve event
+/// validates against schemas/snapblk.serve-event.v1.json.
+pub(crate) fn emit(json: bool, mut v: serde_json::Value) {
     if json {
+        if let Some(m) = v.as_object_mut() {
+            m.insert("schema".into(), "snapblk.serve-event.v1".into());
+        }
         let mut o = std::io::stdout().lock();
         let _ = writeln!(o, "{v}");
         let _ = o.flush();

@@ -95,7 +95,7 @@ pub fn run(
         planner,
         move |r| {
             if json {
-                let v = serde_json::json!({
+                let mut v = serde_json::json!({
                     "event": "ready",
                     "export": "ublk",
                     "dev": r.bdev,
@@ -107,6 +107,7 @@ pub fn run(
                     "recovered": r.recovered,
                     "planned_reads": r.planned_reads,
                 });
+                v["schema"] = "snapblk.serve-event.v1".into();
                 let mut o = std::io::stdout().lock();
                 let _ = writeln!(o, "{v}");
                 let _ = o.flush();

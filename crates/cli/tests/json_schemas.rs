@@ -57,6 +57,9 @@ fn every_schema_is_valid_and_named_by_its_file() {
     let mut n = 0;
     for e in std::fs::read_dir(schemas_dir()).unwrap() {
         let p = e.unwrap().path();
+        if p.extension().is_none_or(|x| x != "json") {
+            continue;
+        }
         let file = p.file_name().unwrap().to_str().unwrap().to_owned();
         let schema: Value = serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap();
         jsonschema::validator_for(&schema).unwrap_or_else(|e| panic!("{file}: {e}"));
@@ -238,5 +241,193 @@ fn info_documents_validate() {
         &json_of(&["info", "null:size=1G", "--json"], 0),
         "snapblk.info.v1",
         "info null",
+    );
+}
+
+#[test]
+fn readahead_documents_validate() {
+    let c = Case::new("json-readahead", 64, &[]);
+    let tree = c.p("tree");
+    std::fs::create_dir_all(tree.join("sub")).unwrap();
+    std::fs::copy(&c.old, tree.join("a")).unwrap();
+    std::fs::copy(&c.new, tree.join("sub/b")).unwrap();
+    let t = path_str(&tree);
+    let doc = json_of(&["residency", "-r", t, "--json"], 0);
+    assert_eq!(doc["files"].as_array().unwrap().len(), 2);
+    check(&doc, "snapblk.residency.v1", "residency");
+    check(
+        &json_of(&["residency", "-r", t, "--summary", "--json"], 0),
+        "snapblk.residency.v1",
+        "residency --summary",
+    );
+    // A missing path: an error in the document, still valid.
+    let missing = c.p("missing");
+    check(
+        &json_of(&["residency", "-r", path_str(&missing), t, "--json"], 1),
+        "snapblk.residency.v1",
+        "residency (missing path)",
+    );
+
+    check(
+        &json_of(&["readahead", "evict", "-r", t, "--json"], 0),
+        "snapblk.evict.v1",
+        "evict",
+    );
+    let list = c.p("boot.list");
+    let doc = json_of(
+        &[
+            "readahead",
+            "record",
+            "-o",
+            path_str(&list),
+            "--scope",
+            t,
+            "--json",
+            "--",
+            "cat",
+            path_str(&tree.join("a")),
+        ],
+        0,
+    );
+    check(&doc, "snapblk.record.v1", "record");
+    assert_eq!(doc["exit_status"], 0);
+    check(
+        &json_of(
+            &[
+                "readahead",
+                "record",
+                "-o",
+                path_str(&c.p("w.list")),
+                "--scope",
+                t,
+                "--duration",
+                "0.1",
+                "--json",
+            ],
+            0,
+        ),
+        "snapblk.record.v1",
+        "record --duration",
+    );
+    json_of(&["readahead", "evict", "-r", t, "--json"], 0);
+    check(
+        &json_of(&["readahead", "replay", path_str(&list), "--json"], 0),
+        "snapblk.replay.v1",
+        "replay",
+    );
+    check(
+        &json_of(
+            &[
+                "readahead",
+                "replay",
+                path_str(&list),
+                "--json",
+                "--diskstats",
+            ],
+            0,
+        ),
+        "snapblk.replay.v1",
+        "replay --diskstats",
+    );
+    check(
+        &json_of(&["readahead", "warm", "-r", t, "--json"], 0),
+        "snapblk.replay.v1",
+        "warm",
+    );
+}
+
+#[path = "serve_common.rs"]
+mod serve_common;
+
+/// Every line `serve --json` printed (the readiness line and the rest) validates.
+fn check_serve_lines(ready: &Value, rest: &[String], what: &str) -> Vec<Value> {
+    let mut all = vec![ready.clone()];
+    for l in rest {
+        all.push(serde_json::from_str(l).unwrap_or_else(|e| panic!("{what}: {l:?}: {e}")));
+    }
+    for v in &all {
+        check(
+            v,
+            "snapblk.serve-event.v1",
+            &format!("{what}: {}", v["event"]),
+        );
+    }
+    all
+}
+
+#[test]
+fn serve_events_validate() {
+    use serde_json::json;
+    use std::time::Duration;
+    let c = Case::new("json-serve", 256, &[]);
+    let base = c.file_copy(&c.old, "base.img");
+    let len = std::fs::metadata(&c.new).unwrap().len();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&base)
+        .unwrap()
+        .set_len(len)
+        .unwrap();
+    let (b, cow) = (path_str(&base), path_str(&c.cow));
+    let list = c.p("served.list");
+    let sock = format!("unix:{}", c.p("a.sock").display());
+
+    // Recording, and a client whose connection is logged.
+    let s = serve_common::Serve::start(&[
+        "--base",
+        b,
+        "--cow",
+        cow,
+        "--nbd",
+        &sock,
+        "--record",
+        path_str(&list),
+    ]);
+    serve_common::tool_ok("nbdinfo", &[&s.ready_str("uri")]);
+    let ready = s.ready.clone();
+    let (st, rest, err) = s.stop();
+    assert!(st.success(), "{err}");
+    let all = check_serve_lines(&ready, &rest, "serve --record");
+    assert!(
+        all.iter().any(|v| v["event"] == "nbd-connection"),
+        "{all:?}"
+    );
+    assert!(
+        all.iter()
+            .any(|v| v["event"] == "stopped" && v["record"].is_object()),
+        "{all:?}"
+    );
+
+    // The replay of that list.
+    let mut s = serve_common::Serve::start(&[
+        "--base",
+        b,
+        "--cow",
+        cow,
+        "--nbd",
+        &sock,
+        "--readahead",
+        path_str(&list),
+    ]);
+    let ready = s.ready.clone();
+    let (ra, before) = s.wait_event("readahead", Duration::from_secs(60)).unwrap();
+    let (st, mut rest, err) = s.stop();
+    assert!(st.success(), "{err}");
+    rest.splice(0..0, before.into_iter().chain([ra.to_string()]));
+    check_serve_lines(&ready, &rest, "serve --readahead");
+
+    // A merge to its end.
+    let mut s = serve_common::Serve::start(&["--base", b, "--cow", cow, "--nbd", &sock, "--merge"]);
+    let ready = s.ready.clone();
+    let (merge, before) = s.wait_event("merge", Duration::from_secs(60)).unwrap();
+    assert_eq!(merge["merge"]["state"], json!("done"), "{merge}");
+    let (st, mut rest, err) = s.stop();
+    assert!(st.success(), "{err}");
+    rest.splice(0..0, before.into_iter().chain([merge.to_string()]));
+    let all = check_serve_lines(&ready, &rest, "serve --merge");
+    assert!(
+        all.iter()
+            .any(|v| v["event"] == "stopped" && v["merge"].is_object()),
+        "{all:?}"
     );
 }

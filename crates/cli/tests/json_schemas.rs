@@ -431,3 +431,74 @@ fn serve_events_validate() {
         "{all:?}"
     );
 }
+
+#[test]
+fn ota_documents_validate() {
+    let c = Case::new("json-ota", 16, &[]);
+    let data = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/data/ota");
+    let d = c.p("ota");
+    std::fs::create_dir(&d).unwrap();
+    for a in ["sample_payloads.tar.xz", "sample_images.tar.bz2"] {
+        serve_common::tool_ok("tar", &["-xf", path_str(&data.join(a)), "-C", path_str(&d)]);
+    }
+    let old = d.join("old");
+    std::fs::create_dir(&old).unwrap();
+    std::fs::copy(d.join("disk_ext2_4k_empty.img"), old.join("kernel.img")).unwrap();
+    std::fs::copy(d.join("disk_sqfs_empty.img"), old.join("root.img")).unwrap();
+    let (full, delta) = (d.join("full_payload.bin"), d.join("delta_payload.bin"));
+    for p in [&full, &delta] {
+        check(
+            &json_of(&["ota", "info", path_str(p), "--json"], 0),
+            "snapblk.ota-info.v1",
+            "ota info",
+        );
+    }
+    check(
+        &json_of(&["ota", "info", path_str(&c.old), "--json"], 1),
+        "snapblk.ota-info.v1",
+        "ota info (not an OTA)",
+    );
+    let out = c.p("x");
+    check(
+        &json_of(
+            &[
+                "ota",
+                "extract",
+                path_str(&full),
+                "-o",
+                path_str(&out),
+                "--json",
+            ],
+            0,
+        ),
+        "snapblk.ota-extract.v1",
+        "ota extract",
+    );
+    check(
+        &json_of(
+            &[
+                "ota",
+                "extract",
+                path_str(&delta),
+                "-o",
+                path_str(&c.p("y")),
+                "--json",
+            ],
+            1,
+        ),
+        "snapblk.ota-extract.v1",
+        "ota extract (incremental)",
+    );
+    let z = c.p("z");
+    let args = [
+        "ota",
+        "apply",
+        path_str(&delta),
+        "--source",
+        path_str(&old),
+        "-o",
+        path_str(&z),
+        "--json",
+    ];
+    check(&json_of(&args, 0), "snapblk.ota-apply.v1", "ota apply");
+}

@@ -505,9 +505,9 @@ fn run_cmd(c: CowCmd) -> Result<()> {
                 say!("{}", serde_json::to_string_pretty(&v)?);
             } else {
                 say!(
-                    "{}: {} bytes; {} blocks: {} unchanged, {} copy, {} xor, {} zero, {} replace ({} ops), {} cycle breaks; {:.2} s",
+                    "{}: {}; {} blocks: {} unchanged, {} copy, {} xor, {} zero, {} replace ({} ops), {} cycle breaks; {:.2} s",
                     out.display(),
-                    stats.cow_bytes,
+                    crate::human::bytes_exact(stats.cow_bytes),
                     stats.new_blocks,
                     stats.unchanged,
                     stats.copy,
@@ -519,7 +519,11 @@ fn run_cmd(c: CowCmd) -> Result<()> {
                     secs
                 );
                 if let Some((n, _)) = rec_bytes {
-                    say!("{}: {n} bytes (record)", rec_path.display());
+                    say!(
+                        "{}: {} (record)",
+                        rec_path.display(),
+                        crate::human::bytes(n as u64)
+                    );
                 }
             }
             Ok(())
@@ -621,18 +625,21 @@ fn inspect(cow: &Path, json: bool, ops: bool) -> Result<()> {
     }
     let h = &s.header;
     say!(
-        "Version: {}  header {} bytes  block size {}",
+        "Version: {}  header {}  block size {}",
         s.version,
-        h.header_size,
+        crate::human::bytes(h.header_size.into()),
         h.block_size
     );
     say!(
-        "File: {} bytes  compression {}",
-        s.file_bytes,
+        "File: {}  compression {}",
+        crate::human::bytes_exact(s.file_bytes),
         s.compression
     );
     match s.scratch_offset {
-        Some(o) => say!("Scratch: {} bytes at offset {o}", s.scratch_size),
+        Some(o) => say!(
+            "Scratch: {} at offset {o}",
+            crate::human::bytes(s.scratch_size)
+        ),
         None => say!("Scratch: none"),
     }
     say!(
@@ -674,10 +681,10 @@ fn inspect(cow: &Path, json: bool, ops: bool) -> Result<()> {
     say!("Records: {}  data ops: {}", s.records, s.data_ops);
     for (t, st) in &s.by_type {
         say!(
-            "  {t:8} {:>10} ops {:>10} blocks {:>12} payload bytes",
+            "  {t:8} {:>10} ops {:>10} blocks {:>12} of payloads",
             st.ops,
             st.blocks,
-            st.payload_bytes
+            crate::human::bytes(st.payload_bytes)
         );
     }
     for (t, n) in &s.op_counts {
@@ -710,13 +717,13 @@ fn inspect(cow: &Path, json: bool, ops: bool) -> Result<()> {
         Ok(Some(x)) => {
             say!("Record: {} ({rec_state})", rec_path.display());
             say!(
-                "  base {} bytes  sha256 {}",
-                x.base_size,
+                "  base {}  sha256 {}",
+                crate::human::bytes_exact(x.base_size),
                 record::hex(&x.base_sha256)
             );
             say!(
-                "  new  {} bytes  sha256 {}",
-                x.target_size,
+                "  new  {}  sha256 {}",
+                crate::human::bytes_exact(x.target_size),
                 record::hex(&x.target_sha256)
             );
             say!(

@@ -14,6 +14,18 @@ pub struct InfoArgs {
     json: bool,
 }
 
+/// Properties that are sizes in bytes: the table shows them as `1.00 GiB (1073741824 bytes)`
+/// (0, "no limit" for most, stays 0).
+const SIZES: &[&str] = &[
+    "capacity",
+    "size",
+    "max-transfer",
+    "optimal-io-size",
+    "max-segment-len",
+    "max-discard-len",
+    "max-write-zeroes-len",
+];
+
 pub fn run(a: InfoArgs) -> anyhow::Result<()> {
     let fail = |e: snapblk::Error| anyhow::anyhow!("{}: {}", a.device, e);
     let mut spec = snapblk::parse_spec(&a.device).map_err(fail)?;
@@ -46,6 +58,13 @@ pub fn run(a: InfoArgs) -> anyhow::Result<()> {
         let w = rows.iter().map(|r| r.0.len()).max().unwrap_or(0);
         for (name, v) in rows {
             match v {
+                // Sizes human-readable with the exact count (alignments stay plain numbers).
+                Ok(snapblk_core::PropValue::U64(x)) if SIZES.contains(&name) && x > 0 => {
+                    writeln!(out, "{name:<w$}  {}", crate::human::bytes_exact(x))?
+                }
+                Ok(snapblk_core::PropValue::Int(x)) if SIZES.contains(&name) && x > 0 => {
+                    writeln!(out, "{name:<w$}  {}", crate::human::bytes_exact(x as u64))?
+                }
                 Ok(v) => writeln!(out, "{name:<w$}  {}", v.to_display_string())?,
                 Err(e) => writeln!(out, "{name:<w$}  <{e}>")?,
             }

@@ -287,14 +287,19 @@ pub fn run(a: MergeArgs) -> anyhow::Result<()> {
         };
         writeln!(
             out,
-            "merged {} ops ({resumed}), {} blocks written, {} overlay blocks, {secs:.3}s",
-            report.total_ops, report.blocks_written, report.overlay_blocks
+            "merged {} ops ({resumed}), {} blocks written ({}, {}), {} overlay blocks, {secs:.3}s",
+            report.total_ops,
+            report.blocks_written,
+            crate::human::bytes(bytes),
+            crate::human::rate(bytes, secs),
+            report.overlay_blocks
         )?;
         if let Some(n) = shrunk {
             writeln!(
                 out,
-                "base {} truncated to {n} bytes: the new image is smaller than the old",
-                a.base.display()
+                "base {} truncated to {}: the new image is smaller than the old",
+                a.base.display(),
+                crate::human::bytes_exact(n)
             )?;
         }
         if a.stats {
@@ -333,14 +338,14 @@ fn describe(r: &PrecheckReport, stash: bool) -> String {
         )
     };
     format!(
-        "{} ops from op {} inside the device ({} blocks) and the base ({} bytes); {} payloads decoded ({} -> {} bytes), {} raw payloads in bounds; merge order valid (all COPY/XOR first, none reads a block an earlier op overwrites); {windows}; {:.3}s",
+        "{} ops from op {} inside the device ({} blocks) and the base ({}); {} payloads decoded ({} -> {}), {} raw payloads in bounds; merge order valid (all COPY/XOR first, none reads a block an earlier op overwrites); {windows}; {:.3}s",
         r.ops_checked,
         r.from_op,
         r.device_blocks,
-        r.base_bytes,
+        crate::human::bytes(r.base_bytes),
         r.payloads_decoded,
-        r.payload_bytes,
-        r.decoded_bytes,
+        crate::human::bytes(r.payload_bytes),
+        crate::human::bytes(r.decoded_bytes),
         r.raw_payloads,
         r.seconds
     )

@@ -333,8 +333,8 @@ fn report_replay(json: bool, st: &ReadaheadStats) {
         );
     } else if st.state == ReplayState::Done {
         eprintln!(
-            "snapblk: readahead: {} bytes of {} ranges in {} ms, {} errors{}",
-            st.bytes,
+            "snapblk: readahead: {} of {} ranges in {} ms, {} errors{}",
+            crate::human::bytes(st.bytes),
             st.ranges,
             st.elapsed_us / 1000,
             st.errors,
@@ -604,8 +604,8 @@ fn serve_nbd(
     );
     if !a.json {
         eprintln!(
-            "snapblk: serving {} bytes over NBD at {}",
-            dev.geometry().size,
+            "snapblk: serving {} over NBD at {}",
+            crate::human::bytes_exact(dev.geometry().size),
             listener.uri(nbd_name)
         );
     }
@@ -685,8 +685,8 @@ fn serve_fuse(
     );
     if !a.json {
         eprintln!(
-            "snapblk: serving {} bytes as {}",
-            m.size(),
+            "snapblk: serving {} as {}",
+            crate::human::bytes_exact(m.size()),
             m.file().display()
         );
     }

@@ -113,9 +113,9 @@ pub fn run(
                 let _ = o.flush();
             } else {
                 eprintln!(
-                    "snapblk: serving {} ({} bytes, {} mode{}, {} queue(s) x {}){}",
+                    "snapblk: serving {} ({}, {} mode{}, {} queue(s) x {}){}",
                     r.bdev,
-                    r.capacity,
+                    crate::human::bytes_exact(r.capacity),
                     r.path.name(),
                     if r.planned_reads {
                         ", planned zero-copy reads"

@@ -33,15 +33,6 @@ const BYTES: &str =
 pub struct Progress(Option<indicatif::ProgressBar>);
 
 impl Progress {
-    /// A bar of `len` items, labelled `what`.
-    pub fn new(len: u64, what: &str) -> Progress {
-        Progress::styled(
-            len,
-            "{msg} [{bar:40}] {pos}/{len} ({elapsed_precise}, eta {eta})",
-            what,
-        )
-    }
-
     /// A bar of `len` bytes, labelled `what` (the COW tools' diffing, compressing, applying).
     pub fn bytes(len: u64, what: &str) -> Progress {
         Progress::styled(len, BYTES, what)
@@ -74,6 +65,29 @@ impl Progress {
         Progress(Some(pb))
     }
 
+    /// A spinner counting `unit`s done of an unknown total (a tree walk's files):
+    /// `⠁ warm 1234 files 3s`.
+    pub fn counter(what: &str, unit: &str) -> Progress {
+        if !shown() {
+            return Progress(None);
+        }
+        let pb = indicatif::ProgressBar::new_spinner();
+        let t = format!("{{spinner}} {{msg}} {{pos}} {unit} {{elapsed}}");
+        pb.set_style(
+            ProgressStyle::with_template(&t).unwrap_or_else(|_| ProgressStyle::default_spinner()),
+        );
+        pb.set_message(what.to_string());
+        pb.enable_steady_tick(std::time::Duration::from_millis(120));
+        // Drawn at once, not at the first tick: work shorter than a tick still shows.
+        pb.tick();
+        Progress(Some(pb))
+    }
+
+    /// A progress that draws nothing.
+    pub fn spinner_hidden() -> Progress {
+        Progress(None)
+    }
+
     /// A spinner for work of unknown size (tree walks).
     pub fn spinner(what: &str) -> Progress {
         if !shown() {
@@ -82,6 +96,8 @@ impl Progress {
         let pb = indicatif::ProgressBar::new_spinner();
         pb.set_message(what.to_string());
         pb.enable_steady_tick(std::time::Duration::from_millis(120));
+        // Drawn at once, not at the first tick: work shorter than a tick still shows.
+        pb.tick();
         Progress(Some(pb))
     }
 

@@ -141,3 +141,50 @@ fn quiet_hides_bars_and_merge_progress_forces_one() {
     ]);
     assert!(has_byte_bar(&t, "merge"), "merge --quiet --progress: {t:?}");
 }
+
+#[test]
+fn readahead_replay_warm_and_record_show_progress_on_a_terminal() {
+    let c = Case::new("progress-ra", 16, &[]);
+    let tree = c.p("tree");
+    std::fs::create_dir(&tree).unwrap();
+    let big = tree.join("big");
+    std::fs::write(&big, vec![7u8; 8 << 20]).unwrap();
+    std::fs::copy(&c.old, tree.join("small")).unwrap();
+    let list = c.p("l.list");
+    // Classic lines: a range, and a whole file.
+    let text = format!(
+        "{} 0:4194304\n{}\n",
+        big.display(),
+        tree.join("small").display()
+    );
+    std::fs::write(&list, text).unwrap();
+    let t = on_tty(&["readahead", "replay", path_str(&list)]);
+    assert!(has_byte_bar(&t, "replay"), "replay: {t:?}");
+    assert!(
+        t.contains("/5.00 MiB"),
+        "replay counts the listed bytes: {t:?}"
+    );
+    let t = on_tty(&["readahead", "replay", path_str(&list), "--quiet"]);
+    assert!(!t.contains("eta"), "replay --quiet: {t:?}");
+
+    let t = on_tty(&["readahead", "warm", "-r", path_str(&tree)]);
+    // Counting files (the last count may fall between two frames).
+    assert!(t.contains("warm ") && t.contains(" files "), "warm: {t:?}");
+
+    let out = c.p("r.list");
+    let t = on_tty(&[
+        "readahead",
+        "record",
+        "-o",
+        path_str(&out),
+        "--scope",
+        path_str(&tree),
+        "--duration",
+        "0.3",
+    ]);
+    assert!(t.contains("recording"), "record --duration: {t:?}");
+    // Piped: the summary only.
+    let o = snapblk(&["readahead", "replay", path_str(&list)]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success() && !err.contains("eta"), "{err}");
+}

@@ -52,6 +52,7 @@ struct OutArgs {
 struct WorkloadArgs {
     /// A path (file or block device, io_uring driver) or a snapblk device spec
     /// (e.g. `null:size=1G`, `sync:path=F`). With --libblkio: the value of its `path` property.
+    /// A file named like a subcommand (file, overwrite, fgbg) is `./file`, or goes after `--`.
     target: Option<String>,
     /// Load this libblkio implementation (shared library) instead of snapblk's drivers.
     /// Repeat to compare implementations in one interleaved run: every configuration runs on

@@ -229,3 +229,32 @@ fn every_help_shows_purpose_example_and_quiet() {
         assert!(h.contains("--quiet"), "{cmd}: no --quiet");
     }
 }
+
+/// A target named like a `bench` subcommand is reachable as `./NAME` and after `--`, and
+/// `bench --help` says so.
+#[test]
+fn a_target_named_like_a_subcommand_is_not_shadowed() {
+    let t = TempDir::new("cli-docs-shadow");
+    std::fs::write(t.path().join("file"), vec![0u8; 1 << 20]).unwrap();
+    for args in [
+        &["bench", "./file", "--runtime", "0.05", "--json"][..],
+        &["bench", "--runtime", "0.05", "--json", "--", "file"][..],
+    ] {
+        let o = Command::new(env!("CARGO_BIN_EXE_snapblk"))
+            .args(args)
+            .current_dir(t.path())
+            .output()
+            .unwrap();
+        assert!(
+            o.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        let doc: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        assert_eq!(
+            doc["kind"], "workload",
+            "{args:?}: ran the workload, not `bench file`"
+        );
+    }
+    assert!(ok(&["bench", "--help"]).contains("`./file`, or goes after `--`"));
+}

@@ -188,3 +188,50 @@ fn readahead_replay_warm_and_record_show_progress_on_a_terminal() {
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(o.status.success() && !err.contains("eta"), "{err}");
 }
+
+#[test]
+fn ota_extract_and_apply_draw_byte_bars() {
+    let c = Case::new("progress-ota", 16, &[]);
+    let d = c.p("ota");
+    std::fs::create_dir(&d).unwrap();
+    let data = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/data/ota");
+    for a in ["sample_payloads.tar.xz", "sample_images.tar.bz2"] {
+        let st = Command::new("tar")
+            .args(["-xf", path_str(&data.join(a)), "-C", path_str(&d)])
+            .status()
+            .unwrap();
+        assert!(st.success());
+    }
+    let old = d.join("old");
+    std::fs::create_dir(&old).unwrap();
+    std::fs::copy(d.join("disk_ext2_4k_empty.img"), old.join("kernel.img")).unwrap();
+    std::fs::copy(d.join("disk_sqfs_empty.img"), old.join("root.img")).unwrap();
+    let full = d.join("full_payload.bin");
+    let t = on_tty(&["ota", "extract", path_str(&full), "-o", path_str(&c.p("x"))]);
+    assert!(
+        t.contains("iB/s") && t.contains(" eta "),
+        "ota extract: {t:?}"
+    );
+    let delta = d.join("delta_payload.bin");
+    let (o, z) = (path_str(&old), c.p("z"));
+    let t = on_tty(&[
+        "ota",
+        "apply",
+        path_str(&delta),
+        "--source",
+        o,
+        "-o",
+        path_str(&z),
+    ]);
+    assert!(has_byte_bar(&t, "check old"), "ota apply: {t:?}");
+    assert!(has_byte_bar(&t, "apply"), "ota apply: {t:?}");
+    let t = on_tty(&[
+        "ota",
+        "extract",
+        path_str(&full),
+        "-o",
+        path_str(&c.p("q")),
+        "--quiet",
+    ]);
+    assert!(!t.contains(" eta "), "ota extract --quiet: {t:?}");
+}

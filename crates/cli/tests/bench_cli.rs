@@ -337,7 +337,7 @@ fn file_tests_and_overwrite() {
         d.to_str().unwrap(),
         "-s",
         "256k",
-        "-r",
+        "--record-size",
         "4k,64k",
         "--fsync",
         "--json",

@@ -43,21 +43,21 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Cmd {
-    /// Android COW files: create, inspect, verify, apply.
+    /// Android COW files: create, inspect, verify, record, apply.
     #[command(subcommand)]
     Cow(cow::CowCmd),
     /// Print a device's properties.
     Info(info::InfoArgs),
     /// Merge a COW into its base in place (resumable).
     Merge(merge::MergeArgs),
-    /// Android OTA payloads (payload.bin, bare or in an OTA zip): inspect, extract.
+    /// Android OTA payloads (payload.bin, bare or in an OTA zip): inspect, extract, apply.
     #[command(subcommand)]
     Ota(ota::OtaCmd),
     /// Export a device over ublk, FUSE or NBD.
     Serve(serve::ServeArgs),
-    /// Page-cache residency.
+    /// Show how much of files is in the page cache (like vmtouch).
     Residency(readahead::ResidencyArgs),
-    /// Record, replay and evict readahead lists.
+    /// Record, replay and evict readahead lists; warm or evict whole trees.
     #[command(subcommand)]
     Readahead(readahead::ReadaheadCmd),
     /// Load generator (fio/IOzone-style).

@@ -25,6 +25,7 @@ PKGS=(
   libfec-dev                        # Karn's Reed-Solomon library (init_rs_char): the FEC encoder's reference
   zip gzip                          # PUFFDIFF tests: deflate streams by Info-ZIP zip and GNU gzip
   openssl                           # OTA signature tests: keys, certificates and signatures by the openssl CLI
+  zsh fish groff-base man-db        # CLI tests: completions run by each shell, man pages rendered by groff, found by man
 )
 missing=()
 for p in "${PKGS[@]}"; do

@@ -52,6 +52,7 @@ struct OutArgs {
 struct WorkloadArgs {
     /// A path (file or block device, io_uring driver) or a snapblk device spec
     /// (e.g. `null:size=1G`, `sync:path=F`). With --libblkio: the value of its `path` property.
+    /// A file named like a subcommand (file, overwrite, fgbg) is `./file`, or goes after `--`.
     target: Option<String>,
     /// Load this libblkio implementation (shared library) instead of snapblk's drivers.
     /// Repeat to compare implementations in one interleaved run: every configuration runs on
@@ -191,8 +192,9 @@ struct FileArgs {
     /// File sizes (list).
     #[arg(long = "file-size", short = 's', default_value = "1M,16M")]
     file_size: String,
-    /// Record sizes (list).
-    #[arg(long = "record-size", short = 'r', default_value = "4k,64k,1M")]
+    /// Record sizes (list). IOzone's -r; no short flag here, as -r means --recursive in
+    /// every snapblk command that has it.
+    #[arg(long = "record-size", default_value = "4k,64k,1M")]
     record_size: String,
     /// Tests (list of write, rewrite, read, reread, randread, randwrite).
     #[arg(long, default_value = "write,rewrite,read,reread,randread,randwrite")]
@@ -239,6 +241,7 @@ struct FgBgArgs {
     /// Background sequential writer on PATH (repeat for N streams), over --bg-size bytes.
     #[arg(long = "bg-write", value_name = "PATH")]
     bg_write: Vec<PathBuf>,
+    /// Bytes each background writer writes (K/M/G suffixes).
     #[arg(long = "bg-size", default_value = "256M")]
     bg_size: String,
     /// Background shell command (e.g. a `snapblk merge` or `snapblk readahead replay`), repeatable.
@@ -256,14 +259,19 @@ struct FgBgArgs {
     /// Foreground: a workload on TARGET (uses --rw/--bs/--iodepth/--size).
     #[arg(long = "fg-target", value_name = "TARGET", group = "fg")]
     fg_target: Option<String>,
+    /// Foreground workload (--fg-target): access pattern.
     #[arg(long, default_value = "randread")]
     rw: String,
+    /// Foreground workload (--fg-target): block size.
     #[arg(long, default_value = "4k")]
     bs: String,
+    /// Foreground workload (--fg-target): requests in flight.
     #[arg(long, default_value_t = 1)]
     iodepth: u32,
+    /// Foreground workload (--fg-target): bytes it covers.
     #[arg(long, default_value = "16M")]
     size: String,
+    /// Foreground workload (--fg-target): O_DIRECT.
     #[arg(long)]
     direct: bool,
     /// Foreground runs per cell.

@@ -337,7 +337,7 @@ fn file_tests_and_overwrite() {
         d.to_str().unwrap(),
         "-s",
         "256k",
-        "-r",
+        "--record-size",
         "4k,64k",
         "--fsync",
         "--json",
@@ -505,7 +505,7 @@ fn bad_input_gets_a_clear_one_line_error() {
             "directory /", // the path, once
         ),
         (
-            vec!["file", dir, "-s", "1m", "-r", "2m"],
+            vec!["file", dir, "-s", "1m", "--record-size", "2m"],
             "every record size is larger than every file size",
         ),
         (vec!["file", dir, "-s", "0"], "must be above 0"),
@@ -659,7 +659,7 @@ fn interrupted_file_tests_write_a_partial_document_and_remove_their_file() {
     // Long: 6 passes over 256 MiB in 512-byte records (several seconds even on tmpfs); the
     // signal comes once the scratch file exists.
     let (o, _, _) = interrupt_mode(
-        &["file", &dir, "-s", "256m", "-r", "512", "--json"],
+        &["file", &dir, "-s", "256m", "--record-size", "512", "--json"],
         "INT",
         |_| d.count() > 0,
     );

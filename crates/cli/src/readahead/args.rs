@@ -77,6 +77,7 @@ pub struct RecordArgs {
     /// Output list (".jsonl" selects JSON Lines unless --format says otherwise).
     #[arg(short, long)]
     pub(super) output: PathBuf,
+    /// List format: text (one file and its ranges per line) or jsonl (JSON Lines).
     #[arg(long, value_enum)]
     pub(super) format: Option<ListFormat>,
     /// Trees to snapshot (repeatable; default "/"; pseudo filesystems are skipped). Made
@@ -209,6 +210,7 @@ pub struct WarmArgs {
 pub struct EvictArgs {
     #[command(flatten)]
     pub(super) walk: PathArgs,
+    /// One JSON document on stdout.
     #[arg(long)]
     pub(super) json: bool,
 }

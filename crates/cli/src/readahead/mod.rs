@@ -50,7 +50,7 @@ pub fn run(c: ReadaheadCmd) -> anyhow::Result<()> {
             // first requests go out with the first files found.
             let w = a.walk.walk_opts(None);
             let opts = a.opts.options();
-            let bar = Progress::spinner("warm");
+            let bar = Progress::counter("warm", "files");
             let progress = |d: u64, _t: u64| bar.set(d);
             let watch = |b: BackOff| bar.message(backoff_message("warm", b));
             let watch = bar.visible().then_some(&watch as ra::BackOffWatch<'_>);
@@ -161,7 +161,16 @@ fn run_record(a: RecordArgs) -> anyhow::Result<()> {
         }
         (None, None) => bail!("give a command (after --) or --duration SECS"),
     };
-    let rec = ra::record(&scopes, &w, a.evict_first, a.trace, trigger)?;
+    // A time window has the terminal to itself: say that it is recording (and evicting and
+    // scanning, which can take longer than the window). A command's own output is not drawn
+    // over.
+    let spin = match trigger {
+        Trigger::Duration(_) => Progress::spinner("recording (evict, window, scan)"),
+        _ => Progress::spinner_hidden(),
+    };
+    let rec = ra::record(&scopes, &w, a.evict_first, a.trace, trigger);
+    spin.finish();
+    let rec = rec?;
     let jsonl = match a.format {
         Some(ListFormat::Jsonl) => true,
         Some(ListFormat::Text) => false,
@@ -286,8 +295,23 @@ fn spawn_background(o: &ReplayOpts, stdin_copy: Option<&Path>) -> anyhow::Result
 
 fn run_replay(entries: Vec<ListEntry>, o: &ReplayOpts) -> anyhow::Result<()> {
     let opts = o.options();
-    let bar = Progress::new(entries.len() as u64, "replay");
-    let progress = |d: u64, _t: u64| bar.set(d);
+    // The library counts entries done; the submitters take them in list order, so the bytes
+    // of the first `done` entries are the bytes done (the bar's rate and time left follow).
+    let mut upto = Vec::with_capacity(entries.len() + 1);
+    upto.push(0u64);
+    for e in &entries {
+        let b = match &e.extent {
+            ra::Extent::Ranges(r) => r.total_bytes(),
+            // A classic whole-file line has no recorded size: the file's own (a stat).
+            ra::Extent::Whole => e.identity.map_or_else(
+                || std::fs::metadata(&e.path).map_or(0, |m| m.len()),
+                |i| i.size,
+            ),
+        };
+        upto.push(upto[upto.len() - 1].saturating_add(b));
+    }
+    let bar = Progress::bytes(upto[entries.len()], "replay");
+    let progress = |d: u64, _t: u64| bar.set(upto[(d as usize).min(entries.len())]);
     let watch = |b: BackOff| bar.message(backoff_message("replay", b));
     let watch = bar.visible().then_some(&watch as ra::BackOffWatch<'_>);
     let rep = ra::replay_watched(&entries, &opts, Some(&progress), watch);

@@ -204,7 +204,7 @@ run_snapblk() {
   # shellcheck disable=SC2206 # word splitting of the option list is intended
   extra+=($BUF_OPTS "$@")
   tool "$SNAPBLK" bench "$spec" --rw "$rw" --bs "$bs" --iodepth "$qd" --numjobs 1 --size "$SIZE" \
-      --runtime "$RUNTIME" --ramp_time "$RAMP" --json --output "$work/snap.json" "${extra[@]}" > /dev/null 2>"$work/snap.err" \
+      --runtime "$RUNTIME" --time_based --ramp_time "$RAMP" --json --output "$work/snap.json" "${extra[@]}" > /dev/null 2>"$work/snap.err" \
       || { cat "$work/snap.err" >&2; exit 1; }
   python3 - "$work/snap.json" "$tname" "$pname" "$round" >> "$results" <<'PY'
 import json, sys

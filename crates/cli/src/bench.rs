@@ -76,29 +76,42 @@ struct WorkloadArgs {
     /// Requests in flight per job (list = sweep).
     #[arg(long, default_value = "1")]
     iodepth: String,
-    /// Job threads, one queue each, each on its own region of size/numjobs (list = sweep).
+    /// Job threads, one queue each; as in fio every job covers --size bytes from
+    /// --offset + job x --offset_increment (list = sweep).
     #[arg(long, default_value = "1")]
     numjobs: String,
     /// Read percentage for rw/randrw.
     #[arg(long, default_value_t = 50)]
     rwmixread: u32,
-    /// Bytes covered (default: the whole target).
+    /// Bytes each job covers, as fio's size (default: from its offset to the end of the target).
     #[arg(long)]
     size: Option<String>,
-    /// Start offset of the covered region.
+    /// Start offset of the first job's region.
     #[arg(long, default_value = "0")]
     offset: String,
-    /// Seconds to measure (jobs loop over their regions); default: one pass over the region.
+    /// Distance between the starts of consecutive jobs' regions (fio's; default 0: all jobs
+    /// share one region).
+    #[arg(
+        long = "offset_increment",
+        alias = "offset-increment",
+        default_value = "0"
+    )]
+    offset_increment: String,
+    /// Seconds to measure at most; without --time_based a job also ends after one pass over
+    /// its region, as in fio.
     #[arg(long)]
     runtime: Option<String>,
     /// Seconds to run before measuring.
     #[arg(long = "ramp_time", alias = "ramp-time", default_value = "0")]
     ramp_time: String,
-    /// Accepted for fio compatibility: a --runtime always makes the run time based.
-    #[arg(long = "time_based", alias = "time-based")]
+    /// Loop over the region until --runtime has passed (fio's time_based; `--time_based` alone
+    /// or `--time_based=1`).
+    #[arg(long = "time_based", alias = "time-based", num_args = 0..=1, default_value = "0",
+        default_missing_value = "1", require_equals = true, value_parser = parse_flag)]
     time_based: bool,
-    /// O_DIRECT.
-    #[arg(long)]
+    /// O_DIRECT (`--direct` alone, or fio's `--direct=1`).
+    #[arg(long, num_args = 0..=1, default_value = "0", default_missing_value = "1",
+        require_equals = true, value_parser = parse_flag)]
     direct: bool,
     /// Write a verifiable pattern (offset + seed + generation) and check every read.
     #[arg(long)]
@@ -380,7 +393,9 @@ fn lists(w: &WorkloadArgs) -> anyhow::Result<(JobSpec, Sweep)> {
         numjobs: *sweep.numjobs.first().unwrap_or(&1),
         size: w.size.as_deref().map(parse_size).transpose()?,
         offset: parse_size(&w.offset)?,
+        offset_increment: parse_size(&w.offset_increment)?,
         runtime: w.runtime.as_deref().map(parse_secs).transpose()?,
+        time_based: w.time_based,
         ramp_time: parse_secs(&w.ramp_time)?,
         direct: w.direct,
         verify: w.verify,

@@ -160,7 +160,7 @@ fn sweep_to_json_with_plots() {
         "null:size=64M",
         "--rw",
         "randread",
-        "--bs",
+        "--sweep-bs",
         "4k,64k",
         "--iodepth",
         "1,8",
@@ -782,7 +782,7 @@ fn misaligned_direct_options_fail_up_front() {
         ),
         (
             &[
-                "--bs",
+                "--sweep-bs",
                 "4k,1000",
                 "--runtime",
                 "30",
@@ -1253,7 +1253,7 @@ fn read_only_jobs_work_with_read_access_alone() {
     };
     for args in [
         &[t, "--rw", "randread", "--json"][..],
-        &[t, "--rw", "read,randread", "--bs", "4k,64k", "--json"],
+        &[t, "--rw", "read,randread", "--sweep-bs", "4k,64k", "--json"],
         &[t, "--rw", "rw", "--rwmixread", "100", "--json"],
     ] {
         let o = as_nobody(args);

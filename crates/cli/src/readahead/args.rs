@@ -19,6 +19,10 @@ pub struct PathArgs {
     /// Do not cross filesystem boundaries while recursing.
     #[arg(short = 'x', long)]
     pub(super) one_file_system: bool,
+    /// Follow symlinks inside directories to files and directories (vmtouch -f); each
+    /// directory is entered once, dangling links are skipped. Named paths are always followed.
+    #[arg(short = 'f', long)]
+    pub(super) follow_symlinks: bool,
 }
 
 impl PathArgs {
@@ -27,6 +31,7 @@ impl PathArgs {
         let mut w = WalkOptions {
             recursive: self.recursive,
             one_file_system: self.one_file_system,
+            follow_symlinks: self.follow_symlinks,
             ..Default::default()
         };
         if let Some(t) = threads {

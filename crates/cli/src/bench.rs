@@ -586,8 +586,10 @@ fn plan(w: &WorkloadArgs) -> anyhow::Result<Plan> {
         let reach = jobs
             .iter()
             .filter_map(|j| {
-                let last = u64::from(j.numjobs - 1) * j.offset_increment;
-                Some(j.offset + last + j.size?)
+                // Saturating: an absurd offset_increment is refused by the run, not here.
+                let last =
+                    u64::from(j.numjobs.saturating_sub(1)).saturating_mul(j.offset_increment);
+                Some(j.offset.saturating_add(last).saturating_add(j.size?))
             })
             .max();
         let (spec, warn) = fio.device_spec(reach)?;

@@ -286,6 +286,11 @@ fn engines_without_an_equivalent_and_per_direction_sizes_are_refused_in_one_line
         ),
         (format!("--filename={f} --bs=4k,64k"), "use --sweep-bs"),
         (format!("{f} --filename={f}"), "give the target once"),
+        // fio's null engine is sized to the furthest job: saturates instead of overflowing.
+        (
+            "--ioengine=null --rw=read --size=1M --numjobs=4 --offset_increment=10000000t".into(),
+            "more than the largest capacity",
+        ),
     ] {
         let o = snapblk(&args(&line), &[]);
         assert_eq!(o.status.code(), Some(1), "{line}");

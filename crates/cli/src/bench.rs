@@ -18,7 +18,8 @@ use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use std::time::Duration;
 
 #[derive(Args)]
-#[command(args_conflicts_with_subcommands = true)]
+// Repeated options override (as in fio, whose command lines repeat them per job).
+#[command(args_conflicts_with_subcommands = true, args_override_self = true)]
 pub struct BenchArgs {
     #[command(subcommand)]
     cmd: Option<Box<BenchCmd>>,
@@ -65,9 +66,11 @@ struct WorkloadArgs {
     /// fio's libblkio_driver (with --ioengine=libblkio): which snapblk driver to use.
     #[arg(long = "libblkio_driver", value_name = "DRIVER")]
     libblkio_driver: Option<String>,
-    /// fio's job name: leads the configuration's label in tables, plots and JSON.
+    /// fio's job name: leads the configuration's label in tables, plots and JSON. Several
+    /// --name start several jobs, as in fio (options before the first are global, options
+    /// then take fio's --key=value form); they run one after the other.
     #[arg(long)]
-    name: Option<String>,
+    name: Vec<String>,
     /// fio's output format: normal (the table) or json (as --json); json+ is written as json.
     #[arg(long = "output-format", value_name = "FORMAT",
         value_parser = ["normal", "json", "json+"])]
@@ -425,8 +428,8 @@ fn lists(w: &WorkloadArgs) -> anyhow::Result<(JobSpec, Sweep)> {
         numjobs: parse_list(&w.numjobs, |s| s.parse().map_err(|_| num_err("numjobs", s)))?,
     };
     let base = JobSpec {
-        name: w.name.clone().unwrap_or_else(|| "cli".into()),
-        named: w.name.is_some(),
+        name: w.name.first().cloned().unwrap_or_else(|| "cli".into()),
+        named: !w.name.is_empty(),
         rw: *sweep.rw.first().unwrap_or(&RwMode::RandRead),
         rwmixread: w.rwmixread,
         bs: *sweep.bs.first().unwrap_or(&4096),
@@ -505,6 +508,57 @@ fn expand_env(text: &str) -> anyhow::Result<String> {
     Ok(out)
 }
 
+/// Options of `snapblk bench` that are not fio's: left out when a command line with several
+/// `--name` is read as a job file (`true`: takes a separate value, as `-o FILE`).
+const SNAPBLK_OUTPUT_OPTS: &[(&str, bool)] = &[
+    ("--json", false),
+    ("--output-format", false),
+    ("--output", true),
+    ("-o", true),
+    ("--plot", true),
+    ("--repeat", true),
+];
+
+/// fio's multi-job command line (`--name=a ... --name=b ...`) as the job file fio reads it
+/// as: options before the first `--name` in `[global]`, each `--name` a section; `--key=value`
+/// is `key=value`, a bare `--key` a boolean, a bare word the target.
+fn cmdline_job_file(args: &[String]) -> anyhow::Result<String> {
+    let mut text = String::from("[global]\n");
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        let (key, value) = match a.split_once('=') {
+            Some((k, v)) => (k, Some(v)),
+            None => (a.as_str(), None),
+        };
+        if let Some(&(_, takes)) = SNAPBLK_OUTPUT_OPTS.iter().find(|(o, _)| *o == key) {
+            if takes && value.is_none() {
+                it.next();
+            }
+            continue;
+        }
+        let Some(k) = key.strip_prefix("--") else {
+            if key.starts_with('-') {
+                bail!("{a}: with several --name, give fio's long options (--key=value)");
+            }
+            text.push_str(&format!("filename={a}\n"));
+            continue;
+        };
+        if k == "name" {
+            let v = match value {
+                Some(v) => v.to_string(),
+                None => it.next().cloned().context("--name needs a value")?,
+            };
+            text.push_str(&format!("[{v}]\n"));
+            continue;
+        }
+        match value {
+            Some(v) => text.push_str(&format!("{k}={v}\n")),
+            None => text.push_str(&format!("{k}\n")),
+        }
+    }
+    Ok(text)
+}
+
 /// A fio job file: not a snapblk TOML job file (no `[[job]]` table).
 fn is_fio_job_file(text: &str) -> bool {
     !text.lines().any(|l| l.trim_start().starts_with("[["))
@@ -512,6 +566,9 @@ fn is_fio_job_file(text: &str) -> bool {
 
 fn plan(w: &WorkloadArgs) -> anyhow::Result<Plan> {
     let mut warnings = Vec::new();
+    if w.name.len() > 1 {
+        return plan_cmdline_jobs(w, warnings);
+    }
     for (name, v) in [
         ("norandommap", &w.norandommap),
         ("randrepeat", &w.randrepeat),
@@ -582,17 +639,7 @@ fn plan(w: &WorkloadArgs) -> anyhow::Result<Plan> {
         if fio.ioengine.is_none() {
             fio.ioengine = Some("libblkio".into());
         }
-        // What fio's null engine would be sized to: the furthest any job reaches.
-        let reach = jobs
-            .iter()
-            .filter_map(|j| {
-                // Saturating: an absurd offset_increment is refused by the run, not here.
-                let last =
-                    u64::from(j.numjobs.saturating_sub(1)).saturating_mul(j.offset_increment);
-                Some(j.offset.saturating_add(last).saturating_add(j.size?))
-            })
-            .max();
-        let (spec, warn) = fio.device_spec(reach)?;
+        let (spec, warn) = fio.device_spec(null_reach(&jobs))?;
         warnings.extend(warn);
         Some(spec)
     };
@@ -601,6 +648,45 @@ fn plan(w: &WorkloadArgs) -> anyhow::Result<Plan> {
         target,
         warnings,
     })
+}
+
+/// A fio command line with several `--name`: its jobs, read as fio reads them (see
+/// [`cmdline_job_file`]), on the target its options name.
+fn plan_cmdline_jobs(w: &WorkloadArgs, mut warnings: Vec<String>) -> anyhow::Result<Plan> {
+    if w.job_file.is_some() || !w.libblkio.is_empty() {
+        bail!("several --name: no --job-file or --libblkio");
+    }
+    let args: Vec<String> = std::env::args_os()
+        .map(|a| a.to_string_lossy().into_owned())
+        .skip_while(|a| a != "bench")
+        .skip(1)
+        .collect();
+    let text = cmdline_job_file(&args)?;
+    let f = snapblk_loadgen::parse_fio_job_file(&text, &JobSpec::default())
+        .context("the command line's jobs")?;
+    // The job file's line numbers mean nothing to whoever typed the command line.
+    warnings.extend(f.warnings.into_iter().map(|w| match w.split_once(": ") {
+        Some((l, rest)) if l.starts_with("line ") => rest.to_string(),
+        _ => w,
+    }));
+    let (spec, warn) = f.target.device_spec(null_reach(&f.jobs))?;
+    warnings.extend(warn);
+    Ok(Plan {
+        jobs: f.jobs,
+        target: Some(spec),
+        warnings,
+    })
+}
+
+/// What fio's null engine would be sized to: the furthest any job reaches.
+fn null_reach(jobs: &[JobSpec]) -> Option<u64> {
+    jobs.iter()
+        .filter_map(|j| {
+            // Saturating: an absurd offset_increment is refused by the run, not here.
+            let last = u64::from(j.numjobs.saturating_sub(1)).saturating_mul(j.offset_increment);
+            Some(j.offset.saturating_add(last).saturating_add(j.size?))
+        })
+        .max()
 }
 
 /// `[LABEL=]PATH.so` of `--libblkio`: a label is a leading word without `/` before `=`.

@@ -321,3 +321,49 @@ fn engines_without_an_equivalent_and_per_direction_sizes_are_refused_in_one_line
         .collect();
     assert_eq!(bs, [4096, 65536]);
 }
+
+#[test]
+fn a_fio_command_line_with_several_jobs_runs_them_one_after_the_other() {
+    let d = Shm::new("multi");
+    let f = d.file("data.img", 2 << 20);
+    let line = format!(
+        "--filename={f} --direct=1 --size=512k --name=a --rw=read --name=b --rw=randwrite \
+         --bs=64k --norandommap --output-format=json"
+    );
+    let a = args(&line);
+    let o = snapblk(&a, &[]);
+    let v = doc(&o, &line);
+    let names: Vec<&str> = v["results"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["config"]["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["a", "b"]);
+    assert_eq!(v["results"][1]["config"]["bs"], 65536);
+    assert_eq!(
+        v["results"][0]["config"]["bs"], 4096,
+        "b's --bs is b's alone"
+    );
+    // fio runs the same line (both jobs at once); the I/O counts are fixed by the sizes.
+    let fo = fio(&a, &[]);
+    assert_eq!(
+        (snap_ios(&v, 0), snap_ios(&v, 1)),
+        (fio_ios(&fo, 0), fio_ios(&fo, 1))
+    );
+    assert_eq!((snap_ios(&v, 0), snap_ios(&v, 1)), (128, 8));
+    let err = String::from_utf8_lossy(&o.stderr);
+    let warn: Vec<&str> = err.lines().filter(|l| l.starts_with("warning: ")).collect();
+    assert_eq!(
+        warn.iter()
+            .filter(|w| w.contains("ignored fio option norandommap"))
+            .count(),
+        1,
+        "{err}"
+    );
+    assert!(
+        warn.iter()
+            .any(|w| w.contains("job \"b\" runs after \"a\"")),
+        "{err}"
+    );
+}

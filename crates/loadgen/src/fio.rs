@@ -27,7 +27,7 @@ pub struct FioTarget {
 /// fio's synchronous engines: one request per system call, as snapblk's `sync` driver.
 const SYNC_ENGINES: &[&str] = &["sync", "psync", "vsync", "pvsync", "pvsync2"];
 
-/// Engines with no snapblk equivalent that fio users commonly name, for the error message.
+/// The engines snapblk maps, for the error message about the others.
 const NAMED_ENGINES: &str = "io_uring, libaio, sync, psync, vsync, pvsync, pvsync2, null, libblkio";
 
 impl FioTarget {

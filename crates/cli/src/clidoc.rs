@@ -82,6 +82,10 @@ pub const EXAMPLES: &[(&str, &str)] = &[
     ("readahead warm", "snapblk readahead warm -r /usr/lib"),
     ("readahead evict", "snapblk readahead evict -r /usr/lib"),
     (
+        "readahead lock",
+        "snapblk readahead lock -r /usr/lib/firmware --daemon --pid-file /run/snapblk-lock.pid",
+    ),
+    (
         "bench",
         "snapblk bench null:size=1G --rw randread --bs 4k --iodepth 32",
     ),

@@ -307,6 +307,17 @@ fn ota_serve_merge_serves_the_new_image_and_leaves_it_in_the_old_one() {
     let cow = work.join("system.cow");
     let base = s.old_dir.join("system.img");
     ok(&["merge", path_str(&cow), "--base", path_str(&base)]);
+    // The old image now holds new data: serving that work directory without --merge is
+    // refused.
+    let mut plain = vec!["ota", "serve", path_str(&s.ota), "--source"];
+    plain.extend([
+        path_str(&s.old_dir),
+        "--work",
+        path_str(&work),
+        "--nbd",
+        "0",
+    ]);
+    refused(&plain, "serve them with --merge");
     let merged = std::fs::read(&base).unwrap();
     assert!(merged[..s.new.len()] == s.new[..], "merged");
 }

@@ -23,6 +23,12 @@ macro_rules! say {
     }};
 }
 
+// `ota cow` lives in its own file and uses this module's helpers.
+#[path = "ota_cow.rs"]
+mod cow;
+#[path = "ota_serve.rs"]
+mod serve;
+
 /// Schema of `ota info --json` documents.
 const INFO_SCHEMA: &str = "snapblk.ota-info.v1";
 /// Schema of `ota extract --json` documents.
@@ -107,6 +113,15 @@ pub enum OtaCmd {
         #[arg(long)]
         json: bool,
     },
+    /// Write the Virtual A/B COW files update_engine would write on a device:
+    /// DIR/<partition>.cow (and its record) for every partition with a COW estimate, from the
+    /// old images OLDDIR/<partition>.img; each COW checked against the size the payload
+    /// reserves for it before it appears under its name.
+    Cow(Box<cow::CowArgs>),
+    /// Serve every partition the OTA updates over NBD (export names = partition names): those
+    /// with a COW estimate as snapshots of their old image and the COW `ota cow` writes, the
+    /// others built and served read-only; --merge merges the COWs while serving.
+    Serve(Box<serve::ServeArgs>),
 }
 
 pub fn run(c: OtaCmd) -> Result<()> {
@@ -150,6 +165,8 @@ pub fn run(c: OtaCmd) -> Result<()> {
             };
             verdict(json, APPLY_SCHEMA, apply(&a))
         }
+        OtaCmd::Cow(a) => verdict(a.json(), cow::COW_SCHEMA, cow::run(&a)),
+        OtaCmd::Serve(a) => serve::run(&a),
     }
 }
 

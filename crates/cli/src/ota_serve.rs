@@ -1,0 +1,356 @@
+//! `snapblk ota serve`: every partition an OTA updates, served over NBD as the device would
+//! see it after the update — the partitions with a COW estimate as snapshots (old image + the
+//! COW `ota cow` writes, checked by its record), the others built by `apply` into the work
+//! directory and served read-only. One NBD server, one export per partition, named after it.
+//! `--merge` merges each COW into its old image while serving, as `snapblk serve --merge`.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use clap::Args;
+use snapblk_nbd::{Export, Listener, Server, ServerConfig, SharedDevice, TermSignals};
+use snapblk_ota::DeviceProfile;
+
+use super::cow::{Job, make};
+
+#[derive(Args)]
+#[command(group(clap::ArgGroup::new("export").required(true).multiple(false).args(["fuse", "nbd"])))]
+pub struct ServeArgs {
+    /// The OTA: a zip with payload.bin, or a bare payload.bin.
+    ota: PathBuf,
+    /// Directory of the old images, OLDDIR/<partition>.img (with --merge, merged into in
+    /// place).
+    #[arg(long, value_name = "OLDDIR")]
+    source: PathBuf,
+    /// Work directory for the COWs, their records and the partitions served without a COW
+    /// (created if missing; never the source directory). Default: a new directory in
+    /// $TMPDIR, removed at exit.
+    #[arg(long, value_name = "DIR")]
+    work: Option<PathBuf>,
+    /// Export over NBD on ADDR: PORT or :PORT (loopback), HOST:PORT, or unix:/path; the
+    /// export names are the partition names.
+    #[arg(long, value_name = "ADDR")]
+    nbd: Option<String>,
+    /// Export through FUSE: mount DIR/<partition>/ holding one file <partition>.img per
+    /// partition (DIR/<partition> created if missing).
+    #[arg(long, value_name = "DIR")]
+    fuse: Option<PathBuf>,
+    /// Only these partitions (comma-separated names).
+    #[arg(long, value_delimiter = ',', value_name = "A,B")]
+    partitions: Vec<String>,
+    /// The device the COWs are for (as `ota cow --profile`).
+    #[arg(long, default_value = "current", value_parser = super::cow::parse_profile)]
+    profile: DeviceProfile,
+    /// Merge each COW into its old image (OLDDIR/<partition>.img) while serving, as `snapblk
+    /// serve --merge`; needs --work, where the COWs keep the merge's progress, so a stopped
+    /// merge resumes with the next run over the same directory.
+    #[arg(long, requires = "work")]
+    merge: bool,
+    /// Refuse the payload unless its signatures verify with this X.509 certificate or public
+    /// key (as `ota apply --key`). Repeatable.
+    #[arg(long = "key", value_name = "FILE")]
+    keys: Vec<PathBuf>,
+    /// Print one JSON line on stdout when clients may connect, and one when stopped.
+    #[arg(long)]
+    json: bool,
+}
+
+/// A partition name and its file.
+type Named = (String, PathBuf);
+
+/// A work directory removed when dropped (the default --work).
+struct TempWork(PathBuf);
+
+impl Drop for TempWork {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn spec_path(p: &Path) -> Result<String> {
+    let s = p.display().to_string();
+    if s.contains(',') {
+        bail!("{s}: paths served cannot contain ','");
+    }
+    Ok(s)
+}
+
+pub(super) fn run(a: &ServeArgs) -> Result<()> {
+    let (work, _temp) = match &a.work {
+        Some(w) => (w.clone(), None),
+        None => {
+            let w = std::env::temp_dir().join(format!("snapblk-ota-serve-{}", std::process::id()));
+            std::fs::create_dir(&w).with_context(|| format!("create {}", w.display()))?;
+            (w.clone(), Some(TempWork(w)))
+        }
+    };
+    // A COW of a previous run over this --work whose merge has begun is merge state: resume
+    // it rather than write the COW again.
+    let job = Job {
+        ota: &a.ota,
+        source: &a.source,
+        out: &work,
+        partitions: &a.partitions,
+        all_partitions: false,
+        keep_raw: true,
+        profile: a.profile,
+        verify: false,
+        verify_merge: false,
+        keys: &a.keys,
+        threads: None,
+    };
+    let existing: Vec<PathBuf> = std::fs::read_dir(&work)
+        .map(|rd| {
+            rd.flatten()
+                .map(|e| e.path())
+                .filter(|p| p.extension().is_some_and(|x| x == "cow"))
+                .collect()
+        })
+        .unwrap_or_default();
+    let started = existing.iter().any(|p| {
+        std::fs::File::open(p)
+            .ok()
+            .and_then(|f| snapblk_cow::read_num_merge_ops(&f).ok())
+            .is_some_and(|n| n > 0)
+    });
+    if started && !a.merge {
+        bail!(
+            "{} holds COWs whose merge has begun: their old images are partly merged; serve them with --merge to finish",
+            work.display()
+        );
+    }
+    let mut bases: Vec<Named> = Vec::new();
+    let (cows, raw): (Vec<Named>, Vec<Named>) = if started {
+        let mut cows = Vec::new();
+        for p in existing {
+            let name = p
+                .file_stem()
+                .map(|s| s.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            cows.push((name, p));
+        }
+        let raw = std::fs::read_dir(&work)?
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| p.extension().is_some_and(|x| x == "img"))
+            // Grown bases of a run without --merge are not partitions.
+            .filter(|p| !p.to_string_lossy().ends_with(".base.img"))
+            .map(|p| {
+                let n = p
+                    .file_stem()
+                    .map(|s| s.to_string_lossy().into_owned())
+                    .unwrap_or_default();
+                (n, p)
+            })
+            .collect();
+        (cows, raw)
+    } else {
+        let made = make(&job)?;
+        // A partition that grows is served over a copy of its old image extended to the new
+        // size (a merge grows the old image itself; the driver says how when it is short).
+        for c in made.cows.iter().filter(|_| !a.merge) {
+            let old = a.source.join(format!("{}.img", c.partition));
+            let len = std::fs::metadata(&old).map_or(0, |m| m.len());
+            if len < c.new_size {
+                let grown = work.join(format!("{}.base.img", c.partition));
+                if len > 0 {
+                    std::fs::copy(&old, &grown)
+                        .with_context(|| format!("copy {}", old.display()))?;
+                }
+                let f = std::fs::OpenOptions::new()
+                    .create(true)
+                    .truncate(false)
+                    .write(true)
+                    .open(&grown)
+                    .with_context(|| format!("create {}", grown.display()))?;
+                f.set_len(c.new_size)?;
+                bases.push((c.partition.clone(), grown));
+            }
+        }
+        (
+            made.cows
+                .into_iter()
+                .map(|c| (c.partition, c.cow))
+                .collect(),
+            made.raw,
+        )
+    };
+    // Before any thread exists, so every thread inherits the mask and only we see the signals.
+    let sigs = TermSignals::block().context("blocking SIGINT/SIGTERM")?;
+    // (name, device, what it is) per partition: snapshots first, then built images.
+    let mut devs = Vec::new();
+    for (name, cow) in &cows {
+        let base = bases
+            .iter()
+            .find(|(n, _)| n == name)
+            .map_or_else(|| a.source.join(format!("{name}.img")), |(_, p)| p.clone());
+        let mut spec = format!(
+            "snapshot:base={},cow={}",
+            spec_path(&base)?,
+            spec_path(cow)?
+        );
+        if a.merge {
+            spec.push_str(",merge=true");
+        }
+        let dev = snapblk::open(&spec, 1).map_err(|e| anyhow::anyhow!("opening {spec}: {e}"))?;
+        devs.push((name.clone(), dev, serde_json::json!({"cow": cow})));
+    }
+    for (name, img) in &raw {
+        let spec = format!("io_uring:path={},read-only=true", spec_path(img)?);
+        let dev = snapblk::open(&spec, 1).map_err(|e| anyhow::anyhow!("opening {spec}: {e}"))?;
+        devs.push((name.clone(), dev, serde_json::json!({"image": img})));
+    }
+    if let Some(dir) = &a.fuse {
+        return serve_fuse(a, dir, devs, sigs, &work);
+    }
+    let Some(addr) = &a.nbd else {
+        bail!("one of --nbd, --fuse is required");
+    };
+    let mut exports = Vec::new();
+    let mut listed = Vec::new();
+    for (name, dev, what) in devs {
+        let dev = Arc::new(SharedDevice::new(dev)?);
+        let mut e = serde_json::json!({"name": name, "size": dev.geometry().size});
+        e.as_object_mut()
+            .into_iter()
+            .for_each(|o| o.extend(what.as_object().cloned().unwrap_or_default()));
+        listed.push(e);
+        exports.push(Export {
+            name: name.clone(),
+            description: format!("snapblk: partition {name}"),
+            device: dev,
+            read_only: true,
+            multi_conn: true,
+        });
+    }
+    let server = Server::new(exports, ServerConfig::default())?;
+    let listener = Listener::bind(addr).with_context(|| format!("binding NBD address {addr}"))?;
+    let stop = server.stop_handle();
+    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let watcher = {
+        let (stop, done) = (stop.clone(), done.clone());
+        std::thread::Builder::new()
+            .name("signals".into())
+            .spawn(move || {
+                while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                    if sigs.wait(Duration::from_millis(200)).is_some() {
+                        stop.stop();
+                        return;
+                    }
+                }
+            })?
+    };
+    let uris: Vec<String> = listed
+        .iter()
+        .map(|e| listener.uri(e["name"].as_str().unwrap_or("")))
+        .collect();
+    if a.json {
+        let v = serde_json::json!({
+            "event": "ready",
+            "export": "nbd",
+            "address": listener.address(),
+            "uri": uris.first(),
+            "uris": uris,
+            "partitions": listed,
+            "work": work,
+            "merge": a.merge,
+        });
+        say!("{v}");
+    } else {
+        for u in &uris {
+            eprintln!("snapblk: serving {u}");
+        }
+    }
+    let r = server.run(&listener);
+    done.store(true, std::sync::atomic::Ordering::Relaxed);
+    let _ = watcher.join();
+    drop(listener);
+    r.context("NBD server")?;
+    if a.json {
+        say!(
+            "{}",
+            serde_json::json!({"event": "stopped", "export": "nbd"})
+        );
+    }
+    Ok(())
+}
+
+/// One FUSE mount per partition, DIR/<partition>/<partition>.img, until SIGINT/SIGTERM.
+fn serve_fuse(
+    a: &ServeArgs,
+    dir: &Path,
+    devs: Vec<(String, snapblk::Blkio, serde_json::Value)>,
+    sigs: TermSignals,
+    work: &Path,
+) -> Result<()> {
+    let mut mounts = Vec::new();
+    let mut listed = Vec::new();
+    for (name, dev, what) in devs {
+        let sub = dir.join(&name);
+        std::fs::create_dir_all(&sub).with_context(|| format!("create {}", sub.display()))?;
+        let opts = snapblk_fuse::FuseOptions {
+            file_name: format!("{name}.img"),
+            read_only: true,
+            direct_io: false,
+            threads: 2,
+            allow_other: false,
+        };
+        let m = snapblk_fuse::mount(dev, &sub, &opts)
+            .with_context(|| format!("mounting {}", sub.display()))?;
+        let mut e = serde_json::json!({
+            "name": name,
+            "size": m.size(),
+            "path": m.file().display().to_string(),
+        });
+        e.as_object_mut()
+            .into_iter()
+            .for_each(|o| o.extend(what.as_object().cloned().unwrap_or_default()));
+        listed.push(e);
+        mounts.push(m);
+    }
+    if a.json {
+        let v = serde_json::json!({
+            "event": "ready",
+            "export": "fuse",
+            "mountpoint": dir.display().to_string(),
+            "partitions": listed,
+            "work": work,
+            "merge": a.merge,
+        });
+        say!("{v}");
+    } else {
+        for e in &listed {
+            eprintln!("snapblk: serving {}", e["path"].as_str().unwrap_or(""));
+        }
+    }
+    // Until a signal (or every mount is unmounted from outside); then unmount each, lazily
+    // when it is busy, so the users still holding it finish.
+    while !mounts.iter().all(|m| m.is_finished()) {
+        if sigs.wait(Duration::from_millis(200)).is_some() {
+            break;
+        }
+    }
+    for mut m in mounts {
+        if m.is_finished() {
+            let _ = m.try_unmount();
+            continue;
+        }
+        match m.try_unmount() {
+            Ok(()) => {}
+            Err(snapblk_fuse::FuseError::Busy(p)) => {
+                eprintln!("snapblk: {} is busy: detached it lazily", p.display());
+                m.detach_lazy();
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+    if a.json {
+        say!(
+            "{}",
+            serde_json::json!({"event": "stopped", "export": "fuse"})
+        );
+    }
+    Ok(())
+}

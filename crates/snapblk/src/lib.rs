@@ -1,7 +1,8 @@
 //! snapblk facade: the driver registry and device specs.
 //!
 //! [`create`] makes a [`Blkio`] instance for a driver name (`io_uring`, `sync`, `null`,
-//! `snapshot`, `virtio-blk-vhost-user`, `nvme-io_uring`, `virtio-blk-vhost-vdpa`, `virtio-blk-vfio-pci`); [`open`] parses a *device spec*, sets its properties, connects and starts it.
+//! `snapshot`, `virtio-blk-vhost-user`, `nvme-io_uring`, `virtio-blk-vhost-vdpa`, `virtio-blk-vfio-pci`,
+//! and the read-only `s3` / `http` remote-object driver); [`open`] parses a *device spec*, sets its properties, connects and starts it.
 //!
 //! Each driver is a cargo feature of this crate (`io_uring`, `sync`, `null`, `snapshot`, all on
 //! by default), as in libblkio: a build without a driver knows no such name ([`DRIVERS`]).
@@ -10,6 +11,8 @@
 //!
 //! ```text
 //! spec   := PATH                         a file or block device, opened with the io_uring driver
+//!         | URL                          s3://BUCKET/KEY, http://… or https://…: the read-only
+//!                                        `s3` / `http` driver with `url=URL` (feature `remote`)
 //!         | DRIVER ":" [prop ("," prop)*]
 //! prop   := NAME "=" VALUE               a property set before connect
 //! ```
@@ -32,7 +35,8 @@
 //!   connect, in spec order; everything else before connect.
 //!
 //! Examples: `/dev/zram0`, `null:size=1G`, `io_uring:path=/dev/zram0,direct=true`,
-//! `sync:path=disk.img,read-only=true`, `snapshot:base=B,cow=C,writable=true`.
+//! `sync:path=disk.img,read-only=true`, `snapshot:base=B,cow=C,writable=true`,
+//! `s3:url=s3://bucket/disk.img,cache-size=256M`.
 //!
 //! Everything is at the root, except `fuzzing`: the fuzz harness of the spec parser, test
 //! scaffolding public only with the `test-utils` feature (for crates/snapblk/fuzz), in its own
@@ -65,6 +69,10 @@ pub const DRIVERS: &[&str] = &[
     "snapshot",
     #[cfg(feature = "fault-injection")]
     "fault",
+    #[cfg(feature = "remote")]
+    "s3",
+    #[cfg(feature = "remote")]
+    "http",
 ];
 
 /// Properties that give a device's capacity in bytes: checked by the spec parser (multiple of
@@ -96,6 +104,10 @@ pub fn create(driver: &str) -> Result<Blkio> {
         "snapshot" => Box::new(snapblk_snapshot::SnapshotDriver::new()),
         #[cfg(feature = "fault-injection")]
         "fault" => Box::new(snapblk_snapshot::fault::FaultDriver::configurable()),
+        #[cfg(feature = "remote")]
+        "s3" => Box::new(snapblk_remote::RemoteDriver::new("s3")),
+        #[cfg(feature = "remote")]
+        "http" => Box::new(snapblk_remote::RemoteDriver::new("http")),
         _ => return Err(Error::new(libc::ENOENT, "Unknown driver name")),
     };
     Ok(Blkio::new(d))
@@ -114,6 +126,16 @@ pub struct Spec {
 pub fn parse_spec(spec: &str) -> Result<Spec> {
     if spec.is_empty() {
         return Err(Error::new(libc::EINVAL, "empty device spec"));
+    }
+    #[cfg(feature = "remote")]
+    if snapblk_remote::is_remote(spec) {
+        let s3 = spec
+            .get(..5)
+            .is_some_and(|h| h.eq_ignore_ascii_case("s3://"));
+        return Ok(Spec {
+            driver: if s3 { "s3" } else { "http" }.to_owned(),
+            props: vec![("url".to_owned(), spec.to_owned())],
+        });
     }
     if let Some((drv, rest)) = spec.split_once(':') {
         if DRIVERS.contains(&drv) {
@@ -299,6 +321,23 @@ mod tests {
     }
 
     #[test]
+    #[cfg(feature = "remote")]
+    fn a_bare_url_is_the_remote_driver() {
+        let s = parse_spec("s3://bkt/a,b=c").unwrap();
+        assert_eq!(s.driver, "s3");
+        assert_eq!(s.props, vec![("url".into(), "s3://bkt/a,b=c".into())]);
+        assert_eq!(parse_spec("HTTPS://h/x").unwrap().driver, "http");
+        let s = parse_spec("http:url=http://h/x,cache-size=1M").unwrap();
+        assert_eq!(s.driver, "http");
+        assert_eq!(s.props[1], ("cache-size".into(), "1M".into()));
+        // Connecting checks the URL before any request.
+        let Err(e) = open("s3:url=s3://bkt", 1) else {
+            panic!("an s3:// URL without a key opened");
+        };
+        assert_eq!(e.errno, libc::EINVAL, "{e}");
+    }
+
+    #[test]
     #[cfg_attr(
         not(all(
             feature = "io_uring",
@@ -308,15 +347,16 @@ mod tests {
             feature = "virtio-blk-vhost-user",
             feature = "nvme-io_uring",
             feature = "virtio-blk-vhost-vdpa",
-            feature = "virtio-blk-vfio-pci"
+            feature = "virtio-blk-vfio-pci",
+            feature = "remote"
         )),
         ignore = "the message lists every driver"
     )]
     fn unknown_driver_in_a_spec_is_named() {
         #[cfg(not(feature = "fault-injection"))]
-        let known = "io_uring, null, nvme-io_uring, snapshot, sync, virtio-blk-vfio-pci, virtio-blk-vhost-user, virtio-blk-vhost-vdpa";
+        let known = "http, io_uring, null, nvme-io_uring, s3, snapshot, sync, virtio-blk-vfio-pci, virtio-blk-vhost-user, virtio-blk-vhost-vdpa";
         #[cfg(feature = "fault-injection")]
-        let known = "fault, io_uring, null, nvme-io_uring, snapshot, sync, virtio-blk-vfio-pci, virtio-blk-vhost-user, virtio-blk-vhost-vdpa";
+        let known = "fault, http, io_uring, null, nvme-io_uring, s3, snapshot, sync, virtio-blk-vfio-pci, virtio-blk-vhost-user, virtio-blk-vhost-vdpa";
         for (spec, name) in [
             ("nosuch:size=1G", "nosuch"),
             ("NULL:size=1G", "NULL"),
@@ -431,6 +471,8 @@ mod tests {
             "nvme-io_uring",
             "virtio-blk-vhost-vdpa",
             "virtio-blk-vfio-pci",
+            "s3",
+            "http",
         ] {
             match create(name) {
                 Ok(_) => assert!(DRIVERS.contains(&name), "{name} created but not listed"),
@@ -454,6 +496,7 @@ mod tests {
                 + usize::from(cfg!(feature = "virtio-blk-vhost-vdpa"))
                 + usize::from(cfg!(feature = "virtio-blk-vfio-pci"))
                 + usize::from(cfg!(feature = "fault-injection"))
+                + 2 * usize::from(cfg!(feature = "remote"))
         );
     }
 

@@ -23,6 +23,7 @@ mod ota_sig;
 mod outfile;
 mod progress;
 mod readahead;
+mod remote;
 mod serve;
 mod serve_ublk;
 
@@ -58,6 +59,9 @@ enum Cmd {
     Readahead(readahead::ReadaheadCmd),
     /// Load generator (fio/IOzone-style).
     Bench(bench::BenchArgs),
+    /// Objects on S3 or an S3-compatible store: put, get, stat (docs/remote.md).
+    #[command(subcommand)]
+    Remote(remote::RemoteCmd),
 }
 
 /// Every option that takes a value accepts a negative number as its value, in every
@@ -89,6 +93,7 @@ fn main() {
         Cmd::Residency(a) => readahead::run_residency(a),
         Cmd::Readahead(c) => readahead::run(c),
         Cmd::Bench(a) => bench::run(a),
+        Cmd::Remote(c) => remote::run(c),
     };
     // A write to stderr that a callback could not report fails the command too.
     let res = res.and_then(|()| match out::take_deferred() {

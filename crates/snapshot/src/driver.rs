@@ -17,12 +17,15 @@
 //! `base.driver=rbd,base.pool=p,base.image=i` (every `base.NAME=VALUE` becomes property `NAME`
 //! of that driver, opened read-only unless `merge`; it needs an opener, which
 //! `snapblk::create` gives: [`SnapshotDriver::with_opener`]). A COW record (`cow-record`,
-//! `verify-base`, a `COW.snapblk` beside the COW) needs a file base. Read-only, once connected: `record-stats`, `readahead-stats`
+//! `verify-base`, a `COW.snapblk` beside the COW) needs a file base. The base or the COW may
+//! also be a URL (`base=s3://bucket/base.img`, `cow=https://host/update.cow`): read-only
+//! through the opener's `s3` / `http` driver (ranged GETs into a block cache; docs/remote.md). Read-only, once connected: `record-stats`, `readahead-stats`
 //! and `merge-stats` (JSON), `activity-id` (for [`Activity::find`]). Spec example:
 //! `snapshot:base=system.img,cow=system.cow,writable=true,record=boot.blocks`.
 
 use crate::childdev::{BlkioDev, DeviceOpener};
-use crate::cowsrc::{OpenMode, open_dev_base, open_files_sized};
+use crate::cowsrc::{OpenMode, open_dev_base, open_devs_sized, open_files_sized};
+use crate::dev::{BlockDev, FileDev, Hold};
 use crate::queue::{Backend, SyncQueue};
 use crate::record::{Activity, Binding, DEFAULT_RECORD_SECS};
 use crate::snapshot::{Snapshot, SnapshotConfig};
@@ -227,6 +230,12 @@ impl Driver for SnapshotDriver {
         if !self.base_spec.is_empty() {
             return self.connect_dev_base(read_only);
         }
+        if [&self.base, &self.cow]
+            .into_iter()
+            .any(|p| p.as_deref().and_then(remote_url).is_some())
+        {
+            return self.connect_remote(read_only);
+        }
         let (Some(base), Some(cow)) = (&self.base, &self.cow) else {
             return Err(Error::inval(
                 "snapshot: properties base and cow must be set",
@@ -345,10 +354,88 @@ impl SnapshotDriver {
             base_writable: self.merge,
             cow_writable: self.merge,
         };
-        let snap = Arc::new(open_dev_base(base, cow, cfg, mode)?);
+        let snap = match remote_url(cow) {
+            None => Arc::new(open_dev_base(base, cow, cfg, mode)?),
+            Some(url) => {
+                if self.merge || cfg.writable {
+                    return Err(Error::inval(
+                        "snapshot: a COW given as a URL is read-only (no merge, no writable)",
+                    ));
+                }
+                let driver = if url.starts_with("s3://") {
+                    "s3"
+                } else {
+                    "http"
+                };
+                let dev = opener(driver, &[("url".to_owned(), url.to_owned())], false)
+                    .map_err(|e| Error::new(e.errno, format!("snapshot COW: {}", e.msg)))?;
+                Arc::new(open_devs_sized(
+                    base,
+                    Arc::new(BlkioDev::new(dev)?),
+                    cfg,
+                    None,
+                )?)
+            }
+        };
         if self.merge {
             crate::merge::validate_order(&snap)?;
         }
+        self.finish_connect(snap)
+    }
+
+    /// Connect where the base or the COW (or both) is a URL (`s3://`, `http(s)://`): each URL is
+    /// opened read-only through the opener as the registry's `s3` / `http` driver (`url=URL`),
+    /// each path as a file. A remote COW cannot take writes (`writable` is refused), neither
+    /// remote side can be merged, and a COW record is not looked for.
+    fn connect_remote(&mut self, read_only: bool) -> snapblk_core::Result<DeviceInfo> {
+        let (Some(base), Some(cow)) = (self.base.clone(), self.cow.clone()) else {
+            return Err(Error::inval(
+                "snapshot: properties base and cow must be set",
+            ));
+        };
+        if self.merge {
+            return Err(Error::inval(
+                "snapshot: merge needs a local base and COW (remote objects are read-only)",
+            ));
+        }
+        if self.cow_record.is_some() || self.verify_base {
+            return Err(Error::inval(
+                "snapshot: cow-record and verify-base need local files (not a URL)",
+            ));
+        }
+        let mut cfg = self.cfg;
+        cfg.writable &= !read_only;
+        let opener = self.opener;
+        let open = |p: &std::path::Path, what: &str| -> snapblk_core::Result<Arc<dyn BlockDev>> {
+            let Some(url) = remote_url(p) else {
+                return Ok(Arc::new(FileDev::open_held(p, false, Hold::Shared)?));
+            };
+            let Some(opener) = opener else {
+                return Err(Error::inval(format!(
+                    "snapshot: this driver instance cannot open the {what} URL (no opener)"
+                )));
+            };
+            let driver = if url.starts_with("s3://") {
+                "s3"
+            } else {
+                "http"
+            };
+            let dev = opener(driver, &[("url".to_owned(), url.to_owned())], false)
+                .map_err(|e| Error::new(e.errno, format!("snapshot {what}: {}", e.msg)))?;
+            Ok(Arc::new(BlkioDev::new(dev)?))
+        };
+        if cfg.writable && remote_url(&cow).is_some() {
+            return Err(Error::inval(
+                "snapshot: writable needs a local COW (the overlay journal is written into it)",
+            ));
+        }
+        let base_dev = open(&base, "base")?;
+        let cow_dev: Arc<dyn BlockDev> = if cfg.writable {
+            Arc::new(FileDev::open_held(&cow, true, Hold::Exclusive)?)
+        } else {
+            open(&cow, "COW")?
+        };
+        let snap = Arc::new(open_devs_sized(base_dev, cow_dev, cfg, None)?);
         self.finish_connect(snap)
     }
 
@@ -393,6 +480,15 @@ impl SnapshotDriver {
             ..DeviceInfo::default()
         })
     }
+}
+
+/// `p` as a URL the remote drivers read (`s3://`, `http://`, `https://`, lower-case scheme).
+fn remote_url(p: &std::path::Path) -> Option<&str> {
+    p.to_str().filter(|s| {
+        ["s3://", "http://", "https://"]
+            .iter()
+            .any(|x| s.starts_with(x))
+    })
 }
 
 fn json<T: serde::Serialize>(v: &T) -> PropValue {

@@ -28,6 +28,7 @@ PKGS=(
   ceph-mon ceph-osd ceph-common uuid-runtime  # scripts/ceph-cluster.sh: a single-node Ceph (rbd driver tests); librbd1 comes with them
   radosgw                           # scripts/ceph-cluster.sh: Ceph's S3 gateway on the same cluster
   qemu-block-extra                  # qemu-img/qemu-io rbd:…: an independent RBD client for the rbd tests
+  socat curl                        # tests/suites/s3.sh: a TLS proxy before radosgw; an independent S3 client
 )
 missing=()
 for p in "${PKGS[@]}"; do

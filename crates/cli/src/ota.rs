@@ -189,7 +189,7 @@ fn fetched(remote: &Option<Arc<RemoteObject>>) -> Result<()> {
         let s = o.stats();
         errln!(
             "{}: fetched {} of {} bytes ({} ranged GETs)",
-            o.url(),
+            o.name(),
             s.bytes_fetched,
             o.len(),
             s.requests

@@ -61,8 +61,10 @@ impl RemoteConfig {
     /// `AWS_SESSION_TOKEN`, `AWS_ENDPOINT_URL_S3` or `AWS_ENDPOINT_URL`, `AWS_REGION` or
     /// `AWS_DEFAULT_REGION`. A key id without a secret (or the other way round) is refused.
     pub fn from_env() -> Result<Self> {
-        let mut c = RemoteConfig::default();
-        c.endpoint = env("AWS_ENDPOINT_URL_S3").or_else(|| env("AWS_ENDPOINT_URL"));
+        let mut c = RemoteConfig {
+            endpoint: env("AWS_ENDPOINT_URL_S3").or_else(|| env("AWS_ENDPOINT_URL")),
+            ..RemoteConfig::default()
+        };
         if let Some(r) = env("AWS_REGION").or_else(|| env("AWS_DEFAULT_REGION")) {
             c.region = r;
         }

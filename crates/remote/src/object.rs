@@ -127,8 +127,8 @@ impl RemoteObject {
         self.size == 0
     }
 
-    /// The URL as given.
-    pub fn url(&self) -> &str {
+    /// The object's name: its URL as given.
+    pub fn name(&self) -> &str {
         &self.target.display
     }
 
@@ -306,7 +306,7 @@ impl WriteAt for RemoteObject {
     fn write_all_at(&self, _offset: u64, _buf: &[u8]) -> io::Result<()> {
         Err(snapblk_core::Error::new(
             libc::EROFS,
-            format!("{}: remote objects are read-only", self.url()),
+            format!("{}: remote objects are read-only", self.name()),
         )
         .into())
     }

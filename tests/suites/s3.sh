@@ -27,7 +27,7 @@ trap cleanup EXIT
 for t in curl socat openssl nbdcopy python3 radosgw; do
   command -v "$t" >/dev/null || { bad "$t not found (scripts/install-deps.sh installs it)"; finish; }
 done
-cargo build -q -p snapblk-cli || { bad "cargo build -p snapblk-cli"; finish; }
+cargo build -q -p snapblk-cli -p snapblk-conformance || { bad "cargo build -p snapblk-cli -p snapblk-conformance"; finish; }
 snapblk=${CARGO_TARGET_DIR:-$root/target}/debug/snapblk
 
 mon_port=${S3_TEST_MON_PORT:-13357}
@@ -155,6 +155,11 @@ head -c $(((1 << 20) + 4096)) /dev/urandom > "$work/img.bin"
 s3curl -T "$work/img.bin" "$AWS_ENDPOINT_URL/$S3_TEST_BUCKET/img.bin" || bad "curl put img.bin"
 SSL_CERT_FILE=$work/ca.pem serve_read "the s3 driver serves an object over NBD (HTTPS, 256 KiB cache)" "$work/img.bin" \
   "s3:url=s3://$S3_TEST_BUCKET/img.bin,cache-size=256k,block-size=64k,endpoint=$S3_TEST_HTTPS_ENDPOINT"
+# The driver conformance suite (read-only: reads, refused writes, properties) on the s3 driver.
+if "${CARGO_TARGET_DIR:-$root/target}/debug/snapblk-conformance" \
+     "s3:url=s3://$S3_TEST_BUCKET/img.bin,cache-size=256k,block-size=64k" > "$work/conf.txt" 2>&1; then
+  ok "snapblk-conformance on the s3 driver ($(tail -1 "$work/conf.txt"))"
+else grep -v '^PASS' "$work/conf.txt" | tail -30; bad "snapblk-conformance on the s3 driver"; fi
 # A public object by its plain URL (unsigned GETs): the http driver, bare URL spec.
 s3curl -H "x-amz-acl: public-read" -T "$work/img.bin" "$AWS_ENDPOINT_URL/$S3_TEST_BUCKET/public.bin" || bad "curl put public.bin"
 serve_read "the http driver serves a public object by URL over NBD" "$work/img.bin" \

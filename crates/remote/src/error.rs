@@ -66,7 +66,7 @@ pub enum RemoteError {
         timeout_secs: u64,
         /// The transport error of the last attempt.
         #[source]
-        source: Box<ureq::Transport>,
+        source: TransportError,
     },
     /// Any other HTTP error status (after retries for 5xx).
     #[error("{url}: HTTP {status}{code}")]
@@ -117,6 +117,12 @@ pub enum RemoteError {
         got: String,
     },
 }
+
+/// The HTTP client's transport error, as its one-line text: the client's own message already
+/// ends with its causes, so they are not chained a second time.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct TransportError(pub String);
 
 impl RemoteError {
     /// The errno a C caller gets for this error.

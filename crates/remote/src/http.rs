@@ -175,7 +175,7 @@ impl Client {
                 url: t.display.clone(),
                 attempts: attempt,
                 timeout_secs: self.cfg.timeout.as_secs(),
-                source: Box::new(tr),
+                source: crate::error::TransportError(tr.to_string()),
             }),
         }
     }

@@ -33,7 +33,7 @@ pub use config::{
     DEFAULT_TIMEOUT, RemoteConfig, Target, is_remote,
 };
 pub use driver::RemoteDriver;
-pub use error::{RemoteError, Result};
+pub use error::{RemoteError, Result, TransportError};
 pub use http::{parse_content_range, s3_error_code, status_error};
 pub use object::{RemoteObject, RemoteStats};
 pub use transfer::{MAX_SINGLE_PUT, SHA256_META, TransferReport, get_to, put_file};

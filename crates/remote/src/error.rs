@@ -95,6 +95,18 @@ pub enum RemoteError {
         #[source]
         source: std::io::Error,
     },
+    /// A read of bytes the object does not have.
+    #[error("{url}: {len} bytes at offset {offset} are past the end of the object ({size} bytes)")]
+    OutOfRange {
+        /// The object.
+        url: String,
+        /// Offset of the read.
+        offset: u64,
+        /// Length of the read.
+        len: u64,
+        /// The object's size.
+        size: u64,
+    },
     /// A local file of a transfer.
     #[error("{path}")]
     Local {

@@ -171,12 +171,26 @@ impl Client {
                     Attempt::Fail(e)
                 }
             }
-            Err(ureq::Error::Transport(tr)) => Attempt::Retry(RemoteError::Unreachable {
-                url: t.display.clone(),
-                attempts: attempt,
-                timeout_secs: self.cfg.timeout.as_secs(),
-                source: crate::error::TransportError(tr.to_string()),
-            }),
+            Err(ureq::Error::Transport(tr)) => {
+                let text = tr.to_string();
+                // A URL the client cannot use, or a server certificate it refuses, will not
+                // change on a second try.
+                let permanent = matches!(
+                    tr.kind(),
+                    ureq::ErrorKind::InvalidUrl | ureq::ErrorKind::UnknownScheme
+                ) || text.contains("invalid peer certificate");
+                let e = RemoteError::Unreachable {
+                    url: t.display.clone(),
+                    attempts: attempt,
+                    timeout_secs: self.cfg.timeout.as_secs(),
+                    source: crate::error::TransportError(text),
+                };
+                if permanent {
+                    Attempt::Fail(e)
+                } else {
+                    Attempt::Retry(e)
+                }
+            }
         }
     }
 }

@@ -11,8 +11,10 @@ use std::io::{self, Read};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-/// Most blocks one GET fetches.
+/// Most blocks one GET fetches ...
 const MAX_RUN_BLOCKS: u64 = 64;
+/// ... and most bytes (with large blocks, fewer of them).
+const MAX_RUN_BYTES: u64 = 64 << 20;
 
 /// Counters of a [`RemoteObject`].
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -221,13 +223,23 @@ impl RemoteObject {
         Ok(())
     }
 
-    /// Read exactly `buf.len()` bytes at `offset` (the range must lie inside the object).
+    /// Read exactly `buf.len()` bytes at `offset`; a range that does not lie inside the object
+    /// fails with [`RemoteError::OutOfRange`].
     pub fn read_exact_remote(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
         if buf.is_empty() {
             return Ok(());
         }
-        let end = offset + buf.len() as u64;
+        let end = offset
+            .checked_add(buf.len() as u64)
+            .filter(|&e| e <= self.size)
+            .ok_or_else(|| RemoteError::OutOfRange {
+                url: self.target.display.clone(),
+                offset,
+                len: buf.len() as u64,
+                size: self.size,
+            })?;
         let bs = self.block;
+        let max_run = (MAX_RUN_BYTES / bs).clamp(1, MAX_RUN_BLOCKS);
         let nblocks = self.size.div_ceil(bs);
         let (first, last) = (offset / bs, (end - 1) / bs);
         let sequential = self.last_end.swap(end, Ordering::Relaxed) == offset;
@@ -244,13 +256,13 @@ impl RemoteObject {
             let mut j = i + 1;
             {
                 let c = lock(&self.cache);
-                while j <= last && j - i < MAX_RUN_BLOCKS && !c.contains(j) {
+                while j <= last && j - i < max_run && !c.contains(j) {
                     j += 1;
                 }
                 if j > last && sequential {
                     let stop = (last + 1 + self.client.config().readahead_blocks)
                         .min(nblocks)
-                        .min(i + MAX_RUN_BLOCKS);
+                        .min(i + max_run);
                     while j < stop && !c.contains(j) {
                         j += 1;
                     }

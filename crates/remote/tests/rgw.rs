@@ -92,6 +92,12 @@ fn range_reads_through_the_cache_match_the_object_cold_and_warm() {
     assert_eq!(small.read_at(data.len() as u64 - 10, &mut b).unwrap(), 10);
     assert_eq!(&b[..10], &data[data.len() - 10..]);
     assert_eq!(small.read_at(data.len() as u64, &mut b).unwrap(), 0);
+    let e = small
+        .read_exact_remote(data.len() as u64 - 10, &mut b)
+        .unwrap_err();
+    assert!(matches!(e, RemoteError::OutOfRange { .. }), "{e}");
+    let e = small.read_exact_remote(u64::MAX, &mut b).unwrap_err();
+    assert!(matches!(e, RemoteError::OutOfRange { .. }), "{e}");
     // A cache that holds it all: the warm pass fetches nothing and hits every block.
     let big = RemoteObject::open(&url("ranges.bin"), &cfg(64 << 10, 8 << 20)).unwrap();
     random_reads(&big, &data, 3, 200);

@@ -60,7 +60,7 @@ docs=()
 if want io_uring; then
   head -c $((256 << 20)) /dev/urandom > "$data/file.img"
   "$snapblk" bench "${libs[@]}" --driver io_uring "$data/file.img" --rw randread --bs 4k \
-    --iodepth 1,32 --runtime "$SECS" --repeat "$ROUNDS" --json -o "$work/io_uring.json" >/dev/null
+    --iodepth 1,32 --runtime "$SECS" --time_based --repeat "$ROUNDS" --json -o "$work/io_uring.json" >/dev/null
   docs+=("$work/io_uring.json")
 fi
 if want snapshot; then
@@ -70,7 +70,7 @@ if want snapshot; then
   rm "$data/pair/new.img"
   "$snapblk" bench "${libs[@]}" --driver snapshot --prop "base=$data/pair/old.img" \
     --prop "cow=$data/pair/update.cow" --rw randread,read --bs 4k --iodepth 1 \
-    --runtime "$SECS" --repeat "$ROUNDS" --json -o "$work/snapshot.json" >/dev/null
+    --runtime "$SECS" --time_based --repeat "$ROUNDS" --json -o "$work/snapshot.json" >/dev/null
   docs+=("$work/snapshot.json")
 fi
 

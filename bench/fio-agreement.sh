@@ -21,6 +21,11 @@
 # io_uring driver with its inline path (`--submit_with_wait`, so that the driver sees a caller
 # waiting for its request) vs fio's psync engine (pread/pwrite). Set PSYNC=0 to skip it.
 #
+# A third part runs fio's own command lines and a fio job file (bench/jobs/fio-agreement.fio)
+# through both tools unchanged — the same arguments, only the program differs — on the tmpfs
+# file: psync, io_uring and libaio engines (snapblk runs libaio on io_uring), two jobs with
+# group_reporting, and the job file's four stonewalled jobs. TARGETS without "cmdline" skips it.
+#
 # Both tools write the same kind of data, which matters on zram (it compresses every page, and
 # lzo gives up on truly random pages ~2x sooner than on fio's random-but-stamped ones): random
 # buffers filled once and scrambled per write (fio's defaults, snapblk bench's defaults since
@@ -29,7 +34,7 @@
 #
 # Usage (root for zram): bash bench/fio-agreement.sh          (env: ROUNDS=3 RUNTIME=5 RAMP=1
 #   SIZE=1G SNAPBLK=target/release/snapblk ZRAM_WAIT=600 OUT=fio-agreement.md BUF_OPTS= PSYNC=1
-#   ONLY="tmpfs:randwrite-4k-qd32 ..." to rerun chosen cells; TARGETS="tmpfs zram null";
+#   ONLY="tmpfs:randwrite-4k-qd32 ..." to rerun chosen cells; TARGETS="tmpfs zram null cmdline";
 #   RAW=FILE keeps the per-run figures; WRAP="taskset -c 1" runs both tools under a prefix;
 #   NOHALT=1 keeps idle CPUs from halting during the run; PLACE=split fixes the placement)
 #
@@ -67,7 +72,7 @@ NOHALT=${NOHALT:-0}
 # free placement lands a run on one CPU or on two by chance, a 1.4x difference at QD32.
 PLACE=${PLACE:-free}
 ONLY=${ONLY:-}
-TARGETS=${TARGETS:-tmpfs zram null}
+TARGETS=${TARGETS:-tmpfs zram null cmdline}
 command -v fio >/dev/null || { echo "fio missing (apt-get install fio)" >&2; exit 1; }
 command -v python3 >/dev/null || { echo "python3 missing" >&2; exit 1; }
 [ -x "$SNAPBLK" ] || cargo build --release -p snapblk-cli >&2
@@ -111,11 +116,11 @@ want() { [[ " $TARGETS " == *" $1 "* ]]; }
 selected() { [ -z "$ONLY" ] || [[ " $ONLY " == *" $1:$2 "* ]]; }
 
 targets=()
-if want tmpfs; then
+if want tmpfs || want cmdline; then
   echo "preparing tmpfs target $shm ($SIZE)" >&2
   dd if=/dev/urandom of="$shm" bs=1M count=$(( $(numfmt --from=iec "$SIZE") >> 20 )) status=none
-  targets+=("tmpfs:$shm")
 fi
+want tmpfs && targets+=("tmpfs:$shm")
 
 if ! want zram; then
   :
@@ -204,7 +209,7 @@ run_snapblk() {
   # shellcheck disable=SC2206 # word splitting of the option list is intended
   extra+=($BUF_OPTS "$@")
   tool "$SNAPBLK" bench "$spec" --rw "$rw" --bs "$bs" --iodepth "$qd" --numjobs 1 --size "$SIZE" \
-      --runtime "$RUNTIME" --ramp_time "$RAMP" --json --output "$work/snap.json" "${extra[@]}" > /dev/null 2>"$work/snap.err" \
+      --runtime "$RUNTIME" --time_based --ramp_time "$RAMP" --json --output "$work/snap.json" "${extra[@]}" > /dev/null 2>"$work/snap.err" \
       || { cat "$work/snap.err" >&2; exit 1; }
   python3 - "$work/snap.json" "$tname" "$pname" "$round" >> "$results" <<'PY'
 import json, sys
@@ -216,6 +221,63 @@ def mean(k):
     return ((r[k]["mean"] * r["ios"] + w[k]["mean"] * w["ios"]) / ios) if ios else 0
 print(f"{sys.argv[2]}\t{sys.argv[3]}\tsnapblk\t{sys.argv[4]}\t{s['iops']['mean']:.1f}\t{s['lat_ns']['mean']:.1f}\t{mean('slat_ns'):.1f}\t{mean('clat_ns'):.1f}")
 PY
+}
+
+# Fio's command lines, each run unchanged by both tools (NAME then the options; the common ones
+# follow in run_line).
+CMDLINES=(
+  "psync-randread-4k --ioengine=psync --rw=randread --bs=4k --iodepth=1"
+  "psync-randwrite-4k --ioengine=psync --rw=randwrite --bs=4k --iodepth=1"
+  "io_uring-randread-4k-qd32 --ioengine=io_uring --rw=randread --bs=4k --iodepth=32"
+  "libaio-randwrite-4k-qd32 --ioengine=libaio --rw=randwrite --bs=4k --iodepth=32"
+  "psync-read-1m-2jobs --ioengine=psync --rw=read --bs=1M --numjobs=2 --group_reporting"
+)
+JOBFILE=bench/jobs/fio-agreement.fio
+
+# rows TOOL TARGETNAME ROUND JSON: one results row per job (fio) or configuration (snapblk),
+# named after it.
+rows() {
+  python3 - "$@" >> "$results" <<'PY'
+import json, sys
+tool, tname, rnd, path = sys.argv[1:5]
+text = open(path).read()
+d = json.loads(text[text.index("{"):])
+def row(name, iops, dirs, key):
+    ios = sum(x[key] for x in dirs)
+    def mean(k):
+        return sum(x[k]["mean"] * x[key] for x in dirs) / ios if ios else 0
+    print(f"{tname}\t{name}\t{tool}\t{rnd}\t{iops:.1f}\t{mean('lat_ns'):.1f}\t{mean('slat_ns'):.1f}\t{mean('clat_ns'):.1f}")
+if tool == "fio":
+    for j in d["jobs"]:
+        row(j["jobname"], j["read"]["iops"] + j["write"]["iops"], [j["read"], j["write"]], "total_ios")
+else:
+    for r in d["results"]:
+        s = r["summary"]
+        row(r["config"]["name"], s["iops"]["mean"], [s["read"], s["write"]], "ios")
+PY
+}
+
+# run_line TOOL NAME ROUND OPTIONS...: one fio command line through TOOL (fio or snapblk bench).
+run_line() {
+  local t=$1 name=$2 round=$3
+  shift 3
+  local cmd=(fio)
+  [ "$t" = snapblk ] && cmd=("$SNAPBLK" bench)
+  # shellcheck disable=SC2206 # word splitting of the option list is intended
+  tool "${cmd[@]}" --name="$name" --filename="$shm" --direct=1 --size="$SIZE" --time_based \
+      --runtime="$RUNTIME" --ramp_time="$RAMP" --output-format=json $BUF_OPTS "$@" \
+      > "$work/line.json" 2>"$work/line.err" || { cat "$work/line.err" >&2; exit 1; }
+  rows "$t" cmdline "$round" "$work/line.json"
+}
+
+# run_jobfile TOOL ROUND: the fio job file through TOOL.
+run_jobfile() {
+  local cmd=(fio)
+  [ "$1" = snapblk ] && cmd=("$SNAPBLK" bench)
+  FIOFILE=$shm FIOSIZE=$SIZE FIORUNTIME=$RUNTIME FIORAMP=$RAMP \
+    tool "${cmd[@]}" "$JOBFILE" --output-format=json > "$work/jobs.json" 2>"$work/jobs.err" \
+    || { cat "$work/jobs.err" >&2; exit 1; }
+  rows "$1" jobfile "$2" "$work/jobs.json"
 }
 
 # pair TARGETNAME PATTERN ROUND "fio args..." "snapblk args..." — both tools, order alternating
@@ -264,6 +326,27 @@ for round in $(seq 1 "$ROUNDS"); do
         "null $pname none $rw $bs $qd null $round ${b[*]}" \
         "null $pname null:size=$SIZE $rw $bs $qd 0 $round ${b[*]}"
     done
+  fi
+  if want cmdline; then
+    for l in "${CMDLINES[@]}"; do
+      read -r pname opts <<< "$l"
+      selected cmdline "$pname" || continue
+      echo "round $round/$ROUNDS cmdline $pname" >&2
+      # shellcheck disable=SC2086 # word splitting of the option list is intended
+      if [ $((round % 2)) = 1 ]; then
+        run_line fio "$pname" "$round" $opts; run_line snapblk "$pname" "$round" $opts
+      else
+        run_line snapblk "$pname" "$round" $opts; run_line fio "$pname" "$round" $opts
+      fi
+    done
+    if selected jobfile all; then
+      echo "round $round/$ROUNDS jobfile $JOBFILE" >&2
+      if [ $((round % 2)) = 1 ]; then
+        run_jobfile fio "$round"; run_jobfile snapblk "$round"
+      else
+        run_jobfile snapblk "$round"; run_jobfile fio "$round"
+      fi
+    fi
   fi
 done
 
@@ -375,6 +458,8 @@ split(ring)
 verdicts = {}
 table([c for c in order if c[0].endswith("-inline")], "Default synchronous QD1 paths (snapblk io_uring inline, --submit_with_wait; fio psync), O_DIRECT:")
 table([c for c in order if c[0] == "null"], "Tool overhead (snapblk null driver, fio null engine):")
+verdicts = {}
+table([c for c in order if c[0] in ("cmdline", "jobfile")], "fio's command lines and job file (bench/jobs/fio-agreement.fio) run unchanged by both tools, tmpfs, O_DIRECT:")
 PY
 }
 if [ -n "$OUT" ]; then report | tee "$OUT"; else report; fi

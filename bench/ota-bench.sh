@@ -14,11 +14,12 @@
 #    crates/ota/examples/ota_bench_payload.rs (the crate's test writer for header and manifest).
 # 2. ROUNDS times, in a rotated order, on tmpfs when memory allows: extraction of the full
 #    payload by `snapblk ota extract` (release build), PyPI payload-dumper 0.3.0 (in a venv)
-#    and the crates.io payload_dumper 0.8.4 binary (if built, see below), plus the
+#    the crates.io payload_dumper 0.8.4 binary (if built, see below) and payload-dumper-go
+#    (if its binary is in BENCH_TOOLS, see below), plus the
 #    decompression ceiling (the payload's xz and bzip2 streams split in two halves, each half
 #    decoded by `xz -dc` and `bzip2 -dc` to /dev/null, both halves at once); then apply of the
-#    incremental by `snapblk ota apply`, `payload_dumper --diff` (PyPI) and payload_dumper
-#    0.8.4 `--source-dir`, and `snapblk ota apply` again with glibc's mmap threshold fixed at
+#    incremental by `snapblk ota apply`, `payload_dumper --diff` (PyPI), payload_dumper
+#    0.8.4 `--source-dir` and `payload-dumper-go -old`, and `snapblk ota apply` again with glibc's mmap threshold fixed at
 #    128 KiB (MALLOC_MMAP_THRESHOLD_): a diagnostic row, see docs/ota.md "Performance". Each run: wall time, CPU time and peak RSS (/usr/bin/time), and every
 #    output image's SHA-256 against the image it must equal.
 # 3. Prints a table of medians (throughput = MiB of partition images written per second of
@@ -33,7 +34,10 @@
 #      repository) holding the PyPI venv (made if missing) and the payload_dumper crate's
 #      binary; BUILD_PAYLOAD_DUMPER_RS=1 builds that binary when missing (opt-in and heavy:
 #      `cargo install --locked payload_dumper@0.8.4` with fat LTO, several minutes on 2 cores,
-#      refused when CI is set); CODECS (xz,bz; add zstd for Android 17's REPLACE_ZSTD);
+#      refused when CI is set); payload-dumper-go is BENCH_TOOLS/payload-dumper-go when present
+#      (the Go module proxy refuses it, so build it from its source: `git clone
+#      https://github.com/ssut/payload-dumper-go && GOTOOLCHAIN=go1.27.3 go build` — commit
+#      05fe59e measured, liblzma-dev needed for its cgo xz); CODECS (xz,bz; add zstd for Android 17's REPLACE_ZSTD);
 #      KEEP=1 keeps the images and payloads in WORKDIR/data-SIZE for the next run.
 set -euo pipefail
 
@@ -84,6 +88,8 @@ if [[ ! -x $PDRS && "${BUILD_PAYLOAD_DUMPER_RS:-0}" == 1 ]]; then
   fi
 fi
 [[ -x $PDRS ]] || { echo "note: no $PDRS (BUILD_PAYLOAD_DUMPER_RS=1 builds it); running without it" >&2; PDRS=; }
+PDGO=$TOOLS/payload-dumper-go
+[[ -x $PDGO ]] || { echo "note: no $PDGO (see this script's header); running without it" >&2; PDGO=; }
 
 # 1. Images and payloads.
 sys_mb=$((SIZE * 3 / 4))
@@ -177,12 +183,14 @@ echo "== $ROUNDS rounds in $WORK; effective cores $cores; load $load0" >&2
 for ((r = 0; r < ROUNDS; r++)); do
   ext=(snapblk pypi ceiling); app=(snapblk pypi snapblk-mmap)
   [[ -n $PDRS ]] && ext+=(crate) && app+=(crate)
+  [[ -n $PDGO ]] && ext+=(go) && app+=(go)
   for ((i = 0; i < ${#ext[@]}; i++)); do
     tool=${ext[$(((i + r) % ${#ext[@]}))]}
     case $tool in
       snapblk) run extract snapblk "$r" "$SNAPBLK" ota extract "$D/full.bin" -o "$OUT" ;;
       pypi) run extract pypi "$r" "$PY/bin/payload_dumper" --out "$OUT" "$D/full.bin" ;;
       crate) run extract crate "$r" "$PDRS" "$D/full.bin" -o "$OUT" -q ;;
+      go) run extract go "$r" "$PDGO" -c "$(nproc)" -q -o "$OUT" "$D/full.bin" ;;
       ceiling) run extract ceiling "$r" bash -c ceiling ;;
     esac
   done
@@ -194,6 +202,7 @@ for ((r = 0; r < ROUNDS; r++)); do
                       "$SNAPBLK" ota apply "$D/delta.bin" --source "$D/old" -o "$OUT" ;;
       pypi) run apply pypi "$r" "$PY/bin/payload_dumper" --diff --old "$D/old" --out "$OUT" "$D/delta.bin" ;;
       crate) run apply crate "$r" "$PDRS" "$D/delta.bin" --source-dir "$D/old" -o "$OUT" -q ;;
+      go) run apply go "$r" "$PDGO" -c "$(nproc)" -q -old "$D/old" -o "$OUT" "$D/delta.bin" ;;
     esac
   done
   echo "   round $((r + 1))/$ROUNDS done" >&2
@@ -214,12 +223,13 @@ for line in open(sys.argv[1]):
                      peak_rss_mib=int(rss) / 1024))
 mib = $img_bytes / 2**20
 names = dict(snapblk="snapblk ota", pypi="PyPI payload-dumper 0.3.0", crate="payload_dumper 0.8.4 (crates.io)",
+             go="payload-dumper-go (05fe59e)",
              ceiling="xz -dc + bzip2 -dc, 2 processes",
              **{"snapblk-mmap": "snapblk ota, MALLOC_MMAP_THRESHOLD_=128K"})
 summary = {}
 print()
 for ph in ("extract", "apply"):
-    rows = [t for t in ("snapblk", "snapblk-mmap", "crate", "pypi", "ceiling") if any(r["phase"] == ph and r["tool"] == t for r in runs)]
+    rows = [t for t in ("snapblk", "snapblk-mmap", "go", "crate", "pypi", "ceiling") if any(r["phase"] == ph and r["tool"] == t for r in runs)]
     print(f"### {ph}: {mib:.0f} MiB of images ({'full' if ph == 'extract' else 'incremental'} payload, "
           f"{os.path.getsize('$D/' + ('full' if ph == 'extract' else 'delta') + '.bin') / 2**20:.0f} MiB)\n")
     print("| tool | runs ok | wall s | MiB/s | CPU s | MiB/s per CPU-s | peak RSS MiB | snapblk's throughput × (paired) |")

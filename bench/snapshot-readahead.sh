@@ -54,7 +54,7 @@ echo "load before: $(cat /proc/loadavg)"
 
 echo "== 1. hot path: 4 KiB random reads QD1, ${SECS}s, tmpfs (IOPS)"
 bench() {
-  "$SNAPBLK" bench "$1" --rw randread --bs 4k --runtime "$SECS" --json 2>/dev/null \
+  "$SNAPBLK" bench "$1" --rw randread --bs 4k --runtime "$SECS" --time_based --json 2>/dev/null \
     | jq '.results[0].runs[0].iops'
 }
 BASE_SPEC="snapshot:base=$SHM/old.img,cow=$SHM/snap.cow"

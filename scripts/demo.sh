@@ -40,7 +40,7 @@ echo; echo "== snapblk cow apply"
 cmp "$work/applied.img" "$work/new.img" && echo "applied image == new image"
 
 echo; echo "== read the new image through the snapshot device (4 KiB random reads, QD8)"
-"$SNAPBLK" bench "snapshot:base=$work/old.img,cow=$work/update.cow" --rw randread --bs 4k --iodepth 8 --size 16M --runtime 2
+"$SNAPBLK" bench "snapshot:base=$work/old.img,cow=$work/update.cow" --rw randread --bs 4k --iodepth 8 --size 16M --runtime 2 --time_based
 echo; echo "== snapblk merge (in place, resumable)"
 cp "$work/old.img" "$work/device.img"
 "$SNAPBLK" merge "$work/update.cow" --base "$work/device.img"

@@ -10,7 +10,7 @@ f=$(mktemp /dev/shm/snapblk-info.XXXXXX); trap 'rm -f "$f"' EXIT
 head -c 1048576 /dev/zero > "$f"
 t "null json capacity with size suffix" '[ "$($bin info --json null:size=8M | python3 -c "import json,sys; print(json.load(sys.stdin)[\"capacity\"])")" = 8388608 ]'
 t "path spec uses io_uring" '$bin info "$f" | grep -Eq "^driver +io_uring$"'
-t "table lists capacity" '$bin info "$f" | grep -Eq "^capacity +1048576$"'
+t "table lists capacity" '$bin info "$f" | grep -Eq "^capacity +1.00 MiB \(1048576 bytes\)$"'
 t "sync driver, direct, read-only" '$bin info --json "sync:path=$f,direct=true,read-only=true" | python3 -c "import json,sys; d=json.load(sys.stdin); assert d[\"driver\"]==\"sync\" and d[\"direct\"] and d[\"read-only\"] and d[\"request-alignment\"]==4096"'
 t "missing file is a one-line error" '[ "$($bin info /nonexistent/x 2>&1 >/dev/null | wc -l)" = 1 ] && ! $bin info /nonexistent/x 2>/dev/null'
 t "unknown property fails" '! $bin info null:bogus=1 2>/dev/null'

@@ -18,7 +18,8 @@ use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use std::time::Duration;
 
 #[derive(Args)]
-#[command(args_conflicts_with_subcommands = true)]
+// Repeated options override (as in fio, whose command lines repeat them per job).
+#[command(args_conflicts_with_subcommands = true, args_override_self = true)]
 pub struct BenchArgs {
     #[command(subcommand)]
     cmd: Option<Box<BenchCmd>>,
@@ -51,8 +52,44 @@ struct OutArgs {
 #[derive(Args)]
 struct WorkloadArgs {
     /// A path (file or block device, io_uring driver) or a snapblk device spec
-    /// (e.g. `null:size=1G`, `sync:path=F`). With --libblkio: the value of its `path` property.
+    /// (e.g. `null:size=1G`, `sync:path=F`), or a fio job file (`*.fio`). With --libblkio: the
+    /// value of its `path` property. A file named like a subcommand (file, overwrite, fgbg) is
+    /// `./file`, or goes after `--`.
     target: Option<String>,
+    /// fio's filename: the target, as TARGET (a path, or a device spec without --ioengine).
+    #[arg(long, value_name = "PATH")]
+    filename: Option<String>,
+    /// fio's ioengine, mapped to a snapblk driver: io_uring; libaio (runs on io_uring);
+    /// sync, psync, vsync, pvsync, pvsync2 (the sync driver); null (needs --size); libblkio
+    /// (with --libblkio_driver). Other engines are refused.
+    #[arg(long, value_name = "ENGINE")]
+    ioengine: Option<String>,
+    /// fio's libblkio_driver (with --ioengine=libblkio): which snapblk driver to use.
+    #[arg(long = "libblkio_driver", value_name = "DRIVER")]
+    libblkio_driver: Option<String>,
+    /// fio's job name: leads the configuration's label in tables, plots and JSON. Several
+    /// --name start several jobs, as in fio (options before the first are global, options
+    /// then take fio's --key=value form); they run one after the other.
+    #[arg(long)]
+    name: Vec<String>,
+    /// fio's output format: normal (the table) or json (as --json); json+ is written as json.
+    #[arg(long = "output-format", value_name = "FORMAT",
+        value_parser = ["normal", "json", "json+"])]
+    output_format: Option<String>,
+    /// Accepted for fio command lines: snapblk always reports the jobs of a configuration as
+    /// one group.
+    #[arg(long = "group_reporting", hide = true, num_args = 0..=1, require_equals = true)]
+    group_reporting: Option<Option<String>>,
+    /// Accepted for fio command lines: snapblk's jobs are always threads.
+    #[arg(long, hide = true, num_args = 0..=1, require_equals = true)]
+    thread: Option<Option<String>>,
+    /// fio's norandommap: ignored, with a warning (random offsets cover every block once
+    /// per pass).
+    #[arg(long, hide = true, num_args = 0..=1, require_equals = true)]
+    norandommap: Option<Option<String>>,
+    /// fio's randrepeat: ignored, with a warning (offsets always repeat for a --seed).
+    #[arg(long, hide = true, num_args = 0..=1, require_equals = true)]
+    randrepeat: Option<Option<String>>,
     /// Load this libblkio implementation (shared library) instead of snapblk's drivers.
     /// Repeat to compare implementations in one interleaved run: every configuration runs on
     /// each, and results are labelled LABEL (from `LABEL=PATH.so`, else the path).
@@ -64,41 +101,59 @@ struct WorkloadArgs {
     /// Extra libblkio property KEY=VALUE set before connect (repeatable; with --libblkio).
     #[arg(long = "prop", value_name = "KEY=VALUE", requires = "libblkio")]
     props: Vec<String>,
-    /// TOML job file (`[global]` + `[[job]]` tables; lists mean sweeps). Flags give the defaults.
+    /// Job file: fio's INI format (`[global]` + one section per job, run one after the other;
+    /// options snapblk does not support are named in warnings), or snapblk's TOML (`[global]`
+    /// + `[[job]]` tables; lists mean sweeps; flags give the defaults).
     #[arg(long = "job-file", alias = "jobfile", value_name = "FILE")]
     job_file: Option<PathBuf>,
     /// Access pattern(s): read, write, randread, randwrite, rw, randrw (comma list = sweep).
     #[arg(long, default_value = "randread")]
     rw: String,
-    /// Block size(s), e.g. 4k or 4k,64k.
+    /// Block size, e.g. 4k (fio's `4k,4k` form is accepted when the sizes agree).
     #[arg(long, default_value = "4k")]
     bs: String,
+    /// Block sizes to sweep, e.g. 4k,64k,1M: one configuration each (instead of --bs).
+    #[arg(long = "sweep-bs", value_name = "LIST", conflicts_with = "bs")]
+    sweep_bs: Option<String>,
     /// Requests in flight per job (list = sweep).
     #[arg(long, default_value = "1")]
     iodepth: String,
-    /// Job threads, one queue each, each on its own region of size/numjobs (list = sweep).
+    /// Job threads, one queue each; as in fio every job covers --size bytes from
+    /// --offset + job x --offset_increment (list = sweep).
     #[arg(long, default_value = "1")]
     numjobs: String,
     /// Read percentage for rw/randrw.
     #[arg(long, default_value_t = 50)]
     rwmixread: u32,
-    /// Bytes covered (default: the whole target).
+    /// Bytes each job covers, as fio's size (default: from its offset to the end of the target).
     #[arg(long)]
     size: Option<String>,
-    /// Start offset of the covered region.
+    /// Start offset of the first job's region.
     #[arg(long, default_value = "0")]
     offset: String,
-    /// Seconds to measure (jobs loop over their regions); default: one pass over the region.
+    /// Distance between the starts of consecutive jobs' regions (fio's; default 0: all jobs
+    /// share one region).
+    #[arg(
+        long = "offset_increment",
+        alias = "offset-increment",
+        default_value = "0"
+    )]
+    offset_increment: String,
+    /// Seconds to measure at most; without --time_based a job also ends after one pass over
+    /// its region, as in fio.
     #[arg(long)]
     runtime: Option<String>,
     /// Seconds to run before measuring.
     #[arg(long = "ramp_time", alias = "ramp-time", default_value = "0")]
     ramp_time: String,
-    /// Accepted for fio compatibility: a --runtime always makes the run time based.
-    #[arg(long = "time_based", alias = "time-based")]
+    /// Loop over the region until --runtime has passed (fio's time_based; `--time_based` alone
+    /// or `--time_based=1`).
+    #[arg(long = "time_based", alias = "time-based", num_args = 0..=1, default_value = "0",
+        default_missing_value = "1", require_equals = true, value_parser = parse_flag)]
     time_based: bool,
-    /// O_DIRECT.
-    #[arg(long)]
+    /// O_DIRECT (`--direct` alone, or fio's `--direct=1`).
+    #[arg(long, num_args = 0..=1, default_value = "0", default_missing_value = "1",
+        require_equals = true, value_parser = parse_flag)]
     direct: bool,
     /// Write a verifiable pattern (offset + seed + generation) and check every read.
     #[arg(long)]
@@ -191,8 +246,9 @@ struct FileArgs {
     /// File sizes (list).
     #[arg(long = "file-size", short = 's', default_value = "1M,16M")]
     file_size: String,
-    /// Record sizes (list).
-    #[arg(long = "record-size", short = 'r', default_value = "4k,64k,1M")]
+    /// Record sizes (list). IOzone's -r; no short flag here, as -r means --recursive in
+    /// every snapblk command that has it.
+    #[arg(long = "record-size", default_value = "4k,64k,1M")]
     record_size: String,
     /// Tests (list of write, rewrite, read, reread, randread, randwrite).
     #[arg(long, default_value = "write,rewrite,read,reread,randread,randwrite")]
@@ -239,6 +295,7 @@ struct FgBgArgs {
     /// Background sequential writer on PATH (repeat for N streams), over --bg-size bytes.
     #[arg(long = "bg-write", value_name = "PATH")]
     bg_write: Vec<PathBuf>,
+    /// Bytes each background writer writes (K/M/G suffixes).
     #[arg(long = "bg-size", default_value = "256M")]
     bg_size: String,
     /// Background shell command (e.g. a `snapblk merge` or `snapblk readahead replay`), repeatable.
@@ -256,14 +313,19 @@ struct FgBgArgs {
     /// Foreground: a workload on TARGET (uses --rw/--bs/--iodepth/--size).
     #[arg(long = "fg-target", value_name = "TARGET", group = "fg")]
     fg_target: Option<String>,
+    /// Foreground workload (--fg-target): access pattern.
     #[arg(long, default_value = "randread")]
     rw: String,
+    /// Foreground workload (--fg-target): block size.
     #[arg(long, default_value = "4k")]
     bs: String,
+    /// Foreground workload (--fg-target): requests in flight.
     #[arg(long, default_value_t = 1)]
     iodepth: u32,
+    /// Foreground workload (--fg-target): bytes it covers.
     #[arg(long, default_value = "16M")]
     size: String,
+    /// Foreground workload (--fg-target): O_DIRECT.
     #[arg(long)]
     direct: bool,
     /// Foreground runs per cell.
@@ -366,13 +428,16 @@ fn finish(
 fn lists(w: &WorkloadArgs) -> anyhow::Result<(JobSpec, Sweep)> {
     let sweep = Sweep {
         rw: parse_list(&w.rw, RwMode::parse)?,
-        bs: parse_list(&w.bs, parse_size)?,
+        bs: match &w.sweep_bs {
+            Some(l) => parse_list(l, parse_size)?,
+            None => vec![snapblk_loadgen::parse_fio_bs(&w.bs)?],
+        },
         iodepth: parse_list(&w.iodepth, |s| s.parse().map_err(|_| num_err("iodepth", s)))?,
         numjobs: parse_list(&w.numjobs, |s| s.parse().map_err(|_| num_err("numjobs", s)))?,
     };
     let base = JobSpec {
-        name: "cli".into(),
-        named: false,
+        name: w.name.first().cloned().unwrap_or_else(|| "cli".into()),
+        named: !w.name.is_empty(),
         rw: *sweep.rw.first().unwrap_or(&RwMode::RandRead),
         rwmixread: w.rwmixread,
         bs: *sweep.bs.first().unwrap_or(&4096),
@@ -380,7 +445,9 @@ fn lists(w: &WorkloadArgs) -> anyhow::Result<(JobSpec, Sweep)> {
         numjobs: *sweep.numjobs.first().unwrap_or(&1),
         size: w.size.as_deref().map(parse_size).transpose()?,
         offset: parse_size(&w.offset)?,
+        offset_increment: parse_size(&w.offset_increment)?,
         runtime: w.runtime.as_deref().map(parse_secs).transpose()?,
+        time_based: w.time_based,
         ramp_time: parse_secs(&w.ramp_time)?,
         direct: w.direct,
         verify: w.verify,
@@ -419,6 +486,217 @@ fn num_err(what: &str, s: &str) -> snapblk_loadgen::Error {
     snapblk_loadgen::number_error(what, s)
 }
 
+/// What a workload run does, decided before any target is opened: the jobs, the target (a
+/// path or device spec, after fio's --filename/--ioengine), and warnings about fio options
+/// that are ignored.
+struct Plan {
+    jobs: Vec<JobSpec>,
+    target: Option<String>,
+    warnings: Vec<String>,
+}
+
+/// fio's environment expansion in job files: `${NAME}` is the variable's value; an unset
+/// variable is an error (fio would use the text as it is, e.g. as a file name).
+fn expand_env(text: &str) -> anyhow::Result<String> {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(i) = rest.find("${") {
+        out.push_str(&rest[..i]);
+        let after = &rest[i + 2..];
+        let Some(end) = after.find('}') else {
+            bail!("unterminated ${{ in the job file");
+        };
+        let name = &after[..end];
+        let v = std::env::var(name)
+            .with_context(|| format!("the job file uses ${{{name}}}, which is not set"))?;
+        out.push_str(&v);
+        rest = &after[end + 1..];
+    }
+    out.push_str(rest);
+    Ok(out)
+}
+
+/// Options of `snapblk bench` that are not fio's: left out when a command line with several
+/// `--name` is read as a job file (`true`: takes a separate value, as `-o FILE`).
+const SNAPBLK_OUTPUT_OPTS: &[(&str, bool)] = &[
+    ("--json", false),
+    ("--output-format", false),
+    ("--output", true),
+    ("-o", true),
+    ("--plot", true),
+    ("--repeat", true),
+];
+
+/// fio's multi-job command line (`--name=a ... --name=b ...`) as the job file fio reads it
+/// as: options before the first `--name` in `[global]`, each `--name` a section; `--key=value`
+/// is `key=value`, a bare `--key` a boolean, a bare word the target.
+fn cmdline_job_file(args: &[String]) -> anyhow::Result<String> {
+    let mut text = String::from("[global]\n");
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        let (key, value) = match a.split_once('=') {
+            Some((k, v)) => (k, Some(v)),
+            None => (a.as_str(), None),
+        };
+        if let Some(&(_, takes)) = SNAPBLK_OUTPUT_OPTS.iter().find(|(o, _)| *o == key) {
+            if takes && value.is_none() {
+                it.next();
+            }
+            continue;
+        }
+        let Some(k) = key.strip_prefix("--") else {
+            if key.starts_with('-') {
+                bail!("{a}: with several --name, give fio's long options (--key=value)");
+            }
+            text.push_str(&format!("filename={a}\n"));
+            continue;
+        };
+        if k == "name" {
+            let v = match value {
+                Some(v) => v.to_string(),
+                None => it.next().cloned().context("--name needs a value")?,
+            };
+            text.push_str(&format!("[{v}]\n"));
+            continue;
+        }
+        match value {
+            Some(v) => text.push_str(&format!("{k}={v}\n")),
+            None => text.push_str(&format!("{k}\n")),
+        }
+    }
+    Ok(text)
+}
+
+/// A fio job file: not a snapblk TOML job file (no `[[job]]` table).
+fn is_fio_job_file(text: &str) -> bool {
+    !text.lines().any(|l| l.trim_start().starts_with("[["))
+}
+
+fn plan(w: &WorkloadArgs) -> anyhow::Result<Plan> {
+    let mut warnings = Vec::new();
+    if w.name.len() > 1 {
+        return plan_cmdline_jobs(w, warnings);
+    }
+    for (name, v) in [
+        ("norandommap", &w.norandommap),
+        ("randrepeat", &w.randrepeat),
+    ] {
+        if v.is_some() {
+            warnings.push(format!(
+                "ignored fio option --{name} (not supported by snapblk)"
+            ));
+        }
+    }
+    if w.output_format.as_deref() == Some("json+") {
+        warnings.push("--output-format=json+ is written as json".into());
+    }
+    // `snapblk bench JOBS.fio`: fio's own way of naming a job file.
+    let (job_file, cli_target) = match (&w.job_file, &w.target) {
+        (None, Some(t)) if t.ends_with(".fio") && Path::new(t).is_file() => {
+            (Some(PathBuf::from(t)), None)
+        }
+        (j, t) => (j.clone(), t.clone()),
+    };
+    if cli_target.is_some() && w.filename.is_some() {
+        bail!("give the target once: as TARGET or as --filename");
+    }
+    let (base, sweep) = lists(w)?;
+    let mut fio = snapblk_loadgen::FioTarget {
+        filename: w.filename.clone().or(cli_target),
+        ioengine: w.ioengine.clone(),
+        libblkio_driver: w.libblkio_driver.clone(),
+        ..Default::default()
+    };
+    let jobs = match &job_file {
+        Some(p) => {
+            let text =
+                std::fs::read_to_string(p).with_context(|| format!("read {}", p.display()))?;
+            if is_fio_job_file(&text) {
+                let text = expand_env(&text).with_context(|| format!("{}", p.display()))?;
+                let f = snapblk_loadgen::parse_fio_job_file(&text, &base)
+                    .with_context(|| format!("fio job file {}", p.display()))?;
+                // The command line wins over the file, as fio's does.
+                fio.filename = fio.filename.or(f.target.filename);
+                fio.ioengine = fio.ioengine.or(f.target.ioengine);
+                fio.libblkio_driver = fio.libblkio_driver.or(f.target.libblkio_driver);
+                fio.libblkio_path = f.target.libblkio_path;
+                fio.libblkio_props = f.target.libblkio_props;
+                warnings.extend(
+                    f.warnings
+                        .into_iter()
+                        .map(|w| format!("{}: {w}", p.display())),
+                );
+                f.jobs
+            } else {
+                snapblk_loadgen::parse_job_file(&text, &base)?
+            }
+        }
+        None => {
+            base.validate()?;
+            sweep.expand(&base)
+        }
+    };
+    let target = if !w.libblkio.is_empty() {
+        if let Some(e) = fio.ioengine.as_deref().filter(|e| *e != "libblkio") {
+            bail!("--ioengine={e} and --libblkio: the library is the engine");
+        }
+        fio.filename
+    } else if fio.ioengine.is_none() && fio.libblkio_driver.is_none() {
+        fio.filename
+    } else {
+        if fio.ioengine.is_none() {
+            fio.ioengine = Some("libblkio".into());
+        }
+        let (spec, warn) = fio.device_spec(null_reach(&jobs))?;
+        warnings.extend(warn);
+        Some(spec)
+    };
+    Ok(Plan {
+        jobs,
+        target,
+        warnings,
+    })
+}
+
+/// A fio command line with several `--name`: its jobs, read as fio reads them (see
+/// [`cmdline_job_file`]), on the target its options name.
+fn plan_cmdline_jobs(w: &WorkloadArgs, mut warnings: Vec<String>) -> anyhow::Result<Plan> {
+    if w.job_file.is_some() || !w.libblkio.is_empty() {
+        bail!("several --name: no --job-file or --libblkio");
+    }
+    let args: Vec<String> = std::env::args_os()
+        .map(|a| a.to_string_lossy().into_owned())
+        .skip_while(|a| a != "bench")
+        .skip(1)
+        .collect();
+    let text = cmdline_job_file(&args)?;
+    let f = snapblk_loadgen::parse_fio_job_file(&text, &JobSpec::default())
+        .context("the command line's jobs")?;
+    // The job file's line numbers mean nothing to whoever typed the command line.
+    warnings.extend(f.warnings.into_iter().map(|w| match w.split_once(": ") {
+        Some((l, rest)) if l.starts_with("line ") => rest.to_string(),
+        _ => w,
+    }));
+    let (spec, warn) = f.target.device_spec(null_reach(&f.jobs))?;
+    warnings.extend(warn);
+    Ok(Plan {
+        jobs: f.jobs,
+        target: Some(spec),
+        warnings,
+    })
+}
+
+/// What fio's null engine would be sized to: the furthest any job reaches.
+fn null_reach(jobs: &[JobSpec]) -> Option<u64> {
+    jobs.iter()
+        .filter_map(|j| {
+            // Saturating: an absurd offset_increment is refused by the run, not here.
+            let last = u64::from(j.numjobs.saturating_sub(1)).saturating_mul(j.offset_increment);
+            Some(j.offset.saturating_add(last).saturating_add(j.size?))
+        })
+        .max()
+}
+
 /// `[LABEL=]PATH.so` of `--libblkio`: a label is a leading word without `/` before `=`.
 fn lib_arg(s: &str) -> (Option<&str>, &str) {
     match s.split_once('=') {
@@ -431,11 +709,11 @@ fn lib_arg(s: &str) -> (Option<&str>, &str) {
 type LabelledTarget = (Option<String>, Box<dyn Target>);
 
 /// The benchmark targets, labelled when there are several (repeated `--libblkio`).
-fn open_targets(w: &WorkloadArgs) -> anyhow::Result<Vec<LabelledTarget>> {
+fn open_targets(w: &WorkloadArgs, target: Option<&str>) -> anyhow::Result<Vec<LabelledTarget>> {
     if w.libblkio.len() <= 1 {
         return Ok(vec![(
             None,
-            open_target(w, w.libblkio.first().map(|s| lib_arg(s).1))?,
+            open_target(w, target, w.libblkio.first().map(|s| lib_arg(s).1))?,
         )]);
     }
     let mut out: Vec<LabelledTarget> = Vec::new();
@@ -445,12 +723,16 @@ fn open_targets(w: &WorkloadArgs) -> anyhow::Result<Vec<LabelledTarget>> {
         if out.iter().any(|(l, _)| l.as_deref() == Some(&label)) {
             bail!("--libblkio {label:?} given twice: label them, e.g. --libblkio mine={path}");
         }
-        out.push((Some(label), open_target(w, Some(path))?));
+        out.push((Some(label), open_target(w, target, Some(path))?));
     }
     Ok(out)
 }
 
-fn open_target(w: &WorkloadArgs, lib: Option<&str>) -> anyhow::Result<Box<dyn Target>> {
+fn open_target(
+    w: &WorkloadArgs,
+    target: Option<&str>,
+    lib: Option<&str>,
+) -> anyhow::Result<Box<dyn Target>> {
     if let Some(lib) = lib {
         let lib = Path::new(lib);
         let driver = w.driver.as_deref().unwrap_or_default();
@@ -461,17 +743,17 @@ fn open_target(w: &WorkloadArgs, lib: Option<&str>) -> anyhow::Result<Box<dyn Ta
                 .with_context(|| format!("--prop {p:?}: expected KEY=VALUE"))?;
             props.push((k.to_string(), v.to_string()));
         }
-        if let Some(t) = &w.target
+        if let Some(t) = target
             && !props.iter().any(|(k, _)| k == "path")
         {
-            props.insert(0, ("path".into(), t.clone()));
+            props.insert(0, ("path".into(), t.to_string()));
         }
         return Ok(Box::new(LibblkioTarget::new(lib, driver, props)?));
     }
-    let Some(t) = &w.target else {
-        bail!("bench: give a TARGET (path or device spec) or --libblkio")
+    let Some(t) = target else {
+        bail!("bench: give a TARGET (path or device spec), --filename or --libblkio")
     };
-    Ok(Box::new(SpecTarget::new(t.clone())))
+    Ok(Box::new(SpecTarget::new(t)))
 }
 
 /// A repeated SIGINT/SIGTERM sooner than this after the first is the same interrupt delivered
@@ -564,16 +846,21 @@ impl Interrupts {
     }
 }
 
-fn run_workload(w: WorkloadArgs) -> anyhow::Result<()> {
+fn run_workload(mut w: WorkloadArgs) -> anyhow::Result<()> {
+    if matches!(w.output_format.as_deref(), Some("json" | "json+")) {
+        w.out.json = true;
+    }
     w.out.check()?;
     let intr = Interrupts::catch()?;
-    let targets = open_targets(&w);
-    let (desc, path) = match targets.as_deref() {
+    let planned = plan(&w)
+        .and_then(|p| open_targets(&w, p.target.as_deref()).map(|t| (p.jobs, p.warnings, t)));
+    let targets = planned.as_ref().map(|(_, _, t)| t);
+    let (desc, path) = match targets.map(Vec::as_slice) {
         Ok([(_, t), ..]) => (
             Some(TargetDesc {
                 // Several libraries: all of them (each result names its own).
                 spec: targets
-                    .iter()
+                    .into_iter()
                     .flatten()
                     .map(|(_, t)| t.describe())
                     .collect::<Vec<_>>()
@@ -589,19 +876,8 @@ fn run_workload(w: WorkloadArgs) -> anyhow::Result<()> {
     let mut results: Vec<ConfigReport> = Vec::new();
     let mut warnings: Vec<String> = Vec::new();
     let res = (|| -> anyhow::Result<Option<String>> {
-        let mut targets = targets?;
-        let (base, sweep) = lists(&w)?;
-        let mut jobs = match &w.job_file {
-            Some(p) => {
-                let text =
-                    std::fs::read_to_string(p).with_context(|| format!("read {}", p.display()))?;
-                snapblk_loadgen::parse_job_file(&text, &base)?
-            }
-            None => {
-                base.validate()?;
-                sweep.expand(&base)
-            }
-        };
+        let (mut jobs, plan_warnings, mut targets) = planned?;
+        warnings.extend(plan_warnings);
         // Before the run, not after it: a long run must not end in "cannot write the plots".
         if let Some(dir) = &w.plot {
             std::fs::create_dir_all(dir).with_context(|| format!("--plot {}", dir.display()))?;

@@ -21,8 +21,12 @@ macro_rules! say {
     }};
 }
 
-/// Schema of `cow verify --json` documents.
+/// Schema of `cow verify --json` documents (schemas/snapblk.cow-verify.v1.json, as the others).
 const VERIFY_SCHEMA: &str = "snapblk.cow-verify.v1";
+/// Schema of `cow create --json` documents.
+const CREATE_SCHEMA: &str = "snapblk.cow-create.v1";
+/// Schema of `cow inspect --json` documents.
+const INSPECT_SCHEMA: &str = "snapblk.cow-inspect.v1";
 /// Blocks named in a one-line message before "and N more".
 const NAMED_BLOCKS: usize = 8;
 
@@ -87,8 +91,10 @@ pub enum CowCmd {
         /// The COW file to write (replaced atomically; never one of the inputs).
         #[arg(short = 'o', long = "output")]
         out: PathBuf,
+        /// COW format: v3 (Android 13+, compression units, XOR ops) or v2 (Android 11/12).
         #[arg(long, value_enum, default_value = "v3")]
         format: Format,
+        /// Payload compression codec.
         #[arg(long, value_enum, default_value = "lz4")]
         compression: Algo,
         /// Compression level for every payload (default: AOSP's — gz 9, brotli 11, zstd 3 —
@@ -364,12 +370,13 @@ fn image_size(
 }
 
 /// With `--json`, a command that fails still prints a JSON document on stdout:
-/// `{"ok": false, "error": "..."}` (the error also goes to stderr, as always).
-fn json_verdict_on_error(json: bool, r: Result<()>) -> Result<()> {
+/// `{"schema": ..., "ok": false, "error": "..."}` (the error also goes to stderr, as always).
+fn json_verdict_on_error(json: bool, schema: &str, r: Result<()>) -> Result<()> {
     if let (true, Err(e)) = (json, &r) {
         // An error writing to stdout itself is not repeated there.
         if e.downcast_ref::<std::io::Error>().is_none() {
-            let doc = serde_json::json!({ "ok": false, "error": format!("{e:#}") });
+            let doc =
+                serde_json::json!({ "schema": schema, "ok": false, "error": format!("{e:#}") });
             say!("{}", serde_json::to_string_pretty(&doc)?);
         }
     }
@@ -378,7 +385,7 @@ fn json_verdict_on_error(json: bool, r: Result<()>) -> Result<()> {
 
 pub fn run(c: CowCmd) -> Result<()> {
     if let CowCmd::Create { json: true, .. } = &c {
-        return json_verdict_on_error(true, run_cmd(c));
+        return json_verdict_on_error(true, CREATE_SCHEMA, run_cmd(c));
     }
     run_cmd(c)
 }
@@ -482,6 +489,7 @@ fn run_cmd(c: CowCmd) -> Result<()> {
             let total = t0.elapsed().as_secs_f64();
             if json {
                 let mut v = serde_json::to_value(&stats)?;
+                v["schema"] = CREATE_SCHEMA.into();
                 v["seconds_generate"] = secs.into();
                 if let Some((w, c)) = writer_only {
                     v["seconds_writer_only"] = w.into();
@@ -497,9 +505,9 @@ fn run_cmd(c: CowCmd) -> Result<()> {
                 say!("{}", serde_json::to_string_pretty(&v)?);
             } else {
                 say!(
-                    "{}: {} bytes; {} blocks: {} unchanged, {} copy, {} xor, {} zero, {} replace ({} ops), {} cycle breaks; {:.2} s",
+                    "{}: {}; {} blocks: {} unchanged, {} copy, {} xor, {} zero, {} replace ({} ops), {} cycle breaks; {:.2} s",
                     out.display(),
-                    stats.cow_bytes,
+                    crate::human::bytes_exact(stats.cow_bytes),
                     stats.new_blocks,
                     stats.unchanged,
                     stats.copy,
@@ -511,14 +519,18 @@ fn run_cmd(c: CowCmd) -> Result<()> {
                     secs
                 );
                 if let Some((n, _)) = rec_bytes {
-                    say!("{}: {n} bytes (record)", rec_path.display());
+                    say!(
+                        "{}: {} (record)",
+                        rec_path.display(),
+                        crate::human::bytes(n as u64)
+                    );
                 }
             }
             Ok(())
         }
         CowCmd::Inspect { cow, json, ops } => {
             let r = inspect(&cow, json, ops);
-            json_verdict_on_error(json, r)
+            json_verdict_on_error(json, INSPECT_SCHEMA, r)
         }
         CowCmd::Verify {
             cow,
@@ -593,6 +605,7 @@ fn inspect(cow: &Path, json: bool, ops: bool) -> Result<()> {
     };
     if json {
         let mut v = serde_json::to_value(&s)?;
+        v["schema"] = INSPECT_SCHEMA.into();
         v["record"] = match &rec {
             Ok(Some(x)) => serde_json::json!({
                 "path": rec_path, "state": rec_state,
@@ -612,18 +625,21 @@ fn inspect(cow: &Path, json: bool, ops: bool) -> Result<()> {
     }
     let h = &s.header;
     say!(
-        "Version: {}  header {} bytes  block size {}",
+        "Version: {}  header {}  block size {}",
         s.version,
-        h.header_size,
+        crate::human::bytes(h.header_size.into()),
         h.block_size
     );
     say!(
-        "File: {} bytes  compression {}",
-        s.file_bytes,
+        "File: {}  compression {}",
+        crate::human::bytes_exact(s.file_bytes),
         s.compression
     );
     match s.scratch_offset {
-        Some(o) => say!("Scratch: {} bytes at offset {o}", s.scratch_size),
+        Some(o) => say!(
+            "Scratch: {} at offset {o}",
+            crate::human::bytes(s.scratch_size)
+        ),
         None => say!("Scratch: none"),
     }
     say!(
@@ -665,10 +681,10 @@ fn inspect(cow: &Path, json: bool, ops: bool) -> Result<()> {
     say!("Records: {}  data ops: {}", s.records, s.data_ops);
     for (t, st) in &s.by_type {
         say!(
-            "  {t:8} {:>10} ops {:>10} blocks {:>12} payload bytes",
+            "  {t:8} {:>10} ops {:>10} blocks {:>12} of payloads",
             st.ops,
             st.blocks,
-            st.payload_bytes
+            crate::human::bytes(st.payload_bytes)
         );
     }
     for (t, n) in &s.op_counts {
@@ -701,13 +717,13 @@ fn inspect(cow: &Path, json: bool, ops: bool) -> Result<()> {
         Ok(Some(x)) => {
             say!("Record: {} ({rec_state})", rec_path.display());
             say!(
-                "  base {} bytes  sha256 {}",
-                x.base_size,
+                "  base {}  sha256 {}",
+                crate::human::bytes_exact(x.base_size),
                 record::hex(&x.base_sha256)
             );
             say!(
-                "  new  {} bytes  sha256 {}",
-                x.target_size,
+                "  new  {}  sha256 {}",
+                crate::human::bytes_exact(x.target_size),
                 record::hex(&x.target_sha256)
             );
             say!(

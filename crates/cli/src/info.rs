@@ -9,10 +9,22 @@ use std::fmt::Write as _;
 pub struct InfoArgs {
     /// Device spec: PATH, or DRIVER:key=value,... (e.g. null:size=1G, io_uring:path=/dev/zram0,direct=true)
     device: String,
-    /// Print a JSON object {property: value} instead of a table.
+    /// Print a JSON object {property: value, "schema": "snapblk.info.v1"} instead of a table.
     #[arg(long)]
     json: bool,
 }
+
+/// Properties that are sizes in bytes: the table shows them as `1.00 GiB (1073741824 bytes)`
+/// (0, "no limit" for most, stays 0).
+const SIZES: &[&str] = &[
+    "capacity",
+    "size",
+    "max-transfer",
+    "optimal-io-size",
+    "max-segment-len",
+    "max-discard-len",
+    "max-write-zeroes-len",
+];
 
 pub fn run(a: InfoArgs) -> anyhow::Result<()> {
     let fail = |e: snapblk::Error| anyhow::anyhow!("{}: {}", a.device, e);
@@ -28,7 +40,9 @@ pub fn run(a: InfoArgs) -> anyhow::Result<()> {
     }
     let mut out = String::new();
     if a.json {
+        // Versioned like every --json document (schemas/snapblk.info.v1.json).
         let mut m = serde_json::Map::new();
+        m.insert("schema".into(), "snapblk.info.v1".into());
         for (name, v) in rows {
             let j = match v {
                 Ok(snapblk_core::PropValue::Bool(x)) => serde_json::Value::from(x),
@@ -44,6 +58,13 @@ pub fn run(a: InfoArgs) -> anyhow::Result<()> {
         let w = rows.iter().map(|r| r.0.len()).max().unwrap_or(0);
         for (name, v) in rows {
             match v {
+                // Sizes human-readable with the exact count (alignments stay plain numbers).
+                Ok(snapblk_core::PropValue::U64(x)) if SIZES.contains(&name) && x > 0 => {
+                    writeln!(out, "{name:<w$}  {}", crate::human::bytes_exact(x))?
+                }
+                Ok(snapblk_core::PropValue::Int(x)) if SIZES.contains(&name) && x > 0 => {
+                    writeln!(out, "{name:<w$}  {}", crate::human::bytes_exact(x as u64))?
+                }
                 Ok(v) => writeln!(out, "{name:<w$}  {}", v.to_display_string())?,
                 Err(e) => writeln!(out, "{name:<w$}  <{e}>")?,
             }

@@ -20,7 +20,7 @@ pub struct MergeArgs {
     /// The base image or block device, overwritten in place with the new image.
     #[arg(long)]
     base: PathBuf,
-    /// Show a progress bar (on a terminal).
+    /// Show the progress bar on a terminal even with --quiet (it is shown by default).
     #[arg(long)]
     progress: bool,
     /// Print the result (and scheduler statistics) as JSON.
@@ -242,9 +242,11 @@ pub fn run(a: MergeArgs) -> anyhow::Result<()> {
     }
     digests.check(&a, &snap)?;
     let (done, total) = snap.merge_progress();
-    let bar = Progress::merge(total as u64, a.progress);
-    bar.set(done as u64);
-    let on_progress = |p: MergeProgress| bar.set(p.merged as u64);
+    // Every op writes one block: the bar counts the blocks' bytes.
+    let bs = snap.map().block_size();
+    let bar = Progress::bytes_forced(total as u64 * bs, "merge", a.progress);
+    bar.set(done as u64 * bs);
+    let on_progress = |p: MergeProgress| bar.set(p.merged as u64 * bs);
     let t0 = Instant::now();
     let report = merge(
         &snap,
@@ -266,6 +268,7 @@ pub fn run(a: MergeArgs) -> anyhow::Result<()> {
     let mut out = crate::out::stdout();
     if a.json {
         let v = serde_json::json!({
+            "schema": "snapblk.merge.v1",
             "merged": report.total_ops,
             "total": report.total_ops,
             "report": report,
@@ -284,14 +287,19 @@ pub fn run(a: MergeArgs) -> anyhow::Result<()> {
         };
         writeln!(
             out,
-            "merged {} ops ({resumed}), {} blocks written, {} overlay blocks, {secs:.3}s",
-            report.total_ops, report.blocks_written, report.overlay_blocks
+            "merged {} ops ({resumed}), {} blocks written ({}, {}), {} overlay blocks, {secs:.3}s",
+            report.total_ops,
+            report.blocks_written,
+            crate::human::bytes(bytes),
+            crate::human::rate(bytes, secs),
+            report.overlay_blocks
         )?;
         if let Some(n) = shrunk {
             writeln!(
                 out,
-                "base {} truncated to {n} bytes: the new image is smaller than the old",
-                a.base.display()
+                "base {} truncated to {}: the new image is smaller than the old",
+                a.base.display(),
+                crate::human::bytes_exact(n)
             )?;
         }
         if a.stats {
@@ -330,14 +338,14 @@ fn describe(r: &PrecheckReport, stash: bool) -> String {
         )
     };
     format!(
-        "{} ops from op {} inside the device ({} blocks) and the base ({} bytes); {} payloads decoded ({} -> {} bytes), {} raw payloads in bounds; merge order valid (all COPY/XOR first, none reads a block an earlier op overwrites); {windows}; {:.3}s",
+        "{} ops from op {} inside the device ({} blocks) and the base ({}); {} payloads decoded ({} -> {}), {} raw payloads in bounds; merge order valid (all COPY/XOR first, none reads a block an earlier op overwrites); {windows}; {:.3}s",
         r.ops_checked,
         r.from_op,
         r.device_blocks,
-        r.base_bytes,
+        crate::human::bytes(r.base_bytes),
         r.payloads_decoded,
-        r.payload_bytes,
-        r.decoded_bytes,
+        crate::human::bytes(r.payload_bytes),
+        crate::human::bytes(r.decoded_bytes),
         r.raw_payloads,
         r.seconds
     )
@@ -367,6 +375,7 @@ fn check(a: &MergeArgs) -> anyhow::Result<()> {
         Ok((done, total, r)) => {
             if a.json {
                 let v = serde_json::json!({
+                    "schema": "snapblk.merge-check.v1",
                     "mergeable": true, "merged": done, "total": total, "checked": r,
                 });
                 writeln!(out, "{v}")?;
@@ -378,7 +387,10 @@ fn check(a: &MergeArgs) -> anyhow::Result<()> {
         }
         Err(e) => {
             if a.json {
-                let v = serde_json::json!({ "mergeable": false, "error": format!("{e:#}") });
+                let v = serde_json::json!({
+                    "schema": "snapblk.merge-check.v1",
+                    "mergeable": false, "error": format!("{e:#}"),
+                });
                 writeln!(out, "{v}")?;
             }
             Err(e)

@@ -1,5 +1,7 @@
 //! Terminal progress for long operations: indicatif bars on stderr, drawn only when stderr is a
-//! terminal (scripts and logs get nothing). The libraries report progress through callbacks
+//! terminal and `--quiet` was not given (scripts and logs get nothing). Byte bars show bytes
+//! done of the total, the rate and the time left, in binary units like the rest of the text
+//! output (`human`). The libraries report progress through callbacks
 //! (`MergeOptions.progress`, `GenerateOptions.progress`, `tools::apply`'s `progress`, ...);
 //! this module is the only place that draws them.
 
@@ -10,45 +12,49 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-/// A progress bar that is a no-op when stderr is not a terminal.
+/// Set by `--quiet`: no bar at all (except `merge --progress`, which asks for one).
+static QUIET: AtomicBool = AtomicBool::new(false);
+
+/// `--quiet`: draw nothing from now on.
+pub fn set_quiet(quiet: bool) {
+    QUIET.store(quiet, Ordering::Relaxed);
+}
+
+/// Whether bars are drawn: stderr is a terminal and `--quiet` was not given.
+fn shown() -> bool {
+    !QUIET.load(Ordering::Relaxed) && std::io::stderr().is_terminal()
+}
+
+/// The byte bars' template: label, bar, bytes of total, rate, time left (binary units).
+const BYTES: &str =
+    "{msg:12} [{bar:40}] {binary_bytes}/{binary_total_bytes} {binary_bytes_per_sec} eta {eta}";
+
+/// A progress bar that is a no-op when stderr is not a terminal or with `--quiet`.
 pub struct Progress(Option<indicatif::ProgressBar>);
 
 impl Progress {
-    /// A bar of `len` items, labelled `what`.
-    pub fn new(len: u64, what: &str) -> Progress {
-        Progress::styled(
-            len,
-            "{msg} [{bar:40}] {pos}/{len} ({elapsed_precise}, eta {eta})",
-            what,
-        )
-    }
-
     /// A bar of `len` bytes, labelled `what` (the COW tools' diffing, compressing, applying).
     pub fn bytes(len: u64, what: &str) -> Progress {
-        Progress::styled(
-            len,
-            "{msg:12} [{bar:40}] {bytes}/{total_bytes} {bytes_per_sec} {eta}",
-            what,
-        )
+        Progress::styled(len, BYTES, what)
     }
 
-    /// A bar of `total` merge ops, shown only when `enabled`.
-    pub fn merge(total: u64, enabled: bool) -> Progress {
-        // The merge bar's template has no message and keeps its default progress characters.
-        if !enabled || !std::io::stderr().is_terminal() {
-            return Progress(None);
-        }
-        let b = indicatif::ProgressBar::new(total);
-        if let Ok(style) = indicatif::ProgressStyle::with_template(
-            "merge {bar:40} {pos}/{len} ops ({percent}%) {elapsed}",
-        ) {
-            b.set_style(style);
-        }
-        Progress(Some(b))
+    /// A bar of `len` bytes like [`Progress::bytes`], drawn on a terminal even with
+    /// `--quiet` when `force` (`merge --progress`).
+    pub fn bytes_forced(len: u64, what: &str, force: bool) -> Progress {
+        Progress::styled_if(
+            shown() || force && std::io::stderr().is_terminal(),
+            len,
+            BYTES,
+            what,
+        )
     }
 
     fn styled(len: u64, template: &str, what: &str) -> Progress {
-        if !std::io::stderr().is_terminal() {
+        Progress::styled_if(shown(), len, template, what)
+    }
+
+    fn styled_if(visible: bool, len: u64, template: &str, what: &str) -> Progress {
+        if !visible {
             return Progress(None);
         }
         let pb = indicatif::ProgressBar::new(len);
@@ -59,14 +65,39 @@ impl Progress {
         Progress(Some(pb))
     }
 
+    /// A spinner counting `unit`s done of an unknown total (a tree walk's files):
+    /// `⠁ warm 1234 files 3s`.
+    pub fn counter(what: &str, unit: &str) -> Progress {
+        if !shown() {
+            return Progress(None);
+        }
+        let pb = indicatif::ProgressBar::new_spinner();
+        let t = format!("{{spinner}} {{msg}} {{pos}} {unit} {{elapsed}}");
+        pb.set_style(
+            ProgressStyle::with_template(&t).unwrap_or_else(|_| ProgressStyle::default_spinner()),
+        );
+        pb.set_message(what.to_string());
+        pb.enable_steady_tick(std::time::Duration::from_millis(120));
+        // Drawn at once, not at the first tick: work shorter than a tick still shows.
+        pb.tick();
+        Progress(Some(pb))
+    }
+
+    /// A progress that draws nothing.
+    pub fn spinner_hidden() -> Progress {
+        Progress(None)
+    }
+
     /// A spinner for work of unknown size (tree walks).
     pub fn spinner(what: &str) -> Progress {
-        if !std::io::stderr().is_terminal() {
+        if !shown() {
             return Progress(None);
         }
         let pb = indicatif::ProgressBar::new_spinner();
         pb.set_message(what.to_string());
         pb.enable_steady_tick(std::time::Duration::from_millis(120));
+        // Drawn at once, not at the first tick: work shorter than a tick still shows.
+        pb.tick();
         Progress(Some(pb))
     }
 
@@ -145,7 +176,7 @@ impl RunSpinner {
     /// Starts a spinner labelled `label` counting `completed` I/Os.
     pub fn start(label: String, completed: Arc<AtomicU64>) -> RunSpinner {
         let stop = Arc::new(AtomicBool::new(false));
-        let thread = std::io::stderr().is_terminal().then(|| {
+        let thread = shown().then(|| {
             let (c, s) = (completed, stop.clone());
             std::thread::spawn(move || {
                 let pb = ProgressBar::new_spinner();
@@ -193,7 +224,7 @@ pub struct BytesProgress {
 impl BytesProgress {
     /// A bar that shows nothing until the first [`BytesProgress::set`].
     pub fn start() -> BytesProgress {
-        BytesProgress::on(std::io::stderr().is_terminal())
+        BytesProgress::on(shown())
     }
 
     /// A bar drawn on stderr when `visible`, else one that only keeps count.

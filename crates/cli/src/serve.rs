@@ -291,8 +291,13 @@ fn spec_base(a: &ServeArgs) -> anyhow::Result<String> {
     }
 }
 
-fn emit(json: bool, v: serde_json::Value) {
+/// With --json, writes `v` as one line on stdout, tagged with its schema: every serve event
+/// validates against schemas/snapblk.serve-event.v1.json.
+pub(crate) fn emit(json: bool, mut v: serde_json::Value) {
     if json {
+        if let Some(m) = v.as_object_mut() {
+            m.insert("schema".into(), "snapblk.serve-event.v1".into());
+        }
         let mut o = std::io::stdout().lock();
         let _ = writeln!(o, "{v}");
         let _ = o.flush();
@@ -328,8 +333,8 @@ fn report_replay(json: bool, st: &ReadaheadStats) {
         );
     } else if st.state == ReplayState::Done {
         eprintln!(
-            "snapblk: readahead: {} bytes of {} ranges in {} ms, {} errors{}",
-            st.bytes,
+            "snapblk: readahead: {} of {} ranges in {} ms, {} errors{}",
+            crate::human::bytes(st.bytes),
             st.ranges,
             st.elapsed_us / 1000,
             st.errors,
@@ -599,8 +604,8 @@ fn serve_nbd(
     );
     if !a.json {
         eprintln!(
-            "snapblk: serving {} bytes over NBD at {}",
-            dev.geometry().size,
+            "snapblk: serving {} over NBD at {}",
+            crate::human::bytes_exact(dev.geometry().size),
             listener.uri(nbd_name)
         );
     }
@@ -680,8 +685,8 @@ fn serve_fuse(
     );
     if !a.json {
         eprintln!(
-            "snapblk: serving {} bytes as {}",
-            m.size(),
+            "snapblk: serving {} as {}",
+            crate::human::bytes_exact(m.size()),
             m.file().display()
         );
     }

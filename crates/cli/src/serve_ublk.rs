@@ -95,7 +95,7 @@ pub fn run(
         planner,
         move |r| {
             if json {
-                let v = serde_json::json!({
+                let mut v = serde_json::json!({
                     "event": "ready",
                     "export": "ublk",
                     "dev": r.bdev,
@@ -107,14 +107,15 @@ pub fn run(
                     "recovered": r.recovered,
                     "planned_reads": r.planned_reads,
                 });
+                v["schema"] = "snapblk.serve-event.v1".into();
                 let mut o = std::io::stdout().lock();
                 let _ = writeln!(o, "{v}");
                 let _ = o.flush();
             } else {
                 eprintln!(
-                    "snapblk: serving {} ({} bytes, {} mode{}, {} queue(s) x {}){}",
+                    "snapblk: serving {} ({}, {} mode{}, {} queue(s) x {}){}",
                     r.bdev,
-                    r.capacity,
+                    crate::human::bytes_exact(r.capacity),
                     r.path.name(),
                     if r.planned_reads {
                         ", planned zero-copy reads"

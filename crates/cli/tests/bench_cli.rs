@@ -160,7 +160,7 @@ fn sweep_to_json_with_plots() {
         "null:size=64M",
         "--rw",
         "randread",
-        "--bs",
+        "--sweep-bs",
         "4k,64k",
         "--iodepth",
         "1,8",
@@ -215,6 +215,11 @@ fn table_on_stdout_json_in_file_and_verify_on_a_file() {
         "8",
         "--numjobs",
         "2",
+        // fio's layout: 4 MiB per job, side by side (verify needs disjoint regions).
+        "--size",
+        "4M",
+        "--offset_increment",
+        "4M",
         "--verify",
         "--output",
         out.to_str().unwrap(),
@@ -337,7 +342,7 @@ fn file_tests_and_overwrite() {
         d.to_str().unwrap(),
         "-s",
         "256k",
-        "-r",
+        "--record-size",
         "4k,64k",
         "--fsync",
         "--json",
@@ -414,6 +419,7 @@ fn interrupted_json_run_still_writes_a_valid_document() {
             "1,8",
             "--runtime",
             "30",
+            "--time_based",
             "--repeat",
             "2",
             "--json",
@@ -505,7 +511,7 @@ fn bad_input_gets_a_clear_one_line_error() {
             "directory /", // the path, once
         ),
         (
-            vec!["file", dir, "-s", "1m", "-r", "2m"],
+            vec!["file", dir, "-s", "1m", "--record-size", "2m"],
             "every record size is larger than every file size",
         ),
         (vec!["file", dir, "-s", "0"], "must be above 0"),
@@ -529,6 +535,7 @@ fn bad_input_gets_a_clear_one_line_error() {
                 "null:size=1G",
                 "--runtime",
                 "30",
+                "--time_based",
                 "--output",
                 out_missing.to_str().unwrap(),
             ],
@@ -659,7 +666,7 @@ fn interrupted_file_tests_write_a_partial_document_and_remove_their_file() {
     // Long: 6 passes over 256 MiB in 512-byte records (several seconds even on tmpfs); the
     // signal comes once the scratch file exists.
     let (o, _, _) = interrupt_mode(
-        &["file", &dir, "-s", "256m", "-r", "512", "--json"],
+        &["file", &dir, "-s", "256m", "--record-size", "512", "--json"],
         "INT",
         |_| d.count() > 0,
     );
@@ -774,7 +781,15 @@ fn misaligned_direct_options_fail_up_front() {
             "--size 1000000 is not a multiple of the target's ",
         ),
         (
-            &["--bs", "4k,1000", "--runtime", "30", "--rw", "randwrite"],
+            &[
+                "--sweep-bs",
+                "4k,1000",
+                "--runtime",
+                "30",
+                "--time_based",
+                "--rw",
+                "randwrite",
+            ],
             "--bs 1000 is not a multiple of the target's ",
         ),
     ];
@@ -961,7 +976,13 @@ fn a_signal_delivered_twice_at_once_still_reports_the_partial_results() {
     // arrives twice within microseconds. That is not "quit at once": the results must come.
     for round in 0..3 {
         for (sig, code) in [("INT", 130), ("TERM", 143)] {
-            let child = spawn(&["null:size=256M", "--runtime", "30", "--json"]);
+            let child = spawn(&[
+                "null:size=256M",
+                "--runtime",
+                "30",
+                "--time_based",
+                "--json",
+            ]);
             std::thread::sleep(std::time::Duration::from_millis(300));
             // kill(1) sends to each pid in turn: two signals back to back.
             kill(sig, &[child.id(), child.id()]);
@@ -973,7 +994,14 @@ fn a_signal_delivered_twice_at_once_still_reports_the_partial_results() {
             let child = Command::new("timeout")
                 .args(["--preserve-status", "-s", sig, "0.7"])
                 .arg(env!("CARGO_BIN_EXE_snapblk"))
-                .args(["bench", "null:size=256M", "--runtime", "30", "--json"])
+                .args([
+                    "bench",
+                    "null:size=256M",
+                    "--runtime",
+                    "30",
+                    "--time_based",
+                    "--json",
+                ])
                 .stdout(Stdio::piped())
                 .stderr(Stdio::piped())
                 .spawn()
@@ -1225,7 +1253,7 @@ fn read_only_jobs_work_with_read_access_alone() {
     };
     for args in [
         &[t, "--rw", "randread", "--json"][..],
-        &[t, "--rw", "read,randread", "--bs", "4k,64k", "--json"],
+        &[t, "--rw", "read,randread", "--sweep-bs", "4k,64k", "--json"],
         &[t, "--rw", "rw", "--rwmixread", "100", "--json"],
     ] {
         let o = as_nobody(args);
@@ -1259,6 +1287,7 @@ fn bad_plot_dirs_and_background_paths_fail_before_anything_runs() {
         "null:size=64M",
         "--runtime",
         "30",
+        "--time_based",
         "--plot",
         "/proc/snapblk-no",
         "--json",

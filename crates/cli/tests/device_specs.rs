@@ -58,10 +58,10 @@ fn a_file_named_like_a_spec_is_still_a_path() {
         .unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let out = String::from_utf8_lossy(&o.stdout);
-    assert!(
-        out.lines()
-            .any(|l| l.split_whitespace().eq(["capacity", "8192"]))
-    );
+    assert!(out.lines().any(|l| {
+        l.split_whitespace()
+            .eq(["capacity", "8.00", "KiB", "(8192", "bytes)"])
+    }));
     std::fs::remove_dir_all(&d).unwrap();
 }
 
@@ -117,10 +117,10 @@ fn info_opens_read_only_for_an_unprivileged_user() {
         out.lines()
             .any(|l| l.split_whitespace().eq(["read-only", "true"]))
     );
-    assert!(
-        out.lines()
-            .any(|l| l.split_whitespace().eq(["capacity", "65536"]))
-    );
+    assert!(out.lines().any(|l| {
+        l.split_whitespace()
+            .eq(["capacity", "64.00", "KiB", "(65536", "bytes)"])
+    }));
     // The user's own choice still wins (and then needs write permission).
     let spec = format!("io_uring:path={},read-only=false", f.display());
     let o = cmd_for(root).args(["info", &spec]).output().unwrap();

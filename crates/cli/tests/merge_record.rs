@@ -152,7 +152,10 @@ fn a_shrinking_update_merges_to_exactly_the_new_size() {
     let c = Case::new("mrec-shrink", 240, &[]);
     let base = c.file_copy(&c.old, "b.img");
     let out = ok(&["merge", path_str(&c.cow), "--base", path_str(&base)]);
-    assert!(out.contains("truncated to 983040 bytes"), "{out}");
+    assert!(
+        out.contains("truncated to 960.00 KiB (983040 bytes)"),
+        "{out}"
+    );
     assert_file_eq(&base, &read(&c.new), "shrunk base");
     // Run again: complete, nothing to do.
     ok(&["merge", path_str(&c.cow), "--base", path_str(&base)]);

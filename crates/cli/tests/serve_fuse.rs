@@ -239,7 +239,7 @@ fn dd_and_cmp_through_the_file() {
     assert!(st.success(), "{err}");
     assert_eq!(
         rest.last().map(String::as_str),
-        Some(r#"{"event":"stopped","export":"fuse"}"#)
+        Some(r#"{"event":"stopped","export":"fuse","schema":"snapblk.serve-event.v1"}"#)
     );
     assert!(!is_mounted(&mnt), "unmounted on SIGTERM");
     assert_file_eq(&img, &expect, "writes reached the device");

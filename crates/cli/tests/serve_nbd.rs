@@ -38,7 +38,7 @@ fn plain_file_is_readable_by_every_client() {
     assert!(st.success(), "exit {st}: {err}");
     assert_eq!(
         rest.last().map(String::as_str),
-        Some(r#"{"event":"stopped","export":"nbd"}"#)
+        Some(r#"{"event":"stopped","export":"nbd","schema":"snapblk.serve-event.v1"}"#)
     );
 }
 

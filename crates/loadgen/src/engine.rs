@@ -150,6 +150,13 @@ pub fn run_workload(target: &mut dyn Target, spec: &JobSpec, opts: &RunOpts) -> 
     let stride = spec.bs.next_multiple_of(align.buf) as usize;
     let capacity = dev.capacity();
     let regions = spec.regions(capacity)?;
+    if spec.verify && JobSpec::regions_overlap(&regions) {
+        return Err(Error::Spec(
+            "verify with numjobs > 1 needs disjoint regions: set offset_increment to at least \
+             size"
+                .into(),
+        ));
+    }
     if spec.invalidate
         && matches!(target.driver().as_str(), "io_uring" | "sync")
         && let Some(p) = target.path()
@@ -758,7 +765,7 @@ fn run_job(q: &mut dyn Queue, ctx: JobCtx<'_>) -> Result<JobResult> {
     prefill?;
     let t0 = Instant::now();
     let measure_start = t0 + Duration::from_secs_f64(spec.ramp_time);
-    let time_based = spec.runtime.is_some();
+    let time_based = spec.time_based && spec.runtime.is_some();
     let end = spec
         .runtime
         .map(|r| measure_start + Duration::from_secs_f64(r));
@@ -818,8 +825,9 @@ fn run_job(q: &mut dyn Queue, ctx: JobCtx<'_>) -> Result<JobResult> {
         result?;
     }
     let measured_to = match end {
-        Some(e) => e.min(Instant::now()),
-        None => job
+        Some(e) if time_based => e.min(Instant::now()),
+        // Size-based (capped by a runtime or not): up to the last completion.
+        _ => job
             .collector
             .as_ref()
             .and_then(|c| c.last)

@@ -1,8 +1,9 @@
 //! snapblk-loadgen: a fio/IOzone-class load generator over snapblk devices.
 //!
 //! * A [`JobSpec`] describes a workload the way fio does (`rw`, `bs`, `iodepth`, `numjobs`,
-//!   `size`, `runtime`, `ramp_time`, `verify`), from flags or a TOML job file
-//!   ([`parse_job_file`]); a [`Sweep`] expands sweeps;
+//!   `size`, `runtime`, `ramp_time`, `verify`), from flags, a TOML job file
+//!   ([`parse_job_file`]) or a fio job file ([`parse_fio_job_file`], with fio's
+//!   `ioengine`/`filename` mapped to a device spec by [`FioTarget`]); a [`Sweep`] expands sweeps;
 //! * write buffers are filled like fio does ([`BufferOpts`]: random, scrambled per write;
 //!   optional refill and compressible share);
 //! * [`run_workload`] runs a workload on any [`snapblk_core::Queue`]: one queue per job thread,
@@ -33,6 +34,7 @@ mod context;
 mod engine;
 pub mod fgbg;
 pub mod fileio;
+mod fio;
 mod hist;
 mod pattern;
 pub mod plot;
@@ -46,6 +48,7 @@ pub use buffer::BufferOpts;
 pub use capi::LibblkioTarget;
 pub use context::{CacheState, Context, TargetContext, capture};
 pub use engine::{DirStats, JobResult, RunOpts, RunResult, Second, run_workload};
+pub use fio::{FioJobFile, FioTarget, parse_fio_bs, parse_fio_job_file};
 pub use hist::LatHist;
 pub use report::{
     ConfigReport, DirReport, Document, LatKind, LatReport, RunReport, SecondReport, Spread,

@@ -9,7 +9,7 @@ use serde::Serialize;
 use std::collections::BTreeMap;
 
 /// Bumped on incompatible changes of the JSON layout (see crates/loadgen/schema.json).
-pub(crate) const SCHEMA_VERSION: u32 = 1;
+pub(crate) const SCHEMA_VERSION: u32 = 2;
 
 /// Coefficient of variation of IOPS across repetitions above which a run is called noisy.
 pub(crate) const NOISY_CV: f64 = 0.10;

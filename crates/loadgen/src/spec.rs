@@ -116,15 +116,20 @@ pub struct JobSpec {
     pub bs: u64,
     /// Requests kept in flight per job.
     pub iodepth: u32,
-    /// Job threads; each has its own queue and its own disjoint region of `size / numjobs`.
+    /// Job threads, each with its own queue. As in fio, every job covers `size` bytes from
+    /// `offset + job * offset_increment` (with the default increment 0 all jobs share one region).
     pub numjobs: u32,
-    /// Bytes of the target covered (all jobs together); `None`: the whole target.
+    /// Bytes each job covers (fio's `size`); `None`: from its start to the end of the target.
     pub size: Option<u64>,
-    /// Start of the covered region.
+    /// Start of the first job's region.
     pub offset: u64,
-    /// Seconds of measurement; `None`: one pass over the region (size-based, as fio without
-    /// `time_based`). With a runtime the jobs loop over their regions (fio `time_based=1`).
+    /// Distance between the starts of consecutive jobs' regions (fio's `offset_increment`).
+    pub offset_increment: u64,
+    /// Seconds of measurement at most; `None`: until the pass over the region is done.
     pub runtime: Option<f64>,
+    /// Loop over the region until `runtime` has passed (fio's `time_based`); without it a job
+    /// stops after one pass or at `runtime`, whichever comes first, as fio does.
+    pub time_based: bool,
     /// Seconds run before measurement starts.
     pub ramp_time: f64,
     /// O_DIRECT (when the target honours it).
@@ -219,7 +224,9 @@ impl Default for JobSpec {
             numjobs: 1,
             size: None,
             offset: 0,
+            offset_increment: 0,
             runtime: None,
+            time_based: false,
             ramp_time: 0.0,
             direct: false,
             verify: false,
@@ -265,6 +272,9 @@ impl JobSpec {
                 "runtime must be > 0 and at most {MAX_SECS} seconds"
             )));
         }
+        if self.time_based && self.runtime.is_none() {
+            return Err(Error::Spec("time_based needs a runtime".into()));
+        }
         if !self.ramp_time.is_finite() || self.ramp_time < 0.0 || self.ramp_time > MAX_SECS {
             return Err(Error::Spec(format!(
                 "ramp_time must be >= 0 and at most {MAX_SECS} seconds"
@@ -286,6 +296,7 @@ impl JobSpec {
         let opts = [
             ("bs", Some(self.bs)),
             ("offset", Some(self.offset)),
+            ("offset_increment", Some(self.offset_increment)),
             ("size", self.size),
         ];
         for (name, v) in opts {
@@ -343,33 +354,55 @@ impl JobSpec {
         }
     }
 
-    /// The per-job regions `(start, len)` for a target of `capacity` bytes: the covered region
-    /// split evenly, each rounded down to whole blocks.
+    /// The per-job regions `(start, len)` for a target of `capacity` bytes, as fio lays them
+    /// out on one file: job `j` starts at `offset + j * offset_increment` and covers `size`
+    /// bytes (default: up to the end of the target), rounded down to whole blocks.
     pub fn regions(&self, capacity: u64) -> Result<Vec<(u64, u64)>> {
-        if self.offset >= capacity {
-            return Err(Error::Spec(format!(
-                "offset {} is past the end of the target (capacity {capacity})",
-                self.offset
-            )));
+        let mut out = Vec::with_capacity(self.numjobs as usize);
+        for j in 0..u64::from(self.numjobs) {
+            let start = j
+                .checked_mul(self.offset_increment)
+                .and_then(|d| d.checked_add(self.offset))
+                .filter(|&s| s < capacity)
+                .ok_or_else(|| {
+                    Error::Spec(if j == 0 {
+                        format!(
+                            "offset {} is past the end of the target (capacity {capacity})",
+                            self.offset
+                        )
+                    } else {
+                        format!(
+                            "job {j}'s offset {} + {j} x offset_increment {} is past the end of \
+                             the target (capacity {capacity})",
+                            self.offset, self.offset_increment
+                        )
+                    })
+                })?;
+            let avail = capacity - start;
+            let size = self.size.unwrap_or(avail);
+            if size > avail {
+                return Err(Error::Spec(format!(
+                    "size {size} + offset {start} (job {j}) exceeds the target's capacity {capacity}"
+                )));
+            }
+            let len = size / self.bs * self.bs;
+            if len == 0 {
+                return Err(Error::Spec(format!(
+                    "size {size} is smaller than bs {}",
+                    self.bs
+                )));
+            }
+            out.push((start, len));
         }
-        let avail = capacity.saturating_sub(self.offset);
-        let size = self.size.unwrap_or(avail);
-        if size > avail {
-            return Err(Error::Spec(format!(
-                "size {} + offset {} exceeds the target's capacity {capacity}",
-                size, self.offset
-            )));
-        }
-        let per = size / u64::from(self.numjobs) / self.bs * self.bs;
-        if per == 0 {
-            return Err(Error::Spec(format!(
-                "size {size} too small for {} jobs of bs {}",
-                self.numjobs, self.bs
-            )));
-        }
-        Ok((0..u64::from(self.numjobs))
-            .map(|j| (self.offset + j * per, per))
-            .collect())
+        Ok(out)
+    }
+
+    /// Whether some jobs' regions overlap (numjobs > 1 with an offset_increment below the
+    /// region size): fine for reads and plain writes, not for verify.
+    pub fn regions_overlap(regions: &[(u64, u64)]) -> bool {
+        let mut r = regions.to_vec();
+        r.sort_unstable();
+        r.windows(2).any(|w| w[0].0 + w[0].1 > w[1].0)
     }
 }
 
@@ -604,6 +637,7 @@ fn apply_table(t: &toml::Table, spec: &mut JobSpec, sweep: &mut Sweep) -> Result
             "rwmixread" => spec.rwmixread = num(k, one()?)?,
             "size" => spec.size = Some(parse_size(one()?)?),
             "offset" => spec.offset = parse_size(one()?)?,
+            "offset_increment" => spec.offset_increment = parse_size(one()?)?,
             "runtime" => spec.runtime = Some(parse_secs(one()?)?),
             "ramp_time" | "ramp-time" => spec.ramp_time = parse_secs(one()?)?,
             "direct" => spec.direct = boolean(k, one()?)?,
@@ -622,7 +656,7 @@ fn apply_table(t: &toml::Table, spec: &mut JobSpec, sweep: &mut Sweep) -> Result
             "submit_with_wait" => spec.batch.submit_with_wait = boolean(k, one()?)?,
             "invalidate" => spec.invalidate = boolean(k, one()?)?,
             "iomem" | "mem" => spec.iomem = Iomem::parse(one()?)?,
-            "time_based" => {}
+            "time_based" => spec.time_based = boolean(k, one()?)?,
             other => return Err(Error::JobFile(format!("unknown key {other:?}"))),
         }
     }
@@ -728,7 +762,8 @@ mod tests {
     }
 
     #[test]
-    fn regions_are_disjoint_and_aligned() {
+    fn regions_follow_fio_size_per_job_and_offset_increment() {
+        // fio: every job covers `size` from offset + job * offset_increment.
         let j = JobSpec {
             numjobs: 3,
             bs: 4096,
@@ -737,14 +772,38 @@ mod tests {
             ..Default::default()
         };
         let r = j.regions(2 << 20).unwrap();
-        assert_eq!(r.len(), 3);
-        for w in r.windows(2) {
-            assert_eq!(w[0].0 + w[0].1, w[1].0);
-        }
-        assert!(
-            r.iter()
-                .all(|&(s, l)| s % 4096 == 0 && l % 4096 == 0 && l > 0)
+        assert_eq!(
+            r,
+            vec![(8192, 1 << 20); 3],
+            "shared region without an increment"
         );
+        assert!(JobSpec::regions_overlap(&r));
+        let inc = JobSpec {
+            offset_increment: 1 << 20,
+            size: Some(512 << 10),
+            ..j.clone()
+        };
+        let r = inc.regions(4 << 20).unwrap();
+        assert_eq!(
+            r,
+            vec![
+                (8192, 512 << 10),
+                (8192 + (1 << 20), 512 << 10),
+                (8192 + (2 << 20), 512 << 10)
+            ]
+        );
+        assert!(!JobSpec::regions_overlap(&r));
+        // The third job's region ends past 2 MiB + 8 KiB.
+        assert!(inc.regions((2 << 20) + 8192).is_err());
+        // No size: each job runs to the end of the target.
+        let whole = JobSpec {
+            size: None,
+            offset_increment: 4096,
+            offset: 0,
+            ..j.clone()
+        };
+        let r = whole.regions(64 << 10).unwrap();
+        assert_eq!(r, vec![(0, 64 << 10), (4096, 60 << 10), (8192, 56 << 10)]);
         assert!(j.regions(512 << 10).is_err());
         let past = JobSpec {
             offset: 2 << 20,
@@ -755,6 +814,23 @@ mod tests {
             e,
             "invalid job: offset 2097152 is past the end of the target (capacity 2097152)"
         );
+    }
+
+    #[test]
+    fn time_based_needs_a_runtime() {
+        let j = JobSpec {
+            time_based: true,
+            ..Default::default()
+        };
+        assert!(
+            j.validate()
+                .unwrap_err()
+                .to_string()
+                .contains("time_based needs a runtime")
+        );
+        let text = "[[job]]\nruntime = 1\ntime_based = 1\noffset_increment = \"1M\"\n";
+        let jobs = parse_job_file(text, &JobSpec::default()).unwrap();
+        assert!(jobs[0].time_based && jobs[0].offset_increment == 1 << 20);
     }
 
     #[test]

@@ -14,6 +14,7 @@ fn qd_sweep(qds: &[u32], runtime: Option<f64>) -> Vec<JobSpec> {
         rw: RwMode::RandRead,
         size: Some(MB as u64),
         runtime,
+        time_based: runtime.is_some(),
         ..Default::default()
     };
     Sweep {

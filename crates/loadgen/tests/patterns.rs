@@ -116,14 +116,35 @@ fn mix_ratio_follows_rwmixread() {
 }
 
 #[test]
-fn numjobs_get_disjoint_regions_on_their_own_queues() {
+fn numjobs_share_the_region_as_in_fio() {
+    // fio: `size` is per job, and without offset_increment every job covers the same bytes.
     let (mut t, sh) = recording_target(8 * MB);
     run_workload(
         &mut t,
-        &job(RwMode::Read, 4096, 2, 4, 4 << 20),
+        &job(RwMode::Read, 4096, 2, 4, 1 << 20),
         &RunOpts::default(),
     )
     .unwrap();
+    let log = sh.lock().unwrap().log.clone();
+    assert_eq!(log.len(), 1024, "4 jobs x 1 MiB each");
+    for q in 0..4usize {
+        let mine: Vec<u64> = log
+            .iter()
+            .filter(|r| r.queue == q)
+            .map(|r| r.offset)
+            .collect();
+        assert_eq!(mine, (0..256).map(|i| i * 4096).collect::<Vec<u64>>());
+    }
+}
+
+#[test]
+fn numjobs_get_disjoint_regions_with_offset_increment() {
+    let (mut t, sh) = recording_target(8 * MB);
+    let spec = JobSpec {
+        offset_increment: 1 << 20,
+        ..job(RwMode::Read, 4096, 2, 4, 1 << 20)
+    };
+    run_workload(&mut t, &spec, &RunOpts::default()).unwrap();
     let log = sh.lock().unwrap().log.clone();
     assert_eq!(log.len(), 1024);
     for q in 0..4u64 {
@@ -147,6 +168,7 @@ fn time_based_loops_and_reports_series() {
     let (mut t, sh) = recording_target(MB);
     let spec = JobSpec {
         runtime: Some(1.2),
+        time_based: true,
         ramp_time: 0.2,
         ..job(RwMode::RandRead, 4096, 4, 2, 1 << 20)
     };
@@ -454,4 +476,17 @@ fn a_size_based_run_with_a_ramp_measures_one_full_pass_after_it() {
     );
     let total = sh.lock().unwrap().log.len();
     assert!(total > 256, "the ramp did I/O too: {total} requests in all");
+}
+
+#[test]
+fn runtime_without_time_based_stops_after_one_pass() {
+    // fio: a runtime alone is a cap; the job ends when its pass is done.
+    let (mut t, sh) = recording_target(MB);
+    let spec = JobSpec {
+        runtime: Some(30.0),
+        ..job(RwMode::RandRead, 4096, 4, 1, 256 << 10)
+    };
+    let r = run_workload(&mut t, &spec, &RunOpts::default()).unwrap();
+    assert_eq!(r.read.ios, 64);
+    assert_eq!(sh.lock().unwrap().log.len(), 64);
 }

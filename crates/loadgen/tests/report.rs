@@ -12,6 +12,7 @@ fn sweep_results() -> Vec<snapblk_loadgen::ConfigReport> {
     let base = JobSpec {
         size: Some(16 << 20),
         runtime: Some(0.25),
+        time_based: true,
         ..Default::default()
     };
     let sweep = Sweep {
@@ -85,7 +86,7 @@ fn workload_document_validates_and_carries_histograms() {
         .remove("p99");
     assert!(validate(&bad).is_err());
     let mut bad = v;
-    bad["schema_version"] = 2.into();
+    bad["schema_version"] = 1.into();
     assert!(validate(&bad).is_err());
 }
 
@@ -232,6 +233,7 @@ fn per_second_rates_match_the_run_including_the_partial_last_second() {
     let job = JobSpec {
         size: Some(16 << 20),
         runtime: Some(1.2),
+        time_based: true,
         ..Default::default()
     };
     let r = snapblk_loadgen::run_workload(&mut t, &job, &Default::default()).unwrap();

@@ -11,7 +11,8 @@ fn vjob(rw: RwMode) -> JobSpec {
         bs: 4096,
         iodepth: 8,
         numjobs: 2,
-        size: Some(1 << 20),
+        size: Some(512 << 10),
+        offset_increment: 512 << 10,
         verify: true,
         ..Default::default()
     }
@@ -89,6 +90,7 @@ fn time_based_random_writes_verify_across_passes() {
     let (mut t, _) = recording_target(1 << 20);
     let spec = JobSpec {
         runtime: Some(0.3),
+        time_based: true,
         ..vjob(RwMode::RandRw)
     };
     run_workload(&mut t, &spec, &RunOpts::default()).unwrap();

@@ -12,7 +12,7 @@
 //!   and adds the page-cache insertions the kernel's filemap tracepoint saw in it.
 //! * [`replay_watched`] brings a list into the cache in chunks at idle priority, backs off under
 //!   I/O pressure ([`BackOff`]), and verifies the result ([`ReplayReport`]); [`evict()`] drops
-//!   files from the cache.
+//!   files from the cache, and [`lock()`] holds their pages in memory with mlock(2).
 //! * Block devices: the format ([`BlockList`], [`BlockFile`]) lives in `snapblk-blocklist`, which
 //!   the snapshot driver uses without this crate.
 //! * [`scan()`] and [`walk()`] produce residency reports of whole trees in parallel.
@@ -30,6 +30,7 @@ mod evict;
 #[cfg(any(test, feature = "test-utils"))]
 pub mod fake;
 mod list;
+mod lock;
 mod ownstall;
 mod record;
 mod replay;
@@ -46,6 +47,7 @@ pub use list::{
     Extent, FileIdentity, ListEntry, escape_path, parse_bytes, parse_reader, write_jsonl,
     write_text,
 };
+pub use lock::{LockError, Locked, lock};
 pub use record::{RecordError, Recording, TraceSummary, Trigger, WrittenFile, record};
 pub use replay::{
     BackOff, BackOffWatch, Method, Progress, ReplayOptions, ReplayReport, StaleEntry,

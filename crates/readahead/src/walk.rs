@@ -1,5 +1,7 @@
 //! Parallel directory walk: a few threads share a stack of directories, so cold metadata reads
-//! overlap. Symlinks inside trees are not followed; command-line roots are. Pseudo filesystems
+//! overlap. Symlinks inside trees are followed only with [`WalkOptions::follow_symlinks`]
+//! (vmtouch's `-f`; each directory is then entered once, so link loops end); command-line
+//! roots always are. Pseudo filesystems
 //! (proc, sysfs, tmpfs, ...) are skipped when crossed, since their pages cannot be evicted or
 //! read ahead.
 
@@ -52,6 +54,9 @@ pub struct WalkOptions {
     pub one_file_system: bool,
     /// Worker threads walking and measuring in parallel; default twice the CPUs, 2..=16.
     pub threads: usize,
+    /// Follow symlinks met inside directories (vmtouch's `-f`) to files and directories; a
+    /// dangling link is skipped. Every directory is entered at most once.
+    pub follow_symlinks: bool,
 }
 
 impl Default for WalkOptions {
@@ -61,6 +66,7 @@ impl Default for WalkOptions {
             recursive: false,
             one_file_system: false,
             threads: (2 * n).clamp(2, 16),
+            follow_symlinks: false,
         }
     }
 }
@@ -188,6 +194,16 @@ where
         active: 0,
     });
     let cv = Condvar::new();
+    // With follow_symlinks: the directories queued so far, so that a link back up the tree
+    // (or two links to one directory) does not walk it again.
+    let seen_dirs: Mutex<HashSet<(u64, u64)>> = Mutex::new(HashSet::new());
+    let first_dir = |dev: u64, ino: u64| {
+        !opts.follow_symlinks
+            || seen_dirs
+                .lock()
+                .map(|mut s| s.insert((dev, ino)))
+                .unwrap_or(true)
+    };
     let err = |p: &Path, e: String| {
         if let Ok(mut v) = errors.lock() {
             v.push(WalkError {
@@ -205,7 +221,9 @@ where
             }
             Ok(m) if m.is_dir() => {
                 if opts.recursive {
-                    if let Ok(mut q) = queue.lock() {
+                    if first_dir(m.dev(), m.ino())
+                        && let Ok(mut q) = queue.lock()
+                    {
                         q.dirs.push((root.clone(), m.dev()));
                     }
                 } else {
@@ -272,7 +290,16 @@ where
                                 // d_type, or a stat where the filesystem does not fill it in.
                                 let mut stat = None;
                                 let mut ft = ent.file_type();
-                                if ft == FileType::Unknown {
+                                if ft == FileType::Symlink && opts.follow_symlinks {
+                                    // What the link points to; a dangling one is skipped.
+                                    match rustix::fs::statat(dirfd, name, AtFlags::empty()) {
+                                        Ok(st) => {
+                                            ft = FileType::from_raw_mode(st.st_mode);
+                                            stat = Some(st);
+                                        }
+                                        Err(_) => continue,
+                                    }
+                                } else if ft == FileType::Unknown {
                                     match rustix::fs::statat(dirfd, name, AtFlags::SYMLINK_NOFOLLOW)
                                     {
                                         Ok(st) => {
@@ -308,6 +335,10 @@ where
                                             if dev != root_dev
                                                 && (opts.one_file_system || is_pseudo(&p))
                                             {
+                                                continue;
+                                            }
+                                            #[allow(clippy::unnecessary_cast)]
+                                            if !first_dir(dev, st.st_ino as u64) {
                                                 continue;
                                             }
                                             busy.subdirs.push((p, dev));
@@ -352,6 +383,43 @@ mod tests {
             recursive: true,
             one_file_system: false,
             threads,
+            follow_symlinks: false,
+        }
+    }
+
+    #[test]
+    fn symlinks_are_followed_only_when_asked_and_loops_end() {
+        let d = tree("walk-links");
+        let out = snapblk_testsupport::TempDir::new("walk-links-out");
+        std::fs::write(out.join("outside"), b"y").unwrap();
+        let root = d.path();
+        std::os::unix::fs::symlink(out.join("outside"), root.join("d0/to-file")).unwrap();
+        std::os::unix::fs::symlink(out.path(), root.join("d1/to-dir")).unwrap();
+        // A loop: d2/e0/up -> d2, and a dangling link.
+        std::os::unix::fs::symlink(root.join("d2"), root.join("d2/e0/up")).unwrap();
+        std::os::unix::fs::symlink(root.join("nowhere"), root.join("d3/dangling")).unwrap();
+        for (follow, want) in [(false, 64), (true, 64 + 2)] {
+            for threads in [1, 4] {
+                let seen = Mutex::new(Vec::new());
+                let o = WalkOptions {
+                    follow_symlinks: follow,
+                    ..opts(threads)
+                };
+                let errors = walk(&[root.to_path_buf()], &o, |f| {
+                    seen.lock().unwrap().push(f.path().to_path_buf())
+                });
+                assert!(errors.is_empty(), "{errors:?}");
+                let seen = seen.into_inner().unwrap();
+                assert_eq!(
+                    seen.len(),
+                    want,
+                    "follow {follow}, threads {threads}: {seen:?}"
+                );
+                if follow {
+                    assert!(seen.iter().any(|p| p.ends_with("d0/to-file")));
+                    assert!(seen.iter().any(|p| p.ends_with("d1/to-dir/outside")));
+                }
+            }
         }
     }
 

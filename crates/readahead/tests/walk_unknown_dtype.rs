@@ -97,6 +97,7 @@ fn walk_stats_entries_whose_type_the_filesystem_does_not_report() {
         recursive: true,
         one_file_system: false,
         threads: 3,
+        follow_symlinks: false,
     };
     let errors = walk(std::slice::from_ref(&mnt), &opts, |f| {
         let mut data = Vec::new();

@@ -19,6 +19,10 @@ pub struct PathArgs {
     /// Do not cross filesystem boundaries while recursing.
     #[arg(short = 'x', long)]
     pub(super) one_file_system: bool,
+    /// Follow symlinks inside directories to files and directories (vmtouch -f); each
+    /// directory is entered once, dangling links are skipped. Named paths are always followed.
+    #[arg(short = 'f', long)]
+    pub(super) follow_symlinks: bool,
 }
 
 impl PathArgs {
@@ -27,6 +31,7 @@ impl PathArgs {
         let mut w = WalkOptions {
             recursive: self.recursive,
             one_file_system: self.one_file_system,
+            follow_symlinks: self.follow_symlinks,
             ..Default::default()
         };
         if let Some(t) = threads {
@@ -64,6 +69,8 @@ pub enum ReadaheadCmd {
     Warm(WarmArgs),
     /// Drop files from the page cache (fdatasync, then POSIX_FADV_DONTNEED).
     Evict(EvictArgs),
+    /// Lock files' pages in memory (mlock, like vmtouch -l) until SIGTERM or SIGINT.
+    Lock(LockArgs),
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -77,6 +84,7 @@ pub struct RecordArgs {
     /// Output list (".jsonl" selects JSON Lines unless --format says otherwise).
     #[arg(short, long)]
     pub(super) output: PathBuf,
+    /// List format: text (one file and its ranges per line) or jsonl (JSON Lines).
     #[arg(long, value_enum)]
     pub(super) format: Option<ListFormat>,
     /// Trees to snapshot (repeatable; default "/"; pseudo filesystems are skipped). Made
@@ -209,8 +217,27 @@ pub struct WarmArgs {
 pub struct EvictArgs {
     #[command(flatten)]
     pub(super) walk: PathArgs,
+    /// One JSON document on stdout.
     #[arg(long)]
     pub(super) json: bool,
+}
+
+#[derive(Args)]
+pub struct LockArgs {
+    #[command(flatten)]
+    pub(super) walk: PathArgs,
+    /// Lock with one mlockall(2) after mapping every file (vmtouch -L) instead of an mlock(2)
+    /// per file (vmtouch -l).
+    #[arg(long)]
+    pub(super) mlockall: bool,
+    /// Return once the pages are locked, leaving a detached process holding them (vmtouch -d
+    /// with -w); it prints its pid. Stop it with SIGTERM.
+    #[arg(long)]
+    pub(super) daemon: bool,
+    /// Write the pid of the process holding the lock to FILE (vmtouch -P); removed when it
+    /// stops.
+    #[arg(long, value_name = "FILE")]
+    pub(super) pid_file: Option<PathBuf>,
 }
 
 #[derive(Clone, Copy, ValueEnum)]

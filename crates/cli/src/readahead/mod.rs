@@ -9,7 +9,7 @@ pub use args::{ReadaheadCmd, ResidencyArgs};
 
 use crate::progress::Progress;
 use anyhow::{Context, bail};
-use args::{EvictArgs, ListFormat, RecordArgs, ReplayArgs, ReplayOpts};
+use args::{EvictArgs, ListFormat, LockArgs, RecordArgs, ReplayArgs, ReplayOpts};
 use print::{BAR_WIDTH, backoff_message, print_walk_errors, report_replay};
 use snapblk_readahead::{self as ra, BackOff, Limits, ListEntry, Trigger, WalkError, WalkOptions};
 use std::io::{IsTerminal, Write};
@@ -50,7 +50,7 @@ pub fn run(c: ReadaheadCmd) -> anyhow::Result<()> {
             // first requests go out with the first files found.
             let w = a.walk.walk_opts(None);
             let opts = a.opts.options();
-            let bar = Progress::spinner("warm");
+            let bar = Progress::counter("warm", "files");
             let progress = |d: u64, _t: u64| bar.set(d);
             let watch = |b: BackOff| bar.message(backoff_message("warm", b));
             let watch = bar.visible().then_some(&watch as ra::BackOffWatch<'_>);
@@ -66,7 +66,87 @@ pub fn run(c: ReadaheadCmd) -> anyhow::Result<()> {
             Ok(())
         }
         ReadaheadCmd::Evict(a) => run_evict(a),
+        ReadaheadCmd::Lock(a) => {
+            if a.daemon && std::env::var_os(CHILD_ENV).is_none() {
+                return spawn_lock_daemon();
+            }
+            run_lock(&a)
+        }
     }
+}
+
+/// The line the process holding a lock prints once every page is locked (the daemon's parent
+/// waits for it).
+const LOCKED: &str = "locked";
+
+/// `readahead lock`: lock, say so, hold until SIGTERM/SIGINT, then unlock and exit 0.
+fn run_lock(a: &LockArgs) -> anyhow::Result<()> {
+    // Before the walk starts its threads: the signals are then only taken by the wait below.
+    let sigs = snapblk_nbd::TermSignals::block().context("blocking SIGINT/SIGTERM")?;
+    let locked = ra::lock(&a.walk.paths, &a.walk.walk_opts(None), a.mlockall)?;
+    print_walk_errors(&locked.errors)?;
+    match locked.errors.len() {
+        0 => {}
+        1 => bail!("1 path could not be locked"),
+        n => bail!("{n} paths could not be locked"),
+    }
+    if let Some(p) = &a.pid_file {
+        std::fs::write(p, format!("{}\n", std::process::id()))
+            .with_context(|| format!("--pid-file {}", p.display()))?;
+    }
+    outln!(
+        "{LOCKED} {} files, {} (pid {}); SIGTERM or SIGINT unlocks",
+        locked.files,
+        crate::human::bytes(locked.bytes),
+        std::process::id()
+    )?;
+    while sigs.wait(Duration::from_secs(3600)).is_none() {}
+    drop(locked);
+    if let Some(p) = &a.pid_file {
+        let _ = std::fs::remove_file(p);
+    }
+    Ok(())
+}
+
+/// `readahead lock --daemon`: start the holder detached and return once it has locked
+/// everything (its first line), or fail with its error.
+fn spawn_lock_daemon() -> anyhow::Result<()> {
+    use std::io::BufRead;
+    use std::os::unix::process::CommandExt;
+    let exe = std::env::current_exe()?;
+    let mut child = std::process::Command::new(exe)
+        .args(std::env::args_os().skip(1))
+        .env(CHILD_ENV, "1")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .process_group(0)
+        .spawn()
+        .context("cannot start the lock daemon")?;
+    let mut line = String::new();
+    if let Some(out) = child.stdout.take() {
+        std::io::BufReader::new(out).read_line(&mut line)?;
+    }
+    if line.starts_with(LOCKED) {
+        out!("{line}")?;
+        return Ok(());
+    }
+    let mut err = String::new();
+    if let Some(mut e) = child.stderr.take() {
+        use std::io::Read;
+        e.read_to_string(&mut err)?;
+    }
+    let _ = child.wait();
+    // The child's own "snapblk: ..." line says why; pass it on without the prefix.
+    let why = err
+        .lines()
+        .last()
+        .unwrap_or("")
+        .trim_start_matches("snapblk: ");
+    for l in err.lines().filter(|l| !l.starts_with("snapblk: ")) {
+        errln!("{l}")?;
+    }
+    bail!("the lock daemon stopped: {why}")
 }
 
 fn read_list(p: &PathBuf) -> anyhow::Result<Vec<ListEntry>> {
@@ -161,7 +241,16 @@ fn run_record(a: RecordArgs) -> anyhow::Result<()> {
         }
         (None, None) => bail!("give a command (after --) or --duration SECS"),
     };
-    let rec = ra::record(&scopes, &w, a.evict_first, a.trace, trigger)?;
+    // A time window has the terminal to itself: say that it is recording (and evicting and
+    // scanning, which can take longer than the window). A command's own output is not drawn
+    // over.
+    let spin = match trigger {
+        Trigger::Duration(_) => Progress::spinner("recording (evict, window, scan)"),
+        _ => Progress::spinner_hidden(),
+    };
+    let rec = ra::record(&scopes, &w, a.evict_first, a.trace, trigger);
+    spin.finish();
+    let rec = rec?;
     let jsonl = match a.format {
         Some(ListFormat::Jsonl) => true,
         Some(ListFormat::Text) => false,
@@ -286,8 +375,23 @@ fn spawn_background(o: &ReplayOpts, stdin_copy: Option<&Path>) -> anyhow::Result
 
 fn run_replay(entries: Vec<ListEntry>, o: &ReplayOpts) -> anyhow::Result<()> {
     let opts = o.options();
-    let bar = Progress::new(entries.len() as u64, "replay");
-    let progress = |d: u64, _t: u64| bar.set(d);
+    // The library counts entries done; the submitters take them in list order, so the bytes
+    // of the first `done` entries are the bytes done (the bar's rate and time left follow).
+    let mut upto = Vec::with_capacity(entries.len() + 1);
+    upto.push(0u64);
+    for e in &entries {
+        let b = match &e.extent {
+            ra::Extent::Ranges(r) => r.total_bytes(),
+            // A classic whole-file line has no recorded size: the file's own (a stat).
+            ra::Extent::Whole => e.identity.map_or_else(
+                || std::fs::metadata(&e.path).map_or(0, |m| m.len()),
+                |i| i.size,
+            ),
+        };
+        upto.push(upto[upto.len() - 1].saturating_add(b));
+    }
+    let bar = Progress::bytes(upto[entries.len()], "replay");
+    let progress = |d: u64, _t: u64| bar.set(upto[(d as usize).min(entries.len())]);
     let watch = |b: BackOff| bar.message(backoff_message("replay", b));
     let watch = bar.visible().then_some(&watch as ra::BackOffWatch<'_>);
     let rep = ra::replay_watched(&entries, &opts, Some(&progress), watch);

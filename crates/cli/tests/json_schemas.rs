@@ -1,0 +1,504 @@
+//! Every `--json` document validates against the JSON Schema it names in its `schema` field
+//! (`schemas/<schema>.json` in the repository), checked by the `jsonschema` crate, an
+//! independent validator; failures documents (`ok: false`) included.
+
+#[path = "cli_common.rs"]
+mod cli_common;
+
+use cli_common::{Case, snapblk};
+use serde_json::Value;
+use snapblk_testsupport::path_str;
+use std::path::PathBuf;
+
+fn schemas_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../schemas")
+}
+
+/// Validates `doc` against the schema it names, which must be `want`.
+fn check(doc: &Value, want: &str, what: &str) {
+    let name = doc["schema"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{what}: no schema field: {doc}"));
+    assert_eq!(name, want, "{what}");
+    let path = schemas_dir().join(format!("{name}.json"));
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let schema: Value = serde_json::from_str(&text).unwrap();
+    let v = jsonschema::validator_for(&schema).unwrap_or_else(|e| panic!("{name}: {e}"));
+    let errs: Vec<String> = v
+        .iter_errors(doc)
+        .map(|e| format!("{}: {e}", e.instance_path))
+        .collect();
+    assert!(
+        errs.is_empty(),
+        "{what} breaks {name}:\n{}\n{doc:#}",
+        errs.join("\n")
+    );
+}
+
+/// Runs `snapblk ARGS`, requires exit status `code`, and parses its stdout as one JSON document.
+fn json_of(args: &[&str], code: i32) -> Value {
+    let o = snapblk(args);
+    assert_eq!(
+        o.status.code(),
+        Some(code),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    serde_json::from_slice(&o.stdout).unwrap_or_else(|e| {
+        panic!(
+            "{args:?}: stdout is not one JSON document ({e}): {}",
+            String::from_utf8_lossy(&o.stdout)
+        )
+    })
+}
+
+#[test]
+fn every_schema_is_valid_and_named_by_its_file() {
+    let mut n = 0;
+    for e in std::fs::read_dir(schemas_dir()).unwrap() {
+        let p = e.unwrap().path();
+        if p.extension().is_none_or(|x| x != "json") {
+            continue;
+        }
+        let file = p.file_name().unwrap().to_str().unwrap().to_owned();
+        let schema: Value = serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap();
+        jsonschema::validator_for(&schema).unwrap_or_else(|e| panic!("{file}: {e}"));
+        assert!(
+            schema["$id"]
+                .as_str()
+                .unwrap()
+                .ends_with(&format!("/{file}")),
+            "{file}: $id"
+        );
+        let version = file.strip_suffix(".json").unwrap();
+        assert!(
+            version.starts_with("snapblk.") && version.rsplit('.').next().unwrap().starts_with('v'),
+            "{file}"
+        );
+        assert!(
+            text_mentions(&schema, version),
+            "{file}: its schema const is not {version}"
+        );
+        n += 1;
+    }
+    assert!(n >= 7, "{n} schemas");
+}
+
+/// Whether `schema` pins a `schema` property to `name` somewhere.
+fn text_mentions(schema: &Value, name: &str) -> bool {
+    schema
+        .to_string()
+        .contains(&format!("{{\"const\":\"{name}\"}}"))
+}
+
+#[test]
+fn cow_documents_validate() {
+    let c = Case::new("json-cow", 256, &[]);
+    let (old, new, cow) = (path_str(&c.old), path_str(&c.new), path_str(&c.cow));
+    let out = c.p("2.cow");
+    let doc = json_of(
+        &[
+            "cow",
+            "create",
+            "--old",
+            old,
+            "--new",
+            new,
+            "-o",
+            path_str(&out),
+            "--json",
+        ],
+        0,
+    );
+    check(&doc, "snapblk.cow-create.v1", "cow create");
+    let doc = json_of(
+        &[
+            "cow",
+            "create",
+            "--old",
+            old,
+            "--new",
+            path_str(&c.p("none")),
+            "-o",
+            path_str(&c.p("3.cow")),
+            "--json",
+        ],
+        1,
+    );
+    check(&doc, "snapblk.cow-create.v1", "cow create (failed)");
+
+    check(
+        &json_of(&["cow", "inspect", cow, "--json"], 0),
+        "snapblk.cow-inspect.v1",
+        "cow inspect",
+    );
+    check(
+        &json_of(&["cow", "inspect", cow, "--json", "--ops"], 0),
+        "snapblk.cow-inspect.v1",
+        "cow inspect --ops",
+    );
+    check(
+        &json_of(&["cow", "inspect", new, "--json"], 1),
+        "snapblk.cow-inspect.v1",
+        "cow inspect (not a COW)",
+    );
+    let v2 = c.p("v2.cow");
+    json_of(
+        &[
+            "cow",
+            "create",
+            "--old",
+            old,
+            "--new",
+            new,
+            "-o",
+            path_str(&v2),
+            "--format",
+            "v2",
+            "--json",
+        ],
+        0,
+    );
+    check(
+        &json_of(&["cow", "inspect", path_str(&v2), "--json", "--ops"], 0),
+        "snapblk.cow-inspect.v1",
+        "cow inspect v2",
+    );
+
+    let doc = json_of(
+        &[
+            "cow", "verify", cow, "--base", old, "--expect", new, "--json",
+        ],
+        0,
+    );
+    check(&doc, "snapblk.cow-verify.v1", "cow verify");
+    let doc = json_of(&["cow", "verify", cow, "--base", new, "--json"], 1);
+    check(&doc, "snapblk.cow-verify.v1", "cow verify (wrong base)");
+}
+
+#[test]
+fn merge_documents_validate() {
+    let c = Case::new("json-merge", 256, &[]);
+    let base = c.file_copy(&c.old, "base.img");
+    let len = std::fs::metadata(&c.new).unwrap().len();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&base)
+        .unwrap()
+        .set_len(len)
+        .unwrap();
+    let (cow, b) = (path_str(&c.cow), path_str(&base));
+    check(
+        &json_of(&["merge", cow, "--base", b, "--check", "--json"], 0),
+        "snapblk.merge-check.v1",
+        "merge --check",
+    );
+    check(
+        &json_of(
+            &[
+                "merge",
+                cow,
+                "--base",
+                path_str(&c.new),
+                "--check",
+                "--json",
+            ],
+            1,
+        ),
+        "snapblk.merge-check.v1",
+        "merge --check (refused)",
+    );
+    check(
+        &json_of(&["merge", cow, "--base", b, "--status", "--json"], 0),
+        "snapblk.merge-status.v1",
+        "merge --status",
+    );
+    check(
+        &json_of(&["merge", cow, "--base", b, "--json", "--stats"], 0),
+        "snapblk.merge.v1",
+        "merge",
+    );
+    assert_eq!(
+        std::fs::read(&base).unwrap(),
+        std::fs::read(&c.new).unwrap()
+    );
+    check(
+        &json_of(&["merge", cow, "--base", b, "--status", "--json"], 0),
+        "snapblk.merge-status.v1",
+        "merge --status (done)",
+    );
+}
+
+#[test]
+fn info_documents_validate() {
+    let c = Case::new("json-info", 16, &[]);
+    check(
+        &json_of(&["info", path_str(&c.old), "--json"], 0),
+        "snapblk.info.v1",
+        "info FILE",
+    );
+    check(
+        &json_of(&["info", "null:size=1G", "--json"], 0),
+        "snapblk.info.v1",
+        "info null",
+    );
+}
+
+#[test]
+fn readahead_documents_validate() {
+    let c = Case::new("json-readahead", 64, &[]);
+    let tree = c.p("tree");
+    std::fs::create_dir_all(tree.join("sub")).unwrap();
+    std::fs::copy(&c.old, tree.join("a")).unwrap();
+    std::fs::copy(&c.new, tree.join("sub/b")).unwrap();
+    let t = path_str(&tree);
+    let doc = json_of(&["residency", "-r", t, "--json"], 0);
+    assert_eq!(doc["files"].as_array().unwrap().len(), 2);
+    check(&doc, "snapblk.residency.v1", "residency");
+    check(
+        &json_of(&["residency", "-r", t, "--summary", "--json"], 0),
+        "snapblk.residency.v1",
+        "residency --summary",
+    );
+    // A missing path: an error in the document, still valid.
+    let missing = c.p("missing");
+    check(
+        &json_of(&["residency", "-r", path_str(&missing), t, "--json"], 1),
+        "snapblk.residency.v1",
+        "residency (missing path)",
+    );
+
+    check(
+        &json_of(&["readahead", "evict", "-r", t, "--json"], 0),
+        "snapblk.evict.v1",
+        "evict",
+    );
+    let list = c.p("boot.list");
+    let doc = json_of(
+        &[
+            "readahead",
+            "record",
+            "-o",
+            path_str(&list),
+            "--scope",
+            t,
+            "--json",
+            "--",
+            "cat",
+            path_str(&tree.join("a")),
+        ],
+        0,
+    );
+    check(&doc, "snapblk.record.v1", "record");
+    assert_eq!(doc["exit_status"], 0);
+    check(
+        &json_of(
+            &[
+                "readahead",
+                "record",
+                "-o",
+                path_str(&c.p("w.list")),
+                "--scope",
+                t,
+                "--duration",
+                "0.1",
+                "--json",
+            ],
+            0,
+        ),
+        "snapblk.record.v1",
+        "record --duration",
+    );
+    json_of(&["readahead", "evict", "-r", t, "--json"], 0);
+    check(
+        &json_of(&["readahead", "replay", path_str(&list), "--json"], 0),
+        "snapblk.replay.v1",
+        "replay",
+    );
+    check(
+        &json_of(
+            &[
+                "readahead",
+                "replay",
+                path_str(&list),
+                "--json",
+                "--diskstats",
+            ],
+            0,
+        ),
+        "snapblk.replay.v1",
+        "replay --diskstats",
+    );
+    check(
+        &json_of(&["readahead", "warm", "-r", t, "--json"], 0),
+        "snapblk.replay.v1",
+        "warm",
+    );
+}
+
+#[path = "serve_common.rs"]
+mod serve_common;
+
+/// Every line `serve --json` printed (the readiness line and the rest) validates.
+fn check_serve_lines(ready: &Value, rest: &[String], what: &str) -> Vec<Value> {
+    let mut all = vec![ready.clone()];
+    for l in rest {
+        all.push(serde_json::from_str(l).unwrap_or_else(|e| panic!("{what}: {l:?}: {e}")));
+    }
+    for v in &all {
+        check(
+            v,
+            "snapblk.serve-event.v1",
+            &format!("{what}: {}", v["event"]),
+        );
+    }
+    all
+}
+
+#[test]
+fn serve_events_validate() {
+    use serde_json::json;
+    use std::time::Duration;
+    let c = Case::new("json-serve", 256, &[]);
+    let base = c.file_copy(&c.old, "base.img");
+    let len = std::fs::metadata(&c.new).unwrap().len();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&base)
+        .unwrap()
+        .set_len(len)
+        .unwrap();
+    let (b, cow) = (path_str(&base), path_str(&c.cow));
+    let list = c.p("served.list");
+    let sock = format!("unix:{}", c.p("a.sock").display());
+
+    // Recording, and a client whose connection is logged.
+    let s = serve_common::Serve::start(&[
+        "--base",
+        b,
+        "--cow",
+        cow,
+        "--nbd",
+        &sock,
+        "--record",
+        path_str(&list),
+    ]);
+    serve_common::tool_ok("nbdinfo", &[&s.ready_str("uri")]);
+    let ready = s.ready.clone();
+    let (st, rest, err) = s.stop();
+    assert!(st.success(), "{err}");
+    let all = check_serve_lines(&ready, &rest, "serve --record");
+    assert!(
+        all.iter().any(|v| v["event"] == "nbd-connection"),
+        "{all:?}"
+    );
+    assert!(
+        all.iter()
+            .any(|v| v["event"] == "stopped" && v["record"].is_object()),
+        "{all:?}"
+    );
+
+    // The replay of that list.
+    let mut s = serve_common::Serve::start(&[
+        "--base",
+        b,
+        "--cow",
+        cow,
+        "--nbd",
+        &sock,
+        "--readahead",
+        path_str(&list),
+    ]);
+    let ready = s.ready.clone();
+    let (ra, before) = s.wait_event("readahead", Duration::from_secs(60)).unwrap();
+    let (st, mut rest, err) = s.stop();
+    assert!(st.success(), "{err}");
+    rest.splice(0..0, before.into_iter().chain([ra.to_string()]));
+    check_serve_lines(&ready, &rest, "serve --readahead");
+
+    // A merge to its end.
+    let mut s = serve_common::Serve::start(&["--base", b, "--cow", cow, "--nbd", &sock, "--merge"]);
+    let ready = s.ready.clone();
+    let (merge, before) = s.wait_event("merge", Duration::from_secs(60)).unwrap();
+    assert_eq!(merge["merge"]["state"], json!("done"), "{merge}");
+    let (st, mut rest, err) = s.stop();
+    assert!(st.success(), "{err}");
+    rest.splice(0..0, before.into_iter().chain([merge.to_string()]));
+    let all = check_serve_lines(&ready, &rest, "serve --merge");
+    assert!(
+        all.iter()
+            .any(|v| v["event"] == "stopped" && v["merge"].is_object()),
+        "{all:?}"
+    );
+}
+
+#[test]
+fn ota_documents_validate() {
+    let c = Case::new("json-ota", 16, &[]);
+    let data = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/data/ota");
+    let d = c.p("ota");
+    std::fs::create_dir(&d).unwrap();
+    for a in ["sample_payloads.tar.xz", "sample_images.tar.bz2"] {
+        serve_common::tool_ok("tar", &["-xf", path_str(&data.join(a)), "-C", path_str(&d)]);
+    }
+    let old = d.join("old");
+    std::fs::create_dir(&old).unwrap();
+    std::fs::copy(d.join("disk_ext2_4k_empty.img"), old.join("kernel.img")).unwrap();
+    std::fs::copy(d.join("disk_sqfs_empty.img"), old.join("root.img")).unwrap();
+    let (full, delta) = (d.join("full_payload.bin"), d.join("delta_payload.bin"));
+    for p in [&full, &delta] {
+        check(
+            &json_of(&["ota", "info", path_str(p), "--json"], 0),
+            "snapblk.ota-info.v1",
+            "ota info",
+        );
+    }
+    check(
+        &json_of(&["ota", "info", path_str(&c.old), "--json"], 1),
+        "snapblk.ota-info.v1",
+        "ota info (not an OTA)",
+    );
+    let out = c.p("x");
+    check(
+        &json_of(
+            &[
+                "ota",
+                "extract",
+                path_str(&full),
+                "-o",
+                path_str(&out),
+                "--json",
+            ],
+            0,
+        ),
+        "snapblk.ota-extract.v1",
+        "ota extract",
+    );
+    check(
+        &json_of(
+            &[
+                "ota",
+                "extract",
+                path_str(&delta),
+                "-o",
+                path_str(&c.p("y")),
+                "--json",
+            ],
+            1,
+        ),
+        "snapblk.ota-extract.v1",
+        "ota extract (incremental)",
+    );
+    let z = c.p("z");
+    let args = [
+        "ota",
+        "apply",
+        path_str(&delta),
+        "--source",
+        path_str(&old),
+        "-o",
+        path_str(&z),
+        "--json",
+    ];
+    check(&json_of(&args, 0), "snapblk.ota-apply.v1", "ota apply");
+}

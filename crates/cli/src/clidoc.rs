@@ -96,6 +96,22 @@ pub const EXAMPLES: &[(&str, &str)] = &[
         "snapblk bench fgbg --bg-read big.img --fg-cmd true",
     ),
     (
+        "remote",
+        "snapblk remote put update.cow s3://updates/2026-11/update.cow",
+    ),
+    (
+        "remote put",
+        "snapblk remote put update.cow s3://updates/2026-11/update.cow",
+    ),
+    (
+        "remote get",
+        "snapblk remote get s3://updates/2026-11/update.cow update.cow",
+    ),
+    (
+        "remote stat",
+        "snapblk remote stat s3://updates/2026-11/update.cow",
+    ),
+    (
         "completions",
         "snapblk completions bash > /etc/bash_completion.d/snapblk",
     ),

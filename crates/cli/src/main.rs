@@ -24,6 +24,7 @@ mod ota_sig;
 mod outfile;
 mod progress;
 mod readahead;
+mod remote;
 mod serve;
 mod serve_ublk;
 
@@ -66,6 +67,9 @@ enum Cmd {
     Completions(clidoc::CompletionsArgs),
     /// Write a man page per command into a directory.
     Man(clidoc::ManArgs),
+    /// Objects on S3 or an S3-compatible store: put, get, stat (docs/remote.md).
+    #[command(subcommand)]
+    Remote(remote::RemoteCmd),
 }
 
 /// Every option that takes a value accepts a negative number as its value, in every
@@ -106,6 +110,7 @@ fn main() {
         Cmd::Bench(a) => bench::run(a),
         Cmd::Completions(a) => clidoc::completions(a, cli_command()),
         Cmd::Man(a) => clidoc::man(a, cli_command()),
+        Cmd::Remote(c) => remote::run(c),
     };
     // A write to stderr that a callback could not report fails the command too.
     let res = res.and_then(|()| match out::take_deferred() {

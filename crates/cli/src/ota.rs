@@ -3,6 +3,7 @@
 
 use crate::human::bytes as human;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use anyhow::{Context, Result, bail};
 use clap::Subcommand;
@@ -11,6 +12,7 @@ use snapblk_ota::{
     Check, Container, ExtentSummary, ExtractOptions, ExtractProgress, ExtractReport, Ota, Output,
     PropertiesOrigin, PropertiesReport, Summary, VeritySummary, check_partition_name,
 };
+use snapblk_remote::{RemoteConfig, RemoteObject};
 
 use crate::ota_sig::{self, Keys, Reported};
 use crate::outfile::{AtomicFile, refuse_alias, same_file};
@@ -41,7 +43,8 @@ pub enum OtaCmd {
     /// Show an OTA's payload: header, manifest settings (minor version, Virtual A/B), and per
     /// partition its size, hash, operation histogram and whether `ota extract` can write it.
     Info {
-        /// The OTA: a zip with payload.bin, or a bare payload.bin.
+        /// The OTA: a zip with payload.bin, or a bare payload.bin; a path, or s3://BUCKET/KEY or
+        /// an http(s) URL read by range (docs/remote.md).
         ota: PathBuf,
         /// Also check FILE_HASH of payload_properties.txt (reads the whole payload).
         #[arg(long)]
@@ -59,7 +62,8 @@ pub enum OtaCmd {
     /// Write the partitions of a full OTA to DIR/<partition>.img, each checked against the
     /// payload's hashes before it appears under its name.
     Extract {
-        /// The OTA: a zip with payload.bin, or a bare payload.bin.
+        /// The OTA: a zip with payload.bin, or a bare payload.bin; a path, or s3://BUCKET/KEY or
+        /// an http(s) URL read by range (docs/remote.md).
         ota: PathBuf,
         /// Output directory (created if missing).
         #[arg(short = 'o', long = "output", value_name = "DIR")]
@@ -85,7 +89,8 @@ pub enum OtaCmd {
     /// payload before anything is written and each new image against the payload's hashes
     /// before it appears under its name.
     Apply {
-        /// The OTA: a zip with payload.bin, or a bare payload.bin.
+        /// The OTA: a zip with payload.bin, or a bare payload.bin; a path, or s3://BUCKET/KEY or
+        /// an http(s) URL read by range (docs/remote.md).
         ota: PathBuf,
         /// Directory of the old images, OLDDIR/<partition>.img.
         #[arg(long, value_name = "OLDDIR")]
@@ -183,8 +188,31 @@ fn verdict(json: bool, schema: &str, r: Result<()>) -> Result<()> {
     r
 }
 
-fn open(path: &Path) -> Result<Ota> {
-    Ota::open(path).with_context(|| format!("{}", path.display()))
+/// An OTA from a local path, or from `s3://BUCKET/KEY` / `http(s)://…` read by ranged GETs
+/// (the [`RemoteObject`] comes back for its counters: [`fetched`]).
+fn open(path: &Path) -> Result<(Ota, Option<Arc<RemoteObject>>)> {
+    if let Some(url) = path.to_str().filter(|s| snapblk_remote::is_remote(s)) {
+        let obj = Arc::new(RemoteObject::open(url, &RemoteConfig::from_env()?)?);
+        let ota = Ota::open_reader(obj.clone()).with_context(|| url.to_owned())?;
+        return Ok((ota, Some(obj)));
+    }
+    let ota = Ota::open(path).with_context(|| format!("{}", path.display()))?;
+    Ok((ota, None))
+}
+
+/// For a remote OTA, one line on stderr: how much of it was fetched.
+fn fetched(remote: &Option<Arc<RemoteObject>>) -> Result<()> {
+    if let Some(o) = remote {
+        let s = o.stats();
+        errln!(
+            "{}: fetched {} of {} bytes ({} ranged GETs)",
+            o.name(),
+            s.bytes_fetched,
+            o.len(),
+            s.requests
+        )?;
+    }
+    Ok(())
 }
 
 /// Check payload_properties.txt's sizes and metadata hash (and the file hash with `full`).
@@ -214,7 +242,7 @@ fn has_file_hash(ota: &Ota) -> bool {
 
 fn info(path: &Path, verify_file_hash: bool, key_files: &[PathBuf], json: bool) -> Result<()> {
     let keys = Keys::load(key_files)?;
-    let ota = open(path)?;
+    let (ota, remote) = open(path)?;
     // With keys, FILE_HASH comes from the same read as the signature check.
     let mut props = check_properties(&ota, verify_file_hash && keys.is_empty())?;
     let file = verify_file_hash && has_file_hash(&ota);
@@ -249,6 +277,7 @@ fn info(path: &Path, verify_file_hash: bool, key_files: &[PathBuf], json: bool) 
     } else {
         print_info(&ota, &s, props.as_ref(), origin.as_ref(), (&sigs, &keys))?;
     }
+    fetched(&remote)?;
     verdict.map_err(|e| Reported(e).into())
 }
 
@@ -596,7 +625,7 @@ fn extract(
     json: bool,
 ) -> Result<()> {
     let keys = Keys::load(key_files)?;
-    let ota = open(path)?;
+    let (ota, remote) = open(path)?;
     let props = check_properties(&ota, false)?;
     let (sigs, file_hash) = signatures(&ota, &keys)?;
     let payload = ota.payload();
@@ -626,9 +655,10 @@ fn extract(
             "partitions": report.partitions,
         });
         say!("{}", serde_json::to_string_pretty(&doc)?);
-        return Ok(());
+        return fetched(&remote);
     }
     print_partitions(&report)?;
+    fetched(&remote)?;
     say!(
         "{} partitions written to {}",
         report.partitions.len(),
@@ -650,7 +680,7 @@ struct ApplyArgs<'a> {
 
 fn apply(a: &ApplyArgs<'_>) -> Result<()> {
     let keys = Keys::load(a.keys)?;
-    let ota = open(a.ota)?;
+    let (ota, remote) = open(a.ota)?;
     let props = check_properties(&ota, false)?;
     let (sigs, file_hash) = signatures(&ota, &keys)?;
     let payload = ota.payload();
@@ -729,9 +759,10 @@ fn apply(a: &ApplyArgs<'_>) -> Result<()> {
             "skipped": plan.skipped(),
         });
         say!("{}", serde_json::to_string_pretty(&doc)?);
-        return Ok(());
+        return fetched(&remote);
     }
     print_partitions(&report)?;
+    fetched(&remote)?;
     for s in plan.skipped() {
         say!(
             "skipped {}: {}",

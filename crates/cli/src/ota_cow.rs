@@ -242,7 +242,7 @@ pub(super) fn run(c: &CowArgs) -> Result<()> {
 /// Build the chosen partitions and write their COWs (see the module docs).
 pub(super) fn make(a: &Job<'_>) -> Result<Made> {
     let keys = Keys::load(a.keys)?;
-    let ota = open(a.ota)?;
+    let (ota, _remote) = open(a.ota)?;
     check_properties(&ota, false)?;
     signatures(&ota, &keys)?;
     let payload = ota.payload();

@@ -4,13 +4,16 @@
 //! `payload_properties.txt`: in the zip, or beside a bare payload.
 
 use std::fs::File;
-use std::io::Read;
+use std::io::{Read, Seek};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use snapblk_core::ReadAt;
 
 use crate::error::{OtaError, Result};
 use crate::payload::{MAGIC, Payload};
 use crate::properties::Properties;
-use crate::source::FileSlice;
+use crate::source::{FileSlice, ReadAtCursor, Source, SourceSlice};
 
 /// Name of the payload entry in an OTA zip.
 pub const PAYLOAD_ENTRY: &str = "payload.bin";
@@ -74,7 +77,38 @@ impl Ota {
         if n < 4 || &magic[..2] != b"PK" {
             return Err(OtaError::NotOta);
         }
-        open_zip(file, len)
+        let reader = file.try_clone().map_err(OtaError::Open)?;
+        open_zip(reader, len, move |base, len| {
+            Box::new(FileSlice { file, base, len })
+        })
+    }
+
+    /// Open an OTA zip or bare payload read through `src` (a remote object, memory, ...):
+    /// the same as [`Ota::open`] except that a bare payload has no properties file beside it.
+    /// The zip's directory, the manifest and the partitions asked for are all that is read.
+    pub fn open_reader(src: Arc<dyn ReadAt + Send + Sync>) -> Result<Ota> {
+        let len = src.size().map_err(OtaError::Open)?;
+        let mut magic = [0u8; 4];
+        let n = src.read_at(0, &mut magic).map_err(OtaError::Open)?;
+        if n == 4 && magic == MAGIC {
+            let payload = Payload::from_source(Box::new(SourceSlice { src, base: 0, len }))?;
+            return Ok(Ota {
+                payload,
+                container: Container::Bare,
+                properties: None,
+            });
+        }
+        if n < 4 || &magic[..2] != b"PK" {
+            return Err(OtaError::NotOta);
+        }
+        let cursor = ReadAtCursor {
+            src: src.clone(),
+            pos: 0,
+            len,
+        };
+        open_zip(cursor, len, move |base, len| {
+            Box::new(SourceSlice { src, base, len })
+        })
     }
 
     /// The payload.
@@ -132,8 +166,13 @@ fn read_text(r: impl Read) -> std::io::Result<String> {
     Ok(s)
 }
 
-fn open_zip(file: File, len: u64) -> Result<Ota> {
-    let mut zip = zip::ZipArchive::new(&file).map_err(OtaError::Zip)?;
+/// Open the zip `reader` (`len` bytes); `slice(base, len)` makes the payload entry's source.
+fn open_zip<R: Read + Seek>(
+    reader: R,
+    len: u64,
+    slice: impl FnOnce(u64, u64) -> Box<dyn Source>,
+) -> Result<Ota> {
+    let mut zip = zip::ZipArchive::new(reader).map_err(OtaError::Zip)?;
     let idx = zip
         .index_for_name(PAYLOAD_ENTRY)
         .ok_or(OtaError::NoPayloadInZip)?;
@@ -173,11 +212,7 @@ fn open_zip(file: File, len: u64) -> Result<Ota> {
         }
     };
     drop(zip);
-    let payload = Payload::from_source(Box::new(FileSlice {
-        file,
-        base,
-        len: size,
-    }))?;
+    let payload = Payload::from_source(slice(base, size))?;
     Ok(Ota {
         payload,
         container: Container::Zip {

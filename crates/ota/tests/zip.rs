@@ -229,3 +229,32 @@ fn compressed_missing_or_foreign_payloads_are_refused() {
     assert!(matches!(e, OtaError::Zip(_)), "{e}");
     assert_eq!(e.to_string(), "reading the OTA zip's directory");
 }
+
+#[test]
+fn a_zip_or_bare_payload_opens_from_any_positional_source() {
+    let f = fixture();
+    let zip = f.dir.join("ota.zip");
+    make_zip(
+        &zip,
+        0,
+        &[
+            ("payload_properties.txt", &f.props, "deflated"),
+            ("payload.bin", &f.payload, "stored"),
+        ],
+    );
+    let bytes = std::fs::read(&zip).unwrap();
+    let ota = Ota::open_reader(std::sync::Arc::new(bytes)).unwrap();
+    assert_eq!(ota.container(), Ota::open(&zip).unwrap().container());
+    assert_eq!(ota.properties().unwrap().1, &PropertiesOrigin::Zip);
+    check_all(&ota, &f.images);
+    // A bare payload: no file beside it to take properties from.
+    let ota = Ota::open_reader(std::sync::Arc::new(std::fs::read(&f.payload).unwrap())).unwrap();
+    assert_eq!(ota.container(), Container::Bare);
+    assert!(ota.properties().is_none());
+    let out = extract_to_memory(ota.payload(), None, 2).unwrap();
+    assert!(out.iter().zip(&f.images).all(|((_, a), b)| a == b));
+    assert!(matches!(
+        Ota::open_reader(std::sync::Arc::new(b"not an OTA".to_vec())),
+        Err(OtaError::NotOta)
+    ));
+}

@@ -1,0 +1,39 @@
+//! snapblk-remote: remote objects as read-only byte sources.
+//!
+//! * [`RemoteObject`]: an object at `s3://BUCKET/KEY` (S3, Ceph RGW, any S3-compatible store;
+//!   SigV4-signed when credentials are set) or `http(s)://…` (a public object or a presigned
+//!   URL), read by position through ranged GETs into a bounded block cache, pinned to the
+//!   version it was opened at (its ETag, sent as `If-Match`). It implements the positional I/O
+//!   family ([`snapblk_core::ReadAt`]), so a COW reader, a snapshot and the OTA payload reader
+//!   read it like a file.
+//! * [`RemoteDriver`]: the same as the read-only `s3` / `http` driver of device specs.
+//! * [`put_file`] / [`get_to`]: whole-object publish and fetch, checked by SHA-256.
+//! * [`sigv4`]: the request signer (AWS Signature Version 4), public for its test vectors and
+//!   for tools that sign their own requests.
+//!
+//! Configuration: [`RemoteConfig::from_env`] reads `AWS_ACCESS_KEY_ID`,
+//! `AWS_SECRET_ACCESS_KEY`, `AWS_SESSION_TOKEN`, `AWS_ENDPOINT_URL(_S3)` and `AWS_REGION`.
+//! HTTPS trusts the system's CA store; `SSL_CERT_FILE` points it at another bundle (a private
+//! CA). Errors ([`RemoteError`]) are one line each: denied credentials, a missing object, a
+//! changed object, an unreachable endpoint.
+#![warn(missing_docs)]
+#![warn(unreachable_pub, unnameable_types)]
+
+mod cache;
+mod config;
+mod driver;
+mod error;
+mod http;
+mod object;
+pub mod sigv4;
+mod transfer;
+
+pub use config::{
+    DEFAULT_BLOCK_SIZE, DEFAULT_CACHE_BYTES, DEFAULT_READAHEAD_BLOCKS, DEFAULT_RETRIES,
+    DEFAULT_TIMEOUT, RemoteConfig, Target, is_remote,
+};
+pub use driver::RemoteDriver;
+pub use error::{RemoteError, Result, TransportError};
+pub use http::{parse_content_range, s3_error_code, status_error};
+pub use object::{RemoteObject, RemoteStats};
+pub use transfer::{MAX_SINGLE_PUT, SHA256_META, TransferReport, get_to, put_file};

@@ -1,0 +1,173 @@
+#!/usr/bin/env bash
+# The S3/HTTP source (crates/remote) against a real S3 server: Ceph's radosgw on a throw-away
+# single-node cluster (scripts/ceph-cluster.sh, loopback only), plus a TLS proxy (socat) with a
+# private CA for HTTPS. Objects are put and checked by curl (an independent SigV4 client).
+# Checks: range reads through the cache match the object cold and warm, a replaced object, wrong
+# credentials, missing objects and a dead endpoint give clear errors, HTTPS with the private CA
+# (and refused without it), put/get round trips, a remote OTA's partition extracts to the same
+# bytes as the local one while fetching less than the whole zip, and a snapshot served over NBD
+# from a base and COW in the bucket reads as the AOSP golden target. Every daemon is stopped by
+# pid, also on failure. Fails (never skips) when a tool is missing. Ends with "N passed, N failed".
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+root=$PWD
+passed=0; failed=0
+ok() { echo "PASS $*"; passed=$((passed + 1)); }
+bad() { echo "FAIL $*"; failed=$((failed + 1)); }
+finish() { echo "$passed passed, $failed failed"; [ "$failed" -eq 0 ]; exit; }
+work=$(mktemp -d /tmp/snapblk-s3.XXXXXX)
+cluster=$work/ceph
+pids=()
+cleanup() {
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null; wait "$p" 2>/dev/null; done
+  bash "$root/scripts/ceph-cluster.sh" down "$cluster" >/dev/null 2>&1
+  rm -rf "$work"
+}
+trap cleanup EXIT
+for t in curl socat openssl nbdcopy python3 radosgw; do
+  command -v "$t" >/dev/null || { bad "$t not found (scripts/install-deps.sh installs it)"; finish; }
+done
+cargo build -q -p snapblk-cli -p snapblk-conformance || { bad "cargo build -p snapblk-cli -p snapblk-conformance"; finish; }
+snapblk=${CARGO_TARGET_DIR:-$root/target}/debug/snapblk
+
+mon_port=${S3_TEST_MON_PORT:-13357}
+rgw_port=${S3_TEST_RGW_PORT:-17557}
+tls_port=${S3_TEST_TLS_PORT:-17558}
+if CEPH_MON_PORT=$mon_port CEPH_RGW_PORT=$rgw_port CEPH_POOL= \
+     bash scripts/ceph-cluster.sh up "$cluster" > "$work/up.log" 2>&1; then
+  ok "ceph-cluster.sh up (monitor, memstore OSD, radosgw)"
+else
+  tail -20 "$work/up.log"; bad "ceph-cluster.sh up"; finish
+fi
+set -a
+# shellcheck disable=SC1091
+. "$cluster/s3.env"
+set +a
+export AWS_ENDPOINT_URL=$S3_ENDPOINT AWS_REGION=$S3_REGION S3_TEST_BUCKET=snapblk-test
+s3curl() { curl -sS -f --aws-sigv4 "aws:amz:$AWS_REGION:s3" --user "$AWS_ACCESS_KEY_ID:$AWS_SECRET_ACCESS_KEY" \
+  -H "x-amz-content-sha256: UNSIGNED-PAYLOAD" "$@"; }
+s3curl -X PUT "$AWS_ENDPOINT_URL/$S3_TEST_BUCKET" || { bad "create bucket (curl)"; finish; }
+
+# TLS: a private CA, a certificate for 127.0.0.1, socat terminating TLS before radosgw.
+openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj /CN=snapblk-test-ca \
+  -keyout "$work/ca.key" -out "$work/ca.pem" 2>/dev/null
+openssl req -newkey rsa:2048 -nodes -subj /CN=127.0.0.1 -keyout "$work/srv.key" -out "$work/srv.csr" 2>/dev/null
+printf 'subjectAltName=IP:127.0.0.1\n' > "$work/ext.cnf"
+openssl x509 -req -in "$work/srv.csr" -CA "$work/ca.pem" -CAkey "$work/ca.key" -CAcreateserial \
+  -days 2 -extfile "$work/ext.cnf" -out "$work/srv.pem" 2>/dev/null
+socat "OPENSSL-LISTEN:$tls_port,bind=127.0.0.1,reuseaddr,fork,cert=$work/srv.pem,key=$work/srv.key,verify=0" \
+  "TCP:127.0.0.1:$rgw_port" 2> "$work/socat.log" &
+pids+=($!)
+for _ in $(seq 50); do curl -s --cacert "$work/ca.pem" -o /dev/null "https://127.0.0.1:$tls_port/" && break; sleep 0.1; done
+export S3_TEST_HTTPS_ENDPOINT=https://127.0.0.1:$tls_port
+
+# The Rust tests against the server.
+rtest() {  # rtest NAME WHAT [ENV...]
+  local name=$1 what=$2; shift 2
+  if env "$@" cargo test -q -p snapblk-remote --test rgw -- --ignored --exact "$name" > "$work/t.txt" 2>&1 \
+     && grep -q '^test result: ok. 1 passed' "$work/t.txt"; then
+    ok "$what"
+  else
+    tail -30 "$work/t.txt"; bad "$what"
+  fi
+}
+rtest range_reads_through_the_cache_match_the_object_cold_and_warm \
+  "random range reads through the cache match the object (evicting, cold, warm, sequential)"
+rtest a_replaced_object_fails_instead_of_mixing_versions "a replaced object fails with 'changed' (If-Match)"
+rtest wrong_credentials_missing_objects_and_dead_endpoints_give_clear_errors \
+  "wrong credentials, missing object and bucket, dead endpoint, anonymous: clear errors"
+rtest put_and_get_round_trip_with_the_checksum "put/get round trip with the SHA-256 checked"
+rtest https_with_a_private_ca "HTTPS through the TLS proxy with the private CA" SSL_CERT_FILE="$work/ca.pem"
+
+# The CLI: errors are one line each.
+expect_err() {  # expect_err WHAT PATTERN CMD...
+  local what=$1 pat=$2; shift 2
+  if "$@" > "$work/o.txt" 2> "$work/e.txt"; then bad "$what: succeeded"; return; fi
+  if [ "$(wc -l < "$work/e.txt")" -eq 1 ] && grep -q "$pat" "$work/e.txt"; then ok "$what: $(cat "$work/e.txt")"
+  else cat "$work/e.txt"; bad "$what: expected one line with '$pat'"; fi
+}
+head -c 100000 /dev/urandom > "$work/small.bin"
+"$snapblk" remote put "$work/small.bin" "s3://$S3_TEST_BUCKET/small.bin" > /dev/null || bad "remote put"
+expect_err "wrong secret" "access denied" env AWS_SECRET_ACCESS_KEY=wrong "$snapblk" remote stat "s3://$S3_TEST_BUCKET/small.bin"
+expect_err "missing object" "no such object (HTTP 404" "$snapblk" remote stat "s3://$S3_TEST_BUCKET/missing.bin"
+expect_err "HTTPS without the CA (not retried)" "after 1 attempt(s).*UnknownIssuer" env AWS_ENDPOINT_URL="$S3_TEST_HTTPS_ENDPOINT" "$snapblk" remote stat "s3://$S3_TEST_BUCKET/small.bin"
+expect_err "dead endpoint" "cannot reach the endpoint" env AWS_ENDPOINT_URL=http://127.0.0.1:1 "$snapblk" remote stat "s3://$S3_TEST_BUCKET/small.bin"
+if SSL_CERT_FILE=$work/ca.pem AWS_ENDPOINT_URL=$S3_TEST_HTTPS_ENDPOINT "$snapblk" remote stat "s3://$S3_TEST_BUCKET/small.bin" | grep -q '100000 bytes'; then
+  ok "remote stat over HTTPS with SSL_CERT_FILE"
+else bad "remote stat over HTTPS with SSL_CERT_FILE"; fi
+
+# put/get: curl reads back what put wrote; get writes what curl put.
+s3curl -o "$work/by-curl.bin" "$AWS_ENDPOINT_URL/$S3_TEST_BUCKET/small.bin" && cmp -s "$work/by-curl.bin" "$work/small.bin" \
+  && ok "curl reads back the bytes 'remote put' wrote" || bad "curl read back of 'remote put'"
+s3curl -T "$work/small.bin" "$AWS_ENDPOINT_URL/$S3_TEST_BUCKET/by-curl.bin" || bad "curl put"
+"$snapblk" remote get "s3://$S3_TEST_BUCKET/by-curl.bin" "$work/got.bin" > /dev/null && cmp -s "$work/got.bin" "$work/small.bin" \
+  && ok "'remote get' fetches what curl put" || bad "'remote get' of curl's object"
+expect_err "get of a missing object" "no such object" "$snapblk" remote get "s3://$S3_TEST_BUCKET/missing.bin" "$work/none.bin"
+[ ! -e "$work/none.bin" ] && ok "a failed get leaves no output" || bad "a failed get left $work/none.bin"
+
+# OTA: one partition of a remote OTA zip, without fetching the whole zip.
+tar -xf tests/data/ota/sample_payloads.tar.xz -C "$work"
+head -c 4000000 /dev/urandom > "$work/filler.bin"
+python3 - "$work" <<'PY'
+import sys, zipfile
+w = sys.argv[1]
+with zipfile.ZipFile(f"{w}/ota.zip", "w") as z:
+    z.write(f"{w}/filler.bin", "META-INF/filler", compress_type=zipfile.ZIP_STORED)
+    z.write(f"{w}/full_payload.bin", "payload.bin", compress_type=zipfile.ZIP_STORED)
+PY
+s3curl -T "$work/ota.zip" "$AWS_ENDPOINT_URL/$S3_TEST_BUCKET/ota.zip" || bad "curl put ota.zip"
+"$snapblk" ota extract "$work/ota.zip" -o "$work/ota-local" --partitions root > /dev/null || bad "local ota extract"
+if "$snapblk" ota extract "s3://$S3_TEST_BUCKET/ota.zip" -o "$work/ota-remote" --partitions root > /dev/null 2> "$work/ota.err" \
+   && cmp -s "$work/ota-local/root.img" "$work/ota-remote/root.img"; then
+  ok "a remote OTA's partition extracts to the same bytes as the local one"
+else cat "$work/ota.err"; bad "remote ota extract"; fi
+fetched=$(sed -n 's/.*fetched \([0-9]*\) of \([0-9]*\) bytes.*/\1/p' "$work/ota.err")
+size=$(stat -c %s "$work/ota.zip")
+if [ -n "$fetched" ] && [ "$fetched" -lt $((size / 4)) ]; then
+  ok "the remote extract fetched $fetched of $size bytes"
+else cat "$work/ota.err"; bad "the remote extract fetched '${fetched}' of $size bytes"; fi
+"$snapblk" ota info "s3://$S3_TEST_BUCKET/ota.zip" > "$work/info.txt" 2>&1
+"$snapblk" ota info "$work/ota.zip" > "$work/info-local.txt" 2>&1
+if grep -q 'root:' "$work/info.txt" && diff <(grep -v fetched "$work/info.txt") "$work/info-local.txt" > /dev/null; then
+  ok "ota info of a remote OTA says what it says of the local one"
+else cat "$work/info.txt"; bad "ota info of a remote OTA"; fi
+
+# A snapshot served over NBD from a base and COW in the bucket reads as the golden target.
+g=tests/data/aosp-cow/v3_replace_lz4
+s3curl -T "$g/base.img" "$AWS_ENDPOINT_URL/$S3_TEST_BUCKET/base.img" && s3curl -T "$g/snapshot.cow" "$AWS_ENDPOINT_URL/$S3_TEST_BUCKET/snap.cow" \
+  || bad "curl put of the golden case"
+nbd_port=${S3_TEST_NBD_PORT:-10857}
+serve_read() {  # serve_read WHAT EXPECTED SERVE-ARGS...: serve over NBD, read all with nbdcopy, compare
+  local what=$1 want=$2; shift 2
+  "$snapblk" serve --nbd "127.0.0.1:$nbd_port" "$@" > "$work/serve.log" 2>&1 &
+  local sp=$!
+  for _ in $(seq 100); do grep -q 'serving' "$work/serve.log" && break; kill -0 $sp 2>/dev/null || break; sleep 0.1; done
+  rm -f "$work/read.img"
+  if nbdcopy "nbd://127.0.0.1:$nbd_port" "$work/read.img" 2>> "$work/serve.log" && cmp -s "$work/read.img" "$want"; then ok "$what"
+  else cat "$work/serve.log"; bad "$what"; fi
+  kill $sp 2>/dev/null; wait $sp 2>/dev/null
+}
+serve_read "snapshot with base and COW in S3, served over NBD, reads as target.img" "$g/target.img" \
+  --base "s3://$S3_TEST_BUCKET/base.img" --cow "s3://$S3_TEST_BUCKET/snap.cow"
+serve_read "snapshot with base.driver=s3 and a local COW reads as target.img" "$g/target.img" \
+  "snapshot:cow=$g/snapshot.cow,base.driver=s3,base.url=s3://$S3_TEST_BUCKET/base.img"
+head -c $(((1 << 20) + 4096)) /dev/urandom > "$work/img.bin"
+s3curl -T "$work/img.bin" "$AWS_ENDPOINT_URL/$S3_TEST_BUCKET/img.bin" || bad "curl put img.bin"
+SSL_CERT_FILE=$work/ca.pem serve_read "the s3 driver serves an object over NBD (HTTPS, 256 KiB cache)" "$work/img.bin" \
+  "s3:url=s3://$S3_TEST_BUCKET/img.bin,cache-size=256k,block-size=64k,endpoint=$S3_TEST_HTTPS_ENDPOINT"
+# The driver conformance suite (read-only: reads, refused writes, properties) on the s3 driver.
+if "${CARGO_TARGET_DIR:-$root/target}/debug/snapblk-conformance" \
+     "s3:url=s3://$S3_TEST_BUCKET/img.bin,cache-size=256k,block-size=64k" > "$work/conf.txt" 2>&1; then
+  ok "snapblk-conformance on the s3 driver ($(tail -1 "$work/conf.txt"))"
+else grep -v '^PASS' "$work/conf.txt" | tail -30; bad "snapblk-conformance on the s3 driver"; fi
+# snapblk bench reads the s3 driver (4 KiB random reads, verified against nothing: it must run).
+if "$snapblk" bench "s3:url=s3://$S3_TEST_BUCKET/img.bin" --rw randread --bs 4k --iodepth 1 --runtime 1 \
+     --json > "$work/bench.json" 2> "$work/bench.err" \
+   && python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); assert d["error"] is None and d["results"], d.get("error")' "$work/bench.json" 2>> "$work/bench.err"; then
+  ok "snapblk bench on the s3 driver"
+else tail -5 "$work/bench.err"; head -c 600 "$work/bench.json"; bad "snapblk bench on the s3 driver"; fi
+# A public object by its plain URL (unsigned GETs): the http driver, bare URL spec.
+s3curl -H "x-amz-acl: public-read" -T "$work/img.bin" "$AWS_ENDPOINT_URL/$S3_TEST_BUCKET/public.bin" || bad "curl put public.bin"
+serve_read "the http driver serves a public object by URL over NBD" "$work/img.bin" \
+  "$AWS_ENDPOINT_URL/$S3_TEST_BUCKET/public.bin"
+finish

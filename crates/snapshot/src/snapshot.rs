@@ -2,7 +2,6 @@
 
 use crate::dev::BlockDev;
 use crate::error::{Result, SnapError};
-#[cfg(test)]
 use crate::io::CacheStats;
 use crate::io::{Dev, Io, UnitCache};
 use crate::map::{Codec, MergeView, OpKind, Payload, Segment, SnapshotMap, StagedWindow};
@@ -495,8 +494,7 @@ impl Snapshot {
         self.io.sched.stats()
     }
     /// Decoded-unit cache counters.
-    #[cfg(test)]
-    pub(crate) fn cache_stats(&self) -> CacheStats {
+    pub fn cache_stats(&self) -> CacheStats {
         self.cache.stats()
     }
     /// (ops merged, ops in the merge order).

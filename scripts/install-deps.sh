@@ -25,6 +25,7 @@ PKGS=(
   libfec-dev                        # Karn's Reed-Solomon library (init_rs_char): the FEC encoder's reference
   zip gzip                          # PUFFDIFF tests: deflate streams by Info-ZIP zip and GNU gzip
   openssl                           # OTA signature tests: keys, certificates and signatures by the openssl CLI
+  prometheus                        # serve --metrics tests: a real Prometheus scrapes the server
 )
 missing=()
 for p in "${PKGS[@]}"; do

@@ -14,6 +14,7 @@ mod out;
 
 mod bench;
 mod cow;
+mod ctl;
 mod human;
 mod info;
 mod logger;
@@ -24,6 +25,7 @@ mod outfile;
 mod progress;
 mod readahead;
 mod serve;
+mod serve_ops;
 mod serve_ublk;
 
 #[derive(Parser)]
@@ -51,6 +53,8 @@ enum Cmd {
     Ota(ota::OtaCmd),
     /// Export a device over ublk, FUSE or NBD.
     Serve(serve::ServeArgs),
+    /// Ask a running `serve --control PATH` for its status or stats, or steer its merge.
+    Ctl(ctl::CtlArgs),
     /// Page-cache residency.
     Residency(readahead::ResidencyArgs),
     /// Record, replay and evict readahead lists.
@@ -86,6 +90,7 @@ fn main() {
         Cmd::Merge(a) => merge::run(a),
         Cmd::Ota(c) => ota::run(c),
         Cmd::Serve(a) => serve::run(a),
+        Cmd::Ctl(a) => ctl::run(a),
         Cmd::Residency(a) => readahead::run_residency(a),
         Cmd::Readahead(c) => readahead::run(c),
         Cmd::Bench(a) => bench::run(a),

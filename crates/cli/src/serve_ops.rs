@@ -146,6 +146,14 @@ impl Ops {
                     .spawn(move || serve_control(&l, &obs, &stop))?,
             );
         }
+        // Best effort, as the other serve lines on stderr (a closed stderr is no reason to stop).
+        let mut e = std::io::stderr().lock();
+        if let Some(a) = ops.metrics {
+            let _ = writeln!(e, "snapblk: metrics at http://{a}/metrics");
+        }
+        if let Some(p) = &ops.control {
+            let _ = writeln!(e, "snapblk: control socket {}", p.display());
+        }
         Ok(ops)
     }
 
@@ -511,6 +519,15 @@ fn render_snapshot(o: &mut String, act: &Activity) {
             "Times the background budget grew back in a quiet period.",
         );
         let _ = writeln!(o, "snapblk_sched_budget_grows_total {}", s.budget_grows);
+    }
+    if let Some(b) = act.sched_budget() {
+        family(
+            o,
+            "sched_budget_bytes",
+            "gauge",
+            "Background (merge, readahead) bytes the scheduler lets in flight now.",
+        );
+        let _ = writeln!(o, "snapblk_sched_budget_bytes {b}");
     }
     if let Some(c) = act.cache_stats() {
         family(

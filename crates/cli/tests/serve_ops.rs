@@ -193,6 +193,10 @@ fn prometheus_scrapes_an_nbd_export() {
         v > 0.0
     });
     prom.query_until("snapblk_merge_state{state=\"off\"}", |v| v == 1.0);
+    // The default scheduler's budget lies between its minimum and maximum (64 KiB, 2 MiB).
+    prom.query_until("snapblk_sched_budget_bytes", |v| {
+        (65536.0..=2097152.0).contains(&v)
+    });
     drop(prom);
     let (st, _, err) = s.stop();
     assert!(st.success(), "{err}");

@@ -69,8 +69,8 @@ pub struct MergeTask {
     stop: AtomicBool,
     /// The device is closing: the merge ends instead of pausing.
     closing: AtomicBool,
-    /// Held by an operator: the merge pauses at its next durable step and waits (under the
-    /// stats lock, with `cv`).
+    /// Held by an operator: the merge pauses at its next durable step and waits on `hold_cv`
+    /// until it is released. Lock order: `hold`, then `stats`.
     hold: Mutex<bool>,
     hold_cv: Condvar,
 }

@@ -591,6 +591,13 @@ impl Activity {
         lock(&self.snap).upgrade().map(|s| s.sched_stats())
     }
 
+    /// The scheduler's background budget now, in bytes, of the connected device (`None` once
+    /// it is closed, or with the scheduler off).
+    pub fn sched_budget(&self) -> Option<u64> {
+        let b = lock(&self.snap).upgrade()?.sched_budget();
+        (b != u64::MAX).then_some(b)
+    }
+
     /// The decoded-unit cache's counters of the connected device (`None` once it is closed).
     pub fn cache_stats(&self) -> Option<CacheStats> {
         lock(&self.snap).upgrade().map(|s| s.cache_stats())

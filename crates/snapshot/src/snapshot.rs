@@ -493,6 +493,10 @@ impl Snapshot {
     pub fn sched_stats(&self) -> SchedStats {
         self.io.sched.stats()
     }
+    /// The scheduler's background budget now, in bytes (`u64::MAX` with the scheduler off).
+    pub fn sched_budget(&self) -> u64 {
+        self.io.sched.budget_now()
+    }
     /// Decoded-unit cache counters.
     pub fn cache_stats(&self) -> CacheStats {
         self.cache.stats()

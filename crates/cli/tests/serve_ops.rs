@@ -336,6 +336,8 @@ fn control_socket_pauses_and_resumes_a_merge() {
         path_str(&sock),
         "--nbd",
         "0",
+        "--metrics",
+        "0",
     ]);
     assert_eq!(s.ready_str("control"), path_str(&sock));
     assert_eq!(mode_of(&sock), 0o600, "the control socket is owner-only");
@@ -374,6 +376,22 @@ fn control_socket_pauses_and_resumes_a_merge() {
         "the merge moved while paused"
     );
     assert_eq!(ctl_ok(&sock, "stats")["merge"]["merged"], at);
+    // The metrics say the same.
+    let text = http_get(&s.ready_str("metrics"), "/metrics");
+    for want in [
+        format!("snapblk_merge_ops_merged {at}\n"),
+        format!("snapblk_merge_ops_total {}\n", m["total"]),
+        "snapblk_merge_state{state=\"paused\"} 1\n".to_owned(),
+        "snapblk_merge_state{state=\"running\"} 0\n".to_owned(),
+    ] {
+        assert!(text.contains(&want), "no {want:?} in\n{text}");
+    }
+    let rate = text
+        .lines()
+        .find_map(|l| l.strip_prefix("snapblk_merge_ops_per_second "))
+        .and_then(|v| v.parse::<f64>().ok())
+        .unwrap_or_else(|| panic!("no merge rate in\n{text}"));
+    assert!(rate > 0.0, "merge rate {rate}");
     ctl_ok(&sock, "merge-resume");
     let (done, _) = s.wait_event("merge", Duration::from_secs(300)).unwrap();
     assert_eq!(done["merge"]["state"], "done", "{done}");
@@ -467,6 +485,24 @@ fn bad_control_requests_get_one_error_line() {
     assert!(l.contains("longer than"), "{l}");
     let st = ctl_ok(&sock, "status");
     assert!(st["merge"].is_null(), "{st}");
+    // Without --json, ctl prints a summary; a refusal is exit status 1 with the reason.
+    let o = Command::new(bin())
+        .args(["ctl", path_str(&sock), "stats"])
+        .output()
+        .unwrap();
+    assert!(o.status.success());
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        text.starts_with("read: ") && text.contains("merge: none"),
+        "{text}"
+    );
+    let o = Command::new(bin())
+        .args(["ctl", path_str(&sock), "merge-pause"])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("merge-pause: no merge"), "{err}");
     // A second server cannot take a live socket.
     let (other, _) = write_image(d.path(), "b.img", 1 << 20, 6);
     let o = Command::new(bin())

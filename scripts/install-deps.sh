@@ -30,6 +30,7 @@ PKGS=(
   qemu-block-extra                  # qemu-img/qemu-io rbd:…: an independent RBD client for the rbd tests
   socat curl                        # tests/suites/s3.sh: a TLS proxy before radosgw; an independent S3 client
   zsh fish groff-base man-db        # CLI tests: completions run by each shell, man pages rendered by groff, found by man
+  prometheus                        # serve --metrics tests: a real Prometheus scrapes the server
 )
 missing=()
 for p in "${PKGS[@]}"; do

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # ublk export tests, run inside a qemu VM booting Debian's newest kernel (the host kernel has no
-# ublk): golden cases, ext4 mount + e2fsck, kill -9 + user recovery, for the copy and zero-copy
-# data paths. Fails if the VM cannot be set up or booted. Ends with "N passed, N failed".
+# ublk): golden cases, ext4 mount + e2fsck, kill -9 + user recovery, --metrics counts, for the
+# copy and zero-copy data paths. Fails if the VM cannot be set up or booted. Ends with "N passed,
+# N failed".
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 tgt=${CARGO_TARGET_DIR:-target}

@@ -15,6 +15,7 @@ mod out;
 mod bench;
 mod clidoc;
 mod cow;
+mod ctl;
 mod human;
 mod info;
 mod logger;
@@ -26,6 +27,7 @@ mod progress;
 mod readahead;
 mod remote;
 mod serve;
+mod serve_ops;
 mod serve_ublk;
 
 #[derive(Parser)]
@@ -56,6 +58,8 @@ enum Cmd {
     Ota(ota::OtaCmd),
     /// Export a device over ublk, FUSE or NBD.
     Serve(serve::ServeArgs),
+    /// Ask a running `serve --control PATH` for its status or stats, or steer its merge.
+    Ctl(ctl::CtlArgs),
     /// Show how much of files is in the page cache (like vmtouch).
     Residency(readahead::ResidencyArgs),
     /// Record, replay and evict readahead lists; warm or evict whole trees.
@@ -105,6 +109,7 @@ fn main() {
         Cmd::Merge(a) => merge::run(a),
         Cmd::Ota(c) => ota::run(c),
         Cmd::Serve(a) => serve::run(a),
+        Cmd::Ctl(a) => ctl::run(a),
         Cmd::Residency(a) => readahead::run_residency(a),
         Cmd::Readahead(c) => readahead::run(c),
         Cmd::Bench(a) => bench::run(a),

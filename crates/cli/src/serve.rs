@@ -5,6 +5,7 @@
 //! (see snapblk_snapshot::Activity), and `--merge` merges the COW into the base while serving
 //! (snapblk_snapshot::MergeTask); their counters go into the JSON lines.
 
+use crate::serve_ops::{self, Observed, Ops};
 use crate::serve_ublk;
 use anyhow::{Context, bail};
 use clap::{ArgGroup, Args};
@@ -125,6 +126,9 @@ pub struct ServeArgs {
 
     #[command(flatten)]
     ublk_args: serve_ublk::UblkArgs,
+
+    #[command(flatten)]
+    ops: serve_ops::OpsArgs,
 }
 
 /// A count that must be at least 1 (0 used to become 1 silently).
@@ -226,6 +230,9 @@ fn record_props(a: &ServeArgs) -> anyhow::Result<String> {
     if a.merge {
         s.push_str(",merge=true");
     }
+    if a.ops.merge_wait {
+        s.push_str(",merge-held=true");
+    }
     Ok(s)
 }
 
@@ -308,6 +315,8 @@ pub(crate) fn emit(json: bool, mut v: serde_json::Value) {
 #[derive(Clone)]
 struct Recording {
     act: Option<Arc<Activity>>,
+    /// The snapshot device's activity whatever was asked for (metrics and control read it).
+    observed: Option<Arc<Activity>>,
     json: bool,
     /// What has been reported, under one lock: no replay or merge line after "stopped", and the
     /// replay line exactly once, before it.
@@ -361,6 +370,7 @@ impl Recording {
         }
         Recording {
             act,
+            observed: Activity::of(dev),
             json: a.json,
             lines: Arc::default(),
         }
@@ -422,7 +432,7 @@ impl Recording {
                     if lines.closed {
                         return;
                     }
-                    if st.state == MergeState::Running {
+                    if matches!(st.state, MergeState::Running | MergeState::Paused) {
                         if json && st.merged != shown {
                             emit(
                                 true,
@@ -510,8 +520,36 @@ impl Recording {
     }
 }
 
+/// What the metrics and the control socket read, for `export`.
+fn observed(
+    export: &'static str,
+    io: Arc<snapblk_core::IoStats>,
+    rec: &Recording,
+    size: u64,
+) -> Observed {
+    Observed {
+        export,
+        io,
+        act: rec.observed.clone(),
+        size,
+        started: Instant::now(),
+    }
+}
+
+/// `fields` added to a JSON object.
+fn with(
+    mut v: serde_json::Value,
+    fields: serde_json::Map<String, serde_json::Value>,
+) -> serde_json::Value {
+    if let Some(o) = v.as_object_mut() {
+        o.extend(fields);
+    }
+    v
+}
+
 pub fn run(mut a: ServeArgs) -> anyhow::Result<()> {
     check_combinations(&a)?;
+    serve_ops::check(&a.ops)?;
     let spec = spec(&a)?;
     if a.ublk {
         // Before the device's threads exist (as for NBD and FUSE below).
@@ -525,7 +563,17 @@ pub fn run(mut a: ServeArgs) -> anyhow::Result<()> {
             a.ublk_args.ublk_no_plan = true;
         }
         let watcher = rec.clone();
-        let r = serve_ublk::run(dev, &a.ublk_args, a.json, stop, move || watcher.watch());
+        let io = Arc::new(snapblk_core::IoStats::new());
+        let size = dev.get_u64("capacity").unwrap_or(0);
+        let ops = Ops::start(&a.ops, &observed("ublk", io.clone(), &rec, size))?;
+        let r = serve_ublk::run(
+            dev,
+            &a.ublk_args,
+            (io, ops.ready_fields()),
+            a.json,
+            stop,
+            move || watcher.watch(),
+        );
         let stopped = rec.stopped("ublk");
         r?;
         emit(a.json, stopped);
@@ -575,6 +623,8 @@ fn serve_nbd(
     let json = a.json;
     let server = Server::new(vec![export], cfg)?.on_event(move |e| log_connection(json, e));
     let listener = Listener::bind(addr).with_context(|| format!("binding NBD address {addr}"))?;
+    let obs = observed("nbd", dev.stats().clone(), rec, dev.geometry().size);
+    let ops = Ops::start(&a.ops, &obs)?;
     let stop = server.stop_handle();
     let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let watcher = {
@@ -592,15 +642,18 @@ fn serve_nbd(
     };
     emit(
         a.json,
-        serde_json::json!({
-            "event": "ready",
-            "export": "nbd",
-            "address": listener.address(),
-            "uri": listener.uri(nbd_name),
-            "name": nbd_name,
-            "size": dev.geometry().size,
-            "read_only": read_only,
-        }),
+        with(
+            serde_json::json!({
+                "event": "ready",
+                "export": "nbd",
+                "address": listener.address(),
+                "uri": listener.uri(nbd_name),
+                "name": nbd_name,
+                "size": dev.geometry().size,
+                "read_only": read_only,
+            }),
+            ops.ready_fields(),
+        ),
     );
     if !a.json {
         eprintln!(
@@ -672,16 +725,20 @@ fn serve_fuse(
         allow_other: a.fuse_allow_other,
     };
     let mut m = snapblk_fuse::mount(dev, dir, &opts)?;
+    let ops = Ops::start(&a.ops, &observed("fuse", m.stats().clone(), rec, m.size()))?;
     emit(
         a.json,
-        serde_json::json!({
-            "event": "ready",
-            "export": "fuse",
-            "mountpoint": dir.display().to_string(),
-            "path": m.file().display().to_string(),
-            "size": m.size(),
-            "read_only": m.read_only(),
-        }),
+        with(
+            serde_json::json!({
+                "event": "ready",
+                "export": "fuse",
+                "mountpoint": dir.display().to_string(),
+                "path": m.file().display().to_string(),
+                "size": m.size(),
+                "read_only": m.read_only(),
+            }),
+            ops.ready_fields(),
+        ),
     );
     if !a.json {
         eprintln!(

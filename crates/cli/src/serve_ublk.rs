@@ -61,9 +61,14 @@ impl UblkArgs {
 /// [`snapblk_ublk::block_stop_signals`], called before the device was opened so that no thread
 /// of the device (readahead, merge) takes SIGINT/SIGTERM with its default action. `after_ready`
 /// runs once the device is up and the "ready" line is out. The caller prints the "stopped" line.
+/// `observe`: where the queues count requests, and fields the "ready" line adds.
 pub fn run(
     dev: snapblk_core::Blkio,
     args: &UblkArgs,
+    observe: (
+        std::sync::Arc<snapblk_core::IoStats>,
+        serde_json::Map<String, serde_json::Value>,
+    ),
     json: bool,
     stop: impl FnMut(std::time::Duration) -> bool,
     after_ready: impl FnOnce(),
@@ -88,7 +93,9 @@ pub fn run(
         max_io_bytes: args.max_io_kib().saturating_mul(1024),
         path,
         id: args.ublk_id,
+        stats: observe.0,
     };
+    let extra = observe.1;
     snapblk_ublk::serve(
         dev,
         &cfg,
@@ -108,6 +115,9 @@ pub fn run(
                     "planned_reads": r.planned_reads,
                 });
                 v["schema"] = "snapblk.serve-event.v1".into();
+                if let Some(o) = v.as_object_mut() {
+                    o.extend(extra);
+                }
                 let mut o = std::io::stdout().lock();
                 let _ = writeln!(o, "{v}");
                 let _ = o.flush();

@@ -60,6 +60,7 @@
 mod at;
 mod device;
 mod error;
+mod iostats;
 mod mem;
 mod props;
 mod queue;
@@ -73,6 +74,7 @@ mod zone;
 pub use at::{MemFile, ReadAt, WriteAt, read_error};
 pub use device::{Blkio, DeviceInfo, Driver, State};
 pub use error::{Chain, Error, Result};
+pub use iostats::{DirSnapshot, IoDir, IoStats, IoStatsSnapshot, LATENCY_BOUNDS_NS};
 pub use mem::MemRegion;
 pub use props::{Access, PropSpec, PropType, PropValue};
 pub use queue::{Engine, Queue, QueueCore, QueueExt, check_do_io_args};

@@ -28,12 +28,13 @@ use fuser::{
     ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, Request, Session, SessionACL,
     SessionUnmounter, TimeOrNow, WriteFlags,
 };
+use snapblk_core::{IoDir, IoStats};
 use std::ffi::{OsStr, OsString};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 /// Errors of the FUSE export. The cause of each is its `source`, not part of its message.
 #[derive(Debug, thiserror::Error)]
@@ -96,11 +97,22 @@ const TTL: Duration = Duration::from_secs(3600);
 
 struct DevFs {
     dev: Arc<Device>,
+    stats: Arc<IoStats>,
     name: OsString,
     read_only: bool,
     direct_io: bool,
     dir: FileAttr,
     file: FileAttr,
+}
+
+impl DevFs {
+    /// A flush, counted in the stats.
+    fn timed_flush(&self) -> Result<(), IoError> {
+        let t0 = Instant::now();
+        let r = self.dev.flush();
+        self.stats.record(IoDir::Flush, 0, t0.elapsed(), r.is_ok());
+        r
+    }
 }
 
 fn errno(e: &IoError) -> Errno {
@@ -175,7 +187,25 @@ impl Filesystem for DevFs {
         } else {
             FopenFlags::FOPEN_KEEP_CACHE
         };
+        self.stats.connection_opened();
         reply.opened(FileHandle(0), f);
+    }
+
+    fn release(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        _flush: bool,
+        reply: ReplyEmpty,
+    ) {
+        if ino == FILE {
+            // Every open of the file counted above ends here.
+            self.stats.connection_closed();
+        }
+        reply.ok();
     }
 
     fn read(
@@ -193,7 +223,11 @@ impl Filesystem for DevFs {
             return reply.error(Errno::EISDIR);
         }
         let mut buf = Vec::new();
-        match self.dev.read(offset, size as usize, &mut buf) {
+        let t0 = Instant::now();
+        let r = self.dev.read(offset, size as usize, &mut buf);
+        self.stats
+            .record(IoDir::Read, buf.len() as u64, t0.elapsed(), r.is_ok());
+        match r {
             Ok(()) => reply.data(&buf),
             Err(e) => reply.error(errno(&e)),
         }
@@ -217,7 +251,11 @@ impl Filesystem for DevFs {
         if self.read_only {
             return reply.error(Errno::EROFS);
         }
-        match self.dev.write(offset, data) {
+        let t0 = Instant::now();
+        let r = self.dev.write(offset, data);
+        let n = *r.as_ref().unwrap_or(&0) as u64;
+        self.stats.record(IoDir::Write, n, t0.elapsed(), r.is_ok());
+        match r {
             Ok(n) => {
                 // O_SYNC/O_DSYNC writers expect durability when write returns.
                 if flags.0 & (libc::O_SYNC | libc::O_DSYNC) != 0
@@ -240,7 +278,7 @@ impl Filesystem for DevFs {
         reply: ReplyEmpty,
     ) {
         // Called on every close(): report write-back errors where the caller can see them.
-        match self.dev.flush() {
+        match self.timed_flush() {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(errno(&e)),
         }
@@ -254,7 +292,7 @@ impl Filesystem for DevFs {
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
-        match self.dev.flush() {
+        match self.timed_flush() {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(errno(&e)),
         }
@@ -290,7 +328,11 @@ impl Filesystem for DevFs {
                 _ => reply.error(Errno::EFBIG),
             };
         }
-        match self.dev.zero(offset, length, punch) {
+        let t0 = Instant::now();
+        let r = self.dev.zero(offset, length, punch);
+        let dir = if punch { IoDir::Discard } else { IoDir::Write };
+        self.stats.record(dir, length, t0.elapsed(), r.is_ok());
+        match r {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(errno(&e)),
         }
@@ -333,6 +375,7 @@ pub struct Mounted {
     size: u64,
     read_only: bool,
     dev: Arc<Device>,
+    stats: Arc<IoStats>,
     unmounter: SessionUnmounter,
     session: Option<JoinHandle<std::io::Result<()>>>,
 }
@@ -377,8 +420,10 @@ pub fn mount(
         blksize: 4096,
         flags: 0,
     };
+    let stats = Arc::new(IoStats::new());
     let fs = DevFs {
         dev: dev.clone(),
+        stats: stats.clone(),
         name: OsString::from(&opts.file_name),
         read_only,
         direct_io: opts.direct_io,
@@ -423,6 +468,7 @@ pub fn mount(
         size: dev.size,
         read_only,
         dev,
+        stats,
         unmounter,
         session: Some(handle),
     })
@@ -440,6 +486,11 @@ impl Mounted {
     /// Whether the file is exported read-only (asked for, or the device is read-only).
     pub fn read_only(&self) -> bool {
         self.read_only
+    }
+    /// Requests, bytes and latencies served through the file, and its opens (each open file
+    /// description counts as a connection until it is released).
+    pub fn stats(&self) -> &Arc<IoStats> {
+        &self.stats
     }
     /// Whether the session ended (e.g. someone ran `umount` on the directory).
     pub fn is_finished(&self) -> bool {

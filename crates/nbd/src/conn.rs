@@ -12,12 +12,13 @@ use crate::net::Stream;
 use crate::proto::{self, *};
 use crate::server::{Export, ServerConfig};
 use snapblk_core::sync::{lock, wait};
-use snapblk_core::{Completion, Op, Queue, ReqFlags, Request};
+use snapblk_core::{Completion, IoDir, IoStats, Op, Queue, ReqFlags, Request};
 use std::io::{IoSlice, Read, Write};
 use std::net::Shutdown;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Receiver, SyncSender, TryRecvError, sync_channel};
 use std::sync::{Condvar, Mutex};
+use std::time::Instant;
 
 /// A byte budget shared by the reader (acquire) and the I/O thread (release).
 struct Credits {
@@ -179,8 +180,11 @@ pub(crate) fn transmit(
             free: (0..cfg.max_inflight).rev().collect(),
             dead: false,
             durable: Durability::default(),
+            stats: ex.device.stats(),
         };
+        ex.device.stats().connection_opened();
         let failed = io.run(&rx);
+        ex.device.stats().connection_closed();
         // Unblock the reader wherever it waits: on the socket, the channel or the budget.
         credits.close();
         drop(rx);
@@ -354,6 +358,11 @@ struct Slot {
     modifies: bool,
     /// A flush: the [`Durability::done`] count it was issued at.
     flush_covers: Option<u64>,
+    /// What the request counts as in the export's [`IoStats`], with its bytes.
+    dir: IoDir,
+    bytes: u64,
+    /// When the I/O thread took it up (its latency runs from here to the reply).
+    t0: Instant,
 }
 
 /// Which completed writes a successful flush has made durable. A flush covers only the writes
@@ -389,6 +398,7 @@ struct IoLoop<'a> {
     /// The client can no longer be written to; keep draining the device only.
     dead: bool,
     durable: Durability,
+    stats: &'a IoStats,
 }
 
 impl IoLoop<'_> {
@@ -590,6 +600,14 @@ impl IoLoop<'_> {
             flush_after,
             modifies,
             flush_covers,
+            dir: match h.cmd {
+                CMD_READ => IoDir::Read,
+                CMD_FLUSH => IoDir::Flush,
+                CMD_TRIM => IoDir::Discard,
+                _ => IoDir::Write,
+            },
+            bytes: if h.cmd == CMD_FLUSH { 0 } else { len },
+            t0: Instant::now(),
         });
         for r in reqs {
             // SAFETY: data pointers point into the slot's buffer, a heap allocation that stays in
@@ -622,6 +640,8 @@ impl IoLoop<'_> {
             return;
         };
         self.free.push(idx);
+        self.stats
+            .record(slot.dir, slot.bytes, slot.t0.elapsed(), slot.error == 0);
         if slot.modifies {
             self.durable.done += 1;
         }

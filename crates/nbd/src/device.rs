@@ -2,9 +2,9 @@
 //! (queues are single-threaded), added on demand when the driver allows it.
 
 use snapblk_core::sync::lock;
-use snapblk_core::{Blkio, Queue, QueueExt};
+use snapblk_core::{Blkio, IoStats, Queue, QueueExt};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Duration;
 
 /// Errors of the shared device. The device's error is the `source`, not part of the message.
@@ -56,6 +56,7 @@ pub struct SharedDevice {
     inner: Mutex<Inner>,
     returned: Condvar,
     geometry: Geometry,
+    stats: Arc<IoStats>,
 }
 
 fn pow2_floor(v: i32) -> u32 {
@@ -96,6 +97,7 @@ impl SharedDevice {
         Ok(SharedDevice {
             inner: Mutex::new(Inner { pool, dev }),
             returned: Condvar::new(),
+            stats: Arc::default(),
             geometry: Geometry {
                 size,
                 read_only,
@@ -112,6 +114,12 @@ impl SharedDevice {
     /// The facts read at creation (they are not re-read: an export's size is fixed).
     pub fn geometry(&self) -> &Geometry {
         &self.geometry
+    }
+
+    /// Requests, bytes and latencies served to NBD clients through this device, and their
+    /// connections (kept by every connection's I/O thread).
+    pub fn stats(&self) -> &Arc<IoStats> {
+        &self.stats
     }
 
     /// The driver's name (e.g. `io_uring`).

@@ -7,7 +7,8 @@
 //! `record-secs` (recording window from connect, default 30; 0 = until close), `readahead` (path
 //! of a block list to replay in the background at connect), `merge` (merge the COW into the
 //! base on a background thread while serving: [`crate::merge_task`]; opens both files for
-//! writing, not with `writable`). The COW record ([`crate::cowrecord`]): `cow-record` (its path;
+//! writing, not with `writable`), `merge-held` (with `merge`: the merge waits for
+//! [`crate::MergeTask::start_merge`]). The COW record ([`crate::cowrecord`]): `cow-record` (its path;
 //! default `COW.snapblk` when that file exists), `verify` (default true: check every block of
 //! the new image the record has a digest for before serving it, EIO when it differs; false
 //! ignores the record), `verify-base` (check the base against the record at connect: every
@@ -47,6 +48,7 @@ const PROPS: &[PropSpec] = &[
     PropSpec::new("record-secs", PropType::U64, Access::RwCreated, false),
     PropSpec::new("readahead", PropType::Str, Access::RwCreated, false),
     PropSpec::new("merge", PropType::Bool, Access::RwCreated, false),
+    PropSpec::new("merge-held", PropType::Bool, Access::RwCreated, false),
     PropSpec::new("cow-record", PropType::Str, Access::RwCreated, false),
     PropSpec::new("verify", PropType::Bool, Access::RwCreated, false),
     PropSpec::new("verify-base", PropType::Bool, Access::RwCreated, false),
@@ -66,6 +68,8 @@ pub struct SnapshotDriver {
     record_secs: u64,
     readahead: Option<PathBuf>,
     merge: bool,
+    /// With `merge`: the merge waits for [`crate::MergeTask::start_merge`].
+    merge_held: bool,
     cow_record: Option<PathBuf>,
     verify: bool,
     verify_base: bool,
@@ -87,6 +91,7 @@ impl Default for SnapshotDriver {
             record_secs: DEFAULT_RECORD_SECS,
             readahead: None,
             merge: false,
+            merge_held: false,
             cow_record: None,
             verify: true,
             verify_base: false,
@@ -186,6 +191,7 @@ impl Driver for SnapshotDriver {
             "record-stats" => json(&self.activity.record_stats()),
             "readahead-stats" => json(&self.activity.readahead_stats()),
             "merge" => PropValue::Bool(self.merge),
+            "merge-held" => PropValue::Bool(self.merge_held),
             "cow-record" => path(&self.cow_record),
             "verify" => PropValue::Bool(self.verify),
             "verify-base" => PropValue::Bool(self.verify_base),
@@ -217,6 +223,7 @@ impl Driver for SnapshotDriver {
             ("record-secs", PropValue::U64(n)) => self.record_secs = n,
             ("readahead", PropValue::Str(s)) => self.readahead = (!s.is_empty()).then(|| s.into()),
             ("merge", PropValue::Bool(b)) => self.merge = b,
+            ("merge-held", PropValue::Bool(b)) => self.merge_held = b,
             ("cow-record", PropValue::Str(s)) => {
                 self.cow_record = (!s.is_empty()).then(|| s.into())
             }
@@ -459,7 +466,7 @@ impl SnapshotDriver {
             }
         }
         if self.merge {
-            match self.activity.merge().start(snap.clone()) {
+            match self.activity.merge().start(snap.clone(), self.merge_held) {
                 Ok(t) => self.threads.push(t),
                 Err(e) => {
                     self.activity.stop();
@@ -470,6 +477,7 @@ impl SnapshotDriver {
                 }
             }
         }
+        self.activity.attach(&snap);
         self.snap = Some(snap);
         Ok(DeviceInfo {
             read_only: !writable,

@@ -141,10 +141,9 @@ impl Io {
     }
 }
 
-/// Cache hit/miss counters.
-#[cfg(test)]
+/// Decoded-unit cache counters.
 #[derive(Debug, Clone, Copy, Default, serde::Serialize)]
-pub(crate) struct CacheStats {
+pub struct CacheStats {
     /// Lookups that found the decoded unit in the cache, since the cache was created.
     pub hits: u64,
     /// Lookups that did not, so the payload had to be read and decoded.
@@ -281,7 +280,6 @@ impl UnitCache {
     }
 
     /// Counters.
-    #[cfg(test)]
     pub(crate) fn stats(&self) -> CacheStats {
         CacheStats {
             hits: self.hits.load(Ordering::Relaxed),

@@ -59,10 +59,10 @@ pub use cowsrc::{CowDecoder, OpenMode, open_devs, open_files, open_files_sized};
 pub use dev::{BlockDev, FileDev};
 pub use driver::SnapshotDriver;
 pub use error::{Result, SnapError};
-pub use io::Dev;
+pub use io::{CacheStats, Dev};
 pub use map::{Codec, MapOp, MergeView, OpKind, Payload, Segment, SnapshotMap};
 pub use merge::{MergeOptions, MergeProgress, MergeReport, MergeStep, merge};
-pub use merge_task::{MergeState, MergeStats, MergeTask};
+pub use merge_task::{MergeControlError, MergeState, MergeStats, MergeTask};
 pub use precheck::{PrecheckReport, precheck};
 pub use record::{
     Activity, DEFAULT_RECORD_SECS, ReadaheadStats, RecordError, RecordStats, ReplayState,

@@ -27,9 +27,10 @@
 //! Exports that read the base and COW themselves (the ublk zero-copy planner) bypass the queues,
 //! so their reads are not recorded; `snapblk serve --record` turns that planner off.
 
+use crate::io::CacheStats;
 use crate::map::{Codec, OpKind, SnapshotMap};
 use crate::merge_task::MergeTask;
-use crate::sched::IoClass;
+use crate::sched::{IoClass, SchedStats};
 use crate::snapshot::Snapshot;
 use serde::Serialize;
 use snapblk_blocklist::{BlockFile, BlockRecorder, Limits, ParseError, Range};
@@ -305,6 +306,8 @@ pub struct Activity {
     stopped: Mutex<bool>,
     stop_cv: Condvar,
     merge: Arc<MergeTask>,
+    /// The snapshot served, once connected (weak: the device owns it).
+    snap: Mutex<Weak<Snapshot>>,
 }
 
 static REGISTRY: Mutex<Vec<Weak<Activity>>> = Mutex::new(Vec::new());
@@ -327,6 +330,7 @@ impl Activity {
             stopped: Mutex::new(false),
             stop_cv: Condvar::new(),
             merge: Arc::default(),
+            snap: Mutex::new(Weak::new()),
         });
         let mut r = lock(&REGISTRY);
         r.retain(|w| w.strong_count() > 0);
@@ -574,6 +578,29 @@ impl Activity {
             .wait_timeout_while(g, timeout, |s| s.state == ReplayState::Running)
             .unwrap_or_else(|e| e.into_inner());
         g.clone()
+    }
+
+    /// Remember the snapshot the device serves, for [`Activity::sched_stats`] and
+    /// [`Activity::cache_stats`].
+    pub(crate) fn attach(&self, snap: &Arc<Snapshot>) {
+        *lock(&self.snap) = Arc::downgrade(snap);
+    }
+
+    /// The scheduler's counters of the connected device (`None` once it is closed).
+    pub fn sched_stats(&self) -> Option<SchedStats> {
+        lock(&self.snap).upgrade().map(|s| s.sched_stats())
+    }
+
+    /// The scheduler's background budget now, in bytes, of the connected device (`None` once
+    /// it is closed, or with the scheduler off).
+    pub fn sched_budget(&self) -> Option<u64> {
+        let b = lock(&self.snap).upgrade()?.sched_budget();
+        (b != u64::MAX).then_some(b)
+    }
+
+    /// The decoded-unit cache's counters of the connected device (`None` once it is closed).
+    pub fn cache_stats(&self) -> Option<CacheStats> {
+        lock(&self.snap).upgrade().map(|s| s.cache_stats())
     }
 
     /// The device's background merge (state `off` unless the driver's `merge` property was set).

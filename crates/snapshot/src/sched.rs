@@ -453,6 +453,14 @@ impl Scheduler {
         st
     }
 
+    /// The background in-flight budget in bytes now (`u64::MAX` with the scheduler off).
+    pub fn budget_now(&self) -> u64 {
+        let now = self.now();
+        let mut c = self.lock();
+        self.sync_fg(&mut c, now);
+        c.budget(now)
+    }
+
     /// The configuration in force.
     pub fn config(&self) -> SchedConfig {
         self.lock().config()

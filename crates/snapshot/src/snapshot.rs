@@ -2,7 +2,6 @@
 
 use crate::dev::BlockDev;
 use crate::error::{Result, SnapError};
-#[cfg(test)]
 use crate::io::CacheStats;
 use crate::io::{Dev, Io, UnitCache};
 use crate::map::{Codec, MergeView, OpKind, Payload, Segment, SnapshotMap, StagedWindow};
@@ -494,9 +493,12 @@ impl Snapshot {
     pub fn sched_stats(&self) -> SchedStats {
         self.io.sched.stats()
     }
+    /// The scheduler's background budget now, in bytes (`u64::MAX` with the scheduler off).
+    pub fn sched_budget(&self) -> u64 {
+        self.io.sched.budget_now()
+    }
     /// Decoded-unit cache counters.
-    #[cfg(test)]
-    pub(crate) fn cache_stats(&self) -> CacheStats {
+    pub fn cache_stats(&self) -> CacheStats {
         self.cache.stats()
     }
     /// (ops merged, ops in the merge order).

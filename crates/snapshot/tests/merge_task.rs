@@ -142,6 +142,102 @@ fn closing_stops_the_merge_durably_and_the_next_open_resumes() {
 }
 
 #[test]
+fn a_paused_merge_writes_nothing_and_resumes_where_it_paused() {
+    let f = files(16384);
+    let mut d = driver(
+        &f.base,
+        &f.cow,
+        &[
+            ("merge", PropValue::Bool(true)),
+            ("merge-held", PropValue::Bool(true)),
+        ],
+    );
+    d.connect(false).unwrap();
+    let act = d.activity();
+    let m = act.merge();
+    // Held at open: nothing written, and only merge-start releases it.
+    let st = m.stats();
+    assert_eq!(
+        (st.state, st.started, st.merged),
+        (MergeState::Paused, false, 0)
+    );
+    assert!(m.resume().is_err(), "resume before start");
+    let base0 = std::fs::read(&f.base).unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(
+        std::fs::read(&f.base).unwrap() == base0,
+        "base written while held"
+    );
+    assert_eq!(num_merge_ops(&f.cow), 0);
+    m.start_merge().unwrap();
+    assert!(m.start_merge().is_err(), "started twice");
+    while m.stats().merged == 0 {
+        assert_eq!(m.stats().state, MergeState::Running);
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let p = m.pause(Duration::from_secs(120)).unwrap();
+    assert_eq!(p.state, MergeState::Paused, "{p:?}");
+    assert!(p.merged > 0 && p.merged < p.total, "{p:?}");
+    // Durable at the pause, and nothing moves while paused.
+    assert_eq!(num_merge_ops(&f.cow), p.merged, "progress on disk");
+    let (base1, cow1) = (
+        std::fs::read(&f.base).unwrap(),
+        std::fs::read(&f.cow).unwrap(),
+    );
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(
+        std::fs::read(&f.base).unwrap() == base1,
+        "base written while paused"
+    );
+    assert!(
+        std::fs::read(&f.cow).unwrap() == cow1,
+        "COW written while paused"
+    );
+    assert_eq!(m.stats().merged, p.merged);
+    // Reads stay the new image while paused.
+    let mut q = d.create_queue(false).unwrap();
+    let mut all = vec![0u8; f.target.len()];
+    q.read_at(0, &mut all).unwrap();
+    assert!(all == f.target, "reads of a paused merge");
+    assert_eq!(
+        m.pause(Duration::from_secs(1)).unwrap().state,
+        MergeState::Paused
+    );
+    m.resume().unwrap();
+    let st = m.wait(Duration::from_secs(300));
+    assert_eq!(st.state, MergeState::Done, "{st:?}");
+    assert_eq!(st.merged, st.total);
+    let report = st.report.unwrap();
+    assert_eq!(
+        report.resumed_at as u64, p.merged,
+        "the engine resumed at the pause"
+    );
+    assert!(m.pause(Duration::from_secs(1)).is_err(), "pause after done");
+    drop(q);
+    drop(d);
+    assert!(std::fs::read(&f.base).unwrap() == f.target, "merged base");
+}
+
+#[test]
+fn closing_a_paused_merge_stops_it_there() {
+    let f = files(8192);
+    let mut d = driver(
+        &f.base,
+        &f.cow,
+        &[
+            ("merge", PropValue::Bool(true)),
+            ("merge-held", PropValue::Bool(true)),
+        ],
+    );
+    d.connect(false).unwrap();
+    let act = d.activity();
+    drop(d);
+    let st = act.merge().stats();
+    assert_eq!(st.state, MergeState::Stopped, "{st:?}");
+    assert_eq!(num_merge_ops(&f.cow), 0);
+}
+
+#[test]
 fn merge_is_refused_where_it_cannot_work() {
     let f = files(256);
     let (base0, cow0) = (

@@ -36,7 +36,7 @@ pub use plan::{FilePlanner, ReadPlanner, Segment, SnapshotPlanner, validate};
 use libublk::ctrl::{UblkCtrl, UblkCtrlBuilder};
 use libublk::io::UblkDev;
 use libublk::{UblkError, UblkFlags, sys};
-use snapblk_core::{Blkio, State};
+use snapblk_core::{Blkio, IoStats, State};
 use std::fs::File;
 use std::os::fd::AsRawFd;
 use std::sync::Arc;
@@ -101,6 +101,8 @@ pub struct Config {
     /// Device number: `None` lets the kernel pick. If device `id` exists and is quiesced (its
     /// server died), it is recovered instead of created.
     pub id: Option<u32>,
+    /// Where the queues count the requests they serve (`snapblk serve --metrics`).
+    pub stats: Arc<IoStats>,
 }
 
 impl Default for Config {
@@ -111,6 +113,7 @@ impl Default for Config {
             max_io_bytes: 512 * 1024,
             path: DataPath::Copy,
             id: None,
+            stats: Arc::default(),
         }
     }
 }
@@ -573,6 +576,7 @@ pub fn serve(
         planner,
         path,
         max_io,
+        stats: cfg.stats.clone(),
     });
     let planned_reads = shared.planner.is_some();
 

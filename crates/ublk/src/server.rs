@@ -17,7 +17,7 @@ use libublk::uring_async::{
 use libublk::{UblkError, UblkUringData, sys};
 use snapblk_core::sync::{lock, wait};
 use snapblk_core::sys::EventFd;
-use snapblk_core::{Chain, Op, Queue, ReqFlags, Request};
+use snapblk_core::{Chain, IoDir, IoStats, Op, Queue, ReqFlags, Request};
 use std::cell::RefCell;
 use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -62,6 +62,7 @@ pub(crate) struct Shared {
     pub nplan_files: usize,
     pub path: DataPath,
     pub max_io: u32,
+    pub stats: Arc<IoStats>,
 }
 
 /// Faults the VM tests inject (`tests/suites/ublk-vm.sh`). They are read from the environment
@@ -742,7 +743,9 @@ async fn io_task(ctx: &Ctx<'_>, tag: u16) -> Result<(), Error> {
         return Ok(());
     }
     loop {
+        let t0 = Instant::now();
         let res = handle(ctx, tag, buf.as_ref(), &bounce).await;
+        count(ctx, tag, res, t0);
         let r = q
             .submit_io_commit_cmd(ctx.commit_tag(tag), desc.clone(), res)
             .await;
@@ -779,6 +782,22 @@ async fn core_op(ctx: &Ctx<'_>, tag: u16, op: Op, flags: ReqFlags) -> i32 {
     // else until the device completed the request: this await returns then, and if the task is
     // dropped before, `serve_queue` drains the device queue first (or leaks the task).
     unsafe { ctx.core.submit(tag, Request::new(op, 0, flags)) }.await
+}
+
+/// One served request into the export's stats: its kind and size come from its descriptor,
+/// which stays the tag's until the commit.
+fn count(ctx: &Ctx<'_>, tag: u16, res: i32, t0: Instant) {
+    let iod = ctx.q.get_iod(tag);
+    let (dir, bytes) = match iod.op_flags & 0xff {
+        sys::UBLK_IO_OP_READ => (IoDir::Read, u64::from(iod.nr_sectors) << 9),
+        sys::UBLK_IO_OP_WRITE | sys::UBLK_IO_OP_WRITE_ZEROES => {
+            (IoDir::Write, u64::from(iod.nr_sectors) << 9)
+        }
+        sys::UBLK_IO_OP_FLUSH => (IoDir::Flush, 0),
+        sys::UBLK_IO_OP_DISCARD => (IoDir::Discard, u64::from(iod.nr_sectors) << 9),
+        _ => return,
+    };
+    ctx.shared.stats.record(dir, bytes, t0.elapsed(), res >= 0);
 }
 
 async fn handle(

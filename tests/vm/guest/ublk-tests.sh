@@ -93,6 +93,25 @@ for name in v2_basic_none v3_multiblock_lz4_64k v2_xor_seq_lz4; do
         bad "user-copy snapshot $name: server start"
     fi
 done
+# ---------------------------------------------------------------- --metrics
+# The ublk queues count what they serve: once cmp has read the whole device, the Prometheus text
+# (fetched with busybox wget) has at least its size in read bytes.
+ip link set lo up 2>/dev/null || ifconfig lo 127.0.0.1 up 2>/dev/null
+c=/test/data/v3_multiblock_lz4_64k
+if start_server metrics --base "$c/base.img" --cow "$c/snapshot.cow" --metrics 0; then
+    addr=$(sed -n 's/.*"metrics":"\([^"]*\)".*/\1/p' "$OUT" | head -1)
+    check "ublk metrics: device equals target.img" cmp "$DEV" "$c/target.img"
+    rm -f /tmp/metrics.txt
+    check "ublk metrics: GET /metrics" wget -q -O /tmp/metrics.txt "http://$addr/metrics"
+    size=$(wc -c < "$c/target.img")
+    got=$(sed -n 's/^snapblk_bytes_total{export="ublk",dir="read"} //p' /tmp/metrics.txt)
+    check "ublk metrics: read bytes (${got:-none}) cover the device ($size)" [ "${got:-0}" -ge "$size" ]
+    check "ublk metrics: read latency histogram" \
+        grep -q '^snapblk_request_duration_seconds_count{export="ublk",dir="read"} [1-9]' /tmp/metrics.txt
+    check "ublk metrics: clean stop" stop_server
+else
+    bad "ublk metrics: server start"
+fi
 # ---------------------------------------------------------------- merge while serving
 # serve --merge: the device reads as the new image while its COW is merged into the base in
 # place, and after; the zero-copy planner stays off (the block map moves under it).

@@ -107,6 +107,10 @@ pub enum OtaCmd {
         #[arg(long)]
         json: bool,
     },
+    /// Write an OTA payload from partition images: incremental with --source (SOURCE_COPY,
+    /// ZERO, REPLACE, REPLACE_XZ, BROTLI_BSDIFF or SOURCE_BSDIFF; Virtual A/B merge
+    /// operations and COW estimates), full without.
+    Generate(crate::ota_gen::GenerateArgs),
 }
 
 pub fn run(c: OtaCmd) -> Result<()> {
@@ -150,6 +154,7 @@ pub fn run(c: OtaCmd) -> Result<()> {
             };
             verdict(json, APPLY_SCHEMA, apply(&a))
         }
+        OtaCmd::Generate(a) => crate::ota_gen::run(a),
     }
 }
 

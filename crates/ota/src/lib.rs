@@ -56,6 +56,7 @@ mod source;
 mod summary;
 #[cfg(feature = "test-utils")]
 pub mod testing;
+mod vabc;
 mod verity;
 
 pub use apply::{ApplyPlan, Blocker, CheckedSources, SkippedPartition};
@@ -93,6 +94,11 @@ pub use puffin::{
 pub use signature::{Digests, MAX_SIGNATURE_BLOB, SignatureReport, SignatureStatus};
 pub use summary::{
     DynamicSummary, ExtentSummary, PartitionSummary, SignatureSummary, Summary, VeritySummary,
+};
+pub use vabc::{
+    ByteCounter, CowEstimate, DeviceProfile, END_OF_INSTALL_LABEL, MergeOp, VabcError, VabcParams,
+    VabcReport, WRITE_CHUNK, estimate_vabc_cow, parse_compression, vabc_merge_sequence,
+    write_vabc_cow,
 };
 pub use verity::{
     FEC_BLOCK_SIZE, FEC_MAX_ROOTS, FEC_MIN_ROOTS, HashAlgorithm, Verity, VerityReport, fec_size,

@@ -362,6 +362,16 @@ impl<W: CowSink> CowWriter<W> {
         &self.header
     }
 
+    /// Op records written so far (v2: every record, labels and sequence ops included; v3: the
+    /// op slots used, which `op_count_max` bounds). A size estimator sizes the v3 op area
+    /// with it.
+    pub fn op_records(&self) -> u64 {
+        match &self.state {
+            State::V2 { num_ops, .. } => *num_ops,
+            State::V3 { ops, .. } => ops.len() as u64,
+        }
+    }
+
     // ---------------------------------------------------------------------------------------
     // v2 record emission
 

@@ -7,6 +7,8 @@
 //! in-memory [`Output`], and extraction and `apply` into memory. Tests mutate
 //! [`Built::manifest`] (the verity fields, bad values) or the bytes to make bad payloads.
 
+pub mod vabc;
+
 use snapblk_core::MemFile;
 use snapblk_core::sync::lock;
 use std::io::Write;

@@ -60,7 +60,8 @@ fn extent(e: Option<&Extent>) -> Option<(u64, u64)> {
 
 /// Check the merge operations against the partition sizes (in blocks): every extent present,
 /// inside its image, `src_offset` below the block size and only on COW_XOR, source length
-/// equal to the destination's (plus the extra block an offset XOR reads).
+/// equal to the destination's (plus the extra block an offset XOR reads, except at the old
+/// image's end).
 pub(crate) fn check(
     ops: &[CowMergeOperation],
     block_size: u32,
@@ -111,7 +112,9 @@ pub(crate) fn check(
         if src_offset > 0 && kind != CowMergeOpType::CowXor {
             return Err(bad("src_offset on a non-XOR operation".into()));
         }
-        if src_blocks != want {
+        // An offset XOR at the old image's end has no block after its source to add.
+        let at_end = kind == CowMergeOpType::CowXor && src_offset > 0 && src_blocks == dst_blocks;
+        if src_blocks != want && !at_end {
             return Err(bad(format!(
                 "{src_blocks} source blocks for {dst_blocks} destination blocks (want {want})"
             )));

@@ -12,13 +12,13 @@ use std::collections::BTreeMap;
 
 use snapblk_core::MemFile;
 use snapblk_cow::{CowReader, Header, OpKind};
-use snapblk_ota::testing::vabc::{VabcFields, cow_copy, cow_xor, set_vabc};
-use snapblk_ota::testing::{Blocks, DeltaOp, Encoding, PayloadBuilder, apply_to_memory};
+use snapblk_ota::testing::apply_to_memory;
+use snapblk_ota::testing::vabc::{VabcFields, cow_copy, cow_xor, vabc_case};
 use snapblk_ota::{
-    DeviceProfile, END_OF_INSTALL_LABEL, Extent, OpType, PartitionUpdate, Payload, VabcError,
-    VabcParams, Verity, estimate_vabc_cow, vabc_merge_sequence, write_vabc_cow,
+    DeviceProfile, END_OF_INSTALL_LABEL, PartitionUpdate, Payload, VabcError, VabcParams,
+    estimate_vabc_cow, vabc_merge_sequence, write_vabc_cow,
 };
-use snapblk_testsupport::{TempDir, path_str, pattern, tool_ok};
+use snapblk_testsupport::{TempDir, path_str, tool_ok};
 
 const BS: usize = 4096;
 const B: u64 = BS as u64;
@@ -32,156 +32,18 @@ fn bsdiff(old: &[u8], new: &[u8]) -> Vec<u8> {
     std::fs::read(&p).unwrap()
 }
 
-fn blk(img: &[u8], start: usize, n: usize) -> &[u8] {
-    &img[start * BS..(start + n) * BS]
-}
-
-fn edit(b: &mut [u8], every: usize, seed: u8) {
-    for i in (seed as usize..b.len()).step_by(every) {
-        b[i] = b[i].wrapping_add(seed | 1);
-    }
-}
-
-fn ext(s: u64, n: u64) -> Option<Extent> {
-    Some(Extent {
-        start_block: Some(s),
-        num_blocks: Some(n),
-    })
-}
-
-/// The old image (48 blocks), the new one (32 data blocks, a one-block hash tree at 32 and
-/// two FEC blocks at 33..35), and the payload partition (without VABC metadata).
 struct Case {
     old: Vec<u8>,
     new: Vec<u8>,
     payload: Vec<u8>,
 }
 
-/// Install ops (new blocks ← what):
-/// 0..4 SOURCE_COPY old 36..40 (COW_COPY) · 4..6 SOURCE_COPY old 4..6 (identity COW_COPY) ·
-/// 6..8 SOURCE_COPY old 40..42 (no merge op: REPLACE) · 8..16 SOURCE_BSDIFF old 12..20
-/// (COW_XOR 8..14 ← 12.., offset 0) · 16..20 BROTLI_BSDIFF old 42..46 with inserted bytes
-/// (COW_XOR 16..20 ← 44.. at offset 100: its last block reads past the old image's end) ·
-/// 20..22 REPLACE_XZ · 22..24 SOURCE_COPY old 21..23 (two COW_COPY: 23 ← 22, 22 ← 21) ·
-/// 24..28 BROTLI_BSDIFF old 28..32 (COW_XOR 24..27 ← 28.. at offset 200, +1 block) ·
-/// 28..30 ZERO · 30 DISCARD · 31 REPLACE.
 fn case(vabc: &VabcFields) -> Case {
-    let old = pattern(48 * BS, 7);
-    let mut new = Vec::new();
-    new.extend_from_slice(blk(&old, 36, 4));
-    new.extend_from_slice(blk(&old, 4, 2));
-    new.extend_from_slice(blk(&old, 40, 2));
-    let mut b = blk(&old, 12, 8).to_vec();
-    edit(&mut b, 997, 3);
-    new.extend_from_slice(&b);
-    let mut b = blk(&old, 42, 4).to_vec();
-    b.splice(100..100, pattern(300, 9));
-    b.truncate(4 * BS);
-    new.extend_from_slice(&b);
-    new.extend_from_slice(&pattern(2 * BS, 11));
-    new.extend_from_slice(blk(&old, 21, 2));
-    let mut b = blk(&old, 28, 4).to_vec();
-    b.splice(0..0, pattern(200, 13));
-    b.truncate(4 * BS);
-    edit(&mut b, 1999, 5);
-    new.extend_from_slice(&b);
-    new.extend_from_slice(&[0; 3 * BS]);
-    new.extend_from_slice(&pattern(BS, 17));
-    assert_eq!(new.len(), 32 * BS);
-    new.resize(35 * BS, 0);
-    // The dm-verity tree and FEC the device computes.
-    let verity_fields = PartitionUpdate {
-        hash_tree_data_extent: ext(0, 32),
-        hash_tree_extent: ext(32, 1),
-        hash_tree_algorithm: Some("sha256".into()),
-        hash_tree_salt: Some(vec![0x5a; 32]),
-        fec_data_extent: ext(0, 33),
-        fec_extent: ext(33, 2),
-        fec_roots: Some(2),
-        ..Default::default()
-    };
-    let img = MemFile::new(new);
-    Verity::from_partition(&verity_fields, BS as u32, 35 * B)
-        .unwrap()
-        .unwrap()
-        .write(&img, 1)
-        .unwrap();
-    let new = img.into_inner();
-
-    let v = |r: &[(u64, u64)]| -> Blocks { r.to_vec() };
-    let ops = vec![
-        DeltaOp::Copy {
-            src: v(&[(36, 4)]),
-            dst: v(&[(0, 4)]),
-        },
-        DeltaOp::Copy {
-            src: v(&[(4, 2)]),
-            dst: v(&[(4, 2)]),
-        },
-        DeltaOp::Copy {
-            src: v(&[(40, 2)]),
-            dst: v(&[(6, 2)]),
-        },
-        DeltaOp::Bsdiff {
-            src: v(&[(12, 8)]),
-            dst: v(&[(8, 8)]),
-        },
-        DeltaOp::Bsdf2 {
-            src: v(&[(42, 4)]),
-            dst: v(&[(16, 4)]),
-            codecs: [2, 2, 2],
-        },
-        DeltaOp::Replace {
-            dst: v(&[(20, 2)]),
-            encoding: Encoding::Xz,
-        },
-        DeltaOp::Copy {
-            src: v(&[(21, 2)]),
-            dst: v(&[(22, 2)]),
-        },
-        DeltaOp::Bsdf2 {
-            src: v(&[(28, 4)]),
-            dst: v(&[(24, 4)]),
-            codecs: [1, 0, 2],
-        },
-        DeltaOp::Zero { dst: v(&[(28, 2)]) },
-        DeltaOp::Raw {
-            op_type: OpType::Discard as i32,
-            src: v(&[]),
-            dst: v(&[(30, 1)]),
-            blob: Vec::new(),
-        },
-        DeltaOp::Replace {
-            dst: v(&[(31, 1)]),
-            encoding: Encoding::Replace,
-        },
-    ];
-    let mut built = PayloadBuilder::new()
-        .delta("system", &old, &new, &ops, &bsdiff)
-        .build();
-    let p = &mut built.manifest.partitions[0];
-    p.hash_tree_data_extent = verity_fields.hash_tree_data_extent;
-    p.hash_tree_extent = verity_fields.hash_tree_extent;
-    p.hash_tree_algorithm = verity_fields.hash_tree_algorithm;
-    p.hash_tree_salt = verity_fields.hash_tree_salt;
-    p.fec_data_extent = verity_fields.fec_data_extent;
-    p.fec_extent = verity_fields.fec_extent;
-    p.fec_roots = verity_fields.fec_roots;
-    p.merge_operations = vec![
-        cow_copy(36, 0, 4),
-        cow_copy(4, 4, 2),
-        cow_xor(12, 6, 8, 6, 0),
-        cow_xor(44, 4, 16, 4, 100),
-        // A self-overlapping copy, split as the generator splits it.
-        cow_copy(22, 23, 1),
-        cow_copy(21, 22, 1),
-        cow_xor(28, 4, 24, 3, 200),
-    ];
-    set_vabc(&mut built.manifest, &["system"], vabc);
+    let c = vabc_case(vabc, &bsdiff);
     Case {
-        old,
-        new,
-        payload: built.to_bytes(),
+        old: c.old,
+        new: c.new,
+        payload: c.built.to_bytes(),
     }
 }
 

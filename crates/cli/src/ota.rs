@@ -23,6 +23,10 @@ macro_rules! say {
     }};
 }
 
+// `ota cow` lives in its own file and uses this module's helpers.
+#[path = "ota_cow.rs"]
+mod cow;
+
 /// Schema of `ota info --json` documents.
 const INFO_SCHEMA: &str = "snapblk.ota-info.v1";
 /// Schema of `ota extract --json` documents.
@@ -107,6 +111,11 @@ pub enum OtaCmd {
         #[arg(long)]
         json: bool,
     },
+    /// Write the Virtual A/B COW files update_engine would write on a device:
+    /// DIR/<partition>.cow (and its record) for every partition with a COW estimate, from the
+    /// old images OLDDIR/<partition>.img; each COW checked against the size the payload
+    /// reserves for it before it appears under its name.
+    Cow(Box<cow::CowArgs>),
     /// Write an OTA payload from partition images: incremental with --source (SOURCE_COPY,
     /// ZERO, REPLACE, REPLACE_XZ, BROTLI_BSDIFF or SOURCE_BSDIFF; Virtual A/B merge
     /// operations and COW estimates), full without.
@@ -154,6 +163,7 @@ pub fn run(c: OtaCmd) -> Result<()> {
             };
             verdict(json, APPLY_SCHEMA, apply(&a))
         }
+        OtaCmd::Cow(a) => verdict(a.json(), cow::COW_SCHEMA, cow::run(&a)),
         OtaCmd::Generate(a) => crate::ota_gen::run(a),
     }
 }

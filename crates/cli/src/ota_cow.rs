@@ -1,0 +1,487 @@
+//! `snapblk ota cow`: the Virtual A/B COW files update_engine would write for an OTA, from the
+//! old images (`snapblk_ota::write_vabc_cow` over the partitions `apply` builds), each checked
+//! against the COW size the payload reserves and, with `--verify`, through the snapshot driver
+//! against the payload's hash; written atomically beside their COW records.
+
+use std::io::Write as _;
+use std::os::unix::io::AsRawFd;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result, bail};
+use clap::Args;
+use snapblk_core::ReadAt;
+use snapblk_cow::CowReader;
+use snapblk_cow::record::{self, Record};
+use snapblk_ota::{
+    DeviceProfile, ExtractOptions, Output, PartitionUpdate, VabcParams, VabcReport,
+    check_partition_name, write_vabc_cow,
+};
+use snapblk_snapshot::{MergeOptions, OpenMode, SnapshotConfig, merge, open_files_sized};
+
+use super::{check_properties, open, ota_inputs, output_dir, signatures};
+use crate::ota_sig::Keys;
+use crate::outfile::{AtomicFile, refuse_alias, same_file};
+use crate::progress::Progress;
+
+/// Schema of `ota cow --json` documents.
+pub(super) const COW_SCHEMA: &str = "snapblk.ota-cow.v1";
+
+/// What the device adds to `estimate_cow_size` when it sizes a snapshot's COW device.
+pub(crate) const COW_DEVICE_SLACK: u64 = 2 << 20;
+
+#[derive(Args)]
+pub struct CowArgs {
+    /// The OTA: a zip with payload.bin, or a bare payload.bin.
+    ota: PathBuf,
+    /// Directory of the old images, OLDDIR/<partition>.img.
+    #[arg(long, value_name = "OLDDIR")]
+    source: PathBuf,
+    /// Output directory for <partition>.cow and its record <partition>.cow.snapblk (created
+    /// if missing; never the source directory).
+    #[arg(short = 'o', long = "output", value_name = "DIR")]
+    out: PathBuf,
+    /// Only these partitions (comma-separated names).
+    #[arg(long, value_delimiter = ',', value_name = "A,B")]
+    partitions: Vec<String>,
+    /// Also write COWs for partitions without a COW estimate (update_engine writes those
+    /// raw), with no size limit.
+    #[arg(long)]
+    all_partitions: bool,
+    /// The device the COWs are for: `current` (XOR and merge sequences, userspace
+    /// snapshots), `no-xor` (userspace snapshots without XOR) or `legacy` (Android 12
+    /// dm-snapshot: neither).
+    #[arg(long, default_value = "current", value_parser = parse_profile)]
+    profile: DeviceProfile,
+    /// Check each COW before it is named: the new partition read through the snapshot
+    /// driver (old image + COW) has the payload's SHA-256.
+    #[arg(long)]
+    verify: bool,
+    /// With --verify, also merge a copy of the old image and the COW (after checking there
+    /// is room for both in the output directory) and check the result's SHA-256.
+    #[arg(long, requires = "verify")]
+    verify_merge: bool,
+    /// Refuse the payload unless its signatures verify with this X.509 certificate or public
+    /// key (as `ota apply --key`). Repeatable.
+    #[arg(long = "key", value_name = "FILE")]
+    keys: Vec<PathBuf>,
+    /// Worker threads for building the new partitions, 1..=256 (default: all cores).
+    #[arg(long, value_parser = clap::value_parser!(u16).range(1..=256))]
+    threads: Option<u16>,
+    /// Print the result as JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+fn parse_profile(s: &str) -> Result<DeviceProfile, String> {
+    DeviceProfile::by_name(s).ok_or_else(|| format!("{s:?} is not current, no-xor or legacy"))
+}
+
+impl CowArgs {
+    pub(super) fn json(&self) -> bool {
+        self.json
+    }
+}
+
+/// The COW device size the device reserves: `estimate_cow_size` + 2 MiB, in whole 4 KiB.
+pub(crate) fn cow_limit(estimate: u64) -> u64 {
+    (estimate + COW_DEVICE_SLACK).div_ceil(4096) * 4096
+}
+
+/// One partition's result.
+#[derive(serde::Serialize)]
+struct CowResult {
+    partition: String,
+    cow: PathBuf,
+    record: PathBuf,
+    cow_size: u64,
+    estimate_cow_size: Option<u64>,
+    /// estimate + 2 MiB (the COW device), when there is an estimate.
+    cow_device_size: Option<u64>,
+    ops: VabcReport,
+    /// SHA-256 of the snapshot view (with --verify).
+    view_sha256: Option<String>,
+    /// SHA-256 of a merged copy of the old image (with --verify-merge).
+    merge_sha256: Option<String>,
+}
+
+/// The partitions `ota cow` writes: those with a COW estimate (all with `--all-partitions`),
+/// among `--partitions` when given.
+fn chosen<'a>(parts: &'a [PartitionUpdate], a: &CowArgs) -> Result<Vec<&'a PartitionUpdate>> {
+    for n in &a.partitions {
+        if !parts.iter().any(|p| &p.partition_name == n) {
+            bail!("--partitions: the payload has no partition {n:?}");
+        }
+    }
+    let v: Vec<_> = parts
+        .iter()
+        .filter(|p| a.partitions.is_empty() || a.partitions.contains(&p.partition_name))
+        .filter(|p| a.all_partitions || p.estimate_cow_size.unwrap_or(0) > 0)
+        .collect();
+    if v.is_empty() {
+        bail!(
+            "no chosen partition has a COW estimate (update_engine writes them without snapshots); --all-partitions writes COWs for them too"
+        );
+    }
+    Ok(v)
+}
+
+/// `/proc/self/fd/N` of an open file: a path to an unnamed (O_TMPFILE) file.
+fn fd_path(f: &std::fs::File) -> PathBuf {
+    PathBuf::from(format!("/proc/self/fd/{}", f.as_raw_fd()))
+}
+
+/// SHA-256 of the first `len` bytes of `r`.
+fn sha256_prefix(r: &dyn Fn(u64, &mut [u8]) -> Result<()>, len: u64) -> Result<[u8; 32]> {
+    let mut h = record::Sha256Stream::default();
+    let mut buf = vec![0u8; 1 << 20];
+    let mut off = 0;
+    while off < len {
+        let n = (len - off).min(buf.len() as u64) as usize;
+        r(off, &mut buf[..n])?;
+        h.update(&buf[..n]);
+        off += n as u64;
+    }
+    Ok(h.finish())
+}
+
+/// Bytes free for an unprivileged user in the file system holding `dir`.
+fn free_bytes(dir: &Path) -> Result<u64> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(dir.as_os_str().as_bytes())?;
+    // SAFETY: statvfs is plain old data; all-zero bytes are a valid value.
+    let mut s: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: `c` is a NUL-terminated path and `s` a valid, writable statvfs.
+    if unsafe { libc::statvfs(c.as_ptr(), &mut s) } != 0 {
+        return Err(std::io::Error::last_os_error())
+            .with_context(|| format!("statvfs {}", dir.display()));
+    }
+    Ok(s.f_bavail as u64 * s.f_frsize as u64)
+}
+
+/// Copy all of `from` into the unnamed file `to`.
+fn copy_into(from: &dyn ReadAt, to: &std::fs::File) -> Result<()> {
+    let len = from.size()?;
+    let mut buf = vec![0u8; 1 << 20];
+    let mut off = 0;
+    while off < len {
+        let n = (len - off).min(buf.len() as u64) as usize;
+        from.read_exact_at(off, &mut buf[..n])?;
+        snapblk_core::WriteAt::write_all_at(to, off, &buf[..n])?;
+        off += n as u64;
+    }
+    Ok(())
+}
+
+pub(super) fn run(a: &CowArgs) -> Result<()> {
+    let keys = Keys::load(&a.keys)?;
+    let ota = open(&a.ota)?;
+    check_properties(&ota, false)?;
+    signatures(&ota, &keys)?;
+    let payload = ota.payload();
+    let manifest = payload.manifest();
+    let parts = chosen(&manifest.partitions, a)?;
+    let names: Vec<String> = parts.iter().map(|p| p.partition_name.clone()).collect();
+    // Everything about the payload and the VABC parameters is checked before any write.
+    let plan = payload.plan_apply(Some(&names), false)?;
+    let params: Vec<VabcParams> = parts
+        .iter()
+        .map(|p| {
+            VabcParams::from_manifest(manifest, p)
+                .with_context(|| format!("partition {}", p.partition_name))
+        })
+        .collect::<Result<_>>()?;
+    match std::fs::metadata(&a.source) {
+        Ok(m) if m.is_dir() => {}
+        Ok(_) => bail!("--source {} is not a directory", a.source.display()),
+        Err(e) => return Err(e).with_context(|| format!("--source {}", a.source.display())),
+    }
+    if same_file(&a.out, &a.source) {
+        bail!(
+            "-o {} is the same directory as --source {}; refusing to write beside the old images",
+            a.out.display(),
+            a.source.display()
+        );
+    }
+    let old_path = |name: &str| a.source.join(format!("{name}.img"));
+    let mut olds = Vec::with_capacity(plan.partitions().len());
+    for p in plan.partitions() {
+        let path = old_path(&p.name);
+        match std::fs::File::open(&path) {
+            Ok(f) => olds.push(Some(f)),
+            // A missing old image is an error only for a partition whose operations read it.
+            Err(e)
+                if e.kind() == std::io::ErrorKind::NotFound
+                    && !p.source.as_ref().is_some_and(|s| s.read) =>
+            {
+                olds.push(None)
+            }
+            Err(e) => {
+                return Err(e).with_context(|| {
+                    format!("partition {}: old image {}", p.name, path.display())
+                });
+            }
+        }
+    }
+    let sources: Vec<Option<&(dyn ReadAt + Sync)>> = olds
+        .iter()
+        .map(|f| f.as_ref().map(|f| f as &(dyn ReadAt + Sync)))
+        .collect();
+    let threads = a.threads.map_or(0, usize::from);
+    let bar = Progress::bytes(plan.source_hash_bytes(), "check old");
+    let on = |n: u64| bar.inc(n);
+    let checked = plan.check_sources(&sources, threads, Some(&on));
+    bar.finish();
+    let checked = checked?;
+    let mut inputs = ota_inputs(&ota, &a.ota);
+    for p in &manifest.partitions {
+        if check_partition_name(&p.partition_name).is_ok() {
+            inputs.push(("--source", old_path(&p.partition_name)));
+        }
+    }
+    let inputs: Vec<(&str, &Path)> = inputs.iter().map(|(f, p)| (*f, p.as_path())).collect();
+    output_dir(&a.out)?;
+    for name in &names {
+        let cow = a.out.join(format!("{name}.cow"));
+        refuse_alias("-o", &cow, &inputs)?;
+        refuse_alias("-o", &record::sidecar_path(&cow), &inputs)?;
+    }
+    // The new partitions, built into unnamed files in the output directory (never named).
+    let news: Vec<AtomicFile> = names
+        .iter()
+        .map(|n| AtomicFile::create(&a.out.join(format!(".{n}.new.img"))))
+        .collect::<Result<_>>()?;
+    let outs: Vec<&dyn Output> = news.iter().map(|f| f.file() as &dyn Output).collect();
+    let bar = Progress::bytes(plan.progress_bytes(), "apply");
+    let on = |e: snapblk_ota::ExtractProgress| {
+        if let snapblk_ota::ExtractProgress::Advance { bytes } = e {
+            bar.inc(bytes);
+        }
+    };
+    let r = plan.run(
+        &checked,
+        &outs,
+        &ExtractOptions {
+            threads,
+            progress: Some(&on),
+        },
+    );
+    bar.finish();
+    r?;
+    let mut results = Vec::new();
+    for (i, p) in parts.iter().enumerate() {
+        let ctx = || format!("partition {}", p.partition_name);
+        let res = one(a, p, &params[i], olds[i].as_ref(), news[i].file()).with_context(ctx)?;
+        results.push(res);
+    }
+    if a.json {
+        let doc = serde_json::json!({
+            "schema": COW_SCHEMA,
+            "ok": true,
+            "output_dir": a.out,
+            "profile": a.profile,
+            "partitions": results,
+        });
+        say!("{}", serde_json::to_string_pretty(&doc)?);
+        return Ok(());
+    }
+    for r in &results {
+        let fit = match (r.estimate_cow_size, r.cow_device_size) {
+            (Some(e), Some(d)) => format!(
+                "estimate {e} bytes, COW device {d} bytes ({:.1} % used)",
+                r.cow_size as f64 * 100.0 / d as f64
+            ),
+            _ => "no estimate".into(),
+        };
+        say!(
+            "{}: {} bytes ({fit}); {} copy, {} xor, {} replace, {} zero, {} verity blocks{}{}",
+            r.cow.display(),
+            r.cow_size,
+            r.ops.copy_blocks,
+            r.ops.xor_blocks,
+            r.ops.replace_blocks,
+            r.ops.zero_blocks,
+            r.ops.verity_blocks,
+            r.view_sha256
+                .as_ref()
+                .map_or(String::new(), |h| format!("; view sha256 {h} verified")),
+            r.merge_sha256.as_ref().map_or(String::new(), |h| format!(
+                "; merged copy sha256 {h} verified"
+            )),
+        );
+    }
+    say!("{} COWs written to {}", results.len(), a.out.display());
+    Ok(())
+}
+
+/// Write, check and name one partition's COW and record.
+fn one(
+    a: &CowArgs,
+    p: &PartitionUpdate,
+    params: &VabcParams,
+    old: Option<&std::fs::File>,
+    new: &std::fs::File,
+) -> Result<CowResult> {
+    let name = &p.partition_name;
+    let cow_path = a.out.join(format!("{name}.cow"));
+    let rec_path = record::sidecar_path(&cow_path);
+    let info = p.new_partition_info.as_ref();
+    let new_size = info.and_then(|i| i.size).unwrap_or(0);
+    let want_hash = info.and_then(|i| i.hash.clone());
+    let cow = AtomicFile::create(&cow_path)?;
+    let report = write_vabc_cow(p, params, a.profile, old, new, cow.file())?;
+    let estimate = p.estimate_cow_size.filter(|&e| e > 0);
+    let limit = estimate.map(cow_limit);
+    if let Some(l) = limit
+        && report.cow_size > l
+    {
+        bail!(
+            "the COW is {} bytes, more than the {l} bytes the device reserves (estimate_cow_size {} + 2 MiB): it would not fit; nothing written",
+            report.cow_size,
+            estimate.unwrap_or(0)
+        );
+    }
+    // The record: base digests from the old image (whose SHA-256 `apply` checked against the
+    // payload's old_partition_info), target digests from the built partition.
+    let reader = CowReader::open(cow.file()).context("reading the COW back")?;
+    let old_img: Vec<u8> = match old {
+        Some(f) => {
+            let mut v = vec![0u8; ReadAt::size(f)? as usize];
+            f.read_exact_at(0, &mut v)?;
+            v
+        }
+        None => Vec::new(),
+    };
+    let mut new_img = vec![0u8; new_size as usize];
+    new.read_exact_at(0, &mut new_img)?;
+    let mut rec = Record::build(&reader, &old_img, &new_img);
+    if let Some(h) = p.old_partition_info.as_ref().and_then(|i| i.hash.as_ref())
+        && h.as_slice() != rec.base_sha256
+    {
+        bail!("the old image's SHA-256 is not the payload's old_partition_info hash");
+    }
+    if let Some(h) = &want_hash
+        && h.as_slice() != rec.target_sha256
+    {
+        bail!("the built partition's SHA-256 is not the payload's new_partition_info hash");
+    }
+    rec.target_size = new_size;
+    drop(reader);
+    let (mut view_sha256, mut merge_sha256) = (None, None);
+    if a.verify {
+        // A partition without an old image is served over an empty base of its size.
+        let empty;
+        let base: PathBuf = match old {
+            Some(f) => fd_path(f),
+            None => {
+                empty = AtomicFile::create(&a.out.join(format!(".{name}.base.img")))?;
+                empty.file().set_len(new_size)?;
+                fd_path(empty.file())
+            }
+        };
+        let snap = open_files_sized(
+            &base,
+            &fd_path(cow.file()),
+            SnapshotConfig::default(),
+            OpenMode::default(),
+            Some(new_size),
+        )
+        .context("opening the snapshot (old image + COW)")?;
+        let got = sha256_prefix(&|o, b| Ok(snap.read(o, b)?), new_size)?;
+        drop(snap);
+        if let Some(h) = &want_hash
+            && h.as_slice() != got
+        {
+            bail!(
+                "the snapshot view has SHA-256 {}, not the payload's {}; nothing written",
+                record::hex(&got),
+                record::hex(h)
+            );
+        }
+        view_sha256 = Some(record::hex(&got));
+        if a.verify_merge {
+            merge_sha256 = Some(merge_copy(
+                a,
+                name,
+                old,
+                cow.file(),
+                new_size,
+                want_hash.as_deref(),
+            )?);
+        }
+    }
+    cow.commit()
+        .with_context(|| format!("naming {}", cow_path.display()))?;
+    let rf = AtomicFile::create(&rec_path)?;
+    rf.file()
+        .write_all(&rec.encode())
+        .with_context(|| format!("write {}", rec_path.display()))?;
+    rf.commit()?;
+    Ok(CowResult {
+        partition: name.clone(),
+        cow: cow_path,
+        record: rec_path,
+        cow_size: report.cow_size,
+        estimate_cow_size: estimate,
+        cow_device_size: limit,
+        ops: report,
+        view_sha256,
+        merge_sha256,
+    })
+}
+
+/// Merge copies of the old image and the COW (unnamed files in the output directory, after a
+/// free-space check) and check the merged image's SHA-256.
+fn merge_copy(
+    a: &CowArgs,
+    name: &str,
+    old: Option<&std::fs::File>,
+    cow: &std::fs::File,
+    new_size: u64,
+    want: Option<&[u8]>,
+) -> Result<String> {
+    let old_len = old.map_or(Ok(0), ReadAt::size)?;
+    let need = old_len.max(new_size) + ReadAt::size(cow)?;
+    let free = free_bytes(&a.out)?;
+    if free < need {
+        bail!(
+            "--verify-merge needs {need} bytes free in {} for copies of the old image and the COW, and {free} are",
+            a.out.display()
+        );
+    }
+    let base = AtomicFile::create(&a.out.join(format!(".{name}.merge.img")))?;
+    match old {
+        Some(f) => copy_into(f, base.file())?,
+        None => base.file().set_len(new_size)?,
+    }
+    if old_len < new_size {
+        base.file().set_len(new_size)?;
+    }
+    let cow_copy = AtomicFile::create(&a.out.join(format!(".{name}.merge.cow")))?;
+    copy_into(cow, cow_copy.file())?;
+    let mode = OpenMode {
+        base_writable: true,
+        cow_writable: true,
+    };
+    let snap = open_files_sized(
+        &fd_path(base.file()),
+        &fd_path(cow_copy.file()),
+        SnapshotConfig::default(),
+        mode,
+        Some(new_size),
+    )
+    .context("opening the copies to merge")?;
+    merge(&snap, MergeOptions::default()).context("merging the copies")?;
+    drop(snap);
+    let f = base.file();
+    let got = sha256_prefix(&|o, b| Ok(f.read_exact_at(o, b)?), new_size)?;
+    if let Some(h) = want
+        && h != got
+    {
+        bail!(
+            "the merged copy has SHA-256 {}, not the payload's {}; nothing written",
+            record::hex(&got),
+            record::hex(h)
+        );
+    }
+    Ok(record::hex(&got))
+}

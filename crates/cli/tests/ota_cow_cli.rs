@@ -1,0 +1,211 @@
+//! `snapblk ota cow` on incremental payloads from the crate's writer (`testing::vabc::vabc_case`:
+//! merge operations of every kind, a verity tree and FEC left to the device, bsdiff patches by
+//! Debian's `bsdiff`), with the COW estimates update_engine's generator would write: the COW
+//! and its record appear (and nothing else), fit the reserved size, pass `snapblk cow verify`,
+//! are served over NBD (read back by nbdcopy, an independent client) as exactly the new image,
+//! and merge (`snapblk merge`, with the record) into exactly the new image; `--verify` and
+//! `--verify-merge` report the payload's hash; a COW that would not fit, a payload without
+//! estimates and `-o` = `--source` are refused with nothing named.
+
+use std::path::{Path, PathBuf};
+
+use snapblk_ota::testing::vabc::{VabcFields, vabc_case};
+use snapblk_ota::{DeviceProfile, VabcParams, estimate_vabc_cow};
+use snapblk_testsupport::{TempDir, nbd, path_str, tool_ok};
+
+#[path = "cli_common.rs"]
+mod common;
+use common::{ok, refused};
+#[path = "serve_common.rs"]
+mod serve_common;
+use serve_common::Serve;
+
+fn bsdiff(old: &[u8], new: &[u8]) -> Vec<u8> {
+    let d = TempDir::new("ota-cow-bsdiff");
+    let (o, n, p) = (d.join("old"), d.join("new"), d.join("patch"));
+    std::fs::write(&o, old).unwrap();
+    std::fs::write(&n, new).unwrap();
+    tool_ok("bsdiff", &[path_str(&o), path_str(&n), path_str(&p)]);
+    std::fs::read(&p).unwrap()
+}
+
+struct Setup {
+    d: TempDir,
+    ota: PathBuf,
+    old_dir: PathBuf,
+    new: Vec<u8>,
+}
+
+impl Setup {
+    fn out(&self) -> PathBuf {
+        self.d.join("out")
+    }
+    fn args<'a>(&'a self, out: &'a Path) -> Vec<&'a str> {
+        vec![
+            "ota",
+            "cow",
+            path_str(&self.ota),
+            "--source",
+            path_str(&self.old_dir),
+            "-o",
+            path_str(out),
+        ]
+    }
+}
+
+/// The case with `fields`, its `estimate_cow_size` set as the generator would (the dry run of
+/// the COW a current device writes, + 1 %) and then passed through `estimate`.
+fn setup(tag: &str, fields: &VabcFields, estimate: impl Fn(u64) -> Option<u64>) -> Setup {
+    let d = TempDir::new(tag);
+    let mut c = vabc_case(fields, &bsdiff);
+    let p = c.built.manifest.partitions[0].clone();
+    let params = VabcParams::from_manifest(&c.built.manifest, &p).unwrap();
+    let est = estimate_vabc_cow(&p, &params, DeviceProfile::CURRENT, Some(&c.old), &c.new).unwrap();
+    let q = &mut c.built.manifest.partitions[0];
+    q.estimate_cow_size = estimate(est.estimate_cow_size);
+    if fields.cow_version == 3 {
+        q.estimate_op_count_max = Some(est.estimate_op_count_max);
+    }
+    let ota = d.join("payload.bin");
+    std::fs::write(&ota, c.built.to_bytes()).unwrap();
+    let old_dir = d.join("old");
+    std::fs::create_dir(&old_dir).unwrap();
+    std::fs::write(old_dir.join("system.img"), &c.old).unwrap();
+    std::fs::write(d.join("new.img"), &c.new).unwrap();
+    Setup {
+        d,
+        ota,
+        old_dir,
+        new: c.new,
+    }
+}
+
+fn fields(version: u32, compression: &str) -> VabcFields {
+    VabcFields {
+        cow_version: version,
+        compression: compression.into(),
+        compression_factor: if version == 3 { 65536 } else { 0 },
+        batch_writes: true,
+        threaded: true,
+    }
+}
+
+fn entries(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    v.sort();
+    v
+}
+
+fn sha256_hex(b: &[u8]) -> String {
+    snapblk_ota::hex(&snapblk_ota::testing::sha256(b))
+}
+
+#[test]
+fn cows_verify_serve_and_merge_to_the_new_image() {
+    for (version, comp, profile) in [
+        (3, "lz4", "current"),
+        (2, "gz", "current"),
+        (3, "zstd,3", "no-xor"),
+        (2, "none", "legacy"),
+    ] {
+        let what = format!("v{version} {comp} {profile}");
+        let s = setup("ota-cow-cli", &fields(version, comp), Some);
+        let out = s.out();
+        let mut args = s.args(&out);
+        args.extend(["--profile", profile, "--verify", "--verify-merge", "--json"]);
+        let doc: serde_json::Value = serde_json::from_str(&ok(&args)).unwrap();
+        assert_eq!(doc["schema"], "snapblk.ota-cow.v1");
+        assert_eq!(doc["ok"], true, "{what}");
+        let r = &doc["partitions"][0];
+        let want = sha256_hex(&s.new);
+        assert_eq!(r["view_sha256"], want, "{what}");
+        assert_eq!(r["merge_sha256"], want, "{what}");
+        let (size, device) = (
+            r["cow_size"].as_u64().unwrap(),
+            r["cow_device_size"].as_u64().unwrap(),
+        );
+        assert!(size <= device, "{what}: {size} > {device}");
+        assert_eq!(
+            entries(&out),
+            ["system.cow", "system.cow.snapblk"],
+            "{what}: only the COW and its record"
+        );
+        let cow = out.join("system.cow");
+        assert_eq!(std::fs::metadata(&cow).unwrap().len(), size);
+        let old = s.old_dir.join("system.img");
+        let new = s.d.join("new.img");
+        ok(&[
+            "cow",
+            "verify",
+            path_str(&cow),
+            "--base",
+            path_str(&old),
+            "--expect",
+            path_str(&new),
+        ]);
+        // Served over NBD with the record, read by nbdcopy.
+        let srv = Serve::start(&[
+            "--base",
+            path_str(&old),
+            "--cow",
+            path_str(&cow),
+            "--read-only",
+            "--nbd",
+            "0",
+        ]);
+        let got = s.d.join("served.img");
+        nbd::copy(&srv.ready_str("uri"), path_str(&got));
+        drop(srv);
+        assert!(std::fs::read(&got).unwrap() == s.new, "{what}: served view");
+        // Merged into a copy of the old image, with the record.
+        let base = s.d.join("base.img");
+        std::fs::copy(&old, &base).unwrap();
+        ok(&["merge", path_str(&cow), "--base", path_str(&base)]);
+        let merged = std::fs::read(&base).unwrap();
+        assert!(merged[..s.new.len()] == s.new[..], "{what}: merged");
+    }
+}
+
+#[test]
+fn text_report_names_the_sizes() {
+    let s = setup("ota-cow-text", &fields(3, "lz4"), Some);
+    let out = s.out();
+    let text = ok(&s.args(&out));
+    assert!(text.contains("system.cow: "), "{text}");
+    assert!(text.contains("% used)"), "{text}");
+    assert!(
+        text.ends_with(&format!("1 COWs written to {}\n", out.display())),
+        "{text}"
+    );
+}
+
+#[test]
+fn a_cow_that_would_not_fit_is_refused_and_nothing_is_named() {
+    let s = setup("ota-cow-fit", &fields(3, "lz4"), |_| Some(1));
+    let out = s.out();
+    refused(&s.args(&out), "would not fit; nothing written");
+    assert!(entries(&out).is_empty(), "{:?}", entries(&out));
+}
+
+#[test]
+fn partitions_without_an_estimate_need_all_partitions() {
+    let s = setup("ota-cow-noest", &fields(2, "lz4"), |_| None);
+    let out = s.out();
+    refused(&s.args(&out), "--all-partitions");
+    let mut args = s.args(&out);
+    args.extend(["--all-partitions", "--verify"]);
+    let text = ok(&args);
+    assert!(text.contains("no estimate"), "{text}");
+    assert_eq!(entries(&out), ["system.cow", "system.cow.snapblk"]);
+}
+
+#[test]
+fn output_is_never_the_source_directory() {
+    let s = setup("ota-cow-alias", &fields(3, "lz4"), Some);
+    let src = s.old_dir.clone();
+    refused(&s.args(&src), "same directory as --source");
+    assert_eq!(entries(&src), ["system.img"]);
+}

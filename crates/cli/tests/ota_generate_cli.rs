@@ -2,16 +2,21 @@
 //! apply` (and `extract`, for full payloads) turns into exactly the new images, signed ones
 //! that `ota info --key` verifies with the openssl-made public key, and the bad inputs refused
 //! before anything is written: source and target the same file, an output that is an input,
-//! missing images, contradictory arguments.
+//! missing images, contradictory arguments. End to end: ext4 images (mkfs.ext4 -d) → `ota
+//! generate` → `ota cow --verify --verify-merge` (the COW fits the generator's estimate) →
+//! `snapblk serve` over NBD, read by nbdcopy, is the new image, and `snapblk merge` makes it.
 
 use std::path::Path;
 
 use snapblk_testsupport::openssl;
-use snapblk_testsupport::{TempDir, path_str, pattern};
+use snapblk_testsupport::{TempDir, nbd, path_str, pattern, tool_ok};
 
 #[path = "cli_common.rs"]
 mod common;
 use common::{ok, read, refused};
+#[path = "serve_common.rs"]
+mod serve_common;
+use serve_common::Serve;
 
 const BS: usize = 4096;
 
@@ -277,4 +282,131 @@ fn bad_inputs_are_refused_before_anything_is_written() {
         "not a multiple of 4096",
     );
     assert!(!pay.exists(), "a refused run left {}", pay.display());
+}
+
+/// An 8 MiB ext4 image of `files` (name, bytes) at `img`.
+fn ext4(d: &TempDir, tag: &str, files: &[(&str, Vec<u8>)]) -> Vec<u8> {
+    let dir = d.join(tag);
+    for (n, b) in files {
+        let p = dir.join(n);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(p, b).unwrap();
+    }
+    let img = d.join(&format!("{tag}.img"));
+    tool_ok(
+        "mkfs.ext4",
+        &[
+            "-q",
+            "-F",
+            "-b",
+            "4096",
+            "-E",
+            "root_owner=0:0",
+            "-d",
+            path_str(&dir),
+            path_str(&img),
+            "8M",
+        ],
+    );
+    read(&img)
+}
+
+#[test]
+fn generated_payload_to_cow_served_and_merged_is_the_new_image() {
+    let d = TempDir::new("ota-gen-cow");
+    let doc = pattern(700 * 1024, 41);
+    let mut doc2 = doc.clone();
+    doc2.splice(100_000..100_000, pattern(777, 42));
+    let mut bin2 = pattern(300 * 1024, 43);
+    let bin = bin2.clone();
+    bin2[5000..5100].fill(1);
+    let old = ext4(
+        &d,
+        "o",
+        &[
+            ("a/doc", doc),
+            ("b/bin", bin),
+            ("c/gone", pattern(90_000, 44)),
+        ],
+    );
+    let new = ext4(
+        &d,
+        "n",
+        &[
+            ("a/doc", doc2),
+            ("b/bin", bin2),
+            ("d/new", pattern(50_000, 45)),
+        ],
+    );
+    for sub in ["old", "new"] {
+        std::fs::create_dir(d.join(sub)).unwrap();
+    }
+    std::fs::write(d.join("old/system.img"), &old).unwrap();
+    std::fs::write(d.join("new/system.img"), &new).unwrap();
+    for (comp, version) in [("lz4", "3"), ("gz", "2")] {
+        let pay = d.join(&format!("{comp}.bin"));
+        let j = ok(&[
+            "ota",
+            "generate",
+            "--source",
+            path_str(&d.join("old")),
+            "--target",
+            path_str(&d.join("new")),
+            "-o",
+            path_str(&pay),
+            "--vabc-compression",
+            comp,
+            "--cow-version",
+            version,
+            "--json",
+        ]);
+        let g: serde_json::Value = serde_json::from_str(&j).unwrap();
+        let estimate = g["partitions"][0]["estimate_cow_size"].as_u64().unwrap();
+        assert!(g["partitions"][0]["cow_xor"].as_u64() > Some(0), "{j}");
+        let out = d.join(&format!("cow-{comp}"));
+        let doc = ok(&[
+            "ota",
+            "cow",
+            path_str(&pay),
+            "--source",
+            path_str(&d.join("old")),
+            "-o",
+            path_str(&out),
+            "--verify",
+            "--verify-merge",
+            "--json",
+        ]);
+        let c: serde_json::Value = serde_json::from_str(&doc).unwrap();
+        let r = &c["partitions"][0];
+        let want = snapblk_ota::hex(&snapblk_ota::testing::sha256(&new));
+        assert_eq!(r["view_sha256"], want, "{comp}: {doc}");
+        assert_eq!(r["merge_sha256"], want, "{comp}: {doc}");
+        let size = r["cow_size"].as_u64().unwrap();
+        assert!(
+            size <= estimate,
+            "{comp}: COW of {size} bytes, estimate {estimate}"
+        );
+        let cow = out.join("system.cow");
+        let old_img = d.join("old/system.img");
+        let srv = Serve::start(&[
+            "--base",
+            path_str(&old_img),
+            "--cow",
+            path_str(&cow),
+            "--read-only",
+            "--nbd",
+            "0",
+        ]);
+        let got = d.join("served.img");
+        nbd::copy(&srv.ready_str("uri"), path_str(&got));
+        drop(srv);
+        assert!(read(&got) == new, "{comp}: served view differs");
+        let base = d.join("base.img");
+        std::fs::copy(&old_img, &base).unwrap();
+        ok(&["merge", path_str(&cow), "--base", path_str(&base)]);
+        assert!(
+            read(&base)[..new.len()] == new[..],
+            "{comp}: merged image differs"
+        );
+    }
 }

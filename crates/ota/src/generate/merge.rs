@@ -141,15 +141,3 @@ pub(crate) fn order(mut ops: Vec<MergeOp>) -> Ordered {
     }
     out
 }
-
-/// The blocks of `op`'s destination in the order the device merges them: ascending, but
-/// descending when source and destination overlap and the destination lies after the source
-/// (update_engine's rule with userspace snapshots).
-pub(crate) fn merge_blocks(op: &MergeOp) -> Vec<u64> {
-    let (d, n) = op.dst;
-    let mut v: Vec<u64> = (d..d + n).collect();
-    if overlaps(op.src, op.dst) && op.dst.0 > op.src.0 {
-        v.reverse();
-    }
-    v
-}

@@ -4,15 +4,15 @@
 //! smallest of REPLACE, REPLACE_XZ and a bsdiff patch against the old blocks around them
 //! (BROTLI_BSDIFF, or SOURCE_BSDIFF with [`BsdiffFormat::Bsdiff40`]) — with Virtual A/B
 //! metadata: `merge_operations` (COW_COPY, COW_XOR from the bsdiff control streams, cycles
-//! broken), `dynamic_partition_metadata` and COW size estimates from a dry run of
-//! snapblk-cow's writer. Every operation and partition carries its hashes; [`Generated`]
+//! broken), `dynamic_partition_metadata` and COW size estimates from a dry run of the
+//! crate's Virtual A/B COW writer ([`estimate_vabc_cow`](crate::estimate_vabc_cow)), as
+//! update_engine's generator runs libsnapshot's. Every operation and partition carries its hashes; [`Generated`]
 //! writes the payload unsigned or signed with [`SigningKey`]s.
 //!
 //! The generator is not file-system aware (no puffdiff, zucchini or per-file diffs), so its
 //! patches are larger than `delta_generator`'s; its payloads apply with update_engine's rules.
 
 mod diff;
-mod estimate;
 mod merge;
 mod sign;
 #[cfg(test)]
@@ -107,7 +107,7 @@ pub enum GenerateError {
         partition: String,
         /// The cause.
         #[source]
-        source: snapblk_cow::CowError,
+        source: crate::VabcError,
     },
 }
 
@@ -475,22 +475,13 @@ fn partition_ops(
     made.into_iter().collect()
 }
 
-/// The checked COW settings of `v`.
-fn cow_params(v: &VabcOptions) -> Result<estimate::CowParams, GenerateError> {
+/// The compression of `v`, its other settings checked.
+fn cow_compression(v: &VabcOptions) -> Result<snapblk_cow::Compression, GenerateError> {
     let bad = |m: String| GenerateError::Vabc(m);
-    let (name, level) = match v.compression.split_once(',') {
-        Some((n, l)) => (
-            n,
-            Some(
-                l.parse::<i32>()
-                    .map_err(|_| bad(format!("compression level {l:?} is not a number")))?,
-            ),
-        ),
-        None => (v.compression.as_str(), None),
-    };
-    let compression: snapblk_cow::Compression = name.parse().map_err(|_| {
+    let codec = crate::parse_compression(&v.compression).map_err(|_| {
         bad(format!(
-            "compression {name:?}: none, gz, brotli, lz4 or zstd"
+            "compression {:?}: none, gz, brotli, lz4 or zstd, with an optional ,LEVEL",
+            v.compression
         ))
     })?;
     if !(2..=3).contains(&v.cow_version) {
@@ -502,12 +493,7 @@ fn cow_params(v: &VabcOptions) -> Result<estimate::CowParams, GenerateError> {
             "compression factor {f}: a power of two from 4096 to 262144"
         )));
     }
-    Ok(estimate::CowParams {
-        version: v.cow_version as u16,
-        compression,
-        level,
-        compression_factor: f as u32,
-    })
+    Ok(codec.algo)
 }
 
 /// Generate a payload: a full one when no partition has an old image, else an incremental
@@ -558,11 +544,10 @@ pub fn generate(
             });
         }
     };
-    let cow = opts.vabc.as_ref().map(cow_params).transpose()?;
+    let compression = opts.vabc.as_ref().map(cow_compression).transpose()?;
     let xor_on = opts.vabc.as_ref().is_some_and(|v| v.xor)
-        && cow
-            .as_ref()
-            .is_some_and(|c| c.compression != snapblk_cow::Compression::None);
+        && compression.is_some_and(|c| c != snapblk_cow::Compression::None);
+    let dynamic = opts.vabc.as_ref().map(|v| dynamic_metadata(v, parts));
     let mut data = Vec::new();
     let mut partitions = Vec::new();
     let mut stats = Vec::new();
@@ -618,23 +603,35 @@ pub fn generate(
             merge_operations: ordered.ops.iter().map(|o| o.to_proto()).collect(),
             ..Default::default()
         };
-        if let Some(c) = &cow {
-            let (size, count) =
-                estimate::estimate(c, p.old, p.new, &ops, &ordered.ops).map_err(|source| {
-                    GenerateError::Estimate {
-                        partition: p.name.to_string(),
-                        source,
-                    }
-                })?;
-            update.estimate_cow_size = Some(size);
-            update.estimate_op_count_max = Some(count);
-            st.estimate_cow_size = Some(size);
-        }
         update.operations = ops;
+        if let Some(dm) = &dynamic {
+            let e = estimate(dm, &update, p).map_err(|source| GenerateError::Estimate {
+                partition: p.name.to_string(),
+                source,
+            })?;
+            update.estimate_cow_size = Some(e.estimate_cow_size);
+            update.estimate_op_count_max = Some(e.estimate_op_count_max);
+            st.estimate_cow_size = Some(e.estimate_cow_size);
+        }
         partitions.push(update);
         stats.push(st);
     }
-    let dynamic = opts.vabc.as_ref().map(|v| DynamicPartitionMetadata {
+    Ok(Generated {
+        manifest: DeltaArchiveManifest {
+            block_size: Some(GEN_BLOCK_SIZE as u32),
+            minor_version: Some(minor),
+            partitions,
+            dynamic_partition_metadata: dynamic,
+            ..Default::default()
+        },
+        data,
+        stats,
+    })
+}
+
+/// The payload's `dynamic_partition_metadata`: one group holding every partition.
+fn dynamic_metadata(v: &VabcOptions, parts: &[PartitionImages<'_>]) -> DynamicPartitionMetadata {
+    DynamicPartitionMetadata {
         groups: vec![DynamicPartitionGroup {
             name: v.group.clone(),
             size: Some(
@@ -653,18 +650,23 @@ pub fn generate(
         }),
         compression_factor: Some(v.compression_factor),
         disable_ublk: None,
-    });
-    Ok(Generated {
-        manifest: DeltaArchiveManifest {
-            block_size: Some(GEN_BLOCK_SIZE as u32),
-            minor_version: Some(minor),
-            partitions,
-            dynamic_partition_metadata: dynamic,
-            ..Default::default()
-        },
-        data,
-        stats,
-    })
+    }
+}
+
+/// The COW estimate of a finished partition: a dry run of the Virtual A/B writer a current
+/// device runs (XOR, userspace snapshots) over the target image.
+fn estimate(
+    dm: &DynamicPartitionMetadata,
+    update: &PartitionUpdate,
+    p: &PartitionImages<'_>,
+) -> Result<crate::CowEstimate, crate::VabcError> {
+    let m = DeltaArchiveManifest {
+        block_size: Some(GEN_BLOCK_SIZE as u32),
+        dynamic_partition_metadata: Some(dm.clone()),
+        ..Default::default()
+    };
+    let params = crate::VabcParams::from_manifest(&m, update)?;
+    crate::estimate_vabc_cow(update, &params, crate::DeviceProfile::CURRENT, p.old, p.new)
 }
 
 /// COW_XOR merge operations from single XOR blocks (ascending new blocks): consecutive blocks

@@ -115,7 +115,7 @@ fn settings_are_checked_before_any_work() {
         }
     };
     assert!(e(&[one(None)], &v(|o| o.compression = "lzma".into())).contains("lzma"));
-    assert!(e(&[one(None)], &v(|o| o.compression = "zstd,x".into())).contains("level"));
+    assert!(e(&[one(None)], &v(|o| o.compression = "zstd,x".into())).contains("zstd,x"));
     assert!(e(&[one(None)], &v(|o| o.cow_version = 4)).contains("COW version 4"));
     assert!(e(&[one(None)], &v(|o| o.compression_factor = 5000)).contains("5000"));
     let g = generate(&[one(None)], &v(|o| o.compression = "zstd,3".into())).unwrap();
@@ -134,7 +134,7 @@ fn wrapped_causes_are_sources_not_text() {
         },
         Some("disk on fire"),
     );
-    let cow = snapblk_cow::CowError::InvalidArgument("bad".into());
+    let cow = crate::VabcError::Cow(snapblk_cow::CowError::InvalidArgument("bad".into()));
     assert_cause_is_source(
         &GenerateError::Estimate {
             partition: "system".into(),

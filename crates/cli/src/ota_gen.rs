@@ -12,6 +12,13 @@ use snapblk_ota::{
 
 use crate::outfile::{AtomicFile, refuse_alias, refuse_same};
 
+/// Print a line to stdout; a write error (a closed pipe) is the command's error.
+macro_rules! say {
+    ($($t:tt)*) => {{
+        $crate::out::write($crate::out::Stream::Stdout, format_args!($($t)*), true)?;
+    }};
+}
+
 /// Schema of `ota generate --json` documents.
 const GENERATE_SCHEMA: &str = "snapblk.ota-generate.v1";
 
@@ -132,7 +139,7 @@ pub fn run(a: GenerateArgs) -> Result<()> {
     let r = generate_cmd(&a);
     if let (true, Err(e)) = (json, &r) {
         let doc = serde_json::json!({ "schema": GENERATE_SCHEMA, "ok": false, "error": format!("{e:#}") });
-        println!("{}", serde_json::to_string_pretty(&doc)?);
+        say!("{}", serde_json::to_string_pretty(&doc)?);
     }
     r
 }
@@ -215,11 +222,11 @@ fn generate_cmd(a: &GenerateArgs) -> Result<()> {
             "payload": a.out.display().to_string(), "size": bytes.len(),
             "minor_version": minor, "signed": !keys.is_empty(), "partitions": g.stats,
         });
-        println!("{}", serde_json::to_string_pretty(&doc)?);
+        say!("{}", serde_json::to_string_pretty(&doc)?);
         return Ok(());
     }
     let kind = if minor == 0 { "full" } else { "incremental" };
-    println!(
+    say!(
         "{}: {kind} payload, minor version {minor}, {} bytes{}",
         a.out.display(),
         bytes.len(),
@@ -231,19 +238,19 @@ fn generate_cmd(a: &GenerateArgs) -> Result<()> {
     );
     for s in &g.stats {
         let ops: Vec<String> = s.ops.iter().map(|(t, n)| format!("{t} {n}")).collect();
-        print!(
+        let mut line = format!(
             "  {}: {}; data {} bytes",
             s.name,
             ops.join(", "),
             s.data_bytes
         );
         if let Some(e) = s.estimate_cow_size {
-            print!(
+            line += &format!(
                 "; merge ops: {} COW_COPY, {} COW_XOR, {} dropped in cycles; COW estimate {e} bytes",
                 s.cow_copy, s.cow_xor, s.dropped
             );
         }
-        println!();
+        say!("{line}");
     }
     Ok(())
 }

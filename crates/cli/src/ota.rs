@@ -26,6 +26,8 @@ macro_rules! say {
 // `ota cow` lives in its own file and uses this module's helpers.
 #[path = "ota_cow.rs"]
 mod cow;
+#[path = "ota_serve.rs"]
+mod serve;
 
 /// Schema of `ota info --json` documents.
 const INFO_SCHEMA: &str = "snapblk.ota-info.v1";
@@ -116,6 +118,10 @@ pub enum OtaCmd {
     /// old images OLDDIR/<partition>.img; each COW checked against the size the payload
     /// reserves for it before it appears under its name.
     Cow(Box<cow::CowArgs>),
+    /// Serve every partition the OTA updates over NBD (export names = partition names): those
+    /// with a COW estimate as snapshots of their old image and the COW `ota cow` writes, the
+    /// others built and served read-only; --merge merges the COWs while serving.
+    Serve(Box<serve::ServeArgs>),
     /// Write an OTA payload from partition images: incremental with --source (SOURCE_COPY,
     /// ZERO, REPLACE, REPLACE_XZ, BROTLI_BSDIFF or SOURCE_BSDIFF; Virtual A/B merge
     /// operations and COW estimates), full without.
@@ -164,6 +170,7 @@ pub fn run(c: OtaCmd) -> Result<()> {
             verdict(json, APPLY_SCHEMA, apply(&a))
         }
         OtaCmd::Cow(a) => verdict(a.json(), cow::COW_SCHEMA, cow::run(&a)),
+        OtaCmd::Serve(a) => serve::run(&a),
         OtaCmd::Generate(a) => crate::ota_gen::run(a),
     }
 }

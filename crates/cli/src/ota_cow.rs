@@ -72,7 +72,7 @@ pub struct CowArgs {
     json: bool,
 }
 
-fn parse_profile(s: &str) -> Result<DeviceProfile, String> {
+pub(super) fn parse_profile(s: &str) -> Result<DeviceProfile, String> {
     DeviceProfile::by_name(s).ok_or_else(|| format!("{s:?} is not current, no-xor or legacy"))
 }
 
@@ -82,6 +82,30 @@ impl CowArgs {
     }
 }
 
+/// What `make` does: `ota cow`'s options, and for `ota serve` the partitions without a COW
+/// estimate kept as built images.
+pub(super) struct Job<'a> {
+    pub(super) ota: &'a Path,
+    pub(super) source: &'a Path,
+    pub(super) out: &'a Path,
+    pub(super) partitions: &'a [String],
+    /// COWs for partitions without an estimate too.
+    pub(super) all_partitions: bool,
+    /// Keep the partitions without an estimate as DIR/<partition>.img instead.
+    pub(super) keep_raw: bool,
+    pub(super) profile: DeviceProfile,
+    pub(super) verify: bool,
+    pub(super) verify_merge: bool,
+    pub(super) keys: &'a [PathBuf],
+    pub(super) threads: Option<u16>,
+}
+
+/// What `make` wrote: the COWs, and (with `keep_raw`) the images of the other partitions.
+pub(super) struct Made {
+    pub(super) cows: Vec<CowResult>,
+    pub(super) raw: Vec<(String, PathBuf)>,
+}
+
 /// The COW device size the device reserves: `estimate_cow_size` + 2 MiB, in whole 4 KiB.
 pub(crate) fn cow_limit(estimate: u64) -> u64 {
     (estimate + COW_DEVICE_SLACK).div_ceil(4096) * 4096
@@ -89,9 +113,9 @@ pub(crate) fn cow_limit(estimate: u64) -> u64 {
 
 /// One partition's result.
 #[derive(serde::Serialize)]
-struct CowResult {
-    partition: String,
-    cow: PathBuf,
+pub(super) struct CowResult {
+    pub(super) partition: String,
+    pub(super) cow: PathBuf,
     record: PathBuf,
     cow_size: u64,
     estimate_cow_size: Option<u64>,
@@ -106,8 +130,8 @@ struct CowResult {
 
 /// The partitions `ota cow` writes: those with a COW estimate (all with `--all-partitions`),
 /// among `--partitions` when given.
-fn chosen<'a>(parts: &'a [PartitionUpdate], a: &CowArgs) -> Result<Vec<&'a PartitionUpdate>> {
-    for n in &a.partitions {
+fn chosen<'a>(parts: &'a [PartitionUpdate], a: &Job<'_>) -> Result<Vec<&'a PartitionUpdate>> {
+    for n in a.partitions {
         if !parts.iter().any(|p| &p.partition_name == n) {
             bail!("--partitions: the payload has no partition {n:?}");
         }
@@ -115,7 +139,7 @@ fn chosen<'a>(parts: &'a [PartitionUpdate], a: &CowArgs) -> Result<Vec<&'a Parti
     let v: Vec<_> = parts
         .iter()
         .filter(|p| a.partitions.is_empty() || a.partitions.contains(&p.partition_name))
-        .filter(|p| a.all_partitions || p.estimate_cow_size.unwrap_or(0) > 0)
+        .filter(|p| a.all_partitions || a.keep_raw || has_estimate(p))
         .collect();
     if v.is_empty() {
         bail!(
@@ -123,6 +147,10 @@ fn chosen<'a>(parts: &'a [PartitionUpdate], a: &CowArgs) -> Result<Vec<&'a Parti
         );
     }
     Ok(v)
+}
+
+fn has_estimate(p: &PartitionUpdate) -> bool {
+    p.estimate_cow_size.unwrap_or(0) > 0
 }
 
 /// `/proc/self/fd/N` of an open file: a path to an unnamed (O_TMPFILE) file.
@@ -172,9 +200,28 @@ fn copy_into(from: &dyn ReadAt, to: &std::fs::File) -> Result<()> {
     Ok(())
 }
 
-pub(super) fn run(a: &CowArgs) -> Result<()> {
-    let keys = Keys::load(&a.keys)?;
-    let ota = open(&a.ota)?;
+pub(super) fn run(c: &CowArgs) -> Result<()> {
+    let job = Job {
+        ota: &c.ota,
+        source: &c.source,
+        out: &c.out,
+        partitions: &c.partitions,
+        all_partitions: c.all_partitions,
+        keep_raw: false,
+        profile: c.profile,
+        verify: c.verify,
+        verify_merge: c.verify_merge,
+        keys: &c.keys,
+        threads: c.threads,
+    };
+    let results = make(&job)?.cows;
+    report(c, &results)
+}
+
+/// Build the chosen partitions and write their COWs (see the module docs).
+pub(super) fn make(a: &Job<'_>) -> Result<Made> {
+    let keys = Keys::load(a.keys)?;
+    let ota = open(a.ota)?;
     check_properties(&ota, false)?;
     signatures(&ota, &keys)?;
     let payload = ota.payload();
@@ -190,12 +237,12 @@ pub(super) fn run(a: &CowArgs) -> Result<()> {
                 .with_context(|| format!("partition {}", p.partition_name))
         })
         .collect::<Result<_>>()?;
-    match std::fs::metadata(&a.source) {
+    match std::fs::metadata(a.source) {
         Ok(m) if m.is_dir() => {}
         Ok(_) => bail!("--source {} is not a directory", a.source.display()),
         Err(e) => return Err(e).with_context(|| format!("--source {}", a.source.display())),
     }
-    if same_file(&a.out, &a.source) {
+    if same_file(a.out, a.source) {
         bail!(
             "-o {} is the same directory as --source {}; refusing to write beside the old images",
             a.out.display(),
@@ -232,23 +279,35 @@ pub(super) fn run(a: &CowArgs) -> Result<()> {
     let checked = plan.check_sources(&sources, threads, Some(&on));
     bar.finish();
     let checked = checked?;
-    let mut inputs = ota_inputs(&ota, &a.ota);
+    let mut inputs = ota_inputs(&ota, a.ota);
     for p in &manifest.partitions {
         if check_partition_name(&p.partition_name).is_ok() {
             inputs.push(("--source", old_path(&p.partition_name)));
         }
     }
     let inputs: Vec<(&str, &Path)> = inputs.iter().map(|(f, p)| (*f, p.as_path())).collect();
-    output_dir(&a.out)?;
+    output_dir(a.out)?;
     for name in &names {
         let cow = a.out.join(format!("{name}.cow"));
         refuse_alias("-o", &cow, &inputs)?;
         refuse_alias("-o", &record::sidecar_path(&cow), &inputs)?;
     }
     // The new partitions, built into unnamed files in the output directory (never named).
-    let news: Vec<AtomicFile> = names
+    // (`ota serve` keeps those of partitions without a COW, as DIR/<partition>.img.)
+    let raw = |p: &PartitionUpdate| a.keep_raw && !has_estimate(p);
+    let news: Vec<AtomicFile> = parts
         .iter()
-        .map(|n| AtomicFile::create(&a.out.join(format!(".{n}.new.img"))))
+        .map(|p| {
+            let n = &p.partition_name;
+            let name = if raw(p) {
+                format!("{n}.img")
+            } else {
+                format!(".{n}.new.img")
+            };
+            let path = a.out.join(name);
+            refuse_alias("-o", &path, &inputs)?;
+            AtomicFile::create(&path)
+        })
         .collect::<Result<_>>()?;
     let outs: Vec<&dyn Output> = news.iter().map(|f| f.file() as &dyn Output).collect();
     let bar = Progress::bytes(plan.progress_bytes(), "apply");
@@ -267,12 +326,25 @@ pub(super) fn run(a: &CowArgs) -> Result<()> {
     );
     bar.finish();
     r?;
-    let mut results = Vec::new();
-    for (i, p) in parts.iter().enumerate() {
+    let mut made = Made {
+        cows: Vec::new(),
+        raw: Vec::new(),
+    };
+    for ((i, p), f) in parts.iter().enumerate().zip(news) {
         let ctx = || format!("partition {}", p.partition_name);
-        let res = one(a, p, &params[i], olds[i].as_ref(), news[i].file()).with_context(ctx)?;
-        results.push(res);
+        if raw(p) {
+            let path = a.out.join(format!("{}.img", p.partition_name));
+            f.commit().with_context(ctx)?;
+            made.raw.push((p.partition_name.clone(), path));
+            continue;
+        }
+        let res = one(a, p, &params[i], olds[i].as_ref(), f.file()).with_context(ctx)?;
+        made.cows.push(res);
     }
+    Ok(made)
+}
+
+fn report(a: &CowArgs, results: &[CowResult]) -> Result<()> {
     if a.json {
         let doc = serde_json::json!({
             "schema": COW_SCHEMA,
@@ -284,7 +356,7 @@ pub(super) fn run(a: &CowArgs) -> Result<()> {
         say!("{}", serde_json::to_string_pretty(&doc)?);
         return Ok(());
     }
-    for r in &results {
+    for r in results {
         let fit = match (r.estimate_cow_size, r.cow_device_size) {
             (Some(e), Some(d)) => format!(
                 "estimate {e} bytes, COW device {d} bytes ({:.1} % used)",
@@ -315,7 +387,7 @@ pub(super) fn run(a: &CowArgs) -> Result<()> {
 
 /// Write, check and name one partition's COW and record.
 fn one(
-    a: &CowArgs,
+    a: &Job<'_>,
     p: &PartitionUpdate,
     params: &VabcParams,
     old: Option<&std::fs::File>,
@@ -432,7 +504,7 @@ fn one(
 /// Merge copies of the old image and the COW (unnamed files in the output directory, after a
 /// free-space check) and check the merged image's SHA-256.
 fn merge_copy(
-    a: &CowArgs,
+    a: &Job<'_>,
     name: &str,
     old: Option<&std::fs::File>,
     cow: &std::fs::File,
@@ -441,7 +513,7 @@ fn merge_copy(
 ) -> Result<String> {
     let old_len = old.map_or(Ok(0), ReadAt::size)?;
     let need = old_len.max(new_size) + ReadAt::size(cow)?;
-    let free = free_bytes(&a.out)?;
+    let free = free_bytes(a.out)?;
     if free < need {
         bail!(
             "--verify-merge needs {need} bytes free in {} for copies of the old image and the COW, and {free} are",

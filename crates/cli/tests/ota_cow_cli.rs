@@ -209,3 +209,104 @@ fn output_is_never_the_source_directory() {
     refused(&s.args(&src), "same directory as --source");
     assert_eq!(entries(&src), ["system.img"]);
 }
+
+/// The case plus a partition `vendor` without a COW estimate (one REPLACE), as OTA bytes.
+fn with_vendor(s: &Setup, vendor: &[u8]) -> PathBuf {
+    use snapblk_ota::testing::sha256;
+    use snapblk_ota::{Extent, InstallOperation, OpType, PartitionInfo, PartitionUpdate, Payload};
+    let bytes = std::fs::read(&s.ota).unwrap();
+    let p = Payload::from_bytes(bytes.clone()).unwrap();
+    let mut m = p.manifest().clone();
+    let mut data = bytes[p.data_start() as usize..].to_vec();
+    m.partitions.push(PartitionUpdate {
+        partition_name: "vendor".into(),
+        new_partition_info: Some(PartitionInfo {
+            size: Some(vendor.len() as u64),
+            hash: Some(sha256(vendor)),
+        }),
+        operations: vec![InstallOperation {
+            r#type: OpType::Replace as i32,
+            data_offset: Some(data.len() as u64),
+            data_length: Some(vendor.len() as u64),
+            data_sha256_hash: Some(sha256(vendor)),
+            dst_extents: vec![Extent {
+                start_block: Some(0),
+                num_blocks: Some((vendor.len() / 4096) as u64),
+            }],
+            ..Default::default()
+        }],
+        ..Default::default()
+    });
+    data.extend_from_slice(vendor);
+    let built = snapblk_ota::testing::Built { manifest: m, data };
+    let path = s.d.join("two.bin");
+    std::fs::write(&path, built.to_bytes()).unwrap();
+    path
+}
+
+#[test]
+fn ota_serve_exports_every_partition_under_its_name() {
+    let s = setup("ota-serve", &fields(3, "lz4"), Some);
+    let vendor = snapblk_testsupport::pattern(8 * 4096, 5);
+    let ota = with_vendor(&s, &vendor);
+    let work = s.d.join("work");
+    let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_snapblk"));
+    c.args(["ota", "serve", path_str(&ota), "--source"])
+        .arg(&s.old_dir)
+        .args(["--work", path_str(&work), "--nbd", "0", "--json"]);
+    let srv = snapblk_testsupport::ReadyProcess::spawn(&mut c).unwrap();
+    let names: Vec<&str> = srv.ready["partitions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["system", "vendor"]);
+    let uris: Vec<String> = srv.ready["uris"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|u| u.as_str().unwrap().to_owned())
+        .collect();
+    assert!(
+        uris[0].ends_with("/system") && uris[1].ends_with("/vendor"),
+        "{uris:?}"
+    );
+    for (u, want) in uris.iter().zip([&s.new, &vendor]) {
+        let got = s.d.join("got.img");
+        let _ = std::fs::remove_file(&got);
+        nbd::copy(u, path_str(&got));
+        assert!(std::fs::read(&got).unwrap() == **want, "{u}");
+    }
+    let (status, _, err) = srv.stop();
+    assert!(status.success(), "{err}");
+    assert_eq!(
+        entries(&work),
+        ["system.cow", "system.cow.snapblk", "vendor.img"]
+    );
+}
+
+#[test]
+fn ota_serve_merge_serves_the_new_image_and_leaves_it_in_the_old_one() {
+    let s = setup("ota-serve-merge", &fields(3, "lz4"), Some);
+    let work = s.d.join("work");
+    let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_snapblk"));
+    c.args(["ota", "serve", path_str(&s.ota), "--source"])
+        .arg(&s.old_dir)
+        .args(["--work", path_str(&work), "--merge", "--nbd", "0", "--json"]);
+    let srv = snapblk_testsupport::ReadyProcess::spawn(&mut c).unwrap();
+    let got = s.d.join("got.img");
+    nbd::copy(&srv.ready_str("uri"), path_str(&got));
+    assert!(
+        std::fs::read(&got).unwrap() == s.new,
+        "served while merging"
+    );
+    let (status, _, err) = srv.stop();
+    assert!(status.success(), "{err}");
+    // Whatever the merge did before the stop, `snapblk merge` (with the record) finishes it.
+    let cow = work.join("system.cow");
+    let base = s.old_dir.join("system.img");
+    ok(&["merge", path_str(&cow), "--base", path_str(&base)]);
+    let merged = std::fs::read(&base).unwrap();
+    assert!(merged[..s.new.len()] == s.new[..], "merged");
+}

@@ -1,0 +1,240 @@
+//! `snapblk ota serve`: every partition an OTA updates, served over NBD as the device would
+//! see it after the update — the partitions with a COW estimate as snapshots (old image + the
+//! COW `ota cow` writes, checked by its record), the others built by `apply` into the work
+//! directory and served read-only. One NBD server, one export per partition, named after it.
+//! `--merge` merges each COW into its old image while serving, as `snapblk serve --merge`.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use clap::Args;
+use snapblk_nbd::{Export, Listener, Server, ServerConfig, SharedDevice, TermSignals};
+use snapblk_ota::DeviceProfile;
+
+use super::cow::{Job, make};
+
+#[derive(Args)]
+pub struct ServeArgs {
+    /// The OTA: a zip with payload.bin, or a bare payload.bin.
+    ota: PathBuf,
+    /// Directory of the old images, OLDDIR/<partition>.img (with --merge, merged into in
+    /// place).
+    #[arg(long, value_name = "OLDDIR")]
+    source: PathBuf,
+    /// Work directory for the COWs, their records and the partitions served without a COW
+    /// (created if missing; never the source directory). Default: a new directory in
+    /// $TMPDIR, removed at exit.
+    #[arg(long, value_name = "DIR")]
+    work: Option<PathBuf>,
+    /// Export over NBD on ADDR: PORT or :PORT (loopback), HOST:PORT, or unix:/path; the
+    /// export names are the partition names.
+    #[arg(long, value_name = "ADDR")]
+    nbd: String,
+    /// Only these partitions (comma-separated names).
+    #[arg(long, value_delimiter = ',', value_name = "A,B")]
+    partitions: Vec<String>,
+    /// The device the COWs are for (as `ota cow --profile`).
+    #[arg(long, default_value = "current", value_parser = super::cow::parse_profile)]
+    profile: DeviceProfile,
+    /// Merge each COW into its old image (OLDDIR/<partition>.img) while serving, as `snapblk
+    /// serve --merge`; needs --work, where the COWs keep the merge's progress, so a stopped
+    /// merge resumes with the next run over the same directory.
+    #[arg(long, requires = "work")]
+    merge: bool,
+    /// Refuse the payload unless its signatures verify with this X.509 certificate or public
+    /// key (as `ota apply --key`). Repeatable.
+    #[arg(long = "key", value_name = "FILE")]
+    keys: Vec<PathBuf>,
+    /// Print one JSON line on stdout when clients may connect, and one when stopped.
+    #[arg(long)]
+    json: bool,
+}
+
+/// A partition name and its file.
+type Named = (String, PathBuf);
+
+/// A work directory removed when dropped (the default --work).
+struct TempWork(PathBuf);
+
+impl Drop for TempWork {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn spec_path(p: &Path) -> Result<String> {
+    let s = p.display().to_string();
+    if s.contains(',') {
+        bail!("{s}: paths served cannot contain ','");
+    }
+    Ok(s)
+}
+
+pub(super) fn run(a: &ServeArgs) -> Result<()> {
+    let (work, _temp) = match &a.work {
+        Some(w) => (w.clone(), None),
+        None => {
+            let w = std::env::temp_dir().join(format!("snapblk-ota-serve-{}", std::process::id()));
+            std::fs::create_dir(&w).with_context(|| format!("create {}", w.display()))?;
+            (w.clone(), Some(TempWork(w)))
+        }
+    };
+    // A COW of a previous run over this --work whose merge has begun is merge state: resume
+    // it rather than write the COW again.
+    let job = Job {
+        ota: &a.ota,
+        source: &a.source,
+        out: &work,
+        partitions: &a.partitions,
+        all_partitions: false,
+        keep_raw: true,
+        profile: a.profile,
+        verify: false,
+        verify_merge: false,
+        keys: &a.keys,
+        threads: None,
+    };
+    let existing: Vec<PathBuf> = std::fs::read_dir(&work)
+        .map(|rd| {
+            rd.flatten()
+                .map(|e| e.path())
+                .filter(|p| p.extension().is_some_and(|x| x == "cow"))
+                .collect()
+        })
+        .unwrap_or_default();
+    let started = existing.iter().any(|p| {
+        std::fs::File::open(p)
+            .ok()
+            .and_then(|f| snapblk_cow::read_num_merge_ops(&f).ok())
+            .is_some_and(|n| n > 0)
+    });
+    if started && !a.merge {
+        bail!(
+            "{} holds COWs whose merge has begun: their old images are partly merged; serve them with --merge to finish",
+            work.display()
+        );
+    }
+    let (cows, raw): (Vec<Named>, Vec<Named>) = if started {
+        let mut cows = Vec::new();
+        for p in existing {
+            let name = p
+                .file_stem()
+                .map(|s| s.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            cows.push((name, p));
+        }
+        let raw = std::fs::read_dir(&work)?
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| p.extension().is_some_and(|x| x == "img"))
+            .map(|p| {
+                let n = p
+                    .file_stem()
+                    .map(|s| s.to_string_lossy().into_owned())
+                    .unwrap_or_default();
+                (n, p)
+            })
+            .collect();
+        (cows, raw)
+    } else {
+        let made = make(&job)?;
+        (
+            made.cows
+                .into_iter()
+                .map(|c| (c.partition, c.cow))
+                .collect(),
+            made.raw,
+        )
+    };
+    // Before any thread exists, so every thread inherits the mask and only we see the signals.
+    let sigs = TermSignals::block().context("blocking SIGINT/SIGTERM")?;
+    let mut exports = Vec::new();
+    let mut listed = Vec::new();
+    for (name, cow) in &cows {
+        let base = a.source.join(format!("{name}.img"));
+        let mut spec = format!(
+            "snapshot:base={},cow={}",
+            spec_path(&base)?,
+            spec_path(cow)?
+        );
+        if a.merge {
+            spec.push_str(",merge=true");
+        }
+        let dev = snapblk::open(&spec, 1).map_err(|e| anyhow::anyhow!("opening {spec}: {e}"))?;
+        let dev = Arc::new(SharedDevice::new(dev)?);
+        listed.push(serde_json::json!({"name": name, "size": dev.geometry().size, "cow": cow}));
+        exports.push(Export {
+            name: name.clone(),
+            description: format!("snapblk: {name} (old image + COW)"),
+            device: dev,
+            read_only: true,
+            multi_conn: true,
+        });
+    }
+    for (name, img) in &raw {
+        let spec = format!("io_uring:path={},read-only=true", spec_path(img)?);
+        let dev = snapblk::open(&spec, 1).map_err(|e| anyhow::anyhow!("opening {spec}: {e}"))?;
+        let dev = Arc::new(SharedDevice::new(dev)?);
+        listed.push(serde_json::json!({"name": name, "size": dev.geometry().size, "image": img}));
+        exports.push(Export {
+            name: name.clone(),
+            description: format!("snapblk: {name} (built image)"),
+            device: dev,
+            read_only: true,
+            multi_conn: true,
+        });
+    }
+    let server = Server::new(exports, ServerConfig::default())?;
+    let listener =
+        Listener::bind(&a.nbd).with_context(|| format!("binding NBD address {}", a.nbd))?;
+    let stop = server.stop_handle();
+    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let watcher = {
+        let (stop, done) = (stop.clone(), done.clone());
+        std::thread::Builder::new()
+            .name("signals".into())
+            .spawn(move || {
+                while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                    if sigs.wait(Duration::from_millis(200)).is_some() {
+                        stop.stop();
+                        return;
+                    }
+                }
+            })?
+    };
+    let uris: Vec<String> = listed
+        .iter()
+        .map(|e| listener.uri(e["name"].as_str().unwrap_or("")))
+        .collect();
+    if a.json {
+        let v = serde_json::json!({
+            "event": "ready",
+            "export": "nbd",
+            "address": listener.address(),
+            "uri": uris.first(),
+            "uris": uris,
+            "partitions": listed,
+            "work": work,
+            "merge": a.merge,
+        });
+        say!("{v}");
+    } else {
+        for u in &uris {
+            eprintln!("snapblk: serving {u}");
+        }
+    }
+    let r = server.run(&listener);
+    done.store(true, std::sync::atomic::Ordering::Relaxed);
+    let _ = watcher.join();
+    drop(listener);
+    r.context("NBD server")?;
+    if a.json {
+        say!(
+            "{}",
+            serde_json::json!({"event": "stopped", "export": "nbd"})
+        );
+    }
+    Ok(())
+}

@@ -172,6 +172,25 @@ fn sha256_prefix(r: &dyn Fn(u64, &mut [u8]) -> Result<()>, len: u64) -> Result<[
     Ok(h.finish())
 }
 
+/// The unnamed COW file without the syncs of every label: nothing can resume from a file that
+/// has no name, and naming it syncs it once.
+struct Unsynced<'a>(&'a std::fs::File);
+
+impl snapblk_cow::WriteAt for Unsynced<'_> {
+    fn write_all_at(&self, offset: u64, buf: &[u8]) -> std::io::Result<()> {
+        snapblk_cow::WriteAt::write_all_at(self.0, offset, buf)
+    }
+    fn sync_data(&self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl snapblk_cow::CowSink for Unsynced<'_> {
+    fn set_len(&self, len: u64) -> std::io::Result<()> {
+        self.0.set_len(len)
+    }
+}
+
 /// Bytes free for an unprivileged user in the file system holding `dir`.
 fn free_bytes(dir: &Path) -> Result<u64> {
     use std::os::unix::ffi::OsStrExt;
@@ -400,7 +419,7 @@ fn one(
     let new_size = info.and_then(|i| i.size).unwrap_or(0);
     let want_hash = info.and_then(|i| i.hash.clone());
     let cow = AtomicFile::create(&cow_path)?;
-    let report = write_vabc_cow(p, params, a.profile, old, new, cow.file())?;
+    let report = write_vabc_cow(p, params, a.profile, old, new, Unsynced(cow.file()))?;
     let estimate = p.estimate_cow_size.filter(|&e| e > 0);
     let limit = estimate.map(cow_limit);
     if let Some(l) = limit

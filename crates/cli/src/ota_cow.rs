@@ -500,6 +500,13 @@ fn one(
             )?);
         }
     }
+    // A new COW never sits beside an old record (docs/safety.md).
+    match std::fs::remove_file(&rec_path) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            return Err(e).with_context(|| format!("remove the old {}", rec_path.display()));
+        }
+        _ => {}
+    }
     cow.commit()
         .with_context(|| format!("naming {}", cow_path.display()))?;
     let rf = AtomicFile::create(&rec_path)?;

@@ -310,3 +310,26 @@ fn ota_serve_merge_serves_the_new_image_and_leaves_it_in_the_old_one() {
     let merged = std::fs::read(&base).unwrap();
     assert!(merged[..s.new.len()] == s.new[..], "merged");
 }
+
+#[test]
+fn a_second_run_replaces_the_cow_and_its_record_together() {
+    let s = setup("ota-cow-rerun", &fields(3, "lz4"), Some);
+    let out = s.out();
+    ok(&s.args(&out));
+    let first = std::fs::read(out.join("system.cow.snapblk")).unwrap();
+    let mut args = s.args(&out);
+    args.extend(["--profile", "legacy"]);
+    ok(&args);
+    assert!(std::fs::read(out.join("system.cow.snapblk")).unwrap() != first);
+    assert_eq!(entries(&out), ["system.cow", "system.cow.snapblk"]);
+    // The record describes the new COW: a merge with it (stale records are refused) ends right.
+    let base = s.d.join("base.img");
+    std::fs::copy(s.old_dir.join("system.img"), &base).unwrap();
+    ok(&[
+        "merge",
+        path_str(&out.join("system.cow")),
+        "--base",
+        path_str(&base),
+    ]);
+    assert!(std::fs::read(&base).unwrap()[..s.new.len()] == s.new[..]);
+}

@@ -117,6 +117,8 @@ pub(super) struct CowResult {
     pub(super) partition: String,
     pub(super) cow: PathBuf,
     record: PathBuf,
+    /// Size of the new partition (`new_partition_info.size`).
+    pub(super) new_size: u64,
     cow_size: u64,
     estimate_cow_size: Option<u64>,
     /// estimate + 2 MiB (the COW device), when there is an estimate.
@@ -459,14 +461,19 @@ fn one(
     drop(reader);
     let (mut view_sha256, mut merge_sha256) = (None, None);
     if a.verify {
-        // A partition without an old image is served over an empty base of its size.
-        let empty;
+        // A partition without an old image, or one that grows, is served over a copy of the
+        // old image (if any) extended to the new size, as the device's partition is.
+        let grown;
+        let old_len = old.map_or(Ok(0), ReadAt::size)?;
         let base: PathBuf = match old {
-            Some(f) => fd_path(f),
-            None => {
-                empty = AtomicFile::create(&a.out.join(format!(".{name}.base.img")))?;
-                empty.file().set_len(new_size)?;
-                fd_path(empty.file())
+            Some(f) if old_len >= new_size => fd_path(f),
+            _ => {
+                grown = AtomicFile::create(&a.out.join(format!(".{name}.base.img")))?;
+                if let Some(f) = old {
+                    copy_into(f, grown.file())?;
+                }
+                grown.file().set_len(new_size)?;
+                fd_path(grown.file())
             }
         };
         let snap = open_files_sized(
@@ -518,6 +525,7 @@ fn one(
         partition: name.clone(),
         cow: cow_path,
         record: rec_path,
+        new_size,
         cow_size: report.cow_size,
         estimate_cow_size: estimate,
         cow_device_size: limit,

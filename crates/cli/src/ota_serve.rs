@@ -116,6 +116,7 @@ pub(super) fn run(a: &ServeArgs) -> Result<()> {
             work.display()
         );
     }
+    let mut bases: Vec<Named> = Vec::new();
     let (cows, raw): (Vec<Named>, Vec<Named>) = if started {
         let mut cows = Vec::new();
         for p in existing {
@@ -129,6 +130,8 @@ pub(super) fn run(a: &ServeArgs) -> Result<()> {
             .flatten()
             .map(|e| e.path())
             .filter(|p| p.extension().is_some_and(|x| x == "img"))
+            // Grown bases of a run without --merge are not partitions.
+            .filter(|p| !p.to_string_lossy().ends_with(".base.img"))
             .map(|p| {
                 let n = p
                     .file_stem()
@@ -140,6 +143,27 @@ pub(super) fn run(a: &ServeArgs) -> Result<()> {
         (cows, raw)
     } else {
         let made = make(&job)?;
+        // A partition that grows is served over a copy of its old image extended to the new
+        // size (a merge grows the old image itself; the driver says how when it is short).
+        for c in made.cows.iter().filter(|_| !a.merge) {
+            let old = a.source.join(format!("{}.img", c.partition));
+            let len = std::fs::metadata(&old).map_or(0, |m| m.len());
+            if len < c.new_size {
+                let grown = work.join(format!("{}.base.img", c.partition));
+                if len > 0 {
+                    std::fs::copy(&old, &grown)
+                        .with_context(|| format!("copy {}", old.display()))?;
+                }
+                let f = std::fs::OpenOptions::new()
+                    .create(true)
+                    .truncate(false)
+                    .write(true)
+                    .open(&grown)
+                    .with_context(|| format!("create {}", grown.display()))?;
+                f.set_len(c.new_size)?;
+                bases.push((c.partition.clone(), grown));
+            }
+        }
         (
             made.cows
                 .into_iter()
@@ -153,7 +177,10 @@ pub(super) fn run(a: &ServeArgs) -> Result<()> {
     let mut exports = Vec::new();
     let mut listed = Vec::new();
     for (name, cow) in &cows {
-        let base = a.source.join(format!("{name}.img"));
+        let base = bases
+            .iter()
+            .find(|(n, _)| n == name)
+            .map_or_else(|| a.source.join(format!("{name}.img")), |(_, p)| p.clone());
         let mut spec = format!(
             "snapshot:base={},cow={}",
             spec_path(&base)?,

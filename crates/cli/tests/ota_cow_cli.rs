@@ -333,3 +333,104 @@ fn a_second_run_replaces_the_cow_and_its_record_together() {
     ]);
     assert!(std::fs::read(&base).unwrap()[..s.new.len()] == s.new[..]);
 }
+
+/// update_engine's own sample payloads (tests/data/ota, made by delta_generator; no VABC
+/// metadata, so --all-partitions): the COWs of both, over the delta's old images (`root`
+/// grows from 4 to 12 KiB), served and merged to the payloads' own hashes.
+#[test]
+fn update_engines_sample_payloads_give_cows_of_their_hashes() {
+    let d = TempDir::new("ota-cow-samples");
+    let data = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/data/ota");
+    for a in ["sample_payloads.tar.xz", "sample_images.tar.bz2"] {
+        tool_ok(
+            "tar",
+            &["-xf", path_str(&data.join(a)), "-C", path_str(d.path())],
+        );
+    }
+    let old = d.join("old");
+    std::fs::create_dir(&old).unwrap();
+    std::fs::copy(d.join("disk_ext2_4k_empty.img"), old.join("kernel.img")).unwrap();
+    std::fs::copy(d.join("disk_sqfs_empty.img"), old.join("root.img")).unwrap();
+    let want = [
+        ("kernel", std::fs::read(d.join("disk_ext2_4k.img")).unwrap()),
+        (
+            "root",
+            std::fs::read(d.join("disk_sqfs_default.img")).unwrap(),
+        ),
+    ];
+    for (payload, profile) in [
+        ("full_payload.bin", "current"),
+        ("delta_payload.bin", "current"),
+        ("delta_payload.bin", "legacy"),
+    ] {
+        let out = d.join(&format!("out-{payload}-{profile}"));
+        let doc: serde_json::Value = serde_json::from_str(&ok(&[
+            "ota",
+            "cow",
+            path_str(&d.join(payload)),
+            "--source",
+            path_str(&old),
+            "-o",
+            path_str(&out),
+            "--all-partitions",
+            "--profile",
+            profile,
+            "--verify",
+            "--verify-merge",
+            "--json",
+        ]))
+        .unwrap();
+        for (i, (name, img)) in want.iter().enumerate() {
+            let r = &doc["partitions"][i];
+            assert_eq!(r["partition"], *name);
+            assert_eq!(r["view_sha256"], sha256_hex(img), "{payload} {name}");
+            assert_eq!(r["merge_sha256"], sha256_hex(img), "{payload} {name}");
+            assert!(r["estimate_cow_size"].is_null());
+        }
+    }
+}
+
+/// A partition that grows (8 → 16 blocks) is served over a grown copy of its old image; the
+/// old image is left as it was.
+#[test]
+fn ota_serve_serves_a_growing_partition() {
+    use snapblk_ota::testing::{DeltaOp, Encoding, PayloadBuilder};
+    let d = TempDir::new("ota-serve-grow");
+    let old = snapblk_testsupport::pattern(8 * 4096, 31);
+    let mut new = old.clone();
+    new.extend(snapblk_testsupport::pattern(8 * 4096, 32));
+    let ops = [
+        DeltaOp::Copy {
+            src: vec![(0, 8)],
+            dst: vec![(0, 8)],
+        },
+        DeltaOp::Replace {
+            dst: vec![(8, 8)],
+            encoding: Encoding::Xz,
+        },
+    ];
+    let mut built = PayloadBuilder::new()
+        .delta("system", &old, &new, &ops, &bsdiff)
+        .build();
+    snapblk_ota::testing::vabc::set_vabc(&mut built.manifest, &["system"], &fields(3, "lz4"));
+    let p = built.manifest.partitions[0].clone();
+    let params = VabcParams::from_manifest(&built.manifest, &p).unwrap();
+    let est = estimate_vabc_cow(&p, &params, DeviceProfile::CURRENT, Some(&old), &new).unwrap();
+    built.manifest.partitions[0].estimate_cow_size = Some(est.estimate_cow_size);
+    let ota = d.join("ota.bin");
+    std::fs::write(&ota, built.to_bytes()).unwrap();
+    std::fs::create_dir(d.join("old")).unwrap();
+    std::fs::write(d.join("old/system.img"), &old).unwrap();
+    let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_snapblk"));
+    c.args(["ota", "serve", path_str(&ota), "--source"])
+        .arg(d.join("old"))
+        .args(["--nbd", "0", "--json"]);
+    let srv = snapblk_testsupport::ReadyProcess::spawn(&mut c).unwrap();
+    assert_eq!(srv.ready["partitions"][0]["size"], new.len() as u64);
+    let got = d.join("got.img");
+    nbd::copy(&srv.ready_str("uri"), path_str(&got));
+    let (status, _, err) = srv.stop();
+    assert!(status.success(), "{err}");
+    assert!(std::fs::read(&got).unwrap() == new, "served");
+    assert!(std::fs::read(d.join("old/system.img")).unwrap() == old);
+}

@@ -16,6 +16,7 @@ use snapblk_ota::DeviceProfile;
 use super::cow::{Job, make};
 
 #[derive(Args)]
+#[command(group(clap::ArgGroup::new("export").required(true).multiple(false).args(["fuse", "nbd"])))]
 pub struct ServeArgs {
     /// The OTA: a zip with payload.bin, or a bare payload.bin.
     ota: PathBuf,
@@ -31,7 +32,11 @@ pub struct ServeArgs {
     /// Export over NBD on ADDR: PORT or :PORT (loopback), HOST:PORT, or unix:/path; the
     /// export names are the partition names.
     #[arg(long, value_name = "ADDR")]
-    nbd: String,
+    nbd: Option<String>,
+    /// Export through FUSE: mount DIR/<partition>/ holding one file <partition>.img per
+    /// partition (DIR/<partition> created if missing).
+    #[arg(long, value_name = "DIR")]
+    fuse: Option<PathBuf>,
     /// Only these partitions (comma-separated names).
     #[arg(long, value_delimiter = ',', value_name = "A,B")]
     partitions: Vec<String>,
@@ -174,8 +179,8 @@ pub(super) fn run(a: &ServeArgs) -> Result<()> {
     };
     // Before any thread exists, so every thread inherits the mask and only we see the signals.
     let sigs = TermSignals::block().context("blocking SIGINT/SIGTERM")?;
-    let mut exports = Vec::new();
-    let mut listed = Vec::new();
+    // (name, device, what it is) per partition: snapshots first, then built images.
+    let mut devs = Vec::new();
     for (name, cow) in &cows {
         let base = bases
             .iter()
@@ -190,32 +195,38 @@ pub(super) fn run(a: &ServeArgs) -> Result<()> {
             spec.push_str(",merge=true");
         }
         let dev = snapblk::open(&spec, 1).map_err(|e| anyhow::anyhow!("opening {spec}: {e}"))?;
-        let dev = Arc::new(SharedDevice::new(dev)?);
-        listed.push(serde_json::json!({"name": name, "size": dev.geometry().size, "cow": cow}));
-        exports.push(Export {
-            name: name.clone(),
-            description: format!("snapblk: {name} (old image + COW)"),
-            device: dev,
-            read_only: true,
-            multi_conn: true,
-        });
+        devs.push((name.clone(), dev, serde_json::json!({"cow": cow})));
     }
     for (name, img) in &raw {
         let spec = format!("io_uring:path={},read-only=true", spec_path(img)?);
         let dev = snapblk::open(&spec, 1).map_err(|e| anyhow::anyhow!("opening {spec}: {e}"))?;
+        devs.push((name.clone(), dev, serde_json::json!({"image": img})));
+    }
+    if let Some(dir) = &a.fuse {
+        return serve_fuse(a, dir, devs, sigs, &work);
+    }
+    let Some(addr) = &a.nbd else {
+        bail!("one of --nbd, --fuse is required");
+    };
+    let mut exports = Vec::new();
+    let mut listed = Vec::new();
+    for (name, dev, what) in devs {
         let dev = Arc::new(SharedDevice::new(dev)?);
-        listed.push(serde_json::json!({"name": name, "size": dev.geometry().size, "image": img}));
+        let mut e = serde_json::json!({"name": name, "size": dev.geometry().size});
+        e.as_object_mut()
+            .into_iter()
+            .for_each(|o| o.extend(what.as_object().cloned().unwrap_or_default()));
+        listed.push(e);
         exports.push(Export {
             name: name.clone(),
-            description: format!("snapblk: {name} (built image)"),
+            description: format!("snapblk: partition {name}"),
             device: dev,
             read_only: true,
             multi_conn: true,
         });
     }
     let server = Server::new(exports, ServerConfig::default())?;
-    let listener =
-        Listener::bind(&a.nbd).with_context(|| format!("binding NBD address {}", a.nbd))?;
+    let listener = Listener::bind(addr).with_context(|| format!("binding NBD address {addr}"))?;
     let stop = server.stop_handle();
     let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let watcher = {
@@ -261,6 +272,84 @@ pub(super) fn run(a: &ServeArgs) -> Result<()> {
         say!(
             "{}",
             serde_json::json!({"event": "stopped", "export": "nbd"})
+        );
+    }
+    Ok(())
+}
+
+/// One FUSE mount per partition, DIR/<partition>/<partition>.img, until SIGINT/SIGTERM.
+fn serve_fuse(
+    a: &ServeArgs,
+    dir: &Path,
+    devs: Vec<(String, snapblk::Blkio, serde_json::Value)>,
+    sigs: TermSignals,
+    work: &Path,
+) -> Result<()> {
+    let mut mounts = Vec::new();
+    let mut listed = Vec::new();
+    for (name, dev, what) in devs {
+        let sub = dir.join(&name);
+        std::fs::create_dir_all(&sub).with_context(|| format!("create {}", sub.display()))?;
+        let opts = snapblk_fuse::FuseOptions {
+            file_name: format!("{name}.img"),
+            read_only: true,
+            direct_io: false,
+            threads: 2,
+            allow_other: false,
+        };
+        let m = snapblk_fuse::mount(dev, &sub, &opts)
+            .with_context(|| format!("mounting {}", sub.display()))?;
+        let mut e = serde_json::json!({
+            "name": name,
+            "size": m.size(),
+            "path": m.file().display().to_string(),
+        });
+        e.as_object_mut()
+            .into_iter()
+            .for_each(|o| o.extend(what.as_object().cloned().unwrap_or_default()));
+        listed.push(e);
+        mounts.push(m);
+    }
+    if a.json {
+        let v = serde_json::json!({
+            "event": "ready",
+            "export": "fuse",
+            "mountpoint": dir.display().to_string(),
+            "partitions": listed,
+            "work": work,
+            "merge": a.merge,
+        });
+        say!("{v}");
+    } else {
+        for e in &listed {
+            eprintln!("snapblk: serving {}", e["path"].as_str().unwrap_or(""));
+        }
+    }
+    // Until a signal (or every mount is unmounted from outside); then unmount each, lazily
+    // when it is busy, so the users still holding it finish.
+    while !mounts.iter().all(|m| m.is_finished()) {
+        if sigs.wait(Duration::from_millis(200)).is_some() {
+            break;
+        }
+    }
+    for mut m in mounts {
+        if m.is_finished() {
+            let _ = m.try_unmount();
+            continue;
+        }
+        match m.try_unmount() {
+            Ok(()) => {}
+            Err(snapblk_fuse::FuseError::Busy(p)) => {
+                eprintln!("snapblk: {} is busy: detached it lazily", p.display());
+                m.detach_lazy();
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+    if a.json {
+        say!(
+            "{}",
+            serde_json::json!({"event": "stopped", "export": "fuse"})
         );
     }
     Ok(())

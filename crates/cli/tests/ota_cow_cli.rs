@@ -434,3 +434,50 @@ fn ota_serve_serves_a_growing_partition() {
     assert!(std::fs::read(&got).unwrap() == new, "served");
     assert!(std::fs::read(d.join("old/system.img")).unwrap() == old);
 }
+
+/// Lazily unmounts the given mount points on drop (a failing test must not leave a dead FUSE
+/// mount behind); create it after the `TempDir`.
+struct Unmount(Vec<PathBuf>);
+
+impl Drop for Unmount {
+    fn drop(&mut self) {
+        for m in &self.0 {
+            let _ = std::process::Command::new("umount")
+                .arg("-l")
+                .arg(m)
+                .stderr(std::process::Stdio::null())
+                .status();
+        }
+    }
+}
+
+#[test]
+fn ota_serve_fuse_mounts_one_file_per_partition() {
+    let s = setup("ota-serve-fuse", &fields(2, "gz"), Some);
+    let vendor = snapblk_testsupport::pattern(8 * 4096, 6);
+    let ota = with_vendor(&s, &vendor);
+    let mnt = s.d.join("mnt");
+    std::fs::create_dir(&mnt).unwrap();
+    let _guard = Unmount(vec![mnt.join("system"), mnt.join("vendor")]);
+    let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_snapblk"));
+    c.args(["ota", "serve", path_str(&ota), "--source"])
+        .arg(&s.old_dir)
+        .args(["--fuse", path_str(&mnt), "--json"]);
+    let srv = snapblk_testsupport::ReadyProcess::spawn(&mut c).unwrap();
+    assert_eq!(srv.ready["export"], "fuse");
+    let sys = mnt.join("system/system.img");
+    let ven = mnt.join("vendor/vendor.img");
+    assert_eq!(
+        srv.ready["partitions"][0]["path"].as_str().unwrap(),
+        path_str(&sys)
+    );
+    // Read by cp, not by this process's own code.
+    let (a, b) = (s.d.join("a.img"), s.d.join("b.img"));
+    tool_ok("cp", &[path_str(&sys), path_str(&a)]);
+    tool_ok("cp", &[path_str(&ven), path_str(&b)]);
+    assert!(std::fs::read(&a).unwrap() == s.new, "system");
+    assert!(std::fs::read(&b).unwrap() == vendor, "vendor");
+    let (status, _, err) = srv.stop();
+    assert!(status.success(), "{err}");
+    assert!(!sys.exists() && !ven.exists(), "unmounted at exit");
+}

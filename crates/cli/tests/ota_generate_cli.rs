@@ -87,6 +87,26 @@ fn directories_generate_apply_and_extract_round_trip() {
             &new.join(format!("{p}.img")),
         );
     }
+    // The COWs of every partition (one only moved blocks, one is new) fit their estimates.
+    let cows = d.join("cows");
+    let doc = ok(&[
+        "ota",
+        "cow",
+        path_str(&pay),
+        "--source",
+        path_str(&old),
+        "-o",
+        path_str(&cows),
+        "--verify",
+        "--json",
+    ]);
+    let c: serde_json::Value = serde_json::from_str(&doc).unwrap();
+    let parts = c["partitions"].as_array().unwrap();
+    assert_eq!(parts.len(), 3, "{doc}");
+    for r in parts {
+        let (size, est) = (r["cow_size"].as_u64(), r["estimate_cow_size"].as_u64());
+        assert!(size.is_some() && size <= est, "{doc}");
+    }
     // bsdiff40 and JSON.
     let pay40 = d.join("p40.bin");
     let json = ok(&[

@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # The main job on a small built-in example: two versions of a file tree become two ext4 images
 # (old and new); snapblk creates an Android COW from them, inspects and verifies it, reads the new
-# image through the snapshot device, and merges the COW into a copy of the old image in place.
+# image through the snapshot device, and merges the COW into a copy of the old image in place;
+# then makes an Android OTA payload of the same update (`ota generate`), applies it and writes
+# the Virtual A/B COW a device would write for it (`ota cow --verify`), and mounts the
+# post-update file system served from the old image and that COW (`ota serve --fuse`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install-deps.sh
@@ -45,4 +48,29 @@ echo; echo "== snapblk merge (in place, resumable)"
 cp "$work/old.img" "$work/device.img"
 "$SNAPBLK" merge "$work/update.cow" --base "$work/device.img"
 cmp "$work/device.img" "$work/new.img" && echo "merged device == new image"
+
+echo; echo "== snapblk ota generate: an incremental OTA payload of the same update (old/new as system)"
+mkdir -p "$work/ota-old" "$work/ota-new"
+cp "$work/old.img" "$work/ota-old/system.img"
+cp "$work/new.img" "$work/ota-new/system.img"
+"$SNAPBLK" ota generate --source "$work/ota-old" --target "$work/ota-new" -o "$work/update.bin"
+echo; echo "== snapblk ota apply: the post-update partition from the old image and the payload"
+"$SNAPBLK" ota apply "$work/update.bin" --source "$work/ota-old" -o "$work/ota-applied"
+cmp "$work/ota-applied/system.img" "$work/new.img" && echo "applied system.img == new image"
+echo "post-update /etc/release: $(debugfs -R 'cat /etc/release' "$work/ota-applied/system.img" 2>/dev/null)"
+echo; echo "== snapblk ota cow: the Virtual A/B COW a device would write, its view and merge checked"
+"$SNAPBLK" ota cow "$work/update.bin" --source "$work/ota-old" -o "$work/ota-cow" --verify
+echo; echo "== snapblk ota serve --fuse: the post-update partition as old image + COW, mounted"
+mkdir -p "$work/fuse" "$work/mnt"
+"$SNAPBLK" ota serve "$work/update.bin" --source "$work/ota-old" --fuse "$work/fuse" 2> "$work/serve.log" &
+serve_pid=$!
+for _ in $(seq 1 150); do [[ -f "$work/fuse/system/system.img" ]] && break; sleep 0.2; done
+if [[ $(id -u) == 0 ]]; then
+  mount -o loop,ro "$work/fuse/system/system.img" "$work/mnt"
+  echo "post-update /etc/release (mounted): $(cat "$work/mnt/etc/release")"
+  umount "$work/mnt"
+else
+  echo "post-update /etc/release (debugfs): $(debugfs -R 'cat /etc/release' "$work/fuse/system/system.img" 2>/dev/null)"
+fi
+kill -INT "$serve_pid"; wait "$serve_pid"
 echo; echo "demo: OK"

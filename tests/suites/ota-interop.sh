@@ -3,7 +3,9 @@
 # 0.3.0 (and with it PyPI bsdiff4) into a venv (pip from PyPI) and runs the ignored cargo tests
 # that have it extract full payloads and apply incremental ones (SOURCE_COPY, SOURCE_BSDIFF with
 # patches made by bsdiff4 and Debian's bsdiff) written by snapblk-ota's writer
-# (crates/ota/tests/interop.rs), and checks that it extracts the AOSP sample full payload to the
+# (crates/ota/tests/interop.rs) and by the generator (`ota generate --bsdiff-format bsdiff40`
+# of an ext4 image pair: SOURCE_COPY, SOURCE_BSDIFF from snapblk's own bsdiff, REPLACE_XZ, ZERO),
+# and checks that it extracts the AOSP sample full payload to the
 # same images as `snapblk ota extract`. Also installs PyPI reedsolo 1.7.0 (a pure-Python
 # Reed-Solomon codec) and compares the FEC encoder's parity with it (the ignored unit test
 # verity::rs::tests::reedsolo_agrees_on_random_messages). Fails if pip or a package is missing
@@ -44,6 +46,8 @@ interop payload_dumper_reads_our_payloads_to_the_same_images \
   "payload-dumper reads full payloads written by snapblk-ota to the same images"
 interop payload_dumper_reads_our_incremental_payloads_to_the_same_images \
   "payload-dumper applies incremental payloads written by snapblk-ota (bsdiff4 and bsdiff patches) to the same images as snapblk"
+interop payload_dumper_applies_generated_bsdiff40_payloads \
+  "payload-dumper applies an ota generate --bsdiff-format bsdiff40 payload of an ext4 pair to the new image"
 # Both read the AOSP sample full payload to the same images.
 cargo build -q -p snapblk-cli || { bad "cargo build -p snapblk-cli"; echo "$passed passed, $failed failed"; exit 1; }
 tar -xf tests/data/ota/sample_payloads.tar.xz -C "$work"

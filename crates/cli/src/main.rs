@@ -21,6 +21,7 @@ mod info;
 mod logger;
 mod merge;
 mod ota;
+mod ota_gen;
 mod ota_sig;
 mod outfile;
 mod progress;

@@ -127,6 +127,10 @@ pub enum OtaCmd {
     /// with a COW estimate as snapshots of their old image and the COW `ota cow` writes, the
     /// others built and served read-only; --merge merges the COWs while serving.
     Serve(Box<serve::ServeArgs>),
+    /// Write an OTA payload from partition images: incremental with --source (SOURCE_COPY,
+    /// ZERO, REPLACE, REPLACE_XZ, BROTLI_BSDIFF or SOURCE_BSDIFF; Virtual A/B merge
+    /// operations and COW estimates), full without.
+    Generate(crate::ota_gen::GenerateArgs),
 }
 
 pub fn run(c: OtaCmd) -> Result<()> {
@@ -172,6 +176,7 @@ pub fn run(c: OtaCmd) -> Result<()> {
         }
         OtaCmd::Cow(a) => verdict(a.json(), cow::COW_SCHEMA, cow::run(&a)),
         OtaCmd::Serve(a) => serve::run(&a),
+        OtaCmd::Generate(a) => crate::ota_gen::run(a),
     }
 }
 

@@ -294,7 +294,7 @@ fn from_zip(bytes: &[u8]) -> Result<Vec<VerifyKey>, KeyError> {
 }
 
 /// The PEM blocks of `text`: each from a `-----BEGIN ` line to its `-----END ...-----`.
-fn pem_blocks(text: &str) -> Vec<&str> {
+pub(crate) fn pem_blocks(text: &str) -> Vec<&str> {
     let mut out = Vec::new();
     let mut rest = text;
     while let Some(b) = rest.find("-----BEGIN ") {

@@ -43,6 +43,7 @@ mod extract;
 mod finish;
 #[cfg(feature = "test-utils")]
 pub mod fuzzing;
+mod generate;
 mod keys;
 mod ops;
 mod payload;
@@ -65,6 +66,11 @@ pub use delta::MAX_PATCH_INPUT;
 pub use error::{OpError, OtaError, Result, VerityError};
 pub use extract::{
     ExtractOptions, ExtractProgress, ExtractReport, MAX_THREADS, Output, PartitionReport,
+};
+pub use generate::{
+    BsdiffFormat, DELTA_MINOR_VERSION, DIFF_CHUNK_BLOCKS, FULL_CHUNK_BLOCKS, GEN_BLOCK_SIZE,
+    GenerateError, GenerateOptions, Generated, PartitionImages, PartitionStats, SignError,
+    SigningKey, VabcOptions, generate,
 };
 pub use keys::{KeyAlgorithm, KeyError, MAX_RSA_BITS, MIN_RSA_BITS, VerifyKey};
 pub use ops::{apply_supports, extract_supports};

@@ -2,7 +2,9 @@
 //! `payload-dumper` 0.3.0, which handles REPLACE, REPLACE_BZ, REPLACE_XZ, ZERO, and with the
 //! old images SOURCE_COPY and SOURCE_BSDIFF through PyPI bsdiff4): it must produce the images
 //! the payloads were made from. The incremental payloads' patches come from independent makers
-//! too (bsdiff4 and Debian's bsdiff). Ignored in a plain `cargo test` for want of the dumper;
+//! too (bsdiff4 and Debian's bsdiff). A payload from the generator (`snapblk_ota::generate`
+//! with BSDIFF40 patches, of two ext4 images made by mkfs.ext4) must apply to the new image.
+//! Ignored in a plain `cargo test` for want of the dumper;
 //! tests/suites/ota-interop.sh installs it into a venv and runs these with `--ignored`, the
 //! dumper's path in `PAYLOAD_DUMPER` and the venv's python in `BSDIFF4_PYTHON`.
 
@@ -187,4 +189,100 @@ fn payload_dumper_reads_our_incremental_payloads_to_the_same_images() {
     for ((n, img), (m, want)) in ours.iter().zip(images) {
         assert!(n == m && img == want, "snapblk's {n} differs");
     }
+}
+
+/// An ext4 image of 16 MiB holding `files`, made by mkfs.ext4 in `d/tag`.
+fn ext4(d: &TempDir, tag: &str, files: &[(&str, Vec<u8>)]) -> Vec<u8> {
+    let dir = d.join(tag);
+    for (n, b) in files {
+        let p = dir.join(n);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(p, b).unwrap();
+    }
+    let img = d.join(&format!("{tag}.img"));
+    let mut args = ["-q", "-F", "-b", "4096", "-E", "root_owner=0:0", "-d"].to_vec();
+    args.extend([path_str(&dir), path_str(&img), "16M"]);
+    tool_ok("mkfs.ext4", &args);
+    std::fs::read(&img).unwrap()
+}
+
+#[test]
+#[ignore = "needs PyPI payload-dumper and bsdiff4: tests/suites/ota-interop.sh"]
+fn payload_dumper_applies_generated_bsdiff40_payloads() {
+    use snapblk_ota::{BsdiffFormat, GenerateOptions, OpType, PartitionImages, Payload, generate};
+    let dumper = std::env::var("PAYLOAD_DUMPER")
+        .expect("PAYLOAD_DUMPER must name the payload_dumper executable");
+    let d = TempDir::new("ota-interop-gen");
+    // Files edited in place, grown by inserted bytes, moved, deleted and added.
+    let doc = pattern(900 * 1024, 51);
+    let mut doc2 = doc.clone();
+    doc2.splice(200_000..200_000, pattern(3000, 52));
+    let bin = pattern(400 * 1024, 53);
+    let mut bin2 = bin.clone();
+    for i in (0..bin2.len()).step_by(40_000) {
+        bin2[i] ^= 0xa5;
+    }
+    let moved = pattern(300 * 1024, 54);
+    let gone = pattern(80_000, 55);
+    let old_files = [
+        ("a/doc", doc),
+        ("b/bin", bin),
+        ("c/moved", moved.clone()),
+        ("d/gone", gone),
+    ];
+    let old = ext4(&d, "old-fs", &old_files);
+    let fresh = pattern(60_000, 56);
+    let new_files = [
+        ("a/doc", doc2),
+        ("b/bin", bin2),
+        ("x/moved", moved),
+        ("e/fresh", fresh),
+    ];
+    let new = ext4(&d, "new-fs", &new_files);
+    let opts = GenerateOptions {
+        bsdiff_format: BsdiffFormat::Bsdiff40,
+        threads: 2,
+        ..GenerateOptions::default()
+    };
+    let parts = [PartitionImages {
+        name: "system",
+        old: Some(&old),
+        new: &new,
+    }];
+    let bytes = generate(&parts, &opts).unwrap().to_bytes();
+    let p = Payload::from_bytes(bytes.clone()).unwrap();
+    let types: Vec<OpType> = p.manifest().partitions[0]
+        .operations
+        .iter()
+        .map(|o| o.op_type().unwrap())
+        .collect();
+    for t in [
+        OpType::SourceCopy,
+        OpType::SourceBsdiff,
+        OpType::ReplaceXz,
+        OpType::Zero,
+    ] {
+        assert!(types.contains(&t), "no {t:?} in the payload");
+    }
+    let payload = d.join("gen.bin");
+    std::fs::write(&payload, &bytes).unwrap();
+    let olddir = d.join("old");
+    std::fs::create_dir(&olddir).unwrap();
+    std::fs::write(olddir.join("system.img"), &old).unwrap();
+    let out = d.join("theirs");
+    let args = [
+        "--diff",
+        "--old",
+        path_str(&olddir),
+        "--out",
+        path_str(&out),
+    ];
+    let mut args = args.to_vec();
+    args.push(path_str(&payload));
+    tool_ok(&dumper, &args);
+    let got = std::fs::read(out.join("system.img")).unwrap();
+    assert!(
+        got == new,
+        "payload_dumper's system.img differs from the new image"
+    );
 }

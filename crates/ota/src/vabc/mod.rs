@@ -292,7 +292,15 @@ pub fn estimate_vabc_cow<O: ReadAt + ?Sized, N: ReadAt + ?Sized>(
     let (cow_size, op_max) = if p.cow_version >= 3 {
         let op_max = report.op_records.max(25);
         let unused = (SLOTS - op_max) * 16;
-        (report.cow_size - unused, op_max)
+        // With no data after the op area (only COPY and ZERO ops) the file ends at its last
+        // op record, whatever the number of slots.
+        (
+            report
+                .cow_size
+                .checked_sub(unused)
+                .unwrap_or(report.cow_size),
+            op_max,
+        )
     } else {
         (report.cow_size, 0)
     };

@@ -1,0 +1,112 @@
+#!/usr/bin/env bash
+# Benchmark `snapblk ota generate` on a large ext4 image pair, with references in the same run
+# (not a test, not in CI).
+#
+# 1. Makes the change-heavy old/new ext4 pair of bench/cow/make-pair.py (a subset of /usr/lib:
+#    files deleted, relinked, edited, replaced and added; SIZE_MiB each, default 384).
+# 2. ROUNDS times, in a rotated order: `snapblk ota generate` of an incremental payload
+#    (BSDF2, and BSDIFF40), `snapblk ota generate` of a full payload, and the references
+#    `snapblk cow create` (the COW of the same pair, lz4, v3: block-level matching and XOR
+#    without bsdiff) and `xz -6 -T1` of the new image (a full payload's ceiling). Each run:
+#    wall and CPU time and peak RSS (/usr/bin/time); output sizes.
+# 3. Checks the last payloads: `snapblk ota apply` of each incremental and `ota extract` of the
+#    full one give exactly the new image, and `ota cow --verify` of the BSDF2 one fits its
+#    estimate. Prints medians and ratios (generate time / cow create time, payload size / xz
+#    size) and writes them as JSON to bench/results/scratch/ota-generate-<UTC time>.json.
+#
+# Usage: bench/ota-generate.sh [WORKDIR] [SIZE_MiB] [ROUNDS]
+#   WORKDIR default /dev/shm/snapblk-ota-generate (or /var/tmp/... when memory is short)
+# Env: SNAPBLK (release binary; built if unset), THREADS (generate --threads; default 2).
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+SIZE=${2:-384}
+ROUNDS=${3:-3}
+THREADS=${THREADS:-2}
+avail_mib=$(awk '/MemAvailable/ {print int($2 / 1024)}' /proc/meminfo)
+if [[ -n "${1:-}" ]]; then
+  WORK=$1
+elif (( avail_mib > 8 * SIZE + 2048 )); then
+  WORK=/dev/shm/snapblk-ota-generate
+else
+  WORK=/var/tmp/snapblk-ota-generate
+fi
+for t in mke2fs xz python3 cmp; do
+  command -v "$t" > /dev/null || { echo "$t missing (bash scripts/install-deps.sh)" >&2; exit 1; }
+done
+[[ -x /usr/bin/time ]] || { echo "/usr/bin/time missing (apt-get install time)" >&2; exit 1; }
+if [[ -z "${SNAPBLK:-}" ]]; then
+  (cd "$ROOT" && cargo build --release -q -p snapblk-cli)
+  SNAPBLK=${CARGO_TARGET_DIR:-$ROOT/target}/release/snapblk
+fi
+
+mkdir -p "$WORK"
+trap 'rm -rf "$WORK"/run "$WORK"/old "$WORK"/new' EXIT
+if [[ ! -f "$WORK/pair/new.img" ]]; then
+  python3 "$ROOT/bench/cow/make-pair.py" "$WORK/pair" "$SIZE" 2>&1 | grep -v '^Creating' >&2
+fi
+mkdir -p "$WORK/old" "$WORK/new" "$WORK/run"
+ln -f "$WORK/pair/old.img" "$WORK/old/system.img" 2>/dev/null || cp "$WORK/pair/old.img" "$WORK/old/system.img"
+ln -f "$WORK/pair/new.img" "$WORK/new/system.img" 2>/dev/null || cp "$WORK/pair/new.img" "$WORK/new/system.img"
+
+declare -A CMD=(
+  [gen-bsdf2]="$SNAPBLK ota generate --source $WORK/old --target $WORK/new -o $WORK/run/bsdf2.bin --threads $THREADS"
+  [gen-bsdiff40]="$SNAPBLK ota generate --source $WORK/old --target $WORK/new -o $WORK/run/bsdiff40.bin --threads $THREADS --bsdiff-format bsdiff40"
+  [gen-full]="$SNAPBLK ota generate --target $WORK/new -o $WORK/run/full.bin --threads $THREADS"
+  [cow-create]="$SNAPBLK cow create --old $WORK/pair/old.img --new $WORK/pair/new.img -o $WORK/run/pair.cow --format v3 --compression lz4 --no-record"
+  [xz]="sh -c 'xz -6 -T1 -c $WORK/pair/new.img > $WORK/run/new.img.xz'"
+)
+declare -A OUTFILE=(
+  [gen-bsdf2]=bsdf2.bin [gen-bsdiff40]=bsdiff40.bin [gen-full]=full.bin
+  [cow-create]=pair.cow [xz]=new.img.xz
+)
+names=(gen-bsdf2 gen-bsdiff40 gen-full cow-create xz)
+declare -A WALL CPU RSS SIZE_OUT
+for ((r = 0; r < ROUNDS; r++)); do
+  for ((i = 0; i < ${#names[@]}; i++)); do
+    n=${names[$(((i + r) % ${#names[@]}))]}
+    rm -f "$WORK/run/${OUTFILE[$n]}"
+    /usr/bin/time -f '%e %U %S %M' -o "$WORK/time.txt" bash -c "${CMD[$n]}" > /dev/null
+    read -r e u s m < "$WORK/time.txt"
+    WALL[$n]+="$e "; CPU[$n]+="$(echo "$u + $s" | bc) "; RSS[$n]+="$((m / 1024)) "
+    SIZE_OUT[$n]=$(stat -c %s "$WORK/run/${OUTFILE[$n]}")
+    echo "round $((r + 1)) $n: ${e}s wall, $((m / 1024)) MiB peak RSS" >&2
+  done
+done
+
+# The payloads build the new image.
+for p in bsdf2 bsdiff40; do
+  rm -rf "$WORK/run/applied"
+  "$SNAPBLK" ota apply "$WORK/run/$p.bin" --source "$WORK/old" -o "$WORK/run/applied" > /dev/null
+  cmp "$WORK/run/applied/system.img" "$WORK/pair/new.img" || { echo "$p: apply differs" >&2; exit 1; }
+done
+rm -rf "$WORK/run/applied"
+"$SNAPBLK" ota extract "$WORK/run/full.bin" -o "$WORK/run/applied" > /dev/null
+cmp "$WORK/run/applied/system.img" "$WORK/pair/new.img" || { echo "full: extract differs" >&2; exit 1; }
+rm -rf "$WORK/run/applied"
+"$SNAPBLK" ota cow "$WORK/run/bsdf2.bin" --source "$WORK/old" -o "$WORK/run/cow" --verify --json > "$WORK/run/cow.json"
+
+median() { tr ' ' '\n' | grep . | sort -g | awk '{a[NR]=$1} END {print (NR % 2) ? a[(NR+1)/2] : (a[NR/2] + a[NR/2+1]) / 2}'; }
+mkdir -p "$ROOT/bench/results/scratch"
+json=$ROOT/bench/results/scratch/ota-generate-$(date -u +%Y%m%dT%H%M%SZ).json
+{
+  echo "{\"size_mib\": $SIZE, \"rounds\": $ROUNDS, \"threads\": $THREADS, \"runs\": {"
+  sep=""
+  for n in "${names[@]}"; do
+    printf '%s"%s": {"wall_s": %s, "cpu_s": %s, "rss_mib": %s, "bytes": %s}' "$sep" "$n" \
+      "$(echo "${WALL[$n]}" | median)" "$(echo "${CPU[$n]}" | median)" \
+      "$(echo "${RSS[$n]}" | median)" "${SIZE_OUT[$n]}"
+    sep=", "
+  done
+  echo "}, \"ota_cow\": $(cat "$WORK/run/cow.json")}"
+} > "$json"
+printf '%-14s %10s %10s %10s %14s\n' run "wall s" "cpu s" "RSS MiB" bytes
+for n in "${names[@]}"; do
+  printf '%-14s %10s %10s %10s %14s\n' "$n" "$(echo "${WALL[$n]}" | median)" \
+    "$(echo "${CPU[$n]}" | median)" "$(echo "${RSS[$n]}" | median)" "${SIZE_OUT[$n]}"
+done
+w_gen=$(echo "${WALL[gen-bsdf2]}" | median); w_cow=$(echo "${WALL[cow-create]}" | median)
+echo "generate (BSDF2) / cow create wall: $(echo "scale=2; $w_gen / $w_cow" | bc)"
+echo "incremental payload / xz of the new image: $(echo "scale=3; ${SIZE_OUT[gen-bsdf2]} / ${SIZE_OUT[xz]}" | bc)"
+echo "full payload / xz of the new image: $(echo "scale=3; ${SIZE_OUT[gen-full]} / ${SIZE_OUT[xz]}" | bc)"
+echo "results: $json"

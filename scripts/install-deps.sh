@@ -25,6 +25,9 @@ PKGS=(
   libfec-dev                        # Karn's Reed-Solomon library (init_rs_char): the FEC encoder's reference
   zip gzip                          # PUFFDIFF tests: deflate streams by Info-ZIP zip and GNU gzip
   openssl                           # OTA signature tests: keys, certificates and signatures by the openssl CLI
+  ceph-mon ceph-osd ceph-common uuid-runtime  # scripts/ceph-cluster.sh: a single-node Ceph (rbd driver tests); librbd1 comes with them
+  radosgw                           # scripts/ceph-cluster.sh: Ceph's S3 gateway on the same cluster
+  qemu-block-extra                  # qemu-img/qemu-io rbd:…: an independent RBD client for the rbd tests
 )
 missing=()
 for p in "${PKGS[@]}"; do

@@ -164,7 +164,18 @@ pub trait Driver: Send {
     }
     /// Undo [`Driver::map_mem_region`].
     fn unmap_mem_region(&mut self, _region: &MemRegion) {}
+    /// Names of the devices this driver opens from a nested device spec (the snapshot
+    /// driver's `base`). For each name `P`, every property `P.NAME` (`NAME` not empty) is a
+    /// string property writable before connect and handed to [`Driver::set_prop`] and
+    /// [`Driver::get_prop`] under its full dotted name: `base.driver=rbd`, `base.pool=p`, as
+    /// QEMU's dotted keys.
+    fn child_devices(&self) -> &'static [&'static str] {
+        &[]
+    }
 }
+
+/// The spec of every child-device property (`PREFIX.NAME`, see [`Driver::child_devices`]).
+static CHILD_PROP: PropSpec = PropSpec::new("<child>", Str, Access::RwCreated, false);
 
 use PropType::{Bool, Int, Str, U64};
 
@@ -256,9 +267,19 @@ impl Blkio {
     }
 
     fn spec(&self, name: &str) -> Result<&'static PropSpec> {
+        if self.is_child_prop(name) {
+            return Ok(&CHILD_PROP);
+        }
         self.prop_specs()
             .find(|p| p.name == name)
             .ok_or_else(|| Error::new(libc::ENOENT, "Unknown property name"))
+    }
+
+    /// True for a property of a child device: `P.NAME` with `P` one of the driver's
+    /// [`Driver::child_devices`] and `NAME` not empty.
+    pub fn is_child_prop(&self, name: &str) -> bool {
+        name.split_once('.')
+            .is_some_and(|(p, rest)| !rest.is_empty() && self.driver.child_devices().contains(&p))
     }
 
     fn need_connected(&self) -> Result<&DeviceInfo> {
@@ -331,6 +352,7 @@ impl Blkio {
             "discard-alignment" => PropValue::Int(i.discard_alignment),
             "discard-alignment-offset" => PropValue::Int(i.discard_alignment_offset),
             "max-discard-len" => PropValue::U64(i.max_discard_len),
+            // A child property's name is its own (the spec is shared).
             _ => self.driver.get_prop(name, self.state)?,
         })
     }
@@ -380,14 +402,14 @@ impl Blkio {
                 },
             ));
         }
-        self.set_checked(spec, value)
+        self.set_checked_named(spec, name, value)
     }
 
     /// Set any property from a string, parsed into its type (`blkio_set_str`).
     pub fn set_str(&mut self, name: &str, value: &str) -> Result<()> {
         let spec = self.spec(name)?;
         let v = PropValue::parse(spec.ty, value)?;
-        self.set_checked(spec, v)
+        self.set_checked_named(spec, name, v)
     }
 
     /// Set a bool property (`blkio_set_bool`); see [`Blkio::set`] for the checks.
@@ -403,7 +425,7 @@ impl Blkio {
         self.set(name, PropValue::U64(v))
     }
 
-    fn set_checked(&mut self, spec: &PropSpec, value: PropValue) -> Result<()> {
+    fn set_checked_named(&mut self, spec: &PropSpec, name: &str, value: PropValue) -> Result<()> {
         match spec.access {
             Access::ReadOnly => return Err(Error::new(libc::EACCES, "Property is read-only")),
             Access::RwCreated if self.state >= State::Connected => {
@@ -422,6 +444,9 @@ impl Blkio {
                 ));
             }
             _ => {}
+        }
+        if std::ptr::eq(spec, &CHILD_PROP) {
+            return self.driver.set_prop(name, value, self.state);
         }
         match (spec.name, value) {
             ("read-only", PropValue::Bool(b)) => self.read_only = b,

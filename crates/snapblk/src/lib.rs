@@ -30,9 +30,17 @@
 //!   libblkio's behaviour.
 //! * Properties whose access is "connected" (`num-entries`, `num-queues`, ...) are set after
 //!   connect, in spec order; everything else before connect.
+//! * **Nested devices** use dotted keys, as QEMU does: a driver that opens another device (the
+//!   snapshot driver's `base`) takes `base.driver=DRIVER` and `base.NAME=VALUE` for each of
+//!   that device's properties, e.g.
+//!   `snapshot:cow=C,base.driver=rbd,base.pool=p,base.image=i`; deeper levels nest the same way
+//!   (`base.base.driver=...`). The C ABI takes the same names (`blkio_set_str(b,
+//!   "base.driver", "rbd")`). A dotted key has no empty part ([`Spec::child`] gathers one
+//!   child's properties).
 //!
 //! Examples: `/dev/zram0`, `null:size=1G`, `io_uring:path=/dev/zram0,direct=true`,
-//! `sync:path=disk.img,read-only=true`, `snapshot:base=B,cow=C,writable=true`.
+//! `sync:path=disk.img,read-only=true`, `snapshot:base=B,cow=C,writable=true`,
+//! `snapshot:cow=C,base.driver=io_uring,base.path=B`.
 //!
 //! Everything is at the root, except `fuzzing`: the fuzz harness of the spec parser, test
 //! scaffolding public only with the `test-utils` feature (for crates/snapblk/fuzz), in its own
@@ -93,7 +101,7 @@ pub fn create(driver: &str) -> Result<Blkio> {
         #[cfg(feature = "virtio-blk-vfio-pci")]
         "virtio-blk-vfio-pci" => Box::new(snapblk_drivers::VfioPciDriver::new()),
         #[cfg(feature = "snapshot")]
-        "snapshot" => Box::new(snapblk_snapshot::SnapshotDriver::new()),
+        "snapshot" => Box::new(snapblk_snapshot::SnapshotDriver::with_opener(open_child)),
         #[cfg(feature = "fault-injection")]
         "fault" => Box::new(snapblk_snapshot::fault::FaultDriver::configurable()),
         _ => return Err(Error::new(libc::ENOENT, "Unknown driver name")),
@@ -125,6 +133,12 @@ pub fn parse_spec(spec: &str) -> Result<Spec> {
                         format!("device spec: expected key=value, got {kv:?}"),
                     ));
                 };
+                if k.is_empty() || k.split('.').any(str::is_empty) {
+                    return Err(Error::new(
+                        libc::EINVAL,
+                        format!("device spec: empty property name in {kv:?}"),
+                    ));
+                }
                 if props.iter().any(|(seen, _)| seen == k) {
                     return Err(Error::new(
                         libc::EINVAL,
@@ -228,6 +242,53 @@ impl Spec {
     pub fn has(&self, key: &str) -> bool {
         self.props.iter().any(|(k, _)| k == key)
     }
+
+    /// The spec of the nested device `name` (`name.driver=D,name.K=V` → driver `D`, `K=V`),
+    /// `None` when the spec has no `name.driver`.
+    pub fn child(&self, name: &str) -> Option<Spec> {
+        let mut driver = None;
+        let mut props = Vec::new();
+        for (k, v) in &self.props {
+            let Some(rest) = k.strip_prefix(name).and_then(|r| r.strip_prefix('.')) else {
+                continue;
+            };
+            if rest == "driver" {
+                driver = Some(v.clone());
+            } else {
+                props.push((rest.to_owned(), v.clone()));
+            }
+        }
+        Some(Spec {
+            driver: driver?,
+            props,
+        })
+    }
+}
+
+/// The opener the snapshot driver gets for a base given as a device spec: the device started
+/// with up to [`snapblk_snapshot::BASE_QUEUES`] queues (unless the spec sets `num-queues`),
+/// read-only unless `writable` (or the spec sets `read-only` itself).
+#[cfg(feature = "snapshot")]
+fn open_child(driver: &str, props: &[(String, String)], writable: bool) -> Result<Blkio> {
+    if !DRIVERS.contains(&driver) {
+        return Err(unknown_driver(driver));
+    }
+    let mut s = Spec {
+        driver: driver.to_owned(),
+        props: props.to_vec(),
+    };
+    if !writable && !s.has("read-only") {
+        s.props.push(("read-only".to_owned(), "true".to_owned()));
+    }
+    let mut b = connect_spec(&s)?;
+    if !s.has("num-queues") {
+        let n = b
+            .get_int("max-queues")?
+            .clamp(1, snapblk_snapshot::BASE_QUEUES);
+        b.set_int("num-queues", n)?;
+    }
+    b.start()?;
+    Ok(b)
 }
 
 /// [`open`] for an already parsed spec (e.g. one a caller added defaults to).
@@ -339,6 +400,60 @@ mod tests {
         let spec = colon_file.display().to_string();
         assert_eq!(parse_spec(&spec).unwrap().props[0].1, spec);
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn dotted_keys_name_nested_devices() {
+        let s = parse_spec("snapshot:cow=C,base.driver=rbd,base.pool=p,base.image=i,writable=true")
+            .unwrap();
+        assert_eq!(s.driver, "snapshot");
+        assert_eq!(
+            s.props,
+            vec![
+                ("cow".into(), "C".into()),
+                ("base.driver".into(), "rbd".into()),
+                ("base.pool".into(), "p".into()),
+                ("base.image".into(), "i".into()),
+                ("writable".into(), "true".into()),
+            ]
+        );
+        let b = s.child("base").unwrap();
+        assert_eq!(b.driver, "rbd");
+        assert_eq!(
+            b.props,
+            vec![("pool".into(), "p".into()), ("image".into(), "i".into())]
+        );
+        assert!(s.child("cow").is_none(), "no cow.driver: no child");
+        assert!(s.child("bas").is_none(), "a prefix must end at a dot");
+        // Two levels: a snapshot over a snapshot over a file.
+        let s = parse_spec("snapshot:cow=C2,base.driver=snapshot,base.cow=C1,base.base.driver=sync,base.base.path=B")
+            .unwrap();
+        let b = s.child("base").unwrap();
+        assert_eq!(b.driver, "snapshot");
+        let bb = b.child("base").unwrap();
+        assert_eq!(
+            (bb.driver.as_str(), bb.props.clone()),
+            ("sync", vec![("path".into(), "B".into())])
+        );
+        // Values may hold dots and colons; names may not have empty parts.
+        let s = parse_spec("snapshot:base.driver=rbd,base.mon-host=127.0.0.1:6789").unwrap();
+        assert_eq!(s.child("base").unwrap().props[0].1, "127.0.0.1:6789");
+        for bad in [
+            "snapshot:base.=x",
+            "snapshot:.x=1",
+            "snapshot:base..a=1",
+            "snapshot:=1",
+        ] {
+            let e = parse_spec(bad).unwrap_err();
+            assert_eq!(e.errno, libc::EINVAL, "{bad}");
+            assert!(
+                e.msg.starts_with("device spec: empty property name"),
+                "{bad}: {}",
+                e.msg
+            );
+        }
+        let e = parse_spec("snapshot:base.driver=a,base.driver=b").unwrap_err();
+        assert_eq!(e.msg, "duplicate key 'base.driver' in device spec");
     }
 
     #[test]

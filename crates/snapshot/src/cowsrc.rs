@@ -253,6 +253,31 @@ pub fn open_files_sized(
         .map_err(|e| name_base(e, base, base_len))
 }
 
+/// Open a snapshot whose base is a device (a nested device spec's, [`crate::DeviceOpener`])
+/// and whose COW is the file `cow`, held as [`open_files_sized`] holds it.
+pub(crate) fn open_dev_base(
+    base: Arc<dyn BlockDev>,
+    cow: &Path,
+    cfg: SnapshotConfig,
+    mode: OpenMode,
+) -> Result<Snapshot> {
+    if std::fs::metadata(cow).is_ok_and(|m| m.is_dir()) {
+        return Err(SnapError::IsDirectory {
+            what: "COW",
+            path: cow.to_owned(),
+        });
+    }
+    let cow_writes = mode.cow_writable || cfg.writable;
+    let hold = if cow_writes {
+        Hold::Exclusive
+    } else {
+        Hold::Shared
+    };
+    let cow_dev =
+        FileDev::open_held(cow, cow_writes, hold).map_err(SnapError::io("opening COW"))?;
+    open_devs_sized(base, Arc::new(cow_dev), cfg, None)
+}
+
 /// Open a snapshot over arbitrary devices.
 pub fn open_devs(
     base: Arc<dyn BlockDev>,

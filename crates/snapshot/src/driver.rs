@@ -12,11 +12,17 @@
 //! the new image the record has a digest for before serving it, EIO when it differs; false
 //! ignores the record), `verify-base` (check the base against the record at connect: every
 //! block the COW reads and the SHA-256 of the whole base; default false, so serving starts at
-//! once). With `merge`, a base the record says the merge does not belong to fails connect. Read-only, once connected: `record-stats`, `readahead-stats`
+//! once). With `merge`, a base the record says the merge does not belong to fails connect.
+//! Instead of a path, the base can be any device, given by dotted keys as in QEMU:
+//! `base.driver=rbd,base.pool=p,base.image=i` (every `base.NAME=VALUE` becomes property `NAME`
+//! of that driver, opened read-only unless `merge`; it needs an opener, which
+//! `snapblk::create` gives: [`SnapshotDriver::with_opener`]). A COW record (`cow-record`,
+//! `verify-base`, a `COW.snapblk` beside the COW) needs a file base. Read-only, once connected: `record-stats`, `readahead-stats`
 //! and `merge-stats` (JSON), `activity-id` (for [`Activity::find`]). Spec example:
 //! `snapshot:base=system.img,cow=system.cow,writable=true,record=boot.blocks`.
 
-use crate::cowsrc::{OpenMode, open_files_sized};
+use crate::childdev::{BlkioDev, DeviceOpener};
+use crate::cowsrc::{OpenMode, open_dev_base, open_files_sized};
 use crate::queue::{Backend, SyncQueue};
 use crate::record::{Activity, Binding, DEFAULT_RECORD_SECS};
 use crate::snapshot::{Snapshot, SnapshotConfig};
@@ -62,6 +68,9 @@ pub struct SnapshotDriver {
     verify_base: bool,
     activity: Arc<Activity>,
     threads: Vec<JoinHandle<()>>,
+    /// `base.NAME` properties, prefix removed, in the order set.
+    base_spec: Vec<(String, String)>,
+    opener: Option<DeviceOpener>,
 }
 
 impl Default for SnapshotDriver {
@@ -80,6 +89,8 @@ impl Default for SnapshotDriver {
             verify_base: false,
             activity: Activity::new(),
             threads: Vec::new(),
+            base_spec: Vec::new(),
+            opener: None,
         }
     }
 }
@@ -88,6 +99,12 @@ impl SnapshotDriver {
     /// A driver with default settings.
     pub fn new() -> Self {
         Self::default()
+    }
+    /// A driver that can open a base given as a device spec (`base.driver=...`) with `opener`.
+    pub fn with_opener(opener: DeviceOpener) -> Self {
+        let mut d = Self::default();
+        d.opener = Some(opener);
+        d
     }
     /// The snapshot (after connect), for in-process users such as a merge running alongside.
     pub fn snapshot(&self) -> Option<Arc<Snapshot>> {
@@ -135,7 +152,18 @@ impl Driver for SnapshotDriver {
     fn props(&self) -> &'static [PropSpec] {
         PROPS
     }
+    fn child_devices(&self) -> &'static [&'static str] {
+        &["base"]
+    }
     fn get_prop(&self, name: &str, _state: State) -> snapblk_core::Result<PropValue> {
+        if let Some(key) = name.strip_prefix("base.") {
+            return self
+                .base_spec
+                .iter()
+                .find(|(k, _)| k == key)
+                .map(|(_, v)| PropValue::Str(v.clone()))
+                .ok_or_else(|| Error::new(libc::ENOENT, "Unknown property name"));
+        }
         let path = |p: &Option<PathBuf>| {
             PropValue::Str(
                 p.as_ref()
@@ -170,6 +198,13 @@ impl Driver for SnapshotDriver {
         _state: State,
     ) -> snapblk_core::Result<()> {
         match (name, value) {
+            (n, PropValue::Str(s)) if n.starts_with("base.") => {
+                let key = &n["base.".len()..];
+                match self.base_spec.iter_mut().find(|(k, _)| k == key) {
+                    Some(kv) => kv.1 = s,
+                    None => self.base_spec.push((key.to_owned(), s)),
+                }
+            }
             ("base", PropValue::Str(s)) => self.base = Some(s.into()),
             ("cow", PropValue::Str(s)) => self.cow = Some(s.into()),
             ("writable", PropValue::Bool(b)) => self.cfg.writable = b,
@@ -189,6 +224,9 @@ impl Driver for SnapshotDriver {
         Ok(())
     }
     fn connect(&mut self, read_only: bool) -> snapblk_core::Result<DeviceInfo> {
+        if !self.base_spec.is_empty() {
+            return self.connect_dev_base(read_only);
+        }
         let (Some(base), Some(cow)) = (&self.base, &self.cow) else {
             return Err(Error::inval(
                 "snapshot: properties base and cow must be set",
@@ -237,6 +275,85 @@ impl Driver for SnapshotDriver {
                 return Err(e.into());
             }
         }
+        self.finish_connect(snap)
+    }
+    fn capacity(&self) -> snapblk_core::Result<u64> {
+        self.snap
+            .as_ref()
+            .map(|s| s.capacity())
+            .ok_or_else(|| Error::new(libc::ENODEV, "Device must be connected"))
+    }
+    fn create_queue(&mut self, _poll: bool) -> snapblk_core::Result<Box<dyn Queue>> {
+        let snap = self
+            .snap
+            .clone()
+            .ok_or_else(|| Error::new(libc::ENODEV, "Device must be connected"))?;
+        Ok(Box::new(SyncQueue::new(SnapBackend(
+            snap,
+            self.activity.clone(),
+        ))?))
+    }
+}
+
+impl SnapshotDriver {
+    /// Connect over a base given by `base.*` properties (a device, opened through the opener).
+    fn connect_dev_base(&mut self, read_only: bool) -> snapblk_core::Result<DeviceInfo> {
+        if self.base.is_some() {
+            return Err(Error::inval(
+                "snapshot: base and base.* properties cannot both be set",
+            ));
+        }
+        let Some(cow) = &self.cow else {
+            return Err(Error::inval(
+                "snapshot: properties base and cow must be set",
+            ));
+        };
+        let Some((_, driver)) = self.base_spec.iter().find(|(k, _)| k == "driver") else {
+            return Err(Error::inval(
+                "snapshot: base.driver must be set with base.* properties",
+            ));
+        };
+        let Some(opener) = self.opener else {
+            return Err(Error::inval(
+                "snapshot: this driver instance cannot open a base device (no opener)",
+            ));
+        };
+        let has_record =
+            self.cow_record.is_some() || snapblk_cow::record::sidecar_path(cow).exists();
+        if self.verify && (has_record || self.verify_base) {
+            return Err(Error::inval(
+                "snapshot: a COW record needs a file base (base=PATH); verify=false serves a device base without it",
+            ));
+        }
+        let mut cfg = self.cfg;
+        cfg.writable &= !read_only;
+        if self.merge && cfg.writable {
+            return Err(Error::inval(
+                "snapshot: merge and writable cannot be combined (merge serves read-only)",
+            ));
+        }
+        let props: Vec<(String, String)> = self
+            .base_spec
+            .iter()
+            .filter(|(k, _)| k != "driver")
+            .cloned()
+            .collect();
+        let dev = opener(driver, &props, self.merge)
+            .map_err(|e| Error::new(e.errno, format!("snapshot base ({driver}): {}", e.msg)))?;
+        let base = Arc::new(BlkioDev::new(dev)?);
+        let mode = OpenMode {
+            base_writable: self.merge,
+            cow_writable: self.merge,
+        };
+        let snap = Arc::new(open_dev_base(base, cow, cfg, mode)?);
+        if self.merge {
+            crate::merge::validate_order(&snap)?;
+        }
+        self.finish_connect(snap)
+    }
+
+    /// Start readahead, recording and the merge as configured, and keep the snapshot.
+    fn finish_connect(&mut self, snap: Arc<Snapshot>) -> snapblk_core::Result<DeviceInfo> {
         let writable = snap.writable();
         // The list is parsed (and a malformed one refused) before recording starts, so a failed
         // connect leaves no recording behind.
@@ -275,22 +392,6 @@ impl Driver for SnapshotDriver {
             flush_needed: writable,
             ..DeviceInfo::default()
         })
-    }
-    fn capacity(&self) -> snapblk_core::Result<u64> {
-        self.snap
-            .as_ref()
-            .map(|s| s.capacity())
-            .ok_or_else(|| Error::new(libc::ENODEV, "Device must be connected"))
-    }
-    fn create_queue(&mut self, _poll: bool) -> snapblk_core::Result<Box<dyn Queue>> {
-        let snap = self
-            .snap
-            .clone()
-            .ok_or_else(|| Error::new(libc::ENODEV, "Device must be connected"))?;
-        Ok(Box::new(SyncQueue::new(SnapBackend(
-            snap,
-            self.activity.clone(),
-        ))?))
     }
 }
 

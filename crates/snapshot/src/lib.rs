@@ -28,6 +28,7 @@
 #![warn(missing_docs)]
 #![warn(unreachable_pub, unnameable_types)]
 
+mod childdev;
 mod cowrecord;
 mod cowsrc;
 mod dev;
@@ -52,6 +53,7 @@ mod stash;
 #[cfg(feature = "test-utils")]
 pub mod synth;
 
+pub use childdev::{BASE_QUEUES, DeviceOpener};
 pub use cowrecord::load_verifier;
 pub use cowsrc::{CowDecoder, OpenMode, open_devs, open_files, open_files_sized};
 pub use dev::{BlockDev, FileDev};

@@ -1,7 +1,8 @@
 //! snapblk facade: the driver registry and device specs.
 //!
 //! [`create`] makes a [`Blkio`] instance for a driver name (`io_uring`, `sync`, `null`,
-//! `snapshot`, `virtio-blk-vhost-user`, `nvme-io_uring`, `virtio-blk-vhost-vdpa`, `virtio-blk-vfio-pci`); [`open`] parses a *device spec*, sets its properties, connects and starts it.
+//! `snapshot`, `virtio-blk-vhost-user`, `nvme-io_uring`, `virtio-blk-vhost-vdpa`, `virtio-blk-vfio-pci`,
+//! `rbd`); [`open`] parses a *device spec*, sets its properties, connects and starts it.
 //!
 //! Each driver is a cargo feature of this crate (`io_uring`, `sync`, `null`, `snapshot`, all on
 //! by default), as in libblkio: a build without a driver knows no such name ([`DRIVERS`]).
@@ -69,6 +70,8 @@ pub const DRIVERS: &[&str] = &[
     "virtio-blk-vfio-pci",
     #[cfg(feature = "null")]
     "null",
+    #[cfg(feature = "rbd")]
+    "rbd",
     #[cfg(feature = "snapshot")]
     "snapshot",
     #[cfg(feature = "fault-injection")]
@@ -100,6 +103,8 @@ pub fn create(driver: &str) -> Result<Blkio> {
         "virtio-blk-vhost-vdpa" => Box::new(snapblk_drivers::VhostVdpaDriver::new()),
         #[cfg(feature = "virtio-blk-vfio-pci")]
         "virtio-blk-vfio-pci" => Box::new(snapblk_drivers::VfioPciDriver::new()),
+        #[cfg(feature = "rbd")]
+        "rbd" => Box::new(snapblk_drivers::RbdDriver::new()),
         #[cfg(feature = "snapshot")]
         "snapshot" => Box::new(snapblk_snapshot::SnapshotDriver::with_opener(open_child)),
         #[cfg(feature = "fault-injection")]
@@ -369,15 +374,16 @@ mod tests {
             feature = "virtio-blk-vhost-user",
             feature = "nvme-io_uring",
             feature = "virtio-blk-vhost-vdpa",
-            feature = "virtio-blk-vfio-pci"
+            feature = "virtio-blk-vfio-pci",
+            feature = "rbd"
         )),
         ignore = "the message lists every driver"
     )]
     fn unknown_driver_in_a_spec_is_named() {
         #[cfg(not(feature = "fault-injection"))]
-        let known = "io_uring, null, nvme-io_uring, snapshot, sync, virtio-blk-vfio-pci, virtio-blk-vhost-user, virtio-blk-vhost-vdpa";
+        let known = "io_uring, null, nvme-io_uring, rbd, snapshot, sync, virtio-blk-vfio-pci, virtio-blk-vhost-user, virtio-blk-vhost-vdpa";
         #[cfg(feature = "fault-injection")]
-        let known = "fault, io_uring, null, nvme-io_uring, snapshot, sync, virtio-blk-vfio-pci, virtio-blk-vhost-user, virtio-blk-vhost-vdpa";
+        let known = "fault, io_uring, null, nvme-io_uring, rbd, snapshot, sync, virtio-blk-vfio-pci, virtio-blk-vhost-user, virtio-blk-vhost-vdpa";
         for (spec, name) in [
             ("nosuch:size=1G", "nosuch"),
             ("NULL:size=1G", "NULL"),
@@ -546,6 +552,7 @@ mod tests {
             "nvme-io_uring",
             "virtio-blk-vhost-vdpa",
             "virtio-blk-vfio-pci",
+            "rbd",
         ] {
             match create(name) {
                 Ok(_) => assert!(DRIVERS.contains(&name), "{name} created but not listed"),
@@ -569,6 +576,7 @@ mod tests {
                 + usize::from(cfg!(feature = "virtio-blk-vhost-vdpa"))
                 + usize::from(cfg!(feature = "virtio-blk-vfio-pci"))
                 + usize::from(cfg!(feature = "fault-injection"))
+                + usize::from(cfg!(feature = "rbd"))
         );
     }
 

@@ -247,10 +247,15 @@ impl Cluster {
         // SAFETY: a configured handle. Bounded by client_mount_timeout.
         let r = unsafe { (lib.rados_connect)(cluster) };
         if r < 0 {
+            let hint = if r == -libc::ETIMEDOUT {
+                " (no monitor answered within client-mount-timeout, or cephx refused the key)"
+            } else {
+                ""
+            };
             return Err(Error::new(
                 -r,
                 format!(
-                    "rbd: connecting to the cluster as client.{}: {}",
+                    "rbd: connecting to the cluster as client.{}: {}{hint}",
                     a.id,
                     os_msg(r)
                 ),

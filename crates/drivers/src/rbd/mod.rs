@@ -83,6 +83,7 @@ pub struct RbdDriver {
     osd_op_timeout: u64,
     image: Option<Arc<Image>>,
     capacity: u64,
+    read_only: bool,
 }
 
 impl std::fmt::Debug for Image {
@@ -116,6 +117,7 @@ impl RbdDriver {
             osd_op_timeout: 30,
             image: None,
             capacity: 0,
+            read_only: false,
         }
     }
 
@@ -203,6 +205,13 @@ impl Driver for RbdDriver {
             settings.push(("mon_host", self.mon_host.clone()));
         }
         if !self.keyring.is_empty() {
+            // librados would only time out over a keyring that is not there.
+            if !self.keyring.contains(',') && !std::path::Path::new(&self.keyring).exists() {
+                return Err(Error::new(
+                    libc::ENOENT,
+                    format!("rbd: keyring {}: no such file", self.keyring),
+                ));
+            }
             settings.push(("keyring", self.keyring.clone()));
         }
         let cluster = Cluster::connect(&ConnectArgs {
@@ -219,6 +228,7 @@ impl Driver for RbdDriver {
         self.capacity = image.size()?;
         let obj = image.object_size()?;
         self.image = Some(Arc::new(image));
+        self.read_only = read_only;
         Ok(DeviceInfo {
             read_only,
             request_alignment: 1,
@@ -245,6 +255,11 @@ impl Driver for RbdDriver {
             .image
             .clone()
             .ok_or_else(|| Error::new(libc::ENODEV, "Device must be connected"))?;
-        Ok(Box::new(queue::RbdQueue::new(image, self.capacity, poll)?))
+        Ok(Box::new(queue::RbdQueue::new(
+            image,
+            self.capacity,
+            self.read_only,
+            poll,
+        )?))
     }
 }

@@ -274,10 +274,16 @@ pub(super) struct RbdQueue {
     core: QueueCore,
     eng: RbdEngine,
     capacity: u64,
+    read_only: bool,
 }
 
 impl RbdQueue {
-    pub(super) fn new(image: Arc<Image>, capacity: u64, poll: bool) -> Result<RbdQueue> {
+    pub(super) fn new(
+        image: Arc<Image>,
+        capacity: u64,
+        read_only: bool,
+        poll: bool,
+    ) -> Result<RbdQueue> {
         let (core, user) = if poll {
             (QueueCore::new(true)?, None)
         } else {
@@ -301,6 +307,7 @@ impl RbdQueue {
                 poll,
             },
             capacity,
+            read_only,
         })
     }
 
@@ -412,6 +419,10 @@ impl Queue for RbdQueue {
                 libc::EIO,
                 c"request beyond the end of the image",
             ));
+        }
+        if self.read_only && !matches!(call, Call::Readv(..) | Call::Flush) {
+            // As a file opened read-only answers (librbd would say EROFS).
+            return self.core.complete(Completion::os_err(ud, libc::EBADF));
         }
         if len == 0 && !matches!(call, Call::Flush) {
             return self.core.complete(Completion::ok(ud));

@@ -98,7 +98,7 @@ fi
 # Which drivers each build ships: drivers are cargo features (crates/capi/Cargo.toml).
 if gcc -std=gnu11 -Wall -Wextra -Werror -O2 -I include tests/c/drivers_test.c -L "$work" -lblkio \
     -o "$work/drivers_test"; then
-  out=$(LD_LIBRARY_PATH="$work" "$work/drivers_test" +io_uring +sync +null +snapshot +nvme-io_uring +virtio-blk-vhost-user +virtio-blk-vhost-vdpa +virtio-blk-vfio-pci -no-such-driver 2>&1)
+  out=$(LD_LIBRARY_PATH="$work" "$work/drivers_test" +io_uring +sync +null +snapshot +nvme-io_uring +virtio-blk-vhost-user +virtio-blk-vhost-vdpa +virtio-blk-vfio-pci +rbd -no-such-driver 2>&1)
   echo "$out"
   p=$(echo "$out" | grep -c '^PASS'); f=$(echo "$out" | grep -c '^FAIL')
   passed=$((passed+p)); failed=$((failed+f))
@@ -132,7 +132,7 @@ if cargo build --release -p snapblk-capi --no-default-features --features io_uri
   p=$(echo "$out" | grep -c '^PASS'); f=$(echo "$out" | grep -c '^FAIL')
   passed=$((passed+p)); failed=$((failed+f))
   if [ $rc -ne 0 ] && [ "$f" -eq 0 ]; then echo "FAIL lean: capi_test exited $rc"; failed=$((failed+1)); fi
-  out=$(LD_LIBRARY_PATH="$lean" "$work/drivers_test" +io_uring -snapshot -sync -null -nvme-io_uring -virtio-blk-vhost-user -virtio-blk-vhost-vdpa -virtio-blk-vfio-pci 2>&1)
+  out=$(LD_LIBRARY_PATH="$lean" "$work/drivers_test" +io_uring -snapshot -sync -null -nvme-io_uring -virtio-blk-vhost-user -virtio-blk-vhost-vdpa -virtio-blk-vfio-pci -rbd 2>&1)
   echo "$out" | sed 's/^\(PASS\|FAIL\) /\1 lean: /'
   p=$(echo "$out" | grep -c '^PASS'); f=$(echo "$out" | grep -c '^FAIL')
   passed=$((passed+p)); failed=$((failed+f))

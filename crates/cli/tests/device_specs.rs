@@ -36,7 +36,7 @@ fn unknown_driver_is_named_with_the_known_ones() {
         assert_fails_with(
             &["info", &spec],
             &format!(
-                "snapblk: {spec}: unknown driver '{drv}' (known: http, io_uring, null, nvme-io_uring, s3, snapshot, sync, virtio-blk-vfio-pci, virtio-blk-vhost-user, virtio-blk-vhost-vdpa)"
+                "snapblk: {spec}: unknown driver '{drv}' (known: http, io_uring, null, nvme-io_uring, rbd, s3, snapshot, sync, virtio-blk-vfio-pci, virtio-blk-vhost-user, virtio-blk-vhost-vdpa)"
             ),
         );
     }

@@ -46,6 +46,11 @@ impl EventFd {
         // SAFETY: `fd` is a fresh descriptor we own.
         Ok(EventFd(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) }))
     }
+    /// A second descriptor of the same eventfd (signalling either signals both), e.g. for a
+    /// completion callback that must outlive nothing but its own copy.
+    pub fn try_clone(&self) -> Result<EventFd> {
+        self.0.try_clone().map(EventFd).map_err(Error::from_io)
+    }
     /// The raw descriptor.
     pub fn raw(&self) -> RawFd {
         use std::os::fd::AsRawFd;

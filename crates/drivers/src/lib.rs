@@ -12,6 +12,8 @@
 //!
 //! * [`NvmeDriver`] (`nvme-io_uring`): an NVMe namespace through its generic character device
 //!   (`/dev/ngXnY`), NVMe commands passed through io_uring.
+//! * `RbdDriver` (`rbd`, cargo feature `rbd`): a Ceph RBD image through librbd, loaded at
+//!   connect.
 //!
 //! File-backed drivers share the `path`/`fd`/`direct` properties and libblkio's rules for
 //! deriving alignment and other device facts (see `file`).
@@ -25,6 +27,8 @@ mod file;
 mod iova;
 mod null;
 mod nvme;
+#[cfg(feature = "rbd")]
+mod rbd;
 mod sync;
 mod uring;
 mod vfio_pci;
@@ -33,6 +37,8 @@ mod vhost_vdpa;
 
 pub use null::NullDriver;
 pub use nvme::NvmeDriver;
+#[cfg(feature = "rbd")]
+pub use rbd::RbdDriver;
 pub use sync::SyncDriver;
 pub use uring::UringDriver;
 pub use vfio_pci::VfioPciDriver;

@@ -328,7 +328,7 @@ mod tests {
         assert_eq!(
             e,
             "unknown driver \"nosuchdriver\" in device spec \"nosuchdriver:x=1\" \
-             (known: io_uring, sync, virtio-blk-vhost-user, nvme-io_uring, virtio-blk-vhost-vdpa, virtio-blk-vfio-pci, null, snapshot, s3, http)"
+             (known: io_uring, sync, virtio-blk-vhost-user, nvme-io_uring, virtio-blk-vhost-vdpa, virtio-blk-vfio-pci, null, rbd, snapshot, s3, http)"
         );
         assert_eq!(unknown_driver("/tmp/a:b=c"), None);
         assert_eq!(unknown_driver("img:1"), None);

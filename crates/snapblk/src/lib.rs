@@ -2,7 +2,7 @@
 //!
 //! [`create`] makes a [`Blkio`] instance for a driver name (`io_uring`, `sync`, `null`,
 //! `snapshot`, `virtio-blk-vhost-user`, `nvme-io_uring`, `virtio-blk-vhost-vdpa`, `virtio-blk-vfio-pci`,
-//! and the read-only `s3` / `http` remote-object driver); [`open`] parses a *device spec*, sets its properties, connects and starts it.
+//! `rbd`, and the read-only `s3` / `http` remote-object driver); [`open`] parses a *device spec*, sets its properties, connects and starts it.
 //!
 //! Each driver is a cargo feature of this crate (`io_uring`, `sync`, `null`, `snapshot`, all on
 //! by default), as in libblkio: a build without a driver knows no such name ([`DRIVERS`]).
@@ -72,6 +72,8 @@ pub const DRIVERS: &[&str] = &[
     "virtio-blk-vfio-pci",
     #[cfg(feature = "null")]
     "null",
+    #[cfg(feature = "rbd")]
+    "rbd",
     #[cfg(feature = "snapshot")]
     "snapshot",
     #[cfg(feature = "fault-injection")]
@@ -107,6 +109,8 @@ pub fn create(driver: &str) -> Result<Blkio> {
         "virtio-blk-vhost-vdpa" => Box::new(snapblk_drivers::VhostVdpaDriver::new()),
         #[cfg(feature = "virtio-blk-vfio-pci")]
         "virtio-blk-vfio-pci" => Box::new(snapblk_drivers::VfioPciDriver::new()),
+        #[cfg(feature = "rbd")]
+        "rbd" => Box::new(snapblk_drivers::RbdDriver::new()),
         #[cfg(feature = "snapshot")]
         "snapshot" => Box::new(snapblk_snapshot::SnapshotDriver::with_opener(open_child)),
         #[cfg(feature = "fault-injection")]
@@ -408,15 +412,16 @@ mod tests {
             feature = "nvme-io_uring",
             feature = "virtio-blk-vhost-vdpa",
             feature = "virtio-blk-vfio-pci",
-            feature = "remote"
+            feature = "remote",
+            feature = "rbd"
         )),
         ignore = "the message lists every driver"
     )]
     fn unknown_driver_in_a_spec_is_named() {
         #[cfg(not(feature = "fault-injection"))]
-        let known = "http, io_uring, null, nvme-io_uring, s3, snapshot, sync, virtio-blk-vfio-pci, virtio-blk-vhost-user, virtio-blk-vhost-vdpa";
+        let known = "http, io_uring, null, nvme-io_uring, rbd, s3, snapshot, sync, virtio-blk-vfio-pci, virtio-blk-vhost-user, virtio-blk-vhost-vdpa";
         #[cfg(feature = "fault-injection")]
-        let known = "fault, http, io_uring, null, nvme-io_uring, s3, snapshot, sync, virtio-blk-vfio-pci, virtio-blk-vhost-user, virtio-blk-vhost-vdpa";
+        let known = "fault, http, io_uring, null, nvme-io_uring, rbd, s3, snapshot, sync, virtio-blk-vfio-pci, virtio-blk-vhost-user, virtio-blk-vhost-vdpa";
         for (spec, name) in [
             ("nosuch:size=1G", "nosuch"),
             ("NULL:size=1G", "NULL"),
@@ -587,6 +592,7 @@ mod tests {
             "virtio-blk-vfio-pci",
             "s3",
             "http",
+            "rbd",
         ] {
             match create(name) {
                 Ok(_) => assert!(DRIVERS.contains(&name), "{name} created but not listed"),
@@ -611,6 +617,7 @@ mod tests {
                 + usize::from(cfg!(feature = "virtio-blk-vfio-pci"))
                 + usize::from(cfg!(feature = "fault-injection"))
                 + 2 * usize::from(cfg!(feature = "remote"))
+                + usize::from(cfg!(feature = "rbd"))
         );
     }
 

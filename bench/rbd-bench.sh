@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# The rbd driver against fio's own rbd engine, on the test cluster of scripts/ceph-cluster.sh
+# (one monitor, one memstore OSD, loopback). 4 KiB random reads and writes at QD1 and QD32, one
+# job, each side running the same time on the same image, interleaved (snapblk, C ABI, fio, ...)
+# for ROUNDS rounds; prints every run, the medians and the ratios to fio.
+#
+#   snapblk   `snapblk bench rbd:...` (the Rust API, the driver's queue directly)
+#   capi      `snapblk bench --libblkio libblkio.so.1 --driver rbd` (through the C ABI)
+#   fio       `fio --ioengine=rbd` (librbd driven by fio: completion callbacks or eventfd polling)
+#
+# Usage: bench/rbd-bench.sh [-r ROUNDS] [-t SECONDS] [-o OUT.txt]
+# Needs: ceph-mon ceph-osd ceph-common (scripts/install-deps.sh), fio with the rbd engine, a
+# release build of snapblk and libblkio.so.1 (built here if missing).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROUNDS=3 SECS=5 OUT=""
+while getopts "r:t:o:" o; do
+  case $o in
+    r) ROUNDS=$OPTARG ;; t) SECS=$OPTARG ;; o) OUT=$OPTARG ;;
+    *) echo "usage: $0 [-r ROUNDS] [-t SECONDS] [-o OUT.txt]" >&2; exit 2 ;;
+  esac
+done
+fio --enghelp=rbd >/dev/null 2>&1 || { echo "fio lacks the rbd engine" >&2; exit 1; }
+tgt=${CARGO_TARGET_DIR:-$PWD/target}
+[ -x "$tgt/release/snapblk" ] && [ -e "$tgt/release/libblkio.so" ] || cargo build --release -p snapblk-cli -p snapblk-capi
+SNAPBLK=$tgt/release/snapblk
+LIB=$tgt/release/libblkio.so
+
+WORK=$(mktemp -d /tmp/rbd-bench.XXXXXX)
+cleanup() { bash scripts/ceph-cluster.sh down "$WORK/cluster"; rm -rf "$WORK"; }
+trap cleanup EXIT
+CEPH_RGW_PORT=0 CEPH_MON_PORT=${CEPH_MON_PORT:-13300} bash scripts/ceph-cluster.sh up "$WORK/cluster" >"$WORK/up.log" 2>&1 \
+  || { cat "$WORK/up.log"; exit 1; }
+export CEPH_CONF=$WORK/cluster/ceph.conf
+timeout 60 rbd create --size 256M rbd/bench
+# Fill it, so reads hit stored objects rather than holes.
+timeout 300 rbd bench --io-type write --io-size 4M --io-total 256M rbd/bench >/dev/null
+
+run() { # run SIDE RW QD -> IOPS
+  local side=$1 rw=$2 qd=$3
+  case $side in
+    snapblk)
+      "$SNAPBLK" bench "rbd:pool=rbd,image=bench,conf=$CEPH_CONF,lock=none" --rw "$rw" --bs 4k \
+        --iodepth "$qd" --runtime "$SECS" --json | python3 -c 'import json,sys
+d=json.load(sys.stdin); print(round(sum(r["summary"]["iops"]["mean"] for r in d["results"])))' ;;
+    capi)
+      "$SNAPBLK" bench --libblkio "$LIB" --driver rbd --prop pool=rbd --prop image=bench \
+        --prop "conf=$CEPH_CONF" --prop lock=none --rw "$rw" --bs 4k --iodepth "$qd" --runtime "$SECS" \
+        --json | python3 -c 'import json,sys
+d=json.load(sys.stdin); print(round(sum(r["summary"]["iops"]["mean"] for r in d["results"])))' ;;
+    fio)
+      fio --name=r --ioengine=rbd --pool=rbd --rbdname=bench --clientname=admin --rw="$rw" --bs=4k \
+        --iodepth="$qd" --time_based --runtime="$SECS" --output-format=json 2>/dev/null | python3 -c 'import json,sys
+j=json.load(sys.stdin)["jobs"][0]; print(round(j["read"]["iops"] + j["write"]["iops"]))' ;;
+  esac
+}
+
+{
+  echo "rbd bench: 4 KiB, ${SECS}s per run, $ROUNDS rounds, $(date -u +%FT%TZ), load $(cut -d' ' -f1-3 /proc/loadavg)"
+  echo "commit $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
+  printf '%-10s %-4s %s\n' workload side "IOPS per round"
+  for rw in randread randwrite; do
+    for qd in 1 32; do
+      declare -A res=()
+      for _ in $(seq "$ROUNDS"); do
+        for side in snapblk capi fio; do res[$side]+="$(run $side $rw $qd) "; done
+      done
+      med() { tr ' ' '\n' <<<"$1" | grep . | sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
+      fm=$(med "${res[fio]}")
+      for side in snapblk capi fio; do
+        m=$(med "${res[$side]}")
+        printf '%-10s %-4s %-8s %s  median %s  (%.2fx fio)\n' "$rw" "qd$qd" "$side" "${res[$side]}" "$m" \
+          "$(awk -v a="$m" -v b="$fm" 'BEGIN {print (b > 0 ? a / b : 0)}')"
+      done
+      unset res
+    done
+  done
+} | tee "${OUT:-/dev/null}"

@@ -1,0 +1,285 @@
+#!/usr/bin/env bash
+# The rbd driver against a real Ceph: brings up one single-node cluster with cephx
+# (scripts/ceph-cluster.sh, no radosgw), runs every Ceph test against it, and stops every daemon
+# by pid at the end, also on failure. Independent clients are the oracles: `rbd export/import`,
+# `qemu-img`/`qemu-io` with `rbd:` (qemu-block-extra), nbdcopy. Covers: data written through
+# snapblk (NBD export of an RBD image) read back by rbd export and qemu-img, and the other way;
+# the FUSE export; a read-only RBD snapshot refusing writes; the driver conformance suite; discard and write-zeroes reading
+# back as zeroes; 4 queues x QD32 random writes verified, through the Rust API and through
+# libblkio.so.1 (the C ABI, also with a nested snapshot spec); a stopped monitor and a stopped
+# OSD giving errors within the timeouts; the right key, a wrong key and a missing keyring; the
+# snapshot device over an RBD base reading exactly as over the local base for every AOSP golden
+# case; a merge and a server of one RBD image keeping each other out.
+# Needs: ceph-mon ceph-osd ceph-common qemu-block-extra libnbd-bin fuse3 (install-deps.sh).
+# Ends with "N passed, N failed".
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+root=$PWD
+passed=0; failed=0
+ok() { echo "PASS $*"; passed=$((passed + 1)); }
+bad() { echo "FAIL $*"; failed=$((failed + 1)); }
+finish() { echo "$passed passed, $failed failed"; [ "$failed" -eq 0 ]; exit $?; }
+for t in ceph-mon ceph-osd rbd qemu-img qemu-io nbdcopy fusermount3; do
+  command -v "$t" >/dev/null || { bad "$t not found (scripts/install-deps.sh installs it)"; finish; }
+done
+tgt=${CARGO_TARGET_DIR:-$root/target}
+# SNAPBLK_PROFILE=debug runs the debug build (for development); CI builds release.
+profile=${SNAPBLK_PROFILE:-release}
+if [ "$profile" = release ]; then
+  cargo build -q --release -p snapblk-cli -p snapblk-capi || { bad "cargo build"; finish; }
+fi
+cargo build -q -p snapblk-conformance || { bad "cargo build -p snapblk-conformance"; finish; }
+conformance=$tgt/debug/snapblk-conformance
+snapblk=$tgt/$profile/snapblk
+libblkio=$tgt/$profile/libblkio.so
+work=$(mktemp -d /tmp/snapblk-ceph.XXXXXX)
+cluster=$work/cluster
+pids=()
+cleanup() {
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done
+  for p in "${pids[@]}"; do wait "$p" 2>/dev/null; done
+  for m in "$work"/mnt*; do mountpoint -q "$m" 2>/dev/null && fusermount3 -u "$m"; done
+  bash scripts/ceph-cluster.sh down "$cluster"
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+export CEPH_MON_PORT=${CEPH_MON_PORT:-13300} CEPH_RGW_PORT=0
+if bash scripts/ceph-cluster.sh up "$cluster" >"$work/up.log" 2>&1; then
+  ok "single-node cluster up (cephx, memstore OSD)"
+else
+  tail -30 "$work/up.log"; bad "cluster up"; finish
+fi
+export CEPH_CONF=$cluster/ceph.conf
+keyring=$cluster/client.admin.keyring
+mon=127.0.0.1:$CEPH_MON_PORT
+r() { timeout 60 rbd "$@"; }
+# Every spec names the cluster without a conf file: mon-host and keyring only.
+base="pool=rbd,conf=,mon-host=$mon,keyring=$keyring"
+spec() { echo "rbd:$base,image=$1${2:+,$2}"; }
+qrbd() { echo "rbd:rbd/$1:conf=$CEPH_CONF"; }
+
+# serve SPEC ARGS...: start `snapblk serve` in the background, wait for its ready line; sets
+# $srv (pid) and $ready (the JSON line). Returns 1 if it exits first.
+serve() {
+  local out=$work/serve.$RANDOM
+  "$snapblk" serve "$@" --json >"$out" 2>"$out.err" &
+  srv=$!; pids+=("$srv")
+  for _ in $(seq 300); do
+    ready=$(grep -m1 '"ready"' "$out" 2>/dev/null) && return 0
+    kill -0 "$srv" 2>/dev/null || { cat "$out.err"; return 1; }
+    sleep 0.1
+  done
+  cat "$out.err"; return 1
+}
+stop() { kill "$srv" 2>/dev/null; wait "$srv" 2>/dev/null; }
+nbd_uri() { echo "nbd+unix:///?socket=$1"; }
+
+head -c 16M /dev/urandom >"$work/pattern.img"
+
+# 1. snapblk writes (NBD export of an RBD image), rbd export and qemu-img read.
+r create --size 16M rbd/a
+sock=$work/a.sock
+if serve "$(spec a)" --nbd "unix:$sock" && nbdcopy "$work/pattern.img" "$(nbd_uri "$sock")"; then
+  stop
+  r export rbd/a "$work/a.out" >/dev/null 2>&1
+  if cmp -s "$work/pattern.img" "$work/a.out" \
+     && qemu-img compare -q -f raw -F raw "$work/pattern.img" "$(qrbd a)"; then
+    ok "written through snapblk's NBD export of rbd:, read back by rbd export and qemu-img"
+  else
+    bad "rbd export / qemu-img read of what snapblk wrote differs"
+  fi
+else
+  stop; bad "serve rbd: --nbd + nbdcopy into it"
+fi
+
+# 2. qemu-io writes, snapblk reads (NBD to nbdcopy and qemu-img, and FUSE).
+r create --size 16M rbd/b
+qemu-io -f raw -c "write -P 0x5a 0 1M" -c "write -P 0xc3 5M 3M" "$(qrbd b)" >/dev/null
+qemu-img convert -f raw -O raw "$(qrbd b)" "$work/b.ref"
+sock=$work/b.sock
+if serve "$(spec b)" --read-only --nbd "unix:$sock" \
+   && nbdcopy "$(nbd_uri "$sock")" "$work/b.nbd" \
+   && qemu-img compare -q -f raw -F raw "$work/b.ref" "$(nbd_uri "$sock")"; then
+  stop
+  cmp -s "$work/b.ref" "$work/b.nbd" && ok "written by qemu-io rbd:, read through snapblk's NBD export (nbdcopy, qemu-img)" \
+    || bad "NBD read of rbd:b differs from qemu-img's"
+else
+  stop; bad "serve rbd:b --read-only --nbd"
+fi
+mkdir -p "$work/mnt1"
+if serve "$(spec b)" --read-only --fuse "$work/mnt1" && cmp -s "$work/b.ref" "$work/mnt1/disk.img"; then
+  ok "FUSE export of an RBD image reads as qemu-img reads it"
+else
+  bad "FUSE export of rbd:b"
+fi
+stop
+
+# 3. A read-only RBD snapshot: reads its data, refuses writes.
+r snap create rbd/a@s1 >/dev/null 2>&1
+qemu-io -f raw -c "write -P 0x11 0 64k" "$(qrbd a)" >/dev/null
+out=$("$snapblk" info "$(spec a snapshot=s1)" 2>&1)
+if echo "$out" | grep -q '^read-only *true' \
+   && ! "$snapblk" bench "$(spec a snapshot=s1)" --rw write --bs 4k --size 64k >"$work/ro.txt" 2>&1 \
+   && grep -qi 'read-only' "$work/ro.txt"; then
+  ok "an RBD snapshot opens read-only, and snapblk bench refuses to write it"
+else
+  cat "$work/ro.txt"; bad "snapshot= must open read-only and refuse writes"
+fi
+sock=$work/s1.sock
+if serve "$(spec a snapshot=s1)" --nbd "unix:$sock" && nbdcopy "$(nbd_uri "$sock")" "$work/s1.out" \
+   && cmp -s "$work/pattern.img" "$work/s1.out"; then
+  ok "the snapshot reads the data of its time, not later writes"
+else
+  bad "reading rbd:a@s1"
+fi
+stop
+
+# The driver conformance suite (crates/conformance) on a writable image and on a snapshot.
+r create --size 64M rbd/c
+if "$conformance" "$(spec c)" --allow-destructive >"$work/conf.txt" 2>&1; then
+  ok "conformance suite, writable image: $(tail -1 "$work/conf.txt")"
+else
+  grep -E '^FAIL' "$work/conf.txt"; bad "conformance suite on rbd:c"
+fi
+if "$conformance" "$(spec a snapshot=s1)" >"$work/confs.txt" 2>&1 && grep -q '^PASS write-refusal' "$work/confs.txt"; then
+  ok "conformance suite, snapshot (writes refused with EBADF): $(tail -1 "$work/confs.txt")"
+else
+  grep -E '^FAIL' "$work/confs.txt"; bad "conformance suite on rbd:a@s1"
+fi
+
+# 4. Discard and write-zeroes through snapblk read back as zeroes (qemu-io drives NBD).
+r create --size 16M rbd/z
+qemu-img convert -n -f raw -O raw "$work/pattern.img" "$(qrbd z)"
+sock=$work/z.sock
+if serve "$(spec z)" --nbd "unix:$sock" \
+   && qemu-io -f raw -c "write -z 1M 1M" -c "write -z -u 3M 64k" -c "discard 4M 4M" "$(nbd_uri "$sock")" >"$work/z.log" 2>&1; then
+  stop
+  cp "$work/pattern.img" "$work/z.ref"
+  python3 - "$work/z.ref" <<'EOF'
+import sys
+with open(sys.argv[1], "r+b") as f:
+    for off, n in ((1 << 20, 1 << 20), (3 << 20, 65536), (4 << 20, 4 << 20)):
+        f.seek(off); f.write(bytes(n))
+EOF
+  if qemu-img compare -q -f raw -F raw "$work/z.ref" "$(qrbd z)"; then
+    ok "write-zeroes (with and without unmap) and an object-aligned discard read back as zeroes"
+  else
+    bad "zeroed/discarded ranges of rbd:z are not zeroes (or other bytes changed)"
+  fi
+else
+  cat "$work/z.log"; stop; bad "qemu-io write -z / discard through NBD on rbd:z"
+fi
+
+# 5. 4 queues x QD32 random writes, verified: Rust API, then libblkio.so.1 (C ABI).
+r create --size 64M rbd/q
+if "$snapblk" bench "$(spec q)" --rw randwrite --bs 4k --iodepth 32 --numjobs 4 --verify --size 32M >"$work/q.txt" 2>&1; then
+  ok "4 queues x QD32 random 4 KiB writes verified ($(grep -m1 'randwrite' "$work/q.txt" | awk '{print $6}') IOPS)"
+else
+  tail -5 "$work/q.txt"; bad "snapblk bench rbd: 4x32 randwrite --verify"
+fi
+props=(--prop pool=rbd --prop image=q --prop conf= --prop "mon-host=$mon" --prop "keyring=$keyring")
+if "$snapblk" bench --libblkio "$libblkio" --driver rbd "${props[@]}" --rw randwrite --bs 4k --iodepth 32 --numjobs 4 \
+     --verify --size 32M >"$work/qc.txt" 2>&1; then
+  ok "the same through libblkio.so.1 (blkio_create(\"rbd\"), C ABI)"
+else
+  tail -5 "$work/qc.txt"; bad "bench --libblkio --driver rbd"
+fi
+
+# 6. Authentication: the right key, a wrong key, a missing keyring.
+if "$snapblk" info "$(spec a)" >/dev/null 2>&1; then ok "right key connects"; else bad "right key"; fi
+ceph-authtool --create-keyring "$work/wrong.keyring" --gen-key -n client.admin >/dev/null
+if out=$(timeout 60 "$snapblk" info "rbd:pool=rbd,image=a,conf=,mon-host=$mon,keyring=$work/wrong.keyring,client-mount-timeout=5" 2>&1); then
+  bad "a wrong key connected"
+else
+  echo "$out" | grep -q 'cephx refused the key' && ok "a wrong key is refused: ${out##*client.admin: }" || { echo "$out"; bad "wrong key message"; }
+fi
+if out=$(timeout 60 "$snapblk" info "rbd:pool=rbd,image=a,conf=,mon-host=$mon,keyring=$work/none.keyring" 2>&1); then
+  bad "a missing keyring connected"
+else
+  echo "$out" | grep -q 'none.keyring: no such file' && ok "a missing keyring is refused: ${out##*: rbd: }" || { echo "$out"; bad "missing keyring message"; }
+fi
+
+# 7. The snapshot device over an RBD base reads exactly as over the local base (AOSP golden).
+n=0; bad_cases=()
+for d in tests/data/aosp-cow/*/; do
+  [ -f "$d/snapshot.cow" ] || continue
+  c=$(basename "$d"); n=$((n + 1))
+  r import "$d/base.img" "rbd/g-$c" >/dev/null 2>&1
+  rc_l=0; rc_r=0
+  serve "snapshot:base=$d/base.img,cow=$d/snapshot.cow" --nbd "unix:$work/l.sock" || rc_l=1
+  [ $rc_l = 0 ] && { nbdcopy "$(nbd_uri "$work/l.sock")" "$work/l.img" || rc_l=1; stop; }
+  serve "snapshot:cow=$d/snapshot.cow,base.driver=rbd,base.pool=rbd,base.image=g-$c,base.conf=,base.mon-host=$mon,base.keyring=$keyring" \
+    --nbd "unix:$work/r.sock" >/dev/null || rc_r=1
+  [ $rc_r = 0 ] && { nbdcopy "$(nbd_uri "$work/r.sock")" "$work/r.img" || rc_r=1; stop; }
+  if [ $rc_l != $rc_r ] || { [ $rc_l = 0 ] && ! cmp -s "$work/l.img" "$work/r.img"; }; then bad_cases+=("$c"); fi
+  rm -f "$work/l.img" "$work/r.img"
+done
+if [ "$n" -eq 16 ] && [ ${#bad_cases[@]} -eq 0 ]; then
+  ok "snapshot over an RBD base (base.driver=rbd) serves what it serves over the local base: $n golden cases"
+else
+  bad "golden cases over RBD: $n cases, differing: ${bad_cases[*]}"
+fi
+c=v2_basic_none; d=tests/data/aosp-cow/$c
+if "$snapblk" bench --libblkio "$libblkio" --driver snapshot --prop "cow=$d/snapshot.cow" --prop base.driver=rbd \
+     --prop base.pool=rbd --prop "base.image=g-$c" --prop base.conf= --prop "base.mon-host=$mon" \
+     --prop "base.keyring=$keyring" --rw read --bs 4k >"$work/nc.txt" 2>&1; then
+  ok "a nested spec through the C ABI: blkio_set_str(\"base.driver\", \"rbd\") and base.* properties"
+else
+  tail -5 "$work/nc.txt"; bad "bench --libblkio --driver snapshot --prop base.driver=rbd"
+fi
+
+# 8. A merge and a server of one RBD base keep each other out (snapblk's lock on the image).
+d=tests/data/aosp-cow/v2_basic_none
+cp "$d/snapshot.cow" "$work/m.cow"
+snap_rbd="snapshot:base.driver=rbd,base.pool=rbd,base.image=g-v2_basic_none,base.conf=,base.mon-host=$mon,base.keyring=$keyring"
+if serve "$snap_rbd,cow=$d/snapshot.cow" --nbd "unix:$work/m1.sock"; then
+  if out=$(timeout 60 "$snapblk" serve "$snap_rbd,cow=$work/m.cow,merge=true" --nbd "unix:$work/m2.sock" 2>&1); then
+    bad "a merge started while a server reads the base"
+  else
+    echo "$out" | grep -q 'in use by another client' && ok "a merge is refused while a server reads the RBD base: ${out##*: }" \
+      || { echo "$out"; bad "merge refusal message"; }
+  fi
+  stop
+else
+  bad "serve the snapshot over rbd"
+fi
+if serve "$(spec q)" --nbd "unix:$work/w.sock"; then
+  if out=$(timeout 60 "$snapblk" info "$(spec q)" 2>&1); then
+    bad "a reader opened an image a writable server holds"
+  else
+    echo "$out" | grep -q 'in use by another client' && ok "a reader is refused while a writable server holds the image" || { echo "$out"; bad "reader refusal"; }
+  fi
+  stop
+  "$snapblk" info "$(spec q)" >/dev/null 2>&1 && ok "the lock is released when the server stops" || bad "lock left after the server stopped"
+else
+  bad "serve rbd:q"
+fi
+
+# 9. Timeouts: an OSD that stops answering mid-I/O, then a monitor that does not answer.
+osd=$(cat "$cluster/run/osd.0.pid")
+"$snapblk" bench "$(spec q rados-osd-op-timeout=3)" --rw randwrite --bs 4k --iodepth 8 --runtime 60 >"$work/t.txt" 2>&1 &
+b=$!; pids+=("$b")
+sleep 2; kill -STOP "$osd"
+for _ in $(seq 300); do kill -0 "$b" 2>/dev/null || break; sleep 0.1; done
+if kill -0 "$b" 2>/dev/null; then
+  bad "I/O to a stopped OSD still waiting after 30 s (rados-osd-op-timeout=3)"; kill "$b"
+fi
+wait "$b"; rc=$?
+kill -CONT "$osd"
+if [ $rc -ne 0 ] && grep -qi 'timed out' "$work/t.txt"; then
+  ok "I/O to an OSD stopped mid-run fails with a timeout, not a hang ($(grep -io '[^:]*timed out' "$work/t.txt" | head -1))"
+else
+  tail -5 "$work/t.txt"; bad "stopped OSD: rc=$rc"
+fi
+monpid=$(cat "$cluster/run/mon.a.pid")
+kill -STOP "$monpid"
+out=$(timeout 30 "$snapblk" info "$(spec a client-mount-timeout=3)" 2>&1); rc=$?
+kill -CONT "$monpid"
+if [ $rc -ne 0 ] && [ $rc -ne 124 ] && echo "$out" | grep -q 'connecting to the cluster'; then
+  ok "connecting to a cluster whose monitor does not answer fails within the timeout: ${out##*: }"
+else
+  echo "$out"; bad "stopped monitor: rc=$rc (124 = still waiting after 30 s)"
+fi
+
+finish

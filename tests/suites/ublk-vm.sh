@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # ublk export tests, run inside a qemu VM booting Debian's newest kernel (the host kernel has no
 # ublk): golden cases, ext4 mount + e2fsck, kill -9 + user recovery, --metrics counts, for the
-# copy and zero-copy data paths. Fails if the VM cannot be set up or booted. Ends with "N passed,
+# copy and zero-copy data paths; `ota serve --ublk` of an OTA made by `ota generate`. Fails if the VM cannot be set up or booted. Ends with "N passed,
 # N failed".
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -62,6 +62,17 @@ open(f"{d}/bad.cow", "wb").write(data)
 shutil.copy(f"{d}/AB.cow.snapblk", f"{d}/bad.cow.snapblk")
 open(f"{d}/bad_block", "w").write(str(op["new_block"]))
 PY
+# An OTA for `ota serve --ublk` (one block device per partition): an incremental payload by
+# `snapblk ota generate` from 8 MiB ext4 images of the two trees (system) and a random image with a changed
+# quarter (vendor); the guest serves it and compares each device with the new image.
+mkdir -p "$P/ota/old" "$P/ota/new"
+mke2fs -q -F -t ext4 -b 4096 -d "$P/ext4/a" "$P/ota/old/system.img" 8M || die "mke2fs OTA old"
+mke2fs -q -F -t ext4 -b 4096 -d "$P/ext4/tree" "$P/ota/new/system.img" 8M || die "mke2fs OTA new"
+head -c 4194304 /dev/urandom > "$P/ota/old/vendor.img"
+cp "$P/ota/old/vendor.img" "$P/ota/new/vendor.img"
+head -c 1048576 /dev/urandom | dd of="$P/ota/new/vendor.img" bs=1M seek=2 conv=notrunc status=none
+"$tgt/release/snapblk" --quiet ota generate --source "$P/ota/old" --target "$P/ota/new" \
+    -o "$P/ota/payload.bin" > /dev/null || die "snapblk ota generate failed"
 rm -rf "$P/ext4/a" "$P/ext4/B.img"
 # Fragmented snapshot: every other 4 KiB block of an 8 MiB base zeroed, so a zero-copy read plan
 # alternates base and zero segments (128 kernel reads per 512 KiB request). No COW record: the

@@ -1,7 +1,8 @@
-//! `snapblk ota serve`: every partition an OTA updates, served over NBD as the device would
-//! see it after the update — the partitions with a COW estimate as snapshots (old image + the
-//! COW `ota cow` writes, checked by its record), the others built by `apply` into the work
-//! directory and served read-only. One NBD server, one export per partition, named after it.
+//! `snapblk ota serve`: every partition an OTA updates, served as the device would see it
+//! after the update — the partitions with a COW estimate as snapshots (old image + the COW `ota
+//! cow` writes, checked by its record), the others built by `apply` into the work directory and
+//! served read-only. NBD: one server, one export per partition, named after it; FUSE: one mount
+//! per partition; ublk: one block device per partition, each served by its own thread.
 //! `--merge` merges each COW into its old image while serving, as `snapblk serve --merge`.
 
 use std::path::{Path, PathBuf};
@@ -16,7 +17,7 @@ use snapblk_ota::DeviceProfile;
 use super::cow::{Job, make};
 
 #[derive(Args)]
-#[command(group(clap::ArgGroup::new("export").required(true).multiple(false).args(["fuse", "nbd"])))]
+#[command(group(clap::ArgGroup::new("export").required(true).multiple(false).args(["fuse", "nbd", "ublk"])))]
 pub struct ServeArgs {
     /// The OTA: a zip with payload.bin, or a bare payload.bin.
     ota: PathBuf,
@@ -37,6 +38,10 @@ pub struct ServeArgs {
     /// partition (DIR/<partition> created if missing).
     #[arg(long, value_name = "DIR")]
     fuse: Option<PathBuf>,
+    /// Export each partition as a ublk block device /dev/ublkbN (Linux ublk driver; copy data
+    /// path, one queue, depth 64); the --json readiness line names each partition's device.
+    #[arg(long)]
+    ublk: bool,
     /// Only these partitions (comma-separated names).
     #[arg(long, value_delimiter = ',', value_name = "A,B")]
     partitions: Vec<String>,
@@ -205,8 +210,11 @@ pub(super) fn run(a: &ServeArgs) -> Result<()> {
     if let Some(dir) = &a.fuse {
         return serve_fuse(a, dir, devs, sigs, &work);
     }
+    if a.ublk {
+        return serve_ublk(a, devs, sigs, &work);
+    }
     let Some(addr) = &a.nbd else {
-        bail!("one of --nbd, --fuse is required");
+        bail!("one of --nbd, --fuse, --ublk is required");
     };
     let mut exports = Vec::new();
     let mut listed = Vec::new();
@@ -350,6 +358,154 @@ fn serve_fuse(
         say!(
             "{}",
             serde_json::json!({"event": "stopped", "export": "fuse"})
+        );
+    }
+    Ok(())
+}
+
+/// One ublk block device per partition, each served by its own thread, until SIGINT/SIGTERM
+/// (or until one of them fails: then every device is removed and the error is the result).
+fn serve_ublk(
+    a: &ServeArgs,
+    devs: Vec<(String, snapblk::Blkio, serde_json::Value)>,
+    sigs: TermSignals,
+    work: &Path,
+) -> Result<()> {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let stop = Arc::new(AtomicBool::new(false));
+    let (tx, rx) = std::sync::mpsc::channel::<(usize, Result<snapblk_ublk::Ready, String>)>();
+    let mut threads = Vec::new();
+    let mut listed: Vec<serde_json::Value> = Vec::new();
+    for (i, (name, dev, what)) in devs.into_iter().enumerate() {
+        let mut e = serde_json::json!({ "name": name });
+        e.as_object_mut()
+            .into_iter()
+            .for_each(|o| o.extend(what.as_object().cloned().unwrap_or_default()));
+        listed.push(e);
+        let (stop, tx) = (stop.clone(), tx.clone());
+        let t = std::thread::Builder::new()
+            .name(format!("ublk-{name}"))
+            .spawn(move || {
+                let planner = snapblk_ublk::planner_for(&dev);
+                let ready_tx = tx.clone();
+                let r = snapblk_ublk::serve(
+                    dev,
+                    &snapblk_ublk::Config::default(),
+                    planner,
+                    |r| {
+                        let _ = ready_tx.send((i, Ok(r.clone())));
+                    },
+                    |d| {
+                        if !stop.load(Ordering::Relaxed) {
+                            std::thread::sleep(d.min(Duration::from_millis(100)));
+                        }
+                        stop.load(Ordering::Relaxed)
+                    },
+                );
+                // A server that ends without a stop request failed (or never came up).
+                if let Err(e) = &r {
+                    let mut msg = e.to_string();
+                    let mut src = std::error::Error::source(e);
+                    while let Some(c) = src {
+                        msg.push_str(&format!(": {c}"));
+                        src = c.source();
+                    }
+                    let _ = tx.send((i, Err(msg)));
+                }
+                r
+            })?;
+        threads.push(t);
+    }
+    drop(tx);
+    // Every device up, or the first failure.
+    let mut up = 0;
+    let mut failure = None;
+    while up < listed.len() && failure.is_none() {
+        match rx.recv_timeout(Duration::from_millis(200)) {
+            Ok((i, Ok(r))) => {
+                if let Some(o) = listed[i].as_object_mut() {
+                    o.insert("dev".into(), r.bdev.clone().into());
+                    o.insert("size".into(), r.capacity.into());
+                }
+                up += 1;
+            }
+            Ok((i, Err(e))) => {
+                failure = Some(format!(
+                    "partition {}: {e}",
+                    listed[i]["name"].as_str().unwrap_or("")
+                ))
+            }
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                if sigs.wait(Duration::ZERO).is_some() {
+                    failure = Some("stopped by a signal before every device was up".into());
+                }
+            }
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+                failure = Some("a ublk server ended before its device was up".into());
+            }
+        }
+    }
+    if failure.is_none() {
+        if a.json {
+            let v = serde_json::json!({
+                "event": "ready",
+                "export": "ublk",
+                "partitions": listed,
+                "work": work,
+                "merge": a.merge,
+            });
+            say!("{v}");
+        } else {
+            for e in &listed {
+                eprintln!(
+                    "snapblk: serving {} as {}",
+                    e["name"].as_str().unwrap_or(""),
+                    e["dev"].as_str().unwrap_or("")
+                );
+            }
+        }
+        // Until a signal or a server failure.
+        loop {
+            if sigs.wait(Duration::from_millis(200)).is_some() {
+                break;
+            }
+            if let Ok((i, Err(e))) = rx.try_recv() {
+                failure = Some(format!(
+                    "partition {}: {e}",
+                    listed[i]["name"].as_str().unwrap_or("")
+                ));
+                break;
+            }
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    let mut first_err = None;
+    for (t, e) in threads.into_iter().zip(&listed) {
+        match t.join() {
+            Ok(Ok(())) => {}
+            Ok(Err(err)) => {
+                first_err.get_or_insert_with(|| {
+                    anyhow::Error::new(err).context(format!(
+                        "ublk export of {}",
+                        e["name"].as_str().unwrap_or("")
+                    ))
+                });
+            }
+            Err(_) => {
+                first_err.get_or_insert_with(|| anyhow::anyhow!("a ublk server thread panicked"));
+            }
+        }
+    }
+    if let Some(e) = first_err {
+        return Err(e);
+    }
+    if let Some(f) = failure {
+        bail!("{f}");
+    }
+    if a.json {
+        say!(
+            "{}",
+            serde_json::json!({"event": "stopped", "export": "ublk"})
         );
     }
     Ok(())

@@ -93,6 +93,37 @@ for name in v2_basic_none v3_multiblock_lz4_64k v2_xor_seq_lz4; do
         bad "user-copy snapshot $name: server start"
     fi
 done
+# ---------------------------------------------------------------- ota serve --ublk
+# One block device per partition of an incremental OTA (made on the host by `ota generate`):
+# each equals the partition's new image; SIGTERM removes them all.
+if [ -f /test/ota/payload.bin ]; then
+    n=$((n + 1)); OUT=/tmp/srv.$n.out; ERR=/tmp/srv.$n.err
+    snapblk ota serve /test/ota/payload.bin --source /test/ota/old --ublk --json > "$OUT" 2> "$ERR" &
+    PID=$!
+    i=0
+    while ! grep -q '"ready"' "$OUT" 2>/dev/null && kill -0 $PID 2>/dev/null && [ $i -lt 600 ]; do
+        sleep 0.1; i=$((i + 1))
+    done
+    if grep -q '"ready"' "$OUT"; then
+        for part in system vendor; do
+            DEV=$(tr '{' '\n' < "$OUT" | grep "\"name\":\"$part\"" | sed -n 's/.*"dev":"\([^"]*\)".*/\1/p' | head -1)
+            check "ota serve --ublk: $part is a block device (${DEV:-none})" [ -b "${DEV:-/nonexistent}" ]
+            check "ota serve --ublk: $part equals its new image" cmp "${DEV:-/nonexistent}" "/test/ota/new/$part.img"
+        done
+        devs=$(sed -n 's/.*"dev":"\([^"]*\)".*/\1/p' "$OUT" | tr ',' '\n' | grep -o '/dev/ublkb[0-9]*' | sort -u)
+        kill -TERM $PID 2>/dev/null; wait $PID; rc=$?
+        check "ota serve --ublk: SIGTERM stops it with status 0 ($(tail -1 "$ERR"))" [ $rc -eq 0 ]
+        sleep 1
+        left=0; for d in $devs; do [ -e "$d" ] && left=$((left + 1)); done
+        check "ota serve --ublk: every device removed at stop ($left left)" [ $left -eq 0 ]
+    else
+        kill -TERM $PID 2>/dev/null; wait $PID 2>/dev/null
+        bad "ota serve --ublk: never ready: $(cat "$ERR")"
+    fi
+else
+    bad "ota serve --ublk: no /test/ota/payload.bin staged"
+fi
+
 # ---------------------------------------------------------------- --metrics
 # The ublk queues count what they serve: once cmp has read the whole device, the Prometheus text
 # (fetched with busybox wget) has at least its size in read bytes.

@@ -65,7 +65,7 @@ truncate -s 128M "$IMG"
 cp tests/vm/guest/poll-tests.sh "$P/run.sh"
 cp tests/vm/guest/kernel-reports.sh "$P/"
 chmod +x "$P/run.sh"
-LOG=$ROOT/tests/vm/cache/poll-vm.log
+LOG=${VM_CACHE:-$ROOT/tests/vm/cache}/poll-vm.log
 t0=$(date +%s)
 VM_LOG=$LOG VM_APPEND="nvme.poll_queues=1" VM_TIMEOUT=${VM_TIMEOUT:-300} \
     VM_QEMU_ARGS="-drive file=$IMG,if=none,id=nv0,format=raw -device nvme,serial=snapblk,drive=nv0" \

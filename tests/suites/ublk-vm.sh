@@ -93,9 +93,9 @@ cp tests/vm/guest/ublk-tests.sh "$P/run.sh"
 cp tests/vm/guest/kernel-reports.sh "$P/"
 chmod +x "$P/run.sh"
 
-VM_TIMEOUT=${VM_TIMEOUT:-900} bash tests/vm/vm.sh run "$P"
+LOG=${VM_CACHE:-$ROOT/tests/vm/cache}/ublk-vm.log
+VM_LOG=$LOG VM_TIMEOUT=${VM_TIMEOUT:-900} bash tests/vm/vm.sh run "$P"
 rc=$?
-LOG=tests/vm/cache/last-run.log
 p=$(grep -ac '^PASS:' "$LOG" 2>/dev/null); p=${p:-0}
 f=$(grep -ac '^FAIL:' "$LOG" 2>/dev/null); f=${f:-0}
 echo

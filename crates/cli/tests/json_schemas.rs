@@ -174,6 +174,18 @@ fn cow_documents_validate() {
     check(&doc, "snapblk.cow-verify.v1", "cow verify");
     let doc = json_of(&["cow", "verify", cow, "--base", new, "--json"], 1);
     check(&doc, "snapblk.cow-verify.v1", "cow verify (wrong base)");
+
+    let apply = |base: &str, out: &str, code| {
+        json_of(
+            &["cow", "apply", cow, "--base", base, "-o", out, "--json"],
+            code,
+        )
+    };
+    let doc = apply(old, path_str(&c.p("a.img")), 0);
+    check(&doc, "snapblk.cow-apply.v1", "cow apply");
+    assert_eq!(doc["record"], format!("{cow}.snapblk"));
+    let doc = apply(new, path_str(&c.p("b.img")), 1);
+    check(&doc, "snapblk.cow-apply.v1", "cow apply (wrong base)");
 }
 
 #[test]

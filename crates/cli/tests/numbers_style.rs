@@ -80,6 +80,15 @@ fn text_reports_print_human_sizes() {
         ok(&["merge", path_str(&cow), "--base", b]),
         ok(&["info", b]),
         ok(&["info", "null:size=1G"]),
+        ok(&[
+            "cow",
+            "apply",
+            path_str(&cow),
+            "--base",
+            old,
+            "-o",
+            path_str(&c.p("applied.img")),
+        ]),
     ];
     for (i, out) in outputs.iter().enumerate() {
         // cow verify's report counts blocks and payloads only.

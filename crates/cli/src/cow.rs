@@ -380,7 +380,7 @@ fn image_size(
 fn json_verdict_on_error(json: bool, schema: &str, r: Result<()>) -> Result<()> {
     if let (true, Err(e)) = (json, &r) {
         // An error writing to stdout itself is not repeated there.
-        if e.downcast_ref::<std::io::Error>().is_none() {
+        if !crate::out::is_stdout_error(e) {
             let doc =
                 serde_json::json!({ "schema": schema, "ok": false, "error": format!("{e:#}") });
             say!("{}", serde_json::to_string_pretty(&doc)?);

@@ -186,6 +186,12 @@ fn cow_documents_validate() {
     assert_eq!(doc["record"], format!("{cow}.snapblk"));
     let doc = apply(new, path_str(&c.p("b.img")), 1);
     check(&doc, "snapblk.cow-apply.v1", "cow apply (wrong base)");
+    let doc = apply(path_str(&c.p("none")), path_str(&c.p("c.img")), 1);
+    check(&doc, "snapblk.cow-apply.v1", "cow apply (no base)");
+    assert!(
+        doc["error"].as_str().unwrap().contains("No such file"),
+        "{doc}"
+    );
 }
 
 #[test]

@@ -15,6 +15,9 @@ use snapblk_ota::DeviceProfile;
 
 use super::cow::{Job, make};
 
+/// Schema of every `ota serve --json` line (schemas/snapblk.ota-serve-event.v1.json).
+const OTA_SERVE_SCHEMA: &str = "snapblk.ota-serve-event.v1";
+
 #[derive(Args)]
 #[command(group(clap::ArgGroup::new("export").required(true).multiple(false).args(["fuse", "nbd"])))]
 pub struct ServeArgs {
@@ -248,6 +251,7 @@ pub(super) fn run(a: &ServeArgs) -> Result<()> {
         .collect();
     if a.json {
         let v = serde_json::json!({
+            "schema": OTA_SERVE_SCHEMA,
             "event": "ready",
             "export": "nbd",
             "address": listener.address(),
@@ -271,7 +275,7 @@ pub(super) fn run(a: &ServeArgs) -> Result<()> {
     if a.json {
         say!(
             "{}",
-            serde_json::json!({"event": "stopped", "export": "nbd"})
+            serde_json::json!({"schema": OTA_SERVE_SCHEMA, "event": "stopped", "export": "nbd"})
         );
     }
     Ok(())
@@ -312,6 +316,7 @@ fn serve_fuse(
     }
     if a.json {
         let v = serde_json::json!({
+            "schema": OTA_SERVE_SCHEMA,
             "event": "ready",
             "export": "fuse",
             "mountpoint": dir.display().to_string(),
@@ -349,7 +354,7 @@ fn serve_fuse(
     if a.json {
         say!(
             "{}",
-            serde_json::json!({"event": "stopped", "export": "fuse"})
+            serde_json::json!({"schema": OTA_SERVE_SCHEMA, "event": "stopped", "export": "fuse"})
         );
     }
     Ok(())

@@ -519,6 +519,69 @@ fn ota_documents_validate() {
         "--json",
     ];
     check(&json_of(&args, 0), "snapblk.ota-apply.v1", "ota apply");
+
+    // A payload of our own (the old and new images as partition "system"), and its COW.
+    let pay = c.p("pay.bin");
+    let generate = |target: &std::path::Path, code| {
+        let args = [
+            "ota",
+            "generate",
+            "--source",
+            path_str(&c.old),
+            "--target",
+            path_str(target),
+            "--partition",
+            "system",
+            "-o",
+            path_str(&pay),
+            "--json",
+        ];
+        json_of(&args, code)
+    };
+    let doc = generate(&c.new, 0);
+    check(&doc, "snapblk.ota-generate.v1", "ota generate");
+    check(
+        &generate(&c.p("none.img"), 1),
+        "snapblk.ota-generate.v1",
+        "ota generate (no target)",
+    );
+    let src = c.p("src");
+    std::fs::create_dir(&src).unwrap();
+    std::fs::copy(&c.old, src.join("system.img")).unwrap();
+    let cow = |src: &std::path::Path, out: &str, code| {
+        let args = [
+            "ota",
+            "cow",
+            path_str(&pay),
+            "--source",
+            path_str(src),
+            "-o",
+            out,
+            "--all-partitions",
+            "--verify",
+            "--json",
+        ];
+        json_of(&args, code)
+    };
+    let doc = cow(&src, path_str(&c.p("cows")), 0);
+    check(&doc, "snapblk.ota-cow.v1", "ota cow");
+    assert_eq!(doc["partitions"][0]["partition"], "system", "{doc}");
+    check(
+        &cow(&c.p("none"), path_str(&c.p("cows2")), 1),
+        "snapblk.ota-cow.v1",
+        "ota cow (no source)",
+    );
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_snapblk"));
+    cmd.args(["ota", "serve", path_str(&pay), "--source", path_str(&src)])
+        .args(["--work", path_str(&c.p("work")), "--nbd", "0", "--json"]);
+    let srv = snapblk_testsupport::ReadyProcess::spawn(&mut cmd).unwrap();
+    let ready = srv.ready.clone();
+    let (st, rest, err) = srv.stop();
+    assert!(st.success(), "{err}");
+    assert_eq!(ready["partitions"][0]["name"], "system", "{ready}");
+    for l in std::iter::once(ready).chain(rest.iter().map(|l| serde_json::from_str(l).unwrap())) {
+        check(&l, "snapblk.ota-serve-event.v1", "ota serve");
+    }
 }
 
 /// `snapblk ctl SOCK CMD --json`: its exit status and its one-line document.

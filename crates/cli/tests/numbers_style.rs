@@ -55,6 +55,10 @@ fn text_reports_print_human_sizes() {
         .set_len(len)
         .unwrap();
     let b = path_str(&base);
+    let pay = c.p("pay.bin");
+    let src = c.p("src");
+    std::fs::create_dir(&src).unwrap();
+    std::fs::copy(&c.old, src.join("system.img")).unwrap();
     let outputs = [
         ok(&[
             "cow",
@@ -88,6 +92,28 @@ fn text_reports_print_human_sizes() {
             old,
             "-o",
             path_str(&c.p("applied.img")),
+        ]),
+        ok(&[
+            "ota",
+            "generate",
+            "--source",
+            old,
+            "--target",
+            new,
+            "--partition",
+            "system",
+            "-o",
+            path_str(&pay),
+        ]),
+        ok(&[
+            "ota",
+            "cow",
+            path_str(&pay),
+            "--source",
+            path_str(&src),
+            "-o",
+            path_str(&c.p("cows")),
+            "--all-partitions",
         ]),
     ];
     for (i, out) in outputs.iter().enumerate() {

@@ -69,9 +69,22 @@ pub const EXAMPLES: &[(&str, &str)] = &[
         "snapblk ota apply incremental.zip --source old/ -o new/",
     ),
     (
+        "ota cow",
+        "snapblk ota cow incremental.zip --source old/ -o cows/ --verify",
+    ),
+    (
+        "ota serve",
+        "snapblk ota serve incremental.zip --source old/ --nbd 10809",
+    ),
+    (
+        "ota generate",
+        "snapblk ota generate --source old/ --target new/ -o payload.bin",
+    ),
+    (
         "serve",
         "snapblk serve --base old.img --cow update.cow --nbd 127.0.0.1:10809",
     ),
+    ("ctl", "snapblk ctl /run/snapblk.sock stats"),
     ("residency", "snapblk residency -r /usr/lib"),
     ("readahead", "snapblk readahead replay boot.list"),
     (

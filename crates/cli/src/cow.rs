@@ -25,6 +25,8 @@ macro_rules! say {
 const VERIFY_SCHEMA: &str = "snapblk.cow-verify.v1";
 /// Schema of `cow create --json` documents.
 const CREATE_SCHEMA: &str = "snapblk.cow-create.v1";
+/// Schema of `cow apply --json` documents.
+const APPLY_SCHEMA: &str = "snapblk.cow-apply.v1";
 /// Schema of `cow inspect --json` documents.
 const INSPECT_SCHEMA: &str = "snapblk.cow-inspect.v1";
 /// Blocks named in a one-line message before "and N more".
@@ -199,6 +201,10 @@ pub enum CowCmd {
         in_place: bool,
         #[command(flatten)]
         rec: RecordArgs,
+        /// Print the summary as JSON on stdout (also when applying fails); refused when the
+        /// output is stdout itself.
+        #[arg(long)]
+        json: bool,
     },
 }
 
@@ -374,7 +380,7 @@ fn image_size(
 fn json_verdict_on_error(json: bool, schema: &str, r: Result<()>) -> Result<()> {
     if let (true, Err(e)) = (json, &r) {
         // An error writing to stdout itself is not repeated there.
-        if e.downcast_ref::<std::io::Error>().is_none() {
+        if !crate::out::is_stdout_error(e) {
             let doc =
                 serde_json::json!({ "schema": schema, "ok": false, "error": format!("{e:#}") });
             say!("{}", serde_json::to_string_pretty(&doc)?);
@@ -386,6 +392,19 @@ fn json_verdict_on_error(json: bool, schema: &str, r: Result<()>) -> Result<()> 
 pub fn run(c: CowCmd) -> Result<()> {
     if let CowCmd::Create { json: true, .. } = &c {
         return json_verdict_on_error(true, CREATE_SCHEMA, run_cmd(c));
+    }
+    if let CowCmd::Apply {
+        json: true, out, ..
+    } = &c
+    {
+        // Checked before anything could print a document into the image.
+        if is_stdout(out) {
+            bail!(
+                "--json: the output {} is stdout, where the JSON would go",
+                out.display()
+            );
+        }
+        return json_verdict_on_error(true, APPLY_SCHEMA, run_cmd(c));
     }
     run_cmd(c)
 }
@@ -585,7 +604,12 @@ fn run_cmd(c: CowCmd) -> Result<()> {
             size,
             in_place,
             rec,
-        } => apply(&cow, &base, &out, size, in_place, &rec),
+            json,
+        } => {
+            let t = std::time::Instant::now();
+            let done = apply(&cow, &base, &out, size, in_place, &rec)?;
+            report_apply(&cow, &base, &out, &done, t.elapsed().as_secs_f64(), json)
+        }
         CowCmd::Record { cow, old, new, out } => write_record(&cow, &old, &new, out),
     }
 }
@@ -906,7 +930,7 @@ fn apply(
     size: Option<u64>,
     in_place: bool,
     ra: &RecordArgs,
-) -> Result<()> {
+) -> Result<Applied> {
     let base_sha = parse_hex("--base-sha256", &ra.base_sha256)?;
     let expect_sha = parse_hex("--expect-sha256", &ra.expect_sha256)?;
     let rec_path = ra
@@ -957,8 +981,9 @@ fn apply(
             .file()
             .try_clone()
             .with_context(|| format!("create {}", out.display()))?;
-        job.pass(f, Pass::Atomic)?;
-        return target.commit();
+        let sha256 = job.pass(f, Pass::Atomic)?;
+        target.commit()?;
+        return Ok(Applied::new(&job, sha256, false));
     }
     // In place, the output cannot be put back: prove the whole result first (every payload
     // decodes, every block matches the record, the digest matches), then write it.
@@ -981,7 +1006,89 @@ fn apply(
             record::hex(&proven)
         );
     }
-    target.finish(len)
+    target.finish(len)?;
+    Ok(Applied::new(&job, written, true))
+}
+
+/// What `cow apply` wrote, for its summary.
+struct Applied {
+    len: u64,
+    sha256: [u8; 32],
+    record: Option<PathBuf>,
+    expect_sha256: bool,
+    in_place: bool,
+}
+
+impl Applied {
+    fn new(job: &ApplyJob<'_>, sha256: [u8; 32], in_place: bool) -> Applied {
+        Applied {
+            len: job.len,
+            sha256,
+            record: job.rec.map(|(p, _)| p.to_path_buf()),
+            expect_sha256: job.expect_sha.is_some(),
+            in_place,
+        }
+    }
+}
+
+/// Whether `p` is the file stdout writes to (`/dev/stdout`, a redirection to it, its pipe).
+fn is_stdout(p: &Path) -> bool {
+    use std::os::fd::AsFd;
+    use std::os::unix::fs::MetadataExt;
+    let Ok(m) = std::fs::metadata(p) else {
+        return false;
+    };
+    let Ok(fd) = std::io::stdout().as_fd().try_clone_to_owned() else {
+        return false;
+    };
+    std::fs::File::from(fd)
+        .metadata()
+        .is_ok_and(|o| (o.dev(), o.ino()) == (m.dev(), m.ino()))
+}
+
+/// The summary of `cow apply`: JSON, or a line on stdout (stderr when the image went there).
+fn report_apply(
+    cow: &Path,
+    base: &Path,
+    out: &Path,
+    a: &Applied,
+    secs: f64,
+    json: bool,
+) -> Result<()> {
+    if json {
+        let doc = serde_json::json!({
+            "schema": APPLY_SCHEMA, "ok": true, "error": null,
+            "cow": cow, "base": base, "output": out,
+            "size": a.len,
+            "sha256": record::hex(&a.sha256),
+            "record": a.record,
+            "expect_sha256": a.expect_sha256,
+            "in_place": a.in_place,
+            "seconds": secs,
+        });
+        say!("{}", serde_json::to_string_pretty(&doc)?);
+        return Ok(());
+    }
+    let checked = match (&a.record, a.expect_sha256) {
+        (Some(r), true) => format!("the record {} and --expect-sha256", r.display()),
+        (Some(r), false) => format!("the record {}", r.display()),
+        (None, true) => "--expect-sha256".to_owned(),
+        (None, false) => "nothing (no record, no --expect-sha256)".to_owned(),
+    };
+    let line = format!(
+        "{}: {}{} in {secs:.2} s ({}), SHA-256 {}, checked against {checked}",
+        out.display(),
+        crate::human::bytes_exact(a.len),
+        if a.in_place { " written in place" } else { "" },
+        crate::human::rate(a.len, secs),
+        record::hex(&a.sha256),
+    );
+    if is_stdout(out) {
+        crate::out::write(crate::out::Stream::Stderr, format_args!("{line}"), true)?;
+    } else {
+        say!("{line}");
+    }
+    Ok(())
 }
 
 /// When both the base and the in-place output are block devices, open the base with `O_EXCL`

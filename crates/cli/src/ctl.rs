@@ -35,6 +35,10 @@ pub struct CtlArgs {
     json: bool,
 }
 
+/// Schema of `snapblk ctl --json` documents (schemas/snapblk.ctl.v1.json): the server's reply
+/// with `schema` and the request's `cmd` added.
+const CTL_SCHEMA: &str = "snapblk.ctl.v1";
+
 pub fn run(a: CtlArgs) -> anyhow::Result<()> {
     let name = a
         .cmd
@@ -50,8 +54,16 @@ pub fn run(a: CtlArgs) -> anyhow::Result<()> {
     BufReader::new(&s)
         .read_line(&mut line)
         .context("reading the reply")?;
-    let reply: serde_json::Value =
+    let mut reply: serde_json::Value =
         serde_json::from_str(line.trim_end()).context("the server's reply is not JSON")?;
+    if a.json
+        && let Some(m) = reply.as_object_mut()
+    {
+        m.insert("schema".into(), CTL_SCHEMA.into());
+        m.insert("cmd".into(), name.clone().into());
+        // A refusal is printed too (as other commands' `ok: false` documents), then reported.
+        outln!("{reply}")?;
+    }
     if reply["ok"] != true {
         bail!(
             "{name}: {}",
@@ -61,51 +73,161 @@ pub fn run(a: CtlArgs) -> anyhow::Result<()> {
         );
     }
     if a.json {
-        outln!("{reply}")?;
         return Ok(());
     }
-    let merge = &reply["merge"];
-    let merge_line = || {
-        if merge.is_null() {
-            "merge: none".to_owned()
-        } else {
-            format!(
-                "merge: {} ({} of {} ops)",
-                merge["state"].as_str().unwrap_or("?"),
-                merge["merged"],
-                merge["total"]
-            )
-        }
+    for l in text(a.cmd, &reply) {
+        outln!("{l}")?;
+    }
+    Ok(())
+}
+
+/// A JSON number as u64 (0 when absent).
+fn n(v: &serde_json::Value) -> u64 {
+    v.as_u64().unwrap_or(0)
+}
+
+/// The merge's line: state, ops done and the share of the total.
+fn merge_line(merge: &serde_json::Value, rate: Option<f64>) -> String {
+    if merge.is_null() {
+        return "merge: none".to_owned();
+    }
+    let (done, total) = (n(&merge["merged"]), n(&merge["total"]));
+    let pct = if total > 0 {
+        100.0 * done as f64 / total as f64
+    } else {
+        100.0
     };
-    match a.cmd {
+    let mut l = format!(
+        "merge: {}, {done} of {total} ops ({pct:.1} %)",
+        merge["state"].as_str().unwrap_or("?")
+    );
+    if merge["started"] == false {
+        l.push_str(", waiting for merge-start");
+    }
+    if let Some(r) = rate.filter(|r| *r > 0.0) {
+        l.push_str(&format!(", {r:.0} ops/s"));
+    }
+    l
+}
+
+/// The human-readable text of a reply: sizes and rates in binary units, counts as integers
+/// (`--json` keeps the exact numbers).
+fn text(cmd: CtlCmd, reply: &serde_json::Value) -> Vec<String> {
+    use crate::human::{bytes, bytes_exact, rate};
+    let secs = n(&reply["uptime_ms"]) as f64 / 1000.0;
+    let mut out = Vec::new();
+    match cmd {
         CtlCmd::Status => {
-            outln!(
-                "{} export, {} bytes, up {:.1} s, {} client connection(s)",
+            out.push(format!(
+                "{} export, {}, up {secs:.1} s, {} client connection(s)",
                 reply["export"].as_str().unwrap_or("?"),
-                reply["size"],
-                reply["uptime_ms"].as_u64().unwrap_or(0) as f64 / 1000.0,
-                reply["connections_active"]
-            )?;
-            outln!("{}", merge_line())?;
+                bytes_exact(n(&reply["size"])),
+                n(&reply["connections_active"])
+            ));
+            out.push(merge_line(&reply["merge"], None));
         }
         CtlCmd::Stats => {
             for d in ["read", "write", "flush", "discard"] {
                 let v = &reply["io"][d];
-                outln!(
-                    "{d}: {} requests, {} bytes, {} errors",
-                    v["requests"],
-                    v["bytes"],
-                    v["errors"]
-                )?;
+                let (reqs, b) = (n(&v["requests"]), n(&v["bytes"]));
+                let mut l = format!("{d}: {reqs} requests");
+                if d == "read" || d == "write" || b > 0 {
+                    l.push_str(&format!(", {} ({} average)", bytes(b), rate(b, secs)));
+                }
+                l.push_str(&format!(", {} errors", n(&v["errors"])));
+                if reqs > 0 {
+                    let us = n(&v["latency_sum_ns"]) as f64 / reqs as f64 / 1000.0;
+                    l.push_str(&format!(", mean latency {us:.1} us"));
+                }
+                out.push(l);
             }
-            outln!("{}", merge_line())?;
+            out.push(format!(
+                "connections: {} active, {} in all; up {secs:.1} s",
+                n(&reply["connections_active"]),
+                n(&reply["connections_total"])
+            ));
+            out.push(merge_line(
+                &reply["merge"],
+                reply["merge_ops_per_second"].as_f64(),
+            ));
+            if let Some(sc) = reply["sched"].as_object() {
+                let mut l = "scheduler:".to_owned();
+                for c in ["foreground", "merge", "readahead"] {
+                    let v = &sc[c];
+                    l.push_str(&format!(
+                        " {c} {} requests, {}, waited {:.3} s;",
+                        n(&v["requests"]),
+                        bytes(n(&v["bytes"])),
+                        n(&v["wait_ns"]) as f64 / 1e9
+                    ));
+                }
+                l.push_str(&format!(
+                    " budget cut {} times, grown {}",
+                    n(&sc["budget_shrinks"]),
+                    n(&sc["budget_grows"])
+                ));
+                out.push(l);
+            }
             if let Some(c) = reply["cache"].as_object() {
-                outln!("cache: {} hits, {} misses", c["hits"], c["misses"])?;
+                out.push(format!(
+                    "cache: {} hits, {} misses, {} of {} held",
+                    n(&c["hits"]),
+                    n(&c["misses"]),
+                    bytes(n(&c["bytes"])),
+                    bytes(n(&c["capacity"]))
+                ));
             }
         }
         CtlCmd::MergeStart | CtlCmd::MergePause | CtlCmd::MergeResume => {
-            outln!("{}", merge_line())?;
+            out.push(merge_line(&reply["merge"], None));
         }
     }
-    Ok(())
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn stats_text_is_human() {
+        let r = json!({
+            "ok": true, "uptime_ms": 2000, "connections_active": 1, "connections_total": 3,
+            "io": {
+                "read": {"requests": 4, "bytes": 4u64 << 20, "errors": 0, "latency_sum_ns": 8000},
+                "write": {"requests": 0, "bytes": 0, "errors": 0, "latency_sum_ns": 0},
+                "flush": {"requests": 1, "bytes": 0, "errors": 0, "latency_sum_ns": 500},
+                "discard": {"requests": 0, "bytes": 0, "errors": 0, "latency_sum_ns": 0},
+            },
+            "merge": {"state": "paused", "merged": 1, "total": 4, "started": true},
+            "merge_ops_per_second": 12.4,
+            "cache": {"hits": 5, "misses": 1, "bytes": 1536, "capacity": 64u64 << 20},
+        });
+        let t = text(CtlCmd::Stats, &r);
+        assert_eq!(
+            t[0],
+            "read: 4 requests, 4.00 MiB (2.00 MiB/s average), 0 errors, mean latency 2.0 us"
+        );
+        assert_eq!(t[2], "flush: 1 requests, 0 errors, mean latency 0.5 us");
+        assert_eq!(t[4], "connections: 1 active, 3 in all; up 2.0 s");
+        assert_eq!(t[5], "merge: paused, 1 of 4 ops (25.0 %), 12 ops/s");
+        assert_eq!(t[6], "cache: 5 hits, 1 misses, 1.50 KiB of 64.00 MiB held");
+    }
+
+    #[test]
+    fn status_text_is_human() {
+        let r = json!({
+            "ok": true, "export": "nbd", "size": 4u64 << 20, "uptime_ms": 1500,
+            "connections_active": 0,
+            "merge": {"state": "paused", "merged": 0, "total": 8, "started": false},
+        });
+        assert_eq!(
+            text(CtlCmd::Status, &r),
+            [
+                "nbd export, 4.00 MiB (4194304 bytes), up 1.5 s, 0 client connection(s)",
+                "merge: paused, 0 of 8 ops (0.0 %), waiting for merge-start"
+            ]
+        );
+    }
 }

@@ -184,7 +184,7 @@ pub fn run(c: OtaCmd) -> Result<()> {
 /// `{"schema": ..., "ok": false, "error": "..."}` (the error also goes to stderr, as always).
 fn verdict(json: bool, schema: &str, r: Result<()>) -> Result<()> {
     if let (true, Err(e)) = (json, &r)
-        && e.downcast_ref::<std::io::Error>().is_none()
+        && !crate::out::is_stdout_error(e)
         && e.downcast_ref::<Reported>().is_none()
     {
         let doc = serde_json::json!({ "schema": schema, "ok": false, "error": format!("{e:#}") });

@@ -380,15 +380,17 @@ fn report(a: &CowArgs, results: &[CowResult]) -> Result<()> {
     for r in results {
         let fit = match (r.estimate_cow_size, r.cow_device_size) {
             (Some(e), Some(d)) => format!(
-                "estimate {e} bytes, COW device {d} bytes ({:.1} % used)",
+                "estimate {}, COW device {}, {:.1} % used",
+                crate::human::bytes_exact(e),
+                crate::human::bytes_exact(d),
                 r.cow_size as f64 * 100.0 / d as f64
             ),
             _ => "no estimate".into(),
         };
         say!(
-            "{}: {} bytes ({fit}); {} copy, {} xor, {} replace, {} zero, {} verity blocks{}{}",
+            "{}: {} ({fit}); {} copy, {} xor, {} replace, {} zero, {} verity blocks{}{}",
             r.cow.display(),
-            r.cow_size,
+            crate::human::bytes_exact(r.cow_size),
             r.ops.copy_blocks,
             r.ops.xor_blocks,
             r.ops.replace_blocks,

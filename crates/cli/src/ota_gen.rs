@@ -227,9 +227,9 @@ fn generate_cmd(a: &GenerateArgs) -> Result<()> {
     }
     let kind = if minor == 0 { "full" } else { "incremental" };
     say!(
-        "{}: {kind} payload, minor version {minor}, {} bytes{}",
+        "{}: {kind} payload, minor version {minor}, {}{}",
         a.out.display(),
-        bytes.len(),
+        crate::human::bytes_exact(bytes.len() as u64),
         if keys.is_empty() {
             ", unsigned"
         } else {
@@ -239,15 +239,18 @@ fn generate_cmd(a: &GenerateArgs) -> Result<()> {
     for s in &g.stats {
         let ops: Vec<String> = s.ops.iter().map(|(t, n)| format!("{t} {n}")).collect();
         let mut line = format!(
-            "  {}: {}; data {} bytes",
+            "  {}: {}; data {}",
             s.name,
             ops.join(", "),
-            s.data_bytes
+            crate::human::bytes_exact(s.data_bytes)
         );
         if let Some(e) = s.estimate_cow_size {
             line += &format!(
-                "; merge ops: {} COW_COPY, {} COW_XOR, {} dropped in cycles; COW estimate {e} bytes",
-                s.cow_copy, s.cow_xor, s.dropped
+                "; merge ops: {} COW_COPY, {} COW_XOR, {} dropped in cycles; COW estimate {}",
+                s.cow_copy,
+                s.cow_xor,
+                s.dropped,
+                crate::human::bytes_exact(e)
             );
         }
         say!("{line}");

@@ -16,6 +16,9 @@ use snapblk_ota::DeviceProfile;
 
 use super::cow::{Job, make};
 
+/// Schema of every `ota serve --json` line (schemas/snapblk.ota-serve-event.v1.json).
+const OTA_SERVE_SCHEMA: &str = "snapblk.ota-serve-event.v1";
+
 #[derive(Args)]
 #[command(group(clap::ArgGroup::new("export").required(true).multiple(false).args(["fuse", "nbd", "ublk"])))]
 pub struct ServeArgs {
@@ -256,6 +259,7 @@ pub(super) fn run(a: &ServeArgs) -> Result<()> {
         .collect();
     if a.json {
         let v = serde_json::json!({
+            "schema": OTA_SERVE_SCHEMA,
             "event": "ready",
             "export": "nbd",
             "address": listener.address(),
@@ -279,7 +283,7 @@ pub(super) fn run(a: &ServeArgs) -> Result<()> {
     if a.json {
         say!(
             "{}",
-            serde_json::json!({"event": "stopped", "export": "nbd"})
+            serde_json::json!({"schema": OTA_SERVE_SCHEMA, "event": "stopped", "export": "nbd"})
         );
     }
     Ok(())
@@ -320,6 +324,7 @@ fn serve_fuse(
     }
     if a.json {
         let v = serde_json::json!({
+            "schema": OTA_SERVE_SCHEMA,
             "event": "ready",
             "export": "fuse",
             "mountpoint": dir.display().to_string(),
@@ -357,7 +362,7 @@ fn serve_fuse(
     if a.json {
         say!(
             "{}",
-            serde_json::json!({"event": "stopped", "export": "fuse"})
+            serde_json::json!({"schema": OTA_SERVE_SCHEMA, "event": "stopped", "export": "fuse"})
         );
     }
     Ok(())

@@ -168,6 +168,11 @@ fn stdio_error(e: &anyhow::Error) -> Option<&StdioError> {
     })
 }
 
+/// True when `e` was caused by writing to stdout (a JSON verdict would go there too).
+pub fn is_stdout_error(e: &anyhow::Error) -> bool {
+    stdio_error(e).is_some_and(|s| s.stream == Stream::Stdout)
+}
+
 /// True when `e` was caused by a closed stdout or stderr (`EPIPE`).
 pub fn is_closed_pipe(e: &anyhow::Error) -> bool {
     stdio_error(e).is_some_and(|s| s.source.kind() == io::ErrorKind::BrokenPipe)

@@ -713,6 +713,7 @@ fn stats_reply(obs: &Observed) -> serde_json::Value {
     serde_json::json!({
         "v": CONTROL_VERSION, "ok": true,
         "export": obs.export,
+        "uptime_ms": obs.started.elapsed().as_millis() as u64,
         "io": dirs,
         "connections_total": io.connections_total,
         "connections_active": io.connections_active,

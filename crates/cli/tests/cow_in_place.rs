@@ -248,3 +248,53 @@ fn in_place_refuses_a_result_it_cannot_prove_before_the_first_byte() {
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(err.contains("not the expected"), "{err}");
 }
+
+/// The SHA-256 of `p` by sha256sum (an independent digest).
+fn sha256sum(p: &Path) -> String {
+    let o = Command::new("sha256sum").arg(p).output().unwrap();
+    assert!(o.status.success());
+    String::from_utf8(o.stdout).unwrap()[..64].to_owned()
+}
+
+#[test]
+fn apply_summarises_where_the_image_does_not_go() {
+    let c = Case::new("apply-summary", 256, &[]);
+    let new = read(&c.new);
+    let (sha, len) = (sha256sum(&c.new), new.len());
+    // Into a file: one human line on stdout, with the digest sha256sum computes.
+    let out = c.p("out.img");
+    let text = ok(&apply_args(&c, path_str(&out)));
+    assert_eq!(text.lines().count(), 1, "{text}");
+    assert!(
+        text.starts_with(&format!("{}: 1.00 MiB ({len} bytes) in ", out.display()))
+            && text.contains(&format!("SHA-256 {sha}, checked against the record ")),
+        "{text}"
+    );
+    assert_eq!(sha256sum(&out), sha);
+    // Into stdout: the image alone on stdout, the summary on stderr.
+    let mut a = apply_args(&c, "/dev/stdout");
+    a.push("--in-place");
+    let o = snapblk(&a);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(o.stdout == new, "stdout does not carry the new image alone");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("written in place in ") && err.contains(&sha),
+        "{err}"
+    );
+    // --json: exact numbers; refused when stdout is the output (nothing written there).
+    let j = ok(&[&apply_args(&c, path_str(&c.p("j.img")))[..], &["--json"]].concat());
+    let j: serde_json::Value = serde_json::from_str(&j).unwrap();
+    assert_eq!(j["sha256"], sha.as_str());
+    assert_eq!(j["size"], len as u64);
+    assert_eq!(j["in_place"], false);
+    a.push("--json");
+    let o = snapblk(&a);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(o.stdout.is_empty(), "something was written to stdout");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("--json: the output /dev/stdout is stdout"),
+        "{err}"
+    );
+}

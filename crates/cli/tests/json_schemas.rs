@@ -174,6 +174,24 @@ fn cow_documents_validate() {
     check(&doc, "snapblk.cow-verify.v1", "cow verify");
     let doc = json_of(&["cow", "verify", cow, "--base", new, "--json"], 1);
     check(&doc, "snapblk.cow-verify.v1", "cow verify (wrong base)");
+
+    let apply = |base: &str, out: &str, code| {
+        json_of(
+            &["cow", "apply", cow, "--base", base, "-o", out, "--json"],
+            code,
+        )
+    };
+    let doc = apply(old, path_str(&c.p("a.img")), 0);
+    check(&doc, "snapblk.cow-apply.v1", "cow apply");
+    assert_eq!(doc["record"], format!("{cow}.snapblk"));
+    let doc = apply(new, path_str(&c.p("b.img")), 1);
+    check(&doc, "snapblk.cow-apply.v1", "cow apply (wrong base)");
+    let doc = apply(path_str(&c.p("none")), path_str(&c.p("c.img")), 1);
+    check(&doc, "snapblk.cow-apply.v1", "cow apply (no base)");
+    assert!(
+        doc["error"].as_str().unwrap().contains("No such file"),
+        "{doc}"
+    );
 }
 
 #[test]
@@ -501,4 +519,161 @@ fn ota_documents_validate() {
         "--json",
     ];
     check(&json_of(&args, 0), "snapblk.ota-apply.v1", "ota apply");
+
+    // A payload of our own (the old and new images as partition "system"), and its COW.
+    let pay = c.p("pay.bin");
+    let generate = |target: &std::path::Path, code| {
+        let args = [
+            "ota",
+            "generate",
+            "--source",
+            path_str(&c.old),
+            "--target",
+            path_str(target),
+            "--partition",
+            "system",
+            "-o",
+            path_str(&pay),
+            "--json",
+        ];
+        json_of(&args, code)
+    };
+    let doc = generate(&c.new, 0);
+    check(&doc, "snapblk.ota-generate.v1", "ota generate");
+    check(
+        &generate(&c.p("none.img"), 1),
+        "snapblk.ota-generate.v1",
+        "ota generate (no target)",
+    );
+    let src = c.p("src");
+    std::fs::create_dir(&src).unwrap();
+    std::fs::copy(&c.old, src.join("system.img")).unwrap();
+    let cow = |src: &std::path::Path, out: &str, code| {
+        let args = [
+            "ota",
+            "cow",
+            path_str(&pay),
+            "--source",
+            path_str(src),
+            "-o",
+            out,
+            "--all-partitions",
+            "--verify",
+            "--json",
+        ];
+        json_of(&args, code)
+    };
+    let doc = cow(&src, path_str(&c.p("cows")), 0);
+    check(&doc, "snapblk.ota-cow.v1", "ota cow");
+    assert_eq!(doc["partitions"][0]["partition"], "system", "{doc}");
+    check(
+        &cow(&c.p("none"), path_str(&c.p("cows2")), 1),
+        "snapblk.ota-cow.v1",
+        "ota cow (no source)",
+    );
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_snapblk"));
+    cmd.args(["ota", "serve", path_str(&pay), "--source", path_str(&src)])
+        .args(["--work", path_str(&c.p("work")), "--nbd", "0", "--json"]);
+    let srv = snapblk_testsupport::ReadyProcess::spawn(&mut cmd).unwrap();
+    let ready = srv.ready.clone();
+    let (st, rest, err) = srv.stop();
+    assert!(st.success(), "{err}");
+    assert_eq!(ready["partitions"][0]["name"], "system", "{ready}");
+    for l in std::iter::once(ready).chain(rest.iter().map(|l| serde_json::from_str(l).unwrap())) {
+        check(&l, "snapblk.ota-serve-event.v1", "ota serve");
+    }
+}
+
+/// `snapblk ctl SOCK CMD --json`: its exit status and its one-line document.
+fn ctl_doc(sock: &std::path::Path, cmd: &str) -> (i32, Value) {
+    let o = snapblk(&["ctl", path_str(sock), cmd, "--json"]);
+    let doc = serde_json::from_slice(&o.stdout).unwrap_or_else(|e| {
+        panic!(
+            "ctl {cmd}: stdout is not one JSON document ({e}): {} {}",
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        )
+    });
+    check(&doc, "snapblk.ctl.v1", &format!("ctl {cmd}"));
+    assert_eq!(doc["cmd"], cmd);
+    let code = o.status.code().unwrap();
+    assert_eq!(code == 0, doc["ok"] == true, "ctl {cmd}: {doc}");
+    (code, doc)
+}
+
+#[test]
+fn control_replies_and_ready_lines_validate() {
+    use std::time::Duration;
+    let c = Case::new("json-ctl", 256, &[]);
+    let base = c.file_copy(&c.old, "base.img");
+    let len = std::fs::metadata(&c.new).unwrap().len();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&base)
+        .unwrap()
+        .set_len(len)
+        .unwrap();
+    let sock = c.p("ctl.sock");
+    let mut s = serve_common::Serve::start(&[
+        "--base",
+        path_str(&base),
+        "--cow",
+        path_str(&c.cow),
+        "--nbd",
+        "0",
+        "--merge",
+        "--merge-wait",
+        "--control",
+        path_str(&sock),
+        "--metrics",
+        "0",
+    ]);
+    let ready = s.ready.clone();
+    assert!(
+        ready["metrics"].is_string() && ready["control"].is_string(),
+        "{ready}"
+    );
+    // Held by --merge-wait: paused, not started.
+    let (_, st) = ctl_doc(&sock, "status");
+    assert_eq!(st["merge"]["state"], "paused", "{st}");
+    assert_eq!(st["merge"]["started"], false, "{st}");
+    let (_, stats) = ctl_doc(&sock, "stats");
+    assert!(
+        stats["sched"].is_object() && stats["cache"].is_object(),
+        "{stats}"
+    );
+    assert_eq!(ctl_doc(&sock, "merge-resume").0, 1, "resume before start");
+    assert_eq!(ctl_doc(&sock, "merge-start").0, 0);
+    // The merge of this small COW may end before the pause: both replies validate.
+    let (_, paused) = ctl_doc(&sock, "merge-pause");
+    let (resumed, _) = ctl_doc(&sock, "merge-resume");
+    if paused["merge"]["state"] == "paused" {
+        assert_eq!(resumed, 0, "a resume follows a pause that worked: {paused}");
+    }
+    let (done, before) = s.wait_event("merge", Duration::from_secs(120)).unwrap();
+    assert_eq!(done["merge"]["state"], "done", "{done}");
+    assert_eq!(done["merge"]["started"], true, "{done}");
+    let (_, st) = ctl_doc(&sock, "status");
+    assert_eq!(st["merge"]["state"], "done", "{st}");
+    let (st, mut rest, err) = s.stop();
+    assert!(st.success(), "{err}");
+    rest.splice(0..0, before.into_iter().chain([done.to_string()]));
+    check_serve_lines(&ready, &rest, "serve --control --merge-wait");
+
+    // Without a snapshot device: no merge, sched or cache, and merge requests are refused.
+    let sock = c.p("plain.sock");
+    let s =
+        serve_common::Serve::start(&[path_str(&c.new), "--nbd", "0", "--control", path_str(&sock)]);
+    let (_, st) = ctl_doc(&sock, "status");
+    assert!(st["merge"].is_null(), "{st}");
+    let (_, stats) = ctl_doc(&sock, "stats");
+    assert!(
+        stats["sched"].is_null() && stats["merge"].is_null(),
+        "{stats}"
+    );
+    for cmd in ["merge-start", "merge-pause", "merge-resume"] {
+        assert_eq!(ctl_doc(&sock, cmd).0, 1, "{cmd} without a merge");
+    }
+    let (st, _, err) = s.stop();
+    assert!(st.success(), "{err}");
 }

@@ -55,6 +55,10 @@ fn text_reports_print_human_sizes() {
         .set_len(len)
         .unwrap();
     let b = path_str(&base);
+    let pay = c.p("pay.bin");
+    let src = c.p("src");
+    std::fs::create_dir(&src).unwrap();
+    std::fs::copy(&c.old, src.join("system.img")).unwrap();
     let outputs = [
         ok(&[
             "cow",
@@ -80,6 +84,37 @@ fn text_reports_print_human_sizes() {
         ok(&["merge", path_str(&cow), "--base", b]),
         ok(&["info", b]),
         ok(&["info", "null:size=1G"]),
+        ok(&[
+            "cow",
+            "apply",
+            path_str(&cow),
+            "--base",
+            old,
+            "-o",
+            path_str(&c.p("applied.img")),
+        ]),
+        ok(&[
+            "ota",
+            "generate",
+            "--source",
+            old,
+            "--target",
+            new,
+            "--partition",
+            "system",
+            "-o",
+            path_str(&pay),
+        ]),
+        ok(&[
+            "ota",
+            "cow",
+            path_str(&pay),
+            "--source",
+            path_str(&src),
+            "-o",
+            path_str(&c.p("cows")),
+            "--all-partitions",
+        ]),
     ];
     for (i, out) in outputs.iter().enumerate() {
         // cow verify's report counts blocks and payloads only.
@@ -114,4 +149,34 @@ fn the_checker_finds_bare_counts() {
     );
     assert!(bare_byte_counts("u.cow: 4.20 MiB (4408042 bytes); 16 blocks").is_empty());
     assert!(has_human_size("base (272.00 KiB)") && !has_human_size("16 blocks"));
+}
+
+#[path = "serve_common.rs"]
+mod serve_common;
+
+#[test]
+fn ctl_text_prints_human_sizes() {
+    let c = Case::new("numbers-ctl", 512, &[]);
+    let sock = c.p("c.sock");
+    let (img, s) = (path_str(&c.new), path_str(&sock));
+    let srv = serve_common::Serve::start(&[img, "--nbd", "0", "--control", s]);
+    serve_common::tool_ok("nbdcopy", &[&srv.ready_str("uri"), "null:"]);
+    let status = ok(&["ctl", s, "status"]);
+    let stats = ok(&["ctl", s, "stats"]);
+    let (st, _, err) = srv.stop();
+    assert!(st.success(), "{err}");
+    assert!(
+        status.starts_with("nbd export, 2.00 MiB (2097152 bytes), up "),
+        "{status}"
+    );
+    // nbdcopy read the image (its data extents): a human size and an average rate.
+    let read = stats.lines().next().unwrap();
+    assert!(
+        read.starts_with("read: ") && has_human_size(read) && read.contains("B/s average)"),
+        "{stats}"
+    );
+    for out in [&status, &stats] {
+        assert!(has_human_size(out), "no human-readable size in:\n{out}");
+        assert!(bare_byte_counts(out).is_empty(), "{out}");
+    }
 }

@@ -7,8 +7,10 @@
 # 2. ROUNDS times, in a rotated order: `snapblk ota generate` of an incremental payload
 #    (BSDF2, and BSDIFF40), `snapblk ota generate` of a full payload, and the references
 #    `snapblk cow create` (the COW of the same pair, lz4, v3: block-level matching and XOR
-#    without bsdiff) and `xz -6 -T1` of the new image (a full payload's ceiling). Each run:
-#    wall and CPU time and peak RSS (/usr/bin/time); output sizes.
+#    without bsdiff) and `xz -6 -T1` of the new image (a full payload's ceiling); and `snapblk
+#    ota cow` of an incremental BSDF2 payload made before the rounds (the Virtual A/B COW a
+#    device would write: apply into memory, then the COW writer), against `cow create` of the
+#    same pair. Each run: wall and CPU time and peak RSS (/usr/bin/time); output sizes.
 # 3. Checks the last payloads: `snapblk ota apply` of each incremental and `ota extract` of the
 #    full one give exactly the new image, and `ota cow --verify` of the BSDF2 one fits its
 #    estimate. Prints medians and ratios (generate time / cow create time, payload size / xz
@@ -41,7 +43,7 @@ if [[ -z "${SNAPBLK:-}" ]]; then
 fi
 
 mkdir -p "$WORK"
-trap 'rm -rf "$WORK"/run "$WORK"/old "$WORK"/new' EXIT
+trap 'rm -rf "$WORK"/run "$WORK"/old "$WORK"/new "$WORK"/cow-input.bin' EXIT
 if [[ ! -f "$WORK/pair/new.img" ]]; then
   python3 "$ROOT/bench/cow/make-pair.py" "$WORK/pair" "$SIZE" 2>&1 | grep -v '^Creating' >&2
 fi
@@ -49,18 +51,22 @@ mkdir -p "$WORK/old" "$WORK/new" "$WORK/run"
 ln -f "$WORK/pair/old.img" "$WORK/old/system.img" 2>/dev/null || cp "$WORK/pair/old.img" "$WORK/old/system.img"
 ln -f "$WORK/pair/new.img" "$WORK/new/system.img" 2>/dev/null || cp "$WORK/pair/new.img" "$WORK/new/system.img"
 
+# The input of the timed `ota cow` runs.
+"$SNAPBLK" --quiet ota generate --source "$WORK/old" --target "$WORK/new" -o "$WORK/cow-input.bin" \
+  --threads "$THREADS" > /dev/null
 declare -A CMD=(
   [gen-bsdf2]="$SNAPBLK ota generate --source $WORK/old --target $WORK/new -o $WORK/run/bsdf2.bin --threads $THREADS"
   [gen-bsdiff40]="$SNAPBLK ota generate --source $WORK/old --target $WORK/new -o $WORK/run/bsdiff40.bin --threads $THREADS --bsdiff-format bsdiff40"
   [gen-full]="$SNAPBLK ota generate --target $WORK/new -o $WORK/run/full.bin --threads $THREADS"
   [cow-create]="$SNAPBLK cow create --old $WORK/pair/old.img --new $WORK/pair/new.img -o $WORK/run/pair.cow --format v3 --compression lz4 --no-record"
   [xz]="sh -c 'xz -6 -T1 -c $WORK/pair/new.img > $WORK/run/new.img.xz'"
+  [ota-cow]="sh -c 'rm -rf $WORK/run/cowout && $SNAPBLK --quiet ota cow $WORK/cow-input.bin --source $WORK/old -o $WORK/run/cowout'"
 )
 declare -A OUTFILE=(
   [gen-bsdf2]=bsdf2.bin [gen-bsdiff40]=bsdiff40.bin [gen-full]=full.bin
-  [cow-create]=pair.cow [xz]=new.img.xz
+  [cow-create]=pair.cow [xz]=new.img.xz [ota-cow]=cowout/system.cow
 )
-names=(gen-bsdf2 gen-bsdiff40 gen-full cow-create xz)
+names=(gen-bsdf2 gen-bsdiff40 gen-full cow-create xz ota-cow)
 declare -A WALL CPU RSS SIZE_OUT
 for ((r = 0; r < ROUNDS; r++)); do
   for ((i = 0; i < ${#names[@]}; i++)); do
@@ -107,6 +113,8 @@ for n in "${names[@]}"; do
 done
 w_gen=$(echo "${WALL[gen-bsdf2]}" | median); w_cow=$(echo "${WALL[cow-create]}" | median)
 echo "generate (BSDF2) / cow create wall: $(echo "scale=2; $w_gen / $w_cow" | bc)"
+w_ota=$(echo "${WALL[ota-cow]}" | median)
+echo "ota cow / cow create wall: $(echo "scale=2; $w_ota / $w_cow" | bc); ota cow: $(echo "scale=0; $SIZE / $w_ota" | bc) MiB of image per second"
 echo "incremental payload / xz of the new image: $(echo "scale=3; ${SIZE_OUT[gen-bsdf2]} / ${SIZE_OUT[xz]}" | bc)"
 echo "full payload / xz of the new image: $(echo "scale=3; ${SIZE_OUT[gen-full]} / ${SIZE_OUT[xz]}" | bc)"
 echo "results: $json"

@@ -63,11 +63,11 @@ shutil.copy(f"{d}/AB.cow.snapblk", f"{d}/bad.cow.snapblk")
 open(f"{d}/bad_block", "w").write(str(op["new_block"]))
 PY
 # An OTA for `ota serve --ublk` (one block device per partition): an incremental payload by
-# `snapblk ota generate` from 8 MiB ext4 images of the two trees (system) and a random image with a changed
+# `snapblk ota generate` from 16 MiB ext4 images of the two trees (system) and a random image with a changed
 # quarter (vendor); the guest serves it and compares each device with the new image.
 mkdir -p "$P/ota/old" "$P/ota/new"
-mke2fs -q -F -t ext4 -b 4096 -d "$P/ext4/a" "$P/ota/old/system.img" 8M || die "mke2fs OTA old"
-mke2fs -q -F -t ext4 -b 4096 -d "$P/ext4/tree" "$P/ota/new/system.img" 8M || die "mke2fs OTA new"
+mke2fs -q -F -t ext4 -b 4096 -d "$P/ext4/a" "$P/ota/old/system.img" 16M || die "mke2fs OTA old"
+mke2fs -q -F -t ext4 -b 4096 -d "$P/ext4/tree" "$P/ota/new/system.img" 16M || die "mke2fs OTA new"
 head -c 4194304 /dev/urandom > "$P/ota/old/vendor.img"
 cp "$P/ota/old/vendor.img" "$P/ota/new/vendor.img"
 head -c 1048576 /dev/urandom | dd of="$P/ota/new/vendor.img" bs=1M seek=2 conv=notrunc status=none

@@ -400,11 +400,22 @@ fn serve_ublk(
                     |r| {
                         let _ = ready_tx.send((i, Ok(r.clone())));
                     },
-                    |d| {
-                        if !stop.load(Ordering::Relaxed) {
+                    // One stop request per server: a second one would force the stop
+                    // without waiting for the kernel to drain.
+                    {
+                        let mut told = false;
+                        move |d| {
+                            if !told && stop.load(Ordering::Relaxed) {
+                                told = true;
+                                return true;
+                            }
                             std::thread::sleep(d.min(Duration::from_millis(100)));
+                            if !told && stop.load(Ordering::Relaxed) {
+                                told = true;
+                                return true;
+                            }
+                            false
                         }
-                        stop.load(Ordering::Relaxed)
                     },
                 );
                 // A server that ends without a stop request failed (or never came up).

@@ -155,16 +155,25 @@ pub(super) fn run(a: &ServeArgs) -> Result<()> {
             let len = std::fs::metadata(&old).map_or(0, |m| m.len());
             if len < c.new_size {
                 let grown = work.join(format!("{}.base.img", c.partition));
-                if len > 0 {
-                    std::fs::copy(&old, &grown)
-                        .with_context(|| format!("copy {}", old.display()))?;
+                // A new file, never one found at that name: a link there (symbolic or hard)
+                // to the old image would have it truncated.
+                match std::fs::remove_file(&grown) {
+                    Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                        return Err(e).with_context(|| format!("remove {}", grown.display()));
+                    }
+                    _ => {}
                 }
-                let f = std::fs::OpenOptions::new()
-                    .create(true)
-                    .truncate(false)
+                let mut f = std::fs::OpenOptions::new()
+                    .create_new(true)
                     .write(true)
                     .open(&grown)
                     .with_context(|| format!("create {}", grown.display()))?;
+                if len > 0 {
+                    let mut from = std::fs::File::open(&old)
+                        .with_context(|| format!("open {}", old.display()))?;
+                    std::io::copy(&mut from, &mut f)
+                        .with_context(|| format!("copy {}", old.display()))?;
+                }
                 f.set_len(c.new_size)?;
                 bases.push((c.partition.clone(), grown));
             }

@@ -401,12 +401,11 @@ fn update_engines_sample_payloads_give_cows_of_their_hashes() {
     }
 }
 
-/// A partition that grows (8 → 16 blocks) is served over a grown copy of its old image; the
-/// old image is left as it was.
-#[test]
-fn ota_serve_serves_a_growing_partition() {
+/// A payload whose one partition, `system`, grows from 8 to 16 blocks: (dir, ota, old, new),
+/// the old image at DIR/old/system.img.
+fn growing_case(tag: &str) -> (TempDir, PathBuf, Vec<u8>, Vec<u8>) {
     use snapblk_ota::testing::{DeltaOp, Encoding, PayloadBuilder};
-    let d = TempDir::new("ota-serve-grow");
+    let d = TempDir::new(tag);
     let old = snapblk_testsupport::pattern(8 * 4096, 31);
     let mut new = old.clone();
     new.extend(snapblk_testsupport::pattern(8 * 4096, 32));
@@ -432,18 +431,55 @@ fn ota_serve_serves_a_growing_partition() {
     std::fs::write(&ota, built.to_bytes()).unwrap();
     std::fs::create_dir(d.join("old")).unwrap();
     std::fs::write(d.join("old/system.img"), &old).unwrap();
+    (d, ota, old, new)
+}
+
+/// `ota serve` of a growing partition over NBD, with `extra` arguments: what nbdcopy read.
+fn serve_growing(d: &TempDir, ota: &Path, extra: &[&str]) -> Vec<u8> {
     let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_snapblk"));
-    c.args(["ota", "serve", path_str(&ota), "--source"])
+    c.args(["ota", "serve", path_str(ota), "--source"])
         .arg(d.join("old"))
+        .args(extra)
         .args(["--nbd", "0", "--json"]);
     let srv = snapblk_testsupport::ReadyProcess::spawn(&mut c).unwrap();
-    assert_eq!(srv.ready["partitions"][0]["size"], new.len() as u64);
     let got = d.join("got.img");
     nbd::copy(&srv.ready_str("uri"), path_str(&got));
     let (status, _, err) = srv.stop();
     assert!(status.success(), "{err}");
-    assert!(std::fs::read(&got).unwrap() == new, "served");
+    std::fs::read(&got).unwrap()
+}
+
+/// A partition that grows (8 → 16 blocks) is served over a grown copy of its old image; the
+/// old image is left as it was.
+#[test]
+fn ota_serve_serves_a_growing_partition() {
+    let (d, ota, old, new) = growing_case("ota-serve-grow");
+    assert!(serve_growing(&d, &ota, &[]) == new, "served");
     assert!(std::fs::read(d.join("old/system.img")).unwrap() == old);
+}
+
+/// The grown copy's name in --work is a symbolic or hard link to the old image (left there by
+/// hand or by an adversary): the copy is written to a new file, never through the link, so the
+/// old image is left as it was.
+#[test]
+fn a_grown_copy_never_writes_through_a_link_to_the_old_image() {
+    for link in ["symlink", "hardlink"] {
+        let (d, ota, old, new) = growing_case("ota-serve-grow-link");
+        let work = d.join("work");
+        std::fs::create_dir(&work).unwrap();
+        let grown = work.join("system.base.img");
+        if link == "symlink" {
+            std::os::unix::fs::symlink(d.join("old/system.img"), &grown).unwrap();
+        } else {
+            std::fs::hard_link(d.join("old/system.img"), &grown).unwrap();
+        }
+        let got = serve_growing(&d, &ota, &["--work", path_str(&work)]);
+        assert!(
+            std::fs::read(d.join("old/system.img")).unwrap() == old,
+            "{link}: the old image changed"
+        );
+        assert!(got == new, "{link}: served");
+    }
 }
 
 /// Lazily unmounts the given mount points on drop (a failing test must not leave a dead FUSE

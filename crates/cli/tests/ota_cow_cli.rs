@@ -322,6 +322,30 @@ fn ota_serve_merge_serves_the_new_image_and_leaves_it_in_the_old_one() {
     assert!(merged[..s.new.len()] == s.new[..], "merged");
 }
 
+/// A work directory whose merge has begun belongs to the OTA that made it: resuming it with
+/// another OTA (here one whose partition has the same name) is refused, not served as if it
+/// were that OTA's update.
+#[test]
+fn a_begun_merge_is_resumed_only_with_its_own_ota() {
+    let s = setup("ota-serve-merge-other", &fields(3, "lz4"), Some);
+    let work = s.d.join("work");
+    let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_snapblk"));
+    c.args(["ota", "serve", path_str(&s.ota), "--source"])
+        .arg(&s.old_dir)
+        .args(["--work", path_str(&work), "--merge", "--nbd", "0", "--json"]);
+    let srv = snapblk_testsupport::ReadyProcess::spawn(&mut c).unwrap();
+    let (status, _, err) = srv.stop();
+    assert!(status.success(), "{err}");
+    let cow = work.join("system.cow");
+    let base = s.old_dir.join("system.img");
+    ok(&["merge", path_str(&cow), "--base", path_str(&base)]);
+    let (_other_dir, other, _, _) = growing_case("ota-serve-merge-other-ota");
+    let mut args = vec!["ota", "serve", path_str(&other), "--source"];
+    args.extend([path_str(&s.old_dir), "--work", path_str(&work)]);
+    args.extend(["--merge", "--nbd", "0"]);
+    refused(&args, "written for another OTA");
+}
+
 #[test]
 fn a_second_run_replaces_the_cow_and_its_record_together() {
     let s = setup("ota-cow-rerun", &fields(3, "lz4"), Some);

@@ -471,6 +471,33 @@ fn a_client_that_never_reads_does_not_hold_the_server() {
     drop(c);
 }
 
+/// `snapblk ctl` pointed at a socket that answers with an endless line (not a snapblk control
+/// socket) stops reading at a bound and says so, rather than buffering all of it.
+#[test]
+fn ctl_bounds_the_reply_it_reads() {
+    let d = TempDir::new("ops-ctl-endless");
+    let sock = d.join("junk.sock");
+    let l = std::os::unix::net::UnixListener::bind(&sock).unwrap();
+    let junk = std::thread::spawn(move || {
+        let (mut c, _) = l.accept().unwrap();
+        let chunk = vec![b'x'; 1 << 20];
+        // 64 MiB at most, so that a client without a bound ends too (with another error).
+        for _ in 0..64 {
+            if c.write_all(&chunk).is_err() {
+                break;
+            }
+        }
+    });
+    let o = Command::new(bin())
+        .args(["ctl", path_str(&sock), "status"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(err.contains("reply longer than"), "{err}");
+    junk.join().unwrap();
+}
+
 #[test]
 fn bad_control_requests_get_one_error_line() {
     let d = TempDir::new("ops-ctl-bad");

@@ -190,6 +190,38 @@ fn a_cow_that_would_not_fit_is_refused_and_nothing_is_named() {
     assert!(entries(&out).is_empty(), "{:?}", entries(&out));
 }
 
+/// Of two partitions, the second's COW would not fit: neither COW is named (the first is not
+/// left beside the second's absent or older one).
+#[test]
+fn no_cow_is_named_unless_every_cow_fits() {
+    use snapblk_ota::Payload;
+    let s = setup("ota-cow-fit-two", &fields(3, "lz4"), Some);
+    // 3 MiB that lz4 cannot shrink: its COW is over the 2 MiB slack of any estimate.
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    let vendor: Vec<u8> = (0..3 << 20)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect();
+    let two = with_vendor(&s, &vendor);
+    let bytes = std::fs::read(&two).unwrap();
+    let p = Payload::from_bytes(bytes.clone()).unwrap();
+    let mut m = p.manifest().clone();
+    assert_eq!(m.partitions[1].partition_name, "vendor");
+    m.partitions[1].estimate_cow_size = Some(1);
+    let data = bytes[p.data_start() as usize..].to_vec();
+    let built = snapblk_ota::testing::Built { manifest: m, data };
+    std::fs::write(&two, built.to_bytes()).unwrap();
+    let out = s.out();
+    let mut args = s.args(&out);
+    args[2] = path_str(&two);
+    refused(&args, "would not fit");
+    assert!(entries(&out).is_empty(), "{:?}", entries(&out));
+}
+
 #[test]
 fn partitions_without_an_estimate_need_all_partitions() {
     let s = setup("ota-cow-noest", &fields(2, "lz4"), |_| None);

@@ -568,6 +568,27 @@ fn cmdline_job_file(args: &[String]) -> anyhow::Result<String> {
 }
 
 /// A fio job file: not a snapblk TOML job file (no `[[job]]` table).
+/// The longest job file read (fio's are a few KiB; `/dev/zero` would be read for ever).
+const MAX_JOB_FILE: u64 = 16 << 20;
+
+/// The text of `--job-file`, at most [`MAX_JOB_FILE`] bytes.
+fn read_job_file(p: &std::path::Path) -> anyhow::Result<String> {
+    use std::io::Read;
+    let f = std::fs::File::open(p).with_context(|| format!("read {}", p.display()))?;
+    let mut text = String::new();
+    f.take(MAX_JOB_FILE + 1)
+        .read_to_string(&mut text)
+        .with_context(|| format!("read {}", p.display()))?;
+    if text.len() as u64 > MAX_JOB_FILE {
+        anyhow::bail!(
+            "{}: longer than {} MiB; not a job file",
+            p.display(),
+            MAX_JOB_FILE >> 20
+        );
+    }
+    Ok(text)
+}
+
 fn is_fio_job_file(text: &str) -> bool {
     !text.lines().any(|l| l.trim_start().starts_with("[["))
 }
@@ -609,8 +630,7 @@ fn plan(w: &WorkloadArgs) -> anyhow::Result<Plan> {
     };
     let jobs = match &job_file {
         Some(p) => {
-            let text =
-                std::fs::read_to_string(p).with_context(|| format!("read {}", p.display()))?;
+            let text = read_job_file(p)?;
             if is_fio_job_file(&text) {
                 let text = expand_env(&text).with_context(|| format!("{}", p.display()))?;
                 let f = snapblk_loadgen::parse_fio_job_file(&text, &base)

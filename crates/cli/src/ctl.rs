@@ -3,9 +3,12 @@
 use crate::serve_ops::CONTROL_VERSION;
 use anyhow::{Context, bail};
 use clap::{Args, ValueEnum};
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
+
+/// The longest reply line read (a server's replies are a few hundred bytes).
+const MAX_REPLY: u64 = 1 << 20;
 
 /// A control request.
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -51,9 +54,15 @@ pub fn run(a: CtlArgs) -> anyhow::Result<()> {
     writeln!(s, "{req}").context("sending the request")?;
     s.shutdown(std::net::Shutdown::Write)?;
     let mut line = String::new();
-    BufReader::new(&s)
+    BufReader::new((&s).take(MAX_REPLY + 1))
         .read_line(&mut line)
         .context("reading the reply")?;
+    if line.len() as u64 > MAX_REPLY {
+        bail!(
+            "reply longer than {MAX_REPLY} bytes: is {} a snapblk control socket?",
+            a.path.display()
+        );
+    }
     let mut reply: serde_json::Value =
         serde_json::from_str(line.trim_end()).context("the server's reply is not JSON")?;
     if a.json

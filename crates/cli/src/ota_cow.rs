@@ -347,22 +347,62 @@ pub(super) fn make(a: &Job<'_>) -> Result<Made> {
     );
     bar.finish();
     r?;
+    // Every COW is written and checked before any is named: a partition that fails leaves
+    // none of them beside the older COWs of the others.
+    let mut ready = Vec::new();
+    let mut raws = Vec::new();
+    for ((i, p), f) in parts.iter().enumerate().zip(news) {
+        let ctx = || format!("partition {}", p.partition_name);
+        if raw(p) {
+            raws.push((p.partition_name.clone(), f));
+            continue;
+        }
+        let res = one(a, p, &params[i], olds[i].as_ref(), f.file()).with_context(ctx)?;
+        ready.push(res);
+    }
     let mut made = Made {
         cows: Vec::new(),
         raw: Vec::new(),
     };
-    for ((i, p), f) in parts.iter().enumerate().zip(news) {
-        let ctx = || format!("partition {}", p.partition_name);
-        if raw(p) {
-            let path = a.out.join(format!("{}.img", p.partition_name));
-            f.commit().with_context(ctx)?;
-            made.raw.push((p.partition_name.clone(), path));
-            continue;
-        }
-        let res = one(a, p, &params[i], olds[i].as_ref(), f.file()).with_context(ctx)?;
-        made.cows.push(res);
+    for (name, f) in raws {
+        let path = a.out.join(format!("{name}.img"));
+        f.commit().with_context(|| format!("partition {name}"))?;
+        made.raw.push((name, path));
+    }
+    for r in ready {
+        made.cows.push(r.name()?);
     }
     Ok(made)
+}
+
+/// A partition's COW written and checked, not yet named, with its record.
+struct ReadyCow {
+    cow: AtomicFile,
+    record: Vec<u8>,
+    result: CowResult,
+}
+
+impl ReadyCow {
+    /// Name the COW, then its record.
+    fn name(self) -> Result<CowResult> {
+        let r = self.result;
+        // A new COW never sits beside an old record (docs/safety.md).
+        match std::fs::remove_file(&r.record) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                return Err(e).with_context(|| format!("remove the old {}", r.record.display()));
+            }
+            _ => {}
+        }
+        self.cow
+            .commit()
+            .with_context(|| format!("naming {}", r.cow.display()))?;
+        let rf = AtomicFile::create(&r.record)?;
+        rf.file()
+            .write_all(&self.record)
+            .with_context(|| format!("write {}", r.record.display()))?;
+        rf.commit()?;
+        Ok(r)
+    }
 }
 
 fn report(a: &CowArgs, results: &[CowResult]) -> Result<()> {
@@ -408,14 +448,14 @@ fn report(a: &CowArgs, results: &[CowResult]) -> Result<()> {
     Ok(())
 }
 
-/// Write, check and name one partition's COW and record.
+/// Write and check one partition's COW and build its record (named by [`ReadyCow::name`]).
 fn one(
     a: &Job<'_>,
     p: &PartitionUpdate,
     params: &VabcParams,
     old: Option<&std::fs::File>,
     new: &std::fs::File,
-) -> Result<CowResult> {
+) -> Result<ReadyCow> {
     let name = &p.partition_name;
     let cow_path = a.out.join(format!("{name}.cow"));
     let rec_path = record::sidecar_path(&cow_path);
@@ -509,21 +549,7 @@ fn one(
             )?);
         }
     }
-    // A new COW never sits beside an old record (docs/safety.md).
-    match std::fs::remove_file(&rec_path) {
-        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-            return Err(e).with_context(|| format!("remove the old {}", rec_path.display()));
-        }
-        _ => {}
-    }
-    cow.commit()
-        .with_context(|| format!("naming {}", cow_path.display()))?;
-    let rf = AtomicFile::create(&rec_path)?;
-    rf.file()
-        .write_all(&rec.encode())
-        .with_context(|| format!("write {}", rec_path.display()))?;
-    rf.commit()?;
-    Ok(CowResult {
+    let result = CowResult {
         partition: name.clone(),
         cow: cow_path,
         record: rec_path,
@@ -534,6 +560,11 @@ fn one(
         ops: report,
         view_sha256,
         merge_sha256,
+    };
+    Ok(ReadyCow {
+        cow,
+        record: rec.encode(),
+        result,
     })
 }
 

@@ -55,7 +55,7 @@ pub struct GenerateArgs {
     #[arg(long)]
     minor_version: Option<u32>,
     /// No Virtual A/B metadata, merge operations or COW estimates.
-    #[arg(long)]
+    #[arg(long, conflicts_with_all = ["vabc_compression", "cow_version", "compression_factor", "no_xor"])]
     no_vabc: bool,
     /// Virtual A/B compression (vabc_compression_param): none, gz, brotli, lz4, zstd, with an
     /// optional `,LEVEL`.

@@ -139,6 +139,7 @@ pub(super) fn run(a: &ServeArgs) -> Result<()> {
                 .unwrap_or_default();
             cows.push((name, p));
         }
+        resumed_from(&a.ota, &cows)?;
         let raw = std::fs::read_dir(&work)?
             .flatten()
             .map(|e| e.path())
@@ -163,16 +164,25 @@ pub(super) fn run(a: &ServeArgs) -> Result<()> {
             let len = std::fs::metadata(&old).map_or(0, |m| m.len());
             if len < c.new_size {
                 let grown = work.join(format!("{}.base.img", c.partition));
-                if len > 0 {
-                    std::fs::copy(&old, &grown)
-                        .with_context(|| format!("copy {}", old.display()))?;
+                // A new file, never one found at that name: a link there (symbolic or hard)
+                // to the old image would have it truncated.
+                match std::fs::remove_file(&grown) {
+                    Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                        return Err(e).with_context(|| format!("remove {}", grown.display()));
+                    }
+                    _ => {}
                 }
-                let f = std::fs::OpenOptions::new()
-                    .create(true)
-                    .truncate(false)
+                let mut f = std::fs::OpenOptions::new()
+                    .create_new(true)
                     .write(true)
                     .open(&grown)
                     .with_context(|| format!("create {}", grown.display()))?;
+                if len > 0 {
+                    let mut from = std::fs::File::open(&old)
+                        .with_context(|| format!("open {}", old.display()))?;
+                    std::io::copy(&mut from, &mut f)
+                        .with_context(|| format!("copy {}", old.display()))?;
+                }
                 f.set_len(c.new_size)?;
                 bases.push((c.partition.clone(), grown));
             }
@@ -285,6 +295,41 @@ pub(super) fn run(a: &ServeArgs) -> Result<()> {
             "{}",
             serde_json::json!({"schema": OTA_SERVE_SCHEMA, "event": "stopped", "export": "nbd"})
         );
+    }
+    Ok(())
+}
+
+/// Refuse to resume the COWs of a work directory with an OTA that did not make them: each
+/// must be one of its partitions, with a record whose target SHA-256 is that partition's
+/// `new_partition_info` hash.
+fn resumed_from(ota: &Path, cows: &[Named]) -> Result<()> {
+    let (ota_file, _remote) = super::open(ota)?;
+    let manifest = ota_file.payload().manifest();
+    for (name, cow) in cows {
+        let another = || {
+            format!(
+                "{} was written for another OTA than {}; finish its merge with the OTA that made it",
+                cow.display(),
+                ota.display()
+            )
+        };
+        let Some(p) = manifest
+            .partitions
+            .iter()
+            .find(|p| &p.partition_name == name)
+        else {
+            bail!("{} (it has no partition {name:?})", another());
+        };
+        let rec = snapblk_cow::record::Record::load(&snapblk_cow::record::sidecar_path(cow))
+            .with_context(|| format!("the record of {}", cow.display()))?
+            .with_context(|| format!("{} has no record; it cannot be resumed", cow.display()))?;
+        let want = p
+            .new_partition_info
+            .as_ref()
+            .and_then(|i| i.hash.as_deref());
+        if want.is_some_and(|h| h != rec.target_sha256) {
+            bail!("{} (its new image is not partition {name}'s)", another());
+        }
     }
     Ok(())
 }

@@ -585,6 +585,9 @@ fn control_conn(s: UnixStream, obs: &Observed, stop: &AtomicBool) -> std::io::Re
     s.set_nonblocking(false)?;
     // Woken now and then to notice a stop.
     s.set_read_timeout(Some(Duration::from_millis(200)))?;
+    // A client that stops reading its replies loses the connection rather than holding this
+    // thread (and the server's exit, which joins it) for ever.
+    s.set_write_timeout(Some(Duration::from_secs(5)))?;
     let mut w = s.try_clone()?;
     let mut r = BufReader::new(s);
     let mut line = Vec::new();

@@ -367,3 +367,21 @@ fn a_fio_command_line_with_several_jobs_runs_them_one_after_the_other() {
         "{err}"
     );
 }
+
+/// A job file that never ends (`/dev/zero`) is refused at a bound, with one line, instead of
+/// read until memory runs out (the run is capped at 2 GB of address space so that a regression
+/// fails with "out of memory" rather than filling the machine).
+#[test]
+fn an_endless_job_file_is_refused() {
+    let o = Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "ulimit -v 2000000; exec {} bench --job-file /dev/zero null:size=1M",
+            env!("CARGO_BIN_EXE_snapblk")
+        ))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(err.contains("not a job file"), "{err}");
+}

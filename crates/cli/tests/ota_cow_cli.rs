@@ -190,6 +190,38 @@ fn a_cow_that_would_not_fit_is_refused_and_nothing_is_named() {
     assert!(entries(&out).is_empty(), "{:?}", entries(&out));
 }
 
+/// Of two partitions, the second's COW would not fit: neither COW is named (the first is not
+/// left beside the second's absent or older one).
+#[test]
+fn no_cow_is_named_unless_every_cow_fits() {
+    use snapblk_ota::Payload;
+    let s = setup("ota-cow-fit-two", &fields(3, "lz4"), Some);
+    // 3 MiB that lz4 cannot shrink: its COW is over the 2 MiB slack of any estimate.
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    let vendor: Vec<u8> = (0..3 << 20)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect();
+    let two = with_vendor(&s, &vendor);
+    let bytes = std::fs::read(&two).unwrap();
+    let p = Payload::from_bytes(bytes.clone()).unwrap();
+    let mut m = p.manifest().clone();
+    assert_eq!(m.partitions[1].partition_name, "vendor");
+    m.partitions[1].estimate_cow_size = Some(1);
+    let data = bytes[p.data_start() as usize..].to_vec();
+    let built = snapblk_ota::testing::Built { manifest: m, data };
+    std::fs::write(&two, built.to_bytes()).unwrap();
+    let out = s.out();
+    let mut args = s.args(&out);
+    args[2] = path_str(&two);
+    refused(&args, "would not fit");
+    assert!(entries(&out).is_empty(), "{:?}", entries(&out));
+}
+
 #[test]
 fn partitions_without_an_estimate_need_all_partitions() {
     let s = setup("ota-cow-noest", &fields(2, "lz4"), |_| None);
@@ -322,6 +354,30 @@ fn ota_serve_merge_serves_the_new_image_and_leaves_it_in_the_old_one() {
     assert!(merged[..s.new.len()] == s.new[..], "merged");
 }
 
+/// A work directory whose merge has begun belongs to the OTA that made it: resuming it with
+/// another OTA (here one whose partition has the same name) is refused, not served as if it
+/// were that OTA's update.
+#[test]
+fn a_begun_merge_is_resumed_only_with_its_own_ota() {
+    let s = setup("ota-serve-merge-other", &fields(3, "lz4"), Some);
+    let work = s.d.join("work");
+    let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_snapblk"));
+    c.args(["ota", "serve", path_str(&s.ota), "--source"])
+        .arg(&s.old_dir)
+        .args(["--work", path_str(&work), "--merge", "--nbd", "0", "--json"]);
+    let srv = snapblk_testsupport::ReadyProcess::spawn(&mut c).unwrap();
+    let (status, _, err) = srv.stop();
+    assert!(status.success(), "{err}");
+    let cow = work.join("system.cow");
+    let base = s.old_dir.join("system.img");
+    ok(&["merge", path_str(&cow), "--base", path_str(&base)]);
+    let (_other_dir, other, _, _) = growing_case("ota-serve-merge-other-ota");
+    let mut args = vec!["ota", "serve", path_str(&other), "--source"];
+    args.extend([path_str(&s.old_dir), "--work", path_str(&work)]);
+    args.extend(["--merge", "--nbd", "0"]);
+    refused(&args, "written for another OTA");
+}
+
 #[test]
 fn a_second_run_replaces_the_cow_and_its_record_together() {
     let s = setup("ota-cow-rerun", &fields(3, "lz4"), Some);
@@ -401,12 +457,11 @@ fn update_engines_sample_payloads_give_cows_of_their_hashes() {
     }
 }
 
-/// A partition that grows (8 → 16 blocks) is served over a grown copy of its old image; the
-/// old image is left as it was.
-#[test]
-fn ota_serve_serves_a_growing_partition() {
+/// A payload whose one partition, `system`, grows from 8 to 16 blocks: (dir, ota, old, new),
+/// the old image at DIR/old/system.img.
+fn growing_case(tag: &str) -> (TempDir, PathBuf, Vec<u8>, Vec<u8>) {
     use snapblk_ota::testing::{DeltaOp, Encoding, PayloadBuilder};
-    let d = TempDir::new("ota-serve-grow");
+    let d = TempDir::new(tag);
     let old = snapblk_testsupport::pattern(8 * 4096, 31);
     let mut new = old.clone();
     new.extend(snapblk_testsupport::pattern(8 * 4096, 32));
@@ -432,18 +487,55 @@ fn ota_serve_serves_a_growing_partition() {
     std::fs::write(&ota, built.to_bytes()).unwrap();
     std::fs::create_dir(d.join("old")).unwrap();
     std::fs::write(d.join("old/system.img"), &old).unwrap();
+    (d, ota, old, new)
+}
+
+/// `ota serve` of a growing partition over NBD, with `extra` arguments: what nbdcopy read.
+fn serve_growing(d: &TempDir, ota: &Path, extra: &[&str]) -> Vec<u8> {
     let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_snapblk"));
-    c.args(["ota", "serve", path_str(&ota), "--source"])
+    c.args(["ota", "serve", path_str(ota), "--source"])
         .arg(d.join("old"))
+        .args(extra)
         .args(["--nbd", "0", "--json"]);
     let srv = snapblk_testsupport::ReadyProcess::spawn(&mut c).unwrap();
-    assert_eq!(srv.ready["partitions"][0]["size"], new.len() as u64);
     let got = d.join("got.img");
     nbd::copy(&srv.ready_str("uri"), path_str(&got));
     let (status, _, err) = srv.stop();
     assert!(status.success(), "{err}");
-    assert!(std::fs::read(&got).unwrap() == new, "served");
+    std::fs::read(&got).unwrap()
+}
+
+/// A partition that grows (8 → 16 blocks) is served over a grown copy of its old image; the
+/// old image is left as it was.
+#[test]
+fn ota_serve_serves_a_growing_partition() {
+    let (d, ota, old, new) = growing_case("ota-serve-grow");
+    assert!(serve_growing(&d, &ota, &[]) == new, "served");
     assert!(std::fs::read(d.join("old/system.img")).unwrap() == old);
+}
+
+/// The grown copy's name in --work is a symbolic or hard link to the old image (left there by
+/// hand or by an adversary): the copy is written to a new file, never through the link, so the
+/// old image is left as it was.
+#[test]
+fn a_grown_copy_never_writes_through_a_link_to_the_old_image() {
+    for link in ["symlink", "hardlink"] {
+        let (d, ota, old, new) = growing_case("ota-serve-grow-link");
+        let work = d.join("work");
+        std::fs::create_dir(&work).unwrap();
+        let grown = work.join("system.base.img");
+        if link == "symlink" {
+            std::os::unix::fs::symlink(d.join("old/system.img"), &grown).unwrap();
+        } else {
+            std::fs::hard_link(d.join("old/system.img"), &grown).unwrap();
+        }
+        let got = serve_growing(&d, &ota, &["--work", path_str(&work)]);
+        assert!(
+            std::fs::read(d.join("old/system.img")).unwrap() == old,
+            "{link}: the old image changed"
+        );
+        assert!(got == new, "{link}: served");
+    }
 }
 
 /// Lazily unmounts the given mount points on drop (a failing test must not leave a dead FUSE

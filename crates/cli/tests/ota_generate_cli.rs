@@ -430,3 +430,31 @@ fn generated_payload_to_cow_served_and_merged_is_the_new_image() {
         );
     }
 }
+
+/// `--no-vabc` with a Virtual A/B setting is a contradiction: refused (clap's usage error,
+/// exit status 2) before anything is written, rather than the setting silently dropped.
+#[test]
+fn vabc_settings_without_vabc_are_refused() {
+    let d = TempDir::new("ota-gen-cli-novabc");
+    dirs(&d);
+    let img = d.join("new").join("system.img");
+    let pay = d.join("p.bin");
+    for extra in [
+        &["--no-xor"][..],
+        &["--vabc-compression", "gz"],
+        &["--cow-version", "2"],
+        &["--compression-factor", "4096"],
+    ] {
+        let mut args = vec!["ota", "generate", "--target", path_str(&img)];
+        args.extend(["-o", path_str(&pay), "--no-vabc"]);
+        args.extend(extra);
+        let o = std::process::Command::new(env!("CARGO_BIN_EXE_snapblk"))
+            .args(&args)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{extra:?}: {err}");
+        assert!(err.contains("cannot be used with"), "{extra:?}: {err}");
+        assert!(!pay.exists(), "{extra:?}");
+    }
+}

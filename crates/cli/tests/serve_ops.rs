@@ -442,6 +442,62 @@ fn a_merge_killed_while_paused_resumes_after_a_restart() {
     tool_ok("cmp", &[path_str(&base), path_str(&target)]);
 }
 
+/// A control client that sends requests and never reads the replies (nor closes) does not
+/// keep the server from stopping: its replies stop being written, and SIGTERM ends the server.
+#[test]
+fn a_client_that_never_reads_does_not_hold_the_server() {
+    let d = TempDir::new("ops-ctl-noread");
+    let (img, _) = write_image(d.path(), "a.img", 1 << 20, 5);
+    let sock = d.join("c.sock");
+    let s = Serve::start(&[path_str(&img), "--nbd", "0", "--control", path_str(&sock)]);
+    let mut c = UnixStream::connect(&sock).unwrap();
+    c.set_nonblocking(true).unwrap();
+    let reqs = b"{\"v\":1,\"cmd\":\"status\"}\n".repeat(1000);
+    // Until the server no longer reads: its replies fill the socket and ours fill behind them.
+    let mut stalled = 0;
+    while stalled < 40 {
+        match c.write(&reqs) {
+            Ok(_) => stalled = 0,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                stalled += 1;
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            Err(e) => panic!("{e}"),
+        }
+    }
+    // `stop` fails the test when the server has not exited within 60 s.
+    let (st, _, err) = s.stop();
+    assert!(st.success(), "{err}");
+    drop(c);
+}
+
+/// `snapblk ctl` pointed at a socket that answers with an endless line (not a snapblk control
+/// socket) stops reading at a bound and says so, rather than buffering all of it.
+#[test]
+fn ctl_bounds_the_reply_it_reads() {
+    let d = TempDir::new("ops-ctl-endless");
+    let sock = d.join("junk.sock");
+    let l = std::os::unix::net::UnixListener::bind(&sock).unwrap();
+    let junk = std::thread::spawn(move || {
+        let (mut c, _) = l.accept().unwrap();
+        let chunk = vec![b'x'; 1 << 20];
+        // 64 MiB at most, so that a client without a bound ends too (with another error).
+        for _ in 0..64 {
+            if c.write_all(&chunk).is_err() {
+                break;
+            }
+        }
+    });
+    let o = Command::new(bin())
+        .args(["ctl", path_str(&sock), "status"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(err.contains("reply longer than"), "{err}");
+    junk.join().unwrap();
+}
+
 #[test]
 fn bad_control_requests_get_one_error_line() {
     let d = TempDir::new("ops-ctl-bad");

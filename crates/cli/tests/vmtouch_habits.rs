@@ -352,3 +352,31 @@ fn the_lock_daemon_returns_once_locked_and_stops_cleanly_on_sigterm() {
         "{err}"
     );
 }
+
+/// `--pid-file` naming a file that holds data (here the very file being locked, by its name
+/// and through a symbolic link) is refused before anything is locked or written; the file is
+/// left as it was. (vmtouch would overwrite it, and remove it at exit.)
+#[test]
+fn a_pid_file_never_overwrites_a_data_file() {
+    let d = Scratch::new("pidfile-alias");
+    let a = d.file("a", 64 << 10);
+    let before = std::fs::read(&a).unwrap();
+    let link = d.0.join("link.pid");
+    std::os::unix::fs::symlink(&a, &link).unwrap();
+    for pid_file in [&a, &link] {
+        let o = Command::new(BIN)
+            .args(["readahead", "lock", "--daemon", "--pid-file"])
+            .arg(pid_file)
+            .arg(&a)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(1), "{}: {err}", pid_file.display());
+        assert!(err.contains("not a pid file"), "{err}");
+        assert!(
+            std::fs::read(&a).unwrap() == before,
+            "{}",
+            pid_file.display()
+        );
+    }
+}

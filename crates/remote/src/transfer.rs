@@ -41,8 +41,18 @@ fn local(path: &Path) -> impl FnOnce(std::io::Error) -> RemoteError + '_ {
 pub fn put_file(cfg: &RemoteConfig, url: &str, path: &Path) -> Result<TransferReport> {
     cfg.validate()?;
     let target = Target::parse(url, cfg)?;
-    let mut f = std::fs::File::open(path).map_err(local(path))?;
-    let len = f.metadata().map_err(local(path))?.len();
+    let f = std::fs::File::open(path).map_err(local(path))?;
+    let meta = f.metadata().map_err(local(path))?;
+    // Only a regular file has the length the PUT announces (`/dev/zero` would be hashed for
+    // ever), and only its first `len` bytes are hashed and sent.
+    if !meta.is_file() {
+        return Err(local(path)(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            "not a regular file; remote put uploads files",
+        )));
+    }
+    let len = meta.len();
+    let mut f = f.take(len);
     if len > MAX_SINGLE_PUT {
         return Err(RemoteError::BadConfig {
             what: path.display().to_string(),
@@ -53,12 +63,20 @@ pub fn put_file(cfg: &RemoteConfig, url: &str, path: &Path) -> Result<TransferRe
     }
     let mut h = Sha256::new();
     let mut buf = vec![0u8; 1 << 20];
+    let mut hashed = 0u64;
     loop {
         let n = f.read(&mut buf).map_err(local(path))?;
         if n == 0 {
             break;
         }
         h.update(&buf[..n]);
+        hashed += n as u64;
+    }
+    if hashed != len {
+        return Err(local(path)(std::io::Error::new(
+            std::io::ErrorKind::UnexpectedEof,
+            format!("{hashed} bytes read of {len}: the file shrank while it was read"),
+        )));
     }
     let sha = hex(&h.finalize());
     let client = Client::new(cfg);
@@ -138,4 +156,28 @@ pub fn get_to(cfg: &RemoteConfig, url: &str, out: &mut dyn Write) -> Result<Tran
         checked: want.is_some(),
         etag,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `/dev/zero` never ends: it is refused, not hashed for ever.
+    #[test]
+    fn put_refuses_what_is_not_a_regular_file() {
+        let cfg = RemoteConfig {
+            endpoint: Some("http://127.0.0.1:1".into()),
+            ..RemoteConfig::default()
+        };
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = tx.send(put_file(&cfg, "s3://b/k", Path::new("/dev/zero")).map(|_| ()));
+        });
+        let r = rx
+            .recv_timeout(std::time::Duration::from_secs(60))
+            .expect("put_file of /dev/zero did not return within 60 s");
+        let e = r.expect_err("/dev/zero was uploaded");
+        let chain = format!("{e}: {}", std::error::Error::source(&e).unwrap());
+        assert!(chain.contains("not a regular file"), "{chain}");
+    }
 }

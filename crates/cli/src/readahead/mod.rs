@@ -83,6 +83,9 @@ const LOCKED: &str = "locked";
 fn run_lock(a: &LockArgs) -> anyhow::Result<()> {
     // Before the walk starts its threads: the signals are then only taken by the wait below.
     let sigs = snapblk_nbd::TermSignals::block().context("blocking SIGINT/SIGTERM")?;
+    if let Some(p) = &a.pid_file {
+        refuse_non_pid_file(p)?;
+    }
     let locked = ra::lock(&a.walk.paths, &a.walk.walk_opts(None), a.mlockall)?;
     print_walk_errors(&locked.errors)?;
     match locked.errors.len() {
@@ -90,8 +93,14 @@ fn run_lock(a: &LockArgs) -> anyhow::Result<()> {
         1 => bail!("1 path could not be locked"),
         n => bail!("{n} paths could not be locked"),
     }
+    let pid_line = format!("{}\n", std::process::id());
     if let Some(p) = &a.pid_file {
-        std::fs::write(p, format!("{}\n", std::process::id()))
+        let f = crate::outfile::AtomicFile::create(p)
+            .with_context(|| format!("--pid-file {}", p.display()))?;
+        f.file()
+            .write_all(pid_line.as_bytes())
+            .with_context(|| format!("--pid-file {}", p.display()))?;
+        f.commit()
             .with_context(|| format!("--pid-file {}", p.display()))?;
     }
     outln!(
@@ -102,8 +111,30 @@ fn run_lock(a: &LockArgs) -> anyhow::Result<()> {
     )?;
     while sigs.wait(Duration::from_secs(3600)).is_none() {}
     drop(locked);
-    if let Some(p) = &a.pid_file {
+    // Only our own pid file: another holder may have replaced it since.
+    if let Some(p) = &a.pid_file
+        && std::fs::read(p).is_ok_and(|b| b == pid_line.as_bytes())
+    {
         let _ = std::fs::remove_file(p);
+    }
+    Ok(())
+}
+
+/// Refuse a `--pid-file` that exists and holds anything but a pid (or nothing): it would be
+/// overwritten, then removed at exit.
+fn refuse_non_pid_file(p: &Path) -> anyhow::Result<()> {
+    let m = match std::fs::metadata(p) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        r => r.with_context(|| format!("--pid-file {}", p.display()))?,
+    };
+    let is_pid = m.is_file()
+        && m.len() <= 32
+        && std::fs::read(p).is_ok_and(|b| b.trim_ascii().iter().all(u8::is_ascii_digit));
+    if !is_pid {
+        bail!(
+            "--pid-file {} exists and is not a pid file; refusing to overwrite it",
+            p.display()
+        );
     }
     Ok(())
 }

@@ -13,8 +13,8 @@
 //! default 30), each 0 for Ceph's own default. `lock`: `auto` (default: a shared advisory lock
 //! when read-only, an exclusive one when writable), `shared`, `exclusive` or `none`; RBD
 //! advisory locks keep a merge and a server of the same image apart, as `flock` does for files
-//! (a process that dies keeps its lock: `rbd lock rm` frees it). An image opened at a
-//! snapshot is never locked (it cannot change).
+//! (the lock lasts 30 s and is renewed every 10 s, so a process that dies frees it by itself).
+//! An image opened at a snapshot is never locked (it cannot change).
 //!
 //! Every queue shares the one image handle (a second handle would fight over RBD's exclusive
 //! lock feature); completions come back through librbd's callbacks onto each queue's done list

@@ -570,9 +570,9 @@ fn print_partitions(report: &ExtractReport) -> Result<()> {
             }
         };
         say!(
-            "{}.img: {} bytes, {} ops{verity}, sha256 {} verified",
+            "{}.img: {}, {} ops{verity}, sha256 {} verified",
             p.name,
-            p.size,
+            crate::human::bytes_exact(p.size),
             p.ops,
             p.sha256
         );

@@ -115,6 +115,15 @@ fn text_reports_print_human_sizes() {
             path_str(&c.p("cows")),
             "--all-partitions",
         ]),
+        ok(&[
+            "ota",
+            "apply",
+            path_str(&pay),
+            "--source",
+            path_str(&src),
+            "-o",
+            path_str(&c.p("applied")),
+        ]),
     ];
     for (i, out) in outputs.iter().enumerate() {
         // cow verify's report counts blocks and payloads only.

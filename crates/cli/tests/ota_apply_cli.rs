@@ -476,7 +476,7 @@ fn apply_recomputes_the_hash_tree_and_fec_the_payload_leaves_out() {
     );
     assert!(
         text.contains(&format!(
-            "system.img: 1261568 bytes, 12 ops, hash tree (sha256 root {root}) and FEC (2 roots) recomputed, sha256 {} verified",
+            "system.img: 1.20 MiB (1261568 bytes), 12 ops, hash tree (sha256 root {root}) and FEC (2 roots) recomputed, sha256 {} verified",
             sha256_hex(&out.join("system.img"))
         )),
         "{text}"

@@ -9,7 +9,8 @@
 # libblkio.so.1 (the C ABI, also with a nested snapshot spec); a stopped monitor and a stopped
 # OSD giving errors within the timeouts; the right key, a wrong key and a missing keyring; the
 # snapshot device over an RBD base reading exactly as over the local base for every AOSP golden
-# case; a merge and a server of one RBD image keeping each other out.
+# case; a merge and a server of one RBD image keeping each other out; a merge over an RBD base
+# giving AOSP's target image (read back by rbd export).
 # Needs: ceph-mon ceph-osd ceph-common qemu-block-extra libnbd-bin fuse3 (install-deps.sh).
 # Ends with "N passed, N failed".
 set -uo pipefail
@@ -254,6 +255,40 @@ if serve "$(spec q)" --nbd "unix:$work/w.sock"; then
   "$snapblk" info "$(spec q)" >/dev/null 2>&1 && ok "the lock is released when the server stops" || bad "lock left after the server stopped"
 else
   bad "serve rbd:q"
+fi
+
+# 8b. A merge over an RBD base writes the new image into RBD: `rbd import` the old image, serve
+# the snapshot with --merge until it reports done, `rbd export` and cmp with AOSP's target.img.
+# A COW whose merge order cannot be followed in place is refused before anything is written.
+n=0; bad_cases=()
+for d in tests/data/aosp-cow/*/; do
+  [ -f "$d/snapshot.cow" ] || continue
+  c=$(basename "$d"); n=$((n + 1))
+  r import "$d/base.img" "rbd/m-$c" >/dev/null 2>&1 || { bad_cases+=("$c:import"); continue; }
+  cp "$d/snapshot.cow" "$work/mg.cow"
+  if "$snapblk" merge --check "$work/mg.cow" --base "$d/base.img" >/dev/null 2>&1; then want=target; else want=base; fi
+  spec_m="snapshot:cow=$work/mg.cow,base.driver=rbd,base.pool=rbd,base.image=m-$c,base.conf=,base.mon-host=$mon,base.keyring=$keyring"
+  st=""; rm -f "$work"/serve.*
+  if serve "$spec_m" --merge --nbd "unix:$work/mg.sock" >/dev/null 2>&1; then
+    for _ in $(seq 600); do
+      st=$(grep -m1 '"event":"merge"' "$work"/serve.* 2>/dev/null | grep -o '"state":"[a-z]*"' | head -1)
+      [ -n "$st" ] && break
+      sleep 0.1
+    done
+    stop
+  fi
+  rm -f "$work"/serve.*
+  r export "rbd/m-$c" "$work/mg.img" >/dev/null 2>&1
+  if [ $want = target ] && [ "$st" = '"state":"done"' ] && cmp -s "$work/mg.img" "$d/target.img"; then :
+  elif [ $want = base ] && [ "$st" != '"state":"done"' ] && cmp -s "$work/mg.img" "$d/base.img"; then :
+  else bad_cases+=("$c:$want:${st:-no-merge-line}"); fi
+  rm -f "$work/mg.img"
+  r rm "rbd/m-$c" >/dev/null 2>&1
+done
+if [ "$n" -eq 16 ] && [ ${#bad_cases[@]} -eq 0 ]; then
+  ok "serve --merge over an RBD base: rbd export equals AOSP's target.img ($n golden cases; unmergeable ones refused, base unchanged)"
+else
+  bad "merge over RBD: $n cases, wrong: ${bad_cases[*]}"
 fi
 
 # 9. Timeouts: an OSD that stops answering mid-I/O, then a monitor that does not answer.

@@ -94,6 +94,19 @@ else
   stop; bad "serve rbd: --nbd + nbdcopy into it"
 fi
 
+# 1b. The same with librbd's write-back cache (cache=true: connect flushes once, so writes are
+# cached from the first one): the data is in RBD once nbdcopy's flush and the server's stop return.
+r create --size 16M rbd/ac
+if serve "$(spec ac cache=true)" --nbd "unix:$work/ac.sock" && nbdcopy "$work/pattern.img" "$(nbd_uri "$work/ac.sock")"; then
+  stop
+  r export rbd/ac "$work/ac.out" >/dev/null 2>&1
+  cmp -s "$work/pattern.img" "$work/ac.out" && ok "written through cache=true (write-back), read back by rbd export" \
+    || bad "rbd export of what snapblk wrote with cache=true differs"
+  rm -f "$work/ac.out"
+else
+  stop; bad "serve rbd:...,cache=true --nbd + nbdcopy into it"
+fi
+
 # 2. qemu-io writes, snapblk reads (NBD to nbdcopy and qemu-img, and FUSE).
 r create --size 16M rbd/b
 qemu-io -f raw -c "write -P 0x5a 0 1M" -c "write -P 0xc3 5M 3M" "$(qrbd b)" >/dev/null

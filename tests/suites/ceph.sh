@@ -3,7 +3,8 @@
 # (scripts/ceph-cluster.sh, no radosgw), runs every Ceph test against it, and stops every daemon
 # by pid at the end, also on failure. Independent clients are the oracles: `rbd export/import`,
 # `qemu-img`/`qemu-io` with `rbd:` (qemu-block-extra), nbdcopy. Covers: data written through
-# snapblk (NBD export of an RBD image) read back by rbd export and qemu-img, and the other way;
+# snapblk (NBD export of an RBD image, also with cache=true) read back by rbd export and qemu-img,
+# and the other way;
 # the FUSE export; a read-only RBD snapshot refusing writes; the driver conformance suite; discard and write-zeroes reading
 # back as zeroes; 4 queues x QD32 random writes verified, through the Rust API and through
 # libblkio.so.1 (the C ABI, also with a nested snapshot spec); a stopped monitor and a stopped

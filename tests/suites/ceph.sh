@@ -188,14 +188,15 @@ fi
 
 # 5. 4 queues x QD32 random writes, verified: Rust API, then libblkio.so.1 (C ABI).
 r create --size 64M rbd/q
-if "$snapblk" bench "$(spec q)" --rw randwrite --bs 4k --iodepth 32 --numjobs 4 --verify --size 32M >"$work/q.txt" 2>&1; then
+if "$snapblk" bench "$(spec q)" --rw randwrite --bs 4k --iodepth 32 --numjobs 4 --verify --size 16M \
+     --offset_increment 16M >"$work/q.txt" 2>&1; then
   ok "4 queues x QD32 random 4 KiB writes verified ($(grep -m1 'randwrite' "$work/q.txt" | awk '{print $6}') IOPS)"
 else
   tail -5 "$work/q.txt"; bad "snapblk bench rbd: 4x32 randwrite --verify"
 fi
 props=(--prop pool=rbd --prop image=q --prop conf= --prop "mon-host=$mon" --prop "keyring=$keyring")
 if "$snapblk" bench --libblkio "$libblkio" --driver rbd "${props[@]}" --rw randwrite --bs 4k --iodepth 32 --numjobs 4 \
-     --verify --size 32M >"$work/qc.txt" 2>&1; then
+     --verify --size 16M --offset_increment 16M >"$work/qc.txt" 2>&1; then
   ok "the same through libblkio.so.1 (blkio_create(\"rbd\"), C ABI)"
 else
   tail -5 "$work/qc.txt"; bad "bench --libblkio --driver rbd"

@@ -2,11 +2,18 @@
 # The rbd driver against fio's own rbd engine, on the test cluster of scripts/ceph-cluster.sh
 # (one monitor, one memstore OSD, loopback). 4 KiB random reads and writes at QD1 and QD32, one
 # job, each side running the same time on the same image, interleaved (snapblk, C ABI, fio, ...)
-# for ROUNDS rounds; prints every run, the medians and the ratios to fio.
+# for ROUNDS rounds; prints every run, the medians and each side's ratio to the fio run with the
+# same librbd cache setting.
 #
-#   snapblk   `snapblk bench rbd:...` (the Rust API, the driver's queue directly)
-#   capi      `snapblk bench --libblkio libblkio.so.1 --driver rbd` (through the C ABI)
-#   fio       `fio --ioengine=rbd` (librbd driven by fio: completion callbacks or eventfd polling)
+#   snapblk   `snapblk bench rbd:...` (the Rust API, the driver's queue directly; cache=false,
+#             the driver's default: a write completes when the OSD has it)
+#   capi      `snapblk bench --libblkio libblkio.so.1 --driver rbd` (through the C ABI; cache=false)
+#   fio-nc    `fio --ioengine=rbd` with `rbd cache = false` in its ceph.conf: the same librbd
+#             settings as snapblk and capi, their reference
+#   snap-c    `snapblk bench rbd:...,cache=true` (librbd's cache on, as fio runs by default)
+#   fio       `fio --ioengine=rbd` as it runs by default: librbd's defaults, `rbd_cache=true` with
+#             the write-around policy, which completes a write before the OSD has it (up to
+#             `rbd_cache_max_dirty` in flight); snap-c's reference
 #
 # Usage: bench/rbd-bench.sh [-r ROUNDS] [-t SECONDS] [-o OUT.txt]
 # Needs: ceph-mon ceph-osd ceph-common (scripts/install-deps.sh), fio with the rbd engine, a
@@ -32,6 +39,7 @@ trap cleanup EXIT
 CEPH_RGW_PORT=0 CEPH_MON_PORT=${CEPH_MON_PORT:-13300} bash scripts/ceph-cluster.sh up "$WORK/cluster" >"$WORK/up.log" 2>&1 \
   || { cat "$WORK/up.log"; exit 1; }
 export CEPH_CONF=$WORK/cluster/ceph.conf
+sed 's/^\[global\]$/[global]\nrbd cache = false/' "$CEPH_CONF" >"$WORK/nocache.conf"
 timeout 60 rbd create --size 256M rbd/bench
 # Fill it, so reads hit stored objects rather than holes.
 timeout 300 rbd bench --io-type write --io-size 4M --io-total 256M rbd/bench >/dev/null
@@ -39,8 +47,9 @@ timeout 300 rbd bench --io-type write --io-size 4M --io-total 256M rbd/bench >/d
 run() { # run SIDE RW QD -> IOPS
   local side=$1 rw=$2 qd=$3
   case $side in
-    snapblk)
-      "$SNAPBLK" bench "rbd:pool=rbd,image=bench,conf=$CEPH_CONF,lock=none" --rw "$rw" --bs 4k \
+    snapblk|snap-c)
+      local cache=false; [ "$side" = snap-c ] && cache=true
+      "$SNAPBLK" bench "rbd:pool=rbd,image=bench,conf=$CEPH_CONF,lock=none,cache=$cache" --rw "$rw" --bs 4k \
         --iodepth "$qd" --runtime "$SECS" --json | python3 -c 'import json,sys
 d=json.load(sys.stdin); print(round(sum(r["summary"]["iops"]["mean"] for r in d["results"])))' ;;
     capi)
@@ -48,13 +57,15 @@ d=json.load(sys.stdin); print(round(sum(r["summary"]["iops"]["mean"] for r in d[
         --prop "conf=$CEPH_CONF" --prop lock=none --rw "$rw" --bs 4k --iodepth "$qd" --runtime "$SECS" \
         --json | python3 -c 'import json,sys
 d=json.load(sys.stdin); print(round(sum(r["summary"]["iops"]["mean"] for r in d["results"])))' ;;
-    fio)
-      fio --name=r --ioengine=rbd --pool=rbd --rbdname=bench --clientname=admin --rw="$rw" --bs=4k \
+    fio|fio-nc)
+      local conf=$CEPH_CONF; [ "$side" = fio-nc ] && conf=$WORK/nocache.conf
+      CEPH_CONF=$conf fio --name=r --ioengine=rbd --pool=rbd --rbdname=bench --clientname=admin --rw="$rw" --bs=4k \
         --iodepth="$qd" --time_based --runtime="$SECS" --output-format=json 2>/dev/null | python3 -c 'import json,sys
 j=json.load(sys.stdin)["jobs"][0]; print(round(j["read"]["iops"] + j["write"]["iops"]))' ;;
   esac
 }
 
+SIDES="snapblk capi fio-nc snap-c fio"
 {
   echo "rbd bench: 4 KiB, ${SECS}s per run, $ROUNDS rounds, $(date -u +%FT%TZ), load $(cut -d' ' -f1-3 /proc/loadavg)"
   echo "commit $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
@@ -63,14 +74,14 @@ j=json.load(sys.stdin)["jobs"][0]; print(round(j["read"]["iops"] + j["write"]["i
     for qd in 1 32; do
       declare -A res=()
       for _ in $(seq "$ROUNDS"); do
-        for side in snapblk capi fio; do res[$side]+="$(run $side $rw $qd) "; done
+        for side in $SIDES; do res[$side]+="$(run $side $rw $qd) "; done
       done
       med() { tr ' ' '\n' <<<"$1" | grep . | sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
-      fm=$(med "${res[fio]}")
-      for side in snapblk capi fio; do
-        m=$(med "${res[$side]}")
-        printf '%-10s %-4s %-8s %s  median %s  (%.2fx fio)\n' "$rw" "qd$qd" "$side" "${res[$side]}" "$m" \
-          "$(awk -v a="$m" -v b="$fm" 'BEGIN {print (b > 0 ? a / b : 0)}')"
+      for side in $SIDES; do
+        ref=fio-nc; case $side in snap-c|fio) ref=fio ;; esac
+        m=$(med "${res[$side]}") rm_=$(med "${res[$ref]}")
+        printf '%-10s %-4s %-8s %s  median %s  (%.2fx %s)\n' "$rw" "qd$qd" "$side" "${res[$side]}" "$m" \
+          "$(awk -v a="$m" -v b="$rm_" 'BEGIN {print (b > 0 ? a / b : 0)}')" "$ref"
       done
       unset res
     done

@@ -3,13 +3,15 @@
 # (scripts/ceph-cluster.sh, no radosgw), runs every Ceph test against it, and stops every daemon
 # by pid at the end, also on failure. Independent clients are the oracles: `rbd export/import`,
 # `qemu-img`/`qemu-io` with `rbd:` (qemu-block-extra), nbdcopy. Covers: data written through
-# snapblk (NBD export of an RBD image) read back by rbd export and qemu-img, and the other way;
+# snapblk (NBD export of an RBD image, also with cache=true) read back by rbd export and qemu-img,
+# and the other way;
 # the FUSE export; a read-only RBD snapshot refusing writes; the driver conformance suite; discard and write-zeroes reading
 # back as zeroes; 4 queues x QD32 random writes verified, through the Rust API and through
 # libblkio.so.1 (the C ABI, also with a nested snapshot spec); a stopped monitor and a stopped
 # OSD giving errors within the timeouts; the right key, a wrong key and a missing keyring; the
 # snapshot device over an RBD base reading exactly as over the local base for every AOSP golden
-# case; a merge and a server of one RBD image keeping each other out.
+# case; a merge and a server of one RBD image keeping each other out; a merge over an RBD base
+# giving AOSP's target image (read back by rbd export).
 # Needs: ceph-mon ceph-osd ceph-common qemu-block-extra libnbd-bin fuse3 (install-deps.sh).
 # Ends with "N passed, N failed".
 set -uo pipefail
@@ -93,6 +95,19 @@ else
   stop; bad "serve rbd: --nbd + nbdcopy into it"
 fi
 
+# 1b. The same with librbd's write-back cache (cache=true: connect flushes once, so writes are
+# cached from the first one): the data is in RBD once nbdcopy's flush and the server's stop return.
+r create --size 16M rbd/ac
+if serve "$(spec ac cache=true)" --nbd "unix:$work/ac.sock" && nbdcopy "$work/pattern.img" "$(nbd_uri "$work/ac.sock")"; then
+  stop
+  r export rbd/ac "$work/ac.out" >/dev/null 2>&1
+  cmp -s "$work/pattern.img" "$work/ac.out" && ok "written through cache=true (write-back), read back by rbd export" \
+    || bad "rbd export of what snapblk wrote with cache=true differs"
+  rm -f "$work/ac.out"
+else
+  stop; bad "serve rbd:...,cache=true --nbd + nbdcopy into it"
+fi
+
 # 2. qemu-io writes, snapblk reads (NBD to nbdcopy and qemu-img, and FUSE).
 r create --size 16M rbd/b
 qemu-io -f raw -c "write -P 0x5a 0 1M" -c "write -P 0xc3 5M 3M" "$(qrbd b)" >/dev/null
@@ -173,14 +188,15 @@ fi
 
 # 5. 4 queues x QD32 random writes, verified: Rust API, then libblkio.so.1 (C ABI).
 r create --size 64M rbd/q
-if "$snapblk" bench "$(spec q)" --rw randwrite --bs 4k --iodepth 32 --numjobs 4 --verify --size 32M >"$work/q.txt" 2>&1; then
+if "$snapblk" bench "$(spec q)" --rw randwrite --bs 4k --iodepth 32 --numjobs 4 --verify --size 16M \
+     --offset_increment 16M >"$work/q.txt" 2>&1; then
   ok "4 queues x QD32 random 4 KiB writes verified ($(grep -m1 'randwrite' "$work/q.txt" | awk '{print $6}') IOPS)"
 else
   tail -5 "$work/q.txt"; bad "snapblk bench rbd: 4x32 randwrite --verify"
 fi
 props=(--prop pool=rbd --prop image=q --prop conf= --prop "mon-host=$mon" --prop "keyring=$keyring")
 if "$snapblk" bench --libblkio "$libblkio" --driver rbd "${props[@]}" --rw randwrite --bs 4k --iodepth 32 --numjobs 4 \
-     --verify --size 32M >"$work/qc.txt" 2>&1; then
+     --verify --size 16M --offset_increment 16M >"$work/qc.txt" 2>&1; then
   ok "the same through libblkio.so.1 (blkio_create(\"rbd\"), C ABI)"
 else
   tail -5 "$work/qc.txt"; bad "bench --libblkio --driver rbd"
@@ -254,6 +270,40 @@ if serve "$(spec q)" --nbd "unix:$work/w.sock"; then
   "$snapblk" info "$(spec q)" >/dev/null 2>&1 && ok "the lock is released when the server stops" || bad "lock left after the server stopped"
 else
   bad "serve rbd:q"
+fi
+
+# 8b. A merge over an RBD base writes the new image into RBD: `rbd import` the old image, serve
+# the snapshot with --merge until it reports done, `rbd export` and cmp with AOSP's target.img.
+# A COW whose merge order cannot be followed in place is refused before anything is written.
+n=0; bad_cases=()
+for d in tests/data/aosp-cow/*/; do
+  [ -f "$d/snapshot.cow" ] || continue
+  c=$(basename "$d"); n=$((n + 1))
+  r import "$d/base.img" "rbd/m-$c" >/dev/null 2>&1 || { bad_cases+=("$c:import"); continue; }
+  cp "$d/snapshot.cow" "$work/mg.cow"
+  if "$snapblk" merge --check "$work/mg.cow" --base "$d/base.img" >/dev/null 2>&1; then want=target; else want=base; fi
+  spec_m="snapshot:cow=$work/mg.cow,base.driver=rbd,base.pool=rbd,base.image=m-$c,base.conf=,base.mon-host=$mon,base.keyring=$keyring"
+  st=""; rm -f "$work"/serve.*
+  if serve "$spec_m" --merge --nbd "unix:$work/mg.sock" >/dev/null 2>&1; then
+    for _ in $(seq 600); do
+      st=$(grep -m1 '"event":"merge"' "$work"/serve.* 2>/dev/null | grep -o '"state":"[a-z]*"' | head -1)
+      [ -n "$st" ] && break
+      sleep 0.1
+    done
+    stop
+  fi
+  rm -f "$work"/serve.*
+  r export "rbd/m-$c" "$work/mg.img" >/dev/null 2>&1
+  if [ $want = target ] && [ "$st" = '"state":"done"' ] && cmp -s "$work/mg.img" "$d/target.img"; then :
+  elif [ $want = base ] && [ "$st" != '"state":"done"' ] && cmp -s "$work/mg.img" "$d/base.img"; then :
+  else bad_cases+=("$c:$want:${st:-no-merge-line}"); fi
+  rm -f "$work/mg.img"
+  r rm "rbd/m-$c" >/dev/null 2>&1
+done
+if [ "$n" -eq 16 ] && [ ${#bad_cases[@]} -eq 0 ]; then
+  ok "serve --merge over an RBD base: rbd export equals AOSP's target.img ($n golden cases; unmergeable ones refused, base unchanged)"
+else
+  bad "merge over RBD: $n cases, wrong: ${bad_cases[*]}"
 fi
 
 # 9. Timeouts: an OSD that stops answering mid-I/O, then a monitor that does not answer.

@@ -46,6 +46,7 @@ pub(super) struct Lib {
     pub(super) rbd_open_read_only:
         unsafe extern "C" fn(Handle, *const c_char, *mut Handle, *const c_char) -> c_int,
     pub(super) rbd_close: unsafe extern "C" fn(Handle) -> c_int,
+    pub(super) rbd_flush: unsafe extern "C" fn(Handle) -> c_int,
     pub(super) rbd_get_size: unsafe extern "C" fn(Handle, *mut u64) -> c_int,
     pub(super) rbd_stat: unsafe extern "C" fn(Handle, *mut ImageInfo, usize) -> c_int,
     pub(super) rbd_get_id: unsafe extern "C" fn(Handle, *mut c_char, usize) -> c_int,
@@ -154,6 +155,7 @@ fn load() -> std::result::Result<Lib, String> {
         rbd_open: sym!(rbd, rbd_open),
         rbd_open_read_only: sym!(rbd, rbd_open_read_only),
         rbd_close: sym!(rbd, rbd_close),
+        rbd_flush: sym!(rbd, rbd_flush),
         rbd_get_size: sym!(rbd, rbd_get_size),
         rbd_stat: sym!(rbd, rbd_stat),
         rbd_get_id: sym!(rbd, rbd_get_id),
@@ -440,6 +442,18 @@ impl Image {
             lock: None,
             cluster,
         })
+    }
+
+    /// Flush the image (`rbd_flush`, blocking). On a fresh handle with librbd's cache on, this
+    /// is the flush that moves the cache out of `rbd_cache_writethrough_until_flush`'s
+    /// write-through start.
+    pub(super) fn flush(&self) -> Result<()> {
+        // SAFETY: an open image.
+        let r = unsafe { (self.lib.rbd_flush)(self.image) };
+        if r < 0 {
+            return Err(Error::new(-r, format!("rbd: flush: {}", os_msg(r))));
+        }
+        Ok(())
     }
 
     /// The image's size in bytes.

@@ -7,7 +7,8 @@
 //! read-only), `conf` (a ceph.conf path; unset = Ceph's default search, silently skipped when
 //! absent; empty = none), `mon-host`, `keyring`, `id` (the client name without `client.`,
 //! default `admin`), `cache` (librbd's `rbd_cache`, default false: a completed write is on the
-//! OSDs, as with `O_DIRECT`), and the timeouts that keep a dead cluster from hanging a caller
+//! OSDs, as with `O_DIRECT`; true: write-back until a flush, from the first write, since connect
+//! flushes once to end librbd's write-through start), and the timeouts that keep a dead cluster from hanging a caller
 //! for librados's default 300 s, in seconds: `client-mount-timeout` (connect, default 10),
 //! `rados-mon-op-timeout` (monitor requests, default 10) and `rados-osd-op-timeout` (every I/O,
 //! default 30), each 0 for Ceph's own default. `lock`: `auto` (default: a shared advisory lock
@@ -225,6 +226,13 @@ impl Driver for RbdDriver {
         let mut image = Image::open(cluster, &self.image_name, snap, read_only)?;
         let what = format!("{}/{}", self.pool, self.image_name);
         image.lock(lock, &what)?;
+        if self.cache && !read_only {
+            // librbd keeps its cache write-through until the client's first flush
+            // (`rbd_cache_writethrough_until_flush`, for guests that never flush). This device
+            // tells its users to flush (`flush_needed`), so it is that client: without this
+            // flush `cache=true` wrote exactly as `cache=false`. fio's rbd engine does the same.
+            image.flush()?;
+        }
         self.capacity = image.size()?;
         let obj = image.object_size()?;
         self.image = Some(Arc::new(image));

@@ -183,6 +183,25 @@ fn readahead_replay_warm_and_record_show_progress_on_a_terminal() {
         "0.3",
     ]);
     assert!(t.contains("recording"), "record --duration: {t:?}");
+    // With a command: the scans before and after it are drawn, not over the command's output.
+    let t = on_tty(&[
+        "readahead",
+        "record",
+        "-o",
+        path_str(&out),
+        "--scope",
+        path_str(&tree),
+        "--",
+        "sh",
+        "-c",
+        "echo the-command-ran",
+    ]);
+    assert!(
+        t.contains("scanning what is cached before")
+            && t.contains("scanning what was read during the window")
+            && t.contains("the-command-ran"),
+        "record -- CMD: {t:?}"
+    );
     // Piped: the summary only.
     let o = snapblk(&["readahead", "replay", path_str(&list)]);
     let err = String::from_utf8_lossy(&o.stderr);

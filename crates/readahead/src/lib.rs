@@ -48,7 +48,9 @@ pub use list::{
     write_text,
 };
 pub use lock::{LockError, Locked, lock};
-pub use record::{RecordError, Recording, TraceSummary, Trigger, WrittenFile, record};
+pub use record::{
+    RecordError, RecordPhase, Recording, TraceSummary, Trigger, WrittenFile, record, record_with,
+};
 pub use replay::{
     BackOff, BackOffWatch, Method, Progress, ReplayOptions, ReplayReport, StaleEntry,
     replay_watched, warm_tree_watched,

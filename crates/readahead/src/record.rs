@@ -300,14 +300,43 @@ pub fn record(
     trace: bool,
     trigger: Trigger<'_>,
 ) -> Result<Recording, RecordError> {
+    record_with(roots, opts, evict_first, trace, trigger, &mut |_| {})
+}
+
+/// Where [`record_with`] is: each phase is announced as it starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RecordPhase {
+    /// Evicting the scope's pages (`evict_first`).
+    Evicting,
+    /// Snapshotting the scope's residency before the window.
+    ScanningBefore,
+    /// The window: the command runs, or the time passes.
+    Window,
+    /// Snapshotting the scope's residency after the window (and diffing).
+    ScanningAfter,
+}
+
+/// [`record()`], calling `on_phase` as each [`RecordPhase`] starts (a CLI draws what it is
+/// doing; the scans of a large scope take seconds).
+pub fn record_with(
+    roots: &[PathBuf],
+    opts: &WalkOptions,
+    evict_first: bool,
+    trace: bool,
+    trigger: Trigger<'_>,
+    on_phase: &mut dyn FnMut(RecordPhase),
+) -> Result<Recording, RecordError> {
     let roots = &canonical_roots(roots)?;
     let mut evicted_remaining_pages = 0;
     if evict_first {
+        on_phase(RecordPhase::Evicting);
         evicted_remaining_pages = evict::evict(roots, opts).remaining_pages();
     }
+    on_phase(RecordPhase::ScanningBefore);
     let before = snapshot(roots, opts);
     // Only the window is traced: the snapshots add no file pages, but need not be seen.
     let tracer = trace.then(crate::trace::PageTrace::start).transpose()?;
+    on_phase(RecordPhase::Window);
     let t0 = Instant::now();
     let status = match trigger {
         Trigger::Command(c) => Some(c.status().map_err(|source| RecordError::Spawn {
@@ -321,6 +350,7 @@ pub fn record(
     };
     let elapsed = t0.elapsed();
     let traced = tracer.map(|t| t.stop()).transpose()?;
+    on_phase(RecordPhase::ScanningAfter);
     let after = snapshot(roots, opts);
     let mut unknown = after.unknown.clone();
     unknown.sort();
@@ -354,6 +384,39 @@ mod tests {
     use super::*;
     use crate::Range;
     use std::path::Path;
+
+    #[test]
+    fn record_with_announces_each_phase_in_order() {
+        let dir = std::env::temp_dir().join(format!("snapblk-ra-phases-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("f"), [1u8; 8192]).unwrap();
+        let w = WalkOptions {
+            recursive: true,
+            ..Default::default()
+        };
+        for evict_first in [false, true] {
+            let mut seen = Vec::new();
+            record_with(
+                std::slice::from_ref(&dir),
+                &w,
+                evict_first,
+                false,
+                Trigger::Duration(std::time::Duration::ZERO),
+                &mut |p| seen.push(p),
+            )
+            .unwrap();
+            let mut want = vec![
+                RecordPhase::ScanningBefore,
+                RecordPhase::Window,
+                RecordPhase::ScanningAfter,
+            ];
+            if evict_first {
+                want.insert(0, RecordPhase::Evicting);
+            }
+            assert_eq!(seen, want);
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 
     #[test]
     fn a_trace_error_reads_once_in_a_report_of_the_whole_chain() {

@@ -272,15 +272,28 @@ fn run_record(a: RecordArgs) -> anyhow::Result<()> {
         }
         (None, None) => bail!("give a command (after --) or --duration SECS"),
     };
-    // A time window has the terminal to itself: say that it is recording (and evicting and
-    // scanning, which can take longer than the window). A command's own output is not drawn
-    // over.
-    let spin = match trigger {
-        Trigger::Duration(_) => Progress::spinner("recording (evict, window, scan)"),
-        _ => Progress::spinner_hidden(),
+    // Say what record is doing in each phase: evicting and scanning a large scope take
+    // seconds. While a command runs, its own output has the terminal (nothing drawn over it);
+    // a time window shows that it is recording.
+    let is_cmd = matches!(trigger, Trigger::Command(_));
+    let spin = std::cell::RefCell::new(Progress::spinner_hidden());
+    let mut on_phase = |ph: ra::RecordPhase| {
+        let mut s = spin.borrow_mut();
+        s.finish();
+        *s = match ph {
+            ra::RecordPhase::Evicting => Progress::spinner("record: evicting the scope's pages"),
+            ra::RecordPhase::ScanningBefore => {
+                Progress::spinner("record: scanning what is cached before")
+            }
+            ra::RecordPhase::Window if is_cmd => Progress::spinner_hidden(),
+            ra::RecordPhase::Window => Progress::spinner("recording (the time window)"),
+            ra::RecordPhase::ScanningAfter => {
+                Progress::spinner("record: scanning what was read during the window")
+            }
+        };
     };
-    let rec = ra::record(&scopes, &w, a.evict_first, a.trace, trigger);
-    spin.finish();
+    let rec = ra::record_with(&scopes, &w, a.evict_first, a.trace, trigger, &mut on_phase);
+    spin.into_inner().finish();
     let rec = rec?;
     let jsonl = match a.format {
         Some(ListFormat::Jsonl) => true,

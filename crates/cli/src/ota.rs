@@ -691,18 +691,7 @@ fn apply(a: &ApplyArgs<'_>) -> Result<()> {
     let payload = ota.payload();
     let names = (!a.partitions.is_empty()).then_some(a.partitions);
     let plan = payload.plan_apply(names, a.skip_unsupported)?;
-    match std::fs::metadata(a.source) {
-        Ok(m) if m.is_dir() => {}
-        Ok(_) => bail!("--source {} is not a directory", a.source.display()),
-        Err(e) => return Err(e).with_context(|| format!("--source {}", a.source.display())),
-    }
-    if same_file(a.out, a.source) {
-        bail!(
-            "-o {} is the same directory as --source {}; refusing to write over the old images",
-            a.out.display(),
-            a.source.display()
-        );
-    }
+    check_source_dir(a.source, a.out, "over")?;
     // The old images: every planned partition's that has one, opened read-only; a missing one
     // is an error only for a partition whose operations read it.
     let old_path = |name: &str| a.source.join(format!("{name}.img"));
@@ -784,5 +773,23 @@ fn apply(a: &ApplyArgs<'_>) -> Result<()> {
             n => format!(", {n} skipped"),
         }
     );
+    Ok(())
+}
+
+/// `--source` is a directory of old images and `-o` is not that same directory (compared as
+/// files, not paths); `beside` says how the refusal words the write (`over`, `beside`).
+pub(super) fn check_source_dir(source: &Path, out: &Path, beside: &str) -> Result<()> {
+    match std::fs::metadata(source) {
+        Ok(m) if m.is_dir() => {}
+        Ok(_) => bail!("--source {} is not a directory", source.display()),
+        Err(e) => return Err(e).with_context(|| format!("--source {}", source.display())),
+    }
+    if same_file(out, source) {
+        bail!(
+            "-o {} is the same directory as --source {}; refusing to write {beside} the old images",
+            out.display(),
+            source.display()
+        );
+    }
     Ok(())
 }

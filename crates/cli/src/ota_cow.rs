@@ -20,7 +20,7 @@ use snapblk_snapshot::{MergeOptions, OpenMode, SnapshotConfig, merge, open_files
 
 use super::{check_properties, open, ota_inputs, output_dir, signatures};
 use crate::ota_sig::Keys;
-use crate::outfile::{AtomicFile, refuse_alias, same_file};
+use crate::outfile::{AtomicFile, refuse_alias};
 use crate::progress::Progress;
 
 /// Schema of `ota cow --json` documents.
@@ -258,18 +258,7 @@ pub(super) fn make(a: &Job<'_>) -> Result<Made> {
                 .with_context(|| format!("partition {}", p.partition_name))
         })
         .collect::<Result<_>>()?;
-    match std::fs::metadata(a.source) {
-        Ok(m) if m.is_dir() => {}
-        Ok(_) => bail!("--source {} is not a directory", a.source.display()),
-        Err(e) => return Err(e).with_context(|| format!("--source {}", a.source.display())),
-    }
-    if same_file(a.out, a.source) {
-        bail!(
-            "-o {} is the same directory as --source {}; refusing to write beside the old images",
-            a.out.display(),
-            a.source.display()
-        );
-    }
+    super::check_source_dir(a.source, a.out, "beside")?;
     let old_path = |name: &str| a.source.join(format!("{name}.img"));
     let mut olds = Vec::with_capacity(plan.partitions().len());
     for p in plan.partitions() {

@@ -11,7 +11,8 @@
 # OSD giving errors within the timeouts; the right key, a wrong key and a missing keyring; the
 # snapshot device over an RBD base reading exactly as over the local base for every AOSP golden
 # case; a merge and a server of one RBD image keeping each other out; a merge over an RBD base
-# giving AOSP's target image (read back by rbd export).
+# giving AOSP's target image (read back by rbd export); a server whose exclusive lock is taken
+# away (broken and taken by another client, or the client blocklisted) writing nothing more.
 # Needs: ceph-mon ceph-osd ceph-common qemu-block-extra libnbd-bin fuse3 (install-deps.sh).
 # Ends with "N passed, N failed".
 set -uo pipefail
@@ -62,11 +63,11 @@ spec() { echo "rbd:$base,image=$1${2:+,$2}"; }
 qrbd() { echo "rbd:rbd/$1:conf=$CEPH_CONF"; }
 
 # serve SPEC ARGS...: start `snapblk serve` in the background, wait for its ready line; sets
-# $srv (pid) and $ready (the JSON line). Returns 1 if it exits first.
+# $srv (pid), $serr (its stderr) and $ready (the JSON line). Returns 1 if it exits first.
 serve() {
   local out=$work/serve.$RANDOM
   "$snapblk" serve "$@" --json >"$out" 2>"$out.err" &
-  srv=$!; pids+=("$srv")
+  srv=$!; pids+=("$srv"); serr=$out.err
   for _ in $(seq 300); do
     ready=$(grep -m1 '"ready"' "$out" 2>/dev/null) && return 0
     kill -0 "$srv" 2>/dev/null || { cat "$out.err"; return 1; }
@@ -305,6 +306,68 @@ if [ "$n" -eq 16 ] && [ ${#bad_cases[@]} -eq 0 ]; then
 else
   bad "merge over RBD: $n cases, wrong: ${bad_cases[*]}"
 fi
+
+# 8c. A writable server that loses its exclusive lock never writes again: once another client
+# breaks and takes the lock (`rados lock break` + `rados lock get`), or once the client is
+# blocklisted (`ceph osd blocklist add`), its next writes fail with EIO (qemu-io through NBD),
+# and so does its final flush at stop; it says so once in its log, and `rbd export` shows the
+# image with the write made before the loss and none after.
+lock_holder() { # IMAGE -> "LOCKER COOKIE ADDR" of snapblk's lock on the image's header
+  local id
+  id=$(r info "rbd/$1" --format json | python3 -c 'import json,sys;print(json.load(sys.stdin)["id"])')
+  timeout 60 rados -p rbd lock info "rbd_header.$id" snapblk --format json | python3 -c '
+import json,sys
+l = json.load(sys.stdin)["lockers"][0]
+print(l["name"], l["cookie"], l["addr"])'
+}
+header() { echo "rbd_header.$(r info "rbd/$1" --format json | python3 -c 'import json,sys;print(json.load(sys.stdin)["id"])')"; }
+wait_lost() { # wait (bounded) for the server's one log line about the lost lock
+  for _ in $(seq 600); do grep -q 'lost the exclusive lock' "$serr" && return 0; sleep 0.1; done
+  return 1
+}
+lock_case() { # NAME HOW: serve rbd/NAME, write once, lose the lock by HOW, write again
+  local name=$1 how=$2 holder out n
+  r create --size 16M "rbd/$name"
+  qemu-img convert -n -f raw -O raw "$work/pattern.img" "$(qrbd "$name")"
+  cp "$work/pattern.img" "$work/$name.ref"
+  python3 -c 'import sys
+with open(sys.argv[1], "r+b") as f: f.write(b"\x33" * 65536)' "$work/$name.ref"
+  serve "$(spec "$name")" --nbd "unix:$work/$name.sock" || { bad "$how: serve rbd/$name"; return; }
+  if ! qemu-io -f raw -c "write -P 0x33 0 64k" -c flush "$(nbd_uri "$work/$name.sock")" >"$work/$name.w1" 2>&1 \
+     || grep -q 'failed' "$work/$name.w1"; then
+    cat "$work/$name.w1"; stop; bad "$how: a write while the lock is held"; return
+  fi
+  read -r holder cookie addr < <(lock_holder "$name")
+  case $how in
+    taken)
+      timeout 60 rados -p rbd lock break "$(header "$name")" snapblk "$holder" --lock-cookie "$cookie" \
+        && timeout 60 rados -p rbd lock get "$(header "$name")" snapblk --lock-cookie intruder \
+             --lock-type exclusive --lock-duration 300 ;;
+    blocklisted)
+      timeout 60 ceph osd blocklist add "$addr" >/dev/null 2>&1 ;;
+  esac || { stop; bad "$how: could not take the lock away ($holder $cookie $addr)"; return; }
+  if ! wait_lost; then
+    cat "$serr"; stop; bad "$how: the server did not notice it lost the lock within 60 s"; return
+  fi
+  out=$(timeout 120 qemu-io -f raw -c "write -P 0x44 1M 64k" -c "write -P 0x55 0 4k" \
+        "$(nbd_uri "$work/$name.sock")" 2>&1)
+  stop # its final flush must be refused too
+  n=$(grep -c 'lost the exclusive lock' "$serr")
+  [ "$how" = blocklisted ] && timeout 60 ceph osd blocklist rm "$addr" >/dev/null 2>&1
+  [ "$how" = taken ] && timeout 60 rados -p rbd lock break "$(header "$name")" snapblk "$(lock_holder "$name" | cut -d' ' -f1)" --lock-cookie intruder
+  r export "rbd/$name" "$work/$name.out" >/dev/null 2>&1
+  if [ "$(echo "$out" | grep -c 'write failed: Input/output error')" = 2 ] && [ "$n" = 1 ] \
+     && grep -q 'final flush: .*exclusive lock was lost' "$serr" \
+     && cmp -s "$work/$name.ref" "$work/$name.out"; then
+    ok "lock $how: later writes and the final flush fail with EIO, logged once, the image holds no write after the loss"
+  else
+    echo "$out"; grep 'lost' "$serr"; cmp "$work/$name.ref" "$work/$name.out"
+    bad "lock $how: writes after the loss (log lines: $n)"
+  fi
+  rm -f "$work/$name".*
+}
+lock_case lk1 taken
+lock_case lk2 blocklisted
 
 # 9. Timeouts: an OSD that stops answering mid-I/O, then a monitor that does not answer.
 osd=$(cat "$cluster/run/osd.0.pid")

@@ -5,9 +5,11 @@
 //! Every `unsafe` of the driver that calls into librbd lives here or names the function pointer
 //! it calls from [`Lib`].
 
+use super::lease::{LOCK_SECS, Lease};
 use snapblk_core::{Error, Result};
 use std::ffi::{CStr, CString, c_char, c_int, c_void};
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
+use std::time::Instant;
 
 /// `rados_t`, `rados_ioctx_t`, `rbd_image_t`, `rbd_completion_t`: opaque pointers.
 pub(super) type Handle = *mut c_void;
@@ -322,9 +324,7 @@ const LOCK_TAG: &CStr = c"snapblk";
 /// exclusive-lock feature takes for every writer): a second lock of that name would stall
 /// the holder's own writes.
 const LOCK_NAME: &CStr = c"snapblk";
-/// A lock lasts this long unless renewed, so a holder that dies frees it by itself.
-const LOCK_SECS: i64 = 30;
-/// The holder renews its lock this often.
+/// The holder renews its lock this often (it lasts [`LOCK_SECS`]).
 const LOCK_RENEW: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// A raw pointer that a renewal thread may carry (the I/O context outlives the thread).
@@ -342,6 +342,8 @@ struct LockHolder {
     cookie: CString,
     stop: Option<std::sync::mpsc::Sender<()>>,
     thread: Option<std::thread::JoinHandle<()>>,
+    /// Whether writes may still go out (exclusive locks only).
+    lease: Option<Arc<Lease>>,
 }
 
 impl LockHolder {
@@ -355,10 +357,13 @@ impl LockHolder {
         renew: bool,
     ) -> c_int {
         let mut d = libc::timeval {
-            tv_sec: LOCK_SECS,
+            tv_sec: LOCK_SECS as libc::time_t,
             tv_usec: 0,
         };
-        let flags = u8::from(renew); // LIBRADOS_LOCK_FLAG_MAY_RENEW
+        // LIBRADOS_LOCK_FLAG_MUST_RENEW: a renewal fails (ENOENT) when the lock is no longer
+        // ours (broken, or expired and maybe taken and released meanwhile) instead of taking
+        // it afresh as MAY_RENEW would, hiding that another client may have written.
+        let flags = if renew { 2 } else { 0 };
         let desc = c"snapblk rbd driver";
         match mode {
             // SAFETY: a live I/O context, C strings and a timeval that outlive the call.
@@ -510,6 +515,7 @@ impl Image {
             ),
         )?;
         let (lib, io) = (self.lib, self.cluster.ioctx);
+        let sent = Instant::now();
         let r = LockHolder::call(lib, io, &oid, &cookie, mode, false);
         if r == -libc::EBUSY || r == -libc::EEXIST {
             return Err(Error::new(
@@ -531,8 +537,10 @@ impl Image {
                 format!("rbd: locking image '{what}': {}", os_msg(r)),
             ));
         }
+        let lease = (mode == LockMode::Exclusive).then(|| Arc::new(Lease::new(sent, what)));
         let (tx, rx) = std::sync::mpsc::channel::<()>();
-        let (io_p, oid2, cookie2) = (SendPtr(io), oid.clone(), cookie.clone());
+        let (io_p, oid2, cookie2, lease2) =
+            (SendPtr(io), oid.clone(), cookie.clone(), lease.clone());
         let thread = std::thread::Builder::new()
             .name("rbd-lock".into())
             .spawn(move || {
@@ -540,9 +548,20 @@ impl Image {
                 while let Err(std::sync::mpsc::RecvTimeoutError::Timeout) =
                     rx.recv_timeout(LOCK_RENEW)
                 {
+                    let sent = Instant::now();
                     let r = LockHolder::call(lib, io.0, &oid2, &cookie2, mode, true);
-                    if r < 0 {
-                        log::warn!("rbd: renewing the image lock: {}", os_msg(r));
+                    match &lease2 {
+                        Some(l) => {
+                            l.renewal(sent, r);
+                            // Sets the lost state if the lease ran out meanwhile.
+                            if l.check(Instant::now()).is_err() {
+                                break; // lost for good: nothing left to renew
+                            }
+                        }
+                        None if r < 0 => {
+                            log::warn!("rbd: renewing the image lock: {}", os_msg(r));
+                        }
+                        None => {}
                     }
                 }
             })
@@ -554,8 +573,15 @@ impl Image {
             cookie,
             stop: Some(tx),
             thread: Some(thread),
+            lease,
         });
         Ok(())
+    }
+
+    /// The lease of the exclusive lock this handle holds, if it holds one: writes check it
+    /// before going out.
+    pub(super) fn lease(&self) -> Option<&Lease> {
+        self.lock.as_ref().and_then(|l| l.lease.as_deref())
     }
 }
 

@@ -15,7 +15,10 @@
 //! when read-only, an exclusive one when writable), `shared`, `exclusive` or `none`; RBD
 //! advisory locks keep a merge and a server of the same image apart, as `flock` does for files
 //! (the lock lasts 30 s and is renewed every 10 s, so a process that dies frees it by itself).
-//! An image opened at a snapshot is never locked (it cannot change).
+//! A holder of the exclusive lock whose renewal fails (the lock broken or taken, the client
+//! blocklisted) or runs out of time fails every later write, discard, write-zeroes and flush
+//! with EIO and logs that once ([`lease`]). An image opened at a snapshot is never locked (it
+//! cannot change).
 //!
 //! Every queue shares the one image handle (a second handle would fight over RBD's exclusive
 //! lock feature); completions come back through librbd's callbacks onto each queue's done list
@@ -23,6 +26,7 @@
 //! `NO_UNMAP` keeps the extent allocated (`RBD_WRITE_ZEROES_FLAG_THICK_PROVISION`).
 
 mod ffi;
+mod lease;
 mod queue;
 
 use crate::file::unknown_property;

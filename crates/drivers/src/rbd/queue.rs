@@ -139,6 +139,14 @@ impl RbdEngine {
         Ok(())
     }
 
+    /// Whether this handle lost its exclusive lock: then no write, discard or flush may go
+    /// out any more ([`super::lease`]).
+    fn lock_lost(&self) -> bool {
+        self.image
+            .lease()
+            .is_some_and(|l| l.check(Instant::now()).is_err())
+    }
+
     fn pending(&self, user_data: usize, fua: bool) -> Box<Pending> {
         Box::new(Pending {
             shared: self.shared.clone(),
@@ -187,6 +195,15 @@ impl RbdEngine {
             r?;
         }
     }
+}
+
+/// The completion of a write, discard or flush after the lock was lost.
+fn lock_lost(user_data: usize) -> Completion {
+    Completion::err(
+        user_data,
+        libc::EIO,
+        c"rbd: the image's exclusive lock was lost; writes are refused",
+    )
 }
 
 /// Sleep until `fd` is readable, `timeout` passes or (with `sigmask`) a signal arrives (EINTR).
@@ -259,6 +276,13 @@ impl Engine for RbdEngine {
             self.in_flight -= 1;
             let ud = p.user_data;
             // Every drained entry took at most one slot of `out`: there is room.
+            if self.lock_lost() {
+                if n < out.len() {
+                    out[n] = lock_lost(ud);
+                    n += 1;
+                }
+                continue;
+            }
             if let Err(e) = self.submit_op(p, Call::Flush)
                 && n < out.len()
             {
@@ -423,6 +447,9 @@ impl Queue for RbdQueue {
         if self.read_only && !matches!(call, Call::Readv(..) | Call::Flush) {
             // As a file opened read-only answers (librbd would say EROFS).
             return self.core.complete(Completion::os_err(ud, libc::EBADF));
+        }
+        if !matches!(call, Call::Readv(..)) && self.eng.lock_lost() {
+            return self.core.complete(lock_lost(ud));
         }
         if len == 0 && !matches!(call, Call::Flush) {
             return self.core.complete(Completion::ok(ud));

@@ -5,7 +5,8 @@
 # Checks: range reads through the cache match the object cold and warm, a replaced object, wrong
 # credentials, missing objects and a dead endpoint give clear errors, HTTPS with the private CA
 # (and refused without it), put/get round trips, a remote OTA's partition extracts to the same
-# bytes as the local one while fetching less than the whole zip, and a snapshot served over NBD
+# bytes as the local one while fetching less than the whole zip, multipart uploads (read back
+# whole and by range, S3's multipart ETag, an interrupted one aborted), and a snapshot served over NBD
 # from a base and COW in the bucket reads as the AOSP golden target. Every daemon is stopped by
 # pid, also on failure. Fails (never skips) when a tool is missing. Ends with "N passed, N failed".
 set -uo pipefail
@@ -104,6 +105,83 @@ s3curl -T "$work/small.bin" "$AWS_ENDPOINT_URL/$S3_TEST_BUCKET/by-curl.bin" || b
   && ok "'remote get' fetches what curl put" || bad "'remote get' of curl's object"
 expect_err "get of a missing object" "no such object" "$snapblk" remote get "s3://$S3_TEST_BUCKET/missing.bin" "$work/none.bin"
 [ ! -e "$work/none.bin" ] && ok "a failed get leaves no output" || bad "a failed get left $work/none.bin"
+
+# Multipart: a 20 MiB + 1000 B file in 5 MiB parts (S3's smallest). curl reads it back whole and
+# by range; its ETag is S3's multipart form, MD5(part MD5s)-N, computed here from the file.
+head -c $((20 << 20)) /dev/urandom > "$work/big.bin"; head -c 1000 /dev/urandom >> "$work/big.bin"
+if "$snapblk" remote put --part-size 5M "$work/big.bin" "s3://$S3_TEST_BUCKET/big.bin" > "$work/mp.txt" 2>&1 \
+   && grep -q 'in 5 parts' "$work/mp.txt"; then
+  ok "remote put of a 20 MiB file in 5 MiB parts (multipart upload)"
+else cat "$work/mp.txt"; bad "multipart remote put"; fi
+s3curl -o "$work/big.got" "$AWS_ENDPOINT_URL/$S3_TEST_BUCKET/big.bin" && cmp -s "$work/big.got" "$work/big.bin" \
+  && s3curl -r 6291456-16777215 "$AWS_ENDPOINT_URL/$S3_TEST_BUCKET/big.bin" | cmp -s - <(tail -c +6291457 "$work/big.bin" | head -c 10485760) \
+  && ok "curl reads the multipart object back whole and by range (6 MiB..16 MiB, across parts)" \
+  || bad "curl read back of the multipart object"
+want=$(python3 - "$work/big.bin" <<'PY'
+import hashlib, sys
+d = open(sys.argv[1], "rb").read()
+parts = [d[i:i + (5 << 20)] for i in range(0, len(d), 5 << 20)]
+print('"%s-%d"' % (hashlib.md5(b"".join(hashlib.md5(p).digest() for p in parts)).hexdigest(), len(parts)))
+PY
+)
+got=$(s3curl -I "$AWS_ENDPOINT_URL/$S3_TEST_BUCKET/big.bin" | tr -d '\r' | sed -n 's/^[Ee][Tt][Aa][Gg]: //p')
+if [ "$got" = "$want" ] && grep -qF "etag $want" "$work/mp.txt"; then
+  ok "the multipart object's ETag is $got, S3's form for its 5 parts"
+else cat "$work/mp.txt"; bad "multipart ETag: server '$got', expected '$want'"; fi
+"$snapblk" remote get "s3://$S3_TEST_BUCKET/big.bin" "$work/big.get" > "$work/mpg.txt" 2>&1 \
+  && grep -q 'matches the recorded sha256' "$work/mpg.txt" && cmp -s "$work/big.get" "$work/big.bin" \
+  && ok "remote get checks the multipart object against the sha256 its put recorded" \
+  || { cat "$work/mpg.txt"; bad "remote get of the multipart object"; }
+# An interrupted upload is aborted: a proxy cuts every connection that sends part 3, the put
+# fails after its retries, and radosgw lists no unfinished upload (ListMultipartUploads; the
+# listing sees one while an upload is open, the control case).
+uploads() { s3curl "$AWS_ENDPOINT_URL/$S3_TEST_BUCKET?uploads="; }
+upload_id=$(s3curl -X POST "$AWS_ENDPOINT_URL/$S3_TEST_BUCKET/open.bin?uploads=" | sed -n 's/.*<UploadId>\(.*\)<\/UploadId>.*/\1/p')
+if uploads | grep -q '<Upload>'; then ok "ListMultipartUploads shows an open upload (control)"; else bad "an open upload is not listed"; fi
+s3curl -X DELETE "$AWS_ENDPOINT_URL/$S3_TEST_BUCKET/open.bin?uploadId=$upload_id"
+cut_port=${S3_TEST_CUT_PORT:-17559}
+python3 - "$cut_port" "$rgw_port" > "$work/cut.log" 2>&1 <<'PY' &
+import socket, sys, threading
+lport, rport = int(sys.argv[1]), int(sys.argv[2])
+srv = socket.socket()
+srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+srv.bind(("127.0.0.1", lport))
+srv.listen(16)
+def pipe(a, b, cut):
+    tail = b""
+    try:
+        while True:
+            d = a.recv(65536)
+            if not d or (cut and b"partNumber=3&" in tail + d):
+                break
+            tail = d[-16:]
+            b.sendall(d)
+    except OSError:
+        pass
+    for s in (a, b):
+        try:
+            s.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+def conn(c):
+    u = socket.create_connection(("127.0.0.1", rport))
+    threading.Thread(target=pipe, args=(u, c, False), daemon=True).start()
+    pipe(c, u, True)
+while True:
+    c, _ = srv.accept()
+    threading.Thread(target=conn, args=(c,), daemon=True).start()
+PY
+pids+=($!)
+for _ in $(seq 50); do curl -s -o /dev/null "http://127.0.0.1:$cut_port/" && break; sleep 0.1; done
+if AWS_ENDPOINT_URL=http://127.0.0.1:$cut_port "$snapblk" remote put --part-size 5M "$work/big.bin" \
+     "s3://$S3_TEST_BUCKET/cut.bin" > "$work/cut.txt" 2>&1; then
+  bad "a put whose part 3 never arrives succeeded"
+elif grep -q 'cannot reach the endpoint' "$work/cut.txt" && ! uploads | grep -q '<Upload>' \
+     && ! s3curl -I "$AWS_ENDPOINT_URL/$S3_TEST_BUCKET/cut.bin" > /dev/null 2>&1; then
+  ok "an interrupted multipart upload is aborted: no object, no upload left ($(cat "$work/cut.txt"))"
+else cat "$work/cut.txt"; uploads; bad "interrupted multipart upload left something behind"; fi
+expect_err "a part size under S3's 5 MiB is refused" "part-size: .* is not from 5 MiB to 5 GiB" \
+  "$snapblk" remote put --part-size 1M "$work/big.bin" "s3://$S3_TEST_BUCKET/small-parts.bin"
 
 # OTA: one partition of a remote OTA zip, without fetching the whole zip.
 tar -xf tests/data/ota/sample_payloads.tar.xz -C "$work"

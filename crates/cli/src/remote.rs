@@ -19,12 +19,18 @@ macro_rules! say {
 #[derive(Subcommand)]
 pub enum RemoteCmd {
     /// Upload FILE to URL (s3://BUCKET/KEY) with one PUT signed with the file's SHA-256 (the
-    /// server refuses bytes that arrive different); the digest is stored with the object.
+    /// server refuses bytes that arrive different); the digest is stored with the object. A
+    /// file larger than `--part-size` goes up as a multipart upload, each part signed with its
+    /// own SHA-256, and is aborted (no parts left behind) if any step fails.
     Put {
         /// The local file (a COW, an image, an OTA).
         file: PathBuf,
         /// Where: s3://BUCKET/KEY.
         url: String,
+        /// Part size of a multipart upload, 5M to 5G (larger when the file would need more
+        /// than 10,000 parts); files up to this size go up in one PUT.
+        #[arg(long, default_value = "64M", value_parser = snapblk_core::parse_size)]
+        part_size: u64,
     },
     /// Download URL to FILE, which appears only once every byte has arrived and matched the
     /// SHA-256 stored by `put` (objects without one are fetched unchecked, and said so).
@@ -42,11 +48,26 @@ pub enum RemoteCmd {
 }
 
 pub fn run(c: RemoteCmd) -> Result<()> {
-    let cfg = RemoteConfig::from_env()?;
+    let mut cfg = RemoteConfig::from_env()?;
     match c {
-        RemoteCmd::Put { file, url } => {
+        RemoteCmd::Put {
+            file,
+            url,
+            part_size,
+        } => {
+            cfg.part_size = part_size;
             let r = snapblk_remote::put_file(&cfg, &url, &file)?;
-            say!("{url}: {} bytes, sha256 {}", r.bytes, r.sha256);
+            let parts = if r.parts > 1 {
+                format!(" in {} parts", r.parts)
+            } else {
+                String::new()
+            };
+            say!(
+                "{url}: {} bytes{parts}, sha256 {}, etag {}",
+                r.bytes,
+                r.sha256,
+                r.etag.as_deref().unwrap_or("-")
+            );
         }
         RemoteCmd::Get { url, file } => {
             let out = AtomicFile::create(&file)?;

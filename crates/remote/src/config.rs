@@ -15,6 +15,8 @@ pub const DEFAULT_READAHEAD_BLOCKS: u64 = 4;
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
 /// Default retries after a failed attempt (transport errors and HTTP 5xx/429 only).
 pub const DEFAULT_RETRIES: u32 = 3;
+/// Default part size of uploads: a larger file goes up as a multipart upload.
+pub const DEFAULT_PART_SIZE: u64 = 64 << 20;
 
 /// How to reach remote objects and how to cache them.
 #[derive(Debug, Clone)]
@@ -35,6 +37,9 @@ pub struct RemoteConfig {
     pub block_size: u64,
     /// Blocks fetched ahead of a read that continues the previous one.
     pub readahead_blocks: u64,
+    /// Part size of uploads (5 MiB to 5 GiB, S3's limits): a file larger than this is sent as
+    /// a multipart upload in parts of this size (larger when it would take more than 10,000).
+    pub part_size: u64,
 }
 
 impl Default for RemoteConfig {
@@ -48,6 +53,7 @@ impl Default for RemoteConfig {
             cache_bytes: DEFAULT_CACHE_BYTES,
             block_size: DEFAULT_BLOCK_SIZE,
             readahead_blocks: DEFAULT_READAHEAD_BLOCKS,
+            part_size: DEFAULT_PART_SIZE,
         }
     }
 }
@@ -97,6 +103,13 @@ impl RemoteConfig {
             return Err(RemoteError::BadConfig {
                 what: "block-size".into(),
                 why: format!("{bs} is not a power of two from 4 KiB to 64 MiB"),
+            });
+        }
+        let ps = self.part_size;
+        if !(crate::multipart::MIN_PART_SIZE..=crate::multipart::MAX_PART_SIZE).contains(&ps) {
+            return Err(RemoteError::BadConfig {
+                what: "part-size".into(),
+                why: format!("{ps} is not from 5 MiB to 5 GiB (S3's part sizes)"),
             });
         }
         if self.timeout.is_zero() {

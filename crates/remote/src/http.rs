@@ -14,12 +14,16 @@ const MAX_ERROR_BODY: u64 = 64 << 10;
 pub(crate) enum Body<'a> {
     /// No body.
     Empty,
-    /// A local file: reopened for every attempt; `sha256` is its payload hash.
+    /// `len` bytes of a local file from `offset`: reopened for every attempt; `sha256` is
+    /// their payload hash.
     File {
         path: &'a std::path::Path,
+        offset: u64,
         len: u64,
         sha256: &'a str,
     },
+    /// Bytes in memory and their payload hash.
+    Bytes { data: &'a [u8], sha256: &'a str },
 }
 
 /// The HTTP side of a [`RemoteConfig`].
@@ -68,11 +72,45 @@ impl Client {
         body: &Body<'_>,
         pin: Option<&str>,
     ) -> Result<ureq::Response> {
+        self.send_query(t, method, &[], headers, body, pin)
+    }
+
+    /// [`Client::send`] with query parameters (not encoded; `("uploads", "")` for a bare
+    /// `?uploads`).
+    pub(crate) fn send_query(
+        &self,
+        t: &Target,
+        method: &str,
+        query: &[(&str, &str)],
+        headers: &[(&str, &str)],
+        body: &Body<'_>,
+        pin: Option<&str>,
+    ) -> Result<ureq::Response> {
+        let with_query;
+        let t = if query.is_empty() {
+            t
+        } else {
+            let q: Vec<String> = query
+                .iter()
+                .map(|(k, v)| {
+                    format!(
+                        "{}={}",
+                        sigv4::uri_encode(k, false),
+                        sigv4::uri_encode(v, false)
+                    )
+                })
+                .collect();
+            with_query = Target {
+                url: format!("{}?{}", t.url, q.join("&")),
+                ..t.clone()
+            };
+            &with_query
+        };
         let mut backoff = Duration::from_millis(100);
         let mut attempt = 0u32;
         loop {
             attempt += 1;
-            let e = match self.once(t, method, headers, body, pin, attempt) {
+            let e = match self.once(t, method, query, headers, body, pin, attempt) {
                 Attempt::Ok(r) => return Ok(r),
                 Attempt::Fail(e) => return Err(e),
                 Attempt::Retry(e) => e,
@@ -85,10 +123,12 @@ impl Client {
         }
     }
 
+    #[allow(clippy::too_many_arguments)] // one HTTP request's parts
     fn once(
         &self,
         t: &Target,
         method: &str,
+        query: &[(&str, &str)],
         headers: &[(&str, &str)],
         body: &Body<'_>,
         pin: Option<&str>,
@@ -107,7 +147,7 @@ impl Client {
             let date = sigv4::amz_datetime(now);
             let payload = match body {
                 Body::Empty => EMPTY_SHA256,
-                Body::File { sha256, .. } => sha256,
+                Body::File { sha256, .. } | Body::Bytes { sha256, .. } => sha256,
             };
             let mut signed: Vec<(&str, &str)> = vec![
                 ("host", &t.host),
@@ -128,7 +168,7 @@ impl Client {
                 &SignRequest {
                     method,
                     path: &t.path,
-                    query: &[],
+                    query,
                     headers: &signed,
                     payload_hash: payload,
                 },
@@ -143,17 +183,26 @@ impl Client {
         }
         let r = match body {
             Body::Empty => req.call(),
-            Body::File { path, len, .. } => match std::fs::File::open(path) {
-                Ok(f) => req
-                    .set("content-length", &len.to_string())
-                    .send(f.take(*len)),
-                Err(source) => {
-                    return Attempt::Fail(RemoteError::Local {
-                        path: path.to_path_buf(),
-                        source,
-                    });
+            Body::File {
+                path, offset, len, ..
+            } => {
+                let opened = std::fs::File::open(path).and_then(|mut f| {
+                    std::io::Seek::seek(&mut f, std::io::SeekFrom::Start(*offset))?;
+                    Ok(f)
+                });
+                match opened {
+                    Ok(f) => req
+                        .set("content-length", &len.to_string())
+                        .send(f.take(*len)),
+                    Err(source) => {
+                        return Attempt::Fail(RemoteError::Local {
+                            path: path.to_path_buf(),
+                            source,
+                        });
+                    }
                 }
-            },
+            }
+            Body::Bytes { data, .. } => req.send_bytes(data),
         };
         match r {
             Ok(resp) => Attempt::Ok(resp),

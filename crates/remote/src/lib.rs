@@ -7,7 +7,9 @@
 //!   family ([`snapblk_core::ReadAt`]), so a COW reader, a snapshot and the OTA payload reader
 //!   read it like a file.
 //! * [`RemoteDriver`]: the same as the read-only `s3` / `http` driver of device specs.
-//! * [`put_file`] / [`get_to`]: whole-object publish and fetch, checked by SHA-256.
+//! * [`put_file`] / [`get_to`]: whole-object publish and fetch, checked by SHA-256; a file
+//!   larger than [`RemoteConfig::part_size`] goes up as an S3 multipart upload, aborted on
+//!   failure.
 //! * [`sigv4`]: the request signer (AWS Signature Version 4), public for its test vectors and
 //!   for tools that sign their own requests.
 //!
@@ -24,16 +26,18 @@ mod config;
 mod driver;
 mod error;
 mod http;
+mod multipart;
 mod object;
 pub mod sigv4;
 mod transfer;
 
 pub use config::{
-    DEFAULT_BLOCK_SIZE, DEFAULT_CACHE_BYTES, DEFAULT_READAHEAD_BLOCKS, DEFAULT_RETRIES,
-    DEFAULT_TIMEOUT, RemoteConfig, Target, is_remote,
+    DEFAULT_BLOCK_SIZE, DEFAULT_CACHE_BYTES, DEFAULT_PART_SIZE, DEFAULT_READAHEAD_BLOCKS,
+    DEFAULT_RETRIES, DEFAULT_TIMEOUT, RemoteConfig, Target, is_remote,
 };
 pub use driver::RemoteDriver;
 pub use error::{RemoteError, Result, TransportError};
 pub use http::{parse_content_range, s3_error_code, status_error};
+pub use multipart::{MAX_PART_SIZE, MAX_PARTS, MIN_PART_SIZE};
 pub use object::{RemoteObject, RemoteStats};
-pub use transfer::{MAX_SINGLE_PUT, SHA256_META, TransferReport, get_to, put_file};
+pub use transfer::{SHA256_META, TransferReport, get_to, put_file};

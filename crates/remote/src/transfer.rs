@@ -1,7 +1,9 @@
 //! Whole-object transfers: publish a local file ([`put_file`]) and fetch an object
 //! ([`get_to`]), each checked end to end by SHA-256. A PUT signs the file's SHA-256 as its
 //! payload hash, so the server refuses bytes that arrive different; the digest is also stored as
-//! the object's `x-amz-meta-sha256`, which [`get_to`] checks the received bytes against.
+//! the object's `x-amz-meta-sha256`, which [`get_to`] checks the received bytes against. A file
+//! larger than the part size goes up as a multipart upload (`crate::multipart`), each part
+//! signed with its own SHA-256.
 
 use crate::config::{RemoteConfig, Target};
 use crate::error::{RemoteError, Result};
@@ -13,8 +15,6 @@ use std::path::Path;
 
 /// Metadata header holding the object's SHA-256 (hex).
 pub const SHA256_META: &str = "x-amz-meta-sha256";
-/// Largest single PUT S3 accepts (5 GiB).
-pub const MAX_SINGLE_PUT: u64 = 5 << 30;
 
 /// What a transfer moved.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -28,6 +28,8 @@ pub struct TransferReport {
     pub checked: bool,
     /// The object's ETag, if the server gave one.
     pub etag: Option<String>,
+    /// On a put: the parts it was sent in (1: one PUT; more: a multipart upload).
+    pub parts: u64,
 }
 
 fn local(path: &Path) -> impl FnOnce(std::io::Error) -> RemoteError + '_ {
@@ -37,7 +39,8 @@ fn local(path: &Path) -> impl FnOnce(std::io::Error) -> RemoteError + '_ {
     }
 }
 
-/// Upload `path` to `url` with one PUT (up to [`MAX_SINGLE_PUT`]).
+/// Upload `path` to `url`: with one PUT up to [`RemoteConfig::part_size`], as a multipart
+/// upload in parts of that size above it (aborted if any step fails, so no parts are left).
 pub fn put_file(cfg: &RemoteConfig, url: &str, path: &Path) -> Result<TransferReport> {
     cfg.validate()?;
     let target = Target::parse(url, cfg)?;
@@ -52,15 +55,25 @@ pub fn put_file(cfg: &RemoteConfig, url: &str, path: &Path) -> Result<TransferRe
         )));
     }
     let len = meta.len();
-    let mut f = f.take(len);
-    if len > MAX_SINGLE_PUT {
-        return Err(RemoteError::BadConfig {
-            what: path.display().to_string(),
-            why: format!(
-                "{len} bytes is more than one PUT takes (5 GiB); multipart upload is not implemented"
-            ),
+    if len > cfg.part_size {
+        let Some(part) = crate::multipart::part_size_for(len, cfg.part_size) else {
+            return Err(RemoteError::BadConfig {
+                what: path.display().to_string(),
+                why: format!("{len} bytes is more than 10,000 parts of 5 GiB"),
+            });
+        };
+        let h = crate::multipart::hash_parts(path, len, part).map_err(local(path))?;
+        let client = Client::new(cfg);
+        let etag = crate::multipart::upload(&client, &target, path, len, part, &h)?;
+        return Ok(TransferReport {
+            bytes: len,
+            sha256: h.whole,
+            checked: true,
+            etag,
+            parts: h.parts.len() as u64,
         });
     }
+    let mut f = f.take(len);
     let mut h = Sha256::new();
     let mut buf = vec![0u8; 1 << 20];
     let mut hashed = 0u64;
@@ -86,6 +99,7 @@ pub fn put_file(cfg: &RemoteConfig, url: &str, path: &Path) -> Result<TransferRe
         &[(SHA256_META, &sha)],
         &Body::File {
             path,
+            offset: 0,
             len,
             sha256: &sha,
         },
@@ -96,6 +110,7 @@ pub fn put_file(cfg: &RemoteConfig, url: &str, path: &Path) -> Result<TransferRe
         sha256: sha,
         checked: true,
         etag: resp.header("etag").map(str::to_owned),
+        parts: 1,
     })
 }
 
@@ -155,6 +170,7 @@ pub fn get_to(cfg: &RemoteConfig, url: &str, out: &mut dyn Write) -> Result<Tran
         sha256: got,
         checked: want.is_some(),
         etag,
+        parts: 0,
     })
 }
 

@@ -360,10 +360,16 @@ impl LockHolder {
             tv_sec: LOCK_SECS as libc::time_t,
             tv_usec: 0,
         };
-        // LIBRADOS_LOCK_FLAG_MUST_RENEW: a renewal fails (ENOENT) when the lock is no longer
-        // ours (broken, or expired and maybe taken and released meanwhile) instead of taking
-        // it afresh as MAY_RENEW would, hiding that another client may have written.
-        let flags = if renew { 2 } else { 0 };
+        // An exclusive lock renews with LIBRADOS_LOCK_FLAG_MUST_RENEW: the renewal fails
+        // (ENOENT) when the lock is no longer ours (broken, or expired and maybe taken and
+        // released meanwhile) instead of taking it afresh as MAY_RENEW would, hiding that
+        // another client may have written. A reader's shared lock is simply taken again
+        // (MAY_RENEW): it changes nothing, and it keeps a merge out again.
+        let flags = match (renew, mode) {
+            (false, _) => 0,
+            (true, LockMode::Exclusive) => 2,
+            (true, _) => 1,
+        };
         let desc = c"snapblk rbd driver";
         match mode {
             // SAFETY: a live I/O context, C strings and a timeval that outlive the call.

@@ -376,6 +376,7 @@ fn serve_fuse(
             direct_io: false,
             threads: 2,
             allow_other: false,
+            nonempty: false,
         };
         let m = snapblk_fuse::mount(dev, &sub, &opts)
             .with_context(|| format!("mounting {}", sub.display()))?;

@@ -29,6 +29,10 @@ const MAX_LINE: usize = 64 << 10;
 const METRICS_MAX_CONNS: usize = 8;
 /// Time a scrape has, from its connection to the last byte of the reply.
 const METRICS_DEADLINE: Duration = Duration::from_secs(10);
+/// Control clients connected at once; one beyond them gets an error line and is closed.
+const CONTROL_MAX_CLIENTS: usize = 16;
+/// A control client that sends nothing for this long is closed (with an error line).
+const CONTROL_IDLE: Duration = Duration::from_secs(30);
 
 /// Options for watching and steering a server.
 #[derive(Args, Debug, Default)]
@@ -645,19 +649,34 @@ fn render_snapshot(o: &mut String, act: &Activity) {
 }
 
 fn serve_control(l: &UnixListener, obs: &Observed, stop: &Arc<AtomicBool>) {
+    let active = std::sync::atomic::AtomicUsize::new(0);
     std::thread::scope(|scope| {
         accept_loop(
             stop,
             || l.accept().map(|(s, _)| s),
             |s| {
-                let stop = stop.clone();
-                let _ = std::thread::Builder::new()
+                if active.load(Ordering::Relaxed) >= CONTROL_MAX_CLIENTS {
+                    // Never waiting: a fresh socket's buffer takes one line.
+                    let _ = s.set_nonblocking(true);
+                    let msg = format!(
+                        "too many control clients ({CONTROL_MAX_CLIENTS} connected); try again later"
+                    );
+                    let _ = writeln!(&s, "{}", error_reply(&msg));
+                    return;
+                }
+                active.fetch_add(1, Ordering::Relaxed);
+                let (stop, active) = (stop.clone(), &active);
+                let spawned = std::thread::Builder::new()
                     .name("control-conn".into())
                     .spawn_scoped(scope, move || {
                         if let Err(e) = control_conn(s, obs, &stop) {
                             log::debug!("control connection: {e}");
                         }
+                        active.fetch_sub(1, Ordering::Relaxed);
                     });
+                if spawned.is_err() {
+                    active.fetch_sub(1, Ordering::Relaxed);
+                }
             },
         );
     });
@@ -674,7 +693,9 @@ fn control_conn(s: UnixStream, obs: &Observed, stop: &AtomicBool) -> std::io::Re
     let mut w = s.try_clone()?;
     let mut r = BufReader::new(s);
     let mut line = Vec::new();
+    let mut heard = Instant::now();
     while !stop.load(Ordering::Relaxed) {
+        let before = line.len();
         let n = match (&mut r)
             .take((MAX_LINE + 1 - line.len()) as u64)
             .read_until(b'\n', &mut line)
@@ -686,10 +707,22 @@ fn control_conn(s: UnixStream, obs: &Observed, stop: &AtomicBool) -> std::io::Re
                     std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
                 ) =>
             {
+                // read_until keeps what it read before the timeout.
+                if line.len() > before {
+                    heard = Instant::now();
+                } else if heard.elapsed() >= CONTROL_IDLE {
+                    let msg = format!(
+                        "no request for {} s: closing the connection",
+                        CONTROL_IDLE.as_secs()
+                    );
+                    writeln!(w, "{}", error_reply(&msg))?;
+                    return Ok(());
+                }
                 continue;
             }
             Err(e) => return Err(e),
         };
+        heard = Instant::now();
         let complete = line.last() == Some(&b'\n');
         if !complete && line.len() <= MAX_LINE && n != 0 {
             continue;

@@ -3,8 +3,8 @@
 //! the metrics; a FUSE export's counters follow cmp's reads; the control socket is owner-only,
 //! pauses a merge at a durable step (base and COW unchanged on disk while paused, by
 //! sha256sum), resumes it to a base equal to the target (cmp), survives a kill while paused, and
-//! answers bad requests with one error line. Slow and surplus metrics clients hold only
-//! themselves, and only for a bounded time.
+//! answers bad requests with one error line. Slow, idle and surplus clients of either server
+//! hold only themselves, and only for a bounded time.
 
 #[path = "serve_common.rs"]
 mod common;
@@ -654,6 +654,54 @@ fn metrics_connections_are_bounded() {
         assert!(Instant::now() < end, "still refused: {r:?}");
         std::thread::sleep(Duration::from_millis(100));
     }
+    let (st, _, err) = s.stop();
+    assert!(st.success(), "{err}");
+}
+
+/// The control socket serves at most 16 clients at once: the 17th gets one error line saying
+/// so and is closed, while the 16 still work; a client that sends nothing for 30 s gets an
+/// error line and is closed.
+#[test]
+fn control_clients_are_bounded_and_idle_ones_closed() {
+    let d = TempDir::new("ops-ctl-bound");
+    let (img, _) = write_image(d.path(), "a.img", 1 << 20, 5);
+    let sock = d.join("c.sock");
+    let s = Serve::start(&[path_str(&img), "--nbd", "0", "--control", path_str(&sock)]);
+    let held: Vec<UnixStream> = (0..16)
+        .map(|_| UnixStream::connect(&sock).unwrap())
+        .collect();
+    let extra = UnixStream::connect(&sock).unwrap();
+    extra
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+    let mut l = String::new();
+    BufReader::new(&extra).read_line(&mut l).unwrap();
+    let v: serde_json::Value = serde_json::from_str(&l).unwrap_or_else(|e| panic!("{e}: {l:?}"));
+    assert_eq!(v["ok"], false, "{v}");
+    assert!(
+        v["error"]
+            .as_str()
+            .unwrap()
+            .contains("too many control clients"),
+        "{v}"
+    );
+    let mut rest = String::new();
+    assert_eq!(BufReader::new(&extra).read_line(&mut rest).unwrap(), 0);
+    // A held client is served.
+    let c = &held[0];
+    c.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    (&*c).write_all(b"{\"v\":1,\"cmd\":\"status\"}\n").unwrap();
+    let mut r = BufReader::new(c);
+    let mut l = String::new();
+    r.read_line(&mut l).unwrap();
+    assert!(l.contains("\"ok\":true"), "{l}");
+    // The others have been idle since they connected: closed with an error line.
+    let c = &held[1];
+    c.set_read_timeout(Some(Duration::from_secs(90))).unwrap();
+    let mut l = String::new();
+    BufReader::new(c).read_line(&mut l).unwrap();
+    assert!(l.contains("no request for 30 s"), "{l:?}");
+    drop(held);
     let (st, _, err) = s.stop();
     assert!(st.success(), "{err}");
 }

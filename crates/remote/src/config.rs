@@ -35,6 +35,10 @@ pub struct RemoteConfig {
     pub block_size: u64,
     /// Blocks fetched ahead of a read that continues the previous one.
     pub readahead_blocks: u64,
+    /// Read an object whose server gives neither an ETag nor a Last-Modified date, though a
+    /// change between two reads could then go unnoticed (`SNAPBLK_REMOTE_ALLOW_UNPINNED=1`).
+    /// Without it, opening such an object fails with [`RemoteError::Unpinned`].
+    pub allow_unpinned: bool,
 }
 
 impl Default for RemoteConfig {
@@ -48,6 +52,7 @@ impl Default for RemoteConfig {
             cache_bytes: DEFAULT_CACHE_BYTES,
             block_size: DEFAULT_BLOCK_SIZE,
             readahead_blocks: DEFAULT_READAHEAD_BLOCKS,
+            allow_unpinned: false,
         }
     }
 }
@@ -59,10 +64,13 @@ fn env(name: &str) -> Option<String> {
 impl RemoteConfig {
     /// Defaults plus the AWS environment: `AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`,
     /// `AWS_SESSION_TOKEN`, `AWS_ENDPOINT_URL_S3` or `AWS_ENDPOINT_URL`, `AWS_REGION` or
-    /// `AWS_DEFAULT_REGION`. A key id without a secret (or the other way round) is refused.
+    /// `AWS_DEFAULT_REGION`, and `SNAPBLK_REMOTE_ALLOW_UNPINNED=1`
+    /// ([`RemoteConfig::allow_unpinned`]). A key id without a secret (or the other way round)
+    /// is refused.
     pub fn from_env() -> Result<Self> {
         let mut c = RemoteConfig {
             endpoint: env("AWS_ENDPOINT_URL_S3").or_else(|| env("AWS_ENDPOINT_URL")),
+            allow_unpinned: env("SNAPBLK_REMOTE_ALLOW_UNPINNED").is_some_and(|v| v == "1"),
             ..RemoteConfig::default()
         };
         if let Some(r) = env("AWS_REGION").or_else(|| env("AWS_DEFAULT_REGION")) {

@@ -409,6 +409,20 @@ pub fn run(c: CowCmd) -> Result<()> {
     run_cmd(c)
 }
 
+/// Refuse a --level outside the range of its algorithm (the encoders would clamp it).
+fn check_level(algo: Compression, level: Option<i32>) -> Result<()> {
+    if let (Some(l), Some(r)) = (level, algo.levels())
+        && !r.contains(&l)
+    {
+        bail!(
+            "--level {l}: {algo} levels are {} to {}",
+            r.start(),
+            r.end()
+        );
+    }
+    Ok(())
+}
+
 fn run_cmd(c: CowCmd) -> Result<()> {
     match c {
         CowCmd::Create {
@@ -428,6 +442,7 @@ fn run_cmd(c: CowCmd) -> Result<()> {
             time_writer,
         } => {
             let rec_path = record::sidecar_path(&out);
+            check_level(compression.into(), level)?;
             refuse_alias("-o", &out, &[("--old", &old), ("--new", &new)])?;
             refuse_alias("-o", &rec_path, &[("--old", &old), ("--new", &new)])?;
             let t0 = std::time::Instant::now();

@@ -29,8 +29,8 @@ pub struct ServeArgs {
     #[arg(long, value_name = "OLDDIR")]
     source: PathBuf,
     /// Work directory for the COWs, their records and the partitions served without a COW
-    /// (created if missing; never the source directory). Default: a new directory in
-    /// $TMPDIR, removed at exit.
+    /// (created if missing; never the source directory; refused when owned by another user).
+    /// Default: a new directory in $TMPDIR with a random name and mode 0700, removed at exit.
     #[arg(long, value_name = "DIR")]
     work: Option<PathBuf>,
     /// Export over NBD on ADDR: PORT or :PORT (loopback), HOST:PORT, or unix:/path; the
@@ -68,13 +68,34 @@ pub struct ServeArgs {
 /// A partition name and its file.
 type Named = (String, PathBuf);
 
-/// A work directory removed when dropped (the default --work).
-struct TempWork(PathBuf);
+/// The default --work: a new directory in $TMPDIR with a random name, created (never found)
+/// with mode 0700, so no other user can plant files or links in it; removed when dropped.
+fn temp_work() -> Result<tempfile::TempDir> {
+    use std::os::unix::fs::PermissionsExt;
+    let tmp = std::env::temp_dir();
+    tempfile::Builder::new()
+        .prefix("snapblk-ota-serve-")
+        .permissions(std::fs::Permissions::from_mode(0o700))
+        .tempdir_in(&tmp)
+        .with_context(|| format!("creating a work directory in {}", tmp.display()))
+}
 
-impl Drop for TempWork {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
+/// Refuse a --work that exists and belongs to another user: its owner could swap the files
+/// written there (COWs, built images) for links between our writes and our reads.
+fn refuse_foreign(work: &Path) -> Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    if let Ok(m) = std::fs::metadata(work) {
+        // SAFETY: geteuid has no preconditions and cannot fail.
+        let me = unsafe { libc::geteuid() };
+        if m.uid() != me {
+            bail!(
+                "--work {}: owned by user {}, not by this one ({me}); use a directory of your own",
+                work.display(),
+                m.uid()
+            );
+        }
     }
+    Ok(())
 }
 
 fn spec_path(p: &Path) -> Result<String> {
@@ -87,11 +108,13 @@ fn spec_path(p: &Path) -> Result<String> {
 
 pub(super) fn run(a: &ServeArgs) -> Result<()> {
     let (work, _temp) = match &a.work {
-        Some(w) => (w.clone(), None),
+        Some(w) => {
+            refuse_foreign(w)?;
+            (w.clone(), None)
+        }
         None => {
-            let w = std::env::temp_dir().join(format!("snapblk-ota-serve-{}", std::process::id()));
-            std::fs::create_dir(&w).with_context(|| format!("create {}", w.display()))?;
-            (w.clone(), Some(TempWork(w)))
+            let t = temp_work()?;
+            (t.path().to_owned(), Some(t))
         }
     };
     // A COW of a previous run over this --work whose merge has begun is merge state: resume
@@ -353,6 +376,7 @@ fn serve_fuse(
             direct_io: false,
             threads: 2,
             allow_other: false,
+            nonempty: false,
         };
         let m = snapblk_fuse::mount(dev, &sub, &opts)
             .with_context(|| format!("mounting {}", sub.display()))?;

@@ -123,6 +123,10 @@ pub struct ServeArgs {
     /// FUSE: allow other users to access the file (allow_other).
     #[arg(long)]
     fuse_allow_other: bool,
+    /// FUSE: mount over DIR even if it is not empty (hiding its files while mounted); by
+    /// default such a DIR is refused, as fusermount does.
+    #[arg(long)]
+    fuse_nonempty: bool,
 
     #[command(flatten)]
     ublk_args: serve_ublk::UblkArgs,
@@ -179,6 +183,7 @@ fn check_combinations(a: &ServeArgs) -> anyhow::Result<()> {
                 ("--fuse-direct-io", a.fuse_direct_io),
                 ("--fuse-threads", a.fuse_threads.is_some()),
                 ("--fuse-allow-other", a.fuse_allow_other),
+                ("--fuse-nonempty", a.fuse_nonempty),
             ],
         ),
         (
@@ -723,6 +728,7 @@ fn serve_fuse(
         direct_io: a.fuse_direct_io,
         threads: a.fuse_threads.unwrap_or(4),
         allow_other: a.fuse_allow_other,
+        nonempty: a.fuse_nonempty,
     };
     let mut m = snapblk_fuse::mount(dev, dir, &opts)?;
     let ops = Ops::start(&a.ops, &observed("fuse", m.stats().clone(), rec, m.size()))?;

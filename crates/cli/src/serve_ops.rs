@@ -25,6 +25,14 @@ use std::time::{Duration, Instant};
 pub const CONTROL_VERSION: u64 = 1;
 /// Longest request line the control socket reads.
 const MAX_LINE: usize = 64 << 10;
+/// Scrapes served at once; a client beyond them gets HTTP 503 at once.
+const METRICS_MAX_CONNS: usize = 8;
+/// Time a scrape has, from its connection to the last byte of the reply.
+const METRICS_DEADLINE: Duration = Duration::from_secs(10);
+/// Control clients connected at once; one beyond them gets an error line and is closed.
+const CONTROL_MAX_CLIENTS: usize = 16;
+/// A control client that sends nothing for this long is closed (with an error line).
+const CONTROL_IDLE: Duration = Duration::from_secs(30);
 
 /// Options for watching and steering a server.
 #[derive(Args, Debug, Default)]
@@ -226,25 +234,103 @@ fn accept_loop<S>(
 }
 
 fn serve_metrics(l: &TcpListener, obs: &Observed, stop: &AtomicBool) {
-    accept_loop(
-        stop,
-        || l.accept().map(|(s, _)| s),
-        |s| {
-            // One scrape at a time, each bounded by its timeouts.
-            let _ = s.set_nonblocking(false);
-            let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
-            let _ = s.set_write_timeout(Some(Duration::from_secs(5)));
-            if let Err(e) = answer_http(s, obs) {
-                log::debug!("metrics request: {e}");
+    let active = std::sync::atomic::AtomicUsize::new(0);
+    std::thread::scope(|scope| {
+        accept_loop(
+            stop,
+            || l.accept().map(|(s, _)| s),
+            |s| {
+                // A few scrapes at once, each with a deadline, so a slow or stuck client
+                // holds only its own connection, and only for a while.
+                if active.load(Ordering::Relaxed) >= METRICS_MAX_CONNS {
+                    // Never waiting: a fresh socket's buffer takes these few bytes.
+                    let _ = s.set_nonblocking(true);
+                    let _ = (&s).write_all(
+                        b"HTTP/1.1 503 Service Unavailable\r\nRetry-After: 1\r\n\
+                          Content-Length: 0\r\nConnection: close\r\n\r\n",
+                    );
+                    return;
+                }
+                active.fetch_add(1, Ordering::Relaxed);
+                let active = &active;
+                let spawned = std::thread::Builder::new()
+                    .name("metrics-conn".into())
+                    .spawn_scoped(scope, move || {
+                        let until = Instant::now() + METRICS_DEADLINE;
+                        let r = s
+                            .set_nonblocking(false)
+                            .and_then(|()| answer_http(Deadline { s, until, stop }, obs));
+                        if let Err(e) = r {
+                            log::debug!("metrics request: {e}");
+                        }
+                        active.fetch_sub(1, Ordering::Relaxed);
+                    });
+                if spawned.is_err() {
+                    active.fetch_sub(1, Ordering::Relaxed);
+                }
+            },
+        );
+    });
+}
+
+/// A metrics connection whose reads and writes fail with `TimedOut` past `until` (or once the
+/// server stops), however slowly the client trickles its bytes.
+struct Deadline<'a> {
+    s: std::net::TcpStream,
+    until: Instant,
+    stop: &'a AtomicBool,
+}
+
+impl Deadline<'_> {
+    /// Time left, at most 200 ms (to notice a stop), or `TimedOut`.
+    fn left(&self) -> std::io::Result<Duration> {
+        let left = self.until.saturating_duration_since(Instant::now());
+        if left.is_zero() || self.stop.load(Ordering::Relaxed) {
+            return Err(std::io::ErrorKind::TimedOut.into());
+        }
+        Ok(left.min(Duration::from_millis(200)))
+    }
+}
+
+impl Read for Deadline<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        loop {
+            self.s.set_read_timeout(Some(self.left()?))?;
+            match self.s.read(buf) {
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                    ) => {}
+                r => return r,
             }
-        },
-    );
+        }
+    }
+}
+
+impl Write for Deadline<'_> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        loop {
+            self.s.set_write_timeout(Some(self.left()?))?;
+            match self.s.write(buf) {
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                    ) => {}
+                r => return r,
+            }
+        }
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.s.flush()
+    }
 }
 
 /// Answer one HTTP/1.x request: `GET /metrics` (or `/`) gets the exposition.
-fn answer_http(mut s: std::net::TcpStream, obs: &Observed) -> std::io::Result<()> {
+fn answer_http(mut s: Deadline<'_>, obs: &Observed) -> std::io::Result<()> {
     let mut head = Vec::new();
-    let mut r = BufReader::new((&s).take(16 << 10));
+    let mut r = BufReader::new((&mut s).take(16 << 10));
     loop {
         let mut line = Vec::new();
         if r.read_until(b'\n', &mut line)? == 0 {
@@ -257,6 +343,7 @@ fn answer_http(mut s: std::net::TcpStream, obs: &Observed) -> std::io::Result<()
             break;
         }
     }
+    drop(r);
     let head = String::from_utf8_lossy(&head);
     let mut parts = head.split_whitespace();
     let (method, target) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
@@ -562,19 +649,34 @@ fn render_snapshot(o: &mut String, act: &Activity) {
 }
 
 fn serve_control(l: &UnixListener, obs: &Observed, stop: &Arc<AtomicBool>) {
+    let active = std::sync::atomic::AtomicUsize::new(0);
     std::thread::scope(|scope| {
         accept_loop(
             stop,
             || l.accept().map(|(s, _)| s),
             |s| {
-                let stop = stop.clone();
-                let _ = std::thread::Builder::new()
+                if active.load(Ordering::Relaxed) >= CONTROL_MAX_CLIENTS {
+                    // Never waiting: a fresh socket's buffer takes one line.
+                    let _ = s.set_nonblocking(true);
+                    let msg = format!(
+                        "too many control clients ({CONTROL_MAX_CLIENTS} connected); try again later"
+                    );
+                    let _ = writeln!(&s, "{}", error_reply(&msg));
+                    return;
+                }
+                active.fetch_add(1, Ordering::Relaxed);
+                let (stop, active) = (stop.clone(), &active);
+                let spawned = std::thread::Builder::new()
                     .name("control-conn".into())
                     .spawn_scoped(scope, move || {
                         if let Err(e) = control_conn(s, obs, &stop) {
                             log::debug!("control connection: {e}");
                         }
+                        active.fetch_sub(1, Ordering::Relaxed);
                     });
+                if spawned.is_err() {
+                    active.fetch_sub(1, Ordering::Relaxed);
+                }
             },
         );
     });
@@ -591,7 +693,9 @@ fn control_conn(s: UnixStream, obs: &Observed, stop: &AtomicBool) -> std::io::Re
     let mut w = s.try_clone()?;
     let mut r = BufReader::new(s);
     let mut line = Vec::new();
+    let mut heard = Instant::now();
     while !stop.load(Ordering::Relaxed) {
+        let before = line.len();
         let n = match (&mut r)
             .take((MAX_LINE + 1 - line.len()) as u64)
             .read_until(b'\n', &mut line)
@@ -603,10 +707,22 @@ fn control_conn(s: UnixStream, obs: &Observed, stop: &AtomicBool) -> std::io::Re
                     std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
                 ) =>
             {
+                // read_until keeps what it read before the timeout.
+                if line.len() > before {
+                    heard = Instant::now();
+                } else if heard.elapsed() >= CONTROL_IDLE {
+                    let msg = format!(
+                        "no request for {} s: closing the connection",
+                        CONTROL_IDLE.as_secs()
+                    );
+                    writeln!(w, "{}", error_reply(&msg))?;
+                    return Ok(());
+                }
                 continue;
             }
             Err(e) => return Err(e),
         };
+        heard = Instant::now();
         let complete = line.last() == Some(&b'\n');
         if !complete && line.len() <= MAX_LINE && n != 0 {
             continue;

@@ -781,3 +781,38 @@ fn a_new_cow_never_sits_beside_an_old_record() {
         "does not describe this COW",
     );
 }
+
+/// A --level outside its algorithm's range (which the encoders would silently clamp) is
+/// refused with one line naming the range, and no COW appears; the ends of each range and
+/// zstd's negative levels are accepted.
+#[test]
+fn create_refuses_levels_out_of_range() {
+    let c = Case::new("safety-create-level", 16, &[]);
+    let out = c.p("l.cow");
+    let args = |algo: &'static str, level: &'static str| {
+        let mut v = vec!["cow", "create", "--old", path_str(&c.old), "--new"];
+        v.extend([path_str(&c.new), "-o", path_str(&out)]);
+        v.extend(["--compression", algo, "--level", level]);
+        v
+    };
+    for (algo, level, range) in [
+        ("zstd", "23", "zstd levels are -131072 to 22"),
+        ("zstd", "-200000", "zstd levels are -131072 to 22"),
+        ("gz", "10", "gz levels are 0 to 9"),
+        ("brotli", "-1", "brotli levels are 0 to 11"),
+    ] {
+        let err = refused(&args(algo, level), range);
+        assert_eq!(err.lines().count(), 1, "{err}");
+        assert!(err.contains(&format!("--level {level}")), "{err}");
+        assert!(!out.exists(), "{algo} {level}");
+    }
+    for (algo, level) in [
+        ("zstd", "22"),
+        ("zstd", "-5"),
+        ("gz", "0"),
+        ("brotli", "11"),
+    ] {
+        ok(&args(algo, level));
+        std::fs::remove_file(&out).unwrap();
+    }
+}

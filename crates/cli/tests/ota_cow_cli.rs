@@ -584,3 +584,52 @@ fn ota_serve_fuse_mounts_one_file_per_partition() {
     assert!(status.success(), "{err}");
     assert!(!sys.exists() && !ven.exists(), "unmounted at exit");
 }
+
+/// Without --work, the work directory is a new one in $TMPDIR with a random name (not the
+/// process id, which another user can guess and plant first) and mode 0700, gone at exit; a
+/// --work owned by another user is refused before anything is written.
+#[test]
+fn ota_serve_work_directory_is_private() {
+    use std::os::unix::fs::PermissionsExt;
+    let s = setup("ota-serve-work", &fields(3, "lz4"), Some);
+    let tmp = s.d.join("tmp");
+    std::fs::create_dir(&tmp).unwrap();
+    let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_snapblk"));
+    c.env("TMPDIR", &tmp)
+        .args(["ota", "serve", path_str(&s.ota), "--source"])
+        .arg(&s.old_dir)
+        .args(["--nbd", "0", "--json"]);
+    let srv = snapblk_testsupport::ReadyProcess::spawn(&mut c).unwrap();
+    let work = PathBuf::from(srv.ready_str("work"));
+    assert_eq!(work.parent(), Some(tmp.as_path()), "{}", work.display());
+    let mode = std::fs::metadata(&work).unwrap().permissions().mode() & 0o7777;
+    assert_eq!(mode, 0o700, "{}", work.display());
+    let name = work.file_name().unwrap().to_string_lossy().into_owned();
+    assert_ne!(name, format!("snapblk-ota-serve-{}", srv.pid()));
+    let (status, _, err) = srv.stop();
+    assert!(status.success(), "{err}");
+    assert!(entries(&tmp).is_empty(), "{:?}", entries(&tmp));
+
+    let foreign = s.d.join("foreign");
+    std::fs::create_dir(&foreign).unwrap();
+    // As root: a directory given to nobody (65534); as anyone else, root's own "/" is foreign.
+    let foreign = match std::os::unix::fs::chown(&foreign, Some(65534), Some(65534)) {
+        Ok(()) => foreign,
+        Err(_) => PathBuf::from("/"),
+    };
+    let o = std::process::Command::new(env!("CARGO_BIN_EXE_snapblk"))
+        .args(["ota", "serve", path_str(&s.ota), "--source"])
+        .arg(&s.old_dir)
+        .args(["--work", path_str(&foreign), "--nbd", "0", "--json"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("owned by user") && err.lines().count() == 1,
+        "{err}"
+    );
+    if foreign != Path::new("/") {
+        assert!(entries(&foreign).is_empty());
+    }
+}

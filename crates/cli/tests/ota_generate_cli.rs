@@ -458,3 +458,31 @@ fn vabc_settings_without_vabc_are_refused() {
         assert!(!pay.exists(), "{extra:?}");
     }
 }
+
+/// A `,LEVEL` outside the algorithm's range (which the encoders would silently clamp) is
+/// refused with one line naming the range, before anything is written.
+#[test]
+fn vabc_compression_levels_out_of_range_are_refused() {
+    let d = TempDir::new("ota-gen-cli-level");
+    dirs(&d);
+    let pay = d.join("p.bin");
+    for (param, range) in [
+        ("zstd,23", "zstd levels are -131072 to 22"),
+        ("zstd,-131073", "zstd levels are -131072 to 22"),
+        ("gz,10", "gz levels are 0 to 9"),
+    ] {
+        let o = std::process::Command::new(env!("CARGO_BIN_EXE_snapblk"))
+            .args(["ota", "generate", "--source", path_str(&d.join("old"))])
+            .args(["--target", path_str(&d.join("new")), "-o", path_str(&pay)])
+            .args(["--vabc-compression", param])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(1), "{param}: {err}");
+        assert!(
+            err.contains(range) && err.lines().count() == 1,
+            "{param}: {err}"
+        );
+        assert!(!pay.exists(), "{param}");
+    }
+}

@@ -513,3 +513,33 @@ fn third_signal_aborts_the_remaining_users_after_flushing() {
     );
     assert_eq!(&now[..3 * 4096], &data[..3 * 4096]);
 }
+
+/// A mount point that holds files is refused with one line (as fusermount refuses it), and its
+/// files stay visible; `--fuse-nonempty` mounts over it anyway, hiding them until the unmount.
+#[test]
+fn a_non_empty_mount_point_is_refused_unless_asked() {
+    let (_d, img, _, mnt) = image_and_mountpoint("fuse-nonempty", 1 << 20, 11);
+    let _unmount = Unmount::new(&[&mnt]);
+    let mine = mnt.join("mine.txt");
+    std::fs::write(&mine, b"keep me").unwrap();
+    // A server that mounts anyway is killed when what try_start returns is dropped.
+    let args = [path_str(&img), "--read-only", "--fuse", path_str(&mnt)];
+    let err = match Serve::try_start(&args) {
+        Ok(s) => panic!("mounted over a non-empty directory: {}", s.ready),
+        Err(e) => e,
+    };
+    let stderr = err.split_once("exit status: 1: ").map_or("", |(_, e)| e);
+    assert!(
+        stderr.contains("is not empty") && stderr.trim_end().lines().count() == 1,
+        "{err}"
+    );
+    assert!(!is_mounted(&mnt));
+    assert_eq!(std::fs::read(&mine).unwrap(), b"keep me");
+    let s = serve_fuse(&[path_str(&img), "--read-only", "--fuse-nonempty"], &mnt);
+    assert!(is_mounted(&mnt));
+    assert!(!mine.exists(), "hidden under the mount");
+    tool_ok("cmp", &[&file_of(&s), path_str(&img)]);
+    let (st, _, err) = s.stop();
+    assert!(st.success(), "{err}");
+    assert_eq!(std::fs::read(&mine).unwrap(), b"keep me");
+}

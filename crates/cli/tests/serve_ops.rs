@@ -3,7 +3,8 @@
 //! the metrics; a FUSE export's counters follow cmp's reads; the control socket is owner-only,
 //! pauses a merge at a durable step (base and COW unchanged on disk while paused, by
 //! sha256sum), resumes it to a base equal to the target (cmp), survives a kill while paused, and
-//! answers bad requests with one error line.
+//! answers bad requests with one error line. Slow, idle and surplus clients of either server
+//! hold only themselves, and only for a bounded time.
 
 #[path = "serve_common.rs"]
 mod common;
@@ -579,6 +580,128 @@ fn bad_control_requests_get_one_error_line() {
         "{}",
         String::from_utf8_lossy(&o.stderr)
     );
+    let (st, _, err) = s.stop();
+    assert!(st.success(), "{err}");
+}
+
+/// A metrics client that trickles its request a byte at a time holds only its own connection:
+/// other scrapes are answered meanwhile, and the trickler is cut off at the scrape deadline
+/// (10 s) rather than served for as long as it keeps sending.
+#[test]
+fn a_slow_metrics_client_does_not_hold_the_others() {
+    let d = TempDir::new("ops-metrics-slow");
+    let (img, _) = write_image(d.path(), "a.img", 1 << 20, 5);
+    let s = Serve::start(&[path_str(&img), "--nbd", "0", "--metrics", "0"]);
+    let addr = s.ready_str("metrics");
+    let slow = std::net::TcpStream::connect(&addr).unwrap();
+    let mut w = slow.try_clone().unwrap();
+    w.write_all(b"GET /metrics HTTP/1.1\r\n").unwrap();
+    // One header byte every 300 ms for up to 120 s, until the server closes the connection.
+    let trickle = std::thread::spawn(move || {
+        for _ in 0..400 {
+            if w.write_all(b"X").is_err() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(300));
+        }
+    });
+    for _ in 0..3 {
+        assert!(http_get(&addr, "/metrics").contains("snapblk_up_seconds"));
+    }
+    // Cut off: end of stream (or a reset), not a read that waits until our own timeout.
+    slow.set_read_timeout(Some(Duration::from_secs(90)))
+        .unwrap();
+    let mut buf = Vec::new();
+    match (&slow).read_to_end(&mut buf) {
+        Ok(_) => {}
+        Err(e) => assert_eq!(e.kind(), std::io::ErrorKind::ConnectionReset, "{e}"),
+    }
+    drop(slow);
+    trickle.join().unwrap();
+    let (st, _, err) = s.stop();
+    assert!(st.success(), "{err}");
+}
+
+/// The metrics server serves a bounded number of scrapes at once (8): with 8 idle connections
+/// open, the next client gets `503 Service Unavailable` at once; once they close, scrapes are
+/// served again.
+#[test]
+fn metrics_connections_are_bounded() {
+    let d = TempDir::new("ops-metrics-bound");
+    let (img, _) = write_image(d.path(), "a.img", 1 << 20, 5);
+    let s = Serve::start(&[path_str(&img), "--nbd", "0", "--metrics", "0"]);
+    let addr = s.ready_str("metrics");
+    let idle: Vec<_> = (0..8)
+        .map(|_| std::net::TcpStream::connect(&addr).unwrap())
+        .collect();
+    let mut c = std::net::TcpStream::connect(&addr).unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let mut r = String::new();
+    c.read_to_string(&mut r).unwrap();
+    assert!(r.starts_with("HTTP/1.1 503 "), "{r:?}");
+    drop(idle);
+    // Their handlers end as the idle clients' connections close.
+    let end = Instant::now() + Duration::from_secs(30);
+    loop {
+        let mut c = std::net::TcpStream::connect(&addr).unwrap();
+        c.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        write!(c, "GET /metrics HTTP/1.1\r\nHost: {addr}\r\n\r\n").unwrap();
+        let mut r = String::new();
+        let _ = c.read_to_string(&mut r);
+        if r.starts_with("HTTP/1.1 200") {
+            break;
+        }
+        assert!(Instant::now() < end, "still refused: {r:?}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let (st, _, err) = s.stop();
+    assert!(st.success(), "{err}");
+}
+
+/// The control socket serves at most 16 clients at once: the 17th gets one error line saying
+/// so and is closed, while the 16 still work; a client that sends nothing for 30 s gets an
+/// error line and is closed.
+#[test]
+fn control_clients_are_bounded_and_idle_ones_closed() {
+    let d = TempDir::new("ops-ctl-bound");
+    let (img, _) = write_image(d.path(), "a.img", 1 << 20, 5);
+    let sock = d.join("c.sock");
+    let s = Serve::start(&[path_str(&img), "--nbd", "0", "--control", path_str(&sock)]);
+    let held: Vec<UnixStream> = (0..16)
+        .map(|_| UnixStream::connect(&sock).unwrap())
+        .collect();
+    let extra = UnixStream::connect(&sock).unwrap();
+    extra
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+    let mut l = String::new();
+    BufReader::new(&extra).read_line(&mut l).unwrap();
+    let v: serde_json::Value = serde_json::from_str(&l).unwrap_or_else(|e| panic!("{e}: {l:?}"));
+    assert_eq!(v["ok"], false, "{v}");
+    assert!(
+        v["error"]
+            .as_str()
+            .unwrap()
+            .contains("too many control clients"),
+        "{v}"
+    );
+    let mut rest = String::new();
+    assert_eq!(BufReader::new(&extra).read_line(&mut rest).unwrap(), 0);
+    // A held client is served.
+    let c = &held[0];
+    c.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    (&*c).write_all(b"{\"v\":1,\"cmd\":\"status\"}\n").unwrap();
+    let mut r = BufReader::new(c);
+    let mut l = String::new();
+    r.read_line(&mut l).unwrap();
+    assert!(l.contains("\"ok\":true"), "{l}");
+    // The others have been idle since they connected: closed with an error line.
+    let c = &held[1];
+    c.set_read_timeout(Some(Duration::from_secs(90))).unwrap();
+    let mut l = String::new();
+    BufReader::new(c).read_line(&mut l).unwrap();
+    assert!(l.contains("no request for 30 s"), "{l:?}");
+    drop(held);
     let (st, _, err) = s.stop();
     assert!(st.success(), "{err}");
 }

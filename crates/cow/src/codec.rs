@@ -57,6 +57,18 @@ impl Compression {
         self as u8
     }
 
+    /// The encoder levels a user may ask for ([`Codec::level`]): gz 0..=9, brotli 0..=11,
+    /// zstd from libzstd's lowest (negative, "fast") level to 22; `None` for none and lz4,
+    /// which have no level.
+    pub fn levels(self) -> Option<std::ops::RangeInclusive<i32>> {
+        match self {
+            Compression::Gz => Some(0..=9),
+            Compression::Brotli => Some(0..=11),
+            Compression::Zstd => Some(zstd::compression_level_range()),
+            Compression::None | Compression::Lz4 => None,
+        }
+    }
+
     /// The name AOSP's writer option uses (`none`, `gz`, `brotli`, `lz4`, `zstd`).
     pub fn name(self) -> &'static str {
         match self {

@@ -48,6 +48,10 @@ pub enum FuseError {
     /// The kernel refused the FUSE mount on the path (no `/dev/fuse`, no permission, ...).
     #[error("mounting FUSE on {0}")]
     Mount(PathBuf, #[source] std::io::Error),
+    /// The mount point (path) is not empty: the mount would hide its files (as fusermount,
+    /// refused unless [`FuseOptions::nonempty`]).
+    #[error("mount point {0} is not empty (its files would be hidden under the mount)")]
+    NotEmpty(PathBuf),
     /// [`FuseOptions::file_name`] is empty, `.`, `..` or contains `/`.
     #[error("file name {0:?} must be a single non-empty path component")]
     BadName(String),
@@ -76,6 +80,9 @@ pub struct FuseOptions {
     pub threads: usize,
     /// Let users other than the mounting one access the file (`allow_other`).
     pub allow_other: bool,
+    /// Mount over a directory that is not empty (fusermount's `nonempty`), hiding its files
+    /// while mounted; otherwise such a directory is refused ([`FuseError::NotEmpty`]).
+    pub nonempty: bool,
 }
 
 impl Default for FuseOptions {
@@ -86,6 +93,7 @@ impl Default for FuseOptions {
             direct_io: false,
             threads: 4,
             allow_other: false,
+            nonempty: false,
         }
     }
 }
@@ -399,6 +407,13 @@ pub fn mount(
             dir.to_owned(),
             std::io::Error::from_raw_os_error(libc::ENOTDIR),
         ));
+    }
+    if !opts.nonempty {
+        let mut entries =
+            std::fs::read_dir(dir).map_err(|e| FuseError::MountPoint(dir.to_owned(), e))?;
+        if entries.next().is_some() {
+            return Err(FuseError::NotEmpty(dir.to_owned()));
+        }
     }
     let dev = Arc::new(Device::new(dev)?);
     let read_only = opts.read_only || dev.read_only;

@@ -40,6 +40,10 @@ pub struct RemoteConfig {
     /// Part size of uploads (5 MiB to 5 GiB, S3's limits): a file larger than this is sent as
     /// a multipart upload in parts of this size (larger when it would take more than 10,000).
     pub part_size: u64,
+    /// Read an object whose server gives neither an ETag nor a Last-Modified date, though a
+    /// change between two reads could then go unnoticed (`SNAPBLK_REMOTE_ALLOW_UNPINNED=1`).
+    /// Without it, opening such an object fails with [`RemoteError::Unpinned`].
+    pub allow_unpinned: bool,
 }
 
 impl Default for RemoteConfig {
@@ -54,6 +58,7 @@ impl Default for RemoteConfig {
             block_size: DEFAULT_BLOCK_SIZE,
             readahead_blocks: DEFAULT_READAHEAD_BLOCKS,
             part_size: DEFAULT_PART_SIZE,
+            allow_unpinned: false,
         }
     }
 }
@@ -65,10 +70,13 @@ fn env(name: &str) -> Option<String> {
 impl RemoteConfig {
     /// Defaults plus the AWS environment: `AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`,
     /// `AWS_SESSION_TOKEN`, `AWS_ENDPOINT_URL_S3` or `AWS_ENDPOINT_URL`, `AWS_REGION` or
-    /// `AWS_DEFAULT_REGION`. A key id without a secret (or the other way round) is refused.
+    /// `AWS_DEFAULT_REGION`, and `SNAPBLK_REMOTE_ALLOW_UNPINNED=1`
+    /// ([`RemoteConfig::allow_unpinned`]). A key id without a secret (or the other way round)
+    /// is refused.
     pub fn from_env() -> Result<Self> {
         let mut c = RemoteConfig {
             endpoint: env("AWS_ENDPOINT_URL_S3").or_else(|| env("AWS_ENDPOINT_URL")),
+            allow_unpinned: env("SNAPBLK_REMOTE_ALLOW_UNPINNED").is_some_and(|v| v == "1"),
             ..RemoteConfig::default()
         };
         if let Some(r) = env("AWS_REGION").or_else(|| env("AWS_DEFAULT_REGION")) {

@@ -43,15 +43,25 @@ pub enum RemoteError {
         /// `, CODE` with the S3 error code when the body had one.
         code: String,
     },
-    /// The object was replaced after it was opened (HTTP 412 to `If-Match`, or another ETag).
+    /// The object was replaced after it was opened (HTTP 412 to `If-Match` or
+    /// `If-Unmodified-Since`, or a reply with another ETag, Last-Modified date or size).
     #[error(
-        "{url}: the object changed since it was opened (ETag was {etag}); reopen it to read the new version"
+        "{url}: the object changed since it was opened (it was {etag}); reopen it to read the new version"
     )]
     Changed {
         /// The object.
         url: String,
-        /// The ETag it was opened at.
+        /// The version it was opened at: its ETag, or its Last-Modified date when it has none.
         etag: String,
+    },
+    /// The server gives neither an ETag nor a Last-Modified date: a change of the object
+    /// between two reads could not be noticed.
+    #[error(
+        "{url}: the server gives neither an ETag nor a Last-Modified date, so a change between reads would go unnoticed (set SNAPBLK_REMOTE_ALLOW_UNPINNED=1 to read it anyway)"
+    )]
+    Unpinned {
+        /// The object.
+        url: String,
     },
     /// No answer: connection refused, name not resolved, TLS failure or timeout, after retries.
     #[error(

@@ -3,9 +3,9 @@
 //! * [`RemoteObject`]: an object at `s3://BUCKET/KEY` (S3, Ceph RGW, any S3-compatible store;
 //!   SigV4-signed when credentials are set) or `http(s)://…` (a public object or a presigned
 //!   URL), read by position through ranged GETs into a bounded block cache, pinned to the
-//!   version it was opened at (its ETag, sent as `If-Match`). It implements the positional I/O
-//!   family ([`snapblk_core::ReadAt`]), so a COW reader, a snapshot and the OTA payload reader
-//!   read it like a file.
+//!   version it was opened at (its ETag, sent as `If-Match`, or else its Last-Modified date).
+//!   It implements the positional I/O family ([`snapblk_core::ReadAt`]), so a COW reader, a
+//!   snapshot and the OTA payload reader read it like a file.
 //! * [`RemoteDriver`]: the same as the read-only `s3` / `http` driver of device specs.
 //! * [`put_file`] / [`get_to`]: whole-object publish and fetch, checked by SHA-256; a file
 //!   larger than [`RemoteConfig::part_size`] goes up as an S3 multipart upload, aborted on
@@ -14,7 +14,8 @@
 //!   for tools that sign their own requests.
 //!
 //! Configuration: [`RemoteConfig::from_env`] reads `AWS_ACCESS_KEY_ID`,
-//! `AWS_SECRET_ACCESS_KEY`, `AWS_SESSION_TOKEN`, `AWS_ENDPOINT_URL(_S3)` and `AWS_REGION`.
+//! `AWS_SECRET_ACCESS_KEY`, `AWS_SESSION_TOKEN`, `AWS_ENDPOINT_URL(_S3)`, `AWS_REGION` and
+//! `SNAPBLK_REMOTE_ALLOW_UNPINNED` (read an object that has neither ETag nor Last-Modified).
 //! HTTPS trusts the system's CA store; `SSL_CERT_FILE` points it at another bundle (a private
 //! CA). Errors ([`RemoteError`]) are one line each: denied credentials, a missing object, a
 //! changed object, an unreachable endpoint.

@@ -44,9 +44,10 @@ impl RemoteStats {
 enum Pin {
     /// `If-Match: ETAG` on every read.
     ETag(String),
-    /// `If-Unmodified-Since: DATE` (a server without ETags).
+    /// `If-Unmodified-Since: DATE` (a server without ETags); a reply with another
+    /// Last-Modified date or size is refused too (servers that ignore the condition).
     LastModified(String),
-    /// The server gives neither: reads are not pinned.
+    /// The server gives neither: reads are not pinned ([`RemoteConfig::allow_unpinned`]).
     None,
 }
 
@@ -101,7 +102,12 @@ impl RemoteObject {
         let pin = match (resp.header("etag"), resp.header("last-modified")) {
             (Some(e), _) if !e.trim().is_empty() => Pin::ETag(e.trim().to_owned()),
             (_, Some(d)) if !d.trim().is_empty() => Pin::LastModified(d.trim().to_owned()),
-            _ => Pin::None,
+            _ if cfg.allow_unpinned => Pin::None,
+            _ => {
+                return Err(RemoteError::Unpinned {
+                    url: target.display.clone(),
+                });
+            }
         };
         let cap = usize::try_from(cfg.cache_bytes / cfg.block_size).unwrap_or(usize::MAX);
         Ok(RemoteObject {
@@ -175,12 +181,16 @@ impl RemoteObject {
             url: self.target.display.clone(),
             why,
         };
-        if let (Pin::ETag(want), Some(got)) = (&self.pin, resp.header("etag"))
-            && got.trim() != want
-        {
+        let changed = match (&self.pin, resp.header("etag"), resp.header("last-modified")) {
+            (Pin::ETag(want), Some(got), _) => got.trim() != want,
+            // A server may ignore If-Unmodified-Since: its reply says which version it is.
+            (Pin::LastModified(want), _, Some(got)) => got.trim() != want,
+            _ => false,
+        };
+        if changed {
             return Err(RemoteError::Changed {
                 url: self.target.display.clone(),
-                etag: want.clone(),
+                etag: pin.unwrap_or("unknown").to_owned(),
             });
         }
         let status = resp.status();
@@ -202,7 +212,16 @@ impl RemoteObject {
             }
             // A server that ignores Range sends the whole object: skip to the range (only
             // tolerable for small objects, so refuse large skips).
-            200 if start < (16 << 20) => start,
+            200 if start < (16 << 20) => {
+                let len = resp.header("content-length").map(str::trim);
+                if len.is_some_and(|l| l != self.size.to_string()) {
+                    return Err(RemoteError::Changed {
+                        url: self.target.display.clone(),
+                        etag: pin.unwrap_or("unknown").to_owned(),
+                    });
+                }
+                start
+            }
             _ => return Err(bad(format!("HTTP {status} to a ranged GET of {range}"))),
         };
         let mut r = resp.into_reader();

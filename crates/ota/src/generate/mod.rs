@@ -484,6 +484,16 @@ fn cow_compression(v: &VabcOptions) -> Result<snapblk_cow::Compression, Generate
             v.compression
         ))
     })?;
+    if let (Some(l), Some(r)) = (codec.level, codec.algo.levels())
+        && !r.contains(&l)
+    {
+        return Err(bad(format!(
+            "compression level {l}: {} levels are {} to {}",
+            codec.algo,
+            r.start(),
+            r.end()
+        )));
+    }
     if !(2..=3).contains(&v.cow_version) {
         return Err(bad(format!("COW version {} (2 or 3)", v.cow_version)));
     }

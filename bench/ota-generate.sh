@@ -9,8 +9,9 @@
 #    `snapblk cow create` (the COW of the same pair, lz4, v3: block-level matching and XOR
 #    without bsdiff) and `xz -6 -T1` of the new image (a full payload's ceiling); and `snapblk
 #    ota cow` of an incremental BSDF2 payload made before the rounds (the Virtual A/B COW a
-#    device would write: apply into memory, then the COW writer), against `cow create` of the
-#    same pair. Each run: wall and CPU time and peak RSS (/usr/bin/time); output sizes.
+#    device would write: apply into unnamed files, then the COW writer and its record, both
+#    streaming from the image files), against `cow create` of the same pair. Each run: wall
+#    and CPU time and peak RSS (/usr/bin/time); output sizes.
 # 3. Checks the last payloads: `snapblk ota apply` of each incremental and `ota extract` of the
 #    full one give exactly the new image, and `ota cow --verify` of the BSDF2 one fits its
 #    estimate. Prints medians and ratios (generate time / cow create time, payload size / xz
@@ -115,6 +116,7 @@ w_gen=$(echo "${WALL[gen-bsdf2]}" | median); w_cow=$(echo "${WALL[cow-create]}" 
 echo "generate (BSDF2) / cow create wall: $(echo "scale=2; $w_gen / $w_cow" | bc)"
 w_ota=$(echo "${WALL[ota-cow]}" | median)
 echo "ota cow / cow create wall: $(echo "scale=2; $w_ota / $w_cow" | bc); ota cow: $(echo "scale=0; $SIZE / $w_ota" | bc) MiB of image per second"
+echo "ota cow peak RSS: $(echo "${RSS[ota-cow]}" | median) MiB for a $SIZE MiB partition (cow create: $(echo "${RSS[cow-create]}" | median) MiB)"
 echo "incremental payload / xz of the new image: $(echo "scale=3; ${SIZE_OUT[gen-bsdf2]} / ${SIZE_OUT[xz]}" | bc)"
 echo "full payload / xz of the new image: $(echo "scale=3; ${SIZE_OUT[gen-full]} / ${SIZE_OUT[xz]}" | bc)"
 echo "results: $json"

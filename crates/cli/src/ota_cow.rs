@@ -193,6 +193,23 @@ impl snapblk_cow::CowSink for Unsynced<'_> {
     }
 }
 
+/// The first `.1` bytes of a file (the built partition, whatever the file's length); reading
+/// past them is a short read, and a file shorter than them fails with `UnexpectedEof`.
+struct Prefix<'a>(&'a std::fs::File, u64);
+
+impl ReadAt for Prefix<'_> {
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.1.saturating_sub(offset).min(buf.len() as u64) as usize;
+        if n == 0 {
+            return Ok(0);
+        }
+        self.0.read_at(offset, &mut buf[..n])
+    }
+    fn size(&self) -> std::io::Result<u64> {
+        Ok(self.1)
+    }
+}
+
 /// Bytes free for an unprivileged user in the file system holding `dir`.
 fn free_bytes(dir: &Path) -> Result<u64> {
     use std::os::unix::ffi::OsStrExt;
@@ -466,18 +483,16 @@ fn one(
     }
     // The record: base digests from the old image (whose SHA-256 `apply` checked against the
     // payload's old_partition_info), target digests from the built partition.
+    // Both images are read from their files a chunk at a time, never held in memory.
     let reader = CowReader::open(cow.file()).context("reading the COW back")?;
-    let old_img: Vec<u8> = match old {
-        Some(f) => {
-            let mut v = vec![0u8; ReadAt::size(f)? as usize];
-            f.read_exact_at(0, &mut v)?;
-            v
-        }
-        None => Vec::new(),
+    let no_old: Vec<u8> = Vec::new();
+    let old_src: &(dyn ReadAt + Sync) = match old {
+        Some(f) => f,
+        None => &no_old,
     };
-    let mut new_img = vec![0u8; new_size as usize];
-    new.read_exact_at(0, &mut new_img)?;
-    let mut rec = Record::build(&reader, &old_img, &new_img);
+    let new_src = Prefix(new, new_size);
+    let mut rec = Record::build_from(&reader, old_src, &new_src)
+        .context("digesting the old and new images for the record")?;
     if let Some(h) = p.old_partition_info.as_ref().and_then(|i| i.hash.as_ref())
         && h.as_slice() != rec.base_sha256
     {

@@ -79,6 +79,15 @@ pub enum RecordError {
         #[source]
         source: std::io::Error,
     },
+    /// Reading the target (new) image to build a record failed.
+    #[error("reading target block {block}")]
+    TargetIo {
+        /// Target block being read (for a run of blocks read at once, its first).
+        block: u64,
+        /// The read's error.
+        #[source]
+        source: std::io::Error,
+    },
     /// Reading the record file itself failed (for a reason other than its absence).
     #[error("reading {}", path.display())]
     Read {
@@ -222,6 +231,67 @@ fn block_of<'a>(img: &'a [u8], b: u64, bs: usize, pad: &'a mut Vec<u8>) -> &'a [
     pad
 }
 
+/// Largest read [`Record::build_from`] makes.
+pub const STREAM_CHUNK: usize = 1 << 20;
+
+/// Bytes `offset..offset + buf.len()` of a source of `size` bytes into `buf`, zeros past its
+/// end. The error carries the failed read's offset.
+fn read_padded<S: ReadAt + ?Sized>(
+    src: &S,
+    size: u64,
+    offset: u64,
+    buf: &mut [u8],
+) -> Result<(), (u64, std::io::Error)> {
+    let have = size.saturating_sub(offset).min(buf.len() as u64) as usize;
+    src.read_exact_at(offset, &mut buf[..have])
+        .map_err(|e| (offset, e))?;
+    buf[have..].fill(0);
+    Ok(())
+}
+
+/// SHA-256 of the `size` bytes of `src`, read in [`STREAM_CHUNK`] pieces. The error carries
+/// the failed read's byte offset.
+fn sha256_stream<S: ReadAt + ?Sized>(
+    src: &S,
+    size: u64,
+) -> Result<[u8; 32], (u64, std::io::Error)> {
+    let mut h = Sha256::new();
+    let mut buf = vec![0u8; STREAM_CHUNK];
+    let mut off = 0;
+    while off < size {
+        let n = (size - off).min(STREAM_CHUNK as u64) as usize;
+        read_padded(src, size, off, &mut buf[..n])?;
+        h.update(&buf[..n]);
+        off += n as u64;
+    }
+    Ok(h.finalize().into())
+}
+
+/// One [`block_digest`] per block of `ranges` of `src` (`size` bytes; blocks past its end
+/// zero-padded), read in pieces of at most [`STREAM_CHUNK`]. The error carries the block.
+fn range_digests<S: ReadAt + ?Sized>(
+    src: &S,
+    size: u64,
+    ranges: &[Range],
+    bs: u64,
+) -> Result<Vec<BlockDigest>, (u64, std::io::Error)> {
+    let per = (STREAM_CHUNK as u64 / bs).max(1);
+    let mut out = Vec::with_capacity(count(ranges).min(MAX_BLOCKS) as usize);
+    let mut buf = Vec::new();
+    for &(s, n) in ranges {
+        let mut b = s;
+        while b < s + n {
+            let k = per.min(s + n - b);
+            buf.resize((k * bs) as usize, 0);
+            let off = b.saturating_mul(bs);
+            read_padded(src, size, off, &mut buf).map_err(|(_, e)| (b, e))?;
+            out.extend(buf.chunks_exact(bs as usize).map(block_digest));
+            b += k;
+        }
+    }
+    Ok(out)
+}
+
 /// SHA-256 of `data`.
 pub(crate) fn sha256(data: &[u8]) -> [u8; 32] {
     Sha256::digest(data).into()
@@ -276,6 +346,59 @@ impl Record {
             write,
             write_digests,
         }
+    }
+
+    /// [`Record::build`] over images read through [`ReadAt`] (files), never held in memory:
+    /// whole-image SHA-256 values and block digests are computed from reads of at most
+    /// [`STREAM_CHUNK`] bytes, so memory is a few chunks plus the record itself, whatever the
+    /// images' sizes. Blocks past an image's end are digested zero-padded, as `build` does.
+    /// Gives the same record as `build` over the same bytes.
+    pub fn build_from<R, O, N>(cow: &CowReader<R>, old: &O, new: &N) -> Result<Record, RecordError>
+    where
+        R: ReadAt,
+        O: ReadAt + Sync + ?Sized,
+        N: ReadAt + ?Sized,
+    {
+        let bs = u64::from(cow.block_size());
+        let read = read_set(cow);
+        let write = write_set(cow);
+        let base_size = old
+            .size()
+            .map_err(|source| RecordError::Io { block: 0, source })?;
+        let target_size = new
+            .size()
+            .map_err(|source| RecordError::TargetIo { block: 0, source })?;
+        let (base, target) = std::thread::scope(|s| {
+            let h = s.spawn(|| sha256_stream(old, base_size));
+            let t = sha256_stream(new, target_size);
+            (h.join(), t)
+        });
+        let base_sha256 = base
+            .unwrap_or_else(|_| sha256_stream(old, base_size))
+            .map_err(|(block, source)| RecordError::Io {
+                block: block / bs,
+                source,
+            })?;
+        let target_sha256 = target.map_err(|(block, source)| RecordError::TargetIo {
+            block: block / bs,
+            source,
+        })?;
+        let read_digests = range_digests(old, base_size, &read, bs)
+            .map_err(|(block, source)| RecordError::Io { block, source })?;
+        let write_digests = range_digests(new, target_size, &write, bs)
+            .map_err(|(block, source)| RecordError::TargetIo { block, source })?;
+        Ok(Record {
+            block_size: cow.block_size(),
+            base_size,
+            target_size,
+            base_sha256,
+            target_sha256,
+            cow_ops_sha256: ops_digest(cow),
+            read,
+            read_digests,
+            write,
+            write_digests,
+        })
     }
 
     /// The record's bytes.
@@ -931,6 +1054,52 @@ mod tests {
         assert!(v.check(1, b1));
         assert!(!v.pending(1));
         assert!(v.check(0, &new[..4096]), "blocks without a digest pass");
+    }
+
+    /// A COW over an old image of 700 blocks (copies, XOR reading the last, partial block,
+    /// replaces reaching past the old image's end) whose record `build_from` makes from files
+    /// exactly as `build` does from memory, and whose read errors name the block.
+    #[test]
+    fn build_from_files_equals_build_in_memory() {
+        use crate::io::MemFile;
+        use crate::writer::{CowWriter, WriterOptions};
+        let bs = 4096usize;
+        // The old image ends 100 bytes into block 699; the new one has 900 blocks.
+        let old: Vec<u8> = (0..699 * bs + 100).map(|i| (i * 7 % 251) as u8).collect();
+        let new: Vec<u8> = (0..900 * bs).map(|i| (i * 13 % 241) as u8).collect();
+        for version in [2u16, 3] {
+            let sink = MemFile::new(Vec::new());
+            let opts = WriterOptions {
+                version,
+                op_count_max: 4096,
+                ..WriterOptions::default()
+            };
+            let mut w = CowWriter::new(&sink, opts).unwrap();
+            w.add_copy(0, 10, 300).unwrap();
+            w.add_xor_blocks(400, &new[400 * bs..402 * bs], 698, 50)
+                .unwrap();
+            w.add_raw_blocks(500, &new[500 * bs..900 * bs]).unwrap();
+            w.finalize().unwrap();
+            let bytes = sink.0.into_inner().unwrap();
+            let cow = CowReader::open(bytes.as_slice()).unwrap();
+            let mem = Record::build(&cow, &old, &new);
+            // The XOR at offset 50 reads old blocks 698..701: 700 lies past the end.
+            assert_eq!(mem.read_digests.len(), 303, "v{version}");
+            assert_eq!(mem.write_digests.len(), 702, "v{version}");
+            let files = Record::build_from(&cow, old.as_slice(), new.as_slice()).unwrap();
+            assert_eq!(files, mem, "v{version}");
+            struct Failing;
+            impl ReadAt for Failing {
+                fn read_at(&self, o: u64, _: &mut [u8]) -> std::io::Result<usize> {
+                    Err(std::io::Error::other(format!("at {o}")))
+                }
+                fn size(&self) -> std::io::Result<u64> {
+                    Ok(900 * 4096)
+                }
+            }
+            let e = Record::build_from(&cow, old.as_slice(), &Failing).unwrap_err();
+            assert!(matches!(e, RecordError::TargetIo { block: 0, .. }), "{e:?}");
+        }
     }
 
     #[test]

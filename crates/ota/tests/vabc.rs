@@ -16,7 +16,7 @@ use snapblk_ota::testing::apply_to_memory;
 use snapblk_ota::testing::vabc::{VabcFields, cow_copy, cow_xor, vabc_case};
 use snapblk_ota::{
     DeviceProfile, END_OF_INSTALL_LABEL, PartitionUpdate, Payload, VabcError, VabcParams,
-    estimate_vabc_cow, vabc_merge_sequence, write_vabc_cow,
+    VabcReport, estimate_vabc_cow, vabc_merge_sequence, write_vabc_cow,
 };
 use snapblk_testsupport::{TempDir, path_str, tool_ok};
 
@@ -247,6 +247,61 @@ fn analytical_v3_none(h: &Header, seq: u64, ops: u64, data_blocks: u64) -> u64 {
         + data_blocks * B
 }
 
+/// zlib's `compressBound`: the most a deflate stream of `n` bytes can take (stored blocks and
+/// the zlib wrapper), whatever the implementation.
+fn zlib_bound(n: u64) -> u64 {
+    n + (n >> 12) + (n >> 14) + (n >> 25) + 13
+}
+
+/// The format's size of a compressed COW, checked two ways (an exact size cannot be derived
+/// for compressed payloads: their lengths depend on the compressor's implementation and
+/// version, which is why update_engine's generator runs its writer dry):
+/// - exact layout: the file is its fixed parts (header, scratch, sequence, resume area, op
+///   records; v2: clusters of `cluster_ops` record slots, the last padded when it holds
+///   payloads, and the footer) plus the stored payloads the reader finds, not one byte more;
+/// - upper bound: the same layout with every unit at its worst case (v3, and v2 lz4/zstd: the
+///   raw unit, which the writer stores when compression does not shrink it; v2 gz: zlib's
+///   `compressBound` per block), equal to the size for `none`.
+///
+/// Returns the bound.
+fn analytical_bound(cow: &CowReader<Vec<u8>>, len: u64, r: &VabcReport, what: &str) -> u64 {
+    let h = cow.header();
+    let data_blocks = r.xor_blocks + r.replace_blocks + r.verity_blocks;
+    let stored: u64 = cow
+        .data_ops()
+        .filter_map(|o| o.payload())
+        .map(|p| u64::from(p.len))
+        .sum();
+    let comp = cow
+        .data_ops()
+        .filter_map(|o| o.payload())
+        .map(|p| p.recorded)
+        .find(|c| *c != snapblk_cow::Compression::None);
+    let fixed = u64::from(h.header_size) + u64::from(h.buffer_size);
+    if h.major >= 3 {
+        let structure = analytical_v3_none(h, r.sequence_blocks, h.op_count_max, 0);
+        assert_eq!(len, structure + stored, "{what}: v3 layout");
+        return structure + data_blocks * B;
+    }
+    // v2: one record per block op, per label and per sequence op (u32 entries, at most
+    // 65535 bytes a record), plus a CLUSTER record closing each cluster.
+    let footer = cow.footer().expect("a finalized v2 COW has a footer");
+    let n = footer.num_ops;
+    let k = u64::from(h.cluster_ops);
+    let seq_bytes = r.sequence_blocks * 4;
+    let tight = fixed + 20 * n + seq_bytes + stored + 84;
+    let padded = fixed + 20 * k * n.div_ceil(k) + seq_bytes + stored + 84;
+    assert!(
+        len == tight || len == padded,
+        "{what}: v2 layout {len} vs {tight}/{padded}"
+    );
+    let per_block = match comp {
+        Some(snapblk_cow::Compression::Gz) => zlib_bound(B),
+        _ => B,
+    };
+    len - stored + data_blocks * per_block
+}
+
 #[test]
 fn cows_verify_merge_to_the_new_image_in_every_version_and_compression() {
     for version in [2, 3] {
@@ -292,6 +347,14 @@ fn cows_verify_merge_to_the_new_image_in_every_version_and_compression() {
                         assert_eq!(len - slack, est.cow_size, "{what}");
                     }
                     assert_eq!(est.estimate_cow_size, est.cow_size + est.cow_size / 100);
+                    let bound = analytical_bound(&cow, len, &est.report, &what);
+                    assert!(
+                        len <= bound,
+                        "{what}: {len} over the analytical bound {bound}"
+                    );
+                    if comp == "none" {
+                        assert_eq!(len, bound, "{what}: uncompressed = the bound");
+                    }
                     if version == 3 && comp == "none" && factor == 0 {
                         let r = est.report;
                         let ops = r.copy_blocks

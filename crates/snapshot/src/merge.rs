@@ -26,9 +26,10 @@
 //! is a source of an op already in the window, so replaying a window reads only untouched sources.
 //! REPLACE/ZERO ops are idempotent and committed every 256 ops / 1 MiB. Writes from the writable
 //! overlay are folded in last (also idempotent). With [`MergeOptions::pipeline`] a second thread
-//! computes the next window (its sources and XOR payloads, nothing written) while the current one
-//! goes through steps 1–4: no op reads a block an earlier op writes (format §9.2 rule 2, checked
-//! before the merge), so those reads never meet the writes.
+//! computes the next window (its sources and XOR payloads, nothing written) or batch (its
+//! payloads decoded) while the current one goes through steps 1–4: no op reads a block an
+//! earlier op writes (format §9.2 rule 2, checked before the merge), so those reads never meet
+//! the writes, and payloads are never written.
 
 use crate::error::{Result, SnapError};
 use crate::io::Dev;
@@ -133,8 +134,8 @@ pub struct MergeReport {
     pub scratch_windows: usize,
     /// Ordered windows merged without scratch because they are self-safe.
     pub self_safe_windows: usize,
-    /// Ordered windows whose sources were read (and XOR payloads applied) on a second thread
-    /// while the window before them was written.
+    /// Ordered windows and REPLACE/ZERO batches computed on a second thread (sources or payloads
+    /// read, decoded) while the one before them was written ([`MergeOptions::pipeline`]).
     pub computed_ahead: usize,
     /// What the pre-merge check looked at, and its time.
     pub precheck: PrecheckReport,
@@ -345,6 +346,31 @@ impl Prefetched {
     }
 }
 
+/// The new contents of a unit of work: an ordered window (`data`, one block per op) or a
+/// REPLACE/ZERO batch (`blocks`: block and its offset in `data`).
+struct Computed {
+    data: Vec<u8>,
+    blocks: Vec<(u64, usize)>,
+}
+
+impl Computed {
+    /// Compute the ops `[a, e)`: a window when they are ordered ops, else a batch.
+    fn compute(
+        &mut self,
+        snap: &Snapshot,
+        a: usize,
+        e: usize,
+        pays: &mut Prefetched,
+    ) -> Result<()> {
+        if a < snap.map.ordered_len() {
+            self.blocks.clear();
+            compute_window(snap, a, e, &mut self.data, pays)
+        } else {
+            compute_batch(snap, a, e, pays, &mut self.blocks, &mut self.data)
+        }
+    }
+}
+
 /// The new contents of the ordered ops `[n, end)` (one block each, in op order) into `data`:
 /// their sources read from the base (coalesced runs) and XOR payloads applied. Reads only base
 /// blocks no earlier op writes (format §9.2 rule 2, checked before the merge), so it may run
@@ -457,13 +483,7 @@ pub fn merge(snap: &Snapshot, opts: MergeOptions<'_>) -> Result<MergeReport> {
         m.commit(w.end)?;
         n = w.end;
     }
-    n = m.ordered_windows(n)?;
-    let total = snap.map.ops().len();
-    while n < total {
-        m.check_stop()?;
-        n = m.replace_batch(n, total)?;
-        m.report.replace_batches += 1;
-    }
+    m.merge_ops(n)?;
     m.fold_overlay()?;
     Ok(m.report)
 }
@@ -496,24 +516,34 @@ impl Merger<'_> {
         )
     }
 
-    /// The ordered windows from op `n` on; returns the end of the ordered prefix. While a
-    /// window is staged, written and committed, a second thread computes the next one
-    /// ([`compute_window`]: reads of its sources and XOR decoding, nothing written), so reading
-    /// and writing use both cores. The durable steps keep their order; only reads move earlier.
-    fn ordered_windows(&mut self, mut n: usize) -> Result<usize> {
+    /// The ordered windows, then the REPLACE/ZERO batches, from op `n` on; returns the number
+    /// of ops. While a window or batch is staged, written and committed, a second thread
+    /// computes the next one ([`compute_window`]: reads of its sources and XOR decoding;
+    /// [`compute_batch`]: reads and decoding of its payloads; nothing written), so reading and
+    /// writing use both cores. The durable steps keep their order; only reads move earlier.
+    fn merge_ops(&mut self, mut n: usize) -> Result<usize> {
         let snap = self.snap;
         let p = snap.map.ordered_len();
-        if n >= p {
+        let total = snap.map.ops().len();
+        if n >= total {
             return Ok(n);
         }
+        // The unit of work at op `a`: an ordered window or a REPLACE/ZERO batch.
+        let unit_end = |m: &Self, a: usize| {
+            if a < p {
+                m.window_end(a, p)
+            } else {
+                Ok(batch_end(snap, a, total))
+            }
+        };
         std::thread::scope(|sc| {
-            // One window computed ahead at most: requests (start, end, buffer), results.
-            let (req_tx, req_rx) = mpsc::sync_channel::<(usize, usize, Vec<u8>)>(1);
-            let (res_tx, res_rx) = mpsc::sync_channel::<(usize, usize, Result<Vec<u8>>)>(1);
+            // One unit computed ahead at most: requests (start, end, buffers), results.
+            let (req_tx, req_rx) = mpsc::sync_channel::<(usize, usize, Computed)>(1);
+            let (res_tx, res_rx) = mpsc::sync_channel::<(usize, usize, Result<Computed>)>(1);
             let worker = move || {
                 let mut payloads = Prefetched::default();
-                for (a, e, mut data) in req_rx {
-                    let r = compute_window(snap, a, e, &mut data, &mut payloads).map(|()| data);
+                for (a, e, mut c) in req_rx {
+                    let r = c.compute(snap, a, e, &mut payloads).map(|()| c);
                     if res_tx.send((a, e, r)).is_err() {
                         break;
                     }
@@ -524,46 +554,62 @@ impl Merger<'_> {
                     .name("snap-merge-read".into())
                     .spawn_scoped(sc, worker)
                     .is_ok();
-            // Without a second thread, every window is computed here.
+            // Without a second thread, every unit is computed here.
             let req_tx = started.then_some(req_tx);
             let mut ahead: Option<(usize, usize)> = None;
-            while n < p {
+            while n < total {
                 self.check_stop()?;
                 let got = ahead
                     .take()
                     .and_then(|at| res_rx.recv().ok().filter(|(a, e, _)| (*a, *e) == at));
-                let (end, data) = match got {
+                let (end, c) = match got {
                     Some((_, e, r)) => (e, r?),
                     // Not handed out, or the second thread is gone: compute it here.
                     None => {
-                        let end = self.window_end(n, p)?;
-                        let mut data = std::mem::take(&mut self.spare);
-                        compute_window(snap, n, end, &mut data, &mut self.payloads)?;
-                        (end, data)
+                        let end = unit_end(self, n)?;
+                        let mut c = Computed {
+                            data: std::mem::take(&mut self.spare),
+                            blocks: Vec::new(),
+                        };
+                        c.compute(snap, n, end, &mut self.payloads)?;
+                        (end, c)
                     }
                 };
-                // Hand the next window to the second thread before writing this one. An op
-                // that reads its own destination (a stash window) is computed when its turn
-                // comes, after this window's commit.
+                // Hand the next unit to the second thread before writing this one. An op that
+                // reads its own destination (a stash window) is computed when its turn comes,
+                // after this window's commit.
                 if let Some(tx) = &req_tx
-                    && end < p
-                    && !self.stashed_window(end)
+                    && end < total
+                    && !(end < p && self.stashed_window(end))
                 {
-                    let e = self.window_end(end, p)?;
-                    if tx.send((end, e, std::mem::take(&mut self.spare))).is_ok() {
+                    let e = unit_end(self, end)?;
+                    let next = Computed {
+                        data: std::mem::take(&mut self.spare),
+                        blocks: Vec::new(),
+                    };
+                    if tx.send((end, e, next)).is_ok() {
                         ahead = Some((end, e));
                         self.report.computed_ahead += 1;
                     }
                 }
-                let w = self.stage(n, end, data)?;
-                self.publish_staged(&w);
-                self.write_window(&w)?;
-                self.commit(w.end)?;
-                self.report.ordered_windows += 1;
-                n = w.end;
-                if let Ok(buf) = Arc::try_unwrap(w.data) {
-                    self.spare = buf;
+                if n < p {
+                    let w = self.stage(n, end, c.data)?;
+                    self.publish_staged(&w);
+                    self.write_window(&w)?;
+                    self.commit(w.end)?;
+                    self.report.ordered_windows += 1;
+                    if let Ok(buf) = Arc::try_unwrap(w.data) {
+                        self.spare = buf;
+                    }
+                } else {
+                    self.write_runs(&c.blocks, &c.data)?;
+                    self.snap.io.flush(IoClass::Merge, Dev::Base)?;
+                    self.hook(MergeStep::Written { start: n, end });
+                    self.commit(end)?;
+                    self.report.replace_batches += 1;
+                    self.spare = c.data;
                 }
+                n = end;
             }
             Ok(n)
         })
@@ -714,19 +760,6 @@ impl Merger<'_> {
             });
         }
         Ok(())
-    }
-
-    /// REPLACE/ZERO ops `[n, ..)`: one batch, written in runs, flushed and committed.
-    fn replace_batch(&mut self, n: usize, total: usize) -> Result<usize> {
-        let end = batch_end(self.snap, n, total);
-        let mut blocks = Vec::new();
-        let mut buf = Vec::new();
-        compute_batch(self.snap, n, end, &mut self.payloads, &mut blocks, &mut buf)?;
-        self.write_runs(&blocks, &buf)?;
-        self.snap.io.flush(IoClass::Merge, Dev::Base)?;
-        self.hook(MergeStep::Written { start: n, end });
-        self.commit(end)?;
-        Ok(end)
     }
 
     /// Write (block, offset-in-buf) pairs, one I/O per run of consecutive blocks and buffer slots.

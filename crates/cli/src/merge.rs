@@ -253,6 +253,7 @@ pub fn run(a: MergeArgs) -> anyhow::Result<()> {
         MergeOptions {
             progress: Some(&on_progress),
             stash: stash.as_ref(),
+            pipeline: true,
             ..Default::default()
         },
     );

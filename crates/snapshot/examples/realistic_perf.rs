@@ -174,7 +174,12 @@ fn merge_secs(dir: &Path, cow: &str, new: &[u8]) -> f64 {
     if let Some(v) = verifier {
         s.attach_verifier(v).unwrap();
     }
-    merge(&s, MergeOptions::default()).unwrap();
+    // As `snapblk merge` does: the next window is read on a second thread.
+    let opts = MergeOptions {
+        pipeline: true,
+        ..Default::default()
+    };
+    merge(&s, opts).unwrap();
     drop(s);
     sync_all();
     let secs = t0.elapsed().as_secs_f64();

@@ -582,8 +582,12 @@ fn one_merge(
         },
     )
     .unwrap();
+    let opts = MergeOptions {
+        pipeline: true,
+        ..Default::default()
+    };
     let t0 = Instant::now();
-    let rep = merge(&s, MergeOptions::default()).unwrap();
+    let rep = merge(&s, opts).unwrap();
     let secs = t0.elapsed().as_secs_f64();
     drop(s);
     check(&std::fs::read(&work).unwrap());
@@ -783,8 +787,12 @@ fn bench_precheck(dir: &Path, img: &[u8], rounds: usize) -> serde_json::Value {
                 },
             )
             .unwrap();
+            let opts = MergeOptions {
+                pipeline: true,
+                ..Default::default()
+            };
             let t0 = Instant::now();
-            let rep = merge(&s, MergeOptions::default()).unwrap();
+            let rep = merge(&s, opts).unwrap();
             let total = t0.elapsed().as_secs_f64();
             drop(s);
             assert!(std::fs::read(&work).unwrap() == new, "merge result");

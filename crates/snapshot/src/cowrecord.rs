@@ -29,7 +29,35 @@ pub fn load_verifier(
     eager: bool,
 ) -> Result<Option<Arc<Verifier>>> {
     let path: PathBuf = record.map_or_else(|| record::sidecar_path(cow), Path::to_owned);
-    let rec = match Record::load(&path).map_err(record_err(&path))? {
+    // The record (read, checksummed, parsed) and the COW (opened, its ops parsed) are
+    // independent: load them on two threads; their results are looked at in the order the
+    // checks have always had (no record means no COW error either).
+    let open_cow = || -> Result<(std::fs::File, CowReader<std::fs::File>)> {
+        let f = std::fs::File::open(cow).map_err(|e| SnapError::Io {
+            what: "opening COW",
+            source: e.into(),
+        })?;
+        let reader = CowReader::open_with(
+            f.try_clone().map_err(|e| SnapError::Io {
+                what: "opening COW",
+                source: e.into(),
+            })?,
+            OpenOptions::default(),
+        )?;
+        Ok((f, reader))
+    };
+    let (loaded, opened) = std::thread::scope(|sc| {
+        let h = std::thread::Builder::new()
+            .name("snap-record".into())
+            .spawn_scoped(sc, || Record::load(&path));
+        let opened = open_cow();
+        let loaded = match h {
+            Ok(h) => h.join().unwrap_or_else(|_| Record::load(&path)),
+            Err(_) => Record::load(&path),
+        };
+        (loaded, opened)
+    });
+    let rec = match loaded.map_err(record_err(&path))? {
         Some(r) => r,
         None if record.is_some() => {
             return Err(SnapError::Config(format!(
@@ -39,11 +67,7 @@ pub fn load_verifier(
         }
         None => return Ok(None),
     };
-    let cow_f = std::fs::File::open(cow).map_err(|e| SnapError::Io {
-        what: "opening COW",
-        source: e.into(),
-    })?;
-    let reader = CowReader::open_with(&cow_f, OpenOptions::default())?;
+    let (cow_f, reader) = opened?;
     rec.check_binding(&reader).map_err(record_err(&path))?;
     let base_f = std::fs::File::open(base).map_err(|e| SnapError::Io {
         what: "opening base",

@@ -25,7 +25,11 @@
 //! AOSP) are merged in *self-safe* windows instead: a window ends before any op whose destination
 //! is a source of an op already in the window, so replaying a window reads only untouched sources.
 //! REPLACE/ZERO ops are idempotent and committed every 256 ops / 1 MiB. Writes from the writable
-//! overlay are folded in last (also idempotent).
+//! overlay are folded in last (also idempotent). With [`MergeOptions::pipeline`] a second thread
+//! computes the next window (its sources and XOR payloads, nothing written) or batch (its
+//! payloads decoded) while the current one goes through steps 1–4: no op reads a block an
+//! earlier op writes (format §9.2 rule 2, checked before the merge), so those reads never meet
+//! the writes, and payloads are never written.
 
 use crate::error::{Result, SnapError};
 use crate::io::Dev;
@@ -39,6 +43,7 @@ use snapblk_core::sync::write;
 use std::collections::HashSet;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc;
 
 /// Largest window without a scratch area (bounded memory).
 const NO_SCRATCH_WINDOW: usize = 512;
@@ -94,6 +99,12 @@ pub struct MergeOptions<'a> {
     /// For a COW without scratch: the stash that makes ops reading their own destination
     /// crash-safe (see [`Stash`]); without it such ops are refused.
     pub stash: Option<&'a Stash>,
+    /// Compute the next ordered window (read its sources, apply its XOR payloads) on a second
+    /// thread while the current one is staged, written and committed. The durable steps and
+    /// their order are the same; the merge then keeps up to two background requests in flight
+    /// and its I/O order is no longer deterministic, so `snapblk merge` turns it on and a merge
+    /// beside a served device (`merge=true`) leaves it off.
+    pub pipeline: bool,
 }
 
 /// What a merge run did.
@@ -123,6 +134,9 @@ pub struct MergeReport {
     pub scratch_windows: usize,
     /// Ordered windows merged without scratch because they are self-safe.
     pub self_safe_windows: usize,
+    /// Ordered windows and REPLACE/ZERO batches computed on a second thread (sources or payloads
+    /// read, decoded) while the one before them was written ([`MergeOptions::pipeline`]).
+    pub computed_ahead: usize,
     /// What the pre-merge check looked at, and its time.
     pub precheck: PrecheckReport,
 }
@@ -201,6 +215,84 @@ pub(crate) fn window_end(
     Ok(j)
 }
 
+/// End of the REPLACE/ZERO batch starting at op `n`: up to [`BATCH_OPS`] ops or
+/// [`BATCH_BYTES`] bytes, at most `total`.
+pub(crate) fn batch_end(snap: &Snapshot, n: usize, total: usize) -> usize {
+    let ops = snap.map.ops();
+    let bs = snap.map.block_size();
+    let mut end = n;
+    let mut bytes = 0u64;
+    while end < total && end - n < BATCH_OPS && bytes < BATCH_BYTES {
+        bytes += ops[end].blocks() * bs;
+        end += 1;
+    }
+    end
+}
+
+/// The new contents of the REPLACE/ZERO ops `[n, end)`: `(block, offset in buf)` for every
+/// block these ops own (the map's last op for it), in op order, and the data in `buf`.
+pub(crate) fn compute_batch(
+    snap: &Snapshot,
+    n: usize,
+    end: usize,
+    payloads: &mut Prefetched,
+    blocks: &mut Vec<(u64, usize)>,
+    buf: &mut Vec<u8>,
+) -> Result<()> {
+    let ops = snap.map.ops();
+    let bs = snap.map.block_size();
+    let bsu = bs as usize;
+    payloads.load(
+        snap,
+        ops[n..end].iter().filter_map(|o| match o.kind {
+            OpKind::Replace { payload, .. } => Some(payload),
+            _ => None,
+        }),
+    )?;
+    blocks.clear();
+    buf.clear();
+    let mut unit = Vec::new();
+    for (i, op) in ops.iter().enumerate().take(end).skip(n) {
+        let owned: Vec<u64> = (op.new_block..op.new_block + op.blocks())
+            .filter(|&b| snap.map.lookup(b) == Some(i))
+            .collect();
+        if owned.is_empty() {
+            continue;
+        }
+        match op.kind {
+            OpKind::Zero => {
+                for b in owned {
+                    blocks.push((b, buf.len()));
+                    buf.resize(buf.len() + bsu, 0);
+                }
+            }
+            OpKind::Replace { payload, .. } => {
+                // Decoded straight from the prefetched bytes; the merge reads each unit
+                // once, so it keeps no cache copy.
+                unit.resize(payload.unit_len as usize, 0);
+                payloads.decode(snap, &payload, &mut unit)?;
+                for b in owned {
+                    let at = ((b - op.new_block) * bs) as usize;
+                    let src = unit.get(at..at + bsu).ok_or(SnapError::PayloadShort {
+                        offset: payload.offset,
+                        len: unit.len() as u32,
+                        unit: (at + bsu) as u32,
+                    })?;
+                    blocks.push((b, buf.len()));
+                    buf.extend_from_slice(src);
+                }
+            }
+            // Rule 1 was checked: no ordered op after the prefix.
+            OpKind::Copy { .. } | OpKind::Xor { .. } => {
+                return Err(SnapError::MergeOrder(
+                    "ordered op after the ordered prefix".into(),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
 struct Merger<'a> {
     snap: &'a Snapshot,
     opts: MergeOptions<'a>,
@@ -215,7 +307,7 @@ struct Merger<'a> {
 
 /// Stored bytes of the COW from `start`, holding the payloads of a window or batch.
 #[derive(Default)]
-struct Prefetched {
+pub(crate) struct Prefetched {
     start: u64,
     data: Vec<u8>,
 }
@@ -226,6 +318,114 @@ impl Prefetched {
         let at = usize::try_from(p.offset.checked_sub(self.start)?).ok()?;
         self.data.get(at..at.checked_add(p.stored_len as usize)?)
     }
+
+    /// Read the stored bytes of `pays` with one I/O when they lie close together in the COW (a
+    /// writer stores an op range's payloads back to back): one read instead of one per op.
+    fn load(&mut self, snap: &Snapshot, pays: impl Iterator<Item = Payload>) -> Result<()> {
+        let (mut lo, mut hi, mut sum) = (u64::MAX, 0u64, 0u64);
+        for p in pays {
+            lo = lo.min(p.offset);
+            hi = hi.max(p.offset.saturating_add(p.stored_len as u64));
+            sum += p.stored_len as u64;
+        }
+        self.data.clear();
+        if lo >= hi || hi - lo > PREFETCH_MAX || hi - lo > 2 * sum + (64 << 10) {
+            return Ok(());
+        }
+        self.start = lo;
+        self.data.resize((hi - lo) as usize, 0);
+        snap.io.read(IoClass::Merge, Dev::Cow, lo, &mut self.data)
+    }
+
+    /// Decode payload `p` into `out` (one unit), from the prefetched bytes when it is there.
+    fn decode(&self, snap: &Snapshot, p: &Payload, out: &mut [u8]) -> Result<()> {
+        match self.get(p) {
+            Some(src) => snap.decode_stored(p, src, out),
+            None => snap.decode_into(IoClass::Merge, p, out),
+        }
+    }
+}
+
+/// The new contents of a unit of work: an ordered window (`data`, one block per op) or a
+/// REPLACE/ZERO batch (`blocks`: block and its offset in `data`).
+struct Computed {
+    data: Vec<u8>,
+    blocks: Vec<(u64, usize)>,
+}
+
+impl Computed {
+    /// Compute the ops `[a, e)`: a window when they are ordered ops, else a batch.
+    fn compute(
+        &mut self,
+        snap: &Snapshot,
+        a: usize,
+        e: usize,
+        pays: &mut Prefetched,
+    ) -> Result<()> {
+        if a < snap.map.ordered_len() {
+            self.blocks.clear();
+            compute_window(snap, a, e, &mut self.data, pays)
+        } else {
+            compute_batch(snap, a, e, pays, &mut self.blocks, &mut self.data)
+        }
+    }
+}
+
+/// The new contents of the ordered ops `[n, end)` (one block each, in op order) into `data`:
+/// their sources read from the base (coalesced runs) and XOR payloads applied. Reads only base
+/// blocks no earlier op writes (format §9.2 rule 2, checked before the merge), so it may run
+/// while the previous window's destinations are being written.
+pub(crate) fn compute_window(
+    snap: &Snapshot,
+    n: usize,
+    end: usize,
+    data: &mut Vec<u8>,
+    payloads: &mut Prefetched,
+) -> Result<()> {
+    let ops = snap.map.ops();
+    let bs = snap.map.block_size();
+    let bsu = bs as usize;
+    // Every byte is overwritten below (sources are read over the whole window).
+    data.resize((end - n) * bsu, 0);
+    let src_of = |k: usize| match ops[k].kind {
+        OpKind::Copy { src } => src * bs,
+        OpKind::Xor { src_byte, .. } => src_byte,
+        _ => u64::MAX,
+    };
+    let mut k = n;
+    while k < end {
+        let mut j = k + 1;
+        while j < end && src_of(j) == src_of(j - 1).wrapping_add(bs) {
+            j += 1;
+        }
+        let slot = (k - n) * bsu;
+        snap.io.read(
+            IoClass::Merge,
+            Dev::Base,
+            src_of(k),
+            &mut data[slot..slot + (j - k) * bsu],
+        )?;
+        k = j;
+    }
+    payloads.load(
+        snap,
+        ops[n..end].iter().filter_map(|o| match o.kind {
+            OpKind::Xor { payload, .. } => Some(payload),
+            _ => None,
+        }),
+    )?;
+    let mut delta = vec![0u8; bsu];
+    for (i, op) in ops[n..end].iter().enumerate() {
+        if let OpKind::Xor { payload, .. } = op.kind {
+            let slot = i * bsu;
+            delta.resize(payload.unit_len as usize, 0);
+            payloads.decode(snap, &payload, &mut delta)?;
+            for (d, x) in data[slot..slot + bsu].iter_mut().zip(&delta) {
+                *d ^= x;
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Largest read that prefetches a window's or batch's payloads.
@@ -283,25 +483,7 @@ pub fn merge(snap: &Snapshot, opts: MergeOptions<'_>) -> Result<MergeReport> {
         m.commit(w.end)?;
         n = w.end;
     }
-    let p = snap.map.ordered_len();
-    while n < p {
-        m.check_stop()?;
-        let w = m.stage(n, p)?;
-        m.publish_staged(&w);
-        m.write_window(&w)?;
-        m.commit(w.end)?;
-        m.report.ordered_windows += 1;
-        n = w.end;
-        if let Ok(buf) = Arc::try_unwrap(w.data) {
-            m.spare = buf;
-        }
-    }
-    let total = snap.map.ops().len();
-    while n < total {
-        m.check_stop()?;
-        n = m.replace_batch(n, total)?;
-        m.report.replace_batches += 1;
-    }
+    m.merge_ops(n)?;
     m.fold_overlay()?;
     Ok(m.report)
 }
@@ -334,32 +516,111 @@ impl Merger<'_> {
         )
     }
 
-    /// Read the stored bytes of `pays` with one I/O when they lie close together in the COW (a
-    /// writer stores an op range's payloads back to back): one read instead of one per op.
-    fn prefetch(&mut self, pays: impl Iterator<Item = Payload>) -> Result<()> {
-        let (mut lo, mut hi, mut sum) = (u64::MAX, 0u64, 0u64);
-        for p in pays {
-            lo = lo.min(p.offset);
-            hi = hi.max(p.offset.saturating_add(p.stored_len as u64));
-            sum += p.stored_len as u64;
+    /// The ordered windows, then the REPLACE/ZERO batches, from op `n` on; returns the number
+    /// of ops. While a window or batch is staged, written and committed, a second thread
+    /// computes the next one ([`compute_window`]: reads of its sources and XOR decoding;
+    /// [`compute_batch`]: reads and decoding of its payloads; nothing written), so reading and
+    /// writing use both cores. The durable steps keep their order; only reads move earlier.
+    fn merge_ops(&mut self, mut n: usize) -> Result<usize> {
+        let snap = self.snap;
+        let p = snap.map.ordered_len();
+        let total = snap.map.ops().len();
+        if n >= total {
+            return Ok(n);
         }
-        self.payloads.data.clear();
-        if lo >= hi || hi - lo > PREFETCH_MAX || hi - lo > 2 * sum + (64 << 10) {
-            return Ok(());
-        }
-        self.payloads.start = lo;
-        self.payloads.data.resize((hi - lo) as usize, 0);
-        self.snap
-            .io
-            .read(IoClass::Merge, Dev::Cow, lo, &mut self.payloads.data)
+        // The unit of work at op `a`: an ordered window or a REPLACE/ZERO batch.
+        let unit_end = |m: &Self, a: usize| {
+            if a < p {
+                m.window_end(a, p)
+            } else {
+                Ok(batch_end(snap, a, total))
+            }
+        };
+        std::thread::scope(|sc| {
+            // One unit computed ahead at most: requests (start, end, buffers), results.
+            let (req_tx, req_rx) = mpsc::sync_channel::<(usize, usize, Computed)>(1);
+            let (res_tx, res_rx) = mpsc::sync_channel::<(usize, usize, Result<Computed>)>(1);
+            let worker = move || {
+                let mut payloads = Prefetched::default();
+                for (a, e, mut c) in req_rx {
+                    let r = c.compute(snap, a, e, &mut payloads).map(|()| c);
+                    if res_tx.send((a, e, r)).is_err() {
+                        break;
+                    }
+                }
+            };
+            let started = self.opts.pipeline
+                && std::thread::Builder::new()
+                    .name("snap-merge-read".into())
+                    .spawn_scoped(sc, worker)
+                    .is_ok();
+            // Without a second thread, every unit is computed here.
+            let req_tx = started.then_some(req_tx);
+            let mut ahead: Option<(usize, usize)> = None;
+            while n < total {
+                self.check_stop()?;
+                let got = ahead
+                    .take()
+                    .and_then(|at| res_rx.recv().ok().filter(|(a, e, _)| (*a, *e) == at));
+                let (end, c) = match got {
+                    Some((_, e, r)) => (e, r?),
+                    // Not handed out, or the second thread is gone: compute it here.
+                    None => {
+                        let end = unit_end(self, n)?;
+                        let mut c = Computed {
+                            data: std::mem::take(&mut self.spare),
+                            blocks: Vec::new(),
+                        };
+                        c.compute(snap, n, end, &mut self.payloads)?;
+                        (end, c)
+                    }
+                };
+                // Hand the next unit to the second thread before writing this one. An op that
+                // reads its own destination (a stash window) is computed when its turn comes,
+                // after this window's commit.
+                if let Some(tx) = &req_tx
+                    && end < total
+                    && !(end < p && self.stashed_window(end))
+                {
+                    let e = unit_end(self, end)?;
+                    let next = Computed {
+                        data: std::mem::take(&mut self.spare),
+                        blocks: Vec::new(),
+                    };
+                    if tx.send((end, e, next)).is_ok() {
+                        ahead = Some((end, e));
+                        self.report.computed_ahead += 1;
+                    }
+                }
+                if n < p {
+                    let w = self.stage(n, end, c.data)?;
+                    self.publish_staged(&w);
+                    self.write_window(&w)?;
+                    self.commit(w.end)?;
+                    self.report.ordered_windows += 1;
+                    if let Ok(buf) = Arc::try_unwrap(w.data) {
+                        self.spare = buf;
+                    }
+                } else {
+                    self.write_runs(&c.blocks, &c.data)?;
+                    self.snap.io.flush(IoClass::Merge, Dev::Base)?;
+                    self.hook(MergeStep::Written { start: n, end });
+                    self.commit(end)?;
+                    self.report.replace_batches += 1;
+                    self.spare = c.data;
+                }
+                n = end;
+            }
+            Ok(n)
+        })
     }
 
-    /// Decode payload `p` into `out` (one unit), from the prefetched bytes when it is there.
-    fn decode(&self, p: &Payload, out: &mut [u8]) -> Result<()> {
-        match self.payloads.get(p) {
-            Some(src) => self.snap.decode_stored(p, src, out),
-            None => self.snap.decode_into(IoClass::Merge, p, out),
-        }
+    /// Whether the window at op `n` is one op journaled in the stash (it reads its own
+    /// destination; [`window_end`]).
+    fn stashed_window(&self, n: usize) -> bool {
+        self.opts.stash.is_some()
+            && self.snap.layout.scratch().is_none()
+            && reads_own_destination(&self.snap.map.ops()[n], self.bs())
     }
 
     /// Whether no op of `[n, end)` writes a block that an op of `[n, end)` reads, so the window
@@ -374,51 +635,13 @@ impl Merger<'_> {
         })
     }
 
-    /// Step 1: compute the results of ops `[n, end)` from the base (and persist them to scratch
-    /// unless the window is self-safe).
-    fn stage(&mut self, n: usize, p: usize) -> Result<StagedWindow> {
-        let end = self.window_end(n, p)?;
+    /// Step 1: persist the computed results `data` of ops `[n, end)` ([`compute_window`]) to
+    /// scratch unless the window is self-safe (or, for an op reading its own destination, to
+    /// the stash).
+    fn stage(&mut self, n: usize, end: usize, data: Vec<u8>) -> Result<StagedWindow> {
         let ops = self.snap.map.ops();
         let bs = self.bs();
         let bsu = bs as usize;
-        let mut data = std::mem::take(&mut self.spare);
-        // Every byte is overwritten below (sources are read over the whole window).
-        data.resize((end - n) * bsu, 0);
-        let src_of = |k: usize| match ops[k].kind {
-            OpKind::Copy { src } => src * bs,
-            OpKind::Xor { src_byte, .. } => src_byte,
-            _ => u64::MAX,
-        };
-        let mut k = n;
-        while k < end {
-            let mut j = k + 1;
-            while j < end && src_of(j) == src_of(j - 1).wrapping_add(bs) {
-                j += 1;
-            }
-            let slot = (k - n) * bsu;
-            self.snap.io.read(
-                IoClass::Merge,
-                Dev::Base,
-                src_of(k),
-                &mut data[slot..slot + (j - k) * bsu],
-            )?;
-            k = j;
-        }
-        self.prefetch(ops[n..end].iter().filter_map(|o| match o.kind {
-            OpKind::Xor { payload, .. } => Some(payload),
-            _ => None,
-        }))?;
-        let mut delta = vec![0u8; bsu];
-        for (i, op) in ops[n..end].iter().enumerate() {
-            if let OpKind::Xor { payload, .. } = op.kind {
-                let slot = i * bsu;
-                delta.resize(payload.unit_len as usize, 0);
-                self.decode(&payload, &mut delta)?;
-                for (d, x) in data[slot..slot + bsu].iter_mut().zip(&delta) {
-                    *d ^= x;
-                }
-            }
-        }
         if let Some(stash) = self.opts.stash
             && self.snap.layout.scratch().is_none()
             && reads_own_destination(&ops[n], bs)
@@ -537,70 +760,6 @@ impl Merger<'_> {
             });
         }
         Ok(())
-    }
-
-    /// REPLACE/ZERO ops `[n, ..)`: one batch, written in runs, flushed and committed.
-    fn replace_batch(&mut self, n: usize, total: usize) -> Result<usize> {
-        let ops = self.snap.map.ops();
-        let bs = self.bs();
-        let bsu = bs as usize;
-        let mut end = n;
-        let mut bytes = 0u64;
-        while end < total && end - n < BATCH_OPS && bytes < BATCH_BYTES {
-            bytes += ops[end].blocks() * bs;
-            end += 1;
-        }
-        self.prefetch(ops[n..end].iter().filter_map(|o| match o.kind {
-            OpKind::Replace { payload, .. } => Some(payload),
-            _ => None,
-        }))?;
-        // (block, data) for every block this batch owns, in op order.
-        let mut blocks: Vec<(u64, usize)> = Vec::new();
-        let mut buf: Vec<u8> = Vec::with_capacity(bytes as usize);
-        let mut unit = Vec::new();
-        for (i, op) in ops.iter().enumerate().take(end).skip(n) {
-            let owned: Vec<u64> = (op.new_block..op.new_block + op.blocks())
-                .filter(|&b| self.snap.map.lookup(b) == Some(i))
-                .collect();
-            if owned.is_empty() {
-                continue;
-            }
-            match op.kind {
-                OpKind::Zero => {
-                    for b in owned {
-                        blocks.push((b, buf.len()));
-                        buf.resize(buf.len() + bsu, 0);
-                    }
-                }
-                OpKind::Replace { payload, .. } => {
-                    // Decoded straight from the prefetched bytes; the merge reads each unit
-                    // once, so it keeps no cache copy.
-                    unit.resize(payload.unit_len as usize, 0);
-                    self.decode(&payload, &mut unit)?;
-                    for b in owned {
-                        let at = ((b - op.new_block) * bs) as usize;
-                        let src = unit.get(at..at + bsu).ok_or(SnapError::PayloadShort {
-                            offset: payload.offset,
-                            len: unit.len() as u32,
-                            unit: (at + bsu) as u32,
-                        })?;
-                        blocks.push((b, buf.len()));
-                        buf.extend_from_slice(src);
-                    }
-                }
-                // Rule 1 was checked: no ordered op after the prefix.
-                OpKind::Copy { .. } | OpKind::Xor { .. } => {
-                    return Err(SnapError::MergeOrder(
-                        "ordered op after the ordered prefix".into(),
-                    ));
-                }
-            }
-        }
-        self.write_runs(&blocks, &buf)?;
-        self.snap.io.flush(IoClass::Merge, Dev::Base)?;
-        self.hook(MergeStep::Written { start: n, end });
-        self.commit(end)?;
-        Ok(end)
     }
 
     /// Write (block, offset-in-buf) pairs, one I/O per run of consecutive blocks and buffer slots.

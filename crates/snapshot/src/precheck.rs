@@ -23,19 +23,23 @@
 use crate::error::{Result, SnapError};
 use crate::io::Dev;
 use crate::map::{Codec, OpKind, Payload};
-use crate::merge::{MergeOptions, validate_order, window_end};
+use crate::merge::{
+    MergeOptions, Prefetched, batch_end, compute_batch, compute_window, validate_order, window_end,
+};
 use crate::sched::IoClass;
 use crate::snapshot::{Snapshot, check_payload_len};
 use serde::Serialize;
 use snapblk_core::sync::{into_inner, lock};
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Instant;
 
 /// Most decoding threads the check uses.
 pub(crate) const MAX_THREADS: usize = 4;
 /// Payloads per unit of work handed to a decoding thread.
 const CHUNK: usize = 256;
+/// Ordered ops per unit of work of the record check (a 2 MiB window's worth of 4 KiB blocks).
+const ORDERED_CHUNK: usize = 512;
 /// Largest single read of back-to-back payloads.
 const RUN_BYTES: u64 = 4 << 20;
 
@@ -251,67 +255,103 @@ fn verify_staged(snap: &Snapshot) -> Result<u64> {
     Ok(n)
 }
 
-/// Read every block the ops from `from` on write (each block the op the map uses for it owns)
-/// through the snapshot, which checks each against the COW record (a mismatch is
-/// [`SnapError::Corrupt`]). Returns the blocks read.
+/// Compute every block the ops from `from` on write (each block the op the map uses for it
+/// owns) exactly as the merge will ([`compute_window`]: sources read from the base in coalesced
+/// runs, XOR payloads applied; [`compute_batch`]: REPLACE/ZERO decoded), writing nothing, and
+/// check each against the COW record (a mismatch is [`SnapError::Corrupt`]). Units of work (up to
+/// [`ORDERED_CHUNK`] ordered ops, or one REPLACE/ZERO batch) run on up to [`MAX_THREADS`] threads;
+/// the error of the earliest unit in merge order is reported. Returns the blocks read.
 fn verify_new_blocks(snap: &Snapshot, from: usize) -> Result<u64> {
+    let Some(v) = snap.verifier() else {
+        return Ok(0);
+    };
     let map = &snap.map;
-    let bs = map.block_size();
-    let mut blocks: Vec<u64> = map
-        .ops()
-        .iter()
-        .enumerate()
-        .skip(from)
-        .flat_map(|(i, op)| {
-            (op.new_block..op.new_block.saturating_add(op.blocks()))
-                .filter(move |&b| map.lookup(b) == Some(i))
-        })
-        .collect();
-    blocks.sort_unstable();
-    blocks.dedup();
-    // Runs of consecutive blocks, at most 1 MiB each, read on up to MAX_THREADS threads.
-    let mut runs: Vec<(usize, usize)> = Vec::new();
-    let mut i = 0;
-    while i < blocks.len() {
-        let mut j = i + 1;
-        while j < blocks.len() && blocks[j] == blocks[j - 1] + 1 && (j - i) as u64 * bs < 1 << 20 {
-            j += 1;
-        }
-        runs.push((i, j));
-        i = j;
+    let bsu = map.block_size() as usize;
+    let total = map.ops().len();
+    let p = map.ordered_len();
+    let mut units: Vec<(usize, usize)> = Vec::new();
+    let mut n = from.min(total);
+    while n < p {
+        let e = (n + ORDERED_CHUNK).min(p);
+        units.push((n, e));
+        n = e;
     }
+    while n < total {
+        let e = batch_end(snap, n, total);
+        units.push((n, e));
+        n = e;
+    }
+    // Blocks the writable overlay holds are served (and merged) from it: not checked.
+    let ov = snap.overlay.as_ref().filter(|o| !o.is_empty());
+    let check = |b: u64, data: &[u8]| -> Result<()> {
+        if ov.is_some_and(|o| o.lookup(b).is_some()) || v.check(b, data) {
+            Ok(())
+        } else {
+            Err(SnapError::Corrupt { block: b })
+        }
+    };
+    let unit = |(a, e): (usize, usize),
+                data: &mut Vec<u8>,
+                pays: &mut Prefetched,
+                blocks: &mut Vec<(u64, usize)>|
+     -> Result<u64> {
+        let mut read = 0;
+        if a < p {
+            compute_window(snap, a, e, data, pays)?;
+            for k in (a..e).filter(|&k| map.is_winner(k)) {
+                let slot = (k - a) * bsu;
+                read += 1;
+                check(map.ops()[k].new_block, &data[slot..slot + bsu])?;
+            }
+        } else {
+            compute_batch(snap, a, e, pays, blocks, data)?;
+            for &(b, at) in blocks.iter() {
+                read += 1;
+                check(b, &data[at..at + bsu])?;
+            }
+        }
+        Ok(read)
+    };
     let threads = std::thread::available_parallelism()
         .map_or(1, |n| n.get())
         .clamp(1, MAX_THREADS)
-        .min(runs.len().max(1));
+        .min(units.len().max(1));
     let next = AtomicUsize::new(0);
+    let read = AtomicU64::new(0);
     let first_err: Mutex<Option<(usize, SnapError)>> = Mutex::new(None);
     let work = || {
-        let mut buf = Vec::new();
+        let (mut data, mut pays, mut blocks) = (Vec::new(), Prefetched::default(), Vec::new());
         loop {
             let r = next.fetch_add(1, Ordering::Relaxed);
-            let Some(&(i, j)) = runs.get(r) else { break };
-            buf.resize((j - i) * bs as usize, 0);
-            if let Err(e) = snap.read_class(IoClass::Merge, blocks[i] * bs, &mut buf) {
-                let mut f = lock(&first_err);
-                if f.as_ref().is_none_or(|(at, _)| r < *at) {
-                    *f = Some((r, e));
+            let Some(&u) = units.get(r) else { break };
+            match unit(u, &mut data, &mut pays, &mut blocks) {
+                Ok(n) => {
+                    read.fetch_add(n, Ordering::Relaxed);
                 }
-                // Later runs need not be read.
-                next.store(runs.len(), Ordering::Relaxed);
+                Err(e) => {
+                    let mut f = lock(&first_err);
+                    if f.as_ref().is_none_or(|(at, _)| r < *at) {
+                        *f = Some((r, e));
+                    }
+                    // Later units need not be computed.
+                    next.store(units.len(), Ordering::Relaxed);
+                }
             }
         }
     };
     std::thread::scope(|sc| {
         for _ in 1..threads {
-            sc.spawn(work);
+            // A thread that cannot be started leaves its share to the others.
+            let _ = std::thread::Builder::new()
+                .name("snap-precheck".into())
+                .spawn_scoped(sc, work);
         }
         work();
     });
     if let Some((_, e)) = into_inner(first_err) {
         return Err(e);
     }
-    Ok(blocks.len() as u64)
+    Ok(read.into_inner())
 }
 
 /// Decode every payload of `list` (op index, payload), in parallel; the error of the lowest op

@@ -40,13 +40,22 @@ fn first_diff_block(a: &[u8], b: &[u8]) -> Option<usize> {
     a.chunks(4096).zip(b.chunks(4096)).position(|(x, y)| x != y)
 }
 
+/// The merge `snapblk merge` runs: the next window is read on a second thread while the current
+/// one is written, so the cuts also land between that thread's reads.
+fn pipelined() -> MergeOptions<'static> {
+    MergeOptions {
+        pipeline: true,
+        ..Default::default()
+    }
+}
+
 /// Run one merge to completion on a fresh world; returns the number of disk operations it took
 /// and the report.
 fn dry_run(case: &SynthCase, dec: MkDecoder) -> (u64, snapblk_snapshot::MergeReport) {
     let world = FaultWorld::new(vec![case.base.clone(), case.cow.clone()]);
     let s = open_with(case, &world, dec).unwrap();
     let before = world.ops();
-    let rep = merge(&s, MergeOptions::default()).unwrap();
+    let rep = merge(&s, pipelined()).unwrap();
     (world.ops() - before, rep)
 }
 
@@ -58,6 +67,8 @@ struct Totals {
     /// Windows of the uninterrupted runs that went through scratch / skipped it (self-safe).
     scratch_windows: usize,
     self_safe_windows: usize,
+    /// Windows of the uninterrupted runs computed on the second thread ahead of their turn.
+    computed_ahead: usize,
 }
 
 /// Cut power `cuts` times at random instants while merging `case`, maybe cut the resume too,
@@ -70,6 +81,7 @@ fn cut_and_resume_with(case: &SynthCase, seed: u64, cuts: u64, t: &mut Totals, d
     let (total_ops, rep) = dry_run(case, dec);
     t.scratch_windows += rep.scratch_windows;
     t.self_safe_windows += rep.self_safe_windows;
+    t.computed_ahead += rep.computed_ahead;
     let mut rng = Rng::new(seed);
     for c in 0..cuts {
         let mut images = vec![case.base.clone(), case.cow.clone()];
@@ -83,7 +95,7 @@ fn cut_and_resume_with(case: &SynthCase, seed: u64, cuts: u64, t: &mut Totals, d
                 panic!("seed {seed} cut {c}: read after restart differs at block {b}");
             }
             world.cut_after(rng.below(total_ops + 1));
-            let r = merge(&s, MergeOptions::default());
+            let r = merge(&s, pipelined());
             if let Ok(rep) = &r {
                 t.resumed_from_scratch += rep.resumed_from_scratch as u64;
             }
@@ -97,7 +109,7 @@ fn cut_and_resume_with(case: &SynthCase, seed: u64, cuts: u64, t: &mut Totals, d
             case.target,
             "seed {seed} cut {c}: read before final resume"
         );
-        let rep = merge(&s, MergeOptions::default()).unwrap();
+        let rep = merge(&s, pipelined()).unwrap();
         t.resumed_from_scratch += rep.resumed_from_scratch as u64;
         let base = world.current().swap_remove(0);
         let wrong = base
@@ -146,6 +158,12 @@ fn power_cuts_during_merge_with_scratch() {
         "{} scratch windows, {} self-safe windows",
         t.scratch_windows,
         t.self_safe_windows
+    );
+    // The cuts also land while a window is read ahead on the second thread.
+    assert!(
+        t.computed_ahead > 20,
+        "{} windows computed ahead",
+        t.computed_ahead
     );
     assert_eq!(t.wrong_blocks, 0);
 }
@@ -228,10 +246,12 @@ fn reads_are_right_at_every_merge_step() {
         let opts = MergeOptions {
             hook: Some(&hook),
             max_window: Some(9),
+            pipeline: true,
             ..Default::default()
         };
         let rep = merge(&s, opts).unwrap();
         assert!(rep.ordered_windows > 1, "several windows: {rep:?}");
+        assert!(rep.computed_ahead > 0, "windows read ahead: {rep:?}");
         let steps = steps.into_inner().unwrap();
         assert!(steps.iter().any(|s| matches!(s, MergeStep::Staged { .. })));
         assert_eq!(world.current()[0], case.target);

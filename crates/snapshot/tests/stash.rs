@@ -27,6 +27,7 @@ fn read_all(s: &snapblk_snapshot::Snapshot) -> Vec<u8> {
 fn opts(stash: &Stash) -> MergeOptions<'_> {
     MergeOptions {
         stash: Some(stash),
+        pipeline: true,
         ..Default::default()
     }
 }

@@ -17,7 +17,8 @@
 # ../shared/notes/anchor-figures.md and README.md, not run here.
 # usage: bench/realistic-bench.sh [DIR] [IMAGE_MiB] [ROUNDS] [SECTIONS]
 #        (defaults: /dev/shm/snapblk-realistic 256 7 reads,merge; SECTIONS also takes ir, nbd)
-# results: bench/results/scratch/realistic-<time>.json
+# results: bench/results/scratch/realistic-<time>.json (JSON), then the table of medians of the
+#          paired per-round ratios with their range [min-max], as the docs quote them
 set -euo pipefail
 cd "$(dirname "$0")/.."
 dir=${1:-/dev/shm/snapblk-realistic}
@@ -97,3 +98,34 @@ PY
   fi
 } | tee "$out"
 echo "wrote $out" >&2
+# The issue's table: every row as the median of the paired per-round ratios [min-max].
+python3 - "$out" <<'PY'
+import json, sys
+text, objs, dec, i = open(sys.argv[1]).read(), {}, json.JSONDecoder(), 0
+while i < len(text):
+    if text[i].isspace():
+        i += 1
+        continue
+    o, i = dec.raw_decode(text, i)
+    objs.update(o)
+def cell(d, key):
+    if not d:
+        return "-"
+    return "%.2fx [%.2f-%.2f]" % (d[key], d[key + "_min"], d[key + "_max"])
+reads, merge = objs.get("reads", {}), objs.get("merge", {})
+cows = sorted({c for p in reads.values() for c in p if c.endswith(".cow")} | {c for c in merge if c.endswith(".cow")})
+print("\n| COW | 4 KiB QD1 sequential vs pread | random vs pread | merge vs cp --sparse=never + sync |")
+print("|---|---|---|---|")
+for c in cows:
+    print("| %s | %s | %s | %s |" % (c[:-4], cell(reads.get("sequential", {}).get(c), "vs_pread"),
+          cell(reads.get("random", {}).get(c), "vs_pread"), cell(merge.get(c), "vs_cp")))
+for p in ("sequential", "random"):
+    if p in reads:
+        print("pread of the new image, %s: %.0f MiB/s (median)" % (p, reads[p]["pread_mib_s"]))
+if "cp_s" in merge:
+    print("cp: %.3f s (median)" % merge["cp_s"])
+for rw, d in objs.get("nbd_qd1_mib_s", {}).items():
+    print("NBD %s, v3 lz4 vs the raw image: %.2fx [%.2f-%.2f]" % (rw, d["ratio"], d["ratio_min"], d["ratio_max"]))
+for k, v in objs.get("ir_per_read", {}).items():
+    print("instructions per read, %s: %d" % (k, v))
+PY

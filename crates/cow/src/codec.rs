@@ -135,6 +135,18 @@ thread_local! {
     static GZ_C: RefCell<Vec<(u32, flate2::Compress)>> = const { RefCell::new(Vec::new()) };
 }
 
+/// lz4 through `lz4_flex`: the error kinds (too long, too short, corrupt) for inputs liblz4
+/// does not decode to exactly one unit.
+#[cold]
+fn decompress_lz4_flex(input: &[u8], out: &mut [u8]) -> Result<(), DecodeError> {
+    match lz4_flex::block::decompress_into(input, out) {
+        Ok(n) if n == out.len() => Ok(()),
+        Ok(n) => Err(DecodeError::TooShort(n)),
+        Err(lz4_flex::block::DecompressError::OutputTooSmall { .. }) => Err(DecodeError::TooLong),
+        Err(e) => Err(DecodeError::corrupt(e)),
+    }
+}
+
 /// Decode `input` with `algo` into exactly `out.len()` bytes.
 pub fn decompress(algo: Compression, input: &[u8], out: &mut [u8]) -> Result<(), DecodeError> {
     match algo {
@@ -148,13 +160,11 @@ pub fn decompress(algo: Compression, input: &[u8], out: &mut [u8]) -> Result<(),
             out.copy_from_slice(input);
             Ok(())
         }
-        Compression::Lz4 => match lz4_flex::block::decompress_into(input, out) {
-            Ok(n) if n == out.len() => Ok(()),
-            Ok(n) => Err(DecodeError::TooShort(n)),
-            Err(lz4_flex::block::DecompressError::OutputTooSmall { .. }) => {
-                Err(DecodeError::TooLong)
-            }
-            Err(e) => Err(DecodeError::corrupt(e)),
+        // liblz4 decodes well-formed blocks (faster on short overlapping matches); anything
+        // it does not decode to exactly one unit goes to lz4_flex, which names the error.
+        Compression::Lz4 => match crate::lz4c::decompress_safe(input, out) {
+            Some(n) if n == out.len() => Ok(()),
+            _ => decompress_lz4_flex(input, out),
         },
         Compression::Zstd => {
             // Frames that declare a content size larger than the unit are "too long".

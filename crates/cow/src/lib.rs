@@ -34,6 +34,7 @@ mod format;
 pub mod fuzzing;
 mod generate;
 mod io;
+mod lz4c;
 mod reader;
 pub mod record;
 mod sparse;

@@ -38,7 +38,9 @@ mod tests {
     fn overlapping_blocks() -> Vec<Vec<u8>> {
         let mut v = vec![vec![0u8; 4096], vec![0xa5u8; 4096]];
         for period in 1..=9usize {
-            let mut b: Vec<u8> = (0..4096).map(|i| (i % period) as u8 * 37 + 1).collect();
+            let mut b: Vec<u8> = (0..4096)
+                .map(|i| ((i % period) as u8).wrapping_mul(37).wrapping_add(1))
+                .collect();
             // Literals between the runs, so every match starts anew.
             for k in (0..4096).step_by(301) {
                 b[k] = (k / 301) as u8;

@@ -70,10 +70,10 @@ run() { # run SIDE -> "iops cpu/io cs/io osd/io osdlat"
   case $side in
     snapblk) $t -f '%U %S %c %w' -o "$WORK/time" "$SNAPBLK" bench \
       "rbd:pool=rbd,image=bench,conf=$CEPH_CONF,lock=none,cache=false" --rw "$RW" --bs 4k \
-      --iodepth "$QD" --runtime "$SECS" --json >"$WORK/out" 2>/dev/null ;;
+      --iodepth "$QD" --runtime "$SECS" --time_based --json >"$WORK/out" 2>/dev/null ;;
     capi) $t -f '%U %S %c %w' -o "$WORK/time" "$SNAPBLK" bench --libblkio "$LIB" --driver rbd \
       --prop pool=rbd --prop image=bench --prop "conf=$CEPH_CONF" --prop lock=none --rw "$RW" \
-      --bs 4k --iodepth "$QD" --runtime "$SECS" --json >"$WORK/out" 2>/dev/null ;;
+      --bs 4k --iodepth "$QD" --runtime "$SECS" --time_based --json >"$WORK/out" 2>/dev/null ;;
     fio*) CEPH_CONF=$WORK/nocache.conf $t -f '%U %S %c %w' -o "$WORK/time" fio --name=r \
       --ioengine=rbd --pool=rbd --rbdname=bench --clientname=admin --rw="$RW" --bs=4k \
       --iodepth="$QD" --time_based --runtime="$SECS" --output-format=json >"$WORK/out" 2>/dev/null ;;

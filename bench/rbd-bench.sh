@@ -50,11 +50,11 @@ run() { # run SIDE RW QD -> IOPS
     snapblk|snap-c)
       local cache=false; [ "$side" = snap-c ] && cache=true
       "$SNAPBLK" bench "rbd:pool=rbd,image=bench,conf=$CEPH_CONF,lock=none,cache=$cache" --rw "$rw" --bs 4k \
-        --iodepth "$qd" --runtime "$SECS" --json | python3 -c 'import json,sys
+        --iodepth "$qd" --runtime "$SECS" --time_based --json | python3 -c 'import json,sys
 d=json.load(sys.stdin); print(round(sum(r["summary"]["iops"]["mean"] for r in d["results"])))' ;;
     capi)
       "$SNAPBLK" bench --libblkio "$LIB" --driver rbd --prop pool=rbd --prop image=bench \
-        --prop "conf=$CEPH_CONF" --prop lock=none --rw "$rw" --bs 4k --iodepth "$qd" --runtime "$SECS" \
+        --prop "conf=$CEPH_CONF" --prop lock=none --rw "$rw" --bs 4k --iodepth "$qd" --runtime "$SECS" --time_based \
         --json | python3 -c 'import json,sys
 d=json.load(sys.stdin); print(round(sum(r["summary"]["iops"]["mean"] for r in d["results"])))' ;;
     fio|fio-nc)

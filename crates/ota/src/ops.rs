@@ -88,6 +88,11 @@ impl Buffers {
             write: vec![0; WRITE_CHUNK],
         }
     }
+
+    /// The write buffer, free between operations.
+    pub(crate) fn write_buf(&mut self) -> &mut [u8] {
+        &mut self.write
+    }
 }
 
 /// What applying one operation did.

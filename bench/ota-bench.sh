@@ -17,7 +17,9 @@
 #    the crates.io payload_dumper 0.8.4 binary (if built, see below) and payload-dumper-go
 #    (if its binary is in BENCH_TOOLS, see below), plus the
 #    decompression ceiling (the payload's xz and bzip2 streams split in two halves, each half
-#    decoded by `xz -dc` and `bzip2 -dc` to /dev/null, both halves at once); then apply of the
+#    decoded by `xz -dc` and `bzip2 -dc` to /dev/null, both halves at once) and the issue's
+#    ceiling (all the xz streams through one `xz -dc -T2`, then the two bzip2 halves at once),
+#    each with snapblk's paired ratio to it (goal >= 0.9); then apply of the
 #    incremental by `snapblk ota apply`, `payload_dumper --diff` (PyPI), payload_dumper
 #    0.8.4 `--source-dir` and `payload-dumper-go -old`, and `snapblk ota apply` again with glibc's mmap threshold fixed at
 #    128 KiB (MALLOC_MMAP_THRESHOLD_): a diagnostic row, see docs/ota.md "Performance". Each run: wall time, CPU time and peak RSS (/usr/bin/time), and every
@@ -154,12 +156,21 @@ ceiling() {
   done
   wait
 }
+ceiling_t2() {  # the issue's ceiling: `xz -dc -T2` of the xz streams, then both bzip2 halves at once
+  local h
+  cat "$D/streams0.xz" "$D/streams1.xz" | xz -dc -T2 > /dev/null
+  for h in 0 1; do
+    { bzip2 -dc "$D/streams$h.bz2" > /dev/null
+      if [[ -s $D/streams$h.zst ]]; then zstd -qdc "$D/streams$h.zst" > /dev/null; fi; } &
+  done
+  wait
+}
 run() {  # run PHASE TOOL ROUND CMD...: time CMD, check DIR/<partition>.img
   local phase=$1 tool=$2 round=$3 rc=0 ok=1 p
   shift 3
   rm -rf "$OUT"; mkdir -p "$OUT"
   /usr/bin/time -f '%e %U %S %M' -o "$WORK/time" "$@" > "$WORK/log" 2>&1 || rc=$?
-  if [[ $tool == ceiling ]]; then
+  if [[ $tool == ceiling* ]]; then
     ok=-
   else
     for p in $parts; do
@@ -173,7 +184,7 @@ run() {  # run PHASE TOOL ROUND CMD...: time CMD, check DIR/<partition>.img
   echo "$phase $tool $round $rc $ok $(tail -1 "$WORK/time")" >> "$RUNS"
   rm -rf "$OUT"
 }
-export -f ceiling
+export -f ceiling ceiling_t2
 export D
 load0=$(cut -d' ' -f1-3 /proc/loadavg)
 t1=$( { /usr/bin/time -f %e sha256sum "$D/new/system.img" > /dev/null; } 2>&1 )
@@ -181,7 +192,7 @@ t2=$( { /usr/bin/time -f %e bash -c "sha256sum $D/new/system.img > /dev/null & s
 cores=$(python3 -c "print(f'{2 * $t1 / $t2:.2f}')")
 echo "== $ROUNDS rounds in $WORK; effective cores $cores; load $load0" >&2
 for ((r = 0; r < ROUNDS; r++)); do
-  ext=(snapblk pypi ceiling); app=(snapblk pypi snapblk-mmap)
+  ext=(snapblk pypi ceiling ceiling-t2); app=(snapblk pypi snapblk-mmap)
   [[ -n $PDRS ]] && ext+=(crate) && app+=(crate)
   [[ -n $PDGO ]] && ext+=(go) && app+=(go)
   for ((i = 0; i < ${#ext[@]}; i++)); do
@@ -192,6 +203,7 @@ for ((r = 0; r < ROUNDS; r++)); do
       crate) run extract crate "$r" "$PDRS" "$D/full.bin" -o "$OUT" -q ;;
       go) run extract go "$r" "$PDGO" -c "$(nproc)" -q -o "$OUT" "$D/full.bin" ;;
       ceiling) run extract ceiling "$r" bash -c ceiling ;;
+      ceiling-t2) run extract ceiling-t2 "$r" bash -c ceiling_t2 ;;
     esac
   done
   for ((i = 0; i < ${#app[@]}; i++)); do
@@ -225,11 +237,12 @@ mib = $img_bytes / 2**20
 names = dict(snapblk="snapblk ota", pypi="PyPI payload-dumper 0.3.0", crate="payload_dumper 0.8.4 (crates.io)",
              go="payload-dumper-go (05fe59e)",
              ceiling="xz -dc + bzip2 -dc, 2 processes",
+             **{"ceiling-t2": "xz -dc -T2, then bzip2 -dc ×2"},
              **{"snapblk-mmap": "snapblk ota, MALLOC_MMAP_THRESHOLD_=128K"})
 summary = {}
 print()
 for ph in ("extract", "apply"):
-    rows = [t for t in ("snapblk", "snapblk-mmap", "go", "crate", "pypi", "ceiling") if any(r["phase"] == ph and r["tool"] == t for r in runs)]
+    rows = [t for t in ("snapblk", "snapblk-mmap", "go", "crate", "pypi", "ceiling", "ceiling-t2") if any(r["phase"] == ph and r["tool"] == t for r in runs)]
     print(f"### {ph}: {mib:.0f} MiB of images ({'full' if ph == 'extract' else 'incremental'} payload, "
           f"{os.path.getsize('$D/' + ('full' if ph == 'extract' else 'delta') + '.bin') / 2**20:.0f} MiB)\n")
     print("| tool | runs ok | wall s | MiB/s | CPU s | MiB/s per CPU-s | peak RSS MiB | snapblk's throughput × (paired) |")
@@ -247,6 +260,12 @@ for ph in ("extract", "apply"):
         print(f"| {names[t]} | {len(good)}/{len(rs)} | {w:.2f} | {mib / w:.0f} | {c:.2f} | {mib / c:.0f} | {rss:.0f} | "
               + ("—" if t == "snapblk" else f"{paired:.2f}×") + " |")
     print()
+    for t in ("ceiling", "ceiling-t2"):
+        if f"{ph}/{t}" in summary and f"{ph}/snapblk" in summary:
+            print(f"snapblk's throughput / the ceiling '{names[t]}': "
+                  f"{summary[ph + '/' + t]['snapblk_speedup_paired']:.2f} (paired wall time; goal >= 0.9)")
+    if ph == "extract":
+        print()
 doc = dict(schema="snapblk.bench.ota.v1", date="$(date -u +%Y-%m-%dT%H:%M:%SZ)", commit="$commit",
            machine=dict(nproc=os.cpu_count(), effective_cores=$cores, load_before="$load0", load_after="$load1",
                         mem_total_mib=int(open("/proc/meminfo").readline().split()[1]) // 1024,

@@ -3,7 +3,11 @@
 //! blob through the decoder into the partition's output; the worker that finishes a
 //! partition's last operation finishes the partition (`crate::finish`: its dm-verity hash tree
 //! and FEC when the manifest leaves them to the device, then the check of
-//! `new_partition_info.hash`).
+//! `new_partition_info.hash`). That hash is read back ahead, while the other operations run:
+//! once every operation that can write below an offset is done (the operations before it in
+//! the queue, and none after it starts lower: `Tally::safe`), a worker hashes the output up
+//! to there, so the last operation leaves only the partition's tail to hash instead of the
+//! whole image on one thread (partitions with dm-verity work are hashed after it, as before).
 //! Memory: each worker holds a 256 KiB read buffer, a 1 MiB write buffer and one decoder's
 //! state (xz: its dictionary, at most 64 MiB for the largest preset), whatever the payload's
 //! size.
@@ -16,9 +20,9 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
 use crate::error::{OtaError, Result};
-use crate::finish::{Finished, finish_partition};
+use crate::finish::{Finished, HashedPrefix, finish_partition};
 use crate::ops::{Buffers, Src, apply};
-use crate::plan::ExtractPlan;
+use crate::plan::{ExtractPlan, PlannedPartition};
 use crate::verity::VerityReport;
 
 /// Most worker threads an extraction uses, whatever it is asked.
@@ -106,13 +110,57 @@ pub struct ExtractReport {
 }
 
 /// Per-partition counters shared by the workers.
-#[derive(Default)]
 struct Tally {
     remaining: AtomicUsize,
     unhashed: AtomicUsize,
     src_unhashed: AtomicUsize,
     written: AtomicU64,
     done: Mutex<Option<Finished>>,
+    /// `lowest[k]`: the lowest byte operations `k..` write (the partition size past the last,
+    /// and for all when dm-verity work follows the operations: nothing is hashed ahead).
+    lowest: Vec<u64>,
+    /// Which operations are done, and how many from the first are.
+    order: Mutex<(Vec<bool>, usize)>,
+    /// Bytes of the output that no pending operation can write any more:
+    /// `lowest[done prefix]`.
+    safe: AtomicU64,
+    /// The hash of the output's first bytes, read back ahead (taken by the partition's finish).
+    prefix: Mutex<Option<HashedPrefix>>,
+}
+
+impl Tally {
+    /// Note operation `oi` done, moving [`Tally::safe`] on.
+    fn op_done(&self, oi: usize) {
+        let mut g = lock(&self.order);
+        let (done, first) = &mut *g;
+        if let Some(d) = done.get_mut(oi) {
+            *d = true;
+        }
+        while done.get(*first).copied().unwrap_or(false) {
+            *first += 1;
+        }
+        if let Some(&l) = self.lowest.get(*first) {
+            self.safe.fetch_max(l, Ordering::AcqRel);
+        }
+    }
+
+    /// Hash the output up to [`Tally::safe`], unless another worker is doing so.
+    fn hash_ahead(&self, p: &PlannedPartition, out: &dyn Output, buf: &mut [u8]) -> Result<()> {
+        let Ok(mut g) = self.prefix.try_lock() else {
+            return Ok(());
+        };
+        let Some(h) = g.as_mut() else {
+            return Ok(());
+        };
+        loop {
+            let end = self.safe.load(Ordering::Acquire);
+            if h.at >= end {
+                return Ok(());
+            }
+            // A piece at a time, to take in what other workers finish meanwhile.
+            h.advance(p, out, end.min(h.at + 4 * buf.len() as u64), buf)?;
+        }
+    }
 }
 
 /// The first error by job order, so that the report does not depend on thread timing.
@@ -169,12 +217,35 @@ impl ExtractPlan<'_> {
             .enumerate()
             .flat_map(|(pi, p)| (0..p.ops).map(move |oi| (pi, oi)))
             .collect();
+        let bs = u64::from(self.payload.block_size());
         let tallies: Vec<Tally> = self
             .parts
             .iter()
-            .map(|p| Tally {
-                remaining: AtomicUsize::new(p.ops),
-                ..Tally::default()
+            .map(|p| {
+                let ops = &manifest.partitions[p.index].operations;
+                let mut lowest = vec![p.size; ops.len() + 1];
+                if p.verity.is_some() {
+                    lowest.fill(0);
+                } else {
+                    for (k, op) in ops.iter().enumerate().rev() {
+                        let start = (op.dst_extents.iter())
+                            .filter(|e| e.num_blocks() > 0)
+                            .map(|e| e.start_block().saturating_mul(bs))
+                            .min();
+                        lowest[k] = lowest[k + 1].min(start.unwrap_or(u64::MAX));
+                    }
+                }
+                Tally {
+                    remaining: AtomicUsize::new(p.ops),
+                    unhashed: AtomicUsize::new(0),
+                    src_unhashed: AtomicUsize::new(0),
+                    written: AtomicU64::new(0),
+                    done: Mutex::new(None),
+                    lowest,
+                    order: Mutex::new((vec![false; ops.len()], 0)),
+                    safe: AtomicU64::new(0),
+                    prefix: Mutex::new(Some(HashedPrefix::new())),
+                }
             })
             .collect();
         let cores = match opts.threads {
@@ -223,11 +294,13 @@ impl ExtractPlan<'_> {
                         if st.src_unhashed {
                             t.src_unhashed.fetch_add(1, Ordering::Relaxed);
                         }
-                        let bs = u64::from(self.payload.block_size());
                         let n: u64 = op.dst_extents.iter().map(|e| e.num_blocks() * bs).sum();
                         report(ExtractProgress::Advance { bytes: n });
+                        t.op_done(oi);
                         if t.remaining.fetch_sub(1, Ordering::AcqRel) == 1 {
                             self.finish(pi, outputs[pi], t, cores, &report)?;
+                        } else {
+                            t.hash_ahead(p, outputs[pi], bufs.write_buf())?;
                         }
                         Ok(())
                     });
@@ -282,7 +355,9 @@ impl ExtractPlan<'_> {
         report: &(dyn Fn(ExtractProgress) + Sync),
     ) -> Result<()> {
         let advance = |bytes| report(ExtractProgress::Advance { bytes });
-        let done = finish_partition(&self.parts[pi], out, threads, &advance)?;
+        // Waits for a worker still hashing ahead, then goes on from where it stopped.
+        let prefix = lock(&t.prefix).take().unwrap_or_else(HashedPrefix::new);
+        let done = finish_partition(&self.parts[pi], out, threads, &advance, prefix)?;
         *lock(&t.done) = Some(done);
         report(ExtractProgress::Verified { index: pi });
         Ok(())

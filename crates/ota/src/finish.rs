@@ -22,15 +22,69 @@ pub(crate) struct Finished {
     pub(crate) verity: Option<VerityReport>,
 }
 
+/// The partition hash so far: SHA-256 state over the first `at` bytes of the output, read back
+/// while later operations still ran (only for partitions without dm-verity work, whose bytes
+/// are final once their operations are done).
+pub(crate) struct HashedPrefix {
+    pub(crate) hash: Sha256,
+    pub(crate) at: u64,
+}
+
+impl HashedPrefix {
+    pub(crate) fn new() -> HashedPrefix {
+        HashedPrefix {
+            hash: Sha256::new(),
+            at: 0,
+        }
+    }
+
+    /// Read back and hash the output up to byte `end` (nothing if already there), in pieces of
+    /// `buf`'s size.
+    pub(crate) fn advance(
+        &mut self,
+        p: &PlannedPartition,
+        out: &dyn Output,
+        end: u64,
+        buf: &mut [u8],
+    ) -> Result<()> {
+        while self.at < end {
+            let n = (end - self.at).min(buf.len() as u64) as usize;
+            match out.read_at(self.at, &mut buf[..n]) {
+                Ok(0) => {
+                    return Err(OtaError::Output {
+                        partition: p.name.clone(),
+                        doing: "reading back",
+                        source: io::ErrorKind::UnexpectedEof.into(),
+                    });
+                }
+                Ok(k) => {
+                    self.hash.update(&buf[..k]);
+                    self.at += k as u64;
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(source) => {
+                    return Err(OtaError::Output {
+                        partition: p.name.clone(),
+                        doing: "reading back",
+                        source,
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
 /// Finish partition `p`, whose operations are all written to `out`: its hash tree and FEC
 /// (with up to `threads` threads, `progress` getting the bytes processed as
 /// [`Verity::write_with_progress`](crate::Verity::write_with_progress) reports them), then the
-/// check of its hash.
+/// check of its hash, going on from `prefix` (which must be empty when `p` has dm-verity work).
 pub(crate) fn finish_partition(
     p: &PlannedPartition,
     out: &dyn Output,
     threads: usize,
     progress: &(dyn Fn(u64) + Sync),
+    mut prefix: HashedPrefix,
 ) -> Result<Finished> {
     let verity = match &p.verity {
         Some(v) => Some(
@@ -42,7 +96,9 @@ pub(crate) fn finish_partition(
         ),
         None => None,
     };
-    let found = hash_output(p, out)?;
+    let mut buf = vec![0u8; WRITE_CHUNK];
+    prefix.advance(p, out, p.size, &mut buf)?;
+    let found: [u8; 32] = prefix.hash.finalize().into();
     if found != p.sha256 {
         return Err(OtaError::PartitionHash {
             partition: p.name.clone(),
@@ -54,36 +110,4 @@ pub(crate) fn finish_partition(
         sha256: found,
         verity,
     })
-}
-
-/// SHA-256 of the first `p.size` bytes of `out`.
-fn hash_output(p: &PlannedPartition, out: &dyn Output) -> Result<[u8; 32]> {
-    let mut h = Sha256::new();
-    let mut buf = vec![0u8; WRITE_CHUNK];
-    let mut at = 0u64;
-    while at < p.size {
-        let n = (p.size - at).min(buf.len() as u64) as usize;
-        match out.read_at(at, &mut buf[..n]) {
-            Ok(0) => {
-                return Err(OtaError::Output {
-                    partition: p.name.clone(),
-                    doing: "reading back",
-                    source: io::ErrorKind::UnexpectedEof.into(),
-                });
-            }
-            Ok(k) => {
-                h.update(&buf[..k]);
-                at += k as u64;
-            }
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(source) => {
-                return Err(OtaError::Output {
-                    partition: p.name.clone(),
-                    doing: "reading back",
-                    source,
-                });
-            }
-        }
-    }
-    Ok(h.finalize().into())
 }

@@ -77,6 +77,34 @@ fn every_encoding_round_trips_with_any_thread_count() {
     }
 }
 
+/// The partition hash is read back ahead of the last operation, up to the lowest byte a
+/// pending operation writes: operations out of block order (the last one in the manifest
+/// writing the first blocks) must still give the image and its hash.
+#[test]
+fn operations_out_of_block_order_are_hashed_only_once_written() {
+    let sys = image(40, 11);
+    let b = PayloadBuilder::new().partition(
+        "system",
+        &sys,
+        1,
+        &[Encoding::Xz, Encoding::Replace, Encoding::Bz],
+    );
+    for order in ["reversed", "pairs swapped", "first last"] {
+        let mut built = b.build();
+        let ops = &mut built.manifest.partitions[0].operations;
+        match order {
+            "reversed" => ops.reverse(),
+            "pairs swapped" => ops.chunks_mut(2).for_each(|c| c.reverse()),
+            _ => ops.rotate_left(1),
+        }
+        let p = open(&built);
+        for threads in [1, 2, 3, 8] {
+            let out = extract_to_memory(&p, None, threads).unwrap();
+            assert!(out[0].1 == sys, "{order}, {threads} threads");
+        }
+    }
+}
+
 #[test]
 fn a_selection_extracts_only_those_partitions_and_unknown_names_are_refused() {
     let b = two_partitions().build();

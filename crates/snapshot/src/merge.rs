@@ -38,9 +38,9 @@ use crate::precheck::{PrecheckReport, precheck};
 use crate::sched::IoClass;
 use crate::snapshot::{Snapshot, scratch_state};
 use crate::stash::{Stash, Stashed, old_or_new, reads_own_destination};
+use rustc_hash::FxHashSet as HashSet;
 use serde::Serialize;
 use snapblk_core::sync::write;
-use std::collections::HashSet;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
@@ -148,7 +148,7 @@ pub(crate) fn validate_order(snap: &Snapshot) -> Result<()> {
         return Err(SnapError::MergeOrder(e.to_owned()));
     }
     let bs = map.block_size();
-    let mut written: HashSet<u64> = HashSet::new();
+    let mut written: HashSet<u64> = HashSet::default();
     for (i, op) in map.ops()[..map.ordered_len()].iter().enumerate() {
         if let Some((s, c)) = op.source_blocks(bs) {
             for b in s..s + c {
@@ -186,8 +186,8 @@ pub(crate) fn window_end(
     }
     let cap = max_window.unwrap_or(NO_SCRATCH_WINDOW).max(1);
     let bs = snap.map.block_size();
-    let mut srcs: HashSet<u64> = HashSet::new();
-    let mut dsts: HashSet<u64> = HashSet::new();
+    let mut srcs: HashSet<u64> = HashSet::default();
+    let mut dsts: HashSet<u64> = HashSet::default();
     let mut j = n;
     while j < p && j - n < cap {
         let op = &ops[j];

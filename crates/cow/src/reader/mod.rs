@@ -8,7 +8,7 @@
 mod v2;
 mod v3;
 
-use std::collections::{HashMap, HashSet};
+use rustc_hash::{FxHashMap, FxHashSet};
 
 use crate::codec::{self, Compression, DecodeError};
 use crate::error::{CowError, Result, io_at};
@@ -408,11 +408,12 @@ impl<R: ReadAt> CowReader<R> {
     }
 
     fn build_merge_order(&mut self) -> Result<()> {
-        let winners: HashSet<u32> = self.map.iter().map(|e| e.2).collect();
+        let winners: FxHashSet<u32> = self.map.iter().map(|e| e.2).collect();
         let mut order: Vec<u32> = Vec::with_capacity(self.map.len());
         if !self.sequence.is_empty() {
-            let by_start: HashMap<u64, u32> = self.map.iter().map(|e| (e.0, e.2)).collect();
-            let mut used: HashSet<u32> = HashSet::with_capacity(self.sequence.len());
+            let by_start: FxHashMap<u64, u32> = self.map.iter().map(|e| (e.0, e.2)).collect();
+            let mut used: FxHashSet<u32> =
+                FxHashSet::with_capacity_and_hasher(self.sequence.len(), Default::default());
             for (i, &b) in self.sequence.iter().enumerate() {
                 let Some(&oi) = by_start.get(&u64::from(b)) else {
                     return Err(CowError::BadSequence {
@@ -546,7 +547,7 @@ impl<R: ReadAt> CowReader<R> {
     /// op, and no ordered op reads a block written by an earlier ordered op.
     pub fn verify_merge_order(&self) -> Result<()> {
         let bs = u64::from(self.header.block_size);
-        let mut written: HashSet<u64> = HashSet::new();
+        let mut written: FxHashSet<u64> = FxHashSet::default();
         let mut seen_unordered: Option<u64> = None;
         for (pos, op) in self.merge_order().enumerate() {
             if op.is_ordered() {

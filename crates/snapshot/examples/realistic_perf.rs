@@ -14,6 +14,8 @@
 //!   beside a COW loaded and checked, the pre-merge check, the merge and its fsyncs, a final
 //!   `sync`), into a fresh copy of the old image, vs `cp --sparse=never` of the new image to a new
 //!   file followed by `sync`, interleaved.
+//!   The merge computes units ahead on a second thread as `snapblk merge` does;
+//!   `SNAPBLK_BENCH_NO_PIPELINE=1` turns that off for an A/B comparison.
 //!
 //! Prints one JSON object.
 
@@ -176,7 +178,7 @@ fn merge_secs(dir: &Path, cow: &str, new: &[u8]) -> f64 {
     }
     // As `snapblk merge` does: the next window is read on a second thread.
     let opts = MergeOptions {
-        pipeline: true,
+        pipeline: std::env::var_os("SNAPBLK_BENCH_NO_PIPELINE").is_none(),
         ..Default::default()
     };
     merge(&s, opts).unwrap();

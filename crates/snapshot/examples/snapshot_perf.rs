@@ -19,6 +19,8 @@
 //! * `merge`: merge throughput of a COPY-only COW (every block moves by one: the worst case, all
 //!   windows go through scratch) and of a COW that moves 4 MiB extents (windows are self-safe)
 //!   vs a plain sequential in-place copy (1 MiB read/write, fdatasync).
+//!   The merge computes units ahead on a second thread as `snapblk merge` does;
+//!   `SNAPBLK_BENCH_NO_PIPELINE=1` turns that off for an A/B comparison.
 //! * `precheck` (only when asked for): the pre-merge check's time next to the merge's own time
 //!   (its writes, the rest of `merge()`), for OTA-like COWs made by `snapblk_cow::generate` with
 //!   codecs none, lz4 and gz: half the image new compressible data (REPLACE), a quarter moved
@@ -583,7 +585,7 @@ fn one_merge(
     )
     .unwrap();
     let opts = MergeOptions {
-        pipeline: true,
+        pipeline: std::env::var_os("SNAPBLK_BENCH_NO_PIPELINE").is_none(),
         ..Default::default()
     };
     let t0 = Instant::now();

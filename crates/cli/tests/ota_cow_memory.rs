@@ -218,3 +218,87 @@ fn peak_memory_does_not_grow_with_the_partition() {
         );
     }
 }
+
+/// `ota apply` of the same incremental payload and `ota extract` of a full payload of a
+/// 512 MiB partition stay within the bound docs/ota.md states: about threads × (largest
+/// operation's source + destination) + 64 MiB, whatever the partition's size; and write the
+/// images the payloads' hashes name.
+#[test]
+fn apply_and_extract_memory_is_bounded_by_the_operations() {
+    // apply: the largest operations are the 16 MiB SOURCE_COPY and REPLACE (source or data
+    // 16 MiB, destination 16 MiB), on 2 threads.
+    let d = TempDir::new("ota-apply-mem");
+    let fields = VabcFields {
+        cow_version: 3,
+        compression: "lz4".into(),
+        compression_factor: 65536,
+        batch_writes: true,
+        threaded: true,
+    };
+    let (ota, new_hash) = payload(&d, &fields);
+    let out = d.join("applied");
+    let old = d.join("old");
+    let args = [
+        "ota",
+        "apply",
+        path_str(&ota),
+        "--source",
+        path_str(&old),
+        "-o",
+        path_str(&out),
+        "--threads",
+        "2",
+        "--quiet",
+    ];
+    let (_, _, rss_kib) = run_measured(&args);
+    let limit = (2 * (16 + 16) + 64) << 10;
+    eprintln!("ota apply: peak RSS {} MiB", rss_kib >> 10);
+    assert!(
+        rss_kib < limit,
+        "ota apply: peak RSS {rss_kib} KiB for a 512 MiB partition (limit {limit} KiB)"
+    );
+    let got = sha256_of(&std::fs::File::open(out.join("system.img")).unwrap()).unwrap();
+    assert_eq!(got, new_hash, "ota apply: the new image");
+
+    // extract: a full payload in 2 MiB REPLACE_XZ / REPLACE_BZ operations (zero chunks as
+    // ZERO), 16 MiB of data and 496 MiB of zeros.
+    let d = TempDir::new("ota-extract-mem");
+    let mut img = vec![0u8; (BLOCKS * BS) as usize];
+    img[..(4096 * BS) as usize].copy_from_slice(&noise((4096 * BS) as usize, 3));
+    let want = snapblk_ota::testing::sha256(&img);
+    let built = snapblk_ota::testing::PayloadBuilder::new()
+        .partition(
+            "system",
+            &img,
+            512,
+            &[
+                snapblk_ota::testing::Encoding::Xz,
+                snapblk_ota::testing::Encoding::Bz,
+            ],
+        )
+        .build();
+    drop(img);
+    let ota = d.join("full.bin");
+    std::fs::write(&ota, built.to_bytes()).unwrap();
+    drop(built);
+    let out = d.join("extracted");
+    let args = [
+        "ota",
+        "extract",
+        path_str(&ota),
+        "-o",
+        path_str(&out),
+        "--threads",
+        "2",
+        "--quiet",
+    ];
+    let (_, _, rss_kib) = run_measured(&args);
+    let limit = (2 * (2 + 2) + 64) << 10;
+    eprintln!("ota extract: peak RSS {} MiB", rss_kib >> 10);
+    assert!(
+        rss_kib < limit,
+        "ota extract: peak RSS {rss_kib} KiB for a 512 MiB partition (limit {limit} KiB)"
+    );
+    let got = sha256_of(&std::fs::File::open(out.join("system.img")).unwrap()).unwrap();
+    assert_eq!(got.to_vec(), want, "ota extract: the image");
+}

@@ -138,14 +138,32 @@ fn reclaimed_pages(p: &Path, off: u64, len: u64) -> u64 {
 }
 
 /// Bytes of a whole file read since the last [`evict`], by fincore (mincore) plus the pages
-/// reclaimed since (see [`reclaimed_pages`]); page granular.
+/// reclaimed since (see [`reclaimed_pages`]); page granular. The two counts are taken one after
+/// the other, so a page reclaimed between them is counted by both: a sum above the file's pages
+/// can only be that race, and is measured again.
 fn read_bytes(p: &Path) -> u64 {
-    fincore_bytes(p) + reclaimed_pages(p, 0, 0) * PAGE
+    let pages = p.metadata().unwrap().len().div_ceil(PAGE);
+    recount(pages, || fincore_bytes(p) / PAGE + reclaimed_pages(p, 0, 0)) * PAGE
 }
 
 /// Pages of a range read since the last [`evict`]: vmtouch plus reclaimed (as [`read_bytes`]).
 fn read_pages(p: &Path, off: u64, len: u64) -> u64 {
-    vmtouch_pages(p, off, len) + reclaimed_pages(p, off, len)
+    recount(len.div_ceil(PAGE), || {
+        vmtouch_pages(p, off, len) + reclaimed_pages(p, off, len)
+    })
+}
+
+/// `count()`, taken again (up to 5 times) while it exceeds `most`, which only a page reclaimed
+/// between its two measurements can cause.
+fn recount(most: u64, count: impl Fn() -> u64) -> u64 {
+    let mut n = count();
+    for _ in 0..4 {
+        if n <= most {
+            break;
+        }
+        n = count();
+    }
+    n
 }
 
 /// Resident bytes of a whole file according to util-linux fincore (mincore based).

@@ -15,7 +15,7 @@ use snapblk_ota::{
     DeltaArchiveManifest, DeviceProfile, Extent, InstallOperation, OpType, PartitionInfo,
     PartitionUpdate, VabcParams, estimate_vabc_cow,
 };
-use snapblk_testsupport::{TempDir, path_str};
+use snapblk_testsupport::{TempDir, path_str, pattern as noise};
 
 const BS: u64 = 4096;
 /// The partition: 512 MiB.
@@ -28,19 +28,6 @@ fn ext(s: u64, n: u64) -> Extent {
         start_block: Some(s),
         num_blocks: Some(n),
     }
-}
-
-/// Deterministic bytes that do not compress.
-fn noise(len: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
 }
 
 /// A sparse image of `BLOCKS` blocks with `pieces` (block, bytes) written in it.
@@ -250,15 +237,13 @@ fn apply_and_extract_memory_is_bounded_by_the_operations() {
         "2",
         "--quiet",
     ];
-    let (_, _, rss_kib) = run_measured(&args);
-    let limit = (2 * (16 + 16) + 64) << 10;
-    eprintln!("ota apply: peak RSS {} MiB", rss_kib >> 10);
-    assert!(
-        rss_kib < limit,
-        "ota apply: peak RSS {rss_kib} KiB for a 512 MiB partition (limit {limit} KiB)"
+    bounded_run(
+        "ota apply",
+        &args,
+        (2 * (16 + 16) + 64) << 10,
+        &out,
+        &new_hash,
     );
-    let got = sha256_of(&std::fs::File::open(out.join("system.img")).unwrap()).unwrap();
-    assert_eq!(got, new_hash, "ota apply: the new image");
 
     // extract: a full payload in 2 MiB REPLACE_XZ / REPLACE_BZ operations (zero chunks as
     // ZERO), 16 MiB of data and 496 MiB of zeros.
@@ -292,13 +277,18 @@ fn apply_and_extract_memory_is_bounded_by_the_operations() {
         "2",
         "--quiet",
     ];
-    let (_, _, rss_kib) = run_measured(&args);
-    let limit = (2 * (2 + 2) + 64) << 10;
-    eprintln!("ota extract: peak RSS {} MiB", rss_kib >> 10);
+    bounded_run("ota extract", &args, (2 * (2 + 2) + 64) << 10, &out, &want);
+}
+
+/// Run `snapblk ARGS` measured: its peak RSS stays under `limit` KiB, and the
+/// `OUT/system.img` it writes hashes to `want`.
+fn bounded_run(what: &str, args: &[&str], limit: i64, out: &Path, want: &[u8]) {
+    let (_, _, rss_kib) = run_measured(args);
+    eprintln!("{what}: peak RSS {} MiB", rss_kib >> 10);
     assert!(
         rss_kib < limit,
-        "ota extract: peak RSS {rss_kib} KiB for a 512 MiB partition (limit {limit} KiB)"
+        "{what}: peak RSS {rss_kib} KiB for a 512 MiB partition (limit {limit} KiB)"
     );
     let got = sha256_of(&std::fs::File::open(out.join("system.img")).unwrap()).unwrap();
-    assert_eq!(got.to_vec(), want, "ota extract: the image");
+    assert_eq!(&got[..], want, "{what}: the image");
 }

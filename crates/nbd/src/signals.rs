@@ -3,7 +3,8 @@
 
 use std::time::Duration;
 
-/// SIGINT and SIGTERM, blocked for the calling thread and the threads it spawns afterwards.
+/// SIGINT and SIGTERM (and SIGHUP when asked for), blocked for the calling thread and the
+/// threads it spawns afterwards.
 pub struct TermSignals {
     set: libc::sigset_t,
 }
@@ -11,13 +12,24 @@ pub struct TermSignals {
 impl TermSignals {
     /// Block SIGINT and SIGTERM in the calling thread (inherited by threads spawned later).
     pub fn block() -> std::io::Result<TermSignals> {
+        Self::block_set(&[libc::SIGINT, libc::SIGTERM])
+    }
+
+    /// [`TermSignals::block`] plus SIGHUP (a closed terminal), for a command that must clean up
+    /// whichever way it is told to end.
+    pub fn block_with_hangup() -> std::io::Result<TermSignals> {
+        Self::block_set(&[libc::SIGINT, libc::SIGTERM, libc::SIGHUP])
+    }
+
+    fn block_set(sigs: &[libc::c_int]) -> std::io::Result<TermSignals> {
         // SAFETY: sigset_t is plain data; sigemptyset initialises it before any other use.
         let mut set: libc::sigset_t = unsafe { std::mem::zeroed() };
         // SAFETY: `set` is a valid, exclusively borrowed sigset_t; the signal numbers are valid.
         let r = unsafe {
             libc::sigemptyset(&mut set);
-            libc::sigaddset(&mut set, libc::SIGINT);
-            libc::sigaddset(&mut set, libc::SIGTERM);
+            for &s in sigs {
+                libc::sigaddset(&mut set, s);
+            }
             libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut())
         };
         if r != 0 {
@@ -26,7 +38,7 @@ impl TermSignals {
         Ok(TermSignals { set })
     }
 
-    /// Wait up to `timeout` for SIGINT/SIGTERM; returns the signal number if one arrived.
+    /// Wait up to `timeout` for one of the blocked signals; returns the signal number if one arrived.
     pub fn wait(&self, timeout: Duration) -> Option<i32> {
         let ts = libc::timespec {
             tv_sec: timeout.as_secs().min(i64::MAX as u64) as libc::time_t,
@@ -50,5 +62,13 @@ mod tests {
         // SAFETY: sending a signal that is blocked in this thread to this thread.
         unsafe { libc::pthread_kill(libc::pthread_self(), libc::SIGTERM) };
         assert_eq!(s.wait(Duration::from_secs(5)), Some(libc::SIGTERM));
+    }
+
+    #[test]
+    fn delivers_sighup_when_asked_to() {
+        let s = TermSignals::block_with_hangup().unwrap();
+        // SAFETY: sending a signal that is blocked in this thread to this thread.
+        unsafe { libc::pthread_kill(libc::pthread_self(), libc::SIGHUP) };
+        assert_eq!(s.wait(Duration::from_secs(5)), Some(libc::SIGHUP));
     }
 }

@@ -17,6 +17,10 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
 pub const DEFAULT_RETRIES: u32 = 3;
 /// Default part size of uploads: a larger file goes up as a multipart upload.
 pub const DEFAULT_PART_SIZE: u64 = 64 << 20;
+/// Default parts of a multipart upload in flight at once.
+pub const DEFAULT_PUT_JOBS: usize = 4;
+/// Most parts of a multipart upload in flight at once.
+pub const MAX_PUT_JOBS: usize = 64;
 
 /// How to reach remote objects and how to cache them.
 #[derive(Debug, Clone)]
@@ -40,6 +44,10 @@ pub struct RemoteConfig {
     /// Part size of uploads (5 MiB to 5 GiB, S3's limits): a file larger than this is sent as
     /// a multipart upload in parts of this size (larger when it would take more than 10,000).
     pub part_size: u64,
+    /// Parts of a multipart upload sent at once (1 to [`MAX_PUT_JOBS`]), each on its own
+    /// connection. Each part streams from the file, so memory stays a few small buffers per
+    /// job whatever the part size.
+    pub put_jobs: usize,
     /// Read an object whose server gives neither an ETag nor a Last-Modified date, though a
     /// change between two reads could then go unnoticed (`SNAPBLK_REMOTE_ALLOW_UNPINNED=1`).
     /// Without it, opening such an object fails with [`RemoteError::Unpinned`].
@@ -58,6 +66,7 @@ impl Default for RemoteConfig {
             block_size: DEFAULT_BLOCK_SIZE,
             readahead_blocks: DEFAULT_READAHEAD_BLOCKS,
             part_size: DEFAULT_PART_SIZE,
+            put_jobs: DEFAULT_PUT_JOBS,
             allow_unpinned: false,
         }
     }
@@ -118,6 +127,12 @@ impl RemoteConfig {
             return Err(RemoteError::BadConfig {
                 what: "part-size".into(),
                 why: format!("{ps} is not from 5 MiB to 5 GiB (S3's part sizes)"),
+            });
+        }
+        if !(1..=MAX_PUT_JOBS).contains(&self.put_jobs) {
+            return Err(RemoteError::BadConfig {
+                what: "jobs".into(),
+                why: format!("{} is not from 1 to {MAX_PUT_JOBS}", self.put_jobs),
             });
         }
         if self.timeout.is_zero() {

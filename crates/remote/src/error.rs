@@ -126,6 +126,14 @@ pub enum RemoteError {
         #[source]
         source: std::io::Error,
     },
+    /// The caller stopped the transfer (`remote put` on SIGINT/SIGTERM/SIGHUP) before the
+    /// object was written: a multipart upload is aborted, a single PUT cut short, so the key
+    /// holds what it held before.
+    #[error("{url}: stopped before the object was written")]
+    Stopped {
+        /// The object.
+        url: String,
+    },
     /// A downloaded object's SHA-256 is not the one recorded when it was pushed.
     #[error(
         "{url}: checksum mismatch: the object's metadata says sha256 {want}, the bytes are {got}"
@@ -155,6 +163,7 @@ impl RemoteError {
             RemoteError::NotFound { .. } => libc::ENOENT,
             RemoteError::Changed { .. } => libc::ESTALE,
             RemoteError::Unreachable { .. } => libc::EHOSTUNREACH,
+            RemoteError::Stopped { .. } => libc::ECANCELED,
             RemoteError::Local { source, .. } => source.raw_os_error().unwrap_or(libc::EIO),
             _ => libc::EIO,
         }

@@ -15,15 +15,39 @@ pub(crate) enum Body<'a> {
     /// No body.
     Empty,
     /// `len` bytes of a local file from `offset`: reopened for every attempt; `sha256` is
-    /// their payload hash.
+    /// their payload hash. When `halted` turns true the body stops mid-stream (the server sees
+    /// a cut connection and stores nothing) and the request fails with
+    /// [`RemoteError::Stopped`] instead of being retried.
     File {
         path: &'a std::path::Path,
         offset: u64,
         len: u64,
         sha256: &'a str,
+        halted: Option<&'a (dyn Fn() -> bool + Sync)>,
     },
     /// Bytes in memory and their payload hash.
     Bytes { data: &'a [u8], sha256: &'a str },
+}
+
+impl Body<'_> {
+    fn halted(&self) -> bool {
+        matches!(self, Body::File { halted: Some(h), .. } if h())
+    }
+}
+
+/// A request body that ends in an error as soon as its `halted` turns true.
+struct Haltable<'a, R> {
+    inner: R,
+    halted: Option<&'a (dyn Fn() -> bool + Sync)>,
+}
+
+impl<R: Read> Read for Haltable<'_, R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        if self.halted.is_some_and(|h| h()) {
+            return Err(std::io::Error::other("upload stopped"));
+        }
+        self.inner.read(buf)
+    }
 }
 
 /// The HTTP side of a [`RemoteConfig`].
@@ -108,17 +132,29 @@ impl Client {
         };
         let mut backoff = Duration::from_millis(100);
         let mut attempt = 0u32;
+        let stopped = || RemoteError::Stopped {
+            url: t.display.clone(),
+        };
         loop {
+            if body.halted() {
+                return Err(stopped());
+            }
             attempt += 1;
             let e = match self.once(t, method, query, headers, body, pin, attempt) {
                 Attempt::Ok(r) => return Ok(r),
+                // The error of a body cut short by a halt is the halt's.
+                Attempt::Fail(_) | Attempt::Retry(_) if body.halted() => return Err(stopped()),
                 Attempt::Fail(e) => return Err(e),
                 Attempt::Retry(e) => e,
             };
             if attempt > self.cfg.retries {
                 return Err(e);
             }
-            std::thread::sleep(backoff);
+            // In short naps, so that a halt is not kept waiting by a long backoff.
+            let until = std::time::Instant::now() + backoff;
+            while !body.halted() && std::time::Instant::now() < until {
+                std::thread::sleep(Duration::from_millis(50).min(backoff));
+            }
             backoff = (backoff * 2).min(Duration::from_secs(5));
         }
     }
@@ -184,16 +220,21 @@ impl Client {
         let r = match body {
             Body::Empty => req.call(),
             Body::File {
-                path, offset, len, ..
+                path,
+                offset,
+                len,
+                halted,
+                ..
             } => {
                 let opened = std::fs::File::open(path).and_then(|mut f| {
                     std::io::Seek::seek(&mut f, std::io::SeekFrom::Start(*offset))?;
                     Ok(f)
                 });
                 match opened {
-                    Ok(f) => req
-                        .set("content-length", &len.to_string())
-                        .send(f.take(*len)),
+                    Ok(f) => req.set("content-length", &len.to_string()).send(Haltable {
+                        inner: f.take(*len),
+                        halted: *halted,
+                    }),
                     Err(source) => {
                         return Attempt::Fail(RemoteError::Local {
                             path: path.to_path_buf(),

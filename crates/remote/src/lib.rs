@@ -8,8 +8,9 @@
 //!   snapshot and the OTA payload reader read it like a file.
 //! * [`RemoteDriver`]: the same as the read-only `s3` / `http` driver of device specs.
 //! * [`put_file`] / [`get_to`]: whole-object publish and fetch, checked by SHA-256; a file
-//!   larger than [`RemoteConfig::part_size`] goes up as an S3 multipart upload, aborted on
-//!   failure.
+//!   larger than [`RemoteConfig::part_size`] goes up as an S3 multipart upload,
+//!   [`RemoteConfig::put_jobs`] parts at once, aborted on failure or when the caller stops it
+//!   ([`put_file_until`]).
 //! * [`sigv4`]: the request signer (AWS Signature Version 4), public for its test vectors and
 //!   for tools that sign their own requests.
 //!
@@ -33,12 +34,13 @@ pub mod sigv4;
 mod transfer;
 
 pub use config::{
-    DEFAULT_BLOCK_SIZE, DEFAULT_CACHE_BYTES, DEFAULT_PART_SIZE, DEFAULT_READAHEAD_BLOCKS,
-    DEFAULT_RETRIES, DEFAULT_TIMEOUT, RemoteConfig, Target, is_remote,
+    DEFAULT_BLOCK_SIZE, DEFAULT_CACHE_BYTES, DEFAULT_PART_SIZE, DEFAULT_PUT_JOBS,
+    DEFAULT_READAHEAD_BLOCKS, DEFAULT_RETRIES, DEFAULT_TIMEOUT, MAX_PUT_JOBS, RemoteConfig, Target,
+    is_remote,
 };
 pub use driver::RemoteDriver;
 pub use error::{RemoteError, Result, TransportError};
 pub use http::{parse_content_range, s3_error_code, status_error};
 pub use multipart::{MAX_PART_SIZE, MAX_PARTS, MIN_PART_SIZE};
 pub use object::{RemoteObject, RemoteStats};
-pub use transfer::{SHA256_META, TransferReport, get_to, put_file};
+pub use transfer::{SHA256_META, TransferReport, get_to, put_file, put_file_until};

@@ -12,6 +12,7 @@ use crate::sigv4::hex;
 use sha2::{Digest, Sha256};
 use std::io::{Read, Write};
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 /// Metadata header holding the object's SHA-256 (hex).
 pub const SHA256_META: &str = "x-amz-meta-sha256";
@@ -40,9 +41,27 @@ fn local(path: &Path) -> impl FnOnce(std::io::Error) -> RemoteError + '_ {
 }
 
 /// Upload `path` to `url`: with one PUT up to [`RemoteConfig::part_size`], as a multipart
-/// upload in parts of that size above it (aborted if any step fails, so no parts are left).
+/// upload in parts of that size above it, [`RemoteConfig::put_jobs`] parts at once (aborted if
+/// any step fails, so no parts are left).
 pub fn put_file(cfg: &RemoteConfig, url: &str, path: &Path) -> Result<TransferReport> {
+    put_file_until(cfg, url, path, &AtomicBool::new(false))
+}
+
+/// [`put_file`] that gives up when `stop` is raised (from a signal handler's thread, say):
+/// hashing ends, the bodies being sent are cut short, no further part starts, a multipart
+/// upload is aborted and the result is [`RemoteError::Stopped`]; the object is never
+/// completed from part of the file. A stop raised once every part is stored comes too late:
+/// the upload completes and the result is `Ok`.
+pub fn put_file_until(
+    cfg: &RemoteConfig,
+    url: &str,
+    path: &Path,
+    stop: &AtomicBool,
+) -> Result<TransferReport> {
     cfg.validate()?;
+    let stopped = || RemoteError::Stopped {
+        url: url.to_owned(),
+    };
     let target = Target::parse(url, cfg)?;
     let f = std::fs::File::open(path).map_err(local(path))?;
     let meta = f.metadata().map_err(local(path))?;
@@ -62,9 +81,19 @@ pub fn put_file(cfg: &RemoteConfig, url: &str, path: &Path) -> Result<TransferRe
                 why: format!("{len} bytes is more than 10,000 parts of 5 GiB"),
             });
         };
-        let h = crate::multipart::hash_parts(path, len, part).map_err(local(path))?;
+        let h = crate::multipart::hash_parts(path, len, part, stop)
+            .map_err(local(path))?
+            .ok_or_else(stopped)?;
         let client = Client::new(cfg);
-        let etag = crate::multipart::upload(&client, &target, path, len, part, &h)?;
+        let upload = crate::multipart::Upload {
+            path,
+            len,
+            part,
+            hashes: &h,
+            jobs: cfg.put_jobs,
+            stop,
+        };
+        let etag = crate::multipart::upload(&client, &target, &upload)?;
         return Ok(TransferReport {
             bytes: len,
             sha256: h.whole,
@@ -78,6 +107,9 @@ pub fn put_file(cfg: &RemoteConfig, url: &str, path: &Path) -> Result<TransferRe
     let mut buf = vec![0u8; 1 << 20];
     let mut hashed = 0u64;
     loop {
+        if stop.load(Ordering::Relaxed) {
+            return Err(stopped());
+        }
         let n = f.read(&mut buf).map_err(local(path))?;
         if n == 0 {
             break;
@@ -93,6 +125,7 @@ pub fn put_file(cfg: &RemoteConfig, url: &str, path: &Path) -> Result<TransferRe
     }
     let sha = hex(&h.finalize());
     let client = Client::new(cfg);
+    let halted = || stop.load(Ordering::Relaxed);
     let resp = client.send(
         &target,
         "PUT",
@@ -102,6 +135,7 @@ pub fn put_file(cfg: &RemoteConfig, url: &str, path: &Path) -> Result<TransferRe
             offset: 0,
             len,
             sha256: &sha,
+            halted: Some(&halted),
         },
         None,
     )?;

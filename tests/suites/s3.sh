@@ -109,9 +109,9 @@ expect_err "get of a missing object" "no such object" "$snapblk" remote get "s3:
 # Multipart: a 20 MiB + 1000 B file in 5 MiB parts (S3's smallest). curl reads it back whole and
 # by range; its ETag is S3's multipart form, MD5(part MD5s)-N, computed here from the file.
 head -c $((20 << 20)) /dev/urandom > "$work/big.bin"; head -c 1000 /dev/urandom >> "$work/big.bin"
-if "$snapblk" remote put --part-size 5M "$work/big.bin" "s3://$S3_TEST_BUCKET/big.bin" > "$work/mp.txt" 2>&1 \
+if "$snapblk" remote put --part-size 5M --jobs 4 "$work/big.bin" "s3://$S3_TEST_BUCKET/big.bin" > "$work/mp.txt" 2>&1 \
    && grep -q 'in 5 parts' "$work/mp.txt"; then
-  ok "remote put of a 20 MiB file in 5 MiB parts (multipart upload)"
+  ok "remote put --jobs 4 of a 20 MiB file in 5 MiB parts (multipart upload)"
 else cat "$work/mp.txt"; bad "multipart remote put"; fi
 s3curl -o "$work/big.got" "$AWS_ENDPOINT_URL/$S3_TEST_BUCKET/big.bin" && cmp -s "$work/big.got" "$work/big.bin" \
   && s3curl -r 6291456-16777215 "$AWS_ENDPOINT_URL/$S3_TEST_BUCKET/big.bin" | cmp -s - <(tail -c +6291457 "$work/big.bin" | head -c 10485760) \
@@ -128,6 +128,12 @@ got=$(s3curl -I "$AWS_ENDPOINT_URL/$S3_TEST_BUCKET/big.bin" | tr -d '\r' | sed -
 if [ "$got" = "$want" ] && grep -qF "etag $want" "$work/mp.txt"; then
   ok "the multipart object's ETag is $got, S3's form for its 5 parts"
 else cat "$work/mp.txt"; bad "multipart ETag: server '$got', expected '$want'"; fi
+# The same file one part at a time: the same bytes, so the same multipart ETag.
+if "$snapblk" remote put --part-size 5M --jobs 1 "$work/big.bin" "s3://$S3_TEST_BUCKET/big1.bin" > "$work/mp1.txt" 2>&1 \
+   && grep -qF "etag $want" "$work/mp1.txt" && s3curl -o "$work/big1.got" "$AWS_ENDPOINT_URL/$S3_TEST_BUCKET/big1.bin" \
+   && cmp -s "$work/big1.got" "$work/big.bin"; then
+  ok "remote put --jobs 1 (one part at a time) reads back the same, ETag $want"
+else cat "$work/mp1.txt"; bad "remote put --jobs 1"; fi
 "$snapblk" remote get "s3://$S3_TEST_BUCKET/big.bin" "$work/big.get" > "$work/mpg.txt" 2>&1 \
   && grep -q 'matches the recorded sha256' "$work/mpg.txt" && cmp -s "$work/big.get" "$work/big.bin" \
   && ok "remote get checks the multipart object against the sha256 its put recorded" \
@@ -180,6 +186,80 @@ elif grep -q 'cannot reach the endpoint' "$work/cut.txt" && ! uploads | grep -q 
      && ! s3curl -I "$AWS_ENDPOINT_URL/$S3_TEST_BUCKET/cut.bin" > /dev/null 2>&1; then
   ok "an interrupted multipart upload is aborted: no object, no upload left ($(cat "$work/cut.txt"))"
 else cat "$work/cut.txt"; uploads; bad "interrupted multipart upload left something behind"; fi
+# A signal stops a put and aborts its upload. A proxy forwards everything, but the connection
+# carrying part 2 only at 160 KiB/s, and logs each part number it sees. The file is 3 parts of
+# 16/16/8 MiB; with --jobs 4 part 3 starts while part 2 still crawls (the log shows it: parts
+# run at once against the real server). Then, with the upload listed as open (the control),
+# SIGTERM: the put exits 128 + 15 with one line, no object appears and radosgw lists no upload.
+slow_port=${S3_TEST_SLOW_PORT:-17560}
+python3 - "$slow_port" "$rgw_port" "$work/slow.parts" > "$work/slow.log" 2>&1 <<'PY' &
+import re, socket, sys, threading, time
+lport, rport, log = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+srv = socket.socket()
+srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+srv.bind(("127.0.0.1", lport))
+srv.listen(16)
+lock = threading.Lock()
+def pipe(a, b, up):
+    slow, tail = False, b""
+    try:
+        while True:
+            d = a.recv(16384 if slow else 65536)
+            if not d:
+                break
+            if up:
+                for n in re.findall(rb"partNumber=(\d+)&", tail + d):
+                    with lock, open(log, "a") as f:
+                        f.write("part %s\n" % n.decode())
+                    slow = slow or n == b"2"
+                tail = d[-24:]
+            b.sendall(d)
+            if slow:
+                time.sleep(0.1)
+    except OSError:
+        pass
+    for s in (a, b):
+        try:
+            s.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+def conn(c):
+    u = socket.create_connection(("127.0.0.1", rport))
+    threading.Thread(target=pipe, args=(u, c, False), daemon=True).start()
+    pipe(c, u, True)
+while True:
+    c, _ = srv.accept()
+    threading.Thread(target=conn, args=(c,), daemon=True).start()
+PY
+pids+=($!)
+for _ in $(seq 50); do curl -s -o /dev/null "http://127.0.0.1:$slow_port/" && break; sleep 0.1; done
+head -c $((40 << 20)) /dev/urandom > "$work/sig.bin"
+signalled_put() {  # signalled_put SIGNAL STATUS KEY: put through the slow proxy, signal it mid-part-2
+  local sig=$1 status=$2 key=$3
+  rm -f "$work/slow.parts"
+  AWS_ENDPOINT_URL=http://127.0.0.1:$slow_port "$snapblk" remote put --part-size 16M --jobs 4 "$work/sig.bin" \
+    "s3://$S3_TEST_BUCKET/$key" > "$work/sig.out" 2> "$work/sig.err" &
+  local p=$!
+  for _ in $(seq 300); do grep -q 'part 3' "$work/slow.parts" 2>/dev/null && break; sleep 0.1; done
+  if grep -q 'part 2' "$work/slow.parts" && grep -q 'part 3' "$work/slow.parts"; then
+    ok "$sig case: part 3 started while part 2 was still being sent (--jobs 4 sends parts at once)"
+  else cat "$work/slow.parts"; bad "$sig case: parts 2 and 3 were not in flight together"; fi
+  if uploads | grep -q '<Upload>'; then ok "$sig case: the upload is listed as open before the signal (control)"
+  else bad "$sig case: no open upload listed before the signal"; fi
+  kill -s "$sig" $p
+  wait $p; local rc=$?
+  if [ "$rc" -eq "$status" ] && [ "$(wc -l < "$work/sig.err")" -eq 1 ] && grep -q "snapblk: $sig: .*stopped before the object was written" "$work/sig.err" \
+     && [ ! -s "$work/sig.out" ]; then
+    ok "$sig stops remote put: exit $rc, one line: $(cat "$work/sig.err")"
+  else cat "$work/sig.out" "$work/sig.err"; bad "$sig during remote put: exit $rc, expected $status and one line"; fi
+  if ! uploads | grep -q '<Upload>' && ! s3curl -I "$AWS_ENDPOINT_URL/$S3_TEST_BUCKET/$key" > /dev/null 2>&1; then
+    ok "$sig case: the upload is aborted (ListMultipartUploads lists none) and no object $key exists"
+  else uploads; bad "$sig case: an upload or an object was left behind"; fi
+}
+signalled_put SIGTERM 143 sigterm.bin
+signalled_put SIGHUP 129 sighup.bin
+expect_err "--jobs 0 is refused" "jobs: 0 is not from 1 to 64" \
+  "$snapblk" remote put --jobs 0 "$work/big.bin" "s3://$S3_TEST_BUCKET/no-jobs.bin"
 expect_err "a part size under S3's 5 MiB is refused" "part-size: .* is not from 5 MiB to 5 GiB" \
   "$snapblk" remote put --part-size 1M "$work/big.bin" "s3://$S3_TEST_BUCKET/small-parts.bin"
 

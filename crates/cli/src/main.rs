@@ -3,8 +3,8 @@
 //!
 //! Exit status: 0 on success; 1 for an error (`snapblk: <cause: cause: ...>` on stderr, once);
 //! 141 (128 + SIGPIPE), with nothing printed, when stdout or stderr is a closed pipe (`| head`);
-//! 2 for a usage error (clap); 128 + N after signal N (bench). Output goes through [`out`]
-//! (`outln!`, `errln!`, `out::stdout()`), whose write errors are errors.
+//! 2 for a usage error (clap); 128 + N after signal N (bench, remote put). Output goes through
+//! [`out`] (`outln!`, `errln!`, `out::stdout()`), whose write errors are errors.
 
 use clap::{Parser, Subcommand};
 

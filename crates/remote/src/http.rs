@@ -14,6 +14,12 @@ const MAX_ERROR_BODY: u64 = 64 << 10;
 pub(crate) enum Body<'a> {
     /// No body.
     Empty,
+    /// No body, and no further attempt once `halted` turns true (the request then fails with
+    /// [`RemoteError::Stopped`]); one in flight is not cut, since a request whose answer is lost
+    /// (a `CreateMultipartUpload`) could leave something behind that nobody can name.
+    EmptyUntil {
+        halted: &'a (dyn Fn() -> bool + Sync),
+    },
     /// `len` bytes of a local file from `offset`: reopened for every attempt; `sha256` is
     /// their payload hash. When `halted` turns true the body stops mid-stream (the server sees
     /// a cut connection and stores nothing) and the request fails with
@@ -31,7 +37,13 @@ pub(crate) enum Body<'a> {
 
 impl Body<'_> {
     fn halted(&self) -> bool {
-        matches!(self, Body::File { halted: Some(h), .. } if h())
+        match self {
+            Body::File {
+                halted: Some(h), ..
+            }
+            | Body::EmptyUntil { halted: h } => h(),
+            _ => false,
+        }
     }
 }
 
@@ -182,7 +194,7 @@ impl Client {
                 .map_or(0, |d| d.as_secs());
             let date = sigv4::amz_datetime(now);
             let payload = match body {
-                Body::Empty => EMPTY_SHA256,
+                Body::Empty | Body::EmptyUntil { .. } => EMPTY_SHA256,
                 Body::File { sha256, .. } | Body::Bytes { sha256, .. } => sha256,
             };
             let mut signed: Vec<(&str, &str)> = vec![
@@ -218,7 +230,7 @@ impl Client {
             }
         }
         let r = match body {
-            Body::Empty => req.call(),
+            Body::Empty | Body::EmptyUntil { .. } => req.call(),
             Body::File {
                 path,
                 offset,
@@ -384,6 +396,39 @@ mod tests {
             status_error("u", 404, "junk", None),
             RemoteError::NotFound { .. }
         ));
+    }
+
+    /// A halted request is not sent (a dead endpoint would otherwise give `Unreachable`
+    /// after its retries), and a live one is unaffected by a halt that never comes.
+    #[test]
+    fn a_halted_request_gives_up_before_sending() {
+        let cfg = RemoteConfig {
+            endpoint: Some("http://127.0.0.1:1".into()),
+            retries: 0,
+            ..RemoteConfig::default()
+        };
+        let t = Target::parse("s3://b/k", &cfg).unwrap();
+        let c = Client::new(&cfg);
+        let yes = || true;
+        let r = c.send_query(
+            &t,
+            "POST",
+            &[],
+            &[],
+            &Body::EmptyUntil { halted: &yes },
+            None,
+        );
+        assert!(matches!(r, Err(RemoteError::Stopped { .. })), "{r:?}");
+        let no = || false;
+        let r = c.send_query(
+            &t,
+            "POST",
+            &[],
+            &[],
+            &Body::EmptyUntil { halted: &no },
+            None,
+        );
+        assert!(matches!(r, Err(RemoteError::Unreachable { .. })), "{r:?}");
     }
 
     proptest! {

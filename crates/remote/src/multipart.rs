@@ -215,12 +215,14 @@ pub(crate) struct Upload<'a> {
 /// Send `u` to `t`; the object's ETag if the server gave one.
 pub(crate) fn upload(client: &Client, t: &Target, u: &Upload<'_>) -> Result<Option<String>> {
     let h = u.hashes;
+    // A stop between its retries gives up; nothing was created that could be named.
+    let stopped = || u.stop.load(Ordering::Relaxed);
     let resp = client.send_query(
         t,
         "POST",
         &[("uploads", "")],
         &[(SHA256_META, &h.whole)],
-        &Body::Empty,
+        &Body::EmptyUntil { halted: &stopped },
         None,
     )?;
     let xml = read_xml(t, resp)?;

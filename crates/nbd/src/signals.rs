@@ -16,9 +16,14 @@ impl TermSignals {
     }
 
     /// [`TermSignals::block`] plus SIGHUP (a closed terminal), for a command that must clean up
-    /// whichever way it is told to end.
+    /// whichever way it is told to end. A signal the process inherited as ignored (SIGHUP
+    /// under `nohup`) is left alone: it stays ignored rather than waiting in the set.
     pub fn block_with_hangup() -> std::io::Result<TermSignals> {
-        Self::block_set(&[libc::SIGINT, libc::SIGTERM, libc::SIGHUP])
+        let sigs: Vec<libc::c_int> = [libc::SIGINT, libc::SIGTERM, libc::SIGHUP]
+            .into_iter()
+            .filter(|&s| !ignored(s))
+            .collect();
+        Self::block_set(&sigs)
     }
 
     fn block_set(sigs: &[libc::c_int]) -> std::io::Result<TermSignals> {
@@ -51,6 +56,17 @@ impl TermSignals {
     }
 }
 
+/// Whether `sig`'s disposition is SIG_IGN. (Linux keeps a blocked signal pending even when it
+/// is ignored, so a blocked set would otherwise take it.)
+fn ignored(sig: libc::c_int) -> bool {
+    // SAFETY: sigaction is plain data, filled in by the call below.
+    let mut old: libc::sigaction = unsafe { std::mem::zeroed() };
+    // SAFETY: a null new action only reads the current one into `old`, a valid, exclusively
+    // borrowed sigaction.
+    let r = unsafe { libc::sigaction(sig, std::ptr::null(), &mut old) };
+    r == 0 && old.sa_sigaction == libc::SIG_IGN
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -64,9 +80,21 @@ mod tests {
         assert_eq!(s.wait(Duration::from_secs(5)), Some(libc::SIGTERM));
     }
 
+    /// One test: it changes SIGHUP's disposition for the whole process.
     #[test]
-    fn delivers_sighup_when_asked_to() {
+    fn delivers_sighup_when_asked_to_unless_it_is_ignored() {
+        let member = |t: &TermSignals, sig| {
+            // SAFETY: `t.set` is an initialised sigset.
+            unsafe { libc::sigismember(&t.set, sig) == 1 }
+        };
+        // SAFETY: setting a disposition; nothing in this test binary handles SIGHUP.
+        unsafe { libc::signal(libc::SIGHUP, libc::SIG_IGN) };
         let s = TermSignals::block_with_hangup().unwrap();
+        // SAFETY: as above, back to the default.
+        unsafe { libc::signal(libc::SIGHUP, libc::SIG_DFL) };
+        assert!(member(&s, libc::SIGTERM) && !member(&s, libc::SIGHUP));
+        let s = TermSignals::block_with_hangup().unwrap();
+        assert!(member(&s, libc::SIGHUP));
         // SAFETY: sending a signal that is blocked in this thread to this thread.
         unsafe { libc::pthread_kill(libc::pthread_self(), libc::SIGHUP) };
         assert_eq!(s.wait(Duration::from_secs(5)), Some(libc::SIGHUP));

@@ -29,7 +29,8 @@ pub struct ServeArgs {
     #[arg(long, value_name = "OLDDIR")]
     source: PathBuf,
     /// Work directory for the COWs, their records and the partitions served without a COW
-    /// (created if missing; never the source directory; refused when owned by another user).
+    /// (created with mode 0700 if missing; never the source directory; refused when owned by
+    /// another user).
     /// Default: a new directory in $TMPDIR with a random name and mode 0700, removed at exit.
     #[arg(long, value_name = "DIR")]
     work: Option<PathBuf>,
@@ -98,6 +99,21 @@ fn refuse_foreign(work: &Path) -> Result<()> {
     Ok(())
 }
 
+/// Create a missing --work with mode 0700, like the default one (whatever the umask), so no
+/// other user can plant files or links in it; an existing one is used as it is.
+fn create_work(work: &Path) -> Result<()> {
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    if std::fs::symlink_metadata(work).is_ok() {
+        return Ok(());
+    }
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(work)
+        .and_then(|()| std::fs::set_permissions(work, std::fs::Permissions::from_mode(0o700)))
+        .with_context(|| format!("creating --work {}", work.display()))
+}
+
 fn spec_path(p: &Path) -> Result<String> {
     let s = p.display().to_string();
     if s.contains(',') {
@@ -110,6 +126,7 @@ pub(super) fn run(a: &ServeArgs) -> Result<()> {
     let (work, _temp) = match &a.work {
         Some(w) => {
             refuse_foreign(w)?;
+            create_work(w)?;
             (w.clone(), None)
         }
         None => {

@@ -536,12 +536,14 @@ fn write_images(
     Ok((report, file_hash))
 }
 
-/// The OTA and the `payload_properties.txt` beside it: inputs no output may be.
-fn ota_inputs(ota: &Ota, path: &Path) -> Vec<(&'static str, PathBuf)> {
+/// The OTA, the `payload_properties.txt` beside it and the `--key` files: inputs no output
+/// may be.
+fn ota_inputs(ota: &Ota, path: &Path, keys: &[PathBuf]) -> Vec<(&'static str, PathBuf)> {
     let mut inputs = vec![("OTA", path.to_path_buf())];
     if let Some((_, PropertiesOrigin::File { path: p })) = ota.properties() {
         inputs.push(("payload_properties.txt", p.clone()));
     }
+    inputs.extend(keys.iter().map(|k| ("--key", k.clone())));
     inputs
 }
 
@@ -637,7 +639,7 @@ fn extract(
     let names = (!partitions.is_empty()).then_some(partitions);
     // Everything about the payload is checked before the output directory is touched.
     let plan = payload.plan_extract(names)?;
-    let inputs = ota_inputs(&ota, path);
+    let inputs = ota_inputs(&ota, path, key_files);
     let images = Images {
         dir,
         names: plan.partitions().iter().map(|p| p.name.as_str()).collect(),
@@ -723,7 +725,7 @@ fn apply(a: &ApplyArgs<'_>) -> Result<()> {
     bar.finish();
     let checked = checked?;
     // No output may be the OTA or any old image (hard links, symlinks).
-    let mut inputs = ota_inputs(&ota, a.ota);
+    let mut inputs = ota_inputs(&ota, a.ota, a.keys);
     for p in &payload.manifest().partitions {
         if check_partition_name(&p.partition_name).is_ok() {
             inputs.push(("--source", old_path(&p.partition_name)));

@@ -306,7 +306,7 @@ pub(super) fn make(a: &Job<'_>) -> Result<Made> {
     let checked = plan.check_sources(&sources, threads, Some(&on));
     bar.finish();
     let checked = checked?;
-    let mut inputs = ota_inputs(&ota, a.ota);
+    let mut inputs = ota_inputs(&ota, a.ota, a.keys);
     for p in &manifest.partitions {
         if check_partition_name(&p.partition_name).is_ok() {
             inputs.push(("--source", old_path(&p.partition_name)));

@@ -1366,3 +1366,50 @@ fn overwrite_shows_byte_progress_on_a_terminal_only() {
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(!err.contains("MiB"), "progress without a terminal: {err:?}");
 }
+
+/// `--output` that is the same file as the target or the job file (by name or through a
+/// link) is refused before the run: the document would replace the data it measured.
+#[test]
+fn output_never_replaces_the_target_or_the_job_file() {
+    let d = Scratch::new("output-alias");
+    let img = d.file("data.img", 1 << 20, 0x5a);
+    let link = d.0.join("link.json");
+    std::os::unix::fs::symlink(&img, &link).unwrap();
+    let job = d.0.join("job.fio");
+    let job_text = format!(
+        "[r]\nfilename={}\nrw=read\nbs=4k\nsize=64k\n",
+        img.display()
+    );
+    std::fs::write(&job, &job_text).unwrap();
+    let s = |p: &Path| p.to_str().unwrap().to_owned();
+    let (i, l, j) = (s(&img), s(&link), s(&job));
+    let (i, l, j) = (i.as_str(), l.as_str(), j.as_str());
+    for (args, flag) in [
+        (
+            vec![i, "--rw", "read", "--size", "64k", "--output", i],
+            "TARGET",
+        ),
+        (
+            vec![i, "--rw", "read", "--size", "64k", "--output", l],
+            "TARGET",
+        ),
+        (
+            vec!["--filename", i, "--size", "64k", "--output", i],
+            "--filename",
+        ),
+        (vec!["--job-file", j, "--output", j], "--job-file"),
+    ] {
+        let o = snapblk(&args);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(1), "{args:?}: {err}");
+        assert!(
+            err.contains(&format!("is the same file as {flag}")),
+            "{args:?}: {err}"
+        );
+        assert!(
+            std::fs::read(&img).unwrap() == vec![0x5a; 1 << 20],
+            "{args:?}"
+        );
+        assert_eq!(std::fs::read_to_string(&job).unwrap(), job_text, "{args:?}");
+    }
+}

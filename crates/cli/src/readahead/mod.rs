@@ -245,7 +245,13 @@ fn check_list_writable(output: &Path) -> anyhow::Result<()> {
 fn write_list(output: &Path, entries: &[ListEntry], jsonl: bool) -> anyhow::Result<()> {
     let tmp = list_temp_path(output)?;
     let written = (|| -> std::io::Result<()> {
-        let mut w = std::io::BufWriter::new(std::fs::File::create(&tmp)?);
+        // A new file, never one found at that name: a link planted there since the check
+        // would have its target truncated and then named as the list.
+        let f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&tmp)?;
+        let mut w = std::io::BufWriter::new(f);
         if jsonl {
             ra::write_jsonl(&mut w, entries)?;
         } else {

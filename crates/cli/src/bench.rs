@@ -380,6 +380,21 @@ impl OutArgs {
     }
 }
 
+/// Write `--output`: a regular file (or a new one) is replaced atomically, so a reader never
+/// sees half a document and a failed write leaves the old one; a FIFO or a terminal
+/// (`/dev/stdout`) is written directly.
+fn write_output(p: &Path, text: &str) -> anyhow::Result<()> {
+    use std::io::Write as _;
+    if std::fs::metadata(p).is_ok_and(|m| !m.is_file()) {
+        return std::fs::write(p, text).with_context(|| format!("write {}", p.display()));
+    }
+    let f = crate::outfile::AtomicFile::create(p)?;
+    f.file()
+        .write_all(text.as_bytes())
+        .with_context(|| format!("write {}", p.display()))?;
+    f.commit()
+}
+
 /// Emit `doc` per the output flags: JSON to --output and/or stdout, table to stdout otherwise.
 /// The document is always written, also when the run failed (then with `error` set).
 fn emit(out: &OutArgs, doc: &Document, table: Option<String>) -> anyhow::Result<()> {
@@ -390,7 +405,7 @@ fn emit(out: &OutArgs, doc: &Document, table: Option<String>) -> anyhow::Result<
         Err(e) => Some(e.into()),
     };
     if let Some(p) = &out.output {
-        std::fs::write(p, format!("{json}\n")).with_context(|| format!("write {}", p.display()))?;
+        write_output(p, &format!("{json}\n"))?;
     }
     // A stdout that cannot take the document (closed, full) fails the command: a caller
     // reading the JSON must not see exit 0 with nothing or half a document.

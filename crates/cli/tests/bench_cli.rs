@@ -1413,3 +1413,28 @@ fn output_never_replaces_the_target_or_the_job_file() {
         assert_eq!(std::fs::read_to_string(&job).unwrap(), job_text, "{args:?}");
     }
 }
+
+/// `--output` is replaced atomically (a new file renamed into place), never rewritten in
+/// place: a hard link to the previous document keeps it, and the new one validates.
+#[test]
+fn output_is_replaced_not_rewritten() {
+    let d = Scratch::new("output-atomic");
+    let out = d.file("r.json", 3, b'x');
+    let peer = d.0.join("peer.json");
+    std::fs::hard_link(&out, &peer).unwrap();
+    let o = snapblk(&[
+        "null:size=1M",
+        "--size",
+        "64k",
+        "--output",
+        out.to_str().unwrap(),
+    ]);
+    assert_ok(&o);
+    assert!(
+        std::fs::read(&peer).unwrap() == b"xxx",
+        "the old document was rewritten in place"
+    );
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
+    validate(&v).unwrap();
+}

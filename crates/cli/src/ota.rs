@@ -467,6 +467,23 @@ fn output_dir(dir: &Path) -> Result<()> {
     }
 }
 
+/// Make `dir` a directory with mode 0700 (whatever the umask; parents too) if it is not one
+/// yet, so no other user can list it or plant files or links in it; an existing directory is
+/// used as it is; a path that is something else is refused.
+fn private_dir(dir: &Path) -> Result<()> {
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    match std::fs::metadata(dir) {
+        Ok(m) if !m.is_dir() => bail!("{} is not a directory", dir.display()),
+        Ok(_) => Ok(()),
+        Err(_) => std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)
+            .and_then(|()| std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700)))
+            .with_context(|| format!("create directory {}", dir.display())),
+    }
+}
+
 /// Runs a checked plan into its outputs.
 type RunPlan<'a> =
     dyn Fn(&[&dyn Output], &ExtractOptions<'_>) -> snapblk_ota::Result<ExtractReport> + 'a;

@@ -99,21 +99,6 @@ fn refuse_foreign(work: &Path) -> Result<()> {
     Ok(())
 }
 
-/// Create a missing --work with mode 0700, like the default one (whatever the umask), so no
-/// other user can plant files or links in it; an existing one is used as it is.
-fn create_work(work: &Path) -> Result<()> {
-    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
-    if std::fs::symlink_metadata(work).is_ok() {
-        return Ok(());
-    }
-    std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(work)
-        .and_then(|()| std::fs::set_permissions(work, std::fs::Permissions::from_mode(0o700)))
-        .with_context(|| format!("creating --work {}", work.display()))
-}
-
 fn spec_path(p: &Path) -> Result<String> {
     let s = p.display().to_string();
     if s.contains(',') {
@@ -126,7 +111,6 @@ pub(super) fn run(a: &ServeArgs) -> Result<()> {
     let (work, _temp) = match &a.work {
         Some(w) => {
             refuse_foreign(w)?;
-            create_work(w)?;
             (w.clone(), None)
         }
         None => {
@@ -143,6 +127,7 @@ pub(super) fn run(a: &ServeArgs) -> Result<()> {
         partitions: &a.partitions,
         all_partitions: false,
         keep_raw: true,
+        private_out: true,
         profile: a.profile,
         verify: false,
         verify_merge: false,

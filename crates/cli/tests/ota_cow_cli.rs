@@ -611,8 +611,17 @@ fn ota_serve_work_directory_is_private() {
     assert!(status.success(), "{err}");
     assert!(entries(&tmp).is_empty(), "{:?}", entries(&tmp));
 
-    // A --work that does not exist is created 0700 too, whatever the umask.
+    // A --work that does not exist is created 0700 too, whatever the umask, and only once
+    // everything is checked (here a missing --source: nothing is created).
     let given = s.d.join("given/work");
+    let o = std::process::Command::new(env!("CARGO_BIN_EXE_snapblk"))
+        .args(["ota", "serve", path_str(&s.ota), "--source"])
+        .arg(s.d.join("no-such-dir"))
+        .args(["--work", path_str(&given), "--nbd", "0"])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1));
+    assert!(!s.d.join("given").exists());
     let mut c = std::process::Command::new("sh");
     c.args(["-c", "umask 022 && exec \"$0\" \"$@\""])
         .arg(env!("CARGO_BIN_EXE_snapblk"))

@@ -27,22 +27,8 @@ while getopts "r:t:o:" o; do
     *) echo "usage: $0 [-r ROUNDS] [-t SECONDS] [-o OUT.txt]" >&2; exit 2 ;;
   esac
 done
-fio --enghelp=rbd >/dev/null 2>&1 || { echo "fio lacks the rbd engine" >&2; exit 1; }
-tgt=${CARGO_TARGET_DIR:-$PWD/target}
-[ -x "$tgt/release/snapblk" ] && [ -e "$tgt/release/libblkio.so" ] || cargo build --release -p snapblk-cli -p snapblk-capi
-SNAPBLK=$tgt/release/snapblk
-LIB=$tgt/release/libblkio.so
-
-WORK=$(mktemp -d /tmp/rbd-bench.XXXXXX)
-cleanup() { bash scripts/ceph-cluster.sh down "$WORK/cluster"; rm -rf "$WORK"; }
-trap cleanup EXIT
-CEPH_RGW_PORT=0 CEPH_MON_PORT=${CEPH_MON_PORT:-13300} bash scripts/ceph-cluster.sh up "$WORK/cluster" >"$WORK/up.log" 2>&1 \
-  || { cat "$WORK/up.log"; exit 1; }
-export CEPH_CONF=$WORK/cluster/ceph.conf
-sed 's/^\[global\]$/[global]\nrbd cache = false/' "$CEPH_CONF" >"$WORK/nocache.conf"
-timeout 60 rbd create --size 256M rbd/bench
-# Fill it, so reads hit stored objects rather than holes.
-timeout 300 rbd bench --io-type write --io-size 4M --io-total 256M rbd/bench >/dev/null
+. bench/lib/rbd-setup.sh
+rbd_setup rbd-bench
 
 run() { # run SIDE RW QD -> IOPS
   local side=$1 rw=$2 qd=$3
@@ -50,18 +36,15 @@ run() { # run SIDE RW QD -> IOPS
     snapblk|snap-c)
       local cache=false; [ "$side" = snap-c ] && cache=true
       "$SNAPBLK" bench "rbd:pool=rbd,image=bench,conf=$CEPH_CONF,lock=none,cache=$cache" --rw "$rw" --bs 4k \
-        --iodepth "$qd" --runtime "$SECS" --time_based --json | python3 -c 'import json,sys
-d=json.load(sys.stdin); print(round(sum(r["summary"]["iops"]["mean"] for r in d["results"])))' ;;
+        --iodepth "$qd" --runtime "$SECS" --time_based --json | snapblk_iops ;;
     capi)
       "$SNAPBLK" bench --libblkio "$LIB" --driver rbd --prop pool=rbd --prop image=bench \
         --prop "conf=$CEPH_CONF" --prop lock=none --rw "$rw" --bs 4k --iodepth "$qd" --runtime "$SECS" --time_based \
-        --json | python3 -c 'import json,sys
-d=json.load(sys.stdin); print(round(sum(r["summary"]["iops"]["mean"] for r in d["results"])))' ;;
+        --json | snapblk_iops ;;
     fio|fio-nc)
-      local conf=$CEPH_CONF; [ "$side" = fio-nc ] && conf=$WORK/nocache.conf
+      local conf=$CEPH_CONF; [ "$side" = fio-nc ] && conf=$NOCACHE_CONF
       CEPH_CONF=$conf fio --name=r --ioengine=rbd --pool=rbd --rbdname=bench --clientname=admin --rw="$rw" --bs=4k \
-        --iodepth="$qd" --time_based --runtime="$SECS" --output-format=json 2>/dev/null | python3 -c 'import json,sys
-j=json.load(sys.stdin)["jobs"][0]; print(round(j["read"]["iops"] + j["write"]["iops"]))' ;;
+        --iodepth="$qd" --time_based --runtime="$SECS" --output-format=json 2>/dev/null | fio_iops ;;
   esac
 }
 

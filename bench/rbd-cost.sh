@@ -28,21 +28,8 @@ while getopts "r:t:w:q:o:" o; do
     *) echo "usage: $0 [-r ROUNDS] [-t SECONDS] [-w RW] [-q QD] [-o OUT.txt]" >&2; exit 2 ;;
   esac
 done
-fio --enghelp=rbd >/dev/null 2>&1 || { echo "fio lacks the rbd engine" >&2; exit 1; }
-tgt=${CARGO_TARGET_DIR:-$PWD/target}
-[ -x "$tgt/release/snapblk" ] && [ -e "$tgt/release/libblkio.so" ] || cargo build --release -p snapblk-cli -p snapblk-capi
-SNAPBLK=$tgt/release/snapblk
-LIB=$tgt/release/libblkio.so
-
-WORK=$(mktemp -d /tmp/rbd-cost.XXXXXX)
-cleanup() { bash scripts/ceph-cluster.sh down "$WORK/cluster"; rm -rf "$WORK"; }
-trap cleanup EXIT
-CEPH_RGW_PORT=0 CEPH_MON_PORT=${CEPH_MON_PORT:-13300} bash scripts/ceph-cluster.sh up "$WORK/cluster" >"$WORK/up.log" 2>&1 \
-  || { cat "$WORK/up.log"; exit 1; }
-export CEPH_CONF=$WORK/cluster/ceph.conf
-sed 's/^\[global\]$/[global]\nrbd cache = false/' "$CEPH_CONF" >"$WORK/nocache.conf"
-timeout 60 rbd create --size 256M rbd/bench
-timeout 300 rbd bench --io-type write --io-size 4M --io-total 256M rbd/bench >/dev/null
+. bench/lib/rbd-setup.sh
+rbd_setup rbd-cost
 OSDPID=$(cat "$WORK/cluster/run/osd.0.pid")
 
 osd_cpu() { awk '{print $14 + $15}' "/proc/$OSDPID/stat"; } # clock ticks
@@ -57,12 +44,7 @@ ios_of() { # SIDE JSON -> total I/Os of the run
 print(sum(r["read"]["ios"] + r["write"]["ios"] for x in d["results"] for r in x["runs"]))' ;;
   esac
 }
-iops_of() {
-  case $1 in
-    fio*) python3 -c 'import json,sys; j=json.load(sys.stdin)["jobs"][0]; print(round(j["read"]["iops"] + j["write"]["iops"]))' ;;
-    *) python3 -c 'import json,sys; d=json.load(sys.stdin); print(round(sum(r["summary"]["iops"]["mean"] for r in d["results"])))' ;;
-  esac
-}
+iops_of() { case $1 in fio*) fio_iops ;; *) snapblk_iops ;; esac; }
 run() { # run SIDE -> "iops cpu/io cs/io osd/io osdlat"
   local side=$1 t=/usr/bin/time
   local c0 l0 c1 l1
@@ -74,7 +56,7 @@ run() { # run SIDE -> "iops cpu/io cs/io osd/io osdlat"
     capi) $t -f '%U %S %c %w' -o "$WORK/time" "$SNAPBLK" bench --libblkio "$LIB" --driver rbd \
       --prop pool=rbd --prop image=bench --prop "conf=$CEPH_CONF" --prop lock=none --rw "$RW" \
       --bs 4k --iodepth "$QD" --runtime "$SECS" --time_based --json >"$WORK/out" 2>/dev/null ;;
-    fio*) CEPH_CONF=$WORK/nocache.conf $t -f '%U %S %c %w' -o "$WORK/time" fio --name=r \
+    fio*) CEPH_CONF=$NOCACHE_CONF $t -f '%U %S %c %w' -o "$WORK/time" fio --name=r \
       --ioengine=rbd --pool=rbd --rbdname=bench --clientname=admin --rw="$RW" --bs=4k \
       --iodepth="$QD" --time_based --runtime="$SECS" --output-format=json >"$WORK/out" 2>/dev/null ;;
   esac

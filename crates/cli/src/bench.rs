@@ -363,10 +363,12 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
 }
 
 impl OutArgs {
-    /// Fail before running when `--output` cannot be written (not after a long run). The file
-    /// is created (not truncated) here and written when the run ends.
-    fn check(&self) -> anyhow::Result<()> {
+    /// Fail before running when `--output` cannot be written (not after a long run), or is
+    /// the same file as one of `inputs` (the target, a job file: the document would replace
+    /// it). The file is created (not truncated) here and written when the run ends.
+    fn check(&self, inputs: &[(&str, &Path)]) -> anyhow::Result<()> {
         if let Some(p) = &self.output {
+            crate::outfile::refuse_alias("--output", p, inputs)?;
             std::fs::OpenOptions::new()
                 .write(true)
                 .create(true)
@@ -376,6 +378,21 @@ impl OutArgs {
         }
         Ok(())
     }
+}
+
+/// Write `--output`: a regular file (or a new one) is replaced atomically, so a reader never
+/// sees half a document and a failed write leaves the old one; a FIFO or a terminal
+/// (`/dev/stdout`) is written directly.
+fn write_output(p: &Path, text: &str) -> anyhow::Result<()> {
+    use std::io::Write as _;
+    if std::fs::metadata(p).is_ok_and(|m| !m.is_file()) {
+        return std::fs::write(p, text).with_context(|| format!("write {}", p.display()));
+    }
+    let f = crate::outfile::AtomicFile::create(p)?;
+    f.file()
+        .write_all(text.as_bytes())
+        .with_context(|| format!("write {}", p.display()))?;
+    f.commit()
 }
 
 /// Emit `doc` per the output flags: JSON to --output and/or stdout, table to stdout otherwise.
@@ -388,7 +405,7 @@ fn emit(out: &OutArgs, doc: &Document, table: Option<String>) -> anyhow::Result<
         Err(e) => Some(e.into()),
     };
     if let Some(p) = &out.output {
-        std::fs::write(p, format!("{json}\n")).with_context(|| format!("write {}", p.display()))?;
+        write_output(p, &format!("{json}\n"))?;
     }
     // A stdout that cannot take the document (closed, full) fails the command: a caller
     // reading the JSON must not see exit 0 with nothing or half a document.
@@ -870,7 +887,16 @@ fn run_workload(mut w: WorkloadArgs) -> anyhow::Result<()> {
     if matches!(w.output_format.as_deref(), Some("json" | "json+")) {
         w.out.json = true;
     }
-    w.out.check()?;
+    let named = [
+        ("--job-file", w.job_file.as_deref()),
+        ("TARGET", w.target.as_deref().map(Path::new)),
+        ("--filename", w.filename.as_deref().map(Path::new)),
+    ];
+    let inputs: Vec<(&str, &Path)> = named
+        .iter()
+        .filter_map(|(f, p)| p.map(|p| (*f, p)))
+        .collect();
+    w.out.check(&inputs)?;
     let intr = Interrupts::catch()?;
     let planned = plan(&w)
         .and_then(|p| open_targets(&w, p.target.as_deref()).map(|t| (p.jobs, p.warnings, t)));
@@ -972,7 +998,7 @@ fn run_workload(mut w: WorkloadArgs) -> anyhow::Result<()> {
 }
 
 fn run_file(f: FileArgs) -> anyhow::Result<()> {
-    f.out.check()?;
+    f.out.check(&[])?;
     let intr = Interrupts::catch()?;
     let ctx = snapblk_loadgen::capture(Some(&f.dir));
     let mut doc = Document::new("file", ctx, None);
@@ -1020,7 +1046,7 @@ fn run_file(f: FileArgs) -> anyhow::Result<()> {
 }
 
 fn run_overwrite(o: OverwriteArgs) -> anyhow::Result<()> {
-    o.out.check()?;
+    o.out.check(&[])?;
     let intr = Interrupts::catch()?;
     let ctx = snapblk_loadgen::capture(Some(&o.dir));
     let mut doc = Document::new("file", ctx, None);
@@ -1099,7 +1125,12 @@ fn run_fgbg(f: FgBgArgs) -> anyhow::Result<()> {
         fgbg::emergency_cleanup();
         default_hook(info);
     }));
-    f.out.check()?;
+    let mut inputs: Vec<(&str, &Path)> = Vec::new();
+    inputs.extend(f.bg_read.iter().map(|p| ("--bg-read", p.as_path())));
+    inputs.extend(f.bg_write.iter().map(|p| ("--bg-write", p.as_path())));
+    inputs.extend(f.fg_list.iter().map(|p| ("--fg-list", p.as_path())));
+    inputs.extend(f.fg_target.iter().map(|t| ("--fg-target", Path::new(t))));
+    f.out.check(&inputs)?;
     let intr = Interrupts::catch()?;
     let ctx = snapblk_loadgen::capture(f.device.as_deref().or(f.bg_read.first().map(Path::new)));
     let mut doc = Document::new("fgbg", ctx, None);

@@ -409,17 +409,10 @@ pub fn run(c: CowCmd) -> Result<()> {
     run_cmd(c)
 }
 
-/// Refuse a --level outside the range of its algorithm (the encoders would clamp it).
+/// Refuse a --level outside the range of its algorithm before anything is written (the
+/// library's check, [`Codec::checked`]).
 fn check_level(algo: Compression, level: Option<i32>) -> Result<()> {
-    if let (Some(l), Some(r)) = (level, algo.levels())
-        && !r.contains(&l)
-    {
-        bail!(
-            "--level {l}: {algo} levels are {} to {}",
-            r.start(),
-            r.end()
-        );
-    }
+    Codec { algo, level }.checked().context("--level")?;
     Ok(())
 }
 

@@ -467,6 +467,23 @@ fn output_dir(dir: &Path) -> Result<()> {
     }
 }
 
+/// Make `dir` a directory with mode 0700 (whatever the umask; parents too) if it is not one
+/// yet, so no other user can list it or plant files or links in it; an existing directory is
+/// used as it is; a path that is something else is refused.
+fn private_dir(dir: &Path) -> Result<()> {
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    match std::fs::metadata(dir) {
+        Ok(m) if !m.is_dir() => bail!("{} is not a directory", dir.display()),
+        Ok(_) => Ok(()),
+        Err(_) => std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)
+            .and_then(|()| std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700)))
+            .with_context(|| format!("create directory {}", dir.display())),
+    }
+}
+
 /// Runs a checked plan into its outputs.
 type RunPlan<'a> =
     dyn Fn(&[&dyn Output], &ExtractOptions<'_>) -> snapblk_ota::Result<ExtractReport> + 'a;
@@ -536,12 +553,14 @@ fn write_images(
     Ok((report, file_hash))
 }
 
-/// The OTA and the `payload_properties.txt` beside it: inputs no output may be.
-fn ota_inputs(ota: &Ota, path: &Path) -> Vec<(&'static str, PathBuf)> {
+/// The OTA, the `payload_properties.txt` beside it and the `--key` files: inputs no output
+/// may be.
+fn ota_inputs(ota: &Ota, path: &Path, keys: &[PathBuf]) -> Vec<(&'static str, PathBuf)> {
     let mut inputs = vec![("OTA", path.to_path_buf())];
     if let Some((_, PropertiesOrigin::File { path: p })) = ota.properties() {
         inputs.push(("payload_properties.txt", p.clone()));
     }
+    inputs.extend(keys.iter().map(|k| ("--key", k.clone())));
     inputs
 }
 
@@ -637,7 +656,7 @@ fn extract(
     let names = (!partitions.is_empty()).then_some(partitions);
     // Everything about the payload is checked before the output directory is touched.
     let plan = payload.plan_extract(names)?;
-    let inputs = ota_inputs(&ota, path);
+    let inputs = ota_inputs(&ota, path, key_files);
     let images = Images {
         dir,
         names: plan.partitions().iter().map(|p| p.name.as_str()).collect(),
@@ -723,7 +742,7 @@ fn apply(a: &ApplyArgs<'_>) -> Result<()> {
     bar.finish();
     let checked = checked?;
     // No output may be the OTA or any old image (hard links, symlinks).
-    let mut inputs = ota_inputs(&ota, a.ota);
+    let mut inputs = ota_inputs(&ota, a.ota, a.keys);
     for p in &payload.manifest().partitions {
         if check_partition_name(&p.partition_name).is_ok() {
             inputs.push(("--source", old_path(&p.partition_name)));

@@ -18,7 +18,7 @@ use snapblk_ota::{
 };
 use snapblk_snapshot::{MergeOptions, OpenMode, SnapshotConfig, merge, open_files_sized};
 
-use super::{check_properties, open, ota_inputs, output_dir, signatures};
+use super::{check_properties, open, ota_inputs, output_dir, private_dir, signatures};
 use crate::ota_sig::Keys;
 use crate::outfile::{AtomicFile, refuse_alias};
 use crate::progress::Progress;
@@ -93,6 +93,9 @@ pub(super) struct Job<'a> {
     pub(super) all_partitions: bool,
     /// Keep the partitions without an estimate as DIR/<partition>.img instead.
     pub(super) keep_raw: bool,
+    /// Create a missing output directory with mode 0700 (`ota serve`'s work directory, as
+    /// private as its default one), after every check.
+    pub(super) private_out: bool,
     pub(super) profile: DeviceProfile,
     pub(super) verify: bool,
     pub(super) verify_merge: bool,
@@ -246,6 +249,7 @@ pub(super) fn run(c: &CowArgs) -> Result<()> {
         partitions: &c.partitions,
         all_partitions: c.all_partitions,
         keep_raw: false,
+        private_out: false,
         profile: c.profile,
         verify: c.verify,
         verify_merge: c.verify_merge,
@@ -306,14 +310,18 @@ pub(super) fn make(a: &Job<'_>) -> Result<Made> {
     let checked = plan.check_sources(&sources, threads, Some(&on));
     bar.finish();
     let checked = checked?;
-    let mut inputs = ota_inputs(&ota, a.ota);
+    let mut inputs = ota_inputs(&ota, a.ota, a.keys);
     for p in &manifest.partitions {
         if check_partition_name(&p.partition_name).is_ok() {
             inputs.push(("--source", old_path(&p.partition_name)));
         }
     }
     let inputs: Vec<(&str, &Path)> = inputs.iter().map(|(f, p)| (*f, p.as_path())).collect();
-    output_dir(a.out)?;
+    if a.private_out {
+        private_dir(a.out)?;
+    } else {
+        output_dir(a.out)?;
+    }
     for name in &names {
         let cow = a.out.join(format!("{name}.cow"));
         refuse_alias("-o", &cow, &inputs)?;

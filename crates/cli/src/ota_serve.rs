@@ -29,7 +29,8 @@ pub struct ServeArgs {
     #[arg(long, value_name = "OLDDIR")]
     source: PathBuf,
     /// Work directory for the COWs, their records and the partitions served without a COW
-    /// (created if missing; never the source directory; refused when owned by another user).
+    /// (created with mode 0700 if missing; never the source directory; refused when owned by
+    /// another user).
     /// Default: a new directory in $TMPDIR with a random name and mode 0700, removed at exit.
     #[arg(long, value_name = "DIR")]
     work: Option<PathBuf>,
@@ -126,6 +127,7 @@ pub(super) fn run(a: &ServeArgs) -> Result<()> {
         partitions: &a.partitions,
         all_partitions: false,
         keep_raw: true,
+        private_out: true,
         profile: a.profile,
         verify: false,
         verify_merge: false,

@@ -17,7 +17,7 @@ use std::net::{SocketAddr, TcpListener};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -233,44 +233,101 @@ fn accept_loop<S>(
     }
 }
 
-fn serve_metrics(l: &TcpListener, obs: &Observed, stop: &AtomicBool) {
-    let active = std::sync::atomic::AtomicUsize::new(0);
+/// A stream a bounded server accepts: it sets the stream's blocking mode.
+trait Conn: Send {
+    fn set_nonblocking(&self, on: bool) -> std::io::Result<()>;
+}
+
+impl Conn for std::net::TcpStream {
+    fn set_nonblocking(&self, on: bool) -> std::io::Result<()> {
+        std::net::TcpStream::set_nonblocking(self, on)
+    }
+}
+
+impl Conn for UnixStream {
+    fn set_nonblocking(&self, on: bool) -> std::io::Result<()> {
+        UnixStream::set_nonblocking(self, on)
+    }
+}
+
+/// How many connections a server serves at once, and what one beyond them gets.
+struct Limit<S> {
+    /// Connections served at once.
+    max: usize,
+    /// Name of the threads serving them.
+    thread: &'static str,
+    /// Writes the refusal to a connection beyond `max`, which is then closed. The stream is
+    /// non-blocking, so it never waits: a fresh socket's buffer takes a short reply.
+    refuse: fn(&S),
+}
+
+/// Decrements a server's count of active connections when its thread ends (or is never
+/// started: a failed spawn drops the closure that holds it).
+struct Active<'a>(&'a AtomicUsize);
+
+impl Drop for Active<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Serve what `accept` gives until `stop`: each connection on its own thread, in blocking
+/// mode, at most `limit.max` at once, so a slow or stuck client holds only its own
+/// connection; one beyond them gets `limit.refuse` at once. Returns when `stop` is set and
+/// every connection's thread has ended.
+fn serve_bounded<S: Conn>(
+    stop: &AtomicBool,
+    accept: impl FnMut() -> std::io::Result<S>,
+    limit: Limit<S>,
+    serve: impl Fn(S) -> std::io::Result<()> + Sync,
+) {
+    let active = AtomicUsize::new(0);
+    let serve = &serve;
     std::thread::scope(|scope| {
-        accept_loop(
-            stop,
-            || l.accept().map(|(s, _)| s),
-            |s| {
-                // A few scrapes at once, each with a deadline, so a slow or stuck client
-                // holds only its own connection, and only for a while.
-                if active.load(Ordering::Relaxed) >= METRICS_MAX_CONNS {
-                    // Never waiting: a fresh socket's buffer takes these few bytes.
-                    let _ = s.set_nonblocking(true);
-                    let _ = (&s).write_all(
-                        b"HTTP/1.1 503 Service Unavailable\r\nRetry-After: 1\r\n\
-                          Content-Length: 0\r\nConnection: close\r\n\r\n",
-                    );
-                    return;
-                }
-                active.fetch_add(1, Ordering::Relaxed);
-                let active = &active;
-                let spawned = std::thread::Builder::new()
-                    .name("metrics-conn".into())
-                    .spawn_scoped(scope, move || {
-                        let until = Instant::now() + METRICS_DEADLINE;
-                        let r = s
-                            .set_nonblocking(false)
-                            .and_then(|()| answer_http(Deadline { s, until, stop }, obs));
-                        if let Err(e) = r {
-                            log::debug!("metrics request: {e}");
-                        }
-                        active.fetch_sub(1, Ordering::Relaxed);
-                    });
-                if spawned.is_err() {
-                    active.fetch_sub(1, Ordering::Relaxed);
-                }
-            },
-        );
+        accept_loop(stop, accept, |s| {
+            if active.load(Ordering::Relaxed) >= limit.max {
+                let _ = s.set_nonblocking(true);
+                (limit.refuse)(&s);
+                return;
+            }
+            active.fetch_add(1, Ordering::Relaxed);
+            let held = Active(&active);
+            let spawned = std::thread::Builder::new()
+                .name(limit.thread.into())
+                .spawn_scoped(scope, move || {
+                    let _held = held;
+                    if let Err(e) = s.set_nonblocking(false).and_then(|()| serve(s)) {
+                        log::debug!("{}: {e}", limit.thread);
+                    }
+                });
+            if let Err(e) = spawned {
+                log::warn!("{}: {e}", limit.thread);
+            }
+        });
     });
+}
+
+fn serve_metrics(l: &TcpListener, obs: &Observed, stop: &AtomicBool) {
+    // Each scrape also has a deadline, so a client that trickles holds its slot only a while.
+    let limit = Limit {
+        max: METRICS_MAX_CONNS,
+        thread: "metrics-conn",
+        refuse: |s: &std::net::TcpStream| {
+            let _ = (&*s).write_all(
+                b"HTTP/1.1 503 Service Unavailable\r\nRetry-After: 1\r\n\
+                  Content-Length: 0\r\nConnection: close\r\n\r\n",
+            );
+        },
+    };
+    serve_bounded(
+        stop,
+        || l.accept().map(|(s, _)| s),
+        limit,
+        |s| {
+            let until = Instant::now() + METRICS_DEADLINE;
+            answer_http(Deadline { s, until, stop }, obs)
+        },
+    );
 }
 
 /// A metrics connection whose reads and writes fail with `TimedOut` past `until` (or once the
@@ -648,43 +705,27 @@ fn render_snapshot(o: &mut String, act: &Activity) {
     }
 }
 
-fn serve_control(l: &UnixListener, obs: &Observed, stop: &Arc<AtomicBool>) {
-    let active = std::sync::atomic::AtomicUsize::new(0);
-    std::thread::scope(|scope| {
-        accept_loop(
-            stop,
-            || l.accept().map(|(s, _)| s),
-            |s| {
-                if active.load(Ordering::Relaxed) >= CONTROL_MAX_CLIENTS {
-                    // Never waiting: a fresh socket's buffer takes one line.
-                    let _ = s.set_nonblocking(true);
-                    let msg = format!(
-                        "too many control clients ({CONTROL_MAX_CLIENTS} connected); try again later"
-                    );
-                    let _ = writeln!(&s, "{}", error_reply(&msg));
-                    return;
-                }
-                active.fetch_add(1, Ordering::Relaxed);
-                let (stop, active) = (stop.clone(), &active);
-                let spawned = std::thread::Builder::new()
-                    .name("control-conn".into())
-                    .spawn_scoped(scope, move || {
-                        if let Err(e) = control_conn(s, obs, &stop) {
-                            log::debug!("control connection: {e}");
-                        }
-                        active.fetch_sub(1, Ordering::Relaxed);
-                    });
-                if spawned.is_err() {
-                    active.fetch_sub(1, Ordering::Relaxed);
-                }
-            },
-        );
-    });
+fn serve_control(l: &UnixListener, obs: &Observed, stop: &AtomicBool) {
+    let limit = Limit {
+        max: CONTROL_MAX_CLIENTS,
+        thread: "control-conn",
+        refuse: |s: &UnixStream| {
+            let msg = format!(
+                "too many control clients ({CONTROL_MAX_CLIENTS} connected); try again later"
+            );
+            let _ = writeln!(&*s, "{}", error_reply(&msg));
+        },
+    };
+    serve_bounded(
+        stop,
+        || l.accept().map(|(s, _)| s),
+        limit,
+        |s| control_conn(s, obs, stop),
+    );
 }
 
 /// One control connection: a reply line for every request line, until EOF or stop.
 fn control_conn(s: UnixStream, obs: &Observed, stop: &AtomicBool) -> std::io::Result<()> {
-    s.set_nonblocking(false)?;
     // Woken now and then to notice a stop.
     s.set_read_timeout(Some(Duration::from_millis(200)))?;
     // A client that stops reading its replies loses the connection rather than holding this
@@ -855,6 +896,69 @@ mod tests {
             size: 4096,
             started: Instant::now(),
         }
+    }
+
+    /// The shared limit: with `max` connections being served, the next one gets the refusal
+    /// and is closed; when one ends, its slot is free again; stopping waits for the threads.
+    #[test]
+    fn bounded_servers_refuse_beyond_the_limit_and_free_slots() {
+        let (tx, rx) = std::sync::mpsc::channel::<UnixStream>();
+        let stop = Arc::new(AtomicBool::new(false));
+        let stop2 = stop.clone();
+        let server = std::thread::spawn(move || {
+            let limit = Limit {
+                max: 2,
+                thread: "test-conn",
+                refuse: |s: &UnixStream| {
+                    let _ = (&*s).write_all(b"busy\n");
+                },
+            };
+            let accept = || {
+                rx.try_recv()
+                    .map_err(|_| std::io::ErrorKind::WouldBlock.into())
+            };
+            serve_bounded(&stop2, accept, limit, |mut s: UnixStream| {
+                s.write_all(b"served\n")?;
+                // Held until the client closes.
+                std::io::copy(&mut s, &mut std::io::sink()).map(|_| ())
+            });
+        });
+        let connect = || {
+            let (client, server) = UnixStream::pair().unwrap();
+            client
+                .set_read_timeout(Some(Duration::from_secs(30)))
+                .unwrap();
+            tx.send(server).unwrap();
+            let mut l = String::new();
+            BufReader::new(&client).read_line(&mut l).unwrap();
+            (client, l)
+        };
+        let (a, la) = connect();
+        let (b, lb) = connect();
+        assert_eq!((la.as_str(), lb.as_str()), ("served\n", "served\n"));
+        let (c, lc) = connect();
+        assert_eq!(lc, "busy\n");
+        let mut rest = Vec::new();
+        assert_eq!(
+            (&c).read_to_end(&mut rest).unwrap(),
+            0,
+            "closed after refusing"
+        );
+        drop(a);
+        // a's thread ends when it sees the close; then a new client is served.
+        let end = Instant::now() + Duration::from_secs(30);
+        let d = loop {
+            let (d, l) = connect();
+            if l == "served\n" {
+                break d;
+            }
+            assert_eq!(l, "busy\n");
+            assert!(Instant::now() < end, "the slot was never freed");
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        stop.store(true, Ordering::Relaxed);
+        drop((b, d));
+        server.join().unwrap();
     }
 
     #[test]

@@ -1366,3 +1366,75 @@ fn overwrite_shows_byte_progress_on_a_terminal_only() {
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(!err.contains("MiB"), "progress without a terminal: {err:?}");
 }
+
+/// `--output` that is the same file as the target or the job file (by name or through a
+/// link) is refused before the run: the document would replace the data it measured.
+#[test]
+fn output_never_replaces_the_target_or_the_job_file() {
+    let d = Scratch::new("output-alias");
+    let img = d.file("data.img", 1 << 20, 0x5a);
+    let link = d.0.join("link.json");
+    std::os::unix::fs::symlink(&img, &link).unwrap();
+    let job = d.0.join("job.fio");
+    let job_text = format!(
+        "[r]\nfilename={}\nrw=read\nbs=4k\nsize=64k\n",
+        img.display()
+    );
+    std::fs::write(&job, &job_text).unwrap();
+    let s = |p: &Path| p.to_str().unwrap().to_owned();
+    let (i, l, j) = (s(&img), s(&link), s(&job));
+    let (i, l, j) = (i.as_str(), l.as_str(), j.as_str());
+    for (args, flag) in [
+        (
+            vec![i, "--rw", "read", "--size", "64k", "--output", i],
+            "TARGET",
+        ),
+        (
+            vec![i, "--rw", "read", "--size", "64k", "--output", l],
+            "TARGET",
+        ),
+        (
+            vec!["--filename", i, "--size", "64k", "--output", i],
+            "--filename",
+        ),
+        (vec!["--job-file", j, "--output", j], "--job-file"),
+    ] {
+        let o = snapblk(&args);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(1), "{args:?}: {err}");
+        assert!(
+            err.contains(&format!("is the same file as {flag}")),
+            "{args:?}: {err}"
+        );
+        assert!(
+            std::fs::read(&img).unwrap() == vec![0x5a; 1 << 20],
+            "{args:?}"
+        );
+        assert_eq!(std::fs::read_to_string(&job).unwrap(), job_text, "{args:?}");
+    }
+}
+
+/// `--output` is replaced atomically (a new file renamed into place), never rewritten in
+/// place: a hard link to the previous document keeps it, and the new one validates.
+#[test]
+fn output_is_replaced_not_rewritten() {
+    let d = Scratch::new("output-atomic");
+    let out = d.file("r.json", 3, b'x');
+    let peer = d.0.join("peer.json");
+    std::fs::hard_link(&out, &peer).unwrap();
+    let o = snapblk(&[
+        "null:size=1M",
+        "--size",
+        "64k",
+        "--output",
+        out.to_str().unwrap(),
+    ]);
+    assert_ok(&o);
+    assert!(
+        std::fs::read(&peer).unwrap() == b"xxx",
+        "the old document was rewritten in place"
+    );
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
+    validate(&v).unwrap();
+}

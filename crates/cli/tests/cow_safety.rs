@@ -803,7 +803,8 @@ fn create_refuses_levels_out_of_range() {
     ] {
         let err = refused(&args(algo, level), range);
         assert_eq!(err.lines().count(), 1, "{err}");
-        assert!(err.contains(&format!("--level {level}")), "{err}");
+        let what = format!("--level: {algo} level {level} is out of range");
+        assert!(err.contains(&what), "{err}");
         assert!(!out.exists(), "{algo} {level}");
     }
     for (algo, level) in [

@@ -587,7 +587,8 @@ fn ota_serve_fuse_mounts_one_file_per_partition() {
 
 /// Without --work, the work directory is a new one in $TMPDIR with a random name (not the
 /// process id, which another user can guess and plant first) and mode 0700, gone at exit; a
-/// --work owned by another user is refused before anything is written.
+/// missing --work is created 0700 as well; a --work owned by another user is refused before
+/// anything is written.
 #[test]
 fn ota_serve_work_directory_is_private() {
     use std::os::unix::fs::PermissionsExt;
@@ -609,6 +610,29 @@ fn ota_serve_work_directory_is_private() {
     let (status, _, err) = srv.stop();
     assert!(status.success(), "{err}");
     assert!(entries(&tmp).is_empty(), "{:?}", entries(&tmp));
+
+    // A --work that does not exist is created 0700 too, whatever the umask, and only once
+    // everything is checked (here a missing --source: nothing is created).
+    let given = s.d.join("given/work");
+    let o = std::process::Command::new(env!("CARGO_BIN_EXE_snapblk"))
+        .args(["ota", "serve", path_str(&s.ota), "--source"])
+        .arg(s.d.join("no-such-dir"))
+        .args(["--work", path_str(&given), "--nbd", "0"])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1));
+    assert!(!s.d.join("given").exists());
+    let mut c = std::process::Command::new("sh");
+    c.args(["-c", "umask 022 && exec \"$0\" \"$@\""])
+        .arg(env!("CARGO_BIN_EXE_snapblk"))
+        .args(["ota", "serve", path_str(&s.ota), "--source"])
+        .arg(&s.old_dir)
+        .args(["--work", path_str(&given), "--nbd", "0", "--json"]);
+    let srv = snapblk_testsupport::ReadyProcess::spawn(&mut c).unwrap();
+    let mode = std::fs::metadata(&given).unwrap().permissions().mode() & 0o7777;
+    assert_eq!(mode, 0o700, "{}", given.display());
+    let (status, _, err) = srv.stop();
+    assert!(status.success(), "{err}");
 
     let foreign = s.d.join("foreign");
     std::fs::create_dir(&foreign).unwrap();

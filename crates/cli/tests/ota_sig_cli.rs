@@ -330,3 +330,29 @@ fn apply_checks_signatures_before_reading_the_old_images() {
         "the payload signature does not verify",
     );
 }
+
+/// A `--key` file is an input like the OTA: an output image that is the same file (here the
+/// certificate stored as `DIR/kernel.img`, by name and through a link) is refused before
+/// anything is written, and the certificate is left as it was.
+#[test]
+fn no_output_replaces_a_key_file() {
+    let d = TempDir::new("ota-sig-key-alias");
+    samples(&d);
+    let rsa = openssl::key(d.path(), "rsa", "rsa:2048");
+    let signed = d.join("signed.bin");
+    sign_py(&d.join("full_payload.bin"), &signed, &rsa, 256);
+    let out = d.join("out");
+    std::fs::create_dir(&out).unwrap();
+    let cert = out.join("kernel.img");
+    std::fs::copy(&rsa.cert_pem, &cert).unwrap();
+    let before = read(&cert);
+    let link = d.join("cert-link.pem");
+    std::os::unix::fs::symlink(&cert, &link).unwrap();
+    for key in [&cert, &link] {
+        let args = ["ota", "extract", path_str(&signed), "-o", path_str(&out)];
+        let mut args = args.to_vec();
+        args.extend(["--key", path_str(key)]);
+        refused(&args, "is the same file as --key");
+        assert!(read(&cert) == before, "{}", key.display());
+    }
+}

@@ -1809,3 +1809,34 @@ fn library_debug_log_reaches_stderr_only_when_asked() {
     assert!(!err.contains(verify_line), "{err}");
     std::fs::remove_dir_all(&d).unwrap();
 }
+
+/// The list's temporary file is always a new one: a link planted at its name while recording
+/// (here by the recorded command, which knows record's pid as `$PPID`) fails the record, and
+/// the link's target is left as it was (it used to be truncated, filled with the list and
+/// named as the list).
+#[test]
+fn record_never_writes_through_a_link_at_its_temporary_name() {
+    let d = scratch("tmp-link");
+    std::fs::create_dir(d.join("t")).unwrap();
+    write_file(&d.join("t/data"), 4096, 1);
+    let victim = d.join("victim");
+    std::fs::write(&victim, b"precious").unwrap();
+    let list = d.join("l.list");
+    let o = record_cmd(&list, &d.join("t"))
+        .args(["--", "sh", "-c", r#"ln -s "$1" "$2.$PPID.tmp~""#, "sh"])
+        .arg(&victim)
+        .arg(&list)
+        .output()
+        .unwrap();
+    assert!(!o.status.success(), "{}", text(&o.stdout));
+    assert!(
+        text(&o.stderr).contains("cannot write the list"),
+        "{}",
+        text(&o.stderr)
+    );
+    assert_eq!(std::fs::read(&victim).unwrap(), b"precious");
+    assert!(
+        std::fs::symlink_metadata(&list).is_err(),
+        "a list was named"
+    );
+}

@@ -358,12 +358,46 @@ fn the_lock_daemon_returns_once_locked_and_stops_cleanly_on_sigterm() {
 /// left as it was. (vmtouch would overwrite it, and remove it at exit.)
 #[test]
 fn a_pid_file_never_overwrites_a_data_file() {
+    // A file the content check alone lets through (empty, or digits): refused as the same
+    // file as a locked path, by name and through a link, and still there afterwards.
+    let d = Scratch::new("pidfile-same");
+    for (name, data) in [("empty", &b""[..]), ("digits", &b"12345\n"[..])] {
+        let f = d.0.join(name);
+        std::fs::write(&f, data).unwrap();
+        let link = d.0.join(format!("{name}.pid"));
+        std::os::unix::fs::symlink(&f, &link).unwrap();
+        for pid_file in [&f, &link] {
+            let o = Command::new(BIN)
+                .args(["readahead", "lock", "--daemon", "--pid-file"])
+                .arg(pid_file)
+                .arg(&f)
+                .output()
+                .unwrap();
+            let err = String::from_utf8_lossy(&o.stderr);
+            if o.status.success() {
+                // The holder runs: stop it (its pid is in the file) before failing.
+                let pid = std::fs::read_to_string(pid_file).unwrap_or_default();
+                let _ = Command::new("kill").arg(pid.trim()).status();
+            }
+            assert_eq!(o.status.code(), Some(1), "{}: {err}", pid_file.display());
+            assert!(err.contains("is the same file as PATH"), "{err}");
+            assert_eq!(std::fs::read(&f).unwrap(), data, "{}", pid_file.display());
+        }
+    }
+
+    // A data file: the locked one (the same file), or another one (not a pid file).
     let d = Scratch::new("pidfile-alias");
     let a = d.file("a", 64 << 10);
+    let b = d.file("b", 4 << 10);
     let before = std::fs::read(&a).unwrap();
+    let before_b = std::fs::read(&b).unwrap();
     let link = d.0.join("link.pid");
     std::os::unix::fs::symlink(&a, &link).unwrap();
-    for pid_file in [&a, &link] {
+    for (pid_file, why) in [
+        (&a, "is the same file as PATH"),
+        (&link, "is the same file as PATH"),
+        (&b, "not a pid file"),
+    ] {
         let o = Command::new(BIN)
             .args(["readahead", "lock", "--daemon", "--pid-file"])
             .arg(pid_file)
@@ -372,7 +406,8 @@ fn a_pid_file_never_overwrites_a_data_file() {
             .unwrap();
         let err = String::from_utf8_lossy(&o.stderr);
         assert_eq!(o.status.code(), Some(1), "{}: {err}", pid_file.display());
-        assert!(err.contains("not a pid file"), "{err}");
+        assert!(err.contains(why), "{err}");
+        assert!(std::fs::read(&b).unwrap() == before_b);
         assert!(
             std::fs::read(&a).unwrap() == before,
             "{}",

@@ -224,14 +224,28 @@ fn read_exactly(mut r: impl Read, out: &mut [u8]) -> Result<(), DecodeError> {
     }
 }
 
+/// An encoder level outside its algorithm's range ([`Compression::levels`]): the encoders
+/// would have to clamp it, so the writer refuses it instead.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{algo} level {level} is out of range: {algo} levels are {} to {}", levels.start(), levels.end())]
+pub struct LevelError {
+    /// The algorithm.
+    pub algo: Compression,
+    /// The level asked for.
+    pub level: i32,
+    /// The algorithm's levels ([`Compression::levels`]).
+    pub levels: std::ops::RangeInclusive<i32>,
+}
+
 /// Encoder settings. `level: None` means AOSP's defaults (gz 9, brotli 11, zstd 3).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Codec {
     /// The algorithm; written as the op's (v2) or the file's (v3) compression id.
     pub algo: Compression,
-    /// Encoder level in the algorithm's own scale, or `None` for AOSP's default: zlib 0..=9
-    /// and brotli quality 0..=11 (clamped), zstd up to 22 (negative levels trade size for
-    /// speed); lz4 has no level and ignores it.
+    /// Encoder level in the algorithm's own scale, or `None` for AOSP's default: zlib 0..=9,
+    /// brotli quality 0..=11, zstd up to 22 (negative levels trade size for speed) — the
+    /// ranges of [`Compression::levels`], which [`Codec::checked`] and the writer enforce;
+    /// lz4 has no level and ignores it.
     pub level: Option<i32>,
 }
 
@@ -239,6 +253,20 @@ impl Codec {
     /// AOSP-default settings for `algo`.
     pub fn new(algo: Compression) -> Self {
         Codec { algo, level: None }
+    }
+
+    /// These settings, or a [`LevelError`] if the level is outside the algorithm's
+    /// [`levels`](Compression::levels) (an algorithm without levels ignores it). The COW
+    /// writer and generator check their codec with it before writing anything.
+    pub fn checked(self) -> Result<Codec, LevelError> {
+        match (self.level, self.algo.levels()) {
+            (Some(level), Some(levels)) if !levels.contains(&level) => Err(LevelError {
+                algo: self.algo,
+                level,
+                levels,
+            }),
+            _ => Ok(self),
+        }
     }
 
     /// The settings used for one unit. With default levels, *sparse* units (at most 1/8
@@ -395,6 +423,8 @@ pub(crate) fn compress_into(
             }
         }
         Compression::Gz => {
+            // In range ([`Codec::checked`], enforced by the writer); the clamp only keeps the
+            // cast defined.
             let level = codec.level.unwrap_or(9).clamp(0, 9) as u32;
             let dst = out.spare(input.len() + input.len() / 64 + 64);
             let n = GZ_C.with(|cell| {
@@ -439,6 +469,7 @@ pub(crate) fn compress_into(
             }
         }
         Compression::Brotli => {
+            // In range, as for gz.
             let q = codec.level.unwrap_or(11).clamp(0, 11) as u32;
             let mut v = Vec::with_capacity(input.len() / 2);
             {
@@ -478,6 +509,44 @@ mod tests {
             let mut big = vec![0u8; 16384];
             assert!(decompress(algo, &enc, &mut big).is_err());
         }
+    }
+
+    #[test]
+    fn levels_outside_the_range_are_refused() {
+        let at = |algo, level| Codec {
+            algo,
+            level: Some(level),
+        };
+        let zmin = *zstd::compression_level_range().start();
+        for (algo, bad, good) in [
+            (Compression::Gz, [-1, 10], [0, 9]),
+            (Compression::Brotli, [-1, 12], [0, 11]),
+            (Compression::Zstd, [zmin - 1, 23], [zmin, 22]),
+        ] {
+            for l in bad {
+                let e = at(algo, l).checked().unwrap_err();
+                assert_eq!((e.algo, e.level), (algo, l));
+                assert_eq!(Some(e.levels.clone()), algo.levels());
+                let r = algo.levels().unwrap();
+                assert_eq!(
+                    e.to_string(),
+                    format!(
+                        "{algo} level {l} is out of range: {algo} levels are {} to {}",
+                        r.start(),
+                        r.end()
+                    )
+                );
+            }
+            for l in good {
+                assert_eq!(at(algo, l).checked(), Ok(at(algo, l)));
+            }
+        }
+        // No level, or an algorithm without levels: nothing to check.
+        for algo in Compression::ALL {
+            assert!(Codec::new(algo).checked().is_ok());
+        }
+        assert!(at(Compression::Lz4, 99).checked().is_ok());
+        assert!(at(Compression::None, -7).checked().is_ok());
     }
 
     #[test]

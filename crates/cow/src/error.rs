@@ -342,6 +342,10 @@ pub enum CowError {
     /// The text says which.
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
+    /// The writer's codec asks for a level its algorithm does not have
+    /// ([`Codec::checked`](crate::Codec::checked)); nothing was written.
+    #[error("checking the writer's codec")]
+    Level(#[from] crate::LevelError),
     /// A v3 writer was given more ops than the op slots it reserved at creation
     /// ([`WriterOptions::op_count_max`](crate::WriterOptions::op_count_max)).
     #[error("v3 op array is full ({max} ops)")]
@@ -395,6 +399,22 @@ mod tests {
         );
         assert_eq!(e.source().map(|s| s.to_string()), Some(cause.clone()));
         assert_eq!(anyhow_like_chain(&e), format!("{e}: {cause}"));
+    }
+
+    #[test]
+    fn a_level_out_of_range_is_the_source() {
+        let level = crate::Codec {
+            algo: crate::Compression::Gz,
+            level: Some(10),
+        }
+        .checked()
+        .unwrap_err();
+        let e = CowError::from(level.clone());
+        assert_eq!(e.source().map(|s| s.to_string()), Some(level.to_string()));
+        assert_eq!(
+            anyhow_like_chain(&e),
+            "checking the writer's codec: gz level 10 is out of range: gz levels are 0 to 9"
+        );
     }
 
     /// What `format!("{:#}", anyhow::Error::from(e))` prints: each error in the chain once.

@@ -712,6 +712,8 @@ pub struct OpList {
 
 /// Plan and order: decide an op for every new block and a safe merge order.
 pub fn compute_ops(old: &[u8], new: &[u8], opts: &GenerateOptions) -> Result<OpList> {
+    // Trial payloads are encoded while planning, before any writer exists.
+    opts.writer.codec.checked()?;
     let bs = opts.writer.block_size as usize;
     let t0 = std::time::Instant::now();
     let c0 = crate::tools::process_cpu_seconds();

@@ -41,7 +41,7 @@ mod sparse;
 mod tools;
 mod writer;
 
-pub use codec::{Codec, Compression, DecodeError, decompress};
+pub use codec::{Codec, Compression, DecodeError, LevelError, decompress};
 pub use error::{CowError, Result};
 pub use format::{DEFAULT_SCRATCH_SIZE, Header, NUM_MERGE_OPS_OFFSET, ScratchLayout};
 pub use generate::{

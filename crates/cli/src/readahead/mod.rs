@@ -84,6 +84,11 @@ fn run_lock(a: &LockArgs) -> anyhow::Result<()> {
     // Before the walk starts its threads: the signals are then only taken by the wait below.
     let sigs = snapblk_nbd::TermSignals::block().context("blocking SIGINT/SIGTERM")?;
     if let Some(p) = &a.pid_file {
+        // The same file as a locked path (an empty one, or one of digits, passes the check
+        // below) would be replaced by the pid, then removed at exit.
+        let paths: Vec<(&str, &Path)> =
+            a.walk.paths.iter().map(|q| ("PATH", q.as_path())).collect();
+        crate::outfile::refuse_alias("--pid-file", p, &paths)?;
         refuse_non_pid_file(p)?;
     }
     let locked = ra::lock(&a.walk.paths, &a.walk.walk_opts(None), a.mlockall)?;
@@ -240,7 +245,13 @@ fn check_list_writable(output: &Path) -> anyhow::Result<()> {
 fn write_list(output: &Path, entries: &[ListEntry], jsonl: bool) -> anyhow::Result<()> {
     let tmp = list_temp_path(output)?;
     let written = (|| -> std::io::Result<()> {
-        let mut w = std::io::BufWriter::new(std::fs::File::create(&tmp)?);
+        // A new file, never one found at that name: a link planted there since the check
+        // would have its target truncated and then named as the list.
+        let f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&tmp)?;
+        let mut w = std::io::BufWriter::new(f);
         if jsonl {
             ra::write_jsonl(&mut w, entries)?;
         } else {

@@ -265,7 +265,9 @@ fn inval(msg: impl Into<String>) -> CowError {
 
 impl<W: CowSink> CowWriter<W> {
     /// Start a new COW file in `sink` (written from offset 0; existing content is replaced).
+    /// A codec level out of its algorithm's range is [`CowError::Level`], before any write.
     pub fn new(sink: W, opts: WriterOptions) -> Result<Self> {
+        opts.codec.checked()?;
         let bs = opts.block_size;
         if !(512..=32768).contains(&bs) || !bs.is_power_of_two() {
             return Err(inval("block size must be a power of two in 512..=32768"));

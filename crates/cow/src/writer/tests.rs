@@ -222,3 +222,55 @@ fn v3_decreasing_labels_leave_stale_resume_slots_like_android() {
     }
     assert_eq!(r.resume_points(), &want[..]);
 }
+
+/// A level out of its algorithm's range is refused by the writer, the appender and the
+/// generator before anything reaches the sink (the encoders used to clamp it silently).
+#[test]
+fn levels_out_of_range_are_refused_before_any_write() {
+    let gz10 = Codec {
+        algo: Compression::Gz,
+        level: Some(10),
+    };
+    let is_level = |r: Result<_>| match r {
+        Err(CowError::Level(e)) => e.algo == Compression::Gz && e.level == 10,
+        _ => false,
+    };
+    for version in [2, 3] {
+        let opts = WriterOptions {
+            version,
+            codec: gz10,
+            op_count_max: 4,
+            ..Default::default()
+        };
+        let f = MemFile::default();
+        assert!(is_level(CowWriter::new(&f, opts).map(|_| ())), "v{version}");
+        assert!(f.into_inner().is_empty(), "v{version}");
+        let g = crate::GenerateOptions {
+            writer: opts,
+            ..Default::default()
+        };
+        let img = vec![7u8; 8192];
+        let f = MemFile::default();
+        assert!(
+            is_level(crate::generate(&img, &img, &f, &g).map(|_| ())),
+            "v{version}"
+        );
+        assert!(f.into_inner().is_empty(), "v{version}");
+    }
+    // Appending to a valid v3 gz file with an out-of-range level.
+    let opts = WriterOptions {
+        version: 3,
+        codec: Codec::new(Compression::Gz),
+        op_count_max: 4,
+        ..Default::default()
+    };
+    let f = MemFile::default();
+    let mut w = CowWriter::new(&f, opts).unwrap();
+    w.add_zero_blocks(0, 1).unwrap();
+    w.finalize().unwrap();
+    let bytes = f.into_inner();
+    let r = CowReader::open(MemFile::new(bytes.clone())).unwrap();
+    let sink = MemFile::new(bytes.clone());
+    assert!(is_level(CowWriter::append_v3(&sink, &r, gz10).map(|_| ())));
+    assert_eq!(sink.into_inner(), bytes);
+}

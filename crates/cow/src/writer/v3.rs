@@ -17,6 +17,7 @@ impl<W: CowSink> CowWriter<W> {
     /// Readers of a file with rewritten blocks must open it with
     /// [`DuplicatePolicy::LastWins`](crate::DuplicatePolicy::LastWins).
     pub fn append_v3<R: ReadAt>(sink: W, existing: &CowReader<R>, codec: Codec) -> Result<Self> {
+        codec.checked()?;
         let h = existing.header().clone();
         if h.major != 3 {
             return Err(inval(

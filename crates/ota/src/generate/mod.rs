@@ -87,6 +87,9 @@ pub enum GenerateError {
     /// Virtual A/B settings that are not valid.
     #[error("Virtual A/B settings: {0}")]
     Vabc(String),
+    /// The Virtual A/B compression level is outside its algorithm's range.
+    #[error("Virtual A/B settings: compression level")]
+    VabcLevel(#[source] snapblk_cow::LevelError),
     /// Compressing or diffing failed.
     #[error("partition {partition}: encoding blocks {start}+{count}")]
     Encode {
@@ -478,22 +481,13 @@ fn partition_ops(
 /// The compression of `v`, its other settings checked.
 fn cow_compression(v: &VabcOptions) -> Result<snapblk_cow::Compression, GenerateError> {
     let bad = |m: String| GenerateError::Vabc(m);
-    let codec = crate::parse_compression(&v.compression).map_err(|_| {
-        bad(format!(
+    let codec = crate::parse_compression(&v.compression).map_err(|e| match e {
+        crate::VabcError::Level(e) => GenerateError::VabcLevel(e),
+        _ => bad(format!(
             "compression {:?}: none, gz, brotli, lz4 or zstd, with an optional ,LEVEL",
             v.compression
-        ))
+        )),
     })?;
-    if let (Some(l), Some(r)) = (codec.level, codec.algo.levels())
-        && !r.contains(&l)
-    {
-        return Err(bad(format!(
-            "compression level {l}: {} levels are {} to {}",
-            codec.algo,
-            r.start(),
-            r.end()
-        )));
-    }
     if !(2..=3).contains(&v.cow_version) {
         return Err(bad(format!("COW version {} (2 or 3)", v.cow_version)));
     }

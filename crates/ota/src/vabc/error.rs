@@ -9,6 +9,9 @@ pub enum VabcError {
     /// The manifest's VABC parameters cannot be written (COW version, compression, factor).
     #[error("VABC parameters: {0}")]
     Params(String),
+    /// The manifest's compression level is outside its algorithm's range.
+    #[error("VABC parameters: compression level")]
+    Level(#[source] snapblk_cow::LevelError),
     /// A merge operation is malformed or does not fit the partition.
     #[error("merge operation {index}: {reason}")]
     MergeOp {
@@ -69,5 +72,30 @@ pub enum VabcError {
 impl From<snapblk_cow::CowError> for VabcError {
     fn from(e: snapblk_cow::CowError) -> Self {
         VabcError::Cow(e)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use snapblk_testsupport::errors;
+
+    /// A compression level out of range in the manifest is refused with the COW library's
+    /// typed error as the source (the encoders would have clamped it).
+    #[test]
+    fn an_out_of_range_level_is_refused_with_the_cause_as_source() {
+        for (param, text) in [
+            ("gz,10", "gz level 10 is out of range: gz levels are 0 to 9"),
+            (
+                "brotli,12",
+                "brotli level 12 is out of range: brotli levels are 0 to 11",
+            ),
+        ] {
+            let e = crate::parse_compression(param).unwrap_err();
+            assert!(matches!(e, VabcError::Level(_)), "{param}: {e:?}");
+            errors::assert_cause_is_source(&e, Some(text));
+        }
+        assert_eq!(crate::parse_compression("gz,9").unwrap().level, Some(9));
+        assert_eq!(crate::parse_compression("zstd,-5").unwrap().level, Some(-5));
     }
 }

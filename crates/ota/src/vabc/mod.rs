@@ -198,6 +198,7 @@ pub fn parse_compression(param: &str) -> Result<Codec, VabcError> {
     if level.is_some() {
         codec.level = level;
     }
+    let codec = codec.checked().map_err(VabcError::Level)?;
     Ok(codec)
 }
 

@@ -11,11 +11,19 @@
 #    ota cow` of an incremental BSDF2 payload made before the rounds (the Virtual A/B COW a
 #    device would write: apply into unnamed files, then the COW writer and its record, both
 #    streaming from the image files), against `cow create` of the same pair. Each run: wall
-#    and CPU time and peak RSS (/usr/bin/time); output sizes.
+#    and CPU time and peak RSS (/usr/bin/time); output sizes. The `ota cow` input asks for
+#    v3 lz4 COWs in 4 KiB units (`--compression-factor 4096`), as `cow create` writes them.
+#    Then, like for like with Android's writer (timed alone from an op list): the writer part
+#    of each `ota cow` run (its --json `seconds.cow_write`, timed inside the library) and
+#    ROUNDS runs of `cow create --time-writer` (`seconds_writer_only`: the COW written again
+#    from the computed op list), as MiB of image and MiB handed to the compressor per second,
+#    printed beside the figures of Android's writer from the project's notes
+#    (anchor-figures.md, a 512 MiB pair; reference rows, not measured by this script).
 # 3. Checks the last payloads: `snapblk ota apply` of each incremental and `ota extract` of the
 #    full one give exactly the new image, and `ota cow --verify` of the BSDF2 one fits its
 #    estimate. Prints medians and ratios (generate time / cow create time, payload size / xz
-#    size) and writes them as JSON to bench/results/scratch/ota-generate-<UTC time>.json.
+#    size, writer throughputs) and writes them as JSON to
+#    bench/results/scratch/ota-generate-<UTC time>.json.
 #
 # Usage: bench/ota-generate.sh [WORKDIR] [SIZE_MiB] [ROUNDS]
 #   WORKDIR default /dev/shm/snapblk-ota-generate (or /var/tmp/... when memory is short)
@@ -34,7 +42,7 @@ elif (( avail_mib > 8 * SIZE + 2048 )); then
 else
   WORK=/var/tmp/snapblk-ota-generate
 fi
-for t in mke2fs xz python3 cmp; do
+for t in mke2fs xz python3 cmp jq bc; do
   command -v "$t" > /dev/null || { echo "$t missing (bash scripts/install-deps.sh)" >&2; exit 1; }
 done
 [[ -x /usr/bin/time ]] || { echo "/usr/bin/time missing (apt-get install time)" >&2; exit 1; }
@@ -54,14 +62,14 @@ ln -f "$WORK/pair/new.img" "$WORK/new/system.img" 2>/dev/null || cp "$WORK/pair/
 
 # The input of the timed `ota cow` runs.
 "$SNAPBLK" --quiet ota generate --source "$WORK/old" --target "$WORK/new" -o "$WORK/cow-input.bin" \
-  --threads "$THREADS" > /dev/null
+  --threads "$THREADS" --compression-factor 4096 > /dev/null
 declare -A CMD=(
   [gen-bsdf2]="$SNAPBLK ota generate --source $WORK/old --target $WORK/new -o $WORK/run/bsdf2.bin --threads $THREADS"
   [gen-bsdiff40]="$SNAPBLK ota generate --source $WORK/old --target $WORK/new -o $WORK/run/bsdiff40.bin --threads $THREADS --bsdiff-format bsdiff40"
   [gen-full]="$SNAPBLK ota generate --target $WORK/new -o $WORK/run/full.bin --threads $THREADS"
   [cow-create]="$SNAPBLK cow create --old $WORK/pair/old.img --new $WORK/pair/new.img -o $WORK/run/pair.cow --format v3 --compression lz4 --no-record"
   [xz]="sh -c 'xz -6 -T1 -c $WORK/pair/new.img > $WORK/run/new.img.xz'"
-  [ota-cow]="sh -c 'rm -rf $WORK/run/cowout && $SNAPBLK --quiet ota cow $WORK/cow-input.bin --source $WORK/old -o $WORK/run/cowout'"
+  [ota-cow]="sh -c 'rm -rf $WORK/run/cowout && $SNAPBLK --quiet ota cow $WORK/cow-input.bin --source $WORK/old -o $WORK/run/cowout --json > $WORK/run/ota-cow.json'"
 )
 declare -A OUTFILE=(
   [gen-bsdf2]=bsdf2.bin [gen-bsdiff40]=bsdiff40.bin [gen-full]=full.bin
@@ -69,6 +77,7 @@ declare -A OUTFILE=(
 )
 names=(gen-bsdf2 gen-bsdiff40 gen-full cow-create xz ota-cow)
 declare -A WALL CPU RSS SIZE_OUT
+OTA_W="" CC_W="" OTA_C=0 CC_C=0 OTA_PHASES="{}"
 for ((r = 0; r < ROUNDS; r++)); do
   for ((i = 0; i < ${#names[@]}; i++)); do
     n=${names[$(((i + r) % ${#names[@]}))]}
@@ -78,7 +87,22 @@ for ((r = 0; r < ROUNDS; r++)); do
     WALL[$n]+="$e "; CPU[$n]+="$(echo "$u + $s" | bc) "; RSS[$n]+="$((m / 1024)) "
     SIZE_OUT[$n]=$(stat -c %s "$WORK/run/${OUTFILE[$n]}")
     echo "round $((r + 1)) $n: ${e}s wall, $((m / 1024)) MiB peak RSS" >&2
+    if [[ $n == ota-cow ]]; then
+      # The writer's share (the library's timing) and what it handed the compressor.
+      OTA_W+="$(jq '.seconds.cow_write' "$WORK/run/ota-cow.json") "
+      OTA_C=$(jq '[.partitions[].ops | (.replace_blocks + .xor_blocks + .verity_blocks) * 4096] | add' \
+        "$WORK/run/ota-cow.json")
+      OTA_PHASES=$(jq -c '.seconds' "$WORK/run/ota-cow.json")
+    fi
   done
+done
+# `cow create`'s writer alone, from its computed op list (same pair, v3 lz4, 4 KiB units).
+for ((r = 0; r < ROUNDS; r++)); do
+  "$SNAPBLK" --quiet cow create --old "$WORK/pair/old.img" --new "$WORK/pair/new.img" \
+    -o "$WORK/run/pair-w.cow" --format v3 --compression lz4 --no-record --time-writer --json \
+    > "$WORK/run/cow-create-w.json"
+  CC_W+="$(jq '.seconds_writer_only' "$WORK/run/cow-create-w.json") "
+  CC_C=$(jq '.compressed_input_bytes' "$WORK/run/cow-create-w.json")
 done
 
 # The payloads build the new image.
@@ -105,7 +129,9 @@ json=$ROOT/bench/results/scratch/ota-generate-$(date -u +%Y%m%dT%H%M%SZ).json
       "$(echo "${RSS[$n]}" | median)" "${SIZE_OUT[$n]}"
     sep=", "
   done
-  echo "}, \"ota_cow\": $(cat "$WORK/run/cow.json")}"
+  printf '}, "writer_only": {"ota_cow_s": %s, "ota_cow_compressed_bytes": %s, "ota_cow_phases": %s, "cow_create_s": %s, "cow_create_compressed_bytes": %s}' \
+    "$(echo "$OTA_W" | median)" "$OTA_C" "$OTA_PHASES" "$(echo "$CC_W" | median)" "$CC_C"
+  echo ", \"ota_cow\": $(cat "$WORK/run/cow.json")}"
 } > "$json"
 printf '%-14s %10s %10s %10s %14s\n' run "wall s" "cpu s" "RSS MiB" bytes
 for n in "${names[@]}"; do
@@ -117,6 +143,23 @@ echo "generate (BSDF2) / cow create wall: $(echo "scale=2; $w_gen / $w_cow" | bc
 w_ota=$(echo "${WALL[ota-cow]}" | median)
 echo "ota cow / cow create wall: $(echo "scale=2; $w_ota / $w_cow" | bc); ota cow: $(echo "scale=0; $SIZE / $w_ota" | bc) MiB of image per second"
 echo "ota cow peak RSS: $(echo "${RSS[ota-cow]}" | median) MiB for a $SIZE MiB partition (cow create: $(echo "${RSS[cow-create]}" | median) MiB)"
+# Writer only, like for like with Android's writer figures.
+w_ota_w=$(echo "$OTA_W" | median); w_cc_w=$(echo "$CC_W" | median)
+mibs() { echo "scale=0; $1 / 1048576 / $2" | bc; }
+echo
+echo "COW writer alone, v3 lz4 4 KiB units, 1 thread (medians of $ROUNDS):"
+printf '  %-58s %12s %16s\n' writer "image MiB/s" "compressed MiB/s"
+printf '  %-58s %12s %16s\n' "snapblk ota cow, its writer part (seconds.cow_write)" \
+  "$(mibs $((SIZE << 20)) "$w_ota_w")" "$(mibs "$OTA_C" "$w_ota_w")"
+printf '  %-58s %12s %16s\n' "snapblk cow create --time-writer (seconds_writer_only)" \
+  "$(mibs $((SIZE << 20)) "$w_cc_w")" "$(mibs "$CC_C" "$w_cc_w")"
+echo "  reference rows, NOT measured here (anchor-figures.md: Android's writer, same op list, 1 thread,"
+echo "  a 512 MiB ext4 pair, 70.5 MiB to compress; MB/s as the notes give them):"
+printf '  %-58s %12s %16s\n' "  Android v3 lz4 (4 KiB units)" 7366 1014 "  Android v2 lz4" 5516 760 \
+  "  Android v3 zstd (64 KiB units)" 4106 565 "  Android v2 zstd" 2483 342 "  Android v2 gz (level 9)" 310 43
+echo "ota cow's writer / cow create's writer (time ratio inverted): $(echo "scale=2; $w_cc_w / $w_ota_w" | bc)"
+echo "  (cow create's writer measured 0.99x Android's on v3 lz4 side by side, 2026-11-25, anchor-figures.md)"
+echo "ota cow phases (last run, s): $OTA_PHASES"
 echo "incremental payload / xz of the new image: $(echo "scale=3; ${SIZE_OUT[gen-bsdf2]} / ${SIZE_OUT[xz]}" | bc)"
 echo "full payload / xz of the new image: $(echo "scale=3; ${SIZE_OUT[gen-full]} / ${SIZE_OUT[xz]}" | bc)"
 echo "results: $json"

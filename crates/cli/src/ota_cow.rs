@@ -107,6 +107,50 @@ pub(super) struct Job<'a> {
 pub(super) struct Made {
     pub(super) cows: Vec<CowResult>,
     pub(super) raw: Vec<(String, PathBuf)>,
+    /// Where the time went.
+    pub(super) seconds: Phases,
+}
+
+/// Wall-clock seconds of `ota cow`'s phases, one after the other (the rest of `total` is
+/// opening the OTA, checking signatures, planning and naming the files). `apply` and `verity`
+/// come from the library's [`snapblk_ota::ExtractTiming`], `cow_write` from each partition's
+/// [`snapblk_ota::VabcTiming`]; the others are timed around the library calls.
+#[derive(Default, serde::Serialize)]
+pub(super) struct Phases {
+    /// The whole command, from opening the OTA to the last file named.
+    total: f64,
+    /// Hashing the old images against the payload.
+    check_old: f64,
+    /// Decoding the payload's operations into the new images, and hashing those.
+    apply: f64,
+    /// Computing the dm-verity hash trees and FEC the manifest leaves to the device.
+    verity: f64,
+    /// The Virtual A/B COW writer, all partitions (their `cow_write`).
+    cow_write: f64,
+    /// Digesting the old and new images for the records.
+    record: f64,
+    /// `--verify`: reading the new partitions through the snapshot driver.
+    verify: f64,
+    /// `--verify-merge`: copying and merging the old images and COWs.
+    verify_merge: f64,
+}
+
+/// Wall-clock seconds of one partition's COW steps.
+#[derive(Default, serde::Serialize)]
+pub(super) struct CowSeconds {
+    /// The COW writer (`write_vabc_cow`): merge sequence, every operation, the verity blocks,
+    /// finalize.
+    cow_write: f64,
+    /// Of `cow_write`: reading the old and new images.
+    cow_read: f64,
+    /// Of `cow_write`: the dm-verity hash tree and FEC blocks after the end label.
+    cow_verity: f64,
+    /// Digesting the images for the record.
+    record: f64,
+    /// `--verify`.
+    verify: f64,
+    /// `--verify-merge`.
+    verify_merge: f64,
 }
 
 /// The COW device size the device reserves: `estimate_cow_size` + 2 MiB, in whole 4 KiB.
@@ -131,6 +175,8 @@ pub(super) struct CowResult {
     view_sha256: Option<String>,
     /// SHA-256 of a merged copy of the old image (with --verify-merge).
     merge_sha256: Option<String>,
+    /// Where the partition's time went.
+    seconds: CowSeconds,
 }
 
 /// The partitions `ota cow` writes: those with a COW estimate (all with `--all-partitions`),
@@ -256,12 +302,13 @@ pub(super) fn run(c: &CowArgs) -> Result<()> {
         keys: &c.keys,
         threads: c.threads,
     };
-    let results = make(&job)?.cows;
-    report(c, &results)
+    let made = make(&job)?;
+    report(c, &made.cows, &made.seconds)
 }
 
 /// Build the chosen partitions and write their COWs (see the module docs).
 pub(super) fn make(a: &Job<'_>) -> Result<Made> {
+    let t0 = std::time::Instant::now();
     let keys = Keys::load(a.keys)?;
     let (ota, _remote) = open(a.ota)?;
     check_properties(&ota, false)?;
@@ -307,7 +354,9 @@ pub(super) fn make(a: &Job<'_>) -> Result<Made> {
     let threads = a.threads.map_or(0, usize::from);
     let bar = Progress::bytes(plan.source_hash_bytes(), "check old");
     let on = |n: u64| bar.inc(n);
+    let t = std::time::Instant::now();
     let checked = plan.check_sources(&sources, threads, Some(&on));
+    let check_old = t.elapsed().as_secs_f64();
     bar.finish();
     let checked = checked?;
     let mut inputs = ota_inputs(&ota, a.ota, a.keys);
@@ -360,7 +409,7 @@ pub(super) fn make(a: &Job<'_>) -> Result<Made> {
         },
     );
     bar.finish();
-    r?;
+    let timing = r?.timing;
     // Every COW is written and checked before any is named: a partition that fails leaves
     // none of them beside the older COWs of the others.
     let mut ready = Vec::new();
@@ -377,6 +426,12 @@ pub(super) fn make(a: &Job<'_>) -> Result<Made> {
     let mut made = Made {
         cows: Vec::new(),
         raw: Vec::new(),
+        seconds: Phases {
+            check_old,
+            apply: timing.operations().as_secs_f64(),
+            verity: timing.verity.as_secs_f64(),
+            ..Phases::default()
+        },
     };
     for (name, f) in raws {
         let path = a.out.join(format!("{name}.img"));
@@ -386,6 +441,14 @@ pub(super) fn make(a: &Job<'_>) -> Result<Made> {
     for r in ready {
         made.cows.push(r.name()?);
     }
+    let m = &mut made.seconds;
+    for c in &made.cows {
+        m.cow_write += c.seconds.cow_write;
+        m.record += c.seconds.record;
+        m.verify += c.seconds.verify;
+        m.verify_merge += c.seconds.verify_merge;
+    }
+    m.total = t0.elapsed().as_secs_f64();
     Ok(made)
 }
 
@@ -419,7 +482,7 @@ impl ReadyCow {
     }
 }
 
-fn report(a: &CowArgs, results: &[CowResult]) -> Result<()> {
+fn report(a: &CowArgs, results: &[CowResult], seconds: &Phases) -> Result<()> {
     if a.json {
         let doc = serde_json::json!({
             "schema": COW_SCHEMA,
@@ -427,6 +490,7 @@ fn report(a: &CowArgs, results: &[CowResult]) -> Result<()> {
             "output_dir": a.out,
             "profile": a.profile,
             "partitions": results,
+            "seconds": seconds,
         });
         say!("{}", serde_json::to_string_pretty(&doc)?);
         return Ok(());
@@ -458,6 +522,20 @@ fn report(a: &CowArgs, results: &[CowResult]) -> Result<()> {
             )),
         );
     }
+    let image: u64 = results.iter().map(|r| r.new_size).sum();
+    let s = seconds;
+    say!(
+        "{:.2} s: check old {:.2} s, apply {:.2} s, verity {:.2} s, COW writer {:.2} s ({:.0} MiB of image/s), record {:.2} s, verify {:.2} s, verify merge {:.2} s",
+        s.total,
+        s.check_old,
+        s.apply,
+        s.verity,
+        s.cow_write,
+        image as f64 / (1u64 << 20) as f64 / s.cow_write.max(1e-9),
+        s.record,
+        s.verify,
+        s.verify_merge
+    );
     say!("{} COWs written to {}", results.len(), a.out.display());
     Ok(())
 }
@@ -473,11 +551,15 @@ fn one(
     let name = &p.partition_name;
     let cow_path = a.out.join(format!("{name}.cow"));
     let rec_path = record::sidecar_path(&cow_path);
+    let mut seconds = CowSeconds::default();
     let info = p.new_partition_info.as_ref();
     let new_size = info.and_then(|i| i.size).unwrap_or(0);
     let want_hash = info.and_then(|i| i.hash.clone());
     let cow = AtomicFile::create(&cow_path)?;
     let report = write_vabc_cow(p, params, a.profile, old, new, Unsynced(cow.file()))?;
+    seconds.cow_write = report.timing.total.as_secs_f64();
+    seconds.cow_read = report.timing.read.as_secs_f64();
+    seconds.cow_verity = report.timing.verity.as_secs_f64();
     let estimate = p.estimate_cow_size.filter(|&e| e > 0);
     let limit = estimate.map(cow_limit);
     if let Some(l) = limit
@@ -492,6 +574,7 @@ fn one(
     // The record: base digests from the old image (whose SHA-256 `apply` checked against the
     // payload's old_partition_info), target digests from the built partition.
     // Both images are read from their files a chunk at a time, never held in memory.
+    let t = std::time::Instant::now();
     let reader = CowReader::open(cow.file()).context("reading the COW back")?;
     let no_old: Vec<u8> = Vec::new();
     let old_src: &(dyn ReadAt + Sync) = match old {
@@ -513,8 +596,10 @@ fn one(
     }
     rec.target_size = new_size;
     drop(reader);
+    seconds.record = t.elapsed().as_secs_f64();
     let (mut view_sha256, mut merge_sha256) = (None, None);
     if a.verify {
+        let t = std::time::Instant::now();
         // A partition without an old image, or one that grows, is served over a copy of the
         // old image (if any) extended to the new size, as the device's partition is.
         let grown;
@@ -550,7 +635,9 @@ fn one(
             );
         }
         view_sha256 = Some(record::hex(&got));
+        seconds.verify = t.elapsed().as_secs_f64();
         if a.verify_merge {
+            let t = std::time::Instant::now();
             merge_sha256 = Some(merge_copy(
                 a,
                 name,
@@ -559,6 +646,7 @@ fn one(
                 new_size,
                 want_hash.as_deref(),
             )?);
+            seconds.verify_merge = t.elapsed().as_secs_f64();
         }
     }
     let result = CowResult {
@@ -572,6 +660,7 @@ fn one(
         ops: report,
         view_sha256,
         merge_sha256,
+        seconds,
     };
     Ok(ReadyCow {
         cow,

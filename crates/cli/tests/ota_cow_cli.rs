@@ -180,6 +180,107 @@ fn text_report_names_the_sizes() {
         text.ends_with(&format!("1 COWs written to {}\n", out.display())),
         "{text}"
     );
+    // The phases line: the COW writer's time and throughput among the others.
+    assert!(
+        text.contains(" s: check old ")
+            && text.contains(", apply ")
+            && text.contains(", verity ")
+            && text.contains(", COW writer ")
+            && text.contains(" MiB of image/s), record "),
+        "{text}"
+    );
+}
+
+/// `--json` times every phase, from the library's reports (the apply run's `ExtractTiming`,
+/// the COW writer's `VabcTiming`) and around the other steps: each phase is there and no
+/// other, each is non-zero when its step ran (the payload has every kind of step: old images
+/// to hash, operations, a hash tree and FEC left to the device) and zero when it did not
+/// (`--verify-merge` left out); the phases, which run one after another, add up to at most
+/// the total; a partition's COW reads and verity blocks lie within its `cow_write`, and the
+/// command's per-step sums are the partition's (one partition).
+#[test]
+fn json_times_every_phase_and_the_phases_add_up() {
+    use serde_json::Value;
+    let num = |v: &Value, k: &str| {
+        v[k].as_f64()
+            .unwrap_or_else(|| panic!("seconds.{k} missing or not a number: {v}"))
+    };
+    let keys = |v: &Value| {
+        let mut k: Vec<String> = v
+            .as_object()
+            .unwrap_or_else(|| panic!("no seconds object: {v}"))
+            .keys()
+            .cloned()
+            .collect();
+        k.sort();
+        k
+    };
+    let sorted = |v: &[&str]| {
+        let mut v: Vec<String> = v.iter().map(|s| s.to_string()).collect();
+        v.sort();
+        v
+    };
+    let phases = [
+        "check_old",
+        "apply",
+        "verity",
+        "cow_write",
+        "record",
+        "verify",
+        "verify_merge",
+    ];
+    let steps = [
+        "cow_write",
+        "cow_read",
+        "cow_verity",
+        "record",
+        "verify",
+        "verify_merge",
+    ];
+    for merge in [true, false] {
+        let s = setup("ota-cow-times", &fields(3, "lz4"), Some);
+        let out = s.out();
+        let mut args = s.args(&out);
+        args.extend(["--verify", "--json"]);
+        if merge {
+            args.push("--verify-merge");
+        }
+        let doc: Value = serde_json::from_str(&ok(&args)).unwrap();
+        let t = &doc["seconds"];
+        let mut all = phases.to_vec();
+        all.push("total");
+        assert_eq!(keys(t), sorted(&all), "the command's phases: {doc}");
+        let total = num(t, "total");
+        let sum: f64 = phases.iter().map(|k| num(t, k)).sum();
+        assert!(
+            sum <= total,
+            "the phases add up to {sum} s, more than the total {total} s: {t}"
+        );
+        for k in phases {
+            let ran = k != "verify_merge" || merge;
+            assert_eq!(
+                num(t, k) > 0.0,
+                ran,
+                "seconds.{k} (--verify-merge {merge}): {t}"
+            );
+        }
+        let p = &doc["partitions"][0]["seconds"];
+        assert_eq!(keys(p), sorted(&steps), "a partition's steps: {doc}");
+        let w = num(p, "cow_write");
+        for k in ["cow_read", "cow_verity"] {
+            assert!(
+                num(p, k) > 0.0 && num(p, k) <= w,
+                "{k} within cow_write: {p}"
+            );
+        }
+        for k in ["cow_write", "record", "verify", "verify_merge"] {
+            assert_eq!(
+                num(p, k),
+                num(t, k),
+                "{k}: the partition's and the command's"
+            );
+        }
+    }
 }
 
 #[test]

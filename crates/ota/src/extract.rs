@@ -18,6 +18,7 @@ use std::fs::File;
 use std::io;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
 
 use crate::error::{OtaError, Result};
 use crate::finish::{Finished, HashedPrefix, finish_partition};
@@ -107,6 +108,49 @@ pub struct ExtractReport {
     pub partitions: Vec<PartitionReport>,
     /// Worker threads used.
     pub threads: usize,
+    /// Where the run's time went (left out of the serialized report).
+    #[serde(skip)]
+    pub timing: ExtractTiming,
+}
+
+/// Where [`ExtractPlan::run`]'s wall-clock time went, measured inside it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ExtractTiming {
+    /// The whole run: sizing the outputs, every operation, the dm-verity steps and the
+    /// partitions' hashes.
+    pub elapsed: Duration,
+    /// Of `elapsed`: the time during which at least one partition's dm-verity hash tree and
+    /// FEC were being computed and written (the rest is decoding and writing the operations'
+    /// data and hashing the partitions).
+    pub verity: Duration,
+}
+
+impl ExtractTiming {
+    /// `elapsed` less `verity`: decoding, writing and hashing.
+    pub fn operations(&self) -> Duration {
+        self.elapsed.saturating_sub(self.verity)
+    }
+}
+
+/// The total length of the union of `spans`.
+fn covered(mut spans: Vec<(Instant, Instant)>) -> Duration {
+    spans.sort();
+    let mut total = Duration::ZERO;
+    let mut cur: Option<(Instant, Instant)> = None;
+    for (a, b) in spans {
+        match &mut cur {
+            Some((_, e)) if a <= *e => *e = (*e).max(b),
+            _ => {
+                if let Some((s, e)) = cur.replace((a, b)) {
+                    total += e - s;
+                }
+            }
+        }
+    }
+    if let Some((s, e)) = cur {
+        total += e - s;
+    }
+    total
 }
 
 /// Per-partition counters shared by the workers.
@@ -192,6 +236,7 @@ impl ExtractPlan<'_> {
         outputs: &[&dyn Output],
         opts: &ExtractOptions<'_>,
     ) -> Result<ExtractReport> {
+        let t0 = Instant::now();
         if outputs.len() != self.parts.len() {
             return Err(OtaError::OutputCount {
                 given: outputs.len(),
@@ -324,8 +369,10 @@ impl ExtractPlan<'_> {
             return Err(OtaError::WorkerPanic);
         }
         let mut parts = Vec::with_capacity(self.parts.len());
+        let mut spans = Vec::new();
         for (p, t) in self.parts.iter().zip(&tallies) {
             let done = lock(&t.done);
+            spans.extend(done.as_ref().and_then(|d| d.verity_span));
             parts.push(PartitionReport {
                 name: p.name.clone(),
                 size: p.size,
@@ -338,9 +385,14 @@ impl ExtractPlan<'_> {
             });
         }
         report(ExtractProgress::Done);
+        let verity = covered(spans);
         Ok(ExtractReport {
             partitions: parts,
             threads,
+            timing: ExtractTiming {
+                elapsed: t0.elapsed().max(verity),
+                verity,
+            },
         })
     }
 
@@ -361,5 +413,22 @@ impl ExtractPlan<'_> {
         *lock(&t.done) = Some(done);
         report(ExtractProgress::Verified { index: pi });
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn covered_counts_overlapping_spans_once() {
+        let t = Instant::now();
+        let ms = Duration::from_millis;
+        let s = |a, b| (t + ms(a), t + ms(b));
+        assert_eq!(covered(Vec::new()), Duration::ZERO);
+        assert_eq!(covered(vec![s(2, 7)]), ms(5));
+        // [0, 3) and [5, 10), overlapping and touching pieces given out of order.
+        let spans = vec![s(5, 9), s(0, 2), s(1, 3), s(8, 10), s(6, 7), s(3, 3)];
+        assert_eq!(covered(spans), ms(3 + 5));
     }
 }

@@ -4,6 +4,7 @@
 //! `new_partition_info.hash` — what update_engine's `FilesystemVerifierAction` does.
 
 use std::io;
+use std::time::Instant;
 
 use sha2::{Digest, Sha256};
 
@@ -20,6 +21,8 @@ pub(crate) struct Finished {
     pub(crate) sha256: [u8; 32],
     /// The hash tree and FEC written, if the manifest asked for them.
     pub(crate) verity: Option<VerityReport>,
+    /// When computing and writing them began and ended.
+    pub(crate) verity_span: Option<(Instant, Instant)>,
 }
 
 /// The partition hash so far: SHA-256 state over the first `at` bytes of the output, read back
@@ -86,6 +89,7 @@ pub(crate) fn finish_partition(
     progress: &(dyn Fn(u64) + Sync),
     mut prefix: HashedPrefix,
 ) -> Result<Finished> {
+    let start = Instant::now();
     let verity = match &p.verity {
         Some(v) => Some(
             v.write_with_progress(out, threads, progress)
@@ -96,6 +100,7 @@ pub(crate) fn finish_partition(
         ),
         None => None,
     };
+    let verity_span = verity.is_some().then(|| (start, Instant::now()));
     let mut buf = vec![0u8; WRITE_CHUNK];
     prefix.advance(p, out, p.size, &mut buf)?;
     let found: [u8; 32] = prefix.hash.finalize().into();
@@ -109,5 +114,6 @@ pub(crate) fn finish_partition(
     Ok(Finished {
         sha256: found,
         verity,
+        verity_span,
     })
 }

@@ -65,7 +65,8 @@ pub use container::{Container, Ota, PAYLOAD_ENTRY, PROPERTIES_NAME, PropertiesOr
 pub use delta::MAX_PATCH_INPUT;
 pub use error::{OpError, OtaError, Result, VerityError};
 pub use extract::{
-    ExtractOptions, ExtractProgress, ExtractReport, MAX_THREADS, Output, PartitionReport,
+    ExtractOptions, ExtractProgress, ExtractReport, ExtractTiming, MAX_THREADS, Output,
+    PartitionReport,
 };
 pub use generate::{
     BsdiffFormat, DELTA_MINOR_VERSION, DIFF_CHUNK_BLOCKS, FULL_CHUNK_BLOCKS, GEN_BLOCK_SIZE,
@@ -97,7 +98,7 @@ pub use summary::{
 };
 pub use vabc::{
     ByteCounter, CowEstimate, DeviceProfile, END_OF_INSTALL_LABEL, MergeOp, VabcError, VabcParams,
-    VabcReport, WRITE_CHUNK, estimate_vabc_cow, parse_compression, vabc_merge_sequence,
+    VabcReport, VabcTiming, WRITE_CHUNK, estimate_vabc_cow, parse_compression, vabc_merge_sequence,
     write_vabc_cow,
 };
 pub use verity::{

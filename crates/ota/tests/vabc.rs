@@ -9,6 +9,7 @@
 //! image, and the size against the dry run and an analytical count from the format.
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 use snapblk_core::MemFile;
 use snapblk_cow::{CowReader, Header, OpKind};
@@ -66,7 +67,16 @@ fn write(c: &Case, profile: DeviceProfile) -> (Vec<u8>, PartitionUpdate, VabcPar
     let p = m.partitions[0].clone();
     let params = VabcParams::from_manifest(m, &p).unwrap();
     let sink = MemFile::new(Vec::new());
-    write_vabc_cow(&p, &params, profile, Some(&c.old), &applied[0].1, &sink).unwrap();
+    let r = write_vabc_cow(&p, &params, profile, Some(&c.old), &applied[0].1, &sink).unwrap();
+    // The writer's timing: its image reads and its verity blocks within the whole call.
+    let t = r.timing;
+    assert!(
+        t.read > Duration::ZERO
+            && t.read <= t.total
+            && t.verity > Duration::ZERO
+            && t.verity <= t.total,
+        "{t:?}"
+    );
     (sink.into_inner(), p, params)
 }
 

@@ -20,6 +20,7 @@ use snapblk_ota::{
 use snapblk_testsupport::{TempDir, path_str, pattern, tool_ok};
 use std::path::Path;
 use std::sync::Mutex;
+use std::time::Duration;
 
 const BS: u64 = 4096;
 
@@ -549,6 +550,14 @@ fn apply_recomputes_the_hash_tree_and_fec_to_veritysetups_image() {
         assert_eq!(v.fec_roots, Some(c.roots));
         assert_eq!(v.hash_tree_bytes, new.tree.1 * BS);
         assert_eq!(v.fec_bytes, new.fec.1 * BS);
+        // The run's timing has the verity step, within the whole run.
+        let t = report.timing;
+        assert!(
+            t.verity > Duration::ZERO && t.verity <= t.elapsed,
+            "{}: {t:?}",
+            c.name
+        );
+        assert_eq!(t.operations() + t.verity, t.elapsed, "{}", c.name);
         // The progress events count the verity step: they add up to what Start announced.
         let events = events.into_inner().unwrap();
         assert_eq!(

@@ -30,6 +30,7 @@ mod merge;
 use snapblk_core::ReadAt;
 use snapblk_cow::{Codec, Compression, CowSink, CowWriter, WriteAt, WriterOptions};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
 pub use error::VabcError;
 pub use merge::MergeOp;
@@ -223,6 +224,24 @@ pub struct VabcReport {
     pub sequence_blocks: u64,
     /// Whether XOR was on for the partition (profile with XOR and a COW_XOR merge op).
     pub xor_enabled: bool,
+    /// Where the call's time went (not part of the file's description: left out of the
+    /// serialized report).
+    #[serde(skip)]
+    pub timing: VabcTiming,
+}
+
+/// Where [`write_vabc_cow`]'s wall-clock time went, measured inside it: the writer's share of
+/// a command that also builds the images (`ota cow`), comparable with a COW writer timed alone
+/// from an op list.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct VabcTiming {
+    /// The whole call: merge sequence, every operation, the dm-verity blocks and finalize.
+    pub total: Duration,
+    /// Of `total`: reading the old and new images (the writer's input, not its work).
+    pub read: Duration,
+    /// Of `total`: the dm-verity hash tree and FEC blocks written after the end label
+    /// (their reads included).
+    pub verity: Duration,
 }
 
 /// A [`CowSink`] that stores nothing and remembers the file length: the dry run's sink.
@@ -357,6 +376,7 @@ pub fn write_vabc_cow<S: CowSink, O: ReadAt + ?Sized, N: ReadAt + ?Sized>(
     new: &N,
     sink: S,
 ) -> Result<VabcReport, VabcError> {
+    let t0 = Instant::now();
     let bs = u64::from(params.block_size);
     let new_blocks = new_size(partition) / bs;
     let old_size = match old {
@@ -405,6 +425,7 @@ pub fn write_vabc_cow<S: CowSink, O: ReadAt + ?Sized, N: ReadAt + ?Sized>(
         w.w.add_label(index as u64 + 1)?;
     }
     w.w.add_label(END_OF_INSTALL_LABEL)?;
+    let t_verity = Instant::now();
     let verity = [&partition.hash_tree_extent, &partition.fec_extent];
     for e in verity.into_iter().flatten() {
         let (s, n) = ext(e);
@@ -419,9 +440,11 @@ pub fn write_vabc_cow<S: CowSink, O: ReadAt + ?Sized, N: ReadAt + ?Sized>(
         w.report.verity_blocks += n;
         w.report.replace_blocks -= n;
     }
+    w.report.timing.verity = t_verity.elapsed();
     w.report.op_records = w.w.op_records();
     let mut report = w.report;
     report.cow_size = w.w.finalize()?;
+    report.timing.total = t0.elapsed();
     Ok(report)
 }
 
@@ -537,24 +560,32 @@ impl<S: CowSink, O: ReadAt + ?Sized, N: ReadAt + ?Sized> Vabc<'_, S, O, N> {
     }
 
     fn read_new(&mut self, block: u64, n: u64) -> Result<(), VabcError> {
+        let t = Instant::now();
         let off = block * self.bs;
         self.buf.resize((n * self.bs) as usize, 0);
-        self.new
+        let r = self
+            .new
             .read_exact_at(off, &mut self.buf)
             .map_err(|source| VabcError::ReadTarget {
                 offset: off,
                 source,
-            })
+            });
+        self.report.timing.read += t.elapsed();
+        r
     }
 
     fn read_old(&mut self, index: usize, off: u64, len: u64) -> Result<(), VabcError> {
         let old = self.old.ok_or(VabcError::NoSource { index })?;
+        let t = Instant::now();
         self.src.resize(len as usize, 0);
-        old.read_exact_at(off, &mut self.src)
+        let r = old
+            .read_exact_at(off, &mut self.src)
             .map_err(|source| VabcError::ReadSource {
                 offset: off,
                 source,
-            })
+            });
+        self.report.timing.read += t.elapsed();
+        r
     }
 
     /// Blocks `[s, s+n)` of the new image to the writer in calls of at most [`WRITE_CHUNK`],

@@ -13,8 +13,10 @@
 # case; a merge and a server of one RBD image keeping each other out; a merge over an RBD base
 # giving AOSP's target image (read back by rbd export); a server whose exclusive lock is taken
 # away (broken and taken by another client, or the client blocklisted) writing nothing more;
-# `snapblk merge --base rbd:...` (a COW made with `cow create --old rbd:...`): the new image in
-# RBD, resumed after SIGKILL, kept apart from a server both ways, a wrong base refused.
+# with cache=true, a write held in librbd's cache when the client is blocklisted never reaching
+# the image, its flush failing with EIO; `snapblk merge --base rbd:...` (a COW made with
+# `cow create --old rbd:...`): the new image in RBD, resumed after SIGKILL, kept apart from a
+# server both ways, a wrong base refused.
 # Needs: ceph-mon ceph-osd ceph-common qemu-block-extra libnbd-bin fuse3 (install-deps.sh).
 # Ends with "N passed, N failed".
 set -uo pipefail
@@ -370,6 +372,47 @@ with open(sys.argv[1], "r+b") as f: f.write(b"\x33" * 65536)' "$work/$name.ref"
 }
 lock_case lk1 taken
 lock_case lk2 blocklisted
+
+# 8e. cache=true: a write librbd accepted into its write-back cache before the client was
+# blocklisted never reaches the image, and nothing reports it durable: the next flush (here the
+# FUA of qemu-io's write-through write, then a plain flush) fails with EIO, not ESHUTDOWN (which
+# an NBD client reads as "server shutting down"), the lock is marked lost at that first failed
+# I/O (logged once, before any renewal finds out), and `rbd export` shows neither write. A
+# conf file makes the cache hold dirty data (write-back policy, 60 s dirty age).
+printf '[client]\nrbd cache policy = writeback\nrbd cache max dirty age = 60\n' >"$work/wb.conf"
+r create --size 16M rbd/lkc
+qemu-img convert -n -f raw -O raw "$work/pattern.img" "$(qrbd lkc)"
+wb_spec="rbd:pool=rbd,image=lkc,conf=$work/wb.conf,mon-host=$mon,keyring=$keyring,cache=true"
+if serve "$wb_spec" --nbd "unix:$work/lkc.sock"; then
+  rm -f "$work/lkc.fifo"; mkfifo "$work/lkc.fifo"
+  qemu-io -t writeback -f raw "$(nbd_uri "$work/lkc.sock")" <"$work/lkc.fifo" >"$work/lkc.qio" 2>&1 &
+  qp=$!; pids+=("$qp")
+  exec 4>"$work/lkc.fifo"
+  echo "write -P 0x33 0 64k" >&4
+  for _ in $(seq 100); do grep -q 'wrote 65536' "$work/lkc.qio" && break; sleep 0.1; done
+  r export rbd/lkc "$work/lkc.held" >/dev/null 2>&1
+  read -r _ _ addr < <(lock_holder lkc)
+  timeout 60 ceph osd blocklist add "$addr" >/dev/null 2>&1
+  out=$(timeout 120 qemu-io -f raw -c "write -P 0x44 1M 64k" "$(nbd_uri "$work/lkc.sock")" 2>&1)
+  timeout 120 qemu-io -f raw -c flush "$(nbd_uri "$work/lkc.sock")" >/dev/null 2>&1; frc=$?
+  echo quit >&4; exec 4>&-; wait "$qp"
+  stop
+  timeout 60 ceph osd blocklist rm "$addr" >/dev/null 2>&1
+  r export rbd/lkc "$work/lkc.out" >/dev/null 2>&1
+  n=$(grep -c 'lost the exclusive lock' "$serr")
+  if grep -q 'wrote 65536' "$work/lkc.qio" && cmp -s "$work/pattern.img" "$work/lkc.held" \
+     && [ "$out" = "write failed: Input/output error" ] && [ $frc -ne 0 ] && [ "$n" = 1 ] \
+     && grep -q 'this client blocklisted' "$serr" && cmp -s "$work/pattern.img" "$work/lkc.out"; then
+    ok "cache=true, client blocklisted: the cached write never reaches the image; flushes fail with EIO"
+  else
+    cat "$work/lkc.qio"; echo "$out (flush rc $frc, log lines $n)"; cat "$serr"
+    cmp "$work/pattern.img" "$work/lkc.held"; cmp "$work/pattern.img" "$work/lkc.out"
+    bad "cache=true: a write cached before the blocklist"
+  fi
+else
+  bad "serve $wb_spec"
+fi
+rm -f "$work"/lkc.*
 
 # 8d. `snapblk merge COW --base rbd:...`: the standalone merge into an RBD image. The COW and its
 # record are made against the image itself (`cow create --old rbd:...`, read through the driver)

@@ -12,7 +12,11 @@
 # snapshot device over an RBD base reading exactly as over the local base for every AOSP golden
 # case; a merge and a server of one RBD image keeping each other out; a merge over an RBD base
 # giving AOSP's target image (read back by rbd export); a server whose exclusive lock is taken
-# away (broken and taken by another client, or the client blocklisted) writing nothing more.
+# away (broken and taken by another client, or the client blocklisted) writing nothing more;
+# with cache=true, a write held in librbd's cache when the client is blocklisted never reaching
+# the image, its flush failing with EIO; `snapblk merge --base rbd:...` (a COW made with
+# `cow create --old rbd:...`): the new image in RBD, resumed after SIGKILL, kept apart from a
+# server both ways, a wrong base refused.
 # Needs: ceph-mon ceph-osd ceph-common qemu-block-extra libnbd-bin fuse3 (install-deps.sh).
 # Ends with "N passed, N failed".
 set -uo pipefail
@@ -368,6 +372,169 @@ with open(sys.argv[1], "r+b") as f: f.write(b"\x33" * 65536)' "$work/$name.ref"
 }
 lock_case lk1 taken
 lock_case lk2 blocklisted
+
+# 8e. cache=true: a write librbd accepted into its write-back cache before the client was
+# blocklisted never reaches the image, and nothing reports it durable: the next flush (here the
+# FUA of qemu-io's write-through write, then a plain flush) fails with EIO, not ESHUTDOWN (which
+# an NBD client reads as "server shutting down"), the lock is marked lost at that first failed
+# I/O (logged once, before any renewal finds out), and `rbd export` shows neither write. A
+# conf file makes the cache hold dirty data (write-back policy, 60 s dirty age).
+printf '[client]\nrbd cache policy = writeback\nrbd cache max dirty age = 60\n' >"$work/wb.conf"
+r create --size 16M rbd/lkc
+qemu-img convert -n -f raw -O raw "$work/pattern.img" "$(qrbd lkc)"
+wb_spec="rbd:pool=rbd,image=lkc,conf=$work/wb.conf,mon-host=$mon,keyring=$keyring,cache=true"
+if serve "$wb_spec" --nbd "unix:$work/lkc.sock"; then
+  rm -f "$work/lkc.fifo"; mkfifo "$work/lkc.fifo"
+  qemu-io -t writeback -f raw "$(nbd_uri "$work/lkc.sock")" <"$work/lkc.fifo" >"$work/lkc.qio" 2>&1 &
+  qp=$!; pids+=("$qp")
+  exec 4>"$work/lkc.fifo"
+  echo "write -P 0x33 0 64k" >&4
+  for _ in $(seq 100); do grep -q 'wrote 65536' "$work/lkc.qio" && break; sleep 0.1; done
+  r export rbd/lkc "$work/lkc.held" >/dev/null 2>&1
+  read -r _ _ addr < <(lock_holder lkc)
+  timeout 60 ceph osd blocklist add "$addr" >/dev/null 2>&1
+  out=$(timeout 120 qemu-io -f raw -c "write -P 0x44 1M 64k" "$(nbd_uri "$work/lkc.sock")" 2>&1)
+  timeout 120 qemu-io -f raw -c flush "$(nbd_uri "$work/lkc.sock")" >/dev/null 2>&1; frc=$?
+  echo quit >&4; exec 4>&-; wait "$qp"
+  stop
+  timeout 60 ceph osd blocklist rm "$addr" >/dev/null 2>&1
+  r export rbd/lkc "$work/lkc.out" >/dev/null 2>&1
+  n=$(grep -c 'lost the exclusive lock' "$serr")
+  if grep -q 'wrote 65536' "$work/lkc.qio" && cmp -s "$work/pattern.img" "$work/lkc.held" \
+     && [ "$out" = "write failed: Input/output error" ] && [ $frc -ne 0 ] && [ "$n" = 1 ] \
+     && grep -q 'this client blocklisted' "$serr" && cmp -s "$work/pattern.img" "$work/lkc.out"; then
+    ok "cache=true, client blocklisted: the cached write never reaches the image; flushes fail with EIO"
+  else
+    cat "$work/lkc.qio"; echo "$out (flush rc $frc, log lines $n)"; cat "$serr"
+    cmp "$work/pattern.img" "$work/lkc.held"; cmp "$work/pattern.img" "$work/lkc.out"
+    bad "cache=true: a write cached before the blocklist"
+  fi
+else
+  bad "serve $wb_spec"
+fi
+rm -f "$work"/lkc.*
+
+# 8d. `snapblk merge COW --base rbd:...`: the standalone merge into an RBD image. The COW and its
+# record are made against the image itself (`cow create --old rbd:...`, read through the driver)
+# after `rbd import` of the old image; `rbd export` is the oracle (sha256 of the new image).
+python3 - "$work" <<'EOF'
+import random, sys
+r = random.Random(7); bs = 4096; n = 4096          # 16 MiB, about 2000 ops
+old = bytearray(r.randbytes(bs * n)); new = bytearray(old)
+for i in range(0, n, 3):                            # moved blocks: COPY
+    j = r.randrange(n); new[i*bs:(i+1)*bs] = old[j*bs:(j+1)*bs]
+for i in range(1, n, 7):                            # small changes: XOR
+    k = r.randrange(bs - 16); new[i*bs+k:i*bs+k+16] = r.randbytes(16)
+for i in range(2, n, 11):                           # new data: REPLACE
+    new[i*bs:(i+1)*bs] = r.randbytes(bs)
+wrong = bytearray(old)
+for i in range(0, n, 4): wrong[i*bs:i*bs+8] = b"WRONGBAS"
+d = sys.argv[1]
+open(d + "/mo.img", "wb").write(old); open(d + "/mn.img", "wb").write(new)
+open(d + "/mw.img", "wb").write(wrong)
+EOF
+sha() { sha256sum "$1" | cut -d' ' -f1; }
+exported() { r export "rbd/$1" "$work/x.img" >/dev/null 2>&1 && sha "$work/x.img"; rm -f "$work/x.img"; }
+merged_ops() { python3 -c 'import struct,sys;print(struct.unpack_from("<Q",open(sys.argv[1],"rb").read(34),26)[0])' "$1"; }
+new_sha=$(sha "$work/mn.img"); old_sha=$(sha "$work/mo.img"); wrong_sha=$(sha "$work/mw.img")
+for i in mo mw k1 k2 k3; do
+  case $i in mw) f=mw ;; *) f=mo ;; esac
+  r import "$work/$f.img" "rbd/$i" >/dev/null 2>&1 || bad "rbd import $i"
+done
+if "$snapblk" cow create --old "$(spec mo)" --new "$work/mn.img" -o "$work/k.cow" >"$work/kc.txt" 2>&1 \
+   && "$snapblk" cow verify "$work/k.cow" --base "$(spec mo)" >>"$work/kc.txt" 2>&1 \
+   && grep -q 'base matches the record' "$work/kc.txt"; then
+  ok "cow create --old rbd:... and cow verify --base rbd:... (the base read through the driver)"
+else
+  cat "$work/kc.txt"; bad "cow create / cow verify against an RBD image"
+fi
+total=$("$snapblk" cow inspect --json "$work/k.cow" | python3 -c 'import json,sys;print(json.load(sys.stdin)["merge"]["total"])')
+kcow() { cp "$work/k.cow" "$work/$1.cow"; cp "$work/k.cow.snapblk" "$work/$1.cow.snapblk"; }
+
+# A merge into the image the COW was made against gives the new image.
+kcow k1
+if "$snapblk" merge "$work/k1.cow" --base "$(spec k1)" --verify-base >"$work/k1.txt" 2>&1 \
+   && [ "$(exported k1)" = "$new_sha" ]; then
+  ok "snapblk merge --base rbd:... --verify-base: rbd export equals the new image ($(grep -o 'merged [0-9]* ops' "$work/k1.txt"))"
+else
+  cat "$work/k1.txt"; bad "snapblk merge into rbd/k1"
+fi
+
+# A merge stopped midway (SIGSTOP at the first commits): a reader of the image is refused while
+# the merge holds it; then SIGKILL. A resume is refused while the dead merge's lock lasts (up
+# to 30 s), goes on once the lock is broken, and ends with the new image.
+kcow k2
+"$snapblk" merge "$work/k2.cow" --base "$(spec k2)" >"$work/k2.txt" 2>&1 &
+mp=$!; pids+=("$mp"); n=0
+for _ in $(seq 600); do
+  n=$(merged_ops "$work/k2.cow"); [ "$n" -gt 0 ] && { kill -STOP "$mp"; break; }
+  kill -0 "$mp" 2>/dev/null || break; sleep 0.02
+done
+n=$(merged_ops "$work/k2.cow")
+if out=$(timeout 60 "$snapblk" info "$(spec k2)" 2>&1); then
+  bad "a reader opened an image a merge is writing"
+else
+  echo "$out" | grep -q 'in use by another client' && ok "a server (reader) of the image is refused while snapblk merge holds it" \
+    || { echo "$out"; bad "reader refusal during a merge"; }
+fi
+kill -KILL "$mp"; wait "$mp" 2>/dev/null
+if [ "$n" -gt 0 ] && [ "$n" -lt "${total:-0}" ]; then
+  if out=$(timeout 60 "$snapblk" merge "$work/k2.cow" --base "$(spec k2)" 2>&1); then
+    bad "a resume went on while the killed merge's lock was on the image"
+  else
+    echo "$out" | grep -q 'in use by another client' || { echo "$out"; bad "resume under the dead merge's lock: message"; }
+  fi
+  read -r holder cookie _ < <(lock_holder k2)
+  timeout 60 rados -p rbd lock break "$(header k2)" snapblk "$holder" --lock-cookie "$cookie"
+  if "$snapblk" merge "$work/k2.cow" --base "$(spec k2)" >"$work/k2.txt" 2>&1 \
+     && grep -q "resumed at op $n" "$work/k2.txt" && [ "$(exported k2)" = "$new_sha" ]; then
+    ok "a merge into RBD killed (SIGKILL) at op $n of $total resumes there and gives the new image"
+  else
+    cat "$work/k2.txt"; bad "resume of the killed merge into rbd/k2"
+  fi
+else
+  cat "$work/k2.txt"; bad "the merge was not stopped midway ($n of $total ops)"
+fi
+
+# A server of the image keeps the merge out, and nothing is written.
+kcow k3
+if serve "$(spec k3)" --read-only --nbd "unix:$work/k3.sock"; then
+  if out=$(timeout 60 "$snapblk" merge "$work/k3.cow" --base "$(spec k3)" 2>&1); then
+    bad "a merge ran while a server reads the image"
+  else
+    stop
+    echo "$out" | grep -q 'in use by another client' && [ "$(merged_ops "$work/k3.cow")" = 0 ] \
+      && [ "$(exported k3)" = "$old_sha" ] && ok "snapblk merge is refused while a server reads the RBD image; nothing written" \
+      || { echo "$out"; bad "merge refusal under a server"; }
+  fi
+  stop
+else
+  bad "serve rbd/k3"
+fi
+
+# The wrong base is refused before anything is written: by the record (blocks the COW reads),
+# by --verify-base, and, without a record, by --base-sha256.
+kcow kw
+wrong_ok=1
+for how in record verify-base base-sha256; do
+  case $how in
+    record) args=(); want="not the file this COW's merge belongs to" ;;
+    verify-base) args=(--verify-base); want="is not the image this COW was made for" ;;
+    base-sha256) args=(--no-record --base-sha256 "$old_sha"); want="not the --base-sha256 given" ;;
+  esac
+  if out=$(timeout 120 "$snapblk" merge "$work/kw.cow" --base "$(spec mw)" "${args[@]}" 2>&1); then
+    wrong_ok=0; echo "$how: merged into the wrong base"
+  elif ! echo "$out" | grep -qF "$want"; then
+    wrong_ok=0; echo "$how: $out"
+  fi
+done
+if [ $wrong_ok = 1 ] && [ "$(merged_ops "$work/kw.cow")" = 0 ] && [ "$(exported mw)" = "$wrong_sha" ]; then
+  ok "a wrong base in RBD is refused (record, --verify-base, --base-sha256); rbd export unchanged"
+else
+  bad "wrong base in RBD"
+fi
+for i in mo mw k1 k2 k3; do r rm "rbd/$i" >/dev/null 2>&1; done
+rm -f "$work"/m[onw].img "$work"/k*.cow "$work"/k*.cow.snapblk
 
 # 9. Timeouts: an OSD that stops answering mid-I/O, then a monitor that does not answer.
 osd=$(cat "$cluster/run/osd.0.pid")

@@ -84,10 +84,11 @@ pub enum CowCmd {
     /// Create a COW from an old and a new image (raw or Android sparse), and its record
     /// (OUT.snapblk: digests of the base blocks it reads and of the image it produces).
     Create {
-        /// The old image (the base the COW applies to).
+        /// The old image (the base the COW applies to): a path, or a device spec
+        /// (`rbd:pool=p,image=i,...`) read through its driver.
         #[arg(long)]
         old: PathBuf,
-        /// The new image (what the COW produces).
+        /// The new image (what the COW produces): a path or a device spec.
         #[arg(long)]
         new: PathBuf,
         /// The COW file to write (replaced atomically; never one of the inputs).
@@ -149,7 +150,8 @@ pub enum CowCmd {
     Verify {
         /// The COW file.
         cow: PathBuf,
-        /// The base image the COW applies to.
+        /// The base image the COW applies to: a path, or a device spec
+        /// (`rbd:pool=p,image=i,...`) read through its driver.
         #[arg(long)]
         base: PathBuf,
         /// The image the result must equal, byte for byte.
@@ -170,10 +172,11 @@ pub enum CowCmd {
     Record {
         /// The COW file.
         cow: PathBuf,
-        /// The old image (the base the COW applies to).
+        /// The old image (the base the COW applies to): a path, or a device spec
+        /// (`rbd:pool=p,image=i,...`) read through its driver.
         #[arg(long)]
         old: PathBuf,
-        /// The new image the COW must produce from OLD.
+        /// The new image the COW must produce from OLD (a path or a device spec).
         #[arg(long)]
         new: PathBuf,
         /// Where to write the record (default: COW.snapblk; replaced atomically).
@@ -211,6 +214,43 @@ pub enum CowCmd {
 fn open_cow(path: &Path, opts: OpenOptions) -> Result<CowReader<std::fs::File>> {
     let f = open_input(path, "COW")?;
     CowReader::open_with(f, opts).with_context(|| format!("{}: invalid COW", path.display()))
+}
+
+/// An image given by path (see [`load_image`]) or as a device spec (`rbd:pool=p,image=i`:
+/// opened read-only through its driver and read into memory).
+fn load_input_image(path: &Path) -> Result<snapblk_cow::Image> {
+    let Some(dev) = open_device_input(path)? else {
+        return Ok(load_image(path, MAX_IMAGE)?);
+    };
+    let len = dev.size()?;
+    if len > MAX_IMAGE {
+        bail!("{len} bytes is more than the {MAX_IMAGE} an image may have");
+    }
+    let mut v: Vec<u8> = Vec::new();
+    v.try_reserve_exact(len as usize)
+        .map_err(|_| anyhow::anyhow!("cannot allocate {len} bytes"))?;
+    v.resize(len as usize, 0);
+    dev.read_exact_at(0, &mut v)?;
+    Ok(snapblk_cow::Image::Owned(v))
+}
+
+/// The device of a device-spec argument, opened read-only (`None` for a path).
+fn open_device_input(path: &Path) -> Result<Option<snapblk_snapshot::BlkioDev>> {
+    let Some(s) = crate::merge::device_spec(path)? else {
+        return Ok(None);
+    };
+    snapblk::open_child(&s.driver, &s.props, false)
+        .and_then(snapblk_snapshot::BlkioDev::new)
+        .map(Some)
+        .with_context(|| format!("open {}", path.display()))
+}
+
+/// A base to read: a file ([`open_input`]) or a device spec ([`open_device_input`]).
+fn open_base_input(path: &Path) -> Result<Box<dyn ReadAt + Send + Sync>> {
+    Ok(match open_device_input(path)? {
+        Some(d) => Box::new(d),
+        None => Box::new(open_input(path, "base")?),
+    })
 }
 
 /// Open an input read-only; a directory or an empty file is named as such.
@@ -268,7 +308,7 @@ fn load_record(
 }
 
 /// `--base-sha256`: the whole base must have this digest.
-fn check_base_sha(base: &std::fs::File, path: &Path, want: Option<[u8; 32]>) -> Result<()> {
+fn check_base_sha(base: &dyn ReadAt, path: &Path, want: Option<[u8; 32]>) -> Result<()> {
     let Some(want) = want else {
         return Ok(());
     };
@@ -440,9 +480,9 @@ fn run_cmd(c: CowCmd) -> Result<()> {
             refuse_alias("-o", &rec_path, &[("--old", &old), ("--new", &new)])?;
             let t0 = std::time::Instant::now();
             let old_img =
-                load_image(&old, MAX_IMAGE).with_context(|| format!("read {}", old.display()))?;
+                load_input_image(&old).with_context(|| format!("read {}", old.display()))?;
             let new_img =
-                load_image(&new, MAX_IMAGE).with_context(|| format!("read {}", new.display()))?;
+                load_input_image(&new).with_context(|| format!("read {}", new.display()))?;
             let bars = crate::progress::GenerateBars::default();
             let on_progress = |ev| bars.on(ev);
             let opts = GenerateOptions {
@@ -821,7 +861,7 @@ fn verify(
 ) -> Result<Verified> {
     let base_sha = parse_hex("--base-sha256", &ra.base_sha256)?;
     let expect_sha = parse_hex("--expect-sha256", &ra.expect_sha256)?;
-    let base_f = open_input(base_path, "base")?;
+    let base_f = open_base_input(base_path)?;
     let r = open_cow(cow_path, OpenOptions::default())?;
     let rec = load_record(cow_path, &r, ra)?;
     if rec.is_none() && base_sha.is_none() {
@@ -1218,8 +1258,8 @@ fn write_record(cow_path: &Path, old: &Path, new: &Path, out: Option<PathBuf>) -
         &[("the COW", cow_path), ("--old", old), ("--new", new)],
     )?;
     let r = open_cow(cow_path, OpenOptions::default())?;
-    let old_img = load_image(old, MAX_IMAGE).with_context(|| format!("read {}", old.display()))?;
-    let new_img = load_image(new, MAX_IMAGE).with_context(|| format!("read {}", new.display()))?;
+    let old_img = load_input_image(old).with_context(|| format!("read {}", old.display()))?;
+    let new_img = load_input_image(new).with_context(|| format!("read {}", new.display()))?;
     let base_len = old_img.len() as u64;
     let len = image_size(&r, old, base_len, None, Some(new_img.len() as u64))?;
     snapblk_cow::verify(&r, &old_img[..], len, Some(&new_img[..])).with_context(|| {

@@ -6,20 +6,42 @@ use anyhow::Context;
 use clap::Args;
 use snapblk_cow::record::MergeVerdict;
 use snapblk_snapshot::{
-    MergeOptions, MergeProgress, OpenMode, PrecheckReport, SnapError, Snapshot, SnapshotConfig,
-    Stash, load_verifier, merge, open_files_sized, precheck,
+    BlkioDev, Dev, MergeOptions, MergeProgress, OpenMode, PrecheckReport, SnapError, Snapshot,
+    SnapshotConfig, Stash, load_verifier, load_verifier_dev, merge, open_dev_base,
+    open_files_sized, precheck,
 };
 use std::io::Write;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Instant;
+
+/// An image argument (`--base`, `--old`) as a device spec: text that starts with a known
+/// driver's name and a colon (`rbd:pool=p,image=i`), parsed by the device-spec grammar; `None`
+/// for a path.
+pub(crate) fn device_spec(base: &Path) -> anyhow::Result<Option<snapblk::Spec>> {
+    let Some(text) = base.to_str() else {
+        return Ok(None);
+    };
+    match text.split_once(':') {
+        Some((drv, _)) if snapblk::DRIVERS.contains(&drv) => snapblk::parse_spec(text)
+            .map(Some)
+            .with_context(|| format!("device spec {text}")),
+        _ => Ok(None),
+    }
+}
 
 #[derive(Args)]
 pub struct MergeArgs {
     /// The COW file (its merge progress is updated in place).
     cow: PathBuf,
-    /// The base image or block device, overwritten in place with the new image.
+    /// The base image or block device, overwritten in place with the new image: a path, or a
+    /// device spec of a known driver (`rbd:pool=p,image=i,...`), written through the driver
+    /// (flushes for the durable checkpoints, its lock for mutual exclusion).
     #[arg(long)]
     base: PathBuf,
+    /// `--base` as a device spec, when it is one (set by `run`).
+    #[arg(skip)]
+    base_dev: Option<snapblk::Spec>,
     /// Show the progress bar on a terminal even with --quiet (it is shown by default).
     #[arg(long)]
     progress: bool,
@@ -78,15 +100,11 @@ fn stash_of(a: &MergeArgs) -> anyhow::Result<Option<Stash>> {
         .record
         .clone()
         .unwrap_or_else(|| snapblk_cow::record::sidecar_path(&a.cow));
-    crate::outfile::refuse_alias(
-        "--stash",
-        p,
-        &[
-            ("--base", &a.base),
-            ("the COW", &a.cow),
-            ("the record", &rec),
-        ],
-    )?;
+    let mut inputs: Vec<(&str, &Path)> = vec![("the COW", &a.cow), ("the record", &rec)];
+    if a.base_dev.is_none() {
+        inputs.push(("--base", &a.base));
+    }
+    crate::outfile::refuse_alias("--stash", p, &inputs)?;
     let st = Stash::new(p);
     // With --expect-sha256 the whole new image is checked before the first write, which also
     // covers a merge whose stash is gone.
@@ -134,9 +152,7 @@ impl Digests {
                     a.base.display()
                 );
             }
-            let f = std::fs::File::open(&a.base)
-                .with_context(|| format!("open {}", a.base.display()))?;
-            let got = sha256_of(&f).context("hashing the base")?;
+            let got = sha256_of(snap.device(Dev::Base)).context("hashing the base")?;
             if got != want {
                 anyhow::bail!(
                     "base {} has SHA-256 {}, not the --base-sha256 given (a merge into it that stopped before its first commit changes it too: leave out --base-sha256 to resume one); nothing written",
@@ -176,16 +192,22 @@ fn view_sha256(snap: &Snapshot) -> anyhow::Result<[u8; 32]> {
 /// Open the snapshot with the record attached (or warn, once, that there is none).
 fn open_checked(a: &MergeArgs, mode: OpenMode) -> anyhow::Result<(Snapshot, bool)> {
     let by_hand = a.base_sha256.is_some() || a.expect_sha256.is_some();
-    let verifier = if a.no_record {
-        None
-    } else {
-        load_verifier(&a.base, &a.cow, a.record.as_deref(), a.verify_base)
-            .map_err(|e| open_context(e, a))?
+    let (snap, verifier) = match &a.base_dev {
+        None => {
+            let verifier = if a.no_record {
+                None
+            } else {
+                load_verifier(&a.base, &a.cow, a.record.as_deref(), a.verify_base)
+                    .map_err(|e| open_context(e, a))?
+            };
+            let size = verifier.as_ref().map(|v| v.record().target_size);
+            let snap = open_files_sized(&a.base, &a.cow, SnapshotConfig::default(), mode, size)
+                .map_err(|e| open_context(e, a))?;
+            (snap, verifier)
+        }
+        Some(spec) => open_dev_checked(a, spec, mode)?,
     };
     let has = verifier.is_some();
-    let size = verifier.as_ref().map(|v| v.record().target_size);
-    let snap = open_files_sized(&a.base, &a.cow, SnapshotConfig::default(), mode, size)
-        .map_err(|e| open_context(e, a))?;
     if let Some(v) = verifier {
         snap.attach_verifier(v)?;
     } else if !by_hand {
@@ -200,6 +222,31 @@ fn open_checked(a: &MergeArgs, mode: OpenMode) -> anyhow::Result<(Snapshot, bool
         ));
     }
     Ok((snap, has))
+}
+
+/// [`open_checked`] for a device base: the device is opened first (read-write for a merge,
+/// which takes its lock: the `rbd` driver's exclusive lock keeps servers of the image out, and
+/// a server's lock keeps the merge out), then the record is checked reading the base through it.
+fn open_dev_checked(
+    a: &MergeArgs,
+    spec: &snapblk::Spec,
+    mode: OpenMode,
+) -> anyhow::Result<(Snapshot, Option<Arc<snapblk_cow::record::Verifier>>)> {
+    let name = a.base.display().to_string();
+    let dev = snapblk::open_child(&spec.driver, &spec.props, mode.base_writable)
+        .and_then(BlkioDev::new)
+        .with_context(|| format!("opening base {name}"))?;
+    let base = Arc::new(dev);
+    let verifier = if a.no_record {
+        None
+    } else {
+        load_verifier_dev(&*base, &name, &a.cow, a.record.as_deref(), a.verify_base)
+            .map_err(|e| open_context(e, a))?
+    };
+    let size = verifier.as_ref().map(|v| v.record().target_size);
+    let snap = open_dev_base(base, &a.cow, SnapshotConfig::default(), mode, size)
+        .map_err(|e| open_context(e, a))?;
+    Ok((snap, verifier))
 }
 
 /// Open errors that name the base themselves need no "opening … with base …" in front.
@@ -218,8 +265,11 @@ fn open_context(e: SnapError, a: &MergeArgs) -> anyhow::Error {
     }
 }
 
-pub fn run(a: MergeArgs) -> anyhow::Result<()> {
-    crate::outfile::refuse_same(("--base", &a.base), ("the COW", &a.cow))?;
+pub fn run(mut a: MergeArgs) -> anyhow::Result<()> {
+    a.base_dev = device_spec(&a.base)?;
+    if a.base_dev.is_none() {
+        crate::outfile::refuse_same(("--base", &a.base), ("the COW", &a.cow))?;
+    }
     if a.check {
         return check(&a);
     }
@@ -400,11 +450,15 @@ fn check(a: &MergeArgs) -> anyhow::Result<()> {
 }
 
 /// After a successful merge of a shrinking update (the record's new image is smaller than the
-/// base): truncate a regular-file base to the new size. A block device keeps its size.
+/// base): truncate a regular-file base to the new size. A block device, or a device given by a
+/// spec (an RBD image), keeps its size.
 fn shrink_base(a: &MergeArgs, snap: &Snapshot) -> anyhow::Result<Option<u64>> {
     let Some(v) = snap.verifier() else {
         return Ok(None);
     };
+    if a.base_dev.is_some() {
+        return Ok(None);
+    }
     let want = v.record().target_size;
     let m = std::fs::metadata(&a.base)?;
     if !m.is_file() || m.len() <= want {

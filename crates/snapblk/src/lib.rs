@@ -292,9 +292,10 @@ impl Spec {
 
 /// The opener the snapshot driver gets for a base given as a device spec: the device started
 /// with up to [`snapblk_snapshot::BASE_QUEUES`] queues (unless the spec sets `num-queues`),
-/// read-only unless `writable` (or the spec sets `read-only` itself).
+/// read-only unless `writable` (or the spec sets `read-only` itself). `snapblk merge --base
+/// SPEC` opens its device base the same way.
 #[cfg(feature = "snapshot")]
-fn open_child(driver: &str, props: &[(String, String)], writable: bool) -> Result<Blkio> {
+pub fn open_child(driver: &str, props: &[(String, String)], writable: bool) -> Result<Blkio> {
     if !DRIVERS.contains(&driver) {
         return Err(unknown_driver(driver));
     }

@@ -19,8 +19,10 @@ pub type DeviceOpener =
 pub const BASE_QUEUES: i32 = 4;
 
 /// A started device used as a [`crate::BlockDev`]: every queue of it behind its own mutex, a
-/// request on the first free one (the device itself kept alive alongside).
-pub(crate) struct BlkioDev {
+/// request on the first free one (the device itself kept alive alongside, and with it whatever
+/// the driver holds, such as an RBD image's lock). `sync_data` is a flush of the device, so a
+/// merge's durable checkpoints are the device's.
+pub struct BlkioDev {
     queues: Vec<Mutex<Box<dyn Queue>>>,
     next: AtomicUsize,
     capacity: u64,
@@ -30,7 +32,7 @@ pub(crate) struct BlkioDev {
 
 impl BlkioDev {
     /// Take every queue of the started instance `b`.
-    pub(crate) fn new(mut b: Blkio) -> snapblk_core::Result<Self> {
+    pub fn new(mut b: Blkio) -> snapblk_core::Result<Self> {
         let capacity = b.get_u64("capacity")?;
         let max_transfer = usize::try_from(b.get_int("max-transfer")?).unwrap_or(0);
         let n = usize::try_from(b.get_int("num-queues")?).unwrap_or(0);

@@ -28,6 +28,47 @@ pub fn load_verifier(
     record: Option<&Path>,
     eager: bool,
 ) -> Result<Option<Arc<Verifier>>> {
+    let open_base = || -> Result<std::fs::File> {
+        std::fs::File::open(base).map_err(|e| SnapError::Io {
+            what: "opening base",
+            source: e.into(),
+        })
+    };
+    load_with(
+        BaseSource::File(&open_base),
+        &base.display(),
+        cow,
+        record,
+        eager,
+    )
+}
+
+/// [`load_verifier`] for a base that is a device (an `rbd:` image, say, opened by the caller,
+/// e.g. as a [`crate::BlkioDev`]): the same checks, every base block read through `base`.
+/// `name` names the base in messages.
+pub fn load_verifier_dev(
+    base: &dyn ReadAt,
+    name: &str,
+    cow: &Path,
+    record: Option<&Path>,
+    eager: bool,
+) -> Result<Option<Arc<Verifier>>> {
+    load_with(BaseSource::Dev(base), &name, cow, record, eager)
+}
+
+/// Where [`load_with`] reads the base: a file opened once the record is found, or a device.
+enum BaseSource<'a> {
+    File(&'a dyn Fn() -> Result<std::fs::File>),
+    Dev(&'a dyn ReadAt),
+}
+
+fn load_with(
+    base: BaseSource<'_>,
+    base_name: &dyn std::fmt::Display,
+    cow: &Path,
+    record: Option<&Path>,
+    eager: bool,
+) -> Result<Option<Arc<Verifier>>> {
     let path: PathBuf = record.map_or_else(|| record::sidecar_path(cow), Path::to_owned);
     // The record (read, checksummed, parsed) and the COW (opened, its ops parsed) are
     // independent: load them on two threads; their results are looked at in the order the
@@ -69,19 +110,22 @@ pub fn load_verifier(
     };
     let (cow_f, reader) = opened?;
     rec.check_binding(&reader).map_err(record_err(&path))?;
-    let base_f = std::fs::File::open(base).map_err(|e| SnapError::Io {
-        what: "opening base",
-        source: e.into(),
-    })?;
-    let base_len = base_f.size().map_err(|e| SnapError::Io {
+    let base_file;
+    let base_dev: &dyn ReadAt = match base {
+        BaseSource::File(open) => {
+            base_file = open()?;
+            &base_file
+        }
+        BaseSource::Dev(d) => d,
+    };
+    let base_len = base_dev.size().map_err(|e| SnapError::Io {
         what: "sizing base",
         source: e.into(),
     })?;
     // A shrinking update's finished merge leaves the base at the new image's size.
     if base_len != rec.base_size && base_len != rec.target_size {
         return Err(SnapError::WrongBase(format!(
-            "base {} is {base_len} bytes; this COW was made for a base of {} bytes",
-            base.display(),
+            "base {base_name} is {base_len} bytes; this COW was made for a base of {} bytes",
             rec.base_size
         )));
     }
@@ -99,38 +143,37 @@ pub fn load_verifier(
     };
     if eager && !started {
         let mut check = RecordCheck::default();
-        record::check_base(&rec, &base_f, &mut check).map_err(record_err(&path))?;
+        record::check_base(&rec, base_dev, &mut check).map_err(record_err(&path))?;
         if !check.base_mismatches.is_empty() {
             return Err(SnapError::WrongBase(format!(
-                "base {} is not the image this COW was made for: {} of the {} blocks it reads differ from the record (blocks {})",
-                base.display(),
+                "base {base_name} is not the image this COW was made for: {} of the {} blocks it reads differ from the record (blocks {})",
                 check.base_mismatches.len(),
                 check.base_blocks_checked,
                 name_blocks(&check.base_mismatches)
             )));
         }
-        let got = record::sha256_of(&base_f).map_err(|e| SnapError::Io {
+        let got = record::sha256_of(base_dev).map_err(|e| SnapError::Io {
             what: "hashing base",
             source: e.into(),
         })?;
         if got != rec.base_sha256 {
             return Err(SnapError::WrongBase(format!(
-                "base {} has SHA-256 {}, the COW record expects {}",
-                base.display(),
+                "base {base_name} has SHA-256 {}, the COW record expects {}",
                 record::hex(&got),
                 record::hex(&rec.base_sha256)
             )));
         }
     }
-    Ok(Some(shared(&cow_f, &base_f, &path, rec)))
+    Ok(Some(shared(&cow_f, base_dev.as_file(), &path, rec)))
 }
 
 /// One verifier per (COW file, record file) in the process, so every open of the same snapshot
 /// (the driver's and an export's zero-copy planner's) shares what has been verified.
 /// The key includes the base: a block that passed over one base says nothing about another.
+/// A base without a file (a device) gets a verifier of its own.
 fn shared(
     cow: &std::fs::File,
-    base: &std::fs::File,
+    base: Option<&std::fs::File>,
     rec_path: &Path,
     rec: Record,
 ) -> Arc<Verifier> {
@@ -139,6 +182,9 @@ fn shared(
     use std::sync::{Mutex, OnceLock, Weak};
     type Key = [u64; 8];
     static ALL: OnceLock<Mutex<HashMap<Key, Weak<Verifier>>>> = OnceLock::new();
+    let Some(base) = base else {
+        return Arc::new(Verifier::new(rec));
+    };
     let key = match (cow.metadata(), base.metadata(), std::fs::metadata(rec_path)) {
         (Ok(c), Ok(b), Ok(r)) => [
             c.dev(),

@@ -253,13 +253,17 @@ pub fn open_files_sized(
         .map_err(|e| name_base(e, base, base_len))
 }
 
-/// Open a snapshot whose base is a device (a nested device spec's, [`crate::DeviceOpener`])
-/// and whose COW is the file `cow`, held as [`open_files_sized`] holds it.
-pub(crate) fn open_dev_base(
+/// Open a snapshot whose base is a device (a nested device spec's, [`crate::DeviceOpener`], or
+/// a [`crate::BlkioDev`] a caller opened) and whose COW is the file `cow`, held as
+/// [`open_files_sized`] holds it; `size` as there. The base is shared with other users the way
+/// its driver allows (the `rbd` driver's image lock: exclusive when opened writable);
+/// `mode.base_writable` only says the caller opened it for writing.
+pub fn open_dev_base(
     base: Arc<dyn BlockDev>,
     cow: &Path,
     cfg: SnapshotConfig,
     mode: OpenMode,
+    size: Option<u64>,
 ) -> Result<Snapshot> {
     if std::fs::metadata(cow).is_ok_and(|m| m.is_dir()) {
         return Err(SnapError::IsDirectory {
@@ -275,7 +279,7 @@ pub(crate) fn open_dev_base(
     };
     let cow_dev =
         FileDev::open_held(cow, cow_writes, hold).map_err(SnapError::io("opening COW"))?;
-    open_devs_sized(base, Arc::new(cow_dev), cfg, None)
+    open_devs_sized(base, Arc::new(cow_dev), cfg, size)
 }
 
 /// Open a snapshot over arbitrary devices.

@@ -17,8 +17,9 @@
 //! Instead of a path, the base can be any device, given by dotted keys as in QEMU:
 //! `base.driver=rbd,base.pool=p,base.image=i` (every `base.NAME=VALUE` becomes property `NAME`
 //! of that driver, opened read-only unless `merge`; it needs an opener, which
-//! `snapblk::create` gives: [`SnapshotDriver::with_opener`]). A COW record (`cow-record`,
-//! `verify-base`, a `COW.snapblk` beside the COW) needs a file base. The base or the COW may
+//! `snapblk::create` gives: [`SnapshotDriver::with_opener`]). The COW record (`cow-record`,
+//! `verify-base`, a `COW.snapblk` beside the COW) is checked over a device base as over a file,
+//! reading the base through the device. The base or the COW may
 //! also be a URL (`base=s3://bucket/base.img`, `cow=https://host/update.cow`): read-only
 //! through the opener's `s3` / `http` driver (ranged GETs into a block cache; docs/remote.md). Read-only, once connected: `record-stats`, `readahead-stats`
 //! and `merge-stats` (JSON), `activity-id` (for [`Activity::find`]). Spec example:
@@ -334,11 +335,9 @@ impl SnapshotDriver {
                 "snapshot: this driver instance cannot open a base device (no opener)",
             ));
         };
-        let has_record =
-            self.cow_record.is_some() || snapblk_cow::record::sidecar_path(cow).exists();
-        if self.verify && (has_record || self.verify_base) {
+        if !self.verify && (self.cow_record.is_some() || self.verify_base) {
             return Err(Error::inval(
-                "snapshot: a COW record needs a file base (base=PATH); verify=false serves a device base without it",
+                "snapshot: cow-record and verify-base need verify=true",
             ));
         }
         let mut cfg = self.cfg;
@@ -362,7 +361,27 @@ impl SnapshotDriver {
             cow_writable: self.merge,
         };
         let snap = match remote_url(cow) {
-            None => Arc::new(open_dev_base(base, cow, cfg, mode)?),
+            None => {
+                // The record is checked as for a file base, every base block read through the
+                // device.
+                let verifier = if self.verify {
+                    crate::cowrecord::load_verifier_dev(
+                        &*base,
+                        &dev_name(driver, &props),
+                        cow,
+                        self.cow_record.as_deref(),
+                        self.verify_base,
+                    )?
+                } else {
+                    None
+                };
+                let size = verifier.as_ref().map(|v| v.record().target_size);
+                let snap = Arc::new(open_dev_base(base, cow, cfg, mode, size)?);
+                if let Some(v) = verifier {
+                    snap.attach_verifier(v)?;
+                }
+                snap
+            }
             Some(url) => {
                 if self.merge || cfg.writable {
                     return Err(Error::inval(
@@ -386,6 +405,11 @@ impl SnapshotDriver {
         };
         if self.merge {
             crate::merge::validate_order(&snap)?;
+            if let Some(b) = snap.check_merge_base()?
+                && let Some(e) = crate::cowrecord::merge_refusal(&b, snap.merge_progress().0)
+            {
+                return Err(e.into());
+            }
         }
         self.finish_connect(snap)
     }
@@ -488,6 +512,24 @@ impl SnapshotDriver {
             ..DeviceInfo::default()
         })
     }
+}
+
+/// A device base in messages: `DRIVER:` and the properties that say which device it is
+/// (`pool`, `namespace`, `image`, `snapshot`, `path`, `url`), all of them when it has none of
+/// those.
+pub(crate) fn dev_name(driver: &str, props: &[(String, String)]) -> String {
+    const NAMING: [&str; 6] = ["pool", "namespace", "image", "snapshot", "path", "url"];
+    let naming: Vec<_> = props
+        .iter()
+        .filter(|(k, _)| NAMING.contains(&k.as_str()))
+        .collect();
+    let shown = if naming.is_empty() {
+        props.iter().collect()
+    } else {
+        naming
+    };
+    let kv: Vec<String> = shown.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    format!("{driver}:{}", kv.join(","))
 }
 
 /// `p` as a URL the remote drivers read (`s3://`, `http://`, `https://`, lower-case scheme).

@@ -53,9 +53,9 @@ mod stash;
 #[cfg(feature = "test-utils")]
 pub mod synth;
 
-pub use childdev::{BASE_QUEUES, DeviceOpener};
-pub use cowrecord::load_verifier;
-pub use cowsrc::{CowDecoder, OpenMode, open_devs, open_files, open_files_sized};
+pub use childdev::{BASE_QUEUES, BlkioDev, DeviceOpener};
+pub use cowrecord::{load_verifier, load_verifier_dev};
+pub use cowsrc::{CowDecoder, OpenMode, open_dev_base, open_devs, open_files, open_files_sized};
 pub use dev::{BlockDev, FileDev};
 pub use driver::SnapshotDriver;
 pub use error::{Result, SnapError};

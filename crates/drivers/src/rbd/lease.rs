@@ -6,7 +6,8 @@
 //! minus [`MARGIN`] for the two clocks' rates, and refuses writes once that moment has passed
 //! without a newer renewal, even while the renewal is still waiting for an answer. A renewal
 //! that fails for any reason but a timeout (the lock was broken or taken, the client was
-//! blocklisted) loses the lock at once. Once lost, always lost: another client may have written
+//! blocklisted) loses the lock at once, and so does any I/O that finds the client blocklisted
+//! (ESHUTDOWN, [`Lost::Blocklisted`]). Once lost, always lost: another client may have written
 //! meanwhile, so nothing this handle still holds may reach the image.
 
 use std::sync::Mutex;
@@ -26,6 +27,9 @@ pub(super) enum Lost {
     Renewal(i32),
     /// No renewal succeeded within the lease.
     Expired,
+    /// An I/O of this client failed with ESHUTDOWN: the cluster has blocklisted it (every OSD
+    /// refuses it from then on, librbd's write-back of its cache included).
+    Blocklisted,
 }
 
 impl std::fmt::Display for Lost {
@@ -41,6 +45,7 @@ impl std::fmt::Display for Lost {
                 "no renewal succeeded within {} s",
                 (Duration::from_secs(LOCK_SECS) - MARGIN).as_secs()
             ),
+            Lost::Blocklisted => write!(f, "an I/O found this client blocklisted"),
         }
     }
 }
@@ -206,6 +211,22 @@ mod tests {
         assert_eq!(
             Lost::Expired.to_string(),
             "no renewal succeeded within 25 s"
+        );
+    }
+
+    #[test]
+    fn a_blocklisted_io_loses_a_running_lease_for_good() {
+        let t0 = Instant::now();
+        let l = Lease::new(t0, "rbd/x");
+        assert_eq!(l.check(t0 + secs(1)), Ok(()));
+        l.lose(Lost::Blocklisted);
+        assert_eq!(l.check(t0 + secs(1)), Err(Lost::Blocklisted));
+        // The renewal that fails later does not replace the first cause.
+        l.renewal(t0 + secs(10), -libc::ESHUTDOWN);
+        assert_eq!(l.why(), Some(Lost::Blocklisted));
+        assert_eq!(
+            Lost::Blocklisted.to_string(),
+            "an I/O found this client blocklisted"
         );
     }
 }

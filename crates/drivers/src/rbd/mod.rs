@@ -17,7 +17,9 @@
 //! (the lock lasts 30 s and is renewed every 10 s, so a process that dies frees it by itself).
 //! A holder of the exclusive lock whose renewal fails (the lock broken or taken, the client
 //! blocklisted) or runs out of time fails every later write, discard, write-zeroes and flush
-//! with EIO and logs that once ([`lease`]). An image opened at a snapshot is never locked (it
+//! with EIO and logs that once ([`lease`]). A request that fails with ESHUTDOWN (the client
+//! blocklisted: with `cache=true`, the flush of writes librbd had accepted) fails with EIO
+//! and loses the lock at once. An image opened at a snapshot is never locked (it
 //! cannot change).
 //!
 //! Every queue shares the one image handle (a second handle would fight over RBD's exclusive

@@ -5,6 +5,7 @@
 //! queue has no fds: `do_io` spins on the done list.
 
 use super::ffi::{Handle, Image, WRITE_ZEROES_THICK};
+use super::lease::Lost;
 use snapblk_core::sync::lock;
 use snapblk_core::sys::EventFd;
 use snapblk_core::{Completion, Engine, Op, Queue, QueueCore, ReqFlags, Request, Result};
@@ -147,6 +148,22 @@ impl RbdEngine {
             .is_some_and(|l| l.check(Instant::now()).is_err())
     }
 
+    /// The completion of a request that failed with ESHUTDOWN (librados's EBLOCKLISTED): the
+    /// cluster has blocklisted this client, so the exclusive lock is lost (marked at once,
+    /// without waiting for the next renewal to find out) and the request fails with EIO.
+    /// ESHUTDOWN itself would read as "the server is shutting down" to an NBD client, and a
+    /// flush of librbd's write-back cache must not look like anything but a lost write.
+    fn blocklisted(&self, user_data: usize) -> Completion {
+        if let Some(l) = self.image.lease() {
+            l.lose(Lost::Blocklisted);
+        }
+        Completion::err(
+            user_data,
+            libc::EIO,
+            c"rbd: this client is blocklisted by the cluster; the image's lock is lost",
+        )
+    }
+
     fn pending(&self, user_data: usize, fua: bool) -> Box<Pending> {
         Box::new(Pending {
             shared: self.shared.clone(),
@@ -257,7 +274,9 @@ impl Engine for RbdEngine {
                     continue;
                 }
                 self.in_flight -= 1;
-                out[n] = if ret < 0 {
+                out[n] = if ret == -(libc::ESHUTDOWN as isize) {
+                    self.blocklisted(p.user_data)
+                } else if ret < 0 {
                     Completion::os_err(p.user_data, (-ret) as i32)
                 } else {
                     Completion::ok(p.user_data)

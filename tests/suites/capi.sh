@@ -120,8 +120,10 @@ if cargo build --release -p snapblk-capi --no-default-features --features io_uri
   nsyms=$(nm -D --defined-only "$lean_tgt/release/libblkio.so" | awk '$2=="T" && $3 ~ /^blkio/' | wc -l)
   if [ "$nsyms" -eq 45 ]; then echo "PASS lean: 45 exported blkio* functions"; passed=$((passed+1)); else echo "FAIL lean: exported functions: $nsyms"; failed=$((failed+1)); fi
   # No COW codec made it into the lean library (zstd's C symbols would show in the dynamic
-  # symbol table only if exported, so look at all symbols of the unstripped file).
-  if nm "$lean_tgt/release/libblkio.so" 2>/dev/null | grep -qiE 'zstd|brotli|snapblk_snapshot'; then
+  # symbol table only if exported, so look at all symbols of the unstripped file). From a file,
+  # not `nm | grep -q`: under pipefail, grep's early exit kills nm and hides the match.
+  nm "$lean_tgt/release/libblkio.so" > "$work/lean.nm" 2>&1
+  if grep -qiE 'zstd|brotli|snapblk_snapshot' "$work/lean.nm"; then
     echo "FAIL lean: snapshot driver or COW codecs linked in"; failed=$((failed+1))
   else
     echo "PASS lean: no snapshot driver or COW codec symbols"; passed=$((passed+1))

@@ -1,6 +1,7 @@
 /*
  * Shared by the C driver tests that compare snapblk's libblkio.so.1 with the real libblkio 1.5
- * (vhost_user_test.c, vdpa_test.c, vfio_test.c): one "PASS|FAIL [fix] name (line N)" line per
+ * (vhost_user_test.c, vdpa_test.c, vfio_test.c), and remote_test.c (snapblk's own s3/http
+ * drivers): one "PASS|FAIL [fix] name (line N)" line per
  * check, counted in passes/fails; [fix] marks a documented difference the real library fails.
  * A file may define PROP_PATH_LABEL (the word printed instead of the "path" property's value,
  * which differs between runs) before including this header.

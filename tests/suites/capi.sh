@@ -98,7 +98,7 @@ fi
 # Which drivers each build ships: drivers are cargo features (crates/capi/Cargo.toml).
 if gcc -std=gnu11 -Wall -Wextra -Werror -O2 -I include tests/c/drivers_test.c -L "$work" -lblkio \
     -o "$work/drivers_test"; then
-  out=$(LD_LIBRARY_PATH="$work" "$work/drivers_test" +io_uring +sync +null +snapshot +nvme-io_uring +virtio-blk-vhost-user +virtio-blk-vhost-vdpa +virtio-blk-vfio-pci +rbd -no-such-driver 2>&1)
+  out=$(LD_LIBRARY_PATH="$work" "$work/drivers_test" +io_uring +sync +null +snapshot +nvme-io_uring +virtio-blk-vhost-user +virtio-blk-vhost-vdpa +virtio-blk-vfio-pci +rbd +s3 +http -no-such-driver 2>&1)
   echo "$out"
   p=$(echo "$out" | grep -c '^PASS'); f=$(echo "$out" | grep -c '^FAIL')
   passed=$((passed+p)); failed=$((failed+f))
@@ -119,12 +119,19 @@ if cargo build --release -p snapblk-capi --no-default-features --features io_uri
   fi
   nsyms=$(nm -D --defined-only "$lean_tgt/release/libblkio.so" | awk '$2=="T" && $3 ~ /^blkio/' | wc -l)
   if [ "$nsyms" -eq 45 ]; then echo "PASS lean: 45 exported blkio* functions"; passed=$((passed+1)); else echo "FAIL lean: exported functions: $nsyms"; failed=$((failed+1)); fi
-  # No COW codec made it into the lean library (zstd's C symbols would show in the dynamic
-  # symbol table only if exported, so look at all symbols of the unstripped file).
-  if nm "$lean_tgt/release/libblkio.so" 2>/dev/null | grep -qiE 'zstd|brotli|snapblk_snapshot'; then
-    echo "FAIL lean: snapshot driver or COW codecs linked in"; failed=$((failed+1))
+  # No COW codec, HTTP client or TLS made it into the lean library (zstd's C symbols would show
+  # in the dynamic symbol table only if exported, so look at all symbols of the unstripped file);
+  # the full library has them (the control). From files, not `nm | grep -q`: under pipefail,
+  # grep's early exit kills nm and hides the match.
+  pat='zstd|brotli|snapblk_snapshot|snapblk_remote|ureq|rustls'
+  nm "$lean_tgt/release/libblkio.so" > "$work/lean.nm" 2>&1
+  nm "$tgt/release/libblkio.so" > "$work/full.nm" 2>&1
+  if grep -qiE "$pat" "$work/lean.nm"; then
+    echo "FAIL lean: snapshot driver, COW codecs or the HTTP/TLS stack linked in"; failed=$((failed+1))
+  elif ! grep -q snapblk_remote "$work/full.nm" || ! grep -q rustls "$work/full.nm"; then
+    echo "FAIL full library: no snapblk_remote / rustls symbols (the lean check's control)"; failed=$((failed+1))
   else
-    echo "PASS lean: no snapshot driver or COW codec symbols"; passed=$((passed+1))
+    echo "PASS lean: no snapshot driver, COW codec or HTTP/TLS symbols (the full library has them)"; passed=$((passed+1))
   fi
   # Every check of capi_test.c uses the io_uring driver: all of them apply.
   out=$(LD_LIBRARY_PATH="$lean" "$work/capi_test" "$shm" "$disk" 2>&1); rc=$?
@@ -132,7 +139,7 @@ if cargo build --release -p snapblk-capi --no-default-features --features io_uri
   p=$(echo "$out" | grep -c '^PASS'); f=$(echo "$out" | grep -c '^FAIL')
   passed=$((passed+p)); failed=$((failed+f))
   if [ $rc -ne 0 ] && [ "$f" -eq 0 ]; then echo "FAIL lean: capi_test exited $rc"; failed=$((failed+1)); fi
-  out=$(LD_LIBRARY_PATH="$lean" "$work/drivers_test" +io_uring -snapshot -sync -null -nvme-io_uring -virtio-blk-vhost-user -virtio-blk-vhost-vdpa -virtio-blk-vfio-pci -rbd 2>&1)
+  out=$(LD_LIBRARY_PATH="$lean" "$work/drivers_test" +io_uring -snapshot -sync -null -nvme-io_uring -virtio-blk-vhost-user -virtio-blk-vhost-vdpa -virtio-blk-vfio-pci -rbd -s3 -http 2>&1)
   echo "$out" | sed 's/^\(PASS\|FAIL\) /\1 lean: /'
   p=$(echo "$out" | grep -c '^PASS'); f=$(echo "$out" | grep -c '^FAIL')
   passed=$((passed+p)); failed=$((failed+f))

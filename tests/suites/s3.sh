@@ -7,7 +7,8 @@
 # (and refused without it), put/get round trips, a remote OTA's partition extracts to the same
 # bytes as the local one while fetching less than the whole zip, multipart uploads (read back
 # whole and by range, S3's multipart ETag, an interrupted one aborted), and a snapshot served over NBD
-# from a base and COW in the bucket reads as the AOSP golden target. Every daemon is stopped by
+# from a base and COW in the bucket reads as the AOSP golden target; and the same drivers from C
+# through libblkio.so.1 (tests/c/remote_test.c). Every daemon is stopped by
 # pid, also on failure. Fails (never skips) when a tool is missing. Ends with "N passed, N failed".
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -25,11 +26,12 @@ cleanup() {
   rm -rf "$work"
 }
 trap cleanup EXIT
-for t in curl socat openssl nbdcopy python3 radosgw; do
+for t in curl socat openssl nbdcopy python3 radosgw gcc; do
   command -v "$t" >/dev/null || { bad "$t not found (scripts/install-deps.sh installs it)"; finish; }
 done
 cargo build -q -p snapblk-cli -p snapblk-conformance || { bad "cargo build -p snapblk-cli -p snapblk-conformance"; finish; }
-snapblk=${CARGO_TARGET_DIR:-$root/target}/debug/snapblk
+tgt=${CARGO_TARGET_DIR:-$root/target}
+snapblk=$tgt/debug/snapblk
 
 mon_port=${S3_TEST_MON_PORT:-13357}
 rgw_port=${S3_TEST_RGW_PORT:-17557}
@@ -328,4 +330,44 @@ else tail -5 "$work/bench.err"; head -c 600 "$work/bench.json"; bad "snapblk ben
 s3curl -H "x-amz-acl: public-read" -T "$work/img.bin" "$AWS_ENDPOINT_URL/$S3_TEST_BUCKET/public.bin" || bad "curl put public.bin"
 serve_read "the http driver serves a public object by URL over NBD" "$work/img.bin" \
   "$AWS_ENDPOINT_URL/$S3_TEST_BUCKET/public.bin"
+
+# The drivers through libblkio.so.1's C ABI (tests/c/remote_test.c): the shipped build has them.
+# Reads by do_io and by the completion fd, compared with the bytes curl put; writes -EBADF;
+# connect failures with their errno and message. An object whose end is not block-aligned.
+ctest() {  # ctest WHAT ARGS...: run remote_test, count its PASS/FAIL lines
+  local what=$1; shift
+  local out rc p f
+  out=$(LD_LIBRARY_PATH="$work/lib" "$work/remote_test" "$@" 2>&1); rc=$?
+  p=$(echo "$out" | grep -c '^PASS'); f=$(echo "$out" | grep -c '^FAIL')
+  if [ "$rc" -eq 0 ] && [ "$f" -eq 0 ] && [ "$p" -gt 0 ]; then ok "C ABI: $what ($p checks)"
+  else echo "$out" | grep -v '^PASS'; bad "C ABI: $what (exit $rc)"; fi
+}
+mkdir -p "$work/lib"
+if cargo build -q --release -p snapblk-capi && ln -sf "$tgt/release/libblkio.so" "$work/lib/libblkio.so.1" \
+   && ln -sf "$tgt/release/libblkio.so" "$work/lib/libblkio.so" \
+   && gcc -std=gnu11 -Wall -Wextra -Werror -O2 -I include tests/c/remote_test.c -L "$work/lib" -lblkio \
+        -o "$work/remote_test"; then
+  head -c $(((3 << 20) + 12345)) /dev/urandom > "$work/capi.bin"
+  s3curl -T "$work/capi.bin" "$AWS_ENDPOINT_URL/$S3_TEST_BUCKET/capi.bin" || bad "curl put capi.bin"
+  s3=(url="s3://$S3_TEST_BUCKET/capi.bin" endpoint="$AWS_ENDPOINT_URL" region="$AWS_REGION")
+  ctest "s3 driver reads an object (64 KiB blocks, 256 KiB cache)" read s3 "$work/capi.bin" "${s3[@]}" \
+    block-size=65536 cache-size=262144
+  ctest "s3 driver, default cache" read s3 "$work/capi.bin" "${s3[@]}"
+  ctest "http driver reads a public object" read http "$work/img.bin" url="$AWS_ENDPOINT_URL/$S3_TEST_BUCKET/public.bin"
+  SSL_CERT_FILE=$work/ca.pem ctest "http driver over HTTPS with SSL_CERT_FILE" read http "$work/img.bin" \
+    url="$S3_TEST_HTTPS_ENDPOINT/$S3_TEST_BUCKET/public.bin"
+  AWS_SECRET_ACCESS_KEY=wrong ctest "wrong secret: connect fails with -EACCES" \
+    fail s3 EACCES "access denied" "${s3[@]}"
+  ctest "missing object: connect fails with -ENOENT" fail s3 ENOENT "no such object" \
+    url="s3://$S3_TEST_BUCKET/missing.bin" endpoint="$AWS_ENDPOINT_URL" region="$AWS_REGION"
+  ctest "dead endpoint: connect fails with -EHOSTUNREACH" fail s3 EHOSTUNREACH "cannot reach the endpoint" \
+    url="s3://$S3_TEST_BUCKET/capi.bin" endpoint=http://127.0.0.1:1 retries=0
+  ctest "HTTPS without the CA: connect fails" fail http EHOSTUNREACH "UnknownIssuer" \
+    url="$S3_TEST_HTTPS_ENDPOINT/$S3_TEST_BUCKET/public.bin"
+  ctest "http driver, private object without credentials: -EACCES" fail http EACCES "access denied" \
+    url="$AWS_ENDPOINT_URL/$S3_TEST_BUCKET/capi.bin"
+  ctest "no url: connect fails with -EINVAL" fail s3 EINVAL "property url must be set"
+else
+  bad "build of libblkio.so.1 or tests/c/remote_test.c"
+fi
 finish

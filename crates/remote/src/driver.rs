@@ -251,10 +251,11 @@ impl RemoteEngine {
     }
 }
 
-/// A completion carries only an errno: the one-line cause goes to stderr once per failure, so
-/// `serve` and `bench` users see why (denied, changed, unreachable).
+/// A completion carries only an errno: the one-line cause is logged (at `error`) once per
+/// failure, so `serve` and `bench` users see why (denied, changed, unreachable) and a C host of
+/// `libblkio.so.1` decides itself whether anything is printed.
 fn log_error(e: &crate::error::RemoteError) {
-    eprintln!("snapblk: {}", snapblk_core::Chain(e));
+    log::error!("{}", snapblk_core::Chain(e));
 }
 
 impl Engine for RemoteEngine {

@@ -140,7 +140,9 @@ struct SnapBackend(Arc<Snapshot>, Arc<Activity>);
 impl Backend for SnapBackend {
     #[inline]
     fn read(&self, offset: u64, buf: &mut [u8]) -> snapblk_core::Result<()> {
-        self.0.read(offset, buf)?;
+        if let Err(e) = self.0.read(offset, buf) {
+            return Err(read_failed(e));
+        }
         // Client reads only: merge and replay reads do not come through queues.
         self.1.note_read(offset, buf.len() as u64);
         Ok(())
@@ -151,6 +153,13 @@ impl Backend for SnapBackend {
     fn flush(&self) -> snapblk_core::Result<()> {
         Ok(self.0.flush()?)
     }
+}
+
+/// A failed read's error for the C ABI, out of the read's way.
+#[cold]
+#[inline(never)]
+fn read_failed(e: crate::SnapError) -> Error {
+    e.into()
 }
 
 impl Driver for SnapshotDriver {

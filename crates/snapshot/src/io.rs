@@ -86,6 +86,22 @@ impl Io {
         self.read_bg(class, d, off, buf)
     }
 
+    /// A foreground read that only says whether it worked: one `pread` of the device's file
+    /// (the device's own exact read when it has none). True when all of `buf` was read; false
+    /// when the `pread` failed or came short (or the exact read failed), and the caller reads
+    /// again through [`Io::read`], which retries and reports (the failed attempt counts as a
+    /// foreground request of its own).
+    #[inline]
+    pub(crate) fn try_read_fg(&self, d: Dev, off: u64, buf: &mut [u8]) -> bool {
+        let _t = self.sched.admit(IoClass::Foreground, buf.len() as u64);
+        match &self.files[d as usize] {
+            Some(f) => {
+                std::os::unix::fs::FileExt::read_at(f, buf, off).is_ok_and(|n| n == buf.len())
+            }
+            None => self.dev(d).read_exact_at(off, buf).is_ok(),
+        }
+    }
+
     /// A foreground read that the fd fast path did not finish (no fd, a short read, an error):
     /// the device's own exact read, which retries and reports. Kept out of line so that
     /// [`Io::read`]'s fast path stays small enough to inline into the request dispatch.

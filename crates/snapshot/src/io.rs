@@ -98,8 +98,14 @@ impl Io {
             Some(f) => {
                 std::os::unix::fs::FileExt::read_at(f, buf, off).is_ok_and(|n| n == buf.len())
             }
-            None => self.dev(d).read_exact_at(off, buf).is_ok(),
+            None => self.try_read_dev(d, off, buf),
         }
+    }
+
+    /// [`Io::try_read_fg`] of a device without a file, out of the `pread`'s way.
+    #[inline(never)]
+    fn try_read_dev(&self, d: Dev, off: u64, buf: &mut [u8]) -> bool {
+        self.dev(d).read_exact_at(off, buf).is_ok()
     }
 
     /// A foreground read that the fd fast path did not finish (no fd, a short read, an error):

@@ -29,6 +29,7 @@ use crate::cowsrc::{OpenMode, open_dev_base, open_devs_sized, open_files_sized};
 use crate::dev::{BlockDev, FileDev, Hold};
 use crate::queue::{Backend, SyncQueue};
 use crate::record::{Activity, Binding, DEFAULT_RECORD_SECS};
+use crate::sched::FgLane;
 use crate::snapshot::{Snapshot, SnapshotConfig};
 use snapblk_core::{
     Access, DeviceInfo, Driver, Error, PropSpec, PropType, PropValue, Queue, State,
@@ -135,12 +136,14 @@ impl Drop for SnapshotDriver {
     }
 }
 
-struct SnapBackend(Arc<Snapshot>, Arc<Activity>);
+/// A queue's backend: the snapshot, the device's activity counters, and the queue's own
+/// foreground lane of the scheduler (its reads count there without atomic read-modify-writes).
+struct SnapBackend(Arc<Snapshot>, Arc<Activity>, FgLane);
 
 impl Backend for SnapBackend {
     #[inline]
     fn read(&self, offset: u64, buf: &mut [u8]) -> snapblk_core::Result<()> {
-        if let Err(e) = self.0.read(offset, buf) {
+        if let Err(e) = self.0.read_in(&self.2, offset, buf) {
             return Err(read_failed(e));
         }
         // Client reads only: merge and replay reads do not come through queues.
@@ -313,9 +316,11 @@ impl Driver for SnapshotDriver {
             .snap
             .clone()
             .ok_or_else(|| Error::new(libc::ENODEV, "Device must be connected"))?;
+        let lane = snap.fg_lane();
         Ok(Box::new(SyncQueue::new(SnapBackend(
             snap,
             self.activity.clone(),
+            lane,
         ))?))
     }
 }

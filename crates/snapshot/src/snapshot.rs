@@ -6,7 +6,7 @@ use crate::io::CacheStats;
 use crate::io::{Dev, Io, UnitCache};
 use crate::map::{Codec, MergeView, OpKind, Payload, Quick, Segment, SnapshotMap, StagedWindow};
 use crate::overlay::Overlay;
-use crate::sched::{IoClass, SchedConfig, SchedStats, Scheduler};
+use crate::sched::{FgLane, IoClass, SchedConfig, SchedStats, Scheduler};
 use snapblk_core::sync::{lock, read, write};
 use snapblk_cow::record::Verifier;
 use std::sync::atomic::{AtomicU64, Ordering, fence};
@@ -668,10 +668,25 @@ impl Snapshot {
     /// Read through the snapshot with an explicit I/O class (readahead uses its own).
     #[inline]
     pub(crate) fn read_class(&self, class: IoClass, offset: u64, buf: &mut [u8]) -> Result<()> {
-        if class == IoClass::Foreground && self.read_quick(offset, buf) {
+        if class == IoClass::Foreground && self.read_quick(None, offset, buf) {
             return Ok(());
         }
         self.read_locked(class, offset, buf)
+    }
+
+    /// A foreground read by a queue, whose lock-free reads count on its own `lane` of the
+    /// scheduler.
+    #[inline]
+    pub(crate) fn read_in(&self, lane: &FgLane, offset: u64, buf: &mut [u8]) -> Result<()> {
+        if self.read_quick(Some(lane), offset, buf) {
+            return Ok(());
+        }
+        self.read_locked(IoClass::Foreground, offset, buf)
+    }
+
+    /// A foreground lane of this snapshot's scheduler, for a queue ([`Snapshot::read_in`]).
+    pub(crate) fn fg_lane(&self) -> FgLane {
+        self.io.sched.lane()
     }
 
     /// A foreground read inside one block that is unchanged or a COPY, with no size limit,
@@ -687,7 +702,7 @@ impl Snapshot {
     /// ([`Snapshot::set_view`]): so the read is kept only when the view's generation is the same
     /// after the `pread` as before it.
     #[inline]
-    fn read_quick(&self, offset: u64, buf: &mut [u8]) -> bool {
+    fn read_quick(&self, lane: Option<&FgLane>, offset: u64, buf: &mut [u8]) -> bool {
         let len = buf.len() as u64;
         let bs = self.map.block_size();
         let skip = offset & (bs - 1);
@@ -708,7 +723,7 @@ impl Snapshot {
             return false;
         }
         match self.map.quick(block) {
-            Quick::Unchanged => self.io.try_read_fg(Dev::Base, offset, buf),
+            Quick::Unchanged => self.io.try_read_fg(lane, Dev::Base, offset, buf),
             Quick::Copy { op, src } => {
                 let g = self.view_gen.load(Ordering::Acquire);
                 let w = self.view_word.load(Ordering::Relaxed);
@@ -719,7 +734,7 @@ impl Snapshot {
                 }
                 let from = if op < merged { block } else { src };
                 let at = (from << self.map.block_shift()) + skip;
-                if !self.io.try_read_fg(Dev::Base, at, buf) {
+                if !self.io.try_read_fg(lane, Dev::Base, at, buf) {
                     return false;
                 }
                 // The pread's loads before the generation's second load (a seqlock's read side).

@@ -49,17 +49,17 @@ pub trait Queue: Send {
 
     /// Requests enqueued or in flight whose completion has not been returned yet.
     fn outstanding(&self) -> usize;
-}
 
-/// Synchronous conveniences for Rust callers (the snapshot driver, exports, tools). Each one
-/// submits a single request and waits for it, so they must not be mixed with other in-flight
-/// requests on the same queue.
-pub trait QueueExt: Queue {
-    /// Run one request to completion.
+    /// Run one request to completion; what [`QueueExt::run`] (and so `read_at`, `write_at`, ...)
+    /// does. Fails with `EBUSY` when requests are outstanding; otherwise returns what the
+    /// request's completion says (`Completion::result`). The default enqueues the request and
+    /// calls [`Queue::do_io`] until its completion comes back. A queue that completes requests
+    /// synchronously inside `do_io` may execute it directly instead: no queueing, no completion
+    /// array, one call.
     ///
     /// # Safety
     /// As for [`Queue::enqueue`]; the buffers only need to outlive this call.
-    unsafe fn run(&mut self, req: Request) -> Result<()> {
+    unsafe fn run_one(&mut self, req: Request) -> Result<()> {
         if self.outstanding() != 0 {
             return Err(Error::new(libc::EBUSY, "queue has requests in flight"));
         }
@@ -74,6 +74,21 @@ pub trait QueueExt: Queue {
                 Err(e) => return Err(e),
             }
         }
+    }
+}
+
+/// Synchronous conveniences for Rust callers (the snapshot driver, exports, tools). Each one
+/// submits a single request and waits for it, so they must not be mixed with other in-flight
+/// requests on the same queue.
+pub trait QueueExt: Queue {
+    /// Run one request to completion.
+    ///
+    /// # Safety
+    /// As for [`Queue::enqueue`]; the buffers only need to outlive this call.
+    #[inline]
+    unsafe fn run(&mut self, req: Request) -> Result<()> {
+        // SAFETY: forwarded from the caller.
+        unsafe { self.run_one(req) }
     }
     /// Read `buf.len()` bytes at `offset`.
     fn read_at(&mut self, offset: u64, buf: &mut [u8]) -> Result<()> {

@@ -30,6 +30,7 @@ use crate::cowsrc::{OpenMode, open_dev_base, open_devs_sized, open_files_sized};
 use crate::dev::{BlockDev, FileDev, Hold};
 use crate::queue::{Backend, SyncQueue};
 use crate::record::{Activity, Binding, DEFAULT_RECORD_SECS};
+use crate::sched::FgLane;
 use crate::snapshot::{Snapshot, SnapshotConfig};
 use snapblk_core::{
     Access, DeviceInfo, Driver, Error, PropSpec, PropType, PropValue, Queue, State,
@@ -136,12 +137,16 @@ impl Drop for SnapshotDriver {
     }
 }
 
-struct SnapBackend(Arc<Snapshot>, Arc<Activity>);
+/// A queue's backend: the snapshot, the device's activity counters, and the queue's own
+/// foreground lane of the scheduler (its reads count there without atomic read-modify-writes).
+struct SnapBackend(Arc<Snapshot>, Arc<Activity>, FgLane);
 
 impl Backend for SnapBackend {
     #[inline]
     fn read(&self, offset: u64, buf: &mut [u8]) -> snapblk_core::Result<()> {
-        self.0.read(offset, buf)?;
+        if let Err(e) = self.0.read_in(&self.2, offset, buf) {
+            return Err(read_failed(e));
+        }
         // Client reads only: merge and replay reads do not come through queues.
         self.1.note_read(offset, buf.len() as u64);
         Ok(())
@@ -152,6 +157,13 @@ impl Backend for SnapBackend {
     fn flush(&self) -> snapblk_core::Result<()> {
         Ok(self.0.flush()?)
     }
+}
+
+/// A failed read's error for the C ABI, out of the read's way.
+#[cold]
+#[inline(never)]
+fn read_failed(e: crate::SnapError) -> Error {
+    e.into()
 }
 
 impl Driver for SnapshotDriver {
@@ -305,9 +317,11 @@ impl Driver for SnapshotDriver {
             .snap
             .clone()
             .ok_or_else(|| Error::new(libc::ENODEV, "Device must be connected"))?;
+        let lane = snap.fg_lane();
         Ok(Box::new(SyncQueue::new(SnapBackend(
             snap,
             self.activity.clone(),
+            lane,
         ))?))
     }
 }

@@ -2,7 +2,7 @@
 
 use crate::dev::BlockDev;
 use crate::error::{Result, SnapError};
-use crate::sched::{IoClass, Scheduler};
+use crate::sched::{FgLane, IoClass, Scheduler};
 use snapblk_core::read_error;
 use snapblk_core::sync::lock;
 use std::collections::{HashMap, VecDeque};
@@ -84,6 +84,50 @@ impl Io {
             return self.read_fg_slow(d, off, buf);
         }
         self.read_bg(class, d, off, buf)
+    }
+
+    /// A foreground read that only says whether it worked: one `pread` of the device's file
+    /// (the device's own exact read when it has none), counted on the queue's `lane` when
+    /// given, else admitted by the scheduler. True when all of `buf` was read; false when the
+    /// `pread` failed or came short (or the exact read failed), and the caller reads again
+    /// through [`Io::read`], which retries and reports (the failed attempt counts as a
+    /// foreground request of its own).
+    #[inline]
+    pub(crate) fn try_read_fg(
+        &self,
+        lane: Option<&FgLane>,
+        d: Dev,
+        off: u64,
+        buf: &mut [u8],
+    ) -> bool {
+        match lane {
+            Some(l) => {
+                l.begin(buf.len() as u64);
+                let ok = self.try_read_once(d, off, buf);
+                l.end();
+                ok
+            }
+            None => {
+                let _t = self.sched.admit(IoClass::Foreground, buf.len() as u64);
+                self.try_read_once(d, off, buf)
+            }
+        }
+    }
+
+    #[inline]
+    fn try_read_once(&self, d: Dev, off: u64, buf: &mut [u8]) -> bool {
+        match &self.files[d as usize] {
+            Some(f) => {
+                std::os::unix::fs::FileExt::read_at(f, buf, off).is_ok_and(|n| n == buf.len())
+            }
+            None => self.try_read_dev(d, off, buf),
+        }
+    }
+
+    /// [`Io::try_read_fg`] of a device without a file, out of the `pread`'s way.
+    #[inline(never)]
+    fn try_read_dev(&self, d: Dev, off: u64, buf: &mut [u8]) -> bool {
+        self.dev(d).read_exact_at(off, buf).is_ok()
     }
 
     /// A foreground read that the fd fast path did not finish (no fd, a short read, an error):

@@ -201,6 +201,19 @@ fn decode_entry(e: u64) -> (usize, Option<u64>) {
     }
 }
 
+/// What a read of one block can be served as without the merge view's lock
+/// ([`SnapshotMap::quick`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Quick {
+    /// No op writes the block, so neither does the merge: the base block itself, at any time.
+    Unchanged,
+    /// COPY op `op` writes the block from base block `src`: which of the two holds the new
+    /// contents depends on the merge view.
+    Copy { op: usize, src: u64 },
+    /// Anything else (other ops, or a map without the dense index): the locked path.
+    Other,
+}
+
 #[derive(Debug, Clone, Copy)]
 struct Run {
     start: u64,
@@ -432,6 +445,23 @@ impl SnapshotMap {
             pos += n;
         }
         Ok(())
+    }
+
+    /// One load of the dense index: whether `block` (inside the device) is unchanged or an inline
+    /// COPY, the two cases a read serves without the merge view's lock.
+    #[inline]
+    pub(crate) fn quick(&self, block: u64) -> Quick {
+        let Some(d) = &self.dense else {
+            return Quick::Other;
+        };
+        match d.get(block as usize) {
+            Some(&NO_OP) => Quick::Unchanged,
+            Some(&e) if e & COPY_BIT != 0 => match decode_entry(e) {
+                (op, Some(src)) => Quick::Copy { op, src },
+                _ => Quick::Other,
+            },
+            _ => Quick::Other,
+        }
     }
 
     /// The segment for `n` bytes at `skip` within `block` (the caller keeps them in the block).

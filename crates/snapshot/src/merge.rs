@@ -40,7 +40,6 @@ use crate::snapshot::{Snapshot, scratch_state};
 use crate::stash::{Stash, Stashed, old_or_new, reads_own_destination};
 use rustc_hash::FxHashSet as HashSet;
 use serde::Serialize;
-use snapblk_core::sync::write;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
@@ -705,12 +704,12 @@ impl Merger<'_> {
     /// Step 2: readers of the window's blocks switch to the staged copy; taking the write lock
     /// waits for source reads in flight.
     fn publish_staged(&self, w: &StagedWindow) {
-        let mut v = write(&self.snap.view);
-        *v = MergeView {
-            merged: w.start,
-            staged: Some(w.clone()),
-        };
-        drop(v);
+        self.snap.set_view(|v| {
+            *v = MergeView {
+                merged: w.start,
+                staged: Some(w.clone()),
+            }
+        });
         self.hook(MergeStep::Staged {
             start: w.start,
             end: w.end,
@@ -758,13 +757,12 @@ impl Merger<'_> {
     /// Step 4: commit and let readers use the base for ops `< merged`.
     fn commit(&mut self, merged: usize) -> Result<()> {
         self.write_progress(merged, Some(scratch_state::IN_PROGRESS))?;
-        {
-            let mut v = write(&self.snap.view);
+        self.snap.set_view(|v| {
             *v = MergeView {
                 merged,
                 staged: None,
-            };
-        }
+            }
+        });
         self.hook(MergeStep::Committed { merged });
         if let Some(p) = self.opts.progress {
             p(MergeProgress {
@@ -880,18 +878,18 @@ impl Snapshot {
                 w.new_block
             )));
         }
-        let mut v = write(&self.view);
-        if v.merged == merged && v.staged.is_none() {
-            *v = MergeView {
-                merged,
-                staged: Some(StagedWindow {
-                    start: merged,
-                    end: merged + 1,
-                    data: Arc::new(w.new),
-                }),
-            };
-        }
-        drop(v);
+        self.set_view(|v| {
+            if v.merged == merged && v.staged.is_none() {
+                *v = MergeView {
+                    merged,
+                    staged: Some(StagedWindow {
+                        start: merged,
+                        end: merged + 1,
+                        data: Arc::new(w.new),
+                    }),
+                };
+            }
+        });
         self.in_flight.store(u64::MAX, Ordering::Relaxed);
         Ok(true)
     }

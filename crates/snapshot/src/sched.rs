@@ -285,6 +285,60 @@ pub struct Scheduler {
     /// atomic add per admission and one per completion.
     fg_state: AtomicU64,
     fg_bytes: AtomicU64,
+    /// The queues' own foreground counters ([`Scheduler::lane`]), summed with the two above.
+    lanes: Mutex<Vec<Arc<LaneCounters>>>,
+}
+
+/// One queue's foreground counters, laid out as `fg_state` and `fg_bytes`, on a cache line of
+/// their own. Only the queue's thread writes them, so it counts with plain loads and stores:
+/// no atomic read-modify-write per request.
+#[repr(align(64))]
+#[derive(Default)]
+struct LaneCounters {
+    state: AtomicU64,
+    bytes: AtomicU64,
+}
+
+/// A queue's foreground admission ([`Scheduler::lane`]): what [`Scheduler::admit`] counts for
+/// the foreground, on counters only this lane writes. A request is [`FgLane::begin`] before
+/// its I/O and [`FgLane::end`] after it. One thread at a time uses a lane (a queue's); used
+/// from two at once it would lose counts, never memory safety. Dropping it folds its counts
+/// into the scheduler's.
+pub(crate) struct FgLane {
+    sched: Arc<Scheduler>,
+    c: Arc<LaneCounters>,
+}
+
+impl FgLane {
+    /// A foreground request of `bytes` begins.
+    #[inline]
+    pub(crate) fn begin(&self, bytes: u64) {
+        let st = self.c.state.load(Ordering::Relaxed);
+        self.c
+            .state
+            .store(st.wrapping_add(FG_STARTED_ONE + 1), Ordering::Release);
+        let b = self.c.bytes.load(Ordering::Relaxed);
+        self.c.bytes.store(b.wrapping_add(bytes), Ordering::Relaxed);
+    }
+
+    /// The request begun last has completed.
+    #[inline]
+    pub(crate) fn end(&self) {
+        let st = self.c.state.load(Ordering::Relaxed);
+        self.c.state.store(st.wrapping_sub(1), Ordering::Release);
+    }
+}
+
+impl Drop for FgLane {
+    fn drop(&mut self) {
+        let mut lanes = lock(&self.sched.lanes);
+        let started = self.c.state.load(Ordering::Acquire) & !(FG_STARTED_ONE - 1);
+        self.sched.fg_state.fetch_add(started, Ordering::AcqRel);
+        self.sched
+            .fg_bytes
+            .fetch_add(self.c.bytes.load(Ordering::Relaxed), Ordering::Relaxed);
+        lanes.retain(|l| !Arc::ptr_eq(l, &self.c));
+    }
 }
 
 const FG_SHIFT: u32 = 24;
@@ -325,6 +379,7 @@ impl Scheduler {
             clock: None,
             fg_state: AtomicU64::new(0),
             fg_bytes: AtomicU64::new(0),
+            lanes: Mutex::new(Vec::new()),
         }
     }
 
@@ -350,7 +405,10 @@ impl Scheduler {
 
     /// Feed the foreground counters to the core (called with the lock held).
     fn sync_fg(&self, c: &mut SchedCore, now: u64) {
-        let st = self.fg_state.load(Ordering::Acquire);
+        let mut st = self.fg_state.load(Ordering::Acquire);
+        for l in lock(&self.lanes).iter() {
+            st = st.wrapping_add(l.state.load(Ordering::Acquire));
+        }
         c.observe_fg(now, (st & (FG_STARTED_ONE - 1)) as u32, st >> FG_SHIFT);
     }
 
@@ -358,6 +416,18 @@ impl Scheduler {
     fn bg_end(&self, bytes: u64) {
         self.lock().bg_end(bytes);
         self.cv.notify_all();
+    }
+
+    /// Foreground counters of a queue's own ([`FgLane`]): the queue's reads are counted
+    /// without an atomic read-modify-write, and the scheduler sees them as it sees admitted
+    /// foreground requests (in flight, started, bytes).
+    pub(crate) fn lane(self: &Arc<Self>) -> FgLane {
+        let c = Arc::new(LaneCounters::default());
+        lock(&self.lanes).push(c.clone());
+        FgLane {
+            sched: self.clone(),
+            c,
+        }
     }
 
     /// Admit a request of `bytes` for `class`, waiting if it is background and over budget.
@@ -448,8 +518,13 @@ impl Scheduler {
     /// Counters so far.
     pub fn stats(&self) -> SchedStats {
         let mut st = self.lock().stats();
+        let lanes = lock(&self.lanes);
         st.foreground.requests = self.fg_state.load(Ordering::Relaxed) >> FG_SHIFT;
         st.foreground.bytes = self.fg_bytes.load(Ordering::Relaxed);
+        for l in lanes.iter() {
+            st.foreground.requests += l.state.load(Ordering::Relaxed) >> FG_SHIFT;
+            st.foreground.bytes += l.bytes.load(Ordering::Relaxed);
+        }
         st
     }
 
@@ -620,6 +695,53 @@ mod tests {
         assert!(!c.bg_try_admit(200, 4096));
         c.bg_end(1 << 20);
         assert!(c.bg_try_admit(200, 4096));
+    }
+
+    #[test]
+    fn a_lane_counts_as_admitted_foreground_and_keeps_its_counts() {
+        let cfg = SchedConfig {
+            enabled: true,
+            min_budget: 64 << 10,
+            max_budget: 1 << 20,
+            idle_ns: 1_000_000_000,
+        };
+        let s = Arc::new(Scheduler::new(cfg));
+        assert_eq!(s.budget_now(), 1 << 20);
+        let lane = s.lane();
+        lane.begin(4096);
+        assert_eq!(
+            s.budget_now(),
+            64 << 10,
+            "a lane's read in flight shrinks the budget"
+        );
+        lane.end();
+        assert_eq!(s.budget_now(), 64 << 10, "and its end starts the idle time");
+        let t = s.admit(IoClass::Foreground, 100);
+        drop(t);
+        lane.begin(512);
+        lane.end();
+        let st = s.stats().foreground;
+        assert_eq!((st.requests, st.bytes), (3, 4096 + 100 + 512));
+        drop(lane);
+        assert!(lock(&s.lanes).is_empty());
+        let st = s.stats().foreground;
+        assert_eq!(
+            (st.requests, st.bytes),
+            (3, 4096 + 100 + 512),
+            "kept after the drop"
+        );
+        let other = s.lane();
+        other.begin(1);
+        assert_eq!(s.stats().foreground.requests, 4);
+        // In flight: the sample sees it until it ends.
+        let mut c = s.lock();
+        s.sync_fg(&mut c, 5);
+        assert_eq!(c.fg_inflight, 1);
+        drop(c);
+        other.end();
+        let mut c = s.lock();
+        s.sync_fg(&mut c, 6);
+        assert_eq!((c.fg_inflight, c.last_fg_end), (0, Some(6)));
     }
 
     #[test]

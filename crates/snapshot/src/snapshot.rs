@@ -4,12 +4,12 @@ use crate::dev::BlockDev;
 use crate::error::{Result, SnapError};
 use crate::io::CacheStats;
 use crate::io::{Dev, Io, UnitCache};
-use crate::map::{Codec, MergeView, OpKind, Payload, Segment, SnapshotMap, StagedWindow};
+use crate::map::{Codec, MergeView, OpKind, Payload, Quick, Segment, SnapshotMap, StagedWindow};
 use crate::overlay::Overlay;
-use crate::sched::{IoClass, SchedConfig, SchedStats, Scheduler};
+use crate::sched::{FgLane, IoClass, SchedConfig, SchedStats, Scheduler};
 use snapblk_core::sync::{lock, read, write};
 use snapblk_cow::record::Verifier;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering, fence};
 use std::sync::{Arc, Mutex, OnceLock, RwLock, RwLockReadGuard};
 
 /// Offset of `num_merge_ops` (u64) in every COW header version (the format's constant).
@@ -142,7 +142,14 @@ pub struct Snapshot {
     pub(crate) map: SnapshotMap,
     pub(crate) io: Io,
     pub(crate) layout: CowLayout,
+    /// Merge progress as reads see it. Change it only through [`Snapshot::set_view`], which
+    /// keeps the lock-free readers' copy (`view_gen`, `view_word`) in step.
     pub(crate) view: RwLock<MergeView>,
+    /// Bumped to odd before and to even after every change of `view` (a sequence lock): a read
+    /// that served a COPY block without the view's lock is redone under it when this moved.
+    view_gen: AtomicU64,
+    /// `view` for lock-free readers ([`view_word`]).
+    view_word: AtomicU64,
     cache: UnitCache,
     pub(crate) decoder: Arc<dyn Decoder>,
     pub(crate) overlay: Option<Overlay>,
@@ -231,6 +238,8 @@ impl Snapshot {
             io,
             layout: p.layout,
             view: RwLock::new(MergeView::default()),
+            view_gen: AtomicU64::new(0),
+            view_word: AtomicU64::new(view_word(&MergeView::default())),
             cache: UnitCache::new(p.config.cache_bytes),
             decoder: p.decoder,
             overlay,
@@ -274,7 +283,7 @@ impl Snapshot {
         {
             s.in_flight.store(payload.offset, Ordering::Relaxed);
         }
-        *write(&s.view) = view;
+        s.set_view(|v| *v = view);
         Ok(s)
     }
 
@@ -370,7 +379,7 @@ impl Snapshot {
     /// [`Snapshot::check_merge_base`]. Needs the COW open for writing.
     pub fn reset_merge_progress(&self) -> Result<()> {
         self.write_merge_progress(0, Some(scratch_state::NOT_STARTED))?;
-        *write(&self.view) = MergeView::default();
+        self.set_view(|v| *v = MergeView::default());
         Ok(())
     }
 
@@ -510,6 +519,23 @@ impl Snapshot {
         read(&self.view)
     }
 
+    /// Change the merge view with `f`. Taking the write lock waits for the reads that hold
+    /// the view; the generation moves before and after the change, and the full fence orders
+    /// the change before every base write the caller makes next, so a lock-free read that
+    /// overlapped the change, or could have seen those writes, finds the generation moved and
+    /// is redone under the lock ([`Snapshot::read_class`]).
+    pub(crate) fn set_view<R>(&self, f: impl FnOnce(&mut MergeView) -> R) -> R {
+        let mut v = write(&self.view);
+        let g = self.view_gen.load(Ordering::Relaxed);
+        self.view_gen.store(g.wrapping_add(1), Ordering::Relaxed);
+        fence(Ordering::Release);
+        let r = f(&mut v);
+        self.view_word.store(view_word(&v), Ordering::Relaxed);
+        self.view_gen.store(g.wrapping_add(2), Ordering::Release);
+        fence(Ordering::SeqCst);
+        r
+    }
+
     /// Progress fields from the header bytes read at open.
     pub(crate) fn persisted(&self) -> Persisted {
         let h = lock(&self.header);
@@ -642,6 +668,87 @@ impl Snapshot {
     /// Read through the snapshot with an explicit I/O class (readahead uses its own).
     #[inline]
     pub(crate) fn read_class(&self, class: IoClass, offset: u64, buf: &mut [u8]) -> Result<()> {
+        if class == IoClass::Foreground && self.read_quick(None, offset, buf) {
+            return Ok(());
+        }
+        self.read_locked(class, offset, buf)
+    }
+
+    /// A foreground read by a queue, whose lock-free reads count on its own `lane` of the
+    /// scheduler.
+    #[inline]
+    pub(crate) fn read_in(&self, lane: &FgLane, offset: u64, buf: &mut [u8]) -> Result<()> {
+        if self.read_quick(Some(lane), offset, buf) {
+            return Ok(());
+        }
+        self.read_locked(IoClass::Foreground, offset, buf)
+    }
+
+    /// A foreground lane of this snapshot's scheduler, for a queue ([`Snapshot::read_in`]).
+    pub(crate) fn fg_lane(&self) -> FgLane {
+        self.io.sched.lane()
+    }
+
+    /// A foreground read inside one block that is unchanged or a COPY, with no size limit,
+    /// overlay data or pending record check: one `pread` of the base without the merge view's
+    /// lock. True when it served the read; false when it is not such
+    /// a read, the `pread` failed or came short, or the merge view changed while it ran: the
+    /// caller reads under the lock (which also reports any error).
+    ///
+    /// An unchanged block is never written by the merge (it writes only op destinations), so
+    /// its base block is right at any time. A COPY block's source is right until the merge
+    /// publishes the window holding its op (rule 2 of the merge order: no earlier op writes a
+    /// later op's source), and every base write of the merge follows a change of the view
+    /// ([`Snapshot::set_view`]): so the read is kept only when the view's generation is the same
+    /// after the `pread` as before it.
+    #[inline]
+    fn read_quick(&self, lane: Option<&FgLane>, offset: u64, buf: &mut [u8]) -> bool {
+        let len = buf.len() as u64;
+        let bs = self.map.block_size();
+        let skip = offset & (bs - 1);
+        if len == 0
+            || skip + len > bs
+            || offset
+                .checked_add(len)
+                .is_none_or(|e| e > self.map.capacity())
+            || self.size_limit.get().is_some()
+            || self.overlay.as_ref().is_some_and(|o| !o.is_empty())
+        {
+            return false;
+        }
+        let block = offset >> self.map.block_shift();
+        if let Some(v) = self.verifier.get()
+            && v.pending(block)
+        {
+            return false;
+        }
+        match self.map.quick(block) {
+            Quick::Unchanged => self.io.try_read_fg(lane, Dev::Base, offset, buf),
+            Quick::Copy { op, src } => {
+                let g = self.view_gen.load(Ordering::Acquire);
+                let w = self.view_word.load(Ordering::Relaxed);
+                let merged = (w & 0xffff_ffff) as usize;
+                let staged_end = (w >> 32) as usize;
+                if g & 1 != 0 || w & VIEW_LOCKED != 0 || (op >= merged && op < staged_end) {
+                    return false;
+                }
+                let from = if op < merged { block } else { src };
+                let at = (from << self.map.block_shift()) + skip;
+                if !self.io.try_read_fg(lane, Dev::Base, at, buf) {
+                    return false;
+                }
+                // The pread's loads before the generation's second load (a seqlock's read side).
+                fence(Ordering::Acquire);
+                self.view_gen.load(Ordering::Relaxed) == g
+            }
+            Quick::Other => false,
+        }
+    }
+
+    /// [`Snapshot::read_class`] holding the merge view: every read [`Snapshot::read_quick`]
+    /// does not serve.
+    #[inline(never)]
+    fn read_locked(&self, class: IoClass, offset: u64, buf: &mut [u8]) -> Result<()> {
         let view = self.lock_view();
         let len = buf.len() as u64;
         if let Some(&cap) = self.size_limit.get()
@@ -1027,6 +1134,24 @@ impl Snapshot {
 }
 
 /// `dst ^= src` over their common length.
+/// A view word readers may not use: they take the view's lock.
+const VIEW_LOCKED: u64 = 1 << 63;
+
+/// The merge view in one word for lock-free readers: `merged` in bits 0..32 and the end of the
+/// staged window (`merged` without one) in bits 32..63; [`VIEW_LOCKED`] when it does not fit
+/// that (more ops than 2^31, or a staged window that does not start at `merged`, which the
+/// merge never makes).
+fn view_word(v: &MergeView) -> u64 {
+    let end = v.staged.as_ref().map_or(v.merged, |w| w.end);
+    let fits =
+        v.staged.as_ref().is_none_or(|w| w.start == v.merged) && v.merged <= end && end < 1 << 31;
+    if fits {
+        v.merged as u64 | (end as u64) << 32
+    } else {
+        VIEW_LOCKED
+    }
+}
+
 fn xor_into(dst: &mut [u8], src: &[u8]) {
     for (d, s) in dst.iter_mut().zip(src) {
         *d ^= s;

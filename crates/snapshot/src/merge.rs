@@ -355,10 +355,16 @@ impl Prefetched {
     }
 
     /// Read the stored bytes of `pays` with one I/O when they lie close together in the COW (a
-    /// writer stores an op range's payloads back to back): one read instead of one per op.
+    /// writer stores an op range's payloads back to back): one read instead of one per op. The
+    /// merge skips the payloads whose units the pre-merge check kept.
     fn load(&mut self, snap: &Snapshot, pays: impl Iterator<Item = Payload>) -> Result<()> {
         let (mut lo, mut hi, mut sum) = (u64::MAX, 0u64, 0u64);
         for p in pays {
+            if let Some((k, Keep::Take)) = &self.kept
+                && k.holds(&p)
+            {
+                continue;
+            }
             lo = lo.min(p.offset);
             hi = hi.max(p.offset.saturating_add(p.stored_len as u64));
             sum += p.stored_len as u64;

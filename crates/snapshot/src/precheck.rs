@@ -127,6 +127,11 @@ impl KeptUnits {
         Some(u)
     }
 
+    /// Whether the unit of payload `p` is kept (and not taken yet).
+    pub(crate) fn holds(&self, p: &Payload) -> bool {
+        lock(&self.units).contains_key(&p.offset)
+    }
+
     /// Units the merge took so far.
     pub(crate) fn taken(&self) -> u64 {
         self.taken.load(Ordering::Relaxed)

@@ -283,12 +283,13 @@ pub(crate) fn compute_batch(
             OpKind::Replace { payload, .. } => {
                 // Decoded straight from the prefetched bytes (or taken from the pre-merge
                 // check); the merge reads each unit once, so it keeps no cache copy.
-                payloads.decode_unit(snap, i, &payload, &mut unit)?;
+                let u = payloads.decode_unit(snap, i, &payload, &mut unit)?;
+                let u = u.bytes();
                 for b in owned {
                     let at = ((b - op.new_block) * bs) as usize;
-                    let src = unit.get(at..at + bsu).ok_or(SnapError::PayloadShort {
+                    let src = u.get(at..at + bsu).ok_or(SnapError::PayloadShort {
                         offset: payload.offset,
-                        len: unit.len() as u32,
+                        len: u.len() as u32,
                         unit: (at + bsu) as u32,
                     })?;
                     blocks.push((b, buf.len()));
@@ -378,31 +379,59 @@ impl Prefetched {
         snap.io.read(IoClass::Merge, Dev::Cow, lo, &mut self.data)
     }
 
-    /// Decode payload `p` of op `op` (merge index) into `out`, resized to one unit: from the
-    /// prefetched bytes when they are there, else read from the COW; or, for the merge, the unit
-    /// the pre-merge check kept. The check keeps a copy of what it decodes.
-    fn decode_unit(
+    /// The unit of payload `p` of op `op` (merge index), decoded from the prefetched bytes when
+    /// they are there, else read from the COW: into `out` (resized to one unit), or, for a unit
+    /// the check keeps, into a buffer of its own shared with the kept units (no copy); for the
+    /// merge, the unit the pre-merge check kept.
+    fn decode_unit<'b>(
         &self,
         snap: &Snapshot,
         op: usize,
         p: &Payload,
-        out: &mut Vec<u8>,
-    ) -> Result<()> {
-        if let Some((k, Keep::Take)) = &self.kept
-            && let Some(u) = k.take(op, p)
-        {
-            *out = u;
-            return Ok(());
+        out: &'b mut Vec<u8>,
+    ) -> Result<Unit<'b>> {
+        match &self.kept {
+            Some((k, Keep::Take)) => {
+                if let Some(u) = k.take(op, p) {
+                    return Ok(Unit::Kept(u));
+                }
+            }
+            Some((k, Keep::Fill)) if k.wants(op, p) => {
+                let mut u = vec![0u8; p.unit_len as usize];
+                self.decode_raw(snap, p, &mut u)?;
+                let u = Arc::new(u);
+                k.put(p, u.clone());
+                return Ok(Unit::Kept(u));
+            }
+            _ => {}
         }
         out.resize(p.unit_len as usize, 0);
+        self.decode_raw(snap, p, out)?;
+        Ok(Unit::Buf(out))
+    }
+
+    /// Decode payload `p` into `out` (one unit), from the prefetched bytes when they are there.
+    fn decode_raw(&self, snap: &Snapshot, p: &Payload, out: &mut [u8]) -> Result<()> {
         match self.get(p) {
-            Some(src) => snap.decode_stored(p, src, out)?,
-            None => snap.decode_into(IoClass::Merge, p, out)?,
+            Some(src) => snap.decode_stored(p, src, out),
+            None => snap.decode_into(IoClass::Merge, p, out),
         }
-        if let Some((k, Keep::Fill)) = &self.kept {
-            k.put(op, p, out);
+    }
+}
+
+/// A decoded unit ([`Prefetched::decode_unit`]): in the caller's buffer, or shared with the
+/// units the pre-merge check keeps.
+enum Unit<'b> {
+    Buf(&'b [u8]),
+    Kept(Arc<Vec<u8>>),
+}
+
+impl Unit<'_> {
+    fn bytes(&self) -> &[u8] {
+        match self {
+            Unit::Buf(b) => b,
+            Unit::Kept(u) => u,
         }
-        Ok(())
     }
 }
 
@@ -490,8 +519,8 @@ pub(crate) fn compute_window(
     for (i, op) in ops[n..end].iter().enumerate() {
         if let OpKind::Xor { payload, .. } = op.kind {
             let slot = i * bsu;
-            payloads.decode_unit(snap, n + i, &payload, &mut delta)?;
-            for (d, x) in data[slot..slot + bsu].iter_mut().zip(&delta) {
+            let u = payloads.decode_unit(snap, n + i, &payload, &mut delta)?;
+            for (d, x) in data[slot..slot + bsu].iter_mut().zip(u.bytes()) {
                 *d ^= x;
             }
         }

@@ -99,23 +99,25 @@ pub struct PrecheckReport {
 pub(crate) struct KeptUnits {
     /// Ops of the merge order before this index have their compressed payload's unit kept.
     until: usize,
-    units: Mutex<HashMap<u64, Vec<u8>>>,
+    units: Mutex<HashMap<u64, Arc<Vec<u8>>>>,
     /// Units the merge took.
     taken: AtomicU64,
 }
 
 impl KeptUnits {
-    /// Keep a copy of `unit`, payload `p` of op `op` decoded, if the op is among those kept.
-    pub(crate) fn put(&self, op: usize, p: &Payload, unit: &[u8]) {
-        if op < self.until && p.codec != Codec::None {
-            lock(&self.units)
-                .entry(p.offset)
-                .or_insert_with(|| unit.to_vec());
-        }
+    /// Whether the unit of payload `p` of op `op` is one to keep (the check decodes it into a
+    /// buffer of its own and [`put`](Self::put)s it).
+    pub(crate) fn wants(&self, op: usize, p: &Payload) -> bool {
+        op < self.until && p.codec != Codec::None
+    }
+
+    /// Keep `unit`, payload `p` decoded (one the check [`wants`](Self::wants)).
+    pub(crate) fn put(&self, p: &Payload, unit: Arc<Vec<u8>>) {
+        lock(&self.units).entry(p.offset).or_insert(unit);
     }
 
     /// The kept unit of payload `p` of op `op`, taken out (the merge needs each once).
-    pub(crate) fn take(&self, op: usize, p: &Payload) -> Option<Vec<u8>> {
+    pub(crate) fn take(&self, op: usize, p: &Payload) -> Option<Arc<Vec<u8>>> {
         if op >= self.until {
             return None;
         }
@@ -539,8 +541,12 @@ fn decode_chunk(
         for &(op, p) in &part[k..j] {
             let at = (p.offset - start) as usize;
             let src = &run[at..at + p.stored_len as usize];
-            unit.resize(p.unit_len as usize, 0);
-            snap.decoder.decode(p.codec, src, unit).map_err(|source| {
+            // A unit to keep is decoded into a buffer of its own (no copy).
+            let keep = kept.filter(|k| k.wants(op, &p));
+            let mut own = Vec::new();
+            let out = if keep.is_some() { &mut own } else { &mut *unit };
+            out.resize(p.unit_len as usize, 0);
+            snap.decoder.decode(p.codec, src, out).map_err(|source| {
                 let block = snap.map.ops().get(op).map_or(0, |o| o.new_block);
                 (
                     op,
@@ -552,10 +558,10 @@ fn decode_chunk(
                     },
                 )
             })?;
-            if let Some(k) = kept {
-                k.put(op, &p, unit);
+            decoded += out.len();
+            if let Some(k) = keep {
+                k.put(&p, Arc::new(own));
             }
-            decoded += unit.len();
         }
         k = j;
     }

@@ -304,6 +304,7 @@ pub fn run(mut a: MergeArgs) -> anyhow::Result<()> {
             progress: Some(&on_progress),
             stash: stash.as_ref(),
             pipeline: true,
+            keep_decoded: snapblk_snapshot::KEEP_DECODED,
             ..Default::default()
         },
     );
@@ -356,11 +357,12 @@ pub fn run(mut a: MergeArgs) -> anyhow::Result<()> {
         if a.stats {
             writeln!(
                 out,
-                "{} ordered windows ({} staged in scratch, {} self-safe without scratch), {} replace batches",
+                "{} ordered windows ({} staged in scratch, {} self-safe without scratch), {} replace batches, {} decoded units taken from the pre-merge check",
                 report.ordered_windows,
                 report.scratch_windows,
                 report.self_safe_windows,
-                report.replace_batches
+                report.replace_batches,
+                report.units_from_check
             )?;
             writeln!(
                 out,

@@ -15,12 +15,16 @@
 //!   `sync`), into a fresh copy of the old image, vs `cp --sparse=never` of the new image to a new
 //!   file followed by `sync`, interleaved.
 //!   The merge computes units ahead on a second thread as `snapblk merge` does;
-//!   `SNAPBLK_BENCH_NO_PIPELINE=1` turns that off for an A/B comparison.
+//!   `SNAPBLK_BENCH_NO_PIPELINE=1` turns that off for an A/B comparison, and
+//!   `SNAPBLK_BENCH_KEEP_DECODED=BYTES` sets the units the pre-merge check keeps for the merge
+//!   (default `KEEP_DECODED`, as `snapblk merge`; 0 decodes every payload twice).
 //!
 //! Prints one JSON object.
 
 use snapblk_core::rng::Rng;
-use snapblk_snapshot::{MergeOptions, OpenMode, SnapshotConfig, load_verifier, merge, open_files};
+use snapblk_snapshot::{
+    KEEP_DECODED, MergeOptions, OpenMode, SnapshotConfig, load_verifier, merge, open_files,
+};
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::time::Instant;
@@ -179,6 +183,10 @@ fn merge_secs(dir: &Path, cow: &str, new: &[u8]) -> f64 {
     // As `snapblk merge` does: the next window is read on a second thread.
     let opts = MergeOptions {
         pipeline: std::env::var_os("SNAPBLK_BENCH_NO_PIPELINE").is_none(),
+        keep_decoded: std::env::var("SNAPBLK_BENCH_KEEP_DECODED")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(KEEP_DECODED),
         ..Default::default()
     };
     merge(&s, opts).unwrap();

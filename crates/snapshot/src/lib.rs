@@ -61,7 +61,7 @@ pub use driver::SnapshotDriver;
 pub use error::{Result, SnapError};
 pub use io::{CacheStats, Dev};
 pub use map::{Codec, MapOp, MergeView, OpKind, Payload, Segment, SnapshotMap};
-pub use merge::{MergeOptions, MergeProgress, MergeReport, MergeStep, merge};
+pub use merge::{KEEP_DECODED, MergeOptions, MergeProgress, MergeReport, MergeStep, merge};
 pub use merge_task::{MergeControlError, MergeState, MergeStats, MergeTask};
 pub use precheck::{PrecheckReport, precheck};
 pub use record::{

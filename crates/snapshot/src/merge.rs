@@ -34,7 +34,7 @@
 use crate::error::{Result, SnapError};
 use crate::io::Dev;
 use crate::map::{MergeView, OpKind, Payload, StagedWindow};
-use crate::precheck::{PrecheckReport, precheck};
+use crate::precheck::{KeptUnits, PrecheckReport, precheck_keeping};
 use crate::sched::IoClass;
 use crate::snapshot::{Snapshot, scratch_state};
 use crate::stash::{Stash, Stashed, old_or_new, reads_own_destination};
@@ -49,6 +49,10 @@ const NO_SCRATCH_WINDOW: usize = 512;
 /// REPLACE/ZERO commit granularity (ops, bytes), as snapuserd.
 const BATCH_OPS: usize = 256;
 const BATCH_BYTES: u64 = 1 << 20;
+/// The cap `snapblk merge` puts on the decoded units the pre-merge check keeps for the merge
+/// ([`MergeOptions::keep_decoded`]): 64 MiB, a 256 MiB image's compressed ops in the realistic
+/// benchmark (`bench/realistic-bench.sh`), or the first 16,384 blocks' worth of a larger one.
+pub const KEEP_DECODED: u64 = 64 << 20;
 
 /// A durable step of the merge, reported to [`MergeOptions::hook`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -104,6 +108,13 @@ pub struct MergeOptions<'a> {
     /// and its I/O order is no longer deterministic, so `snapblk merge` turns it on and a merge
     /// beside a served device (`merge=true`) leaves it off.
     pub pipeline: bool,
+    /// Bytes of decoded units the pre-merge check keeps for the merge's first windows and
+    /// batches, so that those payloads are decoded once instead of twice (the check must decode
+    /// every payload before the first write, and the merge needs the same units again). The
+    /// units are kept in merge order until the next would pass this cap, and each is freed when
+    /// the merge takes it. 0 (the default) keeps none; `snapblk merge` sets
+    /// [`KEEP_DECODED`]. A merge beside a served device leaves it at 0.
+    pub keep_decoded: u64,
 }
 
 /// What a merge run did.
@@ -136,6 +147,9 @@ pub struct MergeReport {
     /// Ordered windows and REPLACE/ZERO batches computed on a second thread (sources or payloads
     /// read, decoded) while the one before them was written ([`MergeOptions::pipeline`]).
     pub computed_ahead: usize,
+    /// Decoded units of compressed payloads this run took from the pre-merge check instead of
+    /// decoding them again ([`MergeOptions::keep_decoded`]).
+    pub units_from_check: u64,
     /// What the pre-merge check looked at, and its time.
     pub precheck: PrecheckReport,
 }
@@ -266,15 +280,15 @@ pub(crate) fn compute_batch(
                 }
             }
             OpKind::Replace { payload, .. } => {
-                // Decoded straight from the prefetched bytes; the merge reads each unit
-                // once, so it keeps no cache copy.
-                unit.resize(payload.unit_len as usize, 0);
-                payloads.decode(snap, &payload, &mut unit)?;
+                // Decoded straight from the prefetched bytes (or taken from the pre-merge
+                // check); the merge reads each unit once, so it keeps no cache copy.
+                let u = payloads.decode_unit(snap, i, &payload, &mut unit)?;
+                let u = u.bytes();
                 for b in owned {
                     let at = ((b - op.new_block) * bs) as usize;
-                    let src = unit.get(at..at + bsu).ok_or(SnapError::PayloadShort {
+                    let src = u.get(at..at + bsu).ok_or(SnapError::PayloadShort {
                         offset: payload.offset,
-                        len: unit.len() as u32,
+                        len: u.len() as u32,
                         unit: (at + bsu) as u32,
                     })?;
                     blocks.push((b, buf.len()));
@@ -300,8 +314,10 @@ struct Merger<'a> {
     /// and zeroing a window's worth of memory per window).
     spare: Vec<u8>,
     /// Stored payload bytes of the current window or batch, read with one I/O
-    /// ([`Merger::prefetch`]).
+    /// ([`Prefetched::load`]).
     payloads: Prefetched,
+    /// Decoded units the pre-merge check kept for this merge.
+    kept: Option<Arc<KeptUnits>>,
 }
 
 /// Stored bytes of the COW from `start`, holding the payloads of a window or batch.
@@ -309,9 +325,29 @@ struct Merger<'a> {
 pub(crate) struct Prefetched {
     start: u64,
     data: Vec<u8>,
+    /// Decoded units shared between the pre-merge check and the merge ([`KeptUnits`]): the
+    /// check fills them, the merge takes them.
+    kept: Option<(Arc<KeptUnits>, Keep)>,
+}
+
+/// What [`Prefetched::decode_unit`] does with [`KeptUnits`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Keep {
+    /// Keep a copy of each unit decoded (the pre-merge check).
+    Fill,
+    /// Take a kept unit instead of decoding it (the merge).
+    Take,
 }
 
 impl Prefetched {
+    /// No payloads read yet; decoded units go to or come from `kept` as `mode` says.
+    pub(crate) fn with_kept(kept: Option<Arc<KeptUnits>>, mode: Keep) -> Self {
+        Prefetched {
+            kept: kept.map(|k| (k, mode)),
+            ..Default::default()
+        }
+    }
+
     /// The stored bytes of `p`, if they were prefetched.
     fn get(&self, p: &Payload) -> Option<&[u8]> {
         let at = usize::try_from(p.offset.checked_sub(self.start)?).ok()?;
@@ -319,10 +355,16 @@ impl Prefetched {
     }
 
     /// Read the stored bytes of `pays` with one I/O when they lie close together in the COW (a
-    /// writer stores an op range's payloads back to back): one read instead of one per op.
+    /// writer stores an op range's payloads back to back): one read instead of one per op. The
+    /// merge skips the payloads whose units the pre-merge check kept.
     fn load(&mut self, snap: &Snapshot, pays: impl Iterator<Item = Payload>) -> Result<()> {
         let (mut lo, mut hi, mut sum) = (u64::MAX, 0u64, 0u64);
         for p in pays {
+            if let Some((k, Keep::Take)) = &self.kept
+                && k.holds(&p)
+            {
+                continue;
+            }
             lo = lo.min(p.offset);
             hi = hi.max(p.offset.saturating_add(p.stored_len as u64));
             sum += p.stored_len as u64;
@@ -336,11 +378,58 @@ impl Prefetched {
         snap.io.read(IoClass::Merge, Dev::Cow, lo, &mut self.data)
     }
 
-    /// Decode payload `p` into `out` (one unit), from the prefetched bytes when it is there.
-    fn decode(&self, snap: &Snapshot, p: &Payload, out: &mut [u8]) -> Result<()> {
+    /// The unit of payload `p` of op `op` (merge index), decoded from the prefetched bytes when
+    /// they are there, else read from the COW: into `out` (resized to one unit), or, for a unit
+    /// the check keeps, into a buffer of its own shared with the kept units (no copy); for the
+    /// merge, the unit the pre-merge check kept.
+    fn decode_unit<'b>(
+        &self,
+        snap: &Snapshot,
+        op: usize,
+        p: &Payload,
+        out: &'b mut Vec<u8>,
+    ) -> Result<Unit<'b>> {
+        match &self.kept {
+            Some((k, Keep::Take)) => {
+                if let Some(u) = k.take(op, p) {
+                    return Ok(Unit::Kept(u));
+                }
+            }
+            Some((k, Keep::Fill)) if k.wants(op, p) => {
+                let mut u = vec![0u8; p.unit_len as usize];
+                self.decode_raw(snap, p, &mut u)?;
+                let u = Arc::new(u);
+                k.put(p, u.clone());
+                return Ok(Unit::Kept(u));
+            }
+            _ => {}
+        }
+        out.resize(p.unit_len as usize, 0);
+        self.decode_raw(snap, p, out)?;
+        Ok(Unit::Buf(out))
+    }
+
+    /// Decode payload `p` into `out` (one unit), from the prefetched bytes when they are there.
+    fn decode_raw(&self, snap: &Snapshot, p: &Payload, out: &mut [u8]) -> Result<()> {
         match self.get(p) {
             Some(src) => snap.decode_stored(p, src, out),
             None => snap.decode_into(IoClass::Merge, p, out),
+        }
+    }
+}
+
+/// A decoded unit ([`Prefetched::decode_unit`]): in the caller's buffer, or shared with the
+/// units the pre-merge check keeps.
+enum Unit<'b> {
+    Buf(&'b [u8]),
+    Kept(Arc<Vec<u8>>),
+}
+
+impl Unit<'_> {
+    fn bytes(&self) -> &[u8] {
+        match self {
+            Unit::Buf(b) => b,
+            Unit::Kept(u) => u,
         }
     }
 }
@@ -425,13 +514,12 @@ pub(crate) fn compute_window(
             _ => None,
         }),
     )?;
-    let mut delta = vec![0u8; bsu];
+    let mut delta = Vec::new();
     for (i, op) in ops[n..end].iter().enumerate() {
         if let OpKind::Xor { payload, .. } = op.kind {
             let slot = i * bsu;
-            delta.resize(payload.unit_len as usize, 0);
-            payloads.decode(snap, &payload, &mut delta)?;
-            for (d, x) in data[slot..slot + bsu].iter_mut().zip(&delta) {
+            let u = payloads.decode_unit(snap, n + i, &payload, &mut delta)?;
+            for (d, x) in data[slot..slot + bsu].iter_mut().zip(u.bytes()) {
                 *d ^= x;
             }
         }
@@ -444,14 +532,15 @@ const PREFETCH_MAX: u64 = 4 << 20;
 
 /// Merge `snap`'s COW into its base, resuming from the persisted progress.
 ///
-/// Before its first write (of this run) it runs the pre-merge check ([`precheck`]) over the ops
-/// still to merge: bounds, every payload decoded, the merge order, the windows of a COW without
-/// scratch. A refusal leaves base and COW as they were.
+/// Before its first write (of this run) it runs the pre-merge check ([`precheck`](crate::precheck()))
+/// over the ops still to merge: bounds, every payload decoded, the merge order, the windows of a
+/// COW without scratch. A refusal leaves base and COW as they were. Up to
+/// [`MergeOptions::keep_decoded`] bytes of the units the check decodes are kept for the merge.
 pub fn merge(snap: &Snapshot, opts: MergeOptions<'_>) -> Result<MergeReport> {
     if let Some(stash) = opts.stash {
         snap.attach_stash(stash)?;
     }
-    let pre = precheck(snap, &opts)?;
+    let (pre, kept) = precheck_keeping(snap, &opts, opts.keep_decoded)?;
     if let Some(stash) = opts.stash
         && snap.layout.scratch().is_none()
     {
@@ -473,7 +562,8 @@ pub fn merge(snap: &Snapshot, opts: MergeOptions<'_>) -> Result<MergeReport> {
             ..Default::default()
         },
         spare: Vec::new(),
-        payloads: Prefetched::default(),
+        payloads: Prefetched::with_kept(kept.clone(), Keep::Take),
+        kept,
     };
     let mut n = merged;
     if staged.is_none() && snap.persisted().state == Some(scratch_state::DONE) {
@@ -495,6 +585,7 @@ pub fn merge(snap: &Snapshot, opts: MergeOptions<'_>) -> Result<MergeReport> {
         n = w.end;
     }
     m.merge_ops(n)?;
+    m.report.units_from_check = m.kept.as_ref().map_or(0, |k| k.taken());
     m.fold_overlay()?;
     Ok(m.report)
 }
@@ -551,8 +642,9 @@ impl Merger<'_> {
             // One unit computed ahead at most: requests (start, end, buffers), results.
             let (req_tx, req_rx) = mpsc::sync_channel::<(usize, usize, Computed)>(1);
             let (res_tx, res_rx) = mpsc::sync_channel::<(usize, usize, Result<Computed>)>(1);
+            let kept = self.kept.clone();
             let worker = move || {
-                let mut payloads = Prefetched::default();
+                let mut payloads = Prefetched::with_kept(kept, Keep::Take);
                 for (a, e, mut c) in req_rx {
                     let r = c.compute(snap, a, e, &mut payloads).map(|()| c);
                     if res_tx.send((a, e, r)).is_err() {

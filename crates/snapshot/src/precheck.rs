@@ -9,8 +9,11 @@
 //!
 //! * **bounds**: every op's destination lies inside the device, every COPY/XOR source inside the
 //!   base, every payload inside the COW, and every payload's unit covers its op's blocks;
-//! * **payloads**: every compressed payload is read and decoded (and discarded), on up to
-//!   [`MAX_THREADS`] threads; raw payloads need no decoding (their bounds are checked);
+//! * **payloads**: every compressed payload is read and decoded, on up to [`MAX_THREADS`]
+//!   threads; raw payloads need no decoding (their bounds are checked). The units decoded are
+//!   discarded, except that for a merge up to [`MergeOptions::keep_decoded`] bytes of them, the
+//!   first in merge order, are kept for the merge ([`KeptUnits`]), which then does not decode
+//!   them again;
 //! * **order**: the merge order follows format §9.2 rules 1 and 2 ([`validate_order`]);
 //! * **windows**: for a COW without scratch, the windows the merge will use are computed exactly
 //!   as it will compute them; an XOR/COPY op that reads its own destination cannot be made part
@@ -24,14 +27,16 @@ use crate::error::{Result, SnapError};
 use crate::io::Dev;
 use crate::map::{Codec, OpKind, Payload};
 use crate::merge::{
-    MergeOptions, Prefetched, batch_end, compute_batch, compute_window, validate_order, window_end,
+    Keep, MergeOptions, Prefetched, batch_end, compute_batch, compute_window, validate_order,
+    window_end,
 };
 use crate::sched::IoClass;
 use crate::snapshot::{Snapshot, check_payload_len};
+use rustc_hash::FxHashMap as HashMap;
 use serde::Serialize;
 use snapblk_core::sync::{into_inner, lock};
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 /// Most decoding threads the check uses.
@@ -72,6 +77,11 @@ pub struct PrecheckReport {
     pub self_safe_windows: usize,
     /// Decoding threads used.
     pub threads: usize,
+    /// Decoded units kept for the merge's first windows and batches
+    /// ([`MergeOptions::keep_decoded`]; 0 for `snapblk merge --check`).
+    pub kept_units: u64,
+    /// Their bytes (at most [`MergeOptions::keep_decoded`]).
+    pub kept_bytes: u64,
     /// With a COW record: what the base is (see `snapblk_cow::record::MergeVerdict`).
     pub record: Option<snapblk_cow::record::MergeVerdict>,
     /// Base blocks checked against the record's digests.
@@ -82,8 +92,66 @@ pub struct PrecheckReport {
     pub seconds: f64,
 }
 
+/// Decoded units of compressed payloads that the pre-merge check decodes anyway, kept for the
+/// merge's first windows and batches (the ops before [`KeptUnits::until`], whose units fit in
+/// [`MergeOptions::keep_decoded`]) so that the merge does not decode them a second time. Keyed by
+/// payload offset; the merge takes each unit out when it needs it, which frees it.
+pub(crate) struct KeptUnits {
+    /// Ops of the merge order before this index have their compressed payload's unit kept.
+    until: usize,
+    units: Mutex<HashMap<u64, Arc<Vec<u8>>>>,
+    /// Units the merge took.
+    taken: AtomicU64,
+}
+
+impl KeptUnits {
+    /// Whether the unit of payload `p` of op `op` is one to keep (the check decodes it into a
+    /// buffer of its own and [`put`](Self::put)s it).
+    pub(crate) fn wants(&self, op: usize, p: &Payload) -> bool {
+        op < self.until && p.codec != Codec::None
+    }
+
+    /// Keep `unit`, payload `p` decoded (one the check [`wants`](Self::wants)).
+    pub(crate) fn put(&self, p: &Payload, unit: Arc<Vec<u8>>) {
+        lock(&self.units).entry(p.offset).or_insert(unit);
+    }
+
+    /// The kept unit of payload `p` of op `op`, taken out (the merge needs each once).
+    pub(crate) fn take(&self, op: usize, p: &Payload) -> Option<Arc<Vec<u8>>> {
+        if op >= self.until {
+            return None;
+        }
+        let u = lock(&self.units).remove(&p.offset)?;
+        if u.len() != p.unit_len as usize {
+            return None;
+        }
+        self.taken.fetch_add(1, Ordering::Relaxed);
+        Some(u)
+    }
+
+    /// Whether the unit of payload `p` is kept (and not taken yet).
+    pub(crate) fn holds(&self, p: &Payload) -> bool {
+        lock(&self.units).contains_key(&p.offset)
+    }
+
+    /// Units the merge took so far.
+    pub(crate) fn taken(&self) -> u64 {
+        self.taken.load(Ordering::Relaxed)
+    }
+}
+
 /// Run the pre-merge check for a merge of `snap` with `opts` (only `max_window` matters).
 pub fn precheck(snap: &Snapshot, opts: &MergeOptions<'_>) -> Result<PrecheckReport> {
+    precheck_keeping(snap, opts, 0).map(|(rep, _)| rep)
+}
+
+/// [`precheck`], keeping up to `keep` bytes of the units it decodes for the merge's first
+/// windows and batches ([`KeptUnits`]; `None` when it keeps none).
+pub(crate) fn precheck_keeping(
+    snap: &Snapshot,
+    opts: &MergeOptions<'_>,
+    keep: u64,
+) -> Result<(PrecheckReport, Option<Arc<KeptUnits>>)> {
     let t0 = Instant::now();
     let map = &snap.map;
     let bs = map.block_size();
@@ -167,6 +235,24 @@ pub fn precheck(snap: &Snapshot, opts: &MergeOptions<'_>) -> Result<PrecheckRepo
     }
     rep.ops_checked = total.saturating_sub(from);
 
+    // The compressed payloads, in merge order, whose units fit in `keep`.
+    let mut left = keep;
+    let mut until = from;
+    for (i, p) in &compressed {
+        let Some(l) = left.checked_sub(u64::from(p.unit_len)) else {
+            break;
+        };
+        left = l;
+        until = i + 1;
+    }
+    let kept = (until > from).then(|| {
+        Arc::new(KeptUnits {
+            until,
+            units: Mutex::new(HashMap::default()),
+            taken: AtomicU64::new(0),
+        })
+    });
+
     // The windows a merge without scratch will use, exactly as it computes them.
     if snap.layout.scratch().is_none() {
         let p = map.ordered_len();
@@ -182,7 +268,7 @@ pub fn precheck(snap: &Snapshot, opts: &MergeOptions<'_>) -> Result<PrecheckRepo
     let (decoded, threads) = if snap.verifier().is_some() {
         (0, 0)
     } else {
-        decode_all(snap, &compressed)?
+        decode_all(snap, &compressed, kept.as_deref())?
     };
     rep.payloads_decoded = compressed.len() as u64;
     rep.payload_bytes = compressed.iter().map(|(_, p)| p.stored_len as u64).sum();
@@ -217,7 +303,8 @@ pub fn precheck(snap: &Snapshot, opts: &MergeOptions<'_>) -> Result<PrecheckRepo
             rep.record = Some(b.verdict);
             rep.record_base_blocks = b.source_blocks_checked + b.merged_blocks_checked;
         }
-        let checked = verify_staged(snap).and_then(|n| Ok(n + verify_new_blocks(snap, from)?));
+        let checked =
+            verify_staged(snap).and_then(|n| Ok(n + verify_new_blocks(snap, from, kept.as_ref())?));
         rep.record_new_blocks = match checked {
             Ok(n) => n,
             Err(e @ SnapError::Corrupt { .. }) if fresh => return Err(explain(e)?),
@@ -227,8 +314,13 @@ pub fn precheck(snap: &Snapshot, opts: &MergeOptions<'_>) -> Result<PrecheckRepo
             rep.record = Some(snapblk_cow::record::MergeVerdict::NotStarted);
         }
     }
+    if let Some(k) = &kept {
+        let units = lock(&k.units);
+        rep.kept_units = units.len() as u64;
+        rep.kept_bytes = units.values().map(|u| u.len() as u64).sum();
+    }
     rep.seconds = t0.elapsed().as_secs_f64();
-    Ok(rep)
+    Ok((rep, kept))
 }
 
 /// A window staged in scratch by an interrupted merge is written from its staged copy (its
@@ -260,8 +352,9 @@ fn verify_staged(snap: &Snapshot) -> Result<u64> {
 /// runs, XOR payloads applied; [`compute_batch`]: REPLACE/ZERO decoded), writing nothing, and
 /// check each against the COW record (a mismatch is [`SnapError::Corrupt`]). Units of work (up to
 /// [`ORDERED_CHUNK`] ordered ops, or one REPLACE/ZERO batch) run on up to [`MAX_THREADS`] threads;
-/// the error of the earliest unit in merge order is reported. Returns the blocks read.
-fn verify_new_blocks(snap: &Snapshot, from: usize) -> Result<u64> {
+/// the error of the earliest unit in merge order is reported. The payloads decoded go to `kept`
+/// (those it keeps). Returns the blocks read.
+fn verify_new_blocks(snap: &Snapshot, from: usize, kept: Option<&Arc<KeptUnits>>) -> Result<u64> {
     let Some(v) = snap.verifier() else {
         return Ok(0);
     };
@@ -320,7 +413,8 @@ fn verify_new_blocks(snap: &Snapshot, from: usize) -> Result<u64> {
     let read = AtomicU64::new(0);
     let first_err: Mutex<Option<(usize, SnapError)>> = Mutex::new(None);
     let work = || {
-        let (mut data, mut pays, mut blocks) = (Vec::new(), Prefetched::default(), Vec::new());
+        let mut pays = Prefetched::with_kept(kept.cloned(), Keep::Fill);
+        let (mut data, mut blocks) = (Vec::new(), Vec::new());
         loop {
             let r = next.fetch_add(1, Ordering::Relaxed);
             let Some(&u) = units.get(r) else { break };
@@ -354,9 +448,13 @@ fn verify_new_blocks(snap: &Snapshot, from: usize) -> Result<u64> {
     Ok(read.into_inner())
 }
 
-/// Decode every payload of `list` (op index, payload), in parallel; the error of the lowest op
-/// index wins. Returns (decoded bytes, threads used).
-fn decode_all(snap: &Snapshot, list: &[(usize, Payload)]) -> Result<(u64, usize)> {
+/// Decode every payload of `list` (op index, payload), in parallel, keeping in `kept` those
+/// it keeps; the error of the lowest op index wins. Returns (decoded bytes, threads used).
+fn decode_all(
+    snap: &Snapshot,
+    list: &[(usize, Payload)],
+    kept: Option<&KeptUnits>,
+) -> Result<(u64, usize)> {
     if list.is_empty() {
         return Ok((0, 0));
     }
@@ -379,7 +477,7 @@ fn decode_all(snap: &Snapshot, list: &[(usize, Payload)]) -> Result<(u64, usize)
                 break;
             }
             let part = &list[c * CHUNK..((c + 1) * CHUNK).min(list.len())];
-            match decode_chunk(snap, part, &mut run, &mut unit) {
+            match decode_chunk(snap, part, &mut run, &mut unit, kept) {
                 Ok(n) => {
                     decoded.fetch_add(n, Ordering::Relaxed);
                 }
@@ -419,6 +517,7 @@ fn decode_chunk(
     part: &[(usize, Payload)],
     run: &mut Vec<u8>,
     unit: &mut Vec<u8>,
+    kept: Option<&KeptUnits>,
 ) -> std::result::Result<usize, (usize, SnapError)> {
     let mut decoded = 0usize;
     let mut k = 0;
@@ -442,8 +541,12 @@ fn decode_chunk(
         for &(op, p) in &part[k..j] {
             let at = (p.offset - start) as usize;
             let src = &run[at..at + p.stored_len as usize];
-            unit.resize(p.unit_len as usize, 0);
-            snap.decoder.decode(p.codec, src, unit).map_err(|source| {
+            // A unit to keep is decoded into a buffer of its own (no copy).
+            let keep = kept.filter(|k| k.wants(op, &p));
+            let mut own = Vec::new();
+            let out = if keep.is_some() { &mut own } else { &mut *unit };
+            out.resize(p.unit_len as usize, 0);
+            snap.decoder.decode(p.codec, src, out).map_err(|source| {
                 let block = snap.map.ops().get(op).map_or(0, |o| o.new_block);
                 (
                     op,
@@ -455,7 +558,10 @@ fn decode_chunk(
                     },
                 )
             })?;
-            decoded += unit.len();
+            decoded += out.len();
+            if let Some(k) = keep {
+                k.put(&p, Arc::new(own));
+            }
         }
         k = j;
     }

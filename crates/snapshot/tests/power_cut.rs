@@ -41,10 +41,12 @@ fn first_diff_block(a: &[u8], b: &[u8]) -> Option<usize> {
 }
 
 /// The merge `snapblk merge` runs: the next window is read on a second thread while the current
-/// one is written, so the cuts also land between that thread's reads.
+/// one is written, so the cuts also land between that thread's reads; the units the pre-merge
+/// check decoded are kept for the merge.
 fn pipelined() -> MergeOptions<'static> {
     MergeOptions {
         pipeline: true,
+        keep_decoded: snapblk_snapshot::KEEP_DECODED,
         ..Default::default()
     }
 }
@@ -69,6 +71,8 @@ struct Totals {
     self_safe_windows: usize,
     /// Windows of the uninterrupted runs computed on the second thread ahead of their turn.
     computed_ahead: usize,
+    /// Decoded units the merges (interrupted or not) took from their pre-merge check.
+    units_from_check: u64,
 }
 
 /// Cut power `cuts` times at random instants while merging `case`, maybe cut the resume too,
@@ -82,6 +86,7 @@ fn cut_and_resume_with(case: &SynthCase, seed: u64, cuts: u64, t: &mut Totals, d
     t.scratch_windows += rep.scratch_windows;
     t.self_safe_windows += rep.self_safe_windows;
     t.computed_ahead += rep.computed_ahead;
+    t.units_from_check += rep.units_from_check;
     let mut rng = Rng::new(seed);
     for c in 0..cuts {
         let mut images = vec![case.base.clone(), case.cow.clone()];
@@ -111,6 +116,7 @@ fn cut_and_resume_with(case: &SynthCase, seed: u64, cuts: u64, t: &mut Totals, d
         );
         let rep = merge(&s, pipelined()).unwrap();
         t.resumed_from_scratch += rep.resumed_from_scratch as u64;
+        t.units_from_check += rep.units_from_check;
         let base = world.current().swap_remove(0);
         let wrong = base
             .chunks(4096)
@@ -336,6 +342,25 @@ fn interrupted_merge_stops_at_a_safe_point_and_resumes() {
     let _ = ReadAt::size(&world2.disk(0));
 }
 
+/// Every other REPLACE block of a generated case becomes text, which lz4 stores compressed (the
+/// generated data does not compress): the merge then has units to decode.
+fn compressible_replaces(case: &mut SynthCase) {
+    let bs = case.layout.block_size as usize;
+    for (k, op) in case.ops.iter().enumerate().filter(|(k, _)| k % 2 == 0) {
+        if let snapblk_snapshot::OpKind::Replace { payload, .. } = op.kind {
+            let text: Vec<u8> = format!("block {} of op {k}\n", op.new_block)
+                .bytes()
+                .cycle()
+                .take(bs)
+                .collect();
+            let at = payload.offset as usize;
+            case.cow[at..at + bs].copy_from_slice(&text);
+            let d = op.new_block as usize * bs;
+            case.target[d..d + bs].copy_from_slice(&text);
+        }
+    }
+}
+
 #[test]
 fn power_cuts_on_real_cow_files() {
     // The same workloads written as real v3 (2 MiB scratch, lz4) and v2 COW files.
@@ -346,6 +371,7 @@ fn power_cuts_on_real_cow_files() {
             ..SynthSpec::default()
         };
         let mut case = generate(&spec, 4000 + w);
+        compressible_replaces(&mut case);
         let opts = snapblk_cow::WriterOptions {
             version,
             codec: snapblk_cow::Codec::new(snapblk_cow::Compression::Lz4),
@@ -371,4 +397,5 @@ fn power_cuts_on_real_cow_files() {
     }
     assert!(t.cuts >= 60);
     assert_eq!(t.wrong_blocks, 0);
+    assert!(t.units_from_check > 0, "no unit kept by the check");
 }

@@ -273,3 +273,165 @@ fn a_good_cow_passes_and_the_report_says_what_was_checked() {
     drop(s);
     assert!(std::fs::read(&f.base).unwrap() == f.case.target);
 }
+
+/// Counts the payloads it decodes (through the real codecs).
+#[derive(Default)]
+struct Counting(std::sync::atomic::AtomicU64);
+
+impl snapblk_snapshot::Decoder for Counting {
+    fn decode(
+        &self,
+        codec: snapblk_snapshot::Codec,
+        src: &[u8],
+        out: &mut [u8],
+    ) -> Result<(), snapblk_cow::DecodeError> {
+        self.0.fetch_add(1, Ordering::Relaxed);
+        snapblk_snapshot::CowDecoder.decode(codec, src, out)
+    }
+}
+
+/// A COW file that counts the bytes read from it.
+struct CountingDev(snapblk_snapshot::FileDev, std::sync::atomic::AtomicU64);
+
+impl snapblk_core::ReadAt for CountingDev {
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.0.read_at(offset, buf)?;
+        self.1.fetch_add(n as u64, Ordering::Relaxed);
+        Ok(n)
+    }
+    fn size(&self) -> std::io::Result<u64> {
+        self.0.size()
+    }
+}
+
+impl snapblk_core::WriteAt for CountingDev {
+    fn write_all_at(&self, offset: u64, buf: &[u8]) -> std::io::Result<()> {
+        self.0.write_all_at(offset, buf)
+    }
+    fn sync_data(&self) -> std::io::Result<()> {
+        self.0.sync_data()
+    }
+}
+
+/// What [`merge_counting`] saw.
+struct Counted {
+    /// Payloads decoded in all (check and merge).
+    decodes: u64,
+    /// Bytes read from the COW in all.
+    cow_read: u64,
+    rep: snapblk_snapshot::MergeReport,
+}
+
+/// Merge `f` with the check keeping `keep` bytes of decoded units (with a COW record: the check
+/// computes every block and compares it with the record).
+fn merge_counting(f: &Files, keep: u64, record: bool) -> Counted {
+    use snapblk_snapshot::{FileDev, Snapshot, SnapshotMap, SnapshotParts};
+    use std::sync::Arc;
+    let (map, layout) = {
+        let s = open_files(
+            &f.base,
+            &f.cow,
+            SnapshotConfig::default(),
+            OpenMode::default(),
+        )
+        .unwrap();
+        let m = s.map();
+        (
+            SnapshotMap::new(m.block_size() as u32, m.capacity(), m.ops().to_vec()).unwrap(),
+            s.layout(),
+        )
+    };
+    let dec = Arc::new(Counting::default());
+    let cow = Arc::new(CountingDev(
+        FileDev::open(&f.cow, true).unwrap(),
+        Default::default(),
+    ));
+    let s = Snapshot::open(SnapshotParts {
+        base: Arc::new(FileDev::open(&f.base, true).unwrap()),
+        cow: cow.clone(),
+        map,
+        layout,
+        decoder: dec.clone(),
+        config: SnapshotConfig::default(),
+    })
+    .unwrap();
+    if record {
+        let bytes = std::fs::read(&f.cow).unwrap();
+        let r = snapblk_cow::CowReader::open(bytes.as_slice()).unwrap();
+        let rec = snapblk_cow::record::Record::build(&r, &f.case.base, &f.case.target);
+        std::fs::write(snapblk_cow::record::sidecar_path(&f.cow), rec.encode()).unwrap();
+        let v = snapblk_snapshot::load_verifier(&f.base, &f.cow, None, false).unwrap();
+        s.attach_verifier(v.expect("a record")).unwrap();
+    }
+    let rep = merge(
+        &s,
+        MergeOptions {
+            pipeline: true,
+            keep_decoded: keep,
+            ..MergeOptions::default()
+        },
+    )
+    .unwrap();
+    drop(s);
+    assert!(
+        std::fs::read(&f.base).unwrap() == f.case.target,
+        "keep {keep}: merged base"
+    );
+    Counted {
+        decodes: dec.0.load(Ordering::Relaxed),
+        cow_read: cow.1.load(Ordering::Relaxed),
+        rep,
+    }
+}
+
+#[test]
+fn the_merge_takes_the_units_the_check_decoded_instead_of_decoding_them_again() {
+    let n = compressed_payloads(&lz4_files(11).base, &lz4_files(11).cow).len() as u64;
+    assert!(n > 500, "compressed payloads: {n}");
+    let stored: u64 = compressed_payloads(&lz4_files(11).base, &lz4_files(11).cow)
+        .iter()
+        .map(|(_, p)| u64::from(p.stored_len))
+        .sum();
+    // Nothing kept: the check decodes every payload, then the merge decodes what it writes.
+    let none = merge_counting(&lz4_files(11), 0, false);
+    let twice = none.decodes;
+    let merge_needs = twice - n;
+    assert!(merge_needs > 500, "the merge decoded {merge_needs}");
+    assert_eq!(none.rep.units_from_check, 0);
+    assert_eq!(none.rep.precheck.kept_units, 0);
+    // Everything kept: each payload is decoded once, by the check, and the merge does not read
+    // the payloads it has the units of.
+    let all = merge_counting(&lz4_files(11), u64::MAX, false);
+    assert_eq!(all.decodes, n, "payloads decoded with every unit kept");
+    assert_eq!(all.rep.units_from_check, merge_needs);
+    assert_eq!(all.rep.precheck.kept_units, n);
+    assert!(
+        all.cow_read + stored * merge_needs / n / 2 < none.cow_read,
+        "COW bytes read: {} with every unit kept, {} with none ({stored} bytes of compressed payloads)",
+        all.cow_read,
+        none.cow_read
+    );
+    // A cap of 100 units: the first 100 payloads in merge order are kept, the rest decoded again.
+    let unit = 4096;
+    let some = merge_counting(&lz4_files(11), 100 * unit, false);
+    assert_eq!(some.rep.precheck.kept_units, 100);
+    assert_eq!(some.rep.precheck.kept_bytes, 100 * unit);
+    assert_eq!(some.rep.units_from_check, 100);
+    assert_eq!(some.decodes, twice - 100);
+}
+
+#[test]
+fn with_a_record_the_units_the_check_computed_the_blocks_from_are_kept() {
+    // The record check computes every block the merge writes, decoding exactly the payloads the
+    // merge needs: nothing kept, each twice; all kept, each once.
+    let none = merge_counting(&lz4_files(12), 0, true);
+    let twice = none.decodes;
+    assert!(none.rep.precheck.record_new_blocks > 0);
+    assert_eq!(none.rep.units_from_check, 0);
+    assert!(twice > 1000 && twice.is_multiple_of(2), "decoded {twice}");
+    let all = merge_counting(&lz4_files(12), u64::MAX, true);
+    let once = all.decodes;
+    assert_eq!(once, twice / 2, "payloads decoded with every unit kept");
+    assert_eq!(all.rep.units_from_check, once);
+    assert_eq!(all.rep.precheck.kept_units, once);
+}

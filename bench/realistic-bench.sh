@@ -25,7 +25,7 @@ dir=${1:-/dev/shm/snapblk-realistic}
 mib=${2:-256}
 rounds=${3:-7}
 sections=${4:-reads,merge}
-cargo build --release -p snapblk-cli -p snapblk-snapshot --example realistic_perf >&2
+cargo build --release -p snapblk-cli --bin snapblk -p snapblk-snapshot --example realistic_perf >&2
 mkdir -p "$dir" bench/results/scratch
 if [ ! -s "$dir/new.img" ] || [ "$(stat -c %s "$dir/new.img")" != $((mib << 20)) ]; then
   python3 bench/cow/make-pair.py "$dir" "$mib" >&2

@@ -23,7 +23,7 @@ ROUNDS=${ROUNDS:-3}
 # with one vCPU the time per I/O tracks the instructions executed per I/O.
 export VM_SMP=${VM_SMP:-1}
 
-[ -n "${UBLK_BENCH_NO_BUILD:-}" ] || cargo build --release -q -p snapblk-cli -p snapblk-ublk --example ublk-loadgen
+[ -n "${UBLK_BENCH_NO_BUILD:-}" ] || cargo build --release -q -p snapblk-cli --bin snapblk -p snapblk-ublk --example ublk-loadgen
 bash tests/vm/vm.sh setup
 
 P=$(mktemp -d "${TMPDIR:-/tmp}/snapblk-ublk-bench.XXXXXX")

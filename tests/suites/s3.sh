@@ -239,8 +239,10 @@ head -c $((40 << 20)) /dev/urandom > "$work/sig.bin"
 signalled_put() {  # signalled_put SIGNAL STATUS KEY: put through the slow proxy, signal it mid-part-2
   local sig=$1 status=$2 key=$3
   rm -f "$work/slow.parts"
-  AWS_ENDPOINT_URL=http://127.0.0.1:$slow_port "$snapblk" remote put --part-size 16M --jobs 4 "$work/sig.bin" \
-    "s3://$S3_TEST_BUCKET/$key" > "$work/sig.out" 2> "$work/sig.err" &
+  # env --default-signal: a signal ignored when this suite started (nohup, setsid runners) stays
+  # ignored in snapblk by design, so the put gets the signal's default disposition here.
+  AWS_ENDPOINT_URL=http://127.0.0.1:$slow_port env --default-signal="${sig#SIG}" "$snapblk" remote put \
+    --part-size 16M --jobs 4 "$work/sig.bin" "s3://$S3_TEST_BUCKET/$key" > "$work/sig.out" 2> "$work/sig.err" &
   local p=$!
   for _ in $(seq 300); do grep -q 'part 3' "$work/slow.parts" 2>/dev/null && break; sleep 0.1; done
   if grep -q 'part 2' "$work/slow.parts" && grep -q 'part 3' "$work/slow.parts"; then

@@ -35,6 +35,7 @@ use crate::snapshot::{Snapshot, SnapshotConfig};
 use snapblk_core::{
     Access, DeviceInfo, Driver, Error, PropSpec, PropType, PropValue, Queue, State,
 };
+use snapblk_cow::record::Verifier;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -157,6 +158,20 @@ impl Backend for SnapBackend {
     fn flush(&self) -> snapblk_core::Result<()> {
         Ok(self.0.flush()?)
     }
+}
+
+/// Open a snapshot sized by the COW record's target size, when there is a record, and attach
+/// its verifier: the same steps for a file base and a device base.
+fn open_verified(
+    verifier: Option<Arc<Verifier>>,
+    open: impl FnOnce(Option<u64>) -> crate::Result<Snapshot>,
+) -> crate::Result<Arc<Snapshot>> {
+    let size = verifier.as_ref().map(|v| v.record().target_size);
+    let snap = Arc::new(open(size)?);
+    if let Some(v) = verifier {
+        snap.attach_verifier(v)?;
+    }
+    Ok(snap)
 }
 
 /// A failed read's error for the C ABI, out of the read's way.
@@ -289,11 +304,9 @@ impl Driver for SnapshotDriver {
         } else {
             None
         };
-        let size = verifier.as_ref().map(|v| v.record().target_size);
-        let snap = Arc::new(open_files_sized(base, cow, cfg, mode, size)?);
-        if let Some(v) = verifier {
-            snap.attach_verifier(v)?;
-        }
+        let snap = open_verified(verifier, |size| {
+            open_files_sized(base, cow, cfg, mode, size)
+        })?;
         if self.merge {
             // An unmergeable COW, or a base the merge does not belong to, fails connect before
             // anything starts or is written.
@@ -389,12 +402,7 @@ impl SnapshotDriver {
                 } else {
                     None
                 };
-                let size = verifier.as_ref().map(|v| v.record().target_size);
-                let snap = Arc::new(open_dev_base(base, cow, cfg, mode, size)?);
-                if let Some(v) = verifier {
-                    snap.attach_verifier(v)?;
-                }
-                snap
+                open_verified(verifier, |size| open_dev_base(base, cow, cfg, mode, size))?
             }
             Some(url) => {
                 if self.merge || cfg.writable {

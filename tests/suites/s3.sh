@@ -148,37 +148,7 @@ upload_id=$(s3curl -X POST "$AWS_ENDPOINT_URL/$S3_TEST_BUCKET/open.bin?uploads="
 if uploads | grep -q '<Upload>'; then ok "ListMultipartUploads shows an open upload (control)"; else bad "an open upload is not listed"; fi
 s3curl -X DELETE "$AWS_ENDPOINT_URL/$S3_TEST_BUCKET/open.bin?uploadId=$upload_id"
 cut_port=${S3_TEST_CUT_PORT:-17559}
-python3 - "$cut_port" "$rgw_port" > "$work/cut.log" 2>&1 <<'PY' &
-import socket, sys, threading
-lport, rport = int(sys.argv[1]), int(sys.argv[2])
-srv = socket.socket()
-srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-srv.bind(("127.0.0.1", lport))
-srv.listen(16)
-def pipe(a, b, cut):
-    tail = b""
-    try:
-        while True:
-            d = a.recv(65536)
-            if not d or (cut and b"partNumber=3&" in tail + d):
-                break
-            tail = d[-16:]
-            b.sendall(d)
-    except OSError:
-        pass
-    for s in (a, b):
-        try:
-            s.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
-def conn(c):
-    u = socket.create_connection(("127.0.0.1", rport))
-    threading.Thread(target=pipe, args=(u, c, False), daemon=True).start()
-    pipe(c, u, True)
-while True:
-    c, _ = srv.accept()
-    threading.Thread(target=conn, args=(c,), daemon=True).start()
-PY
+python3 tests/lib/s3-part-proxy.py "$cut_port" "$rgw_port" cut > "$work/cut.log" 2>&1 &
 pids+=($!)
 for _ in $(seq 50); do curl -s -o /dev/null "http://127.0.0.1:$cut_port/" && break; sleep 0.1; done
 if AWS_ENDPOINT_URL=http://127.0.0.1:$cut_port "$snapblk" remote put --part-size 5M "$work/big.bin" \
@@ -194,45 +164,7 @@ else cat "$work/cut.txt"; uploads; bad "interrupted multipart upload left someth
 # run at once against the real server). Then, with the upload listed as open (the control),
 # SIGTERM: the put exits 128 + 15 with one line, no object appears and radosgw lists no upload.
 slow_port=${S3_TEST_SLOW_PORT:-17560}
-python3 - "$slow_port" "$rgw_port" "$work/slow.parts" > "$work/slow.log" 2>&1 <<'PY' &
-import re, socket, sys, threading, time
-lport, rport, log = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
-srv = socket.socket()
-srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-srv.bind(("127.0.0.1", lport))
-srv.listen(16)
-lock = threading.Lock()
-def pipe(a, b, up):
-    slow, tail = False, b""
-    try:
-        while True:
-            d = a.recv(16384 if slow else 65536)
-            if not d:
-                break
-            if up:
-                for n in re.findall(rb"partNumber=(\d+)&", tail + d):
-                    with lock, open(log, "a") as f:
-                        f.write("part %s\n" % n.decode())
-                    slow = slow or n == b"2"
-                tail = d[-24:]
-            b.sendall(d)
-            if slow:
-                time.sleep(0.1)
-    except OSError:
-        pass
-    for s in (a, b):
-        try:
-            s.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
-def conn(c):
-    u = socket.create_connection(("127.0.0.1", rport))
-    threading.Thread(target=pipe, args=(u, c, False), daemon=True).start()
-    pipe(c, u, True)
-while True:
-    c, _ = srv.accept()
-    threading.Thread(target=conn, args=(c,), daemon=True).start()
-PY
+python3 tests/lib/s3-part-proxy.py "$slow_port" "$rgw_port" slow "$work/slow.parts" > "$work/slow.log" 2>&1 &
 pids+=($!)
 for _ in $(seq 50); do curl -s -o /dev/null "http://127.0.0.1:$slow_port/" && break; sleep 0.1; done
 head -c $((40 << 20)) /dev/urandom > "$work/sig.bin"

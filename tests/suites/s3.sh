@@ -176,7 +176,8 @@ signalled_put() {  # signalled_put SIGNAL STATUS KEY: put through the slow proxy
   AWS_ENDPOINT_URL=http://127.0.0.1:$slow_port env --default-signal="${sig#SIG}" "$snapblk" remote put \
     --part-size 16M --jobs 4 "$work/sig.bin" "s3://$S3_TEST_BUCKET/$key" > "$work/sig.out" 2> "$work/sig.err" &
   local p=$!
-  for _ in $(seq 300); do grep -q 'part 3' "$work/slow.parts" 2>/dev/null && break; sleep 0.1; done
+  # Parts 1-3 start together: wait until both part 2 and part 3 have been seen, in either order.
+  for _ in $(seq 300); do grep -q 'part 2' "$work/slow.parts" 2>/dev/null && grep -q 'part 3' "$work/slow.parts" && break; sleep 0.1; done
   if grep -q 'part 2' "$work/slow.parts" && grep -q 'part 3' "$work/slow.parts"; then
     ok "$sig case: part 3 started while part 2 was still being sent (--jobs 4 sends parts at once)"
   else cat "$work/slow.parts"; bad "$sig case: parts 2 and 3 were not in flight together"; fi

@@ -435,3 +435,99 @@ fn with_a_record_the_units_the_check_computed_the_blocks_from_are_kept() {
     assert_eq!(all.rep.units_from_check, once);
     assert_eq!(all.rep.precheck.kept_units, once);
 }
+
+/// A v2 COW whose REPLACE ops give their payload's offset themselves (`source`): op 0 stores a
+/// raw block at the offset of op 1's lz4 payload (the reader accepts it; the raw block is the
+/// 4,096 bytes from there). Both payloads start at the same offset but are different payloads,
+/// so the unit the check decoded for op 1 is not op 0's: the merge must write op 0's raw bytes.
+#[test]
+fn a_kept_unit_is_taken_only_by_its_own_payload() {
+    const BS: usize = 4096;
+    let dir = tempfile::tempdir().unwrap();
+    let (base, cow) = (dir.path().join("base.img"), dir.path().join("shared.cow"));
+    std::fs::write(&base, vec![0x5au8; 4 * BS]).unwrap();
+    // Block 1: incompressible (stored raw); block 2: text (stored lz4-compressed).
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    let noise: Vec<u8> = (0..BS)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect();
+    let text: Vec<u8> = (0..BS).map(|i| b"line of text\n"[i % 13]).collect();
+    {
+        let file = std::fs::File::create(&cow).unwrap();
+        let opts = snapblk_cow::WriterOptions {
+            version: 2,
+            block_size: BS as u32,
+            codec: snapblk_cow::Codec::new(snapblk_cow::Compression::Lz4),
+            cluster_ops: 0,
+            scratch_size: 0,
+            ..Default::default()
+        };
+        let mut w = snapblk_cow::CowWriter::new(&file, opts).unwrap();
+        w.add_raw_blocks(2, &text).unwrap();
+        w.add_raw_blocks(1, &noise).unwrap();
+        w.finalize().unwrap();
+    }
+    // Point the raw op's payload at the compressed one's.
+    let mut bytes = std::fs::read(&cow).unwrap();
+    let (raw_rec, lz4_at) = {
+        let r = snapblk_cow::CowReader::open(bytes.as_slice()).unwrap();
+        let mut raw_rec = None;
+        let mut lz4_at = None;
+        for op in r.ops() {
+            if let snapblk_cow::OpKind::Replace { payload } = op.kind {
+                if payload.codec == snapblk_cow::Compression::None {
+                    raw_rec = Some(op.record_offset);
+                } else {
+                    lz4_at = Some(payload.offset);
+                }
+            }
+        }
+        (raw_rec.unwrap() as usize, lz4_at.unwrap())
+    };
+    bytes[raw_rec + 12..raw_rec + 20].copy_from_slice(&lz4_at.to_le_bytes());
+    std::fs::write(&cow, &bytes).unwrap();
+    let s = open_files(&base, &cow, SnapshotConfig::default(), RW).unwrap();
+    // The raw op comes first in merge order, so the merge meets it before the lz4 op.
+    let kinds: Vec<(u64, u64, Option<snapblk_snapshot::Codec>)> = s
+        .map()
+        .ops()
+        .iter()
+        .map(|o| match o.kind {
+            OpKind::Replace { payload, .. } => (o.new_block, payload.offset, Some(payload.codec)),
+            _ => (o.new_block, 0, None),
+        })
+        .collect();
+    assert!(
+        kinds.len() == 2
+            && kinds[0].0 == 1
+            && kinds[0].1 == lz4_at
+            && kinds[1].1 == lz4_at
+            && kinds[0].2 != kinds[1].2,
+        "merge order {kinds:?}"
+    );
+    let mut want = vec![0u8; 4 * BS];
+    s.read(0, &mut want).unwrap();
+    assert!(want[BS..2 * BS] == bytes[lz4_at as usize..lz4_at as usize + BS]);
+    assert!(want[2 * BS..3 * BS] == text[..]);
+    let rep = merge(
+        &s,
+        MergeOptions {
+            keep_decoded: snapblk_snapshot::KEEP_DECODED,
+            ..MergeOptions::default()
+        },
+    )
+    .unwrap();
+    drop(s);
+    let got = std::fs::read(&base).unwrap();
+    assert!(
+        got[BS..2 * BS] == want[BS..2 * BS],
+        "block 1 (the raw op) merged from the lz4 op's kept unit"
+    );
+    assert!(got == want, "the merged base is the snapshot's image");
+    assert_eq!(rep.units_from_check, 1, "the lz4 op took its kept unit");
+}

@@ -95,14 +95,19 @@ pub struct PrecheckReport {
 /// Decoded units of compressed payloads that the pre-merge check decodes anyway, kept for the
 /// merge's first windows and batches (the ops before [`KeptUnits::until`], whose units fit in
 /// [`MergeOptions::keep_decoded`]) so that the merge does not decode them a second time. Keyed by
-/// payload offset; the merge takes each unit out when it needs it, which frees it.
+/// payload offset, each unit beside the whole payload it was decoded from: two ops may name the
+/// same offset with different payloads (a v2 REPLACE gives its offset itself), and a unit goes
+/// only to its own payload. The merge takes each unit out when it needs it, which frees it.
 pub(crate) struct KeptUnits {
     /// Ops of the merge order before this index have their compressed payload's unit kept.
     until: usize,
-    units: Mutex<HashMap<u64, Arc<Vec<u8>>>>,
+    units: Mutex<HashMap<u64, (Payload, KeptUnit)>>,
     /// Units the merge took.
     taken: AtomicU64,
 }
+
+/// One kept unit, shared with the computation that decoded it.
+type KeptUnit = Arc<Vec<u8>>;
 
 impl KeptUnits {
     /// Whether the unit of payload `p` of op `op` is one to keep (the check decodes it into a
@@ -113,7 +118,7 @@ impl KeptUnits {
 
     /// Keep `unit`, payload `p` decoded (one the check [`wants`](Self::wants)).
     pub(crate) fn put(&self, p: &Payload, unit: Arc<Vec<u8>>) {
-        lock(&self.units).entry(p.offset).or_insert(unit);
+        lock(&self.units).entry(p.offset).or_insert((*p, unit));
     }
 
     /// The kept unit of payload `p` of op `op`, taken out (the merge needs each once).
@@ -121,7 +126,13 @@ impl KeptUnits {
         if op >= self.until {
             return None;
         }
-        let u = lock(&self.units).remove(&p.offset)?;
+        let u = {
+            let mut units = lock(&self.units);
+            if units.get(&p.offset).is_none_or(|(q, _)| q != p) {
+                return None;
+            }
+            units.remove(&p.offset)?.1
+        };
         if u.len() != p.unit_len as usize {
             return None;
         }
@@ -131,7 +142,9 @@ impl KeptUnits {
 
     /// Whether the unit of payload `p` is kept (and not taken yet).
     pub(crate) fn holds(&self, p: &Payload) -> bool {
-        lock(&self.units).contains_key(&p.offset)
+        lock(&self.units)
+            .get(&p.offset)
+            .is_some_and(|(q, _)| q == p)
     }
 
     /// Units the merge took so far.
@@ -317,7 +330,7 @@ pub(crate) fn precheck_keeping(
     if let Some(k) = &kept {
         let units = lock(&k.units);
         rep.kept_units = units.len() as u64;
-        rep.kept_bytes = units.values().map(|u| u.len() as u64).sum();
+        rep.kept_bytes = units.values().map(|(_, u)| u.len() as u64).sum();
     }
     rep.seconds = t0.elapsed().as_secs_f64();
     Ok((rep, kept))

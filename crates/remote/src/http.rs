@@ -353,6 +353,7 @@ pub fn parse_content_range(v: &str) -> Option<(u64, u64, Option<u64>)> {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+    use std::sync::atomic::{AtomicBool, Ordering};
 
     #[test]
     fn content_range_values() {
@@ -396,6 +397,35 @@ mod tests {
             status_error("u", 404, "junk", None),
             RemoteError::NotFound { .. }
         ));
+    }
+
+    /// A halt cuts a body that still has bytes to send, but not one whose every byte was
+    /// read: ureq copies the body to the socket as it reads it, so after the last byte the
+    /// server holds the whole request and stores the object, and failing the end-of-body read
+    /// would report a PUT as stopped whose object was written.
+    #[test]
+    fn a_halt_after_the_last_byte_does_not_cut_the_body() {
+        let halt = AtomicBool::new(false);
+        let halted = || halt.load(Ordering::Relaxed);
+        let data = [7u8; 10];
+        let mut b = Haltable {
+            inner: (&data[..]).take(10),
+            halted: Some(&halted),
+        };
+        let mut buf = [0u8; 4];
+        assert_eq!(b.read(&mut buf).unwrap(), 4);
+        let mut rest = [0u8; 6];
+        assert_eq!(b.read(&mut rest).unwrap(), 6);
+        halt.store(true, Ordering::Relaxed);
+        assert_eq!(b.read(&mut buf).unwrap(), 0, "the end of a whole body");
+        let mut b = Haltable {
+            inner: (&data[..]).take(10),
+            halted: Some(&halted),
+        };
+        assert!(
+            b.read(&mut buf).is_err(),
+            "a halt with bytes left cuts the body"
+        );
     }
 
     /// A halted request is not sent (a dead endpoint would otherwise give `Unreachable`

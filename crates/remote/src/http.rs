@@ -47,15 +47,18 @@ impl Body<'_> {
     }
 }
 
-/// A request body that ends in an error as soon as its `halted` turns true.
+/// A request body that ends in an error as soon as its `halted` turns true while it still has
+/// bytes to send. Once every byte was read (and so sent: ureq writes as it reads), the server
+/// has the whole request, so the end of the body is no longer cut: the request goes on and
+/// its answer says what happened.
 struct Haltable<'a, R> {
-    inner: R,
+    inner: std::io::Take<R>,
     halted: Option<&'a (dyn Fn() -> bool + Sync)>,
 }
 
 impl<R: Read> Read for Haltable<'_, R> {
     fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-        if self.halted.is_some_and(|h| h()) {
+        if self.inner.limit() > 0 && self.halted.is_some_and(|h| h()) {
             return Err(std::io::Error::other("upload stopped"));
         }
         self.inner.read(buf)

@@ -1133,7 +1133,6 @@ impl Snapshot {
     }
 }
 
-/// `dst ^= src` over their common length.
 /// A view word readers may not use: they take the view's lock.
 const VIEW_LOCKED: u64 = 1 << 63;
 
@@ -1152,6 +1151,7 @@ fn view_word(v: &MergeView) -> u64 {
     }
 }
 
+/// `dst ^= src` over their common length.
 fn xor_into(dst: &mut [u8], src: &[u8]) {
     for (d, s) in dst.iter_mut().zip(src) {
         *d ^= s;

@@ -6,7 +6,12 @@
 //! device (what the generic path of the server executes for it), `file` reads every other range
 //! through the device (what copy mode would pay for it), `none` measures nothing.
 //!
-//! `cargo run --release -p snapblk-ublk --example ublk-plan-stats -- BASE COW [N] [LEN] [MODE]`
+//! With a sixth argument `record`, the COW record beside the COW is checked as `serve` does by
+//! default, and the whole device is read once through the device first (every block checked,
+//! as after the benchmark's warm-up pass), so the phase measures what the record still costs.
+//!
+//! `cargo run --release -p snapblk-ublk --example ublk-plan-stats -- BASE COW [N] [LEN] [MODE]
+//! [record]`
 
 use snapblk_core::QueueExt;
 use snapblk_ublk::{ReadPlanner, Segment, SnapshotPlanner};
@@ -15,22 +20,34 @@ use std::path::Path;
 fn main() {
     let a: Vec<String> = std::env::args().collect();
     if a.len() < 3 {
-        eprintln!("usage: ublk-plan-stats BASE COW [N] [LEN] [plan|device|file|none]");
+        eprintln!("usage: ublk-plan-stats BASE COW [N] [LEN] [plan|device|file|none] [record]");
         std::process::exit(2);
     }
     let (base, cow) = (Path::new(&a[1]), Path::new(&a[2]));
     let n: usize = a.get(3).and_then(|s| s.parse().ok()).unwrap_or(20_000);
     let len: u32 = a.get(4).and_then(|s| s.parse().ok()).unwrap_or(4096);
     let mode = a.get(5).map_or("none", String::as_str);
-    // As `serve --no-record` plans (a record only delays planning until a block is checked).
-    let p = SnapshotPlanner::open_with(base, cow, false, None).expect("planner");
+    // Without `record`, as `serve --no-record` plans (a record only delays planning until a
+    // block is checked).
+    let record = a.get(6).is_some_and(|s| s == "record");
     let spec = format!(
-        "snapshot:base={},cow={},verify=false,read-only=true",
+        "snapshot:base={},cow={},verify={record},read-only=true",
         base.display(),
         cow.display()
     );
     let mut dev = snapblk::open(&spec, 1).expect("snapshot device");
+    let p = SnapshotPlanner::open_with(base, cow, record, None).expect("planner");
     let cap = dev.get_u64("capacity").expect("capacity");
+    if record {
+        let mut buf = vec![0u8; 1 << 20];
+        let q = dev.queue(0, false).expect("queue");
+        let mut o = 0;
+        while o < cap {
+            let l = (cap - o).min(buf.len() as u64) as usize;
+            q.read_at(o, &mut buf[..l]).expect("checking read");
+            o += l as u64;
+        }
+    }
     let slots = cap / u64::from(len);
     // Deterministic offsets (an LCG), the same in every mode.
     let mut x: u64 = 0x9e37_79b9_7f4a_7c15;

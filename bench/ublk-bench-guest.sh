@@ -6,7 +6,9 @@ SECS=${SECS:-2}
 ROUNDS=${ROUNDS:-3}
 cd /test/img || exit 1
 cp base.img /tmp/base.img          # tmpfs: every device reads the same page-cached bytes
-for f in *.cow realistic-*.img; do [ -f "$f" ] && cp "$f" /tmp/; done
+# Each COW with its record (COW.snapblk, made by `cow create`): the snapshots are served as by
+# default, checking blocks against the record (the warm-up pass checks every block once).
+for f in *.cow *.cow.snapblk realistic-*.img; do [ -f "$f" ] && cp "$f" /tmp/; done
 fail=0
 run() { # NAME DEV
     # warm-up pass over the device so every run sees a hot page cache of its backing files
@@ -57,6 +59,7 @@ while [ $r -lt "$ROUNDS" ]; do
         serve_run new-zc /tmp/realistic-new.img --read-only --ublk-mode zero-copy
         serve_run snap-realistic-copy --base /tmp/realistic-old.img --cow /tmp/realistic.cow --ublk-mode copy
         serve_run snap-realistic-zc --base /tmp/realistic-old.img --cow /tmp/realistic.cow --ublk-mode zero-copy
+        serve_run snap-realistic-zc-norec --base /tmp/realistic-old.img --cow /tmp/realistic.cow --ublk-mode zero-copy --no-record
     fi
 done
 exit $fail

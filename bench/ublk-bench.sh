@@ -10,7 +10,9 @@
 #   with REALISTIC_MB=N (e.g. 64): also the change-heavy ext4 pair of bench/cow/make-pair.py
 #   (N MiB), served as base old.img + a v3 lz4 COW from `cow create` (COPY, XOR, REPLACE, ZERO:
 #   snap-realistic-*) against the same export of the raw new image (new-*) and loop on it
-#   (loop-new): realistic-COW reads through ublk against the raw image.
+#   (loop-new): realistic-COW reads through ublk against the raw image; snap-realistic-zc-norec
+#   serves the same COW with --no-record (the other snap-* rows check blocks against the COW
+#   record that `cow create` writes beside each COW, as `serve` does by default).
 # Reports IOPS and the VM's busy CPU time per I/O (server + kernel + load generator) and ratios
 # against loop. Under TCG (software emulation) absolute numbers are meaningless; ratios are not.
 # Env: SIZE_MB (32), SECS (2 per run), ROUNDS (3), VM_SMP (1), VM_MEM. Output also saved in bench/results/scratch/.
@@ -23,17 +25,18 @@ ROUNDS=${ROUNDS:-3}
 # with one vCPU the time per I/O tracks the instructions executed per I/O.
 export VM_SMP=${VM_SMP:-1}
 
+tgt=${CARGO_TARGET_DIR:-target}
 [ -n "${UBLK_BENCH_NO_BUILD:-}" ] || cargo build --release -q -p snapblk-cli --bin snapblk -p snapblk-ublk --example ublk-loadgen
 bash tests/vm/vm.sh setup
 
 P=$(mktemp -d "${TMPDIR:-/tmp}/snapblk-ublk-bench.XXXXXX")
 trap 'rm -rf "$P"' EXIT
 mkdir -p "$P/bin" "$P/img"
-strip -o "$P/bin/snapblk" target/release/snapblk
-strip -o "$P/bin/ublk-loadgen" target/release/examples/ublk-loadgen
+strip -o "$P/bin/snapblk" "$tgt/release/snapblk"
+strip -o "$P/bin/ublk-loadgen" "$tgt/release/examples/ublk-loadgen"
 I=$P/img
 dd if=/dev/urandom of="$I/base.img" bs=1M count="$SIZE_MB" status=none
-S=target/release/snapblk
+S=$tgt/release/snapblk
 # COPY only: the new image is the base rotated by 1 MiB
 { tail -c +$((1024 * 1024 + 1)) "$I/base.img"; head -c $((1024 * 1024)) "$I/base.img"; } > "$P/new-copy.img"
 $S cow create --old "$I/base.img" --new "$P/new-copy.img" -o "$I/copy.cow" --no-xor --compression none --no-scratch

@@ -73,6 +73,13 @@ cp "$P/ota/old/vendor.img" "$P/ota/new/vendor.img"
 head -c 1048576 /dev/urandom | dd of="$P/ota/new/vendor.img" bs=1M seek=2 conv=notrunc status=none
 "$tgt/release/snapblk" --quiet ota generate --source "$P/ota/old" --target "$P/ota/new" \
     -o "$P/ota/payload.bin" > /dev/null || die "snapblk ota generate failed"
+# The same pair as an uncompressed COW without XOR, its record beside it: once a block has passed
+# the record check, zero copy reads it straight from the COW file (the guest counts the device
+# segments of the plans); B.sha256 is what the device must read.
+"$tgt/release/snapblk" cow create --old "$P/ext4/A.img" --new "$P/ext4/B.img" -o "$P/ext4/raw.cow" \
+    --no-xor --compression none > /dev/null || die "snapblk cow create (uncompressed ext4 COW) failed"
+[ -f "$P/ext4/raw.cow.snapblk" ] || die "cow create wrote no record beside raw.cow"
+sha256sum < "$P/ext4/B.img" | cut -d' ' -f1 > "$P/ext4/B.sha256"
 rm -rf "$P/ext4/a" "$P/ext4/B.img"
 # Fragmented snapshot: every other 4 KiB block of an 8 MiB base zeroed, so a zero-copy read plan
 # alternates base and zero segments (128 kernel reads per 512 KiB request). No COW record: the

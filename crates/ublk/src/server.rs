@@ -200,6 +200,52 @@ struct Ctx<'a> {
     served: std::cell::Cell<u64>,
     /// The tag whose commits the kernel is made to reject (`Faults::reject_commit`).
     poisoned: std::cell::Cell<Option<u16>>,
+    /// What this queue's zero-copy plans held.
+    plans: PlanCounts,
+}
+
+/// What the zero-copy read plans of one queue held, logged (at info level) when the queue
+/// stops: how many segments the kernel read (file, zeros), how many went through the device.
+#[derive(Default)]
+struct PlanCounts {
+    reads: std::cell::Cell<u64>,
+    file: std::cell::Cell<u64>,
+    zero: std::cell::Cell<u64>,
+    device: std::cell::Cell<u64>,
+    device_bytes: std::cell::Cell<u64>,
+}
+
+impl PlanCounts {
+    fn add(c: &std::cell::Cell<u64>, n: u64) {
+        c.set(c.get() + n);
+    }
+    /// Count one validated plan.
+    fn note(&self, plan: &[Segment]) {
+        Self::add(&self.reads, 1);
+        for s in plan {
+            match *s {
+                Segment::File { .. } => Self::add(&self.file, 1),
+                Segment::Zero { .. } => Self::add(&self.zero, 1),
+                Segment::Device { len, .. } => {
+                    Self::add(&self.device, 1);
+                    Self::add(&self.device_bytes, u64::from(len));
+                }
+            }
+        }
+    }
+    fn log(&self, qid: u16) {
+        if self.reads.get() > 0 {
+            log::info!(
+                "ublk queue {qid}: {} planned reads: {} file, {} zero and {} device segments \
+                 ({} bytes through the device)",
+                self.reads.get(),
+                self.file.get(),
+                self.zero.get(),
+                self.device.get(),
+                self.device_bytes.get()
+            );
+        }
+    }
 }
 
 impl Ctx<'_> {
@@ -584,6 +630,7 @@ fn serve_queue(
         faults: ctl.faults,
         served: std::cell::Cell::new(0),
         poisoned: std::cell::Cell::new(None),
+        plans: PlanCounts::default(),
     };
     let exe = smol::LocalExecutor::new();
     let mut tasks = Vec::new();
@@ -614,6 +661,7 @@ fn serve_queue(
     let done = || tasks[..ntags].iter().all(|t| t.is_finished());
     let overflows = std::cell::Cell::new(0);
     let r = event_loop(q, ctl, run_ops, done, &overflows);
+    ctx.plans.log(qid);
     let dropped = with_task_io_ring_mut(|r| r.completion().overflow());
     if overflows.get() > 0 || dropped > 0 {
         log::warn!(
@@ -996,6 +1044,7 @@ async fn zc_read(
     if !validate(&plan, len, ctx.shared.nplan_files) {
         return -libc::EIO;
     }
+    ctx.plans.note(&plan);
     // The kernel-side segments (file data, zeros) with their offset in the request, issued in
     // windows of READS_IN_FLIGHT: a plan can have a segment per block, and the queue ring's
     // completion queue is sized for that many per tag (`cq_entries`). The first window is in

@@ -458,3 +458,69 @@ fn bad_merge_operations_and_a_cow_too_small_are_refused() {
         "merge operation 3: 2 source blocks for 4 destination blocks (want 5)"
     );
 }
+
+/// SHA-256 of the COW per (version, compression, compression factor, profile) of the case,
+/// pinned on 2026-11-28 (commit 21674f0): the writer's speed work must not change one byte.
+/// Every COW here also verifies and merges right (the test above); if a dependency update
+/// (lz4_flex, zstd, flate2) changes a compressed stream, re-pin after that test passes.
+const PINNED: &[&str] = &[
+    "v2 none 0 p0 47ffd585564df2eeba8f5036eedc39c10abf3a9bf214854d5ba959ee153cd2a5",
+    "v2 none 0 p1 0e0cdf619e562cbea19e7399388df28f91dc7cb2fd0d013845df4daa85dc559e",
+    "v2 none 0 p2 f3cbc50f78501c03bfb9d4b6b4e7d552bad3812b1b5810fdbe5e1d666d90a721",
+    "v2 lz4 0 p0 ca40131b68ee9ed13b1701abb6cc3a16fcb071378481590bf78b08ca0b38244d",
+    "v2 lz4 0 p1 7a828707d40d895477edc3a52711032df00202e85ef17912bfa594e83c067662",
+    "v2 lz4 0 p2 401fef4426f5c0c07ae4110c3ee38da27aa40b2030e2fc5a57bef48240f9c715",
+    "v2 gz 0 p0 1f321a5ca4824018c1b6f8a685006ebff5062a997164885dc7b7c4daf736d1c0",
+    "v2 gz 0 p1 56023b7d3a2aa3d82b8741ed35ae57b7645edbe76f077d78eaf66137703cc30b",
+    "v2 gz 0 p2 67ab7df7a91776c8f32cf639782bcf4c14547fbfb6ac55942ef94aee512c72da",
+    "v2 zstd,3 0 p0 4a4b9eaba0d66e76a22d37904cbe26b1066bea1d42aee21bbce1df078a349b8e",
+    "v2 zstd,3 0 p1 809305e94a34bbccacf199b0725f934bbb5323b948dc1437d0bd241cd3929bd1",
+    "v2 zstd,3 0 p2 6aa40d1b771f309a5dfef7af799cae844d018ed37738da57f7b75c40585e49c5",
+    "v3 none 0 p0 5b92d03ebe19ea50a0274f8925f5d0a995ebb0318b4f8511ccab2bb1d86b32fa",
+    "v3 none 0 p1 b11b5cffed01109e0d4016a249dfeb5c42a584223f44abed2eeb5eba74a287cd",
+    "v3 none 0 p2 19f291c992216fb796f08df9590dd4474d848978ef64d0c1c3598705dba6dbd8",
+    "v3 none 16384 p0 aa379ce28a7f0211e166ef9f9f1bfc37c270be093a395f520c2db29178aaab55",
+    "v3 none 16384 p1 8cc0ca3025cc9285247a284f19b73743fb98e47e0eba84d4c35e7c6791fc8043",
+    "v3 none 16384 p2 5990059cadce2dcb793d5d06c4bc2bb5fd9f8941457b895417a1e7eee2ee4f80",
+    "v3 lz4 0 p0 437cd8e5241bbc34c736aabb175bc926adaae8839f7118bfb52a6eff1930bca4",
+    "v3 lz4 0 p1 d192ad8fa87d90da1154bf033416f93d52065ee362745a4a052d1a89bfb02a6a",
+    "v3 lz4 0 p2 0bc08daf0d5129c649f4350156b18fc3f452e024249ecb8df0b70b3d6ccb0774",
+    "v3 lz4 16384 p0 b7f7b030248166668dce551d33a74eee61b646dd6ac3707d587f884328ea738b",
+    "v3 lz4 16384 p1 79fecb5640543d7bc0bca826097bd3140fe550ccb9cb61c895da0dbcbf0e613c",
+    "v3 lz4 16384 p2 a3faa15203bbdb18b504a1b5c2f139ebacd5b33a1e89db6c77d50a962473c108",
+    "v3 gz 0 p0 4b6a00f285cb9714178f0adcd87b1be48830d1b8189f90e917fadac9091351ff",
+    "v3 gz 0 p1 8566e5cd6cdf48813970a55ef18951503c5abea4eeb329d467be6b4527aa0850",
+    "v3 gz 0 p2 8e6d9d1408cc9d360892e4cd5caf2fd25333a533129dd8f0403ce765637b1d20",
+    "v3 gz 16384 p0 fc612b0330f49edcbbb5ebe1bcf993e99185a3c7e5fcf194bb8b8228a7aedb23",
+    "v3 gz 16384 p1 2944d73238d7dc9ae03527f329c578c757561bb59ae9176ab76267a1608fc0dd",
+    "v3 gz 16384 p2 00d7c2cd55c67faa6ea5f0a11ad9ed845b2c385b920515f0b7f68f3b60f7012a",
+    "v3 zstd,3 0 p0 046423e0420ece2792b6e69f708c4650bff209d0c73a85484090e92f8da085d2",
+    "v3 zstd,3 0 p1 068759c997ac956007e6789644d59206aa0d65529aec3baf4cc582a610ff955e",
+    "v3 zstd,3 0 p2 bdea09bd920db0d3c13ff2990bd7e8307948376f81a5248f26f760cd693408cd",
+    "v3 zstd,3 16384 p0 3736752cf2b5f742c122da3fd856fdd464ea52209ee27b45898c8d2b64f1de95",
+    "v3 zstd,3 16384 p1 a83f94fef70d241607d92f4bfdc0c3bcb183cdbfe27e37b658cdf2daa7d0b90c",
+    "v3 zstd,3 16384 p2 87f5721fa7ba5b24755a97e034b8113019bdf5216fc8a8c53351ca88eb4e2fad",
+];
+
+#[test]
+fn cow_bytes_stay_pinned() {
+    let mut got = Vec::new();
+    for version in [2, 3] {
+        for comp in ["none", "lz4", "gz", "zstd,3"] {
+            for factor in [0, 16384] {
+                if version == 2 && factor > 0 {
+                    continue;
+                }
+                let c = case(&fields(version, comp, factor));
+                for (k, profile) in PROFILES.into_iter().enumerate() {
+                    let (bytes, _, _) = write(&c, profile);
+                    let h = <sha2::Sha256 as sha2::Digest>::digest(&bytes);
+                    let hex: String = h.iter().map(|b| format!("{b:02x}")).collect();
+                    got.push(format!("v{version} {comp} {factor} p{k} {hex}"));
+                }
+            }
+        }
+    }
+    let want: Vec<String> = PINNED.iter().map(|s| s.to_string()).collect();
+    assert!(got == want, "COW bytes changed; now:\n{}", got.join("\n"));
+}

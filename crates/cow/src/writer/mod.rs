@@ -98,8 +98,8 @@ pub struct EncodedUnit {
     pub unit_blocks: u32,
 }
 
-/// Encode one unit the way AOSP's writer stores it for `version` (format §6.3): v3 stores the
-/// raw unit whenever compression does not shrink it; v2 does so for lz4/zstd only.
+/// [`encode_unit_into`] into a new buffer (tests).
+#[cfg(test)]
 pub(crate) fn encode_unit(
     codec: Codec,
     version: u16,
@@ -115,8 +115,10 @@ pub(crate) fn encode_unit(
     }
 }
 
-/// [`encode_unit`] appending the payload to `out` (no allocation once `out` has grown);
-/// returns the payload length. Sparse units use cheaper settings ([`Codec::for_unit`]).
+/// Encode one unit the way AOSP's writer stores it for `version` (format §6.3), appending
+/// the payload to `out` (no allocation once `out` has grown): v3 stores the raw unit whenever
+/// compression does not shrink it, v2 does so for lz4/zstd only. Returns the
+/// payload length. Sparse units use cheaper settings ([`Codec::for_unit`]).
 pub(crate) fn encode_unit_into(
     codec: Codec,
     version: u16,
@@ -158,7 +160,7 @@ pub(crate) enum BatchOp {
         /// Block of the new image it zeroes.
         new_block: u64,
     },
-    /// An encoded REPLACE unit (as [`encode_unit`] makes it with this writer's codec).
+    /// An encoded REPLACE unit (as [`encode_unit_into`] makes it with this writer's codec).
     Replace {
         /// First block of the new image the unit covers.
         new_block: u64,
@@ -257,6 +259,9 @@ pub struct CowWriter<W: CowSink> {
     finalized: bool,
     /// Largest offset written (v3 file length).
     end: u64,
+    /// Where `add_raw_blocks` and `add_xor_blocks` encode each unit (kept, so a unit costs no
+    /// allocation, zero-fill or copy out).
+    unit: PayloadBuf,
 }
 
 fn inval(msg: impl Into<String>) -> CowError {
@@ -323,6 +328,7 @@ impl<W: CowSink> CowWriter<W> {
             seen_data: false,
             finalized: false,
             end: ops_start,
+            unit: PayloadBuf::default(),
         };
         w.write_header()?;
         w.write_zeros(w.header.header_size.into(), w.header.buffer_size.into())?;
@@ -443,23 +449,50 @@ impl<W: CowSink> CowWriter<W> {
             return Err(inval("data is not a whole number of blocks"));
         }
         let nblocks = (data.len() / bs) as u64;
+        let mut unit = std::mem::take(&mut self.unit);
+        let mut r = Ok(());
         for (unit_start, unit_blocks) in self.replace_units(new_block, nblocks) {
             let off = ((unit_start - new_block) as usize) * bs;
-            let e = encode_unit(
-                self.opts.codec,
-                self.header.major,
-                self.opts.block_size,
-                self.opts.max_compression_size,
-                &data[off..off + unit_blocks as usize * bs],
-            );
-            self.emit(
+            r = self.emit_encoded(
+                &mut unit,
                 op_type::REPLACE,
                 unit_start,
                 0,
-                Some((e.unit_blocks, &e.bytes)),
-            )?;
+                &data[off..off + unit_blocks as usize * bs],
+            );
+            if r.is_err() {
+                break;
+            }
         }
-        Ok(())
+        self.unit = unit;
+        r
+    }
+
+    /// Encode `data` (one unit) into `unit` and emit it as a `rec_type` op.
+    fn emit_encoded(
+        &mut self,
+        unit: &mut PayloadBuf,
+        rec_type: u8,
+        new_block: u64,
+        source: u64,
+        data: &[u8],
+    ) -> Result<()> {
+        unit.clear();
+        encode_unit_into(
+            self.opts.codec,
+            self.header.major,
+            self.opts.block_size,
+            self.opts.max_compression_size,
+            data,
+            unit,
+        );
+        let unit_blocks = (data.len() / self.bs() as usize) as u32;
+        self.emit(
+            rec_type,
+            new_block,
+            source,
+            Some((unit_blocks, unit.as_slice())),
+        )
     }
 
     /// How `add_raw_blocks(new_block, nblocks)` is cut into units: `(first block, blocks)`.
@@ -607,18 +640,17 @@ impl<W: CowSink> CowWriter<W> {
         if u64::from(offset) >= self.bs() {
             return Err(inval("XOR offset must be below the block size"));
         }
+        let mut unit = std::mem::take(&mut self.unit);
+        let mut r = Ok(());
         for (i, chunk) in xored.chunks(bs).enumerate() {
-            let e = encode_unit(
-                self.opts.codec,
-                self.header.major,
-                self.opts.block_size,
-                self.opts.max_compression_size,
-                chunk,
-            );
             let src = (old_block + i as u64) * self.bs() + u64::from(offset);
-            self.emit(op_type::XOR, new_block + i as u64, src, Some((1, &e.bytes)))?;
+            r = self.emit_encoded(&mut unit, op_type::XOR, new_block + i as u64, src, chunk);
+            if r.is_err() {
+                break;
+            }
         }
-        Ok(())
+        self.unit = unit;
+        r
     }
 
     /// Record the merge order of the ordered ops. Must come before any data op.

@@ -64,6 +64,7 @@ impl<W: CowSink> CowWriter<W> {
             },
             seen_data: true,
             finalized: false,
+            unit: super::PayloadBuf::default(),
         })
     }
 

@@ -417,6 +417,7 @@ pub fn write_vabc_cow<S: CowSink, O: ReadAt + ?Sized, N: ReadAt + ?Sized>(
         report: VabcReport::default(),
         buf: Vec::new(),
         src: Vec::new(),
+        xored: Vec::new(),
     };
     w.report.xor_enabled = !w.xor_map.is_empty();
     w.init(&merge_ops)?;
@@ -461,6 +462,8 @@ struct Vabc<'a, S: CowSink, O: ?Sized, N: ?Sized> {
     report: VabcReport,
     buf: Vec<u8>,
     src: Vec<u8>,
+    /// XOR payloads (new ⊕ source) on their way to the writer.
+    xored: Vec<u8>,
 }
 
 /// What a SOURCE_COPY block pair becomes.
@@ -636,18 +639,15 @@ impl<S: CowSink, O: ReadAt + ?Sized, N: ReadAt + ?Sized> Vabc<'_, S, O, N> {
             };
             if normal > 0 {
                 self.read_old(index, off, normal * bs)?;
-                let mut x = self.buf[i..i + (normal * bs) as usize].to_vec();
-                x.iter_mut().zip(&self.src).for_each(|(a, b)| *a ^= b);
+                self.xor_into(i, (normal * bs) as usize);
                 self.w
-                    .add_xor_blocks(s, &x, src_block, m.src_offset as u16)?;
+                    .add_xor_blocks(s, &self.xored, src_block, m.src_offset as u16)?;
             }
             if aligned_last {
                 let last_src = src_block + k - 1;
                 self.read_old(index, last_src * bs, bs)?;
-                let j = i + ((k - 1) * bs) as usize;
-                let mut x = self.buf[j..j + bs as usize].to_vec();
-                x.iter_mut().zip(&self.src).for_each(|(a, b)| *a ^= b);
-                self.w.add_xor_blocks(s + k - 1, &x, last_src, 0)?;
+                self.xor_into(i + ((k - 1) * bs) as usize, bs as usize);
+                self.w.add_xor_blocks(s + k - 1, &self.xored, last_src, 0)?;
             }
             self.report.xor_blocks += k;
         }
@@ -665,11 +665,22 @@ impl<S: CowSink, O: ReadAt + ?Sized, N: ReadAt + ?Sized> Vabc<'_, S, O, N> {
         }
         for (g, k) in gaps {
             let i = ((g - start) * bs) as usize;
-            let data = self.buf[i..i + (k * bs) as usize].to_vec();
-            self.w.add_raw_blocks(g, &data)?;
+            self.w
+                .add_raw_blocks(g, &self.buf[i..i + (k * bs) as usize])?;
             self.report.replace_blocks += k;
         }
         Ok(())
+    }
+
+    /// `xored` = `len` bytes of `buf` from `at`, XOR-ed with the start of `src`.
+    fn xor_into(&mut self, at: usize, len: usize) {
+        self.xored.clear();
+        self.xored.extend(
+            self.buf[at..at + len]
+                .iter()
+                .zip(&self.src)
+                .map(|(a, b)| a ^ b),
+        );
     }
 
     fn source_copy(

@@ -163,6 +163,26 @@ fn a_shrinking_update_merges_to_exactly_the_new_size() {
 }
 
 #[test]
+fn verify_base_checks_the_old_image_inside_a_grown_base() {
+    // 300 blocks from 256: the base grown to the new size first (as the refusal says, or as a
+    // merge into an RBD image does itself) still holds the old image, which --verify-base
+    // checks in its first old-size bytes.
+    let c = Case::new("mrec-grow-verify", 300, &[]);
+    let base = c.file_copy(&c.old, "b.img");
+    let f = std::fs::OpenOptions::new().write(true).open(&base).unwrap();
+    f.set_len(read(&c.new).len() as u64).unwrap();
+    drop(f);
+    ok(&[
+        "merge",
+        path_str(&c.cow),
+        "--base",
+        path_str(&base),
+        "--verify-base",
+    ]);
+    assert_file_eq(&base, &read(&c.new), "grown base");
+}
+
+#[test]
 fn without_a_record_merge_warns_once() {
     let c = Case::new("mrec-norecord", 256, &["--no-record"]);
     let base = c.file_copy(&c.old, "b.img");

@@ -258,6 +258,30 @@ fn a_shrinking_update_that_moves_the_old_tail_merges_and_serves() {
     assert_eq!(st["base"], "not-started", "{st}");
     ok(&["merge", path_str(&cow), "--base", path_str(&base)]);
     assert_file_eq(&base, &new, "shrunk base, tail moved to the front");
+    // Run again (as after a kill between the truncate and the exit): the COW's sources lie
+    // past the shrunk base's end, yet the run finds the merge complete, changes nothing.
+    let out = ok(&["merge", path_str(&cow), "--base", path_str(&base)]);
+    assert!(out.contains("merged 8 ops (already complete)"), "{out}");
+    let v: serde_json::Value = serde_json::from_str(&ok(&[
+        "merge",
+        "--json",
+        path_str(&cow),
+        "--base",
+        path_str(&base),
+    ]))
+    .unwrap();
+    assert_eq!(
+        (v["merged"].as_u64(), v["bytes_written"].as_u64()),
+        (Some(8), Some(0)),
+        "{v}"
+    );
+    assert_file_eq(&base, &new, "second run");
+    // A shrunk base that is not the new image is not taken for a finished merge.
+    let mut other = new.clone();
+    other[100 * 4096] ^= 1;
+    std::fs::write(&base, &other).unwrap();
+    refused(&["merge", path_str(&cow), "--base", path_str(&base)], "");
+    assert_file_eq(&base, &other, "a wrong shrunk base is left alone");
 }
 
 #[test]

@@ -16,7 +16,9 @@
 # with cache=true, a write held in librbd's cache when the client is blocklisted never reaching
 # the image, its flush failing with EIO; `snapblk merge --base rbd:...` (a COW made with
 # `cow create --old rbd:...`): the new image in RBD, resumed after SIGKILL, kept apart from a
-# server both ways, a wrong base refused.
+# server both ways, a wrong base refused; `cow apply --base rbd:...` into files and into another
+# RBD image, an output naming the base's image refused; shrinking and growing updates merged into
+# RBD ending at the new size (rbd info, rbd export), also after a SIGKILL before the resize.
 # Needs: ceph-mon ceph-osd ceph-common qemu-block-extra libnbd-bin fuse3 (install-deps.sh).
 # Ends with "N passed, N failed".
 set -uo pipefail

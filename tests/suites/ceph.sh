@@ -16,7 +16,9 @@
 # with cache=true, a write held in librbd's cache when the client is blocklisted never reaching
 # the image, its flush failing with EIO; `snapblk merge --base rbd:...` (a COW made with
 # `cow create --old rbd:...`): the new image in RBD, resumed after SIGKILL, kept apart from a
-# server both ways, a wrong base refused.
+# server both ways, a wrong base refused; `cow apply --base rbd:...` into files and into another
+# RBD image, an output naming the base's image refused; shrinking and growing updates merged into
+# RBD ending at the new size (rbd info, rbd export), also after a SIGKILL before the resize.
 # Needs: ceph-mon ceph-osd ceph-common qemu-block-extra libnbd-bin fuse3 (install-deps.sh).
 # Ends with "N passed, N failed".
 set -uo pipefail
@@ -535,6 +537,122 @@ else
 fi
 for i in mo mw k1 k2 k3; do r rm "rbd/$i" >/dev/null 2>&1; done
 rm -f "$work"/m[onw].img "$work"/k*.cow "$work"/k*.cow.snapblk
+
+# 8f. `cow apply --base rbd:...` and updates that change the size, merged into RBD. A 4 MiB old
+# image; a shrinking update (3 MiB) and a growing one (5 MiB), their COWs and records made from
+# the local files by `cow create`. Oracles: sha256 of the new images, `rbd info` (size) and
+# `rbd export` (content) of the images snapblk wrote.
+python3 - "$work" <<'EOF'
+import random, sys
+r = random.Random(11); bs = 4096; n = 1024
+old = bytearray(r.randbytes(bs * n))
+def update(m):
+    new = bytearray(old[:m * bs]) + bytearray(r.randbytes(max(0, m - n) * bs))
+    for i in range(0, min(m, n), 5):                # moved blocks: COPY
+        j = r.randrange(n); new[i*bs:(i+1)*bs] = old[j*bs:(j+1)*bs]
+    for i in range(2, m, 9):                        # new data: REPLACE
+        new[i*bs:(i+1)*bs] = r.randbytes(bs)
+    return new
+d = sys.argv[1]
+open(d + "/ro.img", "wb").write(old)
+open(d + "/rs.img", "wb").write(update(768))
+open(d + "/rg.img", "wb").write(update(1280))
+EOF
+rsize() { r info "rbd/$1" --format json | python3 -c 'import json,sys;print(json.load(sys.stdin)["size"])'; }
+s_sha=$(sha "$work/rs.img"); g_sha=$(sha "$work/rg.img"); o_sha=$(sha "$work/ro.img")
+for i in ra s1 s2 g1; do r import "$work/ro.img" "rbd/$i" >/dev/null 2>&1 || bad "rbd import $i"; done
+r create --size 1M rbd/ab >/dev/null 2>&1 || bad "rbd create ab"
+for u in s g; do
+  "$snapblk" cow create --old "$work/ro.img" --new "$work/r$u.img" -o "$work/$u.cow" >/dev/null 2>&1 \
+    || bad "cow create $u.cow"
+done
+
+# cow apply reads the base from RBD into a new file, for both updates.
+if "$snapblk" cow apply "$work/s.cow" --base "$(spec ra)" -o "$work/as.img" >"$work/a.txt" 2>&1 \
+   && "$snapblk" cow apply "$work/g.cow" --base "$(spec ra)" -o "$work/ag.img" >>"$work/a.txt" 2>&1 \
+   && [ "$(sha "$work/as.img")" = "$s_sha" ] && [ "$(sha "$work/ag.img")" = "$g_sha" ]; then
+  ok "cow apply --base rbd:...: the shrinking and the growing update's files equal the new images"
+else
+  cat "$work/a.txt"; bad "cow apply with an RBD base"
+fi
+# ... and writes into another RBD image in place (grown from 1 MiB, then shrunk to the image).
+if "$snapblk" cow apply "$work/g.cow" --base "$(spec ra)" -o "$(spec ab)" --in-place >"$work/a.txt" 2>&1 \
+   && [ "$(rsize ab)" = 5242880 ] && [ "$(exported ab)" = "$g_sha" ] \
+   && "$snapblk" cow apply "$work/s.cow" --base "$(spec ra)" -o "$(spec ab)" --in-place >>"$work/a.txt" 2>&1 \
+   && [ "$(rsize ab)" = 3145728 ] && [ "$(exported ab)" = "$s_sha" ]; then
+  ok "cow apply -o rbd:... --in-place: rbd info size and rbd export equal the new image (grown, then shrunk)"
+else
+  cat "$work/a.txt"; bad "cow apply into an RBD image"
+fi
+# An output naming the base's image (also spelled differently) or a device without --in-place
+# is refused before anything is opened for writing.
+refusals=1
+for o in "$(spec ra)" "rbd:image=ra,pool=rbd,namespace=,mon-host=$mon,keyring=$keyring,conf=,cache=true"; do
+  if out=$("$snapblk" cow apply "$work/g.cow" --base "$(spec ra)" -o "$o" --in-place 2>&1) \
+     || ! echo "$out" | grep -q 'name the same RBD image'; then
+    refusals=0; echo "$out"
+  fi
+done
+if out=$("$snapblk" cow apply "$work/g.cow" --base "$work/ro.img" -o "$(spec ab)" 2>&1) \
+   || ! echo "$out" | grep -q 'give --in-place'; then
+  refusals=0; echo "$out"
+fi
+if [ $refusals = 1 ] && [ "$(rsize ra)" = 4194304 ] && [ "$(exported ra)" = "$o_sha" ] \
+   && [ "$(exported ab)" = "$s_sha" ]; then
+  ok "cow apply refuses -o naming the base's RBD image, and a device output without --in-place; nothing written"
+else
+  bad "cow apply output refusals"
+fi
+
+# Merges into RBD end at the new image's size: the shrink resizes the image after the last op,
+# the grow before the first write.
+for u in s g; do cp "$work/$u.cow" "$work/${u}1.cow"; cp "$work/$u.cow.snapblk" "$work/${u}1.cow.snapblk"; done
+if "$snapblk" merge "$work/s1.cow" --base "$(spec s1)" --verify-base >"$work/m.txt" 2>&1 \
+   && grep -q 'truncated to .*(3145728 bytes)' "$work/m.txt" \
+   && [ "$(rsize s1)" = 3145728 ] && [ "$(exported s1)" = "$s_sha" ]; then
+  ok "a shrinking update merged into RBD: rbd info size and rbd export equal the new image"
+else
+  cat "$work/m.txt"; echo "size $(rsize s1)"; bad "shrinking merge into RBD"
+fi
+if "$snapblk" merge "$work/g1.cow" --base "$(spec g1)" --verify-base >"$work/m.txt" 2>&1 \
+   && [ "$(rsize g1)" = 5242880 ] && [ "$(exported g1)" = "$g_sha" ]; then
+  ok "a growing update merged into RBD: the image grown first; rbd info size and rbd export equal the new image"
+else
+  cat "$work/m.txt"; echo "size $(rsize g1)"; bad "growing merge into RBD"
+fi
+
+# A shrinking merge killed after its last op, before the resize: `serve --merge` merges the
+# whole COW and is killed with SIGKILL once it reports done (it never resizes, so the image is
+# still 4 MiB with the new image in front); `snapblk merge` then resumes, finds every op merged
+# and resizes; a run after the resize changes nothing.
+cp "$work/s.cow" "$work/s2.cow"; cp "$work/s.cow.snapblk" "$work/s2.cow.snapblk"
+spec_s2="snapshot:cow=$work/s2.cow,base.driver=rbd,base.pool=rbd,base.image=s2,base.conf=,base.mon-host=$mon,base.keyring=$keyring"
+st=""; rm -f "$work"/serve.*
+if serve "$spec_s2" --merge --nbd "unix:$work/s2.sock" >/dev/null 2>&1; then
+  for _ in $(seq 600); do
+    st=$(grep -m1 '"event":"merge"' "$work"/serve.* 2>/dev/null | grep -o '"state":"[a-z]*"' | head -1)
+    [ -n "$st" ] && break
+    sleep 0.1
+  done
+  kill -KILL "$srv"; wait "$srv" 2>/dev/null
+fi
+rm -f "$work"/serve.*
+read -r holder cookie _ < <(lock_holder s2)
+[ -n "$holder" ] && timeout 60 rados -p rbd lock break "$(header s2)" snapblk "$holder" --lock-cookie "$cookie"
+before=$(rsize s2)
+if [ "$st" = '"state":"done"' ] && [ "$before" = 4194304 ] \
+   && "$snapblk" merge "$work/s2.cow" --base "$(spec s2)" >"$work/m.txt" 2>&1 \
+   && grep -q 'truncated to .*(3145728 bytes)' "$work/m.txt" \
+   && [ "$(rsize s2)" = 3145728 ] && [ "$(exported s2)" = "$s_sha" ] \
+   && "$snapblk" merge "$work/s2.cow" --base "$(spec s2)" --verify-base >"$work/m2.txt" 2>&1 \
+   && ! grep -q 'truncated to' "$work/m2.txt" \
+   && [ "$(rsize s2)" = 3145728 ] && [ "$(exported s2)" = "$s_sha" ]; then
+  ok "a shrinking merge into RBD killed (SIGKILL) after its last op resumes with the resize; a run after it changes nothing"
+else
+  cat "$work/m.txt" "$work/m2.txt"; echo "state ${st:-none}, size $before then $(rsize s2)"; bad "resume of a shrinking merge into RBD"
+fi
+for i in ra ab s1 s2 g1; do r rm "rbd/$i" >/dev/null 2>&1; done
+rm -f "$work"/r[osg].img "$work"/a[sg].img "$work"/[sg]*.cow "$work"/[sg]*.cow.snapblk
 
 # 9. Timeouts: an OSD that stops answering mid-I/O, then a monitor that does not answer.
 osd=$(cat "$cluster/run/osd.0.pid")

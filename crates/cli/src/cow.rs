@@ -187,10 +187,13 @@ pub enum CowCmd {
     Apply {
         /// The COW file.
         cow: PathBuf,
-        /// The base image the COW applies to.
+        /// The base image the COW applies to (read only): a path, or a device spec
+        /// (`rbd:pool=p,image=i,...`) read through its driver.
         #[arg(long)]
         base: PathBuf,
-        /// The image to write (replaced atomically; never the base, the COW or its record).
+        /// The image to write (replaced atomically; never the base, the COW or its record). A
+        /// device spec (`rbd:pool=p,image=i2,...`) is written in place through its driver and
+        /// needs --in-place; an RBD image is resized to the image's size.
         #[arg(short = 'o', long = "output")]
         out: PathBuf,
         /// Size of the new image in bytes, for a COW without a record whose image is larger
@@ -985,38 +988,50 @@ fn apply(
         .record
         .clone()
         .unwrap_or_else(|| record::sidecar_path(cow_path));
-    refuse_alias(
+    let base_spec = crate::merge::device_spec(base_path)?;
+    let out_spec = crate::merge::device_spec(out)?;
+    crate::devout::refuse_alias(
         "-o",
         out,
+        out_spec.as_ref(),
         &[
-            ("--base", base_path),
-            ("the COW", cow_path),
-            ("the record", &rec_path),
+            ("--base", base_path, base_spec.as_ref()),
+            ("the COW", cow_path, None),
+            ("the record", &rec_path, None),
         ],
     )?;
+    if out_spec.is_some() && !in_place {
+        bail!(
+            "-o {} is a device, which cannot be replaced atomically: give --in-place to write it in place",
+            out.display()
+        );
+    }
     if !in_place {
         refuse_special(out, "--in-place")?;
     }
-    refuse_same(("--base", base_path), ("the COW", cow_path))?;
+    if base_spec.is_none() {
+        refuse_same(("--base", base_path), ("the COW", cow_path))?;
+    }
     let r = open_cow(cow_path, OpenOptions::default())?;
-    let base_f = open_input(base_path, "base")?;
+    let base_f = open_base_input(base_path)?;
+    let base_f: &dyn ReadAt = &*base_f;
     let rec = load_record(cow_path, &r, ra)?;
     if rec.is_none() && base_sha.is_none() {
         warn_unverified(cow_path);
     }
     let base_len = base_f.size()?;
     let len = image_size(&r, base_path, base_len, rec.as_ref().map(|x| &x.1), size)?;
-    check_base_sha(&base_f, base_path, base_sha)?;
+    check_base_sha(base_f, base_path, base_sha)?;
     if let Some((rp, x)) = &rec {
         let mut check = RecordCheck::default();
-        record::check_base(x, &base_f, &mut check)?;
+        record::check_base(x, base_f, &mut check)?;
         if !check.base_mismatches.is_empty() {
             return Err(record_failure(rp, base_path, check));
         }
     }
     let job = ApplyJob {
         r: &r,
-        base_f: &base_f,
+        base_f,
         base_path,
         len,
         rec: rec.as_ref().map(|(rp, x)| (rp.as_path(), x)),
@@ -1035,6 +1050,9 @@ fn apply(
     }
     // In place, the output cannot be put back: prove the whole result first (every payload
     // decodes, every block matches the record, the digest matches), then write it.
+    if let Some(spec) = &out_spec {
+        return apply_to_device(&job, spec);
+    }
     // A block-device base is claimed exclusively before a block-device output is: the kernel
     // then refuses the pair when one holds the other (a partition and its disk, a device-mapper
     // device and its members).
@@ -1056,6 +1074,28 @@ fn apply(
     }
     target.finish(len)?;
     Ok(Applied::new(&job, written, true))
+}
+
+/// `cow apply --in-place` into a device spec's device (an RBD image): opened read-write (its
+/// driver's lock), the result proven in a pass that writes nothing, the device grown to the
+/// image's size if smaller, written through the driver, flushed, and shrunk to the image's size
+/// where the driver can resize.
+fn apply_to_device(job: &ApplyJob<'_>, spec: &snapblk::Spec) -> Result<Applied> {
+    let out = job.out;
+    let dev = crate::devout::open(out, spec)?;
+    let proven = job.pass(std::io::sink(), Pass::Check)?;
+    crate::devout::grow_to(&dev, out, job.len)?;
+    let written = job.pass(crate::devout::DevWriter::new(&dev), Pass::InPlace)?;
+    if written != proven {
+        bail!(
+            "{} was written with an image (SHA-256 {}) other than the one checked before (SHA-256 {}): an input changed in between",
+            out.display(),
+            record::hex(&written),
+            record::hex(&proven)
+        );
+    }
+    crate::devout::fit(&dev, out, job.len)?;
+    Ok(Applied::new(job, written, true))
 }
 
 /// What `cow apply` wrote, for its summary.
@@ -1177,7 +1217,7 @@ enum Pass {
 /// What one pass of `cow apply` needs.
 struct ApplyJob<'a> {
     r: &'a CowReader<std::fs::File>,
-    base_f: &'a std::fs::File,
+    base_f: &'a dyn ReadAt,
     base_path: &'a Path,
     len: u64,
     rec: Option<(&'a Path, &'a Record)>,

@@ -16,6 +16,7 @@ mod bench;
 mod clidoc;
 mod cow;
 mod ctl;
+mod devout;
 mod human;
 mod info;
 mod logger;

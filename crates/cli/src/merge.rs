@@ -143,7 +143,7 @@ impl Digests {
     /// Check the base (only before a merge starts: after that it is no longer the old image)
     /// and the image the merge will produce (the snapshot's read view), before any write.
     fn check(&self, a: &MergeArgs, snap: &Snapshot) -> anyhow::Result<()> {
-        use snapblk_cow::record::{hex, sha256_of};
+        use snapblk_cow::record::{hex, sha256_of_first};
         let (done, total) = snap.merge_progress();
         if let Some(want) = self.base {
             if done > 0 || snap.merge_staged() {
@@ -152,7 +152,13 @@ impl Digests {
                     a.base.display()
                 );
             }
-            let got = sha256_of(snap.device(Dev::Base)).context("hashing the base")?;
+            // A base grown for this merge holds the old image in the record's base_size bytes.
+            let base = snap.device(Dev::Base);
+            let len = base.size().context("sizing the base")?;
+            let len = snap
+                .verifier()
+                .map_or(len, |v| len.min(v.record().base_size));
+            let got = sha256_of_first(base, len).context("hashing the base")?;
             if got != want {
                 anyhow::bail!(
                     "base {} has SHA-256 {}, not the --base-sha256 given (a merge into it that stopped before its first commit changes it too: leave out --base-sha256 to resume one); nothing written",
@@ -191,8 +197,17 @@ fn view_sha256(snap: &Snapshot) -> anyhow::Result<[u8; 32]> {
 
 /// Open the snapshot with the record attached (or warn, once, that there is none).
 fn open_checked(a: &MergeArgs, mode: OpenMode) -> anyhow::Result<(Snapshot, bool)> {
+    open_checked_dev(a, mode).map(|(s, has, _)| (s, has))
+}
+
+/// [`open_checked`], with the base device when `--base` is a device spec (for the resize at a
+/// shrinking merge's end).
+fn open_checked_dev(
+    a: &MergeArgs,
+    mode: OpenMode,
+) -> anyhow::Result<(Snapshot, bool, Option<Arc<BlkioDev>>)> {
     let by_hand = a.base_sha256.is_some() || a.expect_sha256.is_some();
-    let (snap, verifier) = match &a.base_dev {
+    let (snap, verifier, dev) = match &a.base_dev {
         None => {
             let verifier = if a.no_record {
                 None
@@ -203,7 +218,7 @@ fn open_checked(a: &MergeArgs, mode: OpenMode) -> anyhow::Result<(Snapshot, bool
             let size = verifier.as_ref().map(|v| v.record().target_size);
             let snap = open_files_sized(&a.base, &a.cow, SnapshotConfig::default(), mode, size)
                 .map_err(|e| open_context(e, a))?;
-            (snap, verifier)
+            (snap, verifier, None)
         }
         Some(spec) => open_dev_checked(a, spec, mode)?,
     };
@@ -221,17 +236,25 @@ fn open_checked(a: &MergeArgs, mode: OpenMode) -> anyhow::Result<(Snapshot, bool
             }
         ));
     }
-    Ok((snap, has))
+    Ok((snap, has, dev))
 }
 
 /// [`open_checked`] for a device base: the device is opened first (read-write for a merge,
 /// which takes its lock: the `rbd` driver's exclusive lock keeps servers of the image out, and
 /// a server's lock keeps the merge out), then the record is checked reading the base through it.
+/// For a merge of a growing update (the record's new image is larger than the base) the device
+/// is grown to the new image's size once the blocks the COW reads match the record: the first
+/// change to the base, and one a resume accepts (a base of the old or the new size).
+#[allow(clippy::type_complexity)]
 fn open_dev_checked(
     a: &MergeArgs,
     spec: &snapblk::Spec,
     mode: OpenMode,
-) -> anyhow::Result<(Snapshot, Option<Arc<snapblk_cow::record::Verifier>>)> {
+) -> anyhow::Result<(
+    Snapshot,
+    Option<Arc<snapblk_cow::record::Verifier>>,
+    Option<Arc<BlkioDev>>,
+)> {
     let name = a.base.display().to_string();
     let dev = snapblk::open_child(&spec.driver, &spec.props, mode.base_writable)
         .and_then(BlkioDev::new)
@@ -243,10 +266,48 @@ fn open_dev_checked(
         load_verifier_dev(&*base, &name, &a.cow, a.record.as_deref(), a.verify_base)
             .map_err(|e| open_context(e, a))?
     };
+    if let Some(v) = &verifier
+        && mode.base_writable
+        && mode.cow_writable
+    {
+        grow_dev_base(a, &base, v.record())?;
+    }
     let size = verifier.as_ref().map(|v| v.record().target_size);
-    let snap = open_dev_base(base, &a.cow, SnapshotConfig::default(), mode, size)
+    let snap = open_dev_base(base.clone(), &a.cow, SnapshotConfig::default(), mode, size)
         .map_err(|e| open_context(e, a))?;
-    Ok((snap, verifier))
+    Ok((snap, verifier, Some(base)))
+}
+
+/// Grow a device base smaller than the record's new image to that size, after checking the
+/// blocks the COW reads against the record (nothing is changed when they differ).
+fn grow_dev_base(
+    a: &MergeArgs,
+    base: &BlkioDev,
+    rec: &snapblk_cow::record::Record,
+) -> anyhow::Result<()> {
+    use snapblk_cow::ReadAt;
+    let have = base.size()?;
+    if have >= rec.target_size {
+        return Ok(());
+    }
+    let mut check = snapblk_cow::record::RecordCheck::default();
+    snapblk_cow::record::check_base(rec, base, &mut check)
+        .with_context(|| format!("checking base {}", a.base.display()))?;
+    if !check.base_mismatches.is_empty() {
+        anyhow::bail!(
+            "base {} is not the image this COW was made for: {} of the {} blocks it reads differ from the record; nothing written",
+            a.base.display(),
+            check.base_mismatches.len(),
+            check.base_blocks_checked
+        );
+    }
+    base.resize(rec.target_size).with_context(|| {
+        format!(
+            "growing base {} from {have} to {} bytes (the new image's size)",
+            a.base.display(),
+            rec.target_size
+        )
+    })
 }
 
 /// Open errors that name the base themselves need no "opening … with base …" in front.
@@ -281,11 +342,14 @@ pub fn run(mut a: MergeArgs) -> anyhow::Result<()> {
     }
     let digests = Digests::parse(&a)?;
     let stash = stash_of(&a)?;
+    if let Some(ops) = finished_shrink(&a)? {
+        return report_finished(&a, ops);
+    }
     let mode = OpenMode {
         base_writable: true,
         cow_writable: true,
     };
-    let (snap, _) = open_checked(&a, mode)?;
+    let (snap, _, dev) = open_checked_dev(&a, mode)?;
     refuse_stash_with_scratch(&a, &snap)?;
     if let Some(st) = &stash {
         snap.attach_stash(st)?;
@@ -314,7 +378,7 @@ pub fn run(mut a: MergeArgs) -> anyhow::Result<()> {
         st.remove()?;
     }
     let secs = t0.elapsed().as_secs_f64();
-    let shrunk = shrink_base(&a, &snap)?;
+    let shrunk = shrink_base(&a, &snap, dev.as_deref())?;
     let bytes = report.blocks_written * snap.map().block_size();
     let sched = snap.sched_stats();
     let mut out = crate::out::stdout();
@@ -452,16 +516,31 @@ fn check(a: &MergeArgs) -> anyhow::Result<()> {
 }
 
 /// After a successful merge of a shrinking update (the record's new image is smaller than the
-/// base): truncate a regular-file base to the new size. A block device, or a device given by a
-/// spec (an RBD image), keeps its size.
-fn shrink_base(a: &MergeArgs, snap: &Snapshot) -> anyhow::Result<Option<u64>> {
+/// base): truncate a regular-file base to the new size, or resize a device given by a spec (an
+/// RBD image) through its driver. A block device keeps its size. The merge's completion is in
+/// the COW before this runs, so a merge stopped before or during it ends here on the next run
+/// (the record accepts a base of the old or the new size).
+fn shrink_base(
+    a: &MergeArgs,
+    snap: &Snapshot,
+    dev: Option<&BlkioDev>,
+) -> anyhow::Result<Option<u64>> {
     let Some(v) = snap.verifier() else {
         return Ok(None);
     };
+    let want = v.record().target_size;
+    if let Some(dev) = dev {
+        use snapblk_cow::ReadAt;
+        if dev.size()? <= want {
+            return Ok(None);
+        }
+        dev.resize(want)
+            .with_context(|| format!("shrinking {} to {want} bytes", a.base.display()))?;
+        return Ok(Some(want));
+    }
     if a.base_dev.is_some() {
         return Ok(None);
     }
-    let want = v.record().target_size;
     let m = std::fs::metadata(&a.base)?;
     if !m.is_file() || m.len() <= want {
         return Ok(None);
@@ -474,6 +553,87 @@ fn shrink_base(a: &MergeArgs, snap: &Snapshot) -> anyhow::Result<Option<u64>> {
         .and_then(|()| f.sync_all())
         .with_context(|| format!("truncate {} to {want} bytes", a.base.display()))?;
     Ok(Some(want))
+}
+
+/// A shrinking update whose merge is complete and whose base was already cut to the new
+/// size (a run stopped after the truncate or resize, run again): the COW's sources past the
+/// new end no longer fit the base, so the snapshot is not opened. The number of ops when the
+/// record is bound to the COW, every op is merged, the base is the new image's size and its
+/// SHA-256 is the record's new image's; `None` otherwise (the merge opens as usual and says
+/// what is wrong).
+fn finished_shrink(a: &MergeArgs) -> anyhow::Result<Option<u64>> {
+    use snapblk_cow::ReadAt;
+    if a.no_record {
+        return Ok(None);
+    }
+    let rp = a
+        .record
+        .clone()
+        .unwrap_or_else(|| snapblk_cow::record::sidecar_path(&a.cow));
+    let Ok(Some(rec)) = snapblk_cow::record::Record::load(&rp) else {
+        return Ok(None);
+    };
+    if rec.target_size >= rec.base_size {
+        return Ok(None);
+    }
+    let Ok(f) = std::fs::File::open(&a.cow) else {
+        return Ok(None);
+    };
+    let Ok(cow) = snapblk_cow::CowReader::open(f) else {
+        return Ok(None);
+    };
+    if rec.check_binding(&cow).is_err() {
+        return Ok(None);
+    }
+    let ops = cow.merge_len();
+    if cow.header().num_merge_ops < ops {
+        return Ok(None);
+    }
+    let base: Box<dyn ReadAt> = match &a.base_dev {
+        Some(spec) => Box::new(
+            snapblk::open_child(&spec.driver, &spec.props, false)
+                .and_then(BlkioDev::new)
+                .with_context(|| format!("opening base {}", a.base.display()))?,
+        ),
+        None => Box::new(
+            std::fs::File::open(&a.base).with_context(|| format!("open {}", a.base.display()))?,
+        ),
+    };
+    if base.size()? != rec.target_size {
+        return Ok(None);
+    }
+    let got = snapblk_cow::record::sha256_of(&*base).context("hashing the base")?;
+    Ok((got == rec.target_sha256).then_some(ops))
+}
+
+/// The report of a run that found [`finished_shrink`]'s state: nothing to do.
+fn report_finished(a: &MergeArgs, ops: u64) -> anyhow::Result<()> {
+    let mut out = crate::out::stdout();
+    if a.json {
+        // A resumed merge with nothing left, as the engine reports one.
+        let v = serde_json::json!({
+            "schema": "snapblk.merge.v1",
+            "merged": ops, "total": ops,
+            "report": {
+                "total_ops": ops, "blocks_written": 0, "overlay_blocks": 0,
+                "resumed_at": ops, "resumed_from_scratch": false,
+                "precheck": {
+                    "total_ops": ops, "ops_checked": 0, "from_op": ops,
+                    "order_valid": true, "payloads_decoded": 0,
+                },
+            },
+            "seconds": 0.0, "bytes_written": 0, "mib_per_s": 0.0,
+            "scheduler": {}, "base_truncated_to": null,
+        });
+        writeln!(out, "{}", serde_json::to_string_pretty(&v)?)?;
+    } else {
+        writeln!(
+            out,
+            "merged {ops} ops (already complete): base {} is the new image (its size and SHA-256 are the record's)",
+            a.base.display()
+        )?;
+    }
+    Ok(())
 }
 
 /// `--status`: merge progress and, with a record, what the base is for this COW.

@@ -163,6 +163,26 @@ fn a_shrinking_update_merges_to_exactly_the_new_size() {
 }
 
 #[test]
+fn verify_base_checks_the_old_image_inside_a_grown_base() {
+    // 300 blocks from 256: the base grown to the new size first (as the refusal says, or as a
+    // merge into an RBD image does itself) still holds the old image, which --verify-base
+    // checks in its first old-size bytes.
+    let c = Case::new("mrec-grow-verify", 300, &[]);
+    let base = c.file_copy(&c.old, "b.img");
+    let f = std::fs::OpenOptions::new().write(true).open(&base).unwrap();
+    f.set_len(read(&c.new).len() as u64).unwrap();
+    drop(f);
+    ok(&[
+        "merge",
+        path_str(&c.cow),
+        "--base",
+        path_str(&base),
+        "--verify-base",
+    ]);
+    assert_file_eq(&base, &read(&c.new), "grown base");
+}
+
+#[test]
 fn without_a_record_merge_warns_once() {
     let c = Case::new("mrec-norecord", 256, &["--no-record"]);
     let base = c.file_copy(&c.old, "b.img");
@@ -238,6 +258,30 @@ fn a_shrinking_update_that_moves_the_old_tail_merges_and_serves() {
     assert_eq!(st["base"], "not-started", "{st}");
     ok(&["merge", path_str(&cow), "--base", path_str(&base)]);
     assert_file_eq(&base, &new, "shrunk base, tail moved to the front");
+    // Run again (as after a kill between the truncate and the exit): the COW's sources lie
+    // past the shrunk base's end, yet the run finds the merge complete, changes nothing.
+    let out = ok(&["merge", path_str(&cow), "--base", path_str(&base)]);
+    assert!(out.contains("merged 8 ops (already complete)"), "{out}");
+    let v: serde_json::Value = serde_json::from_str(&ok(&[
+        "merge",
+        "--json",
+        path_str(&cow),
+        "--base",
+        path_str(&base),
+    ]))
+    .unwrap();
+    assert_eq!(
+        (v["merged"].as_u64(), v["bytes_written"].as_u64()),
+        (Some(8), Some(0)),
+        "{v}"
+    );
+    assert_file_eq(&base, &new, "second run");
+    // A shrunk base that is not the new image is not taken for a finished merge.
+    let mut other = new.clone();
+    other[100 * 4096] ^= 1;
+    std::fs::write(&base, &other).unwrap();
+    refused(&["merge", path_str(&cow), "--base", path_str(&base)], "");
+    assert_file_eq(&base, &other, "a wrong shrunk base is left alone");
 }
 
 #[test]

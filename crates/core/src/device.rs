@@ -146,6 +146,16 @@ pub trait Driver: Send {
     fn created_info(&self) -> Option<DeviceInfo> {
         None
     }
+    /// Change the device's size to `size` bytes (connected or started, not read-only): what
+    /// lies past a shrinking device's new end is dropped, a grown range reads as zeros, and
+    /// [`Driver::capacity`] and the queues' bounds follow. The default: `ENOTSUP`, for
+    /// devices whose size is not theirs to change (a block device, a virtio disk).
+    fn resize(&mut self, _size: u64) -> Result<()> {
+        Err(Error::new(
+            libc::ENOTSUP,
+            format!("the {} driver cannot resize its device", self.name()),
+        ))
+    }
     /// Create a queue (called by start and by add_queue).
     fn create_queue(&mut self, poll: bool) -> Result<Box<dyn Queue>>;
     /// Called by start once every queue exists, before the instance is started: a virtio
@@ -487,6 +497,18 @@ impl Blkio {
         self.info = Some(info);
         self.state = State::Connected;
         Ok(())
+    }
+
+    /// Resize the device to `size` bytes ([`Driver::resize`]): connected or started, never
+    /// read-only (`EROFS`); `ENOTSUP` from drivers that cannot.
+    pub fn resize(&mut self, size: u64) -> Result<()> {
+        if self.state == State::Created {
+            return Err(Error::new(libc::ENODEV, "Device must be connected"));
+        }
+        if self.read_only || self.info.as_ref().is_some_and(|i| i.read_only) {
+            return Err(Error::new(libc::EROFS, "the device is read-only"));
+        }
+        self.driver.resize(size)
     }
 
     /// connected → started: creates `num-queues` queues and `num-poll-queues` poll queues.

@@ -545,3 +545,18 @@ fn a_queue_core_on_a_driver_eventfd_starts_silent_when_asked() {
     let n = unsafe { libc::read(fd, (&mut v as *mut u64).cast(), 8) };
     assert_eq!(n, 8);
 }
+
+#[test]
+fn resize_needs_a_connected_writable_device_and_a_driver_that_can() {
+    let mut b = dummy(false);
+    assert_eq!(b.resize(4096).unwrap_err().errno, libc::ENODEV);
+    b.connect().unwrap();
+    // The Driver trait's default: the driver cannot resize its device.
+    let e = b.resize(4096).unwrap_err();
+    assert_eq!(e.errno, libc::ENOTSUP);
+    assert!(e.to_string().contains("dummy driver cannot resize"), "{e}");
+    let mut ro = dummy(false);
+    ro.set_bool("read-only", true).unwrap();
+    ro.connect().unwrap();
+    assert_eq!(ro.resize(4096).unwrap_err().errno, libc::EROFS);
+}

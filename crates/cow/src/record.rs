@@ -937,7 +937,12 @@ impl Sha256Stream {
 
 /// SHA-256 of everything `r` holds.
 pub fn sha256_of<R: ReadAt + ?Sized>(r: &R) -> std::io::Result<[u8; 32]> {
-    let len = r.size()?;
+    sha256_of_first(r, r.size()?)
+}
+
+/// SHA-256 of the first `len` bytes of `r` (an error if it holds fewer): the old image inside
+/// a base grown for a growing update before its merge.
+pub fn sha256_of_first<R: ReadAt + ?Sized>(r: &R, len: u64) -> std::io::Result<[u8; 32]> {
     let mut h = Sha256::new();
     let mut buf = vec![0u8; 1 << 20];
     let mut off = 0;

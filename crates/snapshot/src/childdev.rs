@@ -5,7 +5,7 @@ use snapblk_core::sync::lock;
 use snapblk_core::{Blkio, Error, Queue, QueueExt, ReadAt, WriteAt};
 use std::io;
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 /// Opens a started device from a driver name and its properties (`(name, value)` pairs in
 /// order, as a device spec gives them), read-write when `writable` and read-only otherwise.
@@ -25,9 +25,9 @@ pub const BASE_QUEUES: i32 = 4;
 pub struct BlkioDev {
     queues: Vec<Mutex<Box<dyn Queue>>>,
     next: AtomicUsize,
-    capacity: u64,
+    capacity: AtomicU64,
     max_transfer: usize,
-    _dev: Mutex<Blkio>,
+    dev: Mutex<Blkio>,
 }
 
 impl BlkioDev {
@@ -46,10 +46,23 @@ impl BlkioDev {
         Ok(BlkioDev {
             queues,
             next: AtomicUsize::new(0),
-            capacity,
+            capacity: AtomicU64::new(capacity),
             max_transfer,
-            _dev: Mutex::new(b),
+            dev: Mutex::new(b),
         })
+    }
+
+    /// Resize the device to `size` bytes ([`Blkio::resize`]: a driver that can, such as `rbd`;
+    /// `ENOTSUP` otherwise). Requests in flight on other threads see the old or the new size.
+    pub fn resize(&self, size: u64) -> io::Result<()> {
+        let mut dev = lock(&self.dev);
+        let r = dev.resize(size);
+        let now = dev.get_u64("capacity");
+        if let Ok(n) = now {
+            self.capacity.store(n, Ordering::Relaxed);
+        }
+        r?;
+        Ok(())
     }
 
     /// Run `f` on a free queue (or wait for the next one in turn when all are busy).
@@ -83,17 +96,21 @@ impl BlkioDev {
 impl ReadAt for BlkioDev {
     /// Reads what lies before the device's end.
     fn read_at(&self, off: u64, buf: &mut [u8]) -> io::Result<usize> {
-        let n = self.capacity.checked_sub(off).map_or(0, |left| {
-            buf.len().min(usize::try_from(left).unwrap_or(usize::MAX))
-        });
+        let n = self
+            .capacity
+            .load(Ordering::Relaxed)
+            .checked_sub(off)
+            .map_or(0, |left| {
+                buf.len().min(usize::try_from(left).unwrap_or(usize::MAX))
+            });
         self.read_exact_at(off, &mut buf[..n])?;
         Ok(n)
     }
     fn size(&self) -> io::Result<u64> {
-        Ok(self.capacity)
+        Ok(self.capacity.load(Ordering::Relaxed))
     }
     fn read_exact_at(&self, off: u64, buf: &mut [u8]) -> io::Result<()> {
-        if off.saturating_add(buf.len() as u64) > self.capacity {
+        if off.saturating_add(buf.len() as u64) > self.capacity.load(Ordering::Relaxed) {
             return Err(io::ErrorKind::UnexpectedEof.into());
         }
         for (at, len) in self.pieces(buf.len()) {

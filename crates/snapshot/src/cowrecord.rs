@@ -152,7 +152,9 @@ fn load_with(
                 name_blocks(&check.base_mismatches)
             )));
         }
-        let got = record::sha256_of(base_dev).map_err(|e| SnapError::Io {
+        // A base grown for a growing update holds the old image in its first base_size bytes.
+        let old_len = base_len.min(rec.base_size);
+        let got = record::sha256_of_first(base_dev, old_len).map_err(|e| SnapError::Io {
             what: "hashing base",
             source: e.into(),
         })?;

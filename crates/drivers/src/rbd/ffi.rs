@@ -50,6 +50,7 @@ pub(super) struct Lib {
     pub(super) rbd_close: unsafe extern "C" fn(Handle) -> c_int,
     pub(super) rbd_flush: unsafe extern "C" fn(Handle) -> c_int,
     pub(super) rbd_get_size: unsafe extern "C" fn(Handle, *mut u64) -> c_int,
+    pub(super) rbd_resize: unsafe extern "C" fn(Handle, u64) -> c_int,
     pub(super) rbd_stat: unsafe extern "C" fn(Handle, *mut ImageInfo, usize) -> c_int,
     pub(super) rbd_get_id: unsafe extern "C" fn(Handle, *mut c_char, usize) -> c_int,
     pub(super) rados_lock_exclusive: unsafe extern "C" fn(
@@ -159,6 +160,7 @@ fn load() -> std::result::Result<Lib, String> {
         rbd_close: sym!(rbd, rbd_close),
         rbd_flush: sym!(rbd, rbd_flush),
         rbd_get_size: sym!(rbd, rbd_get_size),
+        rbd_resize: sym!(rbd, rbd_resize),
         rbd_stat: sym!(rbd, rbd_stat),
         rbd_get_id: sym!(rbd, rbd_get_id),
         rados_lock_exclusive: sym!(rados, rados_lock_exclusive),
@@ -476,6 +478,20 @@ impl Image {
             return Err(Error::new(-r, format!("rbd: image size: {}", os_msg(r))));
         }
         Ok(n)
+    }
+
+    /// Set the image's size in bytes (`rbd_resize`, blocking): a shrink discards what lies past
+    /// the new end, a grow reads as zeros.
+    pub(super) fn resize(&self, size: u64) -> Result<()> {
+        // SAFETY: an open image.
+        let r = unsafe { (self.lib.rbd_resize)(self.image, size) };
+        if r < 0 {
+            return Err(Error::new(
+                -r,
+                format!("rbd: resize to {size} bytes: {}", os_msg(r)),
+            ));
+        }
+        Ok(())
     }
 
     /// The image's object size in bytes.

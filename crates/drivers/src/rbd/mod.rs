@@ -37,6 +37,7 @@ use snapblk_core::{
     Access, DeviceInfo, Driver, Error, PropSpec, PropType, PropValue, Queue, Result, State,
 };
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 const PROPS: &[PropSpec] = &[
     PropSpec::new("pool", PropType::Str, Access::RwCreated, false),
@@ -89,7 +90,8 @@ pub struct RbdDriver {
     mon_op_timeout: u64,
     osd_op_timeout: u64,
     image: Option<Arc<Image>>,
-    capacity: u64,
+    /// The image's size, shared with every queue (a resize changes it for all of them).
+    capacity: Arc<AtomicU64>,
     read_only: bool,
 }
 
@@ -123,7 +125,7 @@ impl RbdDriver {
             mon_op_timeout: 10,
             osd_op_timeout: 30,
             image: None,
-            capacity: 0,
+            capacity: Arc::new(AtomicU64::new(0)),
             read_only: false,
         }
     }
@@ -239,7 +241,7 @@ impl Driver for RbdDriver {
             // flush `cache=true` wrote exactly as `cache=false`. fio's rbd engine does the same.
             image.flush()?;
         }
-        self.capacity = image.size()?;
+        self.capacity.store(image.size()?, Ordering::Relaxed);
         let obj = image.object_size()?;
         self.image = Some(Arc::new(image));
         self.read_only = read_only;
@@ -260,9 +262,28 @@ impl Driver for RbdDriver {
     }
     fn capacity(&self) -> Result<u64> {
         match &self.image {
-            Some(_) => Ok(self.capacity),
+            Some(_) => Ok(self.capacity.load(Ordering::Relaxed)),
             None => Err(Error::new(libc::ENODEV, "Device must be connected")),
         }
+    }
+    fn resize(&mut self, size: u64) -> Result<()> {
+        let image = self
+            .image
+            .as_ref()
+            .ok_or_else(|| Error::new(libc::ENODEV, "Device must be connected"))?;
+        if self.read_only {
+            return Err(Error::new(libc::EROFS, "rbd: the image is open read-only"));
+        }
+        // Queues stop taking requests past a shrinking image's new end before librbd drops
+        // the data there; a growing image takes them once it has grown.
+        let old = self.capacity.load(Ordering::Relaxed);
+        if size < old {
+            self.capacity.store(size, Ordering::Relaxed);
+        }
+        let r = image.resize(size);
+        let now = image.size().unwrap_or(if r.is_ok() { size } else { old });
+        self.capacity.store(now, Ordering::Relaxed);
+        r
     }
     fn create_queue(&mut self, poll: bool) -> Result<Box<dyn Queue>> {
         let image = self
@@ -271,7 +292,7 @@ impl Driver for RbdDriver {
             .ok_or_else(|| Error::new(libc::ENODEV, "Device must be connected"))?;
         Ok(Box::new(queue::RbdQueue::new(
             image,
-            self.capacity,
+            self.capacity.clone(),
             self.read_only,
             poll,
         )?))

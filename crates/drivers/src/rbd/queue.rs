@@ -11,7 +11,7 @@ use snapblk_core::sys::EventFd;
 use snapblk_core::{Completion, Engine, Op, Queue, QueueCore, ReqFlags, Request, Result};
 use std::ffi::c_void;
 use std::os::fd::RawFd;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -316,14 +316,15 @@ impl Engine for RbdEngine {
 pub(super) struct RbdQueue {
     core: QueueCore,
     eng: RbdEngine,
-    capacity: u64,
+    /// The image's size, shared with the driver (which changes it on a resize).
+    capacity: Arc<AtomicU64>,
     read_only: bool,
 }
 
 impl RbdQueue {
     pub(super) fn new(
         image: Arc<Image>,
-        capacity: u64,
+        capacity: Arc<AtomicU64>,
         read_only: bool,
         poll: bool,
     ) -> Result<RbdQueue> {
@@ -355,7 +356,8 @@ impl RbdQueue {
     }
 
     fn beyond_end(&self, off: u64, len: u64) -> bool {
-        off.checked_add(len).is_none_or(|end| end > self.capacity)
+        off.checked_add(len)
+            .is_none_or(|end| end > self.capacity.load(Ordering::Relaxed))
     }
 }
 

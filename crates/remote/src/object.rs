@@ -158,8 +158,15 @@ impl RemoteObject {
         }
     }
 
-    /// Fetch bytes `[start, end)` (inside the object) with one ranged GET into `out`.
-    fn fetch(&self, start: u64, end: u64, out: &mut [u8]) -> Result<()> {
+    /// Fetch bytes `[start, end)` (inside the object) with one ranged GET into `out`; no
+    /// further attempt once `halted` says so.
+    fn fetch(
+        &self,
+        start: u64,
+        end: u64,
+        out: &mut [u8],
+        halted: Option<Halted<'_>>,
+    ) -> Result<()> {
         let range = format!("bytes={}-{}", start, end - 1);
         let mut headers: Vec<(&str, &str)> = vec![("range", &range)];
         let pin = match &self.pin {
@@ -174,9 +181,13 @@ impl RemoteObject {
             Pin::None => None,
         };
         self.requests.fetch_add(1, Ordering::Relaxed);
+        let body = match halted {
+            Some(halted) => Body::EmptyUntil { halted },
+            None => Body::Empty,
+        };
         let resp = self
             .client
-            .send(&self.target, "GET", &headers, &Body::Empty, pin)?;
+            .send(&self.target, "GET", &headers, &body, pin)?;
         let bad = |why: String| RemoteError::BadResponse {
             url: self.target.display.clone(),
             why,
@@ -245,6 +256,17 @@ impl RemoteObject {
     /// Read exactly `buf.len()` bytes at `offset`; a range that does not lie inside the object
     /// fails with [`RemoteError::OutOfRange`].
     pub fn read_exact_remote(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
+        self.read_exact_until(offset, buf, None)
+    }
+
+    /// [`RemoteObject::read_exact_remote`], making no further HTTP attempt once `halted` says
+    /// so (the request then fails with [`RemoteError::Stopped`]).
+    pub(crate) fn read_exact_until(
+        &self,
+        offset: u64,
+        buf: &mut [u8],
+        halted: Option<Halted<'_>>,
+    ) -> Result<()> {
         if buf.is_empty() {
             return Ok(());
         }
@@ -289,7 +311,7 @@ impl RemoteObject {
             }
             let (start, stop) = (i * bs, (j * bs).min(self.size));
             let mut data = vec![0u8; (stop - start) as usize];
-            self.fetch(start, stop, &mut data)?;
+            self.fetch(start, stop, &mut data, halted)?;
             let mut c = lock(&self.cache);
             for (k, chunk) in (i..j).zip(data.chunks(bs as usize)) {
                 self.misses.fetch_add(1, Ordering::Relaxed);
@@ -304,6 +326,53 @@ impl RemoteObject {
         Ok(())
     }
 }
+
+impl RemoteObject {
+    /// Read `len` bytes at `offset` from the cache alone: when every block is cached, hand
+    /// each piece to `sink(position in the read, bytes)` in order and return true (counted as
+    /// hits, and as the last read for sequential detection); otherwise touch nothing and
+    /// return false. The range must lie inside the object.
+    pub(crate) fn read_cached(
+        &self,
+        offset: u64,
+        len: u64,
+        mut sink: impl FnMut(u64, &[u8]),
+    ) -> bool {
+        let Some(end) = offset
+            .checked_add(len)
+            .filter(|&e| len > 0 && e <= self.size)
+        else {
+            return false;
+        };
+        let bs = self.block;
+        let (first, last) = (offset / bs, (end - 1) / bs);
+        let blocks: Option<Vec<Arc<[u8]>>> = {
+            let mut c = lock(&self.cache);
+            if !(first..=last).all(|i| c.contains(i)) {
+                return false;
+            }
+            (first..=last).map(|i| c.get(i)).collect()
+        };
+        let Some(blocks) = blocks else { return false };
+        for (i, data) in (first..).zip(&blocks) {
+            let bstart = i * bs;
+            let from = offset.max(bstart);
+            let to = end.min(bstart + data.len() as u64);
+            if from < to {
+                sink(
+                    from - offset,
+                    &data[(from - bstart) as usize..(to - bstart) as usize],
+                );
+            }
+        }
+        self.hits.fetch_add(blocks.len() as u64, Ordering::Relaxed);
+        self.last_end.store(end, Ordering::Relaxed);
+        true
+    }
+}
+
+/// Says when a read should make no further HTTP attempt (its requester is gone).
+pub(crate) type Halted<'a> = &'a (dyn Fn() -> bool + Sync);
 
 /// Copy the part of block `idx` (of size `bs`, data `data`) that overlaps `[offset, offset +
 /// buf.len())` into `buf`.

@@ -103,6 +103,12 @@ impl RemoteDriver {
     pub(crate) fn pool_watch(&self) -> Option<crate::pool::PoolWatch> {
         self.pool.as_ref().map(|p| p.watch())
     }
+    /// Reads that waited for another read's GET of the same block.
+    pub(crate) fn waited(&self) -> u64 {
+        self.obj
+            .as_ref()
+            .map_or(0, |o| o.waited.load(std::sync::atomic::Ordering::Relaxed))
+    }
 }
 
 impl Driver for RemoteDriver {

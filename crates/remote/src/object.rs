@@ -5,11 +5,11 @@ use crate::cache::BlockCache;
 use crate::config::{RemoteConfig, Target};
 use crate::error::{RemoteError, Result};
 use crate::http::{Body, Client, parse_content_range};
-use snapblk_core::sync::lock;
+use snapblk_core::sync::{lock, wait};
 use snapblk_core::{ReadAt, WriteAt};
 use std::io::{self, Read};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 
 /// Most blocks one GET fetches ...
 const MAX_RUN_BLOCKS: u64 = 64;
@@ -63,6 +63,11 @@ pub struct RemoteObject {
     pin: Pin,
     block: u64,
     cache: Mutex<BlockCache>,
+    /// Signalled when a GET's blocks are in the cache (or it failed).
+    fetched: Condvar,
+    /// Reads that waited for another read's GET (tests watch it).
+    #[cfg(test)]
+    pub(crate) waited: AtomicU64,
     /// End offset of the last read (sequential detection).
     last_end: AtomicU64,
     requests: AtomicU64,
@@ -117,6 +122,9 @@ impl RemoteObject {
             size,
             pin,
             cache: Mutex::new(BlockCache::new(cap)),
+            fetched: Condvar::new(),
+            #[cfg(test)]
+            waited: AtomicU64::new(0),
             last_end: AtomicU64::new(u64::MAX),
             requests: AtomicU64::new(0),
             bytes: AtomicU64::new(0),
@@ -286,29 +294,42 @@ impl RemoteObject {
         let sequential = self.last_end.swap(end, Ordering::Relaxed) == offset;
         let mut i = first;
         while i <= last {
-            let cached = lock(&self.cache).get(i);
-            if let Some(data) = cached {
+            let mut c = lock(&self.cache);
+            if let Some(data) = c.get(i) {
+                drop(c);
                 self.hits.fetch_add(1, Ordering::Relaxed);
                 copy_block(i, bs, &data, offset, buf);
                 i += 1;
                 continue;
             }
+            if c.is_fetching(i) {
+                // Another read's GET brings this block: wait for it, then look again (it may
+                // have failed, or the block been evicted at once: then fetch it here).
+                #[cfg(test)]
+                self.waited.fetch_add(1, Ordering::Relaxed);
+                drop(wait(&self.fetched, c));
+                continue;
+            }
             // A run of missing blocks, fetched by one GET, plus readahead past a sequential read.
+            let free = |c: &BlockCache, j: u64| !c.contains(j) && !c.is_fetching(j);
             let mut j = i + 1;
-            {
-                let c = lock(&self.cache);
-                while j <= last && j - i < max_run && !c.contains(j) {
+            while j <= last && j - i < max_run && free(&c, j) {
+                j += 1;
+            }
+            if j > last && sequential {
+                let stop = (last + 1 + self.client.config().readahead_blocks)
+                    .min(nblocks)
+                    .min(i + max_run);
+                while j < stop && free(&c, j) {
                     j += 1;
                 }
-                if j > last && sequential {
-                    let stop = (last + 1 + self.client.config().readahead_blocks)
-                        .min(nblocks)
-                        .min(i + max_run);
-                    while j < stop && !c.contains(j) {
-                        j += 1;
-                    }
-                }
             }
+            c.set_fetching(i..j, true);
+            drop(c);
+            let _done = Fetching {
+                obj: self,
+                blocks: i..j,
+            };
             let (start, stop) = (i * bs, (j * bs).min(self.size));
             let mut data = vec![0u8; (stop - start) as usize];
             self.fetch(start, stop, &mut data, halted)?;
@@ -368,6 +389,20 @@ impl RemoteObject {
         self.hits.fetch_add(blocks.len() as u64, Ordering::Relaxed);
         self.last_end.store(end, Ordering::Relaxed);
         true
+    }
+}
+
+/// Blocks one read is fetching: no longer marked once it is done (fetched and cached, or
+/// failed), and the reads waiting for them wake.
+struct Fetching<'a> {
+    obj: &'a RemoteObject,
+    blocks: std::ops::Range<u64>,
+}
+
+impl Drop for Fetching<'_> {
+    fn drop(&mut self) {
+        lock(&self.obj.cache).set_fetching(self.blocks.clone(), false);
+        self.obj.fetched.notify_all();
     }
 }
 

@@ -370,6 +370,29 @@ fn reads_in_flight_reach_the_server_at_once() {
 }
 
 #[test]
+fn reads_of_one_block_share_its_get() {
+    let s = Server::start(Mode::Serve);
+    let (d, mut q) = open(&s);
+    let (mut a, mut b) = (vec![0u8; 1000], vec![0u8; 1000]);
+    let (oa, ob) = (5 * 4096 + 100, 5 * 4096 + 2000);
+    read(&mut *q, oa, &mut a, 1);
+    s.wait_for("the first read's GET", |c| c.active == 1);
+    read(&mut *q, ob, &mut b, 2);
+    // The second read finds block 5 on its way and waits for that GET.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while d.waited() == 0 {
+        assert!(Instant::now() < deadline, "the second read never waited");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    s.set_gate(true);
+    let mut out = [Completion::default(); 2];
+    assert_eq!(q.do_io(&mut out, 2, None, None).unwrap(), 2);
+    assert!(out.iter().all(|c| c.ret == 0));
+    assert!(expect(oa, &a) && expect(ob, &b));
+    assert_eq!(s.counts(|c| c.gets), 1, "one GET for both reads");
+}
+
+#[test]
 fn dropping_queue_and_device_with_reads_in_flight_returns_and_the_workers_end() {
     let s = Server::start(Mode::Serve);
     let (d, mut q) = open(&s);

@@ -267,7 +267,8 @@ serve_read "the http driver serves a public object by URL over NBD" "$work/img.b
   "$AWS_ENDPOINT_URL/$S3_TEST_BUCKET/public.bin"
 
 # The drivers through libblkio.so.1's C ABI (tests/c/remote_test.c): the shipped build has them.
-# Reads by do_io and by the completion fd, compared with the bytes curl put; writes -EBADF;
+# Reads by do_io and by the completion fd (also a batch submitted with min_completions 0 and
+# reaped as the fd fires), compared with the bytes curl reads back; writes -EBADF;
 # connect failures with their errno and message. An object whose end is not block-aligned.
 ctest() {  # ctest WHAT ARGS...: run remote_test, count its PASS/FAIL lines
   local what=$1; shift
@@ -284,12 +285,15 @@ if cargo build -q --release -p snapblk-capi && ln -sf "$tgt/release/libblkio.so"
         -o "$work/remote_test"; then
   head -c $(((3 << 20) + 12345)) /dev/urandom > "$work/capi.bin"
   s3curl -T "$work/capi.bin" "$AWS_ENDPOINT_URL/$S3_TEST_BUCKET/capi.bin" || bad "curl put capi.bin"
+  # The reference bytes are what curl reads back from the server.
+  s3curl -o "$work/capi.curl" "$AWS_ENDPOINT_URL/$S3_TEST_BUCKET/capi.bin" || bad "curl get capi.bin"
+  curl -sS -f -o "$work/public.curl" "$AWS_ENDPOINT_URL/$S3_TEST_BUCKET/public.bin" || bad "curl get public.bin"
   s3=(url="s3://$S3_TEST_BUCKET/capi.bin" endpoint="$AWS_ENDPOINT_URL" region="$AWS_REGION")
-  ctest "s3 driver reads an object (64 KiB blocks, 256 KiB cache)" read s3 "$work/capi.bin" "${s3[@]}" \
+  ctest "s3 driver reads an object (64 KiB blocks, 256 KiB cache)" read s3 "$work/capi.curl" "${s3[@]}" \
     block-size=65536 cache-size=262144
-  ctest "s3 driver, default cache" read s3 "$work/capi.bin" "${s3[@]}"
-  ctest "http driver reads a public object" read http "$work/img.bin" url="$AWS_ENDPOINT_URL/$S3_TEST_BUCKET/public.bin"
-  SSL_CERT_FILE=$work/ca.pem ctest "http driver over HTTPS with SSL_CERT_FILE" read http "$work/img.bin" \
+  ctest "s3 driver, default cache" read s3 "$work/capi.curl" "${s3[@]}"
+  ctest "http driver reads a public object" read http "$work/public.curl" url="$AWS_ENDPOINT_URL/$S3_TEST_BUCKET/public.bin"
+  SSL_CERT_FILE=$work/ca.pem ctest "http driver over HTTPS with SSL_CERT_FILE" read http "$work/public.curl" \
     url="$S3_TEST_HTTPS_ENDPOINT/$S3_TEST_BUCKET/public.bin"
   AWS_SECRET_ACCESS_KEY=wrong ctest "wrong secret: connect fails with -EACCES" \
     fail s3 EACCES "access denied" "${s3[@]}"

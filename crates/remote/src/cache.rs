@@ -1,7 +1,8 @@
 //! The bounded block cache: whole blocks of one object in memory, least recently used out
-//! first.
+//! first, and the blocks some read is fetching right now (so that concurrent reads of one
+//! block wait for its GET instead of sending their own).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 
 /// Blocks by index, at most `cap` of them.
@@ -11,6 +12,8 @@ pub(crate) struct BlockCache {
     blocks: HashMap<u64, (Arc<[u8]>, u64)>,
     /// Last use → block index.
     lru: BTreeMap<u64, u64>,
+    /// Blocks a GET in flight is fetching.
+    fetching: HashSet<u64>,
 }
 
 impl BlockCache {
@@ -21,6 +24,23 @@ impl BlockCache {
             tick: 0,
             blocks: HashMap::new(),
             lru: BTreeMap::new(),
+            fetching: HashSet::new(),
+        }
+    }
+
+    /// Whether a read is fetching block `idx` now.
+    pub(crate) fn is_fetching(&self, idx: u64) -> bool {
+        self.fetching.contains(&idx)
+    }
+
+    /// Mark blocks `range` as being fetched (true) or no longer (false).
+    pub(crate) fn set_fetching(&mut self, range: std::ops::Range<u64>, on: bool) {
+        for i in range {
+            if on {
+                self.fetching.insert(i);
+            } else {
+                self.fetching.remove(&i);
+            }
         }
     }
 

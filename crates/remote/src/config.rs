@@ -21,6 +21,9 @@ pub const DEFAULT_PART_SIZE: u64 = 64 << 20;
 pub const DEFAULT_PUT_JOBS: usize = 4;
 /// Most parts of a multipart upload in flight at once.
 pub const MAX_PUT_JOBS: usize = 64;
+/// Reads one `s3` / `http` device has in flight at once: the threads of its worker pool, each
+/// with its own connection (all queues of the device share them; cache hits need none).
+pub const READ_WORKERS: usize = 8;
 
 /// How to reach remote objects and how to cache them.
 #[derive(Debug, Clone)]

@@ -6,15 +6,20 @@
 //! `timeout` (seconds, default 10), `retries` (default 3), `endpoint` and `region` (override
 //! `AWS_ENDPOINT_URL` / `AWS_REGION`). Credentials come from the environment only, never a
 //! spec (which shows in process lists). Connected, read-only: `stats` (JSON counters).
+//!
+//! Reads are asynchronous, as libblkio's drivers are: a read the block cache holds completes
+//! at enqueue; any other goes to the device's pool of up to `READ_WORKERS` threads (started as
+//! work arrives, shared by all its queues), so `blkioq_do_io(min_completions = 0)` returns
+//! without waiting for HTTP and the completion arrives on the queue's completion fd
+//! (`crate::queue`). Dropping a queue or the device with reads in flight returns at once.
 
-use crate::config::RemoteConfig;
+use crate::config::{READ_WORKERS, RemoteConfig};
 use crate::object::RemoteObject;
+use crate::pool::Pool;
+use crate::queue::RemoteQueue;
 use snapblk_core::{
-    Access, Completion, DeviceInfo, Driver, Engine, Error, Op, PropSpec, PropType, PropValue,
-    Queue, QueueCore, Request, State,
+    Access, DeviceInfo, Driver, Error, PropSpec, PropType, PropValue, Queue, State,
 };
-use std::collections::VecDeque;
-use std::os::fd::RawFd;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -42,6 +47,8 @@ pub struct RemoteDriver {
     endpoint: Option<String>,
     region: Option<String>,
     obj: Option<Arc<RemoteObject>>,
+    /// The read workers all queues share, made with the first queue.
+    pool: Option<Arc<Pool>>,
 }
 
 impl RemoteDriver {
@@ -58,6 +65,7 @@ impl RemoteDriver {
             endpoint: None,
             region: None,
             obj: None,
+            pool: None,
         }
     }
 
@@ -86,6 +94,20 @@ impl RemoteDriver {
             c.region = v.clone();
         }
         Ok(c)
+    }
+}
+
+#[cfg(test)]
+impl RemoteDriver {
+    /// The worker pool's thread count, watchable after the driver is gone.
+    pub(crate) fn pool_watch(&self) -> Option<crate::pool::PoolWatch> {
+        self.pool.as_ref().map(|p| p.watch())
+    }
+    /// Reads that waited for another read's GET of the same block.
+    pub(crate) fn waited(&self) -> u64 {
+        self.obj
+            .as_ref()
+            .map_or(0, |o| o.waited.load(std::sync::atomic::Ordering::Relaxed))
     }
 }
 
@@ -165,159 +187,9 @@ impl Driver for RemoteDriver {
         if poll {
             return Err(Error::inval("Poll queues not supported"));
         }
-        Ok(Box::new(RemoteQueue {
-            core: QueueCore::new(false)?,
-            eng: RemoteEngine {
-                obj,
-                pending: VecDeque::new(),
-                ready: VecDeque::new(),
-            },
-        }))
-    }
-}
-
-struct RemoteEngine {
-    obj: Arc<RemoteObject>,
-    pending: VecDeque<Request>,
-    ready: VecDeque<Completion>,
-}
-
-impl RemoteEngine {
-    /// Read into `len` bytes at `buf` from `offset`.
-    ///
-    /// # Safety
-    /// `buf` must be valid for writes of `len` bytes (the `Queue::enqueue` contract).
-    unsafe fn read(&self, offset: u64, buf: *mut u8, len: usize) -> Result<(), i32> {
-        if len == 0 {
-            return Ok(());
-        }
-        if buf.is_null() {
-            return Err(libc::EFAULT);
-        }
-        // SAFETY: per this function's contract.
-        let b = unsafe { std::slice::from_raw_parts_mut(buf, len) };
-        // Past the end: EIO, as a file driver's short read (the conformance suite's bounds check).
-        let end = offset.checked_add(len as u64).ok_or(libc::EIO)?;
-        if end > self.obj.len() {
-            return Err(libc::EIO);
-        }
-        self.obj.read_exact_remote(offset, b).map_err(|e| {
-            log_error(&e);
-            e.errno()
-        })
-    }
-
-    /// # Safety
-    /// The request's buffers must be valid (the `Queue::enqueue` contract).
-    unsafe fn execute(&self, req: &Request) -> Completion {
-        let ud = req.user_data;
-        let r = match req.op {
-            // SAFETY: per the contract.
-            Op::Read { offset, buf, len } => unsafe { self.read(offset, buf, len) },
-            Op::Readv {
-                offset,
-                iov,
-                iovcnt,
-            } => {
-                let v = if iovcnt <= 0 || iov.is_null() {
-                    &[][..]
-                } else {
-                    // SAFETY: per the contract, `iov` points to `iovcnt` iovecs.
-                    unsafe { std::slice::from_raw_parts(iov, iovcnt as usize) }
-                };
-                let mut at = offset;
-                let mut r = Ok(());
-                for e in v {
-                    // SAFETY: per the contract, each iovec's buffer is valid for its length.
-                    r = unsafe { self.read(at, e.iov_base.cast(), e.iov_len) };
-                    if r.is_err() {
-                        break;
-                    }
-                    at += e.iov_len as u64;
-                }
-                r
-            }
-            Op::Flush => Ok(()),
-            // libblkio's answer to a write on a read-only device.
-            Op::Write { .. } | Op::Writev { .. } | Op::Discard { .. } | Op::WriteZeroes { .. } => {
-                Err(libc::EBADF)
-            }
-            Op::Zone(_) => Err(libc::ENOTSUP),
-        };
-        match r {
-            Ok(()) => Completion::ok(ud),
-            Err(errno) => Completion::os_err(ud, errno),
-        }
-    }
-}
-
-/// A completion carries only an errno: the one-line cause is logged (at `error`) once per
-/// failure, so `serve` and `bench` users see why (denied, changed, unreachable) and a C host of
-/// `libblkio.so.1` decides itself whether anything is printed.
-fn log_error(e: &crate::error::RemoteError) {
-    log::error!("{}", snapblk_core::Chain(e));
-}
-
-impl Engine for RemoteEngine {
-    fn in_flight(&self) -> usize {
-        self.pending.len() + self.ready.len()
-    }
-    fn submit(
-        &mut self,
-        _: usize,
-        _: Option<Duration>,
-        _: Option<&libc::sigset_t>,
-    ) -> snapblk_core::Result<()> {
-        while let Some(req) = self.pending.pop_front() {
-            // SAFETY: the request came through `Queue::enqueue`, whose caller keeps its buffers
-            // valid until the completion is reaped.
-            let c = unsafe { self.execute(&req) };
-            self.ready.push_back(c);
-        }
-        Ok(())
-    }
-    fn reap(&mut self, out: &mut [Completion]) -> usize {
-        let n = out.len().min(self.ready.len());
-        for (slot, c) in out.iter_mut().zip(self.ready.drain(..n)) {
-            *slot = c;
-        }
-        n
-    }
-}
-
-struct RemoteQueue {
-    core: QueueCore,
-    eng: RemoteEngine,
-}
-
-impl Queue for RemoteQueue {
-    unsafe fn enqueue(&mut self, req: Request) {
-        if let Err(m) = req.validate() {
-            return self
-                .core
-                .complete(Completion::err(req.user_data, libc::EINVAL, m));
-        }
-        if self.eng.pending.is_empty() {
-            self.core.notify();
-        }
-        self.eng.pending.push_back(req);
-    }
-    fn do_io(
-        &mut self,
-        out: &mut [Completion],
-        min: usize,
-        timeout: Option<&mut Duration>,
-        sigmask: Option<&libc::sigset_t>,
-    ) -> snapblk_core::Result<usize> {
-        self.core.do_io(&mut self.eng, out, min, timeout, sigmask)
-    }
-    fn completion_fd(&self) -> Option<RawFd> {
-        self.core.completion_fd()
-    }
-    fn set_completion_fd_enabled(&mut self, enabled: bool) {
-        self.core.set_completion_fd_enabled(enabled)
-    }
-    fn outstanding(&self) -> usize {
-        self.core.backlog_len() + self.eng.in_flight()
+        let pool = self
+            .pool
+            .get_or_insert_with(|| Arc::new(Pool::new(READ_WORKERS)));
+        Ok(Box::new(RemoteQueue::new(obj, pool.clone())?))
     }
 }

@@ -88,6 +88,9 @@ impl Client {
             // A signed request must not be replayed elsewhere, and an object read by offset must
             // not silently become another one.
             .redirects(0)
+            // Keep a connection for each read worker or upload job (ureq keeps one per host by
+            // default, so the others would reconnect for every request).
+            .max_idle_connections_per_host(cfg.put_jobs.max(crate::config::READ_WORKERS))
             .build();
         Client {
             agent,

@@ -30,13 +30,15 @@ mod error;
 mod http;
 mod multipart;
 mod object;
+mod pool;
+mod queue;
 pub mod sigv4;
 mod transfer;
 
 pub use config::{
     DEFAULT_BLOCK_SIZE, DEFAULT_CACHE_BYTES, DEFAULT_PART_SIZE, DEFAULT_PUT_JOBS,
-    DEFAULT_READAHEAD_BLOCKS, DEFAULT_RETRIES, DEFAULT_TIMEOUT, MAX_PUT_JOBS, RemoteConfig, Target,
-    is_remote,
+    DEFAULT_READAHEAD_BLOCKS, DEFAULT_RETRIES, DEFAULT_TIMEOUT, MAX_PUT_JOBS, READ_WORKERS,
+    RemoteConfig, Target, is_remote,
 };
 pub use driver::RemoteDriver;
 pub use error::{RemoteError, Result, TransportError};

@@ -5,11 +5,11 @@ use crate::cache::BlockCache;
 use crate::config::{RemoteConfig, Target};
 use crate::error::{RemoteError, Result};
 use crate::http::{Body, Client, parse_content_range};
-use snapblk_core::sync::lock;
+use snapblk_core::sync::{lock, wait};
 use snapblk_core::{ReadAt, WriteAt};
 use std::io::{self, Read};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 
 /// Most blocks one GET fetches ...
 const MAX_RUN_BLOCKS: u64 = 64;
@@ -63,6 +63,11 @@ pub struct RemoteObject {
     pin: Pin,
     block: u64,
     cache: Mutex<BlockCache>,
+    /// Signalled when a GET's blocks are in the cache (or it failed).
+    fetched: Condvar,
+    /// Reads that waited for another read's GET (tests watch it).
+    #[cfg(test)]
+    pub(crate) waited: AtomicU64,
     /// End offset of the last read (sequential detection).
     last_end: AtomicU64,
     requests: AtomicU64,
@@ -117,6 +122,9 @@ impl RemoteObject {
             size,
             pin,
             cache: Mutex::new(BlockCache::new(cap)),
+            fetched: Condvar::new(),
+            #[cfg(test)]
+            waited: AtomicU64::new(0),
             last_end: AtomicU64::new(u64::MAX),
             requests: AtomicU64::new(0),
             bytes: AtomicU64::new(0),
@@ -158,8 +166,15 @@ impl RemoteObject {
         }
     }
 
-    /// Fetch bytes `[start, end)` (inside the object) with one ranged GET into `out`.
-    fn fetch(&self, start: u64, end: u64, out: &mut [u8]) -> Result<()> {
+    /// Fetch bytes `[start, end)` (inside the object) with one ranged GET into `out`; no
+    /// further attempt once `halted` says so.
+    fn fetch(
+        &self,
+        start: u64,
+        end: u64,
+        out: &mut [u8],
+        halted: Option<Halted<'_>>,
+    ) -> Result<()> {
         let range = format!("bytes={}-{}", start, end - 1);
         let mut headers: Vec<(&str, &str)> = vec![("range", &range)];
         let pin = match &self.pin {
@@ -174,9 +189,13 @@ impl RemoteObject {
             Pin::None => None,
         };
         self.requests.fetch_add(1, Ordering::Relaxed);
+        let body = match halted {
+            Some(halted) => Body::EmptyUntil { halted },
+            None => Body::Empty,
+        };
         let resp = self
             .client
-            .send(&self.target, "GET", &headers, &Body::Empty, pin)?;
+            .send(&self.target, "GET", &headers, &body, pin)?;
         let bad = |why: String| RemoteError::BadResponse {
             url: self.target.display.clone(),
             why,
@@ -245,6 +264,17 @@ impl RemoteObject {
     /// Read exactly `buf.len()` bytes at `offset`; a range that does not lie inside the object
     /// fails with [`RemoteError::OutOfRange`].
     pub fn read_exact_remote(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
+        self.read_exact_until(offset, buf, None)
+    }
+
+    /// [`RemoteObject::read_exact_remote`], making no further HTTP attempt once `halted` says
+    /// so (the request then fails with [`RemoteError::Stopped`]).
+    pub(crate) fn read_exact_until(
+        &self,
+        offset: u64,
+        buf: &mut [u8],
+        halted: Option<Halted<'_>>,
+    ) -> Result<()> {
         if buf.is_empty() {
             return Ok(());
         }
@@ -264,32 +294,45 @@ impl RemoteObject {
         let sequential = self.last_end.swap(end, Ordering::Relaxed) == offset;
         let mut i = first;
         while i <= last {
-            let cached = lock(&self.cache).get(i);
-            if let Some(data) = cached {
+            let mut c = lock(&self.cache);
+            if let Some(data) = c.get(i) {
+                drop(c);
                 self.hits.fetch_add(1, Ordering::Relaxed);
                 copy_block(i, bs, &data, offset, buf);
                 i += 1;
                 continue;
             }
+            if c.is_fetching(i) {
+                // Another read's GET brings this block: wait for it, then look again (it may
+                // have failed, or the block been evicted at once: then fetch it here).
+                #[cfg(test)]
+                self.waited.fetch_add(1, Ordering::Relaxed);
+                drop(wait(&self.fetched, c));
+                continue;
+            }
             // A run of missing blocks, fetched by one GET, plus readahead past a sequential read.
+            let free = |c: &BlockCache, j: u64| !c.contains(j) && !c.is_fetching(j);
             let mut j = i + 1;
-            {
-                let c = lock(&self.cache);
-                while j <= last && j - i < max_run && !c.contains(j) {
+            while j <= last && j - i < max_run && free(&c, j) {
+                j += 1;
+            }
+            if j > last && sequential {
+                let stop = (last + 1 + self.client.config().readahead_blocks)
+                    .min(nblocks)
+                    .min(i + max_run);
+                while j < stop && free(&c, j) {
                     j += 1;
                 }
-                if j > last && sequential {
-                    let stop = (last + 1 + self.client.config().readahead_blocks)
-                        .min(nblocks)
-                        .min(i + max_run);
-                    while j < stop && !c.contains(j) {
-                        j += 1;
-                    }
-                }
             }
+            c.set_fetching(i..j, true);
+            drop(c);
+            let _done = Fetching {
+                obj: self,
+                blocks: i..j,
+            };
             let (start, stop) = (i * bs, (j * bs).min(self.size));
             let mut data = vec![0u8; (stop - start) as usize];
-            self.fetch(start, stop, &mut data)?;
+            self.fetch(start, stop, &mut data, halted)?;
             let mut c = lock(&self.cache);
             for (k, chunk) in (i..j).zip(data.chunks(bs as usize)) {
                 self.misses.fetch_add(1, Ordering::Relaxed);
@@ -304,6 +347,67 @@ impl RemoteObject {
         Ok(())
     }
 }
+
+impl RemoteObject {
+    /// Read `len` bytes at `offset` from the cache alone: when every block is cached, hand
+    /// each piece to `sink(position in the read, bytes)` in order and return true (counted as
+    /// hits, and as the last read for sequential detection); otherwise touch nothing and
+    /// return false. The range must lie inside the object.
+    pub(crate) fn read_cached(
+        &self,
+        offset: u64,
+        len: u64,
+        mut sink: impl FnMut(u64, &[u8]),
+    ) -> bool {
+        let Some(end) = offset
+            .checked_add(len)
+            .filter(|&e| len > 0 && e <= self.size)
+        else {
+            return false;
+        };
+        let bs = self.block;
+        let (first, last) = (offset / bs, (end - 1) / bs);
+        let blocks: Option<Vec<Arc<[u8]>>> = {
+            let mut c = lock(&self.cache);
+            if !(first..=last).all(|i| c.contains(i)) {
+                return false;
+            }
+            (first..=last).map(|i| c.get(i)).collect()
+        };
+        let Some(blocks) = blocks else { return false };
+        for (i, data) in (first..).zip(&blocks) {
+            let bstart = i * bs;
+            let from = offset.max(bstart);
+            let to = end.min(bstart + data.len() as u64);
+            if from < to {
+                sink(
+                    from - offset,
+                    &data[(from - bstart) as usize..(to - bstart) as usize],
+                );
+            }
+        }
+        self.hits.fetch_add(blocks.len() as u64, Ordering::Relaxed);
+        self.last_end.store(end, Ordering::Relaxed);
+        true
+    }
+}
+
+/// Blocks one read is fetching: no longer marked once it is done (fetched and cached, or
+/// failed), and the reads waiting for them wake.
+struct Fetching<'a> {
+    obj: &'a RemoteObject,
+    blocks: std::ops::Range<u64>,
+}
+
+impl Drop for Fetching<'_> {
+    fn drop(&mut self) {
+        lock(&self.obj.cache).set_fetching(self.blocks.clone(), false);
+        self.obj.fetched.notify_all();
+    }
+}
+
+/// Says when a read should make no further HTTP attempt (its requester is gone).
+pub(crate) type Halted<'a> = &'a (dyn Fn() -> bool + Sync);
 
 /// Copy the part of block `idx` (of size `bs`, data `data`) that overlaps `[offset, offset +
 /// buf.len())` into `buf`.

@@ -65,6 +65,11 @@ impl<R: Read> Read for Haltable<'_, R> {
     }
 }
 
+/// The slowest body a bounded request ([`Client::get_range`]) allows for, in bytes per second,
+/// on top of the `timeout`: 256 KiB/s, so a 1 MiB block may take 4 s more and the largest
+/// (64 MiB) 256 s more.
+const MIN_BODY_RATE: u64 = 256 * 1024;
+
 /// The HTTP side of a [`RemoteConfig`].
 pub(crate) struct Client {
     agent: ureq::Agent,
@@ -114,7 +119,25 @@ impl Client {
         body: &Body<'_>,
         pin: Option<&str>,
     ) -> Result<ureq::Response> {
-        self.send_query(t, method, &[], headers, body, pin)
+        self.send_inner(t, method, &[], headers, body, pin, None)
+    }
+
+    /// [`Client::send`] of a ranged GET of `len` bytes, each attempt bounded as a whole: by
+    /// the `timeout` plus the time the body takes at [`MIN_BODY_RATE`]. ureq bounds the wait
+    /// for a reply's head only on a new connection (it clears a pooled connection's read
+    /// timeout), so without this bound a server that takes a read on a kept-alive connection
+    /// and never answers would hold the read for as long as it keeps the connection open.
+    pub(crate) fn get_range(
+        &self,
+        t: &Target,
+        headers: &[(&str, &str)],
+        body: &Body<'_>,
+        pin: Option<&str>,
+        len: u64,
+    ) -> Result<ureq::Response> {
+        let body_time = Duration::from_secs(len.div_ceil(MIN_BODY_RATE));
+        let limit = self.cfg.timeout.saturating_add(body_time);
+        self.send_inner(t, "GET", &[], headers, body, pin, Some(limit))
     }
 
     /// [`Client::send`] with query parameters (not encoded; `("uploads", "")` for a bare
@@ -127,6 +150,21 @@ impl Client {
         headers: &[(&str, &str)],
         body: &Body<'_>,
         pin: Option<&str>,
+    ) -> Result<ureq::Response> {
+        self.send_inner(t, method, query, headers, body, pin, None)
+    }
+
+    /// [`Client::send_query`], each attempt bounded as a whole by `limit` if given.
+    #[allow(clippy::too_many_arguments)] // one HTTP request's parts
+    fn send_inner(
+        &self,
+        t: &Target,
+        method: &str,
+        query: &[(&str, &str)],
+        headers: &[(&str, &str)],
+        body: &Body<'_>,
+        pin: Option<&str>,
+        limit: Option<Duration>,
     ) -> Result<ureq::Response> {
         let with_query;
         let t = if query.is_empty() {
@@ -158,7 +196,7 @@ impl Client {
                 return Err(stopped());
             }
             attempt += 1;
-            let e = match self.once(t, method, query, headers, body, pin, attempt) {
+            let e = match self.once(t, method, query, headers, body, pin, limit, attempt) {
                 Attempt::Ok(r) => return Ok(r),
                 // The error of a body cut short by a halt is the halt's.
                 Attempt::Fail(_) | Attempt::Retry(_) if body.halted() => return Err(stopped()),
@@ -186,9 +224,13 @@ impl Client {
         headers: &[(&str, &str)],
         body: &Body<'_>,
         pin: Option<&str>,
+        limit: Option<Duration>,
         attempt: u32,
     ) -> Attempt {
         let mut req = self.agent.request(method, &t.url);
+        if let Some(limit) = limit {
+            req = req.timeout(limit);
+        }
         for (k, v) in headers {
             req = req.set(k, v);
         }

@@ -195,7 +195,7 @@ impl RemoteObject {
         };
         let resp = self
             .client
-            .send(&self.target, "GET", &headers, &body, pin)?;
+            .get_range(&self.target, &headers, &body, pin, end - start)?;
         let bad = |why: String| RemoteError::BadResponse {
             url: self.target.display.clone(),
             why,

@@ -187,6 +187,11 @@ fn serve_requests(c: TcpStream, st: &State2) -> std::io::Result<()> {
 /// The `http` driver on the server's object: 4 KiB blocks, 1 MiB cache, no readahead, no
 /// retries, a timeout far beyond any stall here.
 fn open(s: &Server) -> (RemoteDriver, Box<dyn Queue>) {
+    open_with_timeout(s, 60)
+}
+
+/// [`open`] with another `timeout`, in seconds.
+fn open_with_timeout(s: &Server, timeout: u64) -> (RemoteDriver, Box<dyn Queue>) {
     let mut d = RemoteDriver::new("http");
     let set = |d: &mut RemoteDriver, k: &str, v: PropValue| {
         d.set_prop(k, v, State::Created).unwrap();
@@ -196,7 +201,7 @@ fn open(s: &Server) -> (RemoteDriver, Box<dyn Queue>) {
     set(&mut d, "cache-size", PropValue::U64(1 << 20));
     set(&mut d, "readahead", PropValue::U64(0));
     set(&mut d, "retries", PropValue::U64(0));
-    set(&mut d, "timeout", PropValue::U64(60));
+    set(&mut d, "timeout", PropValue::U64(timeout));
     d.connect(true).unwrap();
     let q = d.create_queue(false).unwrap();
     (d, q)
@@ -444,4 +449,37 @@ fn a_failed_read_completes_with_its_errno() {
     assert_eq!(q.do_io(&mut out, 2, None, None).unwrap(), 2);
     assert_eq!((out[0].user_data, out[0].ret), (4, -libc::EIO));
     assert_eq!((out[1].user_data, out[1].ret), (5, -libc::EBADF));
+}
+
+#[test]
+fn a_read_the_server_never_answers_on_a_kept_alive_connection_times_out() {
+    let s = Server::start(Mode::Serve);
+    let (_d, mut q) = open_with_timeout(&s, 1);
+    let mut out = [Completion::default(); 2];
+    // A first read, answered: its connection goes back to the client's pool.
+    s.set_gate(true);
+    let mut buf = vec![0u8; 4096];
+    read(&mut *q, 0, &mut buf, 1);
+    assert_eq!(q.do_io(&mut out, 1, None, None).unwrap(), 1);
+    assert_eq!(out[0].ret, 0);
+    // The next GET goes out on a kept-alive connection, and the server never answers it.
+    s.set_gate(false);
+    read(&mut *q, 8 * 4096, &mut buf, 2);
+    s.wait_for("the held GET", |c| c.active == 1);
+    assert_eq!(
+        s.counts(|c| c.conns),
+        1,
+        "the held GET came on the kept-alive connection"
+    );
+    // It fails after its bound (1 s + 4 KiB at the slowest rate) instead of waiting for the
+    // server. A minute is only this test's own guard against a hang.
+    let mut t = Duration::from_secs(60);
+    let n = q.do_io(&mut out, 1, Some(&mut t), None);
+    assert_eq!(n.ok(), Some(1), "the held read completes with an error");
+    assert_eq!(out[0].user_data, 2);
+    assert_eq!(
+        out[0].ret,
+        -libc::EHOSTUNREACH,
+        "a timeout is a transport error"
+    );
 }

@@ -1041,6 +1041,7 @@ fn apply(
     let _claim = claim_block_input(base_path, out)?;
     let target = InPlace::open(out, len)?;
     let proven = job.pass(std::io::sink(), Pass::Check)?;
+    target.reserve(len)?;
     let f = target
         .file()
         .try_clone()

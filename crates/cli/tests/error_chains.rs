@@ -42,9 +42,24 @@ fn cow_io_errors_print_the_cause_once() {
             "-o",
             &p(&d, "x.cow"),
         ]),
-        "snapblk: read /nonexistent/old.img: I/O error at offset 0: No such file or directory \
-         (os error 2)"
+        "snapblk: --old /nonexistent/old.img: No such file or directory (os error 2)"
     );
+    // A directory is named as one, not as an I/O error at offset 0.
+    let dir = d.display().to_string();
+    assert_eq!(
+        one_line_error(&[
+            "cow",
+            "create",
+            "--old",
+            &p(&d, "new.img"),
+            "--new",
+            &dir,
+            "-o",
+            &p(&d, "x.cow"),
+        ]),
+        format!("snapblk: --new {dir} is a directory")
+    );
+    assert!(!d.join("x.cow").exists());
     std::fs::remove_dir_all(&d).unwrap();
 }
 

@@ -9,7 +9,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install-deps.sh
 cargo build --release -p snapblk-cli
-SNAPBLK=$PWD/target/release/snapblk
+SNAPBLK=${CARGO_TARGET_DIR:-$PWD/target}/release/snapblk   # where cargo just built it
 
 work=$(mktemp -d /tmp/snapblk-demo.XXXXXX)
 trap 'rm -rf "$work"' EXIT

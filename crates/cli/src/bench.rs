@@ -369,6 +369,7 @@ impl OutArgs {
     fn check(&self, inputs: &[(&str, &Path)]) -> anyhow::Result<()> {
         if let Some(p) = &self.output {
             crate::outfile::refuse_alias("--output", p, inputs)?;
+            refuse_non_json(p)?;
             std::fs::OpenOptions::new()
                 .write(true)
                 .create(true)
@@ -378,6 +379,29 @@ impl OutArgs {
         }
         Ok(())
     }
+}
+
+/// Refuse an `--output` that is a regular file holding anything but a JSON document (an
+/// earlier result) or nothing: a mistyped `--output disk.img` would replace the image.
+fn refuse_non_json(p: &Path) -> anyhow::Result<()> {
+    use std::io::Read as _;
+    let Ok(m) = std::fs::metadata(p) else {
+        return Ok(());
+    };
+    if !m.is_file() || m.len() == 0 {
+        return Ok(());
+    }
+    let mut head = Vec::with_capacity(64);
+    std::fs::File::open(p)
+        .and_then(|f| f.take(64).read_to_end(&mut head))
+        .with_context(|| format!("--output {}", p.display()))?;
+    if head.trim_ascii_start().first() != Some(&b'{') {
+        bail!(
+            "--output {} exists and is not a JSON document; refusing to overwrite it (remove it first or choose another name)",
+            p.display()
+        );
+    }
+    Ok(())
 }
 
 /// Write `--output`: a regular file (or a new one) is replaced atomically, so a reader never

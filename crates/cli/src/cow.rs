@@ -221,20 +221,29 @@ fn open_cow(path: &Path, opts: OpenOptions) -> Result<CowReader<std::fs::File>> 
 
 /// An image given by path (see [`load_image`]) or as a device spec (`rbd:pool=p,image=i`:
 /// opened read-only through its driver and read into memory).
-fn load_input_image(path: &Path) -> Result<snapblk_cow::Image> {
+fn load_input_image(flag: &str, path: &Path) -> Result<snapblk_cow::Image> {
+    let p = path.display();
     let Some(dev) = open_device_input(path)? else {
-        return Ok(load_image(path, MAX_IMAGE)?);
+        // Open errors as such, not as an I/O error at offset 0 of the image.
+        let m = std::fs::metadata(path).with_context(|| format!("{flag} {p}"))?;
+        if m.is_dir() {
+            bail!("{flag} {p} is a directory");
+        }
+        return load_image(path, MAX_IMAGE).with_context(|| format!("read {flag} {p}"));
     };
-    let len = dev.size()?;
-    if len > MAX_IMAGE {
-        bail!("{len} bytes is more than the {MAX_IMAGE} an image may have");
-    }
-    let mut v: Vec<u8> = Vec::new();
-    v.try_reserve_exact(len as usize)
-        .map_err(|_| anyhow::anyhow!("cannot allocate {len} bytes"))?;
-    v.resize(len as usize, 0);
-    dev.read_exact_at(0, &mut v)?;
-    Ok(snapblk_cow::Image::Owned(v))
+    let read = || -> Result<snapblk_cow::Image> {
+        let len = dev.size()?;
+        if len > MAX_IMAGE {
+            bail!("{len} bytes is more than the {MAX_IMAGE} an image may have");
+        }
+        let mut v: Vec<u8> = Vec::new();
+        v.try_reserve_exact(len as usize)
+            .map_err(|_| anyhow::anyhow!("cannot allocate {len} bytes"))?;
+        v.resize(len as usize, 0);
+        dev.read_exact_at(0, &mut v)?;
+        Ok(snapblk_cow::Image::Owned(v))
+    };
+    read().with_context(|| format!("read {flag} {p}"))
 }
 
 /// The device of a device-spec argument, opened read-only (`None` for a path).
@@ -482,10 +491,8 @@ fn run_cmd(c: CowCmd) -> Result<()> {
             refuse_alias("-o", &out, &[("--old", &old), ("--new", &new)])?;
             refuse_alias("-o", &rec_path, &[("--old", &old), ("--new", &new)])?;
             let t0 = std::time::Instant::now();
-            let old_img =
-                load_input_image(&old).with_context(|| format!("read {}", old.display()))?;
-            let new_img =
-                load_input_image(&new).with_context(|| format!("read {}", new.display()))?;
+            let old_img = load_input_image("--old", &old)?;
+            let new_img = load_input_image("--new", &new)?;
             let bars = crate::progress::GenerateBars::default();
             let on_progress = |ev| bars.on(ev);
             let opts = GenerateOptions {
@@ -1059,6 +1066,7 @@ fn apply(
     let _claim = claim_block_input(base_path, out)?;
     let target = InPlace::open(out, len)?;
     let proven = job.pass(std::io::sink(), Pass::Check)?;
+    target.reserve(len)?;
     let f = target
         .file()
         .try_clone()
@@ -1298,8 +1306,8 @@ fn write_record(cow_path: &Path, old: &Path, new: &Path, out: Option<PathBuf>) -
         &[("the COW", cow_path), ("--old", old), ("--new", new)],
     )?;
     let r = open_cow(cow_path, OpenOptions::default())?;
-    let old_img = load_input_image(old).with_context(|| format!("read {}", old.display()))?;
-    let new_img = load_input_image(new).with_context(|| format!("read {}", new.display()))?;
+    let old_img = load_input_image("--old", old)?;
+    let new_img = load_input_image("--new", new)?;
     let base_len = old_img.len() as u64;
     let len = image_size(&r, old, base_len, None, Some(new_img.len() as u64))?;
     snapblk_cow::verify(&r, &old_img[..], len, Some(&new_img[..])).with_context(|| {

@@ -2,7 +2,8 @@
 //! their records to stderr as `[LEVEL target] message`. `RUST_LOG` filters them: a comma-separated
 //! list of `LEVEL` (the default for every target) and `TARGET=LEVEL` (a module path and what is
 //! below it; the longest matching target wins), levels being `off`, `error`, `warn`, `info`,
-//! `debug` and `trace`. Without it, warnings and errors are shown. `SNAPBLK_RA_DEBUG` (set to
+//! `debug` and `trace`. Without it, warnings and errors are shown (for the `fuser` crate only its
+//! errors: it warns about each request the FUSE export leaves unanswered on purpose). `SNAPBLK_RA_DEBUG` (set to
 //! anything) still turns on readahead replay's debug lines, as
 //! `RUST_LOG=snapblk_readahead::replay=debug` does. Malformed directives are ignored.
 
@@ -36,6 +37,14 @@ impl Filter {
                     }
                 }
             }
+        }
+        // fuser warns, in several lines each, about every request the FUSE export leaves
+        // unimplemented on purpose (answered ENOSYS: the kernel's `security.*` xattr probes,
+        // `create` in the export's directory) and about unmounts already done: noise, not
+        // news. Its errors stay; `RUST_LOG=fuser=warn` brings the rest back.
+        if !f.targets.iter().any(|(t, _)| t == "fuser") {
+            let level = f.default.min(LevelFilter::Error);
+            f.targets.push(("fuser".to_owned(), level));
         }
         f.targets.sort_by_key(|(t, _)| std::cmp::Reverse(t.len()));
         f
@@ -124,6 +133,17 @@ mod tests {
         assert_eq!(f.max(), LevelFilter::Warn);
         let f = Filter::parse("loud,x=nope,=,off");
         assert_eq!(f.default, LevelFilter::Off);
-        assert!(f.targets.is_empty(), "{f:?}");
+        assert_eq!(f.targets, [("fuser".to_owned(), LevelFilter::Off)]);
+    }
+
+    #[test]
+    fn fuser_shows_errors_only_unless_asked() {
+        let f = Filter::parse("");
+        assert_eq!(f.level_for("fuser"), LevelFilter::Error);
+        assert_eq!(f.level_for("fuser::session"), LevelFilter::Error);
+        assert_eq!(f.level_for("snapblk_fuse"), LevelFilter::Warn);
+        let f = Filter::parse("debug,fuser=warn");
+        assert_eq!(f.level_for("fuser::session"), LevelFilter::Warn);
+        assert_eq!(f.level_for("snapblk_fuse"), LevelFilter::Debug);
     }
 }

@@ -684,8 +684,8 @@ fn extract(
     print_partitions(&report)?;
     fetched(&remote)?;
     say!(
-        "{} partitions written to {}",
-        report.partitions.len(),
+        "{} written to {}",
+        count(report.partitions.len(), "partition"),
         dir.display()
     );
     Ok(())
@@ -784,8 +784,8 @@ fn apply(a: &ApplyArgs<'_>) -> Result<()> {
         );
     }
     say!(
-        "{} partitions written to {}{}",
-        report.partitions.len(),
+        "{} written to {}{}",
+        count(report.partitions.len(), "partition"),
         a.out.display(),
         match plan.skipped().len() {
             0 => String::new(),
@@ -811,4 +811,13 @@ pub(super) fn check_source_dir(source: &Path, out: &Path, beside: &str) -> Resul
         );
     }
     Ok(())
+}
+
+/// `1 partition`, `2 partitions`: a count and its noun, singular for one.
+pub(crate) fn count(n: usize, noun: &str) -> String {
+    if n == 1 {
+        format!("1 {noun}")
+    } else {
+        format!("{n} {noun}s")
+    }
 }

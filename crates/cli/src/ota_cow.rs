@@ -536,7 +536,11 @@ fn report(a: &CowArgs, results: &[CowResult], seconds: &Phases) -> Result<()> {
         s.verify,
         s.verify_merge
     );
-    say!("{} COWs written to {}", results.len(), a.out.display());
+    say!(
+        "{} written to {}",
+        crate::ota::count(results.len(), "COW"),
+        a.out.display()
+    );
     Ok(())
 }
 

@@ -362,6 +362,34 @@ impl InPlace {
         &self.file
     }
 
+    /// Reserve the space a regular file needs for `len` bytes before anything is written, so
+    /// a full file system or quota fails the command here, with the file as it was, instead of
+    /// half-way through overwriting it. A file system without `fallocate` is written as before.
+    pub fn reserve(&self, len: u64) -> Result<()> {
+        if !self.regular || len == 0 {
+            return Ok(());
+        }
+        let Ok(n) = libc::off_t::try_from(len) else {
+            bail!("{}: {len} bytes is too large", self.target.display());
+        };
+        // SAFETY: fallocate reads only its integer arguments; the descriptor is owned by
+        // `self.file` and open for writing. KEEP_SIZE leaves the file's size and data as they
+        // are.
+        let rc = unsafe { libc::fallocate(self.file.as_raw_fd(), libc::FALLOC_FL_KEEP_SIZE, 0, n) };
+        if rc != 0 {
+            let e = std::io::Error::last_os_error();
+            if e.raw_os_error() == Some(libc::EOPNOTSUPP) {
+                return Ok(());
+            }
+            return Err(anyhow::Error::new(e).context(format!(
+                "reserving {} for {} before writing it in place (nothing was written)",
+                crate::human::bytes_exact(len),
+                self.target.display()
+            )));
+        }
+        Ok(())
+    }
+
     /// Cut a regular file to `len` bytes and sync what was written (a stream has nothing to
     /// sync).
     pub fn finish(self, len: u64) -> Result<()> {

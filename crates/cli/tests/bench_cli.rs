@@ -1419,7 +1419,8 @@ fn output_never_replaces_the_target_or_the_job_file() {
 #[test]
 fn output_is_replaced_not_rewritten() {
     let d = Scratch::new("output-atomic");
-    let out = d.file("r.json", 3, b'x');
+    let out = d.0.join("r.json");
+    std::fs::write(&out, b"{}\n").unwrap();
     let peer = d.0.join("peer.json");
     std::fs::hard_link(&out, &peer).unwrap();
     let o = snapblk(&[
@@ -1431,10 +1432,44 @@ fn output_is_replaced_not_rewritten() {
     ]);
     assert_ok(&o);
     assert!(
-        std::fs::read(&peer).unwrap() == b"xxx",
+        std::fs::read(&peer).unwrap() == b"{}\n",
         "the old document was rewritten in place"
     );
     let v: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
     validate(&v).unwrap();
+}
+
+#[test]
+fn output_never_replaces_a_file_that_is_not_a_result() {
+    // `--output disk.img` (a typo for the result's name) used to replace the image with the
+    // JSON document; an earlier result, an empty file and a new name are written.
+    let d = Scratch::shm("output-typo");
+    let img = d.file("disk.img", 1 << 20, 0x5a);
+    let args = |out: &Path| {
+        let out = out.to_str().unwrap();
+        snapblk(&[
+            "null:size=1M",
+            "--rw",
+            "read",
+            "--size",
+            "64k",
+            "--output",
+            out,
+        ])
+    };
+    let o = args(&img);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(err.contains("is not a JSON document"), "{err}");
+    assert!(std::fs::read(&img).unwrap() == vec![0x5a; 1 << 20]);
+    for (name, old) in [("old.json", "{\"schema\":\"x\"}\n"), ("empty.json", "")] {
+        let p = d.0.join(name);
+        std::fs::write(&p, old).unwrap();
+        let o = args(&p);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&p).unwrap()).unwrap();
+        assert!(v.get("results").is_some(), "{v}");
+    }
 }

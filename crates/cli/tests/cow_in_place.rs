@@ -298,3 +298,32 @@ fn apply_summarises_where_the_image_does_not_go() {
         "{err}"
     );
 }
+
+#[test]
+fn in_place_on_a_full_file_system_fails_before_the_first_byte() {
+    // The space is reserved before writing: the file used to be half overwritten with the
+    // new image, then the apply failed with ENOSPC.
+    let c = Case::new("inplace-full", 256, &[]);
+    let mnt = c.p("tiny");
+    std::fs::create_dir(&mnt).unwrap();
+    let st = Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=512k", "tiny", path_str(&mnt)])
+        .status()
+        .unwrap();
+    assert!(st.success(), "mount tmpfs (the tests run as root)");
+    let out = mnt.join("out.img");
+    std::fs::write(&out, b"previous contents").unwrap();
+    let mut a = apply_args(&c, path_str(&out));
+    a.push("--in-place");
+    let o = snapblk(&a);
+    let after = read(&out);
+    Command::new("umount").arg(&mnt).status().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert_eq!(err.trim().lines().count(), 1, "one line: {err}");
+    assert!(
+        err.contains("No space left on device") && err.contains("nothing was written"),
+        "{err}"
+    );
+    assert_eq!(after, b"previous contents");
+}

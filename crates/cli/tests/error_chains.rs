@@ -42,9 +42,24 @@ fn cow_io_errors_print_the_cause_once() {
             "-o",
             &p(&d, "x.cow"),
         ]),
-        "snapblk: read /nonexistent/old.img: I/O error at offset 0: No such file or directory \
-         (os error 2)"
+        "snapblk: --old /nonexistent/old.img: No such file or directory (os error 2)"
     );
+    // A directory is named as one, not as an I/O error at offset 0.
+    let dir = d.display().to_string();
+    assert_eq!(
+        one_line_error(&[
+            "cow",
+            "create",
+            "--old",
+            &p(&d, "new.img"),
+            "--new",
+            &dir,
+            "-o",
+            &p(&d, "x.cow"),
+        ]),
+        format!("snapblk: --new {dir} is a directory")
+    );
+    assert!(!d.join("x.cow").exists());
     std::fs::remove_dir_all(&d).unwrap();
 }
 
@@ -70,6 +85,28 @@ fn snapshot_io_errors_print_the_cause_once() {
              offset 0"
         )
     );
+    std::fs::remove_dir_all(&d).unwrap();
+}
+
+#[test]
+fn swapped_cow_and_base_are_named_as_not_a_cow() {
+    // `merge IMAGE --base COW`: the image is named as no COW (bad magic), not as a device
+    // whose size is not a multiple of a block size of 0; nothing is written.
+    let d = scratch("swap");
+    let image = p(&d, "system.img");
+    std::fs::write(&image, vec![0u8; 16384]).unwrap();
+    let cow = p(&d, "update.cow");
+    std::fs::write(&cow, vec![0x11u8; 5000]).unwrap();
+    for args in [
+        vec!["merge", &image, "--base", &cow],
+        vec!["serve", "--cow", &image, "--base", &cow, "--nbd", "0"],
+    ] {
+        let e = one_line_error(&args);
+        assert!(e.contains("bad magic"), "{args:?}: {e}");
+        assert!(!e.contains("block size 0"), "{args:?}: {e}");
+    }
+    assert_eq!(std::fs::read(&image).unwrap(), vec![0u8; 16384]);
+    assert_eq!(std::fs::read(&cow).unwrap(), vec![0x11u8; 5000]);
     std::fs::remove_dir_all(&d).unwrap();
 }
 

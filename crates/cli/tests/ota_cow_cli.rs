@@ -177,7 +177,7 @@ fn text_report_names_the_sizes() {
     assert!(text.contains("system.cow: "), "{text}");
     assert!(text.contains("% used)"), "{text}");
     assert!(
-        text.ends_with(&format!("1 COWs written to {}\n", out.display())),
+        text.ends_with(&format!("1 COW written to {}\n", out.display())),
         "{text}"
     );
     // The phases line: the COW writer's time and throughput among the others.

@@ -1840,3 +1840,52 @@ fn record_never_writes_through_a_link_at_its_temporary_name() {
         "a list was named"
     );
 }
+
+#[test]
+fn record_never_replaces_a_file_that_is_not_a_list() {
+    // `-o disk.img` (a typo for the list's name) used to replace the image with the list.
+    let d = scratch("record-typo");
+    let img = d.join("disk.img");
+    write_file(&img, 64 << 10, 5);
+    let before = std::fs::read(&img).unwrap();
+    let scope = d.to_str().unwrap();
+    let o = run_any(&[
+        "readahead",
+        "record",
+        "-o",
+        img.to_str().unwrap(),
+        "--scope",
+        scope,
+        "--",
+        "true",
+    ]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o.stderr));
+    let e = text(&o.stderr);
+    assert_eq!(e.trim().lines().count(), 1, "one line: {e}");
+    assert!(e.contains("is not a readahead list"), "{e}");
+    assert_eq!(std::fs::read(&img).unwrap(), before, "the image changed");
+    // A list from an earlier recording (text or JSON Lines) and an empty file are replaced.
+    for (name, old) in [
+        ("old.list", "# snapblk-readahead-list v1\n"),
+        (
+            "old.jsonl",
+            "{\"path\":\"/x\",\"identity\":null,\"ranges\":\"*\"}\n",
+        ),
+        ("empty.list", ""),
+    ] {
+        let l = d.join(name);
+        std::fs::write(&l, old).unwrap();
+        run(&[
+            "readahead",
+            "record",
+            "-o",
+            l.to_str().unwrap(),
+            "--scope",
+            scope,
+            "--",
+            "true",
+        ]);
+        assert_ne!(std::fs::read_to_string(&l).unwrap(), old, "{name}");
+    }
+    std::fs::remove_dir_all(&d).unwrap();
+}

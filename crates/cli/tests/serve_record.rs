@@ -290,3 +290,33 @@ fn bad_uses_fail_with_one_line_errors() {
     assert_eq!(line(&rest, "stopped")["record"]["written"], true);
     assert!(rec.exists());
 }
+
+#[test]
+fn record_never_replaces_a_file_that_is_not_a_block_list() {
+    // `--record base.img` (a typo for a list name) used to replace the base with the list
+    // when the server stopped; an existing list is still replaced.
+    let d = TempDir::new("serve-record-typo");
+    let (base, cow) = make_snapshot(&d, 1024);
+    let before = std::fs::read(&base).unwrap();
+    let mut a = snap_args(&base, &cow);
+    a.extend(["--nbd", "0", "--record", base.to_str().unwrap()]);
+    let o = std::process::Command::new(bin())
+        .arg("serve")
+        .args(&a)
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1));
+    let e = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(e.trim().lines().count(), 1, "one line: {e}");
+    assert!(e.contains("not a block list"), "{e}");
+    assert_eq!(std::fs::read(&base).unwrap(), before, "the base changed");
+    let l = d.join("old.blocks");
+    std::fs::write(&l, "# snapblk-block-list v1\n0:4096\n").unwrap();
+    let mut a = snap_args(&base, &cow);
+    a.extend(["--nbd", "0", "--record", l.to_str().unwrap()]);
+    let s = Serve::start(&a);
+    let (st, rest, err) = s.stop();
+    assert!(st.success(), "{err}");
+    assert_eq!(line(&rest, "stopped")["record"]["written"], true);
+    assert!(!std::fs::read_to_string(&l).unwrap().contains("\n0:4096\n"));
+}

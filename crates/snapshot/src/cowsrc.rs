@@ -58,20 +58,10 @@ pub(crate) fn load<R: ReadAt>(
     src: R,
     capacity: u64,
 ) -> Result<(SnapshotMap, CowLayout, CowReader<R>)> {
-    let probe = {
-        let mut h = [0u8; 22];
-        src.read_exact_at(0, &mut h)
-            .map_err(|source| snapblk_cow::CowError::Io { offset: 0, source })?;
-        u32::from_le_bytes([h[18], h[19], h[20], h[21]]) as u64
-    };
-    if probe == 0 || !capacity.is_multiple_of(probe) {
-        return Err(SnapError::Format(format!(
-            "device size {capacity} is not a multiple of the COW block size {probe}"
-        )));
-    }
-    let blocks = capacity / probe;
     // Parsed without bounds, so a base shorter than the COW's blocks is reported as a base
     // problem (naming both sizes) rather than as an invalid COW; the map checks them again.
+    // Parsed before the size check, so a file that is no COW at all (arguments swapped) is
+    // reported as such, not as a block size of 0.
     let opts = OpenOptions {
         device_blocks: None,
         base_blocks: None,
@@ -80,6 +70,12 @@ pub(crate) fn load<R: ReadAt>(
     };
     let cow = CowReader::open_with(src, opts)?;
     let bs = cow.block_size();
+    if bs == 0 || !capacity.is_multiple_of(u64::from(bs)) {
+        return Err(SnapError::Format(format!(
+            "device size {capacity} is not a multiple of the COW block size {bs}"
+        )));
+    }
+    let blocks = capacity / u64::from(bs);
     check_extent(&cow, blocks)?;
     let mut ops = Vec::with_capacity(cow.merge_len() as usize);
     for op in cow.merge_order() {

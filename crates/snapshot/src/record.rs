@@ -33,7 +33,7 @@ use crate::merge_task::MergeTask;
 use crate::sched::{IoClass, SchedStats};
 use crate::snapshot::Snapshot;
 use serde::Serialize;
-use snapblk_blocklist::{BlockFile, BlockRecorder, Limits, ParseError, Range};
+use snapblk_blocklist::{BLOCK_HEADER, BlockFile, BlockRecorder, Limits, ParseError, Range};
 use snapblk_core::sync::lock;
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -389,6 +389,14 @@ impl Activity {
         if std::fs::metadata(path).is_ok_and(|m| m.is_dir()) {
             return Err(target("is a directory".into()));
         }
+        // The list replaces what is at `path` when the window ends: a mistyped `record=` that
+        // names an image (even the base) must not be replaced by a list.
+        if !replaceable_list(path) {
+            return Err(target(
+                "exists and is not a block list; refusing to overwrite it (remove it first or choose another name)"
+                    .into(),
+            ));
+        }
         let mut meta = binding.meta();
         let window_ms = window.map_or(0, |w| w.as_millis().min(u64::MAX as u128) as u64);
         meta.push(("window-ms".into(), window_ms.to_string()));
@@ -616,6 +624,23 @@ impl Activity {
         self.stop_cv.notify_all();
         self.merge.stop();
     }
+}
+
+/// Whether `path` may be replaced by a block list: it does not exist, is empty, or holds one.
+fn replaceable_list(path: &Path) -> bool {
+    use std::io::Read;
+    let Ok(f) = std::fs::File::open(path) else {
+        // Missing (or unreadable: then writing beside it fails on its own).
+        return true;
+    };
+    let mut head = Vec::with_capacity(BLOCK_HEADER.len());
+    if f.take(BLOCK_HEADER.len() as u64)
+        .read_to_end(&mut head)
+        .is_err()
+    {
+        return false;
+    }
+    head.is_empty() || head == BLOCK_HEADER.as_bytes()
 }
 
 fn dir_of(path: &Path) -> &Path {
@@ -1006,6 +1031,15 @@ mod tests {
             .unwrap_err();
         assert_eq!(e.errno, libc::EINVAL);
         assert!(e.msg.contains("record list"), "{}", e.msg);
+        // A file that is not a block list (an image, the base itself) is never replaced.
+        let image = c.path("image.img");
+        std::fs::write(&image, [0x5a; 8192]).unwrap();
+        let e = c
+            .driver(&[("record", s(&image))])
+            .connect(false)
+            .unwrap_err();
+        assert!(e.msg.contains("not a block list"), "{}", e.msg);
+        assert_eq!(std::fs::read(&image).unwrap(), [0x5a; 8192]);
         // Typed error underneath.
         assert!(matches!(
             load_list(&bad),

@@ -231,12 +231,37 @@ fn list_temp_path(output: &Path) -> anyhow::Result<PathBuf> {
 /// as a file written during the recording). Errors name the output path, not the temporary.
 fn check_list_writable(output: &Path) -> anyhow::Result<()> {
     let tmp = list_temp_path(output)?;
+    refuse_non_list(output)?;
     std::fs::OpenOptions::new()
         .write(true)
         .create_new(true)
         .open(&tmp)
         .with_context(|| format!("cannot write the list {}", output.display()))?;
     let _ = std::fs::remove_file(&tmp);
+    Ok(())
+}
+
+/// Refuse an `-o` that exists and is not a readahead list (empty, or a text list's header, or
+/// a JSON Lines list's first entry): a mistyped `-o disk.img` would replace the image.
+fn refuse_non_list(output: &Path) -> anyhow::Result<()> {
+    use std::io::Read;
+    let f = match std::fs::File::open(output) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        r => r.with_context(|| format!("cannot write the list {}", output.display()))?,
+    };
+    let mut head = Vec::with_capacity(64);
+    f.take(64)
+        .read_to_end(&mut head)
+        .with_context(|| format!("cannot write the list {}", output.display()))?;
+    let is_list = head.is_empty()
+        || head.starts_with(b"# snapblk-readahead-list ")
+        || head.starts_with(b"{\"path\":");
+    if !is_list {
+        bail!(
+            "-o {} exists and is not a readahead list; refusing to overwrite it (remove it first or choose another name)",
+            output.display()
+        );
+    }
     Ok(())
 }
 

@@ -181,7 +181,7 @@ fn split_http(url: &str) -> Result<(&'static str, String, &str)> {
     } else if url.len() >= 8 && url[..8].eq_ignore_ascii_case("https://") {
         ("https", &url[8..])
     } else {
-        return Err(bad("the scheme must be http or https"));
+        return Err(bad("it does not start with s3://, http:// or https://"));
     };
     let (auth, path) = match rest.find('/') {
         Some(i) => (&rest[..i], &rest[i..]),
@@ -338,5 +338,16 @@ mod tests {
             assert!(Target::parse(u, &cfg(None, false)).is_err(), "{u}");
         }
         assert!(is_remote("S3://b/k") && is_remote("https://x") && !is_remote("/tmp/s3:/x"));
+    }
+
+    #[test]
+    fn a_url_with_a_mistyped_scheme_says_so() {
+        for u in ["s3:/b/k", "ftp://h/x", "https:/h/x"] {
+            let e = Target::parse(u, &cfg(None, false)).unwrap_err().to_string();
+            assert!(
+                e.ends_with("it does not start with s3://, http:// or https://"),
+                "{u}: {e}"
+            );
+        }
     }
 }

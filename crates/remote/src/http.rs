@@ -73,6 +73,11 @@ const MIN_BODY_RATE: u64 = 256 * 1024;
 /// The HTTP side of a [`RemoteConfig`].
 pub(crate) struct Client {
     agent: ureq::Agent,
+    /// For requests with a body (uploads): a new connection each, never a pooled one. ureq
+    /// 2.12 clears a pooled connection's read and write timeouts and sets them again only on
+    /// a new connection, so a body sent on a reused connection to a peer that stops reading
+    /// would block its write for good (and no halt could stop it).
+    upload: ureq::Agent,
     cfg: RemoteConfig,
 }
 
@@ -97,8 +102,16 @@ impl Client {
             // default, so the others would reconnect for every request).
             .max_idle_connections_per_host(cfg.put_jobs.max(crate::config::READ_WORKERS))
             .build();
+        let upload = ureq::AgentBuilder::new()
+            .timeout_connect(cfg.timeout)
+            .timeout_read(cfg.timeout)
+            .timeout_write(cfg.timeout)
+            .redirects(0)
+            .max_idle_connections(0)
+            .build();
         Client {
             agent,
+            upload,
             cfg: cfg.clone(),
         }
     }
@@ -227,7 +240,11 @@ impl Client {
         limit: Option<Duration>,
         attempt: u32,
     ) -> Attempt {
-        let mut req = self.agent.request(method, &t.url);
+        let agent = match body {
+            Body::Empty | Body::EmptyUntil { .. } => &self.agent,
+            Body::File { .. } | Body::Bytes { .. } => &self.upload,
+        };
+        let mut req = agent.request(method, &t.url);
         if let Some(limit) = limit {
             req = req.timeout(limit);
         }
@@ -529,5 +546,75 @@ mod tests {
             let body = format!("<Error><Code>{code}</Code>{s}</Error>");
             prop_assert_eq!(s3_error_code(&body), Some(code.as_str()));
         }
+    }
+
+    /// A body is never sent on a pooled connection, where ureq leaves the socket without a
+    /// write timeout: a server that answers a HEAD (its connection goes back to the pool) and
+    /// then stops reading a PUT's body makes the PUT fail after its `timeout`, not hang.
+    #[test]
+    fn an_upload_to_a_server_that_stops_reading_times_out() {
+        use std::io::{BufRead, BufReader, Write};
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = l.local_addr().unwrap().port();
+        let (keep, held) = std::sync::mpsc::channel::<std::net::TcpStream>();
+        std::thread::spawn(move || {
+            for c in l.incoming() {
+                let Ok(c) = c else { return };
+                let keep = keep.clone();
+                std::thread::spawn(move || {
+                    let mut r = BufReader::new(c.try_clone().unwrap());
+                    let mut w = c;
+                    loop {
+                        let mut head = Vec::new();
+                        loop {
+                            let mut line = String::new();
+                            if r.read_line(&mut line).unwrap_or(0) == 0 {
+                                return;
+                            }
+                            if line == "\r\n" {
+                                break;
+                            }
+                            head.push(line);
+                        }
+                        if head[0].starts_with("PUT") {
+                            // Never read the body; keep the connection open until the test ends.
+                            let _ = keep.send(w);
+                            return;
+                        }
+                        let _ = w.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n");
+                    }
+                });
+            }
+        });
+        let cfg = RemoteConfig {
+            timeout: Duration::from_secs(1),
+            retries: 0,
+            ..RemoteConfig::default()
+        };
+        let t = Target::parse(&format!("http://127.0.0.1:{port}/k"), &cfg).unwrap();
+        let c = Client::new(&cfg);
+        c.send(&t, "HEAD", &[], &Body::Empty, None).unwrap();
+        let data = vec![0u8; 64 << 20];
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let r = c.send(
+                &t,
+                "PUT",
+                &[],
+                &Body::Bytes {
+                    data: &data,
+                    sha256: EMPTY_SHA256,
+                },
+                None,
+            );
+            let _ = tx.send(r.map(|_| ()).map_err(|e| e.to_string()));
+        });
+        // A minute is only this test's guard against a hang.
+        let r = rx
+            .recv_timeout(Duration::from_secs(60))
+            .expect("the PUT to a server that stops reading never returned");
+        let e = r.unwrap_err();
+        assert!(e.contains("cannot reach the endpoint"), "{e}");
+        drop(held);
     }
 }

@@ -91,24 +91,21 @@ enum Attempt {
 
 impl Client {
     pub(crate) fn new(cfg: &RemoteConfig) -> Client {
-        let agent = ureq::AgentBuilder::new()
-            .timeout_connect(cfg.timeout)
-            .timeout_read(cfg.timeout)
-            .timeout_write(cfg.timeout)
-            // A signed request must not be replayed elsewhere, and an object read by offset must
-            // not silently become another one.
-            .redirects(0)
-            // Keep a connection for each read worker or upload job (ureq keeps one per host by
-            // default, so the others would reconnect for every request).
+        // A signed request must not be replayed elsewhere, and an object read by offset must
+        // not silently become another one: no redirects on either agent.
+        let builder = || {
+            ureq::AgentBuilder::new()
+                .timeout_connect(cfg.timeout)
+                .timeout_read(cfg.timeout)
+                .timeout_write(cfg.timeout)
+                .redirects(0)
+        };
+        // Keep a connection for each read worker (ureq keeps one per host by default, so the
+        // others would reconnect for every request).
+        let agent = builder()
             .max_idle_connections_per_host(cfg.put_jobs.max(crate::config::READ_WORKERS))
             .build();
-        let upload = ureq::AgentBuilder::new()
-            .timeout_connect(cfg.timeout)
-            .timeout_read(cfg.timeout)
-            .timeout_write(cfg.timeout)
-            .redirects(0)
-            .max_idle_connections(0)
-            .build();
+        let upload = builder().max_idle_connections(0).build();
         Client {
             agent,
             upload,

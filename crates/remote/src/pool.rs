@@ -1,12 +1,17 @@
 //! The worker pool of one `s3` / `http` device: at most `max` threads, started when work
-//! arrives and no thread is free, taking tasks in submission order. Dropping the pool (the
-//! device and all its queues gone) tells the threads to stop: an idle one exits at once, a busy
-//! one after its task, which by then only finds its queue gone (no buffer is touched, no HTTP
-//! attempt is retried).
+//! arrives and no thread is free, taking tasks in submission order; a thread idle for
+//! [`IDLE_EXIT`] exits, so a device that is open but unread holds no threads. Dropping the pool
+//! (the device and all its queues gone) tells the threads to stop: an idle one exits at once, a
+//! busy one after its task, which by then only finds its queue gone (no buffer is touched, no
+//! HTTP attempt is retried).
 
-use snapblk_core::sync::{lock, wait};
+use snapblk_core::sync::lock;
 use std::collections::VecDeque;
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex, PoisonError};
+use std::time::Duration;
+
+/// How long a worker waits for a task before it exits.
+pub(crate) const IDLE_EXIT: Duration = Duration::from_secs(30);
 
 /// A unit of work.
 pub(crate) type Task = Box<dyn FnOnce() + Send>;
@@ -24,6 +29,7 @@ struct Inner {
     state: Mutex<State>,
     cv: Condvar,
     max: usize,
+    idle_exit: Duration,
 }
 
 /// A bounded pool of threads.
@@ -34,6 +40,11 @@ pub(crate) struct Pool {
 impl Pool {
     /// A pool of at most `max` threads (at least one); none is started yet.
     pub(crate) fn new(max: usize) -> Pool {
+        Pool::with_idle_exit(max, IDLE_EXIT)
+    }
+
+    /// [`Pool::new`] whose threads exit after `idle_exit` without a task.
+    pub(crate) fn with_idle_exit(max: usize, idle_exit: Duration) -> Pool {
         Pool {
             inner: Arc::new(Inner {
                 state: Mutex::new(State {
@@ -44,6 +55,7 @@ impl Pool {
                 }),
                 cv: Condvar::new(),
                 max: max.max(1),
+                idle_exit,
             }),
         }
     }
@@ -100,7 +112,7 @@ impl Drop for Pool {
     }
 }
 
-/// One thread's loop: run tasks until the pool stops.
+/// One thread's loop: run tasks until the pool stops or none comes for `idle_exit`.
 fn work(inner: &Inner) {
     loop {
         let task = {
@@ -114,8 +126,17 @@ fn work(inner: &Inner) {
                     break None;
                 }
                 s.idle += 1;
-                s = wait(&inner.cv, s);
+                let (g, t) = inner
+                    .cv
+                    .wait_timeout(s, inner.idle_exit)
+                    .unwrap_or_else(PoisonError::into_inner);
+                s = g;
                 s.idle -= 1;
+                if t.timed_out() && s.tasks.is_empty() {
+                    // A task submitted later starts a thread again (`threads` is below max).
+                    s.threads -= 1;
+                    break None;
+                }
             }
         };
         match task {
@@ -140,6 +161,7 @@ impl PoolWatch {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use snapblk_core::sync::wait;
     use std::sync::mpsc;
 
     #[test]
@@ -172,5 +194,33 @@ mod tests {
         while watch.threads() > 0 {
             std::thread::yield_now();
         }
+    }
+
+    #[test]
+    fn idle_threads_exit_and_new_work_starts_one_again() {
+        let pool = Pool::with_idle_exit(2, Duration::from_millis(20));
+        let watch = pool.watch();
+        let (tx, rx) = mpsc::channel();
+        for i in 0..2 {
+            let tx = tx.clone();
+            pool.submit(Box::new(move || tx.send(i).unwrap()));
+        }
+        let mut got: Vec<i32> = (0..2).map(|_| rx.recv().unwrap()).collect();
+        got.sort();
+        assert_eq!(got, [0, 1]);
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        while watch.threads() > 0 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "idle threads never exited"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        pool.submit(Box::new(move || tx.send(7).unwrap()));
+        assert_eq!(
+            rx.recv().unwrap(),
+            7,
+            "a task after the threads exited still runs"
+        );
     }
 }

@@ -8,7 +8,8 @@
 //!   `user_data` and returns [`Completion`]s from [`Queue::do_io`], which submits, then waits
 //!   (blocking, bounded by a timeout, or not at all); an eventfd per queue makes it usable from an
 //!   event loop. A driver builds its queues from [`QueueCore`], which runs that algorithm over
-//!   the driver's [`Engine`];
+//!   the driver's [`Engine`]; an engine whose requests finish on other threads (librbd's
+//!   callbacks, HTTP workers) collects them in a [`DoneList`], which also does its waiting;
 //! * memory regions ([`MemRegion`]) are memfd-backed buffers that drivers may register for
 //!   zero-copy I/O;
 //! * positional I/O ([`ReadAt`], [`WriteAt`], below) is how the layers above read and write bytes
@@ -59,6 +60,7 @@
 
 mod at;
 mod device;
+mod done;
 mod error;
 mod iostats;
 mod mem;
@@ -73,6 +75,7 @@ mod zone;
 
 pub use at::{MemFile, ReadAt, WriteAt, read_error};
 pub use device::{Blkio, DeviceInfo, Driver, State};
+pub use done::DoneList;
 pub use error::{Chain, Error, Result};
 pub use iostats::{DirSnapshot, IoDir, IoStats, IoStatsSnapshot, LATENCY_BOUNDS_NS};
 pub use mem::MemRegion;

@@ -2,51 +2,27 @@
 //! enqueue, in the caller's thread; any other read goes to the device's worker pool
 //! ([`crate::pool`]) at enqueue, so `blkioq_do_io` never waits for HTTP unless asked to
 //! (`min_completions > 0`). A worker fetches into its own buffer, copies into the caller's and
-//! puts the completion on the queue's done list, waking the queue: its private eventfd when
-//! `do_io` is waiting, and the caller's completion fd when that is enabled (the rbd driver's
-//! scheme). Dropping the queue cancels what it has in flight without waiting for the server: a
-//! worker copies into a caller's buffer only while the queue is alive (under a read lock the
-//! drop takes for writing), and a cancelled read makes no further HTTP attempt.
+//! puts the completion on the queue's [`DoneList`], which wakes `do_io` when it waits and the
+//! caller's completion fd when that is enabled (as the rbd driver's queues do). Dropping the
+//! queue cancels what it has in flight without waiting for the server: a worker copies into a
+//! caller's buffer only while the queue is alive (under a read lock the drop takes for
+//! writing), and a cancelled read makes no further HTTP attempt.
 
 use crate::object::RemoteObject;
 use crate::pool::Pool;
-use snapblk_core::sync::{lock, read, write};
+use snapblk_core::sync::{read, write};
 use snapblk_core::sys::EventFd;
-use snapblk_core::{Completion, Engine, Error, Op, Queue, QueueCore, Request, Result};
+use snapblk_core::{Completion, DoneList, Engine, Error, Op, Queue, QueueCore, Request, Result};
 use std::os::fd::RawFd;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
-use std::time::{Duration, Instant};
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
 
 /// What the workers share with a queue.
 struct Shared {
-    /// Finished requests, in completion order.
-    done: Mutex<Vec<Completion>>,
+    /// Finished requests, in completion order, and the queue's wake-ups.
+    done: DoneList<Completion>,
     /// False once the queue is dropped: no worker touches its buffers any more.
     alive: RwLock<bool>,
-    /// `do_io` is (about to be) asleep on `wake`.
-    waiting: AtomicBool,
-    wake: EventFd,
-    /// The caller's completion fd (a second descriptor of the core's eventfd).
-    user: EventFd,
-    user_on: AtomicBool,
-}
-
-impl Shared {
-    fn push(&self, c: Completion) {
-        let was_empty = {
-            let mut d = lock(&self.done);
-            let e = d.is_empty();
-            d.push(c);
-            e
-        };
-        if self.waiting.load(Ordering::SeqCst) {
-            self.wake.signal();
-        }
-        if was_empty && self.user_on.load(Ordering::Relaxed) {
-            self.user.signal();
-        }
-    }
 }
 
 /// Where a read's bytes go: the caller's buffer or iovecs.
@@ -123,7 +99,7 @@ impl Job {
             }
             Err(_) => Completion::err(self.user_data, libc::EIO, c"s3/http driver: read failed"),
         };
-        self.shared.push(c);
+        self.shared.done.push(c);
         drop(alive);
     }
 }
@@ -141,62 +117,6 @@ struct RemoteEngine {
     in_flight: usize,
 }
 
-impl RemoteEngine {
-    /// Wait until the done list holds `n` entries, or the timeout passes (ETIME).
-    fn wait_done(
-        &self,
-        n: usize,
-        timeout: Option<Duration>,
-        sigmask: Option<&libc::sigset_t>,
-    ) -> Result<()> {
-        let start = Instant::now();
-        loop {
-            if lock(&self.shared.done).len() >= n {
-                return Ok(());
-            }
-            let left = match timeout {
-                Some(t) => match t.checked_sub(start.elapsed()) {
-                    Some(l) if !l.is_zero() => Some(l),
-                    _ => return Err(Error::from_errno(libc::ETIME)),
-                },
-                None => None,
-            };
-            self.shared.waiting.store(true, Ordering::SeqCst);
-            // Re-check after announcing the wait: a completion pushed before the store did not
-            // signal `wake`.
-            if lock(&self.shared.done).len() >= n {
-                self.shared.waiting.store(false, Ordering::SeqCst);
-                return Ok(());
-            }
-            let r = ppoll(self.shared.wake.raw(), left, sigmask);
-            self.shared.waiting.store(false, Ordering::SeqCst);
-            self.shared.wake.drain();
-            r?;
-        }
-    }
-}
-
-/// Sleep until `fd` is readable, `timeout` passes or (with `sigmask`) a signal arrives (EINTR).
-fn ppoll(fd: RawFd, timeout: Option<Duration>, sigmask: Option<&libc::sigset_t>) -> Result<()> {
-    let mut pfd = libc::pollfd {
-        fd,
-        events: libc::POLLIN,
-        revents: 0,
-    };
-    let ts = timeout.map(|t| libc::timespec {
-        tv_sec: t.as_secs().min(i64::MAX as u64) as libc::time_t,
-        tv_nsec: t.subsec_nanos().into(),
-    });
-    let tsp = ts.as_ref().map_or(std::ptr::null(), |t| t as *const _);
-    let smp = sigmask.map_or(std::ptr::null(), |s| s as *const _);
-    // SAFETY: one live pollfd; the timespec and sigset live across the call or are NULL.
-    let r = unsafe { libc::ppoll(&mut pfd, 1, tsp, smp) };
-    if r < 0 {
-        return Err(Error::last_os_error());
-    }
-    Ok(())
-}
-
 impl Engine for RemoteEngine {
     fn in_flight(&self) -> usize {
         self.in_flight
@@ -211,19 +131,16 @@ impl Engine for RemoteEngine {
         if wait == 0 {
             return Ok(());
         }
-        self.wait_done(wait, timeout, sigmask)
+        self.shared.done.wait(wait, timeout, sigmask, false)
     }
     fn reap(&mut self, out: &mut [Completion]) -> usize {
-        let mut d = lock(&self.shared.done);
-        let n = d.len().min(out.len());
-        for (slot, c) in out.iter_mut().zip(d.drain(..n)) {
-            *slot = c;
-        }
+        let mut slots = out.iter_mut();
+        let n = self.shared.done.take(slots.len(), |c| {
+            if let Some(s) = slots.next() {
+                *s = c;
+            }
+        });
         self.in_flight -= n;
-        if !d.is_empty() && self.shared.user_on.load(Ordering::Relaxed) {
-            // More than the caller took: keep its fd readable.
-            self.shared.user.signal();
-        }
         n
     }
 }
@@ -241,12 +158,8 @@ impl RemoteQueue {
         let efd = EventFd::new()?;
         let user = efd.try_clone()?;
         let shared = Arc::new(Shared {
-            done: Mutex::new(Vec::new()),
+            done: DoneList::new(Some(user))?,
             alive: RwLock::new(true),
-            waiting: AtomicBool::new(false),
-            wake: EventFd::new()?,
-            user,
-            user_on: AtomicBool::new(true),
         });
         Ok(RemoteQueue {
             core: QueueCore::with_eventfd(efd, true),
@@ -408,8 +321,8 @@ impl Queue for RemoteQueue {
     }
     fn set_completion_fd_enabled(&mut self, enabled: bool) {
         self.core.set_completion_fd_enabled(enabled);
-        self.eng.shared.user_on.store(enabled, Ordering::Relaxed);
-        if enabled && !lock(&self.eng.shared.done).is_empty() {
+        self.eng.shared.done.set_user_on(enabled);
+        if enabled && !self.eng.shared.done.is_empty() {
             self.core.notify();
         }
     }

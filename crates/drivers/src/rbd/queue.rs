@@ -1,31 +1,22 @@
 //! One queue of the rbd driver. Every queue of a device shares the one image handle; each
 //! request goes to librbd as an aio call at enqueue, and librbd's completion callback (on one of
-//! its own threads) puts the result on the queue's done list and wakes the queue: its private
-//! eventfd when `do_io` is waiting, and the caller's completion fd when that is enabled. A poll
-//! queue has no fds: `do_io` spins on the done list.
+//! its own threads) puts the result on the queue's [`DoneList`], which wakes `do_io` when it
+//! waits and the caller's completion fd when that is enabled. A poll queue has no fds: `do_io`
+//! spins on the list.
 
 use super::ffi::{Handle, Image, WRITE_ZEROES_THICK};
 use super::lease::Lost;
-use snapblk_core::sync::lock;
 use snapblk_core::sys::EventFd;
-use snapblk_core::{Completion, Engine, Op, Queue, QueueCore, ReqFlags, Request, Result};
+use snapblk_core::{Completion, DoneList, Engine, Op, Queue, QueueCore, ReqFlags, Request, Result};
 use std::ffi::c_void;
 use std::os::fd::RawFd;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-/// What the callback side of a queue shares with the queue.
-struct Shared {
-    /// Finished requests, in completion order.
-    done: Mutex<Vec<(Box<Pending>, isize)>>,
-    /// `do_io` is (about to be) asleep on `wake`.
-    waiting: AtomicBool,
-    wake: EventFd,
-    /// The caller's completion fd (a second descriptor of the core's eventfd).
-    user: Option<EventFd>,
-    user_on: AtomicBool,
-}
+/// Finished requests with librbd's return value, in completion order, and the queue's
+/// wake-ups: what the callback side of a queue shares with the queue.
+type Shared = DoneList<(Box<Pending>, isize)>;
 
 /// One request in librbd's hands; boxed, its address is the callback argument.
 struct Pending {
@@ -55,21 +46,7 @@ unsafe extern "C" fn on_complete(c: Handle, arg: *mut c_void) {
     // SAFETY: as above.
     unsafe { (lib.rbd_aio_release)(c) };
     let sh = p.shared.clone();
-    let was_empty = {
-        let mut d = lock(&sh.done);
-        let e = d.is_empty();
-        d.push((p, ret));
-        e
-    };
-    if sh.waiting.load(Ordering::SeqCst) {
-        sh.wake.signal();
-    }
-    if was_empty
-        && sh.user_on.load(Ordering::Relaxed)
-        && let Some(u) = &sh.user
-    {
-        u.signal();
-    }
+    sh.push((p, ret));
 }
 
 pub(super) struct RbdEngine {
@@ -148,22 +125,6 @@ impl RbdEngine {
             .is_some_and(|l| l.check(Instant::now()).is_err())
     }
 
-    /// The completion of a request that failed with ESHUTDOWN (librados's EBLOCKLISTED): the
-    /// cluster has blocklisted this client, so the exclusive lock is lost (marked at once,
-    /// without waiting for the next renewal to find out) and the request fails with EIO.
-    /// ESHUTDOWN itself would read as "the server is shutting down" to an NBD client, and a
-    /// flush of librbd's write-back cache must not look like anything but a lost write.
-    fn blocklisted(&self, user_data: usize) -> Completion {
-        if let Some(l) = self.image.lease() {
-            l.lose(Lost::Blocklisted);
-        }
-        Completion::err(
-            user_data,
-            libc::EIO,
-            c"rbd: this client is blocklisted by the cluster; the image's lock is lost",
-        )
-    }
-
     fn pending(&self, user_data: usize, fua: bool) -> Box<Pending> {
         Box::new(Pending {
             shared: self.shared.clone(),
@@ -175,43 +136,22 @@ impl RbdEngine {
             },
         })
     }
+}
 
-    /// Wait until the done list holds `n` entries, or the timeout passes (ETIME).
-    fn wait_done(
-        &self,
-        n: usize,
-        timeout: Option<Duration>,
-        sigmask: Option<&libc::sigset_t>,
-    ) -> Result<()> {
-        let start = Instant::now();
-        loop {
-            if lock(&self.shared.done).len() >= n {
-                return Ok(());
-            }
-            let left = match timeout {
-                Some(t) => match t.checked_sub(start.elapsed()) {
-                    Some(l) if !l.is_zero() => Some(l),
-                    _ => return Err(snapblk_core::Error::from_errno(libc::ETIME)),
-                },
-                None => None,
-            };
-            if self.poll {
-                std::hint::spin_loop();
-                continue;
-            }
-            self.shared.waiting.store(true, Ordering::SeqCst);
-            // Re-check after announcing the wait: a completion pushed before the store did not
-            // signal `wake`.
-            if lock(&self.shared.done).len() >= n {
-                self.shared.waiting.store(false, Ordering::SeqCst);
-                return Ok(());
-            }
-            let r = ppoll(self.shared.wake.raw(), left, sigmask);
-            self.shared.waiting.store(false, Ordering::SeqCst);
-            self.shared.wake.drain();
-            r?;
-        }
+/// The completion of a request that failed with ESHUTDOWN (librados's EBLOCKLISTED): the
+/// cluster has blocklisted this client, so the exclusive lock is lost (marked at once, without
+/// waiting for the next renewal to find out) and the request fails with EIO. ESHUTDOWN itself
+/// would read as "the server is shutting down" to an NBD client, and a flush of librbd's
+/// write-back cache must not look like anything but a lost write.
+fn blocklisted(image: &Image, user_data: usize) -> Completion {
+    if let Some(l) = image.lease() {
+        l.lose(Lost::Blocklisted);
     }
+    Completion::err(
+        user_data,
+        libc::EIO,
+        c"rbd: this client is blocklisted by the cluster; the image's lock is lost",
+    )
 }
 
 /// The completion of a write, discard or flush after the lock was lost.
@@ -221,27 +161,6 @@ fn lock_lost(user_data: usize) -> Completion {
         libc::EIO,
         c"rbd: the image's exclusive lock was lost; writes are refused",
     )
-}
-
-/// Sleep until `fd` is readable, `timeout` passes or (with `sigmask`) a signal arrives (EINTR).
-fn ppoll(fd: RawFd, timeout: Option<Duration>, sigmask: Option<&libc::sigset_t>) -> Result<()> {
-    let mut pfd = libc::pollfd {
-        fd,
-        events: libc::POLLIN,
-        revents: 0,
-    };
-    let ts = timeout.map(|t| libc::timespec {
-        tv_sec: t.as_secs().min(i64::MAX as u64) as libc::time_t,
-        tv_nsec: t.subsec_nanos().into(),
-    });
-    let tsp = ts.as_ref().map_or(std::ptr::null(), |t| t as *const _);
-    let smp = sigmask.map_or(std::ptr::null(), |s| s as *const _);
-    // SAFETY: one live pollfd; the timespec and sigset live across the call or are NULL.
-    let r = unsafe { libc::ppoll(&mut pfd, 1, tsp, smp) };
-    if r < 0 {
-        return Err(snapblk_core::Error::last_os_error());
-    }
-    Ok(())
 }
 
 impl Engine for RbdEngine {
@@ -258,39 +177,29 @@ impl Engine for RbdEngine {
         if wait == 0 {
             return Ok(());
         }
-        self.wait_done(wait, timeout, sigmask)
+        self.shared.wait(wait, timeout, sigmask, self.poll)
     }
     fn reap(&mut self, out: &mut [Completion]) -> usize {
         let mut n = 0;
         let mut flushes = Vec::new();
-        {
-            let mut d = lock(&self.shared.done);
-            let take = d.len().min(out.len());
-            for (mut p, ret) in d.drain(..take) {
-                if p.fua && ret >= 0 {
-                    // The write is done; its FUA flush is next, under the same user data.
-                    p.fua = false;
-                    flushes.push(p);
-                    continue;
-                }
-                self.in_flight -= 1;
-                out[n] = if ret == -(libc::ESHUTDOWN as isize) {
-                    self.blocklisted(p.user_data)
-                } else if ret < 0 {
-                    Completion::os_err(p.user_data, (-ret) as i32)
-                } else {
-                    Completion::ok(p.user_data)
-                };
-                n += 1;
+        let image = &self.image;
+        let taken = self.shared.take(out.len(), |(mut p, ret)| {
+            if p.fua && ret >= 0 {
+                // The write is done; its FUA flush is next, under the same user data.
+                p.fua = false;
+                flushes.push(p);
+                return;
             }
-            if !d.is_empty()
-                && self.shared.user_on.load(Ordering::Relaxed)
-                && let Some(u) = &self.shared.user
-            {
-                // More than the caller took: keep its fd readable.
-                u.signal();
-            }
-        }
+            out[n] = if ret == -(libc::ESHUTDOWN as isize) {
+                blocklisted(image, p.user_data)
+            } else if ret < 0 {
+                Completion::os_err(p.user_data, (-ret) as i32)
+            } else {
+                Completion::ok(p.user_data)
+            };
+            n += 1;
+        });
+        self.in_flight -= taken - flushes.len();
         for p in flushes {
             self.in_flight -= 1;
             let ud = p.user_data;
@@ -335,13 +244,7 @@ impl RbdQueue {
             let user = efd.try_clone()?;
             (QueueCore::with_eventfd(efd, true), Some(user))
         };
-        let shared = Arc::new(Shared {
-            done: Mutex::new(Vec::new()),
-            waiting: AtomicBool::new(false),
-            wake: EventFd::new()?,
-            user,
-            user_on: AtomicBool::new(!poll),
-        });
+        let shared = Arc::new(Shared::new(user)?);
         Ok(RbdQueue {
             core,
             eng: RbdEngine {
@@ -366,10 +269,11 @@ impl Drop for RbdQueue {
         // Requests in librbd's hands may still write into caller buffers: wait for them,
         // bounded (the op timeouts make librbd fail them in time).
         let deadline = Instant::now() + Duration::from_secs(120);
-        while self.eng.in_flight > lock(&self.eng.shared.done).len() && Instant::now() < deadline {
-            let _ = self
-                .eng
-                .wait_done(self.eng.in_flight, Some(Duration::from_secs(1)), None);
+        let eng = &self.eng;
+        while eng.in_flight > eng.shared.len() && Instant::now() < deadline {
+            let _ = eng
+                .shared
+                .wait(eng.in_flight, Some(Duration::from_secs(1)), None, eng.poll);
         }
     }
 }
@@ -501,11 +405,8 @@ impl Queue for RbdQueue {
     }
     fn set_completion_fd_enabled(&mut self, enabled: bool) {
         self.core.set_completion_fd_enabled(enabled);
-        self.eng
-            .shared
-            .user_on
-            .store(enabled && !self.eng.poll, Ordering::Relaxed);
-        if enabled && !lock(&self.eng.shared.done).is_empty() {
+        self.eng.shared.set_user_on(enabled);
+        if enabled && !self.eng.shared.is_empty() {
             self.core.notify();
         }
     }

@@ -614,6 +614,17 @@ if "$snapblk" merge "$work/s1.cow" --base "$(spec s1)" --verify-base >"$work/m.t
 else
   cat "$work/m.txt"; echo "size $(rsize s1)"; bad "shrinking merge into RBD"
 fi
+# merge --check sees the image as the merge will grow it, and changes nothing.
+if "$snapblk" merge "$work/g1.cow" --base "$(spec g1)" --check >"$work/m.txt" 2>&1 \
+   && grep -q '^mergeable: 0/' "$work/m.txt" \
+   && grep -q 'grows base .* from 4194304 to 5242880 bytes' "$work/m.txt" \
+   && "$snapblk" merge "$work/g1.cow" --base "$(spec g1)" --check --json >"$work/mj.txt" 2>&1 \
+   && grep -q '"base_grown_to":5242880' "$work/mj.txt" \
+   && [ "$(rsize g1)" = 4194304 ] && [ "$(exported g1)" = "$o_sha" ]; then
+  ok "merge --check of a growing update into RBD: mergeable, says the merge grows the image; nothing changed"
+else
+  cat "$work/m.txt" "$work/mj.txt"; echo "size $(rsize g1)"; bad "merge --check of a growing update into RBD"
+fi
 if "$snapblk" merge "$work/g1.cow" --base "$(spec g1)" --verify-base >"$work/m.txt" 2>&1 \
    && [ "$(rsize g1)" = 5242880 ] && [ "$(exported g1)" = "$g_sha" ]; then
   ok "a growing update merged into RBD: the image grown first; rbd info size and rbd export equal the new image"

@@ -6,9 +6,9 @@ use anyhow::Context;
 use clap::Args;
 use snapblk_cow::record::MergeVerdict;
 use snapblk_snapshot::{
-    BlkioDev, Dev, MergeOptions, MergeProgress, OpenMode, PrecheckReport, SnapError, Snapshot,
-    SnapshotConfig, Stash, load_verifier, load_verifier_dev, merge, open_dev_base,
-    open_files_sized, precheck,
+    BlkioDev, BlockDev, Dev, GrownView, MergeOptions, MergeProgress, OpenMode, PrecheckReport,
+    SnapError, Snapshot, SnapshotConfig, Stash, load_verifier, load_verifier_dev, merge,
+    open_dev_base, open_files_sized, precheck,
 };
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -197,17 +197,26 @@ fn view_sha256(snap: &Snapshot) -> anyhow::Result<[u8; 32]> {
 
 /// Open the snapshot with the record attached (or warn, once, that there is none).
 fn open_checked(a: &MergeArgs, mode: OpenMode) -> anyhow::Result<(Snapshot, bool)> {
-    open_checked_dev(a, mode).map(|(s, has, _)| (s, has))
+    open_checked_dev(a, mode).map(|o| (o.snap, o.has_record))
 }
 
-/// [`open_checked`], with the base device when `--base` is a device spec (for the resize at a
-/// shrinking merge's end).
-fn open_checked_dev(
-    a: &MergeArgs,
-    mode: OpenMode,
-) -> anyhow::Result<(Snapshot, bool, Option<Arc<BlkioDev>>)> {
+/// A snapshot opened for `merge` and its modes.
+struct Opened {
+    snap: Snapshot,
+    /// A COW record is attached.
+    has_record: bool,
+    /// The base device when `--base` is a device spec (for the resize at a shrinking merge's
+    /// end).
+    dev: Option<Arc<BlkioDev>>,
+    /// Opened read-only for a growing update into a device that can resize: the sizes a merge
+    /// grows it from and to (the snapshot sees it grown, zeros past its end).
+    grows: Option<(u64, u64)>,
+}
+
+/// [`open_checked`], with what a device base adds.
+fn open_checked_dev(a: &MergeArgs, mode: OpenMode) -> anyhow::Result<Opened> {
     let by_hand = a.base_sha256.is_some() || a.expect_sha256.is_some();
-    let (snap, verifier, dev) = match &a.base_dev {
+    let (snap, verifier, dev, grows) = match &a.base_dev {
         None => {
             let verifier = if a.no_record {
                 None
@@ -218,11 +227,11 @@ fn open_checked_dev(
             let size = verifier.as_ref().map(|v| v.record().target_size);
             let snap = open_files_sized(&a.base, &a.cow, SnapshotConfig::default(), mode, size)
                 .map_err(|e| open_context(e, a))?;
-            (snap, verifier, None)
+            (snap, verifier, None, None)
         }
         Some(spec) => open_dev_checked(a, spec, mode)?,
     };
-    let has = verifier.is_some();
+    let has_record = verifier.is_some();
     if let Some(v) = verifier {
         snap.attach_verifier(v)?;
     } else if !by_hand {
@@ -236,7 +245,12 @@ fn open_checked_dev(
             }
         ));
     }
-    Ok((snap, has, dev))
+    Ok(Opened {
+        snap,
+        has_record,
+        dev,
+        grows,
+    })
 }
 
 /// [`open_checked`] for a device base: the device is opened first (read-write for a merge,
@@ -244,7 +258,9 @@ fn open_checked_dev(
 /// a server's lock keeps the merge out), then the record is checked reading the base through it.
 /// For a merge of a growing update (the record's new image is larger than the base) the device
 /// is grown to the new image's size once the blocks the COW reads match the record: the first
-/// change to the base, and one a resume accepts (a base of the old or the new size).
+/// change to the base, and one a resume accepts (a base of the old or the new size). Opened
+/// read-only (`--check`, `--status`), a device that can resize is seen as grown instead
+/// ([`GrownView`]), so the check covers what the merge will do.
 #[allow(clippy::type_complexity)]
 fn open_dev_checked(
     a: &MergeArgs,
@@ -254,7 +270,9 @@ fn open_dev_checked(
     Snapshot,
     Option<Arc<snapblk_cow::record::Verifier>>,
     Option<Arc<BlkioDev>>,
+    Option<(u64, u64)>,
 )> {
+    use snapblk_cow::ReadAt;
     let name = a.base.display().to_string();
     let dev = snapblk::open_child(&spec.driver, &spec.props, mode.base_writable)
         .and_then(BlkioDev::new)
@@ -266,16 +284,21 @@ fn open_dev_checked(
         load_verifier_dev(&*base, &name, &a.cow, a.record.as_deref(), a.verify_base)
             .map_err(|e| open_context(e, a))?
     };
-    if let Some(v) = &verifier
-        && mode.base_writable
-        && mode.cow_writable
-    {
-        grow_dev_base(a, &base, v.record())?;
-    }
     let size = verifier.as_ref().map(|v| v.record().target_size);
-    let snap = open_dev_base(base.clone(), &a.cow, SnapshotConfig::default(), mode, size)
+    let mut grows = None;
+    let mut view: Arc<dyn BlockDev> = base.clone();
+    if let Some(v) = &verifier {
+        let (have, want) = (base.size()?, v.record().target_size);
+        if mode.base_writable && mode.cow_writable {
+            grow_dev_base(a, &base, v.record())?;
+        } else if !mode.base_writable && have < want && base.can_resize() {
+            view = Arc::new(GrownView::new(base.clone(), want)?);
+            grows = Some((have, want));
+        }
+    }
+    let snap = open_dev_base(view, &a.cow, SnapshotConfig::default(), mode, size)
         .map_err(|e| open_context(e, a))?;
-    Ok((snap, verifier, Some(base)))
+    Ok((snap, verifier, Some(base), grows))
 }
 
 /// Grow a device base smaller than the record's new image to that size, after checking the
@@ -349,7 +372,7 @@ pub fn run(mut a: MergeArgs) -> anyhow::Result<()> {
         base_writable: true,
         cow_writable: true,
     };
-    let (snap, _, dev) = open_checked_dev(&a, mode)?;
+    let Opened { snap, dev, .. } = open_checked_dev(&a, mode)?;
     refuse_stash_with_scratch(&a, &snap)?;
     if let Some(st) = &stash {
         snap.attach_stash(st)?;
@@ -471,7 +494,8 @@ fn describe(r: &PrecheckReport, stash: bool) -> String {
 /// `--check`: the pre-merge check `merge` runs, read-only. A refusal prints the same message
 /// `merge` would, and with `--json` a verdict on stdout as well.
 fn check(a: &MergeArgs) -> anyhow::Result<()> {
-    let res = open_checked(a, OpenMode::default()).and_then(|(snap, _)| {
+    let res = open_checked_dev(a, OpenMode::default()).and_then(|o| {
+        let snap = o.snap;
         let stash = stash_of(a)?;
         refuse_stash_with_scratch(a, &snap)?;
         if let Some(st) = &stash {
@@ -484,20 +508,28 @@ fn check(a: &MergeArgs) -> anyhow::Result<()> {
             ..Default::default()
         };
         precheck(&snap, &opts)
-            .map(|r| (done, total, r))
+            .map(|r| (done, total, r, o.grows))
             .with_context(|| format!("merging {}", a.cow.display()))
     });
     let mut out = crate::out::stdout();
     match res {
-        Ok((done, total, r)) => {
+        Ok((done, total, r, grows)) => {
             if a.json {
                 let v = serde_json::json!({
                     "schema": "snapblk.merge-check.v1",
                     "mergeable": true, "merged": done, "total": total, "checked": r,
+                    "base_grown_to": grows.map(|g| g.1),
                 });
                 writeln!(out, "{v}")?;
             } else {
                 writeln!(out, "mergeable: {done}/{total} ops merged")?;
+                if let Some((have, want)) = grows {
+                    writeln!(
+                        out,
+                        "the merge grows base {} from {have} to {want} bytes (the new image's size) before its first write",
+                        a.base.display()
+                    )?;
+                }
                 writeln!(out, "checked: {}", describe(&r, a.stash.is_some()))?;
             }
             Ok(())

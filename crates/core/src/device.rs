@@ -156,6 +156,12 @@ pub trait Driver: Send {
             format!("the {} driver cannot resize its device", self.name()),
         ))
     }
+    /// Whether [`Driver::resize`] can change this device's size once it is open read-write
+    /// (asked before a merge that would grow it, which may open it read-only to check). The
+    /// default, `false`, goes with the default `resize`.
+    fn can_resize(&self) -> bool {
+        false
+    }
     /// Create a queue (called by start and by add_queue).
     fn create_queue(&mut self, poll: bool) -> Result<Box<dyn Queue>>;
     /// Called by start once every queue exists, before the instance is started: a virtio
@@ -509,6 +515,13 @@ impl Blkio {
             return Err(Error::new(libc::EROFS, "the device is read-only"));
         }
         self.driver.resize(size)
+    }
+
+    /// Whether the driver can resize the device when it is open read-write
+    /// ([`Driver::can_resize`]), also asked of an instance open read-only; `false` before
+    /// connect.
+    pub fn can_resize(&self) -> bool {
+        self.state != State::Created && self.driver.can_resize()
     }
 
     /// connected → started: creates `num-queues` queues and `num-poll-queues` poll queues.

@@ -550,8 +550,10 @@ fn a_queue_core_on_a_driver_eventfd_starts_silent_when_asked() {
 fn resize_needs_a_connected_writable_device_and_a_driver_that_can() {
     let mut b = dummy(false);
     assert_eq!(b.resize(4096).unwrap_err().errno, libc::ENODEV);
+    assert!(!b.can_resize(), "not connected");
     b.connect().unwrap();
-    // The Driver trait's default: the driver cannot resize its device.
+    // The Driver trait's default: the driver cannot resize its device, and says so ahead.
+    assert!(!b.can_resize());
     let e = b.resize(4096).unwrap_err();
     assert_eq!(e.errno, libc::ENOTSUP);
     assert!(e.to_string().contains("dummy driver cannot resize"), "{e}");

@@ -65,6 +65,12 @@ impl BlkioDev {
         Ok(())
     }
 
+    /// Whether [`BlkioDev::resize`] could change the size, were the device open read-write
+    /// ([`Blkio::can_resize`]).
+    pub fn can_resize(&self) -> bool {
+        lock(&self.dev).can_resize()
+    }
+
     /// Run `f` on a free queue (or wait for the next one in turn when all are busy).
     fn with_queue<T>(
         &self,

@@ -206,10 +206,79 @@ impl WriteAt for QueueDev {
     }
 }
 
+/// A read-only view of `inner` as if it had been grown to `size` bytes: what lies past its end
+/// reads as zeros, as it does once a growable device (an RBD image) is grown. `merge --check`
+/// of a growing update checks, through it, the base a merge would grow before its first write.
+/// Writes fail with `EROFS`.
+pub struct GrownView<D> {
+    inner: D,
+    size: u64,
+}
+
+impl<D: ReadAt> GrownView<D> {
+    /// `inner` seen at `size` bytes (its own size if that is larger).
+    pub fn new(inner: D, size: u64) -> io::Result<Self> {
+        let size = size.max(inner.size()?);
+        Ok(GrownView { inner, size })
+    }
+}
+
+impl<D: ReadAt> ReadAt for GrownView<D> {
+    fn read_at(&self, off: u64, buf: &mut [u8]) -> io::Result<usize> {
+        let end = self.inner.size()?;
+        let want = usize::try_from(self.size.saturating_sub(off))
+            .unwrap_or(usize::MAX)
+            .min(buf.len());
+        if off < end {
+            let n = self.inner.read_at(off, &mut buf[..want])?;
+            // Short before the inner end: the caller asks again. Up to it: zeros follow.
+            if off + (n as u64) < end || n == want {
+                return Ok(n);
+            }
+            buf[n..want].fill(0);
+        } else {
+            buf[..want].fill(0);
+        }
+        Ok(want)
+    }
+    fn size(&self) -> io::Result<u64> {
+        Ok(self.size)
+    }
+}
+
+impl<D> WriteAt for GrownView<D> {
+    fn write_all_at(&self, _off: u64, _buf: &[u8]) -> io::Result<()> {
+        Err(io::Error::from_raw_os_error(libc::EROFS))
+    }
+    fn sync_data(&self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::fault::{FaultDriver, FaultWorld};
+
+    #[test]
+    fn a_grown_view_reads_zeros_past_the_end_and_refuses_writes() {
+        let v = GrownView::new(vec![7u8; 10], 16).unwrap();
+        assert_eq!(v.size().unwrap(), 16);
+        let mut b = [1u8; 20];
+        v.read_exact_at(0, &mut b[..16]).unwrap();
+        assert_eq!(&b[..10], &[7; 10]);
+        assert_eq!(&b[10..16], &[0; 6]);
+        assert_eq!(v.read_at(4, &mut b).unwrap(), 12, "up to the grown end");
+        assert_eq!(v.read_at(12, &mut b).unwrap(), 4);
+        assert_eq!(&b[..4], &[0; 4]);
+        assert_eq!(v.read_at(16, &mut b).unwrap(), 0);
+        assert_eq!(
+            v.write_all_at(0, &[1]).unwrap_err().raw_os_error(),
+            Some(libc::EROFS)
+        );
+        let small = GrownView::new(vec![7u8; 10], 4).unwrap();
+        assert_eq!(small.size().unwrap(), 10, "never smaller than the device");
+    }
 
     #[test]
     fn a_queue_is_a_device_without_a_descriptor() {

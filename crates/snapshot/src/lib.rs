@@ -56,7 +56,7 @@ pub mod synth;
 pub use childdev::{BASE_QUEUES, BlkioDev, DeviceOpener};
 pub use cowrecord::{load_verifier, load_verifier_dev};
 pub use cowsrc::{CowDecoder, OpenMode, open_dev_base, open_devs, open_files, open_files_sized};
-pub use dev::{BlockDev, FileDev};
+pub use dev::{BlockDev, FileDev, GrownView};
 pub use driver::SnapshotDriver;
 pub use error::{Result, SnapError};
 pub use io::{CacheStats, Dev};

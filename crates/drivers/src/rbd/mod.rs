@@ -285,6 +285,10 @@ impl Driver for RbdDriver {
         self.capacity.store(now, Ordering::Relaxed);
         r
     }
+    /// An image, not a snapshot of one (which is read-only for good).
+    fn can_resize(&self) -> bool {
+        self.snapshot.is_empty()
+    }
     fn create_queue(&mut self, poll: bool) -> Result<Box<dyn Queue>> {
         let image = self
             .image

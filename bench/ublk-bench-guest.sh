@@ -4,6 +4,7 @@
 # line per run. Images are in /test/img; SECS (default 3) per run.
 SECS=${SECS:-2}
 ROUNDS=${ROUNDS:-3}
+ROWS=${ROWS:-all}                  # realistic: only the realistic pair's rows
 cd /test/img || exit 1
 cp base.img /tmp/base.img          # tmpfs: every device reads the same page-cached bytes
 # Each COW with its record (COW.snapblk, made by `cow create`): the snapshots are served as by
@@ -39,6 +40,7 @@ echo "kernel $(uname -r) cpus $(nproc)"
 r=0
 while [ $r -lt "$ROUNDS" ]; do
     r=$((r + 1)); echo "ROUND $r"
+    if [ "$ROWS" = all ]; then
     loopdev=$(losetup -f)
     losetup "$loopdev" /tmp/base.img && run loop "$loopdev"
     losetup -d "$loopdev"
@@ -51,6 +53,7 @@ while [ $r -lt "$ROUNDS" ]; do
         serve_run snap-$c-zc --base /tmp/base.img --cow /tmp/$c.cow --ublk-mode zero-copy
         serve_run snap-$c-zc-noplan --base /tmp/base.img --cow /tmp/$c.cow --ublk-mode zero-copy --ublk-no-plan
     done
+    fi
     if [ -f /tmp/realistic.cow ]; then  # bench/ublk-bench.sh REALISTIC_MB
         loopdev=$(losetup -f)
         losetup "$loopdev" /tmp/realistic-new.img && run loop-new "$loopdev"

@@ -419,3 +419,67 @@ fn check_says_what_it_checked() {
     assert_eq!(v["checked"]["payloads_decoded"], 400);
     assert_eq!(v["checked"]["ops_checked"], 600);
 }
+
+#[test]
+fn a_merge_into_a_sparse_base_on_a_full_file_system_fails_before_its_first_write() {
+    // The merge reserves the blocks it will write (fallocate, size kept) before writing any:
+    // it used to fail part-way with ENOSPC (resumable, but only once space was freed).
+    let d = tempdir("merge-full");
+    let blocks = 256;
+    let (old, new) = (vec![0u8; blocks * BS], noise(9, blocks * BS));
+    std::fs::write(d.0.join("old.img"), &old).unwrap();
+    std::fs::write(d.0.join("new.img"), &new).unwrap();
+    let o = snapblk(
+        &[
+            "cow", "create", "--old", "old.img", "--new", "new.img", "-o", "u.cow",
+        ],
+        &d.0,
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let cow_before = std::fs::read(d.0.join("u.cow")).unwrap();
+    // A base of all zeros, every block a hole, on a tmpfs with room for half the image.
+    let mnt = d.0.join("tiny");
+    std::fs::create_dir(&mnt).unwrap();
+    let size = format!("size={}k", blocks * BS / 2 / 1024);
+    let st = Command::new("mount")
+        .args(["-t", "tmpfs", "-o", &size, "tiny"])
+        .arg(&mnt)
+        .status()
+        .unwrap();
+    assert!(st.success(), "mount tmpfs (the tests run as root)");
+    let base = mnt.join("base.img");
+    std::fs::File::create(&base)
+        .unwrap()
+        .set_len((blocks * BS) as u64)
+        .unwrap();
+    let b = base.to_str().unwrap();
+    let o = snapblk(&["merge", "u.cow", "--base", b], &d.0);
+    let after = std::fs::read(&base).unwrap();
+    let cow_after = std::fs::read(d.0.join("u.cow")).unwrap();
+    let used = {
+        use std::os::unix::fs::MetadataExt;
+        std::fs::metadata(&base).unwrap().blocks()
+    };
+    // With room for it, the same merge succeeds.
+    let grow = Command::new("mount")
+        .args(["-o", "remount,size=4m"])
+        .arg(&mnt)
+        .status()
+        .unwrap();
+    let o2 = snapblk(&["merge", "u.cow", "--base", b], &d.0);
+    let merged = std::fs::read(&base).unwrap();
+    Command::new("umount").arg(&mnt).status().unwrap();
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert_eq!(err.trim().lines().count(), 1, "one line: {err}");
+    assert!(
+        err.contains("No space left on device") && err.contains("nothing written"),
+        "{err}"
+    );
+    assert!(after == old, "the base is unchanged");
+    assert_eq!(used, 0, "no block of the base is left allocated");
+    assert!(cow_after == cow_before, "the COW is unchanged");
+    assert!(grow.success(), "remount the tmpfs larger");
+    assert!(o2.status.success(), "{}", stderr(&o2));
+    assert!(merged == new, "merged with room for it");
+}

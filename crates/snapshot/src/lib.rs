@@ -47,6 +47,7 @@ mod overlay;
 mod precheck;
 mod queue;
 mod record;
+mod reserve;
 mod sched;
 mod snapshot;
 mod stash;

@@ -541,6 +541,8 @@ pub fn merge(snap: &Snapshot, opts: MergeOptions<'_>) -> Result<MergeReport> {
         snap.attach_stash(stash)?;
     }
     let (pre, kept) = precheck_keeping(snap, &opts, opts.keep_decoded)?;
+    let from = snap.lock_view().merged;
+    crate::reserve::reserve_for_merge(snap, from)?;
     if let Some(stash) = opts.stash
         && snap.layout.scratch().is_none()
     {

@@ -493,6 +493,12 @@ fn run_cmd(c: CowCmd) -> Result<()> {
             let t0 = std::time::Instant::now();
             let old_img = load_input_image("--old", &old)?;
             let new_img = load_input_image("--new", &new)?;
+            if new_img.is_empty() {
+                bail!(
+                    "--new {} is empty: a COW makes a device of the new image's size",
+                    new.display()
+                );
+            }
             let bars = crate::progress::GenerateBars::default();
             let on_progress = |ev| bars.on(ev);
             let opts = GenerateOptions {

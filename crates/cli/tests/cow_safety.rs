@@ -817,3 +817,29 @@ fn create_refuses_levels_out_of_range() {
         std::fs::remove_file(&out).unwrap();
     }
 }
+
+/// An empty new image (`--new /dev/null`, a truncated file) is refused in one line and no COW
+/// appears: it used to give a COW of a 0-byte device.
+#[test]
+fn create_refuses_an_empty_new_image() {
+    let c = Case::new("safety-create-empty", 16, &[]);
+    let out = c.p("e.cow");
+    let empty = c.p("empty.img");
+    std::fs::write(&empty, b"").unwrap();
+    for new in ["/dev/null", path_str(&empty)] {
+        let args = [
+            "cow",
+            "create",
+            "--old",
+            path_str(&c.old),
+            "--new",
+            new,
+            "-o",
+            path_str(&out),
+        ];
+        let err = refused(&args, "is empty");
+        assert_eq!(err.lines().count(), 1, "{err}");
+        assert!(err.contains(&format!("--new {new} is empty")), "{err}");
+        assert!(!out.exists(), "{new}");
+    }
+}

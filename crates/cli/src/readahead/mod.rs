@@ -60,10 +60,11 @@ pub fn run(c: ReadaheadCmd) -> anyhow::Result<()> {
             print_walk_errors(&errors)?;
             report_replay(&rep, &a.opts, &errors)?;
             fail_on_walk_errors(&errors)?;
-            if rep.entries_failed > 0 {
-                bail!("{} files could not be read", rep.entries_failed);
+            match rep.entries_failed {
+                0 => Ok(()),
+                1 => bail!("1 file could not be read"),
+                n => bail!("{n} files could not be read"),
             }
-            Ok(())
         }
         ReadaheadCmd::Evict(a) => run_evict(a),
         ReadaheadCmd::Lock(a) => {
@@ -484,8 +485,10 @@ fn run_evict(a: EvictArgs) -> anyhow::Result<()> {
     let rep = ra::evict(&a.walk.paths, &a.walk.walk_opts(None));
     let elapsed = t0.elapsed().as_secs_f64();
     print::evict(&rep, a.json, elapsed)?;
-    if !rep.errors.is_empty() {
-        bail!("{} files could not be evicted", rep.errors.len());
+    match rep.errors.len() {
+        0 => {}
+        1 => bail!("1 file could not be evicted"),
+        n => bail!("{n} files could not be evicted"),
     }
     Ok(())
 }

@@ -427,23 +427,9 @@ fn image_size(
     Ok(len)
 }
 
-/// With `--json`, a command that fails still prints a JSON document on stdout:
-/// `{"schema": ..., "ok": false, "error": "..."}` (the error also goes to stderr, as always).
-fn json_verdict_on_error(json: bool, schema: &str, r: Result<()>) -> Result<()> {
-    if let (true, Err(e)) = (json, &r) {
-        // An error writing to stdout itself is not repeated there.
-        if !crate::out::is_stdout_error(e) {
-            let doc =
-                serde_json::json!({ "schema": schema, "ok": false, "error": format!("{e:#}") });
-            say!("{}", serde_json::to_string_pretty(&doc)?);
-        }
-    }
-    r
-}
-
 pub fn run(c: CowCmd) -> Result<()> {
     if let CowCmd::Create { json: true, .. } = &c {
-        return json_verdict_on_error(true, CREATE_SCHEMA, run_cmd(c));
+        return crate::out::json_verdict(true, CREATE_SCHEMA, run_cmd(c));
     }
     if let CowCmd::Apply {
         json: true, out, ..
@@ -456,7 +442,7 @@ pub fn run(c: CowCmd) -> Result<()> {
                 out.display()
             );
         }
-        return json_verdict_on_error(true, APPLY_SCHEMA, run_cmd(c));
+        return crate::out::json_verdict(true, APPLY_SCHEMA, run_cmd(c));
     }
     run_cmd(c)
 }
@@ -613,7 +599,7 @@ fn run_cmd(c: CowCmd) -> Result<()> {
         }
         CowCmd::Inspect { cow, json, ops } => {
             let r = inspect(&cow, json, ops);
-            json_verdict_on_error(json, INSPECT_SCHEMA, r)
+            crate::out::json_verdict(json, INSPECT_SCHEMA, r)
         }
         CowCmd::Verify {
             cow,

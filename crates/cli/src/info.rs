@@ -27,6 +27,11 @@ const SIZES: &[&str] = &[
 ];
 
 pub fn run(a: InfoArgs) -> anyhow::Result<()> {
+    let json = a.json;
+    crate::out::json_verdict(json, "snapblk.info.v1", run_cmd(a))
+}
+
+fn run_cmd(a: InfoArgs) -> anyhow::Result<()> {
     let fail = |e: snapblk::Error| anyhow::anyhow!("{}: {}", a.device, e);
     let mut spec = snapblk::parse_spec(&a.device).map_err(fail)?;
     // Only reads: open read-only (a 0444 file, a read-only mount) unless the spec says how.
@@ -43,6 +48,8 @@ pub fn run(a: InfoArgs) -> anyhow::Result<()> {
         // Versioned like every --json document (schemas/snapblk.info.v1.json).
         let mut m = serde_json::Map::new();
         m.insert("schema".into(), "snapblk.info.v1".into());
+        m.insert("ok".into(), true.into());
+        m.insert("error".into(), serde_json::Value::Null);
         for (name, v) in rows {
             let j = match v {
                 Ok(snapblk_core::PropValue::Bool(x)) => serde_json::Value::from(x),

@@ -349,7 +349,18 @@ fn open_context(e: SnapError, a: &MergeArgs) -> anyhow::Error {
     }
 }
 
-pub fn run(mut a: MergeArgs) -> anyhow::Result<()> {
+pub fn run(a: MergeArgs) -> anyhow::Result<()> {
+    // `--check` prints its own verdict (`mergeable: false`); `--reset-progress` prints no JSON.
+    let schema = match (a.check, a.status, a.reset_progress) {
+        (false, true, _) => Some("snapblk.merge-status.v1"),
+        (false, false, false) => Some("snapblk.merge.v1"),
+        _ => None,
+    };
+    let json = a.json && schema.is_some();
+    crate::out::json_verdict(json, schema.unwrap_or_default(), run_cmd(a))
+}
+
+fn run_cmd(mut a: MergeArgs) -> anyhow::Result<()> {
     a.base_dev = device_spec(&a.base)?;
     if a.base_dev.is_none() {
         crate::outfile::refuse_same(("--base", &a.base), ("the COW", &a.cow))?;
@@ -408,6 +419,7 @@ pub fn run(mut a: MergeArgs) -> anyhow::Result<()> {
     if a.json {
         let v = serde_json::json!({
             "schema": "snapblk.merge.v1",
+            "ok": true, "error": null,
             "merged": report.total_ops,
             "total": report.total_ops,
             "report": report,
@@ -645,6 +657,7 @@ fn report_finished(a: &MergeArgs, ops: u64) -> anyhow::Result<()> {
         // A resumed merge with nothing left, as the engine reports one.
         let v = serde_json::json!({
             "schema": "snapblk.merge.v1",
+            "ok": true, "error": null,
             "merged": ops, "total": ops,
             "report": {
                 "total_ops": ops, "blocks_written": 0, "overlay_blocks": 0,
@@ -677,6 +690,7 @@ fn status(a: &MergeArgs) -> anyhow::Result<()> {
     if a.json {
         let v = serde_json::json!({
             "schema": "snapblk.merge-status.v1",
+            "ok": true, "error": null,
             "merged": done, "total": total, "record": has_record,
             "base": binding.as_ref().map(|b| b.verdict),
             "check": binding,

@@ -180,17 +180,12 @@ pub fn run(c: OtaCmd) -> Result<()> {
     }
 }
 
-/// With `--json`, a command that fails still prints a JSON document on stdout:
-/// `{"schema": ..., "ok": false, "error": "..."}` (the error also goes to stderr, as always).
+/// [`crate::out::json_verdict`], except for an error whose verdict document is already out.
 fn verdict(json: bool, schema: &str, r: Result<()>) -> Result<()> {
-    if let (true, Err(e)) = (json, &r)
-        && !crate::out::is_stdout_error(e)
-        && e.downcast_ref::<Reported>().is_none()
-    {
-        let doc = serde_json::json!({ "schema": schema, "ok": false, "error": format!("{e:#}") });
-        say!("{}", serde_json::to_string_pretty(&doc)?);
+    match &r {
+        Err(e) if e.downcast_ref::<Reported>().is_some() => r,
+        _ => crate::out::json_verdict(json, schema, r),
     }
-    r
 }
 
 /// An OTA from a local path, or from `s3://BUCKET/KEY` / `http(s)://…` read by ranged GETs

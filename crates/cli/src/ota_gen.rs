@@ -136,12 +136,7 @@ fn read(flag: &str, p: &Path) -> Result<Vec<u8>> {
 
 pub fn run(a: GenerateArgs) -> Result<()> {
     let json = a.json;
-    let r = generate_cmd(&a);
-    if let (true, Err(e)) = (json, &r) {
-        let doc = serde_json::json!({ "schema": GENERATE_SCHEMA, "ok": false, "error": format!("{e:#}") });
-        say!("{}", serde_json::to_string_pretty(&doc)?);
-    }
-    r
+    crate::out::json_verdict(json, GENERATE_SCHEMA, generate_cmd(&a))
 }
 
 fn generate_cmd(a: &GenerateArgs) -> Result<()> {

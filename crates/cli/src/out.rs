@@ -173,6 +173,23 @@ pub fn is_stdout_error(e: &anyhow::Error) -> bool {
     stdio_error(e).is_some_and(|s| s.stream == Stream::Stdout)
 }
 
+/// With `--json`, a command that fails still prints a JSON document on stdout:
+/// `{"schema": SCHEMA, "ok": false, "error": "..."}` (the error also goes to stderr, as
+/// always), except for an error writing stdout itself.
+pub fn json_verdict<T>(json: bool, schema: &str, r: anyhow::Result<T>) -> anyhow::Result<T> {
+    if let (true, Err(e)) = (json, &r)
+        && !is_stdout_error(e)
+    {
+        let doc = serde_json::json!({ "schema": schema, "ok": false, "error": format!("{e:#}") });
+        write(
+            Stream::Stdout,
+            format_args!("{}", serde_json::to_string_pretty(&doc)?),
+            true,
+        )?;
+    }
+    r
+}
+
 /// True when `e` was caused by a closed stdout or stderr (`EPIPE`).
 pub fn is_closed_pipe(e: &anyhow::Error) -> bool {
     stdio_error(e).is_some_and(|s| s.source.kind() == io::ErrorKind::BrokenPipe)

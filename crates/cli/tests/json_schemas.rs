@@ -245,6 +245,31 @@ fn merge_documents_validate() {
         "snapblk.merge-status.v1",
         "merge --status (done)",
     );
+    // A failing merge or status still prints its document: ok false and the error.
+    let wrong = path_str(&c.old);
+    let missing = c.p("missing.cow");
+    for (args, schema) in [
+        (
+            vec!["merge", cow, "--base", wrong, "--json"],
+            "snapblk.merge.v1",
+        ),
+        (
+            vec![
+                "merge",
+                path_str(&missing),
+                "--base",
+                b,
+                "--status",
+                "--json",
+            ],
+            "snapblk.merge-status.v1",
+        ),
+    ] {
+        let doc = json_of(&args, 1);
+        check(&doc, schema, &format!("{args:?} (failed)"));
+        assert_eq!(doc["ok"], false, "{doc}");
+        assert!(!doc["error"].as_str().unwrap().is_empty(), "{doc}");
+    }
 }
 
 #[test]
@@ -260,6 +285,9 @@ fn info_documents_validate() {
         "snapblk.info.v1",
         "info null",
     );
+    let doc = json_of(&["info", "nosuchdriver:x=1", "--json"], 1);
+    check(&doc, "snapblk.info.v1", "info (failed)");
+    assert_eq!(doc["ok"], false, "{doc}");
 }
 
 #[test]

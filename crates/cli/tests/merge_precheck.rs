@@ -483,3 +483,36 @@ fn a_merge_into_a_sparse_base_on_a_full_file_system_fails_before_its_first_write
     assert!(o2.status.success(), "{}", stderr(&o2));
     assert!(merged == new, "merged with room for it");
 }
+
+#[test]
+fn check_with_a_record_counts_the_bytes_its_content_check_decodes() {
+    // With a record the payloads are decoded by the content check, not by the decode pass:
+    // the report said "N payloads decoded (X -> 0 B)".
+    let d = tempdir("precheck-record");
+    let blocks = 64;
+    let old = noise(3, blocks * BS);
+    let mut new = old.clone();
+    new[..16 * BS].fill(b'x');
+    std::fs::write(d.0.join("old.img"), &old).unwrap();
+    std::fs::write(d.0.join("new.img"), &new).unwrap();
+    let o = snapblk(
+        &[
+            "cow", "create", "--old", "old.img", "--new", "new.img", "-o", "r.cow",
+        ],
+        &d.0,
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        d.0.join("r.cow.snapblk").exists(),
+        "cow create writes a record"
+    );
+    let o = snapblk(
+        &["merge", "r.cow", "--base", "old.img", "--check", "--json"],
+        &d.0,
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let n = v["checked"]["payloads_decoded"].as_u64().unwrap();
+    assert!(n > 0, "{v}");
+    assert_eq!(v["checked"]["decoded_bytes"], n * BS as u64, "{v}");
+}

@@ -278,8 +278,10 @@ pub(crate) fn precheck_keeping(
 
     // With a COW record, the content check below decodes every payload still to merge through
     // the device (and checks what it decodes to): decoding them here too would double the work.
+    // Each decodes to its unit, as counted here.
     let (decoded, threads) = if snap.verifier().is_some() {
-        (0, 0)
+        let units = compressed.iter().map(|(_, p)| u64::from(p.unit_len)).sum();
+        (units, 0)
     } else {
         decode_all(snap, &compressed, kept.as_deref())?
     };

@@ -1,10 +1,15 @@
 //! Space for a merge, reserved before its first write: the blocks of a regular-file base that
-//! the ops still to merge write, and the COW file's scratch area. On a full file system or over
-//! a quota the merge then fails before it starts, with base and COW as they were, instead of
-//! part-way (which a later run resumes, but only once space is freed). `fallocate` with
-//! `FALLOC_FL_KEEP_SIZE` allocates what is not yet allocated and changes neither size nor data;
-//! a file system without it, or a base that is a block device or has no descriptor, is merged
-//! as before.
+//! the ops still to merge and the writable overlay's fold write, and the COW file's scratch
+//! area. On a full file system or over a quota the merge then fails before it starts, with base
+//! and COW as they were (what the reservation allocated in their holes is punched out again),
+//! instead of part-way (which a later run resumes, but only once space is freed).
+//!
+//! `fallocate` with `FALLOC_FL_KEEP_SIZE` allocates what is not allocated yet and changes
+//! neither size nor data. A file system without it, or a base that is a block device or has no
+//! descriptor, is merged as before. It cannot promise the space on a copy-on-write file system
+//! (btrfs, or XFS with extents shared by reflink or dedupe): there an overwrite of an allocated
+//! block needs new space too, which `fallocate` does not reserve. The merge stash (a few blocks)
+//! is not reserved.
 
 use crate::error::{Result, SnapError};
 use crate::io::Dev;
@@ -12,39 +17,32 @@ use crate::snapshot::Snapshot;
 use std::fs::File;
 use std::os::fd::AsRawFd;
 
-/// Reserve what the merge from op `from` on writes (see the module docs). Returns the bytes
-/// asked for (allocated or already so).
-pub(crate) fn reserve_for_merge(snap: &Snapshot, from: usize) -> Result<u64> {
-    let mut asked = 0;
+/// Reserve what the merge from op `from` on writes (see the module docs).
+pub(crate) fn reserve_for_merge(snap: &Snapshot, from: usize) -> Result<()> {
+    let bs = snap.map.block_size();
     if let Some(f) = regular(snap, Dev::Base) {
-        let bs = snap.map.block_size();
-        for (start, blocks) in runs(
-            snap.map
-                .ops()
-                .iter()
-                .skip(from)
-                .map(|o| (o.new_block, o.blocks())),
-        ) {
-            let (off, len) = (start * bs, blocks * bs);
-            allocate(
-                f,
-                off,
-                len,
-                "reserving the base's space for the merge (nothing written)",
-            )?;
-            asked += len;
-        }
+        let ops = snap.map.ops().iter().skip(from);
+        let ops = ops.map(|o| (o.new_block, o.blocks()));
+        let overlay = snap.overlay.iter().flat_map(|ov| ov.blocks());
+        let overlay = overlay.map(|(b, _)| (b, 1));
+        let ranges: Vec<(u64, u64)> = runs(ops.chain(overlay))
+            .into_iter()
+            .map(|(s, n)| (s * bs, n * bs))
+            .collect();
+        reserve(
+            f,
+            &ranges,
+            "reserving the base's space for the merge (nothing written)",
+        )?;
     }
     if let (Some(f), Some(s)) = (regular(snap, Dev::Cow), snap.layout.scratch()) {
-        allocate(
+        reserve(
             f,
-            s.base,
-            s.len,
+            &[(s.base, s.len)],
             "reserving the COW's scratch area for the merge (nothing written)",
         )?;
-        asked += s.len;
     }
-    Ok(asked)
+    Ok(())
 }
 
 /// The device's file, if it is a regular file.
@@ -69,37 +67,137 @@ fn runs(it: impl Iterator<Item = (u64, u64)>) -> Vec<(u64, u64)> {
     out
 }
 
-/// `fallocate(KEEP_SIZE)` of `[off, off + len)`; EOPNOTSUPP (a file system without it) is not
-/// an error.
-fn allocate(f: &File, off: u64, len: u64, what: &'static str) -> Result<()> {
+/// Allocate the byte ranges of `f`. On failure the holes this allocated are punched out again,
+/// so a refused merge leaves the file's space as it was; a file system without `fallocate`
+/// (EOPNOTSUPP, or ENOSYS under a seccomp filter) reserves nothing and is no error.
+fn reserve(f: &File, ranges: &[(u64, u64)], what: &'static str) -> Result<()> {
+    let fd = f.as_raw_fd();
+    let mut filled: Vec<(u64, u64)> = Vec::new();
+    for &(off, len) in ranges {
+        let holes = holes(fd, off, len);
+        let r = match holes {
+            Ok(h) if h.is_empty() => Ok(()),
+            Ok(h) => {
+                // Given back on failure, this call's too: a failed call may have allocated
+                // part of its range.
+                filled.extend(h);
+                fallocate(fd, libc::FALLOC_FL_KEEP_SIZE, off, len)
+            }
+            Err(e) => Err(e),
+        };
+        match r {
+            Ok(()) => {}
+            Err(e) if matches!(e.raw_os_error(), Some(libc::EOPNOTSUPP | libc::ENOSYS)) => {
+                return Ok(());
+            }
+            Err(e) => {
+                // Best effort: the error returned is the reservation's.
+                let punch = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
+                for &(o, l) in &filled {
+                    let _ = fallocate(fd, punch, o, l);
+                }
+                return Err(SnapError::Io {
+                    what,
+                    source: snapblk_core::Error::from_io(e),
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `fallocate(fd, mode, off, len)`, retried while a signal interrupts it (tmpfs returns EINTR
+/// whenever one is pending).
+fn fallocate(fd: i32, mode: i32, off: u64, len: u64) -> std::io::Result<()> {
     let (Ok(o), Ok(l)) = (libc::off_t::try_from(off), libc::off_t::try_from(len)) else {
-        return Err(SnapError::Io {
-            what,
-            source: snapblk_core::Error::from_errno(libc::EFBIG),
-        });
+        return Err(std::io::Error::from_raw_os_error(libc::EFBIG));
     };
-    // SAFETY: fallocate reads only its integer arguments; the descriptor is the open file's.
-    let rc = unsafe { libc::fallocate(f.as_raw_fd(), libc::FALLOC_FL_KEEP_SIZE, o, l) };
-    if rc == 0 {
-        return Ok(());
+    loop {
+        // SAFETY: fallocate reads only its integer arguments; `fd` is an open file's.
+        if unsafe { libc::fallocate(fd, mode, o, l) } == 0 {
+            return Ok(());
+        }
+        let e = std::io::Error::last_os_error();
+        if e.raw_os_error() != Some(libc::EINTR) {
+            return Err(e);
+        }
     }
-    let e = std::io::Error::last_os_error();
-    if e.raw_os_error() == Some(libc::EOPNOTSUPP) {
-        return Ok(());
+}
+
+/// The holes of `[off, off + len)` of `fd` (`SEEK_HOLE`/`SEEK_DATA`; a file system without
+/// them reports the whole file as data, so no hole).
+fn holes(fd: i32, off: u64, len: u64) -> std::io::Result<Vec<(u64, u64)>> {
+    let end = off.saturating_add(len);
+    let mut out = Vec::new();
+    let mut at = off;
+    while at < end {
+        let Some(h) = seek(fd, at, libc::SEEK_HOLE)? else {
+            break;
+        };
+        if h >= end {
+            break;
+        }
+        let d = seek(fd, h, libc::SEEK_DATA)?.unwrap_or(end).min(end);
+        if d > h {
+            out.push((h, d - h));
+        }
+        at = d.max(h + 1);
     }
-    Err(SnapError::Io {
-        what,
-        source: snapblk_core::Error::from_io(e),
-    })
+    Ok(out)
+}
+
+/// `lseek(fd, at, whence)`: `None` past the end (ENXIO).
+fn seek(fd: i32, at: u64, whence: i32) -> std::io::Result<Option<u64>> {
+    let Ok(a) = libc::off_t::try_from(at) else {
+        return Ok(None);
+    };
+    // SAFETY: lseek reads only its integer arguments.
+    let r = unsafe { libc::lseek(fd, a, whence) };
+    if r < 0 {
+        let e = std::io::Error::last_os_error();
+        return match e.raw_os_error() {
+            Some(libc::ENXIO) => Ok(None),
+            _ => Err(e),
+        };
+    }
+    Ok(Some(r as u64))
 }
 
 #[cfg(test)]
 mod tests {
-    use super::runs;
+    use super::*;
 
     #[test]
     fn runs_merge_touching_and_overlapping_ranges() {
         let r = runs([(10, 2), (0, 1), (12, 1), (1, 1), (11, 5), (20, 0), (30, 1)].into_iter());
         assert_eq!(r, [(0, 2), (10, 6), (30, 1)]);
+    }
+
+    #[test]
+    fn holes_are_found_past_the_data_and_up_to_the_range_end() {
+        let dir = std::env::temp_dir().join(format!("snapblk-holes-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let p = dir.join("f");
+        let f = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(true)
+            .read(true)
+            .write(true)
+            .open(&p)
+            .unwrap();
+        f.set_len(1 << 20).unwrap();
+        use std::os::unix::fs::FileExt;
+        f.write_all_at(&[1u8; 4096], 64 << 10).unwrap();
+        let fd = f.as_raw_fd();
+        let h = holes(fd, 0, 1 << 20).unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+        // File systems round holes to their own block size: the data block is never in one,
+        // and everything far from it is.
+        assert!(
+            h.iter().all(|&(o, l)| o + l <= 64 << 10 || o >= 68 << 10),
+            "{h:?}"
+        );
+        assert!(h.iter().any(|&(o, _)| o == 0), "{h:?}");
+        assert!(h.iter().any(|&(o, l)| o + l == 1 << 20), "{h:?}");
     }
 }

@@ -275,6 +275,9 @@ impl Drop for RbdQueue {
                 .shared
                 .wait(eng.in_flight, Some(Duration::from_secs(1)), None, eng.poll);
         }
+        // Each finished request holds the list it is on: drop them, or the list, its eventfds
+        // and they would never be freed.
+        eng.shared.take(usize::MAX, drop);
     }
 }
 

@@ -181,11 +181,11 @@ pub fn json_verdict<T>(json: bool, schema: &str, r: anyhow::Result<T>) -> anyhow
         && !is_stdout_error(e)
     {
         let doc = serde_json::json!({ "schema": schema, "ok": false, "error": format!("{e:#}") });
-        write(
-            Stream::Stdout,
-            format_args!("{}", serde_json::to_string_pretty(&doc)?),
-            true,
-        )?;
+        // A document that cannot be written (stdout closed) must not replace the command's
+        // own error, which stderr still gets.
+        if let Ok(text) = serde_json::to_string_pretty(&doc) {
+            let _ = write(Stream::Stdout, format_args!("{text}"), true);
+        }
     }
     r
 }

@@ -207,3 +207,26 @@ fn closed_stderr_exits_141_not_a_panic() {
         assert_eq!(code, Some(CLOSED_PIPE), "{a:?}");
     }
 }
+
+/// A command that fails with `--json` and cannot print its `"ok": false` document (stdout
+/// closed or full) still reports its own error on stderr and exits 1: the failed write of the
+/// document used to replace the error (exit 141, nothing said).
+#[test]
+fn a_failure_document_that_cannot_be_written_keeps_the_error() {
+    let d = scratch("verdict");
+    let missing = d.join("missing.cow");
+    let m = missing.to_str().unwrap();
+    for args in [
+        vec!["merge", m, "--base", m, "--json"],
+        vec!["info", "nosuchdriver:x=1", "--json"],
+        vec!["cow", "inspect", m, "--json"],
+    ] {
+        for (how, out) in [("closed", closed_pipe()), ("full", dev_full())] {
+            let (code, err) = run(&args, out, None);
+            assert_eq!(code, Some(1), "{args:?} ({how} stdout): {err}");
+            assert!(err.starts_with("snapblk: "), "{args:?} ({how}): {err}");
+            assert!(!err.contains("stdout"), "{args:?} ({how}): {err}");
+        }
+    }
+    std::fs::remove_dir_all(&d).unwrap();
+}

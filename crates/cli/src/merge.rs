@@ -350,10 +350,26 @@ fn open_context(e: SnapError, a: &MergeArgs) -> anyhow::Error {
 }
 
 pub fn run(a: MergeArgs) -> anyhow::Result<()> {
-    // `--check` prints its own verdict (`mergeable: false`); `--reset-progress` prints no JSON.
-    let schema = match (a.check, a.status, a.reset_progress) {
-        (false, true, _) => Some("snapblk.merge-status.v1"),
-        (false, false, false) => Some("snapblk.merge.v1"),
+    if a.check {
+        // Its verdict says `mergeable: false` for any refusal, early ones included.
+        let json = a.json;
+        let r = run_cmd(a);
+        if let (true, Err(e)) = (json, &r)
+            && !crate::out::is_stdout_error(e)
+        {
+            let v = serde_json::json!({
+                "schema": "snapblk.merge-check.v1",
+                "mergeable": false, "error": format!("{e:#}"),
+            });
+            // Unwritable (stdout closed): the error still goes to stderr.
+            let _ = writeln!(crate::out::stdout(), "{v}");
+        }
+        return r;
+    }
+    // `--reset-progress` prints no JSON.
+    let schema = match (a.status, a.reset_progress) {
+        (true, _) => Some("snapblk.merge-status.v1"),
+        (false, false) => Some("snapblk.merge.v1"),
         _ => None,
     };
     let json = a.json && schema.is_some();
@@ -524,39 +540,27 @@ fn check(a: &MergeArgs) -> anyhow::Result<()> {
             .with_context(|| format!("merging {}", a.cow.display()))
     });
     let mut out = crate::out::stdout();
-    match res {
-        Ok((done, total, r, grows)) => {
-            if a.json {
-                let v = serde_json::json!({
-                    "schema": "snapblk.merge-check.v1",
-                    "mergeable": true, "merged": done, "total": total, "checked": r,
-                    "base_grown_to": grows.map(|g| g.1),
-                });
-                writeln!(out, "{v}")?;
-            } else {
-                writeln!(out, "mergeable: {done}/{total} ops merged")?;
-                if let Some((have, want)) = grows {
-                    writeln!(
-                        out,
-                        "the merge grows base {} from {have} to {want} bytes (the new image's size) before its first write",
-                        a.base.display()
-                    )?;
-                }
-                writeln!(out, "checked: {}", describe(&r, a.stash.is_some()))?;
-            }
-            Ok(())
+    // A refusal's verdict is printed by `run`.
+    let (done, total, r, grows) = res?;
+    if a.json {
+        let v = serde_json::json!({
+            "schema": "snapblk.merge-check.v1",
+            "mergeable": true, "merged": done, "total": total, "checked": r,
+            "base_grown_to": grows.map(|g| g.1),
+        });
+        writeln!(out, "{v}")?;
+    } else {
+        writeln!(out, "mergeable: {done}/{total} ops merged")?;
+        if let Some((have, want)) = grows {
+            writeln!(
+                out,
+                "the merge grows base {} from {have} to {want} bytes (the new image's size) after this check, before its first write",
+                a.base.display()
+            )?;
         }
-        Err(e) => {
-            if a.json {
-                let v = serde_json::json!({
-                    "schema": "snapblk.merge-check.v1",
-                    "mergeable": false, "error": format!("{e:#}"),
-                });
-                writeln!(out, "{v}")?;
-            }
-            Err(e)
-        }
+        writeln!(out, "checked: {}", describe(&r, a.stash.is_some()))?;
     }
+    Ok(())
 }
 
 /// After a successful merge of a shrinking update (the record's new image is smaller than the

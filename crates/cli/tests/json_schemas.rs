@@ -270,6 +270,14 @@ fn merge_documents_validate() {
         assert_eq!(doc["ok"], false, "{doc}");
         assert!(!doc["error"].as_str().unwrap().is_empty(), "{doc}");
     }
+    // merge --check's verdict for a refusal before the check (the COW given as --base too).
+    let doc = json_of(&["merge", cow, "--base", cow, "--check", "--json"], 1);
+    check(
+        &doc,
+        "snapblk.merge-check.v1",
+        "merge --check (refused early)",
+    );
+    assert_eq!(doc["mergeable"], false, "{doc}");
 }
 
 #[test]

@@ -560,7 +560,7 @@ open(d + "/rg.img", "wb").write(update(1280))
 EOF
 rsize() { r info "rbd/$1" --format json | python3 -c 'import json,sys;print(json.load(sys.stdin)["size"])'; }
 s_sha=$(sha "$work/rs.img"); g_sha=$(sha "$work/rg.img"); o_sha=$(sha "$work/ro.img")
-for i in ra s1 s2 g1; do r import "$work/ro.img" "rbd/$i" >/dev/null 2>&1 || bad "rbd import $i"; done
+for i in ra s1 s2 g1 g2; do r import "$work/ro.img" "rbd/$i" >/dev/null 2>&1 || bad "rbd import $i"; done
 r create --size 1M rbd/ab >/dev/null 2>&1 || bad "rbd create ab"
 for u in s g; do
   "$snapblk" cow create --old "$work/ro.img" --new "$work/r$u.img" -o "$work/$u.cow" >/dev/null 2>&1 \
@@ -624,6 +624,21 @@ if "$snapblk" merge "$work/g1.cow" --base "$(spec g1)" --check >"$work/m.txt" 2>
   ok "merge --check of a growing update into RBD: mergeable, says the merge grows the image; nothing changed"
 else
   cat "$work/m.txt" "$work/mj.txt"; echo "size $(rsize g1)"; bad "merge --check of a growing update into RBD"
+fi
+# A growing update whose COW has a corrupt payload is refused by the whole pre-merge check
+# before the image is grown: rbd info still says 4 MiB, rbd export the old image.
+cp "$work/g.cow" "$work/g2.cow"; cp "$work/g.cow.snapblk" "$work/g2.cow.snapblk"
+"$snapblk" cow inspect "$work/g2.cow" --ops --json | python3 -c '
+import json, sys
+d = json.load(sys.stdin)
+p = [o["kind"]["payload"] for o in d["ops"] if o["kind"].get("type") == "replace"][-1]
+f = open(sys.argv[1], "r+b"); f.seek(p["offset"] + p["len"] // 2)
+b = f.read(1); f.seek(-1, 1); f.write(bytes([b[0] ^ 0xff]))' "$work/g2.cow"
+if ! "$snapblk" merge "$work/g2.cow" --base "$(spec g2)" >"$work/m.txt" 2>&1 \
+   && [ "$(rsize g2)" = 4194304 ] && [ "$(exported g2)" = "$o_sha" ]; then
+  ok "a growing update with a corrupt payload is refused before the RBD image is grown"
+else
+  cat "$work/m.txt"; echo "size $(rsize g2)"; bad "growing merge with a corrupt payload"
 fi
 if "$snapblk" merge "$work/g1.cow" --base "$(spec g1)" --verify-base >"$work/m.txt" 2>&1 \
    && [ "$(rsize g1)" = 5242880 ] && [ "$(exported g1)" = "$g_sha" ]; then

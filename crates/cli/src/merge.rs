@@ -257,8 +257,9 @@ fn open_checked_dev(a: &MergeArgs, mode: OpenMode) -> anyhow::Result<Opened> {
 /// which takes its lock: the `rbd` driver's exclusive lock keeps servers of the image out, and
 /// a server's lock keeps the merge out), then the record is checked reading the base through it.
 /// For a merge of a growing update (the record's new image is larger than the base) the device
-/// is grown to the new image's size once the blocks the COW reads match the record: the first
-/// change to the base, and one a resume accepts (a base of the old or the new size). Opened
+/// is grown to the new image's size once the whole pre-merge check has passed on it seen grown
+/// and the blocks the COW reads match the record: the first change to the base, and one a
+/// resume accepts (a base of the old or the new size). Opened
 /// read-only (`--check`, `--status`), a device that can resize is seen as grown instead
 /// ([`GrownView`]), so the check covers what the merge will do.
 #[allow(clippy::type_complexity)]
@@ -290,6 +291,10 @@ fn open_dev_checked(
     if let Some(v) = &verifier {
         let (have, want) = (base.size()?, v.record().target_size);
         if mode.base_writable && mode.cow_writable {
+            if have < want && base.can_resize() {
+                // The whole pre-merge check first, on the base as it will be grown.
+                precheck_grown(a, &base, v, want)?;
+            }
             grow_dev_base(a, &base, v.record())?;
         } else if !mode.base_writable && have < want && base.can_resize() {
             view = Arc::new(GrownView::new(base.clone(), want)?);
@@ -299,6 +304,31 @@ fn open_dev_checked(
     let snap = open_dev_base(view, &a.cow, SnapshotConfig::default(), mode, size)
         .map_err(|e| open_context(e, a))?;
     Ok((snap, verifier, Some(base), grows))
+}
+
+/// The pre-merge check of a growing update into `base`, seen grown to `want` bytes
+/// ([`GrownView`], read-only), before the merge grows it.
+fn precheck_grown(
+    a: &MergeArgs,
+    base: &Arc<BlkioDev>,
+    v: &Arc<snapblk_cow::record::Verifier>,
+    want: u64,
+) -> anyhow::Result<()> {
+    let view: Arc<dyn BlockDev> = Arc::new(GrownView::new(base.clone(), want)?);
+    let cfg = SnapshotConfig::default();
+    let probe = open_dev_base(view, &a.cow, cfg, OpenMode::default(), Some(want))
+        .map_err(|e| open_context(e, a))?;
+    probe.attach_verifier(v.clone())?;
+    let stash = stash_of(a)?;
+    if let Some(st) = &stash {
+        probe.attach_stash(st)?;
+    }
+    let opts = MergeOptions {
+        stash: stash.as_ref(),
+        ..Default::default()
+    };
+    precheck(&probe, &opts).with_context(|| format!("merging {}", a.cow.display()))?;
+    Ok(())
 }
 
 /// Grow a device base smaller than the record's new image to that size, after checking the

@@ -293,6 +293,14 @@ fn info_documents_validate() {
         "snapblk.info.v1",
         "info null",
     );
+    // Documents from before `ok` and `error` existed still validate.
+    let mut old = json_of(&["info", "null:size=1G", "--json"], 0);
+    let m = old.as_object_mut().unwrap();
+    assert_eq!(
+        (m.remove("ok"), m.remove("error")),
+        (Some(true.into()), Some(Value::Null))
+    );
+    check(&old, "snapblk.info.v1", "info null, without ok and error");
     let doc = json_of(&["info", "nosuchdriver:x=1", "--json"], 1);
     check(&doc, "snapblk.info.v1", "info (failed)");
     assert_eq!(doc["ok"], false, "{doc}");

@@ -80,7 +80,8 @@ impl<T> DoneList<T> {
 
     /// Wait until the list holds `n` entries: ETIME once `timeout` passes, EINTR if a signal
     /// arrives while `sigmask` is installed. With `spin` (a poll queue) it busy-waits instead of
-    /// sleeping, and `sigmask` is not used.
+    /// sleeping, and `sigmask` is not used. One thread waits at a time (the queue's: a queue is
+    /// driven by one thread at a time).
     pub fn wait(
         &self,
         n: usize,
@@ -168,7 +169,9 @@ mod tests {
                 l2.push(i);
             }
         });
-        l.wait(3, None, None, false).unwrap();
+        // A minute is only this test's guard against a lost wake-up hanging it.
+        l.wait(3, Some(Duration::from_secs(60)), None, false)
+            .expect("a push woke the wait");
         t.join().unwrap();
         let mut got = Vec::new();
         assert_eq!(l.take(10, |x| got.push(x)), 3);

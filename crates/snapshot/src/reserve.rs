@@ -67,25 +67,29 @@ fn runs(it: impl Iterator<Item = (u64, u64)>) -> Vec<(u64, u64)> {
     out
 }
 
-/// Allocate the byte ranges of `f`. On failure the holes this allocated are punched out again,
-/// so a refused merge leaves the file's space as it was; a file system without `fallocate`
-/// (EOPNOTSUPP, or ENOSYS under a seccomp filter) reserves nothing and is no error.
+/// Allocate the holes of `f` inside the byte ranges (`ranges` sorted, not overlapping). On
+/// failure the holes this allocated are punched out again, so a refused merge leaves the
+/// file's space as it was; a file system without `fallocate` (EOPNOTSUPP, or ENOSYS under a
+/// seccomp filter) reserves nothing and is no error. A file with as many blocks allocated as
+/// its size needs has no hole and is left alone without a look (the usual base, a full copy of
+/// an image); otherwise the holes are found in one pass over the file.
 fn reserve(f: &File, ranges: &[(u64, u64)], what: &'static str) -> Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    let io = |e: std::io::Error| SnapError::Io {
+        what,
+        source: snapblk_core::Error::from_io(e),
+    };
+    let m = f.metadata().map_err(io)?;
+    if m.blocks().saturating_mul(512) >= m.len() {
+        return Ok(());
+    }
     let fd = f.as_raw_fd();
+    let holes = holes(fd, 0, m.len()).map_err(io)?;
     let mut filled: Vec<(u64, u64)> = Vec::new();
-    for &(off, len) in ranges {
-        let holes = holes(fd, off, len);
-        let r = match holes {
-            Ok(h) if h.is_empty() => Ok(()),
-            Ok(h) => {
-                // Given back on failure, this call's too: a failed call may have allocated
-                // part of its range.
-                filled.extend(h);
-                fallocate(fd, libc::FALLOC_FL_KEEP_SIZE, off, len)
-            }
-            Err(e) => Err(e),
-        };
-        match r {
+    for (o, l) in overlap(&holes, ranges) {
+        // Given back on failure, this call's too: a failed call may have allocated part of it.
+        filled.push((o, l));
+        match fallocate(fd, libc::FALLOC_FL_KEEP_SIZE, o, l) {
             Ok(()) => {}
             Err(e) if matches!(e.raw_os_error(), Some(libc::EOPNOTSUPP | libc::ENOSYS)) => {
                 return Ok(());
@@ -96,14 +100,29 @@ fn reserve(f: &File, ranges: &[(u64, u64)], what: &'static str) -> Result<()> {
                 for &(o, l) in &filled {
                     let _ = fallocate(fd, punch, o, l);
                 }
-                return Err(SnapError::Io {
-                    what,
-                    source: snapblk_core::Error::from_io(e),
-                });
+                return Err(io(e));
             }
         }
     }
     Ok(())
+}
+
+/// The pieces common to two sorted lists of disjoint byte ranges `(offset, length)`.
+fn overlap(a: &[(u64, u64)], b: &[(u64, u64)]) -> Vec<(u64, u64)> {
+    let (mut i, mut j, mut out) = (0, 0, Vec::new());
+    while i < a.len() && j < b.len() {
+        let (ae, be) = (a[i].0 + a[i].1, b[j].0 + b[j].1);
+        let (s, e) = (a[i].0.max(b[j].0), ae.min(be));
+        if s < e {
+            out.push((s, e - s));
+        }
+        if ae <= be {
+            i += 1;
+        } else {
+            j += 1;
+        }
+    }
+    out
 }
 
 /// `fallocate(fd, mode, off, len)`, retried while a signal interrupts it (tmpfs returns EINTR
@@ -171,6 +190,14 @@ mod tests {
     fn runs_merge_touching_and_overlapping_ranges() {
         let r = runs([(10, 2), (0, 1), (12, 1), (1, 1), (11, 5), (20, 0), (30, 1)].into_iter());
         assert_eq!(r, [(0, 2), (10, 6), (30, 1)]);
+    }
+
+    #[test]
+    fn overlap_keeps_the_common_pieces() {
+        let a = [(0, 10), (20, 10), (40, 5)];
+        let b = [(5, 20), (28, 14)];
+        assert_eq!(overlap(&a, &b), [(5, 5), (20, 5), (28, 2), (40, 2)]);
+        assert_eq!(overlap(&a, &[]), []);
     }
 
     #[test]

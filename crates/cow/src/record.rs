@@ -173,7 +173,8 @@ pub(crate) fn write_set<R: ReadAt>(cow: &CowReader<R>) -> Vec<Range> {
     merge_runs(cow.block_map().map(|(b, n, _)| (b, u64::from(n))).collect())
 }
 
-fn merge_runs(sorted: Vec<Range>) -> Vec<Range> {
+/// Block ranges `(first, count)`, sorted by first block, merged where they touch or overlap.
+pub fn merge_runs(sorted: Vec<Range>) -> Vec<Range> {
     let mut out: Vec<Range> = Vec::with_capacity(sorted.len().min(1 << 16));
     for (s, n) in sorted {
         match out.last_mut() {

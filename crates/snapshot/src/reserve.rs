@@ -56,15 +56,7 @@ fn regular(snap: &Snapshot, d: Dev) -> Option<&File> {
 fn runs(it: impl Iterator<Item = (u64, u64)>) -> Vec<(u64, u64)> {
     let mut v: Vec<(u64, u64)> = it.filter(|&(_, n)| n > 0).collect();
     v.sort_unstable();
-    let mut out: Vec<(u64, u64)> = Vec::with_capacity(v.len());
-    for (s, n) in v {
-        let e = s.saturating_add(n);
-        match out.last_mut() {
-            Some((ls, ln)) if s <= *ls + *ln => *ln = (*ln).max(e - *ls),
-            _ => out.push((s, n)),
-        }
-    }
-    out
+    snapblk_cow::record::merge_runs(v)
 }
 
 /// Allocate the holes of `f` inside the byte ranges (`ranges` sorted, not overlapping). On

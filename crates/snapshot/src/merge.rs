@@ -541,18 +541,17 @@ pub fn merge(snap: &Snapshot, opts: MergeOptions<'_>) -> Result<MergeReport> {
         snap.attach_stash(stash)?;
     }
     let (pre, kept) = precheck_keeping(snap, &opts, opts.keep_decoded)?;
-    let from = snap.lock_view().merged;
-    crate::reserve::reserve_for_merge(snap, from)?;
+    let (merged, staged) = {
+        let v = snap.lock_view();
+        (v.merged, v.staged.clone())
+    };
+    crate::reserve::reserve_for_merge(snap, merged)?;
     if let Some(stash) = opts.stash
         && snap.layout.scratch().is_none()
     {
         // Before the first write: a later run can then tell a lost stash from none.
         stash.create(snap.map.ops(), snap.map.block_size())?;
     }
-    let (merged, staged) = {
-        let v = snap.lock_view();
-        (v.merged, v.staged.clone())
-    };
     let mut m = Merger {
         snap,
         opts,

@@ -286,21 +286,27 @@ fn open_dev_checked(
             .map_err(|e| open_context(e, a))?
     };
     let size = verifier.as_ref().map(|v| v.record().target_size);
-    let mut grows = None;
-    let mut view: Arc<dyn BlockDev> = base.clone();
-    if let Some(v) = &verifier {
-        let (have, want) = (base.size()?, v.record().target_size);
-        if mode.base_writable && mode.cow_writable {
-            if have < want && base.can_resize() {
-                // The whole pre-merge check first, on the base as it will be grown.
-                precheck_grown(a, &base, v, want)?;
-            }
-            grow_dev_base(a, &base, v.record())?;
-        } else if !mode.base_writable && have < want && base.can_resize() {
-            view = Arc::new(GrownView::new(base.clone(), want)?);
-            grows = Some((have, want));
+    // A growing update into a device that can resize: its sizes before and after.
+    let have = base.size()?;
+    let grows = size
+        .filter(|&want| have < want && base.can_resize())
+        .map(|want| (have, want));
+    if let Some(v) = &verifier
+        && mode.base_writable
+        && mode.cow_writable
+    {
+        if let Some((_, want)) = grows {
+            // The whole pre-merge check first, on the base as it will be grown.
+            precheck_grown(a, &base, v, want)?;
         }
+        grow_dev_base(a, &base, v.record())?;
     }
+    let (view, grows): (Arc<dyn BlockDev>, _) = match grows {
+        Some((_, want)) if !mode.base_writable => {
+            (Arc::new(GrownView::new(base.clone(), want)?), grows)
+        }
+        _ => (base.clone(), None),
+    };
     let snap = open_dev_base(view, &a.cow, SnapshotConfig::default(), mode, size)
         .map_err(|e| open_context(e, a))?;
     Ok((snap, verifier, Some(base), grows))
@@ -319,16 +325,32 @@ fn precheck_grown(
     let probe = open_dev_base(view, &a.cow, cfg, OpenMode::default(), Some(want))
         .map_err(|e| open_context(e, a))?;
     probe.attach_verifier(v.clone())?;
+    let stash = attach_stash(a, &probe)?;
+    precheck_with(a, &probe, stash.as_ref())?;
+    Ok(())
+}
+
+/// `--stash`, refused for a COW with scratch, attached to `snap`.
+fn attach_stash(a: &MergeArgs, snap: &Snapshot) -> anyhow::Result<Option<Stash>> {
     let stash = stash_of(a)?;
+    refuse_stash_with_scratch(a, snap)?;
     if let Some(st) = &stash {
-        probe.attach_stash(st)?;
+        snap.attach_stash(st)?;
     }
+    Ok(stash)
+}
+
+/// The pre-merge check `merge` runs first, on `snap` with `stash` attached.
+fn precheck_with(
+    a: &MergeArgs,
+    snap: &Snapshot,
+    stash: Option<&Stash>,
+) -> anyhow::Result<PrecheckReport> {
     let opts = MergeOptions {
-        stash: stash.as_ref(),
+        stash,
         ..Default::default()
     };
-    precheck(&probe, &opts).with_context(|| format!("merging {}", a.cow.display()))?;
-    Ok(())
+    precheck(snap, &opts).with_context(|| format!("merging {}", a.cow.display()))
 }
 
 /// Grow a device base smaller than the record's new image to that size, after checking the
@@ -554,20 +576,10 @@ fn describe(r: &PrecheckReport, stash: bool) -> String {
 fn check(a: &MergeArgs) -> anyhow::Result<()> {
     let res = open_checked_dev(a, OpenMode::default()).and_then(|o| {
         let snap = o.snap;
-        let stash = stash_of(a)?;
-        refuse_stash_with_scratch(a, &snap)?;
-        if let Some(st) = &stash {
-            snap.attach_stash(st)?;
-        }
+        let stash = attach_stash(a, &snap)?;
         Digests::parse(a)?.check(a, &snap)?;
         let (done, total) = snap.merge_progress();
-        let opts = MergeOptions {
-            stash: stash.as_ref(),
-            ..Default::default()
-        };
-        precheck(&snap, &opts)
-            .map(|r| (done, total, r, o.grows))
-            .with_context(|| format!("merging {}", a.cow.display()))
+        precheck_with(a, &snap, stash.as_ref()).map(|r| (done, total, r, o.grows))
     });
     let mut out = crate::out::stdout();
     // A refusal's verdict is printed by `run`.

@@ -405,18 +405,13 @@ pub fn run(a: MergeArgs) -> anyhow::Result<()> {
     if a.check {
         // Its verdict says `mergeable: false` for any refusal, early ones included.
         let json = a.json;
-        let r = run_cmd(a);
-        if let (true, Err(e)) = (json, &r)
-            && !crate::out::is_stdout_error(e)
-        {
+        return crate::out::json_on_error(json, run_cmd(a), |e| {
             let v = serde_json::json!({
                 "schema": "snapblk.merge-check.v1",
                 "mergeable": false, "error": format!("{e:#}"),
             });
-            // Unwritable (stdout closed): the error still goes to stderr.
-            let _ = writeln!(crate::out::stdout(), "{v}");
-        }
-        return r;
+            v.to_string()
+        });
     }
     // `--reset-progress` prints no JSON.
     let schema = match (a.status, a.reset_progress) {

@@ -177,15 +177,24 @@ pub fn is_stdout_error(e: &anyhow::Error) -> bool {
 /// `{"schema": SCHEMA, "ok": false, "error": "..."}` (the error also goes to stderr, as
 /// always), except for an error writing stdout itself.
 pub fn json_verdict<T>(json: bool, schema: &str, r: anyhow::Result<T>) -> anyhow::Result<T> {
+    json_on_error(json, r, |e| {
+        let doc = serde_json::json!({ "schema": schema, "ok": false, "error": format!("{e:#}") });
+        serde_json::to_string_pretty(&doc).unwrap_or_default()
+    })
+}
+
+/// With `json`, when `r` failed other than by writing stdout, print the document `doc` makes of
+/// the error on stdout ([`json_verdict`]'s, or a command's own verdict). A document that cannot
+/// be written (stdout closed) must not replace the command's own error, which stderr still gets.
+pub fn json_on_error<T>(
+    json: bool,
+    r: anyhow::Result<T>,
+    doc: impl FnOnce(&anyhow::Error) -> String,
+) -> anyhow::Result<T> {
     if let (true, Err(e)) = (json, &r)
         && !is_stdout_error(e)
     {
-        let doc = serde_json::json!({ "schema": schema, "ok": false, "error": format!("{e:#}") });
-        // A document that cannot be written (stdout closed) must not replace the command's
-        // own error, which stderr still gets.
-        if let Ok(text) = serde_json::to_string_pretty(&doc) {
-            let _ = write(Stream::Stdout, format_args!("{text}"), true);
-        }
+        let _ = write(Stream::Stdout, format_args!("{}", doc(e)), true);
     }
     r
 }

@@ -75,20 +75,18 @@ fn images() -> (Vec<u8>, Vec<u8>) {
 /// Write old.img, new.img and (with `cow create` and `extra` flags) NAME, without a COW record:
 /// these are the checks a COW from Android's tools gets (tests/merge_record.rs has the record's).
 fn setup(dir: &Path, old: &[u8], new: &[u8], name: &str, extra: &[&str]) {
+    create(dir, old, new, name, &[&["--no-record"], extra].concat());
+}
+
+/// Write old.img and new.img and make NAME of them with `cow create` and `flags` (by default
+/// with its COW record).
+fn create(dir: &Path, old: &[u8], new: &[u8], name: &str, flags: &[&str]) {
     std::fs::write(dir.join("old.img"), old).unwrap();
     std::fs::write(dir.join("new.img"), new).unwrap();
     let mut args = vec![
-        "cow",
-        "create",
-        "--old",
-        "old.img",
-        "--new",
-        "new.img",
-        "-o",
-        name,
-        "--no-record",
+        "cow", "create", "--old", "old.img", "--new", "new.img", "-o", name,
     ];
-    args.extend_from_slice(extra);
+    args.extend_from_slice(flags);
     let o = snapblk(&args, dir);
     assert!(o.status.success(), "cow create: {}", stderr(&o));
 }
@@ -433,15 +431,7 @@ fn a_merge_into_a_sparse_base_on_a_full_file_system_fails_before_its_first_write
     for (i, b) in new.chunks_mut(BS).enumerate().filter(|(i, _)| i % 2 == 0) {
         b.copy_from_slice(&noise(i as u64 + 1, BS));
     }
-    std::fs::write(d.0.join("old.img"), &old).unwrap();
-    std::fs::write(d.0.join("new.img"), &new).unwrap();
-    let o = snapblk(
-        &[
-            "cow", "create", "--old", "old.img", "--new", "new.img", "-o", "u.cow",
-        ],
-        &d.0,
-    );
-    assert!(o.status.success(), "{}", stderr(&o));
+    create(&d.0, &old, &new, "u.cow", &[]);
     let cow_before = std::fs::read(d.0.join("u.cow")).unwrap();
     // A base of all zeros, every block a hole, on a tmpfs with room for half the blocks the
     // merge writes.
@@ -500,15 +490,7 @@ fn check_with_a_record_counts_the_bytes_its_content_check_decodes() {
     let old = noise(3, blocks * BS);
     let mut new = old.clone();
     new[..16 * BS].fill(b'x');
-    std::fs::write(d.0.join("old.img"), &old).unwrap();
-    std::fs::write(d.0.join("new.img"), &new).unwrap();
-    let o = snapblk(
-        &[
-            "cow", "create", "--old", "old.img", "--new", "new.img", "-o", "r.cow",
-        ],
-        &d.0,
-    );
-    assert!(o.status.success(), "{}", stderr(&o));
+    create(&d.0, &old, &new, "r.cow", &[]);
     assert!(
         d.0.join("r.cow.snapblk").exists(),
         "cow create writes a record"

@@ -12,42 +12,55 @@ export CARGO_INCREMENTAL=${CARGO_INCREMENTAL:-0}
 bash scripts/install-deps.sh || { echo "dependency installation failed"; exit 1; }
 
 fail=0
+failed_steps=()
 step() { echo; echo "=== $*"; }
+# A failed step is named again at the very end, where a CI log's tail shows it.
+failed_step() { fail=1; failed_steps+=("$1"); }
 # Free space where target/ lives: a build that dies with a linker bus error usually means a full disk.
 free_space() { df -h --output=avail . | tail -1 | tr -d ' '; }
 build_failed() { echo "build failed (free disk space here: $(free_space))"; exit 1; }
 echo "free disk space before the build: $(free_space)"
 
 step "cargo fmt --check"
-cargo fmt --all -- --check || fail=1
+cargo fmt --all -- --check || failed_step "cargo fmt"
 
 step "source checks: file length, architecture guide, dated documents"
-bash scripts/check-file-length.sh || fail=1
-bash scripts/check-architecture.sh || fail=1
-bash scripts/check-docs.sh || fail=1
+bash scripts/check-file-length.sh || failed_step "file length check"
+bash scripts/check-architecture.sh || failed_step "architecture check"
+bash scripts/check-docs.sh || failed_step "docs check"
 
 step "cargo build (debug and release binaries used by the suites)"
 cargo build --workspace --all-targets || build_failed
 cargo build --release -p snapblk-cli -p snapblk-capi || build_failed
 
 step "cargo clippy"
-cargo clippy --workspace --all-targets -- -D warnings || fail=1
+cargo clippy --workspace --all-targets -- -D warnings || failed_step "cargo clippy"
 
 step "cargo doc (warnings denied: broken intra-doc links fail)"
-RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps -q || fail=1
+RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps -q || failed_step "cargo doc"
 
 step "cargo test"
 cargo test --workspace --no-fail-fast 2>&1 | tee target/cargo-test.log
-[ "${PIPESTATUS[0]}" -eq 0 ] || fail=1
+[ "${PIPESTATUS[0]}" -eq 0 ] || failed_step "cargo test"
 
 passed=0; failed=0
 for s in tests/suites/*.sh; do
   [ -e "$s" ] || continue
   step "suite $s"
-  if bash "$s"; then passed=$((passed + 1)); else failed=$((failed + 1)); echo "SUITE FAILED: $s"; fi
+  if bash "$s"; then
+    passed=$((passed + 1))
+  else
+    failed=$((failed + 1)); echo "SUITE FAILED: $s"; failed_steps+=("suite $s")
+  fi
 done
 echo
 echo "suites: $passed passed, $failed failed"
 echo "target/ size: $(du -sh target | cut -f1), free disk space: $(free_space)"
 [ "$failed" -eq 0 ] || fail=1
+if [ "$fail" -ne 0 ]; then
+  echo "FAILED: ${failed_steps[*]}"
+  # The failing tests and test binaries by name, from cargo test's own output.
+  grep -E '^---- .* stdout ----$|^error: [0-9]+ targets? failed|^    `-p ' target/cargo-test.log 2>/dev/null |
+    head -40
+fi
 exit $fail

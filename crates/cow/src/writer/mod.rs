@@ -14,6 +14,7 @@
 //! and payloads interleaved or clustered) and `writer/v3.rs` (data stream, records and resume
 //! points written at commit, append mode).
 
+mod par;
 mod v2;
 mod v3;
 
@@ -262,6 +263,10 @@ pub struct CowWriter<W: CowSink> {
     /// Where `add_raw_blocks` and `add_xor_blocks` encode each unit (kept, so a unit costs no
     /// allocation, zero-fill or copy out).
     unit: PayloadBuf,
+    /// Threads `add_raw_blocks` and `add_xor_blocks` encode on ([`CowWriter::set_threads`]).
+    threads: usize,
+    /// Their shares of a call's units, kept between calls (`par`).
+    shares: Vec<par::Share>,
 }
 
 fn inval(msg: impl Into<String>) -> CowError {
@@ -329,6 +334,8 @@ impl<W: CowSink> CowWriter<W> {
             finalized: false,
             end: ops_start,
             unit: PayloadBuf::default(),
+            threads: 1,
+            shares: Vec::new(),
         };
         w.write_header()?;
         w.write_zeros(w.header.header_size.into(), w.header.buffer_size.into())?;
@@ -449,9 +456,26 @@ impl<W: CowSink> CowWriter<W> {
             return Err(inval("data is not a whole number of blocks"));
         }
         let nblocks = (data.len() / bs) as u64;
+        let units = self.replace_units(new_block, nblocks);
+        let t = self.threads_for(units.len());
+        if t > 1 {
+            let jobs: Vec<par::Job<'_>> = units
+                .iter()
+                .map(|&(unit_start, unit_blocks)| {
+                    let off = ((unit_start - new_block) as usize) * bs;
+                    let op = BatchOp::Replace {
+                        new_block: unit_start,
+                        unit_blocks,
+                        len: 0,
+                    };
+                    (op, &data[off..off + unit_blocks as usize * bs])
+                })
+                .collect();
+            return self.add_jobs(&jobs, t);
+        }
         let mut unit = std::mem::take(&mut self.unit);
         let mut r = Ok(());
-        for (unit_start, unit_blocks) in self.replace_units(new_block, nblocks) {
+        for (unit_start, unit_blocks) in units {
             let off = ((unit_start - new_block) as usize) * bs;
             r = self.emit_encoded(
                 &mut unit,
@@ -639,6 +663,22 @@ impl<W: CowSink> CowWriter<W> {
         }
         if u64::from(offset) >= self.bs() {
             return Err(inval("XOR offset must be below the block size"));
+        }
+        let t = self.threads_for(xored.len() / bs);
+        if t > 1 {
+            let jobs: Vec<par::Job<'_>> = xored
+                .chunks(bs)
+                .enumerate()
+                .map(|(i, chunk)| {
+                    let op = BatchOp::Xor {
+                        new_block: new_block + i as u64,
+                        source_offset: (old_block + i as u64) * self.bs() + u64::from(offset),
+                        len: 0,
+                    };
+                    (op, chunk)
+                })
+                .collect();
+            return self.add_jobs(&jobs, t);
         }
         let mut unit = std::mem::take(&mut self.unit);
         let mut r = Ok(());

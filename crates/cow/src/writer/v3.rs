@@ -65,6 +65,8 @@ impl<W: CowSink> CowWriter<W> {
             seen_data: true,
             finalized: false,
             unit: super::PayloadBuf::default(),
+            threads: 1,
+            shares: Vec::new(),
         })
     }
 

@@ -64,7 +64,8 @@ pub struct CowArgs {
     /// key (as `ota apply --key`). Repeatable.
     #[arg(long = "key", value_name = "FILE")]
     keys: Vec<PathBuf>,
-    /// Worker threads for building the new partitions, 1..=256 (default: all cores).
+    /// Worker threads for building the new partitions and compressing their COWs, 1..=256
+    /// (default: all cores).
     #[arg(long, value_parser = clap::value_parser!(u16).range(1..=256))]
     threads: Option<u16>,
     /// Print the result as JSON.
@@ -322,7 +323,13 @@ pub(super) fn make(a: &Job<'_>) -> Result<Made> {
     let params: Vec<VabcParams> = parts
         .iter()
         .map(|p| {
+            // The writer compresses on the threads asked for here, not the device's count
+            // (the COW is the same for any).
             VabcParams::from_manifest(manifest, p)
+                .map(|v| VabcParams {
+                    threads: a.threads.map_or(0, u32::from),
+                    ..v
+                })
                 .with_context(|| format!("partition {}", p.partition_name))
         })
         .collect::<Result<_>>()?;

@@ -323,6 +323,50 @@ fn no_cow_is_named_unless_every_cow_fits() {
     assert!(entries(&out).is_empty(), "{:?}", entries(&out));
 }
 
+/// The writer compresses a MiB of REPLACE blocks on as many threads as `--threads` gives
+/// (`CowWriter::set_threads`); the COWs are the same files on one thread as on four, and
+/// hold the new images.
+#[test]
+fn cows_are_the_same_on_one_thread_as_on_four() {
+    // 3 MiB, a third noise, the rest runs of one byte: lz4 shrinks it some.
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    let vendor: Vec<u8> = (0..3usize << 20)
+        .map(|i| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            if (i / 48) % 3 == 0 {
+                x as u8
+            } else {
+                (i >> 12) as u8
+            }
+        })
+        .collect();
+    for version in [2, 3] {
+        let s = setup(
+            &format!("ota-cow-threads-v{version}"),
+            &fields(version, "lz4"),
+            Some,
+        );
+        let two = with_vendor(&s, &vendor);
+        let cows: Vec<Vec<Vec<u8>>> = ["1", "4"]
+            .iter()
+            .map(|t| {
+                let out = s.d.join(&format!("out-{t}"));
+                let mut args = s.args(&out);
+                args[2] = path_str(&two);
+                args.extend(["--all-partitions", "--verify", "--threads", t]);
+                ok(&args);
+                ["system.cow", "vendor.cow"]
+                    .iter()
+                    .map(|n| std::fs::read(out.join(n)).unwrap())
+                    .collect()
+            })
+            .collect();
+        assert!(cows[0] == cows[1], "v{version}: the COWs differ");
+    }
+}
+
 #[test]
 fn partitions_without_an_estimate_need_all_partitions() {
     let s = setup("ota-cow-noest", &fields(2, "lz4"), |_| None);

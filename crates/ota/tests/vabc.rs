@@ -60,12 +60,23 @@ fn fields(version: u32, compression: &str, factor: u64) -> VabcFields {
 
 /// The COW of the case's partition under `profile`, and the partition as the payload has it.
 fn write(c: &Case, profile: DeviceProfile) -> (Vec<u8>, PartitionUpdate, VabcParams) {
+    write_on(c, profile, None)
+}
+
+/// [`write`] with the writer compressing on `threads` threads instead of the manifest's 2.
+fn write_on(
+    c: &Case,
+    profile: DeviceProfile,
+    threads: Option<u32>,
+) -> (Vec<u8>, PartitionUpdate, VabcParams) {
     let payload = Payload::from_bytes(c.payload.clone()).unwrap();
     let (applied, _) = apply_to_memory(&payload, None, &[("system", &c.old)], false, 1).unwrap();
     assert!(applied[0].1 == c.new, "apply builds the new image");
     let m = payload.manifest();
     let p = m.partitions[0].clone();
-    let params = VabcParams::from_manifest(m, &p).unwrap();
+    let mut params = VabcParams::from_manifest(m, &p).unwrap();
+    assert_eq!(params.threads, 2, "vabc_feature_set.threaded");
+    params.threads = threads.unwrap_or(params.threads);
     let sink = MemFile::new(Vec::new());
     let r = write_vabc_cow(&p, &params, profile, Some(&c.old), &applied[0].1, &sink).unwrap();
     // The writer's timing: its image reads and its verity blocks within the whole call.
@@ -513,7 +524,14 @@ fn cow_bytes_stay_pinned() {
                 }
                 let c = case(&fields(version, comp, factor));
                 for (k, profile) in PROFILES.into_iter().enumerate() {
+                    // The same bytes on one thread as on the manifest's two and on four.
                     let (bytes, _, _) = write(&c, profile);
+                    for t in [1, 4] {
+                        assert!(
+                            write_on(&c, profile, Some(t)).0 == bytes,
+                            "v{version} {comp} {factor} p{k}: {t} threads write other bytes"
+                        );
+                    }
                     let h = <sha2::Sha256 as sha2::Digest>::digest(&bytes);
                     let hex: String = h.iter().map(|b| format!("{b:02x}")).collect();
                     got.push(format!("v{version} {comp} {factor} p{k} {hex}"));

@@ -102,8 +102,8 @@ pub struct VabcParams {
     /// `vabc_feature_set.batch_writes` (how the device schedules writes; no effect on the
     /// file's content).
     pub batch_writes: bool,
-    /// Compression threads (2 when `vabc_feature_set.threaded`, else 1; no effect on the
-    /// file's content).
+    /// Threads the COW writer compresses on: 2 when `vabc_feature_set.threaded`, else 1, as
+    /// on a device; a host may set its own (0: one per core). No effect on the file's content.
     pub threads: u32,
     /// v3 op slots: `estimate_op_count_max`, or the new partition's blocks without one.
     pub op_count_max: u64,
@@ -403,7 +403,8 @@ pub fn write_vabc_cow<S: CowSink, O: ReadAt + ?Sized, N: ReadAt + ?Sized>(
             .map(|m| (m.dst_start, m.dst_blocks))
             .collect(),
     );
-    let writer = CowWriter::new(sink, params.writer_options())?;
+    let mut writer = CowWriter::new(sink, params.writer_options())?;
+    writer.set_threads(params.threads as usize);
     let mut w = Vabc {
         w: writer,
         bs,

@@ -293,6 +293,18 @@ fn range_digests<S: ReadAt + ?Sized>(
     Ok(out)
 }
 
+/// An image's SHA-256 ([`sha256_stream`]) and the [`range_digests`] of its blocks in
+/// `ranges`. The error carries the block of the failed read.
+fn image_digests<S: ReadAt + ?Sized>(
+    src: &S,
+    size: u64,
+    ranges: &[Range],
+    bs: u64,
+) -> Result<([u8; 32], Vec<BlockDigest>), (u64, std::io::Error)> {
+    let sha = sha256_stream(src, size).map_err(|(at, e)| (at / bs, e))?;
+    Ok((sha, range_digests(src, size, ranges, bs)?))
+}
+
 /// SHA-256 of `data`.
 pub(crate) fn sha256(data: &[u8]) -> [u8; 32] {
     Sha256::digest(data).into()
@@ -369,25 +381,17 @@ impl Record {
         let target_size = new
             .size()
             .map_err(|source| RecordError::TargetIo { block: 0, source })?;
+        // Each image on a thread of its own: its SHA-256, then its block digests.
         let (base, target) = std::thread::scope(|s| {
-            let h = s.spawn(|| sha256_stream(old, base_size));
-            let t = sha256_stream(new, target_size);
+            let h = s.spawn(|| image_digests(old, base_size, &read, bs));
+            let t = image_digests(new, target_size, &write, bs);
             (h.join(), t)
         });
-        let base_sha256 = base
-            .unwrap_or_else(|_| sha256_stream(old, base_size))
-            .map_err(|(block, source)| RecordError::Io {
-                block: block / bs,
-                source,
-            })?;
-        let target_sha256 = target.map_err(|(block, source)| RecordError::TargetIo {
-            block: block / bs,
-            source,
-        })?;
-        let read_digests = range_digests(old, base_size, &read, bs)
+        let (base_sha256, read_digests) = base
+            .unwrap_or_else(|_| image_digests(old, base_size, &read, bs))
             .map_err(|(block, source)| RecordError::Io { block, source })?;
-        let write_digests = range_digests(new, target_size, &write, bs)
-            .map_err(|(block, source)| RecordError::TargetIo { block, source })?;
+        let (target_sha256, write_digests) =
+            target.map_err(|(block, source)| RecordError::TargetIo { block, source })?;
         Ok(Record {
             block_size: cow.block_size(),
             base_size,
@@ -1105,6 +1109,8 @@ mod tests {
             }
             let e = Record::build_from(&cow, old.as_slice(), &Failing).unwrap_err();
             assert!(matches!(e, RecordError::TargetIo { block: 0, .. }), "{e:?}");
+            let e = Record::build_from(&cow, &Failing, new.as_slice()).unwrap_err();
+            assert!(matches!(e, RecordError::Io { block: 0, .. }), "{e:?}");
         }
     }
 

@@ -13,12 +13,14 @@
 #    streaming from the image files), against `cow create` of the same pair. Each run: wall
 #    and CPU time and peak RSS (/usr/bin/time); output sizes. The `ota cow` input asks for
 #    v3 lz4 COWs in 4 KiB units (`--compression-factor 4096`), as `cow create` writes them.
-#    Then, like for like with Android's writer (timed alone from an op list): the writer part
-#    of each `ota cow` run (its --json `seconds.cow_write`, timed inside the library) and
-#    ROUNDS runs of `cow create --time-writer` (`seconds_writer_only`: the COW written again
-#    from the computed op list), as MiB of image and MiB handed to the compressor per second,
-#    printed beside the figures of Android's writer from the project's notes
-#    (anchor-figures.md, a 512 MiB pair; reference rows, not measured by this script).
+#    Then the writers alone, on one thread (like for like with Android's writer, timed alone
+#    from an op list) and on all cores: the writer part of `ota cow` runs (its --json
+#    `seconds.cow_write`, timed inside the library; ROUNDS runs with --threads 1, and the timed
+#    runs above) and ROUNDS runs each of `cow create --time-writer` with --threads 1 and with
+#    all cores (`seconds_writer_only`: the COW written again from the computed op list), as
+#    MiB of image and MiB handed to the compressor per second, printed beside the figures of
+#    Android's writer from the project's notes (anchor-figures.md, a 512 MiB pair; reference
+#    rows, not measured by this script).
 # 3. Checks the last payloads: `snapblk ota apply` of each incremental and `ota extract` of the
 #    full one give exactly the new image, and `ota cow --verify` of the BSDF2 one fits its
 #    estimate. Prints medians and ratios (generate time / cow create time, payload size / xz
@@ -77,7 +79,7 @@ declare -A OUTFILE=(
 )
 names=(gen-bsdf2 gen-bsdiff40 gen-full cow-create xz ota-cow)
 declare -A WALL CPU RSS SIZE_OUT
-OTA_W="" CC_W="" OTA_C=0 CC_C=0 OTA_PHASES="{}"
+OTA_WN="" OTA_W1="" CC_WN="" CC_W1="" OTA_C=0 CC_C=0 OTA_PHASES="{}"
 for ((r = 0; r < ROUNDS; r++)); do
   for ((i = 0; i < ${#names[@]}; i++)); do
     n=${names[$(((i + r) % ${#names[@]}))]}
@@ -89,19 +91,34 @@ for ((r = 0; r < ROUNDS; r++)); do
     echo "round $((r + 1)) $n: ${e}s wall, $((m / 1024)) MiB peak RSS" >&2
     if [[ $n == ota-cow ]]; then
       # The writer's share (the library's timing) and what it handed the compressor.
-      OTA_W+="$(jq '.seconds.cow_write' "$WORK/run/ota-cow.json") "
+      OTA_WN+="$(jq '.seconds.cow_write' "$WORK/run/ota-cow.json") "
       OTA_C=$(jq '[.partitions[].ops | (.replace_blocks + .xor_blocks + .verity_blocks) * 4096] | add' \
         "$WORK/run/ota-cow.json")
       OTA_PHASES=$(jq -c '.seconds' "$WORK/run/ota-cow.json")
     fi
   done
 done
-# `cow create`'s writer alone, from its computed op list (same pair, v3 lz4, 4 KiB units).
+# The writers alone, on one thread (like for like with Android's writer figures) and on all
+# cores: the writer part of `ota cow --threads 1` runs (the timed runs above give the all-core
+# figure) and `cow create --time-writer` from its computed op list (same pair, v3 lz4, 4 KiB
+# units), with --threads 1 and with its default, all cores.
 for ((r = 0; r < ROUNDS; r++)); do
-  "$SNAPBLK" --quiet cow create --old "$WORK/pair/old.img" --new "$WORK/pair/new.img" \
-    -o "$WORK/run/pair-w.cow" --format v3 --compression lz4 --no-record --time-writer --json \
-    > "$WORK/run/cow-create-w.json"
-  CC_W+="$(jq '.seconds_writer_only' "$WORK/run/cow-create-w.json") "
+  rm -rf "$WORK/run/cowout1"
+  "$SNAPBLK" --quiet ota cow "$WORK/cow-input.bin" --source "$WORK/old" -o "$WORK/run/cowout1" \
+    --threads 1 --json > "$WORK/run/ota-cow-1.json"
+  OTA_W1+="$(jq '.seconds.cow_write' "$WORK/run/ota-cow-1.json") "
+  for t in 1 all; do
+    targs=()
+    [[ $t == 1 ]] && targs=(--threads 1)
+    "$SNAPBLK" --quiet cow create --old "$WORK/pair/old.img" --new "$WORK/pair/new.img" \
+      -o "$WORK/run/pair-w.cow" --format v3 --compression lz4 --no-record --time-writer --json \
+      "${targs[@]}" > "$WORK/run/cow-create-w.json"
+    if [[ $t == 1 ]]; then
+      CC_W1+="$(jq '.seconds_writer_only' "$WORK/run/cow-create-w.json") "
+    else
+      CC_WN+="$(jq '.seconds_writer_only' "$WORK/run/cow-create-w.json") "
+    fi
+  done
   CC_C=$(jq '.compressed_input_bytes' "$WORK/run/cow-create-w.json")
 done
 
@@ -129,8 +146,9 @@ json=$ROOT/bench/results/scratch/ota-generate-$(date -u +%Y%m%dT%H%M%SZ).json
       "$(echo "${RSS[$n]}" | median)" "${SIZE_OUT[$n]}"
     sep=", "
   done
-  printf '}, "writer_only": {"ota_cow_s": %s, "ota_cow_compressed_bytes": %s, "ota_cow_phases": %s, "cow_create_s": %s, "cow_create_compressed_bytes": %s}' \
-    "$(echo "$OTA_W" | median)" "$OTA_C" "$OTA_PHASES" "$(echo "$CC_W" | median)" "$CC_C"
+  printf '}, "writer_only": {"ota_cow_s": %s, "ota_cow_all_cores_s": %s, "ota_cow_compressed_bytes": %s, "ota_cow_phases": %s, "cow_create_s": %s, "cow_create_all_cores_s": %s, "cow_create_compressed_bytes": %s}' \
+    "$(echo "$OTA_W1" | median)" "$(echo "$OTA_WN" | median)" "$OTA_C" "$OTA_PHASES" \
+    "$(echo "$CC_W1" | median)" "$(echo "$CC_WN" | median)" "$CC_C"
   echo ", \"ota_cow\": $(cat "$WORK/run/cow.json")}"
 } > "$json"
 printf '%-14s %10s %10s %10s %14s\n' run "wall s" "cpu s" "RSS MiB" bytes
@@ -144,20 +162,25 @@ w_ota=$(echo "${WALL[ota-cow]}" | median)
 echo "ota cow / cow create wall: $(echo "scale=2; $w_ota / $w_cow" | bc); ota cow: $(echo "scale=0; $SIZE / $w_ota" | bc) MiB of image per second"
 echo "ota cow peak RSS: $(echo "${RSS[ota-cow]}" | median) MiB for a $SIZE MiB partition (cow create: $(echo "${RSS[cow-create]}" | median) MiB)"
 # Writer only, like for like with Android's writer figures.
-w_ota_w=$(echo "$OTA_W" | median); w_cc_w=$(echo "$CC_W" | median)
+w_ota_w=$(echo "$OTA_W1" | median); w_cc_w=$(echo "$CC_W1" | median)
+w_ota_wn=$(echo "$OTA_WN" | median); w_cc_wn=$(echo "$CC_WN" | median)
 mibs() { echo "scale=0; $1 / 1048576 / $2" | bc; }
 echo
-echo "COW writer alone, v3 lz4 4 KiB units, 1 thread (medians of $ROUNDS):"
+echo "COW writer alone, v3 lz4 4 KiB units (medians of $ROUNDS):"
 printf '  %-58s %12s %16s\n' writer "image MiB/s" "compressed MiB/s"
-printf '  %-58s %12s %16s\n' "snapblk ota cow, its writer part (seconds.cow_write)" \
+printf '  %-58s %12s %16s\n' "snapblk ota cow --threads 1, its writer part (seconds.cow_write)" \
   "$(mibs $((SIZE << 20)) "$w_ota_w")" "$(mibs "$OTA_C" "$w_ota_w")"
-printf '  %-58s %12s %16s\n' "snapblk cow create --time-writer (seconds_writer_only)" \
+printf '  %-58s %12s %16s\n' "snapblk cow create --threads 1 --time-writer" \
   "$(mibs $((SIZE << 20)) "$w_cc_w")" "$(mibs "$CC_C" "$w_cc_w")"
+printf '  %-58s %12s %16s\n' "snapblk ota cow, all cores, its writer part" \
+  "$(mibs $((SIZE << 20)) "$w_ota_wn")" "$(mibs "$OTA_C" "$w_ota_wn")"
+printf '  %-58s %12s %16s\n' "snapblk cow create --time-writer, all cores" \
+  "$(mibs $((SIZE << 20)) "$w_cc_wn")" "$(mibs "$CC_C" "$w_cc_wn")"
 echo "  reference rows, NOT measured here (anchor-figures.md: Android's writer, same op list, 1 thread,"
 echo "  a 512 MiB ext4 pair, 70.5 MiB to compress; MB/s as the notes give them):"
 printf '  %-58s %12s %16s\n' "  Android v3 lz4 (4 KiB units)" 7366 1014 "  Android v2 lz4" 5516 760 \
   "  Android v3 zstd (64 KiB units)" 4106 565 "  Android v2 zstd" 2483 342 "  Android v2 gz (level 9)" 310 43
-echo "ota cow's writer / cow create's writer (time ratio inverted): $(echo "scale=2; $w_cc_w / $w_ota_w" | bc)"
+echo "ota cow's writer / cow create's writer per compressed MiB, 1 thread: $(echo "scale=2; $w_cc_w * $OTA_C / ($w_ota_w * $CC_C)" | bc); all cores: $(echo "scale=2; $w_cc_wn * $OTA_C / ($w_ota_wn * $CC_C)" | bc)"
 echo "  (cow create's writer measured 0.99x Android's on v3 lz4 side by side, 2026-11-25, anchor-figures.md)"
 echo "ota cow phases (last run, s): $OTA_PHASES"
 echo "incremental payload / xz of the new image: $(echo "scale=3; ${SIZE_OUT[gen-bsdf2]} / ${SIZE_OUT[xz]}" | bc)"

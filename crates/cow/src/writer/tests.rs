@@ -274,3 +274,50 @@ fn levels_out_of_range_are_refused_before_any_write() {
     assert!(is_level(CowWriter::append_v3(&sink, &r, gz10).map(|_| ())));
     assert_eq!(sink.into_inner(), bytes);
 }
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(48))]
+
+    /// Deferred labels (`defer_labels`) give the file immediate ones give: labels that rise,
+    /// fall back (dropping later resume points, leaving stale slots) and overflow the four
+    /// resume slots, between raw blocks and COPY ops, with an explicit commit in the middle.
+    #[test]
+    fn deferred_labels_write_the_same_file(
+        steps in proptest::collection::vec((0u8..4, 0u64..12), 1..40),
+        commit_at in 0usize..40,
+    ) {
+        let opts = WriterOptions {
+            version: 3,
+            codec: Codec::new(Compression::Lz4),
+            op_count_max: 256,
+            ..Default::default()
+        };
+        let write = |defer: bool| {
+            let f = MemFile::default();
+            let mut w = CowWriter::new(&f, opts).unwrap();
+            if defer {
+                w.defer_labels();
+            }
+            let mut next = 0u64;
+            for (i, &(kind, v)) in steps.iter().enumerate() {
+                if i == commit_at {
+                    w.commit().unwrap();
+                }
+                match kind {
+                    0 => {
+                        w.add_raw_blocks(next, &[v as u8; 4096]).unwrap();
+                        next += 1;
+                    }
+                    1 => {
+                        w.add_copy(next, v, 1).unwrap();
+                        next += 1;
+                    }
+                    _ => w.add_label(v).unwrap(),
+                }
+            }
+            w.finalize().unwrap();
+            f.into_inner()
+        };
+        proptest::prop_assert_eq!(write(false), write(true));
+    }
+}

@@ -67,6 +67,8 @@ impl<W: CowSink> CowWriter<W> {
             unit: super::PayloadBuf::default(),
             threads: 1,
             shares: Vec::new(),
+            defer_labels: false,
+            resume_shadow: Vec::new(),
         })
     }
 
@@ -187,6 +189,14 @@ impl<W: CowSink> CowWriter<W> {
             return Ok(());
         };
         data.flush(&self.sink)?;
+        // Deferred labels: the resume area as they left it, stale slots included (the live
+        // points are written again just below).
+        if !self.resume_shadow.is_empty() {
+            self.sink
+                .write_all_at(res_off, &self.resume_shadow)
+                .map_err(io_at(res_off))?;
+            self.resume_shadow.clear();
+        }
         if *ops_flushed < ops.len() {
             let mut buf = Vec::with_capacity((ops.len() - *ops_flushed) * 16);
             for r in &ops[*ops_flushed..] {

@@ -367,7 +367,9 @@ fn ext(e: &Extent) -> (u64, u64) {
 
 /// Write the COW update_engine would write for `partition` (see the module docs) into `sink`.
 /// `old` is the old image (needed when an operation reads it); `new` is the new image with
-/// its dm-verity tree and FEC in place (what `apply` or extraction built).
+/// its dm-verity tree and FEC in place (what `apply` or extraction built). The file's bytes
+/// are update_engine's, but its labels reach `sink` only at the end
+/// ([`CowWriter::defer_labels`]): a COW cut short has no resume point.
 pub fn write_vabc_cow<S: CowSink, O: ReadAt + ?Sized, N: ReadAt + ?Sized>(
     partition: &PartitionUpdate,
     params: &VabcParams,
@@ -405,6 +407,9 @@ pub fn write_vabc_cow<S: CowSink, O: ReadAt + ?Sized, N: ReadAt + ?Sized>(
     );
     let mut writer = CowWriter::new(sink, params.writer_options())?;
     writer.set_threads(params.threads as usize);
+    // The COW is written whole and read only once finished (this writer does not resume a
+    // half-written one), so its labels need not reach the file one by one.
+    writer.defer_labels();
     let mut w = Vabc {
         w: writer,
         bs,

@@ -463,40 +463,20 @@ impl<W: CowSink> CowWriter<W> {
             return Err(inval("data is not a whole number of blocks"));
         }
         let nblocks = (data.len() / bs) as u64;
-        let units = self.replace_units(new_block, nblocks);
-        let t = self.threads_for(units.len());
-        if t > 1 {
-            let jobs: Vec<par::Job<'_>> = units
-                .iter()
-                .map(|&(unit_start, unit_blocks)| {
-                    let off = ((unit_start - new_block) as usize) * bs;
-                    let op = BatchOp::Replace {
-                        new_block: unit_start,
-                        unit_blocks,
-                        len: 0,
-                    };
-                    (op, &data[off..off + unit_blocks as usize * bs])
-                })
-                .collect();
-            return self.add_jobs(&jobs, t);
-        }
-        let mut unit = std::mem::take(&mut self.unit);
-        let mut r = Ok(());
-        for (unit_start, unit_blocks) in units {
-            let off = ((unit_start - new_block) as usize) * bs;
-            r = self.emit_encoded(
-                &mut unit,
-                op_type::REPLACE,
-                unit_start,
-                0,
-                &data[off..off + unit_blocks as usize * bs],
-            );
-            if r.is_err() {
-                break;
-            }
-        }
-        self.unit = unit;
-        r
+        let jobs: Vec<par::Job<'_>> = self
+            .replace_units(new_block, nblocks)
+            .into_iter()
+            .map(|(unit_start, unit_blocks)| {
+                let off = ((unit_start - new_block) as usize) * bs;
+                let op = BatchOp::Replace {
+                    new_block: unit_start,
+                    unit_blocks,
+                    len: 0,
+                };
+                (op, &data[off..off + unit_blocks as usize * bs])
+            })
+            .collect();
+        self.add_jobs(&jobs)
     }
 
     /// Encode `data` (one unit) into `unit` and emit it as a `rec_type` op.
@@ -671,33 +651,19 @@ impl<W: CowSink> CowWriter<W> {
         if u64::from(offset) >= self.bs() {
             return Err(inval("XOR offset must be below the block size"));
         }
-        let t = self.threads_for(xored.len() / bs);
-        if t > 1 {
-            let jobs: Vec<par::Job<'_>> = xored
-                .chunks(bs)
-                .enumerate()
-                .map(|(i, chunk)| {
-                    let op = BatchOp::Xor {
-                        new_block: new_block + i as u64,
-                        source_offset: (old_block + i as u64) * self.bs() + u64::from(offset),
-                        len: 0,
-                    };
-                    (op, chunk)
-                })
-                .collect();
-            return self.add_jobs(&jobs, t);
-        }
-        let mut unit = std::mem::take(&mut self.unit);
-        let mut r = Ok(());
-        for (i, chunk) in xored.chunks(bs).enumerate() {
-            let src = (old_block + i as u64) * self.bs() + u64::from(offset);
-            r = self.emit_encoded(&mut unit, op_type::XOR, new_block + i as u64, src, chunk);
-            if r.is_err() {
-                break;
-            }
-        }
-        self.unit = unit;
-        r
+        let jobs: Vec<par::Job<'_>> = xored
+            .chunks(bs)
+            .enumerate()
+            .map(|(i, chunk)| {
+                let op = BatchOp::Xor {
+                    new_block: new_block + i as u64,
+                    source_offset: (old_block + i as u64) * self.bs() + u64::from(offset),
+                    len: 0,
+                };
+                (op, chunk)
+            })
+            .collect();
+        self.add_jobs(&jobs)
     }
 
     /// Record the merge order of the ordered ops. Must come before any data op.

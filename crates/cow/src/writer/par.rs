@@ -1,13 +1,14 @@
-//! Encoding one call's units on several threads ([`CowWriter::set_threads`]):
-//! [`add_raw_blocks`](CowWriter::add_raw_blocks) and
-//! [`add_xor_blocks`](CowWriter::add_xor_blocks) hand each thread a contiguous share of the
-//! call's units, encoded into a buffer the writer keeps, then store the shares in order
-//! through `add_batch`. So the file is byte for byte the one a single thread writes, and the
-//! memory is bounded by the call's input.
+//! How [`add_raw_blocks`](CowWriter::add_raw_blocks) and
+//! [`add_xor_blocks`](CowWriter::add_xor_blocks) encode and store a call's units: one by one on
+//! the calling thread, or, with [`CowWriter::set_threads`] above one and a call large enough,
+//! in contiguous shares, one per thread, each encoded into a buffer the writer keeps and stored
+//! in order through `add_batch`. So the file is byte for byte the one a single thread writes,
+//! and the memory is bounded by the call's input.
 
 use super::{BatchOp, CowSink, CowWriter, encode_unit_into};
 use crate::codec::{Codec, PayloadBuf};
 use crate::error::Result;
+use crate::format::op_type;
 
 /// Units a thread must get for a call to be split at all: starting a thread costs about as
 /// much as encoding a few 4 KiB blocks.
@@ -87,8 +88,36 @@ impl<W: CowSink> CowWriter<W> {
         self.threads.min(units / MIN_UNITS_PER_THREAD).max(1)
     }
 
+    /// Encode `jobs` and store them in order: on the calling thread one by one (one unit
+    /// buffer), or, when the call is large enough for several threads, in shares.
+    pub(super) fn add_jobs(&mut self, jobs: &[Job<'_>]) -> Result<()> {
+        let t = self.threads_for(jobs.len());
+        if t > 1 {
+            return self.add_shares(jobs, t);
+        }
+        let mut unit = std::mem::take(&mut self.unit);
+        let mut r = Ok(());
+        for &(op, data) in jobs {
+            let (rec_type, new_block, source) = match op {
+                BatchOp::Replace { new_block, .. } => (op_type::REPLACE, new_block, 0),
+                BatchOp::Xor {
+                    new_block,
+                    source_offset,
+                    ..
+                } => (op_type::XOR, new_block, source_offset),
+                BatchOp::Copy { .. } | BatchOp::Zero { .. } => continue,
+            };
+            r = self.emit_encoded(&mut unit, rec_type, new_block, source, data);
+            if r.is_err() {
+                break;
+            }
+        }
+        self.unit = unit;
+        r
+    }
+
     /// Encode `jobs` on `t` threads (the calling one among them), then store them in order.
-    pub(super) fn add_jobs(&mut self, jobs: &[Job<'_>], t: usize) -> Result<()> {
+    fn add_shares(&mut self, jobs: &[Job<'_>], t: usize) -> Result<()> {
         let enc = Enc {
             codec: self.opts.codec,
             version: self.header.major,

@@ -71,13 +71,15 @@ else
   echo "FAIL build of tests/c/snapshot_record_test.c"; failed=$((failed+1))
 fi
 # The driver conformance suite's binary (crates/conformance) against a tmpfs file with io_uring
-# (O_DIRECT and buffered) and against the null driver; a run without --allow-destructive must
-# leave its target unchanged.
+# (O_DIRECT and buffered) and against the null driver, with 30 instances each dropped with reads
+# not reaped (open files must not grow); a run without --allow-destructive must leave its target
+# unchanged.
 if cargo build --release -q -p snapblk-conformance; then
   conf="${CARGO_TARGET_DIR:-$root/target}/release/snapblk-conformance"
   head -c 8388608 /dev/urandom > "$shm/conf.img"
   for spec in "io_uring:path=$shm/conf.img,direct=true" "io_uring:path=$shm/conf.img" "null:size=64M"; do
-    out=$("$conf" "$spec" --allow-destructive 2>&1); rc=$?
+    out=$("$conf" "$spec" --allow-destructive --drop-unreaped 30 2>&1); rc=$?
+    echo "$out" | grep -q '^PASS drop-unreaped' || { echo "FAIL snapblk-conformance $spec: no drop-unreaped pass"; failed=$((failed+1)); }
     echo "snapblk-conformance $spec --allow-destructive:"; echo "$out"
     p=$(echo "$out" | grep -c '^PASS'); f=$(echo "$out" | grep -c '^FAIL')
     passed=$((passed+p)); failed=$((failed+f))

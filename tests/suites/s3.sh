@@ -250,9 +250,11 @@ head -c $(((1 << 20) + 4096)) /dev/urandom > "$work/img.bin"
 s3curl -T "$work/img.bin" "$AWS_ENDPOINT_URL/$S3_TEST_BUCKET/img.bin" || bad "curl put img.bin"
 SSL_CERT_FILE=$work/ca.pem serve_read "the s3 driver serves an object over NBD (HTTPS, 256 KiB cache)" "$work/img.bin" \
   "s3:url=s3://$S3_TEST_BUCKET/img.bin,cache-size=256k,block-size=64k,endpoint=$S3_TEST_HTTPS_ENDPOINT"
-# The driver conformance suite (read-only: reads, refused writes, properties) on the s3 driver.
+# The driver conformance suite (read-only: reads, refused writes, properties) on the s3 driver,
+# and 10 instances dropped with reads not reaped (open files must not grow).
 if "${CARGO_TARGET_DIR:-$root/target}/debug/snapblk-conformance" \
-     "s3:url=s3://$S3_TEST_BUCKET/img.bin,cache-size=256k,block-size=64k" > "$work/conf.txt" 2>&1; then
+     "s3:url=s3://$S3_TEST_BUCKET/img.bin,cache-size=256k,block-size=64k" --drop-unreaped 10 > "$work/conf.txt" 2>&1 \
+     && grep -q '^PASS drop-unreaped' "$work/conf.txt"; then
   ok "snapblk-conformance on the s3 driver ($(tail -1 "$work/conf.txt"))"
 else grep -v '^PASS' "$work/conf.txt" | tail -30; bad "snapblk-conformance on the s3 driver"; fi
 # snapblk bench reads the s3 driver (4 KiB random reads, verified against nothing: it must run).

@@ -42,9 +42,11 @@
 #[macro_use]
 mod suite;
 mod checks;
+mod reopen;
 #[cfg(any(test, feature = "test-utils"))]
 pub mod toy;
 
+pub use reopen::drop_unreaped;
 use snapblk_core::Blkio;
 use std::fmt;
 use std::time::Duration;
@@ -133,6 +135,10 @@ impl Report {
     /// The names of the skipped checks.
     pub fn skipped(&self) -> Vec<&'static str> {
         self.names(|o| matches!(o, Outcome::Skip(_)))
+    }
+    /// Add the outcome of a check run outside [`run`] (such as [`drop_unreaped`]).
+    pub fn push(&mut self, name: &'static str, outcome: Outcome) {
+        self.checks.push((name, outcome));
     }
     /// The outcome of check `name`, if it is in the report.
     pub fn outcome(&self, name: &str) -> Option<&Outcome> {

@@ -15,12 +15,18 @@
 #             the write-around policy, which completes a write before the OSD has it (up to
 #             `rbd_cache_max_dirty` in flight); snap-c's reference
 #
+# Every run starts with a RAMP-second ramp (1 s; fio's and `snapblk bench`'s ramp_time) that is
+# not measured: the first write of an open image waits for librbd's exclusive lock, which fio,
+# flushing at open, takes before its clock starts. The sides' order rotates from round to
+# round, and the ratios are paired: each round's run against the same round's reference run,
+# the median and range of those.
+#
 # Usage: bench/rbd-bench.sh [-r ROUNDS] [-t SECONDS] [-o OUT.txt]
 # Needs: ceph-mon ceph-osd ceph-common (scripts/install-deps.sh), fio with the rbd engine, a
 # release build of snapblk and libblkio.so.1 (built here if missing).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-ROUNDS=3 SECS=5 OUT=""
+ROUNDS=3 SECS=5 RAMP=${RAMP:-1} OUT=""
 while getopts "r:t:o:" o; do
   case $o in
     r) ROUNDS=$OPTARG ;; t) SECS=$OPTARG ;; o) OUT=$OPTARG ;;
@@ -36,35 +42,47 @@ run() { # run SIDE RW QD -> IOPS
     snapblk|snap-c)
       local cache=false; [ "$side" = snap-c ] && cache=true
       "$SNAPBLK" bench "rbd:pool=rbd,image=bench,conf=$CEPH_CONF,lock=none,cache=$cache" --rw "$rw" --bs 4k \
-        --iodepth "$qd" --runtime "$SECS" --time_based --json | snapblk_iops ;;
+        --iodepth "$qd" --runtime "$SECS" --ramp_time "$RAMP" --time_based --json | snapblk_iops ;;
     capi)
       "$SNAPBLK" bench --libblkio "$LIB" --driver rbd --prop pool=rbd --prop image=bench \
-        --prop "conf=$CEPH_CONF" --prop lock=none --rw "$rw" --bs 4k --iodepth "$qd" --runtime "$SECS" --time_based \
+        --prop "conf=$CEPH_CONF" --prop lock=none --rw "$rw" --bs 4k --iodepth "$qd" --runtime "$SECS" \
+        --ramp_time "$RAMP" --time_based \
         --json | snapblk_iops ;;
     fio|fio-nc)
       local conf=$CEPH_CONF; [ "$side" = fio-nc ] && conf=$NOCACHE_CONF
       CEPH_CONF=$conf fio --name=r --ioengine=rbd --pool=rbd --rbdname=bench --clientname=admin --rw="$rw" --bs=4k \
-        --iodepth="$qd" --time_based --runtime="$SECS" --output-format=json 2>/dev/null | fio_iops ;;
+        --iodepth="$qd" --time_based --runtime="$SECS" --ramp_time="$RAMP" --output-format=json 2>/dev/null | fio_iops ;;
   esac
 }
 
-SIDES="snapblk capi fio-nc snap-c fio"
+SIDES=(snapblk capi fio-nc snap-c fio)
+# ref SIDE: the fio run a side is compared with.
+ref() { case $1 in snap-c|fio) echo fio ;; *) echo fio-nc ;; esac; }
+# stats "A B C": median [min-max] of the numbers.
+stats() { tr ' ' '\n' <<<"$1" | grep . | sort -g | awk '{a[NR]=$1} END {printf "%.2f [%.2f-%.2f]", a[int((NR+1)/2)], a[1], a[NR]}'; }
 {
-  echo "rbd bench: 4 KiB, ${SECS}s per run, $ROUNDS rounds, $(date -u +%FT%TZ), load $(cut -d' ' -f1-3 /proc/loadavg)"
+  echo "rbd bench: 4 KiB, ${SECS}s per run after a ${RAMP}s ramp, $ROUNDS rounds (order rotated), $(date -u +%FT%TZ), load $(cut -d' ' -f1-3 /proc/loadavg)"
   echo "commit $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
-  printf '%-10s %-4s %s\n' workload side "IOPS per round"
+  printf '%-10s %-4s %-8s %s\n' workload qd side "IOPS per round, median; paired ratio to the reference: median [range]"
   for rw in randread randwrite; do
     for qd in 1 32; do
       declare -A res=()
-      for _ in $(seq "$ROUNDS"); do
-        for side in $SIDES; do res[$side]+="$(run $side $rw $qd) "; done
+      for r in $(seq 0 $((ROUNDS - 1))); do
+        for k in $(seq 0 $((${#SIDES[@]} - 1))); do
+          side=${SIDES[$(((r + k) % ${#SIDES[@]}))]}
+          res[$side]+="$(run "$side" $rw $qd) "
+        done
       done
-      med() { tr ' ' '\n' <<<"$1" | grep . | sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
-      for side in $SIDES; do
-        ref=fio-nc; case $side in snap-c|fio) ref=fio ;; esac
-        m=$(med "${res[$side]}") rm_=$(med "${res[$ref]}")
-        printf '%-10s %-4s %-8s %s  median %s  (%.2fx %s)\n' "$rw" "qd$qd" "$side" "${res[$side]}" "$m" \
-          "$(awk -v a="$m" -v b="$rm_" 'BEGIN {print (b > 0 ? a / b : 0)}')" "$ref"
+      for side in "${SIDES[@]}"; do
+        ref_=$(ref "$side")
+        read -r -a mine <<<"${res[$side]}"; read -r -a theirs <<<"${res[$ref_]}"
+        ratios=""
+        for i in "${!mine[@]}"; do
+          ratios+="$(awk -v a="${mine[$i]}" -v b="${theirs[$i]}" 'BEGIN {print (b > 0 ? a / b : 0)}') "
+        done
+        med=$(tr ' ' '\n' <<<"${res[$side]}" | grep . | sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}')
+        printf '%-10s %-4s %-8s %s median %s  (%s x %s)\n' "$rw" "qd$qd" "$side" "${res[$side]}" "$med" \
+          "$(stats "$ratios")" "$ref_"
       done
       unset res
     done

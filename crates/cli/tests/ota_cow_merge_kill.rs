@@ -1,6 +1,7 @@
-//! A COW written by `snapblk ota cow` merged by `snapblk merge`, killed with SIGKILL at points
-//! spread over an uninterrupted merge's duration and run again: the snapshot view stays the
-//! new image after every kill and the resumed merge ends with the new image in the base. The
+//! A COW written by `snapblk ota cow` merged by `snapblk merge`, killed with SIGKILL at random
+//! points of its progress (watched in the base: most kills must land with the base half
+//! merged) and run again: the snapshot view stays the new image after every kill and the
+//! resumed merge ends with the new image in the base. The
 //! payload (16 MiB images) moves 4,000 blocks up by one — the self-overlapping copy the
 //! generator splits into one-block COW_COPY ops, a long ordered chain merged through the
 //! scratch area — plus REPLACE and ZERO data.
@@ -22,6 +23,8 @@ use common::ok;
 const BS: usize = 4096;
 const BLOCKS: usize = 4096;
 const CHAIN: u64 = 4000;
+/// Blocks of the chain watched to see how far a merge has come.
+const SAMPLES: usize = 64;
 
 fn merge_cmd(cow: &Path, base: &Path) -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_snapblk"));
@@ -117,28 +120,86 @@ fn an_ota_cow_merge_killed_and_resumed_ends_at_the_new_image() {
         std::fs::copy(&cow0, &cow).unwrap();
         std::fs::copy(&rec0, &rec).unwrap();
     };
-    // One uninterrupted merge, timed to spread the kills over it.
+    // One uninterrupted merge first.
     fresh();
-    let t0 = Instant::now();
     let o = merge_cmd(&cow, &base).output().unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let full = t0.elapsed();
     assert!(std::fs::read(&base).unwrap()[..new.len()] == new[..]);
-    for frac in [0.1, 0.3, 0.5, 0.7, 0.9] {
+    // Then merges killed once a random share of the chain is in the base, watched through
+    // `SAMPLES` of its blocks: a kill lands while the base is half old, half new, not in the
+    // merge's start-up (the record check alone takes longer than a timed kill would wait).
+    let seed = std::env::var("SNAPBLK_KILL_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_nanos() as u64
+                | 1
+        });
+    let mut rng = seed;
+    let mut next = move |n: usize| {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        (rng % n as u64) as usize
+    };
+    let samples: Vec<usize> = (0..SAMPLES)
+        .map(|i| 1 + i * CHAIN as usize / SAMPLES)
+        .collect();
+    let merged_samples = |base_now: &std::fs::File| {
+        use std::os::unix::fs::FileExt;
+        let mut b = vec![0u8; BS];
+        samples
+            .iter()
+            .filter(|&&j| {
+                base_now.read_exact_at(&mut b, (j * BS) as u64).is_ok()
+                    && b[..] == new[j * BS..(j + 1) * BS]
+            })
+            .count()
+    };
+    let mut mid_merge = 0;
+    for round in 0..4 {
         fresh();
-        for _ in 0..3 {
+        let watch = std::fs::File::open(&base).unwrap();
+        for kill in 0..3 {
+            // Kill once more of the samples are merged than now, at a random count.
+            let now = merged_samples(&watch);
+            let target = now + 1 + next((SAMPLES - now).max(1));
             let mut child = merge_cmd(&cow, &base).spawn().unwrap();
-            std::thread::sleep(full.mul_f64(frac / 3.0).max(Duration::from_micros(200)));
+            let t0 = Instant::now();
+            let mut seen = now;
+            while child.try_wait().unwrap().is_none() && t0.elapsed() < Duration::from_secs(60) {
+                seen = merged_samples(&watch);
+                if seen >= target {
+                    break;
+                }
+                std::thread::sleep(Duration::from_micros(100));
+            }
             let _ = child.kill(); // SIGKILL
             let _ = child.wait();
+            if seen > 0 && seen < SAMPLES {
+                mid_merge += 1;
+            }
             assert!(
                 view(&base, &cow, new.len()) == new,
-                "view after a kill at {frac}"
+                "view after kill {kill} of round {round} ({seen} of {SAMPLES} samples merged; \
+                 SNAPBLK_KILL_SEED={seed})"
             );
         }
         let o = merge_cmd(&cow, &base).output().unwrap();
         assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
         let merged = std::fs::read(&base).unwrap();
-        assert!(merged[..new.len()] == new[..], "resumed merge at {frac}");
+        assert!(
+            merged[..new.len()] == new[..],
+            "resumed merge of round {round} (SNAPBLK_KILL_SEED={seed})"
+        );
     }
+    eprintln!("{mid_merge} of 12 kills hit a half-merged base (SNAPBLK_KILL_SEED={seed})");
+    // Most kills must have hit a half-merged base, or the test proves nothing.
+    assert!(
+        mid_merge >= 6,
+        "only {mid_merge} of 12 kills hit a half-merged base (SNAPBLK_KILL_SEED={seed})"
+    );
 }

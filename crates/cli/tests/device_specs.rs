@@ -219,3 +219,35 @@ fn one_size_grammar_for_specs_bench_and_readahead() {
     let ra = snapblk(&["readahead", "replay", "/dev/null", "--chunk", "4x"]);
     assert_eq!(ra.status.code(), Some(2), "{ra:?}");
 }
+
+/// A machine without Ceph's client libraries gets one line naming what is missing and how to
+/// install it when an rbd spec is opened, not a crash at start (librbd is loaded at connect).
+#[test]
+fn rbd_without_librbd_says_what_to_install() {
+    // librados loads first; a missing librbd shows only where librados is installed.
+    let has_rados = Command::new("ldconfig")
+        .arg("-p")
+        .output()
+        .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains("librados.so.2"));
+    let mut cases = vec![("SNAPBLK_LIBRADOS", "/nonexistent/librados.so.2")];
+    if has_rados {
+        cases.push(("SNAPBLK_LIBRBD", "/nonexistent/librbd.so.1"));
+    }
+    for (var, lib) in cases {
+        let o = Command::new(BIN)
+            .args(["info", "rbd:pool=rbd,image=x"])
+            .env(var, lib)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(1), "{var}: {err}");
+        assert_eq!(
+            err,
+            format!(
+                "snapblk: rbd:pool=rbd,image=x: rbd: cannot load {lib}: cannot open shared object \
+                 file: No such file or directory (install librbd1, e.g. apt-get install librbd1)\n"
+            ),
+            "{var}"
+        );
+    }
+}

@@ -123,7 +123,10 @@ fn open_so(var: &str, default: &str) -> std::result::Result<*mut c_void, String>
     // completions may call into the library until the last image is closed).
     let h = unsafe { libc::dlopen(c.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
     if h.is_null() {
-        return Err(format!("cannot load {name}: {}", dlerror()));
+        // dlerror names the file itself ("NAME: cannot open shared object file: ...").
+        let why = dlerror();
+        let why = why.strip_prefix(&format!("{name}: ")).unwrap_or(&why);
+        return Err(format!("cannot load {name}: {why}"));
     }
     Ok(h)
 }

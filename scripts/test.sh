@@ -9,11 +9,19 @@ export CARGO_TERM_COLOR=never
 # size of target/ (CI disks can be nearly full).
 export CARGO_INCREMENTAL=${CARGO_INCREMENTAL:-0}
 
+t_install=$SECONDS
 bash scripts/install-deps.sh || { echo "dependency installation failed"; exit 1; }
+times=("install-deps $((SECONDS - t_install))")
 
 fail=0
 failed_steps=()
-step() { echo; echo "=== $*"; }
+# Each step's wall time, printed at the end: where CI's minutes go.
+t_step=$SECONDS; cur_step=""
+step() {
+  [ -n "$cur_step" ] && times+=("$cur_step $((SECONDS - t_step))")
+  cur_step=$*; t_step=$SECONDS
+  echo; echo "=== $*"
+}
 # A failed step is named again at the very end, where a CI log's tail shows it.
 failed_step() { fail=1; failed_steps+=("$1"); }
 # Free space where target/ lives: a build that dies with a linker bus error usually means a full disk.
@@ -53,7 +61,10 @@ for s in tests/suites/*.sh; do
     failed=$((failed + 1)); echo "SUITE FAILED: $s"; failed_steps+=("suite $s")
   fi
 done
+times+=("$cur_step $((SECONDS - t_step))")
 echo
+echo "wall time per step (s):"
+printf '  %s\n' "${times[@]}"
 echo "suites: $passed passed, $failed failed"
 echo "target/ size: $(du -sh target | cut -f1), free disk space: $(free_space)"
 [ "$failed" -eq 0 ] || fail=1

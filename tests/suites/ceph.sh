@@ -115,6 +115,23 @@ else
   stop; bad "serve rbd:...,cache=true --nbd + nbdcopy into it"
 fi
 
+# 1c. A real RBD namespace: snapblk writes rbd/ns1/n through `namespace=ns1`; `rbd export`
+# reads it there, and the image of the same name in the default namespace keeps its zeroes.
+head -c 4M "$work/pattern.img" >"$work/ns.ref"
+if r namespace create --pool rbd --namespace ns1 && r create --size 4M rbd/ns1/n && r create --size 4M rbd/n \
+   && serve "$(spec n namespace=ns1)" --nbd "unix:$work/ns.sock" && nbdcopy "$work/ns.ref" "$(nbd_uri "$work/ns.sock")"; then
+  stop
+  r export rbd/ns1/n "$work/ns.out" >/dev/null 2>&1; r export rbd/n "$work/n0.out" >/dev/null 2>&1
+  if cmp -s "$work/ns.ref" "$work/ns.out" && cmp -s "$work/n0.out" <(head -c 4M /dev/zero); then
+    ok "namespace=ns1: written into rbd/ns1/n (rbd export), rbd/n of the default namespace untouched"
+  else
+    bad "namespace=ns1: rbd export of rbd/ns1/n differs, or rbd/n changed"
+  fi
+  rm -f "$work/ns.out" "$work/n0.out"
+else
+  stop; bad "namespace create / serve rbd:...,namespace=ns1 --nbd + nbdcopy into it"
+fi
+
 # 2. qemu-io writes, snapblk reads (NBD to nbdcopy and qemu-img, and FUSE).
 r create --size 16M rbd/b
 qemu-io -f raw -c "write -P 0x5a 0 1M" -c "write -P 0xc3 5M 3M" "$(qrbd b)" >/dev/null
@@ -238,11 +255,14 @@ for d in tests/data/aosp-cow/*/; do
   serve "snapshot:cow=$d/snapshot.cow,base.driver=rbd,base.pool=rbd,base.image=g-$c,base.conf=,base.mon-host=$mon,base.keyring=$keyring" \
     --nbd "unix:$work/r.sock" >/dev/null || rc_r=1
   [ $rc_r = 0 ] && { nbdcopy "$(nbd_uri "$work/r.sock")" "$work/r.img" || rc_r=1; stop; }
-  if [ $rc_l != $rc_r ] || { [ $rc_l = 0 ] && ! cmp -s "$work/l.img" "$work/r.img"; }; then bad_cases+=("$c"); fi
+  # Every case serves on both sides, alike, and as AOSP's target image of the case.
+  if [ $rc_l != 0 ] || [ $rc_r != 0 ] || ! cmp -s "$work/l.img" "$work/r.img" || ! cmp -s "$work/r.img" "$d/target.img"; then
+    bad_cases+=("$c")
+  fi
   rm -f "$work/l.img" "$work/r.img"
 done
 if [ "$n" -eq 16 ] && [ ${#bad_cases[@]} -eq 0 ]; then
-  ok "snapshot over an RBD base (base.driver=rbd) serves what it serves over the local base: $n golden cases"
+  ok "snapshot over an RBD base (base.driver=rbd) serves what it serves over the local base, AOSP's target image: $n golden cases"
 else
   bad "golden cases over RBD: $n cases, differing: ${bad_cases[*]}"
 fi

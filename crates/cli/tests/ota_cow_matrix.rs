@@ -1,0 +1,253 @@
+//! `snapblk ota cow` over the whole format matrix.
+//!
+//! One ext4 image pair (mkfs.ext4 -d of two trees: files edited in place, a file with bytes
+//! inserted near its start so the bsdiff sources shift, a moved file, a deleted file, a file
+//! with a zeroed region, a new file) and one payload by `snapblk ota generate`; the payload's
+//! Virtual A/B fields are rewritten for COW v2 and v3 × lz4, gz, zstd and none (with the
+//! estimates the generator computes for them), and each is turned into a COW with XOR on
+//! (`--profile current`) and off (`--profile no-xor`, and `legacy` for v2): `ota cow
+//! --verify`, `snapblk cow verify`, XOR ops exactly when XOR is on, the view served over NBD
+//! (read by nbdcopy) and the merge of a copy of the old image are the new image.
+
+use std::path::Path;
+
+use snapblk_ota::testing::Built;
+use snapblk_ota::{CowMergeOpType, DeviceProfile, OpType, Payload, VabcParams, estimate_vabc_cow};
+use snapblk_testsupport::{TempDir, nbd, path_str, pattern, tool_ok};
+
+#[path = "cli_common.rs"]
+mod common;
+use common::{ok, read};
+#[path = "serve_common.rs"]
+mod serve_common;
+use serve_common::Serve;
+
+fn sha256_hex(b: &[u8]) -> String {
+    snapblk_ota::hex(&snapblk_ota::testing::sha256(b))
+}
+
+fn json(s: &str) -> serde_json::Value {
+    serde_json::from_str(s).unwrap_or_else(|e| panic!("{e}: {s}"))
+}
+
+/// A 16 MiB ext4 image of `files` (name, bytes), made by mkfs.ext4 -d.
+fn ext4(d: &TempDir, tag: &str, files: &[(&str, Vec<u8>)]) -> Vec<u8> {
+    let dir = d.join(tag);
+    for (n, b) in files {
+        let p = dir.join(n);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(p, b).unwrap();
+    }
+    let img = d.join(&format!("{tag}.img"));
+    tool_ok(
+        "mkfs.ext4",
+        &[
+            "-q",
+            "-F",
+            "-b",
+            "4096",
+            "-E",
+            "root_owner=0:0",
+            "-d",
+            path_str(&dir),
+            path_str(&img),
+            "16M",
+        ],
+    );
+    read(&img)
+}
+
+/// The old and new ext4 images, as D/old/system.img and D/new/system.img.
+fn ext4_pair(d: &TempDir) -> (Vec<u8>, Vec<u8>) {
+    // 1 MiB with 1,234 bytes inserted near its start: every later block of it shifts, so
+    // bsdiff reads it at an offset (COW_XOR with src_offset). Its size bounds what the COW
+    // without XOR adds over the estimate (made with XOR) below the device's 2 MiB slack.
+    let doc = pattern(1 << 20, 51);
+    let mut doc2 = doc.clone();
+    doc2.splice(3000..3000, pattern(1234, 52));
+    // Edited in place at three places.
+    let bin = pattern(512 << 10, 53);
+    let mut bin2 = bin.clone();
+    bin2[5000..5100].fill(1);
+    bin2[200_000..200_300].fill(2);
+    bin2[500_000..500_010].fill(3);
+    // A region zeroed.
+    let zr = pattern(800 << 10, 54);
+    let mut zr2 = zr.clone();
+    zr2[100 << 10..400 << 10].fill(0);
+    let moved = pattern(1 << 20, 55);
+    let old = ext4(
+        d,
+        "o",
+        &[
+            ("a/doc", doc),
+            ("b/bin", bin),
+            ("c/gone", pattern(400 << 10, 56)),
+            ("e/moved", moved.clone()),
+            ("z/zeroed", zr),
+        ],
+    );
+    let new = ext4(
+        d,
+        "n",
+        &[
+            ("a/doc", doc2),
+            ("b/bin", bin2),
+            ("d/new", pattern(300 << 10, 57)),
+            ("f/moved", moved),
+            ("z/zeroed", zr2),
+        ],
+    );
+    for (sub, img) in [("old", &old), ("new", &new)] {
+        std::fs::create_dir(d.join(sub)).unwrap();
+        std::fs::write(d.join(sub).join("system.img"), img).unwrap();
+    }
+    (old, new)
+}
+
+/// `payload` (unsigned) with its Virtual A/B fields set to COW `version` and `compression`
+/// and the COW estimates of the one partition recomputed as `ota generate` computes them (a
+/// dry run of the COW writer a current device runs, + 1 %).
+fn variant(payload: &[u8], old: &[u8], new: &[u8], version: u32, compression: &str) -> Vec<u8> {
+    let p = Payload::from_bytes(payload.to_vec()).unwrap();
+    let mut manifest = p.manifest().clone();
+    let dm = manifest.dynamic_partition_metadata.as_mut().unwrap();
+    dm.cow_version = Some(version);
+    dm.vabc_compression_param = Some(compression.into());
+    let part = manifest.partitions[0].clone();
+    let params = VabcParams::from_manifest(&manifest, &part).unwrap();
+    let est = estimate_vabc_cow(&part, &params, DeviceProfile::CURRENT, Some(old), new).unwrap();
+    let q = &mut manifest.partitions[0];
+    q.estimate_cow_size = Some(est.estimate_cow_size);
+    q.estimate_op_count_max = Some(est.estimate_op_count_max);
+    let data = payload[p.data_start() as usize..].to_vec();
+    Built { manifest, data }.to_bytes()
+}
+
+/// `ota generate` of D/old → D/new into `out`, with `extra` flags.
+fn generate(d: &TempDir, out: &Path, extra: &[&str]) -> serde_json::Value {
+    let (old, new) = (d.join("old"), d.join("new"));
+    let mut args = vec!["ota", "generate", "--source", path_str(&old)];
+    args.extend(["--target", path_str(&new), "-o", path_str(out)]);
+    args.extend(["--json"]);
+    args.extend(extra);
+    json(&ok(&args))
+}
+
+#[test]
+fn ext4_round_trip_for_every_cow_format_with_and_without_xor() {
+    let d = TempDir::new("ota-cow-matrix");
+    let (old, new) = ext4_pair(&d);
+    let pay = d.join("gen.bin");
+    let g = generate(&d, &pay, &[]);
+    let payload = read(&pay);
+
+    // The payload has every kind of change the pair was made for.
+    let p = Payload::from_bytes(payload.clone()).unwrap();
+    let part = &p.manifest().partitions[0];
+    let count_ops = |t: OpType| {
+        part.operations
+            .iter()
+            .filter(|o| o.r#type == t as i32)
+            .count()
+    };
+    for t in [OpType::SourceCopy, OpType::BrotliBsdiff, OpType::Zero] {
+        assert!(count_ops(t) > 0, "no {t:?} op: {g}");
+    }
+    let merge_ops = |t: CowMergeOpType| {
+        part.merge_operations
+            .iter()
+            .filter(move |m| m.r#type == Some(t as i32))
+    };
+    assert!(merge_ops(CowMergeOpType::CowCopy).count() > 0, "{g}");
+    assert!(merge_ops(CowMergeOpType::CowXor).count() > 0, "{g}");
+    assert!(
+        merge_ops(CowMergeOpType::CowXor).any(|m| m.src_offset.unwrap_or(0) > 0),
+        "no COW_XOR with a source offset: {g}"
+    );
+
+    // The rewritten payload is the one `ota generate` writes with those settings.
+    let g2 = d.join("gen-v2-gz.bin");
+    generate(&d, &g2, &["--cow-version", "2", "--vabc-compression", "gz"]);
+    assert!(
+        Payload::from_bytes(variant(&payload, &old, &new, 2, "gz"))
+            .unwrap()
+            .manifest()
+            == Payload::from_bytes(read(&g2)).unwrap().manifest(),
+        "the rewritten v2 gz manifest is not the generator's"
+    );
+
+    let old_img = d.join("old/system.img");
+    let new_img = d.join("new/system.img");
+    let want = sha256_hex(&new);
+    for version in [2u32, 3] {
+        for comp in ["lz4", "gz", "zstd", "none"] {
+            let ota = d.join(&format!("v{version}-{comp}.bin"));
+            std::fs::write(&ota, variant(&payload, &old, &new, version, comp)).unwrap();
+            let mut profiles = vec![("current", true), ("no-xor", false)];
+            if version == 2 {
+                profiles.push(("legacy", false));
+            }
+            for (profile, xor) in profiles {
+                let what = format!("v{version} {comp} {profile}");
+                let out = d.join(&format!("cow-v{version}-{comp}-{profile}"));
+                let doc = ok(&[
+                    "ota",
+                    "cow",
+                    path_str(&ota),
+                    "--source",
+                    path_str(&d.join("old")),
+                    "-o",
+                    path_str(&out),
+                    "--profile",
+                    profile,
+                    "--verify",
+                    "--json",
+                ]);
+                let r = &json(&doc)["partitions"][0];
+                assert_eq!(r["view_sha256"], want, "{what}: {doc}");
+                let (size, device) = (
+                    r["cow_size"].as_u64().unwrap(),
+                    r["cow_device_size"].as_u64().unwrap(),
+                );
+                assert!(size <= device, "{what}: {size} > {device}");
+                let cow = out.join("system.cow");
+                // The COW's own header and ops, read back by `cow inspect`.
+                let i = json(&ok(&["cow", "inspect", "--json", path_str(&cow)]));
+                assert_eq!(i["header"]["major"], version, "{what}: {i}");
+                assert_eq!(i["compression"], comp, "{what}: {i}");
+                let xor_ops = i["op_counts"]["xor"].as_u64().unwrap();
+                assert_eq!(xor_ops > 0, xor, "{what}: {xor_ops} XOR ops");
+                ok(&[
+                    "cow",
+                    "verify",
+                    path_str(&cow),
+                    "--base",
+                    path_str(&old_img),
+                    "--expect",
+                    path_str(&new_img),
+                ]);
+                // Served over NBD (with the record), read by nbdcopy.
+                let srv = Serve::start(&[
+                    "--base",
+                    path_str(&old_img),
+                    "--cow",
+                    path_str(&cow),
+                    "--read-only",
+                    "--nbd",
+                    "0",
+                ]);
+                let got = d.join("served.img");
+                let _ = std::fs::remove_file(&got);
+                nbd::copy(&srv.ready_str("uri"), path_str(&got));
+                drop(srv);
+                assert!(read(&got) == new, "{what}: served view differs");
+                // Merged into a copy of the old image (with the record).
+                let base = d.join("base.img");
+                std::fs::copy(&old_img, &base).unwrap();
+                ok(&["merge", path_str(&cow), "--base", path_str(&base)]);
+                assert!(read(&base) == new, "{what}: merged image differs");
+            }
+        }
+    }
+}

@@ -1,4 +1,4 @@
-//! `snapblk ota cow` over the whole format matrix.
+//! `snapblk ota cow` over the whole format matrix, and the COW device's size limit.
 //!
 //! One ext4 image pair (mkfs.ext4 -d of two trees: files edited in place, a file with bytes
 //! inserted near its start so the bsdiff sources shift, a moved file, a deleted file, a file
@@ -8,19 +8,39 @@
 //! (`--profile current`) and off (`--profile no-xor`, and `legacy` for v2): `ota cow
 //! --verify`, `snapblk cow verify`, XOR ops exactly when XOR is on, the view served over NBD
 //! (read by nbdcopy) and the merge of a copy of the old image are the new image.
+//!
+//! The COW device is `estimate_cow_size` + 2 MiB rounded up to 4 KiB, as libsnapshot's
+//! `PartitionCowCreator::GetCowSize` sizes it (notes/ota-payload.md §2.1): pinned exactly,
+//! with a COW one 4 KiB step under the limit accepted and one over refused; and
+//! `--verify-merge` refuses to start its merge-on-a-copy on a file system without room for
+//! the copies (a small tmpfs).
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::process::Command;
 
-use snapblk_ota::testing::Built;
+use snapblk_ota::testing::vabc::{VabcFields, set_vabc};
+use snapblk_ota::testing::{Built, DeltaOp, Encoding, PayloadBuilder};
 use snapblk_ota::{CowMergeOpType, DeviceProfile, OpType, Payload, VabcParams, estimate_vabc_cow};
 use snapblk_testsupport::{TempDir, nbd, path_str, pattern, tool_ok};
 
 #[path = "cli_common.rs"]
 mod common;
-use common::{ok, read};
+use common::{ok, read, snapblk};
 #[path = "serve_common.rs"]
 mod serve_common;
 use serve_common::Serve;
+
+const BS: usize = 4096;
+const MIB: u64 = 1 << 20;
+
+fn entries(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    v.sort();
+    v
+}
 
 fn sha256_hex(b: &[u8]) -> String {
     snapblk_ota::hex(&snapblk_ota::testing::sha256(b))
@@ -250,4 +270,220 @@ fn ext4_round_trip_for_every_cow_format_with_and_without_xor() {
             }
         }
     }
+}
+
+/// Old: 768 pattern blocks; new: 768 other blocks (3 MiB that no codec shrinks), one raw
+/// REPLACE; COW v3, lz4. (old, new, payload with `estimate_op_count_max` and no
+/// `estimate_cow_size`.)
+fn replace_case() -> (Vec<u8>, Vec<u8>, Built) {
+    let old = pattern(768 * BS, 61);
+    let new = pattern(768 * BS, 62);
+    let ops = [DeltaOp::Replace {
+        dst: vec![(0, 768)],
+        encoding: Encoding::Replace,
+    }];
+    let no_differ = |_: &[u8], _: &[u8]| Vec::new();
+    let mut built = PayloadBuilder::new()
+        .delta("system", &old, &new, &ops, &no_differ)
+        .build();
+    let f = VabcFields {
+        cow_version: 3,
+        compression: "lz4".into(),
+        compression_factor: 65536,
+        batch_writes: true,
+        threaded: true,
+    };
+    set_vabc(&mut built.manifest, &["system"], &f);
+    let part = built.manifest.partitions[0].clone();
+    let params = VabcParams::from_manifest(&built.manifest, &part).unwrap();
+    let est = estimate_vabc_cow(&part, &params, DeviceProfile::CURRENT, Some(&old), &new).unwrap();
+    built.manifest.partitions[0].estimate_op_count_max = Some(est.estimate_op_count_max);
+    (old, new, built)
+}
+
+/// D/old/system.img, and the payload with `estimate_cow_size` = `estimate` at D/<tag>.bin.
+fn write_case(d: &TempDir, old: &[u8], built: &Built, estimate: u64, tag: &str) -> PathBuf {
+    let old_dir = d.join("old");
+    if !old_dir.exists() {
+        std::fs::create_dir(&old_dir).unwrap();
+        std::fs::write(old_dir.join("system.img"), old).unwrap();
+    }
+    let mut b = Built {
+        manifest: built.manifest.clone(),
+        data: built.data.clone(),
+    };
+    let p = &mut b.manifest.partitions[0];
+    p.estimate_cow_size = Some(estimate);
+    let ota = d.join(&format!("{tag}.bin"));
+    std::fs::write(&ota, b.to_bytes()).unwrap();
+    ota
+}
+
+/// libsnapshot's COW device size for `estimate`: the estimate rounded up to 4 KiB, + 2 MiB.
+fn device_size(estimate: u64) -> u64 {
+    estimate.div_ceil(BS as u64) * BS as u64 + 2 * MIB
+}
+
+/// The COW device is exactly estimate (rounded up to 4 KiB) + 2 MiB, and the limit is exact:
+/// with S the COW's size, an estimate whose device is the last 4 KiB step below S is refused
+/// with one line and nothing in the output directory, and the estimate one byte larger (its
+/// device the first step at or above S, and an estimate not 4 KiB-aligned, so the rounding
+/// decides) is accepted.
+#[test]
+fn the_cow_device_is_the_estimate_plus_2_mib_and_its_limit_is_exact() {
+    let d = TempDir::new("ota-cow-device-size");
+    let (old, _new, built) = replace_case();
+    let old_dir = d.join("old");
+    let run = |estimate: u64, tag: &str| {
+        let ota = write_case(&d, &old, &built, estimate, tag);
+        let out = d.join(&format!("out-{tag}"));
+        let mut args = vec!["ota", "cow", path_str(&ota), "--source"];
+        args.extend([path_str(&old_dir), "-o", path_str(&out), "--json"]);
+        (snapblk(&args), out)
+    };
+    // A roomy estimate (64 MiB + 1 byte: not 4 KiB-aligned) gives the COW's size S.
+    let roomy = 64 * MIB + 1;
+    let (o, _) = run(roomy, "roomy");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let r = json(&String::from_utf8_lossy(&o.stdout))["partitions"][0].clone();
+    assert_eq!(r["estimate_cow_size"], roomy);
+    assert_eq!(r["cow_device_size"], device_size(roomy), "{r}");
+    assert_eq!(r["cow_device_size"], 66 * MIB + 4096, "{r}");
+    let s = r["cow_size"].as_u64().unwrap();
+    assert!(
+        s > 3 * MIB,
+        "the COW holds 3 MiB that lz4 cannot shrink: {s}"
+    );
+
+    // The largest estimate whose device is below S.
+    let step = |x: u64| x / BS as u64 * BS as u64;
+    let over = step(s - 1) - 2 * MIB;
+    assert!(device_size(over) < s);
+    let (o, out) = run(over, "over");
+    let err = String::from_utf8_lossy(&o.stderr).into_owned();
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert_eq!(err.lines().count(), 1, "one line: {err}");
+    assert!(
+        err.starts_with("snapblk: ")
+            && err.contains(&format!(
+                "the COW is {s} bytes, more than the {} bytes the device reserves (estimate_cow_size {over} + 2 MiB): it would not fit; nothing written",
+                device_size(over)
+            )),
+        "{err}"
+    );
+    assert!(entries(&out).is_empty(), "{:?}", entries(&out));
+
+    // One byte more: the device is the next 4 KiB step, at or above S.
+    let just = over + 1;
+    assert_ne!(just % BS as u64, 0);
+    let (o, out) = run(just, "just");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let r = json(&String::from_utf8_lossy(&o.stdout))["partitions"][0].clone();
+    assert_eq!(r["cow_size"], s, "{r}");
+    let device = r["cow_device_size"].as_u64().unwrap();
+    assert_eq!(device, device_size(just), "{r}");
+    assert!(device >= s && device - s < BS as u64, "{r}");
+    assert_eq!(entries(&out), ["system.cow", "system.cow.snapblk"]);
+}
+
+/// Unmounts a mount point on drop (a failing test leaves no tmpfs behind); create it after
+/// the `TempDir` that holds the mount point.
+struct Unmount(PathBuf);
+
+impl Drop for Unmount {
+    fn drop(&mut self) {
+        let _ = Command::new("umount")
+            .arg("-l")
+            .arg(&self.0)
+            .stderr(std::process::Stdio::null())
+            .status();
+    }
+}
+
+/// `--verify-merge` checks there is room in the output directory for copies of the old image
+/// and the COW before it makes them: on a tmpfs that holds the new image and the COW but not
+/// the copies as well, it refuses with one line naming what it needs (exactly old image + COW
+/// bytes) and leaves nothing; remounted with room for them, the same run merges the copy to
+/// the new image.
+#[test]
+fn verify_merge_refuses_to_start_without_room_for_its_copies() {
+    let d = TempDir::new("ota-cow-verify-merge-room");
+    let (old, new, built) = replace_case();
+    let ota = write_case(&d, &old, &built, 64 * MIB, "p");
+    // The COW's size, from a run on the ordinary file system.
+    let out = d.join("plain");
+    let doc = json(&ok(&[
+        "ota",
+        "cow",
+        path_str(&ota),
+        "--source",
+        path_str(&d.join("old")),
+        "-o",
+        path_str(&out),
+        "--json",
+    ]));
+    let s = doc["partitions"][0]["cow_size"].as_u64().unwrap();
+    let img = new.len() as u64;
+    let need = img + s;
+    // While the merge check runs, the output directory holds the built new image and the
+    // COW (img + s); the copies need `need` more. 1 MiB short of that:
+    let mnt = d.join("tiny");
+    std::fs::create_dir(&mnt).unwrap();
+    let _guard = Unmount(mnt.clone());
+    let kib = |b: u64| format!("size={}k", b.div_ceil(1024));
+    let st = Command::new("mount")
+        .args(["-t", "tmpfs", "-o", &kib(img + s + need - MIB), "tiny"])
+        .arg(&mnt)
+        .status()
+        .unwrap();
+    assert!(st.success(), "mount tmpfs (the tests run as root)");
+    let out = mnt.join("out");
+    let args = |out: &'_ Path| -> Vec<String> {
+        [
+            "ota",
+            "cow",
+            path_str(&ota),
+            "--source",
+            path_str(&d.join("old")),
+            "-o",
+            path_str(out),
+            "--verify",
+            "--verify-merge",
+            "--json",
+        ]
+        .map(String::from)
+        .to_vec()
+    };
+    let a = args(&out);
+    let a: Vec<&str> = a.iter().map(String::as_str).collect();
+    let o = snapblk(&a);
+    let err = String::from_utf8_lossy(&o.stderr).into_owned();
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert_eq!(err.lines().count(), 1, "one line: {err}");
+    let head = format!(
+        "--verify-merge needs {need} bytes free in {} for copies of the old image and the COW, and ",
+        out.display()
+    );
+    let at = err
+        .find(&head)
+        .unwrap_or_else(|| panic!("not the free-space refusal: {err}"));
+    let free: u64 = err[at + head.len()..]
+        .trim_end()
+        .trim_end_matches(" are")
+        .parse()
+        .unwrap_or_else(|e| panic!("{e}: {err}"));
+    assert!(free < need, "{free} >= {need}: {err}");
+    assert!(entries(&out).is_empty(), "{:?}", entries(&out));
+
+    // With room for the copies (1 MiB more than they need), the same run merges.
+    let st = Command::new("mount")
+        .args(["-o", &format!("remount,{}", kib(img + s + need + MIB))])
+        .arg(&mnt)
+        .status()
+        .unwrap();
+    assert!(st.success(), "remount the tmpfs larger");
+    let doc = json(&ok(&a));
+    let r = &doc["partitions"][0];
+    assert_eq!(r["merge_sha256"], sha256_hex(&new), "{doc}");
+    assert_eq!(entries(&out), ["system.cow", "system.cow.snapblk"]);
 }

@@ -3,9 +3,10 @@
 # 0.3.0 (and with it PyPI bsdiff4) into a venv (pip from PyPI) and runs the ignored cargo tests
 # that have it extract full payloads and apply incremental ones (SOURCE_COPY, SOURCE_BSDIFF with
 # patches made by bsdiff4 and Debian's bsdiff) written by snapblk-ota's writer
-# (crates/ota/tests/interop.rs) and by the generator (`ota generate --bsdiff-format bsdiff40`
-# of an ext4 image pair: SOURCE_COPY, SOURCE_BSDIFF from snapblk's own bsdiff, REPLACE_XZ, ZERO),
-# and checks that it extracts the AOSP sample full payload to the
+# (crates/ota/tests/interop.rs) and by the generator (its library with BSDIFF40 patches on an
+# ext4 image pair: SOURCE_COPY, SOURCE_BSDIFF from snapblk's own bsdiff, REPLACE_XZ, ZERO; and
+# the command `snapblk ota generate --bsdiff-format bsdiff40` on a second ext4 pair, applied with
+# `payload_dumper --diff`), and checks that it extracts the AOSP sample full payload to the
 # same images as `snapblk ota extract`. Also installs PyPI reedsolo 1.7.0 (a pure-Python
 # Reed-Solomon codec) and compares the FEC encoder's parity with it (the ignored unit test
 # verity::rs::tests::reedsolo_agrees_on_random_messages). Fails if pip or a package is missing
@@ -50,6 +51,28 @@ interop payload_dumper_applies_generated_bsdiff40_payloads \
   "payload-dumper applies an ota generate --bsdiff-format bsdiff40 payload of an ext4 pair to the new image"
 # Both read the AOSP sample full payload to the same images.
 cargo build -q -p snapblk-cli || { bad "cargo build -p snapblk-cli"; echo "$passed passed, $failed failed"; exit 1; }
+snapblk=${CARGO_TARGET_DIR:-$root/target}/debug/snapblk
+# The command line itself: `snapblk ota generate --bsdiff-format bsdiff40` of an ext4 pair (an
+# edited file, one with bytes inserted, a moved, a deleted and a new one), applied by
+# payload-dumper to the new image.
+mkdir -p "$work/t1/a" "$work/t1/b" "$work/gold" "$work/gnew"
+seq 1 60000 > "$work/t1/a/text"; head -c 400000 /dev/urandom > "$work/t1/b/blob"
+head -c 200000 /dev/urandom > "$work/t1/a/gone"
+cp -a "$work/t1" "$work/t2"
+sed -i 's/7/seven/g' "$work/t2/a/text"
+{ head -c 1000 "$work/t1/b/blob"; echo inserted; tail -c +1001 "$work/t1/b/blob"; } > "$work/t2/b/blob"
+mv "$work/t2/a/gone" "$work/t2/moved"; rm -f "$work/t2/moved"; cp "$work/t1/b/blob" "$work/t2/a/copy"
+head -c 100000 /dev/urandom > "$work/t2/new"
+mke2fs -q -t ext4 -b 4096 -E root_owner=0:0 -d "$work/t1" "$work/gold/system.img" 8M >/dev/null 2>&1
+mke2fs -q -t ext4 -b 4096 -E root_owner=0:0 -d "$work/t2" "$work/gnew/system.img" 8M >/dev/null 2>&1
+if "$snapblk" ota generate --source "$work/gold" --target "$work/gnew" --bsdiff-format bsdiff40 -o "$work/gen.bin" > "$work/gen.txt" 2>&1 \
+   && grep -q SOURCE_BSDIFF "$work/gen.txt" \
+   && "$dumper" --diff --old "$work/gold" --out "$work/gtheirs" "$work/gen.bin" > "$work/gdumper.log" 2>&1 \
+   && cmp "$work/gtheirs/system.img" "$work/gnew/system.img"; then
+  ok "payload-dumper applies a payload of \`snapblk ota generate --bsdiff-format bsdiff40\` (SOURCE_BSDIFF) to the new image"
+else
+  cat "$work/gen.txt"; tail -5 "$work/gdumper.log" 2>/dev/null; bad "payload-dumper on an \`ota generate --bsdiff-format bsdiff40\` payload"
+fi
 tar -xf tests/data/ota/sample_payloads.tar.xz -C "$work"
 "$dumper" --out "$work/theirs" "$work/full_payload.bin" > "$work/dumper.log" 2>&1 || bad "payload_dumper on the AOSP sample"
 "${CARGO_TARGET_DIR:-$root/target}/debug/snapblk" ota extract "$work/full_payload.bin" -o "$work/ours" > /dev/null || bad "snapblk ota extract on the AOSP sample"

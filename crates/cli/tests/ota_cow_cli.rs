@@ -455,12 +455,23 @@ fn ota_serve_exports_every_partition_under_its_name() {
         nbd::copy(u, path_str(&got));
         assert!(std::fs::read(&got).unwrap() == **want, "{u}");
     }
+    // A partition without a COW is served read-only from its applied image: a write through
+    // the export is refused and the image keeps the payload's bytes.
+    let ro = &nbd::info(&uris[1])["exports"][0]["is_read_only"];
+    assert_eq!(ro, &serde_json::Value::Bool(true), "vendor export: {ro}");
+    let w = nbd::qemu_io(&uris[1], &["write -P 0x55 0 4k"]);
+    let out = String::from_utf8_lossy(&w.stdout).to_string() + &String::from_utf8_lossy(&w.stderr);
+    assert!(
+        !w.status.success() || out.contains("failed"),
+        "a write to the vendor export was taken: {out}"
+    );
     let (status, _, err) = srv.stop();
     assert!(status.success(), "{err}");
     assert_eq!(
         entries(&work),
         ["system.cow", "system.cow.snapblk", "vendor.img"]
     );
+    assert!(std::fs::read(work.join("vendor.img")).unwrap() == vendor);
 }
 
 #[test]

@@ -158,6 +158,37 @@ fn check_op_hashes(p: &Payload, bytes: &[u8], part: &PartitionUpdate, old: &[u8]
     }
 }
 
+/// Every BROTLI_BSDIFF operation's patch, applied by an independent BSDF2 implementation
+/// (crates.io `bsdiff-android`) to the operation's source bytes, gives its destination bytes.
+/// Returns how many operations were checked.
+fn check_bsdf2_with_oracle(
+    p: &Payload,
+    bytes: &[u8],
+    part: &PartitionUpdate,
+    old: &[u8],
+    new: &[u8],
+) -> usize {
+    let data = p.data_start();
+    let mut n = 0;
+    for (i, op) in part.operations.iter().enumerate() {
+        if op.op_type().unwrap() != OpType::BrotliBsdiff {
+            continue;
+        }
+        let at = (data + op.data_offset.unwrap()) as usize;
+        let patch = &bytes[at..at + op.data_length.unwrap() as usize];
+        let mut src = bytes_of(old, &blocks(&op.src_extents));
+        src.truncate(op.src_length.map_or(src.len(), |l| l as usize));
+        let mut want = bytes_of(new, &blocks(&op.dst_extents));
+        want.truncate(op.dst_length.map_or(want.len(), |l| l as usize));
+        let mut got = Vec::new();
+        bsdiff_android::patch_bsdf2(&src, patch, &mut got)
+            .unwrap_or_else(|e| panic!("op {i}: bsdiff-android refused the patch: {e}"));
+        assert!(got == want, "op {i}: bsdiff-android's output differs");
+        n += 1;
+    }
+    n
+}
+
 /// The merge invariants, then a merge simulated over the old image: ordered operations in
 /// the payload's order, each block per update_engine's rule (descending when source and
 /// destination overlap with the destination after the source), COPY = the base block, XOR =
@@ -331,6 +362,11 @@ fn ext4_pairs_round_trip_with_hashes_and_merge_invariants() {
             assert!(h.contains_key(&t), "{format:?}: no {t:?} in {h:?}");
         }
         check_op_hashes(&p, &bytes, part, &old);
+        if format == BsdiffFormat::Bsdf2 {
+            let n = check_bsdf2_with_oracle(&p, &bytes, part, &old, &new);
+            assert!(n > 0, "no BROTLI_BSDIFF operation checked");
+            eprintln!("{n} BROTLI_BSDIFF operations applied by bsdiff-android");
+        }
         let (ncopy, nxor) = check_merge(part, &old, &new);
         assert!(
             ncopy > 0 && nxor > 0,

@@ -13,7 +13,7 @@
 //! patches are larger than `delta_generator`'s; its payloads apply with update_engine's rules.
 
 mod diff;
-mod merge;
+pub(crate) mod merge;
 mod sign;
 #[cfg(test)]
 mod tests;

@@ -246,3 +246,30 @@ pub fn vabc_case(vabc: &VabcFields, differ: &Differ) -> VabcCase {
     set_vabc(&mut built.manifest, &["system"], vabc);
     VabcCase { old, new, built }
 }
+
+/// `merge_operations` as `ota generate` orders them (its cycle breaker, the code that fills
+/// every generated payload's list): `ops` in an order in which merging them one after the
+/// other never reads a block an earlier one overwrote, and the operations dropped to break
+/// dependency cycles (their blocks go to the COW as raw data). Lets tests run the generator's
+/// ordering on merge operations it did not make (update_engine's real sets).
+pub fn order_merge_operations(
+    ops: &[CowMergeOperation],
+) -> (Vec<CowMergeOperation>, Vec<CowMergeOperation>) {
+    use crate::generate::merge::{MergeOp, order};
+    let range = |e: &Option<Extent>| {
+        let e = e.as_ref().expect("a merge operation's extent");
+        (e.start_block.unwrap_or(0), e.num_blocks.unwrap_or(0))
+    };
+    let ops = ops
+        .iter()
+        .map(|m| MergeOp {
+            xor: m.r#type == Some(CowMergeOpType::CowXor as i32),
+            src: range(&m.src_extent),
+            dst: range(&m.dst_extent),
+            offset: m.src_offset.unwrap_or(0),
+        })
+        .collect();
+    let o = order(ops);
+    let proto = |v: Vec<MergeOp>| v.into_iter().map(MergeOp::to_proto).collect();
+    (proto(o.ops), proto(o.dropped))
+}

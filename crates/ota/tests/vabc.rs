@@ -12,17 +12,18 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use snapblk_core::MemFile;
-use snapblk_cow::{CowReader, Header, OpKind};
+use snapblk_cow::{CowReader, OpKind};
 use snapblk_ota::testing::apply_to_memory;
 use snapblk_ota::testing::vabc::{VabcFields, cow_copy, cow_xor, vabc_case};
 use snapblk_ota::{
     DeviceProfile, END_OF_INSTALL_LABEL, PartitionUpdate, Payload, VabcError, VabcParams,
-    VabcReport, estimate_vabc_cow, vabc_merge_sequence, write_vabc_cow,
+    estimate_vabc_cow, vabc_merge_sequence, write_vabc_cow,
 };
 use snapblk_testsupport::{TempDir, path_str, tool_ok};
 
-const BS: usize = 4096;
-const B: u64 = BS as u64;
+mod cow_size;
+
+use cow_size::{B, Counts, zlib_bound};
 
 fn bsdiff(old: &[u8], new: &[u8]) -> Vec<u8> {
     let d = TempDir::new("ota-vabc-bsdiff");
@@ -257,70 +258,38 @@ fn labels_after_every_operation_and_verity_after_the_end_label() {
     assert_eq!(tail, vec![32, 33, 34]);
 }
 
-/// What the format says the file must hold, counted from the rules without the writer:
-/// v3 = header + scratch + sequence (4 B per entry) + resume area + 16 B per op + payloads.
-fn analytical_v3_none(h: &Header, seq: u64, ops: u64, data_blocks: u64) -> u64 {
-    u64::from(h.header_size)
-        + u64::from(h.buffer_size)
-        + seq * 4
-        + u64::from(h.resume_point_max) * 16
-        + ops * 16
-        + data_blocks * B
-}
-
-/// zlib's `compressBound`: the most a deflate stream of `n` bytes can take (stored blocks and
-/// the zlib wrapper), whatever the implementation.
-fn zlib_bound(n: u64) -> u64 {
-    n + (n >> 12) + (n >> 14) + (n >> 25) + 13
-}
-
-/// The format's size of a compressed COW, checked two ways (an exact size cannot be derived
-/// for compressed payloads: their lengths depend on the compressor's implementation and
-/// version, which is why update_engine's generator runs its writer dry):
-/// - exact layout: the file is its fixed parts (header, scratch, sequence, resume area, op
-///   records; v2: clusters of `cluster_ops` record slots, the last padded when it holds
-///   payloads, and the footer) plus the stored payloads the reader finds, not one byte more;
-/// - upper bound: the same layout with every unit at its worst case (v3, and v2 lz4/zstd: the
-///   raw unit, which the writer stores when compression does not shrink it; v2 gz: zlib's
-///   `compressBound` per block), equal to the size for `none`.
+/// The format's size of a COW, from counts derived from the payload ([`Counts`]), checked
+/// two ways (an exact size cannot be derived for compressed payloads: their lengths depend on
+/// the compressor's implementation and version, which is why update_engine's generator runs
+/// its writer dry):
+/// - exact layout: the file is its fixed parts (header, scratch, sequence, resume area, `slots`
+///   op records; v2: clusters of 1024 record slots, the last padded when it holds payloads,
+///   and the footer) plus the stored payloads the reader finds, not one byte more;
+/// - upper bound: the same layout with every block's payload at its worst case (v3, and v2
+///   lz4/zstd: the raw block, which the writer stores when compression does not shrink it;
+///   v2 gz: zlib's `compressBound` per block), equal to the size for `none`.
 ///
 /// Returns the bound.
-fn analytical_bound(cow: &CowReader<Vec<u8>>, len: u64, r: &VabcReport, what: &str) -> u64 {
-    let h = cow.header();
-    let data_blocks = r.xor_blocks + r.replace_blocks + r.verity_blocks;
+fn analytical_bound(
+    cow: &CowReader<Vec<u8>>,
+    len: u64,
+    c: &Counts,
+    slots: u64,
+    comp: &str,
+    what: &str,
+) -> u64 {
     let stored: u64 = cow
         .data_ops()
         .filter_map(|o| o.payload())
         .map(|p| u64::from(p.len))
         .sum();
-    let comp = cow
-        .data_ops()
-        .filter_map(|o| o.payload())
-        .map(|p| p.recorded)
-        .find(|c| *c != snapblk_cow::Compression::None);
-    let fixed = u64::from(h.header_size) + u64::from(h.buffer_size);
-    if h.major >= 3 {
-        let structure = analytical_v3_none(h, r.sequence_blocks, h.op_count_max, 0);
-        assert_eq!(len, structure + stored, "{what}: v3 layout");
-        return structure + data_blocks * B;
+    if cow.header().major >= 3 {
+        assert_eq!(len, c.v3_size(slots, 0) + stored, "{what}: v3 layout");
+        return c.v3_size(slots, B);
     }
-    // v2: one record per block op, per label and per sequence op (u32 entries, at most
-    // 65535 bytes a record), plus a CLUSTER record closing each cluster.
-    let footer = cow.footer().expect("a finalized v2 COW has a footer");
-    let n = footer.num_ops;
-    let k = u64::from(h.cluster_ops);
-    let seq_bytes = r.sequence_blocks * 4;
-    let tight = fixed + 20 * n + seq_bytes + stored + 84;
-    let padded = fixed + 20 * k * n.div_ceil(k) + seq_bytes + stored + 84;
-    assert!(
-        len == tight || len == padded,
-        "{what}: v2 layout {len} vs {tight}/{padded}"
-    );
-    let per_block = match comp {
-        Some(snapblk_cow::Compression::Gz) => zlib_bound(B),
-        _ => B,
-    };
-    len - stored + data_blocks * per_block
+    assert_eq!(len, c.v2_size(0) + stored, "{what}: v2 layout");
+    let gz = comp.is_empty() || comp.starts_with("gz");
+    c.v2_size(if gz { zlib_bound(B) } else { B })
 }
 
 #[test]
@@ -368,7 +337,22 @@ fn cows_verify_merge_to_the_new_image_in_every_version_and_compression() {
                         assert_eq!(len - slack, est.cow_size, "{what}");
                     }
                     assert_eq!(est.estimate_cow_size, est.cow_size + est.cow_size / 100);
-                    let bound = analytical_bound(&cow, len, &est.report, &what);
+                    // The counts from the payload are the writer's.
+                    let c = Counts::from_payload(&p, profile);
+                    let r = est.report;
+                    assert_eq!(
+                        (c.copy, c.xor, c.replace, c.zero, c.verity, c.sequence),
+                        (
+                            r.copy_blocks,
+                            r.xor_blocks,
+                            r.replace_blocks,
+                            r.zero_blocks,
+                            r.verity_blocks,
+                            r.sequence_blocks
+                        ),
+                        "{what}: counts from the payload"
+                    );
+                    let bound = analytical_bound(&cow, len, &c, params.op_count_max, comp, &what);
                     assert!(
                         len <= bound,
                         "{what}: {len} over the analytical bound {bound}"
@@ -377,21 +361,10 @@ fn cows_verify_merge_to_the_new_image_in_every_version_and_compression() {
                         assert_eq!(len, bound, "{what}: uncompressed = the bound");
                     }
                     if version == 3 && comp == "none" && factor == 0 {
-                        let r = est.report;
-                        let ops = r.copy_blocks
-                            + r.xor_blocks
-                            + r.replace_blocks
-                            + r.zero_blocks
-                            + r.verity_blocks;
-                        let data = r.xor_blocks + r.replace_blocks + r.verity_blocks;
-                        let want = analytical_v3_none(
-                            cow.header(),
-                            r.sequence_blocks,
-                            params.op_count_max,
-                            data,
-                        );
+                        // One op record per block without multi-block units.
+                        assert_eq!(c.op_records(), r.op_records, "{what}");
+                        let want = c.v3_size(params.op_count_max, B);
                         assert_eq!(len, want, "{what}: analytical size");
-                        assert_eq!(ops, est.report.op_records, "{what}");
                     }
                 }
             }

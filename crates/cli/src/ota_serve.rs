@@ -6,13 +6,14 @@
 //! `--merge` merges each COW into its old image while serving, as `snapblk serve --merge`.
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use clap::Args;
 use snapblk_nbd::{Export, Listener, Server, ServerConfig, SharedDevice, TermSignals};
 use snapblk_ota::DeviceProfile;
+use snapblk_snapshot::{Activity, MergeState, MergeStats};
 
 use super::cow::{Job, make};
 
@@ -245,11 +246,12 @@ pub(super) fn run(a: &ServeArgs) -> Result<()> {
         let dev = snapblk::open(&spec, 1).map_err(|e| anyhow::anyhow!("opening {spec}: {e}"))?;
         devs.push((name.clone(), dev, serde_json::json!({"image": img})));
     }
+    let merges = Merges::of(a, &devs);
     if let Some(dir) = &a.fuse {
-        return serve_fuse(a, dir, devs, sigs, &work);
+        return serve_fuse(a, dir, devs, sigs, &work, &merges);
     }
     if a.ublk {
-        return serve_ublk(a, devs, sigs, &work);
+        return serve_ublk(a, devs, sigs, &work, &merges);
     }
     let Some(addr) = &a.nbd else {
         bail!("one of --nbd, --fuse, --ublk is required");
@@ -310,16 +312,15 @@ pub(super) fn run(a: &ServeArgs) -> Result<()> {
             eprintln!("snapblk: serving {u}");
         }
     }
+    merges.watch("nbd");
     let r = server.run(&listener);
     done.store(true, std::sync::atomic::Ordering::Relaxed);
     let _ = watcher.join();
     drop(listener);
+    let stats = merges.finish();
     r.context("NBD server")?;
     if a.json {
-        say!(
-            "{}",
-            serde_json::json!({"schema": OTA_SERVE_SCHEMA, "event": "stopped", "export": "nbd"})
-        );
+        say!("{}", stopped_line("nbd", stats));
     }
     Ok(())
 }
@@ -366,6 +367,7 @@ fn serve_fuse(
     devs: Vec<(String, snapblk::Blkio, serde_json::Value)>,
     sigs: TermSignals,
     work: &Path,
+    merges: &Merges,
 ) -> Result<()> {
     let mut mounts = Vec::new();
     let mut listed = Vec::new();
@@ -409,6 +411,7 @@ fn serve_fuse(
             eprintln!("snapblk: serving {}", e["path"].as_str().unwrap_or(""));
         }
     }
+    merges.watch("fuse");
     // Until a signal (or every mount is unmounted from outside); then unmount each, lazily
     // when it is busy, so the users still holding it finish.
     while !mounts.iter().all(|m| m.is_finished()) {
@@ -430,11 +433,9 @@ fn serve_fuse(
             Err(e) => return Err(e.into()),
         }
     }
+    let stats = merges.finish();
     if a.json {
-        say!(
-            "{}",
-            serde_json::json!({"schema": OTA_SERVE_SCHEMA, "event": "stopped", "export": "fuse"})
-        );
+        say!("{}", stopped_line("fuse", stats));
     }
     Ok(())
 }
@@ -446,6 +447,7 @@ fn serve_ublk(
     devs: Vec<(String, snapblk::Blkio, serde_json::Value)>,
     sigs: TermSignals,
     work: &Path,
+    merges: &Merges,
 ) -> Result<()> {
     use std::sync::atomic::{AtomicBool, Ordering};
     let stop = Arc::new(AtomicBool::new(false));
@@ -551,6 +553,7 @@ fn serve_ublk(
                 );
             }
         }
+        merges.watch("ublk");
         // Until a signal or a server failure.
         loop {
             if sigs.wait(Duration::from_millis(200)).is_some() {
@@ -565,6 +568,7 @@ fn serve_ublk(
             }
         }
     }
+    let stats = merges.finish();
     stop.store(true, Ordering::Relaxed);
     let mut first_err = None;
     for (t, e) in threads.into_iter().zip(&listed) {
@@ -590,10 +594,116 @@ fn serve_ublk(
         bail!("{f}");
     }
     if a.json {
-        say!(
-            "{}",
-            serde_json::json!({"event": "stopped", "export": "ublk"})
-        );
+        say!("{}", stopped_line("ublk", stats));
     }
     Ok(())
+}
+
+/// The `stopped` line: with `--merge`, each partition's merge counters under `merges`.
+fn stopped_line(export: &str, merges: Option<serde_json::Value>) -> serde_json::Value {
+    let mut v =
+        serde_json::json!({"schema": OTA_SERVE_SCHEMA, "event": "stopped", "export": export});
+    if let (Some(m), Some(o)) = (merges, v.as_object_mut()) {
+        o.insert("merges".into(), m);
+    }
+    v
+}
+
+/// The merges `ota serve --merge` runs, one per partition with a COW: a `merge` line (or a
+/// line on stderr) when one ends while serving, and at the stop each one stopped at its next
+/// durable step and its counters returned for the `stopped` line. No `merge` line follows
+/// `stopped`.
+struct Merges {
+    acts: Vec<(String, Arc<Activity>)>,
+    json: bool,
+    /// Set once the stop began: the watchers print nothing more.
+    closed: Arc<Mutex<bool>>,
+}
+
+impl Merges {
+    fn of(a: &ServeArgs, devs: &[(String, snapblk::Blkio, serde_json::Value)]) -> Merges {
+        let acts = devs
+            .iter()
+            .filter(|_| a.merge)
+            .filter_map(|(name, dev, _)| Activity::of(dev).map(|act| (name.clone(), act)))
+            .filter(|(_, act)| act.merge().stats().state != MergeState::Off)
+            .collect();
+        Merges {
+            acts,
+            json: a.json,
+            closed: Arc::default(),
+        }
+    }
+
+    /// After the `ready` line: a thread per merge that reports its end.
+    fn watch(&self, export: &'static str) {
+        for (name, act) in &self.acts {
+            let (name, act, closed, json) =
+                (name.clone(), act.clone(), self.closed.clone(), self.json);
+            let _ = std::thread::Builder::new()
+                .name("merge-watch".into())
+                .spawn(move || {
+                    let task = act.merge();
+                    let mut shown = task.stats().merged;
+                    loop {
+                        let st = task.wait_progress(shown, Duration::from_secs(3600));
+                        if matches!(st.state, MergeState::Running | MergeState::Paused) {
+                            shown = st.merged;
+                            continue;
+                        }
+                        let closed = closed.lock().unwrap_or_else(|e| e.into_inner());
+                        if !*closed {
+                            report_merge(json, export, &name, &st);
+                        }
+                        return;
+                    }
+                });
+        }
+    }
+
+    /// Stop every merge at its next durable step (bounded by one merge window's I/O) and
+    /// return their counters by partition; `None` without `--merge`.
+    fn finish(&self) -> Option<serde_json::Value> {
+        *self.closed.lock().unwrap_or_else(|e| e.into_inner()) = true;
+        if self.acts.is_empty() {
+            return None;
+        }
+        let mut all = serde_json::Map::new();
+        for (name, act) in &self.acts {
+            let task = act.merge();
+            task.stop();
+            let st = task.wait(Duration::from_secs(3600));
+            if st.state == MergeState::Stopped && !self.json {
+                eprintln!(
+                    "snapblk: merge of {name} stopped at {} of {} ops (run --merge again to resume)",
+                    st.merged, st.total
+                );
+            }
+            all.insert(name.clone(), serde_json::json!(st));
+        }
+        Some(serde_json::Value::Object(all))
+    }
+}
+
+/// One partition's merge ended while serving: a JSON line, or a line on stderr.
+fn report_merge(json: bool, export: &str, name: &str, st: &MergeStats) {
+    if json {
+        use std::io::Write;
+        let v = serde_json::json!({"schema": OTA_SERVE_SCHEMA, "event": "merge", "export": export,
+            "partition": name, "stats": st});
+        let mut o = std::io::stdout().lock();
+        let _ = writeln!(o, "{v}");
+        let _ = o.flush();
+        return;
+    }
+    match &st.error {
+        None => eprintln!(
+            "snapblk: merge of {name} {}: {} of {} ops in {} ms",
+            serde_json::json!(st.state).as_str().unwrap_or("?"),
+            st.merged,
+            st.total,
+            st.elapsed_us / 1000
+        ),
+        Some(e) => eprintln!("snapblk: merge of {name} failed: {e}"),
+    }
 }

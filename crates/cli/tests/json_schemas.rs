@@ -626,6 +626,32 @@ fn ota_documents_validate() {
     for l in std::iter::once(ready).chain(rest.iter().map(|l| serde_json::from_str(l).unwrap())) {
         check(&l, "snapblk.ota-serve-event.v1", "ota serve");
     }
+    // With --merge: the `merge` line of each partition and the `stopped` line's counters.
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_snapblk"));
+    cmd.args(["ota", "serve", path_str(&pay), "--source", path_str(&src)])
+        .args([
+            "--work",
+            path_str(&c.p("work-m")),
+            "--merge",
+            "--nbd",
+            "0",
+            "--json",
+        ]);
+    let mut srv = snapblk_testsupport::ReadyProcess::spawn(&mut cmd).unwrap();
+    check(
+        &srv.ready,
+        "snapblk.ota-serve-event.v1",
+        "ota serve --merge",
+    );
+    let (merge, _) = srv
+        .wait_event("merge", std::time::Duration::from_secs(120))
+        .unwrap();
+    check(&merge, "snapblk.ota-serve-event.v1", "ota serve --merge");
+    let (st, rest, err) = srv.stop();
+    assert!(st.success(), "{err}");
+    let stopped: Value = serde_json::from_str(rest.last().unwrap()).unwrap();
+    assert!(stopped["merges"]["system"].is_object(), "{stopped}");
+    check(&stopped, "snapblk.ota-serve-event.v1", "ota serve --merge");
 }
 
 /// `snapblk ctl SOCK CMD --json`: its exit status and its one-line document.

@@ -489,24 +489,34 @@ fn ota_serve_merge_serves_the_new_image_and_leaves_it_in_the_old_one() {
         std::fs::read(&got).unwrap() == s.new,
         "served while merging"
     );
-    // The server's own merge, nothing else, turns the old image into the new one.
+    // The server's own merge, nothing else, turns the old image into the new one: it says so
+    // in a `merge` line, and the `stopped` line's counters agree.
+    let mut srv = srv;
+    let (line, _) = srv
+        .wait_event("merge", std::time::Duration::from_secs(120))
+        .unwrap();
+    assert_eq!(line["partition"], "system", "{line}");
+    assert_eq!(line["stats"]["state"], "done", "{line}");
     let base = s.old_dir.join("system.img");
-    let t0 = std::time::Instant::now();
-    while std::fs::read(&base).unwrap()[..s.new.len()] != s.new[..] {
-        assert!(
-            t0.elapsed() < std::time::Duration::from_secs(120),
-            "ota serve --merge did not merge within 120 s"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    }
+    assert!(
+        std::fs::read(&base).unwrap()[..s.new.len()] == s.new[..],
+        "old image after the merge"
+    );
     let after = s.d.join("after.img");
     nbd::copy(&srv.ready_str("uri"), path_str(&after));
     assert!(
         std::fs::read(&after).unwrap() == s.new,
         "served after the merge"
     );
-    let (status, _, err) = srv.stop();
+    let (status, rest, err) = srv.stop();
     assert!(status.success(), "{err}");
+    let stopped: serde_json::Value = serde_json::from_str(rest.last().unwrap()).unwrap();
+    assert_eq!(stopped["event"], "stopped", "{stopped}");
+    let st = &stopped["merges"]["system"];
+    assert!(
+        st["state"] == "done" && st["merged"] == st["total"] && st["total"].as_u64() > Some(0),
+        "{stopped}"
+    );
     // The old image now holds new data: serving that work directory without --merge is
     // refused.
     let mut plain = vec!["ota", "serve", path_str(&s.ota), "--source"];

@@ -16,8 +16,9 @@ without --allow-destructive the target is opened read-only and only reads, and t
 refusal of writes, are checked. A spec with read-only=false then is refused.
 Set num-queues in SPEC to choose the queues; otherwise min(max-queues, 4) are used.
 
---drop-unreaped N opens SPEC N more times, drops each instance with reads submitted and
-not reaped, and checks that the process's open files do not grow (check drop-unreaped).";
+--drop-unreaped N opens SPEC N more times (after 3 warm-up opens), drops each instance
+with reads submitted and not reaped, and checks that the process's open files do not grow
+(check drop-unreaped).";
 
 fn main() -> ExitCode {
     let mut spec = None;

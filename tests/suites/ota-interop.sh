@@ -52,16 +52,16 @@ interop payload_dumper_applies_generated_bsdiff40_payloads \
 # Both read the AOSP sample full payload to the same images.
 cargo build -q -p snapblk-cli || { bad "cargo build -p snapblk-cli"; echo "$passed passed, $failed failed"; exit 1; }
 snapblk=${CARGO_TARGET_DIR:-$root/target}/debug/snapblk
-# The command line itself: `snapblk ota generate --bsdiff-format bsdiff40` of an ext4 pair (an
-# edited file, one with bytes inserted, a moved, a deleted and a new one), applied by
-# payload-dumper to the new image.
+# The command line itself: `snapblk ota generate --bsdiff-format bsdiff40` of an ext4 pair (a
+# file edited and moved, one with bytes inserted, a deleted, a copied and a new one), applied
+# by payload-dumper to the new image.
 mkdir -p "$work/t1/a" "$work/t1/b" "$work/gold" "$work/gnew"
 seq 1 60000 > "$work/t1/a/text"; head -c 400000 /dev/urandom > "$work/t1/b/blob"
 head -c 200000 /dev/urandom > "$work/t1/a/gone"
 cp -a "$work/t1" "$work/t2"
 sed -i 's/7/seven/g' "$work/t2/a/text"
 { head -c 1000 "$work/t1/b/blob"; echo inserted; tail -c +1001 "$work/t1/b/blob"; } > "$work/t2/b/blob"
-mv "$work/t2/a/gone" "$work/t2/moved"; rm -f "$work/t2/moved"; cp "$work/t1/b/blob" "$work/t2/a/copy"
+rm "$work/t2/a/gone"; mv "$work/t2/a/text" "$work/t2/text"; cp "$work/t1/b/blob" "$work/t2/a/copy"
 head -c 100000 /dev/urandom > "$work/t2/new"
 mke2fs -q -t ext4 -b 4096 -E root_owner=0:0 -d "$work/t1" "$work/gold/system.img" 8M >/dev/null 2>&1
 mke2fs -q -t ext4 -b 4096 -E root_owner=0:0 -d "$work/t2" "$work/gnew/system.img" 8M >/dev/null 2>&1

@@ -15,22 +15,23 @@
 #             the write-around policy, which completes a write before the OSD has it (up to
 #             `rbd_cache_max_dirty` in flight); snap-c's reference
 #
-# Every run starts with a RAMP-second ramp (1 s; fio's and `snapblk bench`'s ramp_time) that is
+# Every run starts with a RAMP-second ramp (-R, default 1 s; fio's and `snapblk bench`'s ramp_time) that is
 # not measured: the first write of an open image waits for librbd's exclusive lock, which fio,
 # flushing at open, takes before its clock starts. The sides' order rotates from round to
 # round, and the ratios are paired: each round's run against the same round's reference run,
-# the median and range of those.
+# the median and range of those (with an even number of rounds, "median" is the lower middle
+# value: use an odd -r).
 #
-# Usage: bench/rbd-bench.sh [-r ROUNDS] [-t SECONDS] [-o OUT.txt]
+# Usage: bench/rbd-bench.sh [-r ROUNDS] [-t SECONDS] [-R RAMP_SECONDS] [-o OUT.txt]
 # Needs: ceph-mon ceph-osd ceph-common (scripts/install-deps.sh), fio with the rbd engine, a
 # release build of snapblk and libblkio.so.1 (built here if missing).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-ROUNDS=3 SECS=5 RAMP=${RAMP:-1} OUT=""
-while getopts "r:t:o:" o; do
+ROUNDS=3 SECS=5 RAMP=1 OUT=""
+while getopts "r:t:R:o:" o; do
   case $o in
-    r) ROUNDS=$OPTARG ;; t) SECS=$OPTARG ;; o) OUT=$OPTARG ;;
-    *) echo "usage: $0 [-r ROUNDS] [-t SECONDS] [-o OUT.txt]" >&2; exit 2 ;;
+    r) ROUNDS=$OPTARG ;; t) SECS=$OPTARG ;; R) RAMP=$OPTARG ;; o) OUT=$OPTARG ;;
+    *) echo "usage: $0 [-r ROUNDS] [-t SECONDS] [-R RAMP_SECONDS] [-o OUT.txt]" >&2; exit 2 ;;
   esac
 done
 . bench/lib/rbd-setup.sh

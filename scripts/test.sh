@@ -26,7 +26,12 @@ step() {
 failed_step() { fail=1; failed_steps+=("$1"); }
 # Free space where target/ lives: a build that dies with a linker bus error usually means a full disk.
 free_space() { df -h --output=avail . | tail -1 | tr -d ' '; }
-build_failed() { echo "build failed (free disk space here: $(free_space))"; exit 1; }
+build_failed() {
+  echo "build failed (free disk space here: $(free_space))"
+  times+=("$cur_step $((SECONDS - t_step))")
+  echo "wall time per step (s):"; printf '  %s\n' "${times[@]}"
+  exit 1
+}
 echo "free disk space before the build: $(free_space)"
 
 step "cargo fmt --check"

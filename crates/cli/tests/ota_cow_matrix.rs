@@ -21,7 +21,8 @@ use std::process::Command;
 use snapblk_ota::testing::vabc::{VabcFields, set_vabc};
 use snapblk_ota::testing::{Built, DeltaOp, Encoding, PayloadBuilder};
 use snapblk_ota::{CowMergeOpType, DeviceProfile, OpType, Payload, VabcParams, estimate_vabc_cow};
-use snapblk_testsupport::{TempDir, nbd, path_str, pattern, tool_ok};
+use snapblk_testsupport::ext4;
+use snapblk_testsupport::{TempDir, nbd, path_str, pattern};
 
 #[path = "cli_common.rs"]
 mod common;
@@ -50,33 +51,6 @@ fn json(s: &str) -> serde_json::Value {
     serde_json::from_str(s).unwrap_or_else(|e| panic!("{e}: {s}"))
 }
 
-/// A 16 MiB ext4 image of `files` (name, bytes), made by mkfs.ext4 -d.
-fn ext4(d: &TempDir, tag: &str, files: &[(&str, Vec<u8>)]) -> Vec<u8> {
-    let dir = d.join(tag);
-    for (n, b) in files {
-        let p = dir.join(n);
-        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
-        std::fs::write(p, b).unwrap();
-    }
-    let img = d.join(&format!("{tag}.img"));
-    tool_ok(
-        "mkfs.ext4",
-        &[
-            "-q",
-            "-F",
-            "-b",
-            "4096",
-            "-E",
-            "root_owner=0:0",
-            "-d",
-            path_str(&dir),
-            path_str(&img),
-            "16M",
-        ],
-    );
-    read(&img)
-}
-
 /// The old and new ext4 images, as D/old/system.img and D/new/system.img.
 fn ext4_pair(d: &TempDir) -> (Vec<u8>, Vec<u8>) {
     // 1 MiB with 1,234 bytes inserted near its start: every later block of it shifts, so
@@ -96,8 +70,8 @@ fn ext4_pair(d: &TempDir) -> (Vec<u8>, Vec<u8>) {
     let mut zr2 = zr.clone();
     zr2[100 << 10..400 << 10].fill(0);
     let moved = pattern(1 << 20, 55);
-    let old = ext4(
-        d,
+    let old = ext4::of_files(
+        d.path(),
         "o",
         &[
             ("a/doc", doc),
@@ -106,9 +80,10 @@ fn ext4_pair(d: &TempDir) -> (Vec<u8>, Vec<u8>) {
             ("e/moved", moved.clone()),
             ("z/zeroed", zr),
         ],
+        16,
     );
-    let new = ext4(
-        d,
+    let new = ext4::of_files(
+        d.path(),
         "n",
         &[
             ("a/doc", doc2),
@@ -117,6 +92,7 @@ fn ext4_pair(d: &TempDir) -> (Vec<u8>, Vec<u8>) {
             ("f/moved", moved),
             ("z/zeroed", zr2),
         ],
+        16,
     );
     for (sub, img) in [("old", &old), ("new", &new)] {
         std::fs::create_dir(d.join(sub)).unwrap();

@@ -8,8 +8,9 @@
 
 use std::path::Path;
 
+use snapblk_testsupport::ext4;
 use snapblk_testsupport::openssl;
-use snapblk_testsupport::{TempDir, nbd, path_str, pattern, tool_ok};
+use snapblk_testsupport::{TempDir, nbd, path_str, pattern};
 
 #[path = "cli_common.rs"]
 mod common;
@@ -304,33 +305,6 @@ fn bad_inputs_are_refused_before_anything_is_written() {
     assert!(!pay.exists(), "a refused run left {}", pay.display());
 }
 
-/// An 8 MiB ext4 image of `files` (name, bytes) at `img`.
-fn ext4(d: &TempDir, tag: &str, files: &[(&str, Vec<u8>)]) -> Vec<u8> {
-    let dir = d.join(tag);
-    for (n, b) in files {
-        let p = dir.join(n);
-        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
-        std::fs::write(p, b).unwrap();
-    }
-    let img = d.join(&format!("{tag}.img"));
-    tool_ok(
-        "mkfs.ext4",
-        &[
-            "-q",
-            "-F",
-            "-b",
-            "4096",
-            "-E",
-            "root_owner=0:0",
-            "-d",
-            path_str(&dir),
-            path_str(&img),
-            "8M",
-        ],
-    );
-    read(&img)
-}
-
 #[test]
 fn generated_payload_to_cow_served_and_merged_is_the_new_image() {
     let d = TempDir::new("ota-gen-cow");
@@ -340,23 +314,25 @@ fn generated_payload_to_cow_served_and_merged_is_the_new_image() {
     let mut bin2 = pattern(300 * 1024, 43);
     let bin = bin2.clone();
     bin2[5000..5100].fill(1);
-    let old = ext4(
-        &d,
+    let old = ext4::of_files(
+        d.path(),
         "o",
         &[
             ("a/doc", doc),
             ("b/bin", bin),
             ("c/gone", pattern(90_000, 44)),
         ],
+        8,
     );
-    let new = ext4(
-        &d,
+    let new = ext4::of_files(
+        d.path(),
         "n",
         &[
             ("a/doc", doc2),
             ("b/bin", bin2),
             ("d/new", pattern(50_000, 45)),
         ],
+        8,
     );
     for sub in ["old", "new"] {
         std::fs::create_dir(d.join(sub)).unwrap();

@@ -46,28 +46,6 @@ fn write(dir: &Path, name: &str, data: &[u8]) {
     std::fs::write(p, data).unwrap();
 }
 
-/// An ext4 image of `mib` MiB holding `dir`.
-fn mkfs(dir: &Path, img: &Path, mib: u32) -> Vec<u8> {
-    tool_ok(
-        "mkfs.ext4",
-        &[
-            "-q",
-            "-F",
-            "-b",
-            "4096",
-            "-U",
-            "6f2c6e8e-5b1a-4c43-9d61-2f1f6b0d7a10",
-            "-E",
-            "root_owner=0:0,hash_seed=0b7a8f6c-41a9-4f35-8d39-8a8d2c1c4f01",
-            "-d",
-            path_str(dir),
-            path_str(img),
-            &format!("{mib}M"),
-        ],
-    );
-    std::fs::read(img).unwrap()
-}
-
 /// (old image, new image) of a 24 MiB ext4 pair with every kind of change.
 fn ext4_pair(d: &TempDir) -> (Vec<u8>, Vec<u8>) {
     let (o, n) = (d.join("old"), d.join("new"));
@@ -105,8 +83,8 @@ fn ext4_pair(d: &TempDir) -> (Vec<u8>, Vec<u8>) {
             write(dir, "zero/holey", &z);
         }
     }
-    let old = mkfs(&o, &d.join("old.img"), 24);
-    let mut new = mkfs(&n, &d.join("new.img"), 24);
+    let old = snapblk_testsupport::ext4::mkfs(&o, &d.join("old.img"), 24);
+    let mut new = snapblk_testsupport::ext4::mkfs(&n, &d.join("new.img"), 24);
     // A zeroed region of the image itself (past the file data, inside the partition).
     new[20 * 1024 * 1024..20 * 1024 * 1024 + 64 * 1024].fill(0);
     (old, new)

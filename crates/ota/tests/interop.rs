@@ -9,6 +9,7 @@
 //! dumper's path in `PAYLOAD_DUMPER` and the venv's python in `BSDIFF4_PYTHON`.
 
 use snapblk_ota::testing::{Encoding, PayloadBuilder};
+use snapblk_testsupport::ext4;
 use snapblk_testsupport::{TempDir, path_str, pattern, tool_ok};
 
 #[test]
@@ -191,21 +192,6 @@ fn payload_dumper_reads_our_incremental_payloads_to_the_same_images() {
     }
 }
 
-/// An ext4 image of 16 MiB holding `files`, made by mkfs.ext4 in `d/tag`.
-fn ext4(d: &TempDir, tag: &str, files: &[(&str, Vec<u8>)]) -> Vec<u8> {
-    let dir = d.join(tag);
-    for (n, b) in files {
-        let p = dir.join(n);
-        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
-        std::fs::write(p, b).unwrap();
-    }
-    let img = d.join(&format!("{tag}.img"));
-    let mut args = ["-q", "-F", "-b", "4096", "-E", "root_owner=0:0", "-d"].to_vec();
-    args.extend([path_str(&dir), path_str(&img), "16M"]);
-    tool_ok("mkfs.ext4", &args);
-    std::fs::read(&img).unwrap()
-}
-
 #[test]
 #[ignore = "needs PyPI payload-dumper and bsdiff4: tests/suites/ota-interop.sh"]
 fn payload_dumper_applies_generated_bsdiff40_payloads() {
@@ -230,7 +216,7 @@ fn payload_dumper_applies_generated_bsdiff40_payloads() {
         ("c/moved", moved.clone()),
         ("d/gone", gone),
     ];
-    let old = ext4(&d, "old-fs", &old_files);
+    let old = ext4::of_files(d.path(), "old-fs", &old_files, 16);
     let fresh = pattern(60_000, 56);
     let new_files = [
         ("a/doc", doc2),
@@ -238,7 +224,7 @@ fn payload_dumper_applies_generated_bsdiff40_payloads() {
         ("x/moved", moved),
         ("e/fresh", fresh),
     ];
-    let new = ext4(&d, "new-fs", &new_files);
+    let new = ext4::of_files(d.path(), "new-fs", &new_files, 16);
     let opts = GenerateOptions {
         bsdiff_format: BsdiffFormat::Bsdiff40,
         threads: 2,

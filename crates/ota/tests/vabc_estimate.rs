@@ -38,7 +38,7 @@ use snapblk_ota::{
     DeltaArchiveManifest, DeviceProfile, GenerateOptions, PartitionImages, Payload, VabcOptions,
     VabcParams, estimate_vabc_cow, generate, write_vabc_cow,
 };
-use snapblk_testsupport::{TempDir, path_str, pattern, tool_ok};
+use snapblk_testsupport::{TempDir, pattern};
 
 mod cow_size;
 
@@ -75,27 +75,6 @@ fn noise(len: usize, seed: u64) -> Vec<u8> {
     }
     v.truncate(len);
     v
-}
-
-fn mkfs(dir: &std::path::Path, img: &std::path::Path, mib: u32) -> Vec<u8> {
-    tool_ok(
-        "mkfs.ext4",
-        &[
-            "-q",
-            "-F",
-            "-b",
-            "4096",
-            "-U",
-            "6f2c6e8e-5b1a-4c43-9d61-2f1f6b0d7a10",
-            "-E",
-            "root_owner=0:0,hash_seed=0b7a8f6c-41a9-4f35-8d39-8a8d2c1c4f01",
-            "-d",
-            path_str(dir),
-            path_str(img),
-            &format!("{mib}M"),
-        ],
-    );
-    std::fs::read(img).unwrap()
 }
 
 /// A 24 MiB ext4 pair with every kind of change, over a dozen files.
@@ -156,8 +135,8 @@ fn ext4_pair(d: &TempDir) -> (Vec<u8>, Vec<u8>) {
             put(dir, &format!("bin/b{k}"), &b);
         }
     }
-    let old = mkfs(&o, &d.join("old.img"), 24);
-    let mut new = mkfs(&n, &d.join("new.img"), 24);
+    let old = snapblk_testsupport::ext4::mkfs(&o, &d.join("old.img"), 24);
+    let mut new = snapblk_testsupport::ext4::mkfs(&n, &d.join("new.img"), 24);
     new[20 << 20..(20 << 20) + (64 << 10)].fill(0);
     (old, new)
 }

@@ -8,6 +8,7 @@
 //! Everything here panics on failure: it runs inside tests, where a panic is the failure report.
 
 pub mod errors;
+pub mod ext4;
 pub mod golden;
 pub mod nbd;
 pub mod openssl;

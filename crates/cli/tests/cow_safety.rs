@@ -5,6 +5,7 @@
 //! real binary; the findings they reproduce are rows D1, D2, D6, C2, H1, W1, W2, W3 of the
 //! data-safety issue (docs/safety.md maps them).
 
+use snapblk_testsupport::entries;
 use snapblk_testsupport::{TempDir, assert_file_eq, path_str};
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -12,16 +13,6 @@ use std::process::{Command, Stdio};
 #[path = "cli_common.rs"]
 mod common;
 use common::{Case, ok, patch, read, refused, replace_op_offset, snapblk};
-
-/// Names of the entries of `dir`, sorted.
-fn entries(dir: &Path) -> Vec<String> {
-    let mut v: Vec<String> = std::fs::read_dir(dir)
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .collect();
-    v.sort();
-    v
-}
 
 #[test]
 fn create_refuses_outputs_that_are_its_inputs() {

@@ -6,6 +6,7 @@
 //! partition whose dm-verity hash tree and FEC (made by veritysetup) the payload leaves out
 //! built to exactly veritysetup's image.
 
+use snapblk_testsupport::entries;
 use std::path::{Path, PathBuf};
 
 use snapblk_ota::OpType;
@@ -31,15 +32,6 @@ fn samples() -> TempDir {
     std::fs::copy(d.join("disk_ext2_4k_empty.img"), d.join("old/kernel.img")).unwrap();
     std::fs::copy(d.join("disk_sqfs_empty.img"), d.join("old/root.img")).unwrap();
     d
-}
-
-fn entries(dir: &Path) -> Vec<String> {
-    let mut v: Vec<String> = std::fs::read_dir(dir)
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .collect();
-    v.sort();
-    v
 }
 
 fn sha256_hex(p: &Path) -> String {

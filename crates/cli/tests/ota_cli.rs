@@ -4,6 +4,7 @@
 //! rules (untrusted partition names, outputs that are the input, nothing under a
 //! final name after a failure).
 
+use snapblk_testsupport::entries;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
@@ -25,15 +26,6 @@ fn samples() -> TempDir {
         );
     }
     d
-}
-
-fn entries(dir: &Path) -> Vec<String> {
-    let mut v: Vec<String> = std::fs::read_dir(dir)
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .collect();
-    v.sort();
-    v
 }
 
 fn sha256_hex(p: &Path) -> String {

@@ -7,6 +7,7 @@
 //! `--verify-merge` report the payload's hash; a COW that would not fit, a payload without
 //! estimates and `-o` = `--source` are refused with nothing named.
 
+use snapblk_testsupport::entries;
 use std::path::{Path, PathBuf};
 
 use snapblk_ota::testing::vabc::{VabcFields, vabc_case};
@@ -88,15 +89,6 @@ fn fields(version: u32, compression: &str) -> VabcFields {
         batch_writes: true,
         threaded: true,
     }
-}
-
-fn entries(dir: &Path) -> Vec<String> {
-    let mut v: Vec<String> = std::fs::read_dir(dir)
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .collect();
-    v.sort();
-    v
 }
 
 fn sha256_hex(b: &[u8]) -> String {

@@ -15,6 +15,7 @@
 //! `--verify-merge` refuses to start its merge-on-a-copy on a file system without room for
 //! the copies (a small tmpfs).
 
+use snapblk_testsupport::entries;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -33,15 +34,6 @@ use serve_common::Serve;
 
 const BS: usize = 4096;
 const MIB: u64 = 1 << 20;
-
-fn entries(dir: &Path) -> Vec<String> {
-    let mut v: Vec<String> = std::fs::read_dir(dir)
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .collect();
-    v.sort();
-    v
-}
 
 fn sha256_hex(b: &[u8]) -> String {
     snapblk_ota::hex(&snapblk_ota::testing::sha256(b))

@@ -110,6 +110,16 @@ pub fn assert_file_eq(path: &Path, expect: &[u8], what: &str) {
     }
 }
 
+/// The names in `dir`, sorted (what a command left in its output directory).
+pub fn entries(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    v.sort();
+    v
+}
+
 /// Path as `&str` (test paths are always UTF-8).
 pub fn path_str(p: &Path) -> &str {
     p.to_str().expect("test paths are UTF-8")

@@ -15,12 +15,15 @@
 #             the write-around policy, which completes a write before the OSD has it (up to
 #             `rbd_cache_max_dirty` in flight); snap-c's reference
 #
-# Every run starts with a RAMP-second ramp (-R, default 1 s; fio's and `snapblk bench`'s ramp_time) that is
-# not measured: the first write of an open image waits for librbd's exclusive lock, which fio,
-# flushing at open, takes before its clock starts. The sides' order rotates from round to
-# round, and the ratios are paired: each round's run against the same round's reference run,
-# the median and range of those (with an even number of rounds, "median" is the lower middle
-# value: use an odd -r).
+# Every run starts with a RAMP-second ramp (-R, default 1 s; fio's and `snapblk bench`'s
+# ramp_time) that is not measured: the first write of an open image waits for librbd's exclusive
+# lock, which fio, flushing at open, takes before its clock starts. The sides' order rotates from
+# round to round, and the ratios are paired: each round's run against the same round's reference
+# run, the median and range of those (with an even number of rounds, "median" is the lower
+# middle value: use an odd -r).
+#
+# SIDES="..." runs some of the sides (each with its reference), CELLS="randwrite:32 ..." some of
+# the four workload:depth cells (default all).
 #
 # Usage: bench/rbd-bench.sh [-r ROUNDS] [-t SECONDS] [-R RAMP_SECONDS] [-o OUT.txt]
 # Needs: ceph-mon ceph-osd ceph-common (scripts/install-deps.sh), fio with the rbd engine, a
@@ -33,6 +36,13 @@ while getopts "r:t:R:o:" o; do
     r) ROUNDS=$OPTARG ;; t) SECS=$OPTARG ;; R) RAMP=$OPTARG ;; o) OUT=$OPTARG ;;
     *) echo "usage: $0 [-r ROUNDS] [-t SECONDS] [-R RAMP_SECONDS] [-o OUT.txt]" >&2; exit 2 ;;
   esac
+done
+read -ra SIDES <<<"${SIDES:-snapblk capi fio-nc snap-c fio}"
+read -ra CELLS <<<"${CELLS:-randread:1 randread:32 randwrite:1 randwrite:32}"
+# ref SIDE: the fio run a side is compared with.
+ref() { case $1 in snap-c|fio) echo fio ;; *) echo fio-nc ;; esac; }
+for side in "${SIDES[@]}"; do
+  case " ${SIDES[*]} " in *" $(ref "$side") "*) ;; *) echo "SIDES: $side needs $(ref "$side")" >&2; exit 2 ;; esac
 done
 . bench/lib/rbd-setup.sh
 rbd_setup rbd-bench
@@ -56,17 +66,15 @@ run() { # run SIDE RW QD -> IOPS
   esac
 }
 
-SIDES=(snapblk capi fio-nc snap-c fio)
-# ref SIDE: the fio run a side is compared with.
-ref() { case $1 in snap-c|fio) echo fio ;; *) echo fio-nc ;; esac; }
 # stats "A B C": median [min-max] of the numbers.
 stats() { tr ' ' '\n' <<<"$1" | grep . | sort -g | awk '{a[NR]=$1} END {printf "%.2f [%.2f-%.2f]", a[int((NR+1)/2)], a[1], a[NR]}'; }
 {
   echo "rbd bench: 4 KiB, ${SECS}s per run after a ${RAMP}s ramp, $ROUNDS rounds (order rotated), $(date -u +%FT%TZ), load $(cut -d' ' -f1-3 /proc/loadavg)"
   echo "commit $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
   printf '%-10s %-4s %-8s %s\n' workload qd side "IOPS per round, median; paired ratio to the reference: median [range]"
-  for rw in randread randwrite; do
-    for qd in 1 32; do
+  for cell in "${CELLS[@]}"; do
+    rw=${cell%%:*} qd=${cell##*:}
+    {
       declare -A res=()
       for r in $(seq 0 $((ROUNDS - 1))); do
         for k in $(seq 0 $((${#SIDES[@]} - 1))); do
@@ -86,6 +94,6 @@ stats() { tr ' ' '\n' <<<"$1" | grep . | sort -g | awk '{a[NR]=$1} END {printf "
           "$(stats "$ratios")" "$ref_"
       done
       unset res
-    done
+    }
   done
 } | tee "${OUT:-/dev/null}"

@@ -18,9 +18,10 @@
 # Every run starts with a RAMP-second ramp (-R, default 1 s; fio's and `snapblk bench`'s
 # ramp_time) that is not measured: the first write of an open image waits for librbd's exclusive
 # lock, which fio, flushing at open, takes before its clock starts. The sides' order rotates from
-# round to round, and the ratios are paired: each round's run against the same round's reference
-# run, the median and range of those (with an even number of rounds, "median" is the lower
-# middle value: use an odd -r).
+# round to round and runs backwards in every other round, so no side always runs right after the
+# same other one (a rotation alone keeps each side's neighbours). The ratios are paired: each
+# round's run against the same round's reference run, the median and range of those (with an
+# even number of rounds, "median" is the lower middle value: use an odd -r).
 #
 # SIDES="..." runs some of the sides (each with its reference), CELLS="randwrite:32 ..." some of
 # the four workload:depth cells (default all).
@@ -69,7 +70,7 @@ run() { # run SIDE RW QD -> IOPS
 # stats "A B C": median [min-max] of the numbers.
 stats() { tr ' ' '\n' <<<"$1" | grep . | sort -g | awk '{a[NR]=$1} END {printf "%.2f [%.2f-%.2f]", a[int((NR+1)/2)], a[1], a[NR]}'; }
 {
-  echo "rbd bench: 4 KiB, ${SECS}s per run after a ${RAMP}s ramp, $ROUNDS rounds (order rotated), $(date -u +%FT%TZ), load $(cut -d' ' -f1-3 /proc/loadavg)"
+  echo "rbd bench: 4 KiB, ${SECS}s per run after a ${RAMP}s ramp, $ROUNDS rounds (order rotated, reversed every other round), $(date -u +%FT%TZ), load $(cut -d' ' -f1-3 /proc/loadavg)"
   echo "commit $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
   printf '%-10s %-4s %-8s %s\n' workload qd side "IOPS per round, median; paired ratio to the reference: median [range]"
   for cell in "${CELLS[@]}"; do
@@ -78,7 +79,9 @@ stats() { tr ' ' '\n' <<<"$1" | grep . | sort -g | awk '{a[NR]=$1} END {printf "
       declare -A res=()
       for r in $(seq 0 $((ROUNDS - 1))); do
         for k in $(seq 0 $((${#SIDES[@]} - 1))); do
-          side=${SIDES[$(((r + k) % ${#SIDES[@]}))]}
+          i=$(((r + k) % ${#SIDES[@]}))
+          [ $((r % 2)) = 1 ] && i=$((${#SIDES[@]} - 1 - i))
+          side=${SIDES[$i]}
           res[$side]+="$(run "$side" $rw $qd) "
         done
       done

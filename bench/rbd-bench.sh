@@ -10,6 +10,8 @@
 #   capi      `snapblk bench --libblkio libblkio.so.1 --driver rbd` (through the C ABI; cache=false)
 #   fio-nc    `fio --ioengine=rbd` with `rbd cache = false` in its ceph.conf: the same librbd
 #             settings as snapblk and capi, their reference
+#   fio-nc2   the same fio run as fio-nc once more: its ratio to fio-nc is how far two runs of
+#             one command differ here, the noise floor of every other ratio
 #   snap-c    `snapblk bench rbd:...,cache=true` (librbd's cache on, as fio runs by default)
 #   fio       `fio --ioengine=rbd` as it runs by default: librbd's defaults, `rbd_cache=true` with
 #             the write-around policy, which completes a write before the OSD has it (up to
@@ -38,7 +40,7 @@ while getopts "r:t:R:o:" o; do
     *) echo "usage: $0 [-r ROUNDS] [-t SECONDS] [-R RAMP_SECONDS] [-o OUT.txt]" >&2; exit 2 ;;
   esac
 done
-read -ra SIDES <<<"${SIDES:-snapblk capi fio-nc snap-c fio}"
+read -ra SIDES <<<"${SIDES:-snapblk capi fio-nc fio-nc2 snap-c fio}"
 read -ra CELLS <<<"${CELLS:-randread:1 randread:32 randwrite:1 randwrite:32}"
 # ref SIDE: the fio run a side is compared with.
 ref() { case $1 in snap-c|fio) echo fio ;; *) echo fio-nc ;; esac; }
@@ -60,8 +62,8 @@ run() { # run SIDE RW QD -> IOPS
         --prop "conf=$CEPH_CONF" --prop lock=none --rw "$rw" --bs 4k --iodepth "$qd" --runtime "$SECS" \
         --ramp_time "$RAMP" --time_based \
         --json | snapblk_iops ;;
-    fio|fio-nc)
-      local conf=$CEPH_CONF; [ "$side" = fio-nc ] && conf=$NOCACHE_CONF
+    fio|fio-nc|fio-nc2)
+      local conf=$CEPH_CONF; [ "$side" != fio ] && conf=$NOCACHE_CONF
       CEPH_CONF=$conf fio --name=r --ioengine=rbd --pool=rbd --rbdname=bench --clientname=admin --rw="$rw" --bs=4k \
         --iodepth="$qd" --time_based --runtime="$SECS" --ramp_time="$RAMP" --output-format=json 2>/dev/null | fio_iops ;;
   esac

@@ -5,7 +5,9 @@
 # Checks: range reads through the cache match the object cold and warm, a replaced object, wrong
 # credentials, missing objects and a dead endpoint give clear errors, HTTPS with the private CA
 # (and refused without it), put/get round trips, a remote OTA's partition extracts to the same
-# bytes as the local one while fetching less than the whole zip, multipart uploads (read back
+# bytes as the local one while fetching less than the whole zip (and from its bare payload.bin,
+# with ota info), a COW and its record put, fetched back byte for byte, verified with its base
+# and merged into the target image, multipart uploads (read back
 # whole and by range, S3's multipart ETag, an interrupted one aborted), and a snapshot served over NBD
 # from a base and COW in the bucket reads as the AOSP golden target; and the same drivers from C
 # through libblkio.so.1 (tests/c/remote_test.c). Every daemon is stopped by
@@ -226,6 +228,51 @@ else cat "$work/ota.err"; bad "the remote extract fetched '${fetched}' of $size 
 if grep -q 'root:' "$work/info.txt" && diff <(grep -v fetched "$work/info.txt") "$work/info-local.txt" > /dev/null; then
   ok "ota info of a remote OTA says what it says of the local one"
 else cat "$work/info.txt"; bad "ota info of a remote OTA"; fi
+
+# The same OTA's payload.bin put bare (no zip around it): info and one partition, read remotely.
+python3 - "$work" <<'PY'
+import sys, zipfile
+w = sys.argv[1]
+with zipfile.ZipFile(f"{w}/ota.zip") as z, open(f"{w}/payload.bin", "wb") as f:
+    f.write(z.read("payload.bin"))
+PY
+"$snapblk" remote put "$work/payload.bin" "s3://$S3_TEST_BUCKET/payload.bin" > /dev/null || bad "remote put payload.bin"
+if "$snapblk" ota extract "s3://$S3_TEST_BUCKET/payload.bin" -o "$work/payload-remote" --partitions root > /dev/null 2> "$work/payload.err" \
+   && cmp -s "$work/ota-local/root.img" "$work/payload-remote/root.img"; then
+  ok "a remote bare payload.bin's partition extracts to the same bytes as the local OTA's"
+else cat "$work/payload.err"; bad "remote ota extract of a bare payload.bin"; fi
+"$snapblk" ota info "s3://$S3_TEST_BUCKET/payload.bin" > "$work/payload-info.txt" 2>&1
+"$snapblk" ota info "$work/payload.bin" > "$work/payload-info-local.txt" 2>&1
+if grep -q 'bare payload' "$work/payload-info.txt" && grep -q 'root:' "$work/payload-info.txt" \
+   && diff <(grep -v fetched "$work/payload-info.txt") "$work/payload-info-local.txt" > /dev/null; then
+  ok "ota info of a remote bare payload.bin says what it says of the local one"
+else cat "$work/payload-info.txt"; bad "ota info of a remote bare payload.bin"; fi
+
+# A COW and its record (COW.snapblk, by cow record) put together and fetched into a fresh
+# directory: the COW comes back byte for byte, verifies with its base against the record found
+# beside it, and merges a copy of the base into AOSP's target.img. v2_xor_seq_lz4 has copy, XOR
+# and lz4 ops, so the record covers base blocks read as well as blocks written.
+x=tests/data/aosp-cow/v2_xor_seq_lz4
+mkdir -p "$work/pub" "$work/fetch"
+cp "$x/snapshot.cow" "$work/pub/xor.cow"
+"$snapblk" cow record "$work/pub/xor.cow" --old "$x/base.img" --new "$x/target.img" > /dev/null 2>&1 || bad "cow record of $x"
+for f in xor.cow xor.cow.snapblk; do
+  "$snapblk" remote put "$work/pub/$f" "s3://$S3_TEST_BUCKET/$f" > /dev/null || bad "remote put $f"
+  "$snapblk" remote get "s3://$S3_TEST_BUCKET/$f" "$work/fetch/$f" > "$work/get-$f.txt" 2>&1 \
+    && grep -q 'matches the recorded sha256' "$work/get-$f.txt" || { cat "$work/get-$f.txt"; bad "remote get $f"; }
+done
+if cmp -s "$work/fetch/xor.cow" "$x/snapshot.cow" && cmp -s "$work/fetch/xor.cow.snapblk" "$work/pub/xor.cow.snapblk"; then
+  ok "a COW and its record come back from the bucket byte for byte"
+else bad "the fetched COW or record differs from the one put"; fi
+if "$snapblk" cow verify "$work/fetch/xor.cow" --base "$x/base.img" > "$work/verify.txt" 2>&1 \
+   && grep -q 'base matches the record' "$work/verify.txt"; then
+  ok "cow verify of the fetched COW with its base passes against the fetched record"
+else cat "$work/verify.txt"; bad "cow verify of the fetched COW and record"; fi
+cp "$x/base.img" "$work/fetch/base.img"
+if "$snapblk" merge "$work/fetch/xor.cow" --base "$work/fetch/base.img" > "$work/merge.txt" 2>&1 \
+   && cmp -s "$work/fetch/base.img" "$x/target.img"; then
+  ok "merge of the fetched COW into a copy of its base gives target.img"
+else cat "$work/merge.txt"; bad "merge of the fetched COW"; fi
 
 # A snapshot served over NBD from a base and COW in the bucket reads as the golden target.
 g=tests/data/aosp-cow/v3_replace_lz4

@@ -37,6 +37,8 @@ pub(super) struct Lib {
         unsafe extern "C" fn(*mut Handle, *const c_char, *const c_char, u64) -> c_int,
     pub(super) rados_conf_read_file: unsafe extern "C" fn(Handle, *const c_char) -> c_int,
     pub(super) rados_conf_set: unsafe extern "C" fn(Handle, *const c_char, *const c_char) -> c_int,
+    pub(super) rados_conf_get:
+        unsafe extern "C" fn(Handle, *const c_char, *mut c_char, usize) -> c_int,
     pub(super) rados_connect: unsafe extern "C" fn(Handle) -> c_int,
     pub(super) rados_shutdown: unsafe extern "C" fn(Handle),
     pub(super) rados_ioctx_create:
@@ -153,6 +155,7 @@ fn load() -> std::result::Result<Lib, String> {
         rados_create2: sym!(rados, rados_create2),
         rados_conf_read_file: sym!(rados, rados_conf_read_file),
         rados_conf_set: sym!(rados, rados_conf_set),
+        rados_conf_get: sym!(rados, rados_conf_get),
         rados_connect: sym!(rados, rados_connect),
         rados_shutdown: sym!(rados, rados_shutdown),
         rados_ioctx_create: sym!(rados, rados_ioctx_create),
@@ -257,9 +260,9 @@ impl Cluster {
         let r = unsafe { (lib.rados_connect)(cluster) };
         if r < 0 {
             let hint = if r == -libc::ETIMEDOUT {
-                " (no monitor answered within client-mount-timeout, or cephx refused the key)"
+                c.why_timed_out(a.id)
             } else {
-                ""
+                String::new()
             };
             return Err(Error::new(
                 -r,
@@ -286,6 +289,50 @@ impl Cluster {
             unsafe { (lib.rados_ioctx_set_namespace)(c.ioctx, ns.as_ptr()) };
         }
         Ok(c)
+    }
+}
+
+impl Cluster {
+    /// A configuration value of the handle (`None` if unset or unreadable).
+    fn conf_get(&self, key: &CStr) -> Option<String> {
+        let mut buf = vec![0u8; 4096];
+        // SAFETY: a created handle, a C string, and a buffer of the length given.
+        let r = unsafe {
+            (self.lib.rados_conf_get)(
+                self.cluster,
+                key.as_ptr(),
+                buf.as_mut_ptr().cast(),
+                buf.len(),
+            )
+        };
+        if r < 0 {
+            return None;
+        }
+        let s = CStr::from_bytes_until_nul(&buf).ok()?.to_str().ok()?;
+        (!s.is_empty()).then(|| s.to_string())
+    }
+
+    /// What a connect that timed out is told, after asking the configured monitors directly
+    /// ([`super::monitors`]): whether one of them answers (so it did not let `client.ID` in)
+    /// or none does.
+    fn why_timed_out(&self, id: &str) -> String {
+        let Some(host) = self.conf_get(c"mon_host") else {
+            return " (no monitor answered within client-mount-timeout, or the cluster did not \
+                     accept the key)"
+                .to_string();
+        };
+        let addrs = super::monitors::addresses(&host);
+        match super::monitors::first_answering(&addrs, std::time::Duration::from_secs(1)) {
+            Some(m) => format!(
+                " (the monitor at {m} answers but did not let client.{id} in within \
+                 client-mount-timeout: a wrong key, a user the cluster does not know, or \
+                 monitors without quorum)"
+            ),
+            None => format!(
+                " (no monitor answered at {} within client-mount-timeout)",
+                addrs.join(", ")
+            ),
+        }
     }
 }
 

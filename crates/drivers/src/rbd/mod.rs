@@ -29,6 +29,7 @@
 
 mod ffi;
 mod lease;
+mod monitors;
 mod queue;
 
 use crate::file::unknown_property;

@@ -245,6 +245,45 @@ else
   echo "$out" | grep -q 'none.keyring: no such file' && ok "a missing keyring is refused: ${out##*: rbd: }" || { echo "$out"; bad "missing keyring message"; }
 fi
 
+# 6b. Users other than client.admin (id=): client.snapblk-rw (`profile rbd`) writes through an
+# NBD export, read back by rbd export; client.snapblk-ro (`profile rbd-read-only`) may not take
+# even the shared lock, is told so and how to read anyway, reads with read-only=true,lock=none,
+# and still cannot write.
+timeout 60 ceph auth get-or-create client.snapblk-rw mon 'profile rbd' osd 'profile rbd pool=rbd' \
+  -o "$work/rw.keyring" && timeout 60 ceph auth get-or-create client.snapblk-ro mon 'profile rbd' \
+  osd 'profile rbd-read-only pool=rbd' -o "$work/ro.keyring" || bad "ceph auth get-or-create"
+as() { echo "rbd:pool=rbd,conf=,mon-host=$mon,id=snapblk-$1,keyring=$work/$1.keyring,image=$2${3:+,$3}"; }
+r create --size 4M rbd/u
+head -c 4M /dev/urandom >"$work/u.img"
+if serve "$(as rw u)" --nbd "unix:$work/u.sock" && nbdcopy "$work/u.img" "$(nbd_uri "$work/u.sock")"; then
+  stop
+  r export rbd/u "$work/u.out" >/dev/null 2>&1
+  cmp -s "$work/u.img" "$work/u.out" && ok "client.snapblk-rw (profile rbd, id=) writes, rbd export reads it" \
+    || bad "what client.snapblk-rw wrote differs"
+else
+  stop; bad "serve as client.snapblk-rw"
+fi
+if out=$(timeout 60 "$snapblk" info "$(as ro u)" 2>&1); then
+  bad "a read-only user took the shared lock"
+else
+  echo "$out" | grep -q "may not take snapblk's shared lock.*lock=none" \
+    && ok "a read-only user is told it may not lock the image: ${out##*: rbd: }" || { echo "$out"; bad "read-only user message"; }
+fi
+if serve "$(as ro u lock=none)" --read-only --nbd "unix:$work/ro.sock" \
+   && nbdcopy "$(nbd_uri "$work/ro.sock")" "$work/ro.out"; then
+  stop
+  cmp -s "$work/u.img" "$work/ro.out" && ok "the read-only user reads the image with lock=none and --read-only" \
+    || bad "the read-only user read other bytes"
+else
+  stop; bad "serve as client.snapblk-ro with lock=none"
+fi
+if out=$(timeout 60 "$snapblk" info "$(as ro u read-only=false,lock=none)" 2>&1); then
+  bad "a read-only user opened the image writable"
+else
+  echo "$out" | grep -q 'not permitted.*(opening it writable needs write caps' && ok "the read-only user cannot open it writable: ${out##*: rbd: }" \
+    || { echo "$out"; bad "read-only user writable open"; }
+fi
+
 # 7. The snapshot device over an RBD base reads exactly as over the local base (AOSP golden).
 n=0; bad_cases=()
 for d in tests/data/aosp-cow/*/; do

@@ -497,7 +497,13 @@ impl Image {
                 Some(s) => format!("image '{name}@{s}'"),
                 None => format!("image '{name}'"),
             };
-            return Err(Error::new(-r, format!("rbd: {what}: {}", os_msg(r))));
+            let hint = if r == -libc::EPERM && !read_only {
+                " (opening it writable needs write caps on the image; a user without them \
+                 opens it with read-only=true,lock=none)"
+            } else {
+                ""
+            };
+            return Err(Error::new(-r, format!("rbd: {what}: {}{hint}", os_msg(r))));
         }
         Ok(Image {
             lib,
@@ -601,6 +607,26 @@ impl Image {
                         _ => "a snapblk merge or writable server of it",
                     }
                 ),
+            ));
+        }
+        if r == -libc::EPERM {
+            // The lock is a write to the image's header object: a user with read-only caps
+            // (`profile rbd-read-only`) may read the image but not lock it, not even shared.
+            return Err(Error::new(
+                libc::EPERM,
+                match mode {
+                    LockMode::Exclusive => format!(
+                        "rbd: image '{what}': this user may not take snapblk's exclusive lock \
+                         on it (no write caps on the image), so it cannot write it either; give \
+                         the user write caps (`profile rbd`), or open the image read-only with \
+                         lock=none"
+                    ),
+                    _ => format!(
+                        "rbd: image '{what}': this user may not take snapblk's shared lock on \
+                         it (no write caps on the image); give the user write caps, or open it \
+                         with lock=none, which does not keep a merge of the image out"
+                    ),
+                },
             ));
         }
         if r < 0 {

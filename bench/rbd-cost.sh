@@ -2,7 +2,8 @@
 # What one 4 KiB I/O costs through the rbd driver and through fio's rbd engine, on the test
 # cluster of scripts/ceph-cluster.sh: measures that a loaded machine disturbs less than IOPS.
 # Each round runs every side once, in an order rotated per round (no side always first), with
-# the same librbd settings (`rbd cache = false`, lock none). Per run it prints:
+# the same librbd settings (`rbd cache = false`, lock none; with -c, librbd's cache on for all:
+# `cache=true` for snapblk and capi, fio with librbd's defaults). Per run it prints:
 #
 #   iops      I/Os per second (what bench/rbd-bench.sh compares)
 #   cpu/io    the client process's user + system CPU per I/O, in µs (/usr/bin/time), its
@@ -17,15 +18,16 @@
 # fio2 (`fio --ioengine=rbd` twice: fio2's ratio to fio is the noise floor of a ratio here);
 # SIDES="..." picks some (fio must stay: the ratios are to it).
 #
-# Usage: bench/rbd-cost.sh [-r ROUNDS] [-t SECONDS] [-w RW] [-q QD] [-o OUT.txt]
+# Usage: bench/rbd-cost.sh [-r ROUNDS] [-t SECONDS] [-w RW] [-q QD] [-c] [-o OUT.txt]
 # Needs what bench/rbd-bench.sh needs, and /usr/bin/time.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-ROUNDS=4 SECS=4 RW=randread QD=32 OUT=""
-while getopts "r:t:w:q:o:" o; do
+ROUNDS=4 SECS=4 RW=randread QD=32 OUT="" CACHE=false
+while getopts "r:t:w:q:co:" o; do
   case $o in
     r) ROUNDS=$OPTARG ;; t) SECS=$OPTARG ;; w) RW=$OPTARG ;; q) QD=$OPTARG ;; o) OUT=$OPTARG ;;
-    *) echo "usage: $0 [-r ROUNDS] [-t SECONDS] [-w RW] [-q QD] [-o OUT.txt]" >&2; exit 2 ;;
+    c) CACHE=true ;;
+    *) echo "usage: $0 [-r ROUNDS] [-t SECONDS] [-w RW] [-q QD] [-c] [-o OUT.txt]" >&2; exit 2 ;;
   esac
 done
 . bench/lib/rbd-setup.sh
@@ -51,12 +53,12 @@ run() { # run SIDE -> "iops cpu/io cs/io osd/io osdlat"
   c0=$(osd_cpu) l0=$(osd_lat)
   case $side in
     snapblk) $t -f '%U %S %c %w' -o "$WORK/time" "$SNAPBLK" bench \
-      "rbd:pool=rbd,image=bench,conf=$CEPH_CONF,lock=none,cache=false" --rw "$RW" --bs 4k \
+      "rbd:pool=rbd,image=bench,conf=$CEPH_CONF,lock=none,cache=$CACHE" --rw "$RW" --bs 4k \
       --iodepth "$QD" --runtime "$SECS" --time_based --json >"$WORK/out" 2>/dev/null ;;
     capi) $t -f '%U %S %c %w' -o "$WORK/time" "$SNAPBLK" bench --libblkio "$LIB" --driver rbd \
-      --prop pool=rbd --prop image=bench --prop "conf=$CEPH_CONF" --prop lock=none --rw "$RW" \
-      --bs 4k --iodepth "$QD" --runtime "$SECS" --time_based --json >"$WORK/out" 2>/dev/null ;;
-    fio*) CEPH_CONF=$NOCACHE_CONF $t -f '%U %S %c %w' -o "$WORK/time" fio --name=r \
+      --prop pool=rbd --prop image=bench --prop "conf=$CEPH_CONF" --prop lock=none --prop "cache=$CACHE" \
+      --rw "$RW" --bs 4k --iodepth "$QD" --runtime "$SECS" --time_based --json >"$WORK/out" 2>/dev/null ;;
+    fio*) CEPH_CONF=$FIO_CONF $t -f '%U %S %c %w' -o "$WORK/time" fio --name=r \
       --ioengine=rbd --pool=rbd --rbdname=bench --clientname=admin --rw="$RW" --bs=4k \
       --iodepth="$QD" --time_based --runtime="$SECS" --output-format=json >"$WORK/out" 2>/dev/null ;;
   esac
@@ -71,10 +73,11 @@ run() { # run SIDE -> "iops cpu/io cs/io osd/io osdlat"
         c * 1e6 / hz / ios, (n > 0 ? (b[1] - a[1]) * 1e6 / n : 0) }'
 }
 
+FIO_CONF=$NOCACHE_CONF; [ "$CACHE" = true ] && FIO_CONF=$CEPH_CONF
 read -ra SIDES <<<"${SIDES:-snapblk capi fio fio2}"
 declare -A res=()
 {
-  echo "rbd cost: $RW 4 KiB QD$QD, ${SECS}s per run, $ROUNDS rounds, $(date -u +%FT%TZ), load $(cut -d' ' -f1-3 /proc/loadavg)"
+  echo "rbd cost: $RW 4 KiB QD$QD, librbd cache=$CACHE, ${SECS}s per run, $ROUNDS rounds, $(date -u +%FT%TZ), load $(cut -d' ' -f1-3 /proc/loadavg)"
   echo "commit $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
   printf '%-5s %-8s %7s %7s %6s %7s %7s\n' round side iops cpu/io cs/io osd/io osdlat
   for r in $(seq "$ROUNDS"); do

@@ -480,6 +480,38 @@ else
 fi
 rm -f "$work"/lkc.*
 
+# 8g. FUA is a write and a flush. With librbd's cache in write-back mode (its default policy,
+# write-around, sends every write to the OSDs at once) and its age-based write-back held off
+# (rbd cache max dirty age = 600 s), qemu-io (-t writeback: by default it opens
+# write-through, which makes every write FUA) writes through the NBD export a FUA write, then a
+# plain write, and stays connected: rbd export (another client) must see the FUA write at
+# once and not the plain one, which is still in the server's cache; once the server stops (its
+# final flush), the plain write is there too.
+r create --size 4M rbd/f
+printf '[client]\nrbd cache policy = writeback\nrbd cache max dirty age = 600\n' >"$work/fua.conf"
+zero4k() { cmp -s -n 4096 "$1" /dev/zero; }
+if serve "rbd:pool=rbd,image=f,conf=$work/fua.conf,mon-host=$mon,keyring=$keyring,cache=true" --nbd "unix:$work/f.sock"; then
+  stdbuf -oL qemu-io -f raw -t writeback -c "write -f -P 0xa5 1M 4k" -c "write -P 0x5a 0 4k" -c "sleep 60000" \
+    "$(nbd_uri "$work/f.sock")" >"$work/f.qio" 2>&1 &
+  qio=$!; pids+=("$qio")
+  for _ in $(seq 100); do [ "$(grep -c '^wrote' "$work/f.qio")" = 2 ] && break; sleep 0.2; done
+  r export rbd/f "$work/f.mid" >/dev/null 2>&1
+  kill "$qio" 2>/dev/null; wait "$qio" 2>/dev/null
+  stop
+  r export rbd/f "$work/f.end" >/dev/null 2>&1
+  if [ "$(grep -c '^wrote' "$work/f.qio")" = 2 ] \
+     && cmp -s -n 4096 -i 1048576:0 "$work/f.mid" <(head -c 4096 /dev/zero | tr '\0' '\245') \
+     && zero4k "$work/f.mid" \
+     && cmp -s -n 4096 "$work/f.end" <(head -c 4096 /dev/zero | tr '\0' 'Z'); then
+    ok "a FUA write through cache=true is on the image at once, a plain one only after the final flush"
+  else
+    cat "$work/f.qio"; od -A d -t x1 -j 1048576 -N 16 "$work/f.mid"; od -A d -t x1 -N 16 "$work/f.mid"
+    od -A d -t x1 -N 16 "$work/f.end"; bad "FUA through cache=true"
+  fi
+else
+  bad "serve rbd:f with cache=true"
+fi
+
 # 8d. `snapblk merge COW --base rbd:...`: the standalone merge into an RBD image. The COW and its
 # record are made against the image itself (`cow create --old rbd:...`, read through the driver)
 # after `rbd import` of the old image; `rbd export` is the oracle (sha256 of the new image).

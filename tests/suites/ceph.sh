@@ -343,6 +343,47 @@ else
   bad "serve rbd:q"
 fi
 
+# 8a. The lock modes named explicitly: two writable opens with lock=shared share the image
+# (servers of one image with a cluster file system on it); a writable open with the default
+# lock (exclusive) is refused while they hold it; lock=exclusive on a read-only open keeps
+# readers out too; lock=none ignores every lock; an unknown mode is refused by name.
+if serve "$(spec q lock=shared)" --nbd "unix:$work/s1.sock"; then
+  s1=$srv
+  if serve "$(spec q lock=shared)" --nbd "unix:$work/s2.sock"; then
+    ok "two writable opens with lock=shared hold the image together"
+    if out=$(timeout 60 "$snapblk" info "$(spec q read-only=false)" 2>&1); then
+      bad "a writable open with the default lock got in beside two lock=shared holders"
+    else
+      echo "$out" | grep -q 'in use by another client' && ok "a writable open with the default lock is refused beside them" \
+        || { echo "$out"; bad "default lock beside lock=shared holders"; }
+    fi
+    "$snapblk" info "$(spec q lock=none)" >/dev/null 2>&1 && ok "lock=none opens beside them" || bad "lock=none beside lock=shared"
+    stop
+  else
+    bad "a second lock=shared server"
+  fi
+  srv=$s1; stop
+else
+  bad "serve with lock=shared"
+fi
+if serve "$(spec q lock=exclusive)" --read-only --nbd "unix:$work/x.sock"; then
+  if out=$(timeout 60 "$snapblk" info "$(spec q)" 2>&1); then
+    bad "a reader got in beside a read-only lock=exclusive holder"
+  else
+    echo "$out" | grep -q 'in use by another client' && ok "lock=exclusive on a read-only open keeps readers out" \
+      || { echo "$out"; bad "reader beside lock=exclusive"; }
+  fi
+  stop
+else
+  bad "serve --read-only with lock=exclusive"
+fi
+if out=$("$snapblk" info "$(spec q lock=sometimes)" 2>&1); then
+  bad "lock=sometimes accepted"
+else
+  echo "$out" | grep -q 'lock must be auto, shared, exclusive or none, not "sometimes"' \
+    && ok "an unknown lock mode is refused by name" || { echo "$out"; bad "unknown lock mode message"; }
+fi
+
 # 8b. A merge over an RBD base writes the new image into RBD: `rbd import` the old image, serve
 # the snapshot with --merge until it reports done, `rbd export` and cmp with AOSP's target.img.
 # A COW whose merge order cannot be followed in place is refused before anything is written.

@@ -8,7 +8,9 @@
 # the FUSE export; a read-only RBD snapshot refusing writes; the driver conformance suite; discard and write-zeroes reading
 # back as zeroes; 4 queues x QD32 random writes verified, through the Rust API and through
 # libblkio.so.1 (the C ABI, also with a nested snapshot spec); a stopped monitor and a stopped
-# OSD giving errors within the timeouts; the right key, a wrong key and a missing keyring; the
+# OSD giving errors within the timeouts; the right key, a wrong key and a missing keyring; users
+# other than client.admin, one with read-only caps; the lock modes named explicitly; a FUA write
+# through cache=true reaching the image before a plain one; the
 # snapshot device over an RBD base reading exactly as over the local base for every AOSP golden
 # case; a merge and a server of one RBD image keeping each other out; a merge over an RBD base
 # giving AOSP's target image (read back by rbd export); a server whose exclusive lock is taken

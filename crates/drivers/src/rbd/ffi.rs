@@ -321,16 +321,25 @@ impl Cluster {
                      accept the key)"
                 .to_string();
         };
-        let addrs = super::monitors::addresses(&host);
-        match super::monitors::first_answering(&addrs, std::time::Duration::from_secs(1)) {
-            Some(m) => format!(
+        use super::monitors::{Probe, addresses, probe};
+        match probe(&addresses(&host), std::time::Duration::from_secs(1)) {
+            Probe::Answers(m) => format!(
                 " (the monitor at {m} answers but did not let client.{id} in within \
                  client-mount-timeout: a wrong key, a user the cluster does not know, or \
                  monitors without quorum)"
             ),
-            None => format!(
-                " (no monitor answered at {} within client-mount-timeout)",
-                addrs.join(", ")
+            Probe::Silent { asked, .. } if asked.is_empty() => format!(
+                " (no monitor answered within client-mount-timeout, or the cluster did not \
+                 accept the key; mon_host {host:?} names no address to ask)"
+            ),
+            Probe::Silent { asked, skipped } => format!(
+                " (no monitor answered at {}{} within client-mount-timeout)",
+                asked.join(", "),
+                if skipped > 0 {
+                    format!(" ({skipped} more not asked)")
+                } else {
+                    String::new()
+                }
             ),
         }
     }
@@ -617,9 +626,8 @@ impl Image {
                 match mode {
                     LockMode::Exclusive => format!(
                         "rbd: image '{what}': this user may not take snapblk's exclusive lock \
-                         on it (no write caps on the image), so it cannot write it either; give \
-                         the user write caps (`profile rbd`), or open the image read-only with \
-                         lock=none"
+                         on it (no write caps on the image); give the user write caps \
+                         (`profile rbd`), or open the image read-only with lock=none"
                     ),
                     _ => format!(
                         "rbd: image '{what}': this user may not take snapblk's shared lock on \

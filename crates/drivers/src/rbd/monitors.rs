@@ -46,7 +46,8 @@ pub(super) fn addresses(mon_host: &str) -> Vec<String> {
             out.extend(DEFAULT_PORTS.map(|p| format!("{t}:{p}")));
         }
     }
-    out.dedup();
+    let mut seen = std::collections::HashSet::new();
+    out.retain(|a| seen.insert(a.clone()));
     out
 }
 
@@ -65,14 +66,27 @@ fn split(s: &str) -> impl Iterator<Item = &str> {
     })
 }
 
-/// The first of `addrs` where a Ceph daemon answers: one whose first bytes on a new connection
-/// are a messenger banner, within `wait` for the connect and again for the banner.
-pub(super) fn first_answering(addrs: &[String], wait: Duration) -> Option<String> {
-    addrs
-        .iter()
-        .take(MAX_PROBES)
-        .find(|a| answers(a, wait))
-        .cloned()
+/// What probing a list of monitor addresses found.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum Probe {
+    /// A Ceph daemon answers at this address.
+    Answers(String),
+    /// None of these addresses answered (the first [`MAX_PROBES`]; `skipped` more not asked).
+    Silent { asked: Vec<String>, skipped: usize },
+}
+
+/// Ask the first [`MAX_PROBES`] of `addrs` in turn, up to the first where a Ceph daemon
+/// answers: one whose first bytes on a new connection are a messenger banner, within `wait`
+/// for the connect and again for the banner.
+pub(super) fn probe(addrs: &[String], wait: Duration) -> Probe {
+    let asked = &addrs[..addrs.len().min(MAX_PROBES)];
+    match asked.iter().find(|a| answers(a, wait)) {
+        Some(a) => Probe::Answers(a.clone()),
+        None => Probe::Silent {
+            asked: asked.to_vec(),
+            skipped: addrs.len() - asked.len(),
+        },
+    }
 }
 
 fn answers(addr: &str, wait: Duration) -> bool {
@@ -115,6 +129,11 @@ mod tests {
         assert_eq!(addresses("v2:[::1]:3300/0"), ["[::1]:3300"]);
         assert!(addresses("").is_empty());
         assert!(addresses(" , ;").is_empty());
+        // Repeats are asked once, in the order first named.
+        assert_eq!(
+            addresses("10.0.0.1, 10.0.0.1:3300"),
+            ["10.0.0.1:3300", "10.0.0.1:6789"]
+        );
     }
 
     #[test]
@@ -131,18 +150,35 @@ mod tests {
         let silent_addr = silent.local_addr().unwrap().to_string();
         let wait = Duration::from_millis(300);
         assert_eq!(
-            first_answering(std::slice::from_ref(&silent_addr), wait),
-            None
+            probe(std::slice::from_ref(&silent_addr), wait),
+            Probe::Silent {
+                asked: vec![silent_addr.clone()],
+                skipped: 0
+            }
         );
         assert_eq!(
-            first_answering(&[silent_addr, live_addr.clone()], wait),
-            Some(live_addr)
+            probe(&[silent_addr, live_addr.clone()], wait),
+            Probe::Answers(live_addr)
         );
         t.join().unwrap();
         // Nobody listening: refused.
         let gone = TcpListener::bind("127.0.0.1:0").unwrap();
         let gone_addr = gone.local_addr().unwrap().to_string();
         drop(gone);
-        assert_eq!(first_answering(&[gone_addr], wait), None);
+        let many: Vec<String> = std::iter::repeat_n(gone_addr.clone(), MAX_PROBES + 2).collect();
+        assert_eq!(
+            probe(&many, wait),
+            Probe::Silent {
+                asked: many[..MAX_PROBES].to_vec(),
+                skipped: 2
+            }
+        );
+        assert_eq!(
+            probe(&[], wait),
+            Probe::Silent {
+                asked: vec![],
+                skipped: 0
+            }
+        );
     }
 }

@@ -20,8 +20,9 @@
 # Every run starts with a RAMP-second ramp (-R, default 1 s; fio's and `snapblk bench`'s
 # ramp_time) that is not measured: the first write of an open image waits for librbd's exclusive
 # lock, which fio, flushing at open, takes before its clock starts. The sides' order rotates from
-# round to round and runs backwards in every other round, so no side always runs right after the
-# same other one (a rotation alone keeps each side's neighbours). The ratios are paired: each
+# round to round and runs backwards in every other round, so each side runs right after each of
+# its two neighbours in turn (a rotation alone has it always follow the same one; the neighbours
+# themselves stay the same, and a side may run twice in a row where two rounds meet). The ratios are paired: each
 # round's run against the same round's reference run, the median and range of those (with an
 # even number of rounds, "median" is the lower middle value: use an odd -r).
 #
@@ -45,7 +46,11 @@ read -ra CELLS <<<"${CELLS:-randread:1 randread:32 randwrite:1 randwrite:32}"
 # ref SIDE: the fio run a side is compared with.
 ref() { case $1 in snap-c|fio) echo fio ;; *) echo fio-nc ;; esac; }
 for side in "${SIDES[@]}"; do
+  case $side in snapblk|capi|fio-nc|fio-nc2|snap-c|fio) ;; *) echo "SIDES: unknown side $side" >&2; exit 2 ;; esac
   case " ${SIDES[*]} " in *" $(ref "$side") "*) ;; *) echo "SIDES: $side needs $(ref "$side")" >&2; exit 2 ;; esac
+done
+for cell in "${CELLS[@]}"; do
+  [[ $cell =~ ^(randread|randwrite):[0-9]+$ ]] || { echo "CELLS: $cell is not randread:QD or randwrite:QD" >&2; exit 2; }
 done
 . bench/lib/rbd-setup.sh
 rbd_setup rbd-bench
@@ -73,7 +78,7 @@ run() { # run SIDE RW QD -> IOPS
 stats() { tr ' ' '\n' <<<"$1" | grep . | sort -g | awk '{a[NR]=$1} END {printf "%.2f [%.2f-%.2f]", a[int((NR+1)/2)], a[1], a[NR]}'; }
 {
   echo "rbd bench: 4 KiB, ${SECS}s per run after a ${RAMP}s ramp, $ROUNDS rounds (order rotated, reversed every other round), $(date -u +%FT%TZ), load $(cut -d' ' -f1-3 /proc/loadavg)"
-  echo "commit $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
+  echo "commit $(git describe --always --dirty 2>/dev/null || echo '?')"
   printf '%-10s %-4s %-8s %s\n' workload qd side "IOPS per round, median; paired ratio to the reference: median [range]"
   for cell in "${CELLS[@]}"; do
     rw=${cell%%:*} qd=${cell##*:}

@@ -78,7 +78,7 @@ read -ra SIDES <<<"${SIDES:-snapblk capi fio fio2}"
 declare -A res=()
 {
   echo "rbd cost: $RW 4 KiB QD$QD, librbd cache=$CACHE, ${SECS}s per run, $ROUNDS rounds, $(date -u +%FT%TZ), load $(cut -d' ' -f1-3 /proc/loadavg)"
-  echo "commit $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
+  echo "commit $(git describe --always --dirty 2>/dev/null || echo '?')"
   printf '%-5s %-8s %7s %7s %6s %7s %7s\n' round side iops cpu/io cs/io osd/io osdlat
   for r in $(seq "$ROUNDS"); do
     n=${#SIDES[@]}

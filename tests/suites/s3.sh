@@ -255,7 +255,8 @@ else cat "$work/payload-info.txt"; bad "ota info of a remote bare payload.bin"; 
 x=tests/data/aosp-cow/v2_xor_seq_lz4
 mkdir -p "$work/pub" "$work/fetch"
 cp "$x/snapshot.cow" "$work/pub/xor.cow"
-"$snapblk" cow record "$work/pub/xor.cow" --old "$x/base.img" --new "$x/target.img" > /dev/null 2>&1 || bad "cow record of $x"
+"$snapblk" cow record "$work/pub/xor.cow" --old "$x/base.img" --new "$x/target.img" > "$work/record.txt" 2>&1 \
+  || { cat "$work/record.txt"; bad "cow record of $x"; }
 for f in xor.cow xor.cow.snapblk; do
   "$snapblk" remote put "$work/pub/$f" "s3://$S3_TEST_BUCKET/$f" > /dev/null || bad "remote put $f"
   "$snapblk" remote get "s3://$S3_TEST_BUCKET/$f" "$work/fetch/$f" > "$work/get-$f.txt" 2>&1 \

@@ -85,6 +85,18 @@ serve() {
 }
 stop() { kill "$srv" 2>/dev/null; wait "$srv" 2>/dev/null; }
 nbd_uri() { echo "nbd+unix:///?socket=$1"; }
+# refused PATTERN WHAT CMD...: CMD must fail within 60 s, saying PATTERN (grep -E).
+refused() {
+  local pat=$1 what=$2 out
+  shift 2
+  if out=$(timeout 60 "$@" 2>&1); then
+    bad "$what: it succeeded"
+  elif echo "$out" | grep -qE -- "$pat"; then
+    ok "$what: ${out##*: rbd: }"
+  else
+    echo "$out"; bad "$what: not the expected message"
+  fi
+}
 
 head -c 16M /dev/urandom >"$work/pattern.img"
 
@@ -254,10 +266,10 @@ fi
 timeout 60 ceph auth get-or-create client.snapblk-rw mon 'profile rbd' osd 'profile rbd pool=rbd' \
   -o "$work/rw.keyring" && timeout 60 ceph auth get-or-create client.snapblk-ro mon 'profile rbd' \
   osd 'profile rbd-read-only pool=rbd' -o "$work/ro.keyring" || bad "ceph auth get-or-create"
-as() { echo "rbd:pool=rbd,conf=,mon-host=$mon,id=snapblk-$1,keyring=$work/$1.keyring,image=$2${3:+,$3}"; }
+user_spec() { echo "rbd:pool=rbd,conf=,mon-host=$mon,id=snapblk-$1,keyring=$work/$1.keyring,image=$2${3:+,$3}"; }
 r create --size 4M rbd/u
 head -c 4M /dev/urandom >"$work/u.img"
-if serve "$(as rw u)" --nbd "unix:$work/u.sock" && nbdcopy "$work/u.img" "$(nbd_uri "$work/u.sock")"; then
+if serve "$(user_spec rw u)" --nbd "unix:$work/u.sock" && nbdcopy "$work/u.img" "$(nbd_uri "$work/u.sock")"; then
   stop
   r export rbd/u "$work/u.out" >/dev/null 2>&1
   cmp -s "$work/u.img" "$work/u.out" && ok "client.snapblk-rw (profile rbd, id=) writes, rbd export reads it" \
@@ -265,13 +277,9 @@ if serve "$(as rw u)" --nbd "unix:$work/u.sock" && nbdcopy "$work/u.img" "$(nbd_
 else
   stop; bad "serve as client.snapblk-rw"
 fi
-if out=$(timeout 60 "$snapblk" info "$(as ro u)" 2>&1); then
-  bad "a read-only user took the shared lock"
-else
-  echo "$out" | grep -q "may not take snapblk's shared lock.*lock=none" \
-    && ok "a read-only user is told it may not lock the image: ${out##*: rbd: }" || { echo "$out"; bad "read-only user message"; }
-fi
-if serve "$(as ro u lock=none)" --read-only --nbd "unix:$work/ro.sock" \
+refused "may not take snapblk's shared lock.*lock=none" "a read-only user is told it may not lock the image" \
+  "$snapblk" info "$(user_spec ro u)"
+if serve "$(user_spec ro u lock=none)" --read-only --nbd "unix:$work/ro.sock" \
    && nbdcopy "$(nbd_uri "$work/ro.sock")" "$work/ro.out"; then
   stop
   cmp -s "$work/u.img" "$work/ro.out" && ok "the read-only user reads the image with lock=none and --read-only" \
@@ -279,12 +287,8 @@ if serve "$(as ro u lock=none)" --read-only --nbd "unix:$work/ro.sock" \
 else
   stop; bad "serve as client.snapblk-ro with lock=none"
 fi
-if out=$(timeout 60 "$snapblk" info "$(as ro u read-only=false,lock=none)" 2>&1); then
-  bad "a read-only user opened the image writable"
-else
-  echo "$out" | grep -q 'not permitted.*(opening it writable needs write caps' && ok "the read-only user cannot open it writable: ${out##*: rbd: }" \
-    || { echo "$out"; bad "read-only user writable open"; }
-fi
+refused 'not permitted.*\(opening it writable needs write caps' "the read-only user cannot open it writable" \
+  "$snapblk" info "$(user_spec ro u read-only=false,lock=none)"
 
 # 7. The snapshot device over an RBD base reads exactly as over the local base (AOSP golden).
 n=0; bad_cases=()
@@ -353,38 +357,26 @@ if serve "$(spec q lock=shared)" --nbd "unix:$work/s1.sock"; then
   s1=$srv
   if serve "$(spec q lock=shared)" --nbd "unix:$work/s2.sock"; then
     ok "two writable opens with lock=shared hold the image together"
-    if out=$(timeout 60 "$snapblk" info "$(spec q read-only=false)" 2>&1); then
-      bad "a writable open with the default lock got in beside two lock=shared holders"
-    else
-      echo "$out" | grep -q 'in use by another client' && ok "a writable open with the default lock is refused beside them" \
-        || { echo "$out"; bad "default lock beside lock=shared holders"; }
-    fi
+    refused 'in use by another client' "a writable open with the default lock is refused beside them" \
+      "$snapblk" info "$(spec q read-only=false)"
     "$snapblk" info "$(spec q lock=none)" >/dev/null 2>&1 && ok "lock=none opens beside them" || bad "lock=none beside lock=shared"
     stop
   else
-    bad "a second lock=shared server"
+    stop; bad "a second lock=shared server"
   fi
   srv=$s1; stop
 else
   bad "serve with lock=shared"
 fi
 if serve "$(spec q lock=exclusive)" --read-only --nbd "unix:$work/x.sock"; then
-  if out=$(timeout 60 "$snapblk" info "$(spec q)" 2>&1); then
-    bad "a reader got in beside a read-only lock=exclusive holder"
-  else
-    echo "$out" | grep -q 'in use by another client' && ok "lock=exclusive on a read-only open keeps readers out" \
-      || { echo "$out"; bad "reader beside lock=exclusive"; }
-  fi
+  refused 'in use by another client' "lock=exclusive on a read-only open keeps readers out" \
+    "$snapblk" info "$(spec q)"
   stop
 else
   bad "serve --read-only with lock=exclusive"
 fi
-if out=$("$snapblk" info "$(spec q lock=sometimes)" 2>&1); then
-  bad "lock=sometimes accepted"
-else
-  echo "$out" | grep -q 'lock must be auto, shared, exclusive or none, not "sometimes"' \
-    && ok "an unknown lock mode is refused by name" || { echo "$out"; bad "unknown lock mode message"; }
-fi
+refused 'lock must be auto, shared, exclusive or none, not "sometimes"' "an unknown lock mode is refused by name" \
+  "$snapblk" info "$(spec q lock=sometimes)"
 
 # 8b. A merge over an RBD base writes the new image into RBD: `rbd import` the old image, serve
 # the snapshot with --merge until it reports done, `rbd export` and cmp with AOSP's target.img.
@@ -545,7 +537,8 @@ if serve "rbd:pool=rbd,image=f,conf=$work/fua.conf,mon-host=$mon,keyring=$keyrin
   if [ "$(grep -c '^wrote' "$work/f.qio")" = 2 ] \
      && cmp -s -n 4096 -i 1048576:0 "$work/f.mid" <(head -c 4096 /dev/zero | tr '\0' '\245') \
      && zero4k "$work/f.mid" \
-     && cmp -s -n 4096 "$work/f.end" <(head -c 4096 /dev/zero | tr '\0' 'Z'); then
+     && cmp -s -n 4096 "$work/f.end" <(head -c 4096 /dev/zero | tr '\0' 'Z') \
+     && cmp -s -n 4096 -i 1048576:0 "$work/f.end" <(head -c 4096 /dev/zero | tr '\0' '\245'); then
     ok "a FUA write through cache=true is on the image at once, a plain one only after the final flush"
   else
     cat "$work/f.qio"; od -A d -t x1 -j 1048576 -N 16 "$work/f.mid"; od -A d -t x1 -N 16 "$work/f.mid"

@@ -22,9 +22,10 @@
 # lock, which fio, flushing at open, takes before its clock starts. The sides' order rotates from
 # round to round and runs backwards in every other round, so each side runs right after each of
 # its two neighbours in turn (a rotation alone has it always follow the same one; the neighbours
-# themselves stay the same, and a side may run twice in a row where two rounds meet). The ratios are paired: each
-# round's run against the same round's reference run, the median and range of those (with an
-# even number of rounds, "median" is the lower middle value: use an odd -r).
+# themselves stay the same, and a side may run twice in a row where two rounds meet). The
+# ratios are paired: each round's run against the same round's reference run, the median and
+# range of those (with an even number of rounds, "median" is the lower middle value: use an
+# odd -r).
 #
 # SIDES="..." runs some of the sides (each with its reference), CELLS="randwrite:32 ..." some of
 # the four workload:depth cells (default all).

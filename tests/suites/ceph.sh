@@ -85,6 +85,18 @@ serve() {
 }
 stop() { kill "$srv" 2>/dev/null; wait "$srv" 2>/dev/null; }
 nbd_uri() { echo "nbd+unix:///?socket=$1"; }
+# copy_nbd SPEC SRC DST [SERVE ARGS...]: serve SPEC over NBD, nbdcopy SRC to DST (either may be
+# the word NBD: the export), stop the server; fails if serving or copying does.
+copy_nbd() {
+  local spec=$1 src=$2 dst=$3 sock=$work/copy.$RANDOM.sock rc
+  shift 3
+  [ "$src" = NBD ] && src=$(nbd_uri "$sock")
+  [ "$dst" = NBD ] && dst=$(nbd_uri "$sock")
+  serve "$spec" "$@" --nbd "unix:$sock" || { stop; return 1; }
+  nbdcopy "$src" "$dst"; rc=$?
+  stop
+  return $rc
+}
 # refused PATTERN WHAT CMD...: CMD must fail within 60 s, saying PATTERN (grep -E).
 refused() {
   local pat=$1 what=$2 out
@@ -102,9 +114,7 @@ head -c 16M /dev/urandom >"$work/pattern.img"
 
 # 1. snapblk writes (NBD export of an RBD image), rbd export and qemu-img read.
 r create --size 16M rbd/a
-sock=$work/a.sock
-if serve "$(spec a)" --nbd "unix:$sock" && nbdcopy "$work/pattern.img" "$(nbd_uri "$sock")"; then
-  stop
+if copy_nbd "$(spec a)" "$work/pattern.img" NBD; then
   r export rbd/a "$work/a.out" >/dev/null 2>&1
   if cmp -s "$work/pattern.img" "$work/a.out" \
      && qemu-img compare -q -f raw -F raw "$work/pattern.img" "$(qrbd a)"; then
@@ -113,28 +123,26 @@ if serve "$(spec a)" --nbd "unix:$sock" && nbdcopy "$work/pattern.img" "$(nbd_ur
     bad "rbd export / qemu-img read of what snapblk wrote differs"
   fi
 else
-  stop; bad "serve rbd: --nbd + nbdcopy into it"
+  bad "serve rbd: --nbd + nbdcopy into it"
 fi
 
 # 1b. The same with librbd's write-back cache (cache=true: connect flushes once, so writes are
 # cached from the first one): the data is in RBD once nbdcopy's flush and the server's stop return.
 r create --size 16M rbd/ac
-if serve "$(spec ac cache=true)" --nbd "unix:$work/ac.sock" && nbdcopy "$work/pattern.img" "$(nbd_uri "$work/ac.sock")"; then
-  stop
+if copy_nbd "$(spec ac cache=true)" "$work/pattern.img" NBD; then
   r export rbd/ac "$work/ac.out" >/dev/null 2>&1
   cmp -s "$work/pattern.img" "$work/ac.out" && ok "written through cache=true (write-back), read back by rbd export" \
     || bad "rbd export of what snapblk wrote with cache=true differs"
   rm -f "$work/ac.out"
 else
-  stop; bad "serve rbd:...,cache=true --nbd + nbdcopy into it"
+  bad "serve rbd:...,cache=true --nbd + nbdcopy into it"
 fi
 
 # 1c. A real RBD namespace: snapblk writes rbd/ns1/n through `namespace=ns1`; `rbd export`
 # reads it there, and the image of the same name in the default namespace keeps its zeroes.
 head -c 4M "$work/pattern.img" >"$work/ns.ref"
 if r namespace create --pool rbd --namespace ns1 && r create --size 4M rbd/ns1/n && r create --size 4M rbd/n \
-   && serve "$(spec n namespace=ns1)" --nbd "unix:$work/ns.sock" && nbdcopy "$work/ns.ref" "$(nbd_uri "$work/ns.sock")"; then
-  stop
+   && copy_nbd "$(spec n namespace=ns1)" "$work/ns.ref" NBD; then
   r export rbd/ns1/n "$work/ns.out" >/dev/null 2>&1; r export rbd/n "$work/n0.out" >/dev/null 2>&1
   if cmp -s "$work/ns.ref" "$work/ns.out" && cmp -s "$work/n0.out" <(head -c 4M /dev/zero); then
     ok "namespace=ns1: written into rbd/ns1/n (rbd export), rbd/n of the default namespace untouched"
@@ -143,7 +151,7 @@ if r namespace create --pool rbd --namespace ns1 && r create --size 4M rbd/ns1/n
   fi
   rm -f "$work/ns.out" "$work/n0.out"
 else
-  stop; bad "namespace create / serve rbd:...,namespace=ns1 --nbd + nbdcopy into it"
+  bad "namespace create / serve rbd:...,namespace=ns1 --nbd + nbdcopy into it"
 fi
 
 # 2. qemu-io writes, snapblk reads (NBD to nbdcopy and qemu-img, and FUSE).
@@ -269,23 +277,20 @@ timeout 60 ceph auth get-or-create client.snapblk-rw mon 'profile rbd' osd 'prof
 user_spec() { echo "rbd:pool=rbd,conf=,mon-host=$mon,id=snapblk-$1,keyring=$work/$1.keyring,image=$2${3:+,$3}"; }
 r create --size 4M rbd/u
 head -c 4M /dev/urandom >"$work/u.img"
-if serve "$(user_spec rw u)" --nbd "unix:$work/u.sock" && nbdcopy "$work/u.img" "$(nbd_uri "$work/u.sock")"; then
-  stop
+if copy_nbd "$(user_spec rw u)" "$work/u.img" NBD; then
   r export rbd/u "$work/u.out" >/dev/null 2>&1
   cmp -s "$work/u.img" "$work/u.out" && ok "client.snapblk-rw (profile rbd, id=) writes, rbd export reads it" \
     || bad "what client.snapblk-rw wrote differs"
 else
-  stop; bad "serve as client.snapblk-rw"
+  bad "serve as client.snapblk-rw"
 fi
 refused "may not take snapblk's shared lock.*lock=none" "a read-only user is told it may not lock the image" \
   "$snapblk" info "$(user_spec ro u)"
-if serve "$(user_spec ro u lock=none)" --read-only --nbd "unix:$work/ro.sock" \
-   && nbdcopy "$(nbd_uri "$work/ro.sock")" "$work/ro.out"; then
-  stop
+if copy_nbd "$(user_spec ro u lock=none)" NBD "$work/ro.out" --read-only; then
   cmp -s "$work/u.img" "$work/ro.out" && ok "the read-only user reads the image with lock=none and --read-only" \
     || bad "the read-only user read other bytes"
 else
-  stop; bad "serve as client.snapblk-ro with lock=none"
+  bad "serve as client.snapblk-ro with lock=none"
 fi
 refused 'not permitted.*\(opening it writable needs write caps' "the read-only user cannot open it writable" \
   "$snapblk" info "$(user_spec ro u read-only=false,lock=none)"
@@ -524,7 +529,8 @@ rm -f "$work"/lkc.*
 # final flush), the plain write is there too.
 r create --size 4M rbd/f
 printf '[client]\nrbd cache policy = writeback\nrbd cache max dirty age = 600\n' >"$work/fua.conf"
-zero4k() { cmp -s -n 4096 "$1" /dev/zero; }
+# is4k FILE OFFSET BYTE: the 4 KiB of FILE at OFFSET are all BYTE (a tr(1) character).
+is4k() { cmp -s -n 4096 -i "$2:0" "$1" <(head -c 4096 /dev/zero | tr '\0' "$3"); }
 if serve "rbd:pool=rbd,image=f,conf=$work/fua.conf,mon-host=$mon,keyring=$keyring,cache=true" --nbd "unix:$work/f.sock"; then
   stdbuf -oL qemu-io -f raw -t writeback -c "write -f -P 0xa5 1M 4k" -c "write -P 0x5a 0 4k" -c "sleep 60000" \
     "$(nbd_uri "$work/f.sock")" >"$work/f.qio" 2>&1 &
@@ -535,10 +541,8 @@ if serve "rbd:pool=rbd,image=f,conf=$work/fua.conf,mon-host=$mon,keyring=$keyrin
   stop
   r export rbd/f "$work/f.end" >/dev/null 2>&1
   if [ "$(grep -c '^wrote' "$work/f.qio")" = 2 ] \
-     && cmp -s -n 4096 -i 1048576:0 "$work/f.mid" <(head -c 4096 /dev/zero | tr '\0' '\245') \
-     && zero4k "$work/f.mid" \
-     && cmp -s -n 4096 "$work/f.end" <(head -c 4096 /dev/zero | tr '\0' 'Z') \
-     && cmp -s -n 4096 -i 1048576:0 "$work/f.end" <(head -c 4096 /dev/zero | tr '\0' '\245'); then
+     && is4k "$work/f.mid" 1M '\245' && is4k "$work/f.mid" 0 '\0' \
+     && is4k "$work/f.end" 0 'Z' && is4k "$work/f.end" 1M '\245'; then
     ok "a FUA write through cache=true is on the image at once, a plain one only after the final flush"
   else
     cat "$work/f.qio"; od -A d -t x1 -j 1048576 -N 16 "$work/f.mid"; od -A d -t x1 -N 16 "$work/f.mid"

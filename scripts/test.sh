@@ -57,13 +57,19 @@ cargo test --workspace --no-fail-fast 2>&1 | tee target/cargo-test.log
 [ "${PIPESTATUS[0]}" -eq 0 ] || failed_step "cargo test"
 
 passed=0; failed=0
+# Each suite's output is kept in target/suite-logs/: a CI log shows only its head and tail, so
+# the failing checks of a failed suite are printed again at the end.
+mkdir -p target/suite-logs
+suite_logs=()
 for s in tests/suites/*.sh; do
   [ -e "$s" ] || continue
   step "suite $s"
-  if bash "$s"; then
+  log=target/suite-logs/$(basename "$s" .sh).log
+  bash "$s" 2>&1 | tee "$log"
+  if [ "${PIPESTATUS[0]}" -eq 0 ]; then
     passed=$((passed + 1))
   else
-    failed=$((failed + 1)); echo "SUITE FAILED: $s"; failed_steps+=("suite $s")
+    failed=$((failed + 1)); echo "SUITE FAILED: $s"; failed_steps+=("suite $s"); suite_logs+=("$log")
   fi
 done
 times+=("$cur_step $((SECONDS - t_step))")
@@ -78,5 +84,11 @@ if [ "$fail" -ne 0 ]; then
   # The failing tests and test binaries by name, from cargo test's own output.
   grep -E '^---- .* stdout ----$|^error: [0-9]+ targets? failed|^    `-p ' target/cargo-test.log 2>/dev/null |
     head -40
+  # What each failed suite reported as failing (checks, kernel reports, VM outcome), and its end.
+  for log in "${suite_logs[@]}"; do
+    echo "--- $log: failing lines, then its last lines"
+    grep -a -E '^(FAIL|DMESG:|not ok|VM timed out|VM did not boot|guest reported)|^\[vm [0-9:]+\] (TIMEOUT|no VM_RC|the guest kernel died)' "$log" | head -30
+    tail -n 5 "$log"
+  done
 fi
 exit $fail

@@ -316,18 +316,23 @@ impl Cluster {
     fn why_timed_out(&self, id: &str) -> String {
         use super::monitors::{Probe, addresses, probe};
         let host = self.conf_get(c"mon_host").unwrap_or_default();
+        // The value librados waited, read back from it: what the user set, or the default.
+        let within = match self.conf_get(c"client_mount_timeout") {
+            Some(t) => format!("within client-mount-timeout ({t} s)"),
+            None => "within client-mount-timeout".to_string(),
+        };
         match probe(&addresses(&host), std::time::Duration::from_secs(1)) {
             Probe::Answers(m) => format!(
-                " (the monitor at {m} answers but did not let client.{id} in within \
-                 client-mount-timeout: a wrong key, a user the cluster does not know, or \
+                " (the monitor at {m} answers but did not let client.{id} in {within}: \
+                 a wrong key, a user the cluster does not know, or \
                  monitors without quorum)"
             ),
             Probe::Silent { asked, .. } if asked.is_empty() => format!(
-                " (no monitor answered within client-mount-timeout, or the cluster did not \
-                 accept the key; mon_host {host:?} names no address to ask)"
+                " (no monitor answered {within}, or the cluster did not accept the key; \
+                 mon_host {host:?} names no address to ask)"
             ),
             Probe::Silent { asked, skipped } => format!(
-                " (no monitor answered at {}{} within client-mount-timeout)",
+                " (no monitor answered at {}{} {within})",
                 asked.join(", "),
                 if skipped > 0 {
                     format!(" ({skipped} more not asked)")

@@ -131,6 +131,22 @@ impl RbdDriver {
         }
     }
 
+    /// The librados settings the properties make (before a keyring): the cache, the three
+    /// timeouts (a timeout of 0 leaves librados's own default, 300 s or none) and `mon_host`.
+    fn rados_settings(&self) -> Vec<(&'static str, String)> {
+        let mut settings: Vec<(&'static str, String)> = vec![
+            ("rbd_cache", self.cache.to_string()),
+            ("client_mount_timeout", self.mount_timeout.to_string()),
+            ("rados_mon_op_timeout", self.mon_op_timeout.to_string()),
+            ("rados_osd_op_timeout", self.osd_op_timeout.to_string()),
+        ];
+        settings.retain(|(k, v)| *k == "rbd_cache" || v != "0");
+        if !self.mon_host.is_empty() {
+            settings.push(("mon_host", self.mon_host.clone()));
+        }
+        settings
+    }
+
     fn lock_mode(&self, read_only: bool) -> Result<LockMode> {
         Ok(match self.lock.as_str() {
             _ if !self.snapshot.is_empty() => LockMode::None,
@@ -204,16 +220,7 @@ impl Driver for RbdDriver {
         }
         let read_only = read_only || !self.snapshot.is_empty();
         let lock = self.lock_mode(read_only)?;
-        let mut settings: Vec<(&'static str, String)> = vec![
-            ("rbd_cache", self.cache.to_string()),
-            ("client_mount_timeout", self.mount_timeout.to_string()),
-            ("rados_mon_op_timeout", self.mon_op_timeout.to_string()),
-            ("rados_osd_op_timeout", self.osd_op_timeout.to_string()),
-        ];
-        settings.retain(|(k, v)| *k == "rbd_cache" || v != "0");
-        if !self.mon_host.is_empty() {
-            settings.push(("mon_host", self.mon_host.clone()));
-        }
+        let mut settings = self.rados_settings();
         if !self.keyring.is_empty() {
             // librados would only time out over a keyring that is not there.
             if !self.keyring.contains(',') && !std::path::Path::new(&self.keyring).exists() {
@@ -301,5 +308,51 @@ impl Driver for RbdDriver {
             self.read_only,
             poll,
         )?))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn setting(d: &RbdDriver, key: &str) -> Option<String> {
+        d.rados_settings()
+            .into_iter()
+            .find(|(k, _)| *k == key)
+            .map(|(_, v)| v)
+    }
+
+    #[test]
+    fn defaults_bound_every_wait_in_seconds() {
+        // librados waits 300 s to connect and forever for an op: the defaults must not.
+        let d = RbdDriver::new();
+        assert_eq!(setting(&d, "client_mount_timeout").as_deref(), Some("10"));
+        assert_eq!(setting(&d, "rados_mon_op_timeout").as_deref(), Some("10"));
+        assert_eq!(setting(&d, "rados_osd_op_timeout").as_deref(), Some("30"));
+        assert_eq!(setting(&d, "rbd_cache").as_deref(), Some("false"));
+        assert_eq!(setting(&d, "mon_host"), None);
+    }
+
+    #[test]
+    fn properties_reach_the_settings() {
+        let mut d = RbdDriver::new();
+        let st = State::Created;
+        d.set_prop("client-mount-timeout", PropValue::U64(3), st)
+            .unwrap();
+        d.set_prop("rados-osd-op-timeout", PropValue::U64(0), st)
+            .unwrap();
+        d.set_prop("cache", PropValue::Bool(true), st).unwrap();
+        d.set_prop("mon-host", PropValue::Str("127.0.0.1:6789".into()), st)
+            .unwrap();
+        assert_eq!(setting(&d, "client_mount_timeout").as_deref(), Some("3"));
+        // 0 leaves librados's own default: the key is not set at all.
+        assert_eq!(setting(&d, "rados_osd_op_timeout"), None);
+        assert_eq!(setting(&d, "rados_mon_op_timeout").as_deref(), Some("10"));
+        assert_eq!(setting(&d, "rbd_cache").as_deref(), Some("true"));
+        assert_eq!(setting(&d, "mon_host").as_deref(), Some("127.0.0.1:6789"));
+        assert_eq!(
+            d.get_prop("client-mount-timeout", st).unwrap(),
+            PropValue::U64(3)
+        );
     }
 }

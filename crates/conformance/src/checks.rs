@@ -784,7 +784,87 @@ fn completion_fd(s: &mut Suite) -> Res {
         left < Duration::from_secs(5) && left > Duration::from_secs(3),
         "time left not written back: {left:?}"
     );
-    pass()
+    let n = s.regular_queues();
+    if n < 2 {
+        return pass();
+    }
+    let extra = fd_routing(s, n)?;
+    let mut how = format!("each of {n} queues wakes its own completion fd");
+    if !extra.is_empty() {
+        // Allowed (the API permits spurious wake-ups), but worth seeing: e.g. queues sharing
+        // one interrupt vector.
+        how += &format!("; spurious wake-ups of other queues: {}", extra.join(", "));
+    }
+    Ok(Outcome::Pass(how))
+}
+
+/// A request on queue `i` makes queue `i`'s completion fd readable: an event loop waiting on
+/// the fd of the queue it submitted to must wake. Returns the other queues a request woke too
+/// (`"queue 0 woke [1]"`), spurious wake-ups the API allows.
+fn fd_routing(s: &mut Suite, n: usize) -> Result<Vec<String>, Stop> {
+    let (u, t) = (s.u, s.opts.timeout);
+    let a = s.off(Suite::A);
+    let base = s.base(Mem::Mapped) as usize;
+    let (mut fds, mut extra) = (Vec::with_capacity(n), Vec::new());
+    for i in 0..n {
+        let Some(q) = s.b.queue(i, false) else {
+            fail!("queue {i} is missing [{}]", s.p.show(&["num-queues"]));
+        };
+        let Some(fd) = q.completion_fd() else {
+            fail!("queue {i} is not a poll queue but has no completion fd");
+        };
+        q.set_completion_fd_enabled(true);
+        while read_eventfd(fd) {}
+        fds.push(fd);
+    }
+    for i in 0..n {
+        let Some(q) = s.b.queue(i, false) else {
+            fail!("queue {i} is missing");
+        };
+        let req = Request::new(
+            Op::Read {
+                offset: a,
+                buf: (base + (64 + i) * u) as *mut u8,
+                len: u,
+            },
+            100 + i,
+            ReqFlags::NONE,
+        );
+        // SAFETY: block 64+i of the mapped region lives until `release`; the request is reaped
+        // below (or the suite stops with Fatal and never frees the region).
+        unsafe { q.enqueue(req) };
+        match q.do_io(&mut [], 0, None, None) {
+            Ok(0) => {}
+            r => fail!("queue {i}: do_io(min 0, max 0) returned {r:?}"),
+        }
+        let mut p = libc::pollfd {
+            fd: fds[i],
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one live pollfd.
+        let r = unsafe { libc::poll(&mut p, 1, t.as_millis().min(i32::MAX as u128) as i32) };
+        // Other queues' fds that fired too (or instead): read before the request is reaped.
+        let others: Vec<usize> = (0..n).filter(|&j| j != i && read_eventfd(fds[j])).collect();
+        let mut c = [Completion::default()];
+        wait(&mut **q, &mut c, 1, t)?;
+        ensure!(
+            r == 1,
+            "a read on queue {i} did not make its completion fd readable within {t:?} \
+             (the fds of queues {others:?} were readable)"
+        );
+        if !others.is_empty() {
+            extra.push(format!("queue {i} woke {others:?}"));
+        }
+        ensure!(
+            c[0].user_data == 100 + i && c[0].ret == 0,
+            "queue {i}: completion {}, user_data {}",
+            describe(&c[0]),
+            c[0].user_data
+        );
+        while read_eventfd(fds[i]) {}
+    }
+    Ok(extra)
 }
 
 fn queues(s: &mut Suite) -> Res {
@@ -798,9 +878,7 @@ fn queues(s: &mut Suite) -> Res {
     let a = s.off(Suite::A);
     let want = s.reference(u)?;
     let base = s.base(Mem::Mapped) as usize;
-    let n = (s.p.num_queues.max(0) as usize)
-        .min(s.opts.queues.max(1) as usize)
-        .min(64);
+    let n = s.regular_queues();
     let mut taken = Vec::new();
     for i in 1..n {
         match s.b.take_queue(i, false) {

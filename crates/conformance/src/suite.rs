@@ -326,6 +326,13 @@ impl Suite {
         }
     }
 
+    /// How many regular queues the queue checks use: those started, at most `opts.queues`.
+    pub(crate) fn regular_queues(&self) -> usize {
+        (self.p.num_queues.max(0) as usize)
+            .min(self.opts.queues.max(1) as usize)
+            .min(64)
+    }
+
     pub(crate) fn q0(&mut self) -> Result<&mut dyn Queue, Stop> {
         match self.b.queue(0, false) {
             Some(q) => Ok(&mut **q),

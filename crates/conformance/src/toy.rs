@@ -62,6 +62,9 @@ pub enum Flaw {
     /// A request with a buffer outside the mapped regions never completes (what libblkio's
     /// vhost-user driver does, with the backend stopping).
     HangsOnUnmappedBuffers,
+    /// Every queue reports the completion fd of the first queue created, while its own
+    /// completions signal its own (one eventfd handed out for all, completions routed per queue).
+    SharesFirstCompletionFd,
 }
 
 /// Mapped regions as `(start, end)` addresses.
@@ -75,6 +78,8 @@ pub struct ToyDriver {
     read_only: bool,
     data: Arc<Mutex<Vec<u8>>>,
     regions: Regions,
+    /// The first queue's completion fd ([`Flaw::SharesFirstCompletionFd`]).
+    first_fd: Option<RawFd>,
 }
 
 impl ToyDriver {
@@ -90,6 +95,7 @@ impl ToyDriver {
             read_only: false,
             data: Arc::default(),
             regions: Arc::default(),
+            first_fd: None,
         }
     }
 }
@@ -154,8 +160,13 @@ impl Driver for ToyDriver {
         if poll {
             return Err(Error::inval("Poll queues not supported"));
         }
+        let core = QueueCore::new(false)?;
+        let first_fd = *self
+            .first_fd
+            .get_or_insert(core.completion_fd().unwrap_or(-1));
         Ok(Box::new(ToyQueue {
-            core: QueueCore::new(false)?,
+            core,
+            reported_fd: (self.flaw == Flaw::SharesFirstCompletionFd).then_some(first_fd),
             eng: ToyEngine {
                 data: self.data.clone(),
                 flaw: self.flaw,
@@ -188,6 +199,8 @@ impl Driver for ToyDriver {
 
 struct ToyQueue {
     core: QueueCore,
+    /// The fd `completion_fd` reports instead of the core's ([`Flaw::SharesFirstCompletionFd`]).
+    reported_fd: Option<RawFd>,
     eng: ToyEngine,
     regions: Regions,
     size: u64,
@@ -302,7 +315,7 @@ impl Queue for ToyQueue {
         self.core.do_io(&mut self.eng, out, min, timeout, sigmask)
     }
     fn completion_fd(&self) -> Option<RawFd> {
-        self.core.completion_fd()
+        self.reported_fd.or_else(|| self.core.completion_fd())
     }
     fn set_completion_fd_enabled(&mut self, enabled: bool) {
         self.core.set_completion_fd_enabled(enabled)

@@ -59,6 +59,10 @@ fn the_toy_driver_requires_memory_regions_and_passes() {
     );
     assert_eq!(pass_text(&r, "queues"), "2 queue(s), 1 from other threads");
     assert_eq!(
+        pass_text(&r, "completion-fd"),
+        "each of 2 queues wakes its own completion fd"
+    );
+    assert_eq!(
         pass_text(&r, "discard"),
         "the discarded range reads as zeros"
     );
@@ -86,6 +90,25 @@ fn a_driver_that_accepts_unmapped_buffers_fails() {
     match r.outcome("unmapped-buffers") {
         Some(Outcome::Fail(m)) => assert!(
             m.contains("expected -14") && m.contains("needs-mem-regions=true"),
+            "{m}"
+        ),
+        o => panic!("{o:?}"),
+    }
+}
+
+#[test]
+fn a_driver_whose_queues_share_one_completion_fd_fails() {
+    // The suite waits its whole timeout for the fd that never fires: keep it short.
+    let opts = Options {
+        timeout: std::time::Duration::from_millis(300),
+        ..Options::default()
+    };
+    let r = snapblk_conformance::run(toy(Flaw::SharesFirstCompletionFd, false), &opts);
+    assert_eq!(r.failed(), ["completion-fd"], "{r}");
+    match r.outcome("completion-fd") {
+        Some(Outcome::Fail(m)) => assert!(
+            // Queue 1 reports queue 0's fd, which its own reads never fire.
+            m.contains("a read on queue 1 did not make its completion fd readable"),
             "{m}"
         ),
         o => panic!("{o:?}"),

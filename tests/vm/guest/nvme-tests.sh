@@ -12,6 +12,15 @@ fail() { echo "FAIL: $*"; rc=1; }
 . "$(dirname "$0")/kernel-reports.sh"
 kernel_reports_begin
 
+# The NVMe driver probes and scans asynchronously: init may run before all four namespaces
+# exist. Wait for them (at most 30 s); the checks below name what is missing.
+t0=$(cut -d' ' -f1 /proc/uptime)
+i=0
+while [ "$(ls -d /sys/block/nvme*n* 2>/dev/null | wc -l)" -lt 4 ] && [ $i -lt 300 ]; do
+    sleep 0.1; i=$((i + 1))
+done
+echo "INFO: waited $(awk "BEGIN{print $(cut -d' ' -f1 /proc/uptime) - $t0}") s for 4 NVMe namespaces"
+
 conv=""; zns=""; more=""
 for c in /sys/class/nvme/nvme*; do
     [ -e "$c/serial" ] || continue

@@ -11,6 +11,21 @@ fail() { echo "FAIL: $*"; rc=1; }
 kernel_reports_begin
 
 d=/dev/nvme0n1
+# The NVMe driver probes asynchronously: init may run before the namespace exists, or while
+# the kernel's partition scan still reads it (its interrupts would count against the polled
+# I/O below). Wait for the disk, then for its I/O counters to stand still.
+t0=$(cut -d' ' -f1 /proc/uptime)
+i=0
+while [ ! -b "$d" ] && [ $i -lt 300 ]; do sleep 0.1; i=$((i + 1)); done
+i=0; last=""
+while [ -b "$d" ] && [ $i -lt 100 ]; do
+    now=$(cat /sys/block/nvme0n1/stat 2>/dev/null)
+    # shellcheck disable=SC2046 # two numbers: reads and writes in flight
+    set -- $(cat /sys/block/nvme0n1/inflight 2>/dev/null)
+    [ "$now" = "$last" ] && [ "${1:-}" = 0 ] && [ "${2:-}" = 0 ] && break
+    last=$now; sleep 0.2; i=$((i + 1))
+done
+echo "INFO: waited $(awk "BEGIN{print $(cut -d' ' -f1 /proc/uptime) - $t0}") s for $d and its I/O to settle"
 if [ ! -b "$d" ]; then
     fail "no $d: the VM has no NVMe disk (block devices: $(ls /sys/block | tr '\n' ' '))"
     exit 1

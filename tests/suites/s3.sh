@@ -7,7 +7,8 @@
 # (and refused without it), put/get round trips, a remote OTA's partition extracts to the same
 # bytes as the local one while fetching less than the whole zip (and from its bare payload.bin,
 # with ota info), a COW and its record put, fetched back byte for byte, verified with its base
-# and merged into the target image, multipart uploads (read back
+# and merged into the target image, a remote COW's record fetched and checked against the base
+# it is served over, multipart uploads (read back
 # whole and by range, S3's multipart ETag, an interrupted one aborted), and a snapshot served over NBD
 # from a base and COW in the bucket reads as the AOSP golden target; and the same drivers from C
 # through libblkio.so.1 (tests/c/remote_test.c). Every daemon is stopped by
@@ -294,6 +295,35 @@ serve_read "snapshot with base and COW in S3, served over NBD, reads as target.i
   --base "s3://$S3_TEST_BUCKET/base.img" --cow "s3://$S3_TEST_BUCKET/snap.cow"
 serve_read "snapshot with base.driver=s3 and a local COW reads as target.img" "$g/target.img" \
   "snapshot:cow=$g/snapshot.cow,base.driver=s3,base.url=s3://$S3_TEST_BUCKET/base.img"
+
+# A remote COW's record (COW.snapblk, put beside xor.cow above) is fetched and checked as a
+# local one is: the right base serves target.img (every block the record has a digest for is
+# verified), a base of another size and a same-size base with one byte changed (verify-base)
+# are refused at connect, also over a nested base; an explicit cow-record URL that does not
+# exist is an error.
+serve_read "a remote COW with its record over the right base (verify-base) reads as target.img" "$x/target.img" \
+  "snapshot:base=$x/base.img,cow=s3://$S3_TEST_BUCKET/xor.cow,verify-base=true"
+head -c 4096 "$x/base.img" > "$work/short.img"
+cp "$x/base.img" "$work/flip.img"
+printf '\377' | dd of="$work/flip.img" bs=1 seek=100000 conv=notrunc status=none
+refused_open() {  # refused_open WHAT PATTERN SPEC: snapblk info SPEC fails, its error matches
+  local out
+  if out=$("$snapblk" info "$3" 2>&1); then bad "$1: opened"
+  elif echo "$out" | grep -q "$2"; then ok "$1: ${out##*: }"
+  else echo "$out"; bad "$1: message"; fi
+}
+refused_open "a remote COW over a base of another size is refused by its record" \
+  "this COW was made for a base of $(stat -c %s "$x/base.img") bytes" \
+  "snapshot:base=$work/short.img,cow=s3://$S3_TEST_BUCKET/xor.cow"
+refused_open "a remote COW over a same-size base with one byte changed is refused (verify-base)" \
+  "the COW record expects\|is not the image this COW was made for" \
+  "snapshot:base=$work/flip.img,cow=s3://$S3_TEST_BUCKET/xor.cow,verify-base=true"
+refused_open "a remote COW over a nested base of another size is refused by its record" \
+  "base sync:path=$work/short.img is 4096 bytes; this COW was made for a base of" \
+  "snapshot:cow=s3://$S3_TEST_BUCKET/xor.cow,base.driver=sync,base.path=$work/short.img"
+refused_open "an explicit cow-record URL that does not exist is an error" \
+  "snapshot COW record" \
+  "snapshot:base=$x/base.img,cow=s3://$S3_TEST_BUCKET/xor.cow,cow-record=s3://$S3_TEST_BUCKET/none.snapblk"
 head -c $(((1 << 20) + 4096)) /dev/urandom > "$work/img.bin"
 s3curl -T "$work/img.bin" "$AWS_ENDPOINT_URL/$S3_TEST_BUCKET/img.bin" || bad "curl put img.bin"
 SSL_CERT_FILE=$work/ca.pem serve_read "the s3 driver serves an object over NBD (HTTPS, 256 KiB cache)" "$work/img.bin" \

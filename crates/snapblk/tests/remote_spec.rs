@@ -10,15 +10,17 @@ fn refused(spec: &str) -> snapblk::Error {
 }
 
 #[test]
-fn remote_snapshot_sides_refuse_merge_writes_and_records() {
+fn remote_snapshot_sides_refuse_merge_and_writes() {
     let e = refused("snapshot:base=s3://b/base.img,cow=/nonexistent.cow,merge=true");
     assert_eq!(e.errno, libc::EINVAL, "{e}");
     assert!(e.msg.contains("merge needs a local base and COW"), "{e}");
     let e = refused("snapshot:base=/nonexistent.img,cow=https://h/x.cow,writable=true");
     assert_eq!(e.errno, libc::EINVAL, "{e}");
     assert!(e.msg.contains("writable needs a local COW"), "{e}");
-    let e = refused("snapshot:base=s3://b/base.img,cow=/x.cow,verify-base=true");
-    assert!(e.msg.contains("need local files"), "{e}");
+    // The record checks need verify (a remote side's record is checked as a local one's).
+    let e = refused("snapshot:base=s3://b/base.img,cow=/x.cow,verify=false,verify-base=true");
+    assert_eq!(e.errno, libc::EINVAL, "{e}");
+    assert!(e.msg.contains("need verify=true"), "{e}");
     // With a nested base, a remote COW is read-only too.
     let e = refused(
         "snapshot:cow=s3://b/x.cow,base.driver=null,base.size=1M,verify=false,writable=true",

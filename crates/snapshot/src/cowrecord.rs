@@ -109,7 +109,6 @@ fn load_with(
         None => return Ok(None),
     };
     let (cow_f, reader) = opened?;
-    rec.check_binding(&reader).map_err(record_err(&path))?;
     let base_file;
     let base_dev: &dyn ReadAt = match base {
         BaseSource::File(open) => {
@@ -118,6 +117,44 @@ fn load_with(
         }
         BaseSource::Dev(d) => d,
     };
+    check_loaded(&rec, &reader, &cow_f, base_dev, base_name, &path, eager)?;
+    Ok(Some(shared(&cow_f, base_dev.as_file(), &path, rec)))
+}
+
+/// [`load_verifier_dev`] for a COW that is not a file (an object read through the `s3` / `http`
+/// driver) and a record fetched by the caller: `record` holds its bytes (`None`: there is none),
+/// `record_name` names it in messages. The same checks; the verifier is this open's own.
+pub(crate) fn load_verifier_fetched(
+    base: &dyn ReadAt,
+    base_name: &str,
+    cow: &dyn ReadAt,
+    record: Option<&[u8]>,
+    record_name: &str,
+    eager: bool,
+) -> Result<Option<Arc<Verifier>>> {
+    let Some(bytes) = record else {
+        return Ok(None);
+    };
+    let path = PathBuf::from(record_name);
+    let rec = Record::decode(bytes).map_err(record_err(&path))?;
+    let reader = CowReader::open_with(cow, OpenOptions::default())?;
+    check_loaded(&rec, &reader, cow, base, &base_name, &path, eager)?;
+    Ok(Some(Arc::new(Verifier::new(rec))))
+}
+
+/// The checks of a loaded record: it describes this COW (`reader` over `cow`) and a base of
+/// this size; with `eager`, before a merge has started, every base block the COW reads and the
+/// SHA-256 of the whole base match it.
+fn check_loaded<R: ReadAt>(
+    rec: &Record,
+    reader: &CowReader<R>,
+    cow: &dyn ReadAt,
+    base_dev: &dyn ReadAt,
+    base_name: &dyn std::fmt::Display,
+    path: &Path,
+    eager: bool,
+) -> Result<()> {
+    rec.check_binding(reader).map_err(record_err(path))?;
     let base_len = base_dev.size().map_err(|e| SnapError::Io {
         what: "sizing base",
         source: e.into(),
@@ -136,14 +173,14 @@ fn load_with(
     let started = h.num_merge_ops > 0 || {
         let mut state = [0u8; 1];
         h.buffer_size > 0
-            && cow_f
+            && cow
                 .read_exact_at(u64::from(h.header_size), &mut state)
                 .is_ok()
             && state[0] == crate::snapshot::scratch_state::DONE
     };
     if eager && !started {
         let mut check = RecordCheck::default();
-        record::check_base(&rec, base_dev, &mut check).map_err(record_err(&path))?;
+        record::check_base(rec, base_dev, &mut check).map_err(record_err(path))?;
         if !check.base_mismatches.is_empty() {
             return Err(SnapError::WrongBase(format!(
                 "base {base_name} is not the image this COW was made for: {} of the {} blocks it reads differ from the record (blocks {})",
@@ -166,7 +203,7 @@ fn load_with(
             )));
         }
     }
-    Ok(Some(shared(&cow_f, base_dev.as_file(), &path, rec)))
+    Ok(())
 }
 
 /// One verifier per (COW file, record file) in the process, so every open of the same snapshot

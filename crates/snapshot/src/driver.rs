@@ -21,7 +21,9 @@
 //! `verify-base`, a `COW.snapblk` beside the COW) is checked over a device base as over a file,
 //! reading the base through the device. The base or the COW may
 //! also be a URL (`base=s3://bucket/base.img`, `cow=https://host/update.cow`): read-only
-//! through the opener's `s3` / `http` driver (ranged GETs into a block cache; docs/remote.md). Read-only, once connected: `record-stats`, `readahead-stats`
+//! through the opener's `s3` / `http` driver (ranged GETs into a block cache; docs/remote.md).
+//! A remote COW's record is the object `URL.snapblk` (or `cow-record`, a path or a URL),
+//! fetched whole and checked as a local one. Read-only, once connected: `record-stats`, `readahead-stats`
 //! and `merge-stats` (JSON), `activity-id` (for [`Activity::find`]). Spec example:
 //! `snapshot:base=system.img,cow=system.cow,writable=true,record=boot.blocks`.
 
@@ -33,7 +35,7 @@ use crate::record::{Activity, Binding, DEFAULT_RECORD_SECS};
 use crate::sched::FgLane;
 use crate::snapshot::{Snapshot, SnapshotConfig};
 use snapblk_core::{
-    Access, DeviceInfo, Driver, Error, PropSpec, PropType, PropValue, Queue, State,
+    Access, DeviceInfo, Driver, Error, PropSpec, PropType, PropValue, Queue, ReadAt, State,
 };
 use snapblk_cow::record::Verifier;
 use std::path::PathBuf;
@@ -410,19 +412,21 @@ impl SnapshotDriver {
                         "snapshot: a COW given as a URL is read-only (no merge, no writable)",
                     ));
                 }
-                let driver = if url.starts_with("s3://") {
-                    "s3"
+                let cow_dev = open_url(opener, url, "COW")?;
+                let verifier = if self.verify {
+                    let rec = fetch_record(opener, url, self.cow_record.as_deref())?;
+                    crate::cowrecord::load_verifier_fetched(
+                        &*base,
+                        &dev_name(driver, &props),
+                        &*cow_dev,
+                        rec.as_ref().map(|(b, _)| b.as_slice()),
+                        rec.as_ref().map_or("", |(_, n)| n),
+                        self.verify_base,
+                    )?
                 } else {
-                    "http"
+                    None
                 };
-                let dev = opener(driver, &[("url".to_owned(), url.to_owned())], false)
-                    .map_err(|e| Error::new(e.errno, format!("snapshot COW: {}", e.msg)))?;
-                Arc::new(open_devs_sized(
-                    base,
-                    Arc::new(BlkioDev::new(dev)?),
-                    cfg,
-                    None,
-                )?)
+                open_verified(verifier, |size| open_devs_sized(base, cow_dev, cfg, size))?
             }
         };
         if self.merge {
@@ -438,8 +442,9 @@ impl SnapshotDriver {
 
     /// Connect where the base or the COW (or both) is a URL (`s3://`, `http(s)://`): each URL is
     /// opened read-only through the opener as the registry's `s3` / `http` driver (`url=URL`),
-    /// each path as a file. A remote COW cannot take writes (`writable` is refused), neither
-    /// remote side can be merged, and a COW record is not looked for.
+    /// each path as a file. A remote COW cannot take writes (`writable` is refused) and neither
+    /// remote side can be merged. The COW record is checked as for files: a remote COW's is
+    /// fetched ([`fetch_record`]), a remote base is read through its driver.
     fn connect_remote(&mut self, read_only: bool) -> snapblk_core::Result<DeviceInfo> {
         let (Some(base), Some(cow)) = (self.base.clone(), self.cow.clone()) else {
             return Err(Error::inval(
@@ -451,9 +456,9 @@ impl SnapshotDriver {
                 "snapshot: merge needs a local base and COW (remote objects are read-only)",
             ));
         }
-        if self.cow_record.is_some() || self.verify_base {
+        if !self.verify && (self.cow_record.is_some() || self.verify_base) {
             return Err(Error::inval(
-                "snapshot: cow-record and verify-base need local files (not a URL)",
+                "snapshot: cow-record and verify-base need verify=true",
             ));
         }
         let mut cfg = self.cfg;
@@ -468,14 +473,7 @@ impl SnapshotDriver {
                     "snapshot: this driver instance cannot open the {what} URL (no opener)"
                 )));
             };
-            let driver = if url.starts_with("s3://") {
-                "s3"
-            } else {
-                "http"
-            };
-            let dev = opener(driver, &[("url".to_owned(), url.to_owned())], false)
-                .map_err(|e| Error::new(e.errno, format!("snapshot {what}: {}", e.msg)))?;
-            Ok(Arc::new(BlkioDev::new(dev)?))
+            Ok(open_url(opener, url, what)?)
         };
         if cfg.writable && remote_url(&cow).is_some() {
             return Err(Error::inval(
@@ -488,7 +486,31 @@ impl SnapshotDriver {
         } else {
             open(&cow, "COW")?
         };
-        let snap = Arc::new(open_devs_sized(base_dev, cow_dev, cfg, None)?);
+        let verifier = match (self.verify, remote_url(&cow), opener) {
+            (false, _, _) => None,
+            (true, Some(url), Some(opener)) => {
+                let rec = fetch_record(opener, url, self.cow_record.as_deref())?;
+                crate::cowrecord::load_verifier_fetched(
+                    &*base_dev,
+                    &base.display().to_string(),
+                    &*cow_dev,
+                    rec.as_ref().map(|(b, _)| b.as_slice()),
+                    rec.as_ref().map_or("", |(_, n)| n),
+                    self.verify_base,
+                )?
+            }
+            // A local COW (over a remote base): its record, read from beside it.
+            _ => crate::cowrecord::load_verifier_dev(
+                &*base_dev,
+                &base.display().to_string(),
+                &cow,
+                self.cow_record.as_deref(),
+                self.verify_base,
+            )?,
+        };
+        let snap = open_verified(verifier, |size| {
+            open_devs_sized(base_dev, cow_dev, cfg, size)
+        })?;
         self.finish_connect(snap)
     }
 
@@ -552,6 +574,93 @@ pub(crate) fn dev_name(driver: &str, props: &[(String, String)]) -> String {
     };
     let kv: Vec<String> = shown.iter().map(|(k, v)| format!("{k}={v}")).collect();
     format!("{driver}:{}", kv.join(","))
+}
+
+/// The registry driver that reads `url`: `s3` for `s3://`, else `http`.
+fn url_driver(url: &str) -> &'static str {
+    if url.starts_with("s3://") {
+        "s3"
+    } else {
+        "http"
+    }
+}
+
+/// Open `url` read-only through the opener's `s3` / `http` driver; `what` names it in errors.
+fn open_url(opener: DeviceOpener, url: &str, what: &str) -> snapblk_core::Result<Arc<BlkioDev>> {
+    let dev = opener(
+        url_driver(url),
+        &[("url".to_owned(), url.to_owned())],
+        false,
+    )
+    .map_err(|e| Error::new(e.errno, format!("snapshot {what}: {}", e.msg)))?;
+    Ok(Arc::new(BlkioDev::new(dev)?))
+}
+
+/// The record of the COW at URL `cow`, fetched whole: `cow-record` when set (a path, or a URL
+/// read through the opener; it must exist), else the object `COW.snapblk` beside it. `None`
+/// when that object does not exist (any other failure to read it is an error), and for a URL
+/// with a query (a presigned URL's signature covers its path, so no name beside it can be
+/// derived).
+fn fetch_record(
+    opener: DeviceOpener,
+    cow: &str,
+    cow_record: Option<&std::path::Path>,
+) -> snapblk_core::Result<Option<(Vec<u8>, String)>> {
+    let (url, implicit) = match cow_record {
+        Some(p) => match remote_url(p) {
+            Some(u) => (u.to_owned(), false),
+            None => {
+                let name = p.display().to_string();
+                if std::fs::metadata(p).is_ok_and(|m| m.len() > snapblk_cow::record::MAX_LEN) {
+                    return Err(Error::new(
+                        libc::EFBIG,
+                        format!("snapshot: COW record {name} is too large for a record"),
+                    ));
+                }
+                return match std::fs::read(p) {
+                    Ok(b) => Ok(Some((b, name))),
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(Error::new(
+                        libc::ENOENT,
+                        format!("snapshot: COW record {name} does not exist"),
+                    )),
+                    Err(e) => Err(Error::new(
+                        e.raw_os_error().unwrap_or(libc::EIO),
+                        format!("snapshot: reading COW record {name}: {e}"),
+                    )),
+                };
+            }
+        },
+        None if cow.contains('?') => return Ok(None),
+        None => (format!("{cow}.snapblk"), true),
+    };
+    let dev = match opener(url_driver(&url), &[("url".to_owned(), url.clone())], false) {
+        Ok(d) => d,
+        Err(e) if implicit && e.errno == libc::ENOENT => return Ok(None),
+        // Refused (an S3 user without list permission gets 403 for a missing key, too): the
+        // user decides to serve unchecked.
+        Err(e) => {
+            let hint = if implicit {
+                " (verify=false serves the COW without checking a record)"
+            } else {
+                ""
+            };
+            return Err(Error::new(
+                e.errno,
+                format!("snapshot COW record: {}{hint}", e.msg),
+            ));
+        }
+    };
+    let dev = BlkioDev::new(dev)?;
+    let len = dev.size().map_err(Error::from_io)?;
+    if len > snapblk_cow::record::MAX_LEN {
+        return Err(Error::new(
+            libc::EFBIG,
+            format!("snapshot: COW record {url} is {len} bytes, too large for a record"),
+        ));
+    }
+    let mut buf = vec![0u8; len as usize];
+    dev.read_exact_at(0, &mut buf).map_err(Error::from_io)?;
+    Ok(Some((buf, url)))
 }
 
 /// `p` as a URL the remote drivers read (`s3://`, `http://`, `https://`, lower-case scheme).

@@ -65,8 +65,14 @@ for s in tests/suites/*.sh; do
   [ -e "$s" ] || continue
   step "suite $s"
   log=target/suite-logs/$(basename "$s" .sh).log
-  bash "$s" 2>&1 | tee "$log"
-  if [ "${PIPESTATUS[0]}" -eq 0 ]; then
+  # The suite writes its log; tail shows it as it grows and stops when the suite's process
+  # ends. Not a pipe to tee: a daemon a suite left behind holding its stdout would keep the
+  # pipe open and the run waiting for it.
+  : > "$log"
+  bash "$s" > "$log" 2>&1 &
+  spid=$!
+  tail -n +1 -f -s 0.2 --pid="$spid" "$log"
+  if wait "$spid"; then
     passed=$((passed + 1))
   else
     failed=$((failed + 1)); echo "SUITE FAILED: $s"; failed_steps+=("suite $s"); suite_logs+=("$log")

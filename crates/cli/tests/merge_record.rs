@@ -421,3 +421,35 @@ fn without_a_record_digests_given_by_hand_guard_the_merge() {
         &new_sha,
     ]);
 }
+
+#[test]
+fn verify_base_without_a_record_is_refused_not_skipped() {
+    // --verify-base asks for the base to be proved right; with no record nothing proves it.
+    let c = Case::new("mrec-verify-none", 64, &[]);
+    let cow = c.cow_copy("n.cow");
+    std::fs::remove_file(format!("{}.snapblk", cow.display())).unwrap();
+    let base = c.file_copy(&c.old, "b.img");
+    let before = read(&base);
+    for args in [
+        &[
+            "merge",
+            "--verify-base",
+            path_str(&cow),
+            "--base",
+            path_str(&base),
+        ][..],
+        &[
+            "info",
+            &format!(
+                "snapshot:base={},cow={},verify-base=true",
+                base.display(),
+                cow.display()
+            ),
+        ][..],
+    ] {
+        refused(args, "verify-base needs a COW record, and none was found");
+    }
+    assert_file_eq(&base, &before, "the base is left alone");
+    // Without --verify-base the merge goes on (with its warning).
+    ok(&["merge", path_str(&cow), "--base", path_str(&base)]);
+}

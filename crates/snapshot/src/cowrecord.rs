@@ -21,7 +21,8 @@ fn record_err(path: &Path) -> impl FnOnce(record::RecordError) -> SnapError + '_
 
 /// Load the record of `cow` (`record`, else `COW.snapblk` when it exists) and check that it
 /// describes this COW and a base of this size; with `eager`, also check every base block the
-/// COW reads and the SHA-256 of the whole base. `Ok(None)` when there is no record.
+/// COW reads and the SHA-256 of the whole base. `Ok(None)` when there is no record (an error
+/// with `eager`: the base cannot be verified).
 pub fn load_verifier(
     base: &Path,
     cow: &Path,
@@ -106,6 +107,7 @@ fn load_with(
                 path.display()
             )));
         }
+        None if eager => return Err(no_record_to_verify(&path)),
         None => return Ok(None),
     };
     let (cow_f, reader) = opened?;
@@ -121,9 +123,18 @@ fn load_with(
     Ok(Some(shared(&cow_f, base_dev.as_file(), &path, rec)))
 }
 
+/// verify-base was asked for, and there is no record to verify the base against.
+fn no_record_to_verify(looked: &Path) -> SnapError {
+    SnapError::Config(format!(
+        "verify-base needs a COW record, and none was found ({}; `snapblk cow record` writes one)",
+        looked.display()
+    ))
+}
+
 /// [`load_verifier_dev`] for a COW that is not a file (an object read through the `s3` / `http`
 /// driver) and a record fetched by the caller: `record` holds its bytes (`None`: there is none),
-/// `record_name` names it in messages. The same checks; the verifier is this open's own.
+/// `record_name` names it (or where it was looked for) in messages. The same checks; the
+/// verifier is this open's own.
 pub(crate) fn load_verifier_fetched(
     base: &dyn ReadAt,
     base_name: &str,
@@ -132,10 +143,14 @@ pub(crate) fn load_verifier_fetched(
     record_name: &str,
     eager: bool,
 ) -> Result<Option<Arc<Verifier>>> {
-    let Some(bytes) = record else {
-        return Ok(None);
-    };
     let path = PathBuf::from(record_name);
+    let Some(bytes) = record else {
+        return if eager {
+            Err(no_record_to_verify(&path))
+        } else {
+            Ok(None)
+        };
+    };
     let rec = Record::decode(bytes).map_err(record_err(&path))?;
     let reader = CowReader::open_with(cow, OpenOptions::default())?;
     check_loaded(&rec, &reader, cow, base, &base_name, &path, eager)?;

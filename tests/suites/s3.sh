@@ -300,7 +300,7 @@ serve_read "snapshot with base.driver=s3 and a local COW reads as target.img" "$
 # local one is: the right base serves target.img (every block the record has a digest for is
 # verified), a base of another size and a same-size base with one byte changed (verify-base)
 # are refused at connect, also over a nested base; an explicit cow-record URL that does not
-# exist is an error.
+# exist is an error, and so is verify-base with no record to verify against.
 serve_read "a remote COW with its record over the right base (verify-base) reads as target.img" "$x/target.img" \
   "snapshot:base=$x/base.img,cow=s3://$S3_TEST_BUCKET/xor.cow,verify-base=true"
 head -c 4096 "$x/base.img" > "$work/short.img"
@@ -322,8 +322,16 @@ refused_open "a remote COW over a nested base of another size is refused by its 
   "base sync:path=$work/short.img is 4096 bytes; this COW was made for a base of" \
   "snapshot:cow=s3://$S3_TEST_BUCKET/xor.cow,base.driver=sync,base.path=$work/short.img"
 refused_open "an explicit cow-record URL that does not exist is an error" \
-  "snapshot COW record" \
+  "snapshot COW record s3://$S3_TEST_BUCKET/none.snapblk" \
   "snapshot:base=$x/base.img,cow=s3://$S3_TEST_BUCKET/xor.cow,cow-record=s3://$S3_TEST_BUCKET/none.snapblk"
+refused_open "verify-base over a remote COW with no record beside it is refused, not skipped" \
+  "verify-base needs a COW record, and none was found (s3://$S3_TEST_BUCKET/snap.cow.snapblk" \
+  "snapshot:base=$g/base.img,cow=s3://$S3_TEST_BUCKET/snap.cow,verify-base=true"
+# A local COW over a remote base: its record (beside it, on disk) is checked, the base read by range.
+s3curl -T "$work/short.img" "$AWS_ENDPOINT_URL/$S3_TEST_BUCKET/short.img" || bad "curl put short.img"
+refused_open "a local COW over a remote base of another size is refused by its record" \
+  "base s3://$S3_TEST_BUCKET/short.img is 4096 bytes; this COW was made for a base of" \
+  "snapshot:base=s3://$S3_TEST_BUCKET/short.img,cow=$work/pub/xor.cow"
 head -c $(((1 << 20) + 4096)) /dev/urandom > "$work/img.bin"
 s3curl -T "$work/img.bin" "$AWS_ENDPOINT_URL/$S3_TEST_BUCKET/img.bin" || bad "curl put img.bin"
 SSL_CERT_FILE=$work/ca.pem serve_read "the s3 driver serves an object over NBD (HTTPS, 256 KiB cache)" "$work/img.bin" \

@@ -27,6 +27,14 @@ fn remote_snapshot_sides_refuse_merge_and_writes() {
     );
     assert_eq!(e.errno, libc::EINVAL, "{e}");
     assert!(e.msg.contains("a COW given as a URL is read-only"), "{e}");
+    // A local COW's record is a file: a URL there is refused, not looked for as a path.
+    let e = refused("snapshot:base=/x.img,cow=/x.cow,cow-record=s3://b/x.cow.snapblk");
+    assert_eq!(e.errno, libc::EINVAL, "{e}");
+    assert!(
+        e.msg
+            .contains("cow-record may be a URL only for a COW given as a URL"),
+        "{e}"
+    );
     // A URL that is not one the remote driver takes fails as such, not as a missing file.
     let e = refused("snapshot:base=s3://b,cow=/x.cow");
     assert_eq!(e.errno, libc::EINVAL, "{e}");

@@ -264,6 +264,14 @@ impl Driver for SnapshotDriver {
         Ok(())
     }
     fn connect(&mut self, read_only: bool) -> snapblk_core::Result<DeviceInfo> {
+        // A local COW's record is a file: a URL there would only be looked for as a path.
+        if self.cow_record.as_deref().and_then(remote_url).is_some()
+            && self.cow.as_deref().and_then(remote_url).is_none()
+        {
+            return Err(Error::inval(
+                "snapshot: cow-record may be a URL only for a COW given as a URL",
+            ));
+        }
         if !self.base_spec.is_empty() {
             return self.connect_dev_base(read_only);
         }
@@ -414,13 +422,13 @@ impl SnapshotDriver {
                 }
                 let cow_dev = open_url(opener, url, "COW")?;
                 let verifier = if self.verify {
-                    let rec = fetch_record(opener, url, self.cow_record.as_deref())?;
+                    let (rec, name) = fetch_record(opener, url, self.cow_record.as_deref())?;
                     crate::cowrecord::load_verifier_fetched(
                         &*base,
                         &dev_name(driver, &props),
                         &*cow_dev,
-                        rec.as_ref().map(|(b, _)| b.as_slice()),
-                        rec.as_ref().map_or("", |(_, n)| n),
+                        rec.as_deref(),
+                        &name,
                         self.verify_base,
                     )?
                 } else {
@@ -489,13 +497,13 @@ impl SnapshotDriver {
         let verifier = match (self.verify, remote_url(&cow), opener) {
             (false, _, _) => None,
             (true, Some(url), Some(opener)) => {
-                let rec = fetch_record(opener, url, self.cow_record.as_deref())?;
+                let (rec, name) = fetch_record(opener, url, self.cow_record.as_deref())?;
                 crate::cowrecord::load_verifier_fetched(
                     &*base_dev,
                     &base.display().to_string(),
                     &*cow_dev,
-                    rec.as_ref().map(|(b, _)| b.as_slice()),
-                    rec.as_ref().map_or("", |(_, n)| n),
+                    rec.as_deref(),
+                    &name,
                     self.verify_base,
                 )?
             }
@@ -596,16 +604,20 @@ fn open_url(opener: DeviceOpener, url: &str, what: &str) -> snapblk_core::Result
     Ok(Arc::new(BlkioDev::new(dev)?))
 }
 
-/// The record of the COW at URL `cow`, fetched whole: `cow-record` when set (a path, or a URL
-/// read through the opener; it must exist), else the object `COW.snapblk` beside it. `None`
-/// when that object does not exist (any other failure to read it is an error), and for a URL
-/// with a query (a presigned URL's signature covers its path, so no name beside it can be
-/// derived).
+/// The most bytes a fetched record may have (a record of a fully rewritten 16 GiB image is
+/// 256 MiB); a larger object is refused rather than held in memory.
+const MAX_FETCHED_RECORD: u64 = 1 << 30;
+
+/// The record of the COW at URL `cow`, fetched whole, and where it was looked for: `cow-record`
+/// when set (a path, or a URL read through the opener; it must exist), else the object
+/// `COW.snapblk` beside it. No bytes when that object does not exist (any other failure to
+/// read it is an error), and for an `http(s)` URL with a query (a presigned URL's signature
+/// covers its path, so no name beside it can be derived; an `s3://` key may hold `?`).
 fn fetch_record(
     opener: DeviceOpener,
     cow: &str,
     cow_record: Option<&std::path::Path>,
-) -> snapblk_core::Result<Option<(Vec<u8>, String)>> {
+) -> snapblk_core::Result<(Option<Vec<u8>>, String)> {
     let (url, implicit) = match cow_record {
         Some(p) => match remote_url(p) {
             Some(u) => (u.to_owned(), false),
@@ -618,7 +630,7 @@ fn fetch_record(
                     ));
                 }
                 return match std::fs::read(p) {
-                    Ok(b) => Ok(Some((b, name))),
+                    Ok(b) => Ok((Some(b), name)),
                     Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(Error::new(
                         libc::ENOENT,
                         format!("snapshot: COW record {name} does not exist"),
@@ -630,37 +642,48 @@ fn fetch_record(
                 };
             }
         },
-        None if cow.contains('?') => return Ok(None),
+        None if !cow.starts_with("s3://") && cow.contains('?') => {
+            return Ok((None, format!("beside {cow}: a URL with a query has none")));
+        }
         None => (format!("{cow}.snapblk"), true),
+    };
+    // Every failure past a missing object fails connect; without cow-record the user may
+    // choose to serve unchecked (an S3 user without list permission gets 403 for a missing
+    // key, too).
+    let hint = if implicit {
+        " (verify=false serves the COW without checking a record)"
+    } else {
+        ""
+    };
+    let fail = |e: Error| {
+        Error::new(
+            e.errno,
+            format!("snapshot COW record {url}: {}{hint}", e.msg),
+        )
     };
     let dev = match opener(url_driver(&url), &[("url".to_owned(), url.clone())], false) {
         Ok(d) => d,
-        Err(e) if implicit && e.errno == libc::ENOENT => return Ok(None),
-        // Refused (an S3 user without list permission gets 403 for a missing key, too): the
-        // user decides to serve unchecked.
-        Err(e) => {
-            let hint = if implicit {
-                " (verify=false serves the COW without checking a record)"
-            } else {
-                ""
-            };
-            return Err(Error::new(
-                e.errno,
-                format!("snapshot COW record: {}{hint}", e.msg),
-            ));
-        }
+        Err(e) if implicit && e.errno == libc::ENOENT => return Ok((None, url)),
+        Err(e) => return Err(fail(e)),
     };
-    let dev = BlkioDev::new(dev)?;
-    let len = dev.size().map_err(Error::from_io)?;
-    if len > snapblk_cow::record::MAX_LEN {
-        return Err(Error::new(
+    let dev = BlkioDev::new(dev).map_err(fail)?;
+    let len = dev.size().map_err(|e| fail(Error::from_io(e)))?;
+    if len > MAX_FETCHED_RECORD {
+        return Err(fail(Error::new(
             libc::EFBIG,
-            format!("snapshot: COW record {url} is {len} bytes, too large for a record"),
-        ));
+            format!("{len} bytes, more than a fetched record may have ({MAX_FETCHED_RECORD})"),
+        )));
     }
-    let mut buf = vec![0u8; len as usize];
-    dev.read_exact_at(0, &mut buf).map_err(Error::from_io)?;
-    Ok(Some((buf, url)))
+    // Read in pieces: memory follows the bytes that arrive, not the size the server claims.
+    let mut buf = Vec::new();
+    let mut chunk = vec![0u8; 4 << 20];
+    while (buf.len() as u64) < len {
+        let n = chunk.len().min((len - buf.len() as u64) as usize);
+        dev.read_exact_at(buf.len() as u64, &mut chunk[..n])
+            .map_err(|e| fail(Error::from_io(e)))?;
+        buf.extend_from_slice(&chunk[..n]);
+    }
+    Ok((Some(buf), url))
 }
 
 /// `p` as a URL the remote drivers read (`s3://`, `http://`, `https://`, lower-case scheme).

@@ -16,7 +16,8 @@ kernel_reports_begin
 # exist. Wait for them (at most 30 s); the checks below name what is missing.
 t0=$(cut -d' ' -f1 /proc/uptime)
 i=0
-while [ "$(ls -d /sys/block/nvme*n* 2>/dev/null | wc -l)" -lt 4 ] && [ $i -lt 300 ]; do
+# Namespaces only: nvme0n1, not a multipath path device (nvme0c0n1).
+while [ "$(ls /sys/block | grep -c '^nvme[0-9]*n[0-9]*$')" -lt 4 ] && [ $i -lt 300 ]; do
     sleep 0.1; i=$((i + 1))
 done
 echo "INFO: waited $(awk "BEGIN{print $(cut -d' ' -f1 /proc/uptime) - $t0}") s for 4 NVMe namespaces"

@@ -16,6 +16,8 @@
 #   fio       `fio --ioengine=rbd` as it runs by default: librbd's defaults, `rbd_cache=true` with
 #             the write-around policy, which completes a write before the OSD has it (up to
 #             `rbd_cache_max_dirty` in flight); snap-c's reference
+#   fio2      the same fio run as fio once more: the noise floor of the cached cells (not run
+#             unless named in SIDES)
 #
 # Every run starts with a RAMP-second ramp (-R, default 1 s; fio's and `snapblk bench`'s
 # ramp_time) that is not measured: the first write of an open image waits for librbd's exclusive
@@ -45,9 +47,9 @@ done
 read -ra SIDES <<<"${SIDES:-snapblk capi fio-nc fio-nc2 snap-c fio}"
 read -ra CELLS <<<"${CELLS:-randread:1 randread:32 randwrite:1 randwrite:32}"
 # ref SIDE: the fio run a side is compared with.
-ref() { case $1 in snap-c|fio) echo fio ;; *) echo fio-nc ;; esac; }
+ref() { case $1 in snap-c|fio|fio2) echo fio ;; *) echo fio-nc ;; esac; }
 for side in "${SIDES[@]}"; do
-  case $side in snapblk|capi|fio-nc|fio-nc2|snap-c|fio) ;; *) echo "SIDES: unknown side $side" >&2; exit 2 ;; esac
+  case $side in snapblk|capi|fio-nc|fio-nc2|snap-c|fio|fio2) ;; *) echo "SIDES: unknown side $side" >&2; exit 2 ;; esac
   case " ${SIDES[*]} " in *" $(ref "$side") "*) ;; *) echo "SIDES: $side needs $(ref "$side")" >&2; exit 2 ;; esac
 done
 for cell in "${CELLS[@]}"; do
@@ -68,8 +70,8 @@ run() { # run SIDE RW QD -> IOPS
         --prop "conf=$CEPH_CONF" --prop lock=none --rw "$rw" --bs 4k --iodepth "$qd" --runtime "$SECS" \
         --ramp_time "$RAMP" --time_based \
         --json | snapblk_iops ;;
-    fio|fio-nc|fio-nc2)
-      local conf=$CEPH_CONF; [ "$side" != fio ] && conf=$NOCACHE_CONF
+    fio|fio2|fio-nc|fio-nc2)
+      local conf=$NOCACHE_CONF; [[ $side == fio || $side == fio2 ]] && conf=$CEPH_CONF
       CEPH_CONF=$conf fio --name=r --ioengine=rbd --pool=rbd --rbdname=bench --clientname=admin --rw="$rw" --bs=4k \
         --iodepth="$qd" --time_based --runtime="$SECS" --ramp_time="$RAMP" --output-format=json 2>/dev/null | fio_iops ;;
   esac

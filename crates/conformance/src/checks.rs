@@ -745,23 +745,9 @@ fn completion_fd(s: &mut Suite) -> Res {
         ReqFlags::NONE,
     );
     // SAFETY: the mapped region is live until `release`; the request is reaped below.
-    unsafe { q.enqueue(req) };
-    match q.do_io(&mut [], 0, None, None) {
-        Ok(0) => {}
-        r => fail!("do_io(min 0, max 0) returned {r:?}"),
+    if let Err(why) = unsafe { enqueue_and_poll(q, req, fd, t) }? {
+        fail!("the completion fd did not become readable within {t:?} ({why})");
     }
-    let mut p = libc::pollfd {
-        fd,
-        events: libc::POLLIN,
-        revents: 0,
-    };
-    // SAFETY: one live pollfd.
-    let r = unsafe { libc::poll(&mut p, 1, t.as_millis().min(i32::MAX as u128) as i32) };
-    ensure!(
-        r == 1 && p.revents & libc::POLLIN != 0,
-        "the completion fd did not become readable within {t:?} (poll returned {r}, revents {:#x})",
-        p.revents
-    );
     let mut left = Duration::from_secs(5);
     // SAFETY: an empty, initialised signal set.
     let mut mask: libc::sigset_t = unsafe { std::mem::zeroed() };
@@ -833,28 +819,17 @@ fn fd_routing(s: &mut Suite, n: usize) -> Result<Vec<String>, Stop> {
         );
         // SAFETY: block 64+i of the mapped region lives until `release`; the request is reaped
         // below (or the suite stops with Fatal and never frees the region).
-        unsafe { q.enqueue(req) };
-        match q.do_io(&mut [], 0, None, None) {
-            Ok(0) => {}
-            r => fail!("queue {i}: do_io(min 0, max 0) returned {r:?}"),
-        }
-        let mut p = libc::pollfd {
-            fd: fds[i],
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        // SAFETY: one live pollfd.
-        let r = unsafe { libc::poll(&mut p, 1, t.as_millis().min(i32::MAX as u128) as i32) };
+        let woke = unsafe { enqueue_and_poll(&mut **q, req, fds[i], t) }?;
         // Other queues' fds that fired too (or instead): read before the request is reaped.
         let others: Vec<usize> = (0..n).filter(|&j| j != i && read_eventfd(fds[j])).collect();
         let mut c = [Completion::default()];
         wait(&mut **q, &mut c, 1, t)?;
-        ensure!(
-            r == 1 && p.revents & libc::POLLIN != 0,
-            "a read on queue {i} did not make its completion fd readable within {t:?} \
-             (poll returned {r}, revents {:#x}; the fds of queues {others:?} were readable)",
-            p.revents
-        );
+        if let Err(why) = woke {
+            fail!(
+                "a read on queue {i} did not make its completion fd readable within {t:?} \
+                 ({why}; the fds of queues {others:?} were readable)"
+            );
+        }
         if !others.is_empty() {
             extra.push(format!("queue {i} woke {others:?}"));
         }
@@ -870,6 +845,37 @@ fn fd_routing(s: &mut Suite, n: usize) -> Result<Vec<String>, Stop> {
         }
     }
     Ok(extra)
+}
+
+/// Enqueue `req` on `q`, submit it without waiting (`do_io` with min and max 0), then wait up
+/// to `t` for completion fd `fd` to become readable: `Ok(Err(what poll said))` when it did not.
+///
+/// # Safety
+/// As [`snapblk_core::Queue::enqueue`]: the request's buffers stay valid until it is reaped.
+unsafe fn enqueue_and_poll(
+    q: &mut dyn snapblk_core::Queue,
+    req: Request,
+    fd: i32,
+    t: Duration,
+) -> Result<Result<(), String>, Stop> {
+    // SAFETY: forwarded from the caller.
+    unsafe { q.enqueue(req) };
+    match q.do_io(&mut [], 0, None, None) {
+        Ok(0) => {}
+        r => fail!("do_io(min 0, max 0) returned {r:?}"),
+    }
+    let mut p = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one live pollfd.
+    let r = unsafe { libc::poll(&mut p, 1, t.as_millis().min(i32::MAX as u128) as i32) };
+    Ok(if r == 1 && p.revents & libc::POLLIN != 0 {
+        Ok(())
+    } else {
+        Err(format!("poll returned {r}, revents {:#x}", p.revents))
+    })
 }
 
 fn queues(s: &mut Suite) -> Res {

@@ -40,8 +40,8 @@ const FIXED: usize = 8 + 4 + 4 + 8 + 8 + 32 + 32 + 32 + 4 + 4;
 const MAX_BLOCKS: u64 = 1 << 26;
 /// Most ranges of one kind accepted (a COW's block map has at most one run per block).
 const MAX_RANGES: u64 = 1 << 26;
-/// The largest record file [`Record::load`] reads (and a reader of a remote one should fetch).
-pub const MAX_LEN: u64 = 64 + 32 * (MAX_BLOCKS + MAX_RANGES);
+/// The largest record file [`Record::load`] reads.
+const MAX_LEN: u64 = 64 + 32 * (MAX_BLOCKS + MAX_RANGES);
 
 /// A block digest: XXH3-128 of the block's bytes.
 pub type BlockDigest = u128;

@@ -132,26 +132,24 @@ fn no_record_to_verify(looked: &Path) -> SnapError {
 }
 
 /// [`load_verifier_dev`] for a COW that is not a file (an object read through the `s3` / `http`
-/// driver) and a record fetched by the caller: `record` holds its bytes (`None`: there is none),
-/// `record_name` names it (or where it was looked for) in messages. The same checks; the
-/// verifier is this open's own.
+/// driver) and a record fetched by the caller (`None`: there is none); `record_name` names it
+/// (or where it was looked for) in messages. The same checks; the verifier is this open's own.
 pub(crate) fn load_verifier_fetched(
     base: &dyn ReadAt,
     base_name: &str,
     cow: &dyn ReadAt,
-    record: Option<&[u8]>,
+    record: Option<Record>,
     record_name: &str,
     eager: bool,
 ) -> Result<Option<Arc<Verifier>>> {
     let path = PathBuf::from(record_name);
-    let Some(bytes) = record else {
+    let Some(rec) = record else {
         return if eager {
             Err(no_record_to_verify(&path))
         } else {
             Ok(None)
         };
     };
-    let rec = Record::decode(bytes).map_err(record_err(&path))?;
     let reader = CowReader::open_with(cow, OpenOptions::default())?;
     check_loaded(&rec, &reader, cow, base, &base_name, &path, eager)?;
     Ok(Some(Arc::new(Verifier::new(rec))))

@@ -37,7 +37,7 @@ use crate::snapshot::{Snapshot, SnapshotConfig};
 use snapblk_core::{
     Access, DeviceInfo, Driver, Error, PropSpec, PropType, PropValue, Queue, ReadAt, State,
 };
-use snapblk_cow::record::Verifier;
+use snapblk_cow::record::{Record, Verifier};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -272,6 +272,11 @@ impl Driver for SnapshotDriver {
                 "snapshot: cow-record may be a URL only for a COW given as a URL",
             ));
         }
+        if !self.verify && (self.cow_record.is_some() || self.verify_base) {
+            return Err(Error::inval(
+                "snapshot: cow-record and verify-base need verify=true",
+            ));
+        }
         if !self.base_spec.is_empty() {
             return self.connect_dev_base(read_only);
         }
@@ -299,11 +304,6 @@ impl Driver for SnapshotDriver {
             base_writable: self.merge,
             cow_writable: self.merge,
         };
-        if !self.verify && (self.cow_record.is_some() || self.verify_base) {
-            return Err(Error::inval(
-                "snapshot: cow-record and verify-base need verify=true",
-            ));
-        }
         let verifier = if self.verify {
             crate::cowrecord::load_verifier(
                 base,
@@ -372,11 +372,6 @@ impl SnapshotDriver {
                 "snapshot: this driver instance cannot open a base device (no opener)",
             ));
         };
-        if !self.verify && (self.cow_record.is_some() || self.verify_base) {
-            return Err(Error::inval(
-                "snapshot: cow-record and verify-base need verify=true",
-            ));
-        }
         let mut cfg = self.cfg;
         cfg.writable &= !read_only;
         if self.merge && cfg.writable {
@@ -422,14 +417,12 @@ impl SnapshotDriver {
                 }
                 let cow_dev = open_url(opener, url, "COW")?;
                 let verifier = if self.verify {
-                    let (rec, name) = fetch_record(opener, url, self.cow_record.as_deref())?;
-                    crate::cowrecord::load_verifier_fetched(
+                    self.fetched_verifier(
+                        opener,
+                        url,
                         &*base,
                         &dev_name(driver, &props),
                         &*cow_dev,
-                        rec.as_deref(),
-                        &name,
-                        self.verify_base,
                     )?
                 } else {
                     None
@@ -464,11 +457,6 @@ impl SnapshotDriver {
                 "snapshot: merge needs a local base and COW (remote objects are read-only)",
             ));
         }
-        if !self.verify && (self.cow_record.is_some() || self.verify_base) {
-            return Err(Error::inval(
-                "snapshot: cow-record and verify-base need verify=true",
-            ));
-        }
         let mut cfg = self.cfg;
         cfg.writable &= !read_only;
         let opener = self.opener;
@@ -496,17 +484,13 @@ impl SnapshotDriver {
         };
         let verifier = match (self.verify, remote_url(&cow), opener) {
             (false, _, _) => None,
-            (true, Some(url), Some(opener)) => {
-                let (rec, name) = fetch_record(opener, url, self.cow_record.as_deref())?;
-                crate::cowrecord::load_verifier_fetched(
-                    &*base_dev,
-                    &base.display().to_string(),
-                    &*cow_dev,
-                    rec.as_deref(),
-                    &name,
-                    self.verify_base,
-                )?
-            }
+            (true, Some(url), Some(opener)) => self.fetched_verifier(
+                opener,
+                url,
+                &*base_dev,
+                &base.display().to_string(),
+                &*cow_dev,
+            )?,
             // A local COW (over a remote base): its record, read from beside it.
             _ => crate::cowrecord::load_verifier_dev(
                 &*base_dev,
@@ -520,6 +504,27 @@ impl SnapshotDriver {
             open_devs_sized(base_dev, cow_dev, cfg, size)
         })?;
         self.finish_connect(snap)
+    }
+
+    /// The verifier of the COW at `url` (read as `cow`) over `base`: its record fetched
+    /// ([`fetch_record`]) and checked as a local one.
+    fn fetched_verifier(
+        &self,
+        opener: DeviceOpener,
+        url: &str,
+        base: &dyn ReadAt,
+        base_name: &str,
+        cow: &dyn ReadAt,
+    ) -> snapblk_core::Result<Option<Arc<Verifier>>> {
+        let (rec, name) = fetch_record(opener, url, self.cow_record.as_deref())?;
+        Ok(crate::cowrecord::load_verifier_fetched(
+            base,
+            base_name,
+            cow,
+            rec,
+            &name,
+            self.verify_base,
+        )?)
     }
 
     /// Start readahead, recording and the merge as configured, and keep the snapshot.
@@ -608,37 +613,34 @@ fn open_url(opener: DeviceOpener, url: &str, what: &str) -> snapblk_core::Result
 /// 256 MiB); a larger object is refused rather than held in memory.
 const MAX_FETCHED_RECORD: u64 = 1 << 30;
 
-/// The record of the COW at URL `cow`, fetched whole, and where it was looked for: `cow-record`
-/// when set (a path, or a URL read through the opener; it must exist), else the object
-/// `COW.snapblk` beside it. No bytes when that object does not exist (any other failure to
-/// read it is an error), and for an `http(s)` URL with a query (a presigned URL's signature
+/// The record of the COW at URL `cow`, fetched whole and parsed, and where it was looked for:
+/// `cow-record` when set (a path, or a URL read through the opener; it must exist), else the
+/// object `COW.snapblk` beside it. `None` when that object does not exist (any other failure
+/// to read it is an error), and for an `http(s)` URL with a query (a presigned URL's signature
 /// covers its path, so no name beside it can be derived; an `s3://` key may hold `?`).
 fn fetch_record(
     opener: DeviceOpener,
     cow: &str,
     cow_record: Option<&std::path::Path>,
-) -> snapblk_core::Result<(Option<Vec<u8>>, String)> {
+) -> snapblk_core::Result<(Option<Record>, String)> {
+    let parse_err = |path: &str, source| {
+        Error::from(crate::SnapError::Record {
+            path: path.into(),
+            source,
+        })
+    };
     let (url, implicit) = match cow_record {
         Some(p) => match remote_url(p) {
             Some(u) => (u.to_owned(), false),
             None => {
                 let name = p.display().to_string();
-                if std::fs::metadata(p).is_ok_and(|m| m.len() > snapblk_cow::record::MAX_LEN) {
-                    return Err(Error::new(
-                        libc::EFBIG,
-                        format!("snapshot: COW record {name} is too large for a record"),
-                    ));
-                }
-                return match std::fs::read(p) {
-                    Ok(b) => Ok((Some(b), name)),
-                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(Error::new(
+                return match Record::load(p) {
+                    Ok(Some(r)) => Ok((Some(r), name)),
+                    Ok(None) => Err(Error::new(
                         libc::ENOENT,
                         format!("snapshot: COW record {name} does not exist"),
                     )),
-                    Err(e) => Err(Error::new(
-                        e.raw_os_error().unwrap_or(libc::EIO),
-                        format!("snapshot: reading COW record {name}: {e}"),
-                    )),
+                    Err(e) => Err(parse_err(&name, e)),
                 };
             }
         },
@@ -683,7 +685,8 @@ fn fetch_record(
             .map_err(|e| fail(Error::from_io(e)))?;
         buf.extend_from_slice(&chunk[..n]);
     }
-    Ok((Some(buf), url))
+    let rec = Record::decode(&buf).map_err(|e| parse_err(&url, e))?;
+    Ok((Some(rec), url))
 }
 
 /// `p` as a URL the remote drivers read (`s3://`, `http://`, `https://`, lower-case scheme).

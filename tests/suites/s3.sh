@@ -324,6 +324,12 @@ refused_open "a remote COW over a nested base of another size is refused by its 
 refused_open "an explicit cow-record URL that does not exist is an error" \
   "snapshot COW record s3://$S3_TEST_BUCKET/none.snapblk" \
   "snapshot:base=$x/base.img,cow=s3://$S3_TEST_BUCKET/xor.cow,cow-record=s3://$S3_TEST_BUCKET/none.snapblk"
+refused_open "a remote COW with a local cow-record over a base of another size is refused by it" \
+  "this COW was made for a base of" \
+  "snapshot:base=$work/short.img,cow=s3://$S3_TEST_BUCKET/xor.cow,cow-record=$work/pub/xor.cow.snapblk"
+refused_open "a local cow-record of another COW is refused for a remote COW" \
+  "record does not describe this COW" \
+  "snapshot:base=$g/base.img,cow=s3://$S3_TEST_BUCKET/snap.cow,cow-record=$work/pub/xor.cow.snapblk"
 refused_open "verify-base over a remote COW with no record beside it is refused, not skipped" \
   "verify-base needs a COW record, and none was found (s3://$S3_TEST_BUCKET/snap.cow.snapblk" \
   "snapshot:base=$g/base.img,cow=s3://$S3_TEST_BUCKET/snap.cow,verify-base=true"
